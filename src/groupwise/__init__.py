@@ -1,0 +1,77 @@
+"""groupwise: train LLM agents with reinforcement learning (GRPO on LoRA, RULER judging).
+
+The public names are ART's, so ART code ports by changing the import. `import groupwise` is light:
+names are resolved on first use (PEP 562), and nothing on the client side imports torch.
+See `groupwise.types` for the map of the pipeline.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it. Resolved lazily so heavy modules load only when used.
+_EXPORTS: dict[str, str] = {
+    # data model
+    "Trajectory": "groupwise.types",
+    "TrajectoryGroup": "groupwise.types",
+    "History": "groupwise.types",
+    "PydanticException": "groupwise.types",
+    # errors
+    "GroupwiseError": "groupwise.errors",
+    "ConfigError": "groupwise.errors",
+    "GatherError": "groupwise.errors",
+    "StoreError": "groupwise.errors",
+    "CorruptRecordError": "groupwise.errors",
+    "ModelNotFoundError": "groupwise.errors",
+    "NotTrainableError": "groupwise.errors",
+    "AdapterMismatchError": "groupwise.errors",
+    "JudgeError": "groupwise.errors",
+    # configs
+    "TrainConfig": "groupwise.config",
+    "LoopConfig": "groupwise.config",
+    # gathering
+    "gather_trajectory_groups": "groupwise.rollout.gather",
+    "gather_trajectories": "groupwise.rollout.gather",
+    # store
+    "load_trajectories": "groupwise.store",
+    "load_history": "groupwise.store",
+    # models and backends
+    "Model": "groupwise.model",
+    "TrainableModel": "groupwise.model",
+    "Backend": "groupwise.backend.base",
+    "LocalBackend": "groupwise.backend.local",
+    # helpers
+    "retry": "groupwise.utils",
+    "iterate_dataset": "groupwise.utils",
+    "split_dataset": "groupwise.utils",
+    # judge
+    "ruler": "groupwise.judge",
+    "ruler_score_group": "groupwise.judge",
+    "DEFAULT_RUBRIC": "groupwise.judge",
+    # loop
+    "fit": "groupwise.loop",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'groupwise' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # cache: the next access skips __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # static type checkers and IDEs see the real names
+    from groupwise.config import LoopConfig, TrainConfig
+    from groupwise.errors import *  # noqa: F403
+    from groupwise.types import History, PydanticException, Trajectory, TrajectoryGroup

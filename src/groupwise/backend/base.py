@@ -1,0 +1,70 @@
+"""The `Backend` interface: what `Model`/`TrainableModel` need from whatever serves and trains them.
+
+`LocalBackend` (backend/local.py) implements it on one machine: one copy of the base weights shared by
+the inference engine and the trainer. A cluster backend (Ray + torch.distributed) implements the same
+methods later, so user code and the loop do not change.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import httpx
+
+    from groupwise.config import TrainConfig
+    from groupwise.model import TrainableModel
+    from groupwise.types import TrajectoryGroup
+
+
+@dataclass
+class InferenceEndpoint:
+    """How an `openai.AsyncOpenAI` client reaches a served model."""
+
+    base_url: str
+    api_key: str
+    # In-process backends pass an httpx client with an ASGI transport (no port, same code path as HTTP).
+    http_client: "httpx.AsyncClient | None" = None
+
+
+@dataclass
+class TrainResult:
+    """What one training step produced."""
+
+    step: int  # the step now served (number of completed steps)
+    metrics: dict[str, float] = field(default_factory=dict)
+    checkpoint_path: str | None = None
+
+
+class Backend(ABC):
+    """Serves and trains `TrainableModel`s. Every method is async; none may block the event loop."""
+
+    @abstractmethod
+    async def register(self, model: "TrainableModel") -> None:
+        """Load (or resume) the model: base weights, latest complete checkpoint, served adapters."""
+
+    @abstractmethod
+    def inference_endpoint(self, model: "TrainableModel") -> InferenceEndpoint:
+        """Where the model's OpenAI-compatible API is served."""
+
+    @abstractmethod
+    async def train(
+        self, model: "TrainableModel", groups: "list[TrajectoryGroup]", config: "TrainConfig"
+    ) -> TrainResult:
+        """One GRPO step on `groups`; returns once the new adapter is served and verified."""
+
+    @abstractmethod
+    async def get_step(self, model: "TrainableModel") -> int:
+        """Number of completed training steps (0 before any)."""
+
+    async def close(self) -> None:
+        """Release engines, threads and memory."""
+
+    def inference_name(self, model: "TrainableModel", step: int | None = None) -> str:
+        """The model name a request uses: ``name`` (latest) or ``name@step``."""
+        return model.name if step is None else f"{model.name}@{step}"
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": type(self).__name__}

@@ -1,0 +1,72 @@
+"""The error hierarchy. Every error says what happened, why, and what to do (design.md, principle 6).
+
+Catch `GroupwiseError` to catch everything groupwise raises on purpose.
+"""
+
+from __future__ import annotations
+
+
+class GroupwiseError(Exception):
+    """Base class of every error groupwise raises on purpose."""
+
+
+class ConfigError(GroupwiseError, ValueError):
+    """A config or argument is invalid. Lists every problem found, not just the first."""
+
+    def __init__(self, problems: list[str] | str, *, what: str = "config"):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid {what} ({len(self.problems)} problem(s)):\n{lines}")
+
+
+class GatherError(GroupwiseError):
+    """More rollouts raised than `max_exceptions` allows. Carries the exceptions recorded so far."""
+
+    def __init__(self, message: str, exceptions: list | None = None):
+        super().__init__(message)
+        self.exceptions = exceptions or []
+
+
+class StoreError(GroupwiseError):
+    """The run store could not be read or written."""
+
+
+class CorruptRecordError(StoreError):
+    """A line of a store file does not parse. Names the file and the line number."""
+
+    def __init__(self, path: str, line: int, reason: str):
+        self.path, self.line, self.reason = path, line, reason
+        super().__init__(
+            f"{path}:{line}: corrupt record ({reason}). "
+            "Pass skip_corrupt=True to read the remaining lines, or fix/remove that line."
+        )
+
+
+class ModelNotFoundError(GroupwiseError):
+    """A base model or a served model name (`name@step`) does not exist."""
+
+
+class NotTrainableError(GroupwiseError):
+    """Nothing in a batch can be trained on; the message says which reason applies."""
+
+
+class AdapterMismatchError(GroupwiseError):
+    """The inference engine answered with a different step than the trainer just saved."""
+
+
+class JudgeError(GroupwiseError):
+    """The judge failed after its retries. `raw` holds the judge's last raw answer (or None)."""
+
+    def __init__(self, message: str, raw: str | None = None):
+        super().__init__(message)
+        self.raw = raw
+
+
+class MissingDependencyError(GroupwiseError, ImportError):
+    """An optional extra is needed for this feature. Says which `pip install` fixes it."""
+
+    def __init__(self, feature: str, extra: str, missing: str):
+        super().__init__(
+            f"{feature} needs the '{missing}' package, which is not installed. "
+            f"Install it with: pip install 'groupwise[{extra}]'"
+        )

@@ -1,0 +1,305 @@
+"""The data model, and the map of groupwise.
+
+The pipeline (design.md), with the module that owns each arrow::
+
+    scenarios ─► rollout(model, scenario) ─► Trajectory            user code, groupwise.envs
+                     │ model.openai_client()                       inference/ (engine + server)
+                     ▼
+    TrajectoryGroup (N rollouts of one scenario)                   this file
+    gather_trajectory_groups: parallel, progress, exception budget rollout/gather.py
+                     ▼
+    rewards: code │ RULER judge │ hybrid                           judge/
+                     ▼
+    GRPO trainer on a LoRA adapter ─► new adapter served           training/, backend/
+                     ▼
+    run store (lossless trajectories, history, checkpoints)        store.py
+    loop: validation, stopping, hacking detectors, plots           loop/
+
+A `Trajectory` is one episode: the chat messages the agent saw and the `Choice`s it sampled.
+Choices are kept exactly as the `openai` SDK returned them, extra fields included, so the
+token ids and logprobs our server attaches (`choice.token_ids`, `choice.logprobs`) survive
+to the trainer (token-in/token-out) and to the store (lossless).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+import traceback as traceback_module
+from collections.abc import Awaitable, Iterable
+from typing import Annotated, Any, Union
+
+from openai.types.chat.chat_completion import Choice
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+__all__ = [
+    "Choice",
+    "History",
+    "Message",
+    "MessageOrChoice",
+    "MessagesAndChoices",
+    "PydanticException",
+    "Tools",
+    "Trajectory",
+    "TrajectoryGroup",
+    "choice_token_ids",
+    "choice_logprobs",
+    "choice_to_message",
+]
+
+VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+Message = dict[str, Any]
+"""A plain chat message as the `openai` SDK takes it: ``{"role": ..., "content": ...}``."""
+
+Tools = list[dict[str, Any]]
+"""OpenAI tool definitions: ``[{"type": "function", "function": {...}}]``."""
+
+MetricValue = Union[StrictBool, StrictInt, StrictFloat]
+MetadataValue = Union[StrictBool, StrictInt, StrictFloat, str, None]
+
+
+def _message_or_choice_kind(value: Any) -> str:
+    # A Choice serialised to JSON is a dict too; it is told apart by the keys only a Choice has.
+    if isinstance(value, Choice):
+        return "choice"
+    if isinstance(value, dict) and "message" in value and "finish_reason" in value:
+        return "choice"
+    return "message"
+
+
+MessageOrChoice = Annotated[
+    Union[Annotated[Choice, Tag("choice")], Annotated[Message, Tag("message")]],
+    Discriminator(_message_or_choice_kind),
+]
+MessagesAndChoices = list[MessageOrChoice]
+
+
+def _check_messages(items: list[Any], field: str) -> list[Any]:
+    for i, item in enumerate(items):
+        if isinstance(item, Choice):
+            continue
+        role = item.get("role")
+        if role not in VALID_ROLES:
+            raise ValueError(
+                f"{field}[{i}] has role {role!r}; expected one of {sorted(VALID_ROLES)}"
+            )
+    return items
+
+
+def choice_to_message(choice: Choice) -> Message:
+    """The assistant message of a Choice, as a plain dict the `openai` SDK accepts back."""
+    message = choice.message.model_dump(exclude_none=True, exclude_unset=False)
+    # The SDK adds fields that are None or empty for plain chat; keep what a request needs.
+    out: Message = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        out["tool_calls"] = message["tool_calls"]
+    return out
+
+
+def choice_token_ids(choice: Choice) -> list[int] | None:
+    """The sampled token ids of a Choice, or None when the server did not return them.
+
+    groupwise's server puts them in the extra field ``choice.token_ids``. vLLM's server, with
+    ``return_tokens_as_token_ids``, writes each logprob entry's token as ``"token_id:123"``.
+    """
+    ids = getattr(choice, "token_ids", None)
+    if ids is None and choice.model_extra:
+        ids = choice.model_extra.get("token_ids")
+    if ids is not None:
+        return [int(t) for t in ids]
+    content = choice.logprobs.content if choice.logprobs is not None else None
+    if content and all(entry.token.startswith("token_id:") for entry in content):
+        return [int(entry.token.split(":", 1)[1]) for entry in content]
+    return None
+
+
+def choice_logprobs(choice: Choice) -> list[float] | None:
+    """The logprob of each sampled token of a Choice, or None when absent."""
+    content = choice.logprobs.content if choice.logprobs is not None else None
+    if not content:
+        return None
+    return [float(entry.logprob) for entry in content]
+
+
+class History(BaseModel):
+    """A side conversation of a trajectory: a sub-agent, a summariser, a tool's own LLM call."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    messages_and_choices: MessagesAndChoices
+    tools: Tools | None = None
+
+    @field_validator("messages_and_choices")
+    @classmethod
+    def _roles(cls, v: list[Any]) -> list[Any]:
+        return _check_messages(v, "messages_and_choices")
+
+    def messages(self) -> list[Message]:
+        return [choice_to_message(m) if isinstance(m, Choice) else m for m in self.messages_and_choices]
+
+
+class Trajectory(BaseModel):
+    """One episode: what the agent saw, what it sampled, and how well it did."""
+
+    model_config = ConfigDict(validate_assignment=True)
+
+    messages_and_choices: MessagesAndChoices
+    tools: Tools | None = None
+    additional_histories: list[History] = Field(default_factory=list)
+    reward: float = 0.0
+    metrics: dict[str, MetricValue] = Field(default_factory=dict)
+    metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
+    initial_policy_version: int | None = None
+    final_policy_version: int | None = None
+    start_time: float = Field(default_factory=time.monotonic, exclude=True, repr=False)
+
+    @field_validator("messages_and_choices")
+    @classmethod
+    def _roles(cls, v: list[Any]) -> list[Any]:
+        return _check_messages(v, "messages_and_choices")
+
+    @field_validator("reward")
+    @classmethod
+    def _finite_reward(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError(
+                f"reward is {v}; a reward must be a finite number. Check the reward function "
+                "(a division by zero or a log of 0 gives inf/nan)."
+            )
+        return v
+
+    def messages(self) -> list[Message]:
+        """Plain chat messages: every Choice replaced by its assistant message."""
+        return [choice_to_message(m) if isinstance(m, Choice) else m for m in self.messages_and_choices]
+
+    def log(self, text: str) -> None:
+        """Append a line to this trajectory's logs (stored with it, shown by `groupwise inspect`)."""
+        self.logs.append(str(text))
+
+    def finish(self) -> "Trajectory":
+        """Record the episode's duration in ``metrics["duration"]`` (seconds) and return self."""
+        self.metrics["duration"] = time.monotonic() - self.start_time
+        return self
+
+    def choices(self) -> list[Choice]:
+        return [m for m in self.messages_and_choices if isinstance(m, Choice)]
+
+
+class PydanticException(BaseModel):
+    """An exception kept as data, so it can be stored, shown and counted."""
+
+    type: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> "PydanticException":
+        tb = "".join(traceback_module.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(type=type(exc).__name__, message=str(exc), traceback=tb)
+
+
+class TrajectoryGroup(BaseModel):
+    """N rollouts of one scenario: the unit GRPO compares within.
+
+    Built from finished trajectories, or from awaitables (coroutines of a rollout); a group
+    of awaitables is awaited (``await group``) or handed to `gather_trajectory_groups`,
+    which runs every rollout of every group concurrently under one exception budget.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    trajectories: list[Trajectory] = Field(default_factory=list)
+    exceptions: list[PydanticException] = Field(default_factory=list)
+    metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+    metrics: dict[str, MetricValue] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
+
+    _pending: list[Awaitable[Trajectory]] = PrivateAttr(default_factory=list)
+
+    def __init__(
+        self,
+        trajectories_or_awaitables: Iterable[Trajectory | BaseException | Awaitable[Trajectory]] | None = None,
+        /,
+        *,
+        exceptions: Iterable[PydanticException | BaseException] = (),
+        metadata: dict[str, Any] | None = None,
+        metrics: dict[str, Any] | None = None,
+        logs: Iterable[str] = (),
+        trajectories: Iterable[Trajectory] | None = None,
+    ) -> None:
+        items = list(trajectories_or_awaitables if trajectories_or_awaitables is not None else trajectories or [])
+        done: list[Any] = []
+        pending: list[Awaitable[Trajectory]] = []
+        excs: list[Any] = [
+            PydanticException.from_exception(e) if isinstance(e, BaseException) else e for e in exceptions
+        ]
+        for item in items:
+            if isinstance(item, BaseException):
+                excs.append(PydanticException.from_exception(item))
+            elif inspect.isawaitable(item):
+                pending.append(item)
+            else:
+                done.append(item)
+        if not done and not pending and not excs:
+            raise ValueError(
+                "TrajectoryGroup: trajectories is empty; a group needs at least one trajectory "
+                "or rollout awaitable (GRPO compares rollouts within a group)."
+            )
+        super().__init__(
+            trajectories=done,
+            exceptions=excs,
+            metadata=dict(metadata or {}),
+            metrics=dict(metrics or {}),
+            logs=list(logs),
+        )
+        self._pending = pending
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> "TrajectoryGroup":
+        # Also guards model_validate (loading from the store), which bypasses __init__.
+        if not self.trajectories and not self.exceptions and not self._pending:
+            raise ValueError("trajectories is empty and no exceptions were recorded")
+        return self
+
+    @property
+    def pending(self) -> list[Awaitable[Trajectory]]:
+        """Rollout awaitables not yet run (consumed by `gather_trajectory_groups`)."""
+        return self._pending
+
+    def take_pending(self) -> list[Awaitable[Trajectory]]:
+        pending, self._pending = self._pending, []
+        return pending
+
+    def __await__(self):
+        # Awaiting a group runs its rollouts with no exception budget (fail loud).
+        from groupwise.rollout.gather import gather_trajectory_groups
+
+        async def run() -> "TrajectoryGroup":
+            groups = await gather_trajectory_groups([self], pbar_desc=None, max_exceptions=0)
+            return groups[0]
+
+        return run().__await__()
+
+    def __iter__(self):  # type: ignore[override]
+        return iter(self.trajectories)
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]
