@@ -166,7 +166,7 @@ class Trajectory(BaseModel):
     logs: list[str] = Field(default_factory=list)
     initial_policy_version: int | None = None
     final_policy_version: int | None = None
-    start_time: float = Field(default_factory=time.monotonic, exclude=True, repr=False)
+    _start_time: float = PrivateAttr(default_factory=time.monotonic)
 
     @field_validator("messages_and_choices")
     @classmethod
@@ -193,8 +193,16 @@ class Trajectory(BaseModel):
 
     def finish(self) -> "Trajectory":
         """Record the episode's duration in ``metrics["duration"]`` (seconds) and return self."""
-        self.metrics["duration"] = time.monotonic() - self.start_time
+        self.metrics["duration"] = time.monotonic() - self._start_time
         return self
+
+    def __eq__(self, other: object) -> bool:
+        # Equal when every stored field is equal; the private start time is not part of the record.
+        if not isinstance(other, Trajectory):
+            return NotImplemented
+        return self.model_dump() == other.model_dump()
+
+    __hash__ = None  # type: ignore[assignment]
 
     def choices(self) -> list[Choice]:
         return [m for m in self.messages_and_choices if isinstance(m, Choice)]
