@@ -1,0 +1,94 @@
+"""The `groupwise` command.
+
+Each subcommand's arguments are declared here (so `groupwise --help` lists everything without importing
+torch) and its work is done by a function in the module that owns it, imported only when that
+subcommand runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="print stored trajectories readably (watch your rollouts)")
+    p.add_argument("run_dir", help="a run folder: <base_path>/<project>/<model>")
+    p.add_argument("--split", default=None, help="train, val, test, ... (default: all splits)")
+    p.add_argument("--step", type=int, default=None, help="only this step (default: the latest)")
+    order = p.add_mutually_exclusive_group()
+    order.add_argument("--best", action="store_true", help="highest rewards first")
+    order.add_argument("--worst", action="store_true", help="lowest rewards first")
+    p.add_argument("-n", type=int, default=3, help="how many trajectories to print (default 3)")
+    p.set_defaults(_target="groupwise.inspect:run_inspect")
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a model (and LoRA adapters) over an OpenAI-compatible HTTP API")
+    p.add_argument("--model", required=True, help="base model: short name (smollm2-135m), HF id or local path")
+    p.add_argument("--adapter", action="append", default=[], metavar="DIR",
+                   help="a LoRA adapter folder to serve (repeatable); served as <name>@<step> or by folder name")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; any other needs --api-key)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--api-key", default=None, help="require this bearer token (required off loopback)")
+    p.add_argument("--name", default=None, help="served model name (default: the --model value)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 (default: bf16 on CUDA, fp32 on CPU)")
+    p.set_defaults(_target="groupwise.inference.server:run_serve")
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="plot a run's curves, baselines, alerts and stop point; print a table")
+    p.add_argument("run_dir", help="a run folder: <base_path>/<project>/<model>")
+    p.add_argument("--out", default=None, help="where to write the PNGs (default: <run_dir>/report)")
+    p.set_defaults(_target="groupwise.loop.report:run_report")
+
+
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="show answers of two steps to the same validation scenarios side by side")
+    p.add_argument("run_dir", help="a run folder: <base_path>/<project>/<model>")
+    p.add_argument("--steps", default="0,best", help="two steps, comma separated: numbers, 'best' or 'latest' (default 0,best)")
+    p.add_argument("--split", default="val", help="split to compare on (default val)")
+    p.add_argument("-n", type=int, default=5, help="how many scenarios (default 5)")
+    p.set_defaults(_target="groupwise.loop.compare:run_compare")
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train an agent on a built-in environment (the main job)")
+    p.add_argument("env", help="2048, tictactoe, math, email, titles")
+    p.add_argument("--model", default="smollm2-135m", help="base model (default smollm2-135m)")
+    p.add_argument("--judge", default=None, help="RULER judge, e.g. local/smollm2-135m or openai/o4-mini")
+    p.add_argument("--steps", type=int, default=None, help="max training steps (default: the env's)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--path", default=".groupwise", help="run store folder (default .groupwise)")
+    p.add_argument("--name", default=None, help="model name (default: <env>-s<seed>)")
+    p.set_defaults(_target="groupwise.envs.train:run_train")
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_inspect, _add_serve, _add_report, _add_compare, _add_train,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="groupwise", description="Train LLM agents with RL (GRPO on LoRA, RULER judging)."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    module_name, func_name = args._target.split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    result = func(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
