@@ -27,6 +27,7 @@ import inspect
 import math
 import time
 import traceback as traceback_module
+from contextvars import ContextVar
 from collections.abc import Awaitable, Iterable
 from typing import Annotated, Any, Union
 
@@ -59,6 +60,8 @@ __all__ = [
     "choice_logprobs",
     "choice_to_message",
 ]
+
+_HAS_PENDING: ContextVar[bool] = ContextVar("_HAS_PENDING", default=False)
 
 VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -268,19 +271,25 @@ class TrajectoryGroup(BaseModel):
                 "TrajectoryGroup: trajectories is empty; a group needs at least one trajectory "
                 "or rollout awaitable (GRPO compares rollouts within a group)."
             )
-        super().__init__(
-            trajectories=done,
-            exceptions=excs,
-            metadata=dict(metadata or {}),
-            metrics=dict(metrics or {}),
-            logs=list(logs),
-        )
+        # The emptiness validator cannot see _pending (private attributes are set after validation),
+        # so tell it through a context variable that pending rollouts exist.
+        token = _HAS_PENDING.set(bool(pending))
+        try:
+            super().__init__(
+                trajectories=done,
+                exceptions=excs,
+                metadata=dict(metadata or {}),
+                metrics=dict(metrics or {}),
+                logs=list(logs),
+            )
+        finally:
+            _HAS_PENDING.reset(token)
         self._pending = pending
 
     @model_validator(mode="after")
     def _not_empty(self) -> "TrajectoryGroup":
         # Also guards model_validate (loading from the store), which bypasses __init__.
-        if not self.trajectories and not self.exceptions and not self._pending:
+        if not self.trajectories and not self.exceptions and not _HAS_PENDING.get():
             raise ValueError("trajectories is empty and no exceptions were recorded")
         return self
 
