@@ -99,3 +99,89 @@ class TrainConfig(Validated):
         check_positive(p, "max_seq_len", self.max_seq_len)
         check_positive(p, "logprob_chunk_size", self.logprob_chunk_size)
         return p
+
+
+LOOP_ACTIONS = ("ignore", "warn", "stop_soon", "stop")
+
+
+@dataclass
+class LoopConfig(Validated):
+    """Settings of `gw.fit` (the training loop): batch shape, validation, stopping, hacking policy.
+
+    Defaults follow the seed notes: 18 rollouts per group, validation every 5 steps, stop when the
+    validation metric (or, without validation, the mean train reward) has not improved for 10 steps.
+    Each reward-hacking detector maps to an action: 'ignore', 'warn' (recorded, shown in reports),
+    'stop_soon' (stop after `stop_soon_steps` more steps unless validation improves), 'stop' (stop now
+    and keep the best checkpoint).
+    """
+
+    rollouts_per_group: int = option(18, help="Rollouts of each training scenario per group (GRPO compares within a group).")
+    groups_per_step: int = option(4, help="Scenarios (groups) gathered per training step.")
+    num_epochs: int = option(1, help="Passes over the training scenarios; the loop also ends when they run out.")
+    max_steps: int | None = option(None, help="Stop after this many completed training steps (None: only the other rules and the data end the run).")
+    learning_rate: float = option(1e-5, help="Learning rate of each step; overrides train_config.learning_rate.")
+    train_config: TrainConfig | None = option(None, help="Full GRPO step settings (None: TrainConfig defaults with learning_rate above).")
+    eval_every: int = option(5, help="Validate every this many steps (and at step 0, the untrained base).")
+    val_rollouts_per_group: int = option(1, help="Rollouts per validation scenario; the validation metric is their mean.")
+    metric: str = option("accuracy", help="Name of the validation metric that validate(trajectory, scenario) returns; logged as val/<metric>.")
+    higher_is_better: bool = option(True, help="Whether a larger validation metric is better (False for e.g. an error rate).")
+    patience: int = option(10, help="Plateau stop: steps without an improvement larger than min_delta (on the validation metric where there is one, else on the mean train reward).")
+    min_delta: float = option(0.0, help="Smallest change that counts as an improvement for the plateau rule.")
+    target: float | None = option(None, help="Stop once the validation metric (or mean train reward without validation) reaches this value (None disables).")
+    baseline_margin: float | None = option(None, help="Stop once the validation metric beats the best baseline by this margin (None disables).")
+    on_val_drop: str = option("stop", help="Action when validation falls while reward rises (reward hacking).")
+    on_val_plateau: str = option("stop_soon", help="Action when validation plateaus while reward still rises (converged).")
+    on_reward_jump: str = option("warn", help="Action on a sudden train-reward jump after a plateau.")
+    on_perfect_scores: str = option("warn", help="Action when a large share of groups score the maximum on every rollout.")
+    on_degenerate: str = option("warn", help="Action on degenerate answers: n-gram repetition, identical answers across a group, length drift.")
+    on_judge_disagreement: str = option("warn", help="Action when the judge's ranking disagrees with ground truth (hybrid runs).")
+    stop_soon_steps: int = option(5, help="Steps a 'stop_soon' action waits; an improvement of the validation metric cancels it.")
+    val_drop: float = option(0.05, help="Val-drop detector: how far below its best the validation metric must fall.")
+    reward_rise: float = option(0.05, help="Val-drop and val-plateau detectors: how much the mean train reward must have risen since the best validation step.")
+    jump_window: int = option(5, help="Reward-jump detector: steps of plateau looked at before the jump.")
+    jump_min: float = option(0.3, help="Reward-jump detector: the smallest jump (reward units) that can fire.")
+    jump_sigmas: float = option(4.0, help="Reward-jump detector: the jump must also exceed this many standard deviations of the plateau.")
+    plateau_range: float = option(0.1, help="Reward-jump detector: the plateau's max - min must be at most this (reward units).")
+    perfect_reward: float = option(1.0, help="Perfect-scores detector: the maximum reward; a group is perfect when every rollout reaches it.")
+    perfect_share: float = option(0.5, help="Perfect-scores detector: fire when at least this share of a step's groups are perfect.")
+    repetition_ngram: int = option(3, help="Degenerate detector: n of the n-grams (words) checked for repetition.")
+    repetition_share: float = option(0.5, help="Degenerate detector: fire when answers repeat this share of their n-grams on average.")
+    identical_share: float = option(0.5, help="Degenerate detector: fire when this share of groups (of 2+ rollouts) answer identically.")
+    length_ratio: float = option(2.0, help="Degenerate detector: fire when the mean answer length drifts by this factor from the first steps.")
+    min_judge_agreement: float = option(0.6, help="Judge detector: fire when the judge orders fewer than this share of pairs like ground truth.")
+    max_exceptions: int | float = option(0, help="Rollouts allowed to raise per gather: a count, or a fraction in (0, 1).")
+    seed: int = option(0, help="Seed of the per-epoch shuffle of the training scenarios (resume sees the same batches).")
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        for name in ("rollouts_per_group", "groups_per_step", "num_epochs", "eval_every",
+                     "val_rollouts_per_group", "patience", "jump_window", "repetition_ngram", "stop_soon_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                p.append(f"{name}={value!r} must be an integer >= 1")
+        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 0):
+            p.append(f"max_steps={self.max_steps!r} must be None or an integer >= 0")
+        check_positive(p, "learning_rate", self.learning_rate)
+        if self.train_config is not None and not isinstance(self.train_config, TrainConfig):
+            p.append(f"train_config={self.train_config!r} must be a TrainConfig or None")
+        if not isinstance(self.metric, str) or not self.metric or "/" in self.metric:
+            p.append(f"metric={self.metric!r} must be a non-empty name without '/' (it is logged as val/<metric>)")
+        for name in ("min_delta", "val_drop", "reward_rise", "jump_min", "jump_sigmas", "plateau_range"):
+            check_positive(p, name, getattr(self, name), allow_zero=True)
+        if self.baseline_margin is not None and self.baseline_margin < 0:
+            p.append(f"baseline_margin={self.baseline_margin!r} must be None or >= 0")
+        for name in ("perfect_share", "repetition_share", "identical_share", "min_judge_agreement"):
+            check_fraction(p, name, getattr(self, name))
+        if self.length_ratio <= 1:
+            p.append(f"length_ratio={self.length_ratio!r} must be > 1")
+        for name in ("on_val_drop", "on_val_plateau", "on_reward_jump", "on_perfect_scores",
+                     "on_degenerate", "on_judge_disagreement"):
+            check_choice(p, name, getattr(self, name), LOOP_ACTIONS)
+        if self.max_exceptions < 0 or (1 <= self.max_exceptions and self.max_exceptions != int(self.max_exceptions)):
+            p.append(f"max_exceptions={self.max_exceptions!r} must be a count >= 0 or a fraction in (0, 1)")
+        return p
+
+    def step_config(self) -> TrainConfig:
+        """The TrainConfig of each step: train_config (or defaults) with this learning_rate."""
+        base = self.train_config or TrainConfig()
+        return dataclasses.replace(base, learning_rate=self.learning_rate)
