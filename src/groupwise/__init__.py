@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "JudgeError": "groupwise.errors",
     # configs
     "TrainConfig": "groupwise.config",
+    "LoraConfig": "groupwise.config",
     "LoopConfig": "groupwise.config",
     # gathering
     "gather_trajectory_groups": "groupwise.rollout.gather",

@@ -67,6 +67,28 @@ def check_choice(problems: list[str], name: str, value: Any, choices: tuple) -> 
 
 
 @dataclass
+class LoraConfig(Validated):
+    """The LoRA adapter a `LocalBackend` trains (`gw.LocalBackend(lora=gw.LoraConfig(rank=16))`)."""
+
+    rank: int = option(8, help="LoRA rank r: the adapter's inner dimension.")
+    alpha: float = option(16.0, help="LoRA alpha: the update is scaled by alpha / rank.")
+    dropout: float = option(0.0, help="Dropout on the adapter's input (0 keeps a step deterministic).")
+    target_modules: tuple[str, ...] = option(
+        ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        help="Names of the linear layers that get an adapter (all attention and MLP projections of Llama/Qwen).",
+    )
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        check_positive(p, "rank", self.rank)
+        check_positive(p, "alpha", self.alpha)
+        check_fraction(p, "dropout", self.dropout)
+        if not self.target_modules:
+            p.append("target_modules is empty; name at least one linear layer (e.g. 'q_proj')")
+        return p
+
+
+@dataclass
 class TrainConfig(Validated):
     """Settings of one GRPO step (`await model.train(groups, config=TrainConfig(...))`)."""
 

@@ -1,0 +1,60 @@
+"""Group-relative advantages (GRPO): each rollout is scored against the other rollouts of its group.
+
+    A_i = r_i - mean_j(r_j)                       (Dr. GRPO, scale_rewards=False)
+    A_i = (r_i - mean_j(r_j)) / (std_j(r_j) + eps) (GRPO, scale_rewards=True)
+
+std is the population std (divide by N, not N - 1): a group of two rewards {0, 1} gets advantages
+{-1, +1}, which reads naturally; TRL uses the sample std, which would give {-0.71, +0.71}.
+
+A group whose rewards are all equal carries no learning signal (every advantage is 0): it is skipped
+and counted, so the caller can report `zero_variance_fraction` (a rising fraction means the task got
+too easy or too hard, or the judge collapsed). Pure Python: no torch, so the client side can use it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+# Rewards closer than this are "equal": float noise from a judge must not create a fake signal.
+ZERO_VARIANCE_TOL = 1e-9
+
+
+@dataclass
+class GroupAdvantages:
+    """Advantages of every group of a step; None marks a skipped (zero-variance) group."""
+
+    advantages: list[list[float] | None] = field(default_factory=list)  # [num_groups][G]
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.advantages)
+
+    @property
+    def zero_variance_groups(self) -> int:
+        return sum(1 for a in self.advantages if a is None)
+
+    @property
+    def zero_variance_fraction(self) -> float:
+        return self.zero_variance_groups / self.num_groups if self.num_groups else 0.0
+
+
+def group_advantages(rewards_G: Sequence[float], *, scale: bool = True, eps: float = 1e-6) -> list[float] | None:
+    """Advantages of one group, or None when the group has zero reward variance (nothing to learn)."""
+    n = len(rewards_G)
+    if n == 0:
+        return None
+    mean = sum(rewards_G) / n
+    if max(rewards_G) - min(rewards_G) <= ZERO_VARIANCE_TOL:
+        return None
+    centred_G = [r - mean for r in rewards_G]
+    if not scale:
+        return centred_G
+    std = math.sqrt(sum(c * c for c in centred_G) / n)
+    return [c / (std + eps) for c in centred_G]
+
+
+def compute_advantages(rewards: Sequence[Sequence[float]], *, scale: bool = True) -> GroupAdvantages:
+    """Advantages of every group (`rewards[g][i]` is rollout i of group g)."""
+    return GroupAdvantages([group_advantages(r, scale=scale) for r in rewards])

@@ -1,0 +1,141 @@
+"""The GRPO policy-gradient loss: one pure function that reads like the equation.
+
+For every trainable token t of sequence b (mask_BT = 1), with A_b the group-relative advantage of b's
+trajectory (training/advantages.py), pi the current policy (LoRA on), pi_old the policy that sampled the
+token (its logprob came back from the inference server), and pi_ref the base model (LoRA off):
+
+    rho_bt  = exp(log pi(y_bt) - log pi_old(y_bt))                         importance ratio
+    PPO:    l_bt = -min(rho_bt * A_b, clip(rho_bt, 1 - eps, 1 + eps_high) * A_b)
+    CISPO:  l_bt = -sg[clip(rho_bt, 1 - eps, 1 + eps_high)] * A_b * log pi(y_bt)
+    KL:     l_bt += beta * (exp(q_bt) - q_bt - 1),   q_bt = log pi_ref(y_bt) - log pi(y_bt)   (k3)
+
+and the step loss is a weighted sum of l_bt over the trainable tokens of the WHOLE step:
+
+    normalize="token"     L = sum_bt l_bt / N_tokens                         (DAPO)
+    normalize="sequence"  L = (1 / N_seqs) sum_b (1 / n_b) sum_t l_bt         (GRPO)
+    normalize="constant"  L = sum_bt l_bt / (N_seqs * max_len)               (Dr. GRPO)
+
+N_tokens and N_seqs count the whole step, not the micro-batch, and are arguments: the sum of the
+micro-batch losses is then exactly the full-batch loss, so gradient accumulation is exact.
+
+References:
+- GRPO: Shao et al. 2024, "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language
+  Models" (group-relative advantages, PPO clip, k3 KL to a reference, per-sequence mean).
+- DAPO: Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale" (clip-higher
+  eps_high > eps, token-level normalisation, dropping zero-variance groups).
+- Dr. GRPO: Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective" (no std
+  scaling, a constant normaliser instead of the sequence length).
+- CISPO: MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention"
+  (clip the stop-gradient importance weight, not the update, so every token keeps a gradient).
+
+Deviations from the papers, all deliberate:
+1. pi_old is the SAMPLER's logprob (from the inference engine), not a recomputation by the trainer.
+   We do one optimiser step per batch, so the ratio measures engine/trainer mismatch (numerics, bf16,
+   batching) rather than staleness across PPO epochs. A NaN old logprob (the server returned none)
+   means "on policy": rho = 1 with the gradient of log pi kept.
+2. KL is the k3 estimator added to the loss (GRPO), not folded into the advantage (ART), and the
+   reference is the base model with the adapter disabled, not a frozen copy of an earlier policy.
+3. CISPO also clips below (1 - eps); the paper only bounds the weight above. Pass eps=1.0 to get the
+   paper's one-sided clip (the weight is never negative).
+4. GRPO's per-sequence mean is `normalize="sequence"`; DAPO's token mean is the default in TrainConfig.
+   Dr. GRPO's constant is `max_len` times the number of sequences of the step (their (1/G) sum_i over a
+   group, generalised to several groups).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+NORMALIZE_MODES = ("token", "sequence", "constant")
+
+
+@dataclass
+class LossTerms:
+    """The loss of a micro-batch, and detached statistics (summed, so micro-batches add up)."""
+
+    loss: torch.Tensor  # scalar, carries the gradient; already divided by the step's normaliser
+    policy_loss_sum: torch.Tensor  # sum_bt l_bt without KL, detached
+    kl_sum: torch.Tensor  # sum_bt k3_bt, detached (0 without a reference)
+    clipped_tokens: torch.Tensor  # how many tokens had their ratio clipped (PPO: the clip was active)
+    ratio_sum: torch.Tensor  # sum_bt rho_bt, detached
+    tokens: torch.Tensor  # number of trainable tokens in the micro-batch
+
+
+def grpo_loss(
+    logprobs_BT: torch.Tensor,
+    old_logprobs_BT: torch.Tensor,
+    advantages_B: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    epsilon: float,
+    epsilon_high: float | None,
+    cispo: bool,
+    normalize: str,
+    num_tokens: int,
+    num_sequences: int,
+    max_len: int,
+    ref_logprobs_BT: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> LossTerms:
+    """The GRPO/DAPO/Dr.GRPO/CISPO loss of a micro-batch (see the module docstring for the equation).
+
+    logprobs_BT:      log pi(y_bt) under the current policy, with gradient.            # [B, T]
+    old_logprobs_BT:  log pi_old(y_bt) from the sampler; NaN = on policy.             # [B, T]
+    advantages_B:     A_b, one per sequence.                                           # [B]
+    mask_BT:          1 where y_bt is a sampled (trainable) token, else 0.             # [B, T]
+    num_tokens / num_sequences: trainable tokens / sequences of the whole step (the normalisers).
+    max_len:          Dr. GRPO's constant (the step's length limit).
+    ref_logprobs_BT:  log pi_ref(y_bt) (adapter disabled), needed when kl_coef > 0.    # [B, T]
+    """
+    if normalize not in NORMALIZE_MODES:
+        raise ValueError(f"normalize={normalize!r} must be one of {list(NORMALIZE_MODES)}")
+    if kl_coef > 0 and ref_logprobs_BT is None:
+        raise ValueError("kl_coef > 0 needs ref_logprobs_BT (log-probs with the adapter disabled)")
+    eps_low = epsilon
+    eps_high = epsilon if epsilon_high is None else epsilon_high
+    mask_BT = mask_BT.to(logprobs_BT.dtype)
+    # Padding and prompt positions may hold any value (even NaN); zero them before they meet a product.
+    on_mask_BT = mask_BT > 0
+    logprobs_BT = torch.where(on_mask_BT, logprobs_BT, torch.zeros_like(logprobs_BT))
+    old_BT = old_logprobs_BT.to(logprobs_BT.dtype)
+    old_BT = torch.where(torch.isnan(old_BT) | ~on_mask_BT, logprobs_BT.detach(), old_BT)
+    A_BT = advantages_B.to(logprobs_BT.dtype)[:, None].expand_as(logprobs_BT)
+
+    ratio_BT = torch.exp(logprobs_BT - old_BT)  # [B, T]
+    clipped_ratio_BT = torch.clamp(ratio_BT, 1.0 - eps_low, 1.0 + eps_high)  # [B, T]
+    if cispo:
+        per_token_BT = -clipped_ratio_BT.detach() * A_BT * logprobs_BT
+        clipped_BT = clipped_ratio_BT.detach() != ratio_BT.detach()
+    else:
+        unclipped_BT = ratio_BT * A_BT
+        clipped_obj_BT = clipped_ratio_BT * A_BT
+        per_token_BT = -torch.minimum(unclipped_BT, clipped_obj_BT)
+        clipped_BT = clipped_obj_BT.detach() < unclipped_BT.detach()  # the clip chose the bound
+    policy_BT = per_token_BT
+
+    kl_BT = torch.zeros_like(logprobs_BT)
+    if ref_logprobs_BT is not None:
+        q_BT = torch.where(on_mask_BT, ref_logprobs_BT.to(logprobs_BT.dtype), logprobs_BT.detach()) - logprobs_BT
+        kl_BT = torch.exp(q_BT) - q_BT - 1.0  # k3 >= 0, unbiased for KL(pi || pi_ref)
+        if kl_coef > 0:
+            per_token_BT = per_token_BT + kl_coef * kl_BT
+
+    masked_BT = per_token_BT * mask_BT
+    if normalize == "token":
+        loss = masked_BT.sum() / max(num_tokens, 1)
+    elif normalize == "sequence":
+        tokens_B = mask_BT.sum(dim=1).clamp(min=1.0)
+        loss = (masked_BT.sum(dim=1) / tokens_B).sum() / max(num_sequences, 1)
+    else:  # "constant"
+        loss = masked_BT.sum() / (max(num_sequences, 1) * max_len)
+
+    return LossTerms(
+        loss=loss,
+        policy_loss_sum=(policy_BT * mask_BT).sum().detach(),
+        kl_sum=(kl_BT * mask_BT).sum().detach(),
+        clipped_tokens=(clipped_BT.to(mask_BT.dtype) * mask_BT).sum().detach(),
+        ratio_sum=(ratio_BT * mask_BT).sum().detach(),
+        tokens=mask_BT.sum().detach(),
+    )

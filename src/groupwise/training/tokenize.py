@@ -1,0 +1,195 @@
+"""TrajectoryGroups become token sequences for the trainer (token-in/token-out).
+
+Every assistant turn that is a `Choice` with token ids keeps its EXACT sampled ids and logprobs
+(`types.choice_token_ids` / `choice_logprobs`): the text is never re-tokenised, so what the trainer
+scores is what the sampler produced. Everything else (system, user, tool messages, plain assistant
+dicts, Choices without token ids) is context, rendered with the tokenizer's chat template.
+
+How: the conversation is rendered once with the chat template, each trainable Choice replaced by a
+sentinel string; the rendered text is split at the sentinels, the text pieces are tokenised, and the
+sampled ids are spliced in where the sentinels were. When a Choice's last sampled token is a special
+token (the end-of-turn token, e.g. ``<|im_end|>``) that the template also writes after the content,
+the template's copy is dropped so it is not doubled, and the sampled one is trained (the model learns
+to stop).
+
+One sequence per trajectory plus one per `additional_histories` entry; all carry the trajectory's
+advantage. The loss mask covers every trainable Choice of every turn.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from groupwise.errors import NotTrainableError
+from groupwise.training.advantages import compute_advantages
+from groupwise.types import Choice, TrajectoryGroup, choice_logprobs, choice_to_message, choice_token_ids
+
+_SENTINEL = "\u2063GWCHOICE{}\u2063"  # invisible separator: never produced by a chat template
+_SENTINEL_RE = re.compile("\u2063GWCHOICE(\\d+)\u2063")
+
+
+@dataclass
+class TokenizedSequence:
+    """One conversation as tokens. Position t holds token t; `mask[t]` says token t was sampled."""
+
+    input_ids: list[int]  # [T]
+    mask: list[bool]  # [T] True at tokens the policy sampled (trained), False at context
+    old_logprobs: list[float]  # [T] sampler's logprob of token t; NaN at context or when not returned
+    advantage: float
+    group_index: int = 0
+    trajectory_index: int = 0
+    history_index: int = -1  # -1: the trajectory's own messages; i: additional_histories[i]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_trainable(self) -> int:
+        return sum(self.mask)
+
+
+@dataclass
+class TokenizedBatch:
+    """The trainable sequences of one step, and counts the metrics report."""
+
+    sequences: list[TokenizedSequence] = field(default_factory=list)
+    num_groups: int = 0
+    zero_variance_groups: int = 0
+    dropped_too_long: int = 0
+    trajectories_without_token_ids: int = 0
+
+    @property
+    def trainable_tokens(self) -> int:
+        return sum(s.num_trainable for s in self.sequences)
+
+    @property
+    def zero_variance_fraction(self) -> float:
+        return self.zero_variance_groups / self.num_groups if self.num_groups else 0.0
+
+
+def _special_ids(tokenizer: Any) -> set[int]:
+    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def _has_token_ids(items: Sequence[Any]) -> bool:
+    return any(isinstance(m, Choice) and choice_token_ids(m) for m in items)
+
+
+def tokenize_conversation(
+    messages_and_choices: Sequence[Any], tokenizer: Any, *, tools: list[dict] | None = None
+) -> tuple[list[int], list[bool], list[float]]:
+    """(input_ids [T], mask [T], old_logprobs [T]) of one conversation; see the module docstring."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "the tokenizer has no chat_template, so the context messages cannot be rendered. "
+            "Set tokenizer.chat_template (a Jinja string) or use an instruct model's tokenizer."
+        )
+    messages: list[dict] = []
+    spliced: list[tuple[list[int], list[float]]] = []
+    for item in messages_and_choices:
+        if isinstance(item, Choice):
+            ids = choice_token_ids(item)
+            if not ids:
+                messages.append(choice_to_message(item))  # no ids: context, rendered as text
+                continue
+            logprobs = choice_logprobs(item)
+            if logprobs is not None and len(logprobs) != len(ids):
+                raise ValueError(
+                    f"a Choice has {len(ids)} token ids but {len(logprobs)} logprobs; they must pair up "
+                    "one to one. The server that sampled it returned inconsistent data."
+                )
+            messages.append({"role": "assistant", "content": _SENTINEL.format(len(spliced))})
+            spliced.append((ids, logprobs if logprobs is not None else [math.nan] * len(ids)))
+        else:
+            messages.append(item)
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+    pieces = _SENTINEL_RE.split(text)  # text, k, text, k, ..., text
+    found = [int(k) for k in pieces[1::2]]
+    if found != list(range(len(spliced))):
+        raise ValueError(
+            f"the chat template rendered trained assistant turns {found}, expected {list(range(len(spliced)))}: "
+            "it drops or reorders assistant messages (some templates drop earlier turns' reasoning). "
+            "Use a template that renders every assistant turn, or train on the last turn only."
+        )
+    special = _special_ids(tokenizer)
+    input_ids: list[int] = []
+    mask: list[bool] = []
+    old: list[float] = []
+    for i, piece in enumerate(pieces[0::2]):
+        if i > 0:
+            ids, logprobs = spliced[i - 1]
+            last = ids[-1]
+            if last in special:
+                # The sampled end-of-turn token is trained; the template's copy of it is dropped.
+                tok_text = tokenizer.convert_ids_to_tokens(last)
+                if isinstance(tok_text, str) and piece.startswith(tok_text):
+                    piece = piece[len(tok_text):]
+            input_ids += ids
+            mask += [True] * len(ids)
+            old += [float(x) for x in logprobs]
+        if piece:
+            ids_ctx = tokenizer(piece, add_special_tokens=False)["input_ids"]
+            input_ids += ids_ctx
+            mask += [False] * len(ids_ctx)
+            old += [math.nan] * len(ids_ctx)
+    return input_ids, mask, old
+
+
+def tokenize_groups(
+    groups: Sequence[TrajectoryGroup], tokenizer: Any, *, max_seq_len: int, scale_rewards: bool = True
+) -> TokenizedBatch:
+    """The trainable sequences of a step. Raises `NotTrainableError` naming why nothing is trainable."""
+    groups = list(groups)
+    trajectories = [t for g in groups for t in g.trajectories]
+    with_ids = [
+        t for t in trajectories
+        if _has_token_ids(t.messages_and_choices) or any(_has_token_ids(h.messages_and_choices) for h in t.additional_histories)
+    ]
+    batch = TokenizedBatch(num_groups=len(groups), trajectories_without_token_ids=len(trajectories) - len(with_ids))
+    if not with_ids:
+        raise NotTrainableError(
+            f"nothing to train on: no Choices with token ids in {len(trajectories)} trajectories of {len(groups)} "
+            "group(s). Only assistant turns that are `Choice`s carrying sampled token ids are trained; plain "
+            "assistant dicts are context. Append the Choice the model returned (`choice`, not "
+            "`choice.message`), and sample from groupwise's server (it returns token ids) or vLLM with "
+            "return_tokens_as_token_ids and logprobs."
+        )
+    adv = compute_advantages([g.rewards() for g in groups], scale=scale_rewards)
+    batch.zero_variance_groups = adv.zero_variance_groups
+    if adv.zero_variance_groups == len(groups):
+        raise NotTrainableError(
+            f"nothing to train on: every group has equal rewards ({len(groups)} group(s), e.g. rewards "
+            f"{groups[0].rewards()[:8]}), so every group-relative advantage is 0. Make rewards differ within "
+            "a group: more rollouts per group, a graded reward instead of pass/fail, harder or easier scenarios, "
+            "or a judge (RULER)."
+        )
+    over_limit = 0
+    for g, (group, adv_G) in enumerate(zip(groups, adv.advantages)):
+        if adv_G is None:
+            continue
+        for i, (traj, a) in enumerate(zip(group.trajectories, adv_G)):
+            convs = [(-1, traj.messages_and_choices, traj.tools)]
+            convs += [(h, hist.messages_and_choices, hist.tools) for h, hist in enumerate(traj.additional_histories)]
+            for h, items, tools in convs:
+                if not _has_token_ids(items):
+                    continue
+                ids, mask, old = tokenize_conversation(items, tokenizer, tools=tools)
+                if len(ids) > max_seq_len:
+                    over_limit += 1
+                    continue
+                batch.sequences.append(TokenizedSequence(ids, mask, old, a, g, i, h))
+    batch.dropped_too_long = over_limit
+    if not batch.sequences:
+        raise NotTrainableError(
+            f"nothing to train on: every sequence is over the length limit ({over_limit} sequence(s) longer "
+            f"than max_seq_len={max_seq_len} tokens). Raise TrainConfig.max_seq_len or cap max_tokens / the "
+            "number of turns in the rollout."
+        )
+    return batch
