@@ -1,0 +1,104 @@
+"""The one seam between an environment and a model: a chat completion that keeps the `Choice`.
+
+Every env's rollout asks the model through `complete()`, so the request shape (sampling settings,
+logprobs) is decided in one place. The returned `Choice` is appended to the trajectory as is: the
+`token_ids` and `logprobs` our server attaches to it are what the trainer trains on
+(token-in/token-out, design.md), so rollouts never rebuild an assistant message from text.
+
+A "model" here is anything with ``openai_client()`` (an `openai.AsyncOpenAI`) and a ``name``; a
+groupwise `TrainableModel` also has ``inference_name()`` (``"agent-001@3"``), which wins when present.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from groupwise.types import Choice, Message, Tools, Trajectory
+
+
+class Sampling(BaseModel):
+    """Sampling settings every scenario carries (the loop may override them per split)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_tokens: int = Field(32, gt=0, description="Most tokens the model may generate per turn.")
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature; 1.0 for training rollouts.")
+    sampling_seed: int | None = Field(
+        None,
+        description="Passed as the request's `seed` (servers that honour it sample reproducibly). "
+        "None for training: the N rollouts of a group must differ, or GRPO sees no advantage.",
+    )
+    logprobs: bool = Field(True, description="Ask for logprobs (the trainer needs them; some APIs refuse them with tools).")
+
+
+def inference_name(model: Any) -> str:
+    """The model name to put in requests: ``model.inference_name()`` when it exists, else ``model.name``."""
+    get = getattr(model, "inference_name", None)
+    if callable(get):
+        return str(get())
+    name = getattr(model, "name", None)
+    if not name:
+        raise TypeError(
+            f"{type(model).__name__} has neither inference_name() nor name; a rollout needs a model "
+            "with openai_client() and a name (groupwise.TrainableModel or groupwise.Model)."
+        )
+    return str(name)
+
+
+async def complete(
+    model: Any,
+    messages: Sequence[Message],
+    sampling: Sampling,
+    *,
+    tools: Tools | None = None,
+) -> Choice:
+    """One chat completion; returns its first `Choice` untouched (token ids and logprobs kept)."""
+    client = model.openai_client()
+    kwargs: dict[str, Any] = {
+        "model": inference_name(model),
+        "messages": list(messages),
+        "max_tokens": sampling.max_tokens,
+        "temperature": sampling.temperature,
+    }
+    if sampling.logprobs:
+        kwargs["logprobs"] = True
+    if sampling.sampling_seed is not None:
+        kwargs["seed"] = sampling.sampling_seed
+    if tools:
+        kwargs["tools"] = tools
+    response = await client.chat.completions.create(**kwargs)
+    if not response.choices:
+        raise RuntimeError(
+            f"the endpoint answered model {kwargs['model']!r} with no choices; check that the server "
+            "serves this model name and returned a well-formed chat completion."
+        )
+    return response.choices[0]
+
+
+def choice_text(choice: Choice) -> str:
+    """The assistant text of a Choice ("" when the model only called tools or said nothing)."""
+    return choice.message.content or ""
+
+
+def new_trajectory(system: str, user: str, *, tools: Tools | None = None) -> Trajectory:
+    return Trajectory(
+        messages_and_choices=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+        tools=tools,
+    )
+
+
+def split_seeds(seed: int, n_train: int, n_val: int, n_test: int, *, offset: int = 0) -> tuple[list[int], list[int], list[int]]:
+    """Disjoint game seeds for the three splits.
+
+    Validation and test seeds do not depend on the run seed, so runs with different seeds are
+    measured on the same held-out games; train seeds are drawn from a range that never overlaps them.
+    """
+    rng = random.Random(f"train-seeds:{seed}:{offset}")
+    train = [rng.randrange(0, 1_000_000) + offset for _ in range(n_train)]
+    val = [1_000_000 + offset + i for i in range(n_val)]
+    test = [2_000_000 + offset + i for i in range(n_test)]
+    return train, val, test
