@@ -1,0 +1,356 @@
+"""The run store: everything a run produced, on disk, as JSON. No torch, no pickle.
+
+Layout (``run_dir = <base_path>/<project>/<model>``)::
+
+    history.jsonl                     one row per (step, split), appended
+    trajectories/<split>/<step:04d>.jsonl
+                                      one line per TrajectoryGroup, every field (see below)
+    state.json                        small resumable state (the loop's cursor, best step, ...)
+    checkpoints/<step>/               written by the trainer (adapter safetensors, optimizer, RNG)
+
+Trajectory files are lossless: a line is ``TrajectoryGroup.model_dump(mode="json")``, so every
+Trajectory field (messages, Choices with their extra fields ``token_ids`` and ``logprobs``, tools,
+additional histories, reward, metrics, metadata, logs, policy versions), the group's exceptions,
+metadata, metrics and logs come back equal (``==``) from `load_trajectories`. Python's json writes
+floats with repr (exact) and keeps inf/nan logprobs as ``Infinity``/``NaN``.
+
+History row schema (`history_row` builds it; the loop, plots and reports read it)::
+
+    step            int    the policy version that produced the trajectories: train rows at step k
+                           are the rollouts of policy k that trained step k -> k+1 (and that
+                           update's training metrics); val rows at step k evaluate policy k
+    split           str    "train", "val", "test", ...
+    recorded_at     str    ISO 8601 UTC time of the write
+    reward          float  mean reward over the split's trajectories (NaN when there are none)
+    reward_std      float  population std (ddof=0) of those rewards
+    reward_std_within_group  float  mean over groups of each group's own reward std: near 0 means
+                           GRPO sees no signal (every rollout of a scenario scored the same)
+    n_groups, n_trajectories, n_exceptions   int
+    exception_rate  float  n_exceptions / (n_trajectories + n_exceptions)
+    <metric>        float  mean of a trajectory metric over the trajectories that report it
+    group_<metric>  float  mean of a group metric over the groups that report it
+    <key>           any    each key of ``metrics=`` passed to `Model.log` (e.g. the trainer's
+                           ``loss``, ``grad_norm``), as given
+
+Names of the fixed fields are reserved: a metric called ``reward`` or ``step`` is an error, not a
+silent overwrite.
+
+Writes are atomic: a file is written to a temp file in the same folder, fsynced, then `os.replace`d
+over the target, so a crash leaves the old file or the new one, never half of one. History appends
+are one `os.write` of a whole line under O_APPEND and an exclusive `flock` (when the platform has it);
+a torn last line from a crash is reported by `load_history` (file and line) and the next append starts
+on a fresh line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import statistics
+import tempfile
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from groupwise.errors import CorruptRecordError, StoreError
+from groupwise.types import Trajectory, TrajectoryGroup
+
+try:  # POSIX only; on other platforms appends rely on O_APPEND alone.
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "RunStore",
+    "load_trajectories",
+    "load_history",
+    "history_row",
+    "trajectory_files",
+    "read_groups",
+    "atomic_write_text",
+    "RESERVED_HISTORY_KEYS",
+]
+
+RESERVED_HISTORY_KEYS = frozenset({
+    "step", "split", "recorded_at", "reward", "reward_std", "reward_std_within_group",
+    "n_groups", "n_trajectories", "n_exceptions", "exception_rate",
+})
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+=-]*$")
+_STEP_FILE = re.compile(r"^(\d+)\.jsonl$")
+
+
+def _check_name(kind: str, value: Any) -> str:
+    if not isinstance(value, str) or not _NAME.match(value) or value in (".", ".."):
+        raise StoreError(
+            f"{kind}={value!r} cannot be a folder name of the run store; use letters, digits and "
+            "_ . @ + = - (no slashes, not starting with a dot)"
+        )
+    return value
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` atomically: temp file in the same folder, fsync, os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _dumps(obj: Any) -> str:
+    # allow_nan: a -inf logprob must survive; ensure_ascii=False keeps text readable in the file.
+    return json.dumps(obj, ensure_ascii=False, allow_nan=True, separators=(",", ":"))
+
+
+def _append_line(path: Path, line: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            size = os.fstat(fd).st_size
+            prefix = ""
+            if size:
+                # A crash mid-append leaves a line without its newline: start ours on a fresh line.
+                last = os.pread(fd, 1, size - 1)
+                prefix = "" if last == b"\n" else "\n"
+            os.write(fd, (prefix + line + "\n").encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _mean(values: list[float]) -> float:
+    return math.fsum(values) / len(values) if values else float("nan")
+
+
+def history_row(
+    groups: Iterable[TrajectoryGroup],
+    *,
+    step: int,
+    split: str,
+    metrics: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The history row (schema in this module's docstring) summarising `groups` at `step`."""
+    groups = list(groups)
+    trajectories = [t for g in groups for t in g.trajectories]
+    rewards = [t.reward for t in trajectories]
+    n_exc = sum(len(g.exceptions) for g in groups)
+    n_total = len(trajectories) + n_exc
+    within = [statistics.pstdev(g.rewards()) for g in groups if len(g.trajectories) >= 1]
+    row: dict[str, Any] = {
+        "step": int(step),
+        "split": split,
+        "recorded_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+        "reward": _mean(rewards),
+        "reward_std": statistics.pstdev(rewards) if rewards else float("nan"),
+        "reward_std_within_group": _mean(within),
+        "n_groups": len(groups),
+        "n_trajectories": len(trajectories),
+        "n_exceptions": n_exc,
+        "exception_rate": n_exc / n_total if n_total else 0.0,
+    }
+    extra: dict[str, Any] = {}
+    traj_values: dict[str, list[float]] = {}
+    for t in trajectories:
+        for name, value in t.metrics.items():
+            traj_values.setdefault(name, []).append(float(value))
+    group_values: dict[str, list[float]] = {}
+    for g in groups:
+        for name, value in g.metrics.items():
+            group_values.setdefault(f"group_{name}", []).append(float(value))
+    for source in (traj_values, group_values):
+        for name, values in source.items():
+            extra[name] = _mean(values)
+    extra.update(metrics or {})
+    clashes = sorted(set(extra) & RESERVED_HISTORY_KEYS)
+    if clashes:
+        raise StoreError(
+            f"metric name(s) {clashes} clash with the history row's own fields "
+            f"{sorted(RESERVED_HISTORY_KEYS)}; rename the metric (e.g. 'task_{clashes[0]}')"
+        )
+    row.update(extra)
+    return row
+
+
+def trajectory_files(run_dir: str | os.PathLike, split: str | None = None,
+                     step: int | None = None) -> list[tuple[str, int, Path]]:
+    """(split, step, path) of every trajectory file, sorted by split then step."""
+    root = Path(run_dir) / "trajectories"
+    if not root.is_dir():
+        return []
+    out: list[tuple[str, int, Path]] = []
+    for split_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        if split is not None and split_dir.name != split:
+            continue
+        for f in split_dir.iterdir():
+            m = _STEP_FILE.match(f.name)
+            if m and (step is None or int(m.group(1)) == step):
+                out.append((split_dir.name, int(m.group(1)), f))
+    out.sort(key=lambda x: (x[0], x[1]))
+    return out
+
+
+def _read_jsonl(path: Path, skip_corrupt: bool) -> Iterator[tuple[int, Any]]:
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield n, json.loads(line)
+            except json.JSONDecodeError as exc:
+                if not skip_corrupt:
+                    raise CorruptRecordError(str(path), n, f"not valid JSON: {exc.msg}") from exc
+
+
+def read_groups(path: str | os.PathLike, *, skip_corrupt: bool = False) -> list[TrajectoryGroup]:
+    """The groups of one trajectory file, in line order."""
+    path = Path(path)
+    groups: list[TrajectoryGroup] = []
+    for n, obj in _read_jsonl(path, skip_corrupt):
+        try:
+            groups.append(TrajectoryGroup.model_validate(obj))
+        except Exception as exc:  # pydantic ValidationError, or a non-dict line
+            if not skip_corrupt:
+                first = str(exc).strip().splitlines()
+                reason = "; ".join(first[:3]) if first else type(exc).__name__
+                raise CorruptRecordError(str(path), n, f"not a TrajectoryGroup: {reason}") from exc
+    return groups
+
+
+def load_trajectories(run_dir: str | os.PathLike, split: str | None = None, step: int | None = None,
+                      *, skip_corrupt: bool = False) -> list[TrajectoryGroup]:
+    """Every stored group of `run_dir` (optionally of one split and/or step), by split, step, line.
+
+    A line that does not parse raises `CorruptRecordError` naming the file and line; with
+    `skip_corrupt=True` such lines are skipped and the rest is read.
+    """
+    if not Path(run_dir).is_dir():
+        raise StoreError(f"run folder {str(run_dir)!r} does not exist; expected <base_path>/<project>/<model>")
+    return [g for _, _, path in trajectory_files(run_dir, split, step) for g in read_groups(path, skip_corrupt=skip_corrupt)]
+
+
+def load_history(run_dir: str | os.PathLike, *, skip_corrupt: bool = False) -> list[dict[str, Any]]:
+    """The rows of `run_dir/history.jsonl` in the order they were written ([] when there is none)."""
+    path = Path(run_dir) / "history.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for n, obj in _read_jsonl(path, skip_corrupt):
+        if not isinstance(obj, dict) or "step" not in obj or "split" not in obj:
+            if not skip_corrupt:
+                raise CorruptRecordError(str(path), n, "a history row must be an object with 'step' and 'split'")
+            continue
+        rows.append(obj)
+    return rows
+
+
+class RunStore:
+    """One run's folder, ``<base_path>/<project>/<model>``: trajectories, history, state, checkpoints."""
+
+    def __init__(self, base_path: str | os.PathLike, project: str, model: str) -> None:
+        self.base_path = Path(base_path)
+        self.project = _check_name("project", project)
+        self.model = _check_name("model name", model)
+        self.run_dir = self.base_path / project / model
+
+    def __repr__(self) -> str:
+        return f"RunStore({str(self.run_dir)!r})"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    @property
+    def history_path(self) -> Path:
+        return self.run_dir / "history.jsonl"
+
+    @property
+    def state_path(self) -> Path:
+        return self.run_dir / "state.json"
+
+    def trajectories_path(self, split: str, step: int) -> Path:
+        _check_name("split", split)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise StoreError(f"step={step!r} must be an int >= 0")
+        return self.run_dir / "trajectories" / split / f"{step:04d}.jsonl"
+
+    def write_trajectories(self, split: str, step: int, groups: Iterable[TrajectoryGroup]) -> Path:
+        """Write the groups of (split, step) to their file, atomically; rewrites it if it exists
+        (a resumed run re-logs the step it crashed in)."""
+        path = self.trajectories_path(split, step)
+        lines = []
+        for n, g in enumerate(groups):
+            if not isinstance(g, TrajectoryGroup):
+                raise TypeError(f"groups[{n}] is {type(g).__name__}; write_trajectories takes TrajectoryGroups")
+            if g.pending:
+                raise StoreError(
+                    f"groups[{n}] still has {len(g.pending)} rollouts that were never run; "
+                    "await it (or gather_trajectory_groups) before storing it"
+                )
+            lines.append(_dumps(g.model_dump(mode="json")) + "\n")
+        atomic_write_text(path, "".join(lines))
+        return path
+
+    def append_history(self, row: dict[str, Any]) -> None:
+        if "step" not in row or "split" not in row:
+            raise StoreError(f"a history row needs 'step' and 'split'; got keys {sorted(row)}")
+        _append_line(self.history_path, _dumps(row))
+
+    def history(self, *, skip_corrupt: bool = False) -> list[dict[str, Any]]:
+        return load_history(self.run_dir, skip_corrupt=skip_corrupt)
+
+    def load_trajectories(self, split: str | None = None, step: int | None = None,
+                          *, skip_corrupt: bool = False) -> list[TrajectoryGroup]:
+        if not self.run_dir.is_dir():
+            return []
+        return load_trajectories(self.run_dir, split, step, skip_corrupt=skip_corrupt)
+
+    def read_state(self) -> dict[str, Any]:
+        """state.json as a dict ({} before the first write)."""
+        if not self.state_path.exists():
+            return {}
+        try:
+            state = json.loads(self.state_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise CorruptRecordError(str(self.state_path), exc.lineno, f"not valid JSON: {exc.msg}") from exc
+        if not isinstance(state, dict):
+            raise CorruptRecordError(str(self.state_path), 1, "state must be a JSON object")
+        return state
+
+    def write_state(self, state: dict[str, Any]) -> None:
+        atomic_write_text(self.state_path, json.dumps(state, indent=2, sort_keys=True, allow_nan=True) + "\n")
+
+
+def _trajectories_of(items: Iterable[Trajectory | TrajectoryGroup]) -> list[TrajectoryGroup]:
+    """Groups from a mix of groups and loose trajectories (loose ones form one group)."""
+    groups: list[TrajectoryGroup] = []
+    loose: list[Trajectory] = []
+    for n, item in enumerate(items):
+        if isinstance(item, TrajectoryGroup):
+            groups.append(item)
+        elif isinstance(item, Trajectory):
+            loose.append(item)
+        else:
+            raise TypeError(f"item {n} is {type(item).__name__}; expected a Trajectory or a TrajectoryGroup")
+    if loose:
+        groups.append(TrajectoryGroup(loose))
+    return groups
