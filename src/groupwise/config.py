@@ -147,6 +147,7 @@ class LoopConfig(Validated):
     val_rollouts_per_group: int = option(1, help="Rollouts per validation scenario; the validation metric is their mean.")
     metric: str = option("accuracy", help="Name of the validation metric that validate(trajectory, scenario) returns; logged as val/<metric>.")
     higher_is_better: bool = option(True, help="Whether a larger validation metric is better (False for e.g. an error rate).")
+    judge_val: bool = option(True, help="Also apply the reward step (e.g. RULER) to validation groups of 2+ rollouts, so the judge is checked against ground truth (hybrid runs).")
     patience: int = option(10, help="Plateau stop: steps without an improvement larger than min_delta (on the validation metric where there is one, else on the mean train reward).")
     min_delta: float = option(0.0, help="Smallest change that counts as an improvement for the plateau rule.")
     target: float | None = option(None, help="Stop once the validation metric (or mean train reward without validation) reaches this value (None disables).")
@@ -188,6 +189,8 @@ class LoopConfig(Validated):
             p.append(f"train_config={self.train_config!r} must be a TrainConfig or None")
         if not isinstance(self.metric, str) or not self.metric or "/" in self.metric:
             p.append(f"metric={self.metric!r} must be a non-empty name without '/' (it is logged as val/<metric>)")
+        elif self.metric in ("reward", "reward_std", "step", "split", "answer_chars"):
+            p.append(f"metric={self.metric!r} clashes with a field of the history row; name it e.g. 'accuracy'")
         for name in ("min_delta", "val_drop", "reward_rise", "jump_min", "jump_sigmas", "plateau_range"):
             check_positive(p, name, getattr(self, name), allow_zero=True)
         if self.baseline_margin is not None and self.baseline_margin < 0:

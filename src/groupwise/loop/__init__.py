@@ -1,0 +1,45 @@
+"""The training loop: `fit`, validation, stopping rules, reward-hacking detectors, baselines, reports.
+
+Files, in the order data flows through them::
+
+    fit.py         gw.fit(model, rollout, train, val_scenarios=..., ...) -> FitSummary
+    detectors.py   pure functions: history / groups -> Alert | None
+    policy.py      alerts -> action (the seed's "when metrics diverge" table)
+    stopping.py    pure functions: history -> StopDecision (plateau, target, baseline, max steps)
+    series.py      reading curves out of history rows
+    baselines.py   scoring prompted models on the validation split (outside fit)
+    report.py      `groupwise report RUN_DIR`: PNG plots and a table
+    compare.py     `groupwise compare RUN_DIR --steps 0,best`: answers side by side
+
+Nothing here imports torch.
+"""
+
+from groupwise.loop.detectors import (
+    Alert,
+    identical_answers,
+    judge_disagreement,
+    length_drift,
+    ngram_repetition,
+    perfect_scores,
+    reward_jump,
+    run_detectors,
+    val_drop_reward_rise,
+    val_plateau_reward_rising,
+)
+from groupwise.loop.fit import AtStep, FitSummary, fit
+from groupwise.loop.policy import PolicyDecision, classify, decide
+from groupwise.loop.stopping import (
+    StopDecision,
+    baseline_beaten,
+    check_stopping,
+    max_steps_reached,
+    plateau,
+    target_reached,
+)
+
+__all__ = [
+    "Alert", "AtStep", "FitSummary", "PolicyDecision", "StopDecision", "baseline_beaten", "check_stopping",
+    "classify", "decide", "fit", "identical_answers", "judge_disagreement", "length_drift",
+    "max_steps_reached", "ngram_repetition", "perfect_scores", "plateau", "reward_jump", "run_detectors",
+    "target_reached", "val_drop_reward_rise", "val_plateau_reward_rising",
+]

@@ -1,0 +1,371 @@
+"""`gw.fit`: the training loop (the seed's hybrid pattern as a library call).
+
+One step::
+
+    batch of scenarios (iterate_dataset, resumable) ─► gather groups of rollouts ─► reward (optional,
+    e.g. RULER) ─► model.train (GRPO step; logs the train row of the policy that sampled) ─► every
+    `eval_every` steps: validation rollouts at the new step, scored by `validate` against ground
+    truth, logged as the val row ─► detectors ─► policy + stopping rules ─► next step or stop.
+
+At the start the untrained base (``name@0``) and every baseline model are scored once on the validation
+split; at the end the best checkpoint (by the validation metric) is evaluated once on the test split
+(requests to ``name@<best step>``). Everything the loop decides (alerts, baselines, the stop) is
+appended to the run's history (rows of splits ``alert``, ``baseline``, ``loop``, ``stop``; see
+`groupwise.loop.series`), so `groupwise report` can draw it and a resumed run can read it.
+
+Resume: the backend's step counts completed steps and each step's batch is a pure function of
+(seed, step) (`groupwise.utils.iterate_dataset`), so calling `fit` again after a crash continues at
+the step that did not complete, with the same scenarios. A validation missing at a resumed step (the
+crash came between the train step and its validation) is run first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from groupwise.config import LoopConfig
+from groupwise.errors import ConfigError
+from groupwise.loop.detectors import Alert, answer_text, run_detectors
+from groupwise.loop.policy import action_for, classify, decide, pending_stop, stop_now
+from groupwise.loop.series import events, mean, rows, series
+from groupwise.loop.stopping import StopDecision, baseline_values, check_stopping
+from groupwise.types import Trajectory, TrajectoryGroup
+
+log = logging.getLogger("groupwise.loop")
+
+Rollout = Callable[[Any, Any], Awaitable[Trajectory]]
+RewardStep = Callable[[TrajectoryGroup], "TrajectoryGroup | None | Awaitable[TrajectoryGroup | None]"]
+Validate = Callable[..., "float | Awaitable[float]"]
+
+
+@dataclass
+class FitSummary:
+    """What `fit` did and why it stopped."""
+
+    run_dir: str
+    stop: StopDecision
+    start_step: int  # the step this call started at (> 0 when it resumed)
+    final_step: int  # completed training steps when it stopped
+    metric: str  # "val/<metric>", or "train/reward" without validation
+    best_step: int | None = None
+    best_value: float | None = None
+    baselines: dict[str, float] = field(default_factory=dict)
+    test: dict[str, float] | None = None
+    alerts: list[Alert] = field(default_factory=list)
+    status: str = "unknown"  # the "when metrics diverge" row: healthy, converged, hacking, unknown
+
+    @property
+    def stop_reason(self) -> str:
+        return self.stop.reason
+
+    def __str__(self) -> str:
+        lines = [
+            f"run {self.run_dir}: steps {self.start_step} -> {self.final_step}",
+            f"stopped ({self.stop.rule}): {self.stop.reason}",
+            f"best {self.metric}: {self.best_value if self.best_value is None else f'{self.best_value:.4g}'} "
+            f"at step {self.best_step} (status: {self.status})",
+        ]
+        for name, v in self.baselines.items():
+            lines.append(f"baseline {name}: {v:.4g}")
+        if self.test:
+            lines.append("test (best checkpoint): " + ", ".join(f"{k}={v:.4g}" for k, v in self.test.items()))
+        for a in self.alerts:
+            lines.append(f"alert [{a.severity}] step {a.step} {a.name}: {a.message}")
+        return "\n".join(lines)
+
+
+class AtStep:
+    """A view of a trainable model whose requests go to ``name@step`` (a fixed checkpoint).
+
+    Rollouts should ask for ``model.inference_name()`` (or ``model.name``); both answer ``name@step``.
+    Everything else is the wrapped model's.
+    """
+
+    def __init__(self, model: Any, step: int) -> None:
+        self._model, self._step = model, step
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._model, item)
+
+    @property
+    def name(self) -> str:
+        return self._model.inference_name(self._step)
+
+    def inference_name(self, step: int | None = None) -> str:
+        return self._model.inference_name(self._step if step is None else step)
+
+    def __repr__(self) -> str:
+        return f"AtStep({self._model!r}, step={self._step})"
+
+
+def _check_args(rollout, train_scenarios, val_scenarios, test_scenarios, reward, validate, baselines, config) -> None:
+    p: list[str] = []
+    if not callable(rollout):
+        p.append(f"rollout={rollout!r} must be an async function rollout(model, scenario) -> Trajectory")
+    if not train_scenarios:
+        p.append("train_scenarios is empty; the loop needs scenarios to train on")
+    if reward is not None and not callable(reward):
+        p.append(f"reward={reward!r} must be a function group -> group (e.g. a RULER call) or None")
+    if validate is not None and not callable(validate):
+        p.append(f"validate={validate!r} must be a function (trajectory, scenario) -> float or None")
+    if validate is not None and not val_scenarios:
+        p.append("validate is given but val_scenarios is empty; pass the validation split")
+    if baselines and not val_scenarios:
+        p.append("baselines are scored on the validation split; pass val_scenarios")
+    if test_scenarios and not val_scenarios:
+        p.append("test_scenarios evaluate the best checkpoint by validation; pass val_scenarios too")
+    if not isinstance(config, LoopConfig):
+        p.append(f"config={config!r} must be a LoopConfig")
+    if p:
+        raise ConfigError(p, what="fit() arguments")
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def _takes_scenario(validate: Validate) -> bool:
+    try:
+        params = [p for p in inspect.signature(validate).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    except (TypeError, ValueError):
+        return True
+    return len(params) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+class _Loop:
+    """The state of one `fit` call (kept in an object so the steps read as a list of calls)."""
+
+    def __init__(self, model, rollout, train, val, test, reward, validate, baselines, config: LoopConfig):
+        self.model, self.rollout, self.reward, self.validate = model, rollout, reward, validate
+        self.train, self.val, self.test, self.baselines, self.c = train, val, test, baselines, config
+        self.store = model.store
+        self.alerts: list[Alert] = []
+
+    # -- gathering ---------------------------------------------------------------------------------
+    async def gather(self, model: Any, scenarios: Sequence[Any], indices: Sequence[int], n: int, desc: str) -> list[TrajectoryGroup]:
+        from groupwise.rollout.gather import gather_trajectory_groups
+
+        groups = [
+            TrajectoryGroup((self.rollout(model, scenarios[i]) for _ in range(n)), metadata={"scenario_index": i})
+            for i in indices
+        ]
+        return await gather_trajectory_groups(groups, pbar_desc=desc, max_exceptions=self.c.max_exceptions)
+
+    async def apply_reward(self, groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
+        """Run the reward step on every group concurrently; a None result drops the group."""
+        if self.reward is None:
+            return groups
+        judged = await asyncio.gather(*(_maybe_await(self.reward(g)) for g in groups))
+        out = []
+        for before, after in zip(groups, judged):
+            if after is None:
+                log.warning("reward step dropped group %s", before.metadata.get("scenario_index"))
+                continue
+            if not isinstance(after, TrajectoryGroup):
+                raise TypeError(f"reward step returned {type(after).__name__}; it must return a TrajectoryGroup or None")
+            after.metadata.setdefault("scenario_index", before.metadata.get("scenario_index"))
+            out.append(after)
+        return out
+
+    async def score(self, groups: list[TrajectoryGroup], scenarios: Sequence[Any]) -> None:
+        """Put the validation metric in every trajectory's metrics (the rollout's reward without validate)."""
+        takes = self.validate is not None and _takes_scenario(self.validate)
+        for g in groups:
+            scenario = scenarios[int(g.metadata["scenario_index"])]
+            for t in g.trajectories:
+                if self.validate is None:
+                    v = t.reward
+                else:
+                    v = await _maybe_await(self.validate(t, scenario) if takes else self.validate(t))
+                v = float(v)
+                if not math.isfinite(v):
+                    raise ValueError(f"validate returned {v} for scenario {g.metadata['scenario_index']}; it must be finite")
+                t.metrics[self.c.metric] = v
+
+    async def evaluate(self, model: Any, scenarios: Sequence[Any], desc: str) -> tuple[list[TrajectoryGroup], list[TrajectoryGroup]]:
+        """(scored groups, judged groups) of one pass over `scenarios`."""
+        groups = await self.gather(model, scenarios, range(len(scenarios)), self.c.val_rollouts_per_group, desc)
+        await self.score(groups, scenarios)
+        judged: list[TrajectoryGroup] = []
+        if self.reward is not None and self.c.judge_val and self.c.val_rollouts_per_group >= 2:
+            groups = judged = await self.apply_reward(groups)
+        return groups, judged
+
+    # -- validation and baselines --------------------------------------------------------------------
+    async def validate_at(self, step: int) -> list[TrajectoryGroup]:
+        t0 = time.perf_counter()
+        model = AtStep(self.model, step)
+        groups, judged = await self.evaluate(model, self.val, f"val step {step}")
+        await self.model.log(groups, split="val", step=step, metrics={"time/val_s": time.perf_counter() - t0})
+        return judged
+
+    async def ensure_baselines(self, history: list[dict]) -> None:
+        """Score the base (name@0) and each baseline model once; skip those already in the history."""
+        have = {r.get("name") for r in events(history, "baseline")}
+        val0 = [r for r in rows(history, "val") if r["step"] == 0]
+        if not val0:
+            await self.validate_at(0)
+            val0 = [r for r in rows(self.store.history(), "val") if r["step"] == 0]
+        base = f"{self.model.name}@0"
+        if base not in have:
+            row = {k: v for k, v in val0[-1].items() if k not in ("split", "recorded_at")}
+            self.store.append_history({**row, "split": "baseline", "step": 0, "name": base, "kind": "base"})
+        for other in self.baselines:
+            name = getattr(other, "name", repr(other))
+            if name in have:
+                continue
+            from groupwise.store import history_row
+
+            groups, _ = await self.evaluate(other, self.val, f"baseline {name}")
+            safe = "".join(ch if ch.isalnum() or ch in "_.-" else "-" for ch in name)
+            await asyncio.to_thread(self.store.write_trajectories, f"baseline-{safe}", 0, groups)
+            row = history_row(groups, step=0, split="baseline")
+            self.store.append_history({**row, "name": name, "kind": "model"})
+
+    # -- one step ------------------------------------------------------------------------------------
+    async def step(self, step: int, indices: list[int]) -> tuple[int, list[TrajectoryGroup], list[TrajectoryGroup]]:
+        t0 = time.perf_counter()
+        groups = await self.gather(self.model, self.train, indices, self.c.rollouts_per_group, f"train step {step}")
+        t1 = time.perf_counter()
+        groups = await self.apply_reward(groups)
+        t2 = time.perf_counter()
+        if not groups:
+            raise RuntimeError(f"step {step}: the reward step dropped every group; nothing to train on")
+        for g in groups:
+            for t in g.trajectories:
+                t.metrics["answer_chars"] = len(answer_text(t))  # read by the length-drift detector
+        result = await self.model.train(groups, config=self.c.step_config())
+        t3 = time.perf_counter()
+        cost = sum(float(g.metrics.get("judge/cost_usd", 0.0)) for g in groups)
+        self.store.append_history({
+            "step": step, "split": "loop", "time/gather_s": t1 - t0, "time/reward_s": t2 - t1,
+            "time/train_s": t3 - t2, "judge/cost_usd": cost, "scenarios": indices,
+        })
+        new_step = int(result.step)
+        judged: list[TrajectoryGroup] = []
+        if self.val and new_step % self.c.eval_every == 0:
+            judged = await self.validate_at(new_step)
+        return new_step, groups, judged
+
+    def decide(self, step: int, groups: list[TrajectoryGroup], judged: list[TrajectoryGroup]) -> StopDecision:
+        history = self.store.history()
+        alerts = run_detectors(history, groups, step=step, config=self.c, val_groups=judged)
+        decision = decide(alerts, self.c)
+        for a in decision.alerts:
+            action = action_for(a, self.c)
+            self.store.append_history(a.to_row(action))
+            self.alerts.append(a)
+            log.warning("step %d: [%s] %s (%s) -> %s", step, a.severity, a.name, a.message, action)
+        if decision.action == "stop":
+            return stop_now(decision, step)
+        history = self.store.history()
+        return pending_stop(history, step, self.c) or check_stopping(history, step, self.c)
+
+    # -- the end -------------------------------------------------------------------------------------
+    def best(self, history: list[dict], final_step: int) -> tuple[str, int | None, float | None]:
+        points = series(history, "val", self.c.metric, up_to=final_step)
+        if not points:
+            train = series(history, "train", "reward", up_to=final_step)
+            return "train/reward", final_step, (train[-1][1] if train else None)
+        sign = 1.0 if self.c.higher_is_better else -1.0
+        step, value = max(points, key=lambda p: (sign * p[1], -p[0]))  # earliest of equal bests
+        return f"val/{self.c.metric}", step, value
+
+    async def keep_best(self, best_step: int | None, history: list[dict]) -> None:
+        """Tell the backend which checkpoint is best, so retention keeps it (when it supports that)."""
+        backend = getattr(self.model, "_backend", None)
+        hook = getattr(backend, "keep_best", None) or getattr(backend, "set_best_step", None)
+        if hook is not None and best_step is not None:
+            metrics = {s: v for s, v in series(history, "val", self.c.metric)}
+            await _maybe_await(hook(self.model, best_step, metrics_by_step=metrics,
+                                    maximize=self.c.higher_is_better))
+
+    async def test_at(self, best_step: int) -> dict[str, float]:
+        groups, _ = await self.evaluate(AtStep(self.model, best_step), self.test, f"test @{best_step}")
+        row = await self.model.log(groups, split="test", step=best_step)
+        out = {"reward": row["reward"]}
+        if isinstance(row.get(self.c.metric), (int, float)):
+            out[self.c.metric] = row[self.c.metric]
+        return out
+
+
+async def fit(
+    model: Any,
+    rollout: Rollout,
+    train_scenarios: Sequence[Any],
+    *,
+    val_scenarios: Sequence[Any] | None = None,
+    test_scenarios: Sequence[Any] | None = None,
+    reward: RewardStep | None = None,
+    validate: Validate | None = None,
+    baselines: Sequence[Any] = (),
+    config: LoopConfig | None = None,
+) -> FitSummary:
+    """Train `model` with `rollout` on `train_scenarios` until a stopping rule or the policy says stop.
+
+    Args:
+        model: a registered `gw.TrainableModel`.
+        rollout: ``async rollout(model, scenario) -> Trajectory``; requests ``model.inference_name()``.
+        train_scenarios: the training split (80%); batches of `groups_per_step`, shuffled per epoch.
+        val_scenarios: the validation split (10%), run every `eval_every` steps and at step 0.
+        test_scenarios: the test split (10%), run once on the best checkpoint at the end.
+        reward: a group step applied after gathering, ``group -> group | None`` (sync or async), e.g.
+            ``lambda g: gw.ruler_score_group(g, "openai/o4-mini")``; None keeps the rollouts' rewards.
+        validate: ``validate(trajectory, scenario) -> float`` (or ``validate(trajectory)``), the
+            ground-truth metric (`config.metric`); None uses each validation rollout's own reward.
+        baselines: `gw.Model`s (prompted models behind any OpenAI-compatible endpoint) scored once on
+            the validation split; they appear in every report and feed the baseline stopping rule.
+        config: `gw.LoopConfig`.
+
+    Returns a `FitSummary`: stop rule and reason, best step and value, baselines, test result, alerts.
+    """
+    config = config if config is not None else LoopConfig()
+    train = list(train_scenarios)
+    val = list(val_scenarios or [])
+    test = list(test_scenarios or [])
+    _check_args(rollout, train, val, test, reward, validate, baselines, config)
+    from groupwise.utils import iterate_dataset
+
+    loop = _Loop(model, rollout, train, val, test, reward, validate, list(baselines), config)
+    start = step = await model.get_step()
+    history = loop.store.history()
+    if val:
+        await loop.ensure_baselines(history)
+        if step % config.eval_every == 0 and not any(r["step"] == step for r in rows(loop.store.history(), "val")):
+            await loop.validate_at(step)  # resumed right after a crash between train and validation
+    decision = check_stopping(loop.store.history(), step, config) if step > 0 else StopDecision(False)
+    if not decision and config.max_steps == 0:
+        decision = StopDecision(True, "max_steps", "max_steps=0: nothing to train", 0)
+    if not decision:
+        batches = iterate_dataset(list(range(len(train))), config.groups_per_step, config.num_epochs,
+                                  initial_step=step, seed=config.seed, use_tqdm=False)
+        for batch in batches:
+            if batch.step != step:
+                raise RuntimeError(f"data cursor at step {batch.step} but the model is at step {step}")
+            step, groups, judged = await loop.step(step, batch.items)
+            decision = loop.decide(step, groups, judged)
+            if decision:
+                break
+        else:
+            decision = StopDecision(True, "data_exhausted",
+                                    f"used every training scenario for {config.num_epochs} epoch(s) (step {step})", step)
+    history = loop.store.history()
+    metric, best_step, best_value = loop.best(history, step)
+    loop.store.append_history({"step": step, "split": "stop", "rule": decision.rule, "reason": decision.reason,
+                               "best_step": best_step, "best_metric": metric, "evidence": decision.evidence})
+    log.warning("stopped at step %d (%s): %s; best %s at step %s", step, decision.rule, decision.reason, metric, best_step)
+    await loop.keep_best(best_step, history)
+    test_result = await loop.test_at(best_step) if test and best_step is not None else None
+    return FitSummary(
+        run_dir=str(loop.store.run_dir), stop=decision, start_step=start, final_step=step, metric=metric,
+        best_step=best_step, best_value=best_value, baselines=baseline_values(history, config.metric),
+        test=test_result, alerts=loop.alerts, status=classify(history, step, config),
+    )

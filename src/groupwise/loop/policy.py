@@ -1,0 +1,116 @@
+"""What to do about alerts: the seed's "when metrics diverge" table as the default policy.
+
+| observation           | interpretation  | default action                        | LoopConfig field   |
+|-----------------------|-----------------|---------------------------------------|--------------------|
+| val up, reward up     | healthy         | continue                              |                    |
+| val plateau, reward up| converged       | stop soon (`stop_soon_steps` more)    | `on_val_plateau`   |
+| val down, reward up   | reward hacking  | stop now, keep the best checkpoint    | `on_val_drop`      |
+| reward jump           | investigate     | warn                                  | `on_reward_jump`   |
+| perfect scores        | investigate     | warn                                  | `on_perfect_scores`|
+| degenerate answers    | investigate     | warn                                  | `on_degenerate`    |
+| judge vs ground truth | judge is off    | warn                                  | `on_judge_disagreement` |
+
+Actions, weakest first: ``ignore`` (not recorded), ``warn`` (recorded and reported), ``stop_soon`` (stop
+after `stop_soon_steps` more steps unless the validation metric improves meanwhile), ``stop``.
+Whatever stops the run, the loop evaluates and keeps the best checkpoint, not the last one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from groupwise.loop.detectors import Alert
+from groupwise.loop.series import Row, events, series, window_mean
+from groupwise.loop.stopping import StopDecision, last_improvement
+
+if TYPE_CHECKING:
+    from groupwise.config import LoopConfig
+
+ACTION_RANK = {"ignore": 0, "warn": 1, "stop_soon": 2, "stop": 3}
+
+# alert name -> the LoopConfig field holding its action
+ACTION_FIELD = {
+    "val_drop": "on_val_drop",
+    "val_plateau": "on_val_plateau",
+    "reward_jump": "on_reward_jump",
+    "perfect_scores": "on_perfect_scores",
+    "repetition": "on_degenerate",
+    "identical_answers": "on_degenerate",
+    "length_drift": "on_degenerate",
+    "judge_disagreement": "on_judge_disagreement",
+}
+
+
+def action_for(alert: Alert, config: "LoopConfig") -> str:
+    """The configured action of an alert ('warn' for alerts the table does not name)."""
+    field_name = ACTION_FIELD.get(alert.name)
+    return getattr(config, field_name) if field_name else "warn"
+
+
+@dataclass(frozen=True)
+class PolicyDecision:
+    """The strongest action the step's alerts ask for, and the alerts that asked."""
+
+    action: str = "continue"  # "continue", "warn", "stop_soon", "stop"
+    alerts: tuple[Alert, ...] = field(default_factory=tuple)
+    reason: str = ""
+
+
+def decide(alerts: Sequence[Alert], config: "LoopConfig") -> PolicyDecision:
+    """Combine a step's alerts: the strongest configured action wins; 'ignore' alerts are dropped."""
+    kept = [(a, action_for(a, config)) for a in alerts]
+    kept = [(a, act) for a, act in kept if act != "ignore"]
+    if not kept:
+        return PolicyDecision()
+    top_alert, top = max(kept, key=lambda x: ACTION_RANK[x[1]])
+    return PolicyDecision(top, tuple(a for a, _ in kept), f"{top_alert.name}: {top_alert.message}")
+
+
+def stop_now(decision: PolicyDecision, step: int) -> StopDecision:
+    """A StopDecision for a policy that says 'stop' (rule ``alert:<name>``)."""
+    name = decision.reason.split(":", 1)[0]
+    return StopDecision(True, f"alert:{name}", decision.reason, step, {"alert": name})
+
+
+def pending_stop(history: list[Row], step: int, config: "LoopConfig") -> StopDecision:
+    """Stop once a recorded 'stop_soon' alert is `stop_soon_steps` old and validation has not improved
+    since it was raised (an improvement cancels it)."""
+    soon = [r for r in events(history, "alert") if r.get("action") == "stop_soon" and r["step"] <= step]
+    if not soon:
+        return StopDecision(False, step=step)
+    val = series(history, "val", config.metric, up_to=step)
+    improved_at = last_improvement(val, config.min_delta, config.higher_is_better)[0] if val else -1
+    live = [r for r in soon if r["step"] >= improved_at]
+    if not live:
+        return StopDecision(False, step=step)
+    first = min(live, key=lambda r: r["step"])
+    if step - first["step"] < config.stop_soon_steps:
+        return StopDecision(False, step=step)
+    return StopDecision(
+        True, f"alert:{first['name']}",
+        f"{first['name']} at step {first['step']} asked to stop soon and validation has not improved in "
+        f"the {step - first['step']} steps since: {first.get('message', '')}",
+        step, {"alert": first["name"], "raised_at": first["step"]},
+    )
+
+
+def classify(history: list[Row], step: int, config: "LoopConfig", window: int = 3) -> str:
+    """The table's row for the latest validation: 'healthy', 'converged', 'hacking', or 'unknown'
+    (no validation, or fewer than two validations)."""
+    val = series(history, "val", config.metric, up_to=step)
+    train = series(history, "train", "reward", up_to=step)
+    if len(val) < 2 or not train:
+        return "unknown"
+    sign = 1.0 if config.higher_is_better else -1.0
+    (prev_step, prev), (_, now) = val[-2], val[-1]
+    then = window_mean(train, prev_step, window)
+    then = train[0][1] if then is None else then
+    reward_up = (window_mean(train, step, window) or then) - then > config.min_delta
+    dval = sign * (now - prev)
+    if dval > config.min_delta:
+        return "healthy"
+    if dval < -config.val_drop and reward_up:
+        return "hacking"
+    return "converged" if reward_up else "unknown"
