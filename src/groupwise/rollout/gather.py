@@ -172,13 +172,13 @@ class _Gathering:
 
     def _callback(self, g: int, i: int) -> Callable[[asyncio.Task], None]:
         def on_done(task: asyncio.Task) -> None:
-            if self.over_budget:
-                return  # being torn down; the error is already decided
             exc: BaseException | None
             if task.cancelled():
                 exc = asyncio.CancelledError("the rollout was cancelled (not by gather)")
             else:
-                exc = task.exception()
+                exc = task.exception()  # also marks it retrieved: no "never retrieved" warning
+            if self.over_budget:
+                return  # being torn down; the error is already decided
             if exc is None:
                 result = task.result()
                 if isinstance(result, Trajectory):
