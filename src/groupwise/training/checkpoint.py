@@ -1,0 +1,320 @@
+"""Checkpoints: everything a step needs to resume exactly, written atomically, no pickle.
+
+Layout of ``checkpoints/<step:04d>/``::
+
+    adapter_model.safetensors, adapter_config.json   the LoRA adapter (peft format; the engine loads it)
+    optimizer.safetensors                            AdamW tensors, keyed "<param name>::<exp_avg|...>"
+    optimizer.json                                   param groups (lr, betas, ...) with param NAMES
+    rng.safetensors, rng.json                        torch CPU/CUDA RNG states; Python and NumPy RNG
+    state.json                                       step, data cursor, metrics: written LAST
+
+A checkpoint is written into ``checkpoints/.tmp-<step>-<pid>/`` and renamed into place; `state.json`
+is the completeness marker, so a folder without it (a process killed mid-save on a filesystem where
+rename is not atomic, or by hand) is ignored with a warning and never resumed from.
+
+Optimizer tensors are stored by parameter name, not by position, so a resumed optimizer matches each
+moment estimate to its parameter even if peft orders parameters differently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+STATE_FILE = "state.json"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class CheckpointState:
+    """What `state.json` holds."""
+
+    step: int
+    cursor: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    path: Path | None = None
+
+
+def step_dir_name(step: int) -> str:
+    return f"{step:04d}"
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------- optimizer state
+
+
+def optimizer_to_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors keyed "<param name>::<key>", JSON-able param groups and scalar state)."""
+    sd = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for index, state in sd["state"].items():
+        name = names[index]
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{name}::{key}"] = value.detach().to("cpu").contiguous()
+            else:
+                scalars.setdefault(name, {})[key] = value
+    groups = []
+    for group in sd["param_groups"]:
+        g = {k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items() if k != "params"}
+        g["params"] = [names[i] for i in group["params"]]
+        groups.append(g)
+    return tensors, {"param_groups": groups, "scalars": scalars, "type": type(optimizer).__name__}
+
+
+def optimizer_from_tensors(
+    optimizer: torch.optim.Optimizer, names: list[str], tensors: dict[str, torch.Tensor], meta: dict
+) -> None:
+    """Load what `optimizer_to_tensors` produced into `optimizer` (built over params named `names`)."""
+    index = {n: i for i, n in enumerate(names)}
+    missing = sorted({k.split("::")[0] for k in tensors} - set(index))
+    if missing:
+        raise ValueError(
+            f"the checkpoint's optimizer has state for {len(missing)} parameter(s) the model lacks "
+            f"(e.g. {missing[:3]}): it was saved with another LoRA config (rank, target modules). "
+            "Use the same LoraConfig as the run that saved it, or start a new model name."
+        )
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        name, sub = key.split("::", 1)
+        state.setdefault(index[name], {})[sub] = value
+    for name, subs in meta.get("scalars", {}).items():
+        state.setdefault(index[name], {}).update(subs)
+    groups = []
+    for g in meta["param_groups"]:
+        g = dict(g)
+        g["params"] = [index[n] for n in g["params"]]
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+        groups.append(g)
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+# ----------------------------------------------------------------------------- RNG state
+
+
+def _rng_state() -> tuple[dict[str, torch.Tensor], dict]:
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"torch_cuda_{i}"] = s
+    version, internal, gauss = random.getstate()
+    meta: dict[str, Any] = {"python": [version, list(internal), gauss]}
+    try:
+        import numpy as np
+
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        meta["numpy"] = [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+    except ImportError:  # numpy is a core dependency, but RNG restore must not be why a save fails
+        pass
+    return tensors, meta
+
+
+def _set_rng_state(tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    torch.set_rng_state(tensors["torch_cpu"])
+    cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("torch_cuda_"))]
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+    version, internal, gauss = meta["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "numpy" in meta:
+        import numpy as np
+
+        name, keys, pos, has_gauss, cached = meta["numpy"]
+        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+# ----------------------------------------------------------------------------- save / find / load
+
+
+def save_checkpoint(
+    checkpoints_dir: str | Path,
+    step: int,
+    *,
+    model: Any,
+    optimizer: torch.optim.Optimizer | None,
+    param_names: list[str],
+    adapter_name: str = "default",
+    cursor: dict[str, Any] | None = None,
+    metrics: dict[str, float] | None = None,
+) -> Path:
+    """Save step `step` atomically into ``checkpoints_dir/<step:04d>/``; returns that folder."""
+    root = Path(checkpoints_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / step_dir_name(step)
+    tmp = root / f".tmp-{step}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    model.save_pretrained(str(tmp), selected_adapters=[adapter_name], safe_serialization=True)
+    if adapter_name != "default" and (tmp / adapter_name).is_dir():
+        # peft nests non-default adapters in a subfolder; the engine expects the files at the top.
+        for p in (tmp / adapter_name).iterdir():
+            os.replace(p, tmp / p.name)
+        (tmp / adapter_name).rmdir()
+    files = ["adapter_model.safetensors", "adapter_config.json"]
+    if optimizer is not None:
+        tensors, meta = optimizer_to_tensors(optimizer, param_names)
+        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        _write_json(tmp / "optimizer.json", meta)
+        files += ["optimizer.safetensors", "optimizer.json"]
+    rng_tensors, rng_meta = _rng_state()
+    save_file(rng_tensors, str(tmp / "rng.safetensors"))
+    _write_json(tmp / "rng.json", rng_meta)
+    files += ["rng.safetensors", "rng.json"]
+    state = {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "cursor": cursor or {},
+        "metrics": {k: float(v) for k, v in (metrics or {}).items()},
+        "saved_at": time.time(),
+        "files": files,
+    }
+    _write_json(tmp / STATE_FILE, state)  # last: the completeness marker
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving a step (e.g. after a restart): replace the whole folder
+        old = root / f".old-{step}-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(root)
+    return final
+
+
+def read_state(path: Path) -> CheckpointState | None:
+    try:
+        raw = json.loads((path / STATE_FILE).read_text())
+        return CheckpointState(int(raw["step"]), raw.get("cursor", {}), raw.get("metrics", {}), path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def list_checkpoints(checkpoints_dir: str | Path, *, warn: bool = True) -> list[CheckpointState]:
+    """Complete checkpoints, oldest first. Incomplete folders are skipped (with a warning)."""
+    root = Path(checkpoints_dir)
+    if not root.is_dir():
+        return []
+    found: list[CheckpointState] = []
+    for path in sorted(root.iterdir()):
+        if not path.is_dir():
+            continue
+        if not path.name.isdigit():
+            if warn and path.name.startswith(".tmp-"):
+                warnings.warn(
+                    f"{path} is an unfinished checkpoint (the process stopped while saving it); it is ignored. "
+                    "Delete it to silence this warning.",
+                    stacklevel=2,
+                )
+            continue
+        state = read_state(path)
+        if state is None:
+            if warn:
+                warnings.warn(
+                    f"checkpoint {path} is incomplete (no readable {STATE_FILE}); it is ignored and the run "
+                    "resumes from the latest complete one. Delete the folder to silence this warning.",
+                    stacklevel=2,
+                )
+            continue
+        found.append(state)
+    return sorted(found, key=lambda s: s.step)
+
+
+def latest_checkpoint(checkpoints_dir: str | Path) -> CheckpointState | None:
+    found = list_checkpoints(checkpoints_dir)
+    return found[-1] if found else None
+
+
+def load_checkpoint(
+    state: CheckpointState,
+    *,
+    model: Any,
+    optimizer: torch.optim.Optimizer | None,
+    param_names: list[str],
+    adapter_name: str = "default",
+    restore_rng: bool = True,
+) -> CheckpointState:
+    """Load adapter weights (into `adapter_name`), optimizer state and RNG of a complete checkpoint."""
+    from peft import set_peft_model_state_dict
+
+    path = state.path
+    assert path is not None
+    device = next(model.parameters()).device
+    weights = load_file(str(path / "adapter_model.safetensors"), device=str(device))
+    result = set_peft_model_state_dict(model, weights, adapter_name=adapter_name)
+    unexpected = getattr(result, "unexpected_keys", []) or []
+    if unexpected:
+        raise ValueError(
+            f"checkpoint {path}: {len(unexpected)} adapter tensor(s) do not fit the model (e.g. {unexpected[:2]}); "
+            "it was saved with another base model or LoRA config."
+        )
+    if optimizer is not None and (path / "optimizer.safetensors").is_file():
+        tensors = load_file(str(path / "optimizer.safetensors"), device=str(device))
+        meta = json.loads((path / "optimizer.json").read_text())
+        optimizer_from_tensors(optimizer, param_names, tensors, meta)
+    if restore_rng and (path / "rng.safetensors").is_file():
+        _set_rng_state(load_file(str(path / "rng.safetensors")), json.loads((path / "rng.json").read_text()))
+    return state
+
+
+def prune_checkpoints(
+    checkpoints_dir: str | Path,
+    *,
+    best_metric: str | None = None,
+    maximize: bool = True,
+    metrics_by_step: dict[int, float] | None = None,
+) -> list[int]:
+    """Delete every complete checkpoint but the latest and the best by `best_metric`; returns deleted steps.
+
+    The metric is read from `metrics_by_step` (e.g. validation rewards from history.jsonl) or else from
+    each checkpoint's state.json metrics. Checkpoints without the metric are never "best".
+    """
+    found = list_checkpoints(checkpoints_dir, warn=False)
+    if not found:
+        return []
+    keep = {found[-1].step}
+    if best_metric is not None:
+        scored = []
+        for s in found:
+            value = (metrics_by_step or {}).get(s.step, s.metrics.get(best_metric))
+            if value is not None:
+                scored.append((value if maximize else -value, s.step))
+        if scored:
+            keep.add(max(scored)[1])
+    deleted = []
+    for s in found:
+        if s.step not in keep and s.path is not None:
+            shutil.rmtree(s.path, ignore_errors=True)
+            deleted.append(s.step)
+    return deleted

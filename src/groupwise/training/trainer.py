@@ -1,0 +1,268 @@
+"""One GRPO step on a LoRA adapter: micro-batches, gradient accumulation, chunked log-probs, AdamW.
+
+The trainer owns the optimizer of one adapter of a peft-wrapped model. The model object is shared with
+the inference engine (design.md: one copy of the base weights); the backend gives the trainer exclusive
+use of it during a step (`engine.paused()`), and the trainer re-activates its own adapter first, since
+the engine may have switched the active adapter to serve another step.
+
+Memory: log-probs are computed only at trainable positions, in chunks of `logprob_chunk_size`
+positions, each chunk under activation checkpointing, so the [chunk, V] logits of a 150k vocabulary
+exist for one chunk at a time in the forward AND the backward pass (without checkpointing autograd
+would keep every chunk's log-softmax for the backward, i.e. all of [T, V]).
+
+Micro-batches are sized by a token budget (padded tokens, `micro_batch_tokens`); sequences are sorted by
+length so padding is small. The loss normalisers count the whole step (training/loss.py), so summing
+micro-batch gradients gives the full-batch gradient exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from groupwise.config import LoraConfig, TrainConfig
+from groupwise.training.loss import grpo_loss
+from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
+
+TRAIN_ADAPTER = "default"  # peft's name of the adapter created by get_peft_model
+
+
+def wrap_with_lora(model: Any, lora: LoraConfig, *, adapter_name: str = TRAIN_ADAPTER) -> Any:
+    """Wrap a causal LM with a fresh LoRA adapter (peft). The base weights stay frozen and shared."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    config = PeftLoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config, adapter_name=adapter_name)
+
+
+def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Indices of sequences per micro-batch: longest first, each batch's n * max_len <= budget.
+
+    A sequence longer than the budget gets a micro-batch of its own (it cannot be split).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        width = lengths[current[0]] if current else lengths[i]  # first is the longest
+        if current and (len(current) + 1) * width > token_budget:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _collate(seqs: list[TokenizedSequence], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    T = max(len(s) for s in seqs)
+    B = len(seqs)
+    input_ids_BT = torch.full((B, T), pad_id, dtype=torch.long)
+    attention_BT = torch.zeros((B, T), dtype=torch.long)
+    mask_BT = torch.zeros((B, T), dtype=torch.bool)
+    old_BT = torch.full((B, T), math.nan, dtype=torch.float64)
+    for b, s in enumerate(seqs):
+        n = len(s)
+        input_ids_BT[b, :n] = torch.tensor(s.input_ids)
+        attention_BT[b, :n] = 1
+        mask_BT[b, :n] = torch.tensor(s.mask)
+        old_BT[b, :n] = torch.tensor(s.old_logprobs, dtype=torch.float64)
+    mask_BT[:, 0] = False  # token 0 has no predecessor, so no log-prob
+    advantages_B = torch.tensor([s.advantage for s in seqs], dtype=torch.float64)
+    return {
+        "input_ids_BT": input_ids_BT.to(device),
+        "attention_BT": attention_BT.to(device),
+        "mask_BT": mask_BT.to(device),
+        "old_logprobs_BT": old_BT.to(device),
+        "advantages_B": advantages_B.to(device),
+    }
+
+
+def _chunk_logprobs(lm_head: torch.nn.Module, hidden_NH: torch.Tensor, targets_N: torch.Tensor) -> torch.Tensor:
+    logits_NV = lm_head(hidden_NH)
+    if logits_NV.dtype in (torch.bfloat16, torch.float16):
+        logits_NV = logits_NV.float()  # fp32 log-softmax when the model runs in half precision
+    return logits_NV.gather(-1, targets_N[:, None]).squeeze(-1) - torch.logsumexp(logits_NV, dim=-1)
+
+
+def token_logprobs(
+    model: Any, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor, mask_BT: torch.Tensor, *, chunk_size: int
+) -> torch.Tensor:
+    """log pi(token t | tokens < t) at every position where mask_BT is set, 0 elsewhere.   # [B, T]
+
+    `model` is a peft model or a plain causal LM; the adapter (if any) applies as currently set.
+    Only the decoder runs on all positions; the LM head and log-softmax run on masked positions only.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else base.model
+    lm_head = base.get_output_embeddings()
+    hidden_BTH = decoder(input_ids=input_ids_BT, attention_mask=attention_BT).last_hidden_state
+    # Position t-1 predicts token t: select the predecessors of the trained tokens.
+    target_mask_BT = mask_BT[:, 1:]  # [B, T-1]
+    hidden_NH = hidden_BTH[:, :-1][target_mask_BT]  # [N, H]
+    targets_N = input_ids_BT[:, 1:][target_mask_BT]  # [N]
+    pieces = []
+    for start in range(0, hidden_NH.shape[0], chunk_size):
+        h, y = hidden_NH[start:start + chunk_size], targets_N[start:start + chunk_size]
+        if torch.is_grad_enabled() and h.requires_grad:
+            pieces.append(checkpoint(_chunk_logprobs, lm_head, h, y, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logprobs(lm_head, h, y))
+    logprobs_N = torch.cat(pieces) if pieces else hidden_NH.new_zeros(0, dtype=torch.float32)
+    zeros_BT = torch.zeros(input_ids_BT.shape, dtype=logprobs_N.dtype, device=input_ids_BT.device)
+    tail_BT = zeros_BT[:, 1:].masked_scatter(target_mask_BT, logprobs_N)  # [B, T-1]
+    return torch.cat([zeros_BT[:, :1], tail_BT], dim=1)
+
+
+@dataclass
+class StepStats:
+    loss: float = 0.0
+    policy_loss_sum: float = 0.0
+    kl_sum: float = 0.0
+    clipped_tokens: float = 0.0
+    ratio_sum: float = 0.0
+    tokens: float = 0.0
+
+
+class Trainer:
+    """Trains one LoRA adapter of a peft model with GRPO. Holds the AdamW state between steps."""
+
+    def __init__(self, model: Any, *, pad_token_id: int = 0, adapter_name: str = TRAIN_ADAPTER):
+        self.model = model
+        self.adapter_name = adapter_name
+        self.pad_token_id = pad_token_id
+        self.optimizer: torch.optim.AdamW | None = None
+        self.device = next(model.parameters()).device
+
+    def trainable_named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """The adapter's parameters, in a fixed order (the optimizer state is saved by these names)."""
+        tag = f".{self.adapter_name}."
+        named = [(n, p) for n, p in self.model.named_parameters() if "lora_" in n and tag in n]
+        if not named:
+            raise RuntimeError(
+                f"the model has no LoRA parameters of adapter {self.adapter_name!r}; wrap it with "
+                "training.trainer.wrap_with_lora first"
+            )
+        return named
+
+    def _activate(self) -> list[torch.nn.Parameter]:
+        # The engine may have activated another adapter (peft then freezes ours): take it back.
+        if hasattr(self.model, "set_adapter"):
+            self.model.set_adapter(self.adapter_name)
+        params = [p for _, p in self.trainable_named_parameters()]
+        for p in params:
+            p.requires_grad_(True)
+        return params
+
+    def ensure_optimizer(self, config: TrainConfig) -> torch.optim.AdamW:
+        if self.optimizer is None:
+            params = [p for _, p in self.trainable_named_parameters()]
+            self.optimizer = torch.optim.AdamW(
+                params, lr=config.learning_rate, weight_decay=config.weight_decay, foreach=False
+            )
+        for group in self.optimizer.param_groups:
+            group["lr"] = config.learning_rate
+            group["weight_decay"] = config.weight_decay
+        return self.optimizer
+
+    def forward_backward(self, batch: TokenizedBatch, config: TrainConfig) -> tuple[StepStats, list[list[int]]]:
+        """Accumulate the step's gradient into `.grad` of the adapter parameters (no optimizer step)."""
+        seqs = batch.sequences
+        num_tokens = batch.trainable_tokens
+        plan = plan_micro_batches([len(s) for s in seqs], config.micro_batch_tokens)
+        stats = StepStats()
+        for indices in plan:
+            mb = _collate([seqs[i] for i in indices], self.pad_token_id, self.device)
+            logprobs_BT = token_logprobs(
+                self.model, mb["input_ids_BT"], mb["attention_BT"], mb["mask_BT"], chunk_size=config.logprob_chunk_size
+            )
+            ref_BT = None
+            if config.kl_coef > 0:
+                with torch.no_grad(), self.model.disable_adapter():
+                    ref_BT = token_logprobs(
+                        self.model, mb["input_ids_BT"], mb["attention_BT"], mb["mask_BT"],
+                        chunk_size=config.logprob_chunk_size,
+                    )
+            terms = grpo_loss(
+                logprobs_BT,
+                mb["old_logprobs_BT"].to(logprobs_BT.dtype),
+                mb["advantages_B"].to(logprobs_BT.dtype),
+                mb["mask_BT"],
+                epsilon=config.epsilon,
+                epsilon_high=config.epsilon_high,
+                cispo=config.loss == "cispo",
+                normalize=config.normalize,
+                num_tokens=num_tokens,
+                num_sequences=len(seqs),
+                max_len=config.max_seq_len,
+                ref_logprobs_BT=ref_BT,
+                kl_coef=config.kl_coef,
+            )
+            terms.loss.backward()
+            stats.loss += float(terms.loss.detach())
+            stats.policy_loss_sum += float(terms.policy_loss_sum)
+            stats.kl_sum += float(terms.kl_sum)
+            stats.clipped_tokens += float(terms.clipped_tokens)
+            stats.ratio_sum += float(terms.ratio_sum)
+            stats.tokens += float(terms.tokens)
+        return stats, plan
+
+    def train_step(self, batch: TokenizedBatch, config: TrainConfig, *, step: int = 0) -> dict[str, float]:
+        """One optimizer step on `batch`; returns the step's metrics."""
+        t0 = time.perf_counter()
+        params = self._activate()
+        optimizer = self.ensure_optimizer(config)
+        self.model.train()
+        optimizer.zero_grad(set_to_none=True)
+        seqs = batch.sequences
+        num_tokens = batch.trainable_tokens
+        devices = [self.device] if self.device.type == "cuda" else []
+        try:
+            # A fixed seed per step makes dropout reproducible on resume without touching the sampler's RNG.
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(config.seed * 1_000_003 + step)
+                stats, plan = self.forward_backward(batch, config)
+                max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+                if not math.isfinite(grad_norm):
+                    raise FloatingPointError(
+                        f"the gradient norm is {grad_norm} at step {step}; the update was skipped so the adapter "
+                        "stays finite. Lower learning_rate, check rewards for huge values, or use bf16/fp32 "
+                        "instead of fp16."
+                    )
+                optimizer.step()
+        finally:
+            optimizer.zero_grad(set_to_none=True)
+            self.model.eval()
+        update_time = time.perf_counter() - t0
+        tokens = max(stats.tokens, 1.0)
+        return {
+            "loss": stats.loss,
+            "policy_loss": stats.policy_loss_sum / tokens,
+            "kl": stats.kl_sum / tokens,
+            "clip_fraction": stats.clipped_tokens / tokens,
+            "ratio_mean": stats.ratio_sum / tokens,
+            "grad_norm": grad_norm,
+            "trainable_tokens": float(num_tokens),
+            "sequences": float(len(seqs)),
+            "micro_batches": float(len(plan)),
+            "padded_tokens": float(sum(len(p) * max(len(seqs[i]) for i in p) for p in plan)),
+            "zero_variance_fraction": batch.zero_variance_fraction,
+            "dropped_too_long": float(batch.dropped_too_long),
+            "update_time": update_time,
+            "trainable_tokens_per_s": num_tokens / update_time if update_time > 0 else 0.0,
+            "learning_rate": config.learning_rate,
+        }

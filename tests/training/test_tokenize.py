@@ -1,0 +1,91 @@
+"""Token-in/token-out: sampled ids and logprobs are spliced in exactly; the loss mask covers every Choice."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from gw_train_helpers import make_choice
+
+from groupwise.errors import NotTrainableError
+from groupwise.training.tokenize import tokenize_conversation, tokenize_groups
+from groupwise.types import History, Trajectory, TrajectoryGroup
+
+
+def _ids(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_multi_turn_choices_are_spliced_exactly(tokenizer):
+    eos = tokenizer.eos_token_id  # <|im_end|>, sampled at the end of each turn
+    # A NON-canonical tokenisation of "hello": one id per character. Re-tokenising the text would give
+    # other ids; token-in/token-out must keep these.
+    turn1 = [i for ch in "hello" for i in _ids(tokenizer, ch)] + [eos]
+    assert turn1[:-1] != _ids(tokenizer, "hello")
+    turn2 = _ids(tokenizer, " fine") + [eos]
+    lp1 = [-0.1 * (k + 1) for k in range(len(turn1))]
+    lp2 = [-0.5] * len(turn2)
+    items = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+        make_choice(turn1, lp1, "hello"),
+        {"role": "user", "content": "how are you?"},
+        {"role": "assistant", "content": "context only"},  # plain dict: context, not trained
+        {"role": "user", "content": "and now?"},
+        make_choice(turn2, lp2, " fine"),
+    ]
+    ids, mask, old = tokenize_conversation(items, tokenizer)
+    trained = [i for i, m in zip(ids, mask) if m]
+    assert trained == turn1 + turn2
+    assert [x for x, m in zip(old, mask) if m] == lp1 + lp2
+    assert all(math.isnan(x) for x, m in zip(old, mask) if not m)
+    # The text is what the chat template renders (the template's own <|im_end|> is not doubled).
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+         {"role": "assistant", "content": "hello"}, {"role": "user", "content": "how are you?"},
+         {"role": "assistant", "content": "context only"}, {"role": "user", "content": "and now?"},
+         {"role": "assistant", "content": " fine"}],
+        tokenize=False,
+    )
+    assert tokenizer.decode(ids) == rendered
+    assert tokenizer.decode([i for i, m in zip(ids, mask) if not m]).count("context only") == 1
+
+
+def _traj(reward, ids=(5, 6, 7), histories=()):
+    return Trajectory(
+        messages_and_choices=[{"role": "user", "content": "q"}, make_choice(list(ids), [-1.0] * len(ids))],
+        additional_histories=list(histories),
+        reward=reward,
+    )
+
+
+def test_histories_are_trained_with_the_trajectory_advantage(tokenizer):
+    side = History(messages_and_choices=[{"role": "user", "content": "summarise"}, make_choice([8, 9], [-0.2, -0.3])])
+    group = TrajectoryGroup([_traj(1.0, histories=[side]), _traj(0.0)])
+    batch = tokenize_groups([group], tokenizer, max_seq_len=512)
+    assert [(s.trajectory_index, s.history_index) for s in batch.sequences] == [(0, -1), (0, 0), (1, -1)]
+    # rewards {1, 0}: advantages {+1, -1} (population std 0.5); the history shares trajectory 0's +1
+    assert [round(s.advantage, 5) for s in batch.sequences] == [1.0, 1.0, -1.0]
+    assert batch.trainable_tokens == 3 + 2 + 3
+
+
+def test_not_trainable_reasons(tokenizer):
+    plain = Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], reward=1)
+    with pytest.raises(NotTrainableError, match="no Choices with token ids"):
+        tokenize_groups([TrajectoryGroup([plain, plain.model_copy(update={"reward": 0.0})])], tokenizer, max_seq_len=512)
+    with pytest.raises(NotTrainableError, match="every group has equal rewards"):
+        tokenize_groups([TrajectoryGroup([_traj(1.0), _traj(1.0)]), TrajectoryGroup([_traj(0.0)])], tokenizer, max_seq_len=512)
+    with pytest.raises(NotTrainableError, match="every sequence is over the length limit"):
+        tokenize_groups([TrajectoryGroup([_traj(1.0), _traj(0.0)])], tokenizer, max_seq_len=4)
+
+
+def test_zero_variance_and_too_long_are_counted(tokenizer):
+    groups = [
+        TrajectoryGroup([_traj(1.0), _traj(0.0)]),
+        TrajectoryGroup([_traj(1.0), _traj(1.0)]),  # zero variance: skipped
+        TrajectoryGroup([_traj(1.0, ids=range(5, 600)), _traj(0.0)]),  # first one too long
+    ]
+    batch = tokenize_groups(groups, tokenizer, max_seq_len=100)
+    assert batch.zero_variance_groups == 1 and batch.zero_variance_fraction == pytest.approx(1 / 3)
+    assert batch.dropped_too_long == 1
+    assert len(batch.sequences) == 3

@@ -1,0 +1,138 @@
+"""The trainer: exact gradient accumulation, chunked log-probs, a step that moves the adapter, checkpoints."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from groupwise.config import LoraConfig, TrainConfig
+from groupwise.training.checkpoint import (
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    optimizer_to_tensors,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
+from groupwise.training.trainer import Trainer, plan_micro_batches, token_logprobs, wrap_with_lora
+
+
+def _lora_model(tokenizer, dtype=torch.float64, seed=0):
+    from groupwise.loading import tiny_random_model
+
+    model, _ = tiny_random_model(seed=seed, tokenizer=tokenizer, dtype=dtype)
+    peft_model = wrap_with_lora(model, LoraConfig(rank=4, alpha=8))
+    # peft starts B at 0, which makes dL/dA = 0; a random B makes every LoRA gradient non-trivial.
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.05)
+    return peft_model
+
+
+def _batch(lengths=(20, 18, 16, 14), vocab=1000):
+    gen = torch.Generator().manual_seed(2)
+    seqs = []
+    for b, n in enumerate(lengths):
+        ids = torch.randint(3, vocab, (n,), generator=gen).tolist()
+        mask = [t >= n // 2 for t in range(n)]  # second half sampled
+        old = [(-3.0 - 0.1 * t) if m else math.nan for t, m in enumerate(mask)]
+        seqs.append(TokenizedSequence(ids, mask, old, advantage=[1.0, -1.0, 0.5, -0.5][b], trajectory_index=b))
+    return TokenizedBatch(sequences=seqs, num_groups=1)
+
+
+def test_plan_micro_batches_respects_the_token_budget():
+    # longest first; a batch of n sequences costs n * (its longest) padded tokens
+    assert plan_micro_batches([5, 10, 3, 8], 20) == [[1, 3], [0, 2]]  # 2*10=20, 2*5=10
+    assert plan_micro_batches([5, 10, 3, 8], 9) == [[1], [3], [0], [2]]  # 10 > 9 still gets its own batch
+
+
+@pytest.mark.parametrize("normalize", ["token", "sequence", "constant"])
+def test_four_micro_batches_equal_the_full_batch_fp64(tokenizer, normalize):
+    model = _lora_model(tokenizer)
+    trainer = Trainer(model)
+    batch = _batch()
+    grads = []
+    for budget in (10_000, 20):  # one micro-batch of 4, then four of 1 (20 < 2 * 18)
+        config = TrainConfig(micro_batch_tokens=budget, normalize=normalize, max_seq_len=64, logprob_chunk_size=7)
+        for _, p in trainer.trainable_named_parameters():
+            p.grad = None
+        trainer._activate()
+        stats, plan = trainer.forward_backward(batch, config)
+        assert len(plan) == (1 if budget == 10_000 else 4)
+        grads.append({n: p.grad.clone() for n, p in trainer.trainable_named_parameters()})
+    full, split = grads
+    scale = max(float(full[n].abs().max()) for n in full)
+    assert scale > 1e-6  # the gradient is not trivially zero
+    for n in full:
+        assert torch.allclose(full[n], split[n], atol=1e-6, rtol=0), n
+        # fp64 makes the split exact to rounding, far inside 1e-6 even relative to the gradient's size
+        assert float((full[n] - split[n]).abs().max()) <= 1e-9 * scale, n
+
+
+def test_chunked_logprobs_equal_a_full_log_softmax(tokenizer):
+    model = _lora_model(tokenizer)
+    ids_BT = torch.randint(3, 500, (2, 9), generator=torch.Generator().manual_seed(3))
+    attention_BT = torch.ones_like(ids_BT)
+    mask_BT = torch.zeros_like(ids_BT, dtype=torch.bool)
+    mask_BT[:, 4:] = True
+    with torch.no_grad():
+        logits_BTV = model(input_ids=ids_BT, attention_mask=attention_BT).logits
+        full_BT = logits_BTV[:, :-1].log_softmax(-1).gather(-1, ids_BT[:, 1:, None]).squeeze(-1)
+        chunked_BT = token_logprobs(model, ids_BT, attention_BT, mask_BT, chunk_size=3)
+    assert torch.allclose(chunked_BT[:, 4:], full_BT[:, 3:], atol=1e-10)
+    assert torch.all(chunked_BT[:, :4] == 0)
+
+
+def test_step_moves_only_the_adapter_and_checkpoint_round_trips(tokenizer, tmp_path):
+    model = _lora_model(tokenizer, dtype=torch.float32)
+    trainer = Trainer(model)
+    base_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    lora_before = {n: p.detach().clone() for n, p in trainer.trainable_named_parameters()}
+    config = TrainConfig(learning_rate=1e-3, micro_batch_tokens=40, max_seq_len=64)
+    metrics = trainer.train_step(_batch(), config, step=0)
+    assert metrics["trainable_tokens"] == 10 + 9 + 8 + 7 and metrics["micro_batches"] == 2
+    assert metrics["grad_norm"] > 0 and math.isfinite(metrics["loss"])
+    moved = [n for n, p in trainer.trainable_named_parameters() if not torch.equal(p, lora_before[n])]
+    assert len(moved) == len(lora_before)
+    assert all(torch.equal(p, base_before[n]) for n, p in model.named_parameters() if "lora_" not in n)
+
+    names = [n for n, _ in trainer.trainable_named_parameters()]
+    path = save_checkpoint(tmp_path, 1, model=model, optimizer=trainer.optimizer, param_names=names,
+                           cursor={"epoch": 0, "index": 8}, metrics={"val/reward": 0.5})
+    assert path.name == "0001" and (path / "state.json").is_file() and (path / "adapter_model.safetensors").is_file()
+    saved_opt, _ = optimizer_to_tensors(trainer.optimizer, names)
+
+    # A fresh process: new model, new trainer, resume from the checkpoint.
+    model2 = _lora_model(tokenizer, dtype=torch.float32)
+    trainer2 = Trainer(model2)
+    trainer2.ensure_optimizer(config)
+    state = load_checkpoint(latest_checkpoint(tmp_path), model=model2, optimizer=trainer2.optimizer, param_names=names)
+    assert state.step == 1 and state.cursor == {"epoch": 0, "index": 8}
+    loaded_opt, _ = optimizer_to_tensors(trainer2.optimizer, names)
+    assert saved_opt.keys() == loaded_opt.keys() and all(torch.equal(saved_opt[k], loaded_opt[k]) for k in saved_opt)
+    for (n, p), (_, q) in zip(trainer.trainable_named_parameters(), trainer2.trainable_named_parameters()):
+        assert torch.equal(p, q), n
+    # Both take the same next step to the same adapter: the optimizer really resumed.
+    trainer.train_step(_batch(), config, step=1)
+    trainer2.train_step(_batch(), config, step=1)
+    for (n, p), (_, q) in zip(trainer.trainable_named_parameters(), trainer2.trainable_named_parameters()):
+        assert torch.equal(p, q), n
+
+
+def test_incomplete_checkpoints_are_ignored_and_retention(tokenizer, tmp_path):
+    model = _lora_model(tokenizer, dtype=torch.float32)
+    names = [n for n, _ in Trainer(model).trainable_named_parameters()]
+    for step, reward in [(1, 0.2), (2, 0.9), (3, 0.4), (4, 0.1)]:
+        save_checkpoint(tmp_path, step, model=model, optimizer=None, param_names=names, metrics={"val/reward": reward})
+    (tmp_path / "0005").mkdir()  # killed before state.json: incomplete
+    (tmp_path / "0005" / "adapter_model.safetensors").write_bytes(b"partial")
+    with pytest.warns(UserWarning, match="incomplete"):
+        assert latest_checkpoint(tmp_path).step == 4
+    # keep the latest (4) and the best by val/reward (2)
+    assert prune_checkpoints(tmp_path, best_metric="val/reward") == [1, 3]
+    assert [s.step for s in list_checkpoints(tmp_path, warn=False)] == [2, 4]
