@@ -1,0 +1,48 @@
+"""RULER, the relative LLM judge: score a group of trajectories against each other in one request.
+
+    judged = await gw.ruler_score_group(group, "openai/o4-mini", debug=True)
+    judged = await gw.ruler_score_group(group, "local/smollm2-135m")          # offline, no key
+
+Files: prompt.py (what the judge sees), providers.py (where it runs), parse.py (strict answers),
+ruler.py (orders, chunks, passes, retries, mapping by id), cache.py, cost.py, hybrid.py
+(verifiable x judge rewards), config.py (`JudgeConfig`). No torch here; `local/` loads the engine lazily.
+"""
+
+from groupwise.judge.cache import JudgeCache
+from groupwise.judge.config import JudgeConfig
+from groupwise.judge.cost import PRICES, Usage, set_price
+from groupwise.judge.hybrid import apply_hybrid, gate, weighted
+from groupwise.judge.parse import BadAnswer
+from groupwise.judge.prompt import DEFAULT_RUBRIC, SYSTEM_PROMPT
+from groupwise.judge.ruler import (
+    JudgeStats,
+    RulerResult,
+    TrajectoryScore,
+    format_debug,
+    judge_stats,
+    ruler,
+    ruler_detailed,
+    ruler_score_group,
+)
+
+__all__ = [
+    "DEFAULT_RUBRIC",
+    "PRICES",
+    "SYSTEM_PROMPT",
+    "BadAnswer",
+    "JudgeCache",
+    "JudgeConfig",
+    "JudgeStats",
+    "RulerResult",
+    "TrajectoryScore",
+    "Usage",
+    "apply_hybrid",
+    "format_debug",
+    "gate",
+    "judge_stats",
+    "ruler",
+    "ruler_detailed",
+    "ruler_score_group",
+    "set_price",
+    "weighted",
+]

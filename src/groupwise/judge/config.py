@@ -1,0 +1,83 @@
+"""`JudgeConfig`: every knob of one RULER call, with help text; all invalid values reported together.
+
+`ruler(...)` and `ruler_score_group(...)` take these as keyword arguments (or `config=JudgeConfig(...)`);
+the keywords override the config's fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from groupwise.config import Validated, check_choice, check_positive, option
+
+RESPONSE_FORMATS = ("auto", "json_schema", "json_object", "none")
+
+
+@dataclass
+class JudgeConfig(Validated):
+    """Settings of the RULER judge (`gw.ruler`, `gw.ruler_score_group`)."""
+
+    passes: int = option(1, help="How many shuffled orders of the group the judge scores; the scores are averaged. passes>1 also reports judge/pass_spearman (rank consistency between passes).")
+    seed: int = option(0, help="Seed of the shuffled order in which trajectories are shown (pass p uses a rotation of the seeded order).")
+    max_group_size: int = option(12, help="Largest number of distinct trajectories shown in one judge request; bigger groups are judged in overlapping chunks that share anchor trajectories.")
+    anchors: int = option(3, help="Anchor trajectories shared by every chunk of a large group (the best, worst and middle of the first chunk), used to align chunk scales. Must be < max_group_size - 1.")
+    retries: int = option(3, help="Retries after a bad answer, timeout, connection error, 429 or 5xx (so retries+1 attempts); then JudgeError.")
+    backoff_s: float = option(1.0, help="Wait before retry i is backoff_s * 2**i seconds.")
+    timeout_s: float = option(120.0, help="Seconds one judge request may take before it counts as a timeout (and is retried).")
+    temperature: float | None = option(None, help="Sampling temperature sent to the judge; None sends none (o-series models reject it).")
+    max_tokens: int | None = option(None, help="max_tokens of the judge's answer; None lets the endpoint decide (local/ judges default to 160 tokens per trajectory + 64).")
+    response_format: str = option("auto", help="'json_schema': constrained JSON output; 'json_object': JSON mode; 'none': plain text, parsed strictly with one repair request. 'auto' = json_schema.")
+    max_concurrent_requests: int = option(4, help="Requests in flight at once for one call (passes x chunks).")
+    base_url: str | None = option(None, help="OpenAI-compatible endpoint of the judge (vLLM, Ollama, a proxy). With it, judge_model is the model name the endpoint serves.")
+    api_key: str | None = option(None, help="API key for base_url (or to override the provider's environment variable).")
+    cache: str | None = option(None, help="Folder of the disk cache of judge answers keyed by the exact request; None disables it (default).")
+    prices: dict[str, Any] | None = option(None, help="Extra prices, {model: (usd_per_M_prompt_tokens, usd_per_M_completion_tokens)}, overriding cost.PRICES.")
+    extra_body: dict[str, Any] | None = option(None, help="Extra JSON fields added to each chat.completions request (provider-specific options).")
+    debug: bool = option(False, help="Print the judge's score and explanation per trajectory, with a preview of its last assistant message.")
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        check_positive(p, "passes", self.passes)
+        check_positive(p, "retries", self.retries, allow_zero=True)
+        check_positive(p, "backoff_s", self.backoff_s, allow_zero=True)
+        check_positive(p, "timeout_s", self.timeout_s)
+        check_positive(p, "max_concurrent_requests", self.max_concurrent_requests)
+        check_choice(p, "response_format", self.response_format, RESPONSE_FORMATS)
+        if self.max_group_size < 2:
+            p.append(f"max_group_size={self.max_group_size!r} must be >= 2 (a relative judge compares at least two)")
+        if self.anchors < 1:
+            p.append(f"anchors={self.anchors!r} must be >= 1 (chunks of a large group are aligned on shared anchors)")
+        elif self.anchors >= self.max_group_size - 1:
+            p.append(
+                f"anchors={self.anchors!r} must be < max_group_size - 1 = {self.max_group_size - 1} "
+                "(each chunk needs room for new trajectories besides the anchors)"
+            )
+        if self.temperature is not None:
+            check_positive(p, "temperature", self.temperature, allow_zero=True)
+        if self.max_tokens is not None:
+            check_positive(p, "max_tokens", self.max_tokens)
+        for model, price in (self.prices or {}).items():
+            ok = isinstance(price, (tuple, list)) and len(price) == 2 and all(
+                isinstance(x, (int, float)) and x >= 0 for x in price
+            )
+            if not ok:
+                p.append(f"prices[{model!r}]={price!r} must be (usd_per_M_prompt, usd_per_M_completion), both >= 0")
+        return p
+
+
+def make_config(config: JudgeConfig | None, overrides: dict[str, Any]) -> JudgeConfig:
+    """`config` (or the defaults) with keyword overrides; unknown keywords are a ConfigError."""
+    import dataclasses
+
+    from groupwise.errors import ConfigError
+
+    names = {f.name for f in dataclasses.fields(JudgeConfig)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise ConfigError(
+            [f"unknown judge option {k!r}; valid options: {sorted(names)}" for k in unknown], what="JudgeConfig"
+        )
+    base = dataclasses.asdict(config) if config is not None else {}
+    base.update(overrides)
+    return JudgeConfig(**base)

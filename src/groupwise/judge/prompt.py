@@ -1,0 +1,188 @@
+"""The judge's prompt: fixed system text first, shared context once, then each trajectory under an id.
+
+Layout of one request (why each part is where it is):
+
+1. system: `SYSTEM_PROMPT` + rubric. Byte-identical across calls with the same rubric, so a provider's
+   prompt cache (OpenAI, Anthropic via OpenRouter, vLLM prefix caching) reuses it.
+2. user: ``<context>`` — the longest common message prefix of the group's trajectories, sent once
+   instead of N times (the task, the system prompt of the agent, the first observation...).
+   ``<available_tools>`` — the tools once, when every trajectory has the same tools.
+   Then each shown trajectory's remainder as ``<trajectory id="k">``, one JSON message per line,
+   with its side conversations (`additional_histories`) and, if they differ from the common ones,
+   its own tools.
+
+Ids are "1".."n" in the order shown; the caller keeps the id -> trajectory map and maps scores back
+by id (never by position in the answer).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+SYSTEM_PROMPT = """\
+You are a judge comparing several attempts (trajectories) at the same task. Every trajectory starts \
+from the same context and pursues the same goal; they differ in what the agent did next.
+
+Read the shared context, then every trajectory. Score each trajectory from 0 to 1 by how well it \
+achieves the goal, relative to the others, using the grading standards below. Give a short \
+explanation (one or two sentences) for each score.
+
+Answer with JSON only, in exactly this form, with one entry per trajectory id shown, each id exactly once:
+{"scores": [{"trajectory_id": "1", "explanation": "...", "score": 0.0}, ...]}"""
+
+DEFAULT_RUBRIC = """\
+- A trajectory that achieves its goal should always score significantly higher than one that does not.
+- Among trajectories that achieve the goal, more efficient ones (fewer steps, fewer wasted tool calls) score higher.
+- Differences in score should be proportional to differences in quality; equal quality gets equal scores.
+- Partial credit is fine: a trajectory that makes real progress toward the goal scores above one that makes none."""
+
+
+def system_message(rubric: str | None) -> dict[str, str]:
+    """The fixed first message: the same bytes for the same rubric, whatever the group."""
+    text = SYSTEM_PROMPT if not rubric else f"{SYSTEM_PROMPT}\n\nGrading standards:\n{rubric.strip()}"
+    return {"role": "system", "content": text}
+
+
+def canonical(obj: Any) -> str:
+    """Stable JSON of a message (sorted keys, no spaces): equality and hashing use it."""
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _render_message(message: dict[str, Any]) -> str:
+    # Compact JSON, None fields dropped: readable for the judge, cheap in tokens.
+    return json.dumps({k: v for k, v in message.items() if v is not None}, ensure_ascii=False, default=str)
+
+
+def common_prefix_length(message_lists: Sequence[Sequence[dict[str, Any]]]) -> int:
+    """Number of leading messages that every list has, identically."""
+    if not message_lists:
+        return 0
+    keys = [[canonical(m) for m in ms] for ms in message_lists]
+    n = min(len(k) for k in keys)
+    i = 0
+    while i < n and all(k[i] == keys[0][i] for k in keys):
+        i += 1
+    return i
+
+
+@dataclass
+class JudgeItem:
+    """One trajectory as the judge sees it (after the common prefix is removed)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    histories: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = field(default_factory=list)
+
+    def key(self) -> str:
+        """Identity of what the judge would see: duplicates are shown once and share a score."""
+        return canonical([self.messages, self.tools, self.histories])
+
+
+def split_prefix(
+    message_lists: Sequence[Sequence[dict[str, Any]]],
+    tools: Sequence[list[dict[str, Any]] | None] | list[dict[str, Any]] | None = None,
+    histories: Sequence[list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]] | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, list[JudgeItem]]:
+    """(common context, common tools, per-trajectory remainders).
+
+    `tools` is one tool list for all, or one per trajectory. Tools identical across the group are
+    returned once as the common tools; otherwise each item keeps its own.
+    """
+    n = len(message_lists)
+    per_tools: list[list[dict[str, Any]] | None]
+    if tools is None or (isinstance(tools, list) and (not tools or isinstance(tools[0], dict))):
+        per_tools = [tools] * n  # type: ignore[list-item]
+    else:
+        per_tools = list(tools)  # type: ignore[arg-type]
+    if len(per_tools) != n:
+        raise ValueError(f"got {len(per_tools)} tool lists for {n} trajectories; pass one per trajectory or one for all")
+    hist = list(histories) if histories is not None else [[] for _ in range(n)]
+    k = common_prefix_length(message_lists)
+    context = [dict(m) for m in message_lists[0][:k]] if n else []
+    same_tools = len({canonical(t) for t in per_tools}) <= 1
+    common_tools = per_tools[0] if (n and same_tools) else None
+    items = [
+        JudgeItem(
+            messages=[dict(m) for m in ms[k:]],
+            tools=None if same_tools else per_tools[i],
+            histories=hist[i],
+        )
+        for i, ms in enumerate(message_lists)
+    ]
+    return context, common_tools, items
+
+
+def user_message(
+    context: list[dict[str, Any]],
+    common_tools: list[dict[str, Any]] | None,
+    shown: Sequence[tuple[str, JudgeItem]],
+) -> dict[str, str]:
+    """The group part of the request: context once, tools once, then ``<trajectory id=...>`` blocks."""
+    parts: list[str] = []
+    if context:
+        parts.append("<context>\n" + "\n".join(_render_message(m) for m in context) + "\n</context>")
+    if common_tools:
+        parts.append("<available_tools>\n" + json.dumps(common_tools, ensure_ascii=False) + "\n</available_tools>")
+    for tid, item in shown:
+        body = [_render_message(m) for m in item.messages] or ["(no messages after the shared context)"]
+        if item.tools:
+            body.append("<tools>" + json.dumps(item.tools, ensure_ascii=False) + "</tools>")
+        for h, (h_messages, h_tools) in enumerate(item.histories, start=1):
+            lines = [_render_message(m) for m in h_messages]
+            if h_tools:
+                lines.insert(0, "<tools>" + json.dumps(h_tools, ensure_ascii=False) + "</tools>")
+            body.append(f'<side_conversation n="{h}">\n' + "\n".join(lines) + "\n</side_conversation>")
+        parts.append(f'<trajectory id="{tid}">\n' + "\n".join(body) + "\n</trajectory>")
+    ids = ", ".join(f'"{tid}"' for tid, _ in shown)
+    parts.append(f"Score every trajectory: ids {ids}. Answer with the JSON object only.")
+    return {"role": "user", "content": "\n\n".join(parts)}
+
+
+def response_schema(ids: Sequence[str]) -> dict[str, Any]:
+    """JSON schema of the answer: one entry per id (enum), score in [0, 1], explanation first.
+
+    The explanation comes before the score so a model writes its reason, then the number.
+    """
+    return {
+        "type": "object",
+        "properties": {
+            "scores": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "trajectory_id": {"type": "string", "enum": list(ids)},
+                        "explanation": {"type": "string"},
+                        "score": {"type": "number", "minimum": 0, "maximum": 1},
+                    },
+                    "required": ["trajectory_id", "explanation", "score"],
+                    "additionalProperties": False,
+                },
+                "minItems": len(ids),
+                "maxItems": len(ids),
+            }
+        },
+        "required": ["scores"],
+        "additionalProperties": False,
+    }
+
+
+def last_assistant_preview(messages: Sequence[dict[str, Any]], width: int = 90) -> str:
+    """One line: the last assistant message's text (or its tool calls), cut to `width` characters."""
+    for m in reversed(messages):
+        if m.get("role") != "assistant":
+            continue
+        text = m.get("content") or ""
+        if not text and m.get("tool_calls"):
+            calls = m["tool_calls"]
+            text = "tool calls: " + ", ".join(
+                f"{(c.get('function') or {}).get('name')}({(c.get('function') or {}).get('arguments', '')})" for c in calls
+            )
+        if not isinstance(text, str):
+            text = json.dumps(text, ensure_ascii=False)
+        text = " ".join(text.split())
+        return text if len(text) <= width else text[: width - 1] + "…"
+    return "(no assistant message)"
