@@ -1,0 +1,139 @@
+"""Builders for the loop tests: synthetic histories, groups, and a scripted backend.
+
+`ScriptedBackend` implements the `Backend` interface without a model: a "training step" only advances
+a step counter kept in the run's state.json (so a second process sees it, as with real checkpoints).
+`scripted_rollout` answers from a script keyed by the policy step it is asked for, which lets a test
+decide exactly how reward and validation move.
+
+Run as a script (``python loop_helpers.py BASE_PATH KILL_AT_STEP``) it trains a scripted run and
+SIGKILLs itself in the middle of step KILL_AT_STEP: the resume test's crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import groupwise as gw
+from groupwise.backend.base import Backend, InferenceEndpoint, TrainResult
+from groupwise.types import Trajectory, TrajectoryGroup
+
+
+def history(train=(), val=None, metric="accuracy", lengths=None, baselines=None, reward_std=0.1):
+    """History rows: train rewards at steps 0.., val {step: value}, baselines {name: value}."""
+    rows = []
+    for step, r in enumerate(train):
+        row = {"step": step, "split": "train", "reward": r, "reward_std": reward_std}
+        if lengths is not None:
+            row["answer_chars"] = lengths[step]
+        rows.append(row)
+    for step, v in (val or {}).items():
+        rows.append({"step": step, "split": "val", metric: v, "reward": v})
+    for name, v in (baselines or {}).items():
+        rows.append({"step": 0, "split": "baseline", "name": name, metric: v})
+    return rows
+
+
+def traj(answer: str, reward: float = 0.0, question: str = "q", **metrics) -> Trajectory:
+    return Trajectory(
+        messages_and_choices=[{"role": "user", "content": question}, {"role": "assistant", "content": answer}],
+        reward=reward, metrics=metrics,
+    )
+
+
+def group(answers, rewards=None, **metadata) -> TrajectoryGroup:
+    rewards = rewards if rewards is not None else [0.0] * len(answers)
+    return TrajectoryGroup([traj(a, r) for a, r in zip(answers, rewards)], metadata=metadata)
+
+
+HEALTHY_ANSWERS = [
+    "The capital of France is Paris.", "Paris, on the Seine.", "It is Paris, I believe.",
+    "France's capital city is Paris.",
+]
+
+
+class ScriptedBackend(Backend):
+    """A Backend with no model: train() advances a step counter stored in the run's state.json."""
+
+    def __init__(self) -> None:
+        self.kept_best: list[int] = []
+        self.trained_on: list[list[int]] = []
+
+    async def register(self, model) -> None:
+        pass
+
+    def inference_endpoint(self, model) -> InferenceEndpoint:
+        return InferenceEndpoint(base_url="http://scripted.invalid/v1", api_key="none")
+
+    def step_of(self, model) -> int:
+        return int(model.store.read_state().get("scripted_step", 0))
+
+    async def train(self, model, groups, config) -> TrainResult:
+        self.trained_on.append([g.metadata["scenario_index"] for g in groups])
+        step = self.step_of(model) + 1
+        model.store.write_state({**model.store.read_state(), "scripted_step": step})
+        return TrainResult(step=step, metrics={"loss": 0.5})
+
+    async def get_step(self, model) -> int:
+        return self.step_of(model)
+
+    def keep_best(self, model, best_step, *, metrics_by_step=None, maximize=True) -> None:
+        self.kept_best.append(best_step)
+
+
+def policy_step(model) -> int:
+    """The step a rollout's requests go to: name@k, or the latest step for the plain name."""
+    name = model.inference_name()
+    if "@" in name:
+        return int(name.rsplit("@", 1)[1])
+    return model.backend.step_of(model)
+
+
+def make_rollout(answer_for, log_path: Path | None = None, kill_at: int | None = None):
+    """A rollout answering `answer_for(step, scenario) -> (text, reward)`; logs "step scenario" lines;
+    SIGKILLs the process at the first train rollout of step `kill_at`."""
+
+    async def rollout(model, scenario):
+        step = policy_step(model)
+        at_step = "@" in model.inference_name()
+        if kill_at is not None and step == kill_at and not at_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if log_path is not None and not at_step:
+            with open(log_path, "a") as f:
+                f.write(f"{step} {scenario['id']}\n")
+        text, reward = answer_for(step, scenario)
+        await asyncio.sleep(0)
+        return traj(text, reward, question=scenario["q"])
+
+    return rollout
+
+
+SCENARIOS = [{"id": i, "q": f"question {i}", "answer": str(i)} for i in range(12)]
+
+
+def steady_answer(step, scenario):
+    # Reward and correctness both improve with the step (a healthy run), varied text per scenario.
+    return (f"answer {scenario['answer']} after {step} steps", min(1.0, 0.1 * step))
+
+
+async def run_scripted(base_path: str, *, kill_at: int | None = None, log_path: Path | None = None,
+                       config: gw.LoopConfig | None = None):
+    model = gw.TrainableModel("scripted", project="loop", base_model="none", base_path=base_path)
+    backend = ScriptedBackend()
+    await model.register(backend)
+    rollout = make_rollout(steady_answer, log_path=log_path, kill_at=kill_at)
+    config = config or gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, eval_every=2, max_steps=6,
+                                     patience=100, num_epochs=2)
+    summary = await gw.fit(model, rollout, SCENARIOS[:8], val_scenarios=SCENARIOS[8:10],
+                           validate=lambda t, s: float(s["answer"] in t.messages()[-1]["content"]),
+                           config=config)
+    return summary, backend
+
+
+if __name__ == "__main__":
+    asyncio.run(run_scripted(sys.argv[1], kill_at=int(sys.argv[2]), log_path=Path(sys.argv[3])))
+    print(json.dumps({"finished": True}))
