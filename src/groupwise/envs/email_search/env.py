@@ -1,0 +1,238 @@
+"""The email agent (ART-E-like): answer a question about the user's inbox by searching and reading it.
+
+Each turn the model calls one of three tools (tools.py); the episode ends when it calls
+`return_final_answer`, replies without a tool call, or reaches `max_turns`.
+
+Two ways to call tools (`tool_mode`):
+- "native": OpenAI tools (`tools=` in the request, `message.tool_calls` back, `role: tool` results);
+  for servers and models that do tool calling.
+- "text" (default): the tools are described in the system prompt and called in the reply as
+  ``<tool_call>{"name": "read_email", "arguments": {"message_id": "m0-1a2b3c"}}</tool_call>``; results
+  come back as user messages. Plain chat, so it works with any chat template (SmolLM2 has no tool
+  template) and the trainer sees exactly the text the model produced.
+  In native mode a reply with no `tool_calls` is also read this way (many models print tool calls).
+
+Rewards (the verifiable part; the loop may add or replace it with RULER, gated by `metrics["correct"]`):
+
+| outcome                                              | reward |
+|------------------------------------------------------|--------|
+| correct answer                                       | 1 + 0.1 if the source is cited + 0.1 x unused-turn fraction |
+| "I don't know", or turn limit reached with no answer | 0 + partial |
+| wrong answer                                         | -1 + partial |
+| a reply with no tool call (format error)             | -2 + partial |
+
+partial = 0.1 if a search returned the source email + 0.1 if the agent read it (so the tiers never mix).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from groupwise.envs._chat import Sampling, choice_text, complete, new_trajectory
+from groupwise.envs.email_search import tools as T
+from groupwise.envs.email_search.inbox import default_database, generate_corpus
+from groupwise.envs.email_search.questions import (
+    Question,
+    is_correct,
+    is_idk,
+    questions_from_corpus,
+    split_questions,
+)
+from groupwise.types import Choice, Trajectory
+
+SYSTEM_PROMPT = (
+    "You are an email assistant for {inbox}. Today is {today}. Answer the user's question using their "
+    "inbox: search it, read the emails that look relevant, then give a short final answer with the "
+    "message_ids it comes from. You have at most {max_turns} turns."
+)
+TEXT_TOOLS = (
+    "\n\nCall exactly one tool per reply, like this:\n"
+    '<tool_call>{{"name": "search_emails", "arguments": {{"keywords": ["flight", "Denver"]}}}}</tool_call>\n'
+    "Tools:\n"
+    "- search_emails(keywords: list of words, from_addr, to_addr, sent_after: YYYY-MM-DD, sent_before: "
+    "YYYY-MM-DD, max_results: at most 10): emails containing all keywords (only keywords is required).\n"
+    "- read_email(message_id): the full email.\n"
+    "- return_final_answer(answer, sources: list of message_ids): your final answer; ends the task."
+)
+
+_TOOL_CALL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+class ScenarioEmail(Sampling):
+    question_id: str
+    inbox: str = Field(description="The inbox owner's address; the tools only see this inbox.")
+    question: str
+    answer: str = Field(description="Ground truth (never shown to the model).")
+    source_id: str = Field(description="message_id of the email holding the answer.")
+    today: str
+    max_turns: int = Field(6, gt=0, description="Most model replies (tool calls) per episode.")
+    tool_mode: Literal["text", "native"] = Field("text", description="How tools are called (module doc).")
+    db: str | None = Field(None, description="SQLite corpus path; None builds/uses the default cache.")
+    corpus_seed: int = Field(0, description="Seed of the default corpus (when db is None).")
+    max_tokens: int = Field(96, gt=0, description="Most tokens per reply; a tool call is ~30-50 tokens.")
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any] | None
+    call_id: str | None = None  # set for native calls: the result must name it
+    error: str | None = None
+
+
+def _call_from_json(raw: str) -> ToolCall:
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return ToolCall("?", None, error=f"the tool call is not valid JSON ({exc.msg}); send {{\"name\": ..., \"arguments\": {{...}}}}.")
+    if not isinstance(data, dict) or "name" not in data:
+        return ToolCall("?", None, error='a tool call is a JSON object {"name": ..., "arguments": {...}}.')
+    args = data.get("arguments", data.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return ToolCall(str(data["name"]), None, error="arguments must be a JSON object.")
+    if not isinstance(args, dict):
+        return ToolCall(str(data["name"]), None, error="arguments must be a JSON object.")
+    return ToolCall(str(data["name"]), args)
+
+
+def parse_text_tool_calls(text: str) -> list[ToolCall]:
+    """Tool calls written in a reply: ``<tool_call>{json}</tool_call>`` (an unclosed last tag is read
+    too: a reply cut by max_tokens right after the JSON still counts), else a reply that is one bare
+    JSON object with a "name". Only the first call is returned: one tool per reply."""
+    text = text or ""
+    tags = _TOOL_CALL_TAG.findall(text)
+    if tags:
+        return [_call_from_json(tags[0])]
+    stripped = text.strip()
+    if stripped.startswith("{") and '"name"' in stripped:
+        return [_call_from_json(stripped)]
+    return []
+
+
+def parse_tool_calls(choice: Choice) -> list[ToolCall]:
+    native = choice.message.tool_calls or []
+    if native:
+        out = []
+        for tc in native:
+            call = _call_from_json(json.dumps({"name": tc.function.name, "arguments": tc.function.arguments or "{}"}))
+            call.call_id = tc.id
+            out.append(call)
+        return out
+    return parse_text_tool_calls(choice_text(choice))
+
+
+def email_reward(*, correct: bool, answered: bool, idk: bool, format_error: bool, found_source: bool,
+                 read_source: bool, cited_source: bool, turns: int, max_turns: int) -> float:
+    """The tiered reward of the module docstring."""
+    partial = 0.1 * found_source + 0.1 * read_source
+    if correct:
+        return 1.0 + 0.1 * cited_source + 0.1 * (1 - turns / max_turns)
+    if format_error:
+        return -2.0 + partial
+    if answered and not idk:
+        return -1.0 + partial
+    return 0.0 + partial
+
+
+def _run_tool(call: ToolCall, db: str, scenario: ScenarioEmail) -> Any:
+    fn = {"search_emails": T.search_emails, "read_email": T.read_email}.get(call.name)
+    if fn is None:
+        raise T.ToolError(f"unknown tool {call.name!r}; the tools are {list(T.TOOL_NAMES)}.")
+    try:
+        return fn(db, scenario.inbox, **(call.arguments or {}))
+    except TypeError as exc:  # wrong or missing argument names
+        raise T.ToolError(f"bad arguments for {call.name}: {exc}") from None
+
+
+async def rollout(model: Any, scenario: ScenarioEmail) -> Trajectory:
+    db = scenario.db or str(default_database(scenario.corpus_seed))
+    native = scenario.tool_mode == "native"
+    system = SYSTEM_PROMPT.format(inbox=scenario.inbox, today=scenario.today, max_turns=scenario.max_turns)
+    traj = new_trajectory(system + ("" if native else TEXT_TOOLS), scenario.question, tools=T.TOOLS if native else None)
+    traj.metadata.update({"env": "email", "question_id": scenario.question_id, "inbox": scenario.inbox,
+                          "question": scenario.question, "truth": scenario.answer, "source_id": scenario.source_id})
+    final: dict[str, Any] | None = None
+    format_error = found = read = False
+    tool_errors = turns = 0
+    while turns < scenario.max_turns and final is None:
+        choice = await complete(model, traj.messages(), scenario, tools=T.TOOLS if native else None)
+        traj.messages_and_choices.append(choice)
+        turns += 1
+        calls = parse_tool_calls(choice)
+        if not calls:
+            format_error = True
+            traj.log(f"turn {turns}: no tool call in {choice_text(choice)[:100]!r}")
+            break
+        for call in calls:
+            try:
+                if call.error:
+                    raise T.ToolError(call.error)
+                if call.name == "return_final_answer":
+                    final = T.return_final_answer(**(call.arguments or {}))
+                    result: Any = {"ok": True}
+                else:
+                    result = _run_tool(call, db, scenario)
+            except (T.ToolError, TypeError) as exc:
+                tool_errors += 1
+                result = {"error": str(exc)}
+                traj.log(f"turn {turns}: tool error: {exc}")
+            if call.name == "search_emails" and isinstance(result, list):
+                found = found or any(r["message_id"] == scenario.source_id for r in result)
+            if call.name == "read_email" and isinstance(result, dict):
+                read = read or result.get("message_id") == scenario.source_id
+            content = json.dumps(result, ensure_ascii=False)
+            if call.call_id is not None:
+                traj.messages_and_choices.append({"role": "tool", "tool_call_id": call.call_id, "content": content})
+            elif final is None:
+                traj.messages_and_choices.append({"role": "user", "content": f"<tool_result>{content}</tool_result>"})
+            if final is not None:
+                break
+    answer = final["answer"] if final else ""
+    answered = final is not None
+    idk = answered and is_idk(answer)
+    correct = answered and not idk and is_correct(answer, scenario.answer)
+    cited = answered and scenario.source_id in final["sources"]
+    traj.reward = email_reward(correct=correct, answered=answered, idk=idk, format_error=format_error,
+                               found_source=found, read_source=read, cited_source=cited, turns=turns,
+                               max_turns=scenario.max_turns)
+    traj.metadata["answer"] = answer
+    traj.metrics.update({
+        "correct": float(correct), "answered": float(answered), "idk": float(idk),
+        "format_error": float(format_error), "tool_errors": tool_errors, "turns": turns,
+        "found_source": float(found), "read_source": float(read), "cited_source": float(cited),
+    })
+    return traj.finish()
+
+
+def validate(trajectory: Trajectory) -> float:
+    """Held-out metric: exact-answer accuracy (1 when the normalised answer matches, else 0)."""
+    return float(trajectory.metrics["correct"])
+
+
+def _scenario(q: Question, **overrides: Any) -> ScenarioEmail:
+    return ScenarioEmail(question_id=q.id, inbox=q.inbox, question=q.question, answer=q.answer,
+                         source_id=q.source_id, today=q.today, **overrides)
+
+
+def scenarios(seed: int = 0, *, corpus_seed: int = 0, db: str | Path | None = None, **overrides: Any):
+    """(train, val, test) questions, split 80/10/10 by id; the run seed only shuffles the training order."""
+    questions = questions_from_corpus(generate_corpus(corpus_seed))
+    train, val, test = split_questions(questions)
+    train = list(train)
+    random.Random(f"email-train:{seed}").shuffle(train)
+    common = {"corpus_seed": corpus_seed, "db": str(db) if db else None, **overrides}
+    return (
+        [_scenario(q, **common) for q in train],
+        [_scenario(q, **{"sampling_seed": i, **common}) for i, q in enumerate(val)],
+        [_scenario(q, **{"sampling_seed": i, **common}) for i, q in enumerate(test)],
+    )
