@@ -1,0 +1,111 @@
+"""Model / TrainableModel against a fake Backend: register, client, train + log, history rows."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from groupwise import Backend, GroupwiseError, Model, TrainableModel, Trajectory, TrajectoryGroup, load_history, load_trajectories
+from groupwise.backend.base import InferenceEndpoint, TrainResult
+from groupwise.config import TrainConfig
+
+
+def chat_handler(request: httpx.Request) -> httpx.Response:
+    body = json.loads(request.content)
+    return httpx.Response(200, json={
+        "id": "c1", "object": "chat.completion", "created": 0, "model": body["model"],
+        "choices": [{"index": 0, "finish_reason": "stop", "token_ids": [1, 2],
+                     "message": {"role": "assistant", "content": f"hello from {body['model']}"}}],
+    })
+
+
+class FakeBackend(Backend):
+    def __init__(self):
+        self.steps: dict[str, int] = {}
+        self.trained: list[tuple[int, TrainConfig]] = []
+
+    async def register(self, model):
+        self.steps[model.name] = 0
+
+    def inference_endpoint(self, model):
+        return InferenceEndpoint(base_url="http://in-process/v1", api_key="k",
+                                 http_client=httpx.AsyncClient(transport=httpx.MockTransport(chat_handler)))
+
+    async def train(self, model, groups, config):
+        self.trained.append((len(groups), config))
+        self.steps[model.name] += 1
+        return TrainResult(step=self.steps[model.name], metrics={"loss": 0.5, "reward": 9.0, "note": "x"})
+
+    async def get_step(self, model):
+        return self.steps[model.name]
+
+
+def groups():
+    def t(r):
+        return Trajectory(messages_and_choices=[{"role": "user", "content": "x"}], reward=r)
+
+    return [TrajectoryGroup([t(1.0), t(0.0)]), TrajectoryGroup([t(0.5), t(0.5)])]
+
+
+async def test_trainable_model_register_client_train_and_log(tmp_path):
+    model = TrainableModel(name="agent-001", project="2048", base_model="tiny", base_path=str(tmp_path))
+    with pytest.raises(GroupwiseError, match="not registered"):
+        await model.get_step()
+    backend = FakeBackend()
+    await model.register(backend)
+    assert await model.get_step() == 0
+    assert model.inference_name() == "agent-001" and model.inference_name(3) == "agent-001@3"
+
+    client = model.openai_client()
+    assert client is model.openai_client()  # cached
+    reply = await client.chat.completions.create(model=model.inference_name(), messages=[{"role": "user", "content": "hi"}])
+    assert reply.choices[0].message.content == "hello from agent-001"
+    assert reply.choices[0].token_ids == [1, 2]
+
+    result = await model.train(groups(), config=TrainConfig(learning_rate=2e-5))
+    assert result.step == 1 and await model.get_step() == 1
+    assert backend.trained[0][0] == 2 and backend.trained[0][1].learning_rate == 2e-5
+    # The train split is logged at the step that sampled the rollouts (0), with the trainer's metrics;
+    # the trainer's "reward" would clash with the row's own field, so it is renamed.
+    [row] = load_history(model.run_dir)
+    assert (row["step"], row["split"], row["loss"], row["train_reward"]) == (0, "train", 0.5, 9.0)
+    assert row["reward"] == 0.5 and "note" not in row      # (1 + 0 + 0.5 + 0.5) / 4
+    assert load_trajectories(model.run_dir, split="train", step=0) == groups()
+
+    await model.log(groups(), split="val")  # step defaults to the current step
+    rows = load_history(model.run_dir)
+    assert [(r["step"], r["split"]) for r in rows] == [(0, "train"), (1, "val")]
+    await model.close()
+
+
+async def test_prompted_model_logs_at_step_zero(tmp_path):
+    model = Model(name="gpt-4o-mini", project="2048", base_path=str(tmp_path),
+                  inference_base_url="http://x/v1", inference_api_key="k", inference_model_name="openai/gpt-4o-mini")
+    assert model.inference_name() == "openai/gpt-4o-mini"
+    assert str(model.openai_client().base_url) == "http://x/v1/"
+    flat = [t for g in groups() for t in g.trajectories]
+    row = await model.log(flat, split="val", metrics={"cost": 0.01})
+    assert row["step"] == 0 and row["n_groups"] == 1 and row["cost"] == 0.01
+    assert model.run_dir == tmp_path / "2048" / "gpt-4o-mini"
+    assert load_trajectories(model.run_dir)[0].trajectories == flat
+
+
+async def test_log_rejects_unrun_groups_and_bad_metrics(tmp_path):
+    model = Model(name="m", project="p", base_path=str(tmp_path))
+
+    async def rollout():
+        return Trajectory(messages_and_choices=[{"role": "user", "content": "x"}])
+
+    coro = rollout()
+    with pytest.raises(GroupwiseError, match="never run"):
+        await model.log([TrajectoryGroup([coro])])
+    coro.close()
+    with pytest.raises(TypeError, match=r"metrics\['acc'\]"):
+        await model.log(None, metrics={"acc": "high"})
+
+
+def test_trainable_model_name_must_be_a_folder_name(tmp_path):
+    with pytest.raises(GroupwiseError, match="model name='a/b'"):
+        TrainableModel(name="a/b", project="p", base_model="tiny", base_path=str(tmp_path))

@@ -1,0 +1,142 @@
+"""The run store: lossless round-trip, history rows, atomic writes, corrupt lines."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from groupwise import CorruptRecordError, StoreError, Trajectory, TrajectoryGroup, load_history, load_trajectories
+from groupwise.store import RunStore, history_row
+from groupwise.types import choice_logprobs, choice_token_ids
+
+
+def test_every_field_round_trips_exactly(tmp_path, group):
+    store = RunStore(tmp_path, "2048", "agent-001")
+    path = store.write_trajectories("train", 3, [group])
+    assert path == tmp_path / "2048" / "agent-001" / "trajectories" / "train" / "0003.jsonl"
+    [back] = load_trajectories(store.run_dir)
+    assert back == group  # every field of the group: trajectories, exceptions, metadata, metrics, logs
+    assert back.trajectories == group.trajectories
+    t, t0 = back.trajectories[0], group.trajectories[0]
+    assert t.model_dump() == t0.model_dump()
+    # Token-in/token-out survives: ids in the Choice's extra field, logprobs per token (-inf too).
+    choice = t.messages_and_choices[2]
+    assert choice_token_ids(choice) == [11, 12, 13]
+    assert choice_logprobs(choice) == [-0.1, -2.5, -math.inf]
+    assert choice_logprobs(t.messages_and_choices[4]) == [-0.015625, -1.0000000000000002]  # exact floats
+    assert choice.message.tool_calls[0].function.arguments == '{"direction": "left"}'
+    assert choice_token_ids(t.additional_histories[0].messages_and_choices[1]) == [5]
+    assert t.tools == t0.tools
+    assert (t.initial_policy_version, t.final_policy_version) == (2, 3)
+    assert t.metrics == {"max_tile": 64, "won": False, "moves": 12.5}
+    assert type(t.metrics["max_tile"]) is int and type(t.metrics["won"]) is bool
+    assert t.metadata == {"game_id": "g-1", "seed": 3, "note": None, "hard": True, "temp": 0.7}
+    assert t.logs == t0.logs
+    assert back.exceptions[0].type == "ValueError" and back.exceptions[0].message == "rollout 3 failed"
+    # A second write-read cycle is byte-identical: nothing drifts.
+    store.write_trajectories("train", 4, [back])
+    assert (store.run_dir / "trajectories/train/0004.jsonl").read_bytes() == path.read_bytes()
+
+
+def test_load_filters_by_split_and_step(tmp_path, group):
+    store = RunStore(tmp_path, "p", "m")
+    store.write_trajectories("train", 0, [group])
+    store.write_trajectories("train", 1, [group, group])
+    store.write_trajectories("val", 1, [group])
+    assert len(load_trajectories(store.run_dir)) == 4
+    assert len(load_trajectories(store.run_dir, split="train")) == 3
+    assert len(load_trajectories(store.run_dir, step=1)) == 3
+    assert len(load_trajectories(store.run_dir, split="val", step=0)) == 0
+
+
+def test_atomic_writes_leave_no_temp_files(tmp_path, group):
+    store = RunStore(tmp_path, "p", "m")
+    store.write_trajectories("val", 0, [group])
+    store.write_trajectories("val", 0, [group, group])  # rewrite (a resumed run re-logs its step)
+    store.write_state({"step": 2, "best": {"step": 1, "reward": 0.5}})
+    files = sorted(p.name for p in store.run_dir.rglob("*") if p.is_file())
+    assert files == ["0000.jsonl", "state.json"]
+    assert len(load_trajectories(store.run_dir)) == 2
+    assert store.read_state() == {"step": 2, "best": {"step": 1, "reward": 0.5}}
+
+
+def test_state_defaults_to_empty(tmp_path):
+    assert RunStore(tmp_path, "p", "m").read_state() == {}
+
+
+def test_corrupt_line_names_file_and_line_and_skip_corrupt_reads_the_rest(tmp_path, group):
+    store = RunStore(tmp_path, "p", "m")
+    path = store.write_trajectories("train", 0, [group, group, group])
+    lines = path.read_text().splitlines(keepends=True)
+    lines[1] = lines[1][:40] + "\n"  # a torn line
+    path.write_text("".join(lines))
+    with pytest.raises(CorruptRecordError) as err:
+        load_trajectories(store.run_dir)
+    assert err.value.line == 2 and err.value.path == str(path)
+    assert f"{path}:2: corrupt record" in str(err.value) and "skip_corrupt=True" in str(err.value)
+    assert load_trajectories(store.run_dir, skip_corrupt=True) == [group, group]
+
+
+def test_valid_json_that_is_not_a_group_is_corrupt(tmp_path, group):
+    store = RunStore(tmp_path, "p", "m")
+    path = store.write_trajectories("train", 0, [group])
+    path.write_text(path.read_text() + '{"trajectories": [{"messages_and_choices": [], "reward": "x"}]}\n')
+    with pytest.raises(CorruptRecordError, match=r"0000.jsonl:2: corrupt record \(not a TrajectoryGroup"):
+        load_trajectories(store.run_dir)
+
+
+def test_history_row_schema_and_numbers():
+    def traj(r, **m):
+        return Trajectory(messages_and_choices=[{"role": "user", "content": "x"}], reward=r, metrics=m)
+
+    g1 = TrajectoryGroup([traj(1.0, moves=4), traj(0.0, moves=2)], metrics={"judge_cost": 0.5})
+    g2 = TrajectoryGroup([traj(1.0), traj(1.0, moves=6)], exceptions=[RuntimeError("x")])
+    row = history_row([g1, g2], step=7, split="val", metrics={"loss": 0.25})
+    assert set(row) == {"step", "split", "recorded_at", "reward", "reward_std", "reward_std_within_group",
+                        "n_groups", "n_trajectories", "n_exceptions", "exception_rate", "moves",
+                        "group_judge_cost", "loss"}
+    assert (row["step"], row["split"]) == (7, "val")
+    assert row["reward"] == 0.75                       # (1 + 0 + 1 + 1) / 4
+    assert row["reward_std"] == pytest.approx(0.4330127018922193)  # sqrt(mean((r-0.75)^2)) = sqrt(3/16)
+    assert row["reward_std_within_group"] == 0.25      # (pstdev(1,0)=0.5 + pstdev(1,1)=0) / 2
+    assert (row["n_groups"], row["n_trajectories"], row["n_exceptions"]) == (2, 4, 1)
+    assert row["exception_rate"] == 0.2                # 1 / (4 + 1)
+    assert row["moves"] == 4.0                         # (4 + 2 + 6) / 3: only trajectories reporting it
+    assert row["group_judge_cost"] == 0.5 and row["loss"] == 0.25
+
+
+def test_reserved_metric_name_is_an_error():
+    g = TrajectoryGroup([Trajectory(messages_and_choices=[{"role": "user", "content": "x"}], metrics={"reward": 1})])
+    with pytest.raises(StoreError, match=r"\['reward'\] clash"):
+        history_row([g], step=0, split="val")
+
+
+def test_history_append_and_torn_last_line(tmp_path):
+    store = RunStore(tmp_path, "p", "m")
+    store.append_history({"step": 0, "split": "val", "reward": 0.5})
+    with open(store.history_path, "a") as f:
+        f.write('{"step": 1, "spl')  # a crash mid-append
+    with pytest.raises(CorruptRecordError, match=r"history.jsonl:2"):
+        load_history(store.run_dir)
+    store.append_history({"step": 1, "split": "val", "reward": float("nan")})
+    rows = store.history(skip_corrupt=True)
+    assert [r["step"] for r in rows] == [0, 1]  # the new row started on a fresh line
+    assert math.isnan(rows[1]["reward"])
+    assert json.loads(store.history_path.read_text().splitlines()[0]) == {"step": 0, "split": "val", "reward": 0.5}
+
+
+def test_names_that_cannot_be_folders_are_rejected(tmp_path):
+    with pytest.raises(StoreError, match="model name='a/b'"):
+        RunStore(tmp_path, "p", "a/b")
+    with pytest.raises(StoreError, match="project='..'"):
+        RunStore(tmp_path, "..", "m")
+    with pytest.raises(StoreError, match="split='../x'"):
+        RunStore(tmp_path, "p", "m").write_trajectories("../x", 0, [])
+
+
+def test_missing_run_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(StoreError, match="does not exist"):
+        load_trajectories(tmp_path / "nope")
+    assert load_history(tmp_path / "nope") == []
