@@ -12,6 +12,7 @@ SIGKILLs itself in the middle of step KILL_AT_STEP: the resume test's crash.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -87,6 +88,8 @@ class ScriptedBackend(Backend):
 
 def policy_step(model) -> int:
     """The step a rollout's requests go to: name@k, or the latest step for the plain name."""
+    if not model.trainable:  # a prompted baseline
+        return -1
     name = model.inference_name()
     if "@" in name:
         return int(name.rsplit("@", 1)[1])
@@ -115,9 +118,18 @@ def make_rollout(answer_for, log_path: Path | None = None, kill_at: int | None =
 SCENARIOS = [{"id": i, "q": f"question {i}", "answer": str(i)} for i in range(12)]
 
 
+_tries = itertools.count()
+
+
 def steady_answer(step, scenario):
-    # Reward and correctness both improve with the step (a healthy run), varied text per scenario.
-    return (f"answer {scenario['answer']} after {step} steps", min(1.0, 0.1 * step))
+    # Reward and correctness both improve with the step (a healthy run); every rollout's text differs.
+    return (f"answer {scenario['answer']} after {step} steps (try {next(_tries)})", min(1.0, 0.1 * step))
+
+
+def steady_validate(trajectory, scenario):
+    # correctness 0.2 + 0.1 * (the step that answered): rises every validation
+    step = int(trajectory.messages()[-1]["content"].split(" after ")[1].split()[0])
+    return round(0.2 + 0.1 * step, 6)
 
 
 async def run_scripted(base_path: str, *, kill_at: int | None = None, log_path: Path | None = None,
@@ -129,7 +141,7 @@ async def run_scripted(base_path: str, *, kill_at: int | None = None, log_path: 
     config = config or gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, eval_every=2, max_steps=6,
                                      patience=100, num_epochs=2)
     summary = await gw.fit(model, rollout, SCENARIOS[:8], val_scenarios=SCENARIOS[8:10],
-                           validate=lambda t, s: float(s["answer"] in t.messages()[-1]["content"]),
+                           validate=steady_validate,
                            config=config)
     return summary, backend
 

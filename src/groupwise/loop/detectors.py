@@ -310,11 +310,13 @@ def judge_disagreement(
 
 def run_detectors(
     history: list[Row], groups: Sequence["TrajectoryGroup"], *, step: int, config: "LoopConfig",
-    val_groups: Sequence["TrajectoryGroup"] = (),
+    val_groups: Sequence["TrajectoryGroup"] = (), groups_step: int | None = None,
 ) -> list[Alert]:
-    """Every detector at `step`: history ones, group ones on this step's train groups, and the judge
-    check on judged validation groups (their ``metrics[config.metric]`` is ground truth)."""
+    """Every detector at `step`: history ones, group ones on this step's train groups (dated
+    `groups_step`, the policy that sampled them; default `step`), and the judge check on judged
+    validation groups (their ``metrics[config.metric]`` is ground truth)."""
     c = config
+    gs = step if groups_step is None else groups_step
     found = [
         val_drop_reward_rise(history, step=step, metric=c.metric, min_drop=c.val_drop, min_rise=c.reward_rise,
                              higher_is_better=c.higher_is_better),
@@ -323,9 +325,9 @@ def run_detectors(
         reward_jump(history, step=step, window=c.jump_window, min_jump=c.jump_min, sigmas=c.jump_sigmas,
                     plateau_range=c.plateau_range),
         length_drift(history, step=step, ratio=c.length_ratio),
-        perfect_scores(groups, step=step, max_reward=c.perfect_reward, share=c.perfect_share),
-        ngram_repetition(groups, step=step, n=c.repetition_ngram, share=c.repetition_share),
-        identical_answers(groups, step=step, share=c.identical_share),
+        perfect_scores(groups, step=gs, max_reward=c.perfect_reward, share=c.perfect_share),
+        ngram_repetition(groups, step=gs, n=c.repetition_ngram, share=c.repetition_share),
+        identical_answers(groups, step=gs, share=c.identical_share),
         judge_disagreement(val_groups, step=step, truth_key=c.metric, min_agreement=c.min_judge_agreement)
         if val_groups else None,
     ]

@@ -257,13 +257,13 @@ class _Loop:
 
     def decide(self, step: int, groups: list[TrajectoryGroup], judged: list[TrajectoryGroup]) -> StopDecision:
         history = self.store.history()
-        alerts = run_detectors(history, groups, step=step, config=self.c, val_groups=judged)
+        alerts = run_detectors(history, groups, step=step, config=self.c, val_groups=judged, groups_step=step - 1)
         decision = decide(alerts, self.c)
         for a in decision.alerts:
             action = action_for(a, self.c)
             self.store.append_history(a.to_row(action))
             self.alerts.append(a)
-            log.warning("step %d: [%s] %s (%s) -> %s", step, a.severity, a.name, a.message, action)
+            log.warning("step %d: [%s] %s: %s -> %s", a.step, a.severity, a.name, a.message, action)
         if decision.action == "stop":
             return stop_now(decision, step)
         history = self.store.history()

@@ -1,0 +1,128 @@
+"""gw.fit against a scripted backend (a Backend with no model): the loop's logic, fast.
+
+The end-to-end run with a real tiny model and LocalBackend is in test_loop_e2e.py.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from loop_helpers import SCENARIOS, ScriptedBackend, make_rollout, run_scripted
+
+import groupwise as gw
+from groupwise.loop.series import events, rows
+from groupwise.utils import iterate_dataset
+
+HERE = Path(__file__).parent
+
+
+async def test_healthy_run_validates_scores_baselines_and_stops_at_max_steps(tmp_path):
+    summary, backend = await run_scripted(str(tmp_path))
+    assert summary.stop.rule == "max_steps" and summary.final_step == 6 and summary.start_step == 0
+    h = gw.load_history(summary.run_dir)
+    # validation at step 0 (the base) and every eval_every=2 steps, metric = validate()
+    assert [r["step"] for r in rows(h, "val")] == [0, 2, 4, 6]
+    assert [r["accuracy"] for r in rows(h, "val")] == pytest.approx([0.2, 0.4, 0.6, 0.8])
+    assert [r["step"] for r in rows(h, "train")] == [0, 1, 2, 3, 4, 5]
+    # rewards 0.1 * step (steady_answer)
+    assert [r["reward"] for r in rows(h, "train")] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
+    base = events(h, "baseline")
+    assert [(b["name"], b["kind"], b["accuracy"]) for b in base] == [("scripted@0", "base", 0.2)]
+    assert summary.baselines == {"scripted@0": 0.2}
+    stop = events(h, "stop")
+    assert len(stop) == 1 and stop[0]["rule"] == "max_steps" and stop[0]["best_step"] == 6
+    loop_rows = rows(h, "loop")
+    assert len(loop_rows) == 6 and all("time/train_s" in r and r["judge/cost_usd"] == 0.0 for r in loop_rows)
+    assert summary.alerts == [] and summary.best_step == 6 and summary.status == "healthy"
+    assert backend.kept_best == [6]
+    # groups_per_step=2 scenarios per step, from the first 8 scenarios, each epoch a permutation
+    assert all(len(s) == 2 for s in backend.trained_on)
+    assert sorted(i for s in backend.trained_on[:4] for i in s) == list(range(8))
+
+
+async def test_gamed_reward_raises_val_drop_stops_and_keeps_best(tmp_path):
+    # The reward pays for length; after step 2 the policy pads its answer and loses the right number,
+    # so val accuracy falls from 1.0 to 0.0 while the reward rises: the seed's "val down, reward up".
+    def answer(step, scenario):
+        if step <= 2:
+            return f"answer {scenario['answer']}", 0.1 * step
+        return "very long answer " * step, 0.1 * step + 0.5
+
+    model = gw.TrainableModel("gamed", project="loop", base_model="none", base_path=str(tmp_path))
+    backend = ScriptedBackend()
+    await model.register(backend)
+    seen_names = []
+
+    async def rollout(m, scenario):
+        seen_names.append(m.inference_name())
+        return await make_rollout(answer)(m, scenario)
+
+    cfg = gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, eval_every=2, max_steps=20, num_epochs=10)
+    summary = await gw.fit(model, rollout, SCENARIOS[:8], val_scenarios=SCENARIOS[8:10],
+                           test_scenarios=SCENARIOS[10:12],
+                           validate=lambda t, s: float(t.messages()[-1]["content"] == f"answer {s['answer']}"),
+                           baselines=[gw.Model("prompted", project="loop", inference_model_name="prompted-v1")],
+                           config=cfg)
+    # val 1.0 at steps 0, 2; 0.0 at step 4 -> the alert at step 4; best is the earliest best, step 0
+    assert summary.stop.rule == "alert:val_drop" and summary.final_step == 4
+    # the scripted answers are identical within a group (warned every step); at step 4 the padding
+    # also shows as length drift (8 -> 51 chars) and 3-gram repetition, besides the val drop.
+    names = [a.name for a in summary.alerts]
+    assert names.count("identical_answers") == 4
+    assert {a.name for a in summary.alerts if a.step >= 3} == {"val_drop", "length_drift", "repetition", "identical_answers"}
+    drop = [a for a in summary.alerts if a.name == "val_drop"]
+    assert len(drop) == 1 and drop[0].step == 4
+    ev = drop[0].evidence
+    assert (ev["best_step"], ev["best"], ev["val_now"], ev["val_step"]) == (0, 1.0, 0.0, 4)
+    assert summary.best_step == 0 and summary.best_value == 1.0 and summary.status == "hacking"
+    assert backend.kept_best == [0]
+    # the test split ran once, against the best checkpoint
+    assert seen_names[-2:] == ["gamed@0", "gamed@0"] and summary.test == {"reward": 0.0, "accuracy": 1.0}
+    h = gw.load_history(summary.run_dir)
+    assert [r["step"] for r in rows(h, "test")] == [0]
+    alert_rows = [r for r in events(h, "alert") if r["name"] == "val_drop"]
+    assert len(alert_rows) == 1 and alert_rows[0]["action"] == "stop" and alert_rows[0]["evidence"]["drop"] == 1.0
+    assert {r["action"] for r in events(h, "alert") if r["name"] != "val_drop"} == {"warn"}
+    # the prompted baseline was scored once (the script answers it correctly: step -1 <= 2), and its
+    # trajectories are stored for `groupwise inspect`
+    assert summary.baselines == {"gamed@0": 1.0, "prompted": 1.0}
+    assert len(gw.load_trajectories(summary.run_dir, "baseline-prompted", 0)) == 2
+    assert "stopped (alert:val_drop)" in str(summary)
+
+
+async def test_fit_rejects_bad_arguments_all_at_once(tmp_path):
+    model = gw.TrainableModel("bad", project="loop", base_model="none", base_path=str(tmp_path))
+    await model.register(ScriptedBackend())
+    with pytest.raises(gw.ConfigError) as e:
+        await gw.fit(model, "not a function", [], validate=lambda t: 1.0, baselines=[object()])
+    assert len(e.value.problems) == 4
+
+
+def test_killed_run_resumes_at_the_same_step_and_data_position(tmp_path):
+    crashed, clean = tmp_path / "crashed", tmp_path / "clean"
+    log_crash, log_clean = tmp_path / "crash.log", tmp_path / "clean.log"
+    # 1. a run SIGKILLed in the middle of step 3 (its first train rollout)
+    proc = subprocess.run([sys.executable, str(HERE / "loop_helpers.py"), str(crashed), "3", str(log_crash)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert json.loads((crashed / "loop" / "scripted" / "state.json").read_text())["scripted_step"] == 3
+    before = log_crash.read_text().splitlines()
+    # 2. resume it here; 3. an uninterrupted run for reference
+    import asyncio
+
+    summary, _ = asyncio.run(run_scripted(str(crashed), log_path=log_crash))
+    assert summary.start_step == 3 and summary.final_step == 6
+    asyncio.run(run_scripted(str(clean), log_path=log_clean))
+    # the crashed run's train rollouts, with the crash, equal the clean run's (step, scenario) sequence
+    resumed = log_crash.read_text().splitlines()[len(before):]
+    assert resumed[0].startswith("3 ")
+    assert before + resumed == log_clean.read_text().splitlines()
+    # and the data cursor is the deterministic one: step 3's scenarios are iterate_dataset's batch 3
+    batch3 = next(iterate_dataset(list(range(8)), 2, 2, initial_step=3, seed=0, use_tqdm=False)).items
+    assert sorted({int(line.split()[1]) for line in resumed if line.startswith("3 ")}) == sorted(batch3)
+    h = gw.load_history(summary.run_dir)
+    assert [r["step"] for r in rows(h, "train")] == [0, 1, 2, 3, 4, 5]
+    assert [r["step"] for r in rows(h, "val")] == [0, 2, 4, 6]
+    assert len(events(h, "baseline")) == 1  # the base is not scored twice
