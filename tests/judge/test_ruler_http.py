@@ -261,8 +261,12 @@ def test_import_does_not_load_torch():
     assert out.strip() == "False"
 
 
-def test_request_json_is_canonical_and_small():
-    # Messages are rendered as compact JSON lines: no indentation spent on tokens.
+def test_messages_rendered_readably_without_json_escaping():
     from groupwise.judge.prompt import _render_message
 
-    assert _render_message({"role": "user", "content": "hi", "name": None}) == json.dumps({"role": "user", "content": "hi"})
+    assert _render_message({"role": "user", "content": "hi", "name": None}) == "[user] hi"
+    call = {"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"q": "a \\"b\\""}'}}
+    assert _render_message({"role": "assistant", "content": None, "tool_calls": [call]}) == '[assistant calls search c1] {"q": "a \\"b\\""}'
+    assert _render_message({"role": "tool", "tool_call_id": "c1", "content": '["x"]'}) == '[tool result c1] ["x"]'
+    bad_args = {"function": {"name": "f", "arguments": "{not json"}}
+    assert _render_message({"role": "assistant", "tool_calls": [bad_args]}) == "[assistant calls f] {not json"

@@ -7,7 +7,7 @@ Layout of one request (why each part is where it is):
 2. user: ``<context>`` — the longest common message prefix of the group's trajectories, sent once
    instead of N times (the task, the system prompt of the agent, the first observation...).
    ``<available_tools>`` — the tools once, when every trajectory has the same tools.
-   Then each shown trajectory's remainder as ``<trajectory id="k">``, one JSON message per line,
+   Then each shown trajectory's remainder as ``<trajectory id="k">``, one ``[role] text`` entry per message,
    with its side conversations (`additional_histories`) and, if they differ from the common ones,
    its own tools.
 
@@ -52,8 +52,37 @@ def canonical(obj: Any) -> str:
 
 
 def _render_message(message: dict[str, Any]) -> str:
-    # Compact JSON, None fields dropped: readable for the judge, cheap in tokens.
-    return json.dumps({k: v for k, v in message.items() if v is not None}, ensure_ascii=False, default=str)
+    """One message for the judge: a ``[role]`` header, then its text as is.
+
+    Plain text instead of one JSON object per message: tool arguments and tool results are often
+    JSON themselves, and JSON inside a JSON string is escaped (every quote becomes \\"), which costs
+    tokens and readability. Tool calls show their name and their arguments parsed.
+    """
+    role = message.get("role", "?")
+    header = f"[{role}]"
+    if role == "tool" and message.get("tool_call_id"):
+        header = f"[tool result {message['tool_call_id']}]"
+    elif message.get("name"):
+        header = f"[{role} {message['name']}]"
+    lines = []
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: keep the text, name the rest
+        content = "\n".join(
+            p.get("text", "") if isinstance(p, dict) and p.get("type") == "text" else f"<{(p or {}).get('type', 'part')}>"
+            for p in content
+        )
+    if content not in (None, ""):
+        lines.append(f"{header} {content}")
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        args = fn.get("arguments", "")
+        try:
+            args = json.dumps(json.loads(args), ensure_ascii=False)
+        except (TypeError, ValueError):
+            pass  # not JSON: show the arguments exactly as the model wrote them
+        call_id = f" {call['id']}" if call.get("id") else ""
+        lines.append(f"[{role} calls {fn.get('name')}{call_id}] {args}")
+    return "\n".join(lines) if lines else f"{header} (empty)"
 
 
 def common_prefix_length(message_lists: Sequence[Sequence[dict[str, Any]]]) -> int:
