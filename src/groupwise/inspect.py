@@ -110,7 +110,7 @@ def _format_item(item: Any, p: Palette, indent: str) -> str:
         ids, lps = choice_token_ids(item), choice_logprobs(item)
         notes = [f"finish={item.finish_reason}"]
         if ids is not None:
-            notes.append(f"{len(ids)} tokens")
+            notes.append(_plural(len(ids), "token"))
         if lps:
             notes.append(f"mean logprob {sum(lps) / len(lps):.3f}")
         header = p.role(role, f"{role}") + p.dim("  (sampled; " + ", ".join(notes) + ")")
@@ -176,7 +176,12 @@ def _group_summary(groups: list[TrajectoryGroup]) -> str:
     rewards = [t.reward for g in groups for t in g.trajectories]
     n_exc = sum(len(g.exceptions) for g in groups)
     mean = f"{sum(rewards) / len(rewards):.4g}" if rewards else "n/a"
-    return f"{len(groups)} groups, {len(rewards)} trajectories, {n_exc} exceptions, mean reward {mean}"
+    return (f"{_plural(len(groups), 'group')}, {_plural(len(rewards), 'trajectory', 'trajectories')}, "
+            f"{_plural(n_exc, 'exception')}, mean reward {mean}")
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def inspect_run(run_dir: str | Path, *, split: str | None = None, step: int | None = None,
@@ -207,7 +212,8 @@ def inspect_run(run_dir: str | Path, *, split: str | None = None, step: int | No
         st, path = chosen[0]
         groups = read_groups(path, skip_corrupt=False)
         shown_any = True
-        print(p.bold(f"━━ {s} · step {st} ━━ ") + p.dim(f"{path}"), file=out)
+        others = f"steps stored: {steps[0]}…{steps[-1]} ({len(steps)})" if len(steps) > 1 else "the only step"
+        print(p.bold(f"━━ {s} · step {st} ━━ ") + p.dim(f"{others} · {path}"), file=out)
         print("   " + _group_summary(groups), file=out)
         items = [(gi, ti, t) for gi, g in enumerate(groups) for ti, t in enumerate(g.trajectories)]
         if order == "best":

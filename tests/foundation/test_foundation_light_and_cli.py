@@ -45,7 +45,8 @@ def test_inspect_prints_a_run(tmp_path, group, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "val · step 5" in out and "step 0" not in out                  # the latest step by default
-    assert "1 groups, 2 trajectories, 1 exceptions, mean reward 0.5" in out
+    assert "1 group, 2 trajectories, 1 exception, mean reward 0.5" in out
+    assert "steps stored: 0…5 (2)" in out
     assert "reward 0.25" in out and "reward 0.75" not in out              # --worst -n 1
     assert "→ move({\"direction\": \"left\"})" in out                     # tool call
     assert "(result of call_1)" in out and "moved left" in out            # tool result

@@ -140,3 +140,20 @@ def test_missing_run_dir_is_a_clear_error(tmp_path):
     with pytest.raises(StoreError, match="does not exist"):
         load_trajectories(tmp_path / "nope")
     assert load_history(tmp_path / "nope") == []
+
+
+def test_concurrent_history_appends_lose_no_row(tmp_path):
+    # 4 threads x 50 appends through separate RunStore objects (as a loop and a backend would hold).
+    from concurrent.futures import ThreadPoolExecutor
+
+    def writer(w):
+        store = RunStore(tmp_path, "p", "m")
+        for i in range(50):
+            store.append_history({"step": i, "split": f"w{w}", "pad": "x" * 500})
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(writer, range(4)))
+    rows = load_history(RunStore(tmp_path, "p", "m").run_dir)
+    assert len(rows) == 200
+    for w in range(4):
+        assert [r["step"] for r in rows if r["split"] == f"w{w}"] == list(range(50))
