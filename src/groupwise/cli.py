@@ -43,6 +43,8 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="plot a run's curves, baselines, alerts and stop point; print a table")
     p.add_argument("run_dir", help="a run folder: <base_path>/<project>/<model>")
     p.add_argument("--out", default=None, help="where to write the PNGs (default: <run_dir>/report)")
+    p.add_argument("--wandb", default=None, metavar="PROJECT", help="also log the history to this W&B project (needs wandb)")
+    p.add_argument("--tensorboard", default=None, metavar="DIR", help="also write TensorBoard scalars to DIR (needs tensorboard)")
     p.set_defaults(_target="groupwise.loop.report:run_report")
 
 

@@ -1,0 +1,241 @@
+"""`groupwise report RUN_DIR`: the run's curves as PNGs, and a table on stdout.
+
+Writes into ``<run_dir>/report/`` (or ``--out``):
+
+- ``curves.png``: top, the mean train reward per step with a +-1 std band (spread over the step's
+  rollouts); bottom, the validation metric with every baseline as a horizontal dashed line and the best
+  step starred. Both panels mark alerts (triangles coloured by severity, named) and the stop point (a
+  vertical line labelled with the rule).
+- ``cost.png``: seconds per step spent gathering, judging (reward step) and training, and the judge's
+  cumulative cost in USD.
+
+The table has one line per step: train reward +- std, the validation metric where measured, step time,
+judge cost, alerts. Then baselines, the stop reason, the best step, the test result.
+
+Optional: ``--wandb PROJECT`` / ``--tensorboard DIR`` replay the history into W&B / TensorBoard when
+those packages are installed (imports guarded; a clear error names the extra to install otherwise).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from groupwise.errors import MissingDependencyError, StoreError
+from groupwise.loop.series import Row, events, rows, value
+
+SEVERITY_COLOUR = {"info": "tab:blue", "warning": "tab:orange", "critical": "tab:red"}
+_SKIP = {"step", "split", "recorded_at", "name", "kind", "evidence", "message", "severity", "action", "rule",
+         "reason", "scenarios", "best_metric"}
+
+
+def load_run(run_dir: str | Path) -> list[Row]:
+    from groupwise.store import load_history
+
+    path = Path(run_dir)
+    if not (path / "history.jsonl").exists():
+        raise StoreError(f"{str(path)!r} has no history.jsonl; pass a run folder <base_path>/<project>/<model>")
+    return load_history(path, skip_corrupt=True)
+
+
+def val_metric_name(history: list[Row]) -> str | None:
+    """The validation metric: the stop row's ``best_metric`` when present, else the first numeric
+    field of the val rows that is not a bookkeeping field."""
+    for row in reversed(events(history, "stop")):
+        m = row.get("best_metric")
+        if isinstance(m, str) and m.startswith("val/"):
+            return m[4:]
+    for row in rows(history, "val"):
+        for k, v in row.items():
+            if k in _SKIP or k.startswith(("reward", "n_", "time/", "group_", "exception")) or k == "answer_chars":
+                continue
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                return k.split("/", 1)[1] if k.startswith("val/") else k
+    return None
+
+
+def plot_run(history: list[Row], out_dir: str | Path, *, title: str = "") -> list[Path]:
+    """Write curves.png and cost.png; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    metric = val_metric_name(history)
+    train = rows(history, "train")
+    val = [(r["step"], value(r, "val", metric)) for r in rows(history, "val")] if metric else []
+    val = [(s, v) for s, v in val if v is not None]
+    alerts = events(history, "alert")
+    stops = events(history, "stop")
+    baselines = [(str(r.get("name")), value(r, "val", metric)) for r in events(history, "baseline")] if metric else []
+
+    names = sorted({str(a.get("name", "?")) for a in alerts})
+    fig, axes = plt.subplots(3 if names else 2, 1, figsize=(10, 9 if names else 8), sharex=True,
+                             gridspec_kw={"height_ratios": [3, 3, 0.4 + 0.35 * len(names)] if names else [3, 3]})
+    ax_r, ax_v = axes[0], axes[1]
+    steps = [r["step"] for r in train]
+    mean_r = [value(r, "train", "reward") for r in train]
+    std_r = [value(r, "train", "reward_std") or 0.0 for r in train]
+    if steps:
+        ax_r.plot(steps, mean_r, "-o", ms=3, color="tab:blue", label="train reward (mean)")
+        lo = [m - s for m, s in zip(mean_r, std_r)]
+        hi = [m + s for m, s in zip(mean_r, std_r)]
+        ax_r.fill_between(steps, lo, hi, color="tab:blue", alpha=0.2, label="+-1 std over rollouts")
+    ax_r.set_ylabel("reward")
+    ax_r.set_title(title or "training run")
+    if val:
+        ax_v.plot([s for s, _ in val], [v for _, v in val], "-o", color="tab:green", label=f"val {metric}")
+        best_step = stops[-1].get("best_step") if stops else None
+        best = [v for s, v in val if s == best_step]
+        if best:
+            ax_v.plot([best_step], best, "*", ms=16, color="gold", mec="black", label=f"best (step {best_step})")
+    palette = ["tab:gray", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"]
+    for i, (name, v) in enumerate(baselines):
+        if v is not None:
+            ax_v.axhline(v, ls="--", lw=1.3, color=palette[i % len(palette)], label=f"baseline {name}: {v:.3g}")
+    ax_v.set_ylabel(f"val {metric}" if metric else "no validation")
+    # critical alerts: a red band on the curves; every alert: a marker on its own row of the timeline
+    for a in alerts:
+        if a.get("severity") == "critical":
+            for ax in (ax_r, ax_v):
+                ax.axvline(a["step"], color="tab:red", lw=6, alpha=0.15)
+    if names:
+        ax_a = axes[2]
+        for a in alerts:
+            colour = SEVERITY_COLOUR.get(a.get("severity"), "tab:orange")
+            ax_a.plot([a["step"]], [names.index(str(a.get("name", "?")))], "v", ms=9, color=colour, mec="black")
+        ax_a.set_yticks(range(len(names)), names, fontsize=8)
+        ax_a.set_ylim(-0.6, len(names) - 0.4)
+        ax_a.set_title("alerts (orange: warning, red: critical)", fontsize=9, loc="left")
+        ax_a.grid(alpha=0.3)
+    axes[-1].set_xlabel("step")
+    if stops:
+        s = stops[-1]
+        for ax in axes:
+            ax.axvline(s["step"], color="black", ls=":", lw=1.5)
+        ax_r.annotate(f"stop: {s.get('rule', '?')}", (s["step"], 1.0), xycoords=("data", "axes fraction"),
+                      textcoords="offset points", xytext=(-4, -14), ha="right", fontsize=9, weight="bold")
+    for ax in (ax_r, ax_v):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc="best", framealpha=0.85)
+    fig.tight_layout()
+    curves = out / "curves.png"
+    fig.savefig(curves, dpi=110)
+    plt.close(fig)
+
+    loop = rows(history, "loop")
+    fig, (ax_t, ax_c) = plt.subplots(1, 2, figsize=(11, 3.8))
+    if loop:
+        xs = [r["step"] for r in loop]
+        bottom = [0.0] * len(xs)
+        for key, colour in (("time/gather_s", "tab:blue"), ("time/reward_s", "tab:purple"), ("time/train_s", "tab:red")):
+            ys = [r.get(key, 0.0) or 0.0 for r in loop]
+            ax_t.bar(xs, ys, bottom=bottom, color=colour, label=key.split("/")[1])
+            bottom = [b + y for b, y in zip(bottom, ys)]
+        cost, total = [], 0.0
+        for r in loop:
+            total += r.get("judge/cost_usd", 0.0) or 0.0
+            cost.append(total)
+        ax_c.plot(xs, cost, "-o", ms=3, color="tab:purple")
+    ax_t.set_title("seconds per step")
+    ax_t.set_xlabel("step")
+    ax_t.legend(fontsize=8)
+    ax_c.set_title("judge cost, cumulative (USD)")
+    ax_c.set_xlabel("step")
+    fig.tight_layout()
+    cost_png = out / "cost.png"
+    fig.savefig(cost_png, dpi=110)
+    plt.close(fig)
+    return [curves, cost_png]
+
+
+def _fmt(v: Any, spec: str = ".3f") -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def table(history: list[Row]) -> str:
+    """The per-step table, then baselines, stop, best and test lines."""
+    metric = val_metric_name(history)
+    train = {r["step"]: r for r in rows(history, "train")}
+    val = {r["step"]: r for r in rows(history, "val")}
+    loop = {r["step"]: r for r in rows(history, "loop")}
+    alerts: dict[int, list[str]] = {}
+    for a in events(history, "alert"):
+        alerts.setdefault(a["step"], []).append(f"{a.get('name')}({a.get('action', '')})")
+    head = f"{'step':>5}  {'train reward':>16}  {('val ' + metric) if metric else 'val':>14}  {'time s':>7}  {'judge $':>8}  alerts"
+    lines = [head, "-" * len(head)]
+    for step in sorted(set(train) | set(val) | set(alerts)):
+        t, v, lp = train.get(step), val.get(step), loop.get(step, {})
+        reward = f"{_fmt(value(t, 'train', 'reward'))} +- {_fmt(value(t, 'train', 'reward_std'))}" if t else "-"
+        secs = sum(lp.get(k, 0.0) or 0.0 for k in ("time/gather_s", "time/reward_s", "time/train_s")) if lp else None
+        lines.append(f"{step:>5}  {reward:>16}  {_fmt(value(v, 'val', metric) if v and metric else None):>14}  "
+                     f"{_fmt(secs, '.1f'):>7}  {_fmt(lp.get('judge/cost_usd'), '.4f'):>8}  {' '.join(alerts.get(step, []))}")
+    for b in events(history, "baseline"):
+        lines.append(f"baseline {b.get('name')}: val {metric} = {_fmt(value(b, 'val', metric) if metric else None)}")
+    for s in events(history, "stop")[-1:]:
+        lines.append(f"stopped at step {s['step']} ({s.get('rule')}): {s.get('reason')}")
+        lines.append(f"best {s.get('best_metric')}: step {s.get('best_step')}")
+    for r in rows(history, "test"):
+        lines.append(f"test (checkpoint of step {r['step']}): reward {_fmt(r.get('reward'))}"
+                     + (f", {metric} {_fmt(value(r, 'test', metric))}" if metric else ""))
+    return "\n".join(lines)
+
+
+def log_external(history: list[Row], *, wandb_project: str | None = None, tensorboard_dir: str | None = None,
+                 run_name: str = "run") -> None:
+    """Replay the history's numeric fields into W&B and/or TensorBoard (when asked for)."""
+    numeric = []
+    for r in history:
+        if r.get("split") in ("train", "val", "test", "loop", "baseline"):
+            vals = {f"{r['split']}/{k.split('/', 1)[-1] if k.startswith(r['split'] + '/') else k}": float(v)
+                    for k, v in r.items()
+                    if k not in _SKIP and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+            numeric.append((r["step"], vals))
+    if wandb_project:
+        try:
+            import wandb
+        except ImportError as exc:
+            raise MissingDependencyError("W&B logging (--wandb)", "wandb", "wandb") from exc
+        run = wandb.init(project=wandb_project, name=run_name, reinit=True)
+        for step, vals in sorted(numeric, key=lambda x: x[0]):
+            run.log(vals, step=step)
+        run.finish()
+    if tensorboard_dir:
+        try:
+            from tensorboardX import SummaryWriter  # type: ignore[import-not-found]
+        except ImportError:
+            try:
+                import tensorboard  # noqa: F401  (torch's writer needs it)
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as exc:
+                raise MissingDependencyError("TensorBoard logging (--tensorboard)", "tensorboard", "tensorboard") from exc
+        writer = SummaryWriter(tensorboard_dir)
+        for step, vals in numeric:
+            for k, v in vals.items():
+                writer.add_scalar(k, v, step)
+        writer.close()
+
+
+def run_report(args: Any) -> int:
+    """`groupwise report RUN_DIR [--out DIR] [--wandb PROJECT] [--tensorboard DIR]`."""
+    try:
+        history = load_run(args.run_dir)
+    except StoreError as exc:
+        print(f"groupwise report: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if getattr(args, "out", None) else Path(args.run_dir) / "report"
+    run_name = Path(args.run_dir).name
+    paths = plot_run(history, out, title=f"{Path(args.run_dir).parent.name}/{run_name}")
+    print(table(history))
+    for p in paths:
+        print(f"wrote {p}")
+    if getattr(args, "wandb", None) or getattr(args, "tensorboard", None):
+        log_external(history, wandb_project=getattr(args, "wandb", None),
+                     tensorboard_dir=getattr(args, "tensorboard", None), run_name=run_name)
+    sys.stdout.flush()
+    return 0

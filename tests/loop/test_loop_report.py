@@ -1,0 +1,85 @@
+"""`groupwise report` and `groupwise compare` on a run made by fit with the scripted backend."""
+
+import asyncio
+
+import pytest
+from loop_helpers import SCENARIOS, ScriptedBackend, make_rollout
+
+import groupwise as gw
+from groupwise.cli import main
+from groupwise.loop.compare import compare
+from groupwise.loop.report import table, val_metric_name
+
+
+def gamed(step, scenario):
+    if step <= 2:
+        return f"answer {scenario['answer']}", 0.1 * step
+    return "pad " * (5 * step), 0.1 * step + 0.5
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    base = tmp_path_factory.mktemp("report")
+
+    async def go():
+        model = gw.TrainableModel("gamed", project="rep", base_model="none", base_path=str(base))
+        await model.register(ScriptedBackend())
+        cfg = gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, eval_every=2, max_steps=20, num_epochs=10)
+        return await gw.fit(model, make_rollout(gamed), SCENARIOS[:8], val_scenarios=SCENARIOS[8:11],
+                            validate=lambda t, s: float(t.messages()[-1]["content"] == f"answer {s['answer']}"),
+                            baselines=[gw.Model("prompted", project="rep")], config=cfg)
+
+    return asyncio.run(go()).run_dir
+
+
+def test_report_writes_pngs_and_prints_the_table(run_dir, tmp_path, capsys):
+    assert main(["report", run_dir, "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    for name in ("curves.png", "cost.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    lines = text.splitlines()
+    assert lines[0].split() == ["step", "train", "reward", "val", "accuracy", "time", "s", "judge", "$", "alerts"]
+    # step 0: train reward 0.000 +- 0.000 (gamed at step 0), val 1.000
+    assert lines[2].split()[:5] == ["0", "0.000", "+-", "0.000", "1.000"]
+    assert any(line.split()[0] == "4" and "val_drop(stop)" in line for line in lines[2:8])
+    assert "baseline gamed@0: val accuracy = 1.000" in text and "baseline prompted: val accuracy = 1.000" in text
+    assert "stopped at step 4 (alert:val_drop)" in text and "best val/accuracy: step 0" in text
+
+
+def test_report_table_and_metric_from_history(run_dir):
+    h = gw.load_history(run_dir)
+    assert val_metric_name(h) == "accuracy"
+    assert "val_drop(stop)" in table(h)
+
+
+def test_report_external_loggers_fail_loud_when_missing(run_dir, tmp_path):
+    pytest.importorskip("matplotlib")
+    try:
+        import wandb  # noqa: F401
+        pytest.skip("wandb is installed here; the missing-dependency path cannot be shown")
+    except ImportError:
+        pass
+    with pytest.raises(gw.GroupwiseError, match=r"pip install 'groupwise\[wandb\]'"):
+        main(["report", run_dir, "--out", str(tmp_path), "--wandb", "proj"])
+
+
+def test_report_on_a_folder_without_history(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "has no history.jsonl" in capsys.readouterr().err
+
+
+def test_compare_base_and_best_side_by_side(run_dir, capsys):
+    # best is step 0 (val 1.0 at 0 and 2, 0.0 at 4: the earliest best), so compare 2 and latest (4)
+    text = compare(run_dir, "2,latest", n=2, width=100)
+    assert "val answers of step 2 (left) and step 4 (right)" in text
+    assert "scenario 0: question 8" in text and "scenario 1: question 9" in text
+    pair = [line for line in text.splitlines() if line.startswith("answer 8 ")][0]
+    left, right = pair.split(" | ")
+    assert left.strip() == "answer 8" and right.startswith("pad pad")
+    assert "step 2: reward 0.2, accuracy 1" in text and "step 4: reward 0.9, accuracy 0" in text
+    assert main(["compare", run_dir, "--steps", "0,best", "-n", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "step 0 (left) and step 0 (right)" in out  # best resolved from the stop row
+    assert main(["compare", run_dir, "--steps", "0,7"]) == 2
+    assert "stored steps: [0, 2, 4]" in capsys.readouterr().err
