@@ -1,0 +1,125 @@
+"""Built-in environments, and the registry `groupwise train <env>` reads.
+
+Layout: each env is a folder with pure rules (``game.py``, ``problems.py``, ``inbox.py``; no I/O, no
+LLM) apart from the agent glue in ``env.py`` (prompt, reply parsing, reward, ``async def rollout``).
+Every rollout talks to the model only through ``model.openai_client()`` (see `_chat.complete`), so the
+same code runs against groupwise's local engine, vLLM or a hosted API.
+
+`ENVS` maps a name to an `EnvSpec`: what the loop needs to train on it (rollout, scenario splits,
+validation metric, reward kind, judge rubric) and defaults sized for about 10 minutes on 2 CPU cores
+with SmolLM2-135M. The lead's ``envs/train.py`` and ``gw.fit`` consume it::
+
+    spec = get_env("2048")
+    train, val, test = spec.scenarios(seed)
+    gw.fit(model, spec.rollout, train, val_scenarios=val, validate=spec.validate, ...)
+
+This module imports no torch (only pydantic and the stdlib, through the env modules).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from groupwise.envs import email_search, game_2048, math, tictactoe, titles
+from groupwise.types import Trajectory
+
+RewardKind = Literal["verifiable", "judge", "hybrid"]
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """One environment as the training loop sees it."""
+
+    name: str
+    description: str
+    rollout: Callable[[Any, Any], Awaitable[Trajectory]]
+    # scenarios(seed, **overrides) -> (train, val, test). Val/test do not depend on the seed (the same
+    # held-out set for every run); overrides (e.g. max_tokens=8, temperature=0.7) apply to every scenario.
+    scenarios: Callable[..., tuple[list[Any], list[Any], list[Any]]]
+    # validate(trajectory) -> float, higher is better, averaged over the val split; None for judge-only envs.
+    validate: Callable[[Trajectory], float | None]
+    val_metric: str | None  # what validate measures, for tables and plots
+    reward: RewardKind  # verifiable: rollout sets the reward; judge: RULER sets it; hybrid: both
+    rubric: str | None = None  # for the judge (judge and hybrid envs); None means the judge's default
+    gate_metric: str | None = None  # hybrid: metric (0/1) a judged reward may be gated by
+    # Defaults for ~10 minutes on 2 CPU cores with SmolLM2-135M (the lead measures and tunes them).
+    steps: int = 12
+    rollouts_per_group: int = 8
+    groups_per_step: int = 3
+    max_tokens: int = 32
+    learning_rate: float = 5e-5
+
+
+ENVS: dict[str, EnvSpec] = {
+    "2048": EnvSpec(
+        name="2048",
+        description="2048, short games: answer each board with one legal <move>dir</move>.",
+        rollout=game_2048.rollout,
+        scenarios=game_2048.scenarios,
+        validate=game_2048.validate,
+        val_metric="valid_move_rate",
+        reward="verifiable",
+        # 24 rollouts of <= 4 turns x 16 tokens per step; the signal is the format, learnt fast.
+        steps=12, rollouts_per_group=8, groups_per_step=3, max_tokens=16, learning_rate=1e-4,
+    ),
+    "tictactoe": EnvSpec(
+        name="tictactoe",
+        description="Tic-tac-toe as X against a random opponent: reply <move>N</move> with a free cell.",
+        rollout=tictactoe.rollout,
+        scenarios=tictactoe.scenarios,
+        validate=tictactoe.validate,
+        val_metric="win_rate",
+        reward="verifiable",
+        steps=12, rollouts_per_group=8, groups_per_step=3, max_tokens=12, learning_rate=1e-4,
+    ),
+    "math": EnvSpec(
+        name="math",
+        description="Level-1 arithmetic and word problems, graded by the exact final answer.",
+        rollout=math.rollout,
+        scenarios=math.scenarios,
+        validate=math.validate,
+        val_metric="accuracy",
+        reward="verifiable",
+        steps=15, rollouts_per_group=8, groups_per_step=4, max_tokens=48, learning_rate=5e-5,
+    ),
+    "email": EnvSpec(
+        name="email",
+        description="Answer questions about a synthetic inbox with search/read tools (ART-E-like).",
+        rollout=email_search.rollout,
+        scenarios=email_search.scenarios,
+        validate=email_search.validate,
+        val_metric="accuracy",
+        reward="hybrid",
+        rubric=(
+            "The agent answers a question about the user's inbox with search and read tools. Prefer the "
+            "trajectory whose final answer is correct and cites the email it came from; then one that "
+            "says it does not know over one that guesses; among equals, fewer and well-formed tool calls."
+        ),
+        gate_metric="correct",
+        steps=8, rollouts_per_group=4, groups_per_step=2, max_tokens=96, learning_rate=5e-5,
+    ),
+    "titles": EnvSpec(
+        name="titles",
+        description="Write an engaging title for a short text; judged by RULER only.",
+        rollout=titles.rollout,
+        scenarios=titles.scenarios,
+        validate=titles.validate,
+        val_metric=None,
+        reward="judge",
+        rubric=titles.RUBRIC,
+        steps=10, rollouts_per_group=4, groups_per_step=3, max_tokens=24, learning_rate=5e-5,
+    ),
+}
+
+
+def get_env(name: str) -> EnvSpec:
+    """The EnvSpec called `name`; a KeyError that lists the known names otherwise."""
+    try:
+        return ENVS[name]
+    except KeyError:
+        raise KeyError(f"no environment {name!r}; the built-in ones are {sorted(ENVS)}") from None
+
+
+__all__ = ["ENVS", "EnvSpec", "RewardKind", "get_env"]

@@ -1,0 +1,73 @@
+"""A scripted OpenAI-compatible endpoint for rollout tests: the real `openai.AsyncOpenAI`, with an
+httpx MockTransport at the HTTP seam, answering each request with the next scripted reply."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+
+
+class ScriptedModel:
+    """Has what a rollout uses: `name`, `inference_name()`, `openai_client()`.
+
+    Each reply is a string (the assistant's content) or a dict ``{"tool_calls": [(name, args), ...]}``
+    for a native tool call. Every request body is kept in `requests`.
+    """
+
+    def __init__(self, replies: list[Any] | Callable[[dict], Any], name: str = "scripted-agent"):
+        self.name = name
+        self._replies = replies
+        self.requests: list[dict] = []
+
+    def inference_name(self) -> str:
+        return f"{self.name}@0"
+
+    def _next(self, body: dict) -> Any:
+        if callable(self._replies):
+            return self._replies(body)
+        if not self._replies:
+            raise AssertionError("the rollout asked for more replies than the test scripted")
+        return self._replies.pop(0)
+
+    def _handle(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        self.requests.append(body)
+        reply = self._next(body)
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        if isinstance(reply, dict):
+            message["tool_calls"] = [
+                {"id": f"call_{len(self.requests)}_{i}", "type": "function",
+                 "function": {"name": name, "arguments": json.dumps(args)}}
+                for i, (name, args) in enumerate(reply["tool_calls"])
+            ]
+            text = ""
+        else:
+            message["content"] = text = reply
+        # one fake token per character: enough to check the ids and logprobs survive to the Choice
+        tokens = list(text) or ["<tc>"]
+        choice = {
+            "index": 0,
+            "message": message,
+            "finish_reason": "tool_calls" if isinstance(reply, dict) else "stop",
+            "logprobs": {"content": [{"token": t, "logprob": -0.25, "bytes": None, "top_logprobs": []} for t in tokens]},
+            "token_ids": list(range(100, 100 + len(tokens))),
+        }
+        return httpx.Response(200, json={
+            "id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion", "created": 0,
+            "model": body["model"], "choices": [choice],
+            "usage": {"prompt_tokens": 1, "completion_tokens": len(tokens), "total_tokens": 1 + len(tokens)},
+        })
+
+    def openai_client(self) -> AsyncOpenAI:
+        http = httpx.AsyncClient(transport=httpx.MockTransport(self._handle))
+        return AsyncOpenAI(base_url="http://scripted.test/v1", api_key="test", http_client=http, max_retries=0)
+
+
+@pytest.fixture
+def scripted():
+    return ScriptedModel

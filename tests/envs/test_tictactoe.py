@@ -1,0 +1,114 @@
+"""Tic-tac-toe: rules, minimax never loses (exhaustively), the reply parser, one scripted rollout."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from groupwise.envs.tictactoe import ScenarioTicTacToe, parse_cell, rollout, validate
+from groupwise.envs.tictactoe.env import REWARD_INVALID, REWARD_WIN
+from groupwise.envs.tictactoe.game import (
+    EMPTY_BOARD,
+    best_moves,
+    is_over,
+    legal_moves,
+    minimax_move,
+    minimax_value,
+    play,
+    to_move,
+    winner,
+)
+
+
+def test_rules():
+    assert winner("XXX OO   ") == "X" and winner("XO  X O  ") is None
+    assert winner("O  XO X O") == "O"  # diagonal 0-4-8
+    assert winner("X O XO  O") == "O"  # column 2-5-8
+    assert to_move(EMPTY_BOARD) == "X" and to_move("X        ") == "O"
+    assert legal_moves("XXXOO    ") == []  # game over: no legal moves
+    assert is_over("XOXXOOOXX") and winner("XOXXOOOXX") is None  # a full board, no line: draw
+    with pytest.raises(ValueError, match="not a legal move"):
+        play("X        ", 0)
+
+
+def test_minimax_values_pinned():
+    assert minimax_value(EMPTY_BOARD) == 0  # perfect play draws
+    # X X _ / O O _ / _ _ _, X to move: X wins at cell 2 (and only there, else O wins at 5)
+    assert minimax_value("XX OO    ") == 1 and best_moves("XX OO    ") == [2]
+    # same, O to move (X has one extra): O wins at 5
+    assert minimax_value("XX OO X  ") == -1 and best_moves("XX OO X  ") == [5]
+
+
+def _losses(board: str, minimax_mark: str) -> tuple[int, int]:
+    """(games, games minimax lost) over EVERY opponent line and EVERY optimal minimax choice."""
+    if is_over(board):
+        return 1, int(winner(board) not in (None, minimax_mark))
+    moves = best_moves(board) if to_move(board) == minimax_mark else legal_moves(board)
+    games = lost = 0
+    for m in moves:
+        g, l = _losses(play(board, m), minimax_mark)
+        games, lost = games + g, lost + l
+    return games, lost
+
+
+@pytest.mark.parametrize("mark", ["X", "O"])
+def test_minimax_never_loses_against_any_line(mark):
+    games, lost = _losses(EMPTY_BOARD, mark)
+    assert games > 100 and lost == 0
+
+
+def test_minimax_against_itself_draws():
+    for seed in range(10):
+        rng, board = random.Random(seed), EMPTY_BOARD
+        while not is_over(board):
+            board = play(board, minimax_move(board, rng))
+        assert winner(board) is None
+
+
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        ("<move>5</move>", 5),
+        ("<move> 1 </move>", 1),
+        ("The centre is best: <move>5</move>", 5),
+        ("<MOVE>9</MOVE>", 9),
+        ("5", None),
+        ("<move>0</move>", None),
+        ("<move>10</move>", None),
+        ("<move>B2</move>", None),
+        ("<move>5</move><move>6</move>", None),
+        ("", None),
+    ],
+)
+def test_parse_cell(reply, expected):
+    assert parse_cell(reply) == expected
+
+
+async def test_rollout_win_and_invalid(scripted):
+    # The agent (X) plays the first free cell of the top row, then of the rest; against a seeded
+    # random opponent we check the glue, not the play: replay the game by hand.
+    def first_free(body):
+        board_text = body["messages"][-1]["content"]
+        free = [int(c) for c in board_text if c.isdigit()]
+        return f"<move>{free[0]}</move>"
+
+    model = scripted(first_free)
+    traj = await rollout(model, ScenarioTicTacToe(seed=4))
+    final = traj.metadata["final_board"]
+    assert is_over(final) and traj.metrics["invalid_move"] == 0.0
+    expected = {"X": 1.0, "O": 0.0, None: 0.5}[winner(final)]
+    assert traj.reward == expected and validate(traj) == float(winner(final) == "X")
+    assert len(traj.choices()) == len(model.requests) == traj.metrics["moves"] == final.count("X")
+
+    bad = scripted(["<move>1</move>", "<move>1</move>"])  # the second reply names an occupied cell
+    traj = await rollout(bad, ScenarioTicTacToe(seed=4))
+    assert traj.reward == REWARD_INVALID and traj.metrics["invalid_move"] == 1.0 and traj.metrics["loss"] == 1.0
+    assert REWARD_WIN == 1.0
+
+
+async def test_rollout_as_o_against_minimax_starts_with_the_opponents_move(scripted):
+    model = scripted(["<move>notacell</move>"])
+    traj = await rollout(model, ScenarioTicTacToe(seed=0, opponent="minimax", agent_mark="O"))
+    first_board = traj.messages()[1]["content"]
+    assert "X" in first_board and traj.metrics["invalid_move"] == 1.0
