@@ -1,0 +1,604 @@
+"""The batching generation engine: continuous batching on transformers, per-request LoRA, logprobs.
+
+How it runs. Rollouts are asyncio coroutines; the engine runs a loop in one background thread and
+answers through futures (`await engine.generate(request)` works from any event loop). Each loop
+iteration does at most two forward passes under the model lock:
+
+1. prefill: waiting requests are admitted while slots are free, their prompts (left-padded, one
+   row per request even when n > 1) run in ONE forward pass, and each choice samples its first
+   token; the prompt's KV is copied to the slots of the other choices of the same request.
+2. decode: every running sequence feeds its last token in ONE forward pass ([k, 1] inputs).
+
+Requests thus join and leave the running batch at token granularity. The KV cache is a
+preallocated slot cache (kv_cache.py): slot i holds sequence i's keys/values at columns
+0..length-1, running sequences are kept in slots 0..k-1 (a finished one's slot is refilled by
+moving the last one down), and attention reads columns [0, length) through a 4-D mask.
+
+Adapters. The model is a transformers causal LM or a peft `PeftModel` (the backend shares one base
+model between engine and trainer). Each request names an adapter or the base (None); a batch mixing
+several is served in one forward through peft's ``adapter_names=[...]`` kwarg (``"__base__"`` for
+the base model). That kwarg only changes the Linear layers, so it composes with the KV cache
+(tests/inference check a mixed batch against separate runs).
+
+CUDA. The decode step on CUDA replays CUDA graphs captured per (batch bucket, attention-length
+bucket, adapter) when every row of the batch uses the same adapter (peft's mixed-batch path
+indexes with Python lists, which graphs cannot capture; mixed batches run eagerly). The slot
+buffers never move, so graphs stay valid until the cache grows or an adapter is removed.
+
+Logprobs are the model's raw log-softmax (sampling.py says why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import inspect
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from groupwise.inference.kv_cache import SlotBuffers, SlotCache
+from groupwise.inference.sampling import SamplingParams, sample_next
+
+__all__ = ["Completion", "Engine", "EngineError", "GenerationRequest", "GenerationResult", "PromptTooLongError"]
+
+BASE = "__base__"
+
+
+class EngineError(RuntimeError):
+    """The engine cannot run a request (closed, bad adapter, ...)."""
+
+
+class PromptTooLongError(EngineError, ValueError):
+    """The prompt does not fit the model's context."""
+
+
+@dataclass
+class GenerationRequest:
+    """One request: a tokenised prompt and how to sample it. `adapter` None means the base model."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n: int = 1
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    adapter: str | None = None
+    # A factory of grammar matchers (constrained.py), one per choice; None = unconstrained.
+    constraint: Any = None
+    # Called from the engine thread for each sampled token: (choice_index, token_id, logprob, finish_reason|None).
+    on_token: Callable[[int, int, float, str | None], None] | None = None
+
+
+@dataclass
+class Completion:
+    """One choice: the sampled ids (EOS included when sampled), their raw logprobs, the text."""
+
+    index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+    text: str
+    finish_reason: str  # "stop" or "length"
+
+
+@dataclass
+class GenerationResult:
+    completions: list[Completion]
+    prompt_tokens: int
+    adapter: str | None
+
+
+@dataclass
+class _Seq:
+    req: GenerationRequest
+    state: "_ReqState"
+    index: int
+    slot: int = -1
+    length: int = 0  # KV columns filled
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    tops: list[list[tuple[int, float]]] = field(default_factory=list)
+    generator: torch.Generator | None = None
+    matcher: Any = None
+    finish_reason: str | None = None
+    text_cut: int | None = None  # stop string found: text is cut here
+
+
+@dataclass
+class _ReqState:
+    req: GenerationRequest
+    future: concurrent.futures.Future
+    max_new: int
+    seqs: list[_Seq] = field(default_factory=list)
+
+
+class Engine:
+    """Continuous-batching generation over one (possibly peft-wrapped) model. See the module doc."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 32,
+        max_new_tokens_default: int = 256,
+        max_seq_len: int | None = None,
+        max_prefill_tokens: int = 8192,
+        initial_capacity: int = 256,
+        cuda_graphs: bool | None = None,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.max_new_tokens_default = max_new_tokens_default
+        self.max_prefill_tokens = max_prefill_tokens
+        config = self._base_model().config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.context_length = int(max_seq_len or getattr(text_config, "max_position_embeddings", 4096))
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        heads = text_config.num_attention_heads
+        head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
+        kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
+        self.buffers = SlotBuffers(text_config.num_hidden_layers, max_batch_size, kv_heads, head_dim,
+                                   min(initial_capacity, self.context_length), self.dtype, self.device)
+        eos = set()
+        for source in (getattr(tokenizer, "eos_token_id", None),
+                       getattr(getattr(self._base_model(), "generation_config", None), "eos_token_id", None)):
+            if isinstance(source, int):
+                eos.add(source)
+            elif isinstance(source, (list, tuple)):
+                eos.update(int(t) for t in source)
+        self.eos_token_ids = eos
+        # transformers 5 renamed the forward kwarg past_key_values -> cache.
+        params = inspect.signature(self._base_model().forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self.cuda_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
+        self._graphs: dict[tuple, dict[str, Any]] = {}
+        self._graph_pool = None
+        self.forward_passes = 0
+        self.prefill_passes = 0
+        self.decode_passes = 0
+        self._adapters: dict[str, str] = {}
+        self._waiting: deque[_ReqState] = deque()
+        self._running: list[_Seq] = []  # index i lives in slot i
+        self._cv = threading.Condition()
+        self._model_lock = threading.RLock()
+        self._closed = False
+        self._default_generator = torch.Generator(device=self.device)
+        self._default_generator.manual_seed(0)
+        self._thread = threading.Thread(target=self._loop, name="groupwise-engine", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- adapters and the model lock
+    def _base_model(self) -> Any:
+        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+
+    def _is_peft(self) -> bool:
+        return hasattr(self.model, "peft_config")
+
+    def add_adapter(self, name: str, path: str) -> None:
+        """Load a peft LoRA adapter folder as `name`; several stay resident; requests choose per call."""
+        if name == BASE or "@" in name:
+            raise EngineError(f"adapter name {name!r} is reserved; pick another")
+        with self._model_lock:
+            if name in self._adapters or (self._is_peft() and name in self.model.peft_config):
+                raise EngineError(f"adapter {name!r} is already loaded; remove_adapter({name!r}) first")
+            if self._is_peft():
+                self.model.load_adapter(path, adapter_name=name)
+            else:
+                from peft import PeftModel
+
+                self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
+            self.model.eval()
+            self._adapters[name] = str(path)
+
+    def remove_adapter(self, name: str) -> None:
+        with self._model_lock:
+            if name not in self._adapters:
+                raise EngineError(f"adapter {name!r} is not loaded; loaded: {sorted(self._adapters)}")
+            if any(s.req.adapter == name for s in self._running):
+                raise EngineError(f"adapter {name!r} is serving running requests; retry when they finish")
+            self.model.delete_adapter(name)
+            del self._adapters[name]
+            self._graphs = {k: v for k, v in self._graphs.items() if k[2] != name}
+
+    def adapters(self) -> list[str]:
+        """Adapters the engine loaded (peft adapters the caller made itself are usable too)."""
+        return sorted(self._adapters)
+
+    def _known_adapter(self, name: str) -> bool:
+        return name in self._adapters or (self._is_peft() and name in self.model.peft_config)
+
+    @contextlib.contextmanager
+    def _pause_sync(self):
+        with self._model_lock:
+            yield
+            self.model.eval()  # the trainer may have left it in train mode (dropout)
+
+    def paused(self) -> "_Paused":
+        """``with engine.paused():`` or ``async with``: no forward pass runs until released, so the
+        trainer can use the shared model exclusively. Running requests resume afterwards."""
+        return _Paused(self)
+
+    # ---------------------------------------------------------------- submitting
+    def submit(self, request: GenerationRequest) -> concurrent.futures.Future:
+        """Thread-safe: queue a request; the future resolves to a `GenerationResult`."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._validate(request)
+        if self._closed:
+            raise EngineError("the engine is closed")
+        prompt_len = len(request.prompt_ids)
+        limit = request.max_new_tokens if request.max_new_tokens is not None else self.max_new_tokens_default
+        # Clamp to the context (vLLM would refuse; rollouts prefer a shorter answer to an error).
+        max_new = max(1, min(limit, self.context_length - prompt_len))
+        state = _ReqState(request, future, max_new)
+        for i in range(request.n):
+            seq = _Seq(request, state, i)
+            if request.sampling.seed is not None:
+                seq.generator = torch.Generator(device=self.device)
+                seq.generator.manual_seed(request.sampling.seed + i)
+            if request.constraint is not None:
+                seq.matcher = request.constraint.new_matcher()
+            state.seqs.append(seq)
+        with self._cv:
+            self._waiting.append(state)
+            self._cv.notify()
+        return future
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        return await asyncio.wrap_future(self.submit(request))
+
+    def _validate(self, r: GenerationRequest) -> None:
+        problems = r.sampling.problems()
+        if not r.prompt_ids:
+            problems.append("the prompt is empty")
+        if len(r.prompt_ids) >= self.context_length:
+            raise PromptTooLongError(
+                f"the prompt has {len(r.prompt_ids)} tokens but the context length is "
+                f"{self.context_length}; shorten the conversation (or drop old turns)"
+            )
+        if r.max_new_tokens is not None and r.max_new_tokens < 1:
+            problems.append(f"max_new_tokens={r.max_new_tokens} must be >= 1")
+        if not (1 <= r.n <= self.max_batch_size):
+            problems.append(f"n={r.n} must be in [1, max_batch_size={self.max_batch_size}]")
+        if r.adapter not in (None, BASE) and not self._known_adapter(r.adapter):
+            problems.append(f"adapter {r.adapter!r} is not loaded; loaded: {self.adapters()}")
+        if problems:
+            raise EngineError("; ".join(problems))
+
+    # ---------------------------------------------------------------- the loop
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and not self._waiting and not self._running:
+                    self._cv.wait()
+                if self._closed:
+                    break
+            try:
+                with self._model_lock:
+                    self._step()
+            except BaseException as exc:  # fail loud: every waiting caller gets the error
+                self._fail_all(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._cv:
+            states = list(self._waiting) + list({id(s.state): s.state for s in self._running}.values())
+            self._waiting.clear()
+            self._running = []
+        for st in states:
+            if not st.future.done():
+                st.future.set_exception(EngineError(f"generation failed: {type(exc).__name__}: {exc}"))
+
+    def _step(self) -> None:
+        admitted = self._admit()
+        if admitted:
+            self._prefill(admitted)
+        if self._running:
+            self._decode()
+
+    def _admit(self) -> list[_ReqState]:
+        out: list[_ReqState] = []
+        free = self.max_batch_size - len(self._running)
+        longest = 0
+        with self._cv:
+            while self._waiting:
+                st = self._waiting[0]
+                longest2 = max(longest, len(st.req.prompt_ids))
+                if st.req.n > free or (out and longest2 * (len(out) + 1) > self.max_prefill_tokens):
+                    break
+                self._waiting.popleft()
+                out.append(st)
+                free -= st.req.n
+                longest = longest2
+        return out
+
+    def _adapter_names(self, seqs: list[_Seq]) -> list[str] | None:
+        if not self._is_peft():
+            return None
+        return [s.req.adapter or BASE for s in seqs]
+
+    def _forward(self, input_ids, position_ids, mask, cache, adapter_names, logits_to_keep=None):
+        kwargs: dict[str, Any] = {self._cache_kwarg: cache, "use_cache": True}
+        if adapter_names is not None:
+            kwargs["adapter_names"] = adapter_names
+        if logits_to_keep is not None:
+            kwargs["logits_to_keep"] = logits_to_keep
+        self.forward_passes += 1
+        with torch.inference_mode():
+            out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **kwargs)
+        return out.logits
+
+    def _prefill(self, states: list[_ReqState]) -> None:
+        dev = self.device
+        k = len(self._running)
+        m = len(states)
+        lens = [len(st.req.prompt_ids) for st in states]
+        P = max(lens)
+        if self.buffers.grow(P + 1):
+            self._graphs.clear()
+        trash = self.buffers.trash_col
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.full((m, P), pad, dtype=torch.long)
+        pos = torch.zeros((m, P), dtype=torch.long)
+        cols = torch.full((m, P), trash, dtype=torch.long)
+        real = torch.zeros((m, P), dtype=torch.bool)
+        for r, st in enumerate(states):
+            L = lens[r]
+            ids[r, P - L:] = torch.tensor(st.req.prompt_ids)
+            pos[r, P - L:] = torch.arange(L)
+            cols[r, P - L:] = torch.arange(L)
+            real[r, P - L:] = True
+        # mask[r, 0, q, c]: a real query at position p sees columns 0..p; a pad query sees column 0
+        # only (its output is discarded, the column just keeps softmax finite).
+        col_idx = torch.arange(P)
+        mask = (col_idx[None, None, :] <= pos[:, :, None]) & real[:, :, None]
+        mask[:, :, 0] = True
+        cache = SlotCache(self.buffers, k, m, cols.to(dev), P)
+        seqs_first = [st.seqs[0] for st in states]
+        logits = self._forward(ids.to(dev), pos.to(dev), mask[:, None].to(dev), cache,
+                               self._adapter_names(seqs_first), logits_to_keep=1)[:, -1]  # [m, V]
+        self.prefill_passes += 1
+        # Place siblings (n > 1) after the m prefill rows; copy the prompt KV to them.
+        new_seqs: list[_Seq] = []
+        for r, st in enumerate(states):
+            st.seqs[0].slot = k + r
+            new_seqs.append(st.seqs[0])
+        next_slot = k + m
+        rows_for_logits = list(range(m))
+        for r, st in enumerate(states):
+            siblings = st.seqs[1:]
+            if siblings:
+                slots = list(range(next_slot, next_slot + len(siblings)))
+                self.buffers.copy_slot(k + r, slots, lens[r])
+                for s, slot in zip(siblings, slots):
+                    s.slot = slot
+                    new_seqs.append(s)
+                    rows_for_logits.append(r)
+                next_slot += len(siblings)
+        for s, r in zip(new_seqs, range(len(new_seqs))):
+            s.length = lens[rows_for_logits[r]]
+        self._running.extend(new_seqs)
+        logits_all = logits[torch.tensor(rows_for_logits, device=dev)]
+        self._sample_and_advance(new_seqs, logits_all)
+
+    def _decode(self) -> None:
+        seqs = self._running
+        k = len(seqs)
+        dev = self.device
+        need = max(s.length for s in seqs) + 1
+        if self.buffers.grow(need + 1):
+            self._graphs.clear()
+        ids = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.long)
+        pos = torch.tensor([[s.length] for s in seqs], dtype=torch.long)
+        names = self._adapter_names(seqs)
+        if self.cuda_graphs and (names is None or len(set(names)) == 1):
+            logits = self._decode_graph(ids, pos, need, names[0] if names else None)
+        else:
+            length = min(-(-need // 32) * 32, self.buffers.capacity - 1)  # round up: fewer distinct shapes
+            mask = torch.arange(length)[None, None, None, :] <= pos[:, None, :, None]  # [k, 1, 1, length]
+            cache = SlotCache(self.buffers, 0, k, pos.to(dev), length)
+            logits = self._forward(ids.to(dev), pos.to(dev), mask.to(dev), cache, names)[:, -1]
+        self.decode_passes += 1
+        for s in seqs:
+            s.length += 1
+        self._sample_and_advance(list(seqs), logits)
+
+    # ---------------------------------------------------------------- CUDA graphs
+    def _decode_graph(self, ids: torch.Tensor, pos: torch.Tensor, need: int, adapter: str | None) -> torch.Tensor:
+        k = ids.shape[0]
+        B = 1 << (k - 1).bit_length()
+        B = min(max(B, 1), self.max_batch_size)
+        Lb = min(max(64, 1 << (need - 1).bit_length()), self.buffers.capacity - 1)
+        key = (B, Lb, adapter or BASE)
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._capture(B, Lb, adapter)
+            self._graphs[key] = g
+        trash = self.buffers.trash_col
+        g["ids"].zero_()
+        g["pos"].zero_()
+        g["cols"].fill_(trash)
+        g["ids"][:k] = ids.to(self.device, non_blocking=True)
+        g["pos"][:k] = pos.to(self.device, non_blocking=True)
+        g["cols"][:k] = pos.to(self.device, non_blocking=True)
+        ar = g["arange"]
+        torch.le(ar[None, None, None, :], g["pos"][:, None, :, None], out=g["mask"])
+        g["mask"][k:] = False
+        g["mask"][k:, :, :, 0] = True
+        g["graph"].replay()
+        self.forward_passes += 1
+        return g["logits"][:k, -1]
+
+    def _capture(self, B: int, Lb: int, adapter: str | None) -> dict[str, Any]:
+        dev = self.device
+        g: dict[str, Any] = {
+            "ids": torch.zeros((B, 1), dtype=torch.long, device=dev),
+            "pos": torch.zeros((B, 1), dtype=torch.long, device=dev),
+            "cols": torch.full((B, 1), self.buffers.trash_col, dtype=torch.long, device=dev),
+            "mask": torch.zeros((B, 1, 1, Lb), dtype=torch.bool, device=dev),
+            "arange": torch.arange(Lb, device=dev),
+        }
+        g["mask"][:, :, :, 0] = True
+        cache = SlotCache(self.buffers, 0, B, g["cols"], Lb)
+        ctx = contextlib.nullcontext()
+        if self._is_peft():
+            if adapter in (None, BASE):
+                ctx = self.model.disable_adapter()
+            else:
+                self.model.base_model.set_adapter(adapter, inference_mode=True)
+
+        def run():
+            kwargs = {self._cache_kwarg: cache, "use_cache": True}
+            return self.model(input_ids=g["ids"], position_ids=g["pos"], attention_mask=g["mask"], **kwargs).logits
+
+        with ctx, torch.inference_mode():
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up: lazy inits and autotuning happen outside the capture
+                    run()
+            torch.cuda.current_stream().wait_stream(stream)
+            if self._graph_pool is None:
+                self._graph_pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool):
+                g["logits"] = run()
+        g["graph"] = graph
+        return g
+
+    # ---------------------------------------------------------------- sampling and finishing
+    def _sample_and_advance(self, seqs: list[_Seq], logits_BV: torch.Tensor) -> None:
+        allowed = None
+        if any(s.matcher is not None for s in seqs):
+            from groupwise.inference.constrained import allowed_mask
+
+            allowed = allowed_mask([s.matcher for s in seqs], logits_BV.shape[-1], logits_BV.device)
+        tokens_B, logprobs_B, raw_BV = sample_next(
+            logits_BV, [s.req.sampling for s in seqs], [s.generator for s in seqs], allowed,
+            self._default_generator,
+        )
+        tops_needed = max(s.req.sampling.top_logprobs for s in seqs)
+        top_vals = top_ids = None
+        if tops_needed:
+            top_vals, top_ids = torch.topk(raw_BV, tops_needed, dim=-1)
+            top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+        tokens, logprobs = tokens_B.tolist(), logprobs_B.tolist()
+        for b, s in enumerate(seqs):
+            t = tokens[b]
+            s.tokens.append(t)
+            s.logprobs.append(logprobs[b])
+            if s.req.sampling.top_logprobs:
+                n_top = s.req.sampling.top_logprobs
+                s.tops.append(list(zip(top_ids[b][:n_top], top_vals[b][:n_top])))
+            if s.matcher is not None:
+                s.matcher.consume_token(t)
+            s.finish_reason = self._finish_reason(s, t)
+            if s.req.on_token is not None:
+                s.req.on_token(s.index, t, logprobs[b], s.finish_reason)
+        if any(s.finish_reason for s in self._running):
+            self._retire()
+
+    def _finish_reason(self, s: _Seq, t: int) -> str | None:
+        r = s.req
+        if (t in self.eos_token_ids and not r.ignore_eos) or t in r.stop_token_ids:
+            return "stop"
+        if s.matcher is not None and s.matcher.is_stopped():
+            return "stop"
+        if r.stop:
+            # Decoding a short tail is enough: a stop string can only end in the newest token.
+            tail = self.tokenizer.decode(s.tokens[-32:], skip_special_tokens=True)
+            if any(stop in tail for stop in r.stop):
+                text = self.tokenizer.decode(s.tokens, skip_special_tokens=True)
+                cuts = [text.find(stop) for stop in r.stop if stop in text]
+                if cuts:
+                    s.text_cut = min(cuts)
+                    return "stop"
+        if len(s.tokens) >= s.state.max_new or s.length + 1 >= self.context_length:
+            return "length"
+        return None
+
+    def _retire(self) -> None:
+        running = self._running
+        i = len(running) - 1
+        while i >= 0:
+            if running[i].finish_reason:
+                done = running[i]
+                last = running[-1]
+                if last is not done:
+                    self.buffers.move_slot(last.slot, done.slot, last.length)
+                    last.slot = done.slot
+                    running[i] = last
+                running.pop()
+                self._maybe_resolve(done.state)
+            i -= 1
+        # running[j] must live in slot j
+        for j, s in enumerate(running):
+            assert s.slot == j, (j, s.slot)
+
+    def _maybe_resolve(self, st: _ReqState) -> None:
+        if not all(s.finish_reason for s in st.seqs) or st.future.done():
+            return
+        completions = []
+        for s in st.seqs:
+            text = self.tokenizer.decode(s.tokens, skip_special_tokens=True)
+            if s.text_cut is not None:
+                text = text[: s.text_cut]
+            completions.append(Completion(s.index, s.tokens, s.logprobs, s.tops, text, s.finish_reason))
+        st.future.set_result(GenerationResult(completions, len(st.req.prompt_ids), st.req.adapter))
+
+    # ---------------------------------------------------------------- shutdown
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=30)
+        self._fail_all(EngineError("the engine was closed"))
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Paused:
+    """Holds the engine's model lock: sync (`with`) or async (`async with`, acquired off the loop)."""
+
+    def __init__(self, engine: Engine):
+        self._engine = engine
+        self._cm = None
+
+    def __enter__(self):
+        self._cm = self._engine._pause_sync()
+        self._cm.__enter__()
+        return self._engine
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+    async def __aenter__(self):
+        # RLock is owned by a thread: acquire and release in the same dedicated thread.
+        self._done = threading.Event()
+        self._held = threading.Event()
+
+        def hold():
+            with self._engine._pause_sync():
+                self._held.set()
+                self._done.wait()
+
+        self._thread = threading.Thread(target=hold, daemon=True)
+        self._thread.start()
+        await asyncio.get_running_loop().run_in_executor(None, self._held.wait)
+        return self._engine
+
+    async def __aexit__(self, *exc):
+        self._done.set()
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)

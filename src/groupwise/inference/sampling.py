@@ -1,0 +1,99 @@
+"""Sampling: temperature, top-p, per-request seeds, and the logprobs we report.
+
+Which logprob is reported (this matters for RL): the model's RAW log-softmax at temperature 1,
+evaluated at the sampled token, before temperature, top-p or a grammar mask touch the logits.
+That is vLLM's default (``logprobs_mode="raw_logprobs"``) and what the trainer recomputes with a
+plain forward pass, so the importance ratio pi_new / pi_old starts at exactly 1 on-policy. The
+distribution actually sampled from (tempered, truncated, masked) is a sampling device, not the
+policy being trained.
+
+Sampling is done with the exponential-race trick: ``argmax(p / E)`` with ``E ~ Exp(1)`` i.i.d. draws
+a token with probability p. Each request with a seed draws its noise from its own
+``torch.Generator``, so its sample does not depend on which other requests share the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["SamplingParams", "sample_next", "top_p_filter"]
+
+
+@dataclass
+class SamplingParams:
+    """How one sequence samples. temperature 0 means greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    top_logprobs: int = 0  # how many alternatives to report per position (0-20)
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        if not (self.temperature >= 0.0):
+            p.append(f"temperature={self.temperature!r} must be >= 0")
+        if not (0.0 < self.top_p <= 1.0):
+            p.append(f"top_p={self.top_p!r} must be in (0, 1]")
+        if not (0 <= self.top_logprobs <= 20):
+            p.append(f"top_logprobs={self.top_logprobs!r} must be in [0, 20]")
+        return p
+
+
+def top_p_filter(logits_BV: torch.Tensor, top_p_B: torch.Tensor) -> torch.Tensor:
+    """Set to -inf every token outside the smallest set whose probability reaches top_p (per row)."""
+    sorted_logits, order = torch.sort(logits_BV, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    # Mass strictly before each token; a token is kept while that mass is < top_p (the first always is).
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    drop_sorted = mass_before >= top_p_B[:, None]
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits_BV.masked_fill(drop, float("-inf"))
+
+
+def sample_next(
+    logits_BV: torch.Tensor,  # [B, V] raw model logits (any dtype)
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    allowed_mask_BV: torch.Tensor | None = None,  # [B, V] bool, True = allowed (grammar), or None
+    default_generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sample one token per row. Returns (token_ids_B, raw_logprobs_B, raw_logprobs_BV).
+
+    raw_logprobs is log_softmax(logits) in fp32, untouched by temperature/top-p/mask (module doc).
+    """
+    logits = logits_BV.float()
+    raw_logprobs_BV = torch.log_softmax(logits, dim=-1)  # [B, V]
+    B = logits.shape[0]
+    work = logits
+    if allowed_mask_BV is not None:
+        work = work.masked_fill(~allowed_mask_BV, float("-inf"))
+    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=logits.device)
+    greedy_B = temps == 0.0
+    tokens_B = torch.empty(B, dtype=torch.long, device=logits.device)
+    if bool(greedy_B.any()):
+        tokens_B[greedy_B] = torch.argmax(work[greedy_B], dim=-1)
+    sampled_rows = [i for i in range(B) if params[i].temperature > 0.0]
+    if sampled_rows:
+        idx = torch.tensor(sampled_rows, device=logits.device)
+        scaled = work[idx] / temps[idx, None]
+        top_p = torch.tensor([params[i].top_p for i in sampled_rows], device=logits.device)
+        if bool((top_p < 1.0).any()):
+            scaled = top_p_filter(scaled, top_p)
+        probs = torch.softmax(scaled, dim=-1)  # [b, V]
+        noise = torch.empty_like(probs)
+        unseeded = []
+        for j, i in enumerate(sampled_rows):
+            if generators[i] is not None:
+                noise[j].exponential_(generator=generators[i])
+            else:
+                unseeded.append(j)
+        if unseeded:
+            u = torch.tensor(unseeded, device=logits.device)
+            noise[u] = torch.empty(len(unseeded), probs.shape[1], device=logits.device).exponential_(
+                generator=default_generator
+            )
+        tokens_B[idx] = torch.argmax(probs / noise, dim=-1)
+    logprobs_B = raw_logprobs_BV.gather(1, tokens_B[:, None])[:, 0]
+    return tokens_B, logprobs_B, raw_logprobs_BV
