@@ -93,6 +93,10 @@ class Model:
         """The model name a chat completion request uses."""
         return self.inference_model_name or self.name
 
+    def get_inference_name(self, step: int | None = None) -> str:
+        """ART's name for `inference_name`."""
+        return self.inference_name(step)
+
     def _make_client(self) -> "openai.AsyncOpenAI":
         import openai
 
