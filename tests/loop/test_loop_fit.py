@@ -126,3 +126,39 @@ def test_killed_run_resumes_at_the_same_step_and_data_position(tmp_path):
     assert [r["step"] for r in rows(h, "train")] == [0, 1, 2, 3, 4, 5]
     assert [r["step"] for r in rows(h, "val")] == [0, 2, 4, 6]
     assert len(events(h, "baseline")) == 1  # the base is not scored twice
+
+
+async def test_hybrid_run_judges_val_groups_and_flags_a_judge_that_disagrees_with_ground_truth(tmp_path):
+    # Rollouts alternate right and wrong answers; the "judge" (reward step) prefers the wrong ones,
+    # and records its cost. Validation groups of 2 are judged too, so the judge is checked against
+    # ground truth: every pair (one per group of 2, 3 groups) is reversed -> agreement 0.
+    flip = iter(range(10**6))
+
+    def answer(step, scenario):
+        right = next(flip) % 2 == 0
+        return (f"answer {scenario['answer']}" if right else f"wrong {step} {scenario['id']}"), 0.0
+
+    async def judge(group):
+        for t in group.trajectories:
+            score = 0.0 if t.messages()[-1]["content"].startswith("answer") else 1.0
+            t.metrics["ruler_score"] = score
+            t.reward = score
+        group.metrics["judge/cost_usd"] = 0.25
+        return group
+
+    model = gw.TrainableModel("hybrid", project="loop", base_model="none", base_path=str(tmp_path))
+    await model.register(ScriptedBackend())
+    cfg = gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, eval_every=1, max_steps=1,
+                        val_rollouts_per_group=2, on_judge_disagreement="stop")
+    summary = await gw.fit(model, make_rollout(answer), SCENARIOS[:4], val_scenarios=SCENARIOS[8:11],
+                           reward=judge,
+                           validate=lambda t, s: float(t.messages()[-1]["content"] == f"answer {s['answer']}"),
+                           config=cfg)
+    assert summary.stop.rule == "alert:judge_disagreement" and summary.final_step == 1
+    alert = [a for a in summary.alerts if a.name == "judge_disagreement"][0]
+    assert alert.evidence["agreement"] == 0.0 and alert.evidence["pairs"] == 3
+    h = gw.load_history(summary.run_dir)
+    # judge cost tracked per step: 2 groups x $0.25
+    assert [r["judge/cost_usd"] for r in rows(h, "loop")] == [0.5]
+    val1 = [r for r in rows(h, "val") if r["step"] == 1][0]
+    assert val1["accuracy"] == 0.5 and val1["ruler_score"] == 0.5  # judged val rows keep both
