@@ -131,12 +131,18 @@ def plot_run(history: list[Row], out_dir: str | Path, *, title: str = "") -> lis
     loop = rows(history, "loop")
     fig, (ax_t, ax_c) = plt.subplots(1, 2, figsize=(11, 3.8))
     if loop:
-        xs = [r["step"] for r in loop]
+        # a step's bar: gather, reward and train of step k (loop row k), then the validation of policy k
+        by_step = {r["step"]: dict(r) for r in loop}
+        for r in rows(history, "val"):
+            by_step.setdefault(r["step"], {})["time/val_s"] = r.get("time/val_s", 0.0)
+        xs = sorted(by_step)
         bottom = [0.0] * len(xs)
-        for key, colour in (("time/gather_s", "tab:blue"), ("time/reward_s", "tab:purple"), ("time/train_s", "tab:red")):
-            ys = [r.get(key, 0.0) or 0.0 for r in loop]
+        for key, colour in (("time/gather_s", "tab:blue"), ("time/reward_s", "tab:purple"),
+                            ("time/train_s", "tab:red"), ("time/val_s", "tab:green")):
+            ys = [by_step[x].get(key, 0.0) or 0.0 for x in xs]
             ax_t.bar(xs, ys, bottom=bottom, color=colour, label=key.split("/")[1])
             bottom = [b + y for b, y in zip(bottom, ys)]
+        xs = [r["step"] for r in loop]
         cost, total = [], 0.0
         for r in loop:
             total += r.get("judge/cost_usd", 0.0) or 0.0
