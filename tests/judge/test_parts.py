@@ -11,7 +11,7 @@ from groupwise.judge import JudgeConfig, apply_hybrid, gate, weighted
 from groupwise.judge.hybrid import weighted_sum
 from groupwise.judge.parse import BadAnswer, parse_answer
 from groupwise.judge.prompt import common_prefix_length, split_prefix, system_message, user_message
-from groupwise.judge.ruler import align, pass_orders, pick_anchors, spearman
+from groupwise.judge.reconcile import align, pass_orders, pick_anchors, spearman
 from groupwise.judge.parse import Score
 
 

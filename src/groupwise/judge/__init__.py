@@ -4,7 +4,8 @@
     judged = await gw.ruler_score_group(group, "local/smollm2-135m")          # offline, no key
 
 Files: prompt.py (what the judge sees), providers.py (where it runs), parse.py (strict answers),
-ruler.py (orders, chunks, passes, retries, mapping by id), cache.py, cost.py, hybrid.py
+ruler.py (requests, retries, passes, chunks, mapping by id), reconcile.py (orders, anchors,
+alignment, Spearman), cache.py, cost.py, hybrid.py
 (verifiable x judge rewards), config.py (`JudgeConfig`). No torch here; `local/` loads the engine lazily.
 """
 
