@@ -509,7 +509,7 @@ class Engine:
         r = s.req
         if (t in self.eos_token_ids and not r.ignore_eos) or t in r.stop_token_ids:
             return "stop"
-        if s.matcher is not None and s.matcher.is_stopped():
+        if s.matcher is not None and (s.matcher.is_stopped() or s.matcher.is_error()):
             return "stop"
         if r.stop:
             # Decoding a short tail is enough: a stop string can only end in the newest token.

@@ -1,0 +1,175 @@
+"""Constrained decoding: `response_format` (json_schema, json_object) and forced tool calls.
+
+The grammar library is llguidance (guidance-ai, MIT). Checked with ``pip install --dry-run`` beside
+torch 2.13.0 CPU on this machine:
+
+- llguidance 1.9.1: one abi3 wheel, no dependencies, pure Rust core; computes a token bitmask on
+  the CPU in tens of microseconds, JSON schema and Lark grammars (``%json`` inside Lark, which the
+  tool-call grammar needs), special tokens by id. Chosen.
+- xgrammar 0.2.8: would pull triton 3.9 and apache-tvm-ffi (a GPU toolchain on a CPU box), and
+  ties its torch kernels to the torch build; rejected to keep the CPU install small and torch intact.
+- outlines-core 0.2.14: installs cleanly, but builds a regex index over the whole vocabulary per
+  schema (seconds for a 49k vocab), and has no grammar beyond regular languages.
+
+Each constrained choice gets its own `llguidance.LLMatcher`; before sampling the engine asks every
+matcher for the set of allowed next tokens (`allowed_mask`) and masks the sampling logits (the
+reported logprobs stay raw, sampling.py). When the grammar is complete only EOS is allowed, so the
+answer ends right after the closing brace.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+
+from groupwise.errors import MissingDependencyError
+
+__all__ = ["Constraint", "ConstraintError", "allowed_mask", "constraint_for", "ll_tokenizer"]
+
+# No free whitespace: a small model given the choice pads JSON with newlines until max_tokens.
+# The separators are the ones models see most ({"a": 1, "b": 2}). lenient: unknown keywords
+# (e.g. "format") are ignored instead of refusing the schema.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
+
+_TOKENIZERS: dict[int, Any] = {}
+_TOKENIZERS_LOCK = threading.Lock()
+
+
+class ConstraintError(ValueError):
+    """A response_format or tool_choice cannot be turned into a grammar (the message says why)."""
+
+
+def _llguidance():
+    try:
+        import llguidance
+        import llguidance.hf  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - exercised only without the package
+        raise MissingDependencyError("constrained decoding (response_format / tool_choice)", "backend",
+                                     "llguidance") from exc
+    return llguidance
+
+
+def ll_tokenizer(tokenizer: Any) -> Any:
+    """The llguidance view of a HF fast tokenizer, built once per tokenizer (~1 s)."""
+    key = id(tokenizer)
+    with _TOKENIZERS_LOCK:
+        if key not in _TOKENIZERS:
+            llg = _llguidance()
+            _TOKENIZERS[key] = (tokenizer, llg.hf.from_tokenizer(tokenizer))
+        return _TOKENIZERS[key][1]
+
+
+class Constraint:
+    """A compiled grammar; `new_matcher()` gives each choice its own parser state."""
+
+    def __init__(self, grammar: str, tokenizer: Any, description: str):
+        llg = _llguidance()
+        self.grammar = grammar
+        self.description = description
+        self._tok = ll_tokenizer(tokenizer)
+        probe = llg.LLMatcher(self._tok, grammar)
+        if probe.is_error():
+            raise ConstraintError(f"{description}: the grammar does not compile: {probe.get_error()}")
+        self._llg = llg
+
+    def new_matcher(self) -> Any:
+        return self._llg.LLMatcher(self._tok, self.grammar)
+
+
+def allowed_mask(matchers: list[Any], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """[B, V] bool: True where the row's grammar allows the token (all True for unconstrained rows)."""
+    out = np.ones((len(matchers), vocab_size), dtype=bool)
+    for b, m in enumerate(matchers):
+        if m is None:
+            continue
+        if m.is_error() or m.is_stopped():
+            continue  # the engine finishes this row; leave it unmasked rather than all -inf
+        words = np.frombuffer(m.compute_bitmask(), dtype=np.uint8)
+        bits = np.unpackbits(words, bitorder="little").astype(bool)
+        n = min(vocab_size, bits.shape[0])
+        out[b, :n] = bits[:n]
+        out[b, n:] = False  # padded vocabulary rows of the embedding are never valid text
+    return torch.from_numpy(out).to(device)
+
+
+def _token_literal(tokenizer: Any, text: str) -> str:
+    """Lark for `text`: a special token by id when the tokenizer has it as one token, else a string."""
+    added = getattr(tokenizer, "get_added_vocab", lambda: {})()
+    if text in added:
+        return f"<[{added[text]}]>"
+    return json.dumps(text)
+
+
+def _tool_call_schema(tools: list[dict[str, Any]], name: str | None) -> dict[str, Any]:
+    options = []
+    for t in tools:
+        fn = t.get("function", t)
+        if name is not None and fn.get("name") != name:
+            continue
+        params = fn.get("parameters") or {"type": "object"}
+        options.append({
+            "type": "object",
+            "properties": {"name": {"const": fn["name"]}, "arguments": params},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        })
+    if not options:
+        known = [t.get("function", t).get("name") for t in tools]
+        raise ConstraintError(f"tool_choice names function {name!r}, which is not among the tools {known}")
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def constraint_for(
+    tokenizer: Any,
+    *,
+    response_format: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: Any = None,
+) -> Constraint | None:
+    """The constraint an OpenAI request asks for, or None. Raises ConstraintError on a bad spec."""
+    llg = _llguidance()
+    forced_name: str | None = None
+    force_tool = False
+    if isinstance(tool_choice, dict):
+        forced_name = (tool_choice.get("function") or {}).get("name")
+        if not forced_name:
+            raise ConstraintError("tool_choice object needs function.name")
+        force_tool = True
+    elif tool_choice == "required":
+        force_tool = True
+    elif tool_choice not in (None, "auto", "none"):
+        raise ConstraintError(f"tool_choice={tool_choice!r}; use 'auto', 'none', 'required' or a named function")
+    if force_tool:
+        if not tools:
+            raise ConstraintError("tool_choice forces a tool call but the request has no tools")
+        schema = {**_tool_call_schema(tools, forced_name), "x-guidance": JSON_OPTIONS}
+        lark = (
+            f"start: {_token_literal(tokenizer, '<tool_call>')} \"\\n\" call \"\\n\" "
+            f"{_token_literal(tokenizer, '</tool_call>')}\n"
+            f"call: %json {json.dumps(schema)}\n"
+        )
+        return Constraint(llg.LLMatcher.grammar_from_lark(lark), tokenizer,
+                          f"tool_choice={tool_choice!r}")
+    if not response_format:
+        return None
+    kind = response_format.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        schema: Any = {"type": "object"}
+    elif kind == "json_schema":
+        spec = response_format.get("json_schema") or {}
+        schema = spec.get("schema")
+        if not isinstance(schema, dict):
+            raise ConstraintError("response_format.json_schema.schema must be a JSON schema object")
+    else:
+        raise ConstraintError(f"response_format.type={kind!r}; use 'text', 'json_object' or 'json_schema'")
+    try:
+        grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=JSON_OPTIONS)
+    except Exception as exc:  # llguidance raises ValueError on schemas it cannot compile
+        raise ConstraintError(f"response_format schema cannot be compiled: {exc}") from exc
+    return Constraint(grammar, tokenizer, f"response_format={kind}")

@@ -1,0 +1,112 @@
+"""Served model names -> (engine, adapter).
+
+Names follow ART: a trainable model ``name`` is served as ``name@<step>`` for every step whose
+adapter is loaded; plain ``name`` means its latest step, and ``name@0`` the base model (no
+adapter). Other ids (the base model's own name, adapters served by folder name) are aliases.
+Every resolved request carries its canonical ``name@step`` so the response can say which step
+produced it (the trainer checks it serves what it trained, ART bug #661).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from groupwise.errors import ModelNotFoundError
+from groupwise.inference.engine import Engine
+
+__all__ = ["ModelRegistry", "Resolved"]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    served_as: str  # canonical name: "agent@3", or an alias
+    adapter: str | None  # engine adapter name; None = base model
+    step: int | None
+
+
+class ModelRegistry:
+    """What one engine serves. Thread-safe; the backend adds a step after each training step."""
+
+    def __init__(self, engine: Engine, base_name: str | None = None):
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._steps: dict[str, dict[int, str | None]] = {}
+        self._aliases: dict[str, str | None] = {}
+        if base_name:
+            self._aliases[base_name] = None
+
+    @staticmethod
+    def adapter_name(name: str, step: int) -> str:
+        return f"{name}-step-{step}"
+
+    def register_model(self, name: str) -> None:
+        """Serve `name` (and `name@0` = the base model) before any step is trained."""
+        if "@" in name:
+            raise ValueError(f"model name {name!r} must not contain '@' (it separates the step)")
+        with self._lock:
+            self._steps.setdefault(name, {0: None})
+
+    def add_step(self, name: str, step: int, adapter_path: str) -> str:
+        """Load the adapter of `step` and serve it as `name@step` (and as `name` if it is the latest)."""
+        self.register_model(name)
+        adapter = self.adapter_name(name, step)
+        if adapter in self.engine.adapters():
+            self.engine.remove_adapter(adapter)
+        self.engine.add_adapter(adapter, adapter_path)
+        with self._lock:
+            self._steps[name][step] = adapter
+        return f"{name}@{step}"
+
+    def remove_step(self, name: str, step: int) -> None:
+        """Stop serving an old step (frees its adapter); the base step 0 stays."""
+        with self._lock:
+            adapter = self._steps.get(name, {}).pop(step, None) if step != 0 else None
+        if adapter is not None:
+            self.engine.remove_adapter(adapter)
+
+    def add_alias(self, served_id: str, adapter_path: str | None) -> None:
+        """Serve an adapter folder (or the base model, path None) under a plain id."""
+        adapter = None
+        if adapter_path is not None:
+            adapter = served_id.replace("@", "-")
+            self.engine.add_adapter(adapter, adapter_path)
+        with self._lock:
+            self._aliases[served_id] = adapter
+
+    def steps(self, name: str) -> list[int]:
+        with self._lock:
+            return sorted(self._steps.get(name, {}))
+
+    def latest_step(self, name: str) -> int:
+        return self.steps(name)[-1]
+
+    def served_ids(self) -> list[str]:
+        with self._lock:
+            ids = list(self._aliases)
+            for name, steps in self._steps.items():
+                ids.append(name)
+                ids.extend(f"{name}@{s}" for s in sorted(steps))
+        return ids
+
+    def resolve(self, model: str) -> Resolved:
+        """The adapter serving `model`, or ModelNotFoundError listing what exists."""
+        with self._lock:
+            if model in self._aliases:
+                return Resolved(model, self._aliases[model], None)
+            name, _, step_text = model.partition("@")
+            steps = self._steps.get(name)
+            if steps is not None:
+                if not step_text:
+                    step = max(steps)
+                    return Resolved(f"{name}@{step}", steps[step], step)
+                if step_text.isdigit() and int(step_text) in steps:
+                    step = int(step_text)
+                    return Resolved(f"{name}@{step}", steps[step], step)
+                raise ModelNotFoundError(
+                    f"model {model!r}: step {step_text!r} of {name!r} is not served; "
+                    f"served steps: {sorted(steps)} (use {name!r} for the latest)"
+                )
+        raise ModelNotFoundError(
+            f"model {model!r} is not served here; served models: {self.served_ids()}"
+        )

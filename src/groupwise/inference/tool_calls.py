@@ -1,0 +1,149 @@
+"""Tool calls: render tools into the prompt, parse the model's tool-call text into OpenAI `tool_calls`.
+
+Format. Hermes/Qwen: each call is ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
+Templates that know tools (Qwen2.5, Hermes, Llama-3.1 ...) get the tools through
+``apply_chat_template(tools=...)`` and render them their own way. A template without tool support
+(SmolLM2's) gets the tools written into the system prompt in Hermes style, and past assistant
+tool calls and tool results written as text, so the model sees one consistent format.
+
+Parsing never raises: text whose tool-call blocks are not valid JSON objects with a string
+``name`` comes back as plain content (the rollout can then penalise it), never as a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+__all__ = [
+    "HERMES_TOOL_PROMPT",
+    "format_tool_call",
+    "parse_tool_calls",
+    "prepare_messages",
+    "template_supports_tools",
+]
+
+HERMES_TOOL_PROMPT = (
+    "You are a function calling AI model. You are provided with function signatures within "
+    "<tools></tools> XML tags. You may call one or more functions to assist with the user query. "
+    "Don't make assumptions about what values to plug into functions. Here are the available tools: "
+    "<tools>\n{tools}\n</tools>\n"
+    "For each function call return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags as follows:\n"
+    '<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+
+_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+def template_supports_tools(tokenizer: Any) -> bool:
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):
+        template = " ".join(template.values())
+    return "tools" in template
+
+
+def format_tool_call(name: str, arguments: Any) -> str:
+    """The Hermes text of one call (what a model without native tool support is taught to write)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def _content_text(content: Any) -> str:
+    # OpenAI allows content as a list of parts; we serve text models, so keep the text parts.
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def prepare_messages(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tokenizer: Any
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """Messages (and tools) ready for ``tokenizer.apply_chat_template``.
+
+    Returns (messages, tools_for_template): tools_for_template is None when the tools were
+    rendered into the system prompt instead (template without tool support).
+    """
+    native = template_supports_tools(tokenizer)
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role = m.get("role")
+        msg: dict[str, Any] = {"role": "system" if role == "developer" else role}
+        text = _content_text(m.get("content"))
+        calls = m.get("tool_calls") or []
+        if native:
+            msg["content"] = text
+            if calls:
+                # HF templates take arguments as a dict; OpenAI sends a JSON string.
+                msg["tool_calls"] = [
+                    {"type": "function", "function": {"name": c["function"]["name"],
+                                                      "arguments": _maybe_json(c["function"].get("arguments"))}}
+                    for c in calls
+                ]
+            if role == "tool" and m.get("tool_call_id"):
+                msg["tool_call_id"] = m["tool_call_id"]
+        else:
+            if calls:
+                rendered = "\n".join(format_tool_call(c["function"]["name"], c["function"].get("arguments"))
+                                     for c in calls)
+                text = f"{text}\n{rendered}" if text else rendered
+            if role == "tool":
+                text = f"<tool_response>\n{text}\n</tool_response>"
+            msg["content"] = text
+        out.append(msg)
+    if not tools:
+        return out, None
+    if native:
+        return out, tools
+    spec = "\n".join(json.dumps(t) for t in tools)
+    prompt = HERMES_TOOL_PROMPT.format(tools=spec)
+    if out and out[0]["role"] == "system":
+        out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{prompt}"}
+    else:
+        out.insert(0, {"role": "system", "content": prompt})
+    return out, None
+
+
+def _maybe_json(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """Split model text into (content, tool_calls). Malformed tool-call text -> (text, None)."""
+    if "<tool_call>" not in text:
+        return text, None
+    calls: list[dict[str, Any]] = []
+    for match in _BLOCK.finditer(text):
+        try:
+            obj = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            return text, None
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return text, None
+        args = obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(args, str):
+            args = _maybe_json(args)
+        calls.append({
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": obj["name"], "arguments": json.dumps(args)},
+        })
+    if not calls:
+        return text, None
+    content = _BLOCK.sub("", text).strip()
+    return (content or None), calls
