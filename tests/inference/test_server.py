@@ -1,0 +1,173 @@
+"""Integration: the real `openai` client against the real app (in-process ASGI transport)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import openai
+import pytest
+import torch
+
+from groupwise.types import choice_logprobs, choice_token_ids
+
+USER = [{"role": "user", "content": "Say something."}]
+
+
+def prompt_ids(tok, messages):
+    return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+
+
+def reference_logprobs(model, prompt, sampled):
+    """The model's own log-softmax at the sampled tokens, from one plain forward pass."""
+    ids = torch.tensor([prompt + sampled])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits.float(), dim=-1)[0]  # [T, V]
+    return logp[len(prompt) - 1 : -1].gather(1, torch.tensor(sampled)[:, None])[:, 0].tolist()
+
+
+async def test_chat_returns_step_token_ids_and_logprobs(client, tiny):
+    model, tok = tiny
+    r = await client.chat.completions.create(model="agent@0", messages=USER, max_tokens=12, seed=7)
+    choice = r.choices[0]
+    assert r.model == "agent@0" and r.system_fingerprint == "agent@0"
+    ids, lps = choice_token_ids(choice), choice_logprobs(choice)
+    assert ids and len(ids) == len(lps) == r.usage.completion_tokens
+    assert choice.message.content == tok.decode(ids, skip_special_tokens=True)
+    # agent@0 is the base model: its logprobs must equal the tiny model's own log-softmax (CPU fp32).
+    ref = reference_logprobs(model, prompt_ids(tok, USER), ids)
+    assert max(abs(a - b) for a, b in zip(lps, ref)) < 1e-3
+
+
+async def test_latest_step_and_adapter_logprobs(client, adapter_dirs, tiny):
+    from peft import PeftModel
+
+    from groupwise.loading import tiny_random_model
+
+    r = await client.chat.completions.create(model="agent", messages=USER, max_tokens=10, seed=1)
+    assert r.model == "agent@2"  # plain name = latest step
+    base, _ = tiny_random_model(seed=0, tokenizer=tiny[1])
+    ref_model = PeftModel.from_pretrained(base, adapter_dirs[2]).eval()
+    ids = choice_token_ids(r.choices[0])
+    ref = reference_logprobs(ref_model, prompt_ids(tiny[1], USER), ids)
+    assert max(abs(a - b) for a, b in zip(choice_logprobs(r.choices[0]), ref)) < 1e-3
+
+
+async def test_two_adapters_at_once_give_their_own_outputs(client, served):
+    # Greedy, concurrently, in one running batch: each step answers like itself alone.
+    names = ["agent@0", "agent@1", "agent@2"]
+    together = await asyncio.gather(*[
+        client.chat.completions.create(model=m, messages=USER, max_tokens=12, temperature=0) for m in names])
+    alone = [await client.chat.completions.create(model=m, messages=USER, max_tokens=12, temperature=0)
+             for m in names]
+    ids_together = [choice_token_ids(r.choices[0]) for r in together]
+    assert ids_together == [choice_token_ids(r.choices[0]) for r in alone]
+    assert [r.model for r in together] == names
+    assert len({tuple(i) for i in ids_together}) == 3  # the three policies differ
+
+
+async def test_n_and_seed(client):
+    r = await client.chat.completions.create(model="tiny", messages=USER, max_tokens=8, n=3, seed=5)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert len({tuple(choice_token_ids(c)) for c in r.choices}) == 3  # choice i uses seed 5 + i
+    again = await client.chat.completions.create(model="tiny", messages=USER, max_tokens=8, n=3, seed=5)
+    assert [choice_token_ids(c) for c in again.choices] == [choice_token_ids(c) for c in r.choices]
+
+
+async def test_stop_sequence(client, tiny):
+    tok = tiny[1]
+    kwargs = dict(model="agent@1", messages=USER, max_tokens=16, seed=11)
+    free = await client.chat.completions.create(**kwargs)
+    text = free.choices[0].message.content
+    words = re.findall(r"[A-Za-z]{3,}", text[3:])
+    assert words, text
+    stop = words[len(words) // 2][:3]
+    r = await client.chat.completions.create(**kwargs, stop=[stop])
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == text[: text.find(stop)]
+    # token ids run up to (and include) the token that completed the stop string
+    assert stop in tok.decode(choice_token_ids(r.choices[0]), skip_special_tokens=True)
+
+
+async def test_tool_call_round_trip(client):
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+                       "required": ["city"]}}}]
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    r = await client.chat.completions.create(model="agent", messages=messages, tools=tools, max_tokens=40,
+                                             tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
+    messages += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 21}'}]
+    final = await client.chat.completions.create(model="agent", messages=messages, tools=tools, max_tokens=8)
+    assert final.choices[0].message.content  # a final (random-model) answer, no crash
+    required = await client.chat.completions.create(model="agent", messages=messages[:1], tools=tools,
+                                                    tool_choice="required", max_tokens=40)
+    assert required.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+
+async def test_streaming_matches_plain(client):
+    kwargs = dict(model="agent@1", messages=USER, max_tokens=10, temperature=0)
+    plain = await client.chat.completions.create(**kwargs)
+    stream = await client.chat.completions.create(**kwargs, stream=True)
+    text, ids, finish = "", [], None
+    async for chunk in stream:
+        c = chunk.choices[0]
+        text += c.delta.content or ""
+        ids += (c.model_extra or {}).get("token_ids") or []
+        finish = c.finish_reason or finish
+        assert chunk.model == "agent@1"
+    assert text == plain.choices[0].message.content
+    assert ids == choice_token_ids(plain.choices[0])
+    assert finish == plain.choices[0].finish_reason
+
+
+async def test_completions_endpoint(client):
+    r = await client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=5, temperature=0)
+    c = r.choices[0]
+    assert len(c.logprobs.token_logprobs) == len(c.model_extra["token_ids"]) == r.usage.completion_tokens
+    assert r.model == "tiny"
+
+
+async def test_bad_requests_get_4xx_then_service_continues(client):
+    cases = [
+        (dict(model="nope", messages=USER), 404, "agent@2"),  # message lists what is served
+        (dict(model="agent@9", messages=USER), 404, "[0, 1, 2]"),
+        (dict(model="agent", messages=[]), 400, "messages"),
+        (dict(model="agent", messages=USER, max_tokens=-1), 400, "max_tokens"),
+        (dict(model="agent", messages=[{"role": "user", "content": "word " * 2100}]), 400, "context length"),
+        (dict(model="agent", messages=USER, response_format={"type": "xml"}), 400, "response_format"),
+    ]
+    for kwargs, status, needle in cases:
+        with pytest.raises(openai.APIStatusError) as info:
+            await client.chat.completions.create(**kwargs)
+        assert info.value.status_code == status, kwargs
+        assert needle in info.value.body["message"]
+        assert set(info.value.body) == {"message", "type", "param", "code"}
+    raw = await client._client.post("/chat/completions", content=b"{not json")
+    assert raw.status_code == 400 and "not valid JSON" in raw.json()["error"]["message"]
+    ok = await client.chat.completions.create(model="agent", messages=USER, max_tokens=3)
+    assert ok.choices[0].message.content is not None
+
+
+async def test_models_list(client):
+    ids = [m.id for m in (await client.models.list()).data]
+    assert ids == ["tiny", "agent", "agent@0", "agent@1", "agent@2"]
+
+
+async def test_18_concurrent_requests_share_forward_passes(client, served):
+    engine = served[0]
+    before = engine.forward_passes
+    results = await asyncio.gather(*[
+        client.chat.completions.create(model="agent", messages=[{"role": "user", "content": f"Rollout {i}"}],
+                                       max_tokens=16, seed=i) for i in range(18)])
+    used = engine.forward_passes - before
+    # One request alone needs one pass per generated token (prefill yields the first token).
+    sequential = sum(r.usage.completion_tokens for r in results)
+    assert used < sequential / 4, (used, sequential)
