@@ -1,0 +1,123 @@
+"""The engine on its own: batching counts, greedy equivalence, seeds, pause, mixed adapters."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+import torch
+
+from groupwise.inference.engine import Engine, EngineError, GenerationRequest
+from groupwise.inference.sampling import SamplingParams, top_p_filter
+from groupwise.loading import tiny_random_model
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    model, tok = tiny
+    eng = Engine(model, tok, max_batch_size=8, initial_capacity=16)  # small: exercises cache growth
+    yield eng
+    eng.close()
+
+
+def prompts(tok, k):
+    return [tok.apply_chat_template([{"role": "user", "content": "hi " * (i + 1)}], add_generation_prompt=True,
+                                    tokenize=True, return_dict=True)["input_ids"] for i in range(k)]
+
+
+async def test_forward_passes_pinned(engine, tiny):
+    # 8 requests x 10 tokens, ignoring EOS, submitted together: 1 prefill pass (gives token 1)
+    # + 9 decode passes = 10 passes, where one-at-a-time generation needs 8 x 10 = 80.
+    ps = prompts(tiny[1], 8)
+    futures = [engine.submit(GenerationRequest(p, max_new_tokens=10, ignore_eos=True, sampling=SamplingParams(seed=i)))
+               for i, p in enumerate(ps)]
+    before = engine.forward_passes
+    # The loop may already be running a prefill for the first few; either way <= 2 prefills.
+    results = await asyncio.gather(*[asyncio.wrap_future(f) for f in futures])
+    assert all(len(r.completions[0].token_ids) == 10 for r in results)
+    assert engine.forward_passes - before <= 11
+
+
+async def test_requests_join_and_leave_at_token_granularity(engine, tiny):
+    # 12 requests on 8 slots, different lengths: the last 4 join as soon as slots free up.
+    ps = prompts(tiny[1], 12)
+    before = engine.forward_passes
+    lengths = [3, 20, 5, 7, 2, 9, 4, 6, 8, 3, 5, 4]
+    results = await asyncio.gather(*[
+        engine.generate(GenerationRequest(p, max_new_tokens=n, ignore_eos=True)) for p, n in zip(ps, lengths)])
+    assert [len(r.completions[0].token_ids) for r in results] == lengths
+    # Sequential would need sum(lengths) = 76 passes; the batch needs about max(lengths) = 20
+    # decode-and-prefill passes plus a few joins.
+    assert engine.forward_passes - before <= 30
+
+
+async def test_greedy_matches_hf_generate_and_cache_growth(engine, tiny):
+    model, tok = tiny
+    p = prompts(tok, 3)[2]
+    r = await engine.generate(GenerationRequest(p, max_new_tokens=40, ignore_eos=True,
+                                                sampling=SamplingParams(temperature=0)))
+    ref = model.generate(torch.tensor([p]), max_new_tokens=40, min_new_tokens=40, do_sample=False)
+    assert r.completions[0].token_ids == ref[0, len(p):].tolist()
+    assert engine.buffers.capacity > 16  # it grew past the initial 16 columns
+
+
+async def test_seeded_sample_does_not_depend_on_batch(engine, tiny):
+    ps = prompts(tiny[1], 5)
+    req = lambda: GenerationRequest(ps[0], max_new_tokens=12, ignore_eos=True, sampling=SamplingParams(seed=42))
+    alone = await engine.generate(req())
+    crowd = await asyncio.gather(engine.generate(req()), *[
+        engine.generate(GenerationRequest(p, max_new_tokens=12, ignore_eos=True)) for p in ps[1:]])
+    assert crowd[0].completions[0].token_ids == alone.completions[0].token_ids
+
+
+async def test_paused_blocks_forward_passes(engine, tiny):
+    p = prompts(tiny[1], 1)[0]
+    async with engine.paused():
+        before = engine.forward_passes
+        future = engine.submit(GenerationRequest(p, max_new_tokens=4))
+        await asyncio.sleep(0.3)
+        assert engine.forward_passes == before and not future.done()
+    result = await asyncio.wrap_future(future)
+    assert result.completions[0].token_ids
+    with engine.paused():  # the sync form, from another thread than the engine's
+        assert engine.forward_passes >= before + 1
+
+
+async def test_mixed_adapter_batch_equals_separate_runs(tiny, adapter_dirs):
+    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
+    eng = Engine(model, tok, max_batch_size=8)
+    try:
+        eng.add_adapter("a1", adapter_dirs[1])
+        eng.add_adapter("a2", adapter_dirs[2])
+        assert eng.adapters() == ["a1", "a2"]
+        p = prompts(tok, 1)[0]
+        req = lambda a: GenerationRequest(p, max_new_tokens=8, ignore_eos=True, adapter=a,
+                                          sampling=SamplingParams(temperature=0))
+        mixed = await asyncio.gather(*[eng.generate(req(a)) for a in (None, "a1", "a2")])
+        alone = [await eng.generate(req(a)) for a in (None, "a1", "a2")]
+        assert [m.completions[0].token_ids for m in mixed] == [a.completions[0].token_ids for a in alone]
+        for m, a in zip(mixed, alone):
+            assert max(abs(x - y) for x, y in zip(m.completions[0].logprobs, a.completions[0].logprobs)) < 1e-4
+        with pytest.raises(EngineError, match="not loaded"):
+            eng.submit(req("a3"))
+        eng.remove_adapter("a1")
+        assert eng.adapters() == ["a2"]
+    finally:
+        eng.close()
+
+
+def test_top_p_filter_keeps_smallest_set():
+    # probs [0.5, 0.3, 0.2]: top_p 0.6 keeps {0.5, 0.3} (0.5 < 0.6, so the 2nd is needed); 0.5 keeps {0.5}.
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.3, 0.5]]))
+    out = top_p_filter(logits, torch.tensor([0.6, 0.5]))
+    assert torch.isinf(out).tolist() == [[False, False, True], [True, True, False]]
+
+
+def test_closed_engine_refuses(tiny):
+    model, tok = tiny
+    eng = Engine(model, tok, max_batch_size=2)
+    eng.close()
+    with pytest.raises(EngineError, match="closed"):
+        eng.submit(GenerationRequest([1, 2, 3]))

@@ -1,0 +1,69 @@
+"""Tool-call parsing and rendering, loading errors, tiny model determinism."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from groupwise.errors import ModelNotFoundError
+from groupwise.inference.tool_calls import parse_tool_calls, prepare_messages, template_supports_tools
+from groupwise.loading import load_base_model, tiny_random_model
+
+
+def test_parse_hermes_tool_calls():
+    text = 'Let me check.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>{"name": "g", "arguments": "{\\"y\\": 2}"}</tool_call>'
+    content, calls = parse_tool_calls(text)
+    assert content == "Let me check."
+    assert [c["function"]["name"] for c in calls] == ["f", "g"]
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"x": 1}, {"y": 2}]
+    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
+
+
+@pytest.mark.parametrize("text", [
+    "<tool_call>{not json}</tool_call>",
+    '<tool_call>{"arguments": {}}</tool_call>',  # no name
+    '<tool_call>["f"]</tool_call>',
+    "plain answer",
+])
+def test_malformed_tool_calls_come_back_as_content(text):
+    assert parse_tool_calls(text) == (text, None)
+
+
+def test_unterminated_tool_call_at_the_end_still_parses():
+    content, calls = parse_tool_calls('<tool_call>{"name": "f", "arguments": {}}')
+    assert content is None and calls[0]["function"]["name"] == "f"
+
+
+def test_tools_rendered_into_system_prompt_without_template_support(tiny):
+    tok = tiny[1]
+    assert not template_supports_tools(tok)  # SmolLM2's template has no tools
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    msgs = [{"role": "user", "content": "q"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "42"}]
+    out, template_tools = prepare_messages(msgs, tools, tok)
+    assert template_tools is None
+    assert out[0]["role"] == "system" and "<tools>" in out[0]["content"] and '"name": "f"' in out[0]["content"]
+    assert out[2]["content"] == '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    assert out[3]["content"] == "<tool_response>\n42\n</tool_response>"
+    text = tok.apply_chat_template(out, tokenize=False, add_generation_prompt=True)
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_missing_model_names_every_place_tried(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # fail fast instead of retrying the hub
+    with pytest.raises(ModelNotFoundError) as info:
+        load_base_model(str(tmp_path / "no-such-model"))
+    message = str(info.value)
+    assert "smollm2-135m" in message and "does not exist" in message and "from_pretrained" in message
+
+
+def test_tiny_random_model_is_deterministic(tiny):
+    a, tok = tiny_random_model(seed=3, tokenizer=tiny[1])
+    b, _ = tiny_random_model(seed=3, tokenizer=tiny[1])
+    c, _ = tiny_random_model(seed=4, tokenizer=tiny[1])
+    wa, wb, wc = (m.model.embed_tokens.weight for m in (a, b, c))
+    assert (wa == wb).all() and not (wa == wc).all()
+    assert a.config.vocab_size == len(tok) == 49152
