@@ -31,7 +31,7 @@ achieves the goal, relative to the others, using the grading standards below. Gi
 explanation (one or two sentences) for each score.
 
 Answer with JSON only, in exactly this form, with one entry per trajectory id shown, each id exactly once:
-{"scores": [{"trajectory_id": "1", "explanation": "...", "score": 0.0}, ...]}"""
+{"scores": [{"trajectory_id": "<id>", "explanation": "<one or two sentences>", "score": <number from 0 to 1>}, ...]}"""
 
 DEFAULT_RUBRIC = """\
 - A trajectory that achieves its goal should always score significantly higher than one that does not.
@@ -170,11 +170,16 @@ def user_message(
     return {"role": "user", "content": "\n\n".join(parts)}
 
 
-def response_schema(ids: Sequence[str]) -> dict[str, Any]:
+def response_schema(ids: Sequence[str], max_explanation_chars: int | None = None) -> dict[str, Any]:
     """JSON schema of the answer: one entry per id (enum), score in [0, 1], explanation first.
 
     The explanation comes before the score so a model writes its reason, then the number.
+    `max_explanation_chars` bounds the explanation (used for local judges, whose constrained decoder
+    honours maxLength; OpenAI's strict mode does not accept maxLength, so remote schemas omit it).
     """
+    explanation: dict[str, Any] = {"type": "string"}
+    if max_explanation_chars:
+        explanation["maxLength"] = max_explanation_chars
     return {
         "type": "object",
         "properties": {
@@ -184,7 +189,7 @@ def response_schema(ids: Sequence[str]) -> dict[str, Any]:
                     "type": "object",
                     "properties": {
                         "trajectory_id": {"type": "string", "enum": list(ids)},
-                        "explanation": {"type": "string"},
+                        "explanation": explanation,
                         "score": {"type": "number", "minimum": 0, "maximum": 1},
                     },
                     "required": ["trajectory_id", "explanation", "score"],

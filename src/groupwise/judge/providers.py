@@ -117,9 +117,12 @@ def local_client(model: str) -> Any:
 
 
 def _build_local_client(model: str) -> Any:
+    # The same code path as `groupwise serve`: engine -> registry -> FastAPI app -> AsyncOpenAI over
+    # httpx's ASGI transport (no port). The base model is served under its own name.
     try:
         from groupwise.inference.client import in_process_client
         from groupwise.inference.engine import Engine
+        from groupwise.inference.registry import ModelRegistry
         from groupwise.inference.server import create_app
         from groupwise.loading import load_base_model
     except ImportError as e:
@@ -127,7 +130,7 @@ def _build_local_client(model: str) -> Any:
             f"the local judge 'local/{model}' needs groupwise's inference engine, which could not be imported "
             f"({e}). Install the backend extra: pip install 'groupwise[backend]'"
         ) from e
-    loaded = load_base_model(model)
-    engine = Engine(loaded)
-    app = create_app({model: engine})
+    lm, tokenizer = load_base_model(model)
+    engine = Engine(lm, tokenizer)
+    app = create_app(ModelRegistry(engine, base_name=model))
     return in_process_client(app)

