@@ -8,6 +8,7 @@ import random
 import pytest
 
 from groupwise.envs.game_2048 import Scenario2048, parse_move, reward_2048, rollout, scenarios, validate
+from groupwise.envs.game_2048.env import FORMAT_PENALTY, parse_move_loose
 from groupwise.envs.game_2048.game import (
     Game,
     empty_board,
@@ -132,6 +133,21 @@ def test_parse_move(reply, expected):
     assert parse_move(reply) == expected
 
 
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        ("The correct move is up.", "up"),
+        ("LEFT", "left"),
+        ("left, then left again", "left"),               # repeats of one direction are fine
+        ("left or right", None),                         # two directions: ambiguous
+        ("leftover tiles", None),                        # whole words only
+        ("no idea", None),
+    ],
+)
+def test_parse_move_loose(reply, expected):
+    assert parse_move_loose(reply) == expected
+
+
 def _scripted_valid_moves(seed: int, n: int) -> list[str]:
     game, moves = Game(seed=seed), []
     for _ in range(n):
@@ -166,11 +182,26 @@ async def test_rollout_against_scripted_endpoint(scripted):
 
 async def test_rollout_ends_on_a_malformed_reply(scripted):
     move1 = _scripted_valid_moves(11, 1)[0]
-    model = scripted([f"<move>{move1}</move>", "I would go left"])
+    model = scripted([f"<move>{move1}</move>", "I would go somewhere"])
     traj = await rollout(model, Scenario2048(seed=11, max_turns=4))
     assert traj.reward == -1.0
     assert traj.metrics["format_error"] == 1.0 and traj.metrics["valid_move_rate"] == 0.5  # 1 valid of 2 turns
     assert len(model.requests) == 2 and traj.logs
+
+
+async def test_lenient_moves_cost_the_format_penalty(scripted):
+    moves = _scripted_valid_moves(11, 2)
+    model = scripted([f"<move>{moves[0]}</move>", f"I slide {moves[1]}."])
+    traj = await rollout(model, Scenario2048(seed=11, max_turns=2))
+    game = Game(seed=11)
+    for d in moves:
+        game.step(d)
+    # one untagged move of two turns: game reward - 0.5 * 1/2
+    assert traj.reward == pytest.approx(reward_2048(game.board, invalid=False) - FORMAT_PENALTY * 1 / 2)
+    assert traj.metrics["valid_move_rate"] == 1.0 and traj.metrics["format_rate"] == 0.5
+    strict = scripted([f"<move>{moves[0]}</move>", f"I slide {moves[1]}."])
+    traj = await rollout(strict, Scenario2048(seed=11, max_turns=2, lenient=False))
+    assert traj.reward == -1.0 and traj.metrics["valid_move_rate"] == 0.5
 
 
 def test_scenarios_hold_out_the_same_games_for_every_seed():

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from groupwise.envs.tictactoe import ScenarioTicTacToe, parse_cell, rollout, validate
-from groupwise.envs.tictactoe.env import REWARD_INVALID, REWARD_WIN
+from groupwise.envs.tictactoe.env import FORMAT_PENALTY, REWARD_DRAW, REWARD_INVALID, REWARD_WIN, parse_cell_loose
 from groupwise.envs.tictactoe.game import (
     EMPTY_BOARD,
     best_moves,
@@ -85,11 +85,28 @@ def test_parse_cell(reply, expected):
     assert parse_cell(reply) == expected
 
 
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        ("I take 7!", 7),
+        ("cell 5.", 5),
+        ("5, yes 5", 5),
+        ("5 or 6", None),
+        ("12", None),
+        ("3.5", None),
+        (" X | 2 | 3", None),
+        ("the centre", None),
+    ],
+)
+def test_parse_cell_loose(reply, expected):
+    assert parse_cell_loose(reply) == expected
+
+
 async def test_rollout_win_and_invalid(scripted):
     # The agent (X) plays the first free cell of the top row, then of the rest; against a seeded
     # random opponent we check the glue, not the play: replay the game by hand.
     def first_free(body):
-        board_text = body["messages"][-1]["content"]
+        board_text = body["messages"][-1]["content"].split(":\n", 1)[1].split("\nWhich")[0]
         free = [int(c) for c in board_text if c.isdigit()]
         return f"<move>{free[0]}</move>"
 
@@ -107,8 +124,21 @@ async def test_rollout_win_and_invalid(scripted):
     assert REWARD_WIN == 1.0
 
 
+async def test_lenient_moves_cost_the_format_penalty(scripted):
+    # X always takes the first free cell, untagged ("I take cell N."); the outcome is read from the
+    # final board, the penalty is pinned.
+    def loose_first_free(body):
+        board_text = body["messages"][-1]["content"].split(":\n", 1)[1].split("\nWhich")[0]
+        return f"I take cell {[c for c in board_text if c.isdigit()][0]}."
+
+    traj = await rollout(scripted(loose_first_free), ScenarioTicTacToe(seed=0))
+    outcome = {"X": REWARD_WIN, None: REWARD_DRAW, "O": 0.0}[winner(traj.metadata["final_board"])]
+    # every move was untagged: outcome - 0.5 * moves / moves
+    assert traj.reward == pytest.approx(outcome - FORMAT_PENALTY) and traj.metrics["format_rate"] == 0.0
+
+
 async def test_rollout_as_o_against_minimax_starts_with_the_opponents_move(scripted):
-    model = scripted(["<move>notacell</move>"])
+    model = scripted(["<move>notacell</move> nor any number"])
     traj = await rollout(model, ScenarioTicTacToe(seed=0, opponent="minimax", agent_mark="O"))
     first_board = traj.messages()[1]["content"]
     assert "X" in first_board and traj.metrics["invalid_move"] == 1.0

@@ -1,15 +1,19 @@
 """2048 for an LLM agent: the board as text in, one move in a fixed format out.
 
-Each turn the agent sees the board and must answer with exactly one ``<move>DIRECTION</move>`` tag.
-A reply that names no move (or several), or names a move that does not change the board, is an
-invalid move: the episode ends there with reward -1 (ART's 2048 rule). Otherwise the reward is
-log-scaled: how far the max tile got toward `win_tile`, plus 0.2 x how far the board's total got,
-and 2 for reaching `win_tile`.
+Each turn the agent sees the board and is asked for one ``<move>DIRECTION</move>`` tag. The reward is
+in the spirit of ART's 2048: an invalid move ends the episode with -1; otherwise the log-scaled max tile
+(toward `win_tile`) plus 0.2 x the log-scaled board total, and 2 for reaching `win_tile`.
 
-Why the default game is short (`max_turns=4`): a 135M model on 2 CPU cores gets ~10 minutes of
-training, ~10-20 GRPO steps. In that budget it will not learn strategy, but it can learn to answer in
-the exact format with a move that is legal; the -1 against ~+0.2..0.3 gap makes that the dominant
-signal, and `valid_move_rate` on held-out seeds (`validate`) measures it.
+Why the defaults look the way they do (measured, see README): a 135M model on 2 CPU cores gets ~10
+minutes of training, ~10-20 GRPO steps, so the learnable signal must exist at step 0. Base
+SmolLM2-135M-Instruct, sampled at temperature 1.0, wrote the exact tag in 0 of 32 replies to the
+first board (so a strict-format-only reward is all -1: no advantage, nothing to learn), but named
+exactly one direction in 11 of 32 with this prompt (4 of 32 with a longer rules-first prompt).
+Hence `lenient=True` (default): a reply with no valid tag that names exactly one direction word is
+played, but each such move costs `FORMAT_PENALTY` / turns. The reward ladder is then
+no move (-1) < a loose move (about -0.25) < a tagged move (about +0.25), and a short game
+(`max_turns=4`) keeps episodes cheap. `validate` is the valid-move rate (either format);
+``metrics["format_rate"]`` is the strict-tag rate.
 """
 
 from __future__ import annotations
@@ -24,14 +28,13 @@ from groupwise.envs._chat import Sampling, choice_text, complete, new_trajectory
 from groupwise.envs.game_2048.game import DIRECTIONS, Board, Game, board_sum, max_tile, render
 from groupwise.types import Trajectory
 
-SYSTEM_PROMPT = (
-    "You are playing 2048. Tiles slide in the direction you choose; two equal tiles that touch merge "
-    "into one. Empty cells are shown as _. A move must change the board. "
-    "Answer with exactly one move in this format and nothing else: <move>left</move> "
-    "(the other moves are <move>right</move>, <move>up</move>, <move>down</move>)."
-)
+# Short on purpose: with a 135M model, a longer rules-first prompt made well-formed replies rarer.
+SYSTEM_PROMPT = "You play the game 2048."
+QUESTION = "Which way do you slide the tiles: left, right, up or down? Answer in this format: <move>left</move>"
+FORMAT_PENALTY = 0.5  # per loose (untagged) move, averaged over the turns
 
 _MOVE_TAG = re.compile(r"<move>\s*([A-Za-z]+)\s*</move>", re.IGNORECASE)
+_DIRECTION_WORD = re.compile(r"\b(left|right|up|down)\b", re.IGNORECASE)
 
 
 class Scenario2048(Sampling):
@@ -39,6 +42,8 @@ class Scenario2048(Sampling):
 
     seed: int = Field(description="Seeds the spawns: the same seed and moves give the same game.")
     max_turns: int = Field(4, gt=0, description="Most moves the agent makes before the episode stops.")
+    lenient: bool = Field(True, description="Play an untagged reply that names exactly one direction "
+                          "(with FORMAT_PENALTY); False: only the exact tag counts (ART's rule).")
     win_tile: int = Field(2048, ge=4, description="Reaching this tile wins (reward 2).")
     max_tokens: int = Field(16, gt=0, description="Most tokens per reply; a move tag is ~6 tokens.")
 
@@ -57,6 +62,13 @@ def parse_move(text: str) -> str | None:
     return direction if direction in DIRECTIONS else None
 
 
+def parse_move_loose(text: str) -> str | None:
+    """The direction of a reply without a valid tag: the one direction word it names (whole word,
+    any case), or None when it names none or two different ones ("left or right")."""
+    found = {w.lower() for w in _DIRECTION_WORD.findall(text or "")}
+    return found.pop() if len(found) == 1 else None
+
+
 def reward_2048(board: Board, *, invalid: bool, win_tile: int = 2048) -> float:
     """ART-style reward: -1 for an invalid move, 2 for a win, else max-tile score + 0.2 x board score.
 
@@ -73,35 +85,40 @@ def reward_2048(board: Board, *, invalid: bool, win_tile: int = 2048) -> float:
     return top_score + 0.2 * sum_score
 
 
-def user_prompt(board: Board, turn: int, max_turns: int) -> str:
-    return f"Move {turn} of {max_turns}. The board:\n{render(board)}\nYour move?"
+def user_prompt(board: Board) -> str:
+    return f"The board:\n{render(board)}\n{QUESTION}"
 
 
 async def rollout(model: Any, scenario: Scenario2048) -> Trajectory:
     """Play one game; returns the trajectory with reward, metrics and every Choice kept."""
     game = Game(seed=scenario.seed, win_tile=scenario.win_tile)
-    traj = new_trajectory(SYSTEM_PROMPT, user_prompt(game.board, 1, scenario.max_turns))
+    traj = new_trajectory(SYSTEM_PROMPT, user_prompt(game.board))
     traj.metadata.update({"env": "2048", "seed": scenario.seed})
     invalid = format_error = illegal = False
-    turns = 0
+    turns = tagged = loose = 0
     while turns < scenario.max_turns and not game.finished:
         if turns:
-            traj.messages_and_choices.append(
-                {"role": "user", "content": user_prompt(game.board, turns + 1, scenario.max_turns)}
-            )
+            traj.messages_and_choices.append({"role": "user", "content": user_prompt(game.board)})
         choice = await complete(model, traj.messages(), scenario)
         traj.messages_and_choices.append(choice)
         turns += 1
-        direction = parse_move(choice_text(choice))
+        text = choice_text(choice)
+        direction = parse_move(text)
+        tagged += direction is not None
+        if direction is None and scenario.lenient:
+            direction = parse_move_loose(text)
+            loose += direction is not None
         if direction is None:
             invalid = format_error = True
-            traj.log(f"turn {turns}: no valid <move> tag in {choice_text(choice)[:80]!r}")
+            traj.log(f"turn {turns}: no move in {text[:80]!r}")
             break
         if not game.step(direction):
             invalid = illegal = True
             traj.log(f"turn {turns}: {direction} does not change the board")
             break
     traj.reward = reward_2048(game.board, invalid=invalid, win_tile=scenario.win_tile)
+    if not invalid and turns:  # every turn was a move; the untagged ones cost the format penalty
+        traj.reward -= FORMAT_PENALTY * loose / turns
     traj.metrics.update(
         {
             "max_tile": max_tile(game.board),
@@ -113,6 +130,8 @@ async def rollout(model: Any, scenario: Scenario2048) -> Trajectory:
             "illegal_move": float(illegal),
             # Valid moves over moves attempted: 0 when the first reply is invalid, 1 when none is.
             "valid_move_rate": game.moves / turns if turns else 0.0,
+            # Replies with the exact <move> tag over moves attempted (the strict format).
+            "format_rate": tagged / turns if turns else 0.0,
             "win": float(game.won),
         }
     )

@@ -21,12 +21,13 @@ import re
 from fractions import Fraction
 
 _NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
-# Not part of a longer number: no digit or "digit," before it, no digit, ",digit" or ".digit" after it.
-_NUMBER_RE = re.compile(rf"(?<![\d.])(?<!\d,){_NUMBER}(?!\d|,\d|\.\d)")
+# Not part of a longer number or a fraction: no digit, "digit," or "digit/" before it; no digit,
+# ",digit", ".digit" or "/digit" after it.
+_NUMBER_RE = re.compile(rf"(?<![\d.])(?<!\d,)(?<!\d/){_NUMBER}(?!\d|,\d|\.\d|/\d)")
 _BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
 _BOXED_ALONE_RE = re.compile(rf"^\s*\\?\$?\s*({_NUMBER})\s*\.?\s*$")
 _MARKER_RE = re.compile(r"answer\s*(?:is\s*:?|:|=)", re.IGNORECASE)
-_AFTER_MARKER_RE = re.compile(rf"^\s*\**\s*\\?\$?\s*({_NUMBER})(?!\d|,\d|\.\d)")
+_AFTER_MARKER_RE = re.compile(rf"^\s*\**\s*\\?\$?\s*({_NUMBER})(?!\d|,\d|\.\d|/\d)")
 
 
 def to_number(text: str) -> Fraction:

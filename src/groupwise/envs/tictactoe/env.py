@@ -13,6 +13,11 @@ worst thing the agent can do):
 
 `validate` is the win indicator, so its mean over the held-out games is the win rate against the
 random opponent. Against minimax the best an agent can do is a draw.
+
+As in 2048 (see its env.py), base SmolLM2-135M never writes the exact tag at temperature 1.0, so with
+`lenient=True` (default) a reply without a valid tag that names exactly one cell number (a standalone
+digit 1-9) is played too, each such move costing `FORMAT_PENALTY` / moves on top of the outcome's
+reward (not on the -1 of an invalid move). ``metrics["format_rate"]`` is the strict-tag rate.
 """
 
 from __future__ import annotations
@@ -36,13 +41,13 @@ from groupwise.envs.tictactoe.game import (
 )
 from groupwise.types import Trajectory
 
-SYSTEM_PROMPT = (
-    "You are playing tic-tac-toe as {mark}. The board shows each free cell as its number 1-9. "
-    "Three of your marks in a row, column or diagonal win. Answer with exactly one free cell in this "
-    "format and nothing else: <move>5</move>"
-)
+# Short on purpose (a 135M model follows a short question with a format example best).
+SYSTEM_PROMPT = "You play tic-tac-toe as {mark}. Three of your marks in a line win."
+QUESTION = "Which free cell do you take? Answer in this format: <move>5</move>"
+FORMAT_PENALTY = 0.5  # per loose (untagged) move, averaged over the agent's moves
 
 _MOVE_TAG = re.compile(r"<move>\s*(\d+)\s*</move>", re.IGNORECASE)
+_CELL_DIGIT = re.compile(r"(?<!\d)(?<!\d\.)([1-9])(?!\d|\.\d)")  # a lone digit, not part of 12 or 3.5
 
 REWARD_WIN, REWARD_DRAW, REWARD_LOSS, REWARD_INVALID = 1.0, 0.5, 0.0, -1.0
 
@@ -52,6 +57,8 @@ class ScenarioTicTacToe(Sampling):
     opponent: Literal["random", "minimax"] = Field("random", description="Who the agent plays against.")
     agent_mark: Literal["X", "O"] = Field("X", description="The agent's mark; X moves first.")
     max_tokens: int = Field(12, gt=0, description="Most tokens per reply; a move tag is ~5 tokens.")
+    lenient: bool = Field(True, description="Play an untagged reply that names exactly one cell number "
+                          "(with FORMAT_PENALTY); False: only the exact tag counts.")
 
 
 def parse_cell(text: str) -> int | None:
@@ -68,8 +75,15 @@ def parse_cell(text: str) -> int | None:
     return cell if 1 <= cell <= 9 else None
 
 
+def parse_cell_loose(text: str) -> int | None:
+    """The cell of a reply without a valid tag: the one standalone digit 1-9 it names (repeats of the
+    same digit are fine), or None when it names none or two different ones ("12", "3.5" are not cells)."""
+    found = set(_CELL_DIGIT.findall(text or ""))
+    return int(found.pop()) if len(found) == 1 else None
+
+
 def user_prompt(board: str, mark: str) -> str:
-    return f"The board (you are {mark}):\n{render(board)}\nYour move?"
+    return f"The board (you are {mark}, free cells show their number):\n{render(board)}\n{QUESTION}"
 
 
 def _opponent_move(board: str, opponent: str, rng: random.Random) -> int:
@@ -86,13 +100,17 @@ async def rollout(model: Any, scenario: ScenarioTicTacToe) -> Trajectory:
     traj = new_trajectory(SYSTEM_PROMPT.format(mark=mark), user_prompt(board, mark))
     traj.metadata.update({"env": "tictactoe", "seed": scenario.seed, "opponent": scenario.opponent, "mark": mark})
     invalid = False
-    moves = 0
+    moves = tagged = loose = 0
     while not is_over(board):
         if moves:
             traj.messages_and_choices.append({"role": "user", "content": user_prompt(board, mark)})
         choice = await complete(model, traj.messages(), scenario)
         traj.messages_and_choices.append(choice)
         cell = parse_cell(choice_text(choice))
+        tagged += cell is not None
+        if cell is None and scenario.lenient:
+            cell = parse_cell_loose(choice_text(choice))
+            loose += cell is not None
         if cell is None or (cell - 1) not in legal_moves(board):
             invalid = True
             traj.log(f"invalid reply {choice_text(choice)[:80]!r} on board {board!r}")
@@ -107,6 +125,7 @@ async def rollout(model: Any, scenario: ScenarioTicTacToe) -> Trajectory:
         traj.reward = REWARD_INVALID
     else:
         traj.reward = REWARD_WIN if won else REWARD_DRAW if draw else REWARD_LOSS
+        traj.reward -= FORMAT_PENALTY * loose / max(moves, 1)
     traj.metadata["final_board"] = board
     traj.metrics.update(
         {
@@ -115,6 +134,7 @@ async def rollout(model: Any, scenario: ScenarioTicTacToe) -> Trajectory:
             "loss": float(not won and not draw),
             "invalid_move": float(invalid),
             "moves": moves,
+            "format_rate": tagged / len(traj.choices()) if traj.choices() else 0.0,
         }
     )
     return traj.finish()
