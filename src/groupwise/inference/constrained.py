@@ -66,10 +66,13 @@ def ll_tokenizer(tokenizer: Any) -> Any:
 class Constraint:
     """A compiled grammar; `new_matcher()` gives each choice its own parser state."""
 
-    def __init__(self, grammar: str, tokenizer: Any, description: str):
+    def __init__(self, grammar: str, tokenizer: Any, description: str, *,
+                 json_schema: dict | None = None, lark: str | None = None):
         llg = _llguidance()
         self.grammar = grammar
         self.description = description
+        # The source, for engines that compile grammars themselves (vllm_engine.py).
+        self.json_schema, self.lark = json_schema, lark
         self._tok = ll_tokenizer(tokenizer)
         probe = llg.LLMatcher(self._tok, grammar)
         if probe.is_error():
@@ -153,7 +156,7 @@ def constraint_for(
             f"call: %json {json.dumps(schema)}\n"
         )
         return Constraint(llg.LLMatcher.grammar_from_lark(lark), tokenizer,
-                          f"tool_choice={tool_choice!r}")
+                          f"tool_choice={tool_choice!r}", lark=lark)
     if not response_format:
         return None
     kind = response_format.get("type")
@@ -172,4 +175,4 @@ def constraint_for(
         grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=JSON_OPTIONS)
     except Exception as exc:  # llguidance raises ValueError on schemas it cannot compile
         raise ConstraintError(f"response_format schema cannot be compiled: {exc}") from exc
-    return Constraint(grammar, tokenizer, f"response_format={kind}")
+    return Constraint(grammar, tokenizer, f"response_format={kind}", json_schema=schema)
