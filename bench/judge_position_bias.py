@@ -21,6 +21,7 @@ import statistics
 import time
 
 from groupwise.judge import ruler_detailed
+from groupwise.judge.reconcile import pass_orders
 
 TASK = [
     {"role": "system", "content": "You are a careful math tutor. Answer with the final number and one line of reasoning."},
@@ -41,7 +42,9 @@ def group() -> list[list[dict]]:
 async def measure(judge: str, passes: int, n: int, **options) -> dict:
     lists = group()[:n]
     per_rotation: list[list[float]] = []  # [rotation][trajectory]
+    by_position: list[list[float]] = [[] for _ in range(n)]  # pass 0's score of whoever was shown at k
     rhos: list[float] = []
+    first_order = pass_orders(n, passes, 0)[0]  # positions of the rotated input in pass 0
     t0 = time.monotonic()
     for r in range(n):
         rotated = lists[r:] + lists[:r]
@@ -50,11 +53,14 @@ async def measure(judge: str, passes: int, n: int, **options) -> dict:
         for s in result.scores:
             by_input[(s.index + r) % n] = s.score  # rotated[i] is lists[(i + r) % n]
         per_rotation.append(by_input)
+        for k, i in enumerate(first_order):
+            by_position[k].append(result.scores[i].pass_scores[0])
         if "judge/pass_spearman" in result.metrics:
             rhos.append(float(result.metrics["judge/pass_spearman"]))
     spreads = [max(col) - min(col) for col in zip(*per_rotation)]
     means = [statistics.fmean(col) for col in zip(*per_rotation)]
-    return {"passes": passes, "spreads": spreads, "means": means, "rho": statistics.fmean(rhos) if rhos else None,
+    return {"passes": passes, "spreads": spreads, "means": means, "rotations": per_rotation,
+            "by_position": [statistics.fmean(v) for v in by_position], "rho": statistics.fmean(rhos) if rhos else None,
             "seconds": time.monotonic() - t0}
 
 
@@ -75,6 +81,10 @@ async def main() -> None:
         rho = "-" if m["rho"] is None else f"{m['rho']:.2f}"
         means = " ".join(f"{s:.2f}" for s in m["means"])
         print(f"{k:>6} | {spreads:<48} | {statistics.fmean(m['spreads']):>11.3f} | {rho:>8} | {means:<25} | {m['seconds']:.0f}")
+        for r, row in enumerate(m["rotations"]):
+            print(f"{'':>6}   rotation {r}: scores of t0..t{args.n - 1} = " + " ".join(f"{x:.2f}" for x in row))
+        print(f"{'':>6}   pass-0 score by shown position 1..{args.n} (mean over rotations): "
+              + " ".join(f"{x:.2f}" for x in m["by_position"]))
 
 
 if __name__ == "__main__":

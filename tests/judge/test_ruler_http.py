@@ -270,3 +270,11 @@ def test_messages_rendered_readably_without_json_escaping():
     assert _render_message({"role": "tool", "tool_call_id": "c1", "content": '["x"]'}) == '[tool result c1] ["x"]'
     bad_args = {"function": {"name": "f", "arguments": "{not json"}}
     assert _render_message({"role": "assistant", "tool_calls": [bad_args]}) == "[assistant calls f] {not json"
+
+
+async def test_failing_pass_cancels_the_others_and_raises(judge_server):
+    # pass 1 gets a 401 at once; pass 0 is still waiting on a slow answer and is cancelled.
+    judge_server.script.extend([Reply(answer([("1", 0.5), ("2", 0.5)]), delay=2.0), Reply(status=401)])
+    with pytest.raises(gw.JudgeError, match="HTTP 401"):
+        await ruler_score_group(make_group([0.2, 0.8]), "scripted", **opts(judge_server, passes=2))
+    assert len(judge_server.requests) == 2

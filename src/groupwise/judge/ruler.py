@@ -209,6 +209,22 @@ async def _request(
 # ----------------------------------------------------------------------------- orders, chunks, passes
 
 
+async def _gather(coros: list[Any]) -> list[Any]:
+    """Results in order; on the first failure the other requests are cancelled and it is raised."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in tasks:
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+        return [t.result() for t in tasks]
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class _Judge:
     """State of one `ruler_detailed` call: endpoint, prompt parts, usage, raw answers."""
 
@@ -247,7 +263,7 @@ class _Judge:
             shown = part + anchors
             random.Random(f"{self.cfg.seed}/{pass_index}/{c}").shuffle(shown)  # anchors not always last
             shown_lists.append(shown)
-        results = await asyncio.gather(*(self.judge_shown(s) for s in shown_lists))
+        results = await _gather([self.judge_shown(s) for s in shown_lists])
         out = dict(first)
         for part, res in zip(parts, results):
             a, b = align([res[u].score for u in anchors], [first[u].score for u in anchors])
@@ -288,7 +304,7 @@ async def ruler_detailed(
         distinct[u] = item
     judge = _Judge(endpoint, cfg, rubric, context, common_tools, distinct)
     orders = pass_orders(len(distinct), cfg.passes, cfg.seed)
-    passes = await asyncio.gather(*(judge.judge_order(o, p) for p, o in enumerate(orders)))
+    passes = await _gather([judge.judge_order(o, p) for p, o in enumerate(orders)])
     scores = []
     for i, u in enumerate(owner):
         per_pass = [res[u].score for res in passes]
