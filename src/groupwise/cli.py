@@ -36,6 +36,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", default=None, help="served model name (default: the --model value)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--max-batch-size", type=int, default=32, help="sequences decoded together (default 32)")
     p.set_defaults(_target="groupwise.inference.server:run_serve")
 
 

@@ -67,3 +67,16 @@ def test_tiny_random_model_is_deterministic(tiny):
     wa, wb, wc = (m.model.embed_tokens.weight for m in (a, b, c))
     assert (wa == wb).all() and not (wa == wc).all()
     assert a.config.vocab_size == len(tok) == 49152
+
+
+def test_serve_off_loopback_requires_api_key(tmp_path):
+    from groupwise.cli import build_parser
+    from groupwise.errors import ConfigError
+    from groupwise.inference.server import run_serve
+
+    args = build_parser().parse_args(["serve", "--model", "smollm2-135m", "--host", "0.0.0.0",
+                                      "--adapter", str(tmp_path)])
+    with pytest.raises(ConfigError) as info:
+        run_serve(args)  # refused before any model is loaded
+    assert "--api-key" in str(info.value) and "adapter_config.json" in str(info.value)
+    assert len(info.value.problems) == 2
