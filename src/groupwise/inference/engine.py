@@ -104,7 +104,7 @@ class _Seq:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     tops: list[list[tuple[int, float]]] = field(default_factory=list)
-    generator: torch.Generator | None = None
+    seed: int | None = None
     matcher: Any = None
     finish_reason: str | None = None
     text_cut: int | None = None  # stop string found: text is cut here
@@ -242,8 +242,7 @@ class Engine:
         for i in range(request.n):
             seq = _Seq(request, state, i)
             if request.sampling.seed is not None:
-                seq.generator = torch.Generator(device=self.device)
-                seq.generator.manual_seed(request.sampling.seed + i)
+                seq.seed = request.sampling.seed + i  # choice i of n draws its own stream
             if request.constraint is not None:
                 seq.matcher = request.constraint.new_matcher()
             state.seqs.append(seq)
@@ -481,7 +480,7 @@ class Engine:
 
             allowed = allowed_mask([s.matcher for s in seqs], logits_BV.shape[-1], logits_BV.device)
         tokens_B, logprobs_B, raw_BV = sample_next(
-            logits_BV, [s.req.sampling for s in seqs], [s.generator for s in seqs], allowed,
+            logits_BV, [s.req.sampling for s in seqs], [s.seed for s in seqs], [len(s.tokens) for s in seqs], allowed,
             self._default_generator,
         )
         tops_needed = max(s.req.sampling.top_logprobs for s in seqs)

@@ -8,8 +8,10 @@ distribution actually sampled from (tempered, truncated, masked) is a sampling d
 policy being trained.
 
 Sampling is done with the exponential-race trick: ``argmax(p / E)`` with ``E ~ Exp(1)`` i.i.d. draws
-a token with probability p. Each request with a seed draws its noise from its own
-``torch.Generator``, so its sample does not depend on which other requests share the batch.
+a token with probability p. A seeded sequence's noise is a hash of (seed, token index, vocab id)
+(`seeded_uniform`), computed for all seeded rows in one vectorised op: its sample does not depend
+on which other requests share the batch, and no per-row generator call (a kernel launch each on
+CUDA) is needed. Unseeded rows share the engine's generator.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SamplingParams", "sample_next", "top_p_filter"]
+__all__ = ["SamplingParams", "sample_next", "seeded_uniform", "top_p_filter"]
 
 
 @dataclass
@@ -52,10 +54,29 @@ def top_p_filter(logits_BV: torch.Tensor, top_p_B: torch.Tensor) -> torch.Tensor
     return logits_BV.masked_fill(drop, float("-inf"))
 
 
+_M32 = 0xFFFFFFFF
+
+
+def _pcg_hash(x: torch.Tensor) -> torch.Tensor:
+    """PCG-RXS-M-XS 32-bit hash on int64 tensors holding values < 2**32 (products stay < 2**62)."""
+    state = (x * 747796405 + 2891336453) & _M32
+    word = (((state >> ((state >> 28) + 4)) ^ state) * 277803737) & _M32
+    return ((word >> 22) ^ word) & _M32
+
+
+def seeded_uniform(seeds_B: torch.Tensor, steps_B: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, V] uniforms in (0, 1), a pure function of (seed, step, vocab id)."""
+    row = _pcg_hash((seeds_B & _M32) ^ _pcg_hash(steps_B & _M32))  # [B]
+    v = torch.arange(vocab, device=seeds_B.device, dtype=torch.int64)
+    bits = _pcg_hash(row[:, None] ^ _pcg_hash(v)[None, :]) >> 8  # 24 bits: exact in float32
+    return (bits.float() + 0.5) / float(1 << 24)
+
+
 def sample_next(
     logits_BV: torch.Tensor,  # [B, V] raw model logits (any dtype)
     params: list[SamplingParams],
-    generators: list[torch.Generator | None],
+    seeds: list[int | None],  # per row: the sequence's seed (request seed + choice index) or None
+    steps: list[int],  # per row: index of the token being sampled (0 for the first)
     allowed_mask_BV: torch.Tensor | None = None,  # [B, V] bool, True = allowed (grammar), or None
     default_generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -83,12 +104,13 @@ def sample_next(
             scaled = top_p_filter(scaled, top_p)
         probs = torch.softmax(scaled, dim=-1)  # [b, V]
         noise = torch.empty_like(probs)
-        unseeded = []
-        for j, i in enumerate(sampled_rows):
-            if generators[i] is not None:
-                noise[j].exponential_(generator=generators[i])
-            else:
-                unseeded.append(j)
+        seeded = [j for j, i in enumerate(sampled_rows) if seeds[i] is not None]
+        unseeded = [j for j, i in enumerate(sampled_rows) if seeds[i] is None]
+        if seeded:
+            rows = [sampled_rows[j] for j in seeded]
+            u = seeded_uniform(torch.tensor([seeds[i] for i in rows], device=logits.device),
+                               torch.tensor([steps[i] for i in rows], device=logits.device), probs.shape[1])
+            noise[torch.tensor(seeded, device=logits.device)] = -torch.log(u)
         if unseeded:
             u = torch.tensor(unseeded, device=logits.device)
             noise[u] = torch.empty(len(unseeded), probs.shape[1], device=logits.device).exponential_(
