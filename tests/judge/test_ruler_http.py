@@ -278,3 +278,12 @@ async def test_failing_pass_cancels_the_others_and_raises(judge_server):
     with pytest.raises(gw.JudgeError, match="HTTP 401"):
         await ruler_score_group(make_group([0.2, 0.8]), "scripted", **opts(judge_server, passes=2))
     assert len(judge_server.requests) == 2
+
+
+async def test_art_style_extra_litellm_params(judge_server):
+    # ART: ruler_score_group(group, judge_model, extra_litellm_params, rubric=...)
+    params = {"api_base": judge_server.url, "api_key": "k", "temperature": 0.3, "reasoning_effort": "low"}
+    judged = await ruler_score_group(make_group([0.2, 0.8]), "scripted", params, backoff_s=0.0)
+    assert judged.rewards() == [0.2, 0.8]
+    req = judge_server.requests[0]
+    assert req["temperature"] == 0.3 and req["reasoning_effort"] == "low"

@@ -66,11 +66,31 @@ class JudgeConfig(Validated):
         return p
 
 
+# ART's `extra_litellm_params` keys -> JudgeConfig fields; other keys go to the request's extra body.
+_LITELLM_KEYS = {"api_base": "base_url", "base_url": "base_url", "api_key": "api_key", "temperature": "temperature",
+                 "max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "timeout": "timeout_s"}
+
+
 def make_config(config: JudgeConfig | None, overrides: dict[str, Any]) -> JudgeConfig:
-    """`config` (or the defaults) with keyword overrides; unknown keywords are a ConfigError."""
+    """`config` (or the defaults) with keyword overrides; unknown keywords are a ConfigError.
+
+    ``extra_litellm_params={...}`` (ART's argument) is accepted so ported code runs: its endpoint
+    and sampling keys map to the fields above, anything else is sent in the request body.
+    """
     import dataclasses
 
     from groupwise.errors import ConfigError
+
+    overrides = dict(overrides)
+    litellm = overrides.pop("extra_litellm_params", None) or {}
+    extra_body = dict(overrides.get("extra_body") or {})
+    for k, v in litellm.items():
+        if k in _LITELLM_KEYS:
+            overrides.setdefault(_LITELLM_KEYS[k], v)
+        else:
+            extra_body[k] = v
+    if extra_body:
+        overrides["extra_body"] = extra_body
 
     names = {f.name for f in dataclasses.fields(JudgeConfig)}
     unknown = sorted(set(overrides) - names)

@@ -290,6 +290,8 @@ async def ruler_detailed(
     **options: Any,
 ) -> RulerResult:
     """Like `ruler`, and also returns usage, metrics (judge/*) and the judge's raw answers."""
+    if isinstance(rubric, dict):  # ART's third positional argument is extra_litellm_params
+        options["extra_litellm_params"], rubric = rubric, options.pop("rubric", DEFAULT_RUBRIC)
     cfg = make_config(config, options)
     if not message_lists:
         raise ValueError("ruler: message_lists is empty; there is nothing to judge")
@@ -374,6 +376,8 @@ async def ruler_score_group(
         )
     if not group.trajectories:
         return group.model_copy(deep=True)  # only exceptions: nothing to judge, keep the record
+    if isinstance(rubric, dict):  # ART's third positional argument is extra_litellm_params
+        options["extra_litellm_params"], rubric = rubric, DEFAULT_RUBRIC
     client = options.pop("client", None)
     cfg = make_config(options.pop("config", None), options)
     trajs = group.trajectories
