@@ -152,9 +152,9 @@ async def test_rollout_text_mode(scripted, db, questions):
         _tool_text("read_email", message_id=q.source_id),
         _tool_text("return_final_answer", answer=q.answer, sources=[q.source_id]),
     ])
-    traj = await rollout(model, _scenario(q, db))
+    traj = await rollout(model, _scenario(q, db, tool_mode="text"))
     assert traj.metrics["correct"] == 1.0 and validate(traj) == 1.0
-    assert traj.reward == pytest.approx(1.15)  # correct, cited, 3 of 6 turns: 1 + 0.1 + 0.05
+    assert traj.reward == pytest.approx(1.125)  # correct, cited, 3 of 4 turns: 1 + 0.1 + 0.1 * 1/4
     assert traj.metrics["found_source"] == traj.metrics["read_source"] == 1.0
     assert traj.metadata["question_id"] == q.id and traj.tools is None
     roles = [m["role"] for m in traj.messages()]
@@ -173,6 +173,20 @@ async def test_rollout_native_mode(scripted, db, questions):
     assert traj.metrics["idk"] == 1.0 and traj.metrics["correct"] == 0.0
     assert traj.reward == pytest.approx(0.1)  # I don't know (0) + found the source (0.1)
     assert traj.tools == T.TOOLS and model.requests[0]["tools"] == T.TOOLS
+    assert model.requests[0]["tool_choice"] == "required"
+    assert model.requests[1]["tool_choice"] == "required"  # turn 2 of 4 is not the last
+
+
+async def test_native_last_turn_forces_the_final_answer(scripted, db, questions):
+    q = questions[7]
+    model = scripted([
+        {"tool_calls": [("search_emails", {"keywords": list(q.keywords)})]},
+        {"tool_calls": [("return_final_answer", {"answer": q.answer, "sources": []})]},
+    ])
+    traj = await rollout(model, _scenario(q, db, tool_mode="native", max_turns=2))
+    assert model.requests[1]["tool_choice"] == {"type": "function", "function": {"name": "return_final_answer"}}
+    # correct, not cited, 2 of 2 turns: 1 + 0 + 0.1 * 0
+    assert traj.metrics["correct"] == 1.0 and traj.reward == pytest.approx(1.0)
     tool_msgs = [m for m in traj.messages() if m["role"] == "tool"]
     assert tool_msgs[0]["tool_call_id"] == "call_1_0"
     assert traj.messages()[2]["tool_calls"][0]["function"]["name"] == "search_emails"
@@ -181,9 +195,9 @@ async def test_rollout_native_mode(scripted, db, questions):
 async def test_rollout_format_and_tool_errors(scripted, db, questions):
     q = questions[0]
     model = scripted([_tool_text("delete_email", message_id="x"), "The answer is 4B."])
-    traj = await rollout(model, _scenario(q, db))
+    traj = await rollout(model, _scenario(q, db, tool_mode="text"))
     assert traj.metrics["tool_errors"] == 1 and traj.metrics["format_error"] == 1.0
     assert traj.reward == -2.0 and "unknown tool" in traj.messages()[3]["content"]
     model = scripted(lambda body: _tool_text("search_emails", keywords=["nothing-matches-this"]))
-    traj = await rollout(model, _scenario(q, db, max_turns=2))
+    traj = await rollout(model, _scenario(q, db, max_turns=2, tool_mode="text"))
     assert traj.metrics["turns"] == 2 and traj.metrics["answered"] == 0.0 and traj.reward == 0.0

@@ -55,6 +55,7 @@ async def complete(
     sampling: Sampling,
     *,
     tools: Tools | None = None,
+    tool_choice: str | dict[str, Any] | None = None,
 ) -> Choice:
     """One chat completion; returns its first `Choice` untouched (token ids and logprobs kept)."""
     client = model.openai_client()
@@ -70,6 +71,8 @@ async def complete(
         kwargs["seed"] = sampling.sampling_seed
     if tools:
         kwargs["tools"] = tools
+        if tool_choice is not None:
+            kwargs["tool_choice"] = tool_choice
     response = await client.chat.completions.create(**kwargs)
     if not response.choices:
         raise RuntimeError(

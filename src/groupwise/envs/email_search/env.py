@@ -4,12 +4,19 @@ Each turn the model calls one of three tools (tools.py); the episode ends when i
 `return_final_answer`, replies without a tool call, or reaches `max_turns`.
 
 Two ways to call tools (`tool_mode`):
-- "native": OpenAI tools (`tools=` in the request, `message.tool_calls` back, `role: tool` results);
-  for servers and models that do tool calling.
-- "text" (default): the tools are described in the system prompt and called in the reply as
+- "native" (default): OpenAI tools (`tools=` in the request, `message.tool_calls` back, `role: tool`
+  results), with ``tool_choice="required"`` by default. groupwise's server then decodes every reply
+  under a grammar that only admits one schema-valid tool call (inference/constrained.py), and renders
+  tools into the prompt itself for templates without tool support (SmolLM2's). Why required: base
+  SmolLM2-135M wrote a parseable tool call in 0 of 32 replies when free (measured with the text
+  prompt below), so without the grammar every episode is a format error and there is nothing to
+  learn; with it, the signal is which tool, which keywords, which answer. The logprobs the server
+  reports stay those of the unconstrained policy, which is what the trainer needs. On the last turn
+  `force_final_answer` names `return_final_answer` (measured: left free, base SmolLM2 searched until
+  the turn limit in 6 of 6 episodes, so every episode scored the same 0).
+- "text": the tools are described in the system prompt and called in the reply as
   ``<tool_call>{"name": "read_email", "arguments": {"message_id": "m0-1a2b3c"}}</tool_call>``; results
-  come back as user messages. Plain chat, so it works with any chat template (SmolLM2 has no tool
-  template) and the trainer sees exactly the text the model produced.
+  come back as user messages. Plain chat, for servers without tools or tool_choice.
   In native mode a reply with no `tool_calls` is also read this way (many models print tool calls).
 
 Rewards (the verifiable part; the loop may add or replace it with RULER, gated by `metrics["correct"]`):
@@ -72,8 +79,14 @@ class ScenarioEmail(Sampling):
     answer: str = Field(description="Ground truth (never shown to the model).")
     source_id: str = Field(description="message_id of the email holding the answer.")
     today: str
-    max_turns: int = Field(6, gt=0, description="Most model replies (tool calls) per episode.")
-    tool_mode: Literal["text", "native"] = Field("text", description="How tools are called (module doc).")
+    max_turns: int = Field(4, gt=0, description="Most model replies (tool calls) per episode.")
+    tool_mode: Literal["text", "native"] = Field("native", description="How tools are called (module doc).")
+    tool_choice: Literal["required", "auto"] | None = Field(
+        "required", description="Native mode: 'required' forces one tool call per reply (module doc); "
+        "'auto' lets the model answer in text; None leaves it out of the request.")
+    force_final_answer: bool = Field(
+        True, description="Native mode: on the last turn, tool_choice names return_final_answer, so every "
+        "episode ends with an answer (graded right/wrong/I don't know) instead of running out of turns.")
     db: str | None = Field(None, description="SQLite corpus path; None builds/uses the default cache.")
     corpus_seed: int = Field(0, description="Seed of the default corpus (when db is None).")
     max_tokens: int = Field(96, gt=0, description="Most tokens per reply; a tool call is ~30-50 tokens.")
@@ -165,7 +178,11 @@ async def rollout(model: Any, scenario: ScenarioEmail) -> Trajectory:
     format_error = found = read = False
     tool_errors = turns = 0
     while turns < scenario.max_turns and final is None:
-        choice = await complete(model, traj.messages(), scenario, tools=T.TOOLS if native else None)
+        tool_choice: Any = scenario.tool_choice if native else None
+        if native and scenario.force_final_answer and turns == scenario.max_turns - 1:
+            tool_choice = {"type": "function", "function": {"name": "return_final_answer"}}
+        choice = await complete(model, traj.messages(), scenario, tools=T.TOOLS if native else None,
+                                tool_choice=tool_choice)
         traj.messages_and_choices.append(choice)
         turns += 1
         calls = parse_tool_calls(choice)

@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import Any
 
 MAX_RESULTS = 10
+MESSAGE_ID_PATTERN = r"^m[0-9]{1,2}-[0-9a-f]{6}$"  # the ids inbox.py makes: "m3-0a1b2c"
+
+# The length limits are there for constrained decoding (tool_choice="required"): a grammar built from
+# this schema cannot run on with a 40-keyword list until max_tokens cuts the JSON (measured: base
+# SmolLM2-135M did exactly that), and hosted APIs accept these keywords too.
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -27,13 +32,19 @@ TOOLS: list[dict[str, Any]] = [
             "parameters": {
                 "type": "object",
                 "properties": {
-                    "keywords": {"type": "array", "items": {"type": "string"},
+                    "keywords": {"type": "array", "items": {"type": "string", "maxLength": 24},
+                                 "minItems": 1, "maxItems": 4,
                                  "description": "Words that must all appear in the subject or body."},
-                    "from_addr": {"type": "string", "description": "Only emails whose sender contains this."},
-                    "to_addr": {"type": "string", "description": "Only emails whose recipients contain this."},
-                    "sent_after": {"type": "string", "description": "Only emails sent on or after this day, YYYY-MM-DD."},
-                    "sent_before": {"type": "string", "description": "Only emails sent before this day, YYYY-MM-DD."},
-                    "max_results": {"type": "integer", "description": f"At most {MAX_RESULTS} (the default)."},
+                    "from_addr": {"type": "string", "maxLength": 60,
+                                  "description": "Only emails whose sender contains this."},
+                    "to_addr": {"type": "string", "maxLength": 60,
+                                "description": "Only emails whose recipients contain this."},
+                    "sent_after": {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$",
+                                   "description": "Only emails sent on or after this day, YYYY-MM-DD."},
+                    "sent_before": {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$",
+                                    "description": "Only emails sent before this day, YYYY-MM-DD."},
+                    "max_results": {"type": "integer", "minimum": 1, "maximum": MAX_RESULTS,
+                                    "description": f"At most {MAX_RESULTS} (the default)."},
                 },
                 "required": ["keywords"],
             },
@@ -46,7 +57,8 @@ TOOLS: list[dict[str, Any]] = [
             "description": "The full email (headers and body) with this message_id.",
             "parameters": {
                 "type": "object",
-                "properties": {"message_id": {"type": "string", "description": "An id from search_emails."}},
+                "properties": {"message_id": {"type": "string", "pattern": MESSAGE_ID_PATTERN,
+                                              "description": "An id from search_emails."}},
                 "required": ["message_id"],
             },
         },
@@ -60,9 +72,9 @@ TOOLS: list[dict[str, Any]] = [
             "parameters": {
                 "type": "object",
                 "properties": {
-                    "answer": {"type": "string", "description": "The answer, as short as possible."},
-                    "sources": {"type": "array", "items": {"type": "string"},
-                                "description": "message_ids of the emails that contain the answer."},
+                    "answer": {"type": "string", "maxLength": 80, "description": "The answer, as short as possible."},
+                    "sources": {"type": "array", "items": {"type": "string", "pattern": MESSAGE_ID_PATTERN},
+                                "maxItems": 3, "description": "message_ids of the emails that contain the answer."},
                 },
                 "required": ["answer", "sources"],
             },
