@@ -40,6 +40,7 @@ def test_splits_disjoint_and_seed_independent(name):
     assert not {_key(s) for s in train} & {_key(s) for s in val + test}
     assert train[0].max_tokens == spec.max_tokens  # the scenario defaults match the spec's
     assert all(s.temperature == 1.0 for s in train)
+    assert spec.val_size is None or 0 < spec.val_size <= len(val)
 
 
 def test_importing_envs_does_not_import_torch():
