@@ -1,0 +1,16 @@
+"""Local inference: a batching engine on transformers, served through an OpenAI-compatible API.
+
+Data flow (each file's docstring says more)::
+
+    openai.AsyncOpenAI ──► client.py (httpx ASGI transport, in process) or HTTP (`groupwise serve`)
+        ──► server.py   FastAPI: /v1/chat/completions (+SSE), /v1/completions, /v1/models, errors
+        ──► registry.py served names "name", "name@step", "name@0" -> engine adapter
+        ──► tool_calls.py  tools into the prompt; <tool_call> text -> OpenAI tool_calls
+            constrained.py response_format / forced tool_choice -> llguidance token masks
+        ──► engine.py   continuous batching in a background thread, per-request LoRA adapters
+            kv_cache.py slot KV cache (one preallocated row per running sequence)
+            sampling.py temperature / top-p / seeds; raw logprobs (why: see there)
+    vllm_engine.py      the same interface on vLLM (optional, GPU)
+
+Nothing here is imported by `import groupwise`; importing these modules imports torch.
+"""
