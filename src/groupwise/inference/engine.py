@@ -35,6 +35,7 @@ import concurrent.futures
 import contextlib
 import inspect
 import threading
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -397,9 +398,15 @@ class Engine:
         ids = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.long)
         pos = torch.tensor([[s.length] for s in seqs], dtype=torch.long)
         names = self._adapter_names(seqs)
+        logits = None
         if self.cuda_graphs and (names is None or len(set(names)) == 1):
-            logits = self._decode_graph(ids, pos, need, names[0] if names else None)
-        else:
+            try:
+                logits = self._decode_graph(ids, pos, need, names[0] if names else None)
+            except Exception as exc:  # fail loud but keep serving: eager decode is correct, only slower
+                warnings.warn(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); decoding eagerly from now on")
+                self.cuda_graphs = False
+                self._graphs.clear()
+        if logits is None:
             length = min(-(-need // 32) * 32, self.buffers.capacity - 1)  # round up: fewer distinct shapes
             mask = torch.arange(length)[None, None, None, :] <= pos[:, None, :, None]  # [k, 1, 1, length]
             cache = SlotCache(self.buffers, 0, k, pos.to(dev), length)

@@ -90,17 +90,24 @@ def sample_next(
     work = logits
     if allowed_mask_BV is not None:
         work = work.masked_fill(~allowed_mask_BV, float("-inf"))
-    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=logits.device)
-    greedy_B = temps == 0.0
-    tokens_B = torch.empty(B, dtype=torch.long, device=logits.device)
-    if bool(greedy_B.any()):
-        tokens_B[greedy_B] = torch.argmax(work[greedy_B], dim=-1)
+    # Row decisions are made on Python values: no device sync before the one in the caller's .tolist().
+    dev = logits.device
+    greedy_rows = [i for i in range(B) if params[i].temperature == 0.0]
     sampled_rows = [i for i in range(B) if params[i].temperature > 0.0]
+    if len(greedy_rows) == B:
+        tokens_B = torch.argmax(work, dim=-1)
+    else:
+        tokens_B = torch.empty(B, dtype=torch.long, device=dev)
+        if greedy_rows:
+            g = torch.tensor(greedy_rows, device=dev)
+            tokens_B[g] = torch.argmax(work[g], dim=-1)
     if sampled_rows:
-        idx = torch.tensor(sampled_rows, device=logits.device)
-        scaled = work[idx] / temps[idx, None]
-        top_p = torch.tensor([params[i].top_p for i in sampled_rows], device=logits.device)
-        if bool((top_p < 1.0).any()):
+        whole = len(sampled_rows) == B
+        idx = None if whole else torch.tensor(sampled_rows, device=dev)
+        temps = torch.tensor([params[i].temperature for i in sampled_rows], dtype=torch.float32, device=dev)
+        scaled = (work if whole else work[idx]) / temps[:, None]
+        if any(params[i].top_p < 1.0 for i in sampled_rows):
+            top_p = torch.tensor([params[i].top_p for i in sampled_rows], device=dev)
             scaled = top_p_filter(scaled, top_p)
         probs = torch.softmax(scaled, dim=-1)  # [b, V]
         noise = torch.empty_like(probs)
@@ -108,14 +115,21 @@ def sample_next(
         unseeded = [j for j, i in enumerate(sampled_rows) if seeds[i] is None]
         if seeded:
             rows = [sampled_rows[j] for j in seeded]
-            u = seeded_uniform(torch.tensor([seeds[i] for i in rows], device=logits.device),
-                               torch.tensor([steps[i] for i in rows], device=logits.device), probs.shape[1])
-            noise[torch.tensor(seeded, device=logits.device)] = -torch.log(u)
+            u = seeded_uniform(torch.tensor([seeds[i] for i in rows], device=dev),
+                               torch.tensor([steps[i] for i in rows], device=dev), probs.shape[1])
+            if len(seeded) == len(sampled_rows):
+                noise = -torch.log(u)
+            else:
+                noise[torch.tensor(seeded, device=dev)] = -torch.log(u)
         if unseeded:
-            u = torch.tensor(unseeded, device=logits.device)
-            noise[u] = torch.empty(len(unseeded), probs.shape[1], device=logits.device).exponential_(
+            u = torch.tensor(unseeded, device=dev)
+            noise[u] = torch.empty(len(unseeded), probs.shape[1], device=dev).exponential_(
                 generator=default_generator
             )
-        tokens_B[idx] = torch.argmax(probs / noise, dim=-1)
+        choice = torch.argmax(probs / noise, dim=-1)
+        if whole:
+            tokens_B = choice
+        else:
+            tokens_B[idx] = choice
     logprobs_B = raw_logprobs_BV.gather(1, tokens_B[:, None])[:, 0]
     return tokens_B, logprobs_B, raw_logprobs_BV
