@@ -23,3 +23,25 @@ def make_choice(token_ids: list[int], logprobs: list[float] | None, text: str = 
         logprobs=lp,
         token_ids=list(token_ids),
     )
+
+
+def sample_choices(model, tokenizer, messages, n: int, max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0):
+    """Sample n Choices from an HF model directly (no engine): token ids and their logprobs attached.
+
+    Test-only stand-in for the inference server, so the trainer is tested without inference/. The
+    logprobs are the policy's own (raw logits / temperature), also when top_k narrows the sampling.
+    """
+    import torch
+
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = prompt["input_ids"].repeat(n, 1)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=temperature,
+            top_k=top_k or None, top_p=1.0, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+            output_logits=True, return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id,
+        )
+    new = out.sequences[:, ids.shape[1]:]
+    logprobs = torch.stack(out.logits, dim=1).float().div(temperature).log_softmax(-1)
+    token_lp = logprobs.gather(-1, new[..., None]).squeeze(-1)
+    return [make_choice(new[i].tolist(), token_lp[i].tolist(), tokenizer.decode(new[i])) for i in range(n)]
