@@ -6,8 +6,8 @@ exactly once. A position-blind judge gives each trajectory the same score in eve
 spread (max - min over rotations) of each trajectory's score measures how much the position moved it.
 
 Reported for passes=1, passes=2 and passes=n. With passes=n each call already shows every trajectory
-at every position (the n rotations of pass_orders), so with deterministic decoding its spread is 0 by
-construction; passes=2 is the informative middle. Also reported: the mean Spearman correlation
+at every position once (the n rotations of pass_orders); what spread remains then comes from the
+order of the other trajectories around it, which still differs between input rotations. Also reported: the mean Spearman correlation
 between passes (judge/pass_spearman) and each trajectory's mean score (does the ranking make sense?).
 
 Run:  python bench/judge_position_bias.py [--judge local/smollm2-135m] [--passes 1,2,4]
