@@ -52,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     "ruler": "groupwise.judge",
     "ruler_score_group": "groupwise.judge",
     "DEFAULT_RUBRIC": "groupwise.judge",
+    "JudgeConfig": "groupwise.judge",
     # loop
     "fit": "groupwise.loop",
 }
