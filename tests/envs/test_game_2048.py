@@ -184,7 +184,7 @@ async def test_rollout_ends_on_a_malformed_reply(scripted):
     move1 = _scripted_valid_moves(11, 1)[0]
     model = scripted([f"<move>{move1}</move>", "I would go somewhere"])
     traj = await rollout(model, Scenario2048(seed=11, max_turns=4))
-    assert traj.reward == -1.0
+    assert traj.reward == -0.875  # -1 + PROGRESS_CREDIT 0.5 x 1 valid move / 4 turns
     assert traj.metrics["format_error"] == 1.0 and traj.metrics["valid_move_rate"] == 0.5  # 1 valid of 2 turns
     assert len(model.requests) == 2 and traj.logs
 
@@ -201,7 +201,7 @@ async def test_lenient_moves_cost_the_format_penalty(scripted):
     assert traj.metrics["valid_move_rate"] == 1.0 and traj.metrics["format_rate"] == 0.5
     strict = scripted([f"<move>{moves[0]}</move>", f"I slide {moves[1]}."])
     traj = await rollout(strict, Scenario2048(seed=11, max_turns=2, lenient=False))
-    assert traj.reward == -1.0 and traj.metrics["valid_move_rate"] == 0.5
+    assert traj.reward == -0.75 and traj.metrics["valid_move_rate"] == 0.5  # -1 + 0.5 x 1 / 2
 
 
 def test_scenarios_hold_out_the_same_games_for_every_seed():

@@ -120,7 +120,9 @@ async def test_rollout_win_and_invalid(scripted):
 
     bad = scripted(["<move>1</move>", "<move>1</move>"])  # the second reply names an occupied cell
     traj = await rollout(bad, ScenarioTicTacToe(seed=4))
-    assert traj.reward == REWARD_INVALID and traj.metrics["invalid_move"] == 1.0 and traj.metrics["loss"] == 1.0
+    # -1 + 0.2 x the one valid move made before the invalid one
+    assert traj.reward == pytest.approx(REWARD_INVALID + 0.2)
+    assert traj.metrics["invalid_move"] == 1.0 and traj.metrics["loss"] == 1.0
     assert REWARD_WIN == 1.0
 
 

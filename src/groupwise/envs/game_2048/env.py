@@ -14,6 +14,12 @@ played, but each such move costs `FORMAT_PENALTY` / turns. The reward ladder is 
 no move (-1) < a loose move (about -0.25) < a tagged move (about +0.25), and a short game
 (`max_turns=4`) keeps episodes cheap. `validate` is the valid-move rate (either format);
 ``metrics["format_rate"]`` is the strict-tag rate.
+
+One deviation from ART, measured: ART gives a flat -1 whenever an invalid move ends the game. With
+base SmolLM2 each reply is a valid move about 30% of the time, so nearly every 4-move game ends
+invalid: in 4 groups of 8 rollouts the mean reward was -0.956 and only 1 group had any reward
+spread (GRPO learns nothing from a group of equal rewards). So the moves made before the invalid
+one earn `PROGRESS_CREDIT` x moves / max_turns on top of the -1 (still below any finished game).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from groupwise.types import Trajectory
 SYSTEM_PROMPT = "You play the game 2048."
 QUESTION = "Which way do you slide the tiles: left, right, up or down? Answer in this format: <move>left</move>"
 FORMAT_PENALTY = 0.5  # per loose (untagged) move, averaged over the turns
+PROGRESS_CREDIT = 0.5  # an invalid move after k valid ones: -1 + 0.5 * k / max_turns (module doc)
 
 _MOVE_TAG = re.compile(r"<move>\s*([A-Za-z]+)\s*</move>", re.IGNORECASE)
 _DIRECTION_WORD = re.compile(r"\b(left|right|up|down)\b", re.IGNORECASE)
@@ -117,7 +124,9 @@ async def rollout(model: Any, scenario: Scenario2048) -> Trajectory:
             traj.log(f"turn {turns}: {direction} does not change the board")
             break
     traj.reward = reward_2048(game.board, invalid=invalid, win_tile=scenario.win_tile)
-    if not invalid and turns:  # every turn was a move; the untagged ones cost the format penalty
+    if invalid:
+        traj.reward += PROGRESS_CREDIT * game.moves / scenario.max_turns
+    elif turns:  # every turn was a move; the untagged ones cost the format penalty
         traj.reward -= FORMAT_PENALTY * loose / turns
     traj.metrics.update(
         {
