@@ -137,3 +137,28 @@ def test_seeded_noise_is_uniform_and_sampling_matches_probabilities():
     freq = torch.bincount(tokens, minlength=3).float() / 4000
     assert torch.allclose(freq, torch.tensor([0.7, 0.2, 0.1]), atol=0.03)
     assert torch.allclose(logprobs, torch.log(torch.tensor([0.7, 0.2, 0.1]))[tokens])
+
+
+async def test_graph_decode_path_matches_eager(tiny, adapter_dirs):
+    # cuda_graphs=True off CUDA runs the graph path's static buffers, batch/length buckets and padding
+    # rows eagerly (engine._EagerReplay): it must give the same tokens as the plain eager decode.
+    outs = []
+    for graphs in (False, True):
+        model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
+        eng = Engine(model, tok, max_batch_size=8, initial_capacity=16, cuda_graphs=graphs)
+        try:
+            eng.add_adapter("a1", adapter_dirs[1])
+            ps = prompts(tok, 5)
+            uniform = await asyncio.gather(*[eng.generate(GenerationRequest(
+                p, max_new_tokens=6 + 3 * i, ignore_eos=True, adapter="a1", sampling=SamplingParams(seed=i)))
+                for i, p in enumerate(ps)])
+            base = await asyncio.gather(*[eng.generate(GenerationRequest(
+                p, max_new_tokens=7, ignore_eos=True, sampling=SamplingParams(temperature=0))) for p in ps[:3]])
+            outs.append([r.completions[0].token_ids for r in uniform + base])
+            if graphs:
+                # buckets seen: batch 8 (5 rows padded to 8), 4, 2, 1 as rows finish; lengths round to 64
+                assert {k[0] for k in eng._graphs} >= {8, 4, 2, 1}
+                assert {k[2] for k in eng._graphs} == {"a1", "__base__"}
+        finally:
+            eng.close()
+    assert outs[0] == outs[1]

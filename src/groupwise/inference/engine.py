@@ -453,18 +453,16 @@ class Engine:
         }
         g["mask"][:, :, :, 0] = True
         cache = SlotCache(self.buffers, 0, B, g["cols"], Lb)
-        ctx = contextlib.nullcontext()
-        if self._is_peft():
-            if adapter in (None, BASE):
-                ctx = self.model.disable_adapter()
-            else:
-                self.model.base_model.set_adapter(adapter, inference_mode=True)
 
         def run():
             kwargs = {self._cache_kwarg: cache, "use_cache": True}
             return self.model(input_ids=g["ids"], position_ids=g["pos"], attention_mask=g["mask"], **kwargs).logits
 
-        with ctx, torch.inference_mode():
+        if dev.type != "cuda":
+            # Stand-in for tests on CPU: same static buffers, buckets and padding rows, run eagerly.
+            g["graph"] = _EagerReplay(self, run, adapter, g)
+            return g
+        with self._adapter_ctx(adapter), torch.inference_mode():
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
@@ -478,6 +476,16 @@ class Engine:
                 g["logits"] = run()
         g["graph"] = graph
         return g
+
+    def _adapter_ctx(self, adapter: str | None):
+        """Make `adapter` the one peft's layers apply (read in Python, hence baked into a graph)."""
+        if not self._is_peft():
+            return contextlib.nullcontext()
+        if adapter in (None, BASE):
+            return self.model.disable_adapter()
+        # inference_mode=True: do not flip requires_grad on (the trainer owns that).
+        self.model.base_model.set_adapter(adapter, inference_mode=True)
+        return contextlib.nullcontext()
 
     # ---------------------------------------------------------------- sampling and finishing
     def _sample_and_advance(self, seqs: list[_Seq], logits_BV: torch.Tensor) -> None:
@@ -608,3 +616,14 @@ class _Paused:
     async def __aexit__(self, *exc):
         self._done.set()
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+
+
+class _EagerReplay:
+    """What `_capture` returns off CUDA: `replay()` runs the decode step eagerly on the static tensors."""
+
+    def __init__(self, engine: Engine, run: Callable[[], torch.Tensor], adapter: str | None, g: dict):
+        self._engine, self._run, self._adapter, self._g = engine, run, adapter, g
+
+    def replay(self) -> None:
+        with self._engine._adapter_ctx(self._adapter), torch.inference_mode():
+            self._g["logits"] = self._run()
