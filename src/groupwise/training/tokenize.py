@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,10 +82,23 @@ def _has_token_ids(items: Sequence[Any]) -> bool:
     return any(isinstance(m, Choice) and choice_token_ids(m) for m in items)
 
 
+PrepareMessages = Callable[[list[dict], "list[dict] | None", Any], "tuple[list[dict], list[dict] | None]"]
+
+
 def tokenize_conversation(
-    messages_and_choices: Sequence[Any], tokenizer: Any, *, tools: list[dict] | None = None
+    messages_and_choices: Sequence[Any],
+    tokenizer: Any,
+    *,
+    tools: list[dict] | None = None,
+    prepare: PrepareMessages | None = None,
 ) -> tuple[list[int], list[bool], list[float]]:
-    """(input_ids [T], mask [T], old_logprobs [T]) of one conversation; see the module docstring."""
+    """(input_ids [T], mask [T], old_logprobs [T]) of one conversation; see the module docstring.
+
+    `prepare(messages, tools, tokenizer) -> (messages, template_tools)` is the server's own message
+    preparation (e.g. tools rendered into the system prompt for a template without tool support), so
+    the context is rendered exactly as it was when the tokens were sampled. The backend passes
+    `inference.tool_calls.prepare_messages`; training/ cannot import it (layer rule).
+    """
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "the tokenizer has no chat_template, so the context messages cannot be rendered. "
@@ -109,6 +122,8 @@ def tokenize_conversation(
             spliced.append((ids, logprobs if logprobs is not None else [math.nan] * len(ids)))
         else:
             messages.append(item)
+    if prepare is not None:
+        messages, tools = prepare(messages, tools, tokenizer)
     text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
     pieces = _SENTINEL_RE.split(text)  # text, k, text, k, ..., text
     found = [int(k) for k in pieces[1::2]]
@@ -143,7 +158,12 @@ def tokenize_conversation(
 
 
 def tokenize_groups(
-    groups: Sequence[TrajectoryGroup], tokenizer: Any, *, max_seq_len: int, scale_rewards: bool = True
+    groups: Sequence[TrajectoryGroup],
+    tokenizer: Any,
+    *,
+    max_seq_len: int,
+    scale_rewards: bool = True,
+    prepare: PrepareMessages | None = None,
 ) -> TokenizedBatch:
     """The trainable sequences of a step. Raises `NotTrainableError` naming why nothing is trainable."""
     groups = list(groups)
@@ -180,7 +200,7 @@ def tokenize_groups(
             for h, items, tools in convs:
                 if not _has_token_ids(items):
                     continue
-                ids, mask, old = tokenize_conversation(items, tokenizer, tools=tools)
+                ids, mask, old = tokenize_conversation(items, tokenizer, tools=tools, prepare=prepare)
                 if len(ids) > max_seq_len:
                     over_limit += 1
                     continue
