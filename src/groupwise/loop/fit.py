@@ -205,6 +205,8 @@ class _Loop:
         model = AtStep(self.model, step)
         groups, judged = await self.evaluate(model, self.val, f"val step {step}")
         await self.model.log(groups, split="val", step=step, metrics={"time/val_s": time.perf_counter() - t0})
+        history = self.store.history()
+        await self.keep_best(self.best(history, step)[1], history)  # before retention can drop it
         return judged
 
     async def ensure_baselines(self, history: list[dict]) -> None:
@@ -280,7 +282,11 @@ class _Loop:
         return f"val/{self.c.metric}", step, value
 
     async def keep_best(self, best_step: int | None, history: list[dict]) -> None:
-        """Tell the backend which checkpoint is best, so retention keeps it (when it supports that)."""
+        """Tell the backend which checkpoint is best so far, so its retention keeps it.
+
+        Called after every validation and at the end. The hook is the backend's optional
+        ``keep_best(model, best_step, *, metrics_by_step, maximize)``; backends without it keep what
+        their own retention keeps."""
         backend = getattr(self.model, "_backend", None)
         hook = getattr(backend, "keep_best", None) or getattr(backend, "set_best_step", None)
         if hook is not None and best_step is not None:
