@@ -119,9 +119,12 @@ def make_counter():
         return (lambda messages: sum(len(m["content"].encode()) for m in messages) // 4), f"bytes/4 proxy ({e})"
 
 
-def measure(count, n: int, turns: int, n_emails: int, seed: int) -> dict[str, int]:
+def measure(count, n: int, turns: int, n_emails: int, seed: int, sharing: int = 0, shared_turns: int = 0) -> dict[str, int]:
+    """Token counts of one group; the first `sharing` rollouts repeat one rollout's first `shared_turns` turns."""
     rng = random.Random(seed)
     group = [trajectory(rng, turns, n_emails) for _ in range(n)]
+    for ms in group[1:sharing]:  # a sharpened policy: same first tool calls, same (deterministic) results
+        ms[2 : 2 + 2 * shared_turns] = group[0][2 : 2 + 2 * shared_turns]
     system = system_message(DEFAULT_RUBRIC)
 
     pointwise = 0
@@ -132,8 +135,9 @@ def measure(count, n: int, turns: int, n_emails: int, seed: int) -> dict[str, in
     no_dedup = count([system, user_message([], TOOLS, [(str(i + 1), it) for i, it in enumerate(full_items)])])
     context, tools, items = split_prefix(group, TOOLS)
     grouped = count([system, user_message(context, tools, [(str(i + 1), it) for i, it in enumerate(items)])])
+    tree = count([system, user_message(context, tools, [(str(i + 1), it) for i, it in enumerate(items)], share_continuations=True)])
     shared = count([system, user_message(context, tools, [])])
-    return {"pointwise": pointwise, "no_dedup": no_dedup, "grouped": grouped, "shared": shared,
+    return {"pointwise": pointwise, "no_dedup": no_dedup, "grouped": grouped, "shared": shared, "tree": tree,
             "remainder": (grouped - shared) // n, "system": count([system])}
 
 
@@ -153,6 +157,13 @@ def main() -> None:
               f"{m['grouped']:>13}{m['pointwise'] / m['grouped']:>15.2f}x")
     print(f"the judge system prompt ({m['system']} tokens) is byte-identical in every call (provider prompt caching).")
     print(f"pointwise/once = n(S+R) / (S+nR): with n={args.n} it reaches 3x when S >= 3.2 R (2x when S >= 1.33 R).")
+    print()
+    print("rollouts that share their first tool turns (a sharpened policy), 3 tool turns, no inbox rows;")
+    print("'+ shared turns once' = share_continuations=True (off by default)")
+    print(f"{'rollouts sharing':>17}{'turns shared':>14}{'pointwise x8':>14}{'group, once':>13}{'+ shared turns once':>21}{'pointwise/that':>16}")
+    for sharing, shared_turns in [(0, 0), (4, 1), (6, 1), (6, 2)]:
+        m = measure(count, args.n, 3, 0, args.seed, sharing, shared_turns)
+        print(f"{sharing:>17}{shared_turns:>14}{m['pointwise']:>14}{m['grouped']:>13}{m['tree']:>21}{m['pointwise'] / m['tree']:>15.2f}x")
 
 
 if __name__ == "__main__":

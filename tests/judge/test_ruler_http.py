@@ -287,3 +287,22 @@ async def test_art_style_extra_litellm_params(judge_server):
     assert judged.rewards() == [0.2, 0.8]
     req = judge_server.requests[0]
     assert req["temperature"] == 0.3 and req["reasoning_effort"] == "low"
+
+
+async def test_share_continuations_sends_shared_first_turns_once(judge_server):
+    group = make_group([0.2, 0.9, 0.5, 0.4])
+    for i, t in enumerate(group.trajectories):  # rollouts 0-2 made the same first search; 3 another
+        last = t.messages_and_choices.pop()
+        query = "OTHER" if i == 3 else "SAME"
+        t.messages_and_choices += [
+            {"role": "assistant", "content": f"search {query}"},
+            {"role": "user", "content": f"search results: {query}-RESULTS"},
+            last,
+        ]
+    judged = await ruler_score_group(group, "scripted", **opts(judge_server, share_continuations=True))
+    user = judge_server.requests[0]["messages"][1]["content"]
+    assert user.count("SAME-RESULTS") == 1 and user.count("OTHER-RESULTS") == 1
+    assert user.count("first 2 message(s) after the context are identical to trajectory") == 2
+    assert judged.rewards() == [0.2, 0.9, 0.5, 0.4]
+    await ruler_score_group(group, "scripted", **opts(judge_server))  # default: each shown in full
+    assert judge_server.requests[1]["messages"][1]["content"].count("SAME-RESULTS") == 3

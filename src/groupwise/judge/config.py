@@ -27,6 +27,7 @@ class JudgeConfig(Validated):
     timeout_s: float = option(120.0, help="Seconds one judge request may take before it counts as a timeout (and is retried).")
     temperature: float | None = option(None, help="Sampling temperature sent to the judge; None sends none (o-series models reject it), except to local/ judges, which then decode greedily (0.0).")
     max_tokens: int | None = option(None, help="max_tokens of the judge's answer; None lets the endpoint decide (local/ judges default to 96 tokens per trajectory + 32, with explanations capped at 80 characters).")
+    share_continuations: bool = option(False, help="Also send shared continuations once: a trajectory whose first turns after the common context equal an earlier-shown one's says so in one line instead of repeating them. Saves tokens when rollouts share first turns; off by default (the judge must follow the reference).")
     response_format: str = option("auto", help="'json_schema': constrained JSON output; 'json_object': JSON mode; 'none': plain text, parsed strictly with one repair request. 'auto' = json_schema.")
     max_concurrent_requests: int = option(4, help="Requests in flight at once for one call (passes x chunks).")
     base_url: str | None = option(None, help="OpenAI-compatible endpoint of the judge (vLLM, Ollama, a proxy). With it, judge_model is the model name the endpoint serves.")

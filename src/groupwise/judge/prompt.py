@@ -144,19 +144,47 @@ def split_prefix(
     return context, common_tools, items
 
 
+def _shared_continuation(item: JudgeItem, earlier: Sequence[tuple[str, JudgeItem]]) -> tuple[str, int]:
+    """(id, m): the earlier-shown trajectory sharing the most leading messages with `item`, and m."""
+    mine = [canonical(m) for m in item.messages]
+    best_id, best = "", 0
+    for tid, other in earlier:
+        theirs = [canonical(m) for m in other.messages]
+        k = 0
+        while k < min(len(mine), len(theirs)) and mine[k] == theirs[k]:
+            k += 1
+        if k > best:
+            best_id, best = tid, k
+    return best_id, best
+
+
 def user_message(
     context: list[dict[str, Any]],
     common_tools: list[dict[str, Any]] | None,
     shown: Sequence[tuple[str, JudgeItem]],
+    *,
+    share_continuations: bool = False,
 ) -> dict[str, str]:
-    """The group part of the request: context once, tools once, then ``<trajectory id=...>`` blocks."""
+    """The group part of the request: context once, tools once, then ``<trajectory id=...>`` blocks.
+
+    With `share_continuations`, a trajectory whose first messages after the context equal those of
+    a trajectory shown before it says so in one line instead of repeating them (a prefix tree over
+    the group; off by default: it saves tokens when rollouts share their first turns, but asks the
+    judge to follow a reference).
+    """
     parts: list[str] = []
     if context:
         parts.append("<context>\n" + "\n".join(_render_message(m) for m in context) + "\n</context>")
     if common_tools:
         parts.append("<available_tools>\n" + json.dumps(common_tools, ensure_ascii=False) + "\n</available_tools>")
-    for tid, item in shown:
-        body = [_render_message(m) for m in item.messages] or ["(no messages after the shared context)"]
+    for i, (tid, item) in enumerate(shown):
+        skip, same_as = 0, ""
+        if share_continuations:
+            same_as, skip = _shared_continuation(item, shown[:i])
+        body = [_render_message(m) for m in item.messages[skip:]]
+        if skip:
+            body.insert(0, f"(its first {skip} message(s) after the context are identical to trajectory {same_as}'s)")
+        body = body or ["(no messages after the shared context)"]
         if item.tools:
             body.append("<tools>" + json.dumps(item.tools, ensure_ascii=False) + "</tools>")
         for h, (h_messages, h_tools) in enumerate(item.histories, start=1):

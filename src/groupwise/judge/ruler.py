@@ -241,7 +241,10 @@ class _Judge:
 
     async def judge_shown(self, shown: list[int]) -> dict[int, Score]:
         ids = [str(k + 1) for k in range(len(shown))]
-        user = user_message(self.context, self.common_tools, [(t, self.items[u]) for t, u in zip(ids, shown)])
+        user = user_message(
+            self.context, self.common_tools, [(t, self.items[u]) for t, u in zip(ids, shown)],
+            share_continuations=self.cfg.share_continuations,
+        )
         async with self.sem:
             found = await _request(
                 self.endpoint, [self.system, user], ids, self.cfg, self.usage, self.cache, self.raw_answers
