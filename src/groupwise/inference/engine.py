@@ -26,6 +26,12 @@ indexes with Python lists, which graphs cannot capture; mixed batches run eagerl
 buffers never move, so graphs stay valid until the cache grows or an adapter is removed.
 
 Logprobs are the model's raw log-softmax (sampling.py says why).
+
+Why not transformers' own continuous batching (``generate_batch`` / ``init_continuous_batching``,
+paged attention, in transformers 5): looked at in 5.24, it returns logprobs and takes per-request
+logits-processor kwargs, but has no per-request LoRA adapter (one of our requirements: every
+rollout names its step), no grammar masks per request, and its scheduler owns the model, which we
+share with the trainer (`paused()`). The slot cache here is small enough to own.
 """
 
 from __future__ import annotations
