@@ -92,7 +92,7 @@ BAD_REPLIES = {
     "wrong_count": bad_count,
     "bad_json": Reply('{"scores": [oops'),
     "out_of_range": out_of_range,
-    "timeout": Reply(answer([("1", 0.5), ("2", 0.5)]), delay=1.0),
+    "timeout": Reply(answer([("1", 0.5), ("2", 0.5)]), delay=1.0),  # timeout=0.3 below
     "http_500": Reply(status=500),
 }
 
@@ -100,7 +100,7 @@ BAD_REPLIES = {
 @pytest.mark.parametrize("kind", sorted(BAD_REPLIES))
 async def test_bad_answer_retried_then_succeeds(judge_server, kind):
     judge_server.script.append(BAD_REPLIES[kind])
-    judged = await ruler_score_group(make_group([0.2, 0.8]), "scripted", **opts(judge_server, timeout_s=0.3))
+    judged = await ruler_score_group(make_group([0.2, 0.8]), "scripted", **opts(judge_server, timeout=0.3))
     assert judged.rewards() == [0.2, 0.8]
     assert len(judge_server.requests) == 2
     assert judged.metrics["judge/retries"] == 1

@@ -83,6 +83,9 @@ def make_config(config: JudgeConfig | None, overrides: dict[str, Any]) -> JudgeC
     from groupwise.errors import ConfigError
 
     overrides = dict(overrides)
+    for alias, name in (("timeout", "timeout_s"), ("backoff", "backoff_s")):  # short spellings
+        if alias in overrides:
+            overrides.setdefault(name, overrides.pop(alias))
     litellm = overrides.pop("extra_litellm_params", None) or {}
     extra_body = dict(overrides.get("extra_body") or {})
     for k, v in litellm.items():
