@@ -306,3 +306,19 @@ async def test_share_continuations_sends_shared_first_turns_once(judge_server):
     assert judged.rewards() == [0.2, 0.9, 0.5, 0.4]
     await ruler_score_group(group, "scripted", **opts(judge_server))  # default: each shown in full
     assert judge_server.requests[1]["messages"][1]["content"].count("SAME-RESULTS") == 3
+
+
+async def test_chunks_and_passes_together_keep_the_ranking(judge_server):
+    def relative(req):
+        shown = [(t, quality_of(b)) for t, b in shown_trajectories(req)]
+        lo, hi = min(q for _, q in shown), max(q for _, q in shown)
+        return Reply(answer([(t, (q - lo) / (hi - lo)) for t, q in shown]))
+
+    judge_server.default = relative
+    qualities = [0.05, 0.12, 0.2, 0.33, 0.4, 0.47, 0.58, 0.66, 0.8, 0.91]
+    judged = await ruler_score_group(make_group(qualities), "scripted", **opts(judge_server, max_group_size=4, anchors=2, passes=2))
+    assert len(judge_server.requests) == 8  # 2 passes x (1 first chunk + 3 anchored chunks)
+    r = judged.rewards()
+    assert all(0.0 <= x <= 1.0 for x in r)
+    assert r == sorted(r)  # each pass maps quality monotonically, so their mean does too
+    assert judged.metrics["judge/pass_spearman"] > 0.9
