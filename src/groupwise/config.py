@@ -77,6 +77,7 @@ class LoraConfig(Validated):
         ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
         help="Names of the linear layers that get an adapter (all attention and MLP projections of Llama/Qwen).",
     )
+    seed: int = option(0, help="Seed of the adapter's random init (lora_A), so two runs of one config start identical.")
 
     def problems(self) -> list[str]:
         p: list[str] = []

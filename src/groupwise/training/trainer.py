@@ -45,7 +45,12 @@ def wrap_with_lora(model: Any, lora: LoraConfig, *, adapter_name: str = TRAIN_AD
         bias="none",
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config, adapter_name=adapter_name)
+    # peft draws lora_A from the global RNG; a private seeded stream makes runs reproducible
+    # (a restarted run and an uninterrupted one must start from the same adapter).
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(lora.seed)  # seeds the CUDA generators too
+        return get_peft_model(model, config, adapter_name=adapter_name)
 
 
 def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:

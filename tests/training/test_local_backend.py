@@ -1,0 +1,120 @@
+"""LocalBackend end to end on a tiny random model: serve, train, verify the swap, resume after SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import groupwise as gw
+from groupwise.errors import AdapterMismatchError
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer):
+    """A tiny random Llama saved as a local folder: LocalBackend loads it through from_pretrained."""
+    from groupwise.loading import tiny_random_model
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model, tok = tiny_random_model(seed=0, tokenizer=tokenizer)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+async def _groups(model, n_groups=2, n=4, step=0):
+    client = model.openai_client()
+    groups = []
+    for g in range(n_groups):
+        trajs = []
+        for i in range(n):
+            messages = [{"role": "user", "content": f"scenario {g}"}]
+            r = await client.chat.completions.create(model=model.inference_name(), messages=messages, max_tokens=5,
+                                                     seed=100 * step + 10 * g + i)
+            trajs.append(gw.Trajectory(messages_and_choices=[*messages, r.choices[0]], reward=float(i)))
+        groups.append(gw.TrajectoryGroup(trajs))
+    return groups
+
+
+async def test_train_serves_and_verifies_the_new_adapter(model_dir, tmp_path):
+    model = gw.TrainableModel(name="agent", project="p", base_model=model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    await model.register(backend)
+    assert await model.get_step() == 0
+    try:
+        groups = await _groups(model)
+        result = await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
+        assert result.step == 1 and await model.get_step() == 1
+        for key in ("loss", "kl", "grad_norm", "zero_variance_fraction", "trainable_tokens", "step_time"):
+            assert key in result.metrics, key
+        # the sampler's logprobs are what the trainer computes before its update: ratio 1 (fp32 CPU)
+        assert result.metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+        r = await model.openai_client().chat.completions.create(
+            model="agent", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert r.model == "agent@1"
+        run = tmp_path / "p" / "agent"
+        assert (run / "checkpoints" / "0001" / "state.json").is_file()
+        assert gw.load_trajectories(run, "train", 0) == groups  # lossless, token ids included
+        row = [r for r in gw.load_history(run) if r["split"] == "train"][-1]
+        assert row["step"] == 0 and "loss" in row and "grad_norm" in row
+
+        # A stale swap is caught: the engine keeps serving the old step.
+        served = backend._models["agent"]
+        served.registry.add_step = lambda *a, **k: None
+        with pytest.raises(AdapterMismatchError, match="does not hold the trained weights"):
+            await model.train(await _groups(model, step=1), config=gw.TrainConfig(learning_rate=1e-3))
+    finally:
+        await backend.close()
+
+
+def _worker(store, model_dir, steps, *extra):
+    env = dict(os.environ, PYTHONPATH=str(HERE), OMP_NUM_THREADS="1")
+    return subprocess.Popen([sys.executable, str(HERE / "resume_worker.py"), str(store), model_dir, str(steps), *extra],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _wait(proc, timeout=240):
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out.decode()[-3000:]
+
+
+def test_sigkill_mid_step_resumes_with_identical_optimizer(model_dir, tmp_path):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    # The reference: 3 uninterrupted steps.
+    _wait(_worker(straight, model_dir, 3))
+    # The same run, killed in the middle of the step 2 -> 3.
+    proc = _worker(killed, model_dir, 3, "--hang-at-step", "2")
+    deadline = time.time() + 240
+    while not (killed / "in_step").exists():
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        assert time.time() < deadline, "the worker never reached step 2"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    run = killed / "resume" / "agent"
+    # Everything written before the kill is readable: step 2's trajectories were written before training.
+    assert [len(g) for g in gw.load_trajectories(run, "train", 2)] == [4, 4]
+    # retention is off (best_checkpoint_metric=None): steps 1 and 2 are complete, step 3 never started saving
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == ["0001", "0002"]
+    # Restart: resumes at step 2 with the optimizer the killed process held after step 2, bit for bit.
+    _wait(_worker(killed, model_dir, 3))
+    held = load_file(str(killed / "ref" / "2.safetensors"))
+    resumed = load_file(str(killed / "ref" / "resumed-2.safetensors"))
+    assert held.keys() == resumed.keys() and len(held) > 0
+    assert all(torch.equal(held[k], resumed[k]) for k in held)
+    # ... and ends where the uninterrupted run ended: same optimizer tensors and adapter after step 3.
+    a = load_file(str(straight / "resume" / "agent" / "checkpoints" / "0003" / "optimizer.safetensors"))
+    b = load_file(str(run / "checkpoints" / "0003" / "optimizer.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    wa = load_file(str(straight / "resume" / "agent" / "checkpoints" / "0003" / "adapter_model.safetensors"))
+    wb = load_file(str(run / "checkpoints" / "0003" / "adapter_model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
