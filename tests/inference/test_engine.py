@@ -162,3 +162,29 @@ async def test_graph_decode_path_matches_eager(tiny, adapter_dirs):
         finally:
             eng.close()
     assert outs[0] == outs[1]
+
+
+async def test_serving_leaves_the_trainers_adapter_trainable(tiny, adapter_dirs):
+    # The backend shares one PeftModel: a trainable adapter + served steps. (peft refuses the name
+    # "train": it clashes with nn.Module.train inside peft's ModuleDicts.) Serving, on the
+    # graph path too, must not change which adapter is active nor any requires_grad.
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]), adapter_name="policy")
+    peft_model.eval()
+    before = {n: p.requires_grad for n, p in peft_model.named_parameters()}
+    eng = Engine(peft_model, tok, max_batch_size=4, cuda_graphs=True)
+    try:
+        eng.add_adapter("step-1", adapter_dirs[1])
+        p = prompts(tok, 1)[0]
+        for adapter in ("step-1", None, "policy"):
+            await eng.generate(GenerationRequest(p, max_new_tokens=3, adapter=adapter))
+        assert peft_model.active_adapter == "policy"
+        after = {n: p.requires_grad for n, p in peft_model.named_parameters() if n in before}
+        # (o_proj was wrapped by the served adapter, so its base weight changed name; compare the rest)
+        assert after == {n: before[n] for n in after} and len(after) >= len(before) - 2
+        assert [n for n, g in after.items() if g] == [n for n, g in before.items() if g and n in after]
+        assert any(after.values())
+    finally:
+        eng.close()

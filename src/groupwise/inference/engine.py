@@ -203,6 +203,7 @@ class Engine:
                 from peft import PeftModel
 
                 self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
+                self._graphs.clear()  # captured on the unwrapped model
             self.model.eval()
             self._adapters[name] = str(path)
 
@@ -483,15 +484,32 @@ class Engine:
         g["graph"] = graph
         return g
 
+    @contextlib.contextmanager
     def _adapter_ctx(self, adapter: str | None):
-        """Make `adapter` the one peft's layers apply (read in Python, hence baked into a graph)."""
+        """Make `adapter` (None/BASE: no adapter) the one peft's layers apply, then restore.
+
+        peft reads the active adapter in Python, so a captured graph bakes it in. We set the layers'
+        flags directly instead of calling `set_adapter` / `disable_adapter`, because those also flip
+        `requires_grad` of adapters, and the trainer shares this model (its adapter must stay trainable).
+        """
         if not self._is_peft():
-            return contextlib.nullcontext()
-        if adapter in (None, BASE):
-            return self.model.disable_adapter()
-        # inference_mode=True: do not flip requires_grad on (the trainer owns that).
-        self.model.base_model.set_adapter(adapter, inference_mode=True)
-        return contextlib.nullcontext()
+            yield
+            return
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        layers = [m for m in self.model.modules() if isinstance(m, BaseTunerLayer)]
+        saved = [(m._active_adapter, m._disable_adapters) for m in layers]
+        for m in layers:
+            if adapter in (None, BASE):
+                m._disable_adapters = True
+            else:
+                m._active_adapter = [adapter]
+                m._disable_adapters = False
+        try:
+            yield
+        finally:
+            for m, (active, disabled) in zip(layers, saved):
+                m._active_adapter, m._disable_adapters = active, disabled
 
     # ---------------------------------------------------------------- sampling and finishing
     def _sample_and_advance(self, seqs: list[_Seq], logits_BV: torch.Tensor) -> None:
