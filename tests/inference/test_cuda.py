@@ -11,16 +11,12 @@ from groupwise.inference.engine import Engine, GenerationRequest
 from groupwise.inference.sampling import SamplingParams
 from groupwise.loading import tiny_random_model
 
-pytestmark = pytest.mark.gpu
-
-
-def _need_cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device (the lead runs these on the GPU machine)")
+# skipif (not pytest.skip inside the test) so the fixtures are not built on CPU-only machines.
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                  reason="needs a CUDA device (the lead runs these on the GPU machine)")]
 
 
 async def test_cuda_graph_decode_equals_eager(tiny, adapter_dirs):
-    _need_cuda()
     outs, passes = [], []
     for graphs in (False, True):
         model, tok = tiny_random_model(seed=0, tokenizer=tiny[1], device="cuda", dtype="float32")
@@ -45,7 +41,6 @@ async def test_cuda_graph_decode_equals_eager(tiny, adapter_dirs):
 
 
 async def test_bf16_logprobs_close_to_forward(tiny):
-    _need_cuda()
     model, tok = tiny_random_model(seed=0, tokenizer=tiny[1], device="cuda", dtype="bfloat16")
     eng = Engine(model, tok, max_batch_size=4)
     try:
