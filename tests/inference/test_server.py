@@ -135,7 +135,7 @@ async def test_completions_endpoint(client):
     assert r.model == "tiny"
 
 
-async def test_bad_requests_get_4xx_then_service_continues(client):
+async def test_bad_requests_get_4xx_then_service_continues(client, served):
     cases = [
         (dict(model="nope", messages=USER), 404, "agent@2"),  # message lists what is served
         (dict(model="agent@9", messages=USER), 404, "[0, 1, 2]"),
@@ -150,7 +150,10 @@ async def test_bad_requests_get_4xx_then_service_continues(client):
         assert info.value.status_code == status, kwargs
         assert needle in info.value.body["message"]
         assert set(info.value.body) == {"message", "type", "param", "code"}
-    raw = await client._client.post("/chat/completions", content=b"{not json")
+    from groupwise.inference.client import in_process_http_client
+
+    async with in_process_http_client(served[2]) as http:  # raw HTTP: the SDK cannot send broken JSON
+        raw = await http.post("/chat/completions", content=b"{not json")
     assert raw.status_code == 400 and "not valid JSON" in raw.json()["error"]["message"]
     ok = await client.chat.completions.create(model="agent", messages=USER, max_tokens=3)
     assert ok.choices[0].message.content is not None
@@ -171,3 +174,14 @@ async def test_18_concurrent_requests_share_forward_passes(client, served):
     # One request alone needs one pass per generated token (prefill yields the first token).
     sequential = sum(r.usage.completion_tokens for r in results)
     assert used < sequential / 4, (used, sequential)
+
+
+async def test_api_key_is_enforced(served):
+    from groupwise.inference.client import in_process_client
+    from groupwise.inference.server import create_app
+
+    app = create_app(served[1], api_key="s3cret")
+    with pytest.raises(openai.AuthenticationError):
+        await in_process_client(app, api_key="wrong").models.list()
+    r = await in_process_client(app, api_key="s3cret").chat.completions.create(model="tiny", messages=USER, max_tokens=2)
+    assert r.usage.completion_tokens >= 1
