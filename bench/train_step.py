@@ -1,0 +1,318 @@
+"""One GRPO step, groupwise vs TRL's GRPOTrainer, side by side on the same model and workload.
+
+    python bench/train_step.py                                   # SmolLM2-135M on CPU
+    python bench/train_step.py --device cuda --arch qwen2.5-0.5b # random-init Qwen2.5 in bf16 (GPU)
+    python bench/train_step.py --device cuda --arch qwen2.5-1.5b
+
+Both sides get the same model weights, prompts, group size, completion length (EOS ignored, so every
+completion has exactly --completion-len tokens), LoRA config (rank, alpha, target modules), learning
+rate, clip epsilons and no KL (beta=0, so neither computes a reference pass). Each side runs
+--warmup steps, then --steps timed steps; medians are printed.
+
+Measured per step:
+- step: end to end = generation + reward + update (+ for groupwise the adapter swap: checkpoint
+  saved and loaded into the engine, which a real run needs and TRL's in-process step does not do);
+- gen: the generation part; update: the optimizer step incl. forward/backward (TRL: step - gen);
+- tok/s: trainable (completion) tokens per second of the update alone;
+- MFU (CUDA only): update FLOPs / (update time * peak). FLOPs = 4 * N_body * tokens (forward and
+  activation backward of the frozen body; LoRA weight grads are negligible) + 6 * V * H * trainable
+  tokens (LM head forward, backward, and our checkpointed recompute counted for both). Peak: 989 TFLOP/s
+  dense bf16 for H100/H200 SXM, else --peak-tflops.
+
+TRL is a bench-only dependency (not in any groupwise extra): `pip install trl` (1.16 checked with
+`--dry-run` not to touch torch). --skip-trl runs our side alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import tempfile
+import time
+from typing import Any
+
+QUESTIONS = [
+    "Write a short poem about the sea.", "Explain photosynthesis to a child.", "List three uses of copper.",
+    "Describe your ideal weekend.", "What makes a good teacher?", "Give advice to a new programmer.",
+    "Summarise the plot of a heist movie.", "Why do leaves change colour?", "Plan a picnic for four people.",
+    "Describe a city in the year 2100.", "How do vaccines work?", "What is the water cycle?",
+    "Invent a new board game.", "Describe the taste of an orange.", "Why is sleep important?",
+    "Explain gravity without equations.",
+]
+
+ARCHS = {
+    # Qwen2.5 shapes (config.json of the released models); weights are random: only speed is measured.
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    # a smoke-test size (seconds on CPU): checks the bench runs, numbers mean nothing
+    "tiny-qwen": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=49152, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+}
+
+
+def reward_fn(text: str) -> float:
+    # Any graded function of the text; the bench measures speed, not learning.
+    return text.count("e") / max(len(text), 1)
+
+
+def build_model(arch: str, device: str, dtype_name: str | None, seed: int = 0) -> tuple[Any, Any]:
+    import torch
+
+    from groupwise.loading import load_base_model, load_tokenizer, resolve_device, resolve_dtype
+
+    if arch == "smollm2":
+        return load_base_model("smollm2-135m", device=device, dtype=dtype_name)
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tok = load_tokenizer("smollm2-135m")  # ids < 49152 fit Qwen's 151936-row embedding
+    dev = resolve_device(device)
+    dtype = resolve_dtype(dtype_name, dev)
+    config = Qwen2Config(**ARCHS[arch], max_position_embeddings=4096, bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.to(device=dev, dtype=dtype).eval()
+    return model, tok
+
+
+def prompts(n: int) -> list[list[dict]]:
+    return [[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}] for i in range(n)]
+
+
+def update_flops(model: Any, tokens: int, trainable: int) -> float:
+    emb = model.get_input_embeddings().weight
+    V, H = emb.shape
+    n_all = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)
+    n_body = n_all - V * H  # tied head: the embedding matrix is counted once, as the head
+    return 4.0 * n_body * tokens + 6.0 * V * H * trainable
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------- groupwise
+
+
+def run_groupwise(args, model, tok) -> dict[str, Any]:
+    from openai.types.chat.chat_completion import ChatCompletionMessage, Choice, ChoiceLogprobs
+    from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
+
+    from groupwise.config import LoraConfig, TrainConfig
+    from groupwise.inference.engine import Engine, GenerationRequest
+    from groupwise.inference.sampling import SamplingParams
+    from groupwise.training.checkpoint import save_checkpoint
+    from groupwise.training.tokenize import tokenize_groups
+    from groupwise.training.trainer import Trainer, wrap_with_lora
+    from groupwise.types import Trajectory, TrajectoryGroup
+
+    peft_model = wrap_with_lora(model, LoraConfig(rank=args.rank, alpha=2 * args.rank, target_modules=tuple(args.targets)))
+    peft_model.eval()
+    engine = Engine(peft_model, tok, max_batch_size=args.prompts * args.group_size)
+    trainer = Trainer(peft_model, pad_token_id=tok.pad_token_id)
+    config = TrainConfig(learning_rate=args.lr, max_seq_len=4096, micro_batch_tokens=args.micro_batch_tokens,
+                         logprob_chunk_size=args.chunk)
+    names = None
+    adapter = None
+    rows = []
+    tmp = tempfile.mkdtemp(prefix="gw-bench-")
+    convs = prompts(args.prompts)
+    for step in range(args.warmup + args.steps):
+        _sync(args.device)
+        t0 = time.perf_counter()
+        futures = [
+            engine.submit(GenerationRequest(
+                tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"],
+                max_new_tokens=args.completion_len, n=args.group_size, ignore_eos=True, adapter=adapter,
+                sampling=SamplingParams(temperature=1.0, seed=1000 * step + i),
+            ))
+            for i, m in enumerate(convs)
+        ]
+        groups = []
+        for m, f in zip(convs, futures):
+            trajs = []
+            for c in f.result().completions:
+                choice = Choice(
+                    index=c.index, finish_reason=c.finish_reason,
+                    message=ChatCompletionMessage(role="assistant", content=c.text),
+                    logprobs=ChoiceLogprobs(content=[
+                        ChatCompletionTokenLogprob(token=str(t), logprob=l, bytes=None, top_logprobs=[])
+                        for t, l in zip(c.token_ids, c.logprobs)
+                    ]),
+                    token_ids=c.token_ids,
+                )
+                trajs.append(Trajectory(messages_and_choices=[*m, choice], reward=reward_fn(c.text)))
+            groups.append(TrajectoryGroup(trajs))
+        t_gen = time.perf_counter() - t0
+        batch = tokenize_groups(groups, tok, max_seq_len=config.max_seq_len)
+        _sync(args.device)
+        t1 = time.perf_counter()
+        with engine.paused():
+            metrics = trainer.train_step(batch, config, step=step)
+            _sync(args.device)
+        t_update = time.perf_counter() - t1
+        # The adapter swap a real step does: save the checkpoint, load it into the engine.
+        names = names or [n for n, _ in trainer.trainable_named_parameters()]
+        path = save_checkpoint(tmp, step + 1, model=peft_model, optimizer=trainer.optimizer, param_names=names)
+        new_adapter = f"bench-{step + 1}"
+        engine.add_adapter(new_adapter, str(path))
+        if adapter is not None:
+            engine.remove_adapter(adapter)
+        adapter = new_adapter
+        _sync(args.device)
+        t_step = time.perf_counter() - t0
+        tokens = sum(len(s) for s in batch.sequences)
+        rows.append(dict(step=t_step, gen=t_gen, update=t_update, trainable=batch.trainable_tokens, tokens=tokens,
+                         padded=metrics["padded_tokens"]))
+        print(f"  groupwise step {step}: step {t_step:.2f}s gen {t_gen:.2f}s update {t_update:.2f}s "
+              f"trainable {batch.trainable_tokens} tokens {tokens}", flush=True)
+    engine.close()
+    return summarise(args, model, rows[args.warmup:])
+
+
+# ----------------------------------------------------------------------------- TRL
+
+
+def run_trl(args, model, tok) -> dict[str, Any]:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig as PeftLoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    n_steps = args.warmup + args.steps
+    convs = prompts(args.prompts)
+    data = Dataset.from_list([{"prompt": m} for _ in range(n_steps + 1) for m in convs])
+
+    def reward(completions, **kwargs):
+        return [reward_fn(c[0]["content"] if isinstance(c, list) else c) for c in completions]
+
+    cuda = args.device.startswith("cuda")
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=args.prompts * args.group_size,
+        num_generations=args.group_size, steps_per_generation=1, gradient_accumulation_steps=1, num_iterations=1,
+        max_completion_length=args.completion_len, generation_kwargs={"min_new_tokens": args.completion_len},
+        temperature=1.0, learning_rate=args.lr, beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo",
+        max_steps=n_steps, logging_steps=1, save_strategy="no", report_to=[], bf16=cuda, use_cpu=not cuda,
+        shuffle_dataset=False, seed=0, disable_tqdm=True, dataloader_num_workers=0, log_completions=False,
+    )
+    peft_config = PeftLoraConfig(r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0, target_modules=list(args.targets),
+                                 task_type="CAUSAL_LM")
+    rows: list[dict] = []
+    timing: dict[str, float] = {}
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            _sync(args.device)
+            timing["t0"] = time.perf_counter()
+            timing["gen"] = 0.0
+
+        def on_step_end(self, *a, **k):
+            _sync(args.device)
+            t = time.perf_counter() - timing["t0"]
+            tokens = timing.get("tokens", 0)
+            rows.append(dict(step=t, gen=timing["gen"], update=t - timing["gen"], trainable=timing.get("trainable", 0),
+                             tokens=tokens, padded=tokens))
+            print(f"  trl step {len(rows) - 1}: step {t:.2f}s gen {timing['gen']:.2f}s update {t - timing['gen']:.2f}s "
+                  f"trainable {timing.get('trainable', 0)}", flush=True)
+
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tok,
+                          peft_config=peft_config, callbacks=[Timer()])
+    inner = trainer._generate_and_score_completions
+
+    def timed(*a, **k):
+        _sync(args.device)
+        t = time.perf_counter()
+        out = inner(*a, **k)
+        _sync(args.device)
+        timing["gen"] += time.perf_counter() - t
+        mask = out["completion_mask"]
+        timing["trainable"] = int(mask.sum())
+        timing["tokens"] = int(out["prompt_mask"].sum() + mask.sum())
+        return out
+
+    trainer._generate_and_score_completions = timed
+    trainer.train()
+    del trainer
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return summarise(args, model, rows[args.warmup:])
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def summarise(args, model, rows: list[dict]) -> dict[str, Any]:
+    med = {k: statistics.median(r[k] for r in rows) for k in ("step", "gen", "update", "trainable", "tokens")}
+    out = dict(med, tok_per_s=med["trainable"] / med["update"])
+    if args.device.startswith("cuda"):
+        import torch
+
+        name = torch.cuda.get_device_name()
+        peak = args.peak_tflops or (989.0 if ("H100" in name or "H200" in name) else None)
+        if peak:
+            out["mfu"] = update_flops(model, int(med["tokens"]), int(med["trainable"])) / med["update"] / (peak * 1e12)
+        out["device_name"] = name
+        out["max_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", default="smollm2", choices=["smollm2", *ARCHS])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--prompts", type=int, default=2, help="groups per step")
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--completion-len", type=int, default=64)
+    p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--targets", nargs="+", default=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--micro-batch-tokens", type=int, default=16384)
+    p.add_argument("--chunk", type=int, default=1024, help="logprob chunk size (positions)")
+    p.add_argument("--peak-tflops", type=float, default=None)
+    p.add_argument("--skip-trl", action="store_true")
+    p.add_argument("--json", default=None, help="also write the results here")
+    args = p.parse_args()
+
+    import torch
+
+    torch.manual_seed(0)
+    results = {}
+    model, tok = build_model(args.arch, args.device, args.dtype)
+    print(f"groupwise: {args.arch} on {args.device}, {args.prompts} x {args.group_size} x {args.completion_len} tokens", flush=True)
+    results["groupwise"] = run_groupwise(args, model, tok)
+    del model
+    gc.collect()
+    if not args.skip_trl:
+        model, tok = build_model(args.arch, args.device, args.dtype)  # fresh weights: same seed, no adapter
+        print("trl:", flush=True)
+        results["trl"] = run_trl(args, model, tok)
+    cols = ["step", "gen", "update", "tok_per_s", "mfu", "max_mem_gb"]
+    print(f"\n{args.arch} on {args.device} ({results['groupwise'].get('device_name', 'cpu')}), "
+          f"{args.prompts} prompts x {args.group_size} rollouts x {args.completion_len} tokens, LoRA r={args.rank}")
+    print(f"| {'':10} | " + " | ".join(f"{c:>10}" for c in cols) + " |")
+    for name, r in results.items():
+        cells = [f"{r[c]:10.3f}" if isinstance(r.get(c), float) else f"{'-':>10}" for c in cols]
+        print(f"| {name:10} | " + " | ".join(cells) + " |")
+    if "trl" in results:
+        g, t = results["groupwise"], results["trl"]
+        print(f"speed-up vs TRL: end-to-end step {t['step'] / g['step']:.2f}x, update tokens/s {g['tok_per_s'] / t['tok_per_s']:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
