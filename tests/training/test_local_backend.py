@@ -118,3 +118,30 @@ def test_sigkill_mid_step_resumes_with_identical_optimizer(model_dir, tmp_path):
     wa = load_file(str(straight / "resume" / "agent" / "checkpoints" / "0003" / "adapter_model.safetensors"))
     wb = load_file(str(run / "checkpoints" / "0003" / "adapter_model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+async def test_multi_turn_with_tools_trains_on_what_was_sampled(model_dir, tmp_path):
+    # SmolLM2's template has no tool support, so the server writes the tools into the system prompt;
+    # the trainer renders the context the same way (prepare_messages), so the sampler's logprobs equal
+    # the trainer's before the update (ratio 1) on every turn of a two-turn conversation.
+    tools = [{"type": "function", "function": {"name": "lookup", "description": "look a word up",
+                                               "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
+    model = gw.TrainableModel(name="agent", project="tools", base_model=model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    await model.register(backend)
+    try:
+        client = model.openai_client()
+        trajs = []
+        for i in range(4):
+            items: list = [{"role": "user", "content": "first"}]
+            for turn in range(2):
+                r = await client.chat.completions.create(
+                    model=model.inference_name(), messages=[m if isinstance(m, dict) else {"role": "assistant", "content": m.message.content} for m in items],
+                    tools=tools, max_tokens=4, seed=10 * i + turn)
+                items += [r.choices[0], {"role": "user", "content": "again"}]
+            trajs.append(gw.Trajectory(messages_and_choices=items[:-1], tools=tools, reward=float(i)))
+        result = await model.train([gw.TrajectoryGroup(trajs)], config=gw.TrainConfig(learning_rate=1e-3))
+        assert result.metrics["trainable_tokens"] == sum(len(c.token_ids) for t in trajs for c in t.choices())
+        assert result.metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    finally:
+        await backend.close()
