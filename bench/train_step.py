@@ -203,6 +203,9 @@ def run_trl(args, model, tok) -> dict[str, Any]:
         temperature=1.0, learning_rate=args.lr, beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo",
         max_steps=n_steps, logging_steps=1, save_strategy="no", report_to=[], bf16=cuda, use_cpu=not cuda,
         shuffle_dataset=False, seed=0, disable_tqdm=True, dataloader_num_workers=0, log_completions=False,
+        # TRL defaults to checkpointing every layer (slower, less memory); groupwise does not, so off
+        # for a like-for-like step unless asked.
+        gradient_checkpointing=args.trl_gradient_checkpointing, lr_scheduler_type="constant",
     )
     peft_config = PeftLoraConfig(r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0, target_modules=list(args.targets),
                                  task_type="CAUSAL_LM")
@@ -283,6 +286,7 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=1024, help="logprob chunk size (positions)")
     p.add_argument("--peak-tflops", type=float, default=None)
     p.add_argument("--skip-trl", action="store_true")
+    p.add_argument("--trl-gradient-checkpointing", action="store_true", help="TRL's default; off for like-for-like")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
 

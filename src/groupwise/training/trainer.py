@@ -6,9 +6,10 @@ use of it during a step (`engine.paused()`), and the trainer re-activates its ow
 the engine may have switched the active adapter to serve another step.
 
 Memory: log-probs are computed only at trainable positions, in chunks of `logprob_chunk_size`
-positions, each chunk under activation checkpointing, so the [chunk, V] logits of a 150k vocabulary
-exist for one chunk at a time in the forward AND the backward pass (without checkpointing autograd
-would keep every chunk's log-softmax for the backward, i.e. all of [T, V]).
+positions, every chunk but the last under activation checkpointing, so the [chunk, V] logits of a 150k
+vocabulary exist for about one chunk at a time in the forward AND the backward pass (without
+checkpointing autograd would keep every chunk's log-softmax for the backward, i.e. all of [T, V]).
+A batch whose trainable tokens fit one chunk pays no recomputation.
 
 Micro-batches are sized by a token budget (padded tokens, `micro_batch_tokens`); sequences are sorted by
 length so padding is small. The loss normalisers count the whole step (training/loss.py), so summing
@@ -120,9 +121,12 @@ def token_logprobs(
     hidden_NH = hidden_BTH[:, :-1][target_mask_BT]  # [N, H]
     targets_N = input_ids_BT[:, 1:][target_mask_BT]  # [N]
     pieces = []
-    for start in range(0, hidden_NH.shape[0], chunk_size):
+    N = hidden_NH.shape[0]
+    for start in range(0, N, chunk_size):
         h, y = hidden_NH[start:start + chunk_size], targets_N[start:start + chunk_size]
-        if torch.is_grad_enabled() and h.requires_grad:
+        # The last chunk keeps its logits for the backward (one chunk is the memory bound anyway);
+        # the others are recomputed in the backward, so at most one [chunk, V] block is alive.
+        if torch.is_grad_enabled() and h.requires_grad and start + chunk_size < N:
             pieces.append(checkpoint(_chunk_logprobs, lm_head, h, y, use_reentrant=False))
         else:
             pieces.append(_chunk_logprobs(lm_head, h, y))
