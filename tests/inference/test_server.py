@@ -99,7 +99,7 @@ async def test_tool_call_round_trip(client):
     r = await client.chat.completions.create(model="agent", messages=messages, tools=tools, max_tokens=40,
                                              tool_choice={"type": "function", "function": {"name": "get_weather"}})
     choice = r.choices[0]
-    assert choice.finish_reason == "tool_calls"
+    assert choice.finish_reason == "tool_calls", choice.message
     call = choice.message.tool_calls[0]
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")

@@ -113,7 +113,10 @@ def _tool_call_schema(tools: list[dict[str, Any]], name: str | None) -> dict[str
         fn = t.get("function", t)
         if name is not None and fn.get("name") != name:
             continue
-        params = fn.get("parameters") or {"type": "object"}
+        params = dict(fn.get("parameters") or {"type": "object"})
+        if params.get("type") == "object" and "properties" in params:
+            # Undeclared arguments are useless to the tool; without this a small model invents keys.
+            params.setdefault("additionalProperties", False)
         options.append({
             "type": "object",
             "properties": {"name": {"const": fn["name"]}, "arguments": params},

@@ -7,11 +7,11 @@ plain forward pass, so the importance ratio pi_new / pi_old starts at exactly 1 
 distribution actually sampled from (tempered, truncated, masked) is a sampling device, not the
 policy being trained.
 
-Sampling is done with the exponential-race trick: ``argmax(p / E)`` with ``E ~ Exp(1)`` i.i.d. draws
-a token with probability p. A seeded sequence's noise is a hash of (seed, token index, vocab id)
-(`seeded_uniform`), computed for all seeded rows in one vectorised op: its sample does not depend
-on which other requests share the batch, and no per-row generator call (a kernel launch each on
-CUDA) is needed. Unseeded rows share the engine's generator.
+Sampling is by inverse CDF: one uniform u per row, token = first index where cumsum(p) >= u.
+A seeded sequence's u is a hash of (seed, token index) (`seeded_uniform`), so its sample does not
+depend on which other requests share the batch, and all rows are drawn in a few vectorised ops
+(no per-row generator call, which would be a kernel launch each on CUDA, and no [B, V] noise).
+Unseeded rows take u from the engine's generator.
 """
 
 from __future__ import annotations
@@ -64,12 +64,12 @@ def _pcg_hash(x: torch.Tensor) -> torch.Tensor:
     return ((word >> 22) ^ word) & _M32
 
 
-def seeded_uniform(seeds_B: torch.Tensor, steps_B: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[B, V] uniforms in (0, 1), a pure function of (seed, step, vocab id)."""
-    row = _pcg_hash((seeds_B & _M32) ^ _pcg_hash(steps_B & _M32))  # [B]
-    v = torch.arange(vocab, device=seeds_B.device, dtype=torch.int64)
-    bits = _pcg_hash(row[:, None] ^ _pcg_hash(v)[None, :]) >> 8  # 24 bits: exact in float32
-    return (bits.float() + 0.5) / float(1 << 24)
+def seeded_uniform(seeds_B: torch.Tensor, steps_B: torch.Tensor) -> torch.Tensor:
+    """[B] uniforms in (0, 1), a pure function of (seed, step)."""
+    hi = _pcg_hash(_pcg_hash(seeds_B & _M32) ^ _pcg_hash((steps_B + 0x9E3779B9) & _M32))
+    lo = _pcg_hash(hi ^ 0x85EBCA6B)
+    bits = ((hi >> 8) << 24) | (lo >> 8)  # 48 random bits: exact in float64, resolves p ~ 1e-14
+    return (bits.double() + 0.5) / float(1 << 48)
 
 
 def sample_next(
@@ -110,23 +110,20 @@ def sample_next(
             top_p = torch.tensor([params[i].top_p for i in sampled_rows], device=dev)
             scaled = top_p_filter(scaled, top_p)
         probs = torch.softmax(scaled, dim=-1)  # [b, V]
-        noise = torch.empty_like(probs)
+        u = torch.empty(len(sampled_rows), dtype=torch.float64, device=dev)
         seeded = [j for j, i in enumerate(sampled_rows) if seeds[i] is not None]
         unseeded = [j for j, i in enumerate(sampled_rows) if seeds[i] is None]
         if seeded:
             rows = [sampled_rows[j] for j in seeded]
-            u = seeded_uniform(torch.tensor([seeds[i] for i in rows], device=dev),
-                               torch.tensor([steps[i] for i in rows], device=dev), probs.shape[1])
-            if len(seeded) == len(sampled_rows):
-                noise = -torch.log(u)
-            else:
-                noise[torch.tensor(seeded, device=dev)] = -torch.log(u)
+            u_seeded = seeded_uniform(torch.tensor([seeds[i] for i in rows], device=dev),
+                                      torch.tensor([steps[i] for i in rows], device=dev))
+            u[torch.tensor(seeded, device=dev)] = u_seeded
         if unseeded:
-            u = torch.tensor(unseeded, device=dev)
-            noise[u] = torch.empty(len(unseeded), probs.shape[1], device=dev).exponential_(
-                generator=default_generator
-            )
-        choice = torch.argmax(probs / noise, dim=-1)
+            u[torch.tensor(unseeded, device=dev)] = torch.rand(
+                len(unseeded), dtype=torch.float64, device=dev, generator=default_generator)
+        cdf = torch.cumsum(probs.double(), dim=-1)  # [b, V]; fp64 so 49k-150k terms add up exactly enough
+        # Zero-probability tokens (masked, top-p'd) sit on flat steps of the CDF and are never chosen.
+        choice = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp_(max=probs.shape[1] - 1)[:, 0]
         if whole:
             tokens_B = choice
         else:
