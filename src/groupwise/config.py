@@ -174,6 +174,7 @@ class LoopConfig(Validated):
     length_ratio: float = option(2.0, help="Degenerate detector: fire when the mean answer length drifts by this factor from the first steps.")
     min_judge_agreement: float = option(0.6, help="Judge detector: fire when the judge orders fewer than this share of pairs like ground truth.")
     max_exceptions: int | float = option(0, help="Rollouts allowed to raise per gather: a count, or a fraction in (0, 1).")
+    resample_no_signal: int = option(2, help="Times a step's batch is gathered again when nothing in it is trainable (e.g. every group has equal rewards) before the loop raises NotTrainableError.")
     seed: int = option(0, help="Seed of the per-epoch shuffle of the training scenarios (resume sees the same batches).")
 
     def problems(self) -> list[str]:
@@ -198,6 +199,8 @@ class LoopConfig(Validated):
             p.append(f"baseline_margin={self.baseline_margin!r} must be None or >= 0")
         for name in ("perfect_share", "repetition_share", "identical_share", "min_judge_agreement"):
             check_fraction(p, name, getattr(self, name))
+        if not isinstance(self.resample_no_signal, int) or self.resample_no_signal < 0:
+            p.append(f"resample_no_signal={self.resample_no_signal!r} must be an integer >= 0")
         if self.length_ratio <= 1:
             p.append(f"length_ratio={self.length_ratio!r} must be > 1")
         for name in ("on_val_drop", "on_val_plateau", "on_reward_jump", "on_perfect_scores",

@@ -234,17 +234,33 @@ class _Loop:
 
     # -- one step ------------------------------------------------------------------------------------
     async def step(self, step: int, indices: list[int]) -> tuple[int, list[TrajectoryGroup], list[TrajectoryGroup]]:
-        t0 = time.perf_counter()
-        groups = await self.gather(self.model, self.train, indices, self.c.rollouts_per_group, f"train step {step}")
-        t1 = time.perf_counter()
-        groups = await self.apply_reward(groups)
-        t2 = time.perf_counter()
-        if not groups:
-            raise RuntimeError(f"step {step}: the reward step dropped every group; nothing to train on")
-        for g in groups:
-            for t in g.trajectories:
-                t.metrics["answer_chars"] = len(answer_text(t))  # read by the length-drift detector
-        result = await self.model.train(groups, config=self.c.step_config())
+        from groupwise.errors import NotTrainableError
+
+        for attempt in range(self.c.resample_no_signal + 1):
+            t0 = time.perf_counter()
+            groups = await self.gather(self.model, self.train, indices, self.c.rollouts_per_group, f"train step {step}")
+            t1 = time.perf_counter()
+            groups = await self.apply_reward(groups)
+            t2 = time.perf_counter()
+            if not groups:
+                raise RuntimeError(f"step {step}: the reward step dropped every group; nothing to train on")
+            for g in groups:
+                for t in g.trajectories:
+                    t.metrics["answer_chars"] = len(answer_text(t))  # read by the length-drift detector
+            try:
+                result = await self.model.train(groups, config=self.c.step_config())
+                break
+            except NotTrainableError as exc:
+                # Same step, same scenarios, fresh samples: the data position and step stay in lockstep
+                # (no fake step is made, unlike ART's copied checkpoint). Recorded, then bounded.
+                alert = Alert("no_signal", "warning", step, f"attempt {attempt + 1}: {exc}",
+                              {"attempt": attempt + 1, "rewards": [g.rewards()[:8] for g in groups[:4]]})
+                self.store.append_history(alert.to_row("resample"))
+                self.alerts.append(alert)
+                log.warning("step %d: nothing trainable (attempt %d of %d): %s", step, attempt + 1,
+                            self.c.resample_no_signal + 1, exc)
+                if attempt == self.c.resample_no_signal:
+                    raise
         t3 = time.perf_counter()
         cost = sum(float(g.metrics.get("judge/cost_usd", 0.0)) for g in groups)
         self.store.append_history({
@@ -278,8 +294,48 @@ class _Loop:
             train = series(history, "train", "reward", up_to=final_step)
             return "train/reward", final_step, (train[-1][1] if train else None)
         sign = 1.0 if self.c.higher_is_better else -1.0
-        step, value = max(points, key=lambda p: (sign * p[1], -p[0]))  # earliest of equal bests
+        # the latest of equal bests: the same checkpoint LocalBackend's retention keeps
+        step, value = max(points, key=lambda p: (sign * p[1], p[0]))
         return f"val/{self.c.metric}", step, value
+
+    def configure_backend(self) -> None:
+        """Point the backend's checkpoint retention at this loop's validation metric.
+
+        `LocalBackend` keeps the latest checkpoint and the best by ``best_checkpoint_metric``, read from
+        the history's val rows; the loop's val rows hold ``<metric>``, so it becomes ``val/<metric>``.
+        Its pruning maximises, so for a lower-is-better metric retention is switched off instead
+        (every checkpoint kept) rather than keeping the worst one."""
+        backend = getattr(self.model, "_backend", None)
+        if backend is None or not hasattr(backend, "best_checkpoint_metric") or not self.val:
+            return
+        if self.c.higher_is_better:
+            backend.best_checkpoint_metric = f"val/{self.c.metric}"
+        else:
+            log.warning("metric %r is lower-is-better: backend checkpoint retention disabled (keeps every checkpoint)",
+                        self.c.metric)
+            backend.best_checkpoint_metric = None
+
+    async def ensure_served(self, step: int) -> None:
+        """Make sure ``name@step`` is served before requests go to it (the best step may be old).
+
+        Uses the backend's ``serve_step(model, step)`` when it has one; `LocalBackend` serves only its
+        last `served_steps` steps, so for it the kept checkpoint is loaded into its registry here."""
+        backend = getattr(self.model, "_backend", None)
+        if backend is None or step == 0:
+            return
+        hook = getattr(backend, "serve_step", None)
+        if hook is not None:
+            await _maybe_await(hook(self.model, step))
+            return
+        served = getattr(backend, "_models", {}).get(self.model.name)
+        if served is None or step in served.registry.steps(self.model.name):
+            return
+        from groupwise.training.checkpoint import step_dir_name
+
+        path = served.store.checkpoints_dir / step_dir_name(step)
+        if not (path / "state.json").is_file():
+            raise RuntimeError(f"checkpoint of step {step} is missing at {path}; retention removed the best checkpoint")
+        await asyncio.to_thread(served.registry.add_step, self.model.name, step, str(path))
 
     async def keep_best(self, best_step: int | None, history: list[dict]) -> None:
         """Tell the backend which checkpoint is best so far, so its retention keeps it.
@@ -295,6 +351,7 @@ class _Loop:
                                     maximize=self.c.higher_is_better))
 
     async def test_at(self, best_step: int) -> dict[str, float]:
+        await self.ensure_served(best_step)
         groups, _ = await self.evaluate(AtStep(self.model, best_step), self.test, f"test @{best_step}")
         row = await self.model.log(groups, split="test", step=best_step)
         out = {"reward": row["reward"]}
@@ -341,6 +398,7 @@ async def fit(
     from groupwise.utils import iterate_dataset
 
     loop = _Loop(model, rollout, train, val, test, reward, validate, list(baselines), config)
+    loop.configure_backend()
     start = step = await model.get_step()
     history = loop.store.history()
     if val:

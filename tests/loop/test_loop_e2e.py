@@ -1,0 +1,116 @@
+"""End to end on a real (tiny, random) model with LocalBackend: a gameable reward is caught.
+
+The task wants a one-line answer (validation: no newline in the answer). The reward pays for newlines
+(the share of sampled tokens that are line breaks: padding, gameable). GRPO learns the reward, the
+answers break into lines, validation falls while the reward rises: the val_drop detector fires, the
+loop stops, and the best checkpoint (by validation) is kept, served, and evaluated on the test split.
+
+The tiny Llama's final norm is scaled x10 so its next-token distribution is peaked (entropy ~7 nats
+instead of ~10.8, i.e. near uniform over 49k tokens): a random model's logits are so flat that GRPO
+has no competing alternatives to learn from in a few steps (measured: no learning at lr 1e-2..2e-1).
+Requests carry seeds, so the run is reproducible on CPU.
+
+Measured on CPU (lr 1e-2; 6 runs; the engine's batching makes runs differ slightly): validation
+(one-line answers) starts at 0.72; runs stopped on val_drop at steps 8-12, e.g. train reward
+0.06 -> 0.26 while validation 0.72 -> 0.25 (best: the base, step 0), or reward 0.06 -> 0.63 while
+validation peaked at 0.875 (step 6, kept, served and tested) and fell to 0.0 at step 12. One earlier
+run (before the resample-on-no-signal fix and with max_steps=16) did not trigger within 16 steps.
+Each run takes 20-60 s on 2 shared CPU cores.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import groupwise as gw
+from groupwise.loop.series import events, rows
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+SCENARIOS = [{"id": i, "q": f"Say something short about topic {i}."} for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def peaked_tiny_model(tmp_path_factory):
+    import torch
+
+    from groupwise.loading import tiny_random_model
+
+    path = tmp_path_factory.mktemp("tiny-peaked")
+    model, tok = tiny_random_model(seed=0)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(10.0)  # logits x10: a peaked distribution (see module docstring)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def make_rollout():
+    seeds = itertools.count()
+
+    async def rollout(model, scenario):
+        messages = [{"role": "user", "content": scenario["q"]}]
+        r = await model.openai_client().chat.completions.create(
+            model=model.inference_name(), messages=messages, max_tokens=8, temperature=1.0, seed=next(seeds))
+        choice = r.choices[0]
+        text = choice.message.content or ""
+        reward = text.count("\n") / max(1, len(gw.types.choice_token_ids(choice) or [1]))
+        traj = gw.Trajectory(messages_and_choices=[*messages, choice], reward=reward)
+        traj.metadata["served_as"] = r.model
+        return traj
+
+    return rollout
+
+
+def one_line(trajectory, scenario) -> float:
+    return float("\n" not in (trajectory.messages()[-1]["content"] or ""))
+
+
+@pytest.mark.slow
+async def test_gamed_reward_on_a_tiny_model_raises_val_drop_stops_and_keeps_the_best_checkpoint(peaked_tiny_model, tmp_path, capsys):
+    model = gw.TrainableModel("e2e", project="loop", base_model=peaked_tiny_model, base_path=str(tmp_path))
+    backend = gw.LocalBackend(path=str(tmp_path), device="cpu")
+    await model.register(backend)
+    try:
+        cfg = gw.LoopConfig(rollouts_per_group=8, groups_per_step=4, eval_every=2, max_steps=24, num_epochs=10,
+                            learning_rate=1e-2, patience=100, val_rollouts_per_group=2, val_drop=0.15,
+                            reward_rise=0.1, metric="one_line")
+        summary = await gw.fit(model, make_rollout(), SCENARIOS[:24], val_scenarios=SCENARIOS[24:40],
+                               test_scenarios=SCENARIOS[24:32], validate=one_line, config=cfg)
+    finally:
+        await backend.close()
+    h = gw.load_history(summary.run_dir)
+    train = [r["reward"] for r in rows(h, "train")]
+    val = {r["step"]: r["one_line"] for r in rows(h, "val")}
+    with capsys.disabled():
+        print(f"\n{summary}\ntrain reward: {[round(x, 3) for x in train]}\nval: {val}")
+
+    # the hacking alert fired and stopped the run
+    assert summary.stop.rule == "alert:val_drop", summary
+    drop = [a for a in summary.alerts if a.name == "val_drop"]
+    assert len(drop) == 1 and drop[0].severity == "critical"
+    ev = drop[0].evidence
+    assert ev["drop"] >= 0.15 and ev["reward_now"] - ev["reward_then"] >= 0.1
+    # the reward really rose and validation really fell
+    assert max(train[-3:]) > train[0] + 0.1
+    best_step = summary.best_step
+    assert val[best_step] == max(val.values()) and val[summary.final_step] <= val[best_step] - 0.15
+    # the best checkpoint was kept (retention by val/one_line) and the test split ran against it
+    if best_step > 0:
+        assert (tmp_path / "loop" / "e2e" / "checkpoints" / f"{best_step:04d}" / "state.json").is_file()
+    test_groups = gw.load_trajectories(summary.run_dir, "test", best_step)
+    assert {t.metadata["served_as"] for g in test_groups for t in g} == {f"e2e@{best_step}"}
+    assert summary.test is not None and "one_line" in summary.test
+    assert [s["rule"] for s in events(h, "stop")] == ["alert:val_drop"]
+
+    # report and compare work on the real run
+    from groupwise.cli import main
+
+    assert main(["report", summary.run_dir]) == 0
+    assert (tmp_path / "loop" / "e2e" / "report" / "curves.png").stat().st_size > 10_000
+    assert main(["compare", summary.run_dir, "--steps", "0,latest", "-n", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"val answers of step 0 (left) and step {summary.final_step} (right)" in out
