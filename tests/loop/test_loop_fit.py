@@ -66,7 +66,8 @@ async def test_gamed_reward_raises_val_drop_stops_and_keeps_best(tmp_path):
                            validate=lambda t, s: float(t.messages()[-1]["content"] == f"answer {s['answer']}"),
                            baselines=[gw.Model("prompted", project="loop", inference_model_name="prompted-v1")],
                            config=cfg)
-    # val 1.0 at steps 0, 2; 0.0 at step 4 -> the alert at step 4; best is the earliest best, step 0
+    # val 1.0 at steps 0, 2; 0.0 at step 4 -> the alert at step 4; best is the latest of equal bests,
+    # step 2 (the checkpoint LocalBackend's retention keeps too)
     assert summary.stop.rule == "alert:val_drop" and summary.final_step == 4
     # the scripted answers are identical within a group (warned every step); at step 4 the padding
     # also shows as length drift (8 -> 51 chars) and 3-gram repetition, besides the val drop.
@@ -76,13 +77,15 @@ async def test_gamed_reward_raises_val_drop_stops_and_keeps_best(tmp_path):
     drop = [a for a in summary.alerts if a.name == "val_drop"]
     assert len(drop) == 1 and drop[0].step == 4
     ev = drop[0].evidence
-    assert (ev["best_step"], ev["best"], ev["val_now"], ev["val_step"]) == (0, 1.0, 0.0, 4)
-    assert summary.best_step == 0 and summary.best_value == 1.0 and summary.status == "hacking"
-    assert backend.kept_best == [0, 0, 0, 0]  # after validations 0, 2, 4 and at the end
+    assert (ev["best_step"], ev["best"], ev["val_now"], ev["val_step"]) == (2, 1.0, 0.0, 4)
+    # train reward around step 2: mean(0.0, 0.1, 0.2) = 0.1; now: mean(0.1, 0.2, 0.3 + 0.5) = 0.3667
+    assert ev["reward_then"] == pytest.approx(0.1) and ev["reward_now"] == pytest.approx(1.1 / 3)
+    assert summary.best_step == 2 and summary.best_value == 1.0 and summary.status == "hacking"
+    assert backend.kept_best == [0, 2, 2, 2]  # after validations 0, 2, 4 and at the end
     # the test split ran once, against the best checkpoint
-    assert seen_names[-2:] == ["gamed@0", "gamed@0"] and summary.test == {"reward": 0.0, "accuracy": 1.0}
+    assert seen_names[-2:] == ["gamed@2", "gamed@2"] and summary.test == {"reward": 0.2, "accuracy": 1.0}
     h = gw.load_history(summary.run_dir)
-    assert [r["step"] for r in rows(h, "test")] == [0]
+    assert [r["step"] for r in rows(h, "test")] == [2]
     alert_rows = [r for r in events(h, "alert") if r["name"] == "val_drop"]
     assert len(alert_rows) == 1 and alert_rows[0]["action"] == "stop" and alert_rows[0]["evidence"]["drop"] == 1.0
     assert {r["action"] for r in events(h, "alert") if r["name"] != "val_drop"} == {"warn"}

@@ -44,7 +44,7 @@ def test_report_writes_pngs_and_prints_the_table(run_dir, tmp_path, capsys):
     assert lines[2].split()[:5] == ["0", "0.000", "+-", "0.000", "1.000"]
     assert any(line.split()[0] == "4" and "val_drop(stop)" in line for line in lines[2:8])
     assert "baseline gamed@0: val accuracy = 1.000" in text and "baseline prompted: val accuracy = 1.000" in text
-    assert "stopped at step 4 (alert:val_drop)" in text and "best val/accuracy: step 0" in text
+    assert "stopped at step 4 (alert:val_drop)" in text and "best val/accuracy: step 2" in text
 
 
 def test_report_table_and_metric_from_history(run_dir):
@@ -70,7 +70,7 @@ def test_report_on_a_folder_without_history(tmp_path, capsys):
 
 
 def test_compare_base_and_best_side_by_side(run_dir, capsys):
-    # best is step 0 (val 1.0 at 0 and 2, 0.0 at 4: the earliest best), so compare 2 and latest (4)
+    # best is step 2 (val 1.0 at 0 and 2, 0.0 at 4: the latest of equal bests); compare 2 and latest (4)
     text = compare(run_dir, "2,latest", n=2, width=100)
     assert "val answers of step 2 (left) and step 4 (right)" in text
     assert "scenario 0: question 8" in text and "scenario 1: question 9" in text
@@ -80,6 +80,6 @@ def test_compare_base_and_best_side_by_side(run_dir, capsys):
     assert "step 2: reward 0.2, accuracy 1" in text and "step 4: reward 0.9, accuracy 0" in text
     assert main(["compare", run_dir, "--steps", "0,best", "-n", "1"]) == 0
     out = capsys.readouterr().out
-    assert "step 0 (left) and step 0 (right)" in out  # best resolved from the stop row
+    assert "step 0 (left) and step 2 (right)" in out  # best resolved from the stop row
     assert main(["compare", run_dir, "--steps", "0,7"]) == 2
     assert "stored steps: [0, 2, 4]" in capsys.readouterr().err

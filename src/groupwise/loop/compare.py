@@ -42,7 +42,7 @@ def resolve_step(spec: str, history: list[Row], val_steps: list[int], metric: st
         points = [(s, v) for s, v in points if v is not None]
         if not points:
             raise ConfigError("'best' needs validation rows in the history; pass a step number", what="compare --steps")
-        return max(points, key=lambda p: (p[1], -p[0]))[0]
+        return max(points, key=lambda p: (p[1], p[0]))[0]  # latest of equal bests, as fit
     raise ConfigError(f"step {spec!r} must be a number, 'best' or 'latest'", what="compare --steps")
 
 

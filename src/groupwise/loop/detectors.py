@@ -97,7 +97,7 @@ def val_drop_reward_rise(
     if len(val) < 2:
         return None
     sign = 1.0 if higher_is_better else -1.0
-    best_step, best = max(val, key=lambda p: (sign * p[1], -p[0]))  # earliest best
+    best_step, best = max(val, key=lambda p: (sign * p[1], p[0]))  # latest of equal bests, as fit's best
     at, now = val[-1]
     drop = sign * (best - now)
     # Fires at the step of the validation that shows the drop, once, not on every later step.
