@@ -55,6 +55,7 @@ _EXPORTS: dict[str, str] = {
     "JudgeConfig": "groupwise.judge",
     # loop
     "fit": "groupwise.loop",
+    "FitSummary": "groupwise.loop",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -89,3 +89,13 @@ def test_loop_config_seed_defaults_and_help():
     assert c.step_config().learning_rate == c.learning_rate
     import dataclasses
     assert all(f.metadata.get("help") for f in dataclasses.fields(gw.LoopConfig))
+
+
+def test_loop_package_imports_no_torch_and_no_matplotlib():
+    import subprocess
+    import sys
+
+    code = ("import sys, groupwise as gw, groupwise.loop; gw.fit; gw.FitSummary; "
+            "print('torch' in sys.modules, 'matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
