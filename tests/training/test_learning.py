@@ -1,6 +1,6 @@
 """A tiny random model learns: GRPO raises a reward that is a property of the sampled text.
 
-Measured (seed 0, 12 steps): the newline fraction goes from about 0.12 to 0.37.
+Measured (seed 0): the newline fraction goes from 0.12 (mean of steps 0-2) to 0.38 (steps 7-9).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def test_tiny_model_learns_to_prefer_a_token_set(tokenizer):
 
     prompts = [[{"role": "user", "content": p}] for p in ("count", "go", "write")]
     curve = []
-    for step in range(12):
+    for step in range(10):
         groups = []
         for messages in prompts:
             choices = sample_choices(model, tokenizer, messages, n=6, max_new_tokens=8, top_k=4)

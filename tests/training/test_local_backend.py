@@ -89,34 +89,34 @@ def _wait(proc, timeout=240):
 
 def test_sigkill_mid_step_resumes_with_identical_optimizer(model_dir, tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    # The reference: 3 uninterrupted steps.
-    _wait(_worker(straight, model_dir, 3))
-    # The same run, killed in the middle of the step 2 -> 3.
-    proc = _worker(killed, model_dir, 3, "--hang-at-step", "2")
+    # The reference: 2 uninterrupted steps.
+    _wait(_worker(straight, model_dir, 2))
+    # The same run, killed in the middle of the step 1 -> 2.
+    proc = _worker(killed, model_dir, 2, "--hang-at-step", "1")
     deadline = time.time() + 240
     while not (killed / "in_step").exists():
         assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-        assert time.time() < deadline, "the worker never reached step 2"
+        assert time.time() < deadline, "the worker never reached step 1"
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     run = killed / "resume" / "agent"
-    # Everything written before the kill is readable: step 2's trajectories were written before training.
-    assert [len(g) for g in gw.load_trajectories(run, "train", 2)] == [4, 4]
-    # retention is off (best_checkpoint_metric=None): steps 1 and 2 are complete, step 3 never started saving
-    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == ["0001", "0002"]
-    # Restart: resumes at step 2 with the optimizer the killed process held after step 2, bit for bit.
-    _wait(_worker(killed, model_dir, 3))
-    held = load_file(str(killed / "ref" / "2.safetensors"))
-    resumed = load_file(str(killed / "ref" / "resumed-2.safetensors"))
+    # Everything written before the kill is readable: step 1's trajectories were written before training.
+    assert [len(g) for g in gw.load_trajectories(run, "train", 1)] == [4, 4]
+    # step 1 is complete; step 2 never started saving
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == ["0001"]
+    # Restart: resumes at step 1 with the optimizer the killed process held after step 1, bit for bit.
+    _wait(_worker(killed, model_dir, 2))
+    held = load_file(str(killed / "ref" / "1.safetensors"))
+    resumed = load_file(str(killed / "ref" / "resumed-1.safetensors"))
     assert held.keys() == resumed.keys() and len(held) > 0
     assert all(torch.equal(held[k], resumed[k]) for k in held)
-    # ... and ends where the uninterrupted run ended: same optimizer tensors and adapter after step 3.
-    a = load_file(str(straight / "resume" / "agent" / "checkpoints" / "0003" / "optimizer.safetensors"))
-    b = load_file(str(run / "checkpoints" / "0003" / "optimizer.safetensors"))
+    # ... and ends where the uninterrupted run ended: same optimizer tensors and adapter after step 2.
+    a = load_file(str(straight / "resume" / "agent" / "checkpoints" / "0002" / "optimizer.safetensors"))
+    b = load_file(str(run / "checkpoints" / "0002" / "optimizer.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    wa = load_file(str(straight / "resume" / "agent" / "checkpoints" / "0003" / "adapter_model.safetensors"))
-    wb = load_file(str(run / "checkpoints" / "0003" / "adapter_model.safetensors"))
+    wa = load_file(str(straight / "resume" / "agent" / "checkpoints" / "0002" / "adapter_model.safetensors"))
+    wb = load_file(str(run / "checkpoints" / "0002" / "adapter_model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
