@@ -136,3 +136,19 @@ def test_incomplete_checkpoints_are_ignored_and_retention(tokenizer, tmp_path):
     # keep the latest (4) and the best by val/reward (2)
     assert prune_checkpoints(tmp_path, best_metric="val/reward") == [1, 3]
     assert [s.step for s in list_checkpoints(tmp_path, warn=False)] == [2, 4]
+
+
+def test_kl_against_the_base_model_with_the_adapter_disabled(tokenizer):
+    from groupwise.loading import tiny_random_model
+
+    # A fresh adapter (B = 0) IS the base model: k3 KL is exactly 0 on every token.
+    fresh, _ = tiny_random_model(seed=0, tokenizer=tokenizer)
+    trainer = Trainer(wrap_with_lora(fresh, LoraConfig(rank=4, alpha=8)))
+    config = TrainConfig(kl_coef=0.1, micro_batch_tokens=40, max_seq_len=64)
+    assert trainer.train_step(_batch(), config, step=0)["kl"] == 0.0
+    # An adapter that moved the policy: KL > 0, and it adds to the loss (kl_coef * mean KL for token norm).
+    moved = Trainer(_lora_model(tokenizer, dtype=torch.float64))
+    with_kl = moved.train_step(_batch(), TrainConfig(kl_coef=0.1, max_seq_len=64, learning_rate=1e-12), step=0)
+    without = moved.train_step(_batch(), TrainConfig(kl_coef=0.0, max_seq_len=64, learning_rate=1e-12), step=0)
+    assert with_kl["kl"] > 0
+    assert with_kl["loss"] - without["loss"] == pytest.approx(0.1 * with_kl["kl"], rel=1e-6)
