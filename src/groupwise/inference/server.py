@@ -115,12 +115,13 @@ def create_app(registry: ModelRegistry, *, api_key: str | None = None) -> FastAP
     async def _internal(request: Request, exc: Exception):
         return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error").response()
 
+    def check_auth(request: Request) -> None:
+        if api_key is not None and request.headers.get("authorization", "") != f"Bearer {api_key}":
+            raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                           type="authentication_error", code="invalid_api_key")
+
     async def read_body(request: Request) -> dict:
-        if api_key is not None:
-            auth = request.headers.get("authorization", "")
-            if auth != f"Bearer {api_key}":
-                raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
-                               type="authentication_error", code="invalid_api_key")
+        check_auth(request)
         raw = await request.body()
         try:
             body = json.loads(raw)
@@ -150,16 +151,11 @@ def create_app(registry: ModelRegistry, *, api_key: str | None = None) -> FastAP
 
     @app.get("/v1/models")
     async def models(request: Request):
-        if api_key is not None:
-            await read_body_headers_only(request)
+        check_auth(request)
         now = int(time.time())
         return {"object": "list", "data": [
             {"id": m, "object": "model", "created": now, "owned_by": "groupwise"} for m in registry.served_ids()
         ]}
-
-    async def read_body_headers_only(request: Request) -> None:
-        if request.headers.get("authorization", "") != f"Bearer {api_key}":
-            raise ApiError(401, "invalid or missing API key", type="authentication_error", code="invalid_api_key")
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -363,7 +359,8 @@ def run_serve(args) -> int:
     engine = Engine(model, tokenizer, max_batch_size=getattr(args, "max_batch_size", 32))
     name = args.name or args.model
     registry = ModelRegistry(engine, base_name=args.model)
-    registry.register_model(name) if "@" not in name and name != args.model else None
+    if name != args.model:
+        registry.register_model(name)  # served as name (latest step), name@0 (base), name@<step>
     for path in args.adapter:
         folder = os.path.basename(os.path.normpath(path))
         if folder.isdigit() and name != args.model:
