@@ -211,8 +211,13 @@ class Engine:
         with self._model_lock:
             if name not in self._adapters:
                 raise EngineError(f"adapter {name!r} is not loaded; loaded: {sorted(self._adapters)}")
-            if any(s.req.adapter == name for s in self._running):
-                raise EngineError(f"adapter {name!r} is serving running requests; retry when they finish")
+            # peft's mixed-batch forward silently skips an unknown adapter (the base model would
+            # answer in its place), so an adapter still asked for must not disappear.
+            with self._cv:
+                busy = any(s.req.adapter == name for s in self._running) or any(
+                    st.req.adapter == name for st in self._waiting)
+            if busy:
+                raise EngineError(f"adapter {name!r} is serving queued or running requests; retry when they finish")
             self.model.delete_adapter(name)
             del self._adapters[name]
             self._graphs = {k: v for k, v in self._graphs.items() if k[2] != name}
