@@ -185,3 +185,18 @@ async def test_api_key_is_enforced(served):
         await in_process_client(app, api_key="wrong").models.list()
     r = await in_process_client(app, api_key="s3cret").chat.completions.create(model="tiny", messages=USER, max_tokens=2)
     assert r.usage.completion_tokens >= 1
+
+
+async def test_streaming_with_stop_and_n_matches_plain(client):
+    kwargs = dict(model="agent@1", messages=USER, max_tokens=16, seed=11, n=2)
+    free = await client.chat.completions.create(**kwargs)
+    words = re.findall(r"[A-Za-z]{3,}", free.choices[0].message.content[3:])
+    kwargs["stop"] = [words[len(words) // 2][:3]]
+    plain = await client.chat.completions.create(**kwargs)
+    texts, finishes = ["", ""], [None, None]
+    async for chunk in await client.chat.completions.create(**kwargs, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            finishes[c.index] = c.finish_reason or finishes[c.index]
+    assert texts == [c.message.content for c in plain.choices]  # the stop string never leaks out
+    assert finishes == [c.finish_reason for c in plain.choices] and finishes[0] == "stop"

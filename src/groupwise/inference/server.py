@@ -294,7 +294,10 @@ async def _stream_chat(engine, tokenizer, prompt_ids, params, adapter, constrain
             delta: dict[str, Any] = {}
             if not parse_tools:
                 text = tokenizer.decode(ids[index], skip_special_tokens=True)
-                safe = len(text) - hold
+                # Send only text that cannot be part of a stop string: up to a stop string found,
+                # else all but the last len(longest stop) - 1 characters.
+                cuts = [text.find(stop) for stop in req.stop if stop in text]
+                safe = min(cuts) if cuts else len(text) - hold
                 if text.endswith("\ufffd"):  # an unfinished UTF-8 character: wait for the next token
                     safe = min(safe, len(text) - 1)
                 if safe > sent[index]:
