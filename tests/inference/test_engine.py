@@ -85,6 +85,21 @@ async def test_paused_blocks_forward_passes(engine, tiny):
         assert engine.forward_passes >= before + 1
 
 
+async def test_adapter_can_be_loaded_inside_a_pause(tiny, adapter_dirs):
+    # The trainer saves a step and loads it while it still holds the pause: no deadlock.
+    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
+    eng = Engine(model, tok, max_batch_size=2)
+    try:
+        async with eng.paused():
+            eng.add_adapter("step-1", adapter_dirs[1])
+            future = eng.submit(GenerationRequest(prompts(tok, 1)[0], max_new_tokens=2, adapter="step-1"))
+            await asyncio.sleep(0.2)
+            assert eng.forward_passes == 0 and not future.done()
+        assert len((await asyncio.wrap_future(future)).completions[0].token_ids) >= 1
+    finally:
+        eng.close()
+
+
 async def test_mixed_adapter_batch_equals_separate_runs(tiny, adapter_dirs):
     model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
     eng = Engine(model, tok, max_batch_size=8)

@@ -176,7 +176,11 @@ class Engine:
         self._waiting: deque[_ReqState] = deque()
         self._running: list[_Seq] = []  # index i lives in slot i
         self._cv = threading.Condition()
-        self._model_lock = threading.RLock()
+        # Held by the loop for one step, and by add/remove_adapter. A pause does not hold it: it
+        # counts pauses (the loop starts no step while > 0) and waits for the current step to end,
+        # so the trainer may load an adapter from inside a pause without deadlocking.
+        self._step_lock = threading.RLock()
+        self._pauses = 0
         self._closed = False
         self._default_generator = torch.Generator(device=self.device)
         self._default_generator.manual_seed(0)
@@ -194,7 +198,7 @@ class Engine:
         """Load a peft LoRA adapter folder as `name`; several stay resident; requests choose per call."""
         if name == BASE or "@" in name:
             raise EngineError(f"adapter name {name!r} is reserved; pick another")
-        with self._model_lock:
+        with self._step_lock:
             if name in self._adapters or (self._is_peft() and name in self.model.peft_config):
                 raise EngineError(f"adapter {name!r} is already loaded; remove_adapter({name!r}) first")
             if self._is_peft():
@@ -208,7 +212,7 @@ class Engine:
             self._adapters[name] = str(path)
 
     def remove_adapter(self, name: str) -> None:
-        with self._model_lock:
+        with self._step_lock:
             if name not in self._adapters:
                 raise EngineError(f"adapter {name!r} is not loaded; loaded: {sorted(self._adapters)}")
             # peft's mixed-batch forward silently skips an unknown adapter (the base model would
@@ -229,11 +233,18 @@ class Engine:
     def _known_adapter(self, name: str) -> bool:
         return name in self._adapters or (self._is_peft() and name in self.model.peft_config)
 
-    @contextlib.contextmanager
-    def _pause_sync(self):
-        with self._model_lock:
-            yield
+    def _pause_begin(self) -> None:
+        with self._cv:
+            self._pauses += 1
+        with self._step_lock:  # wait for a step in progress; later steps see the pause
+            pass
+
+    def _pause_end(self) -> None:
+        with self._step_lock:
             self.model.eval()  # the trainer may have left it in train mode (dropout)
+        with self._cv:
+            self._pauses -= 1
+            self._cv.notify_all()
 
     def paused(self) -> "_Paused":
         """``with engine.paused():`` or ``async with``: no forward pass runs until released, so the
@@ -289,12 +300,15 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._closed and not self._waiting and not self._running:
+                while not self._closed and (self._pauses or (not self._waiting and not self._running)):
                     self._cv.wait()
                 if self._closed:
                     break
             try:
-                with self._model_lock:
+                with self._step_lock:
+                    with self._cv:
+                        if self._pauses:  # a pause began between the wait and the lock
+                            continue
                     self._step()
             except BaseException as exc:  # fail loud: every waiting caller gets the error
                 self._fail_all(exc)
@@ -613,38 +627,24 @@ class Engine:
 
 
 class _Paused:
-    """Holds the engine's model lock: sync (`with`) or async (`async with`, acquired off the loop)."""
+    """A pause of the engine's forward passes: ``with`` or ``async with`` (waits off the event loop)."""
 
     def __init__(self, engine: Engine):
         self._engine = engine
-        self._cm = None
 
     def __enter__(self):
-        self._cm = self._engine._pause_sync()
-        self._cm.__enter__()
+        self._engine._pause_begin()
         return self._engine
 
     def __exit__(self, *exc):
-        return self._cm.__exit__(*exc)
+        self._engine._pause_end()
 
     async def __aenter__(self):
-        # RLock is owned by a thread: acquire and release in the same dedicated thread.
-        self._done = threading.Event()
-        self._held = threading.Event()
-
-        def hold():
-            with self._engine._pause_sync():
-                self._held.set()
-                self._done.wait()
-
-        self._thread = threading.Thread(target=hold, daemon=True)
-        self._thread.start()
-        await asyncio.get_running_loop().run_in_executor(None, self._held.wait)
+        await asyncio.get_running_loop().run_in_executor(None, self._engine._pause_begin)
         return self._engine
 
     async def __aexit__(self, *exc):
-        self._done.set()
-        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+        await asyncio.get_running_loop().run_in_executor(None, self._engine._pause_end)
 
 
 class _EagerReplay:
