@@ -120,28 +120,38 @@ def test_sigkill_mid_step_resumes_with_identical_optimizer(model_dir, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-async def test_multi_turn_with_tools_trains_on_what_was_sampled(model_dir, tmp_path):
+async def test_tools_and_multi_turn_train_on_what_was_sampled(model_dir, tmp_path):
     # SmolLM2's template has no tool support, so the server writes the tools into the system prompt;
-    # the trainer renders the context the same way (prepare_messages), so the sampler's logprobs equal
-    # the trainer's before the update (ratio 1) on every turn of a two-turn conversation.
+    # the trainer renders the context the same way (prepare_messages), so on a single turn the sampler's
+    # logprobs equal the trainer's before the update: ratio 1.
     tools = [{"type": "function", "function": {"name": "lookup", "description": "look a word up",
                                                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
     model = gw.TrainableModel(name="agent", project="tools", base_model=model_dir)
     backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
     await model.register(backend)
+    client = model.openai_client()
+
+    async def rollout(i: int, turns: int) -> gw.Trajectory:
+        items: list = [{"role": "user", "content": "first"}]
+        for turn in range(turns):
+            messages = [m if isinstance(m, dict) else {"role": "assistant", "content": m.message.content} for m in items]
+            r = await client.chat.completions.create(model=model.inference_name(), messages=messages, tools=tools,
+                                                     max_tokens=4, seed=10 * i + turn)
+            items += [r.choices[0], {"role": "user", "content": "again"}]
+        return gw.Trajectory(messages_and_choices=items[:-1], tools=tools, reward=float(i))
+
     try:
-        client = model.openai_client()
-        trajs = []
-        for i in range(4):
-            items: list = [{"role": "user", "content": "first"}]
-            for turn in range(2):
-                r = await client.chat.completions.create(
-                    model=model.inference_name(), messages=[m if isinstance(m, dict) else {"role": "assistant", "content": m.message.content} for m in items],
-                    tools=tools, max_tokens=4, seed=10 * i + turn)
-                items += [r.choices[0], {"role": "user", "content": "again"}]
-            trajs.append(gw.Trajectory(messages_and_choices=items[:-1], tools=tools, reward=float(i)))
-        result = await model.train([gw.TrajectoryGroup(trajs)], config=gw.TrainConfig(learning_rate=1e-3))
-        assert result.metrics["trainable_tokens"] == sum(len(c.token_ids) for t in trajs for c in t.choices())
+        single = [await rollout(i, 1) for i in range(4)]
+        result = await model.train([gw.TrajectoryGroup(single)], config=gw.TrainConfig(learning_rate=1e-3))
         assert result.metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+        # Two turns: every Choice is trained, with its sampled ids. Turn 2 was sampled after the server
+        # re-tokenised turn 1's TEXT (the OpenAI API carries no ids), while the trainer keeps turn 1's ids;
+        # where a random token does not survive decode/encode the contexts differ and the importance
+        # ratio departs slightly from 1 (the clip bounds it). Hence a looser bound here.
+        double = [await rollout(i, 2) for i in range(4)]
+        result = await model.train([gw.TrajectoryGroup(double)], config=gw.TrainConfig(learning_rate=1e-3))
+        assert result.metrics["trainable_tokens"] == sum(len(c.token_ids) for t in double for c in t.choices())
+        assert sum(len(t.choices()) for t in double) == 8
+        assert result.metrics["ratio_mean"] == pytest.approx(1.0, abs=2e-2)
     finally:
         await backend.close()
