@@ -80,3 +80,25 @@ def test_serve_off_loopback_requires_api_key(tmp_path):
         run_serve(args)  # refused before any model is loaded
     assert "--api-key" in str(info.value) and "adapter_config.json" in str(info.value)
     assert len(info.value.problems) == 2
+
+
+def test_registry_drops_a_busy_step_later(tiny, adapter_dirs):
+    from groupwise.inference.engine import Engine, GenerationRequest
+    from groupwise.inference.registry import ModelRegistry
+
+    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
+    engine = Engine(model, tok, max_batch_size=2)
+    try:
+        registry = ModelRegistry(engine)
+        registry.add_step("agent", 1, adapter_dirs[1])
+        with engine.paused():  # a request for step 1 is queued while the step is dropped
+            future = engine.submit(GenerationRequest([1, 2, 3], max_new_tokens=2, adapter="agent-step-1"))
+            registry.remove_step("agent", 1)
+            assert registry.steps("agent") == [0] and engine.adapters() == ["agent-step-1"]
+        assert future.result(timeout=60).adapter == "agent-step-1"  # served by its own adapter
+        registry.add_step("agent", 2, adapter_dirs[2])  # the next call frees the old adapter
+        assert engine.adapters() == ["agent-step-2"]
+        with pytest.raises(ModelNotFoundError, match=r"served steps: \[0, 2\]"):
+            registry.resolve("agent@1")
+    finally:
+        engine.close()

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 
 from groupwise.errors import ModelNotFoundError
-from groupwise.inference.engine import Engine
+from groupwise.inference.engine import Engine, EngineError
 
 __all__ = ["ModelRegistry", "Resolved"]
 
@@ -33,6 +33,7 @@ class ModelRegistry:
         self._lock = threading.Lock()
         self._steps: dict[str, dict[int, str | None]] = {}
         self._aliases: dict[str, str | None] = {}
+        self._to_free: list[str] = []  # adapters of dropped steps, freed once no request uses them
         if base_name:
             self._aliases[base_name] = None
 
@@ -50,7 +51,11 @@ class ModelRegistry:
     def add_step(self, name: str, step: int, adapter_path: str) -> str:
         """Load the adapter of `step` and serve it as `name@step` (and as `name` if it is the latest)."""
         self.register_model(name)
+        self._free_unused()
         adapter = self.adapter_name(name, step)
+        with self._lock:
+            if adapter in self._to_free:  # re-adding a step dropped earlier: reload it fresh
+                self._to_free.remove(adapter)
         if adapter in self.engine.adapters():
             self.engine.remove_adapter(adapter)
         self.engine.add_adapter(adapter, adapter_path)
@@ -59,11 +64,26 @@ class ModelRegistry:
         return f"{name}@{step}"
 
     def remove_step(self, name: str, step: int) -> None:
-        """Stop serving an old step (frees its adapter); the base step 0 stays."""
+        """Stop serving an old step (new requests for it get 404) and free its adapter; the base step
+        0 stays. An adapter that queued or running requests still use is freed later (next call)."""
         with self._lock:
             adapter = self._steps.get(name, {}).pop(step, None) if step != 0 else None
-        if adapter is not None:
-            self.engine.remove_adapter(adapter)
+            if adapter is not None:
+                self._to_free.append(adapter)
+        self._free_unused()
+
+    def _free_unused(self) -> None:
+        with self._lock:
+            pending, self._to_free = self._to_free, []
+        still_busy = []
+        for adapter in pending:
+            try:
+                if adapter in self.engine.adapters():
+                    self.engine.remove_adapter(adapter)
+            except EngineError:  # in use by requests that were admitted before the step was dropped
+                still_busy.append(adapter)
+        with self._lock:
+            self._to_free.extend(still_busy)
 
     def add_alias(self, served_id: str, adapter_path: str | None) -> None:
         """Serve an adapter folder (or the base model, path None) under a plain id."""
