@@ -13,6 +13,13 @@ split; at the end the best checkpoint (by the validation metric) is evaluated on
 appended to the run's history (rows of splits ``alert``, ``baseline``, ``loop``, ``stop``; see
 `groupwise.loop.series`), so `groupwise report` can draw it and a resumed run can read it.
 
+A step with nothing trainable (e.g. every group scored the same) is gathered again, same scenarios,
+up to `resample_no_signal` times, each recorded as a ``no_signal`` alert; then NotTrainableError is
+raised (no fake step is made, so step and data position stay in lockstep).
+
+Checkpoints: the loop points the backend's retention at ``val/<metric>`` (LocalBackend keeps the latest
+and the best) and, for the test, makes sure ``name@<best step>`` is served again.
+
 Resume: the backend's step counts completed steps and each step's batch is a pure function of
 (seed, step) (`groupwise.utils.iterate_dataset`), so calling `fit` again after a crash continues at
 the step that did not complete, with the same scenarios. A validation missing at a resumed step (the
