@@ -103,6 +103,8 @@ def test_sigkill_mid_step_resumes_with_identical_optimizer(model_dir, tmp_path):
     run = killed / "resume" / "agent"
     # Everything written before the kill is readable: step 1's trajectories were written before training.
     assert [len(g) for g in gw.load_trajectories(run, "train", 1)] == [4, 4]
+    assert [len(g) for g in gw.load_trajectories(run, "train", 0)] == [4, 4]
+    assert [r["step"] for r in gw.load_history(run)] == [0]  # step 0's train row; step 1 never finished
     # step 1 is complete; step 2 never started saving
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == ["0001"]
     # Restart: resumes at step 1 with the optimizer the killed process held after step 1, bit for bit.
