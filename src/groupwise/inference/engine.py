@@ -498,7 +498,8 @@ class Engine:
             if self._graph_pool is None:
                 self._graph_pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool):
+            # thread_local: other threads (the event loop, a trainer check) may use CUDA meanwhile.
+            with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
                 g["logits"] = run()
         g["graph"] = graph
         return g
