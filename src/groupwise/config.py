@@ -105,6 +105,7 @@ class TrainConfig(Validated):
     micro_batch_tokens: int = option(4096, help="Token budget of one micro-batch (padded tokens); the step accumulates gradients over micro-batches.")
     max_seq_len: int = option(2048, help="Sequences longer than this are dropped from the step (counted in the metrics).")
     logprob_chunk_size: int = option(1024, help="Positions per chunk when computing log-softmax, so a 150k vocabulary does not hold [T, V] at once.")
+    gradient_checkpointing: bool = option(False, help="Recompute each decoder layer in the backward instead of storing its activations: about 1/3 more compute, far less memory (long sequences, big micro-batches).")
     seed: int = option(0, help="Seed of the step's RNG (dropout, shuffling of micro-batches).")
 
     def problems(self) -> list[str]:

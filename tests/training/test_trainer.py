@@ -152,3 +152,20 @@ def test_kl_against_the_base_model_with_the_adapter_disabled(tokenizer):
     without = moved.train_step(_batch(), TrainConfig(kl_coef=0.0, max_seq_len=64, learning_rate=1e-12), step=0)
     assert with_kl["kl"] > 0
     assert with_kl["loss"] - without["loss"] == pytest.approx(0.1 * with_kl["kl"], rel=1e-6)
+
+
+def test_layer_checkpointing_gives_the_same_gradient_fp64(tokenizer):
+    model = _lora_model(tokenizer)
+    trainer = Trainer(model)
+    grads = []
+    for on in (False, True):
+        for _, p in trainer.trainable_named_parameters():
+            p.grad = None
+        trainer._activate()
+        trainer._set_layer_checkpointing(on)
+        model.train()
+        trainer.forward_backward(_batch(), TrainConfig(max_seq_len=64, gradient_checkpointing=on))
+        trainer._set_layer_checkpointing(False)
+        grads.append({n: p.grad.clone() for n, p in trainer.trainable_named_parameters()})
+    assert all(torch.allclose(grads[0][n], grads[1][n], atol=1e-12) for n in grads[0])
+    assert not model.get_base_model().is_gradient_checkpointing  # left off for the engine

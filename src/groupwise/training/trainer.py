@@ -176,6 +176,18 @@ class Trainer:
             p.requires_grad_(True)
         return params
 
+    def _set_layer_checkpointing(self, on: bool) -> None:
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        if not getattr(base, "supports_gradient_checkpointing", False):
+            if on:
+                raise ValueError(f"{type(base).__name__} does not support gradient checkpointing; set it False")
+            return
+        if on:
+            # Non-reentrant checkpointing needs no input that requires grad (the embeddings are frozen).
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif getattr(base, "is_gradient_checkpointing", False):
+            base.gradient_checkpointing_disable()
+
     def ensure_optimizer(self, config: TrainConfig) -> torch.optim.AdamW:
         if self.optimizer is None:
             params = [p for _, p in self.trainable_named_parameters()]
@@ -239,6 +251,7 @@ class Trainer:
         seqs = batch.sequences
         num_tokens = batch.trainable_tokens
         devices = [self.device] if self.device.type == "cuda" else []
+        self._set_layer_checkpointing(config.gradient_checkpointing)
         try:
             # A fixed seed per step makes dropout reproducible on resume without touching the sampler's RNG.
             with torch.random.fork_rng(devices=devices):
@@ -255,6 +268,7 @@ class Trainer:
                 optimizer.step()
         finally:
             optimizer.zero_grad(set_to_none=True)
+            self._set_layer_checkpointing(False)  # the engine shares the model: leave it as found
             self.model.eval()
         update_time = time.perf_counter() - t0
         tokens = max(stats.tokens, 1.0)
