@@ -73,7 +73,8 @@ class LocalBackend(Backend):
             base_path; a model constructed with its own base_path keeps it.
         device: "cpu", "cuda", "cuda:1" (default: CUDA when available).
         dtype: "bfloat16", "float32", ... (default: bf16 on CUDA, fp32 on CPU). LoRA weights are fp32.
-        lora: the adapter's rank, alpha, dropout and target modules (`gw.LoraConfig`).
+        lora: the adapter's rank, alpha, dropout and target modules (`gw.LoraConfig`); a model built
+            with ``TrainableModel(..., config=gw.LoraConfig(...))`` uses its own instead.
         max_batch_size: sequences the engine decodes together.
         served_steps: how many recent steps stay loaded in the engine (name@k); older ones unload.
         best_checkpoint_metric: retention keeps the latest checkpoint and the best by this metric
@@ -131,7 +132,9 @@ class LocalBackend(Backend):
         from groupwise.training.trainer import Trainer, wrap_with_lora
 
         base, tokenizer = load_base_model(model.base_model, device=self.device, dtype=self.dtype)
-        peft_model = wrap_with_lora(base, self.lora)
+        # TrainableModel(config=gw.LoraConfig(...)) overrides the backend's LoRA settings for that model.
+        lora = model.config if isinstance(model.config, LoraConfig) else self.lora
+        peft_model = wrap_with_lora(base, lora)
         peft_model.eval()
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         trainer = Trainer(peft_model, pad_token_id=pad)
