@@ -206,3 +206,21 @@ async def test_serving_leaves_the_trainers_adapter_trainable(tiny, adapter_dirs)
         assert any(after.values())
     finally:
         eng.close()
+
+
+async def test_chunked_prefill_equals_one_pass(tiny):
+    # max_prefill_tokens=64 with 2 prompts -> chunks of 32 queries: a 75-token prompt takes 3 passes.
+    model, tok = tiny
+    ps = [tok("word " * 70)["input_ids"] + [1, 2, 3, 4, 5], tok("short prompt")["input_ids"]]
+    outs = []
+    for budget in (64, 8192):
+        eng = Engine(model, tok, max_batch_size=4, max_prefill_tokens=budget)
+        try:
+            futures = [eng.submit(GenerationRequest(p, max_new_tokens=6, ignore_eos=True,
+                                                    sampling=SamplingParams(temperature=0))) for p in ps]
+            rs = [f.result(timeout=120) for f in futures]
+            outs.append([(r.completions[0].token_ids, r.completions[0].logprobs) for r in rs])
+        finally:
+            eng.close()
+    for (ids_a, lp_a), (ids_b, lp_b) in zip(*outs):
+        assert ids_a == ids_b and max(abs(x - y) for x, y in zip(lp_a, lp_b)) < 1e-4

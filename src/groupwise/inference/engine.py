@@ -381,15 +381,21 @@ class Engine:
             pos[r, P - L:] = torch.arange(L)
             cols[r, P - L:] = torch.arange(L)
             real[r, P - L:] = True
-        # mask[r, 0, q, c]: a real query at position p sees columns 0..p; a pad query sees column 0
-        # only (its output is discarded, the column just keeps softmax finite).
-        col_idx = torch.arange(P)
-        mask = (col_idx[None, None, :] <= pos[:, :, None]) & real[:, :, None]
-        mask[:, :, 0] = True
-        cache = SlotCache(self.buffers, k, m, cols.to(dev), P)
-        seqs_first = [st.seqs[0] for st in states]
-        logits = self._forward(ids.to(dev), pos.to(dev), mask[:, None].to(dev), cache,
-                               self._adapter_names(seqs_first), logits_to_keep=1)[:, -1]  # [m, V]
+        # Chunked prefill: queries [a, b) of the padded prompts per pass, so the attention scores
+        # (m x heads x chunk x P; materialised by CPU attention) stay bounded for long prompts. A
+        # query at padded index j has position <= j, so columns [0, b) hold everything it sees.
+        chunk = max(32, self.max_prefill_tokens // m)
+        names = self._adapter_names([st.seqs[0] for st in states])
+        for a in range(0, P, chunk):
+            b = min(P, a + chunk)
+            # mask[r, 0, q, c]: a real query at position p sees columns 0..p; a pad query sees
+            # column 0 only (its output is discarded, the column just keeps softmax finite).
+            col_idx = torch.arange(b)
+            mask = (col_idx[None, None, :] <= pos[:, a:b, None]) & real[:, a:b, None]
+            mask[:, :, 0] = True
+            cache = SlotCache(self.buffers, k, m, cols[:, a:b].to(dev), b)
+            logits = self._forward(ids[:, a:b].to(dev), pos[:, a:b].to(dev), mask[:, None].to(dev), cache,
+                                   names, logits_to_keep=1)[:, -1]  # [m, V]; the last chunk's is used
         self.prefill_passes += 1
         # Place siblings (n > 1) after the m prefill rows; copy the prompt KV to them.
         new_seqs: list[_Seq] = []
