@@ -157,3 +157,15 @@ async def test_tools_and_multi_turn_train_on_what_was_sampled(model_dir, tmp_pat
         assert result.metrics["ratio_mean"] == pytest.approx(1.0, abs=2e-2)
     finally:
         await backend.close()
+
+
+async def test_lora_config_of_the_model_overrides_the_backend(model_dir, tmp_path):
+    model = gw.TrainableModel(name="small", project="p", base_model=model_dir, config=gw.LoraConfig(rank=2, alpha=4))
+    backend = gw.LocalBackend(path=str(tmp_path), lora=gw.LoraConfig(rank=16))
+    await model.register(backend)
+    try:
+        peft_config = backend._models["small"].peft_model.peft_config["default"]
+        assert (peft_config.r, peft_config.lora_alpha) == (2, 4)
+        assert model.run_dir == tmp_path / "p" / "small"  # the backend's path holds a default model's run
+    finally:
+        await backend.close()
