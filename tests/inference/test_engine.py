@@ -159,7 +159,7 @@ def test_seeded_noise_is_uniform_and_sampling_matches_probabilities():
 
 async def test_graph_decode_path_matches_eager(tiny, adapter_dirs):
     # cuda_graphs=True off CUDA runs the graph path's static buffers, batch/length buckets and padding
-    # rows eagerly (engine._EagerReplay): it must give the same tokens as the plain eager decode.
+    # rows eagerly (decode_graphs.EagerReplay): it must give the same tokens as the plain eager decode.
     outs = []
     for graphs in (False, True):
         model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])

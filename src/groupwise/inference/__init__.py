@@ -9,6 +9,7 @@ Data flow (each file's docstring says more)::
             constrained.py response_format / forced tool_choice -> llguidance token masks
         ──► engine.py   continuous batching in a background thread, per-request LoRA adapters
             kv_cache.py slot KV cache (one preallocated row per running sequence)
+            decode_graphs.py the decode step as CUDA graphs (per batch/length bucket, adapter)
             sampling.py temperature / top-p / seeds; raw logprobs (why: see there)
     vllm_engine.py      the same interface on vLLM (optional, GPU)
 

@@ -23,7 +23,8 @@ the base model). That kwarg only changes the Linear layers, so it composes with 
 CUDA. The decode step on CUDA replays CUDA graphs captured per (batch bucket, attention-length
 bucket, adapter) when every row of the batch uses the same adapter (peft's mixed-batch path
 indexes with Python lists, which graphs cannot capture; mixed batches run eagerly). The slot
-buffers never move, so graphs stay valid until the cache grows or an adapter is removed.
+buffers never move, so graphs stay valid until the cache grows or an adapter is removed
+(decode_graphs.py).
 
 Logprobs are the model's raw log-softmax (sampling.py says why).
 
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import inspect
 import threading
 import warnings
@@ -448,94 +448,11 @@ class Engine:
             s.length += 1
         self._sample_and_advance(list(seqs), logits)
 
-    # ---------------------------------------------------------------- CUDA graphs
+    # ---------------------------------------------------------------- CUDA graphs (decode_graphs.py)
     def _decode_graph(self, ids: torch.Tensor, pos: torch.Tensor, need: int, adapter: str | None) -> torch.Tensor:
-        k = ids.shape[0]
-        B = 1 << (k - 1).bit_length()
-        B = min(max(B, 1), self.max_batch_size)
-        Lb = min(max(64, 1 << (need - 1).bit_length()), self.buffers.capacity - 1)
-        key = (B, Lb, adapter or BASE)
-        g = self._graphs.get(key)
-        if g is None:
-            g = self._capture(B, Lb, adapter)
-            self._graphs[key] = g
-        trash = self.buffers.trash_col
-        g["ids"].zero_()
-        g["pos"].zero_()
-        g["cols"].fill_(trash)
-        g["ids"][:k] = ids.to(self.device, non_blocking=True)
-        g["pos"][:k] = pos.to(self.device, non_blocking=True)
-        g["cols"][:k] = pos.to(self.device, non_blocking=True)
-        ar = g["arange"]
-        torch.le(ar[None, None, None, :], g["pos"][:, None, :, None], out=g["mask"])
-        g["mask"][k:] = False
-        g["mask"][k:, :, :, 0] = True
-        g["graph"].replay()
-        self.forward_passes += 1
-        return g["logits"][:k, -1]
+        from groupwise.inference.decode_graphs import decode_with_graph
 
-    def _capture(self, B: int, Lb: int, adapter: str | None) -> dict[str, Any]:
-        dev = self.device
-        g: dict[str, Any] = {
-            "ids": torch.zeros((B, 1), dtype=torch.long, device=dev),
-            "pos": torch.zeros((B, 1), dtype=torch.long, device=dev),
-            "cols": torch.full((B, 1), self.buffers.trash_col, dtype=torch.long, device=dev),
-            "mask": torch.zeros((B, 1, 1, Lb), dtype=torch.bool, device=dev),
-            "arange": torch.arange(Lb, device=dev),
-        }
-        g["mask"][:, :, :, 0] = True
-        cache = SlotCache(self.buffers, 0, B, g["cols"], Lb)
-
-        def run():
-            kwargs = {self._cache_kwarg: cache, "use_cache": True}
-            return self.model(input_ids=g["ids"], position_ids=g["pos"], attention_mask=g["mask"], **kwargs).logits
-
-        if dev.type != "cuda":
-            # Stand-in for tests on CPU: same static buffers, buckets and padding rows, run eagerly.
-            g["graph"] = _EagerReplay(self, run, adapter, g)
-            return g
-        with self._adapter_ctx(adapter), torch.inference_mode():
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm-up: lazy inits and autotuning happen outside the capture
-                    run()
-            torch.cuda.current_stream().wait_stream(stream)
-            if self._graph_pool is None:
-                self._graph_pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: other threads (the event loop, a trainer check) may use CUDA meanwhile.
-            with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
-                g["logits"] = run()
-        g["graph"] = graph
-        return g
-
-    @contextlib.contextmanager
-    def _adapter_ctx(self, adapter: str | None):
-        """Make `adapter` (None/BASE: no adapter) the one peft's layers apply, then restore.
-
-        peft reads the active adapter in Python, so a captured graph bakes it in. We set the layers'
-        flags directly instead of calling `set_adapter` / `disable_adapter`, because those also flip
-        `requires_grad` of adapters, and the trainer shares this model (its adapter must stay trainable).
-        """
-        if not self._is_peft():
-            yield
-            return
-        from peft.tuners.tuners_utils import BaseTunerLayer
-
-        layers = [m for m in self.model.modules() if isinstance(m, BaseTunerLayer)]
-        saved = [(m._active_adapter, m._disable_adapters) for m in layers]
-        for m in layers:
-            if adapter in (None, BASE):
-                m._disable_adapters = True
-            else:
-                m._active_adapter = [adapter]
-                m._disable_adapters = False
-        try:
-            yield
-        finally:
-            for m, (active, disabled) in zip(layers, saved):
-                m._active_adapter, m._disable_adapters = active, disabled
+        return decode_with_graph(self, ids, pos, need, adapter)
 
     # ---------------------------------------------------------------- sampling and finishing
     def _sample_and_advance(self, seqs: list[_Seq], logits_BV: torch.Tensor) -> None:
@@ -653,13 +570,3 @@ class _Paused:
     async def __aexit__(self, *exc):
         await asyncio.get_running_loop().run_in_executor(None, self._engine._pause_end)
 
-
-class _EagerReplay:
-    """What `_capture` returns off CUDA: `replay()` runs the decode step eagerly on the static tensors."""
-
-    def __init__(self, engine: Engine, run: Callable[[], torch.Tensor], adapter: str | None, g: dict):
-        self._engine, self._run, self._adapter, self._g = engine, run, adapter, g
-
-    def replay(self) -> None:
-        with self._engine._adapter_ctx(self._adapter), torch.inference_mode():
-            self._g["logits"] = self._run()

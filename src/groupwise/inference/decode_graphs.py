@@ -1,0 +1,133 @@
+"""The decode step as CUDA graphs: one graph per (batch bucket, attention-length bucket, adapter).
+
+The engine keeps running sequences in slots 0..k-1 of a slot cache whose buffers never move, so a
+decode step for k rows can replay a graph captured for B >= k rows (B a power of two; rows k..B-1
+are padding that write to the trash column and attend to column 0 only) over the first Lb columns
+(Lb a power of two >= the longest sequence + 1). Inputs are copied into static tensors before
+each replay. peft picks the adapter in Python, so it is baked in at capture: graphs serve batches
+whose rows all use one adapter (mixed batches run eagerly with ``adapter_names``).
+
+Off CUDA, `capture` returns an `EagerReplay` that runs the same static-tensor step eagerly, so the
+bucketing, padding rows and adapter selection are tested on CPU (tests/inference/test_engine.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from groupwise.inference.kv_cache import SlotCache
+
+if TYPE_CHECKING:
+    from groupwise.inference.engine import Engine
+
+BASE = "__base__"
+
+__all__ = ["EagerReplay", "adapter_ctx", "capture", "decode_with_graph"]
+
+
+def decode_with_graph(engine: "Engine", ids: torch.Tensor, pos: torch.Tensor, need: int,
+                      adapter: str | None) -> torch.Tensor:
+    """One decode step for k rows by replaying (capturing first if new) the graph of its bucket."""
+    k = ids.shape[0]
+    B = 1 << (k - 1).bit_length()
+    B = min(max(B, 1), engine.max_batch_size)
+    Lb = min(max(64, 1 << (need - 1).bit_length()), engine.buffers.capacity - 1)
+    key = (B, Lb, adapter or BASE)
+    g = engine._graphs.get(key)
+    if g is None:
+        g = capture(engine, B, Lb, adapter)
+        engine._graphs[key] = g
+    trash = engine.buffers.trash_col
+    g["ids"].zero_()
+    g["pos"].zero_()
+    g["cols"].fill_(trash)
+    g["ids"][:k] = ids.to(engine.device, non_blocking=True)
+    g["pos"][:k] = pos.to(engine.device, non_blocking=True)
+    g["cols"][:k] = pos.to(engine.device, non_blocking=True)
+    ar = g["arange"]
+    torch.le(ar[None, None, None, :], g["pos"][:, None, :, None], out=g["mask"])
+    g["mask"][k:] = False
+    g["mask"][k:, :, :, 0] = True
+    g["graph"].replay()
+    engine.forward_passes += 1
+    return g["logits"][:k, -1]
+
+
+def capture(engine: "Engine", B: int, Lb: int, adapter: str | None) -> dict[str, Any]:
+    """Static input tensors and the captured graph (its output: g["logits"]) for one bucket."""
+    dev = engine.device
+    g: dict[str, Any] = {
+        "ids": torch.zeros((B, 1), dtype=torch.long, device=dev),
+        "pos": torch.zeros((B, 1), dtype=torch.long, device=dev),
+        "cols": torch.full((B, 1), engine.buffers.trash_col, dtype=torch.long, device=dev),
+        "mask": torch.zeros((B, 1, 1, Lb), dtype=torch.bool, device=dev),
+        "arange": torch.arange(Lb, device=dev),
+    }
+    g["mask"][:, :, :, 0] = True
+    cache = SlotCache(engine.buffers, 0, B, g["cols"], Lb)
+
+    def run():
+        kwargs = {engine._cache_kwarg: cache, "use_cache": True}
+        return engine.model(input_ids=g["ids"], position_ids=g["pos"], attention_mask=g["mask"], **kwargs).logits
+
+    if dev.type != "cuda":
+        # Stand-in for tests on CPU: same static buffers, buckets and padding rows, run eagerly.
+        g["graph"] = EagerReplay(engine, run, adapter, g)
+        return g
+    with adapter_ctx(engine, adapter), torch.inference_mode():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up: lazy inits and autotuning happen outside the capture
+                run()
+        torch.cuda.current_stream().wait_stream(stream)
+        if engine._graph_pool is None:
+            engine._graph_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: other threads (the event loop, a trainer check) may use CUDA meanwhile.
+        with torch.cuda.graph(graph, pool=engine._graph_pool, capture_error_mode="thread_local"):
+            g["logits"] = run()
+    g["graph"] = graph
+    return g
+
+
+@contextlib.contextmanager
+def adapter_ctx(engine: "Engine", adapter: str | None):
+    """Make `adapter` (None/BASE: no adapter) the one peft's layers apply, then restore.
+
+    peft reads the active adapter in Python, so a captured graph bakes it in. We set the layers'
+    flags directly instead of calling `set_adapter` / `disable_adapter`, because those also flip
+    `requires_grad` of adapters, and the trainer shares this model (its adapter must stay trainable).
+    """
+    if not engine._is_peft():
+        yield
+        return
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in engine.model.modules() if isinstance(m, BaseTunerLayer)]
+    saved = [(m._active_adapter, m._disable_adapters) for m in layers]
+    for m in layers:
+        if adapter in (None, BASE):
+            m._disable_adapters = True
+        else:
+            m._active_adapter = [adapter]
+            m._disable_adapters = False
+    try:
+        yield
+    finally:
+        for m, (active, disabled) in zip(layers, saved):
+            m._active_adapter, m._disable_adapters = active, disabled
+
+
+class EagerReplay:
+    """What `capture` returns off CUDA: `replay()` runs the decode step eagerly on the static tensors."""
+
+    def __init__(self, engine: "Engine", run: Callable[[], torch.Tensor], adapter: str | None, g: dict):
+        self._engine, self._run, self._adapter, self._g = engine, run, adapter, g
+
+    def replay(self) -> None:
+        with adapter_ctx(self._engine, self._adapter), torch.inference_mode():
+            self._g["logits"] = self._run()
