@@ -40,6 +40,10 @@ Deviations from the papers, all deliberate:
 4. GRPO's per-sequence mean is `normalize="sequence"`; DAPO's token mean is the default in TrainConfig.
    Dr. GRPO's constant is `max_len` times the number of sequences of the step (their (1/G) sum_i over a
    group, generalised to several groups).
+5. Advantages (training/advantages.py) use the population std (N, not N - 1) plus 1e-6; zero-variance
+   groups are dropped (DAPO's dynamic sampling without the resampling), but a rollout whose advantage
+   is exactly 0 inside a varied group is kept: its tokens count in the token normaliser.
+6. One optimiser step per batch (GRPO's mu = 1); no PPO epochs over the same rollouts.
 """
 
 from __future__ import annotations
