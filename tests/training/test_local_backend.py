@@ -52,7 +52,9 @@ async def test_train_serves_and_verifies_the_new_adapter(model_dir, tmp_path):
     assert await model.get_step() == 0
     try:
         groups = await _groups(model)
+        model.store.write_state({"scenario_index": 8})  # the loop's data cursor
         result = await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
+        assert backend.checkpoint_cursor(model) == {"scenario_index": 8}
         assert result.step == 1 and await model.get_step() == 1
         for key in ("loss", "kl", "grad_norm", "zero_variance_fraction", "trainable_tokens", "step_time"):
             assert key in result.metrics, key
@@ -63,6 +65,12 @@ async def test_train_serves_and_verifies_the_new_adapter(model_dir, tmp_path):
         assert r.model == "agent@1"
         run = tmp_path / "p" / "agent"
         assert (run / "checkpoints" / "0001" / "state.json").is_file()
+        # a second backend (a restarted process) resumes step 1 and its cursor
+        again = gw.LocalBackend(path=str(tmp_path))
+        clone = gw.TrainableModel(name="agent", project="p", base_model=model_dir)
+        await clone.register(again)
+        assert await clone.get_step() == 1 and again.checkpoint_cursor(clone) == {"scenario_index": 8}
+        await again.close()
         assert gw.load_trajectories(run, "train", 0) == groups  # lossless, token ids included
         row = [r for r in gw.load_history(run) if r["split"] == "train"][-1]
         assert row["step"] == 0 and "loss" in row and "grad_norm" in row

@@ -63,6 +63,7 @@ class _Served:
     step: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     checkpoint_path: str | None = None
+    cursor: dict[str, Any] = field(default_factory=dict)  # data cursor of the latest checkpoint
 
 
 class LocalBackend(Backend):
@@ -151,6 +152,7 @@ class LocalBackend(Backend):
             load_checkpoint(state, model=peft_model, optimizer=trainer.optimizer, param_names=names)
             served.step = state.step
             served.checkpoint_path = str(state.path)
+            served.cursor = dict(state.cursor)
             registry.add_step(model.name, state.step, str(state.path))
         return served
 
@@ -163,6 +165,11 @@ class LocalBackend(Backend):
 
     async def get_step(self, model: "TrainableModel") -> int:
         return self._served(model).step
+
+    def checkpoint_cursor(self, model: "TrainableModel") -> dict[str, Any]:
+        """The data cursor saved with the latest checkpoint (the store's state.json at save time);
+        a loop resuming after a crash reads where its data stood when the step it resumes from ended."""
+        return dict(self._served(model).cursor)
 
     # ------------------------------------------------------------------------------------ train
     async def train(
@@ -188,7 +195,9 @@ class LocalBackend(Backend):
                 metrics = await asyncio.to_thread(served.trainer.train_step, batch, config, step=step)
             new_step = step + 1
             # 4. checkpoint, then 5. serve and verify, then 6. retention.
-            path = await asyncio.to_thread(self._save, served, new_step, metrics)
+            cursor = await asyncio.to_thread(served.store.read_state)
+            path = await asyncio.to_thread(self._save, served, new_step, metrics, cursor)
+            served.cursor = cursor
             await asyncio.to_thread(served.registry.add_step, model.name, new_step, str(path))
             served.step = new_step
             served.checkpoint_path = str(path)
@@ -198,13 +207,13 @@ class LocalBackend(Backend):
             metrics["step_time"] = time.perf_counter() - t0
             return TrainResult(step=new_step, metrics=metrics, checkpoint_path=str(path))
 
-    def _save(self, served: _Served, step: int, metrics: dict[str, float]) -> Path:
+    def _save(self, served: _Served, step: int, metrics: dict[str, float], cursor: dict[str, Any]) -> Path:
         from groupwise.training.checkpoint import save_checkpoint
 
         names = [n for n, _ in served.trainer.trainable_named_parameters()]
         return save_checkpoint(
             served.store.checkpoints_dir, step, model=served.peft_model, optimizer=served.trainer.optimizer,
-            param_names=names, adapter_name=served.trainer.adapter_name, cursor=served.store.read_state(),
+            param_names=names, adapter_name=served.trainer.adapter_name, cursor=cursor,
             metrics=metrics,
         )
 
