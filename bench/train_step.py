@@ -300,9 +300,14 @@ def main() -> None:
     results = {}
     model, tok = build_model(args.arch, args.device, args.dtype)
     print(f"groupwise: {args.arch} on {args.device}, {args.prompts} x {args.group_size} x {args.completion_len} tokens", flush=True)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     results["groupwise"] = run_groupwise(args, model, tok)
     del model
     gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()  # max_mem_gb is per side
     if not args.skip_trl:
         model, tok = build_model(args.arch, args.device, args.dtype)  # fresh weights: same seed, no adapter
         print("trl:", flush=True)
