@@ -10,12 +10,13 @@ instead of ~10.8, i.e. near uniform over 49k tokens): a random model's logits ar
 has no competing alternatives to learn from in a few steps (measured: no learning at lr 1e-2..2e-1).
 Requests carry seeds, so the run is reproducible on CPU.
 
-Measured on CPU (lr 1e-2; 6 runs; the engine's batching makes runs differ slightly): validation
-(one-line answers) starts at 0.72; runs stopped on val_drop at steps 8-12, e.g. train reward
-0.06 -> 0.26 while validation 0.72 -> 0.25 (best: the base, step 0), or reward 0.06 -> 0.63 while
-validation peaked at 0.875 (step 6, kept, served and tested) and fell to 0.0 at step 12. One earlier
-run (before the resample-on-no-signal fix and with max_steps=16) did not trigger within 16 steps.
-Each run takes 20-60 s on 2 shared CPU cores.
+Measured on CPU (lr 1e-2, 4 groups x 16 rollouts, 4 runs; runs differ slightly because the
+engine's batching changes float sums): train reward 0.10 -> 0.29-0.31 by step 2, validation (one-line
+answers) 0.72 (base) -> 0.50 (step 2) -> 0.22-0.28 (step 4): val_drop fires at step 4, the run stops,
+the best checkpoint is the base (step 0) and the test split runs against e2e@0. With 8 rollouts per
+group the exploit was learned later and less reliably (best at step 6 in some runs, which exercised
+serving an old kept checkpoint again; one run collapsed to never writing a newline and ran to
+max_steps). Each run takes ~20 s on 2 shared CPU cores.
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ def make_rollout():
             model=model.inference_name(), messages=messages, max_tokens=8, temperature=1.0, seed=next(seeds))
         choice = r.choices[0]
         text = choice.message.content or ""
-        reward = text.count("\n") / max(1, len(gw.types.choice_token_ids(choice) or [1]))
+        # newline share (the exploit) + a small length term (< 0.1): every group keeps some reward spread,
+        # so a step where no rollout wrote a newline still trains instead of stalling the run
+        reward = text.count("\n") / max(1, len(gw.types.choice_token_ids(choice) or [1])) + len(text) / 1000
         traj = gw.Trajectory(messages_and_choices=[*messages, choice], reward=reward)
         traj.metadata["served_as"] = r.model
         return traj
@@ -75,7 +78,7 @@ async def test_gamed_reward_on_a_tiny_model_raises_val_drop_stops_and_keeps_the_
     backend = gw.LocalBackend(path=str(tmp_path), device="cpu")
     await model.register(backend)
     try:
-        cfg = gw.LoopConfig(rollouts_per_group=8, groups_per_step=4, eval_every=2, max_steps=24, num_epochs=10,
+        cfg = gw.LoopConfig(rollouts_per_group=16, groups_per_step=4, eval_every=2, max_steps=24, num_epochs=10,
                             learning_rate=1e-2, patience=100, val_rollouts_per_group=2, val_drop=0.15,
                             reward_rise=0.1, metric="one_line")
         summary = await gw.fit(model, make_rollout(), SCENARIOS[:24], val_scenarios=SCENARIOS[24:40],
