@@ -113,6 +113,9 @@ def plot_run(history: list[Row], out_dir: str | Path, *, title: str = "") -> lis
         ax_a.set_title("alerts (orange: warning, red: critical)", fontsize=9, loc="left")
         ax_a.grid(alpha=0.3)
     axes[-1].set_xlabel("step")
+    from matplotlib.ticker import MaxNLocator
+
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are integers
     if stops:
         s = stops[-1]
         for ax in axes:
