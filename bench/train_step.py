@@ -298,20 +298,24 @@ def main() -> None:
 
     torch.manual_seed(0)
     results = {}
-    model, tok = build_model(args.arch, args.device, args.dtype)
+    # TRL runs first: our engine captures CUDA graphs, and TRL's sampling in the same process after a
+    # capture trips PyTorch's graph-safe RNG check ("Offset increment outside graph capture").
+    if not args.skip_trl:
+        model, tok = build_model(args.arch, args.device, args.dtype)
+        print(f"trl: {args.arch} on {args.device}", flush=True)
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        results["trl"] = run_trl(args, model, tok)
+        del model
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    model, tok = build_model(args.arch, args.device, args.dtype)  # fresh weights: same seed, no adapter
     print(f"groupwise: {args.arch} on {args.device}, {args.prompts} x {args.group_size} x {args.completion_len} tokens", flush=True)
     if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    results["groupwise"] = run_groupwise(args, model, tok)
-    del model
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()  # max_mem_gb is per side
-    if not args.skip_trl:
-        model, tok = build_model(args.arch, args.device, args.dtype)  # fresh weights: same seed, no adapter
-        print("trl:", flush=True)
-        results["trl"] = run_trl(args, model, tok)
+    results["groupwise"] = run_groupwise(args, model, tok)
+    results = {"groupwise": results.pop("groupwise"), **results}
     cols = ["step", "gen", "update", "tok_per_s", "mfu", "max_mem_gb"]
     print(f"\n{args.arch} on {args.device} ({results['groupwise'].get('device_name', 'cpu')}), "
           f"{args.prompts} prompts x {args.group_size} rollouts x {args.completion_len} tokens, LoRA r={args.rank}")

@@ -84,7 +84,10 @@ def capture(engine: "Engine", B: int, Lb: int, adapter: str | None) -> dict[str,
             for _ in range(2):  # warm-up: lazy inits and autotuning happen outside the capture
                 run()
         torch.cuda.current_stream().wait_stream(stream)
-        if engine._graph_pool is None:
+        if engine._graph_pool is None or not engine._graphs:
+            # A pool whose graphs were all freed (cache growth, a new adapter) is released by the
+            # allocator; capturing into its stale handle trips "use_count > 0" (seen on an H200 after
+            # a training step). So a capture with no live graph takes a fresh pool.
             engine._graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         # thread_local: other threads (the event loop, a trainer check) may use CUDA meanwhile.
