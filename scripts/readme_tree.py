@@ -1,0 +1,57 @@
+"""Rewrite the README's "File tree" block: one line per tracked file, described by its docstring's first line.
+
+    python scripts/readme_tree.py        # run after adding or moving files
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# Files without a Python docstring, and tests' shared helpers, described here.
+NOTES = {
+    ".ci/run": "CI: fresh venv, then exactly the README's test command (pytest; 'no tests' fails too)",
+    ".gitignore": "ignored: venvs, caches, run stores",
+    "README.md": "this file",
+    "pyproject.toml": "package, extras (backend, plots, vllm, wandb, tensorboard, dev, all), pytest settings",
+}
+
+
+def describe(path: Path) -> str:
+    rel = path.relative_to(ROOT).as_posix()
+    if rel in NOTES:
+        return NOTES[rel]
+    if path.suffix == ".py":
+        try:
+            doc = ast.get_docstring(ast.parse(path.read_text()))
+        except SyntaxError:
+            doc = None
+        if doc:
+            line = doc.strip().splitlines()[0].rstrip(".")
+            return line if len(line) <= 90 else line[:89] + "…"
+        return "(package marker)" if path.name == "__init__.py" else ""
+    if path.suffix == ".md":
+        for line in path.read_text().splitlines():
+            if line.startswith("#"):
+                return "docs: " + line.lstrip("# ").strip()
+    if path.suffix == ".json":
+        return "data"
+    return ""
+
+
+def main() -> None:
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    lines = [f"{f:<56}{describe(ROOT / f)}".rstrip() for f in sorted(files) if (ROOT / f).is_file()]
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    head, rest = text.split("## File tree", 1)
+    _, after = rest.split("```\n", 1)
+    _, tail = after.split("```\n", 1)
+    readme.write_text(head + "## File tree\n\n```\n" + "\n".join(lines) + "\n```\n" + tail)
+    print(f"{len(lines)} files listed in README.md")
+
+
+if __name__ == "__main__":
+    main()
