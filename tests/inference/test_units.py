@@ -102,3 +102,20 @@ def test_registry_drops_a_busy_step_later(tiny, adapter_dirs):
             registry.resolve("agent@1")
     finally:
         engine.close()
+
+
+def test_registry_serves_a_model_name_with_a_dot(tiny, adapter_dirs):
+    # peft refuses '.' in adapter names; a run called e.g. "agent-lr0.0001" must still serve its steps.
+    from groupwise.inference.engine import Engine, GenerationRequest
+    from groupwise.inference.registry import ModelRegistry
+
+    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
+    engine = Engine(model, tok, max_batch_size=2)
+    try:
+        registry = ModelRegistry(engine)
+        assert registry.add_step("agent-lr0.0001", 1, adapter_dirs[1]) == "agent-lr0.0001@1"
+        assert engine.adapters() == ["agent-lr0_0001-step-1"]
+        result = engine.submit(GenerationRequest([1, 2, 3], max_new_tokens=2, adapter="agent-lr0_0001-step-1"))
+        assert result.result(timeout=60).adapter == "agent-lr0_0001-step-1"
+    finally:
+        engine.close()

@@ -39,7 +39,8 @@ class ModelRegistry:
 
     @staticmethod
     def adapter_name(name: str, step: int) -> str:
-        return f"{name}-step-{step}"
+        # peft names adapters after module attributes: a '.' (e.g. "agent-lr0.0001") is refused there.
+        return f"{name.replace('.', '_')}-step-{step}"
 
     def register_model(self, name: str) -> None:
         """Serve `name` (and `name@0` = the base model) before any step is trained."""
