@@ -63,7 +63,7 @@ ENVS: dict[str, EnvSpec] = {
         val_metric="valid_move_rate",
         reward="verifiable",
         # 24 rollouts of <= 4 turns x 16 tokens per step; the signal is the format, learnt fast.
-        steps=12, rollouts_per_group=8, groups_per_step=3, max_tokens=16, learning_rate=1e-4,
+        steps=8, rollouts_per_group=8, groups_per_step=3, max_tokens=16, learning_rate=5e-4,
     ),
     "tictactoe": EnvSpec(
         name="tictactoe",

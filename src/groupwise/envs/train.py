@@ -98,7 +98,7 @@ async def train(
         max_steps=max_steps,
         num_epochs=100,  # the step budget, not the data, ends the job
         learning_rate=spec.learning_rate,
-        eval_every=max(1, max_steps // 3),  # base, two midpoints, the end
+        eval_every=max(1, max_steps // 2),  # the base, the midpoint, the end
         metric=metric,
         patience=max(max_steps, 10),  # the job is short: let max_steps or the detectors end it
         seed=seed,
