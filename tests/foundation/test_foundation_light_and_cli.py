@@ -71,6 +71,9 @@ def test_ctrl_c_cancels_every_rollout_without_warnings():
     proc = run_python("""
         import asyncio, os, signal
         import groupwise as gw
+        # A process started in the background (nohup, `&`, some CI runners) inherits SIGINT ignored,
+        # and then Python never raises KeyboardInterrupt: restore the default so Ctrl-C is what we test.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         cancelled = 0
         async def slow():
             global cancelled
