@@ -111,6 +111,7 @@ def bench_sizes(args, model, tok, device):
     for k in [int(x) for x in args.requests.split(",")]:
         prompts = make_prompts(tok, k)
         engine = Engine(model, tok, max_batch_size=max(k, 1), max_new_tokens_default=args.tokens,
+                        cuda_graphs=False if args.no_cuda_graphs else None,
                         initial_capacity=max(len(p) for p in prompts) + args.tokens + 8)
         try:
             run_engine(engine, prompts[: min(k, 4)], 4)  # warm-up (on CUDA: captures a few graphs)
@@ -207,6 +208,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-static", action="store_true", help="skip the static-cache generate baseline (CUDA)")
     ap.add_argument("--bandwidth-tbs", type=float, default=None, help="memory bandwidth in TB/s (default: by GPU name)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly on CUDA (to isolate graph issues)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

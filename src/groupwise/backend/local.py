@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from groupwise.backend.memory import release_freed_memory
 from groupwise.backend.base import Backend, InferenceEndpoint, TrainResult
 from groupwise.config import LoraConfig, TrainConfig
 from groupwise.errors import AdapterMismatchError, GroupwiseError
@@ -193,6 +194,9 @@ class LocalBackend(Backend):
             # 3. exclusive use of the shared model while training.
             async with served.engine.paused():
                 metrics = await asyncio.to_thread(served.trainer.train_step, batch, config, step=step)
+            del batch
+            if served.trainer.device.type == "cpu":
+                release_freed_memory()  # else RSS grows by GBs a step (backend/memory.py)
             new_step = step + 1
             # 4. checkpoint, then 5. serve and verify, then 6. retention.
             cursor = await asyncio.to_thread(served.store.read_state)
