@@ -67,6 +67,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--path", default=".groupwise", help="run store folder (default .groupwise)")
     p.add_argument("--name", default=None, help="model name (default: <env>-s<seed>)")
+    p.add_argument("--gate", action="store_true",
+                   help="hybrid envs (email): judge score x correctness. Off by default: an untrained small "
+                        "agent is never correct, and the gate would zero every reward (no signal)")
     p.set_defaults(_target="groupwise.envs.train:run_train")
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from groupwise.envs import EnvSpec, get_env
 
 
-def _reward_step(spec: EnvSpec, judge: str | None, model: Any, base_model: str):
+def _reward_step(spec: EnvSpec, judge: str | None, model: Any, base_model: str, gate_correct: bool = False):
     """The group step applied after gathering: None for verifiable envs, else a RULER call."""
     if spec.reward == "verifiable" and judge is None:
         return None
@@ -43,7 +43,7 @@ def _reward_step(spec: EnvSpec, judge: str | None, model: Any, base_model: str):
 
     async def reward(group):
         judged = await ruler_score_group(group, judge_model, swallow_exceptions=True, **rubric_kwargs, **kwargs)
-        if judged is not None and spec.reward == "hybrid" and spec.gate_metric:
+        if judged is not None and gate_correct and spec.gate_metric:
             # Correctness gate: a wrong answer keeps at most the judge's floor (the seed's hybrid pattern).
             judged = apply_hybrid(judged, gate, verifiable_key=spec.gate_metric)
         return judged
@@ -67,6 +67,7 @@ async def train(
     path: str = ".groupwise",
     name: str | None = None,
     device: str | None = None,
+    gate: bool = False,
 ) -> dict[str, Any]:
     """Run the main job; returns a JSON-able summary (also written to <run_dir>/summary.json)."""
     import groupwise as gw
@@ -109,7 +110,7 @@ async def train(
             model, spec.rollout, train_s,
             val_scenarios=val_s if spec.val_metric else None,
             test_scenarios=test_s if spec.val_metric else None,
-            reward=_reward_step(spec, judge, model, model_name),
+            reward=_reward_step(spec, judge, model, model_name, gate),
             validate=_validate(spec),
             config=config,
         )
@@ -152,5 +153,6 @@ def run_train(args: Any) -> int:
         print(f"groupwise train: {exc.args[0]}", file=sys.stderr)
         return 2
     asyncio.run(train(args.env, model_name=args.model, judge=args.judge, steps=args.steps, seed=args.seed,
-                      path=args.path, name=args.name, device=getattr(args, "device", None)))
+                      path=args.path, name=args.name, device=getattr(args, "device", None),
+                      gate=getattr(args, "gate", False)))
     return 0

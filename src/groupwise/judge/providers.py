@@ -64,8 +64,14 @@ def resolve(
     """Turn a judge name (and optional endpoint) into an `Endpoint`; errors name what to fix."""
     if not isinstance(judge_model, str) or not judge_model.strip():
         raise ConfigError(f"judge_model={judge_model!r} must be a non-empty string like 'openai/o4-mini'", what="judge")
-    if client is not None:  # an AsyncOpenAI the caller built (tests, custom auth)
-        return Endpoint(client=client, model=judge_model, label=judge_model, base_url=str(client.base_url))
+    if client is not None:  # an AsyncOpenAI the caller built (tests, custom auth, a model's own engine)
+        from groupwise.inference.client import BASE_URL  # light: httpx + openai, no torch
+
+        url = str(client.base_url).rstrip("/")
+        # A client of groupwise's in-process engine (e.g. `model.openai_client()` judging with the policy's
+        # base weights, `name@0`) is a small local judge: greedy, bounded explanations, like local/.
+        return Endpoint(client=client, model=judge_model, label=judge_model, base_url=url,
+                        local=url == BASE_URL.rstrip("/"))
     if base_url is not None:
         model = judge_model.split("/", 1)[1] if judge_model.startswith("openai/") else judge_model
         return Endpoint(
