@@ -99,6 +99,10 @@ async def train(
         max_steps=max_steps,
         num_epochs=100,  # the step budget, not the data, ends the job
         learning_rate=spec.learning_rate,
+        # Tool-using transcripts (email) run to thousands of tokens: recompute layers in the backward pass
+        # instead of holding their activations (measured: the email step was OOM-killed without it).
+        train_config=gw.TrainConfig(learning_rate=spec.learning_rate, gradient_checkpointing=True,
+                                    micro_batch_tokens=2048) if spec.reward != "verifiable" else None,
         eval_every=max(1, max_steps // 2),  # the base, the midpoint, the end
         metric=metric,
         patience=max(max_steps, 10),  # the job is short: let max_steps or the detectors end it
