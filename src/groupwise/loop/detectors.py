@@ -88,6 +88,15 @@ def _reward_change(history: list[Row], since_step: int, step: int, window: int) 
     return then, window_mean(train, step, window)  # type: ignore[return-value]
 
 
+def _reward_rose(history: list[Row], since_step: int, step: int, window: int,
+                 min_rise: float) -> tuple[float, float] | None:
+    """(reward then, reward now) when the mean train reward rose by at least `min_rise` since `since_step`."""
+    change = _reward_change(history, since_step, step, window)
+    if change is None or change[1] - change[0] < min_rise:
+        return None
+    return change
+
+
 def val_drop_reward_rise(
     history: list[Row], *, step: int, metric: str = "accuracy", min_drop: float = 0.05,
     min_rise: float = 0.05, higher_is_better: bool = True, window: int = 3,
@@ -103,10 +112,10 @@ def val_drop_reward_rise(
     # Fires at the step of the validation that shows the drop, once, not on every later step.
     if at != step or at <= best_step or drop < min_drop:
         return None
-    change = _reward_change(history, best_step, step, window)
-    if change is None or change[1] - change[0] < min_rise:
+    rose = _reward_rose(history, best_step, step, window, min_rise)
+    if rose is None:
         return None
-    then, reward_now = change
+    then, reward_now = rose
     return Alert(
         "val_drop", "critical", step,
         f"reward hacking suspected: val/{metric} fell from {best:.4g} (step {best_step}) to {now:.4g} "
@@ -129,10 +138,10 @@ def val_plateau_reward_rising(
     after = [p for p in val if p[0] > best_step]
     if len(after) < evals:
         return None
-    change = _reward_change(history, best_step, step, window)
-    if change is None or change[1] - change[0] < min_rise:
+    rose = _reward_rose(history, best_step, step, window, min_rise)
+    if rose is None:
         return None
-    then, reward_now = change
+    then, reward_now = rose
     return Alert(
         "val_plateau", "warning", step,
         f"converged: val/{metric} has not improved on {best:.4g} (step {best_step}) for {len(after)} "
