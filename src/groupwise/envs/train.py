@@ -51,12 +51,6 @@ def _reward_step(spec: EnvSpec, judge: str | None, model: Any, base_model: str, 
     return reward
 
 
-def _validate(spec: EnvSpec):
-    if spec.val_metric is None:
-        return None
-    return lambda trajectory: spec.validate(trajectory)
-
-
 async def train(
     env: str,
     *,
@@ -115,7 +109,7 @@ async def train(
             val_scenarios=val_s if spec.val_metric else None,
             test_scenarios=test_s if spec.val_metric else None,
             reward=_reward_step(spec, judge, model, model_name, gate),
-            validate=_validate(spec),
+            validate=spec.validate if spec.val_metric else None,
             config=config,
         )
     finally:

@@ -151,14 +151,21 @@ async def _request(
 
     last_raw: str | None = None
     last_problem = "no attempt made"
+
+    async def ask(msgs: list[dict[str, Any]]) -> tuple[str | None, int, int]:
+        # One judge request: its tokens are accounted and its answer kept for the error message.
+        nonlocal last_raw
+        content, pt, ct = await _complete(endpoint, msgs, kwargs, cfg.timeout_s)
+        usage.add(pt, ct, endpoint.label, paid=endpoint.paid, prices=cfg.prices)
+        last_raw = content
+        return content, pt, ct
+
     for attempt in range(cfg.retries + 1):
         if attempt:
             usage.retries += 1
             await asyncio.sleep(cfg.backoff_s * 2 ** (attempt - 1))
         try:
-            content, pt, ct = await _complete(endpoint, messages, kwargs, cfg.timeout_s)
-            usage.add(pt, ct, endpoint.label, paid=endpoint.paid, prices=cfg.prices)
-            last_raw = content
+            content, pt, ct = await ask(messages)
             try:
                 found = parse_answer(content, ids)
             except BadAnswer as bad:
@@ -166,9 +173,7 @@ async def _request(
                 if mode == "json_schema":
                     continue
                 fix = [*messages, {"role": "assistant", "content": content or ""}, repair_message(bad, ids)]
-                content, pt, ct = await _complete(endpoint, fix, kwargs, cfg.timeout_s)
-                usage.add(pt, ct, endpoint.label, paid=endpoint.paid, prices=cfg.prices)
-                last_raw = content
+                content, pt, ct = await ask(fix)
                 try:
                     found = parse_answer(content, ids)
                 except BadAnswer as bad2:
