@@ -27,7 +27,9 @@ class JudgeConfig(Validated):
     timeout_s: float = option(120.0, help="Seconds one judge request may take before it counts as a timeout (and is retried).")
     temperature: float | None = option(None, help="Sampling temperature sent to the judge; None sends none (o-series models reject it), except to local/ judges, which then decode greedily (0.0).")
     max_tokens: int | None = option(None, help="max_tokens of the judge's answer; None lets the endpoint decide (local/ judges default to 96 tokens per trajectory + 32, with explanations capped at 80 characters).")
-    share_continuations: bool = option(False, help="Also send shared continuations once: a trajectory whose first turns after the common context equal an earlier-shown one's says so in one line instead of repeating them. Saves tokens when rollouts share first turns; off by default (the judge must follow the reference).")
+    share_continuations: bool = option(False, help="Also send shared continuations once: a trajectory whose first turns after the common context equal an earlier-shown one's says so in one line instead of repeating them. With share_outputs on, this saves only the short call lines of those turns; off by default (the judge must rebuild a trajectory from another's).")
+    share_outputs: bool = option(True, help="Write each long content that occurs more than once in the shown trajectories (the same search result, the same email read by several rollouts) once, in a <shared_outputs> section as [T1], [T2], ..., and reference it as '-> T1' where it occurred. Lossless; what each trajectory saw stays exact.")
+    share_min_chars: int = option(200, help="Contents shorter than this many characters stay inline even when repeated (a reference would save nothing and costs the judge a look-up).")
     response_format: str = option("auto", help="'json_schema': constrained JSON output; 'json_object': JSON mode; 'none': plain text, parsed strictly with one repair request. 'auto' = json_schema.")
     max_concurrent_requests: int = option(4, help="Requests in flight at once for one call (passes x chunks).")
     base_url: str | None = option(None, help="OpenAI-compatible endpoint of the judge (vLLM, Ollama, a proxy). With it, judge_model is the model name the endpoint serves.")
@@ -44,6 +46,7 @@ class JudgeConfig(Validated):
         check_positive(p, "backoff_s", self.backoff_s, allow_zero=True)
         check_positive(p, "timeout_s", self.timeout_s)
         check_positive(p, "max_concurrent_requests", self.max_concurrent_requests)
+        check_positive(p, "share_min_chars", self.share_min_chars)
         check_choice(p, "response_format", self.response_format, RESPONSE_FORMATS)
         if self.max_group_size < 2:
             p.append(f"max_group_size={self.max_group_size!r} must be >= 2 (a relative judge compares at least two)")

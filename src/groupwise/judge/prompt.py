@@ -7,9 +7,19 @@ Layout of one request (why each part is where it is):
 2. user: ``<context>`` — the longest common message prefix of the group's trajectories, sent once
    instead of N times (the task, the system prompt of the agent, the first observation...).
    ``<available_tools>`` — the tools once, when every trajectory has the same tools.
+   ``<shared_outputs>`` — every long message content (a search result, an email read) that occurs
+   more than once in the trajectories below, written once under an id ``T1``, ``T2``, ... (numbered
+   in order of first appearance); the trajectories then show ``[tool result c2] -> T1`` in its place.
    Then each shown trajectory's remainder as ``<trajectory id="k">``, one ``[role] text`` entry per message,
    with its side conversations (`additional_histories`) and, if they differ from the common ones,
    its own tools.
+
+Everything the group repeats is sent once, at three grains: whole leading messages (the common
+prefix, always), long contents anywhere (shared outputs, on by default), and optionally whole leading
+turns of the remainders (``share_continuations``, off by default). Nothing is lost: what each
+trajectory saw is still exact, only where the bytes are written changes. Tool-call ids are renamed
+``c1``, ``c2``, ... per trajectory (the provider's random ``call_8f3a...`` ids cost ~15 tokens each,
+twice per tool turn, and made identical turns of two rollouts differ).
 
 Ids are "1".."n" in the order shown; the caller keeps the id -> trajectory map and maps scores back
 by id (never by position in the answer).
@@ -18,6 +28,7 @@ by id (never by position in the answer).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +51,16 @@ DEFAULT_RUBRIC = """\
 - Partial credit is fine: a trajectory that makes real progress toward the goal scores above one that makes none."""
 
 
+SHARE_MIN_CHARS = 200
+"""Contents shorter than this stay inline even when repeated: a reference (`` -> T3``) plus its entry
+in the shared section cost ~10 tokens, and a short answer read in place is easier to judge."""
+
+SHARED_HEADER = (
+    "Long contents that occur more than once in the trajectories below, each written once here. "
+    'A message shown as "[tool result c2] -> T1" had exactly the content of T1.'
+)
+
+
 def system_message(rubric: str | None) -> dict[str, str]:
     """The fixed first message: the same bytes for the same rubric, whatever the group."""
     text = SYSTEM_PROMPT if not rubric else f"{SYSTEM_PROMPT}\n\nGrading standards:\n{rubric.strip()}"
@@ -51,8 +72,9 @@ def canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
-def _render_message(message: dict[str, Any]) -> str:
-    """One message for the judge: a ``[role]`` header, then its text as is.
+def _render_message(message: dict[str, Any], refs: dict[str, str] | None = None) -> str:
+    """One message for the judge: a ``[role]`` header, then its text as is (or ``-> T3`` when `refs`
+    maps its content to an entry of the shared section).
 
     Plain text instead of one JSON object per message: tool arguments and tool results are often
     JSON themselves, and JSON inside a JSON string is escaped (every quote becomes \\"), which costs
@@ -71,7 +93,9 @@ def _render_message(message: dict[str, Any]) -> str:
             p.get("text", "") if isinstance(p, dict) and p.get("type") == "text" else f"<{(p or {}).get('type', 'part')}>"
             for p in content
         )
-    if content not in (None, ""):
+    if refs and isinstance(content, str) and content in refs:
+        lines.append(f"{header} -> {refs[content]}")
+    elif content not in (None, ""):
         lines.append(f"{header} {content}")
     for call in message.get("tool_calls") or []:
         fn = call.get("function") or {}
@@ -83,6 +107,32 @@ def _render_message(message: dict[str, Any]) -> str:
         call_id = f" {call['id']}" if call.get("id") else ""
         lines.append(f"[{role} calls {fn.get('name')}{call_id}] {args}")
     return "\n".join(lines) if lines else f"{header} (empty)"
+
+
+def normalise_call_ids(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of `messages` with tool-call ids renamed ``c1``, ``c2``, ... in order of first appearance.
+
+    A bijection within one message list, so every result still names its call; the same calls in two
+    rollouts get the same ids, so their identical turns compare equal (common prefix, duplicates,
+    shared continuations). Messages without ids are copied unchanged.
+    """
+    names: dict[str, str] = {}
+
+    def short(raw: str) -> str:
+        return names.setdefault(raw, f"c{len(names) + 1}")
+
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            m["tool_calls"] = [
+                {**call, "id": short(call["id"])} if isinstance(call, dict) and call.get("id") else call
+                for call in m["tool_calls"]
+            ]
+        if m.get("tool_call_id"):
+            m["tool_call_id"] = short(m["tool_call_id"])
+        out.append(m)
+    return out
 
 
 def common_prefix_length(message_lists: Sequence[Sequence[dict[str, Any]]]) -> int:
@@ -115,7 +165,7 @@ def split_prefix(
     tools: Sequence[list[dict[str, Any]] | None] | list[dict[str, Any]] | None = None,
     histories: Sequence[list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, list[JudgeItem]]:
-    """(common context, common tools, per-trajectory remainders).
+    """(common context, common tools, per-trajectory remainders), tool-call ids normalised (c1, c2, ...).
 
     `tools` is one tool list for all, or one per trajectory. Tools identical across the group are
     returned once as the common tools; otherwise each item keeps its own.
@@ -128,7 +178,11 @@ def split_prefix(
         per_tools = list(tools)  # type: ignore[arg-type]
     if len(per_tools) != n:
         raise ValueError(f"got {len(per_tools)} tool lists for {n} trajectories; pass one per trajectory or one for all")
-    hist = list(histories) if histories is not None else [[] for _ in range(n)]
+    hist = [
+        [(normalise_call_ids(h_messages), h_tools) for h_messages, h_tools in h]
+        for h in (histories if histories is not None else [[] for _ in range(n)])
+    ]
+    message_lists = [normalise_call_ids(ms) for ms in message_lists]
     k = common_prefix_length(message_lists)
     context = [dict(m) for m in message_lists[0][:k]] if n else []
     same_tools = len({canonical(t) for t in per_tools}) <= 1
@@ -158,37 +212,67 @@ def _shared_continuation(item: JudgeItem, earlier: Sequence[tuple[str, JudgeItem
     return best_id, best
 
 
+def shared_contents(message_lists: Sequence[Sequence[dict[str, Any]]], min_chars: int = SHARE_MIN_CHARS) -> dict[str, str]:
+    """{content: "T<k>"} for every string content of at least `min_chars` characters that occurs more
+    than once over `message_lists`, numbered in order of first appearance (deterministic)."""
+    contents = [m.get("content") for ms in message_lists for m in ms]
+    long = [c for c in contents if isinstance(c, str) and len(c) >= min_chars]
+    counts = Counter(long)
+    refs: dict[str, str] = {}
+    for c in long:
+        if counts[c] > 1 and c not in refs:
+            refs[c] = f"T{len(refs) + 1}"
+    return refs
+
+
 def user_message(
     context: list[dict[str, Any]],
     common_tools: list[dict[str, Any]] | None,
     shown: Sequence[tuple[str, JudgeItem]],
     *,
     share_continuations: bool = False,
+    share_outputs: bool = False,
+    share_min_chars: int = SHARE_MIN_CHARS,
 ) -> dict[str, str]:
-    """The group part of the request: context once, tools once, then ``<trajectory id=...>`` blocks.
+    """The group part of the request: context once, tools once, shared outputs once, then
+    ``<trajectory id=...>`` blocks.
+
+    With `share_outputs`, a long content (>= `share_min_chars` characters) that occurs more than once
+    in what the trajectory blocks show is written once in ``<shared_outputs>`` as ``[T1] ...`` and
+    referenced as ``-> T1`` where it occurred. Contents that occur once stay inline: a reference
+    would add indirection and save nothing.
 
     With `share_continuations`, a trajectory whose first messages after the context equal those of
     a trajectory shown before it says so in one line instead of repeating them (a prefix tree over
-    the group; off by default: it saves tokens when rollouts share their first turns, but asks the
-    judge to follow a reference).
+    the group; off by default: it asks the judge to rebuild a trajectory's order from another's).
     """
+    plans: list[tuple[str, JudgeItem, int, str]] = []  # (id, item, messages skipped, same as id)
+    for i, (tid, item) in enumerate(shown):
+        same_as, skip = _shared_continuation(item, shown[:i]) if share_continuations else ("", 0)
+        plans.append((tid, item, skip, same_as))
+    refs: dict[str, str] = {}
+    if share_outputs:  # counted over what the blocks will show (a skipped continuation shows nothing)
+        shown_lists = [item.messages[skip:] for _, item, skip, _ in plans]
+        shown_lists += [h_messages for _, item, _, _ in plans for h_messages, _ in item.histories]
+        refs = shared_contents(shown_lists, share_min_chars)
+
     parts: list[str] = []
     if context:
         parts.append("<context>\n" + "\n".join(_render_message(m) for m in context) + "\n</context>")
     if common_tools:
         parts.append("<available_tools>\n" + json.dumps(common_tools, ensure_ascii=False) + "\n</available_tools>")
-    for i, (tid, item) in enumerate(shown):
-        skip, same_as = 0, ""
-        if share_continuations:
-            same_as, skip = _shared_continuation(item, shown[:i])
-        body = [_render_message(m) for m in item.messages[skip:]]
+    if refs:
+        entries = [f"[{ref}] {content}" for content, ref in refs.items()]
+        parts.append("<shared_outputs>\n" + SHARED_HEADER + "\n" + "\n".join(entries) + "\n</shared_outputs>")
+    for tid, item, skip, same_as in plans:
+        body = [_render_message(m, refs) for m in item.messages[skip:]]
         if skip:
             body.insert(0, f"(its first {skip} message(s) after the context are identical to trajectory {same_as}'s)")
         body = body or ["(no messages after the shared context)"]
         if item.tools:
             body.append("<tools>" + json.dumps(item.tools, ensure_ascii=False) + "</tools>")
         for h, (h_messages, h_tools) in enumerate(item.histories, start=1):
-            lines = [_render_message(m) for m in h_messages]
+            lines = [_render_message(m, refs) for m in h_messages]
             if h_tools:
                 lines.insert(0, "<tools>" + json.dumps(h_tools, ensure_ascii=False) + "</tools>")
             body.append(f'<side_conversation n="{h}">\n' + "\n".join(lines) + "\n</side_conversation>")

@@ -3,7 +3,8 @@
 How a call goes (`ruler_detailed`):
 
 1. The group's messages are split into the common prefix (sent once) and per-trajectory remainders
-   (prompt.py). Trajectories the judge would see identically are shown once and share a score.
+   (prompt.py); long contents repeated across the shown remainders are written once and referenced
+   (share_outputs). Trajectories the judge would see identically are shown once and share a score.
 2. Order: the distinct trajectories are shuffled with `seed`; pass p of `passes` shows that order
    rotated by p*n/passes, so with passes <= n every trajectory sits at a different position in each
    pass (a balanced design against position bias). Ids are "1".."n" in the order shown and scores are
@@ -249,6 +250,8 @@ class _Judge:
         user = user_message(
             self.context, self.common_tools, [(t, self.items[u]) for t, u in zip(ids, shown)],
             share_continuations=self.cfg.share_continuations,
+            share_outputs=self.cfg.share_outputs,
+            share_min_chars=self.cfg.share_min_chars,
         )
         async with self.sem:
             found = await _request(
