@@ -158,7 +158,7 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
         batch = tokenize_groups(groups, tok, max_seq_len=config.max_seq_len)
         _sync(args.device)
         t1 = time.perf_counter()
-        with engine.paused():
+        with engine.paused(), _maybe_profile(args, last=step == args.warmup + args.steps - 1):
             metrics = trainer.train_step(batch, config, step=step)
             _sync(args.device)
         t_update = time.perf_counter() - t1
@@ -179,6 +179,27 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
               f"trainable {batch.trainable_tokens} tokens {tokens}", flush=True)
     engine.close()
     return summarise(args, model, rows[args.warmup:])
+
+
+def _maybe_profile(args, last: bool):
+    """--profile: torch.profiler around the last timed update; prints the ops that take the time."""
+    import contextlib
+
+    if not (args.profile and last):
+        return contextlib.nullcontext()
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+
+    @contextlib.contextmanager
+    def run():
+        with profile(activities=activities) as prof:
+            yield
+        key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+        print(prof.key_averages().table(sort_by=key, row_limit=args.profile), flush=True)
+
+    return run()
 
 
 # ----------------------------------------------------------------------------- TRL
@@ -292,6 +313,8 @@ def main() -> None:
     p.add_argument("--layer-checkpointing", action="store_true",
                    help="recompute decoder layers in the backward, on BOTH sides (TRL's default; needed for big batches)")
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                   help="profile groupwise's last update and print the top ROWS ops")
     args = p.parse_args()
 
     import torch

@@ -54,3 +54,34 @@ async def test_bf16_logprobs_close_to_forward(tiny):
         assert (ref - torch.tensor(r.completions[0].logprobs)).abs().max().item() < 0.05  # bf16 noise
     finally:
         eng.close()
+
+
+async def test_graphs_replayed_after_other_allocations_still_decode_like_eager(tiny):
+    """Graphs read their inputs by address: every tensor a capture used must outlive the graph.
+
+    Regression: the cache view's row index was freed after capture; the next allocations of its size
+    took its memory, and a replay scattered K/V with those values as indices (device-side assert).
+    Between rounds we fill the allocator's free blocks with huge int64 values, so a dangling index
+    is out of bounds at once instead of by luck.
+    """
+    outs = []
+    for graphs in (False, True):
+        model, tok = tiny_random_model(seed=0, tokenizer=tiny[1], device="cuda", dtype="float32")
+        eng = Engine(model, tok, max_batch_size=16, cuda_graphs=graphs)
+        ps = [tok.apply_chat_template([{"role": "user", "content": "x " * (i + 1)}], add_generation_prompt=True,
+                                      tokenize=True, return_dict=True)["input_ids"] for i in range(16)]
+        tokens = []
+        try:
+            for round_ in range(3):
+                rs = await asyncio.gather(*[eng.generate(GenerationRequest(
+                    p, max_new_tokens=6 + (i % 5), ignore_eos=True, sampling=SamplingParams(seed=100 * round_ + i)))
+                    for i, p in enumerate(ps)])
+                tokens.append([r.completions[0].token_ids for r in rs])
+                junk = [torch.full((b, 1), 2**40, dtype=torch.long, device="cuda") for b in (1, 2, 4, 8, 16) for _ in range(8)]
+                del junk  # freed: the next allocations of these sizes reuse the poisoned blocks
+            if graphs:
+                assert eng.cuda_graphs and eng._graphs, "the engine fell back to eager decoding"
+        finally:
+            eng.close()
+        outs.append(tokens)
+    assert outs[0] == outs[1]

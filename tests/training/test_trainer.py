@@ -17,7 +17,8 @@ from groupwise.training.checkpoint import (
     save_checkpoint,
 )
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
-from groupwise.training.trainer import Trainer, plan_micro_batches, token_logprobs, wrap_with_lora
+from groupwise.training.logprobs import token_logprobs
+from groupwise.training.trainer import Trainer, plan_micro_batches, wrap_with_lora
 
 
 def _lora_model(tokenizer, dtype=torch.float64, seed=0):

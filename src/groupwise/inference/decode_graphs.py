@@ -67,7 +67,11 @@ def capture(engine: "Engine", B: int, Lb: int, adapter: str | None) -> dict[str,
         "arange": torch.arange(Lb, device=dev),
     }
     g["mask"][:, :, :, 0] = True
-    cache = SlotCache(engine.buffers, 0, B, g["cols"], Lb)
+    # The graph reads every tensor it was captured with by ADDRESS, so each must live as long as the
+    # graph: the cache view's row index (rows_NQ) was once freed after capture; its memory went to the
+    # next prefill, and a later replay scattered K/V with garbage indices (a device-side assert on
+    # the second 256-request run of bench/generation.py on an H200).
+    cache = g["cache"] = SlotCache(engine.buffers, 0, B, g["cols"], Lb)
 
     def run():
         kwargs = {engine._cache_kwarg: cache, "use_cache": True}

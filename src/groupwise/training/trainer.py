@@ -6,10 +6,8 @@ use of it during a step (`engine.paused()`), and the trainer re-activates its ow
 the engine may have switched the active adapter to serve another step.
 
 Memory: log-probs are computed only at trainable positions, in chunks of `logprob_chunk_size`
-positions, every chunk but the last under activation checkpointing, so the [chunk, V] logits of a 150k
-vocabulary exist for about one chunk at a time in the forward AND the backward pass (without
-checkpointing autograd would keep every chunk's log-softmax for the backward, i.e. all of [T, V]).
-A batch whose trainable tokens fit one chunk pays no recomputation.
+positions, with the LM head's gradient formed chunk by chunk in the forward (training/logprobs.py), so
+the [chunk, V] logits of a 150k vocabulary exist for one chunk at a time and are never recomputed.
 
 Micro-batches are sized by a token budget (padded tokens, `micro_batch_tokens`); sequences are sorted by
 length so padding is small. The loss normalisers count the whole step (training/loss.py), so summing
@@ -24,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from groupwise.config import LoraConfig, TrainConfig
+from groupwise.training.logprobs import token_logprobs
 from groupwise.training.loss import grpo_loss
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
 
@@ -97,45 +95,6 @@ def _collate(seqs: list[TokenizedSequence], pad_id: int, device: torch.device) -
     }
 
 
-def _chunk_logprobs(lm_head: torch.nn.Module, hidden_NH: torch.Tensor, targets_N: torch.Tensor) -> torch.Tensor:
-    logits_NV = lm_head(hidden_NH)
-    if logits_NV.dtype in (torch.bfloat16, torch.float16):
-        logits_NV = logits_NV.float()  # fp32 log-softmax when the model runs in half precision
-    return logits_NV.gather(-1, targets_N[:, None]).squeeze(-1) - torch.logsumexp(logits_NV, dim=-1)
-
-
-def token_logprobs(
-    model: Any, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor, mask_BT: torch.Tensor, *, chunk_size: int
-) -> torch.Tensor:
-    """log pi(token t | tokens < t) at every position where mask_BT is set, 0 elsewhere.   # [B, T]
-
-    `model` is a peft model or a plain causal LM; the adapter (if any) applies as currently set.
-    Only the decoder runs on all positions; the LM head and log-softmax run on masked positions only.
-    """
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    decoder = base.get_decoder() if hasattr(base, "get_decoder") else base.model
-    lm_head = base.get_output_embeddings()
-    hidden_BTH = decoder(input_ids=input_ids_BT, attention_mask=attention_BT).last_hidden_state
-    # Position t-1 predicts token t: select the predecessors of the trained tokens.
-    target_mask_BT = mask_BT[:, 1:]  # [B, T-1]
-    hidden_NH = hidden_BTH[:, :-1][target_mask_BT]  # [N, H]
-    targets_N = input_ids_BT[:, 1:][target_mask_BT]  # [N]
-    pieces = []
-    N = hidden_NH.shape[0]
-    for start in range(0, N, chunk_size):
-        h, y = hidden_NH[start:start + chunk_size], targets_N[start:start + chunk_size]
-        # The last chunk keeps its logits for the backward (one chunk is the memory bound anyway);
-        # the others are recomputed in the backward, so at most one [chunk, V] block is alive.
-        if torch.is_grad_enabled() and h.requires_grad and start + chunk_size < N:
-            pieces.append(checkpoint(_chunk_logprobs, lm_head, h, y, use_reentrant=False))
-        else:
-            pieces.append(_chunk_logprobs(lm_head, h, y))
-    logprobs_N = torch.cat(pieces) if pieces else hidden_NH.new_zeros(0, dtype=torch.float32)
-    zeros_BT = torch.zeros(input_ids_BT.shape, dtype=logprobs_N.dtype, device=input_ids_BT.device)
-    tail_BT = zeros_BT[:, 1:].masked_scatter(target_mask_BT, logprobs_N)  # [B, T-1]
-    return torch.cat([zeros_BT[:, :1], tail_BT], dim=1)
-
-
 @dataclass
 class StepStats:
     loss: float = 0.0
@@ -191,8 +150,12 @@ class Trainer:
     def ensure_optimizer(self, config: TrainConfig) -> torch.optim.AdamW:
         if self.optimizer is None:
             params = [p for _, p in self.trainable_named_parameters()]
+            # On CUDA the fused kernel updates every LoRA tensor in a few launches (a LoRA has
+            # ~2 x 7 x layers small tensors; the per-tensor loop costs more than the math).
+            fused = self.device.type == "cuda"
             self.optimizer = torch.optim.AdamW(
-                params, lr=config.learning_rate, weight_decay=config.weight_decay, foreach=False
+                params, lr=config.learning_rate, weight_decay=config.weight_decay, fused=fused or None,
+                foreach=None if fused else False,
             )
         for group in self.optimizer.param_groups:
             group["lr"] = config.learning_rate
@@ -204,7 +167,7 @@ class Trainer:
         seqs = batch.sequences
         num_tokens = batch.trainable_tokens
         plan = plan_micro_batches([len(s) for s in seqs], config.micro_batch_tokens)
-        stats = StepStats()
+        sums: list[torch.Tensor] = []
         for indices in plan:
             mb = _collate([seqs[i] for i in indices], self.pad_token_id, self.device)
             logprobs_BT = token_logprobs(
@@ -233,12 +196,11 @@ class Trainer:
                 kl_coef=config.kl_coef,
             )
             terms.loss.backward()
-            stats.loss += float(terms.loss.detach())
-            stats.policy_loss_sum += float(terms.policy_loss_sum)
-            stats.kl_sum += float(terms.kl_sum)
-            stats.clipped_tokens += float(terms.clipped_tokens)
-            stats.ratio_sum += float(terms.ratio_sum)
-            stats.tokens += float(terms.tokens)
+            sums.append(torch.stack([terms.loss.detach(), terms.policy_loss_sum, terms.kl_sum,
+                                     terms.clipped_tokens, terms.ratio_sum, terms.tokens]).double())
+        # One device->host copy for the whole step (a float() per term would sync every micro-batch).
+        totals = torch.stack(sums).sum(0).tolist() if sums else [0.0] * 6
+        stats = StepStats(*totals)
         return stats, plan
 
     def train_step(self, batch: TokenizedBatch, config: TrainConfig, *, step: int = 0) -> dict[str, float]:

@@ -1,0 +1,114 @@
+"""log pi(token | prefix) at the trainable positions, without ever holding [T, V] logits.
+
+The LM head is the memory peak of an RL step: 16k trainable tokens x a 152k vocabulary is 2.5e9
+logits (10 GB in fp32). So the head runs on the trainable positions only, in chunks of `chunk_size`
+positions, and the gradient is formed chunk by chunk in the FORWARD pass:
+
+    lp_n        = z_n[y_n] - logsumexp(z_n),          z_n = W h_n (+ b)         # logits [V]
+    d lp_n/d h_n = W[y_n] - softmax(z_n) W            =: g_n                      # [H]
+
+so the backward only scales the stored g_n by the incoming gradient (a scalar per token):
+grad h_n = (dL/d lp_n) g_n. One chunk's [chunk, V] block is alive at a time, and the head costs two
+matmuls per chunk (z = W h and softmax(z) W), against three for activation checkpointing (forward,
+recompute, backward). This needs the head's weight frozen, which LoRA guarantees (the adapter never
+targets the head; tied embeddings are frozen too). A trainable head (peft `modules_to_save`) takes
+the checkpointed path instead (through the module, so its own terms and the weight's gradient apply).
+
+g is kept in the hidden states' dtype (what autograd would produce in the backward of a bf16 model);
+the log-softmax itself is fp32 (fp64 in an fp64 model: the accumulation tests run there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+__all__ = ["head_logprobs", "token_logprobs"]
+
+
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+def _chunk_logprobs(lm_head: torch.nn.Module, hidden_NH: torch.Tensor, targets_N: torch.Tensor) -> torch.Tensor:
+    """Plain autograd: logits -> fp32 log-softmax at the targets.   # [N]"""
+    logits_NV = _at_least_fp32(lm_head(hidden_NH))
+    return logits_NV.gather(-1, targets_N[:, None]).squeeze(-1) - torch.logsumexp(logits_NV, dim=-1)
+
+
+class _FrozenHeadLogprobs(torch.autograd.Function):
+    """lp_N = log_softmax(W h)[y] chunk by chunk, with g_NH = d lp / d h formed in the forward (module doc)."""
+
+    @staticmethod
+    def forward(ctx, hidden_NH, weight_VH, bias_V, targets_N, chunk_size: int):
+        N = hidden_NH.shape[0]
+        logprobs_N = torch.empty(N, dtype=_at_least_fp32(hidden_NH[:0]).dtype, device=hidden_NH.device)
+        grad_NH = torch.empty_like(hidden_NH)
+        for a in range(0, N, chunk_size):
+            b = min(N, a + chunk_size)
+            logits_CV = _at_least_fp32(torch.nn.functional.linear(hidden_NH[a:b], weight_VH, bias_V))
+            y_C = targets_N[a:b]
+            # log-softmax and softmax with ONE exp pass over [C, V] (logsumexp + exp would take two),
+            # in place, so one [C, V] block is alive at a time.
+            max_C1 = logits_CV.amax(dim=-1, keepdim=True)
+            shifted_y_C = (logits_CV.gather(-1, y_C[:, None]) - max_C1).squeeze(-1)
+            probs_CV = logits_CV.sub_(max_C1).exp_()  # unnormalised
+            sum_C1 = probs_CV.sum(dim=-1, keepdim=True)
+            logprobs_N[a:b] = shifted_y_C - torch.log(sum_C1).squeeze(-1)
+            probs_CV.div_(sum_C1)
+            expected_CH = probs_CV.to(weight_VH.dtype) @ weight_VH  # E_{v ~ softmax}[W_v]
+            grad_NH[a:b] = (weight_VH[y_C] - expected_CH).to(grad_NH.dtype)
+        ctx.save_for_backward(grad_NH)
+        return logprobs_N
+
+    @staticmethod
+    def backward(ctx, grad_out_N):
+        (grad_NH,) = ctx.saved_tensors
+        return grad_out_N.to(grad_NH.dtype)[:, None] * grad_NH, None, None, None, None
+
+
+def head_logprobs(lm_head: torch.nn.Module, hidden_NH: torch.Tensor, targets_N: torch.Tensor,
+                  chunk_size: int) -> torch.Tensor:
+    """log_softmax(lm_head(hidden))[target] per row, fp32, in chunks of `chunk_size` rows.   # [N]"""
+    N = hidden_NH.shape[0]
+    if N == 0:
+        return _at_least_fp32(hidden_NH.new_zeros(0))
+    needs_grad = torch.is_grad_enabled() and hidden_NH.requires_grad
+    # type() is exact on purpose: a peft LoRA layer on the head subclasses nothing here but is not a
+    # plain Linear, and its extra terms must run through autograd.
+    if needs_grad and type(lm_head) is torch.nn.Linear and not any(p.requires_grad for p in lm_head.parameters()):
+        return _FrozenHeadLogprobs.apply(hidden_NH, lm_head.weight, lm_head.bias, targets_N, chunk_size)
+    pieces = []
+    for a in range(0, N, chunk_size):
+        h, y = hidden_NH[a:a + chunk_size], targets_N[a:a + chunk_size]
+        if needs_grad and a + chunk_size < N:
+            # A trainable head: recompute each chunk but the last in the backward, so at most one
+            # [chunk, V] block is alive (plain autograd would keep every chunk's softmax).
+            pieces.append(checkpoint(_chunk_logprobs, lm_head, h, y, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logprobs(lm_head, h, y))
+    return torch.cat(pieces)
+
+
+def token_logprobs(
+    model: Any, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor, mask_BT: torch.Tensor, *, chunk_size: int
+) -> torch.Tensor:
+    """log pi(token t | tokens < t) at every position where mask_BT is set, 0 elsewhere.   # [B, T]
+
+    `model` is a peft model or a plain causal LM; the adapter (if any) applies as currently set.
+    Only the decoder runs on all positions; the LM head and log-softmax run on masked positions only.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else base.model
+    lm_head = base.get_output_embeddings()
+    hidden_BTH = decoder(input_ids=input_ids_BT, attention_mask=attention_BT).last_hidden_state
+    # Position t-1 predicts token t: select the predecessors of the trained tokens.
+    target_mask_BT = mask_BT[:, 1:]  # [B, T-1]
+    hidden_NH = hidden_BTH[:, :-1][target_mask_BT]  # [N, H]
+    targets_N = input_ids_BT[:, 1:][target_mask_BT]  # [N]
+    logprobs_N = head_logprobs(lm_head, hidden_NH, targets_N, chunk_size)
+    zeros_BT = torch.zeros(input_ids_BT.shape, dtype=logprobs_N.dtype, device=input_ids_BT.device)
+    tail_BT = zeros_BT[:, 1:].masked_scatter(target_mask_BT, logprobs_N)  # [B, T-1]
+    return torch.cat([zeros_BT[:, :1], tail_BT], dim=1)
