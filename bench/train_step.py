@@ -128,7 +128,8 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
     rows = []
     tmp = tempfile.mkdtemp(prefix="gw-bench-")
     convs = prompts(args.prompts)
-    for step in range(args.warmup + args.steps):
+    profiled = 1 if args.profile else 0  # one extra, untimed step under the profiler
+    for step in range(args.warmup + args.steps + profiled):
         _sync(args.device)
         t0 = time.perf_counter()
         futures = [
@@ -158,7 +159,7 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
         batch = tokenize_groups(groups, tok, max_seq_len=config.max_seq_len)
         _sync(args.device)
         t1 = time.perf_counter()
-        with engine.paused(), _maybe_profile(args, last=step == args.warmup + args.steps - 1):
+        with engine.paused(), _maybe_profile(args, last=step == args.warmup + args.steps):
             metrics = trainer.train_step(batch, config, step=step)
             _sync(args.device)
         t_update = time.perf_counter() - t1
@@ -178,7 +179,7 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
         print(f"  groupwise step {step}: step {t_step:.2f}s gen {t_gen:.2f}s update {t_update:.2f}s "
               f"trainable {batch.trainable_tokens} tokens {tokens}", flush=True)
     engine.close()
-    return summarise(args, model, rows[args.warmup:])
+    return summarise(args, model, rows[args.warmup:args.warmup + args.steps])
 
 
 def _maybe_profile(args, last: bool):
@@ -314,7 +315,7 @@ def main() -> None:
                    help="recompute decoder layers in the backward, on BOTH sides (TRL's default; needed for big batches)")
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
-                   help="profile groupwise's last update and print the top ROWS ops")
+                   help="profile one more groupwise update after the timed ones (not timed) and print the top ROWS ops")
     args = p.parse_args()
 
     import torch

@@ -170,3 +170,25 @@ def test_layer_checkpointing_gives_the_same_gradient_fp64(tokenizer):
         grads.append({n: p.grad.clone() for n, p in trainer.trainable_named_parameters()})
     assert all(torch.allclose(grads[0][n], grads[1][n], atol=1e-12) for n in grads[0])
     assert not model.get_base_model().is_gradient_checkpointing  # left off for the engine
+
+
+def test_bf16_base_trains_an_fp32_adapter_under_autocast(tokenizer):
+    """A bf16 base keeps fp32 LoRA weights; the step runs the adapter's matmuls in bf16 (autocast)
+    and its gradient stays close to the fp32 model's (same weights, same batch)."""
+    grads = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = _lora_model(tokenizer, dtype=torch.float32)
+        if dtype == torch.bfloat16:
+            for n, p in model.named_parameters():
+                if "lora_" not in n:
+                    p.data = p.data.to(torch.bfloat16)
+        trainer = Trainer(model)
+        assert trainer._base_dtype == dtype
+        trainer._activate()
+        stats, _ = trainer.forward_backward(_batch(), TrainConfig(micro_batch_tokens=10_000, max_seq_len=64))
+        named = trainer.trainable_named_parameters()
+        assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for _, p in named)
+        grads[dtype] = torch.cat([p.grad.flatten() for _, p in named])
+    g32, g16 = grads[torch.float32], grads[torch.bfloat16]
+    cosine = float(torch.nn.functional.cosine_similarity(g32, g16, dim=0))
+    assert cosine > 0.99, cosine  # bf16 activations: a close, not equal, gradient
