@@ -8,6 +8,9 @@ Data flow (each file's docstring says more)::
         ──► tool_calls.py  tools into the prompt; <tool_call> text -> OpenAI tool_calls
             constrained.py response_format / forced tool_choice -> llguidance token masks
         ──► engine.py   continuous batching in a background thread, per-request LoRA adapters
+            requests.py GenerationRequest / GenerationResult (re-exported by engine.py)
+            prefill.py  admission and prefill of new requests (prefix hits, shared-prefix warm-up)
+            prefix_cache.py KV of prompt prefixes seen before, copied instead of recomputed
             kv_cache.py slot KV cache (one preallocated row per running sequence)
             decode_graphs.py the decode step as CUDA graphs (per batch/length bucket, adapter)
             sampling.py temperature / top-p / seeds; raw logprobs (why: see there)

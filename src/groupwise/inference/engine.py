@@ -2,11 +2,12 @@
 
 How it runs. Rollouts are asyncio coroutines; the engine runs a loop in one background thread and
 answers through futures (`await engine.generate(request)` works from any event loop). Each loop
-iteration does at most two forward passes under the model lock:
+iteration, under the model lock:
 
-1. prefill: waiting requests are admitted while slots are free, their prompts (left-padded, one
-   row per request even when n > 1) run in ONE forward pass, and each choice samples its first
-   token; the prompt's KV is copied to the slots of the other choices of the same request.
+1. prefill (prefill.py): waiting requests are admitted while slots are free; their prompts' known
+   prefixes are copied from the prefix cache (prefix_cache.py), the rest (left-padded, one row per
+   request even when n > 1) runs in ONE forward pass, and each choice samples its first token; the
+   prompt's KV is copied to the slots of the other choices of the same request.
 2. decode: every running sequence feeds its last token in ONE forward pass ([k, 1] inputs).
 
 Requests thus join and leave the running batch at token granularity. The KV cache is a
@@ -43,86 +44,18 @@ import inspect
 import threading
 import warnings
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from groupwise.inference.kv_cache import SlotBuffers, SlotCache
-from groupwise.inference.sampling import SamplingParams, sample_next
+from groupwise.inference.prefill import admit, prefill
+from groupwise.inference.prefix_cache import PrefixCache
+from groupwise.inference.requests import (BASE, Completion, EngineError, GenerationRequest, GenerationResult,
+                                          PromptTooLongError, _ReqState, _Seq)
+from groupwise.inference.sampling import sample_next
 
 __all__ = ["Completion", "Engine", "EngineError", "GenerationRequest", "GenerationResult", "PromptTooLongError"]
-
-BASE = "__base__"
-
-
-class EngineError(RuntimeError):
-    """The engine cannot run a request (closed, bad adapter, ...)."""
-
-
-class PromptTooLongError(EngineError, ValueError):
-    """The prompt does not fit the model's context."""
-
-
-@dataclass
-class GenerationRequest:
-    """One request: a tokenised prompt and how to sample it. `adapter` None means the base model."""
-
-    prompt_ids: list[int]
-    max_new_tokens: int | None = None
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    n: int = 1
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    adapter: str | None = None
-    # A factory of grammar matchers (constrained.py), one per choice; None = unconstrained.
-    constraint: Any = None
-    # Called from the engine thread for each sampled token: (choice_index, token_id, logprob, finish_reason|None).
-    on_token: Callable[[int, int, float, str | None], None] | None = None
-
-
-@dataclass
-class Completion:
-    """One choice: the sampled ids (EOS included when sampled), their raw logprobs, the text."""
-
-    index: int
-    token_ids: list[int]
-    logprobs: list[float]
-    top_logprobs: list[list[tuple[int, float]]]
-    text: str
-    finish_reason: str  # "stop" or "length"
-
-
-@dataclass
-class GenerationResult:
-    completions: list[Completion]
-    prompt_tokens: int
-    adapter: str | None
-
-
-@dataclass
-class _Seq:
-    req: GenerationRequest
-    state: "_ReqState"
-    index: int
-    slot: int = -1
-    length: int = 0  # KV columns filled
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    tops: list[list[tuple[int, float]]] = field(default_factory=list)
-    seed: int | None = None
-    matcher: Any = None
-    finish_reason: str | None = None
-    text_cut: int | None = None  # stop string found: text is cut here
-
-
-@dataclass
-class _ReqState:
-    req: GenerationRequest
-    future: concurrent.futures.Future
-    max_new: int
-    seqs: list[_Seq] = field(default_factory=list)
 
 
 class Engine:
@@ -139,6 +72,8 @@ class Engine:
         max_prefill_tokens: int = 8192,
         initial_capacity: int = 256,
         cuda_graphs: bool | None = None,
+        prefix_cache_tokens: int = 4096,
+        prefix_block_size: int = 16,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -155,6 +90,8 @@ class Engine:
         kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
         self.buffers = SlotBuffers(text_config.num_hidden_layers, max_batch_size, kv_heads, head_dim,
                                    min(initial_capacity, self.context_length), self.dtype, self.device)
+        # KV of prompt prefixes seen before (prefix_cache.py); allocated at the first prefill.
+        self.prefix_cache = PrefixCache(self.buffers, prefix_cache_tokens, prefix_block_size) if prefix_cache_tokens else None
         eos = set()
         for source in (getattr(tokenizer, "eos_token_id", None),
                        getattr(getattr(self._base_model(), "generation_config", None), "eos_token_id", None)):
@@ -172,6 +109,9 @@ class Engine:
         self.forward_passes = 0
         self.prefill_passes = 0
         self.decode_passes = 0
+        self.warm_passes = 0  # prefills of prefixes shared inside one admitted batch (prefill.py)
+        self.prefill_tokens = 0  # prompt tokens run through the model (pads excluded)
+        self.prefix_hit_tokens = 0  # prompt tokens copied from the prefix cache instead
         self._adapters: dict[str, str] = {}
         self._waiting: deque[_ReqState] = deque()
         self._running: list[_Seq] = []  # index i lives in slot i
@@ -210,6 +150,7 @@ class Engine:
                 self._graphs.clear()  # captured on the unwrapped model
             self.model.eval()
             self._adapters[name] = str(path)
+            self._forget_prefixes()  # a reused name must not find the old weights' KV
 
     def remove_adapter(self, name: str) -> None:
         with self._step_lock:
@@ -224,6 +165,7 @@ class Engine:
                 raise EngineError(f"adapter {name!r} is serving queued or running requests; retry when they finish")
             self.model.delete_adapter(name)
             del self._adapters[name]
+            self._forget_prefixes()
             self._graphs = {k: v for k, v in self._graphs.items() if k[2] != name}
 
     def adapters(self) -> list[str]:
@@ -232,6 +174,11 @@ class Engine:
 
     def _known_adapter(self, name: str) -> bool:
         return name in self._adapters or (self._is_peft() and name in self.model.peft_config)
+
+    def _forget_prefixes(self) -> None:
+        """Cached prefix KV is only valid for the weights that made it (prefix_cache.py)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     def _pause_begin(self) -> None:
         with self._cv:
@@ -242,6 +189,7 @@ class Engine:
     def _pause_end(self) -> None:
         with self._step_lock:
             self.model.eval()  # the trainer may have left it in train mode (dropout)
+            self._forget_prefixes()  # ... and changed an adapter's weights in place
         with self._cv:
             self._pauses -= 1
             self._cv.notify_all()
@@ -323,27 +271,11 @@ class Engine:
                 st.future.set_exception(EngineError(f"generation failed: {type(exc).__name__}: {exc}"))
 
     def _step(self) -> None:
-        admitted = self._admit()
+        admitted = admit(self)
         if admitted:
-            self._prefill(admitted)
+            prefill(self, admitted)
         if self._running:
             self._decode()
-
-    def _admit(self) -> list[_ReqState]:
-        out: list[_ReqState] = []
-        free = self.max_batch_size - len(self._running)
-        longest = 0
-        with self._cv:
-            while self._waiting:
-                st = self._waiting[0]
-                longest2 = max(longest, len(st.req.prompt_ids))
-                if st.req.n > free or (out and longest2 * (len(out) + 1) > self.max_prefill_tokens):
-                    break
-                self._waiting.popleft()
-                out.append(st)
-                free -= st.req.n
-                longest = longest2
-        return out
 
     def _adapter_names(self, seqs: list[_Seq]) -> list[str] | None:
         if not self._is_peft():
@@ -361,65 +293,6 @@ class Engine:
             out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **kwargs)
         return out.logits
 
-    def _prefill(self, states: list[_ReqState]) -> None:
-        dev = self.device
-        k = len(self._running)
-        m = len(states)
-        lens = [len(st.req.prompt_ids) for st in states]
-        P = max(lens)
-        if self.buffers.grow(P + 1):
-            self._graphs.clear()
-        trash = self.buffers.trash_col
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        ids = torch.full((m, P), pad, dtype=torch.long)
-        pos = torch.zeros((m, P), dtype=torch.long)
-        cols = torch.full((m, P), trash, dtype=torch.long)
-        real = torch.zeros((m, P), dtype=torch.bool)
-        for r, st in enumerate(states):
-            L = lens[r]
-            ids[r, P - L:] = torch.tensor(st.req.prompt_ids)
-            pos[r, P - L:] = torch.arange(L)
-            cols[r, P - L:] = torch.arange(L)
-            real[r, P - L:] = True
-        # Chunked prefill: queries [a, b) of the padded prompts per pass, so the attention scores
-        # (m x heads x chunk x P; materialised by CPU attention) stay bounded for long prompts. A
-        # query at padded index j has position <= j, so columns [0, b) hold everything it sees.
-        chunk = max(32, self.max_prefill_tokens // m)
-        names = self._adapter_names([st.seqs[0] for st in states])
-        for a in range(0, P, chunk):
-            b = min(P, a + chunk)
-            # mask[r, 0, q, c]: a real query at position p sees columns 0..p; a pad query sees
-            # column 0 only (its output is discarded, the column just keeps softmax finite).
-            col_idx = torch.arange(b)
-            mask = (col_idx[None, None, :] <= pos[:, a:b, None]) & real[:, a:b, None]
-            mask[:, :, 0] = True
-            cache = SlotCache(self.buffers, k, m, cols[:, a:b].to(dev), b)
-            logits = self._forward(ids[:, a:b].to(dev), pos[:, a:b].to(dev), mask[:, None].to(dev), cache,
-                                   names, logits_to_keep=1)[:, -1]  # [m, V]; the last chunk's is used
-        self.prefill_passes += 1
-        # Place siblings (n > 1) after the m prefill rows; copy the prompt KV to them.
-        new_seqs: list[_Seq] = []
-        for r, st in enumerate(states):
-            st.seqs[0].slot = k + r
-            new_seqs.append(st.seqs[0])
-        next_slot = k + m
-        rows_for_logits = list(range(m))
-        for r, st in enumerate(states):
-            siblings = st.seqs[1:]
-            if siblings:
-                slots = list(range(next_slot, next_slot + len(siblings)))
-                self.buffers.copy_slot(k + r, slots, lens[r])
-                for s, slot in zip(siblings, slots):
-                    s.slot = slot
-                    new_seqs.append(s)
-                    rows_for_logits.append(r)
-                next_slot += len(siblings)
-        for s, r in zip(new_seqs, range(len(new_seqs))):
-            s.length = lens[rows_for_logits[r]]
-        self._running.extend(new_seqs)
-        logits_all = logits[torch.tensor(rows_for_logits, device=dev)]
-        self._sample_and_advance(new_seqs, logits_all)
-
     def _decode(self) -> None:
         seqs = self._running
         k = len(seqs)
@@ -433,13 +306,17 @@ class Engine:
         logits = None
         if self.cuda_graphs and (names is None or len(set(names)) == 1):
             try:
-                logits = self._decode_graph(ids, pos, need, names[0] if names else None)
+                from groupwise.inference.decode_graphs import decode_with_graph
+
+                logits = decode_with_graph(self, ids, pos, need, names[0] if names else None)
             except Exception as exc:  # fail loud but keep serving: eager decode is correct, only slower
                 warnings.warn(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); decoding eagerly from now on")
                 self.cuda_graphs = False
                 self._graphs.clear()
         if logits is None:
-            length = min(-(-need // 32) * 32, self.buffers.capacity - 1)  # round up: fewer distinct shapes
+            # Round up to 8 columns: few distinct shapes, and little extra KV to read (on CPU the
+            # decode attention is bound by reading K/V: 32 extra columns cost ~20% at 32 x 100 tokens).
+            length = min(-(-need // 8) * 8, self.buffers.capacity - 1)
             mask = torch.arange(length)[None, None, None, :] <= pos[:, None, :, None]  # [k, 1, 1, length]
             cache = SlotCache(self.buffers, 0, k, pos.to(dev), length)
             logits = self._forward(ids.to(dev), pos.to(dev), mask.to(dev), cache, names)[:, -1]
@@ -447,12 +324,6 @@ class Engine:
         for s in seqs:
             s.length += 1
         self._sample_and_advance(list(seqs), logits)
-
-    # ---------------------------------------------------------------- CUDA graphs (decode_graphs.py)
-    def _decode_graph(self, ids: torch.Tensor, pos: torch.Tensor, need: int, adapter: str | None) -> torch.Tensor:
-        from groupwise.inference.decode_graphs import decode_with_graph
-
-        return decode_with_graph(self, ids, pos, need, adapter)
 
     # ---------------------------------------------------------------- sampling and finishing
     def _sample_and_advance(self, seqs: list[_Seq], logits_BV: torch.Tensor) -> None:

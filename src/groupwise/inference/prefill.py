@@ -1,0 +1,203 @@
+"""The prefill of newly admitted requests: prefix-cache hits, a warm-up pass for shared prefixes,
+the chunked padded forward over the rest, the n > 1 siblings, and each choice's first token.
+
+`admit` picks the waiting requests that fit. Steps for the m requests admitted together (the engine's running rows stay in slots 0..k-1; these
+take slots k..k+m-1, their extra choices the slots after)::
+
+    1. match   each prompt against the prefix cache (prefix_cache.py): h_r tokens found
+    2. warm    if requests of this batch share a prefix the cache lacks (the system prompt on a cold
+               cache, a GRPO group's common prompt), prefill one copy of each shared prefix first, in
+               one pass, and store it; then match again. Only when that saves >= MIN_WARM_GAIN tokens.
+    3. copy    each hit into columns [0, h_r) of its slot
+    4. forward the suffixes prompt_r[h_r:], left-padded, in chunks of queries (`run_rows`)
+    5. store   each prompt's KV in the prefix cache; copy it to the sibling slots (n > 1); sample
+
+A hit stops one token short of the prompt, so every row runs at least one query (its logits give
+the first token).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from groupwise.inference.kv_cache import SlotCache
+from groupwise.inference.prefix_cache import Hit, common_prefix
+from groupwise.inference.requests import BASE
+
+if TYPE_CHECKING:
+    from groupwise.inference.engine import Engine
+    from groupwise.inference.requests import _ReqState, _Seq
+
+__all__ = ["MIN_WARM_GAIN", "admit", "plan_warm", "prefill", "run_rows"]
+
+# A warm-up pass costs a forward's fixed overhead (~10 ms on CPU, one kernel launch train on GPU);
+# below this many saved prompt tokens a shared prefix is cheaper to recompute per row.
+MIN_WARM_GAIN = 32
+
+
+def admit(engine: "Engine") -> list["_ReqState"]:
+    """Take waiting requests, in order, while their choices fit the free slots and the padded
+    prompts fit `max_prefill_tokens` (the first always goes: a long prompt is chunked)."""
+    out: list["_ReqState"] = []
+    free = engine.max_batch_size - len(engine._running)
+    longest = 0
+    with engine._cv:
+        while engine._waiting:
+            st = engine._waiting[0]
+            longest2 = max(longest, len(st.req.prompt_ids))
+            if st.req.n > free or (out and longest2 * (len(out) + 1) > engine.max_prefill_tokens):
+                break
+            engine._waiting.popleft()
+            out.append(st)
+            free -= st.req.n
+            longest = longest2
+    return out
+
+
+def prefill(engine: "Engine", states: list["_ReqState"]) -> None:
+    """Prefill `states` into slots k.. (k = rows running), then sample each choice's first token."""
+    k, m = len(engine._running), len(states)
+    prompts = [st.req.prompt_ids for st in states]
+    adapters = [st.req.adapter or BASE for st in states]
+    lens = [len(p) for p in prompts]
+    if engine.buffers.grow(max(lens) + 1):
+        engine._graphs.clear()
+    cache = engine.prefix_cache
+    hits = [cache.match(a, p, len(p) - 1) if cache else Hit() for a, p in zip(adapters, prompts)]
+    if cache is not None:
+        plan = plan_warm(prompts, adapters, [h.length for h in hits])
+        if plan:
+            # Slots k.. are scratch until step 3 overwrites them.
+            warm = [(prompts[r], upto, hits[r]) for r, upto in plan]
+            cache.copy_into([(k + i, hit) for i, (_, _, hit) in enumerate(warm)])
+            run_rows(engine, k, [p[:upto] for p, upto, _ in warm], [h.length for _, _, h in warm],
+                     [adapters[r] for r, _ in plan], logits=False)
+            cache.insert([(adapters[r], prompts[r][:upto], k + i) for i, (r, upto) in enumerate(plan)])
+            engine.warm_passes += 1
+            hits = [cache.match(a, p, len(p) - 1) for a, p in zip(adapters, prompts)]
+        cache.copy_into([(k + r, hit) for r, hit in enumerate(hits)])
+    starts = [h.length for h in hits]
+    engine.prefix_hit_tokens += sum(starts)
+    logits = run_rows(engine, k, prompts, starts, adapters, logits=True)  # [m, V]
+    engine.prefill_passes += 1
+    if cache is not None:
+        cache.insert([(adapters[r], prompts[r], k + r) for r in range(m)])
+    _place_and_sample(engine, states, lens, logits)
+
+
+def plan_warm(prompts: list[list[int]], adapters: list[str], hit_lens: list[int]) -> list[tuple[int, int]]:
+    """Which shared prefixes to prefill once before the batch: [(row, how many of its tokens)].
+
+    Row r can reuse at most need_r tokens: the longest prefix it shares with another row of its
+    adapter, one short of its prompt; the cache gave it h_r. A picked row c prefills its tokens
+    [h_c, need_c) in the warm pass; every row r then gets min(lcp(c, r), need_c). Rows are tried by
+    decreasing need and picked while the tokens they save the others exceed what they cost,
+    by MIN_WARM_GAIN at least (a shorter common prefix, the system prompt, is usually picked once;
+    a pair sharing a few more tokens is not worth a row of its own).
+    """
+    m = len(prompts)
+    order = sorted(range(m), key=lambda r: (adapters[r], prompts[r]))
+    rank = {r: i for i, r in enumerate(order)}
+    # adj[i] = lcp of sorted rows i and i+1; lcp of sorted rows i < j = min(adj[i..j-1]).
+    adj = [common_prefix(prompts[a], prompts[b]) if adapters[a] == adapters[b] else 0 for a, b in zip(order, order[1:])]
+    need = [0] * m
+    for i, n in enumerate(adj):
+        need[order[i]], need[order[i + 1]] = max(need[order[i]], n), max(need[order[i + 1]], n)
+    need = [min(n, len(p) - 1) for n, p in zip(need, prompts)]
+    have = list(hit_lens)
+    picked: list[tuple[int, int]] = []
+    for c in sorted(range(m), key=lambda r: -need[r]):
+        if need[c] <= have[c]:
+            continue
+        shared = _lcps_from(rank[c], adj, order)  # row -> lcp with c (the others: 0)
+        gains = {r: min(n, need[c]) - have[r] for r, n in shared.items() if min(n, need[c]) > have[r]}
+        if sum(gains.values()) >= MIN_WARM_GAIN:  # c's own tokens are both computed and saved: net 0
+            picked.append((c, need[c]))
+            have[c] = need[c]
+            for r, g in gains.items():
+                have[r] += g
+    return picked
+
+
+def _lcps_from(i: int, adj: list[int], order: list[int]) -> dict[int, int]:
+    """lcp of sorted row i with each other row sharing at least one token: running minima of adj."""
+    out: dict[int, int] = {}
+    for step in (-1, 1):
+        run, j = 1 << 62, i
+        while 0 <= j + step < len(order):
+            run = min(run, adj[min(j, j + step)])
+            if run == 0:
+                break
+            j += step
+            out[order[j]] = run
+    return out
+
+
+def run_rows(engine: "Engine", s0: int, tokens: list[list[int]], starts: list[int], adapters: list[str],
+             logits: bool) -> torch.Tensor | None:
+    """Prefill tokens[r][starts[r]:] into slot s0 + r, whose columns [0, starts[r]) already hold the
+    KV of the tokens before. Returns the last position's logits [rows, V] when asked."""
+    dev = engine.device
+    m = len(tokens)
+    sizes = [len(t) - s for t, s in zip(tokens, starts)]
+    P = max(sizes)
+    trash = engine.buffers.trash_col
+    pad = engine.tokenizer.pad_token_id if engine.tokenizer.pad_token_id is not None else 0
+    ids = torch.full((m, P), pad, dtype=torch.long)
+    pos = torch.zeros((m, P), dtype=torch.long)
+    cols = torch.full((m, P), trash, dtype=torch.long)
+    real = torch.zeros((m, P), dtype=torch.bool)
+    for r, (t, s) in enumerate(zip(tokens, starts)):
+        n = sizes[r]
+        ids[r, P - n :] = torch.tensor(t[s:])
+        pos[r, P - n :] = torch.arange(s, len(t))
+        cols[r, P - n :] = pos[r, P - n :]
+        real[r, P - n :] = True
+    engine.prefill_tokens += sum(sizes)
+    # Chunks of queries [a, b) of the padded suffixes, so the attention scores (m x heads x chunk x
+    # columns; materialised by CPU attention) stay bounded for long prompts.
+    chunk = max(32, engine.max_prefill_tokens // m)
+    names = adapters if engine._is_peft() else None
+    out = None
+    for a in range(0, P, chunk):
+        b = min(P, a + chunk)
+        length = int(pos[:, a:b].max()) + 1  # columns any query of this chunk may see
+        # mask[r, 0, q, c]: a real query at position p sees columns 0..p; a pad query sees column 0
+        # only (its output is discarded, the column just keeps softmax finite).
+        col_idx = torch.arange(length)
+        mask = (col_idx[None, None, :] <= pos[:, a:b, None]) & real[:, a:b, None]
+        mask[:, :, 0] = True
+        cache = SlotCache(engine.buffers, s0, m, cols[:, a:b].to(dev), length)
+        out = engine._forward(ids[:, a:b].to(dev), pos[:, a:b].to(dev), mask[:, None].to(dev), cache, names,
+                              logits_to_keep=1)
+    return out[:, -1] if logits else None  # the last chunk holds every row's last token (left padding)
+
+
+def _place_and_sample(engine: "Engine", states: list["_ReqState"], lens: list[int], logits_mV: torch.Tensor) -> None:
+    """Choice 0 of request r runs in slot k + r; the other choices (n > 1) in the slots after the m
+    prefill rows, with the prompt's KV copied to them. Then every choice samples its first token."""
+    k, m = len(engine._running), len(states)
+    new_seqs: list["_Seq"] = []
+    rows: list[int] = []
+    for r, st in enumerate(states):
+        st.seqs[0].slot = k + r
+        new_seqs.append(st.seqs[0])
+        rows.append(r)
+    next_slot = k + m
+    for r, st in enumerate(states):
+        siblings = st.seqs[1:]
+        if siblings:
+            slots = list(range(next_slot, next_slot + len(siblings)))
+            engine.buffers.copy_slot(k + r, slots, lens[r])
+            for s, slot in zip(siblings, slots):
+                s.slot = slot
+                new_seqs.append(s)
+                rows.append(r)
+            next_slot += len(siblings)
+    for s, r in zip(new_seqs, rows):
+        s.length = lens[r]
+    engine._running.extend(new_seqs)
+    engine._sample_and_advance(new_seqs, logits_mV[torch.tensor(rows, device=logits_mV.device)])
+

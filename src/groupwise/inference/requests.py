@@ -1,0 +1,86 @@
+"""What the engine takes and gives: a request, its result, and the engine's per-sequence state.
+
+Re-exported by engine.py (``from groupwise.inference.engine import GenerationRequest`` is the public
+path); they live here so that engine.py holds the batching loop only.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from groupwise.inference.sampling import SamplingParams
+
+__all__ = ["BASE", "Completion", "EngineError", "GenerationRequest", "GenerationResult", "PromptTooLongError"]
+
+BASE = "__base__"  # the adapter name of the base model in peft's mixed-batch ``adapter_names``
+
+
+class EngineError(RuntimeError):
+    """The engine cannot run a request (closed, bad adapter, ...)."""
+
+
+class PromptTooLongError(EngineError, ValueError):
+    """The prompt does not fit the model's context."""
+
+
+@dataclass
+class GenerationRequest:
+    """One request: a tokenised prompt and how to sample it. `adapter` None means the base model."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n: int = 1
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    adapter: str | None = None
+    # A factory of grammar matchers (constrained.py), one per choice; None = unconstrained.
+    constraint: Any = None
+    # Called from the engine thread for each sampled token: (choice_index, token_id, logprob, finish_reason|None).
+    on_token: Callable[[int, int, float, str | None], None] | None = None
+
+
+@dataclass
+class Completion:
+    """One choice: the sampled ids (EOS included when sampled), their raw logprobs, the text."""
+
+    index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+    text: str
+    finish_reason: str  # "stop" or "length"
+
+
+@dataclass
+class GenerationResult:
+    completions: list[Completion]
+    prompt_tokens: int
+    adapter: str | None
+
+
+@dataclass
+class _Seq:
+    req: GenerationRequest
+    state: "_ReqState"
+    index: int
+    slot: int = -1
+    length: int = 0  # KV columns filled
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    tops: list[list[tuple[int, float]]] = field(default_factory=list)
+    seed: int | None = None
+    matcher: Any = None
+    finish_reason: str | None = None
+    text_cut: int | None = None  # stop string found: text is cut here
+
+
+@dataclass
+class _ReqState:
+    req: GenerationRequest
+    future: concurrent.futures.Future
+    max_new: int
+    seqs: list[_Seq] = field(default_factory=list)
