@@ -5,12 +5,18 @@ seeded permutation of the input, over the n rotations every trajectory is shown 
 exactly once. A position-blind judge gives each trajectory the same score in every rotation; the
 spread (max - min over rotations) of each trajectory's score measures how much the position moved it.
 
-Reported for passes=1, passes=2 and passes=n. With passes=n each call already shows every trajectory
-at every position once (the n rotations of pass_orders); what spread remains then comes from the
-order of the other trajectories around it, which still differs between input rotations. Also reported: the mean Spearman correlation
-between passes (judge/pass_spearman) and each trajectory's mean score (does the ranking make sense?).
+The group: "What is the capital of France?" with three right, concise answers and three plainly
+wrong or off-topic ones, so quality really differs and is easy to see. Reported per `passes` value
+(default 1 and 2): each trajectory's spread, its mean score over rotations, the mean Spearman rank
+correlation between passes (judge/pass_spearman; "-" when a pass scored everything alike), the
+right-answer vs wrong-answer mean, how often a right answer out-scored a wrong one (over all
+(right, wrong) pairs in all rotations), and the pass-0 score by shown position (position bias
+proper: a position-blind judge gives the same mean at every position).
 
-Run:  python bench/judge_position_bias.py [--judge local/smollm2-135m] [--passes 1,2,4]
+With passes=n each call already shows every trajectory at every position once (the n rotations of
+pass_orders); what spread remains then comes from the order of the others around it.
+
+Run:  python bench/judge_position_bias.py [--judge local/smollm2-135m] [--passes 1,2] [--temperature 1]
 """
 
 from __future__ import annotations
@@ -24,19 +30,23 @@ from groupwise.judge import ruler_detailed
 from groupwise.judge.reconcile import pass_orders
 
 TASK = [
-    {"role": "system", "content": "You are a careful math tutor. Answer with the final number and one line of reasoning."},
-    {"role": "user", "content": "A shop sells pens at 3 dollars each. Ana buys 4 pens and pays with a 20 dollar bill. How much change does she get?"},
+    {"role": "system", "content": "Answer the question in a few words."},
+    {"role": "user", "content": "What is the capital of France?"},
 ]
+# (answer, correct): a question even a 135M model knows, three right and concise answers, three plainly
+# wrong or off-topic ones, interleaved so that input order says nothing about quality.
 ANSWERS = [
-    "4 pens cost 4 x 3 = 12 dollars, so the change is 20 - 12 = 8 dollars. Answer: 8",
-    "The change is 20 - 3 = 17 dollars. Answer: 17",
-    "Pens are nice. I like blue pens the most.",
-    "4 x 3 = 12; 20 - 12 = 8. But maybe tax applies, so roughly 7 or 8 dollars. Answer: 8",
+    ("Paris.", True),
+    ("The capital of France is Berlin.", False),
+    ("The capital of France is Paris.", True),
+    ("I like turtles.", False),
+    ("Paris is the capital of France.", True),
+    ("Madrid.", False),
 ]
 
 
 def group() -> list[list[dict]]:
-    return [[*TASK, {"role": "assistant", "content": a}] for a in ANSWERS]
+    return [[*TASK, {"role": "assistant", "content": a}] for a, _ in ANSWERS]
 
 
 async def measure(judge: str, passes: int, n: int, **options) -> dict:
@@ -64,27 +74,51 @@ async def measure(judge: str, passes: int, n: int, **options) -> dict:
             "seconds": time.monotonic() - t0}
 
 
+def pair_order(scores: list[float], n: int) -> tuple[int, int, int]:
+    """(right, tied, wrong) over the (correct, wrong-answer) pairs: does a correct answer out-score a wrong one?"""
+    good = [scores[i] for i in range(n) if ANSWERS[i][1]]
+    bad = [scores[i] for i in range(n) if not ANSWERS[i][1]]
+    pairs = [(g, b) for g in good for b in bad]
+    return sum(g > b for g, b in pairs), sum(g == b for g, b in pairs), sum(g < b for g, b in pairs)
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--judge", default="local/smollm2-135m")
-    ap.add_argument("--passes", default="1,2,4")
-    ap.add_argument("-n", type=int, default=4, help="trajectories in the group (at most 4)")
-    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--passes", default="1,2")
+    ap.add_argument("-n", type=int, default=len(ANSWERS), help=f"trajectories in the group (at most {len(ANSWERS)})")
+    ap.add_argument("--temperature", type=float, default=None,
+                    help="sampling temperature; default none sent (local judges then decode greedily)")
+    ap.add_argument("--base-url", default=None, help="an OpenAI-compatible judge endpoint (then --judge is its model name)")
     args = ap.parse_args()
-    print(f"judge {args.judge}; {args.n} trajectories; every rotation of the shown order; temperature {args.temperature}")
-    for i, a in enumerate(ANSWERS[: args.n]):
-        print(f"  t{i}: {a}")
-    print(f"{'passes':>6} | {'spread per trajectory (max-min over rotations)':<48} | {'mean spread':>11} | {'pass rho':>8} | mean score per trajectory | seconds")
+    options = {k: v for k, v in (("temperature", args.temperature), ("base_url", args.base_url)) if v is not None}
+    n = args.n
+    print(f"judge {args.judge}; {n} trajectories; every rotation of the shown order; temperature {args.temperature or 'default'}")
+    for i, (a, ok) in enumerate(ANSWERS[:n]):
+        print(f"  t{i} ({'right' if ok else 'WRONG'}): {a}")
+    print()
+    print("| passes | spread t0..t" + str(n - 1) + " | mean spread | pass rho | mean score t0..t" + str(n - 1)
+          + " | right / wrong mean | pairs right>wrong (won/tied/lost, all rotations) | seconds |")
+    print("|---|---|---|---|---|---|---|---|")
+    details = []
     for k in (int(x) for x in args.passes.split(",")):
-        m = await measure(args.judge, k, args.n, temperature=args.temperature)
-        spreads = " ".join(f"{s:.2f}" for s in m["spreads"])
+        m = await measure(args.judge, k, n, **options)
+        good = statistics.fmean(m["means"][i] for i in range(n) if ANSWERS[i][1])
+        bad = statistics.fmean(m["means"][i] for i in range(n) if not ANSWERS[i][1])
+        won = tied = lost = 0
+        for row in m["rotations"]:
+            w, t, lo = pair_order(row, n)
+            won, tied, lost = won + w, tied + t, lost + lo
         rho = "-" if m["rho"] is None else f"{m['rho']:.2f}"
-        means = " ".join(f"{s:.2f}" for s in m["means"])
-        print(f"{k:>6} | {spreads:<48} | {statistics.fmean(m['spreads']):>11.3f} | {rho:>8} | {means:<25} | {m['seconds']:.0f}")
+        print(f"| {k} | {' '.join(f'{s:.2f}' for s in m['spreads'])} | {statistics.fmean(m['spreads']):.3f} | {rho} | "
+              f"{' '.join(f'{s:.2f}' for s in m['means'])} | {good:.2f} / {bad:.2f} | {won}/{tied}/{lost} | {m['seconds']:.0f} |",
+              flush=True)
+        details.append((k, m))
+    for k, m in details:
+        print(f"\npasses={k}:")
         for r, row in enumerate(m["rotations"]):
-            print(f"{'':>6}   rotation {r}: scores of t0..t{args.n - 1} = " + " ".join(f"{x:.2f}" for x in row))
-        print(f"{'':>6}   pass-0 score by shown position 1..{args.n} (mean over rotations): "
-              + " ".join(f"{x:.2f}" for x in m["by_position"]))
+            print(f"  rotation {r}: scores of t0..t{n - 1} = " + " ".join(f"{x:.2f}" for x in row))
+        print(f"  pass-0 score by shown position 1..{n} (mean over rotations): " + " ".join(f"{x:.2f}" for x in m["by_position"]))
 
 
 if __name__ == "__main__":
