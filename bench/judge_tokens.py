@@ -223,8 +223,8 @@ def main() -> None:
     print()
     print("Realistic: 8 scripted rollouts of one real email-search question (real inbox, real tools)")
     print("S = judge prompt + task context + tools (sent once by a group call); answers r/w/i = right/wrong/I don't know")
-    print(f"| question | seed | tool turns | answers r/w/i | long outputs (distinct) | S | pointwise x8 | group, prefix once | "
-          f"+ shared outputs | + continuations | pointwise / prefix once | pointwise / + shared outputs |")
+    print("| question | seed | tool turns | answers r/w/i | long outputs (distinct) | S | pointwise x8 | group, prefix once | "
+          "+ shared outputs | + continuations | pointwise / prefix once | pointwise / + shared outputs |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     ratios = []
     for qid in QUESTION_IDS:
@@ -243,7 +243,7 @@ def main() -> None:
           f"prefix once alone: mean {sum(r[0] for r in ratios) / len(ratios):.2f}x")
     print()
     print("Worst case, nothing shared: synthetic trajectories whose every tool result is random and distinct")
-    print(f"| tool turns | inbox rows in the task | S | pointwise x8 | group, prefix once | + shared outputs | pointwise / + shared outputs |")
+    print("| tool turns | inbox rows in the task | S | pointwise x8 | group, prefix once | + shared outputs | pointwise / + shared outputs |")
     print("|---|---|---|---|---|---|---|")
     for turns, n_emails in [(1, 0), (3, 0), (5, 0), (3, 40)]:
         rng = random.Random(0)

@@ -18,8 +18,8 @@ Everything the group repeats is sent once, at three grains: whole leading messag
 prefix, always), long contents anywhere (shared outputs, on by default), and optionally whole leading
 turns of the remainders (``share_continuations``, off by default). Nothing is lost: what each
 trajectory saw is still exact, only where the bytes are written changes. Tool-call ids are renamed
-``c1``, ``c2``, ... per trajectory (the provider's random ``call_8f3a...`` ids cost ~15 tokens each,
-twice per tool turn, and made identical turns of two rollouts differ).
+``c1``, ``c2``, ... per trajectory (a server's random ``call_`` + 24 hex id costs ~24 tokens more than
+``c1``, twice per tool turn, and made identical turns of two rollouts differ).
 
 Ids are "1".."n" in the order shown; the caller keeps the id -> trajectory map and maps scores back
 by id (never by position in the answer).
