@@ -158,3 +158,31 @@ async def test_ruler_sends_shared_outputs_by_default_and_maps_scores(judge_serve
     user = judge_server.requests[1]["messages"][1]["content"]
     assert "<shared_outputs>" not in user and user.count(EMAIL) == 3
     assert expand(judge_server.requests[0]["messages"][1]["content"]).count(EMAIL) == 3
+
+
+def test_lossless_on_a_group_from_the_real_email_env():
+    """Three rollouts of one real question, tool results from the real tools: each distinct long
+    result written once, and expanding the references gives back the full request."""
+    from groupwise.envs.email_search import tools as T
+    from groupwise.envs.email_search.inbox import default_database, generate_corpus
+    from groupwise.envs.email_search.questions import questions_from_corpus
+
+    db = str(default_database(0))
+    q = questions_from_corpus(generate_corpus(0))[0]
+    task = [{"role": "system", "content": f"You are an email assistant for {q.inbox}."}, {"role": "user", "content": q.question}]
+    hits = json.dumps(T.search_emails(db, q.inbox, list(q.keywords)), ensure_ascii=False)
+    wide = json.dumps(T.search_emails(db, q.inbox, [q.keywords[0]]), ensure_ascii=False)
+    source = json.dumps(T.read_email(db, q.inbox, q.source_id), ensure_ascii=False)
+    assert min(len(hits), len(wide), len(source)) >= 200 and len({hits, wide, source}) == 3
+    lists = [
+        [*task, *turn("call_a1", "search_emails", {"keywords": list(q.keywords)}, hits),
+         *turn("call_a2", "read_email", {"message_id": q.source_id}, source), {"role": "assistant", "content": q.answer}],
+        [*task, *turn("call_b1", "search_emails", {"keywords": [q.keywords[0]]}, wide),
+         *turn("call_b2", "search_emails", {"keywords": list(q.keywords)}, hits),
+         *turn("call_b3", "read_email", {"message_id": q.source_id}, source), {"role": "assistant", "content": q.answer}],
+        [*task, *turn("call_c1", "search_emails", {"keywords": [q.keywords[0]]}, wide), {"role": "assistant", "content": "I don't know"}],
+    ]
+    full, shared = render(lists), render(lists, share_outputs=True)
+    assert (full.count(hits), full.count(wide), full.count(source)) == (2, 2, 2)
+    assert (shared.count(hits), shared.count(wide), shared.count(source)) == (1, 1, 1)
+    assert expand(shared) == full and len(shared) < len(full) - len(hits) - len(wide) - len(source) + 400
