@@ -93,22 +93,34 @@ def head_logprobs(lm_head: torch.nn.Module, hidden_NH: torch.Tensor, targets_N: 
 
 
 def token_logprobs(
-    model: Any, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor, mask_BT: torch.Tensor, *, chunk_size: int
+    model: Any,
+    input_ids_BT: torch.Tensor,
+    attention_BT: torch.Tensor | None,
+    mask_BT: torch.Tensor,
+    *,
+    chunk_size: int,
+    target_index_N: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """log pi(token t | tokens < t) at every position where mask_BT is set, 0 elsewhere.   # [B, T]
 
     `model` is a peft model or a plain causal LM; the adapter (if any) applies as currently set.
     Only the decoder runs on all positions; the LM head and log-softmax run on masked positions only.
+    attention_BT None means right padding (trainer._collate says why no mask is needed then).
+    target_index_N: the flat [B*T] indices of mask_BT's set positions, in order, when the caller
+    has them (computing them here is a device sync on CUDA).
     """
+    B, T = input_ids_BT.shape
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     decoder = base.get_decoder() if hasattr(base, "get_decoder") else base.model
     lm_head = base.get_output_embeddings()
     hidden_BTH = decoder(input_ids=input_ids_BT, attention_mask=attention_BT).last_hidden_state
-    # Position t-1 predicts token t: select the predecessors of the trained tokens.
-    target_mask_BT = mask_BT[:, 1:]  # [B, T-1]
-    hidden_NH = hidden_BTH[:, :-1][target_mask_BT]  # [N, H]
-    targets_N = input_ids_BT[:, 1:][target_mask_BT]  # [N]
+    if target_index_N is None:
+        mask_BT = mask_BT.clone()
+        mask_BT[:, 0] = False  # token 0 has no predecessor
+        target_index_N = mask_BT.reshape(-1).nonzero().squeeze(1)
+    # Position t-1 predicts token t; t >= 1 within its row, so the predecessor is index - 1.
+    hidden_NH = hidden_BTH.reshape(B * T, -1).index_select(0, target_index_N - 1)  # [N, H]
+    targets_N = input_ids_BT.reshape(-1).index_select(0, target_index_N)  # [N]
     logprobs_N = head_logprobs(lm_head, hidden_NH, targets_N, chunk_size)
-    zeros_BT = torch.zeros(input_ids_BT.shape, dtype=logprobs_N.dtype, device=input_ids_BT.device)
-    tail_BT = zeros_BT[:, 1:].masked_scatter(target_mask_BT, logprobs_N)  # [B, T-1]
-    return torch.cat([zeros_BT[:, :1], tail_BT], dim=1)
+    zeros_BT = torch.zeros(B * T, dtype=logprobs_N.dtype, device=input_ids_BT.device)
+    return zeros_BT.index_copy(0, target_index_N, logprobs_N).view(B, T)
