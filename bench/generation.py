@@ -4,6 +4,12 @@ CPU (default): SmolLM2-135M fp32 on the packaged weights::
 
     python bench/generation.py                       # 32 requests x 64 tokens + 18 multi-turn rollouts
     python bench/generation.py --requests 32 --tokens 64 --no-rollouts
+    python bench/generation.py --threads 1 --no-rollouts   # on a CPU other jobs share (see below)
+
+Each size runs `--repeats` (2) timed pairs, engine then padded-batch `generate`, alternated, so a load
+change hits both sides of a ratio; each engine run starts with an empty prefix cache. On a machine
+whose cores other jobs use, pass `--threads 1`: with 2 threads on 2 busy cores OpenMP threads wait on
+each other and a decode step swings from 0.2 s to 1.5 s between runs.
 
 GPU (the lead runs this on an H100/H200)::
 
@@ -40,6 +46,10 @@ TOPICS = ["the sea", "a cat", "databases", "the moon", "bread", "chess", "rain",
 
 BANDWIDTH_TBS = {"H100": 3.35, "H200": 4.8, "A100": 2.0}
 
+# tok/s of the last timed run per second of this process's CPU time (all threads). On a CPU that other
+# jobs share, wall time includes the time slices they took; CPU time does not (caches are still shared).
+LAST_CPU_TOKS = [0.0]
+
 
 def build_model(arch: str, device: torch.device, dtype: torch.dtype):
     if arch == "smollm2-135m":
@@ -75,11 +85,12 @@ def run_engine(engine: Engine, prompts, tokens: int) -> float:
                                                   sampling=SamplingParams(seed=i))) for i, p in enumerate(prompts)]
         return await asyncio.gather(*reqs)
 
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     results = asyncio.run(go())
     sync(engine.device)
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, time.process_time() - cpu
     assert all(len(r.completions[0].token_ids) == tokens for r in results)
+    LAST_CPU_TOKS[0] = len(prompts) * tokens / cpu
     return len(prompts) * tokens / wall
 
 
@@ -89,13 +100,14 @@ def run_generate(model, tok, prompts, tokens: int, **kwargs) -> float:
     pad = tok.pad_token_id
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
                              do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=pad, **kwargs)
     sync(device)
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, time.process_time() - cpu
     assert out.shape[1] - width == tokens
+    LAST_CPU_TOKS[0] = len(prompts) * tokens / cpu
     return len(prompts) * tokens / wall
 
 
@@ -112,24 +124,34 @@ def bench_sizes(args, model, tok, device):
         prompts = make_prompts(tok, k)
         engine = Engine(model, tok, max_batch_size=max(k, 1), max_new_tokens_default=args.tokens,
                         cuda_graphs=False if args.no_cuda_graphs else None,
-                        initial_capacity=max(len(p) for p in prompts) + args.tokens + 8)
+                        initial_capacity=max(len(p) for p in prompts) + args.tokens + 8,
+                        prefix_cache_tokens=0 if args.no_prefix_cache else 4096)
+        seq_n = min(k, args.sequential_subset)
         try:
             run_engine(engine, prompts[: min(k, 4)], 4)  # warm-up (on CUDA: captures a few graphs)
             if device.type == "cuda":
                 run_engine(engine, prompts, args.tokens)  # capture every bucket this size meets
-            eng = run_engine(engine, prompts, args.tokens)
+            run_generate(model, tok, prompts[:1], 2)  # warm-up
+            seq = run_sequential(model, tok, prompts[:seq_n], args.tokens)
+            # Engine and padded-batch generate alternate, so a change of load on a shared machine
+            # hits both sides of a ratio alike.
+            for _ in range(args.repeats):
+                engine._forget_prefixes()  # every timed run starts cold: no prompt of an earlier run is cached
+                before = (engine.prefill_tokens, engine.prefix_hit_tokens, engine.warm_passes)
+                eng = run_engine(engine, prompts, args.tokens)
+                eng_cpu = LAST_CPU_TOKS[0]
+                stats = [now - b for now, b in zip((engine.prefill_tokens, engine.prefix_hit_tokens, engine.warm_passes), before)]
+                batch = run_generate(model, tok, prompts, args.tokens)
+                row = {"requests": k, "engine": eng, "sequential": seq, "batch": batch, "prefill": stats}
+                if device.type == "cpu":
+                    row["cpu"] = (eng_cpu, LAST_CPU_TOKS[0])
+                if device.type == "cuda" and not args.no_static:
+                    run_generate(model, tok, prompts, args.tokens, cache_implementation="static")  # compile + warm-up
+                    row["static"] = run_generate(model, tok, prompts, args.tokens, cache_implementation="static")
+                rows.append(row)
+                print_row(row, args, model, device, seq_n)
         finally:
             engine.close()
-        seq_n = min(k, args.sequential_subset)
-        run_generate(model, tok, prompts[:1], 2)  # warm-up
-        seq = run_sequential(model, tok, prompts[:seq_n], args.tokens)
-        batch = run_generate(model, tok, prompts, args.tokens)
-        row = {"requests": k, "engine": eng, "sequential": seq, "batch": batch}
-        if device.type == "cuda" and not args.no_static:
-            run_generate(model, tok, prompts, args.tokens, cache_implementation="static")  # compile + warm-up
-            row["static"] = run_generate(model, tok, prompts, args.tokens, cache_implementation="static")
-        rows.append(row)
-        print_row(row, args, model, device, seq_n)
     return rows
 
 
@@ -137,6 +159,11 @@ def print_row(row, args, model, device, seq_n):
     line = (f"{row['requests']:>4} req x {args.tokens} tok | engine {row['engine']:9.1f} tok/s | "
             f"generate 1-at-a-time {row['sequential']:8.1f} (on {seq_n}) | generate batch {row['batch']:9.1f} | "
             f"engine/batch {row['engine'] / row['batch']:5.2f}x | engine/1-at-a-time {row['engine'] / row['sequential']:6.2f}x")
+    if "cpu" in row:
+        e, b = row["cpu"]
+        line += f" | per CPU-second: engine {e:7.1f} batch {b:7.1f} = {e / b:5.2f}x"
+    run, hit, warm = row["prefill"]
+    line += f" | engine prompt tokens run {run}, from the prefix cache {hit} ({warm} warm pass)"
     if "static" in row:
         line += f" | static-cache compiled {row['static']:9.1f} | engine/static {row['engine'] / row['static']:5.2f}x"
     if device.type == "cuda":
@@ -209,6 +236,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bandwidth-tbs", type=float, default=None, help="memory bandwidth in TB/s (default: by GPU name)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly on CUDA (to isolate graph issues)")
+    ap.add_argument("--no-prefix-cache", action="store_true", help="engine without its prefix cache (prefix_cache.py)")
+    ap.add_argument("--repeats", type=int, default=2, help="timed engine / generate-batch pairs per size, alternated")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -8,10 +8,10 @@ distribution actually sampled from (tempered, truncated, masked) is a sampling d
 policy being trained.
 
 Sampling is by inverse CDF: one uniform u per row, token = first index where cumsum(p) >= u.
-The CDF is walked in two levels (`inverse_cdf`): fp64 masses of blocks of 256 tokens, then the
-cumsum inside the one block u falls in; a full fp64 cumsum over V (49k-150k) terms cost more than
-the rest of sampling together (~6 ms of a ~200 ms CPU decode step at 32 rows), and picks the same
-token except when u lands within rounding (~1e-16) of a boundary. A seeded sequence's u is a hash of (seed, token index) (`seeded_uniform`), so its sample does not
+The CDF is walked in two levels (`inverse_cdf`): masses of blocks of 256 tokens, then the cumsum
+inside the one block u falls in; a full fp64 cumsum over V (49k-150k) terms cost more than the rest
+of sampling together (~6 ms of a ~200 ms CPU decode step at 32 rows). Same distribution; the token
+differs from the long cumsum's only when u lands within fp32 rounding of a boundary. A seeded sequence's u is a hash of (seed, token index) (`seeded_uniform`), so its sample does not
 depend on which other requests share the batch, and all rows are drawn in a few vectorised ops
 (no per-row generator call, which would be a kernel launch each on CUDA, and no [B, V] noise).
 Unseeded rows take u from the engine's generator.
@@ -139,26 +139,29 @@ def sample_next(
 
 
 def inverse_cdf(probs_BV: torch.Tensor, u_B: torch.Tensor, block: int = 256) -> torch.Tensor:
-    """Per row, the first token where the CDF reaches u x (total mass): [B] token ids.
+    """Per row, a token drawn from probs by one uniform u: [B] token ids.
 
-    Two levels (module doc): fp64 block masses, their cumsum, the block holding the target, then the
-    fp64 cumsum inside that block only. Zero-probability tokens (masked, top-p'd) sit on flat steps
-    of both CDFs, so they are never chosen; if rounding carries the target past the chosen block's
-    own sum, the block's last token of nonzero probability is taken.
+    Two levels (module doc): the block where the CDF of block masses reaches u x total, then the
+    token where the CDF inside that block reaches the same fraction of the block's mass. That is
+    exactly inverse-CDF sampling (P(block) = mass / total, then P(token | block) = p / mass); only
+    the rounding differs from one long cumsum (block masses are fp32 sums of 256 terms: relative
+    1e-7, the size of fp32's own error on p; converting all of probs to fp64 first cost 5 ms a step).
+    Zero-probability tokens sit on flat steps of both CDFs and are never chosen.
     """
     B, V = probs_BV.shape
     nb = -(-V // block)
     if nb * block != V:
         probs_BV = torch.nn.functional.pad(probs_BV, (0, nb * block - V))
     blocks = probs_BV.view(B, nb, block)
-    cdf_blocks = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # [B, nb]
-    target = u_B * cdf_blocks[:, -1]  # [B]; u in (0, 1), so 0 < target < total
-    j = torch.searchsorted(cdf_blocks, target[:, None]).clamp_(max=nb - 1)  # [B, 1]
-    before = torch.where(j > 0, cdf_blocks.gather(1, (j - 1).clamp(min=0)), torch.zeros_like(target[:, None]))
+    mass = blocks.sum(-1)  # [B, nb]
+    cdf_blocks = mass.double().cumsum(-1)
+    target = u_B[:, None] * cdf_blocks[:, -1:]  # [B, 1]; u in (0, 1), so 0 < target < total
+    j = torch.searchsorted(cdf_blocks, target).clamp_(max=nb - 1)  # [B, 1]: cdf[j-1] < target <= cdf[j]
+    before = torch.where(j > 0, cdf_blocks.gather(1, (j - 1).clamp(min=0)), torch.zeros_like(target))
+    frac = ((target - before) / mass.gather(1, j).double()).clamp_(max=1.0)  # (0, 1]: where inside the block
     inside = blocks.gather(1, j[:, :, None].expand(B, 1, block))[:, 0]  # [B, block]
     cdf_inside = inside.double().cumsum(-1)
-    i = torch.searchsorted(cdf_inside, target[:, None] - before)  # [B, 1]
+    i = torch.searchsorted(cdf_inside, frac * cdf_inside[:, -1:])  # [B, 1]
     ar = torch.arange(block, device=probs_BV.device)
-    last_nonzero = torch.where(inside > 0, ar, -1).amax(-1, keepdim=True)
-    i = torch.minimum(i, last_nonzero)
+    i = torch.minimum(i, torch.where(inside > 0, ar, -1).amax(-1, keepdim=True))  # rounding past the end
     return (j * block + i)[:, 0]
