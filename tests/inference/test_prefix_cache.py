@@ -167,3 +167,16 @@ def test_inverse_cdf_matches_the_full_cumsum_and_skips_zero_probabilities(V):
     two_level = inverse_cdf(probs, u)
     assert torch.equal(two_level, full)
     assert (probs.gather(1, two_level[:, None]) > 0).all()
+
+
+def test_sampling_without_the_full_log_softmax_gives_the_same_tokens_and_logprobs():
+    from groupwise.inference.sampling import sample_next
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(16, 49152, generator=g) * 4
+    params = [SamplingParams(seed=s) for s in range(16)]
+    fast = sample_next(logits, params, list(range(16)), [5] * 16, want_raw_BV=False)
+    full = sample_next(logits, params, list(range(16)), [5] * 16, want_raw_BV=True)
+    assert fast[2] is None and torch.equal(fast[0], full[0])
+    ref = torch.log_softmax(logits, -1).gather(1, fast[0][:, None])[:, 0]
+    assert (fast[1] - ref).abs().max() < 1e-5 and (full[1] - ref).abs().max() < 1e-6

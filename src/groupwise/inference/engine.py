@@ -332,11 +332,11 @@ class Engine:
             from groupwise.inference.constrained import allowed_mask
 
             allowed = allowed_mask([s.matcher for s in seqs], logits_BV.shape[-1], logits_BV.device)
+        tops_needed = max(s.req.sampling.top_logprobs for s in seqs)
         tokens_B, logprobs_B, raw_BV = sample_next(
             logits_BV, [s.req.sampling for s in seqs], [s.seed for s in seqs], [len(s.tokens) for s in seqs], allowed,
-            self._default_generator,
+            self._default_generator, want_raw_BV=tops_needed > 0,
         )
-        tops_needed = max(s.req.sampling.top_logprobs for s in seqs)
         top_vals = top_ids = None
         if tops_needed:
             top_vals, top_ids = torch.topk(raw_BV, tops_needed, dim=-1)

@@ -82,14 +82,26 @@ def sample_next(
     steps: list[int],  # per row: index of the token being sampled (0 for the first)
     allowed_mask_BV: torch.Tensor | None = None,  # [B, V] bool, True = allowed (grammar), or None
     default_generator: torch.Generator | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sample one token per row. Returns (token_ids_B, raw_logprobs_B, raw_logprobs_BV).
+    want_raw_BV: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Sample one token per row. Returns (token_ids_B, raw_logprobs_B, raw_logprobs_BV or None).
 
     raw_logprobs is log_softmax(logits) in fp32, untouched by temperature/top-p/mask (module doc).
+    Without `want_raw_BV` (no top_logprobs asked) and when every row samples the model's own
+    distribution, the [B, V] log-softmax is never built: probs = softmax(logits), and
+    log_softmax at the token = logit - lse with lse = max logit - log(max prob) (max prob >= 1/V,
+    so its log is exact to fp32 rounding), which saves two passes over [B, V] a step.
     """
     logits = logits_BV.float()
-    raw_logprobs_BV = torch.log_softmax(logits, dim=-1)  # [B, V]
     B = logits.shape[0]
+    plain = allowed_mask_BV is None and all(p.temperature == 1.0 and p.top_p >= 1.0 for p in params)
+    if plain and not want_raw_BV:
+        probs_BV = torch.softmax(logits, dim=-1)
+        u = _uniforms(list(range(B)), seeds, steps, logits.device, default_generator)
+        tokens_B = inverse_cdf(probs_BV, u)
+        lse_B = logits.amax(-1) - probs_BV.amax(-1).log()
+        return tokens_B, logits.gather(1, tokens_B[:, None])[:, 0] - lse_B, None
+    raw_logprobs_BV = torch.log_softmax(logits, dim=-1)  # [B, V]
     work = logits
     if allowed_mask_BV is not None:
         work = work.masked_fill(~allowed_mask_BV, float("-inf"))
@@ -109,8 +121,8 @@ def sample_next(
         idx = None if whole else torch.tensor(sampled_rows, device=dev)
         plain = allowed_mask_BV is None and all(params[i].temperature == 1.0 and params[i].top_p >= 1.0
                                                   for i in sampled_rows)
-        if plain:  # the distribution is the model's own: its probabilities are exp(raw logprobs)
-            probs = (raw_logprobs_BV if whole else raw_logprobs_BV[idx]).exp()  # [b, V]
+        if plain:  # the model's own distribution, computed as in the fast path above (same tokens)
+            probs = torch.softmax(logits if whole else logits[idx], dim=-1)  # [b, V]
         else:
             temps = torch.tensor([params[i].temperature for i in sampled_rows], dtype=torch.float32, device=dev)
             scaled = (work if whole else work[idx]) / temps[:, None]
@@ -118,17 +130,7 @@ def sample_next(
                 top_p = torch.tensor([params[i].top_p for i in sampled_rows], device=dev)
                 scaled = top_p_filter(scaled, top_p)
             probs = torch.softmax(scaled, dim=-1)  # [b, V]
-        u = torch.empty(len(sampled_rows), dtype=torch.float64, device=dev)
-        seeded = [j for j, i in enumerate(sampled_rows) if seeds[i] is not None]
-        unseeded = [j for j, i in enumerate(sampled_rows) if seeds[i] is None]
-        if seeded:
-            rows = [sampled_rows[j] for j in seeded]
-            u_seeded = seeded_uniform(torch.tensor([seeds[i] for i in rows], device=dev),
-                                      torch.tensor([steps[i] for i in rows], device=dev))
-            u[torch.tensor(seeded, device=dev)] = u_seeded
-        if unseeded:
-            u[torch.tensor(unseeded, device=dev)] = torch.rand(
-                len(unseeded), dtype=torch.float64, device=dev, generator=default_generator)
+        u = _uniforms(sampled_rows, seeds, steps, dev, default_generator)
         choice = inverse_cdf(probs, u)
         if whole:
             tokens_B = choice
@@ -136,6 +138,25 @@ def sample_next(
             tokens_B[idx] = choice
     logprobs_B = raw_logprobs_BV.gather(1, tokens_B[:, None])[:, 0]
     return tokens_B, logprobs_B, raw_logprobs_BV
+
+
+def _uniforms(rows: list[int], seeds: list[int | None], steps: list[int], dev: torch.device,
+              default_generator: torch.Generator | None) -> torch.Tensor:
+    """[len(rows)] fp64 uniforms: seeded rows hash (seed, step), the others draw from the generator."""
+    u = torch.empty(len(rows), dtype=torch.float64, device=dev)
+    seeded = [j for j, i in enumerate(rows) if seeds[i] is not None]
+    unseeded = [j for j, i in enumerate(rows) if seeds[i] is None]
+    if seeded:
+        rs = [rows[j] for j in seeded]
+        u_seeded = seeded_uniform(torch.tensor([seeds[i] for i in rs], device=dev),
+                                  torch.tensor([steps[i] for i in rs], device=dev))
+        if len(seeded) == len(rows):
+            return u_seeded
+        u[torch.tensor(seeded, device=dev)] = u_seeded
+    if unseeded:
+        u[torch.tensor(unseeded, device=dev)] = torch.rand(
+            len(unseeded), dtype=torch.float64, device=dev, generator=default_generator)
+    return u
 
 
 def inverse_cdf(probs_BV: torch.Tensor, u_B: torch.Tensor, block: int = 256) -> torch.Tensor:
