@@ -16,7 +16,6 @@ micro-batch gradients gives the full-batch gradient exactly.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import torch
 
 from groupwise.config import LoraConfig, TrainConfig
 from groupwise.training.logprobs import token_logprobs
+from groupwise.training.lora_forward import TrainingForward
 from groupwise.training.loss import grpo_loss
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
 
@@ -102,27 +102,6 @@ def _collate(seqs: list[TokenizedSequence], pad_id: int, device: torch.device) -
         "old_logprobs_BT": old_BT.to(device),
         "advantages_B": advantages_B.to(device),
     }
-
-
-class _AutocastNoInputCast:
-    """autocast + peft's input upcast off (what peft.helpers.disable_input_dtype_casting sets, without
-    its walk over every module). Reusable: entered once per micro-batch forward."""
-
-    def __init__(self, tuner_layers: list[Any], device_type: str, dtype: torch.dtype):
-        self.tuners, self.device_type, self.dtype = tuner_layers, device_type, dtype
-
-    def __enter__(self):
-        self.saved = [getattr(m, "cast_input_dtype_enabled", True) for m in self.tuners]
-        for m in self.tuners:
-            m.cast_input_dtype_enabled = False
-        self.autocast = torch.autocast(device_type=self.device_type, dtype=self.dtype)
-        self.autocast.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.autocast.__exit__(*exc)
-        for m, was in zip(self.tuners, self.saved):
-            m.cast_input_dtype_enabled = was
 
 
 @dataclass
@@ -224,20 +203,11 @@ class Trainer:
             group["weight_decay"] = config.weight_decay
         return self.optimizer
 
-    def _mixed_precision(self) -> contextlib.AbstractContextManager:
-        """Half-precision base + fp32 adapter: run the forward under autocast in the base's dtype.
-
-        peft keeps LoRA weights in fp32 (good: AdamW updates of 1e-5 survive) and casts each layer's
-        input up to fp32, so every adapted layer would add fp32 GEMMs and [tokens, out] fp32 copies
-        (measured: half the update time of a bf16 Qwen2.5-0.5B on an H200). Under autocast, with
-        peft's input cast off, the adapter's matmuls run in bf16 on bf16 inputs while its master
-        weights and their gradients stay fp32: the usual mixed precision (what HF Trainer's bf16=True
-        does for TRL). An fp32 or fp64 model runs as is.
-        """
-        half = self._base_dtype in (torch.bfloat16, torch.float16)
-        if not half or self.device.type not in ("cuda", "cpu"):
-            return contextlib.nullcontext()
-        return _AutocastNoInputCast(self._modules()[1], self.device.type, self._base_dtype)
+    def _training_forward(self) -> TrainingForward:
+        """The forward context of a step: autocast for a half-precision base, fused LoRA layers
+        (training/lora_forward.py says why)."""
+        half = self._base_dtype in (torch.bfloat16, torch.float16) and self.device.type in ("cuda", "cpu")
+        return TrainingForward(self._modules()[1], self.device.type, self._base_dtype if half else None)
 
     def forward_backward(self, batch: TokenizedBatch, config: TrainConfig) -> tuple[StepStats, list[list[int]]]:
         """Accumulate the step's gradient into `.grad` of the adapter parameters (no optimizer step)."""
@@ -245,39 +215,40 @@ class Trainer:
         num_tokens = batch.trainable_tokens
         plan = plan_micro_batches([len(s) for s in seqs], config.micro_batch_tokens)
         sums: list[torch.Tensor] = []
-        precision = self._mixed_precision()
-        for indices in plan:
-            mb = _collate([seqs[i] for i in indices], self.pad_token_id, self.device)
-            with precision:
-                logprobs_BT = token_logprobs(
-                    self.model, mb["input_ids_BT"], mb["attention_BT"], mb["mask_BT"],
-                    chunk_size=config.logprob_chunk_size, target_index_N=mb["target_index_N"],
-                )
-            ref_BT = None
-            if config.kl_coef > 0:
-                with torch.no_grad(), self.model.disable_adapter(), precision:
-                    ref_BT = token_logprobs(
+        fwd = self._training_forward()
+        with fwd:  # held through the backward too: checkpointed layers recompute their forward there
+            for indices in plan:
+                mb = _collate([seqs[i] for i in indices], self.pad_token_id, self.device)
+                with fwd.autocast():
+                    logprobs_BT = token_logprobs(
                         self.model, mb["input_ids_BT"], mb["attention_BT"], mb["mask_BT"],
                         chunk_size=config.logprob_chunk_size, target_index_N=mb["target_index_N"],
                     )
-            terms = grpo_loss(
-                logprobs_BT,
-                mb["old_logprobs_BT"].to(logprobs_BT.dtype),
-                mb["advantages_B"].to(logprobs_BT.dtype),
-                mb["mask_BT"],
-                epsilon=config.epsilon,
-                epsilon_high=config.epsilon_high,
-                cispo=config.loss == "cispo",
-                normalize=config.normalize,
-                num_tokens=num_tokens,
-                num_sequences=len(seqs),
-                max_len=config.max_seq_len,
-                ref_logprobs_BT=ref_BT,
-                kl_coef=config.kl_coef,
-            )
-            terms.loss.backward()
-            sums.append(torch.stack([terms.loss.detach(), terms.policy_loss_sum, terms.kl_sum,
-                                     terms.clipped_tokens, terms.ratio_sum, terms.tokens]).double())
+                ref_BT = None
+                if config.kl_coef > 0:
+                    with torch.no_grad(), self.model.disable_adapter(), fwd.autocast():
+                        ref_BT = token_logprobs(
+                            self.model, mb["input_ids_BT"], mb["attention_BT"], mb["mask_BT"],
+                            chunk_size=config.logprob_chunk_size, target_index_N=mb["target_index_N"],
+                        )
+                terms = grpo_loss(
+                    logprobs_BT,
+                    mb["old_logprobs_BT"].to(logprobs_BT.dtype),
+                    mb["advantages_B"].to(logprobs_BT.dtype),
+                    mb["mask_BT"],
+                    epsilon=config.epsilon,
+                    epsilon_high=config.epsilon_high,
+                    cispo=config.loss == "cispo",
+                    normalize=config.normalize,
+                    num_tokens=num_tokens,
+                    num_sequences=len(seqs),
+                    max_len=config.max_seq_len,
+                    ref_logprobs_BT=ref_BT,
+                    kl_coef=config.kl_coef,
+                )
+                terms.loss.backward()
+                sums.append(torch.stack([terms.loss.detach(), terms.policy_loss_sum, terms.kl_sum,
+                                         terms.clipped_tokens, terms.ratio_sum, terms.tokens]).double())
         # One device->host copy for the whole step (a float() per term would sync every micro-batch).
         totals = torch.stack(sums).sum(0).tolist() if sums else [0.0] * 6
         stats = StepStats(*totals)
