@@ -28,6 +28,25 @@ def close(a, b):
     return ca.token_ids == cb.token_ids and max(abs(x - y) for x, y in zip(ca.logprobs, cb.logprobs)) < 1e-4
 
 
+KEEPER = [5, 6, 7]  # shares no token with SHARED: no effect on the counts below
+
+
+class busy:
+    """Keep the engine busy with one long request: an idle engine forgets its prefixes (engine.py)."""
+
+    def __init__(self, eng):
+        self.eng = eng
+
+    def __enter__(self):
+        self.future = self.eng.submit(GenerationRequest(KEEPER, max_new_tokens=250, ignore_eos=True))
+        return self
+
+    def __exit__(self, *exc):
+        if exc[0] is None:
+            assert not self.future.done(), "the keeper finished early: the engine went idle in between"
+        self.future.result(timeout=300)
+
+
 async def run_both(tiny, requests_in_order, **kwargs):
     """Run the same requests, one after another, on an engine with and one without the cache."""
     outs, engines = [], []
@@ -35,7 +54,9 @@ async def run_both(tiny, requests_in_order, **kwargs):
         model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
         eng = Engine(model, tok, max_batch_size=8, prefix_cache_tokens=tokens, prefix_block_size=16, **kwargs)
         try:
-            outs.append([await eng.generate(r) for r in requests_in_order])
+            with busy(eng):
+                outs.append([await eng.generate(r) for r in requests_in_order])
+            assert eng.prefix_cache is None or len(eng.prefix_cache) == 0  # idle again: forgotten
         finally:
             eng.close()
         engines.append(eng)
@@ -49,8 +70,8 @@ async def test_hit_equals_cold_prefill_and_counts_saved_tokens(tiny):
     # a: cold, 53 prompt tokens run. b shares 50 with a (3 full blocks + 2 tokens of the partial 4th):
     # 2 run. c shares 20: 1 run. b again: 50 + its own tail "10" (the hit stops 1 short): 1 run.
     assert eng.prefix_hit_tokens == 0 + 50 + 20 + 51
-    assert eng.prefill_tokens == 53 + 2 + 1 + 1
-    assert ref.prefix_hit_tokens == 0 and ref.prefill_tokens == 53 + 52 + 21 + 52
+    assert eng.prefill_tokens == len(KEEPER) + 53 + 2 + 1 + 1
+    assert ref.prefix_hit_tokens == 0 and ref.prefill_tokens == len(KEEPER) + 53 + 52 + 21 + 52
 
 
 async def test_batch_sharing_a_prefix_runs_it_once(tiny):
@@ -82,18 +103,20 @@ async def test_adapters_do_not_share_entries_and_changes_clear_the_cache(tiny, a
     try:
         eng.add_adapter("a1", adapter_dirs[1])
         p = SHARED + [5, 6]
-        await eng.generate(greedy(p, 2))
-        await eng.generate(greedy(p, 2, adapter="a1"))
-        assert eng.prefix_hit_tokens == 0  # the base's KV is not the adapter's
-        await eng.generate(greedy(p, 2, adapter="a1"))
-        assert eng.prefix_hit_tokens == 51
-        assert len(eng.prefix_cache) > 0
-        with eng.paused():  # the trainer may change an adapter in place: forget everything
-            pass
-        assert len(eng.prefix_cache) == 0
-        await eng.generate(greedy(p, 2))
-        eng.add_adapter("a2", adapter_dirs[2])
-        assert len(eng.prefix_cache) == 0
+        with busy(eng):
+            await eng.generate(greedy(p, 2))
+            await eng.generate(greedy(p, 2, adapter="a1"))
+            assert eng.prefix_hit_tokens == 0  # the base's KV is not the adapter's
+            await eng.generate(greedy(p, 2, adapter="a1"))
+            assert eng.prefix_hit_tokens == 51
+            assert len(eng.prefix_cache) > 0
+            with eng.paused():  # the trainer may change an adapter in place: forget everything
+                assert len(eng.prefix_cache) > 0
+            assert len(eng.prefix_cache) == 0
+            await eng.generate(greedy(p, 2))
+            assert len(eng.prefix_cache) > 0
+            eng.add_adapter("a2", adapter_dirs[2])
+            assert len(eng.prefix_cache) == 0
     finally:
         eng.close()
 

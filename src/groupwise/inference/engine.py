@@ -276,6 +276,13 @@ class Engine:
             prefill(self, admitted)
         if self._running:
             self._decode()
+        if not self._running and not self._waiting:
+            # Idle: forget cached prefixes, so a request never reuses KV of requests that finished
+            # before it came. Cached KV equals a fresh prefill only to fp32 rounding; without this,
+            # a run resumed after a crash (whose engine saw no such earlier requests: the backend's
+            # adapter check, a finished validation) would sample from other bits than the straight
+            # run (tests/training/test_local_backend.py pins a bit-identical optimizer).
+            self._forget_prefixes()
 
     def _adapter_names(self, seqs: list[_Seq]) -> list[str] | None:
         if not self._is_peft():
