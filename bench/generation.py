@@ -220,7 +220,8 @@ def bench_rollouts(args, model, tok, device, n_rollouts=18, turns=3, tokens=32):
     base = base_tokens / (time.perf_counter() - t2)
     print(f"{n_rollouts} rollouts x {turns} turns (<= {tokens} tok/turn, via the openai client) | engine "
           f"{total / wall:8.1f} tok/s ({total} tokens, {wall:.1f} s) | generate 1-at-a-time {base:8.1f} tok/s "
-          f"(on {len(subset)} rollouts) | ratio {total / wall / base:5.2f}x", flush=True)
+          f"(on {len(subset)} rollouts) | ratio {total / wall / base:5.2f}x | engine prompt tokens run "
+          f"{engine.prefill_tokens}, from the prefix cache {engine.prefix_hit_tokens}", flush=True)
 
 
 def main(argv=None) -> int:

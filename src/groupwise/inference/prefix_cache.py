@@ -21,7 +21,8 @@ evicting a block evicts what hangs below it.
 
 Validity. Entries are right only while the weights that made them are: the engine clears the cache
 when a pause ends (the trainer may have changed an adapter in place) and when an adapter is added
-or removed. Copied KV equals a cold prefill's up to float rounding of a different batch shape
+or removed. It also clears it whenever it goes idle, so a request only reuses KV of requests it
+overlapped (engine.py `_step` says why: bit-identical resumes). Copied KV equals a cold prefill's up to float rounding of a different batch shape
 (tests/inference/test_prefix_cache.py pins 1e-4 in fp32).
 """
 
