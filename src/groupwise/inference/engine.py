@@ -72,8 +72,8 @@ class Engine:
         max_prefill_tokens: int = 8192,
         initial_capacity: int = 256,
         cuda_graphs: bool | None = None,
-        prefix_cache_tokens: int = 4096,
-        prefix_block_size: int = 16,
+        prefix_cache_tokens: int = 4096,  # KV of this many prompt tokens kept for reuse; 0 turns it off
+        prefix_block_size: int = 16,  # its allocation unit (hits are still token-exact)
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -91,7 +91,8 @@ class Engine:
         self.buffers = SlotBuffers(text_config.num_hidden_layers, max_batch_size, kv_heads, head_dim,
                                    min(initial_capacity, self.context_length), self.dtype, self.device)
         # KV of prompt prefixes seen before (prefix_cache.py); allocated at the first prefill.
-        self.prefix_cache = PrefixCache(self.buffers, prefix_cache_tokens, prefix_block_size) if prefix_cache_tokens else None
+        self.prefix_cache = (PrefixCache(self.buffers, prefix_cache_tokens, prefix_block_size)
+                             if prefix_cache_tokens else None)
         eos = set()
         for source in (getattr(tokenizer, "eos_token_id", None),
                        getattr(getattr(self._base_model(), "generation_config", None), "eos_token_id", None)):

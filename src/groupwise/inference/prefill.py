@@ -1,8 +1,9 @@
 """The prefill of newly admitted requests: prefix-cache hits, a warm-up pass for shared prefixes,
 the chunked padded forward over the rest, the n > 1 siblings, and each choice's first token.
 
-`admit` picks the waiting requests that fit. Steps for the m requests admitted together (the engine's running rows stay in slots 0..k-1; these
-take slots k..k+m-1, their extra choices the slots after)::
+`admit` picks the waiting requests that fit. Steps for the m requests admitted together (the
+engine's running rows stay in slots 0..k-1; these take slots k..k+m-1, their extra choices the
+slots after)::
 
     1. match   each prompt against the prefix cache (prefix_cache.py): h_r tokens found
     2. warm    if requests of this batch share a prefix the cache lacks (the system prompt on a cold

@@ -22,8 +22,8 @@ evicting a block evicts what hangs below it.
 Validity. Entries are right only while the weights that made them are: the engine clears the cache
 when a pause ends (the trainer may have changed an adapter in place) and when an adapter is added
 or removed. It also clears it whenever it goes idle, so a request only reuses KV of requests it
-overlapped (engine.py `_step` says why: bit-identical resumes). Copied KV equals a cold prefill's up to float rounding of a different batch shape
-(tests/inference/test_prefix_cache.py pins 1e-4 in fp32).
+overlapped (engine.py `_step` says why: bit-identical resumes). Copied KV equals a cold prefill's
+up to float rounding of a different batch shape (tests/inference/test_prefix_cache.py: 1e-4 fp32).
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ class PrefixCache:
 
     def __init__(self, buffers: SlotBuffers, tokens: int, block_size: int = 16):
         if block_size < 1 or tokens < block_size:
-            raise ValueError(f"prefix cache of {tokens} tokens in blocks of {block_size}: needs tokens >= block_size >= 1")
+            raise ValueError(f"prefix cache of {tokens} tokens in blocks of {block_size}: pass tokens >= "
+                             f"block_size >= 1 (or prefix_cache_tokens=0 to turn it off)")
         self.buffers, self.block_size = buffers, block_size
         self.num_blocks = tokens // block_size
         self.keys: list[torch.Tensor] = []  # allocated at the first insert

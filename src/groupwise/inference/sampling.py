@@ -11,7 +11,8 @@ Sampling is by inverse CDF: one uniform u per row, token = first index where cum
 The CDF is walked in two levels (`inverse_cdf`): masses of blocks of 256 tokens, then the cumsum
 inside the one block u falls in; a full fp64 cumsum over V (49k-150k) terms cost more than the rest
 of sampling together (~6 ms of a ~200 ms CPU decode step at 32 rows). Same distribution; the token
-differs from the long cumsum's only when u lands within fp32 rounding of a boundary. A seeded sequence's u is a hash of (seed, token index) (`seeded_uniform`), so its sample does not
+differs from the long cumsum's only when u lands within fp32 rounding of a boundary.
+A seeded sequence's u is a hash of (seed, token index) (`seeded_uniform`), so its sample does not
 depend on which other requests share the batch, and all rows are drawn in a few vectorised ops
 (no per-row generator call, which would be a kernel launch each on CUDA, and no [B, V] noise).
 Unseeded rows take u from the engine's generator.
