@@ -192,3 +192,22 @@ def test_bf16_base_trains_an_fp32_adapter_under_autocast(tokenizer):
     g32, g16 = grads[torch.float32], grads[torch.bfloat16]
     cosine = float(torch.nn.functional.cosine_similarity(g32, g16, dim=0))
     assert cosine > 0.99, cosine  # bf16 activations: a close, not equal, gradient
+
+
+def test_compiled_layers_give_the_eager_gradient_and_are_removed_after(tokenizer):
+    """TrainConfig(compile=True) (the CUDA default) on CPU: the same gradient as eager, and the
+    engine's layers are eager again after the step (it captures CUDA graphs of those)."""
+    grads = []
+    for compile_layers in (False, True):
+        model = _lora_model(tokenizer, dtype=torch.float32)
+        trainer = Trainer(model)
+        trainer._activate()
+        trainer.forward_backward(_batch(), TrainConfig(max_seq_len=64, compile=compile_layers))
+        assert bool(trainer._compiled) == compile_layers
+        layers = model.get_base_model().model.layers
+        assert not any("forward" in layer.__dict__ for layer in layers)
+        grads.append(torch.cat([p.grad.flatten() for _, p in trainer.trainable_named_parameters()]))
+    eager, compiled = grads
+    assert float(eager.abs().max()) > 1e-5
+    # fp32, fused kernels add in another order: equal to ~1e-6 of the gradient's size
+    assert torch.allclose(compiled, eager, atol=1e-6 * float(eager.abs().max()), rtol=0)

@@ -73,9 +73,13 @@ class TrainingForward:
     The patch stays for the backward because checkpointed layers run their forward again there.
     """
 
-    def __init__(self, tuner_layers: list[Any], device_type: str, half_dtype: torch.dtype | None):
+    def __init__(self, tuner_layers: list[Any], device_type: str, half_dtype: torch.dtype | None,
+                 layer_forwards: list[tuple[torch.nn.Module, Any]] = ()):
         self.tuners = tuner_layers
-        self.fast = [m for m in tuner_layers if fast_lora_ok(m)]
+        # Compiled decoder layers (trainer._layer_forwards) get the mul and add fused by the
+        # compiler, and tracing through a per-step patched method would recompile: no patch then.
+        self.fast = [] if layer_forwards else [m for m in tuner_layers if fast_lora_ok(m)]
+        self.layer_forwards = list(layer_forwards)
         self.device_type, self.half_dtype = device_type, half_dtype
 
     def autocast(self) -> Any:
@@ -86,6 +90,8 @@ class TrainingForward:
     def __enter__(self) -> "TrainingForward":
         for m in self.fast:
             m.forward = types.MethodType(_fused_forward, m)  # an instance attribute shadows the class's
+        for layer, fn in self.layer_forwards:
+            layer.forward = fn
         if self.half_dtype is not None:
             self.saved = [getattr(m, "cast_input_dtype_enabled", True) for m in self.tuners]
             for m in self.tuners:
@@ -98,3 +104,5 @@ class TrainingForward:
                 m.cast_input_dtype_enabled = was
         for m in self.fast:
             m.__dict__.pop("forward", None)
+        for layer, _ in self.layer_forwards:
+            layer.__dict__.pop("forward", None)

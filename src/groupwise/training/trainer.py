@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +125,8 @@ class Trainer:
         self.optimizer: torch.optim.AdamW | None = None
         self.device = next(model.parameters()).device
         self._module_cache: tuple | None = None
+        self._compiled: list[tuple[torch.nn.Module, Any]] | None = None
+        self._compile_failed = False
         # None: unknown, so the first step sets it either way (a caller may have enabled it).
         self._layer_checkpointing: bool | None = None
         self._base_dtype = next((p.dtype for n, p in model.named_parameters() if "lora_" not in n), torch.float32)
@@ -203,11 +206,43 @@ class Trainer:
             group["weight_decay"] = config.weight_decay
         return self.optimizer
 
-    def _training_forward(self) -> TrainingForward:
-        """The forward context of a step: autocast for a half-precision base, fused LoRA layers
-        (training/lora_forward.py says why)."""
+    def _training_forward(self, config: TrainConfig) -> TrainingForward:
+        """The forward context of a step: autocast for a half-precision base, fused LoRA layers or
+        compiled decoder layers (training/lora_forward.py says why)."""
         half = self._base_dtype in (torch.bfloat16, torch.float16) and self.device.type in ("cuda", "cpu")
-        return TrainingForward(self._modules()[1], self.device.type, self._base_dtype if half else None)
+        return TrainingForward(self._modules()[1], self.device.type, self._base_dtype if half else None,
+                               self._layer_forwards(config))
+
+    def _layer_forwards(self, config: TrainConfig) -> list[tuple[torch.nn.Module, Any]]:
+        """(decoder layer, compiled forward) pairs, installed for the update only (the engine keeps
+        the eager layers: its CUDA graphs capture those).
+
+        Why compile: a LoRA'd decoder layer is ~70 small ops; eager PyTorch spends longer launching
+        them from Python than the GPU spends running them, and the forward is launch-bound (measured
+        on an H200, Qwen2.5-0.5B, 64 x 296 tokens: update 0.267 s eager, 0.189 s compiled). One
+        compiled function per layer class serves every layer (the parameters are inputs), so there
+        is one compilation, plus one more when a new sequence length makes the shapes dynamic.
+        """
+        wanted = config.compile if config.compile is not None else self.device.type == "cuda"
+        if not wanted or self._compile_failed:
+            return []
+        if self._compiled is None:
+            import functools
+
+            base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+            decoder = base.get_decoder() if hasattr(base, "get_decoder") else base.model
+            layers = list(getattr(decoder, "layers", []))
+            by_class: dict[type, Any] = {}
+            self._compiled = []
+            for layer in layers:
+                fn = by_class.setdefault(type(layer), torch.compile(type(layer).forward))
+                self._compiled.append((layer, functools.partial(fn, layer)))
+            import torch._dynamo as dynamo
+
+            # Each layer instance may take a cache entry; the default limit (8) would send the
+            # rest of a 24-layer model back to eager silently.
+            dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 4 * len(layers) + 8)
+        return self._compiled
 
     def forward_backward(self, batch: TokenizedBatch, config: TrainConfig) -> tuple[StepStats, list[list[int]]]:
         """Accumulate the step's gradient into `.grad` of the adapter parameters (no optimizer step)."""
@@ -215,7 +250,7 @@ class Trainer:
         num_tokens = batch.trainable_tokens
         plan = plan_micro_batches([len(s) for s in seqs], config.micro_batch_tokens)
         sums: list[torch.Tensor] = []
-        fwd = self._training_forward()
+        fwd = self._training_forward(config)
         with fwd:  # held through the backward too: checkpointed layers recompute their forward there
             for indices in plan:
                 mb = _collate([seqs[i] for i in indices], self.pad_token_id, self.device)
@@ -269,7 +304,18 @@ class Trainer:
             # A fixed seed per step makes dropout reproducible on resume without touching the sampler's RNG.
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(config.seed * 1_000_003 + step)
-                stats, plan = self.forward_backward(batch, config)
+                try:
+                    stats, plan = self.forward_backward(batch, config)
+                except Exception as exc:
+                    if not self._compiled or not type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
+                        raise
+                    # Loud but not fatal: the eager step computes the same update, only slower.
+                    warnings.warn(f"compiling the decoder layers failed ({type(exc).__name__}: {str(exc)[:300]}); "
+                                  "training eagerly from now on. Set TrainConfig(compile=False) to skip compiling.")
+                    self._compile_failed = True
+                    optimizer.zero_grad(set_to_none=True)
+                    torch.manual_seed(config.seed * 1_000_003 + step)
+                    stats, plan = self.forward_backward(batch, config)
                 max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
                 if not math.isfinite(grad_norm):
