@@ -123,7 +123,7 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
     trainer = Trainer(peft_model, pad_token_id=tok.pad_token_id)
     config = TrainConfig(learning_rate=args.lr, max_seq_len=4096, micro_batch_tokens=args.micro_batch_tokens,
                          logprob_chunk_size=args.chunk, gradient_checkpointing=args.layer_checkpointing,
-                         compile=False if args.no_compile else None)
+                         compile=args.compile)
     names = None
     adapter = None
     rows = []
@@ -315,8 +315,8 @@ def main() -> None:
     p.add_argument("--layer-checkpointing", action="store_true",
                    help="recompute decoder layers in the backward, on BOTH sides (TRL's default; needed for big batches)")
     p.add_argument("--json", default=None, help="also write the results here")
-    p.add_argument("--no-compile", action="store_true",
-                   help="groupwise: eager decoder layers in the update (default: compiled on CUDA; the warm-up step pays the compile)")
+    p.add_argument("--compile", action="store_true",
+                   help="groupwise: TrainConfig(compile=True). Recompiles every step here, since each step's adapter is loaded into the shared model (as LocalBackend does)")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="profile one more groupwise update after the timed ones (not timed) and print the top ROWS ops")
     args = p.parse_args()

@@ -277,13 +277,6 @@ class Engine:
             prefill(self, admitted)
         if self._running:
             self._decode()
-        if not self._running and not self._waiting:
-            # Idle: forget cached prefixes, so a request never reuses KV of requests that finished
-            # before it came. Cached KV equals a fresh prefill only to fp32 rounding; without this,
-            # a run resumed after a crash (whose engine saw no such earlier requests: the backend's
-            # adapter check, a finished validation) would sample from other bits than the straight
-            # run (tests/training/test_local_backend.py pins a bit-identical optimizer).
-            self._forget_prefixes()
 
     def _adapter_names(self, seqs: list[_Seq]) -> list[str] | None:
         if not self._is_peft():
@@ -386,6 +379,7 @@ class Engine:
 
     def _retire(self) -> None:
         running = self._running
+        finished: list[_ReqState] = []
         i = len(running) - 1
         while i >= 0:
             if running[i].finish_reason:
@@ -396,11 +390,24 @@ class Engine:
                     last.slot = done.slot
                     running[i] = last
                 running.pop()
-                self._maybe_resolve(done.state)
+                finished.append(done.state)
             i -= 1
         # running[j] must live in slot j
         for j, s in enumerate(running):
             assert s.slot == j, (j, s.slot)
+        if not running:
+            with self._cv:
+                idle = not self._waiting
+            if idle:
+                # Idle: forget cached prefixes BEFORE any caller hears back, so a client that waits
+                # for its answer and then asks again always finds the cache empty, however the
+                # threads are scheduled. Cached KV equals a fresh prefill only to fp32 rounding;
+                # a run resumed after a crash (its engine never saw the backend's adapter check or
+                # a finished validation) must sample the same bits as the straight run
+                # (tests/training/test_local_backend.py pins a bit-identical optimizer).
+                self._forget_prefixes()
+        for st in finished:
+            self._maybe_resolve(st)
 
     def _maybe_resolve(self, st: _ReqState) -> None:
         if not all(s.finish_reason for s in st.seqs) or st.future.done():
