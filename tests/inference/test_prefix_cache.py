@@ -38,7 +38,9 @@ class busy:
         self.eng = eng
 
     def __enter__(self):
-        self.future = self.eng.submit(GenerationRequest(KEEPER, max_new_tokens=250, ignore_eos=True))
+        # Long enough to outlast the test's own work (adapter loads from disk included) at any
+        # engine speed: the tiny model's context (2048) caps it; waiting it out at exit takes ~seconds.
+        self.future = self.eng.submit(GenerationRequest(KEEPER, max_new_tokens=2000, ignore_eos=True))
         return self
 
     def __exit__(self, *exc):

@@ -112,9 +112,7 @@ def adapter_ctx(engine: "Engine", adapter: str | None):
     if not engine._is_peft():
         yield
         return
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    layers = [m for m in engine.model.modules() if isinstance(m, BaseTunerLayer)]
+    layers = engine._tuner_layers()
     saved = [(m._active_adapter, m._disable_adapters) for m in layers]
     for m in layers:
         if adapter in (None, BASE):

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import threading
 import warnings
@@ -106,6 +107,7 @@ class Engine:
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.cuda_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
         self._graphs: dict[tuple, dict[str, Any]] = {}
+        self._tuner_cache: tuple | None = None
         self._graph_pool = None
         self.forward_passes = 0
         self.prefill_passes = 0
@@ -284,15 +286,35 @@ class Engine:
         return [s.req.adapter or BASE for s in seqs]
 
     def _forward(self, input_ids, position_ids, mask, cache, adapter_names, logits_to_keep=None):
+        from groupwise.inference.decode_graphs import adapter_ctx
+
         kwargs: dict[str, Any] = {self._cache_kwarg: cache, "use_cache": True}
+        one_adapter = contextlib.nullcontext()
         if adapter_names is not None:
-            kwargs["adapter_names"] = adapter_names
+            if len(set(adapter_names)) == 1:
+                # Every row uses one adapter (the usual rollout batch): make it the active one
+                # instead of peft's mixed-batch path, which splits and re-scatters the batch in
+                # every adapted layer (measured on CPU, SmolLM2, 8 rows: 210 ms a decode step with
+                # adapter_names, 120 ms without an adapter).
+                one_adapter = adapter_ctx(self, adapter_names[0])
+            else:
+                kwargs["adapter_names"] = adapter_names
         if logits_to_keep is not None:
             kwargs["logits_to_keep"] = logits_to_keep
         self.forward_passes += 1
-        with torch.inference_mode():
+        with torch.inference_mode(), one_adapter:
             out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **kwargs)
         return out.logits
+
+    def _tuner_layers(self) -> list[Any]:
+        """peft's adapted layers, listed once per set of loaded adapters (a walk of every module
+        per forward pass would cost milliseconds)."""
+        key = tuple(getattr(self.model, "peft_config", {}) or ())
+        if self._tuner_cache is None or self._tuner_cache[0] != key or self._tuner_cache[1] is not self.model:
+            from peft.tuners.tuners_utils import BaseTunerLayer
+
+            self._tuner_cache = (key, self.model, [m for m in self.model.modules() if isinstance(m, BaseTunerLayer)])
+        return self._tuner_cache[2]
 
     def _decode(self) -> None:
         seqs = self._running
