@@ -176,7 +176,7 @@ async def test_graph_decode_path_matches_eager(tiny, adapter_dirs):
             if graphs:
                 # buckets seen: batch 8 (5 rows padded to 8), 4, 2, 1 as rows finish; lengths round to 64
                 assert {k[0] for k in eng._graphs} >= {8, 4, 2, 1}
-                assert {k[2] for k in eng._graphs} == {"a1", "__base__"}
+                assert {k[2] for k in eng._graphs} == {eng.peft_adapter_name("a1"), "__base__"}  # graphs by slot
         finally:
             eng.close()
     assert outs[0] == outs[1]
@@ -224,3 +224,18 @@ async def test_chunked_prefill_equals_one_pass(tiny):
             eng.close()
     for (ids_a, lp_a), (ids_b, lp_b) in zip(*outs):
         assert ids_a == ids_b and max(abs(x - y) for x, y in zip(lp_a, lp_b)) < 1e-4
+
+
+async def test_a_failing_prefill_answers_its_callers(tiny):
+    # Admitted requests sit in neither queue until placed; an error in their prefill must still reach them.
+    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
+    eng = Engine(model, tok, max_batch_size=4)
+    try:
+        def boom(*args, **kwargs):
+            raise RuntimeError("boom in the forward pass")
+
+        eng._forward = boom
+        with pytest.raises(EngineError, match="boom in the forward pass"):
+            await asyncio.wait_for(eng.generate(GenerationRequest([1, 2, 3], max_new_tokens=2)), 60)
+    finally:
+        eng.close()

@@ -227,7 +227,7 @@ class LocalBackend(Backend):
 
         from groupwise.inference.client import in_process_client
 
-        adapter = served.registry.adapter_name(model.name, step)
+        adapter = served.engine.peft_adapter_name(served.registry.adapter_name(model.name, step))
         trained = dict(served.trainer.trainable_named_parameters())
         tag = f".{served.trainer.adapter_name}."
         mismatched = []

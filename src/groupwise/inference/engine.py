@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from groupwise.inference.adapter_slots import SLOT_PREFIX, AdapterSlots
 from groupwise.inference.kv_cache import SlotBuffers, SlotCache
 from groupwise.inference.prefill import admit, prefill
 from groupwise.inference.prefix_cache import PrefixCache
@@ -108,6 +109,7 @@ class Engine:
         self.cuda_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
         self._graphs: dict[tuple, dict[str, Any]] = {}
         self._tuner_cache: tuple | None = None
+        self._slots = AdapterSlots()
         self._graph_pool = None
         self.forward_passes = 0
         self.prefill_passes = 0
@@ -138,22 +140,17 @@ class Engine:
         return hasattr(self.model, "peft_config")
 
     def add_adapter(self, name: str, path: str) -> None:
-        """Load a peft LoRA adapter folder as `name`; several stay resident; requests choose per call."""
-        if name == BASE or "@" in name:
+        """Load a peft LoRA adapter folder as `name`; several stay resident; requests choose per call.
+        Its weights go to a free slot of the same LoRA shape when there is one (adapter_slots.py)."""
+        if name == BASE or "@" in name or name.startswith(SLOT_PREFIX):
             raise EngineError(f"adapter name {name!r} is reserved; pick another")
         with self._step_lock:
             if name in self._adapters or (self._is_peft() and name in self.model.peft_config):
                 raise EngineError(f"adapter {name!r} is already loaded; remove_adapter({name!r}) first")
-            if self._is_peft():
-                self.model.load_adapter(path, adapter_name=name)
-            else:
-                from peft import PeftModel
-
-                self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
-                self._graphs.clear()  # captured on the unwrapped model
+            self._slots.load(self, name, str(path))
             self.model.eval()
             self._adapters[name] = str(path)
-            self._forget_prefixes()  # a reused name must not find the old weights' KV
+            self._forget_prefixes()  # a reused name (or slot) must not find the old weights' KV
 
     def remove_adapter(self, name: str) -> None:
         with self._step_lock:
@@ -166,17 +163,22 @@ class Engine:
                     st.req.adapter == name for st in self._waiting)
             if busy:
                 raise EngineError(f"adapter {name!r} is serving queued or running requests; retry when they finish")
-            self.model.delete_adapter(name)
+            # The slot keeps its tensors (and its CUDA graphs) for the next adapter of its shape.
+            self._slots.release(name)
             del self._adapters[name]
             self._forget_prefixes()
-            self._graphs = {k: v for k, v in self._graphs.items() if k[2] != name}
+
+    def peft_adapter_name(self, name: str) -> str:
+        """The peft adapter (slot) holding the weights served as `name`."""
+        return self._slots.peft_name(name)
 
     def adapters(self) -> list[str]:
         """Adapters the engine loaded (peft adapters the caller made itself are usable too)."""
         return sorted(self._adapters)
 
     def _known_adapter(self, name: str) -> bool:
-        return name in self._adapters or (self._is_peft() and name in self.model.peft_config)
+        return name in self._adapters or (
+            self._is_peft() and name in self.model.peft_config and not name.startswith(SLOT_PREFIX))
 
     def _forget_prefixes(self) -> None:
         """Cached prefix KV is only valid for the weights that made it (prefix_cache.py)."""
@@ -276,14 +278,22 @@ class Engine:
     def _step(self) -> None:
         admitted = admit(self)
         if admitted:
-            prefill(self, admitted)
+            try:
+                prefill(self, admitted)
+            except BaseException as exc:
+                # Admitted requests are in neither queue until placed: answer them here, or their
+                # callers would wait forever (_fail_all only sees the queues).
+                for st in admitted:
+                    if not st.future.done():
+                        st.future.set_exception(EngineError(f"generation failed: {type(exc).__name__}: {exc}"))
+                raise
         if self._running:
             self._decode()
 
     def _adapter_names(self, seqs: list[_Seq]) -> list[str] | None:
         if not self._is_peft():
             return None
-        return [s.req.adapter or BASE for s in seqs]
+        return [self._slots.peft_name(s.req.adapter) if s.req.adapter else BASE for s in seqs]
 
     def _forward(self, input_ids, position_ids, mask, cache, adapter_names, logits_to_keep=None):
         from groupwise.inference.decode_graphs import adapter_ctx

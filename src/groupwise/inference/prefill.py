@@ -160,7 +160,8 @@ def run_rows(engine: "Engine", s0: int, tokens: list[list[int]], starts: list[in
     # Chunks of queries [a, b) of the padded suffixes, so the attention scores (m x heads x chunk x
     # columns; materialised by CPU attention) stay bounded for long prompts.
     chunk = max(32, engine.max_prefill_tokens // m)
-    names = adapters if engine._is_peft() else None
+    # Requests name adapters as served; peft knows them by the slot holding their weights.
+    names = [a if a == BASE else engine.peft_adapter_name(a) for a in adapters] if engine._is_peft() else None
     out = None
     for a in range(0, P, chunk):
         b = min(P, a + chunk)

@@ -1,0 +1,84 @@
+"""Adapter slots: the peft adapters that hold served weights, refilled in place when freed.
+
+A training run serves one new adapter per step and drops old ones. Loading each as a new peft
+adapter and deleting the old one changes every adapted layer's set of adapters each step, which
+(1) drops the CUDA graphs captured for the old adapter, so the new one is captured again, and
+(2) invalidates anything compiled over those layers (TrainConfig.compile recompiled every step).
+So the engine keeps its adapters in slots (peft adapters named ``gw-slot-<k>``): a removed
+adapter frees its slot, and the next adapter with the same LoRA shape (rank, alpha, targets,
+dropout, ...) is copied INTO that slot's tensors. The layers keep their adapter set, and the slot's
+tensors keep their addresses, so graphs captured for the slot stay valid with the new weights.
+
+Requests still name adapters by their served name; the engine maps the name to its slot
+(`Engine.peft_adapter_name`). A slot is never deleted (it is reused), so memory stays at the most
+adapters ever served at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["SLOT_PREFIX", "AdapterSlots"]
+
+SLOT_PREFIX = "gw-slot-"
+
+# What must be equal for one adapter's tensors to be copied into another's modules.
+_SHAPE_KEYS = ("peft_type", "r", "lora_alpha", "lora_dropout", "use_rslora", "use_dora", "bias", "fan_in_fan_out",
+               "modules_to_save", "rank_pattern", "alpha_pattern", "layers_to_transform", "lora_bias")
+
+
+def _shape(config: Any) -> tuple:
+    d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    targets = d.get("target_modules")
+    targets = sorted(targets) if isinstance(targets, (list, set, tuple)) else targets
+    return tuple(str(d.get(k)) for k in _SHAPE_KEYS) + (str(targets),)
+
+
+class AdapterSlots:
+    """Served name -> slot; free slots by LoRA shape. The engine calls it under its step lock."""
+
+    def __init__(self) -> None:
+        self.slot_of: dict[str, str] = {}
+        self.free: list[str] = []
+        self._serial = 0
+
+    def peft_name(self, name: str) -> str:
+        return self.slot_of.get(name, name)
+
+    def load(self, engine: Any, name: str, path: str) -> None:
+        """Put the adapter folder `path` in a slot (a free one of its shape, else a new one)."""
+        from peft import PeftConfig
+
+        shape = _shape(PeftConfig.from_pretrained(path))
+        slot = next((s for s in self.free if _shape(engine.model.peft_config[s]) == shape), None)
+        if slot is not None:
+            self._copy_into(engine.model, slot, path)
+            self.free.remove(slot)
+        else:
+            slot = f"{SLOT_PREFIX}{self._serial}"
+            self._serial += 1
+            if engine._is_peft():
+                engine.model.load_adapter(path, adapter_name=slot)
+            else:
+                from peft import PeftModel
+
+                engine.model = PeftModel.from_pretrained(engine.model, path, adapter_name=slot)
+                engine._graphs.clear()  # captured on the unwrapped model
+        self.slot_of[name] = slot
+
+    def release(self, name: str) -> None:
+        self.free.append(self.slot_of.pop(name))
+
+    @staticmethod
+    def _copy_into(model: Any, slot: str, path: str) -> None:
+        import torch
+        from peft.utils import load_peft_weights, set_peft_model_state_dict
+
+        device = next(model.parameters()).device
+        weights = load_peft_weights(path, device=str(device))
+        with torch.no_grad():
+            result = set_peft_model_state_dict(model, weights, adapter_name=slot)
+        # load_state_dict copies into the existing tensors (their addresses stay: graphs hold them).
+        unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+        if unexpected:
+            raise RuntimeError(f"adapter {path} does not fit slot {slot!r}: unexpected tensors {unexpected[:3]}")

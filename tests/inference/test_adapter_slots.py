@@ -1,0 +1,64 @@
+"""Adapter slots: a removed adapter's slot takes the next adapter of its shape in place."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from groupwise.inference.engine import Engine, EngineError, GenerationRequest
+from groupwise.inference.sampling import SamplingParams
+from groupwise.loading import tiny_random_model
+
+
+def _rank8_adapter(path) -> str:
+    from peft import LoraConfig, get_peft_model
+
+    base, _ = tiny_random_model(seed=0)
+    get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj"])).save_pretrained(str(path))
+    return str(path)
+
+
+def greedy(p, adapter):
+    return GenerationRequest(p, max_new_tokens=8, ignore_eos=True, adapter=adapter, sampling=SamplingParams(temperature=0))
+
+
+async def test_a_freed_slot_is_refilled_in_place_and_serves_the_new_weights(tiny, adapter_dirs, tmp_path):
+    p = [1, 5, 9, 13, 17]
+    # Reference: a fresh engine that only ever saw adapter 2.
+    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
+    ref = Engine(model, tok, max_batch_size=4)
+    try:
+        ref.add_adapter("two", adapter_dirs[2])
+        expected = (await ref.generate(greedy(p, "two"))).completions[0]
+    finally:
+        ref.close()
+
+    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
+    eng = Engine(model, tok, max_batch_size=4)
+    try:
+        eng.add_adapter("one", adapter_dirs[1])
+        first = (await eng.generate(greedy(p, "one"))).completions[0]
+        slot = eng.peft_adapter_name("one")
+        tensor = next(t for n, t in eng.model.named_parameters() if f".{slot}." in n and "lora_B" in n)
+        address, adapters_before = tensor.data_ptr(), sorted(eng.model.peft_config)
+        eng.remove_adapter("one")
+        with pytest.raises(EngineError, match="not loaded"):
+            eng.submit(greedy(p, "one"))
+        eng.add_adapter("two", adapter_dirs[2])
+        assert eng.peft_adapter_name("two") == slot  # the same slot ...
+        assert sorted(eng.model.peft_config) == adapters_before  # ... so the layers' adapter set is unchanged
+        assert tensor.data_ptr() == address  # copied in place: graphs captured for the slot stay valid
+        got = (await eng.generate(greedy(p, "two"))).completions[0]
+        assert got.token_ids == expected.token_ids != first.token_ids  # adapter 2's answer, not adapter 1's
+        assert max(abs(a - b) for a, b in zip(got.logprobs, expected.logprobs)) < 1e-5
+        # A free slot of another LoRA shape is not reused: rank 8 gets its own slot.
+        eng.remove_adapter("two")
+        eng.add_adapter("eight", _rank8_adapter(tmp_path / "r8"))
+        assert eng.peft_adapter_name("eight") != slot
+        other = adapter_dirs[1]
+        with pytest.raises(EngineError, match="reserved"):
+            eng.add_adapter("gw-slot-9", other)
+        with pytest.raises(EngineError, match="not loaded"):
+            eng.submit(greedy(p, slot))  # slots are not served under their own names
+    finally:
+        eng.close()
