@@ -107,7 +107,7 @@ class TrainConfig(Validated):
     logprob_chunk_size: int = option(1024, help="Positions per chunk when computing log-softmax, so a 150k vocabulary does not hold [T, V] at once.")
     gradient_checkpointing: bool = option(False, help="Recompute each decoder layer in the backward instead of storing its activations: about 1/3 more compute, far less memory (long sequences, big micro-batches).")
     seed: int = option(0, help="Seed of the step's RNG (dropout, shuffling of micro-batches).")
-    compile: bool = option(False, help="torch.compile the decoder layers for the update (fused kernels, far less Python per layer): ~1.4x faster updates once compiled (Qwen2.5-0.5B, H200), ~50 s to compile, again at the first new sequence length. Off by default: LocalBackend loads every step's adapter into the shared model, which changes the layers' adapter set and recompiles each step (measured: 15 s updates). For a Trainer whose model keeps one adapter. Falls back to eager with a warning if compilation fails.")
+    compile: bool = option(False, help="torch.compile the decoder layers for the update (fused kernels, far less Python per layer). Measured on an H200 (Qwen2.5-0.5B, 64 x 296 tokens): 0.19 s updates against 0.26 s eager, once compiled. Compiling costs ~50 s, and ~15 s again whenever the layers' adapter set changes (the engine's adapter slots stop changing after the first steps) or a new sequence length first appears. Off by default: pays off over long runs only. Falls back to eager with a warning if compilation fails.")
 
     def problems(self) -> list[str]:
         p: list[str] = []
