@@ -64,12 +64,13 @@ def _fused_forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Te
 
 
 class TrainingForward:
-    """The trainer's forward context (module doc). Reusable, once per micro-batch::
+    """The trainer's forward context (module doc), entered once per step::
 
-        with TrainingForward(...) as fwd:      # fused LoRA layers, peft's input upcast off
-            with fwd.autocast():               # the forward only
-                loss = ...
-            loss.backward()                    # layer checkpointing recomputes with the same layers
+        with TrainingForward(...) as fwd:      # fused LoRA (or compiled) layers, peft's input upcast off
+            for micro_batch in plan:
+                with fwd.autocast():           # the forward only
+                    loss = ...
+                loss.backward()                # layer checkpointing recomputes with the same layers
 
     The patch stays for the backward because checkpointed layers run their forward again there.
     """
