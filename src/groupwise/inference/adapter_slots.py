@@ -43,6 +43,7 @@ class AdapterSlots:
         self._serial = 0
 
     def peft_name(self, name: str) -> str:
+        """The slot of a served name; any other name (the base, a caller's own peft adapter) is itself."""
         return self.slot_of.get(name, name)
 
     def load(self, engine: Any, name: str, path: str) -> None:

@@ -119,6 +119,7 @@ class Engine:
         self.prefix_hit_tokens = 0  # prompt tokens copied from the prefix cache instead
         self._adapters: dict[str, str] = {}
         self._waiting: deque[_ReqState] = deque()
+        self._admitted: list[_ReqState] = []  # taken from _waiting, being prefilled
         self._running: list[_Seq] = []  # index i lives in slot i
         self._cv = threading.Condition()
         # Held by the loop for one step, and by add/remove_adapter. A pause does not hold it: it
@@ -268,7 +269,9 @@ class Engine:
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._cv:
-            states = list(self._waiting) + list({id(s.state): s.state for s in self._running}.values())
+            states = (self._admitted + list(self._waiting)
+                      + list({id(s.state): s.state for s in self._running}.values()))
+            self._admitted = []
             self._waiting.clear()
             self._running = []
         for st in states:
@@ -278,22 +281,18 @@ class Engine:
     def _step(self) -> None:
         admitted = admit(self)
         if admitted:
-            try:
-                prefill(self, admitted)
-            except BaseException as exc:
-                # Admitted requests are in neither queue until placed: answer them here, or their
-                # callers would wait forever (_fail_all only sees the queues).
-                for st in admitted:
-                    if not st.future.done():
-                        st.future.set_exception(EngineError(f"generation failed: {type(exc).__name__}: {exc}"))
-                raise
+            # Admitted requests are in neither queue until placed: _fail_all must see them too, or
+            # a failing prefill would leave their callers waiting forever.
+            self._admitted = admitted
+            prefill(self, admitted)
+            self._admitted = []
         if self._running:
             self._decode()
 
     def _adapter_names(self, seqs: list[_Seq]) -> list[str] | None:
         if not self._is_peft():
             return None
-        return [self._slots.peft_name(s.req.adapter) if s.req.adapter else BASE for s in seqs]
+        return [self._slots.peft_name(s.req.adapter or BASE) for s in seqs]
 
     def _forward(self, input_ids, position_ids, mask, cache, adapter_names, logits_to_keep=None):
         from groupwise.inference.decode_graphs import adapter_ctx

@@ -161,7 +161,7 @@ def run_rows(engine: "Engine", s0: int, tokens: list[list[int]], starts: list[in
     # columns; materialised by CPU attention) stay bounded for long prompts.
     chunk = max(32, engine.max_prefill_tokens // m)
     # Requests name adapters as served; peft knows them by the slot holding their weights.
-    names = [a if a == BASE else engine.peft_adapter_name(a) for a in adapters] if engine._is_peft() else None
+    names = [engine.peft_adapter_name(a) for a in adapters] if engine._is_peft() else None
     out = None
     for a in range(0, P, chunk):
         b = min(P, a + chunk)

@@ -25,7 +25,13 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["head_logprobs", "token_logprobs"]
+__all__ = ["base_and_decoder", "head_logprobs", "token_logprobs"]
+
+
+def base_and_decoder(model: Any) -> tuple[Any, Any]:
+    """(the causal LM under a peft wrapper, its decoder stack: embeddings + layers + final norm)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base, base.get_decoder() if hasattr(base, "get_decoder") else base.model
 
 
 def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -110,8 +116,7 @@ def token_logprobs(
     has them (computing them here is a device sync on CUDA).
     """
     B, T = input_ids_BT.shape
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    decoder = base.get_decoder() if hasattr(base, "get_decoder") else base.model
+    base, decoder = base_and_decoder(model)
     lm_head = base.get_output_embeddings()
     hidden_BTH = decoder(input_ids=input_ids_BT, attention_mask=attention_BT).last_hidden_state
     if target_index_N is None:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from groupwise.config import LoraConfig, TrainConfig
-from groupwise.training.logprobs import token_logprobs
+from groupwise.training.logprobs import base_and_decoder, token_logprobs
 from groupwise.training.lora_forward import TrainingForward
 from groupwise.training.loss import grpo_loss
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
@@ -178,7 +178,7 @@ class Trainer:
     def _set_layer_checkpointing(self, on: bool) -> None:
         if self._layer_checkpointing == on:
             return  # toggling walks the model; the state is ours to track (we set it every step)
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        base, _ = base_and_decoder(self.model)
         if not getattr(base, "supports_gradient_checkpointing", False):
             if on:
                 raise ValueError(f"{type(base).__name__} does not support gradient checkpointing; set it False")
@@ -231,8 +231,7 @@ class Trainer:
         if self._compiled is None:
             import functools
 
-            base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-            decoder = base.get_decoder() if hasattr(base, "get_decoder") else base.model
+            _, decoder = base_and_decoder(self.model)
             layers = list(getattr(decoder, "layers", []))
             by_class: dict[type, Any] = {}
             self._compiled = []
@@ -304,8 +303,9 @@ class Trainer:
         self._set_layer_checkpointing(config.gradient_checkpointing)
         try:
             # A fixed seed per step makes dropout reproducible on resume without touching the sampler's RNG.
+            step_seed = config.seed * 1_000_003 + step
             with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(config.seed * 1_000_003 + step)
+                torch.manual_seed(step_seed)
                 try:
                     stats, plan = self.forward_backward(batch, config)
                 except Exception as exc:
@@ -316,7 +316,7 @@ class Trainer:
                                   "training eagerly from now on. Set TrainConfig(compile=False) to skip compiling.")
                     self._compile_failed = True
                     optimizer.zero_grad(set_to_none=True)
-                    torch.manual_seed(config.seed * 1_000_003 + step)
+                    torch.manual_seed(step_seed)  # the same dropout draws as the failed attempt
                     stats, plan = self.forward_backward(batch, config)
                 max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
