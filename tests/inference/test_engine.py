@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from groupwise.inference.engine import Engine, EngineError, GenerationRequest
-from groupwise.inference.sampling import SamplingParams, top_p_filter
+from groupwise.inference.sampling import SamplingParams, sample_fixed, sample_next, top_p_filter
 from groupwise.loading import tiny_random_model
 
 
@@ -155,6 +155,21 @@ def test_seeded_noise_is_uniform_and_sampling_matches_probabilities():
     freq = torch.bincount(tokens, minlength=3).float() / 4000
     assert torch.allclose(freq, torch.tensor([0.7, 0.2, 0.1]), atol=0.03)
     assert torch.allclose(logprobs, torch.log(torch.tensor([0.7, 0.2, 0.1]))[tokens])
+
+
+def test_fixed_shape_sampling_draws_the_same_tokens_as_sample_next():
+    # The CUDA graph samples with sample_fixed; the eager path with sample_next. Same uniforms
+    # (seeded rows), same temperatures (0 = greedy) -> the same tokens and the raw logprob.
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 300, generator=g) * 3
+    temps, steps = [1.0, 0.0, 0.7, 1.3, 1.0], [0, 4, 9, 2, 17]
+    params = [SamplingParams(temperature=t, seed=10 + i) for i, t in enumerate(temps)]
+    tok_a, lp_a, _ = sample_next(logits, params, [p.seed for p in params], steps)
+    tok_b, lp_b = sample_fixed(logits, torch.tensor(temps), torch.tensor([p.seed for p in params]), torch.tensor(steps))
+    assert torch.equal(tok_a, tok_b)
+    torch.testing.assert_close(lp_b, torch.log_softmax(logits, -1)[torch.arange(5), tok_b], atol=1e-6, rtol=0)
+    torch.testing.assert_close(lp_a, lp_b, atol=1e-5, rtol=0)
+    assert tok_b[1] == logits[1].argmax()
 
 
 async def test_graph_decode_path_matches_eager(tiny, adapter_dirs):

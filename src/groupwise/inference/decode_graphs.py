@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from groupwise.inference.attention import engine_attention
 from groupwise.inference.kv_cache import SlotCache
+from groupwise.inference.sampling import sample_fixed
 
 if TYPE_CHECKING:
     from groupwise.inference.engine import Engine
@@ -28,17 +30,22 @@ BASE = "__base__"
 __all__ = ["EagerReplay", "adapter_ctx", "capture", "decode_with_graph"]
 
 
-def decode_with_graph(engine: "Engine", ids: torch.Tensor, pos: torch.Tensor, need: int,
-                      adapter: str | None) -> torch.Tensor:
-    """One decode step for k rows by replaying (capturing first if new) the graph of its bucket."""
+def decode_with_graph(engine: "Engine", ids: torch.Tensor, pos: torch.Tensor, need: int, adapter: str | None,
+                      sampling: tuple[list[float], list[int], list[int]] | None = None):
+    """One decode step for k rows by replaying (capturing first if new) the graph of its bucket.
+
+    Without `sampling`: returns the logits [k, V]. With `sampling` = per-row (temperatures, seeds,
+    token indices): the graph samples too (sampling.sample_fixed) and this returns (tokens [k],
+    logprobs [k]) on the device: the [k, V] sampling ops (~15 kernels) then cost one graph launch.
+    """
     k = ids.shape[0]
     B = 1 << (k - 1).bit_length()
     B = min(max(B, 1), engine.max_batch_size)
     Lb = min(max(64, 1 << (need - 1).bit_length()), engine.buffers.capacity - 1)
-    key = (B, Lb, adapter or BASE)
+    key = (B, Lb, adapter or BASE, sampling is not None)
     g = engine._graphs.get(key)
     if g is None:
-        g = capture(engine, B, Lb, adapter)
+        g = capture(engine, B, Lb, adapter, sampled=sampling is not None)
         engine._graphs[key] = g
     trash = engine.buffers.trash_col
     g["ids"].zero_()
@@ -51,13 +58,22 @@ def decode_with_graph(engine: "Engine", ids: torch.Tensor, pos: torch.Tensor, ne
     torch.le(ar[None, None, None, :], g["pos"][:, None, :, None], out=g["mask"])
     g["mask"][k:] = False
     g["mask"][k:, :, :, 0] = True
+    if sampling is not None:
+        temps, seeds, steps = sampling
+        # padding rows sample greedily from their (ignored) logits
+        g["temps"].copy_(torch.tensor(temps + [0.0] * (B - k), dtype=torch.float32), non_blocking=True)
+        g["seeds"].copy_(torch.tensor(seeds + [0] * (B - k), dtype=torch.long), non_blocking=True)
+        g["steps"].copy_(torch.tensor(steps + [0] * (B - k), dtype=torch.long), non_blocking=True)
     g["graph"].replay()
     engine.forward_passes += 1
+    if sampling is not None:
+        return g["tokens"][:k], g["logprobs"][:k]
     return g["logits"][:k, -1]
 
 
-def capture(engine: "Engine", B: int, Lb: int, adapter: str | None) -> dict[str, Any]:
-    """Static input tensors and the captured graph (its output: g["logits"]) for one bucket."""
+def capture(engine: "Engine", B: int, Lb: int, adapter: str | None, sampled: bool = False) -> dict[str, Any]:
+    """Static input tensors and the captured graph for one bucket. Its output: g["logits"], or with
+    `sampled` g["tokens"] and g["logprobs"] (from the static g["temps"], g["seeds"], g["steps"])."""
     dev = engine.device
     g: dict[str, Any] = {
         "ids": torch.zeros((B, 1), dtype=torch.long, device=dev),
@@ -67,6 +83,10 @@ def capture(engine: "Engine", B: int, Lb: int, adapter: str | None) -> dict[str,
         "arange": torch.arange(Lb, device=dev),
     }
     g["mask"][:, :, :, 0] = True
+    if sampled:
+        g["temps"] = torch.zeros(B, dtype=torch.float32, device=dev)
+        g["seeds"] = torch.zeros(B, dtype=torch.long, device=dev)
+        g["steps"] = torch.zeros(B, dtype=torch.long, device=dev)
     # The graph reads every tensor it was captured with by ADDRESS, so each must live as long as the
     # graph: the cache view's row index (rows_NQ) was once freed after capture; its memory went to the
     # next prefill, and a later replay scattered K/V with garbage indices (a device-side assert on
@@ -75,13 +95,17 @@ def capture(engine: "Engine", B: int, Lb: int, adapter: str | None) -> dict[str,
 
     def run():
         kwargs = {engine._cache_kwarg: cache, "use_cache": True}
-        return engine.model(input_ids=g["ids"], position_ids=g["pos"], attention_mask=g["mask"], **kwargs).logits
+        logits = engine.model(input_ids=g["ids"], position_ids=g["pos"], attention_mask=g["mask"], **kwargs).logits
+        if not sampled:
+            return {"logits": logits}
+        tokens, logprobs = sample_fixed(logits[:, -1], g["temps"], g["seeds"], g["steps"])
+        return {"tokens": tokens, "logprobs": logprobs}
 
     if dev.type != "cuda":
         # Stand-in for tests on CPU: same static buffers, buckets and padding rows, run eagerly.
         g["graph"] = EagerReplay(engine, run, adapter, g)
         return g
-    with adapter_ctx(engine, adapter), torch.inference_mode():
+    with adapter_ctx(engine, adapter), torch.inference_mode(), engine_attention(engine._base_model().config):
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -96,7 +120,7 @@ def capture(engine: "Engine", B: int, Lb: int, adapter: str | None) -> dict[str,
         graph = torch.cuda.CUDAGraph()
         # thread_local: other threads (the event loop, a trainer check) may use CUDA meanwhile.
         with torch.cuda.graph(graph, pool=engine._graph_pool, capture_error_mode="thread_local"):
-            g["logits"] = run()
+            g.update(run())
     g["graph"] = graph
     return g
 
@@ -134,5 +158,6 @@ class EagerReplay:
         self._engine, self._run, self._adapter, self._g = engine, run, adapter, g
 
     def replay(self) -> None:
-        with adapter_ctx(self._engine, self._adapter), torch.inference_mode():
-            self._g["logits"] = self._run()
+        with (adapter_ctx(self._engine, self._adapter), torch.inference_mode(),
+              engine_attention(self._engine._base_model().config)):
+            self._g.update(self._run())

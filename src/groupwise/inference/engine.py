@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from groupwise.inference.adapter_slots import SLOT_PREFIX, AdapterSlots
+from groupwise.inference.attention import engine_attention
 from groupwise.inference.kv_cache import SlotBuffers, SlotCache
 from groupwise.inference.prefill import admit, prefill
 from groupwise.inference.prefix_cache import PrefixCache
@@ -130,6 +131,7 @@ class Engine:
         self._closed = False
         self._default_generator = torch.Generator(device=self.device)
         self._default_generator.manual_seed(0)
+        self._cpu_generator = torch.Generator().manual_seed(0)  # seeds of unseeded rows in graph sampling
         self._thread = threading.Thread(target=self._loop, name="groupwise-engine", daemon=True)
         self._thread.start()
 
@@ -311,7 +313,7 @@ class Engine:
         if logits_to_keep is not None:
             kwargs["logits_to_keep"] = logits_to_keep
         self.forward_passes += 1
-        with torch.inference_mode(), one_adapter:
+        with torch.inference_mode(), one_adapter, engine_attention(self._base_model().config):
             out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **kwargs)
         return out.logits
 
@@ -335,17 +337,19 @@ class Engine:
         ids = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.long)
         pos = torch.tensor([[s.length] for s in seqs], dtype=torch.long)
         names = self._adapter_names(seqs)
-        logits = None
+        logits = sampled = None
         if self.cuda_graphs and (names is None or len(set(names)) == 1):
             try:
                 from groupwise.inference.decode_graphs import decode_with_graph
 
-                logits = decode_with_graph(self, ids, pos, need, names[0] if names else None)
+                sampling = self._graph_sampling(seqs)
+                out = decode_with_graph(self, ids, pos, need, names[0] if names else None, sampling)
+                sampled, logits = (out, None) if sampling is not None else (None, out)
             except Exception as exc:  # fail loud but keep serving: eager decode is correct, only slower
                 warnings.warn(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); decoding eagerly from now on")
                 self.cuda_graphs = False
                 self._graphs.clear()
-        if logits is None:
+        if logits is None and sampled is None:
             # Round up to 8 columns: few distinct shapes, and little extra KV to read (on CPU the
             # decode attention is bound by reading K/V: 32 extra columns cost ~20% at 32 x 100 tokens).
             length = min(-(-need // 8) * 8, self.buffers.capacity - 1)
@@ -355,7 +359,22 @@ class Engine:
         self.decode_passes += 1
         for s in seqs:
             s.length += 1
-        self._sample_and_advance(list(seqs), logits)
+        if sampled is not None:
+            self._advance(list(seqs), sampled[0].tolist(), sampled[1].tolist())
+        else:
+            self._sample_and_advance(list(seqs), logits)
+
+    def _graph_sampling(self, seqs: list[_Seq]) -> tuple[list[float], list[int], list[int]] | None:
+        """Per-row (temperature, seed, token index) when the decode graph can sample every row itself
+        (sampling.sample_fixed: no top-p, grammar or top_logprobs), else None. An unseeded row gets a
+        fresh seed from the engine's generator each step (a seeded row's uniform hashes its own seed)."""
+        params = [s.req.sampling for s in seqs]
+        if any(s.matcher is not None for s in seqs) or any(p.top_p < 1.0 or p.top_logprobs for p in params):
+            return None
+        fresh = torch.randint(0, 2**62, (len(seqs),), generator=self._cpu_generator).tolist()
+        seeds = [s.seed if s.seed is not None else fresh[i] for i, s in enumerate(seqs)]
+        steps = [len(s.tokens) if s.seed is not None else 0 for s in seqs]
+        return [p.temperature for p in params], seeds, steps
 
     # ---------------------------------------------------------------- sampling and finishing
     def _sample_and_advance(self, seqs: list[_Seq], logits_BV: torch.Tensor) -> None:
@@ -373,7 +392,11 @@ class Engine:
         if tops_needed:
             top_vals, top_ids = torch.topk(raw_BV, tops_needed, dim=-1)
             top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
-        tokens, logprobs = tokens_B.tolist(), logprobs_B.tolist()
+        self._advance(seqs, tokens_B.tolist(), logprobs_B.tolist(), top_ids, top_vals)
+
+    def _advance(self, seqs: list[_Seq], tokens: list[int], logprobs: list[float],
+                 top_ids: list[list[int]] | None = None, top_vals: list[list[float]] | None = None) -> None:
+        """Append each row's sampled token, check whether it finished, retire finished rows."""
         for b, s in enumerate(seqs):
             t = tokens[b]
             s.tokens.append(t)

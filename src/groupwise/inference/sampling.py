@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SamplingParams", "inverse_cdf", "sample_next", "seeded_uniform", "top_p_filter"]
+__all__ = ["SamplingParams", "inverse_cdf", "sample_fixed", "sample_next", "seeded_uniform", "top_p_filter"]
 
 
 @dataclass
@@ -139,6 +139,26 @@ def sample_next(
             tokens_B[idx] = choice
     logprobs_B = raw_logprobs_BV.gather(1, tokens_B[:, None])[:, 0]
     return tokens_B, logprobs_B, raw_logprobs_BV
+
+
+def sample_fixed(logits_BV: torch.Tensor, temps_B: torch.Tensor, seeds_B: torch.Tensor,
+                 steps_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_next` for rows without top-p, grammar mask or top_logprobs, in fixed-shape tensor ops
+    only (no Python decision on values), so a CUDA graph can capture it with the decode step.
+
+    temps_B: per-row temperature (0 = greedy); seeds_B, steps_B: the (seed, token index) whose hash
+    is the row's uniform (`seeded_uniform`; the engine gives an unseeded row a fresh random seed per
+    step). Same tokens as `sample_next` for the same uniforms; the logprob is the raw log-softmax at
+    the token (module doc), computed as log_softmax (sample_next's shortcut differs in the last bits).
+    Returns (token_ids_B, raw_logprobs_B).
+    """
+    logits = logits_BV.float()
+    greedy_B = temps_B == 0
+    probs_BV = torch.softmax(logits / torch.where(greedy_B, 1.0, temps_B)[:, None], dim=-1)
+    sampled_B = inverse_cdf(probs_BV, seeded_uniform(seeds_B, steps_B))
+    tokens_B = torch.where(greedy_B, logits.argmax(-1), sampled_B)
+    logprobs_B = torch.log_softmax(logits, dim=-1).gather(1, tokens_B[:, None])[:, 0]
+    return tokens_B, logprobs_B
 
 
 def _uniforms(rows: list[int], seeds: list[int | None], steps: list[int], dev: torch.device,
