@@ -334,16 +334,20 @@ class Engine:
         need = max(s.length for s in seqs) + 1
         if self.buffers.grow(need + 1):
             self._graphs.clear()
-        ids = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.long)
-        pos = torch.tensor([[s.length] for s in seqs], dtype=torch.long)
+        last = [s.tokens[-1] for s in seqs]
+        positions = [s.length for s in seqs]
         names = self._adapter_names(seqs)
         logits = sampled = None
         if self.cuda_graphs and (names is None or len(set(names)) == 1):
             try:
-                from groupwise.inference.decode_graphs import decode_with_graph
+                from groupwise.inference.decode_graphs import decode_with_graph, run_decode_steps
 
+                adapter = names[0] if names else None
                 sampling = self._graph_sampling(seqs)
-                out = decode_with_graph(self, ids, pos, need, names[0] if names else None, sampling)
+                if sampling is not None and self.device.type == "cuda":
+                    run_decode_steps(self, list(seqs), last, positions, need, adapter, sampling)
+                    return
+                out = decode_with_graph(self, last, positions, need, adapter, sampling)
                 sampled, logits = (out, None) if sampling is not None else (None, out)
             except Exception as exc:  # fail loud but keep serving: eager decode is correct, only slower
                 warnings.warn(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); decoding eagerly from now on")
@@ -353,28 +357,37 @@ class Engine:
             # Round up to 8 columns: few distinct shapes, and little extra KV to read (on CPU the
             # decode attention is bound by reading K/V: 32 extra columns cost ~20% at 32 x 100 tokens).
             length = min(-(-need // 8) * 8, self.buffers.capacity - 1)
+            ids = torch.tensor(last, dtype=torch.long)[:, None]  # [k, 1]
+            pos = torch.tensor(positions, dtype=torch.long)[:, None]
             mask = torch.arange(length)[None, None, None, :] <= pos[:, None, :, None]  # [k, 1, 1, length]
             cache = SlotCache(self.buffers, 0, k, pos.to(dev), length)
             logits = self._forward(ids.to(dev), pos.to(dev), mask.to(dev), cache, names)[:, -1]
-        self.decode_passes += 1
-        for s in seqs:
-            s.length += 1
+        self._stepped(seqs)
         if sampled is not None:
-            self._advance(list(seqs), sampled[0].tolist(), sampled[1].tolist())
+            tokens, logprobs = sampled.tolist()  # one read-back: tokens (exact in fp64), logprobs
+            self._advance(list(seqs), [int(t) for t in tokens], logprobs)
         else:
             self._sample_and_advance(list(seqs), logits)
 
+    def _stepped(self, seqs: list[_Seq]) -> None:
+        """A decode pass ran for `seqs`: each wrote one more K/V column."""
+        self.decode_passes += 1
+        for s in seqs:
+            s.length += 1
+
     def _graph_sampling(self, seqs: list[_Seq]) -> tuple[list[float], list[int], list[int]] | None:
         """Per-row (temperature, seed, token index) when the decode graph can sample every row itself
-        (sampling.sample_fixed: no top-p, grammar or top_logprobs), else None. An unseeded row gets a
-        fresh seed from the engine's generator each step (a seeded row's uniform hashes its own seed)."""
+        (sampling.sample_fixed: no top-p, grammar or top_logprobs), else None. An unseeded row draws
+        one random seed from the engine's generator and hashes (seed, token index) like a seeded row,
+        so the graph can step its own inputs (decode_graphs.run_decode_steps)."""
         params = [s.req.sampling for s in seqs]
         if any(s.matcher is not None for s in seqs) or any(p.top_p < 1.0 or p.top_logprobs for p in params):
             return None
-        fresh = torch.randint(0, 2**62, (len(seqs),), generator=self._cpu_generator).tolist()
-        seeds = [s.seed if s.seed is not None else fresh[i] for i, s in enumerate(seqs)]
-        steps = [len(s.tokens) if s.seed is not None else 0 for s in seqs]
-        return [p.temperature for p in params], seeds, steps
+        for s in seqs:
+            if s.seed is None and s.graph_seed is None:
+                s.graph_seed = int(torch.randint(0, 2**62, (1,), generator=self._cpu_generator))
+        seeds = [s.seed if s.seed is not None else s.graph_seed for s in seqs]
+        return [p.temperature for p in params], seeds, [len(s.tokens) for s in seqs]
 
     # ---------------------------------------------------------------- sampling and finishing
     def _sample_and_advance(self, seqs: list[_Seq], logits_BV: torch.Tensor) -> None:

@@ -73,6 +73,7 @@ class _Seq:
     logprobs: list[float] = field(default_factory=list)
     tops: list[list[tuple[int, float]]] = field(default_factory=list)
     seed: int | None = None
+    graph_seed: int | None = None  # an unseeded row's random seed in graph sampling (drawn once)
     matcher: Any = None
     finish_reason: str | None = None
     text_cut: int | None = None  # stop string found: text is cut here
