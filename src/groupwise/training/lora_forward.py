@@ -16,6 +16,12 @@ vanilla adapter (no DoRA or other variant), no dropout, no LoRA bias, not merged
 ``adapter_names``; anything else runs peft's own forward. It is installed per instance for the
 trainer's forward and removed after, so the inference engine (which shares the model) never sees it.
 
+Compiled decoder layers (TrainConfig.compile) take `AdapterForwards` instead: the same arithmetic,
+reading the trainer's adapter from one plain attribute, so the compiled code's guards do not depend
+on which other adapters the engine has loaded (peft's forward reads every adapter's name: each new
+engine slot recompiled every layer). tests/training/test_compile.py pins both: no recompilation
+after two slots are added, and the eager step's loss and gradient.
+
 Mixed precision: with a half-precision base, peft keeps LoRA weights in fp32 (AdamW updates of
 1e-5 survive) and upcasts each layer's input to fp32, which would add fp32 GEMMs and [T, out] fp32
 copies (measured: half the update time of the 0.5B model above). Under autocast, with peft's input
@@ -31,23 +37,42 @@ from typing import Any
 
 import torch
 
-__all__ = ["TrainingForward", "fast_lora_ok"]
+__all__ = ["AdapterForwards", "TrainingForward", "fast_lora_ok"]
 
 
-def fast_lora_ok(layer: Any) -> bool:
-    """Static conditions for the fused path (the dynamic ones are checked per call)."""
+def fast_lora_ok(layer: Any, adapter: str | None = None, *, allow_dropout: bool = False) -> bool:
+    """Static conditions for the fused path, for `adapter` or (None) every adapter of the layer; the
+    dynamic ones are checked per call (eager) or per step (compiled, `AdapterForwards.install`)."""
     try:
         from peft.tuners.lora.layer import Linear as LoraLinear
     except ImportError:  # pragma: no cover - peft is a training dependency
         return False
     if type(layer) is not LoraLinear or type(layer.base_layer) is not torch.nn.Linear:
         return False
-    for name in layer.lora_A:
-        if name in getattr(layer, "lora_variant", {}):
+    names = list(layer.lora_A) if adapter is None else [adapter]
+    for name in names:
+        if name not in layer.lora_A or name in getattr(layer, "lora_variant", {}):
             return False
-        if not isinstance(layer.lora_dropout[name], torch.nn.Identity) or layer.lora_B[name].bias is not None:
+        dropout = layer.lora_dropout[name]
+        if not (isinstance(dropout, torch.nn.Identity) or (allow_dropout and type(dropout) is torch.nn.Dropout)):
+            return False
+        if layer.lora_B[name].bias is not None:
             return False
     return True
+
+
+def _lora_linear(base_layer: torch.nn.Module, x: torch.Tensor, a_weight: torch.Tensor, b_weight: torch.Tensor,
+                 scaling: float, dropout: torch.nn.Module | None = None) -> torch.Tensor:
+    """peft's ``base(x) + lora_B(lora_A(dropout(x))) * scaling`` as one addmm (module doc).
+
+    The calls come in peft's order (base, then dropout), so a dropout draws the same random numbers.
+    """
+    result = base_layer(x)  # [..., out]
+    h = torch.nn.functional.linear(x if dropout is None else dropout(x), a_weight)  # [..., r]
+    scaled_B = b_weight * scaling  # [out, r]: the scale on the small side
+    out = result.shape[-1]
+    fused = torch.addmm(result.reshape(-1, out), h.reshape(-1, h.shape[-1]), scaled_B.t())
+    return fused.view(result.shape)
 
 
 def _fused_forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -55,12 +80,66 @@ def _fused_forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Te
     if args or kwargs or self.merged or self.disable_adapters or len(active) != 1 or active[0] not in self.lora_A:
         return type(self).forward(self, x, *args, **kwargs)
     name = active[0]
-    result = self.base_layer(x)  # [..., out]
-    h = torch.nn.functional.linear(x, self.lora_A[name].weight)  # [..., r]
-    scaled_B = self.lora_B[name].weight * self.scaling[name]  # [out, r]: the scale on the small side
-    out = result.shape[-1]
-    fused = torch.addmm(result.reshape(-1, out), h.reshape(-1, h.shape[-1]), scaled_B.t())
-    return fused.view(result.shape)
+    return _lora_linear(self.base_layer, x, self.lora_A[name].weight, self.lora_B[name].weight, self.scaling[name])
+
+
+# The attribute that holds (A weight, B weight, scaling, dropout or None) of the trainer's adapter
+# while `AdapterForwards` is installed.
+_ADAPTER_ATTR = "_groupwise_train_adapter"
+
+
+def _adapter_forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """One adapter's LoRA layer, for compiled decoder layers (`AdapterForwards`)."""
+    if args or kwargs:  # peft's per-row adapter_names and the like: peft decides
+        return type(self).forward(self, x, *args, **kwargs)
+    if self.disable_adapters:  # the KL term's reference pass (model.disable_adapter()): the base only
+        return self.base_layer(x)
+    a_weight, b_weight, scaling, dropout = getattr(self, _ADAPTER_ATTR)
+    return _lora_linear(self.base_layer, x, a_weight, b_weight, scaling, dropout)
+
+
+class AdapterForwards:
+    """The trainer's LoRA layers as forwards that compiled code can trust across adapter sets.
+
+    peft's forward reads ``self.lora_A.keys()`` and ``self.active_adapters``, so compiled code over
+    it guards on every layer's set of adapters: each adapter the engine adds (its slots
+    ``gw-slot-<k>``, inference/adapter_slots.py) recompiled every decoder layer (13 s on an H200).
+    `_adapter_forward` reads only the base layer, one plain attribute (the adapter's tensors and
+    scale, a tuple) and ``disable_adapters``: the guards no longer see the other adapters.
+
+    It is peft's function for one adapter: the trainer's, which `install` checks is the only active
+    one, not merged, in every layer it patches. A layer that fails a check keeps peft's forward,
+    which stays correct and only recompiles as before. The bound methods are made once and the same
+    objects installed every step. (Measured with torch 2.13: a fresh bound method each step does not
+    recompile either, as dynamo guards on the function; reusing them just does not depend on that.)
+    """
+
+    def __init__(self, adapter: str):
+        self.adapter = adapter
+        self._methods: dict[torch.nn.Module, Any] = {}  # layer -> its bound _adapter_forward, made once
+        self.installed: list[torch.nn.Module] = []
+
+    def install(self, tuner_layers: list[Any]) -> None:
+        name = self.adapter
+        for m in tuner_layers:
+            if not fast_lora_ok(m, name, allow_dropout=True) or m.merged or m.active_adapters != [name]:
+                continue
+            if getattr(m, "cast_input_dtype_enabled", True) and m.lora_A[name].weight.dtype != m.base_layer.weight.dtype:
+                continue  # peft would cast the input to the adapter's dtype; the patch does not
+            dropout = m.lora_dropout[name]
+            # Read each step (not cached): a resumed or reloaded adapter may hold new tensors or a new scale.
+            setattr(m, _ADAPTER_ATTR, (m.lora_A[name].weight, m.lora_B[name].weight, m.scaling[name],
+                                       None if isinstance(dropout, torch.nn.Identity) else dropout))
+            if m not in self._methods:
+                self._methods[m] = types.MethodType(_adapter_forward, m)
+            m.forward = self._methods[m]  # an instance attribute shadows the class's
+            self.installed.append(m)
+
+    def remove(self) -> None:
+        for m in self.installed:
+            m.__dict__.pop("forward", None)
+            m.__dict__.pop(_ADAPTER_ATTR, None)
+        self.installed = []
 
 
 class TrainingForward:
@@ -73,15 +152,19 @@ class TrainingForward:
                 loss.backward()                # layer checkpointing recomputes with the same layers
 
     The patch stays for the backward because checkpointed layers run their forward again there.
+    Eager, the LoRA layers run `_fused_forward`; with compiled `layer_forwards` they run the
+    trainer's `adapter_forwards`, whose guards do not see the engine's other adapters.
     """
 
     def __init__(self, tuner_layers: list[Any], device_type: str, half_dtype: torch.dtype | None,
-                 layer_forwards: list[tuple[torch.nn.Module, Any]] = ()):
+                 layer_forwards: list[tuple[torch.nn.Module, Any]] = (),
+                 adapter_forwards: AdapterForwards | None = None):
         self.tuners = tuner_layers
-        # Compiled decoder layers (trainer._layer_forwards) get the mul and add fused by the
-        # compiler, and tracing through a per-step patched method would recompile: no patch then.
+        # Compiled decoder layers (trainer._layer_forwards) take the trainer's `adapter_forwards`:
+        # `_fused_forward` reads the adapter dicts, which compiled code would guard on.
         self.fast = [] if layer_forwards else [m for m in tuner_layers if fast_lora_ok(m)]
         self.layer_forwards = list(layer_forwards)
+        self.adapter_forwards = adapter_forwards if layer_forwards else None
         self.device_type, self.half_dtype = device_type, half_dtype
 
     def autocast(self) -> Any:
@@ -98,9 +181,13 @@ class TrainingForward:
             self.saved = [getattr(m, "cast_input_dtype_enabled", True) for m in self.tuners]
             for m in self.tuners:
                 m.cast_input_dtype_enabled = False  # what peft.helpers.disable_input_dtype_casting sets
+        if self.adapter_forwards is not None:
+            self.adapter_forwards.install(self.tuners)  # after the cast switch: install checks it
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self.adapter_forwards is not None:
+            self.adapter_forwards.remove()
         if self.half_dtype is not None:
             for m, was in zip(self.tuners, self.saved):
                 m.cast_input_dtype_enabled = was

@@ -26,7 +26,7 @@ import torch
 
 from groupwise.config import LoraConfig, TrainConfig
 from groupwise.training.logprobs import base_and_decoder, token_logprobs
-from groupwise.training.lora_forward import TrainingForward
+from groupwise.training.lora_forward import AdapterForwards, TrainingForward
 from groupwise.training.loss import grpo_loss
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
 
@@ -126,6 +126,7 @@ class Trainer:
         self.device = next(model.parameters()).device
         self._module_cache: tuple | None = None
         self._compiled: list[tuple[torch.nn.Module, Any]] | None = None
+        self._adapter_forwards = AdapterForwards(adapter_name)  # the LoRA layers compiled layers call
         self._compile_failed = False
         # None: unknown, so the first step sets it either way (a caller may have enabled it).
         self._layer_checkpointing: bool | None = None
@@ -211,7 +212,7 @@ class Trainer:
         compiled decoder layers (training/lora_forward.py says why)."""
         half = self._base_dtype in (torch.bfloat16, torch.float16) and self.device.type in ("cuda", "cpu")
         return TrainingForward(self._modules()[1], self.device.type, self._base_dtype if half else None,
-                               self._layer_forwards(config))
+                               self._layer_forwards(config), self._adapter_forwards)
 
     def _layer_forwards(self, config: TrainConfig) -> list[tuple[torch.nn.Module, Any]]:
         """(decoder layer, compiled forward) pairs, installed for the update only (the engine keeps
@@ -220,11 +221,23 @@ class Trainer:
         Why compile: a LoRA'd decoder layer is ~70 small ops; eager PyTorch spends longer launching
         them from Python than the GPU spends running them, and the forward is launch-bound (measured
         on an H200, Qwen2.5-0.5B, 64 x 296 tokens: update 0.267 s eager, 0.189 s compiled). One
-        compiled function per layer class serves every layer (the parameters are inputs), so there
-        is one compilation, plus one more when a new sequence length makes the shapes dynamic.
-        Opt-in (TrainConfig.compile): the compiled code guards on each layer's set of adapters, so it
-        recompiles until the engine's adapter slots stop changing (inference/adapter_slots.py; in
-        bench/train_step.py: steps 1-2, then 0.19 s updates).
+        compiled function per layer class serves every layer (the parameters are inputs); dynamo
+        keeps an entry per guard outcome: the first layer's input does not require grad (frozen
+        embeddings) and the others' does, the KL term's reference pass is another, and while the
+        decoder builds a KV cache (token_logprobs does not pass use_cache=False) each layer index
+        is one more (measured, tiny Qwen2 on CPU: 8 entries for 8 layers; 2 with use_cache=False).
+        A new sequence length recompiles once, with dynamic shapes; later lengths reuse that.
+
+        The engine's adapters do not recompile it: the trainer's LoRA layers run `AdapterForwards`
+        (training/lora_forward.py), which read only the trainer's adapter, where peft's forward read
+        every layer's adapter dict, so each adapter slot the engine added recompiled every layer (13 s
+        on an H200, steps 1-2 of bench/train_step.py). tests/training/test_compile.py (tiny Qwen2,
+        CPU): 4 graphs at the first step (2 layer entries, 2 for the KL pass), none after two slots
+        were added (peft's forward: 2 per slot), 4 more once for a new length, none for 3 more
+        lengths; the compiled step's loss and gradient are the eager one's to 9e-7 / 6e-7 relative
+        (fp32). A LoRA layer that `AdapterForwards` cannot take (DoRA, a LoRA bias, a non-Linear
+        base) keeps peft's forward and with it the recompiles. Opt-in (TrainConfig.compile): the
+        first compilation costs ~50 s on the GPU.
         """
         if not config.compile or self._compile_failed:
             return []
