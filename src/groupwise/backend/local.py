@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from groupwise.backend.memory import release_freed_memory
+from groupwise.compute import compute_thread
 from groupwise.backend.base import Backend, InferenceEndpoint, TrainResult
 from groupwise.config import LoraConfig, TrainConfig
 from groupwise.errors import AdapterMismatchError, GroupwiseError
@@ -123,7 +124,8 @@ class LocalBackend(Backend):
         if model.base_path == DEFAULT_PATH and self.path != DEFAULT_PATH:
             model.base_path = self.path  # the backend's path is where a default-configured model's run lives
             model._store = None
-        self._models[model.name] = await asyncio.to_thread(self._load, model)
+        # torch work runs on the one compute thread (groupwise/compute.py: OpenMP on CPU)
+        self._models[model.name] = await compute_thread().run(self._load, model)
 
     def _load(self, model: "TrainableModel") -> _Served:
         from groupwise.inference.engine import Engine
@@ -187,27 +189,27 @@ class LocalBackend(Backend):
             # 1. trajectories first: a crash in the step loses nothing.
             await asyncio.to_thread(served.store.write_trajectories, "train", step, groups)
             # 2. token-in/token-out batch, rendered as the server rendered the prompts.
-            batch = await asyncio.to_thread(
+            batch = await compute_thread().run(
                 tokenize_groups, groups, served.tokenizer, max_seq_len=config.max_seq_len,
                 scale_rewards=config.scale_rewards, prepare=prepare_messages,
             )
             # 3. exclusive use of the shared model while training.
             async with served.engine.paused():
-                metrics = await asyncio.to_thread(served.trainer.train_step, batch, config, step=step)
+                metrics = await compute_thread().run(served.trainer.train_step, batch, config, step=step)
             del batch
             if served.trainer.device.type == "cpu":
                 release_freed_memory()  # else RSS grows by GBs a step (backend/memory.py)
             new_step = step + 1
             # 4. checkpoint, then 5. serve and verify, then 6. retention.
             cursor = await asyncio.to_thread(served.store.read_state)
-            path = await asyncio.to_thread(self._save, served, new_step, metrics, cursor)
+            path = await compute_thread().run(self._save, served, new_step, metrics, cursor)
             served.cursor = cursor
-            await asyncio.to_thread(served.registry.add_step, model.name, new_step, str(path))
+            await compute_thread().run(served.registry.add_step, model.name, new_step, str(path))
             served.step = new_step
             served.checkpoint_path = str(path)
             if self.verify_adapter:
                 await self._verify(model, served, new_step)
-            await asyncio.to_thread(self._retain, model, served, new_step)
+            await compute_thread().run(self._retain, model, served, new_step)
             metrics["step_time"] = time.perf_counter() - t0
             return TrainResult(step=new_step, metrics=metrics, checkpoint_path=str(path))
 

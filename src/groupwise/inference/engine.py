@@ -1,8 +1,9 @@
 """The batching generation engine: continuous batching on transformers, per-request LoRA, logprobs.
 
-How it runs. Rollouts are asyncio coroutines; the engine runs a loop in one background thread and
-answers through futures (`await engine.generate(request)` works from any event loop). Each loop
-iteration, under the model lock:
+How it runs. Rollouts are asyncio coroutines; the engine is stepped by the process's compute thread
+(groupwise/compute.py: one thread for all torch work, which the CPU's OpenMP needs to run at full
+speed) and answers through futures (`await engine.generate(request)` works from any event loop).
+Each step, under the model lock:
 
 1. prefill (prefill.py): waiting requests are admitted while slots are free; their prompts' known
    prefixes are copied from the prefix cache (prefix_cache.py), the rest (left-padded, one row per
@@ -49,6 +50,7 @@ from typing import Any
 
 import torch
 
+from groupwise.compute import compute_thread
 from groupwise.inference.adapter_slots import SLOT_PREFIX, AdapterSlots
 from groupwise.inference.attention import engine_attention
 from groupwise.inference.kv_cache import SlotBuffers, SlotCache
@@ -91,8 +93,12 @@ class Engine:
         heads = text_config.num_attention_heads
         head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
         kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
-        self.buffers = SlotBuffers(text_config.num_hidden_layers, max_batch_size, kv_heads, head_dim,
-                                   min(initial_capacity, self.context_length), self.dtype, self.device)
+        # Steps run on the process's compute thread (groupwise/compute.py says why one thread), and so
+        # does every torch op of the engine's, allocations included (a large fill is an OpenMP region).
+        self._compute = compute_thread()
+        self.buffers = self._compute.call(SlotBuffers, text_config.num_hidden_layers, max_batch_size, kv_heads,
+                                          head_dim, min(initial_capacity, self.context_length), self.dtype,
+                                          self.device)
         # KV of prompt prefixes seen before (prefix_cache.py); allocated at the first prefill.
         self.prefix_cache = (PrefixCache(self.buffers, prefix_cache_tokens, prefix_block_size)
                              if prefix_cache_tokens else None)
@@ -122,7 +128,7 @@ class Engine:
         self._waiting: deque[_ReqState] = deque()
         self._admitted: list[_ReqState] = []  # taken from _waiting, being prefilled
         self._running: list[_Seq] = []  # index i lives in slot i
-        self._cv = threading.Condition()
+        self._cv = self._compute.cv  # guards the queues; submit() wakes the compute thread through it
         # Held by the loop for one step, and by add/remove_adapter. A pause does not hold it: it
         # counts pauses (the loop starts no step while > 0) and waits for the current step to end,
         # so the trainer may load an adapter from inside a pause without deadlocking.
@@ -132,8 +138,7 @@ class Engine:
         self._default_generator = torch.Generator(device=self.device)
         self._default_generator.manual_seed(0)
         self._cpu_generator = torch.Generator().manual_seed(0)  # seeds of unseeded rows in graph sampling
-        self._thread = threading.Thread(target=self._loop, name="groupwise-engine", daemon=True)
-        self._thread.start()
+        self._compute.attach(self)
 
     # ---------------------------------------------------------------- adapters and the model lock
     def _base_model(self) -> Any:
@@ -147,6 +152,9 @@ class Engine:
         Its weights go to a free slot of the same LoRA shape when there is one (adapter_slots.py)."""
         if name == BASE or "@" in name or name.startswith(SLOT_PREFIX):
             raise EngineError(f"adapter name {name!r} is reserved; pick another")
+        self._compute.call(self._add_adapter, name, path)
+
+    def _add_adapter(self, name: str, path: str) -> None:
         with self._step_lock:
             if name in self._adapters or (self._is_peft() and name in self.model.peft_config):
                 raise EngineError(f"adapter {name!r} is already loaded; remove_adapter({name!r}) first")
@@ -156,6 +164,9 @@ class Engine:
             self._forget_prefixes()  # a reused name (or slot) must not find the old weights' KV
 
     def remove_adapter(self, name: str) -> None:
+        self._compute.call(self._remove_adapter, name)
+
+    def _remove_adapter(self, name: str) -> None:
         with self._step_lock:
             if name not in self._adapters:
                 raise EngineError(f"adapter {name!r} is not loaded; loaded: {sorted(self._adapters)}")
@@ -228,7 +239,7 @@ class Engine:
             state.seqs.append(seq)
         with self._cv:
             self._waiting.append(state)
-            self._cv.notify()
+            self._cv.notify_all()
         return future
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -253,21 +264,20 @@ class Engine:
             raise EngineError("; ".join(problems))
 
     # ---------------------------------------------------------------- the loop
-    def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while not self._closed and (self._pauses or (not self._waiting and not self._running)):
-                    self._cv.wait()
-                if self._closed:
-                    break
-            try:
-                with self._step_lock:
-                    with self._cv:
-                        if self._pauses:  # a pause began between the wait and the lock
-                            continue
-                    self._step()
-            except BaseException as exc:  # fail loud: every waiting caller gets the error
-                self._fail_all(exc)
+    def _ready(self) -> bool:
+        """Called by the compute thread under `_cv`: is there a step to run?"""
+        return not self._closed and not self._pauses and bool(self._waiting or self._running)
+
+    def _poll(self) -> None:
+        """One step (admit + prefill, then decode), run by the compute thread."""
+        try:
+            with self._step_lock:
+                with self._cv:
+                    if not self._ready():  # a pause began (or the engine closed) since the check
+                        return
+                self._step()
+        except BaseException as exc:  # fail loud: every waiting caller gets the error
+            self._fail_all(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._cv:
@@ -492,8 +502,9 @@ class Engine:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=30)
+        self._compute.detach(self)
+        with self._step_lock:  # a step in progress ends first
+            pass
         self._fail_all(EngineError("the engine was closed"))
 
     def __enter__(self) -> "Engine":

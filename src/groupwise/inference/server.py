@@ -358,7 +358,10 @@ def run_serve(args) -> int:
             problems.append(f"--adapter {path}: no adapter_config.json there (expected a peft LoRA folder)")
     if problems:
         raise ConfigError(problems, what="serve arguments")
-    model, tokenizer = load_base_model(args.model, device=args.device, dtype=args.dtype)
+    from groupwise.compute import compute_thread
+
+    # loaded on the thread that will run the engine (groupwise/compute.py: one OpenMP team)
+    model, tokenizer = compute_thread().call(load_base_model, args.model, device=args.device, dtype=args.dtype)
     engine = Engine(model, tokenizer, max_batch_size=getattr(args, "max_batch_size", 32))
     name = args.name or args.model
     registry = ModelRegistry(engine, base_name=args.model)

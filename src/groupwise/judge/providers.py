@@ -136,7 +136,9 @@ def _build_local_client(model: str) -> Any:
             f"the local judge 'local/{model}' needs groupwise's inference engine, which could not be imported "
             f"({e}). Install the backend extra: pip install 'groupwise[backend]'"
         ) from e
-    lm, tokenizer = load_base_model(model)
+    from groupwise.compute import compute_thread
+
+    lm, tokenizer = compute_thread().call(load_base_model, model)  # groupwise/compute.py: one torch thread
     engine = Engine(lm, tokenizer)
     app = create_app(ModelRegistry(engine, base_name=model))
     return in_process_client(app)

@@ -342,7 +342,9 @@ class _Loop:
         path = served.store.checkpoints_dir / step_dir_name(step)
         if not (path / "state.json").is_file():
             raise RuntimeError(f"checkpoint of step {step} is missing at {path}; retention removed the best checkpoint")
-        await asyncio.to_thread(served.registry.add_step, self.model.name, step, str(path))
+        from groupwise.compute import compute_thread
+
+        await compute_thread().run(served.registry.add_step, self.model.name, step, str(path))
 
     async def keep_best(self, best_step: int | None, history: list[dict]) -> None:
         """Tell the backend which checkpoint is best so far, so its retention keeps it.

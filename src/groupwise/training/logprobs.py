@@ -118,7 +118,10 @@ def token_logprobs(
     B, T = input_ids_BT.shape
     base, decoder = base_and_decoder(model)
     lm_head = base.get_output_embeddings()
-    hidden_BTH = decoder(input_ids=input_ids_BT, attention_mask=attention_BT).last_hidden_state
+    # use_cache=False: a training forward builds no KV cache (it would be thrown away, and with
+    # compiled layers each layer's cache index made its own compiled entry: 8 instead of 2 on an
+    # 8-layer model, measured in tests/training/test_compile.py's setting).
+    hidden_BTH = decoder(input_ids=input_ids_BT, attention_mask=attention_BT, use_cache=False).last_hidden_state
     if target_index_N is None:
         mask_BT = mask_BT.clone()
         mask_BT[:, 0] = False  # token 0 has no predecessor

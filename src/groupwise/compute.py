@@ -1,0 +1,101 @@
+"""One thread for the process's torch work: engine steps, model loading, training steps.
+
+Why one. PyTorch's CPU ops run in OpenMP (libgomp) teams, one team per calling thread. When a
+process's OpenMP threads outnumber its cores, libgomp makes idle workers sleep almost at once
+instead of spinning, so every parallel region pays a futex wake-up. The engine decoding in its
+own thread while the model was loaded (and trained) in others was exactly that: measured on this
+2-core CPU, SmolLM2, 8 rows x 64 tokens with a LoRA adapter: `generate` 8.0 s in the only torch
+thread, 12.9 s after a second thread had run torch ops; a [8, 576] x [576, 1536] matmul 200 us vs
+320 us; both back to the first numbers when one thread does all the work. GPUs are unaffected.
+
+So groupwise keeps one `ComputeThread` per process (`compute_thread()`): engines are stepped on it
+(an engine is a poller here, not a thread: `Engine._poll` runs one step), and the backend sends its
+loading, tokenizing, training and checkpoint work to it as tasks. Tasks and engine steps
+interleave: each turn runs the queued tasks, then one step of every engine with work. A task must
+not wait for an engine's answer (that engine steps on this same thread): it would wait forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections import deque
+from typing import Any, Callable
+
+__all__ = ["ComputeThread", "compute_thread"]
+
+
+class ComputeThread:
+    """A daemon thread that runs submitted tasks and steps attached engines (module doc)."""
+
+    def __init__(self, name: str = "groupwise-compute") -> None:
+        self.cv = threading.Condition()  # engines attached here guard their queues with it too
+        self._tasks: deque[tuple[concurrent.futures.Future, Callable[..., Any], tuple, dict]] = deque()
+        self._engines: list[Any] = []
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    def on_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        """Run fn(*args, **kwargs) on the compute thread; the future holds its result or exception."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self.cv:
+            self._tasks.append((future, fn, args, kwargs))
+            self.cv.notify_all()
+        return future
+
+    def call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run fn on the compute thread and wait (directly when already on it)."""
+        if self.on_thread():
+            return fn(*args, **kwargs)
+        return self.submit(fn, *args, **kwargs).result()
+
+    async def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """``await compute.run(fn, ...)``: fn on the compute thread, the event loop free meanwhile."""
+        if self.on_thread():
+            return fn(*args, **kwargs)
+        return await asyncio.wrap_future(self.submit(fn, *args, **kwargs))
+
+    def attach(self, engine: Any) -> None:
+        with self.cv:
+            self._engines.append(engine)
+            self.cv.notify_all()
+
+    def detach(self, engine: Any) -> None:
+        with self.cv:
+            if engine in self._engines:
+                self._engines.remove(engine)
+
+    def _main(self) -> None:
+        while True:
+            with self.cv:
+                while not self._tasks and not any(e._ready() for e in self._engines):
+                    self.cv.wait()
+                tasks = list(self._tasks)
+                self._tasks.clear()
+                engines = list(self._engines)
+            for future, fn, args, kwargs in tasks:
+                if not future.set_running_or_notify_cancel():
+                    continue
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as exc:  # the caller gets it; the thread keeps serving
+                    future.set_exception(exc)
+            for engine in engines:
+                engine._poll()
+
+
+_default: ComputeThread | None = None
+_default_lock = threading.Lock()
+
+
+def compute_thread() -> ComputeThread:
+    """The process's compute thread (started on first use)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = ComputeThread()
+        return _default
