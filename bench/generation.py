@@ -37,6 +37,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
+from groupwise.compute import compute_thread  # noqa: E402
 from groupwise.inference.engine import Engine, GenerationRequest  # noqa: E402
 from groupwise.inference.sampling import SamplingParams  # noqa: E402
 from groupwise.loading import load_base_model, load_tokenizer, resolve_device, resolve_dtype  # noqa: E402
@@ -120,6 +121,7 @@ def run_sequential(model, tok, prompts, tokens: int) -> float:
 
 def bench_sizes(args, model, tok, device):
     rows = []
+    C = compute_thread()  # `generate` runs where the engine steps (groupwise/compute.py: one OpenMP team)
     for k in [int(x) for x in args.requests.split(",")]:
         prompts = make_prompts(tok, k)
         engine = Engine(model, tok, max_batch_size=max(k, 1), max_new_tokens_default=args.tokens,
@@ -131,8 +133,8 @@ def bench_sizes(args, model, tok, device):
             run_engine(engine, prompts[: min(k, 4)], 4)  # warm-up (on CUDA: captures a few graphs)
             if device.type == "cuda":
                 run_engine(engine, prompts, args.tokens)  # capture every bucket this size meets
-            run_generate(model, tok, prompts[:1], 2)  # warm-up
-            seq = run_sequential(model, tok, prompts[:seq_n], args.tokens)
+            C.call(run_generate, model, tok, prompts[:1], 2)  # warm-up
+            seq = C.call(run_sequential, model, tok, prompts[:seq_n], args.tokens)
             # Engine and padded-batch generate alternate, so a change of load on a shared machine
             # hits both sides of a ratio alike.
             for _ in range(args.repeats):
@@ -141,13 +143,13 @@ def bench_sizes(args, model, tok, device):
                 eng = run_engine(engine, prompts, args.tokens)
                 eng_cpu = LAST_CPU_TOKS[0]
                 stats = [now - b for now, b in zip((engine.prefill_tokens, engine.prefix_hit_tokens, engine.warm_passes), before)]
-                batch = run_generate(model, tok, prompts, args.tokens)
+                batch = C.call(run_generate, model, tok, prompts, args.tokens)
                 row = {"requests": k, "engine": eng, "sequential": seq, "batch": batch, "prefill": stats}
                 if device.type == "cpu":
                     row["cpu"] = (eng_cpu, LAST_CPU_TOKS[0])
                 if device.type == "cuda" and not args.no_static:
-                    run_generate(model, tok, prompts, args.tokens, cache_implementation="static")  # compile + warm-up
-                    row["static"] = run_generate(model, tok, prompts, args.tokens, cache_implementation="static")
+                    C.call(run_generate, model, tok, prompts, args.tokens, cache_implementation="static")  # compile, warm-up
+                    row["static"] = C.call(run_generate, model, tok, prompts, args.tokens, cache_implementation="static")
                 rows.append(row)
                 print_row(row, args, model, device, seq_n)
         finally:
@@ -206,17 +208,22 @@ def bench_rollouts(args, model, tok, device, n_rollouts=18, turns=3, tokens=32):
     total = sum(p for p, _ in results)
     # Baseline: the same turns, one rollout at a time, plain generate per turn (on a subset).
     subset = results[: args.sequential_subset]
+
+    def baseline() -> int:
+        produced = 0
+        for _, messages in subset:
+            for turn in range(turns):
+                history = messages[: 1 + 2 * turn]
+                p = tok.apply_chat_template(history, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+                ids = torch.tensor([p], device=device)
+                with torch.inference_mode():
+                    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
+                                         do_sample=True, top_k=0, pad_token_id=tok.pad_token_id)
+                produced += out.shape[1] - len(p)
+        return produced
+
     t2 = time.perf_counter()
-    base_tokens = 0
-    for _, messages in subset:
-        for turn in range(turns):
-            history = messages[: 1 + 2 * turn]
-            p = tok.apply_chat_template(history, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-            ids = torch.tensor([p], device=device)
-            with torch.inference_mode():
-                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
-                                     do_sample=True, top_k=0, pad_token_id=tok.pad_token_id)
-            base_tokens += out.shape[1] - len(p)
+    base_tokens = compute_thread().call(baseline)
     base = base_tokens / (time.perf_counter() - t2)
     print(f"{n_rollouts} rollouts x {turns} turns (<= {tokens} tok/turn, via the openai client) | engine "
           f"{total / wall:8.1f} tok/s ({total} tokens, {wall:.1f} s) | generate 1-at-a-time {base:8.1f} tok/s "
@@ -241,10 +248,10 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2, help="timed engine / generate-batch pairs per size, alternated")
     args = ap.parse_args(argv)
     if args.threads:
-        torch.set_num_threads(args.threads)
+        compute_thread().call(torch.set_num_threads, args.threads)  # OpenMP's thread count is per thread
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    model, tok = build_model(args.arch, device, dtype)
+    model, tok = compute_thread().call(build_model, args.arch, device, dtype)
     print(f"# {args.arch} {dtype} on {device} ({torch.cuda.get_device_name() if device.type == 'cuda' else f'{torch.get_num_threads()} threads'})")
     bench_sizes(args, model, tok, device)
     if not args.no_rollouts and device.type == "cpu":

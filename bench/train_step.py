@@ -117,10 +117,14 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
     from groupwise.training.trainer import Trainer, wrap_with_lora
     from groupwise.types import Trajectory, TrajectoryGroup
 
-    peft_model = wrap_with_lora(model, LoraConfig(rank=args.rank, alpha=2 * args.rank, target_modules=tuple(args.targets)))
+    from groupwise.compute import compute_thread
+
+    C = compute_thread()  # all torch work on one thread, as LocalBackend does (groupwise/compute.py)
+    peft_model = C.call(wrap_with_lora, model, LoraConfig(rank=args.rank, alpha=2 * args.rank,
+                                                          target_modules=tuple(args.targets)))
     peft_model.eval()
     engine = Engine(peft_model, tok, max_batch_size=args.prompts * args.group_size)
-    trainer = Trainer(peft_model, pad_token_id=tok.pad_token_id)
+    trainer = C.call(Trainer, peft_model, pad_token_id=tok.pad_token_id)
     config = TrainConfig(learning_rate=args.lr, max_seq_len=4096, micro_batch_tokens=args.micro_batch_tokens,
                          logprob_chunk_size=args.chunk, gradient_checkpointing=args.layer_checkpointing,
                          compile=args.compile)
@@ -157,16 +161,22 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
                 trajs.append(Trajectory(messages_and_choices=[*m, choice], reward=reward_fn(c.text)))
             groups.append(TrajectoryGroup(trajs))
         t_gen = time.perf_counter() - t0
-        batch = tokenize_groups(groups, tok, max_seq_len=config.max_seq_len)
+        batch = C.call(tokenize_groups, groups, tok, max_seq_len=config.max_seq_len)
         _sync(args.device)
         t1 = time.perf_counter()
-        with engine.paused(), _maybe_profile(args, last=step == args.warmup + args.steps):
-            metrics = trainer.train_step(batch, config, step=step)
-            _sync(args.device)
+
+        def update(batch=batch, step=step):
+            with _maybe_profile(args, last=step == args.warmup + args.steps):
+                out = trainer.train_step(batch, config, step=step)
+                _sync(args.device)
+            return out
+
+        with engine.paused():
+            metrics = C.call(update)
         t_update = time.perf_counter() - t1
         # The adapter swap a real step does: save the checkpoint, load it into the engine.
         names = names or [n for n, _ in trainer.trainable_named_parameters()]
-        path = save_checkpoint(tmp, step + 1, model=peft_model, optimizer=trainer.optimizer, param_names=names)
+        path = C.call(save_checkpoint, tmp, step + 1, model=peft_model, optimizer=trainer.optimizer, param_names=names)
         new_adapter = f"bench-{step + 1}"
         engine.add_adapter(new_adapter, str(path))
         if adapter is not None:
@@ -323,21 +333,24 @@ def main() -> None:
 
     import torch
 
+    from groupwise.compute import compute_thread
+
+    C = compute_thread()  # both sides' torch work on one thread (groupwise/compute.py: OpenMP teams)
     torch.manual_seed(0)
     results = {}
     # TRL runs first: our engine captures CUDA graphs, and TRL's sampling in the same process after a
     # capture trips PyTorch's graph-safe RNG check ("Offset increment outside graph capture").
     if not args.skip_trl:
-        model, tok = build_model(args.arch, args.device, args.dtype)
+        model, tok = C.call(build_model, args.arch, args.device, args.dtype)
         print(f"trl: {args.arch} on {args.device}", flush=True)
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
-        results["trl"] = run_trl(args, model, tok)
+        results["trl"] = C.call(run_trl, args, model, tok)
         del model
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    model, tok = build_model(args.arch, args.device, args.dtype)  # fresh weights: same seed, no adapter
+    model, tok = C.call(build_model, args.arch, args.device, args.dtype)  # fresh weights: same seed, no adapter
     print(f"groupwise: {args.arch} on {args.device}, {args.prompts} x {args.group_size} x {args.completion_len} tokens", flush=True)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()  # max_mem_gb is per side
