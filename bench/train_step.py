@@ -326,7 +326,7 @@ def main() -> None:
                    help="recompute decoder layers in the backward, on BOTH sides (TRL's default; needed for big batches)")
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--compile", action="store_true",
-                   help="groupwise: TrainConfig(compile=True); compiles at the warm-up step and again while the engine's adapter slots are added (steps 1-2): use --warmup 3")
+                   help="groupwise: TrainConfig(compile=True); compiles at the first warm-up step (and once more when a new length appears): use --warmup 2")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="profile one more groupwise update after the timed ones (not timed) and print the top ROWS ops")
     args = p.parse_args()

@@ -3,7 +3,8 @@
 A training run serves one new adapter per step and drops old ones. Loading each as a new peft
 adapter and deleting the old one changes every adapted layer's set of adapters each step, which
 (1) drops the CUDA graphs captured for the old adapter, so the new one is captured again, and
-(2) invalidates anything compiled over those layers (TrainConfig.compile recompiled every step).
+(2) changed the adapter dicts that code compiled over those layers had guarded on (the trainer's
+compiled layers now read only their own adapter, training/lora_forward.py, so that is history).
 So the engine keeps its adapters in slots (peft adapters named ``gw-slot-<k>``): a removed
 adapter frees its slot, and the next adapter with the same LoRA shape (rank, alpha, targets,
 dropout, ...) is copied INTO that slot's tensors. The layers keep their adapter set, and the slot's
