@@ -198,6 +198,6 @@ class EagerReplay:
         self._engine, self._run, self._adapter, self._g = engine, run, adapter, g
 
     def replay(self) -> None:
-        with (adapter_ctx(self._engine, self._adapter), torch.inference_mode(),
+        with (self._engine._one_adapter(self._adapter), torch.inference_mode(),
               engine_attention(self._engine._base_model().config)):
             self._g.update(self._run())

@@ -54,6 +54,7 @@ from groupwise.compute import compute_thread
 from groupwise.inference.adapter_slots import SLOT_PREFIX, AdapterSlots
 from groupwise.inference.attention import engine_attention
 from groupwise.inference.kv_cache import SlotBuffers, SlotCache
+from groupwise.inference.merged import MergedAdapter
 from groupwise.inference.prefill import admit, prefill
 from groupwise.inference.prefix_cache import PrefixCache
 from groupwise.inference.requests import (BASE, Completion, EngineError, GenerationRequest, GenerationResult,
@@ -79,6 +80,7 @@ class Engine:
         cuda_graphs: bool | None = None,
         prefix_cache_tokens: int = 4096,  # KV of this many prompt tokens kept for reuse; 0 turns it off
         prefix_block_size: int = 16,  # its allocation unit (hits are still token-exact)
+        merge_adapters: bool | None = None,  # serve a one-adapter batch from merged weights (merged.py); default: on CPU
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -117,6 +119,8 @@ class Engine:
         self._graphs: dict[tuple, dict[str, Any]] = {}
         self._tuner_cache: tuple | None = None
         self._slots = AdapterSlots()
+        merge = (self.device.type == "cpu") if merge_adapters is None else merge_adapters
+        self._merged = MergedAdapter() if merge else None
         self._graph_pool = None
         self.forward_passes = 0
         self.prefill_passes = 0
@@ -161,7 +165,7 @@ class Engine:
             self._slots.load(self, name, str(path))
             self.model.eval()
             self._adapters[name] = str(path)
-            self._forget_prefixes()  # a reused name (or slot) must not find the old weights' KV
+            self._weights_changed()  # a reused name (or slot) must not find the old weights' KV
 
     def remove_adapter(self, name: str) -> None:
         self._compute.call(self._remove_adapter, name)
@@ -180,7 +184,7 @@ class Engine:
             # The slot keeps its tensors (and its CUDA graphs) for the next adapter of its shape.
             self._slots.release(name)
             del self._adapters[name]
-            self._forget_prefixes()
+            self._weights_changed()
 
     def peft_adapter_name(self, name: str) -> str:
         """The peft adapter (slot) holding the weights served as `name`."""
@@ -199,6 +203,12 @@ class Engine:
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
 
+    def _weights_changed(self) -> None:
+        """Adapter weights may differ now: cached prefixes and a merged adapter (merged.py) go."""
+        self._forget_prefixes()
+        if self._merged is not None:
+            self._merged.invalidate()
+
     def _pause_begin(self) -> None:
         with self._cv:
             self._pauses += 1
@@ -208,7 +218,7 @@ class Engine:
     def _pause_end(self) -> None:
         with self._step_lock:
             self.model.eval()  # the trainer may have left it in train mode (dropout)
-            self._forget_prefixes()  # ... and changed an adapter's weights in place
+            self._weights_changed()  # ... and changed an adapter's weights in place
         with self._cv:
             self._pauses -= 1
             self._cv.notify_all()
@@ -306,9 +316,18 @@ class Engine:
             return None
         return [self._slots.peft_name(s.req.adapter or BASE) for s in seqs]
 
-    def _forward(self, input_ids, position_ids, mask, cache, adapter_names, logits_to_keep=None):
+    def _one_adapter(self, name: str | None) -> Any:
+        """The context in which the model computes adapter `name` (None/BASE: the base) for every row:
+        merged weights where that applies (merged.py), else peft's layers with `name` active."""
         from groupwise.inference.decode_graphs import adapter_ctx
 
+        if self._merged is not None and name not in (None, BASE) and self._is_peft():
+            layers = self._tuner_layers()
+            if self._merged.usable(layers, name):
+                return self._merged.serving(layers, name)
+        return adapter_ctx(self, name)
+
+    def _forward(self, input_ids, position_ids, mask, cache, adapter_names, logits_to_keep=None):
         kwargs: dict[str, Any] = {self._cache_kwarg: cache, "use_cache": True}
         one_adapter = contextlib.nullcontext()
         if adapter_names is not None:
@@ -317,7 +336,7 @@ class Engine:
                 # instead of peft's mixed-batch path, which splits and re-scatters the batch in
                 # every adapted layer (measured on CPU, SmolLM2, 8 rows: 210 ms a decode step with
                 # adapter_names, 120 ms without an adapter).
-                one_adapter = adapter_ctx(self, adapter_names[0])
+                one_adapter = self._one_adapter(adapter_names[0])
             else:
                 kwargs["adapter_names"] = adapter_names
         if logits_to_keep is not None:
