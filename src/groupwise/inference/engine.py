@@ -25,8 +25,13 @@ the base model). That kwarg only changes the Linear layers, so it composes with 
 CUDA. The decode step on CUDA replays CUDA graphs captured per (batch bucket, attention-length
 bucket, adapter) when every row of the batch uses the same adapter (peft's mixed-batch path
 indexes with Python lists, which graphs cannot capture; mixed batches run eagerly). The slot
-buffers never move, so graphs stay valid until the cache grows or an adapter is removed
-(decode_graphs.py).
+buffers never move, so graphs stay valid until the cache grows or an adapter is removed. Where no
+row needs top-p, a grammar or top_logprobs, the graph samples too and computes its next inputs,
+so the next step is launched before the CPU reads this one's tokens (decode_graphs.py). Decode
+attention reads each K/V head once for its group of query heads (attention.py).
+
+CPU. A batch whose rows share one adapter runs from merged weights (merged.py): on the CPU a
+LoRA layer's tiny matmuls cost their overhead, not their FLOPs.
 
 Logprobs are the model's raw log-softmax (sampling.py says why).
 
@@ -369,10 +374,10 @@ class Engine:
         logits = sampled = None
         if self.cuda_graphs and (names is None or len(set(names)) == 1):
             try:
-                from groupwise.inference.decode_graphs import decode_with_graph, run_decode_steps
+                from groupwise.inference.decode_graphs import decode_with_graph, graph_sampling, run_decode_steps
 
                 adapter = names[0] if names else None
-                sampling = self._graph_sampling(seqs)
+                sampling = graph_sampling(self, seqs)
                 if sampling is not None and self.device.type == "cuda":
                     run_decode_steps(self, list(seqs), last, positions, need, adapter, sampling)
                     return
@@ -403,20 +408,6 @@ class Engine:
         self.decode_passes += 1
         for s in seqs:
             s.length += 1
-
-    def _graph_sampling(self, seqs: list[_Seq]) -> tuple[list[float], list[int], list[int]] | None:
-        """Per-row (temperature, seed, token index) when the decode graph can sample every row itself
-        (sampling.sample_fixed: no top-p, grammar or top_logprobs), else None. An unseeded row draws
-        one random seed from the engine's generator and hashes (seed, token index) like a seeded row,
-        so the graph can step its own inputs (decode_graphs.run_decode_steps)."""
-        params = [s.req.sampling for s in seqs]
-        if any(s.matcher is not None for s in seqs) or any(p.top_p < 1.0 or p.top_logprobs for p in params):
-            return None
-        for s in seqs:
-            if s.seed is None and s.graph_seed is None:
-                s.graph_seed = int(torch.randint(0, 2**62, (1,), generator=self._cpu_generator))
-        seeds = [s.seed if s.seed is not None else s.graph_seed for s in seqs]
-        return [p.temperature for p in params], seeds, [len(s.tokens) for s in seqs]
 
     # ---------------------------------------------------------------- sampling and finishing
     def _sample_and_advance(self, seqs: list[_Seq], logits_BV: torch.Tensor) -> None:
