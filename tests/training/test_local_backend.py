@@ -84,6 +84,27 @@ async def test_train_serves_and_verifies_the_new_adapter(model_dir, tmp_path):
         await backend.close()
 
 
+async def test_rollouts_and_training_run_their_torch_work_on_one_thread(model_dir, tmp_path):
+    # groupwise/compute.py: a second thread running torch ops slowed every CPU op (OpenMP teams).
+    import threading
+
+    from groupwise.compute import compute_thread
+
+    model = gw.TrainableModel(name="agent", project="p", base_model=model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    await model.register(backend)
+    threads = set()
+    served = backend._models["agent"]
+    decoder = served.peft_model.get_base_model().model  # both the engine and the trainer run it
+    decoder.register_forward_pre_hook(lambda *a: threads.add(threading.current_thread()))
+    try:
+        groups = await _groups(model)  # engine forwards
+        await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))  # trainer forwards
+    finally:
+        await backend.close()
+    assert threads == {compute_thread()._thread}
+
+
 def _worker(store, model_dir, steps, *extra):
     env = dict(os.environ, PYTHONPATH=str(HERE), OMP_NUM_THREADS="1")
     return subprocess.Popen([sys.executable, str(HERE / "resume_worker.py"), str(store), model_dir, str(steps), *extra],
