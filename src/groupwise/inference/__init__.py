@@ -7,12 +7,14 @@ Data flow (each file's docstring says more)::
         ──► registry.py served names "name", "name@step", "name@0" -> engine adapter
         ──► tool_calls.py  tools into the prompt; <tool_call> text -> OpenAI tool_calls
             constrained.py response_format / forced tool_choice -> llguidance token masks
-        ──► engine.py   continuous batching in a background thread, per-request LoRA adapters
+        ──► engine.py   continuous batching on the compute thread, per-request LoRA adapters
             requests.py GenerationRequest / GenerationResult (re-exported by engine.py)
             prefill.py  admission and prefill of new requests (prefix hits, shared-prefix warm-up)
             prefix_cache.py KV of prompt prefixes seen before, copied instead of recomputed
             kv_cache.py slot KV cache (one preallocated row per running sequence)
-            decode_graphs.py the decode step as CUDA graphs (per batch/length bucket, adapter)
+            decode_graphs.py the decode step as CUDA graphs (per batch/length bucket, adapter), sampling in the graph
+            attention.py decode attention reading each K/V head once for its query heads
+            merged.py   one adapter served from merged weights (CPU)
             sampling.py temperature / top-p / seeds; raw logprobs (why: see there)
     vllm_engine.py      the same interface on vLLM (optional, GPU)
 

@@ -39,7 +39,7 @@ class GenerationRequest:
     adapter: str | None = None
     # A factory of grammar matchers (constrained.py), one per choice; None = unconstrained.
     constraint: Any = None
-    # Called from the engine thread for each sampled token: (choice_index, token_id, logprob, finish_reason|None).
+    # Called from the compute thread (groupwise/compute.py) for each sampled token: (choice_index, token_id, logprob, finish_reason|None).
     on_token: Callable[[int, int, float, str | None], None] | None = None
 
 
