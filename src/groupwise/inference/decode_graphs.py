@@ -76,8 +76,6 @@ def graph_for(engine: "Engine", k: int, need: int, adapter: str | None, sampled:
     return g
 
 
-
-
 def graph_sampling(engine: "Engine", seqs: list) -> tuple[list[float], list[int], list[int]] | None:
     """Per-row (temperature, seed, token index) when the decode graph can sample every row itself
     (sampling.sample_fixed: no top-p, grammar or top_logprobs), else None. An unseeded row draws
@@ -108,7 +106,7 @@ def run_decode_steps(engine: "Engine", seqs: list, ids: list[int], pos: list[int
     order.
     """
     k = len(seqs)
-    out = decode_with_graph(engine, ids, pos, need, adapter, sampling)
+    out = decode_with_graph(engine, ids, pos, need, adapter, sampling)  # a view of g["out"]: each replay refills it
     g = graph_for(engine, k, need, adapter, sampled=True)
     while True:
         g["host"][:, :k].copy_(out, non_blocking=True)
@@ -124,10 +122,10 @@ def run_decode_steps(engine: "Engine", seqs: list, ids: list[int], pos: list[int
         tokens, logprobs = g["host"][:, :k].tolist()  # tokens are exact in fp64
         engine._stepped(seqs)
         engine._advance(seqs, [int(t) for t in tokens], logprobs)
-        if ahead and any(s.finish_reason for s in seqs):
-            torch.cuda.current_stream().synchronize()  # the dropped step ends before anything reuses slots
-            return
         if not ahead:
+            return
+        if any(s.finish_reason for s in seqs):
+            torch.cuda.current_stream().synchronize()  # the dropped step ends before anything reuses slots
             return
 
 
