@@ -329,8 +329,15 @@ class Engine:
         if self._merged is not None and name not in (None, BASE) and self._is_peft():
             layers = self._tuner_layers()
             if self._merged.usable(layers, name):
-                return self._merged.serving(layers, name)
+                return self._merged_serving(layers, name)
         return adapter_ctx(self, name)
+
+    @contextlib.contextmanager
+    def _merged_serving(self, layers: list[Any], name: str):
+        from groupwise.inference.decode_graphs import adapter_ctx
+
+        with adapter_ctx(self, BASE), self._merged.serving(layers, name):  # peft's layers off: the weights carry it
+            yield
 
     def _forward(self, input_ids, position_ids, mask, cache, adapter_names, logits_to_keep=None):
         kwargs: dict[str, Any] = {self._cache_kwarg: cache, "use_cache": True}

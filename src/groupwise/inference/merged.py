@@ -8,7 +8,7 @@ model's forward, so the adapter is free at decode time.
 
 How. The engine keeps at most ONE merged copy, for the adapter of its latest single-adapter batch
 (a training run serves one step at a time). For a forward pass it points each adapted layer's base
-weight at the merged tensor (`Parameter.data`, swapped back after), and peft's adapters are off.
+weight at the merged tensor (`Parameter.data`, swapped back after), with peft's adapters off.
 The copy is rebuilt when another adapter is served, and dropped whenever adapter weights may have
 changed (`Engine._weights_changed`: an adapter added or removed, the end of a pause in which the
 trainer may have stepped).
@@ -87,13 +87,11 @@ class MergedAdapter:
 
     @contextlib.contextmanager
     def serving(self, layers: list[Any], adapter: str) -> Iterator[None]:
-        """Inside: the model computes `adapter`'s function from merged weights (peft's layers off)."""
+        """Inside: each adapted layer's base weight holds W + sBA of `adapter` (the caller turns
+        peft's adapters off meanwhile: `Engine._one_adapter`)."""
         if self.adapter != adapter:
             self._build(layers, adapter)
-        saved_flags = [m._disable_adapters for m in layers]
         originals = [base.data for base, _ in self._merged]
-        for m in layers:
-            m._disable_adapters = True
         for base, merged in self._merged:
             base.data = merged
         try:
@@ -101,5 +99,3 @@ class MergedAdapter:
         finally:
             for (base, _), original in zip(self._merged, originals):
                 base.data = original
-            for m, flag in zip(layers, saved_flags):
-                m._disable_adapters = flag
