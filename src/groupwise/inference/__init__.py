@@ -10,6 +10,7 @@ Data flow (each file's docstring says more)::
         ──► engine.py   continuous batching on the compute thread, per-request LoRA adapters
             requests.py GenerationRequest / GenerationResult (re-exported by engine.py)
             prefill.py  admission and prefill of new requests (prefix hits, shared-prefix warm-up)
+            decode.py   the decode step: one token for every running sequence, stops, retiring
             prefix_cache.py KV of prompt prefixes seen before, copied instead of recomputed
             kv_cache.py slot KV cache (one preallocated row per running sequence)
             decode_graphs.py the decode step as CUDA graphs (per batch/length bucket, adapter), sampling in the graph

@@ -105,6 +105,8 @@ def run_decode_steps(engine: "Engine", seqs: list, ids: list[int], pos: list[int
     position the next step writes again, and finished rows' slots are refilled after it in stream
     order.
     """
+    from groupwise.inference.decode import advance, stepped
+
     k = len(seqs)
     out = decode_with_graph(engine, ids, pos, need, adapter, sampling)  # a view of g["out"]: each replay refills it
     g = graph_for(engine, k, need, adapter, sampled=True)
@@ -120,8 +122,8 @@ def run_decode_steps(engine: "Engine", seqs: list, ids: list[int], pos: list[int
             engine.forward_passes += 1
         g["event"].synchronize()
         tokens, logprobs = g["host"][:, :k].tolist()  # tokens are exact in fp64
-        engine._stepped(seqs)
-        engine._advance(seqs, [int(t) for t in tokens], logprobs)
+        stepped(engine, seqs)
+        advance(engine, seqs, [int(t) for t in tokens], logprobs)
         if not ahead:
             return
         if any(s.finish_reason for s in seqs):

@@ -9,7 +9,8 @@ Each step, under the model lock:
    prefixes are copied from the prefix cache (prefix_cache.py), the rest (left-padded, one row per
    request even when n > 1) runs in ONE forward pass, and each choice samples its first token; the
    prompt's KV is copied to the slots of the other choices of the same request.
-2. decode: every running sequence feeds its last token in ONE forward pass ([k, 1] inputs).
+2. decode (decode.py): every running sequence feeds its last token in ONE forward pass ([k, 1]
+   inputs); tokens are sampled, stops checked, finished rows retired and their callers answered.
 
 Requests thus join and leave the running batch at token granularity. The KV cache is a
 preallocated slot cache (kv_cache.py): slot i holds sequence i's keys/values at columns
@@ -49,7 +50,6 @@ import concurrent.futures
 import contextlib
 import inspect
 import threading
-import warnings
 from collections import deque
 from typing import Any
 
@@ -58,13 +58,13 @@ import torch
 from groupwise.compute import compute_thread
 from groupwise.inference.adapter_slots import SLOT_PREFIX, AdapterSlots
 from groupwise.inference.attention import engine_attention
-from groupwise.inference.kv_cache import SlotBuffers, SlotCache
+from groupwise.inference.decode import decode
+from groupwise.inference.kv_cache import SlotBuffers
 from groupwise.inference.merged import MergedAdapter
 from groupwise.inference.prefill import admit, prefill
 from groupwise.inference.prefix_cache import PrefixCache
 from groupwise.inference.requests import (BASE, Completion, EngineError, GenerationRequest, GenerationResult,
                                           PromptTooLongError, _ReqState, _Seq)
-from groupwise.inference.sampling import sample_next
 
 __all__ = ["Completion", "Engine", "EngineError", "GenerationRequest", "GenerationResult", "PromptTooLongError"]
 
@@ -314,7 +314,7 @@ class Engine:
             prefill(self, admitted)
             self._admitted = []
         if self._running:
-            self._decode()
+            decode(self)
 
     def _adapter_names(self, seqs: list[_Seq]) -> list[str] | None:
         if not self._is_peft():
@@ -367,152 +367,6 @@ class Engine:
 
             self._tuner_cache = (key, self.model, [m for m in self.model.modules() if isinstance(m, BaseTunerLayer)])
         return self._tuner_cache[2]
-
-    def _decode(self) -> None:
-        seqs = self._running
-        k = len(seqs)
-        dev = self.device
-        need = max(s.length for s in seqs) + 1
-        if self.buffers.grow(need + 1):
-            self._graphs.clear()
-        last = [s.tokens[-1] for s in seqs]
-        positions = [s.length for s in seqs]
-        names = self._adapter_names(seqs)
-        logits = sampled = None
-        if self.cuda_graphs and (names is None or len(set(names)) == 1):
-            try:
-                from groupwise.inference.decode_graphs import decode_with_graph, graph_sampling, run_decode_steps
-
-                adapter = names[0] if names else None
-                sampling = graph_sampling(self, seqs)
-                if sampling is not None and self.device.type == "cuda":
-                    run_decode_steps(self, list(seqs), last, positions, need, adapter, sampling)
-                    return
-                out = decode_with_graph(self, last, positions, need, adapter, sampling)
-                sampled, logits = (out, None) if sampling is not None else (None, out)
-            except Exception as exc:  # fail loud but keep serving: eager decode is correct, only slower
-                warnings.warn(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); decoding eagerly from now on")
-                self.cuda_graphs = False
-                self._graphs.clear()
-        if logits is None and sampled is None:
-            # Round up to 8 columns: few distinct shapes, and little extra KV to read (on CPU the
-            # decode attention is bound by reading K/V: 32 extra columns cost ~20% at 32 x 100 tokens).
-            length = min(-(-need // 8) * 8, self.buffers.capacity - 1)
-            ids = torch.tensor(last, dtype=torch.long)[:, None]  # [k, 1]
-            pos = torch.tensor(positions, dtype=torch.long)[:, None]
-            mask = torch.arange(length)[None, None, None, :] <= pos[:, None, :, None]  # [k, 1, 1, length]
-            cache = SlotCache(self.buffers, 0, k, pos.to(dev), length)
-            logits = self._forward(ids.to(dev), pos.to(dev), mask.to(dev), cache, names)[:, -1]
-        self._stepped(seqs)
-        if sampled is not None:
-            tokens, logprobs = sampled.tolist()  # one read-back: tokens (exact in fp64), logprobs
-            self._advance(list(seqs), [int(t) for t in tokens], logprobs)
-        else:
-            self._sample_and_advance(list(seqs), logits)
-
-    def _stepped(self, seqs: list[_Seq]) -> None:
-        """A decode pass ran for `seqs`: each wrote one more K/V column."""
-        self.decode_passes += 1
-        for s in seqs:
-            s.length += 1
-
-    # ---------------------------------------------------------------- sampling and finishing
-    def _sample_and_advance(self, seqs: list[_Seq], logits_BV: torch.Tensor) -> None:
-        allowed = None
-        if any(s.matcher is not None for s in seqs):
-            from groupwise.inference.constrained import allowed_mask
-
-            allowed = allowed_mask([s.matcher for s in seqs], logits_BV.shape[-1], logits_BV.device)
-        tops_needed = max(s.req.sampling.top_logprobs for s in seqs)
-        tokens_B, logprobs_B, raw_BV = sample_next(
-            logits_BV, [s.req.sampling for s in seqs], [s.seed for s in seqs], [len(s.tokens) for s in seqs], allowed,
-            self._default_generator, want_raw_BV=tops_needed > 0,
-        )
-        top_vals = top_ids = None
-        if tops_needed:
-            top_vals, top_ids = torch.topk(raw_BV, tops_needed, dim=-1)
-            top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
-        self._advance(seqs, tokens_B.tolist(), logprobs_B.tolist(), top_ids, top_vals)
-
-    def _advance(self, seqs: list[_Seq], tokens: list[int], logprobs: list[float],
-                 top_ids: list[list[int]] | None = None, top_vals: list[list[float]] | None = None) -> None:
-        """Append each row's sampled token, check whether it finished, retire finished rows."""
-        for b, s in enumerate(seqs):
-            t = tokens[b]
-            s.tokens.append(t)
-            s.logprobs.append(logprobs[b])
-            if s.req.sampling.top_logprobs:
-                n_top = s.req.sampling.top_logprobs
-                s.tops.append(list(zip(top_ids[b][:n_top], top_vals[b][:n_top])))
-            if s.matcher is not None:
-                s.matcher.consume_token(t)
-            s.finish_reason = self._finish_reason(s, t)
-            if s.req.on_token is not None:
-                s.req.on_token(s.index, t, logprobs[b], s.finish_reason)
-        if any(s.finish_reason for s in self._running):
-            self._retire()
-
-    def _finish_reason(self, s: _Seq, t: int) -> str | None:
-        r = s.req
-        if (t in self.eos_token_ids and not r.ignore_eos) or t in r.stop_token_ids:
-            return "stop"
-        if s.matcher is not None and (s.matcher.is_stopped() or s.matcher.is_error()):
-            return "stop"
-        if r.stop:
-            # Decoding a short tail is enough: a stop string can only end in the newest token.
-            tail = self.tokenizer.decode(s.tokens[-32:], skip_special_tokens=True)
-            if any(stop in tail for stop in r.stop):
-                text = self.tokenizer.decode(s.tokens, skip_special_tokens=True)
-                cuts = [text.find(stop) for stop in r.stop if stop in text]
-                if cuts:
-                    s.text_cut = min(cuts)
-                    return "stop"
-        if len(s.tokens) >= s.state.max_new or s.length + 1 >= self.context_length:
-            return "length"
-        return None
-
-    def _retire(self) -> None:
-        running = self._running
-        finished: list[_ReqState] = []
-        i = len(running) - 1
-        while i >= 0:
-            if running[i].finish_reason:
-                done = running[i]
-                last = running[-1]
-                if last is not done:
-                    self.buffers.move_slot(last.slot, done.slot, last.length)
-                    last.slot = done.slot
-                    running[i] = last
-                running.pop()
-                finished.append(done.state)
-            i -= 1
-        # running[j] must live in slot j
-        for j, s in enumerate(running):
-            assert s.slot == j, (j, s.slot)
-        if not running:
-            with self._cv:
-                idle = not self._waiting
-            if idle:
-                # Idle: forget cached prefixes BEFORE any caller hears back, so a client that waits
-                # for its answer and then asks again always finds the cache empty, however the
-                # threads are scheduled. Cached KV equals a fresh prefill only to fp32 rounding;
-                # a run resumed after a crash (its engine never saw the backend's adapter check or
-                # a finished validation) must sample the same bits as the straight run
-                # (tests/training/test_local_backend.py pins a bit-identical optimizer).
-                self._forget_prefixes()
-        for st in finished:
-            self._maybe_resolve(st)
-
-    def _maybe_resolve(self, st: _ReqState) -> None:
-        if not all(s.finish_reason for s in st.seqs) or st.future.done():
-            return
-        completions = []
-        for s in st.seqs:
-            text = self.tokenizer.decode(s.tokens, skip_special_tokens=True)
-            if s.text_cut is not None:
-                text = text[: s.text_cut]
-            completions.append(Completion(s.index, s.tokens, s.logprobs, s.tops, text, s.finish_reason))
-        st.future.set_result(GenerationResult(completions, len(st.req.prompt_ids), st.req.adapter))
 
     # ---------------------------------------------------------------- shutdown
     def close(self) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from groupwise.inference.decode import sample_and_advance
 from groupwise.inference.kv_cache import SlotCache
 from groupwise.inference.prefix_cache import Hit, common_prefix
 from groupwise.inference.requests import BASE
@@ -201,5 +202,5 @@ def _place_and_sample(engine: "Engine", states: list["_ReqState"], lens: list[in
     for s, r in zip(new_seqs, rows):
         s.length = lens[r]
     engine._running.extend(new_seqs)
-    engine._sample_and_advance(new_seqs, logits_mV[torch.tensor(rows, device=logits_mV.device)])
+    sample_and_advance(engine, new_seqs, logits_mV[torch.tensor(rows, device=logits_mV.device)])
 
