@@ -65,6 +65,7 @@ from groupwise.inference.prefill import admit, prefill
 from groupwise.inference.prefix_cache import PrefixCache
 from groupwise.inference.requests import (BASE, Completion, EngineError, GenerationRequest, GenerationResult,
                                           PromptTooLongError, _ReqState, _Seq)
+from groupwise.module_walk import ModuleWalk
 
 __all__ = ["Completion", "Engine", "EngineError", "GenerationRequest", "GenerationResult", "PromptTooLongError"]
 
@@ -122,7 +123,7 @@ class Engine:
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.cuda_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
         self._graphs: dict[tuple, dict[str, Any]] = {}
-        self._tuner_cache: tuple | None = None
+        self._walk = ModuleWalk()
         self._slots = AdapterSlots()
         merge = (self.device.type == "cpu") if merge_adapters is None else merge_adapters
         self._merged = MergedAdapter() if merge else None
@@ -359,14 +360,8 @@ class Engine:
         return out.logits
 
     def _tuner_layers(self) -> list[Any]:
-        """peft's adapted layers, listed once per set of loaded adapters (a walk of every module
-        per forward pass would cost milliseconds)."""
-        key = tuple(getattr(self.model, "peft_config", {}) or ())
-        if self._tuner_cache is None or self._tuner_cache[0] != key or self._tuner_cache[1] is not self.model:
-            from peft.tuners.tuners_utils import BaseTunerLayer
-
-            self._tuner_cache = (key, self.model, [m for m in self.model.modules() if isinstance(m, BaseTunerLayer)])
-        return self._tuner_cache[2]
+        """peft's adapted layers (module_walk.py: walked once per adapter set, not per forward pass)."""
+        return self._walk(self.model)[1]
 
     # ---------------------------------------------------------------- shutdown
     def close(self) -> None:

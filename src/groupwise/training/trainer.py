@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from groupwise.module_walk import ModuleWalk
 from groupwise.config import LoraConfig, TrainConfig
 from groupwise.training.logprobs import base_and_decoder, token_logprobs
 from groupwise.training.lora_forward import AdapterForwards, TrainingForward
@@ -124,7 +125,7 @@ class Trainer:
         self.pad_token_id = pad_token_id
         self.optimizer: torch.optim.AdamW | None = None
         self.device = next(model.parameters()).device
-        self._module_cache: tuple | None = None
+        self._walk = ModuleWalk()
         self._compiled: list[tuple[torch.nn.Module, Any]] | None = None
         self._adapter_forwards = AdapterForwards(adapter_name)  # the LoRA layers compiled layers call
         self._compile_failed = False
@@ -144,20 +145,8 @@ class Trainer:
         return named
 
     def _modules(self) -> tuple[list[torch.nn.Module], list[Any]]:
-        """Every module, and peft's tuner layers, listed once per set of loaded adapters.
-
-        A step toggles train/eval and peft's input casting on all of them; nn.Module.train() and
-        peft's helpers walk the module tree each call (~2,000 modules for a 0.5B model: ~40 ms of
-        Python per step, measured). Modules only appear when an adapter is loaded, so the adapter
-        names key the cache.
-        """
-        key = tuple(getattr(self.model, "peft_config", {}) or ())
-        if self._module_cache is None or self._module_cache[0] != key:
-            from peft.tuners.tuners_utils import BaseTunerLayer
-
-            modules = list(self.model.modules())
-            self._module_cache = (key, modules, [m for m in modules if isinstance(m, BaseTunerLayer)])
-        return self._module_cache[1], self._module_cache[2]
+        """Every module and peft's tuner layers (module_walk.py: walked once per adapter set)."""
+        return self._walk(self.model)
 
     def _set_mode(self, training: bool) -> None:
         for m in self._modules()[0]:  # what model.train(training) does, without the recursion
