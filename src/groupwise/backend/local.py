@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from groupwise.backend.memory import release_freed_memory
-from groupwise.compute import compute_thread
 from groupwise.backend.base import Backend, InferenceEndpoint, TrainResult
+from groupwise.compute import compute_thread
 from groupwise.config import LoraConfig, TrainConfig
 from groupwise.errors import AdapterMismatchError, GroupwiseError
 
