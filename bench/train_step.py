@@ -125,7 +125,12 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
     peft_model.eval()
     engine = Engine(peft_model, tok, max_batch_size=args.prompts * args.group_size)
     trainer = C.call(Trainer, peft_model, pad_token_id=tok.pad_token_id)
-    config = TrainConfig(learning_rate=args.lr, max_seq_len=4096, micro_batch_tokens=args.micro_batch_tokens,
+    # TRL runs the step's batch as one micro-batch (per_device_train_batch_size = the batch): by default so
+    # do we. Measured on an H100 (Qwen2.5-0.5B, 64 x 295 tokens, compiled): two micro-batches of 16384
+    # tokens made the update 0.32 s, one 0.23 s; the update is bound by launches, which halve.
+    whole_batch = args.prompts * args.group_size * (args.completion_len + 64)
+    config = TrainConfig(learning_rate=args.lr, max_seq_len=4096,
+                         micro_batch_tokens=args.micro_batch_tokens or whole_batch,
                          logprob_chunk_size=args.chunk, gradient_checkpointing=args.layer_checkpointing,
                          compile=args.compile)
     names = None
@@ -317,8 +322,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--micro-batch-tokens", type=int, default=16384,
-                   help="groupwise's micro-batch (padded tokens); TRL runs the whole batch at once")
+    p.add_argument("--micro-batch-tokens", type=int, default=0,
+                   help="groupwise's micro-batch (padded tokens); default: the whole batch, as TRL runs it")
     p.add_argument("--chunk", type=int, default=1024, help="logprob chunk size (positions)")
     p.add_argument("--peak-tflops", type=float, default=None)
     p.add_argument("--skip-trl", action="store_true")
