@@ -58,6 +58,7 @@ import torch
 from groupwise.compute import compute_thread
 from groupwise.inference.adapter_slots import SLOT_PREFIX, AdapterSlots
 from groupwise.inference.attention import engine_attention
+from groupwise.inference.cpu_linear import onednn_linear_available, onednn_linears
 from groupwise.inference.decode import decode
 from groupwise.inference.kv_cache import SlotBuffers
 from groupwise.inference.merged import MergedAdapter
@@ -87,6 +88,7 @@ class Engine:
         prefix_cache_tokens: int = 4096,  # KV of this many prompt tokens kept for reuse; 0 turns it off
         prefix_block_size: int = 16,  # its allocation unit (hits are still token-exact)
         merge_adapters: bool | None = None,  # serve a one-adapter batch from merged weights (merged.py); default: on CPU
+        onednn_linear: bool | None = None,  # fp32 CPU linears through oneDNN (cpu_linear.py); default: where available
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -127,6 +129,8 @@ class Engine:
         self._slots = AdapterSlots()
         merge = (self.device.type == "cpu") if merge_adapters is None else merge_adapters
         self._merged = MergedAdapter() if merge else None
+        onednn = onednn_linear_available() if onednn_linear is None else onednn_linear
+        self._onednn = onednn and self.device.type == "cpu" and self.dtype == torch.float32
         self._graph_pool = None
         self.forward_passes = 0
         self.prefill_passes = 0
@@ -355,7 +359,8 @@ class Engine:
         if logits_to_keep is not None:
             kwargs["logits_to_keep"] = logits_to_keep
         self.forward_passes += 1
-        with torch.inference_mode(), one_adapter, engine_attention(self._base_model().config):
+        linears = onednn_linears(self._walk(self.model)[0]) if self._onednn else contextlib.nullcontext()
+        with torch.inference_mode(), one_adapter, engine_attention(self._base_model().config), linears:
             out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **kwargs)
         return out.logits
 
