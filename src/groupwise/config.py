@@ -107,7 +107,7 @@ class TrainConfig(Validated):
     logprob_chunk_size: int = option(1024, help="Positions per chunk when computing log-softmax, so a 150k vocabulary does not hold [T, V] at once.")
     gradient_checkpointing: bool = option(False, help="Recompute each decoder layer in the backward instead of storing its activations: about 1/3 more compute, far less memory (long sequences, big micro-batches).")
     seed: int = option(0, help="Seed of the step's RNG (dropout, shuffling of micro-batches).")
-    compile: bool = option(False, help="torch.compile the decoder layers for the update (fused kernels, far less Python per layer). Measured on an H200 in bench/train_step.py (64 x 295 tokens, bf16): Qwen2.5-0.5B 0.23 s updates against 0.26 s eager, Qwen2.5-1.5B with layer checkpointing 0.51 s against 0.78 s. Compiling costs 12-16 s at the first step; later steps, the engine's adapter swaps included, reuse it (a new sequence length compiles once more, dynamic). Off by default: it pays off over runs of tens of steps and more. Falls back to eager with a warning if compilation fails.")
+    compile: bool = option(False, help="torch.compile the decoder layers and the LM head's log-prob chunks for the update (fused kernels, far less Python per layer). Measured on an H200 in bench/train_step.py (64 x 295 tokens, bf16): Qwen2.5-0.5B 0.23 s updates against 0.26 s eager, Qwen2.5-1.5B with layer checkpointing 0.51 s against 0.78 s. Compiling costs 12-16 s at the first step; later steps, the engine's adapter swaps included, reuse it (a new sequence length compiles once more, dynamic). Off by default: it pays off over runs of tens of steps and more. Falls back to eager with a warning if compilation fails.")
 
     def problems(self) -> list[str]:
         p: list[str] = []

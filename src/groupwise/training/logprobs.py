@@ -44,40 +44,58 @@ def _chunk_logprobs(lm_head: torch.nn.Module, hidden_NH: torch.Tensor, targets_N
     return logits_NV.gather(-1, targets_N[:, None]).squeeze(-1) - torch.logsumexp(logits_NV, dim=-1)
 
 
+def _frozen_head_chunk(hidden_CH: torch.Tensor, weight_VH: torch.Tensor, bias_V: torch.Tensor | None,
+                       targets_C: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk of `_FrozenHeadLogprobs`: (lp_C, g_CH), with one [C, V] logits block alive."""
+    logits_CV = torch.nn.functional.linear(hidden_CH, weight_VH, bias_V)  # model dtype
+    # Two passes over the [C, V] logits, each reading them once: the exact log-prob at the target
+    # (fp32 or better), and the softmax in the model's dtype for the gradient's matmul (autograd
+    # would use that dtype too). Upcasting the block first and working on it in place took ~3x the
+    # memory traffic (measured on an H200, 152k vocabulary). Compiled (`compiled_head_chunk`), the
+    # log-softmax is one reduction that never writes its fp32 [C, V] result.
+    lsm_dtype = _at_least_fp32(logits_CV[:0]).dtype
+    logprobs_C = torch.log_softmax(logits_CV, dim=-1, dtype=lsm_dtype).gather(-1, targets_C[:, None]).squeeze(-1)
+    probs_CV = torch.softmax(logits_CV, dim=-1)
+    del logits_CV  # eager: one [C, V] block alive at the matmul
+    expected_CH = probs_CV @ weight_VH  # E_{v ~ softmax}[W_v]
+    return logprobs_C, (weight_VH[targets_C] - expected_CH).to(hidden_CH.dtype)
+
+
+_COMPILED_CHUNK: list[Any] = []
+
+
+def compiled_head_chunk() -> Any:
+    """`_frozen_head_chunk` under torch.compile, made once per process (TrainConfig.compile)."""
+    if not _COMPILED_CHUNK:
+        _COMPILED_CHUNK.append(torch.compile(_frozen_head_chunk, dynamic=True))
+    return _COMPILED_CHUNK[0]
+
+
 class _FrozenHeadLogprobs(torch.autograd.Function):
     """lp_N = log_softmax(W h)[y] chunk by chunk, with g_NH = d lp / d h formed in the forward (module doc)."""
 
     @staticmethod
-    def forward(ctx, hidden_NH, weight_VH, bias_V, targets_N, chunk_size: int):
+    def forward(ctx, hidden_NH, weight_VH, bias_V, targets_N, chunk_size: int, chunk_fn):
         N = hidden_NH.shape[0]
         logprobs_N = torch.empty(N, dtype=_at_least_fp32(hidden_NH[:0]).dtype, device=hidden_NH.device)
         grad_NH = torch.empty_like(hidden_NH)
         for a in range(0, N, chunk_size):
             b = min(N, a + chunk_size)
-            logits_CV = torch.nn.functional.linear(hidden_NH[a:b], weight_VH, bias_V)  # model dtype
-            y_C = targets_N[a:b]
-            # Two fused passes over the [C, V] logits, each reading them once: the exact log-prob at
-            # the target (fp32 or better), and the softmax in the model's dtype for the gradient's
-            # matmul (autograd would use that dtype too). Upcasting the block first and working on
-            # it in place took ~3x the memory traffic (measured on an H200, 152k vocabulary).
-            lsm_dtype = _at_least_fp32(logits_CV[:0]).dtype
-            logprobs_N[a:b] = torch.log_softmax(logits_CV, dim=-1, dtype=lsm_dtype).gather(-1, y_C[:, None]).squeeze(-1)
-            probs_CV = torch.softmax(logits_CV, dim=-1)
-            del logits_CV
-            expected_CH = probs_CV @ weight_VH  # E_{v ~ softmax}[W_v]
-            grad_NH[a:b] = (weight_VH[y_C] - expected_CH).to(grad_NH.dtype)
+            logprobs_N[a:b], grad_NH[a:b] = chunk_fn(hidden_NH[a:b], weight_VH, bias_V, targets_N[a:b])
         ctx.save_for_backward(grad_NH)
         return logprobs_N
 
     @staticmethod
     def backward(ctx, grad_out_N):
         (grad_NH,) = ctx.saved_tensors
-        return grad_out_N.to(grad_NH.dtype)[:, None] * grad_NH, None, None, None, None
+        return grad_out_N.to(grad_NH.dtype)[:, None] * grad_NH, None, None, None, None, None
 
 
 def head_logprobs(lm_head: torch.nn.Module, hidden_NH: torch.Tensor, targets_N: torch.Tensor,
-                  chunk_size: int) -> torch.Tensor:
-    """log_softmax(lm_head(hidden))[target] per row, fp32, in chunks of `chunk_size` rows.   # [N]"""
+                  chunk_size: int, compile: bool = False) -> torch.Tensor:
+    """log_softmax(lm_head(hidden))[target] per row, fp32, in chunks of `chunk_size` rows.   # [N]
+
+    compile: run a frozen head's chunks compiled (`compiled_head_chunk`)."""
     N = hidden_NH.shape[0]
     if N == 0:
         return _at_least_fp32(hidden_NH.new_zeros(0))
@@ -85,7 +103,8 @@ def head_logprobs(lm_head: torch.nn.Module, hidden_NH: torch.Tensor, targets_N: 
     # type() is exact on purpose: a peft LoRA layer on the head subclasses nothing here but is not a
     # plain Linear, and its extra terms must run through autograd.
     if needs_grad and type(lm_head) is torch.nn.Linear and not any(p.requires_grad for p in lm_head.parameters()):
-        return _FrozenHeadLogprobs.apply(hidden_NH, lm_head.weight, lm_head.bias, targets_N, chunk_size)
+        chunk_fn = compiled_head_chunk() if compile else _frozen_head_chunk
+        return _FrozenHeadLogprobs.apply(hidden_NH, lm_head.weight, lm_head.bias, targets_N, chunk_size, chunk_fn)
     pieces = []
     for a in range(0, N, chunk_size):
         h, y = hidden_NH[a:a + chunk_size], targets_N[a:a + chunk_size]
@@ -106,6 +125,7 @@ def token_logprobs(
     *,
     chunk_size: int,
     target_index_N: torch.Tensor | None = None,
+    compile_head: bool = False,
 ) -> torch.Tensor:
     """log pi(token t | tokens < t) at every position where mask_BT is set, 0 elsewhere.   # [B, T]
 
@@ -113,7 +133,7 @@ def token_logprobs(
     Only the decoder runs on all positions; the LM head and log-softmax run on masked positions only.
     attention_BT None means right padding (trainer._collate says why no mask is needed then).
     target_index_N: the flat [B*T] indices of mask_BT's set positions, in order, when the caller
-    has them (computing them here is a device sync on CUDA).
+    has them (computing them here is a device sync on CUDA). compile_head: see `head_logprobs`.
     """
     B, T = input_ids_BT.shape
     base, decoder = base_and_decoder(model)
@@ -129,6 +149,6 @@ def token_logprobs(
     # Position t-1 predicts token t; t >= 1 within its row, so the predecessor is index - 1.
     hidden_NH = hidden_BTH.reshape(B * T, -1).index_select(0, target_index_N - 1)  # [N, H]
     targets_N = input_ids_BT.reshape(-1).index_select(0, target_index_N)  # [N]
-    logprobs_N = head_logprobs(lm_head, hidden_NH, targets_N, chunk_size)
+    logprobs_N = head_logprobs(lm_head, hidden_NH, targets_N, chunk_size, compile=compile_head)
     zeros_BT = torch.zeros(B * T, dtype=logprobs_N.dtype, device=input_ids_BT.device)
     return zeros_BT.index_copy(0, target_index_N, logprobs_N).view(B, T)

@@ -224,7 +224,10 @@ class Trainer:
         CPU): 4 graphs at the first step (2 layer entries, 2 for the KL pass), none after two slots
         were added (peft's forward: 2 per slot), 4 more once for a new length, none for 3 more
         lengths; the compiled step's loss and gradient are the eager one's to 9e-7 / 6e-7 relative
-        (fp32). A LoRA layer that `AdapterForwards` cannot take (DoRA, a LoRA bias, a non-Linear
+        (fp32). The frozen LM head's log-prob chunks compile too (logprobs.compiled_head_chunk: the
+        log-softmax becomes one reduction that never writes an fp32 [chunk, V] block; in the eager
+        profile of the 0.5B update the two softmax passes were 27 of 175 ms of GPU time).
+        A LoRA layer that `AdapterForwards` cannot take (DoRA, a LoRA bias, a non-Linear
         base) keeps peft's forward and with it the recompiles. Opt-in (TrainConfig.compile): the
         first compilation costs 12-16 s on an H200 (Qwen2.5-0.5B / 1.5B in bench/train_step.py).
         """
@@ -261,6 +264,7 @@ class Trainer:
                     logprobs_BT = token_logprobs(
                         self.model, mb["input_ids_BT"], mb["attention_BT"], mb["mask_BT"],
                         chunk_size=config.logprob_chunk_size, target_index_N=mb["target_index_N"],
+                        compile_head=bool(fwd.layer_forwards),  # compiled layers: the head chunks too
                     )
                 ref_BT = None
                 if config.kl_coef > 0:
