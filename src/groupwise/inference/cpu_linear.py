@@ -34,9 +34,11 @@ def onednn_linear_available() -> bool:
 
 
 def _onednn_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if x.dtype is not torch.float32 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
-        return torch.nn.functional.linear(x, self.weight, self.bias)
-    return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+    w = self.weight  # read per call: merged serving (merged.py) swaps its data inside the engine's pass
+    if (x.dtype is not torch.float32 or w.dtype is not torch.float32 or not w.is_contiguous()
+            or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
+        return torch.nn.functional.linear(x, w, self.bias)
+    return torch.ops.mkldnn._linear_pointwise(x, w, self.bias, "none", [], "")
 
 
 @contextlib.contextmanager
@@ -48,7 +50,7 @@ def onednn_linears(modules: list[torch.nn.Module]) -> Iterator[None]:
         if type(m) is not torch.nn.Linear or "forward" in m.__dict__:
             continue  # a subclass, or a layer someone else patched: leave it alone
         w = m.weight
-        if w.device.type != "cpu" or w.dtype is not torch.float32 or w.layout is not torch.strided:
+        if w.device.type != "cpu" or w.dtype is not torch.float32 or not w.is_contiguous():
             continue
         m.forward = types.MethodType(_onednn_forward, m)  # an instance attribute shadows the class's
         installed.append(m)
