@@ -1,6 +1,7 @@
 """`groupwise report` and `groupwise compare` on a run made by fit with the scripted backend."""
 
 import asyncio
+import sys
 
 import pytest
 from loop_helpers import SCENARIOS, ScriptedBackend, make_rollout
@@ -53,15 +54,43 @@ def test_report_table_and_metric_from_history(run_dir):
     assert "val_drop(stop)" in table(h)
 
 
-def test_report_external_loggers_fail_loud_when_missing(run_dir, tmp_path):
+def test_report_external_loggers_fail_loud_when_missing(run_dir, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    try:
-        import wandb  # noqa: F401
-        pytest.skip("wandb is installed here; the missing-dependency path cannot be shown")
-    except ImportError:
-        pass
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError, installed or not
     with pytest.raises(gw.GroupwiseError, match=r"pip install 'groupwise\[wandb\]'"):
         main(["report", run_dir, "--out", str(tmp_path), "--wandb", "proj"])
+
+
+def _val_points(run_dir, metric):
+    return [(r["step"], r[metric]) for r in gw.load_history(run_dir) if r.get("split") == "val" and metric in r]
+
+
+def test_report_replays_the_history_into_tensorboard(run_dir, tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed (extra 'tensorboard')")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert main(["report", run_dir, "--out", str(tmp_path / "png"), "--tensorboard", str(tmp_path / "tb")]) == 0
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    expected = _val_points(run_dir, "accuracy")
+    assert len(expected) >= 3
+    got = [(e.step, e.value) for e in events.Scalars("val/accuracy")]
+    assert [s for s, _ in got] == [s for s, _ in expected]
+    assert [v for _, v in got] == pytest.approx([v for _, v in expected])
+    assert "train/reward" in events.Tags()["scalars"]
+
+
+def test_report_replays_the_history_into_wandb_offline(run_dir, tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="wandb is not installed (extra 'wandb')")
+    monkeypatch.setenv("WANDB_MODE", "offline")  # no account, no network: the run is written to disk
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    assert main(["report", run_dir, "--out", str(tmp_path / "png"), "--wandb", "gw-test"]) == 0
+    runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1
+    data = runs[0].read_bytes()  # W&B's record file: the logged keys appear in it as text
+    assert data.count(b"val/accuracy") >= len(_val_points(run_dir, "accuracy")) >= 3
+    assert b"train/reward" in data
 
 
 def test_report_on_a_folder_without_history(tmp_path, capsys):
