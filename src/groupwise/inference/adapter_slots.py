@@ -59,12 +59,15 @@ class AdapterSlots:
         else:
             slot = f"{SLOT_PREFIX}{self._serial}"
             self._serial += 1
-            if engine._is_peft():
-                engine.model.load_adapter(path, adapter_name=slot)
-            else:
-                from peft import PeftModel
+            from groupwise.training.trainer import peft_on_new_transformers
 
-                engine.model = PeftModel.from_pretrained(engine.model, path, adapter_name=slot)
+            with peft_on_new_transformers():
+                if engine._is_peft():
+                    engine.model.load_adapter(path, adapter_name=slot)
+                else:
+                    from peft import PeftModel
+
+                    engine.model = PeftModel.from_pretrained(engine.model, path, adapter_name=slot)
                 engine._graphs.clear()  # captured on the unwrapped model
         self.slot_of[name] = slot
 

@@ -16,11 +16,12 @@ micro-batch gradients gives the full-batch gradient exactly.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -52,7 +53,17 @@ def wrap_with_lora(model: Any, lora: LoraConfig, *, adapter_name: str = TRAIN_AD
     device = next(model.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(lora.seed)  # seeds the CUDA generators too
-        return get_peft_model(model, config, adapter_name=adapter_name)
+        with peft_on_new_transformers():
+            return get_peft_model(model, config, adapter_name=adapter_name)
+
+
+@contextlib.contextmanager
+def peft_on_new_transformers() -> Iterator[None]:
+    """peft reads `model.is_gradient_checkpointing`, which transformers (>= 5.2x) renamed and warns
+    about on every read: a FutureWarning in every run's output that the user can do nothing about."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
+        yield
 
 
 def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
@@ -174,9 +185,16 @@ class Trainer:
                 raise ValueError(f"{type(base).__name__} does not support gradient checkpointing; set it False")
             self._layer_checkpointing = False
             return
+        # transformers >= 5.2x names it activation checkpointing (the old names warn); older ones do not.
+        new_names = hasattr(base, "activation_checkpointing_enable")
         if on:
             # Non-reentrant checkpointing needs no input that requires grad (the embeddings are frozen).
-            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if new_names:
+                base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif new_names:
+            base.activation_checkpointing_disable()
         else:
             base.gradient_checkpointing_disable()
         self._layer_checkpointing = on
