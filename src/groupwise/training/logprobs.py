@@ -20,6 +20,7 @@ the log-softmax itself is fp32 (fp64 in an fp64 model: the accumulation tests ru
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -61,14 +62,11 @@ def _frozen_head_chunk(hidden_CH: torch.Tensor, weight_VH: torch.Tensor, bias_V:
     return logprobs_C, (weight_VH[targets_C] - expected_CH).to(hidden_CH.dtype)
 
 
-_COMPILED_CHUNK: list[Any] = []
-
-
+@functools.cache
 def compiled_head_chunk() -> Any:
-    """`_frozen_head_chunk` under torch.compile, made once per process (TrainConfig.compile)."""
-    if not _COMPILED_CHUNK:
-        _COMPILED_CHUNK.append(torch.compile(_frozen_head_chunk, dynamic=True))
-    return _COMPILED_CHUNK[0]
+    """`_frozen_head_chunk` under torch.compile, made once per process (TrainConfig.compile; dynamic:
+    the last chunk of a step is shorter)."""
+    return torch.compile(_frozen_head_chunk, dynamic=True)
 
 
 class _FrozenHeadLogprobs(torch.autograd.Function):
