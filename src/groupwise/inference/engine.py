@@ -32,7 +32,8 @@ so the next step is launched before the CPU reads this one's tokens (decode_grap
 attention reads each K/V head once for its group of query heads (attention.py).
 
 CPU. A batch whose rows share one adapter runs from merged weights (merged.py): on the CPU a
-LoRA layer's tiny matmuls cost their overhead, not their FLOPs.
+LoRA layer's tiny matmuls cost their overhead, not their FLOPs. fp32 linears run through oneDNN
+for the engine's passes (cpu_linear.py): the same products as MKL's sgemm, 1.3-2x faster here.
 
 Logprobs are the model's raw log-softmax (sampling.py says why).
 
@@ -129,6 +130,9 @@ class Engine:
         self._slots = AdapterSlots()
         merge = (self.device.type == "cpu") if merge_adapters is None else merge_adapters
         self._merged = MergedAdapter() if merge else None
+        if onednn_linear and not onednn_linear_available():
+            raise ValueError("onednn_linear=True, but this PyTorch build has no oneDNN linear "
+                             "(torch.backends.mkldnn); leave it None to use it only where available")
         onednn = onednn_linear_available() if onednn_linear is None else onednn_linear
         self._onednn = onednn and self.device.type == "cpu" and self.dtype == torch.float32
         self._graph_pool = None
