@@ -21,12 +21,14 @@ the local judge all load models, and training/ must not import inference/.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from groupwise.errors import ModelNotFoundError
 
@@ -38,6 +40,7 @@ __all__ = [
     "cache_root",
     "load_base_model",
     "load_tokenizer",
+    "quiet_peft",
     "resolve_device",
     "resolve_dtype",
     "tiny_random_model",
@@ -50,6 +53,16 @@ SHORT_NAMES: dict[str, tuple[str, str]] = {
 
 _TOKENIZER_MARKER = "tokenizer_config.json"
 _MODEL_MARKER = "config.json"
+
+
+@contextlib.contextmanager
+def quiet_peft() -> Iterator[None]:
+    """For peft's wrapping and adapter loading: peft reads `model.is_gradient_checkpointing`, which
+    transformers (>= 5.2x) renamed and warns about on every read, a FutureWarning in every run's
+    output that the user can do nothing about."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
+        yield
 
 
 def cache_root() -> Path:

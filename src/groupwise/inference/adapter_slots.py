@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from groupwise.loading import quiet_peft
+
 __all__ = ["SLOT_PREFIX", "AdapterSlots"]
 
 SLOT_PREFIX = "gw-slot-"
@@ -59,16 +61,14 @@ class AdapterSlots:
         else:
             slot = f"{SLOT_PREFIX}{self._serial}"
             self._serial += 1
-            from groupwise.training.trainer import peft_on_new_transformers
-
-            with peft_on_new_transformers():
+            with quiet_peft():
                 if engine._is_peft():
                     engine.model.load_adapter(path, adapter_name=slot)
                 else:
                     from peft import PeftModel
 
                     engine.model = PeftModel.from_pretrained(engine.model, path, adapter_name=slot)
-                engine._graphs.clear()  # captured on the unwrapped model
+                    engine._graphs.clear()  # captured on the unwrapped model
         self.slot_of[name] = slot
 
     def release(self, name: str) -> None:

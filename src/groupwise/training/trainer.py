@@ -16,16 +16,16 @@ micro-batch gradients gives the full-batch gradient exactly.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from groupwise.config import LoraConfig, TrainConfig
+from groupwise.loading import quiet_peft
 from groupwise.module_walk import ModuleWalk
 from groupwise.training.logprobs import base_and_decoder, token_logprobs
 from groupwise.training.lora_forward import AdapterForwards, TrainingForward
@@ -53,17 +53,9 @@ def wrap_with_lora(model: Any, lora: LoraConfig, *, adapter_name: str = TRAIN_AD
     device = next(model.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(lora.seed)  # seeds the CUDA generators too
-        with peft_on_new_transformers():
+        with quiet_peft():
             return get_peft_model(model, config, adapter_name=adapter_name)
 
-
-@contextlib.contextmanager
-def peft_on_new_transformers() -> Iterator[None]:
-    """peft reads `model.is_gradient_checkpointing`, which transformers (>= 5.2x) renamed and warns
-    about on every read: a FutureWarning in every run's output that the user can do nothing about."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
-        yield
 
 
 def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
