@@ -22,7 +22,7 @@ def test_onednn_linear_equals_f_linear_and_is_removed_after():
     half = torch.nn.Linear(96, 160).to(torch.bfloat16)
     x_BTH = torch.randn(3, 40, 96)[:, ::2]  # 3-D and not contiguous, as a sliced hidden state is
     expected = torch.nn.functional.linear(x_BTH, layer.weight, layer.bias)
-    with torch.no_grad(), cpu_linear.onednn_linears([layer, half, torch.nn.Identity()]):
+    with torch.no_grad(), cpu_linear.OneDNNLinears().installed([layer, half, torch.nn.Identity()]):
         assert "forward" in layer.__dict__ and "forward" not in half.__dict__  # fp32 only
         got = layer(x_BTH)
     assert got.shape == (3, 20, 160)
@@ -34,7 +34,7 @@ def test_a_call_that_records_gradients_keeps_autograd():
     torch.manual_seed(0)
     layer = torch.nn.Linear(32, 16)
     x = torch.randn(4, 32, requires_grad=True)
-    with cpu_linear.onednn_linears([layer]):
+    with cpu_linear.OneDNNLinears().installed([layer]):
         y = layer(x)
     assert y.grad_fn is not None  # F.linear, not the oneDNN op (which has no backward)
     y.sum().backward()

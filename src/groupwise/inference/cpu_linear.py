@@ -11,10 +11,10 @@ on this project's CI machine (2-core AMD EPYC, SmolLM2-135M's 210 linears, fp32,
     32     83 / 25 ms                  58 / 14.5 ms
     96     136 / 47 ms                 120 / 29 ms
 
-with outputs equal to 1e-6 relative (summation order). `onednn_linears` installs a forward on each
+with outputs equal to 1e-6 relative (summation order). `OneDNNLinears` installs a forward on each
 plain fp32 CPU `nn.Linear` of the model for the duration of an engine pass and removes it after, so
 the trainer (which shares the model and needs autograd, which this op lacks) never sees it. A call
-that records gradients, or a non-fp32 input, takes `F.linear` as before. bf16 and fp16 matmuls on
+that records gradients, or a non-fp32 input or a non-contiguous weight, takes `F.linear` as before. bf16 and fp16 matmuls on
 the CPU already go through oneDNN; on CUDA nothing changes.
 """
 
@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import types
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
-__all__ = ["onednn_linear_available", "onednn_linears"]
+__all__ = ["OneDNNLinears", "onednn_linear_available"]
 
 
 def onednn_linear_available() -> bool:
@@ -41,21 +41,37 @@ def _onednn_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, w, self.bias, "none", [], "")
 
 
-@contextlib.contextmanager
-def onednn_linears(modules: list[torch.nn.Module]) -> Iterator[None]:
-    """``with onednn_linears(model_modules): model(...)``: the fp32 CPU linears among `modules` (the
-    model's module list, which module_walk.py caches) run through oneDNN inside, as before after."""
-    installed = []
-    for m in modules:
-        if type(m) is not torch.nn.Linear or "forward" in m.__dict__:
-            continue  # a subclass, or a layer someone else patched: leave it alone
-        w = m.weight
-        if w.device.type != "cpu" or w.dtype is not torch.float32 or not w.is_contiguous():
-            continue
-        m.forward = types.MethodType(_onednn_forward, m)  # an instance attribute shadows the class's
-        installed.append(m)
-    try:
-        yield
-    finally:
-        for m in installed:
-            m.__dict__.pop("forward", None)
+class OneDNNLinears:
+    """``with linears.installed(model_modules): model(...)``: the fp32 CPU linears among the model's
+    modules (the list module_walk.py caches) run through oneDNN inside, as before after.
+
+    Which modules qualify, and their bound forwards, are worked out once per module list (a new list
+    comes with a new adapter set): walking SmolLM2's 2,499 peft modules each pass cost 2.1 ms, 2-4%
+    of a decode step; installing the 631 cached forwards costs 0.2 ms.
+    """
+
+    def __init__(self) -> None:
+        self._modules: list[torch.nn.Module] | None = None
+        self._methods: list[tuple[torch.nn.Module, Any]] = []
+
+    def _qualifying(self, modules: list[torch.nn.Module]) -> list[tuple[torch.nn.Module, Any]]:
+        if modules is not self._modules:
+            self._modules = modules
+            self._methods = [(m, types.MethodType(_onednn_forward, m)) for m in modules
+                             if type(m) is torch.nn.Linear  # a subclass may compute something else
+                             and m.weight.device.type == "cpu" and m.weight.dtype is torch.float32]
+        return self._methods
+
+    @contextlib.contextmanager
+    def installed(self, modules: list[torch.nn.Module]) -> Iterator[None]:
+        installed = []
+        for m, method in self._qualifying(modules):
+            if "forward" in m.__dict__:
+                continue  # a layer someone else patched: leave it alone
+            m.__dict__["forward"] = method  # shadows the class's (nn.Module.__setattr__'s checks: ~1.4 us)
+            installed.append(m)
+        try:
+            yield
+        finally:
+            for m in installed:
+                m.__dict__.pop("forward", None)

@@ -59,7 +59,7 @@ import torch
 from groupwise.compute import compute_thread
 from groupwise.inference.adapter_slots import SLOT_PREFIX, AdapterSlots
 from groupwise.inference.attention import engine_attention
-from groupwise.inference.cpu_linear import onednn_linear_available, onednn_linears
+from groupwise.inference.cpu_linear import OneDNNLinears, onednn_linear_available
 from groupwise.inference.decode import decode
 from groupwise.inference.kv_cache import SlotBuffers
 from groupwise.inference.merged import MergedAdapter
@@ -134,7 +134,8 @@ class Engine:
             raise ValueError("onednn_linear=True, but this PyTorch build has no oneDNN linear "
                              "(torch.backends.mkldnn); leave it None to use it only where available")
         onednn = onednn_linear_available() if onednn_linear is None else onednn_linear
-        self._onednn = onednn and self.device.type == "cpu" and self.dtype == torch.float32
+        cpu_fp32 = self.device.type == "cpu" and self.dtype == torch.float32
+        self._onednn = OneDNNLinears() if onednn and cpu_fp32 else None
         self._graph_pool = None
         self.forward_passes = 0
         self.prefill_passes = 0
@@ -363,7 +364,7 @@ class Engine:
         if logits_to_keep is not None:
             kwargs["logits_to_keep"] = logits_to_keep
         self.forward_passes += 1
-        linears = onednn_linears(self._walk(self.model)[0]) if self._onednn else contextlib.nullcontext()
+        linears = self._onednn.installed(self._walk(self.model)[0]) if self._onednn else contextlib.nullcontext()
         with torch.inference_mode(), one_adapter, engine_attention(self._base_model().config), linears:
             out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **kwargs)
         return out.logits
