@@ -70,7 +70,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gate", action="store_true",
                    help="hybrid envs (email): judge score x correctness. Off by default: an untrained small "
                         "agent is never correct, and the gate would zero every reward (no signal)")
-    p.set_defaults(_target="groupwise.envs.train:run_train")
+    p.set_defaults(_target="groupwise.recipes.train:run_train")
 
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [

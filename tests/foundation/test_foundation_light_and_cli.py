@@ -37,6 +37,26 @@ def test_help_works_everywhere(command, capsys):
     assert "usage: groupwise" in capsys.readouterr().out
 
 
+def test_every_command_runs_a_function_that_exists():
+    """Each subcommand's `_target` names an importable function (a moved module breaks this, not a user's run)."""
+    import importlib
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for name, parser in sub.choices.items():
+        module_name, func_name = parser.get_default("_target").split(":")
+        assert callable(getattr(importlib.import_module(module_name), func_name)), name
+
+
+def test_envs_do_not_import_the_recipes_that_use_them():
+    proc = run_python("""
+        import sys
+        import groupwise.envs
+        print("RECIPES", sorted(m for m in sys.modules if m.startswith("groupwise.recipes")))
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert "RECIPES []" in proc.stdout
+
+
 def test_inspect_prints_a_run(tmp_path, group, capsys):
     store = RunStore(tmp_path, "2048", "agent")
     store.write_trajectories("val", 0, [group])

@@ -7,7 +7,7 @@ same code runs against groupwise's local engine, vLLM or a hosted API.
 
 `ENVS` maps a name to an `EnvSpec`: what the loop needs to train on it (rollout, scenario splits,
 validation metric, reward kind, judge rubric) and defaults sized for about 10 minutes on 2 CPU cores
-with SmolLM2-135M. The lead's ``envs/train.py`` and ``gw.fit`` consume it::
+with SmolLM2-135M. ``groupwise.recipes.train`` (`groupwise train`) and ``gw.fit`` consume it::
 
     spec = get_env("2048")
     train, val, test = spec.scenarios(seed)
