@@ -1,15 +1,21 @@
-"""retry, iterate_dataset (exact resume), split_dataset (deterministic)."""
+"""retry, iterate_dataset (exact resume, ART's order), split_dataset (deterministic), limit_concurrency."""
 
 from __future__ import annotations
+
+import asyncio
+import importlib
 
 import pytest
 
 from groupwise import ConfigError, iterate_dataset, retry, split_dataset
 
+# the module (the package attribute `groupwise.utils.retry` is the function, as in ART)
+RETRY = importlib.import_module("groupwise.utils.retry")
+
 
 def test_retry_sync_with_backoff(monkeypatch):
     sleeps, seen = [], []
-    monkeypatch.setattr("groupwise.utils.time.sleep", sleeps.append)
+    monkeypatch.setattr(RETRY.time, "sleep", sleeps.append)
     calls = 0
 
     @retry(max_attempts=4, delay=0.5, backoff_factor=3.0, exceptions=(KeyError,),
@@ -27,7 +33,7 @@ def test_retry_sync_with_backoff(monkeypatch):
 
 
 def test_retry_reraises_the_last_error_and_ignores_other_types(monkeypatch):
-    monkeypatch.setattr("groupwise.utils.time.sleep", lambda s: None)
+    monkeypatch.setattr(RETRY.time, "sleep", lambda s: None)
     calls = 0
 
     @retry(max_attempts=2, exceptions=ValueError)
@@ -50,7 +56,7 @@ async def test_retry_async(monkeypatch):
     async def fake_sleep(s):
         sleeps.append(s)
 
-    monkeypatch.setattr("groupwise.utils.asyncio.sleep", fake_sleep)
+    monkeypatch.setattr(RETRY.asyncio, "sleep", fake_sleep)
     seen = []
 
     async def on_retry(exc, attempt):
@@ -113,6 +119,52 @@ def test_iterate_dataset_seed_changes_order_and_bad_args():
 
 def test_iterate_dataset_past_the_end_yields_nothing():
     assert list(iterate_dataset(range(4), 2, num_epochs=1, initial_step=9, use_tqdm=False)) == []
+
+
+def test_iterate_dataset_seed_0_is_arts_order():
+    # ART's iterate_dataset shuffles range(n) with random.Random(epoch) (0.5.x; 0.3 seeded the global
+    # random with the epoch, the same sequence). The permutations below are what that gives for n=10.
+    batches = list(iterate_dataset(list(range(10)), 3, num_epochs=2, use_tqdm=False))
+    assert [b.items for b in batches] == [[7, 8, 1], [5, 3, 4], [2, 0, 9], [6],
+                                          [6, 8, 9], [7, 5, 3], [0, 4, 1], [2]]
+
+
+def test_iterate_dataset_at_arts_path_and_as_arts_tuple():
+    from groupwise.utils.iterate_dataset import iterate_dataset as at_art_path
+
+    assert at_art_path is iterate_dataset
+    # ART 0.3 yielded (items, epoch, global_step, epoch_step) tuples; 0.5 a DatasetBatch. Both read.
+    for items, epoch, step, epoch_step in at_art_path(list("abcde"), 2, 2, initial_step=2, use_tqdm=False):
+        assert (epoch, epoch_step) == divmod(step, 3) and 1 <= len(items) <= 2
+
+
+async def test_limit_concurrency_caps_per_key_and_survives_new_event_loops():
+    from groupwise.utils import limit_concurrency
+
+    running: dict[str, int] = {}
+    peak: dict[str, int] = {}
+
+    @limit_concurrency(2, derive_key=lambda key, _i: key)
+    async def work(key: str, _i: int) -> str:
+        running[key] = running.get(key, 0) + 1
+        peak[key] = max(peak.get(key, 0), running[key])
+        await asyncio.sleep(0.01)
+        running[key] -= 1
+        return key
+
+    out = await asyncio.gather(*(work(k, i) for k in "ab" for i in range(5)))
+    assert out == ["a"] * 5 + ["b"] * 5
+    assert peak == {"a": 2, "b": 2}  # two at a time per key, keys independent
+    # the same decorated function in a fresh event loop (a semaphore bound to another loop would fail)
+    import threading
+
+    result = []
+    thread = threading.Thread(target=lambda: result.append(asyncio.run(work("a", 0))))
+    thread.start()
+    thread.join()
+    assert result == ["a"]
+    with pytest.raises(ConfigError):
+        limit_concurrency(0)
 
 
 def test_split_dataset_deterministic_and_sized():

@@ -1,0 +1,10 @@
+"""Helpers users of ART expect, at ART's paths: `retry`, `iterate_dataset`, `limit_concurrency`, and
+`split_dataset`. `from groupwise.utils.iterate_dataset import iterate_dataset` works as ART's does.
+"""
+
+from groupwise.utils.iterate_dataset import DatasetBatch, epoch_order, iterate_dataset
+from groupwise.utils.limit_concurrency import limit_concurrency
+from groupwise.utils.retry import retry
+from groupwise.utils.split_dataset import split_dataset
+
+__all__ = ["DatasetBatch", "epoch_order", "iterate_dataset", "limit_concurrency", "retry", "split_dataset"]
