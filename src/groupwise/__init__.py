@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "JudgeError": "groupwise.errors",
     # configs
     "TrainConfig": "groupwise.config",
+    "TrainSFTConfig": "groupwise.config",
     "LoraConfig": "groupwise.config",
     "LoopConfig": "groupwise.config",
     # gathering
@@ -75,6 +76,6 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static type checkers and IDEs see the real names
-    from groupwise.config import LoopConfig, TrainConfig
+    from groupwise.config import LoopConfig, TrainConfig, TrainSFTConfig
     from groupwise.errors import *  # noqa: F403
     from groupwise.types import History, PydanticException, Trajectory, TrajectoryGroup

@@ -126,6 +126,62 @@ class TrainConfig(Validated):
         return p
 
 
+@dataclass
+class TrainSFTConfig(Validated):
+    """Settings of one supervised step (`await model.train_sft(trajectories, config=TrainSFTConfig(...))`).
+
+    The first three fields are ART's `TrainSFTConfig`. One `train_sft` call is one step of the run (a
+    checkpoint, a history row, a served adapter), made of one optimizer update per batch of
+    `batch_size` trajectories.
+    """
+
+    learning_rate: float | list[float] = option(5e-5, help="AdamW learning rate; a list gives one rate per batch (its length must be the number of batches), as ART's schedules produce.")
+    batch_size: int | str = option("auto", help="Trajectories per optimizer update; 'auto' is 2 (ART's LocalBackend default).")
+    assistant_turns: str = option("all", help="'all': every assistant turn is a target; 'last': only the last one (earlier turns are context).")
+    max_grad_norm: float = option(1.0, help="Clip the global gradient norm of each update to this value (0 disables clipping).")
+    weight_decay: float = option(0.0, help="AdamW weight decay.")
+    micro_batch_tokens: int = option(4096, help="Token budget of one micro-batch (padded tokens); an update accumulates gradients over micro-batches.")
+    max_seq_len: int = option(4096, help="Conversations longer than this many tokens are dropped (counted in the metrics).")
+    logprob_chunk_size: int = option(1024, help="Positions per chunk when computing log-softmax, so a large vocabulary does not hold [T, V] at once.")
+    gradient_checkpointing: bool = option(False, help="Recompute each decoder layer in the backward instead of storing its activations (long tool-using transcripts).")
+    seed: int = option(0, help="Seed of the step's RNG (dropout).")
+
+    DEFAULT_BATCH_SIZE = 2
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        rates = self.learning_rate if isinstance(self.learning_rate, list) else [self.learning_rate]
+        if not rates:
+            p.append("learning_rate=[] must hold one rate per batch")
+        for r in rates:
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0:
+                p.append(f"learning_rate={self.learning_rate!r} must be a rate > 0 or a list of them")
+                break
+        if self.batch_size != "auto" and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
+                                          or self.batch_size < 1):
+            p.append(f"batch_size={self.batch_size!r} must be 'auto' or an integer >= 1")
+        check_choice(p, "assistant_turns", self.assistant_turns, ("all", "last"))
+        check_positive(p, "max_grad_norm", self.max_grad_norm, allow_zero=True)
+        check_positive(p, "weight_decay", self.weight_decay, allow_zero=True)
+        check_positive(p, "micro_batch_tokens", self.micro_batch_tokens)
+        check_positive(p, "max_seq_len", self.max_seq_len)
+        check_positive(p, "logprob_chunk_size", self.logprob_chunk_size)
+        return p
+
+    def resolved_batch_size(self) -> int:
+        return self.DEFAULT_BATCH_SIZE if self.batch_size == "auto" else int(self.batch_size)
+
+    def rates(self, num_batches: int) -> list[float]:
+        """The learning rate of each of `num_batches` updates (a list must have exactly that many)."""
+        if isinstance(self.learning_rate, list):
+            if len(self.learning_rate) != num_batches:
+                raise ConfigError([f"learning_rate has {len(self.learning_rate)} rates but the trajectories make "
+                                   f"{num_batches} batches of {self.resolved_batch_size()}; give one rate per batch"],
+                                  what=type(self).__name__)
+            return [float(r) for r in self.learning_rate]
+        return [float(self.learning_rate)] * num_batches
+
+
 LOOP_ACTIONS = ("ignore", "warn", "stop_soon", "stop")
 
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import openai
 
     from groupwise.backend.base import Backend, TrainResult
-    from groupwise.config import TrainConfig
+    from groupwise.config import TrainConfig, TrainSFTConfig
 
 __all__ = ["Model", "TrainableModel"]
 
@@ -249,6 +249,38 @@ class TrainableModel(Model):
         step_before = await self.get_step()
         result = await self.backend.train(self, groups, config)
         await self.log(groups, split="train", step=step_before, metrics=_train_metrics(result.metrics))
+        return result
+
+    async def train_sft(
+        self,
+        trajectories: Iterable[Trajectory],
+        config: "TrainSFTConfig | None" = None,
+        _config: Any = None,
+        verbose: bool = False,
+    ) -> "TrainResult":
+        """Supervised fine-tuning on demonstrations (ART's name and arguments): one step of the run.
+
+        The assistant turns of `trajectories` are the targets (sampled token ids where a turn is a
+        Choice that has them, else the chat template's rendering); one optimizer update per batch of
+        `config.batch_size`. Like `train`, the step ends with a checkpoint and the new adapter served
+        (``name@<step>``), so GRPO (`train`, `gw.fit`) continues from it. The step's metrics are
+        logged as an ``sft`` history row of the step it started from; the demonstrations are stored
+        as that step's ``sft`` trajectories. `_config` (ART's experimental options) is accepted and unused.
+        """
+        from groupwise.config import TrainSFTConfig
+
+        trajectories = list(trajectories)
+        for n, t in enumerate(trajectories):
+            if not isinstance(t, Trajectory):
+                raise TypeError(f"train_sft(): trajectories[{n}] is {type(t).__name__}; expected a Trajectory")
+        config = config if config is not None else TrainSFTConfig()
+        step_before = await self.get_step()
+        result = await self.backend.train_sft(self, trajectories, config)
+        await self.log(None, split="sft", step=step_before, metrics=_train_metrics(result.metrics))
+        if verbose:
+            print(f"[sft] step {step_before} -> {result.step}: loss {result.metrics.get('loss', float('nan')):.4f} "
+                  f"over {int(result.metrics.get('trainable_tokens', 0))} target tokens, "
+                  f"{int(result.metrics.get('updates', 0))} update(s)")
         return result
 
 

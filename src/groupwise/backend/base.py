@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import httpx
 
-    from groupwise.config import TrainConfig
+    from groupwise.config import TrainConfig, TrainSFTConfig
     from groupwise.model import TrainableModel
-    from groupwise.types import TrajectoryGroup
+    from groupwise.types import Trajectory, TrajectoryGroup
 
 
 @dataclass
@@ -54,6 +54,16 @@ class Backend(ABC):
         self, model: "TrainableModel", groups: "list[TrajectoryGroup]", config: "TrainConfig"
     ) -> TrainResult:
         """One GRPO step on `groups`; returns once the new adapter is served and verified."""
+
+    async def train_sft(
+        self, model: "TrainableModel", trajectories: "list[Trajectory]", config: "TrainSFTConfig"
+    ) -> TrainResult:
+        """One supervised step on demonstrations (assistant turns are the targets): one optimizer update
+        per batch, then like `train`, a checkpoint and the new adapter served and verified."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement train_sft (supervised fine-tuning); "
+            "use LocalBackend, or train with GRPO only."
+        )
 
     @abstractmethod
     async def get_step(self, model: "TrainableModel") -> int:

@@ -21,6 +21,9 @@ A train step, in order (each step of the order is there for a failure seen in AR
 6. retention: keep the latest checkpoint and the best by `best_checkpoint_metric`; serve only the
    last `served_steps` steps.
 
+`train_sft()` (supervised steps on demonstrations) follows the same order, with one optimizer update
+per batch of trajectories; it is a step like any other (checkpoint, history row, served adapter).
+
 `register()` resumes from the latest complete checkpoint: adapter weights, optimizer tensors, RNG
 and step (an incomplete checkpoint folder is ignored with a warning). The data cursor of a
 checkpoint is the run store's state.json at save time (the loop keeps its cursor there).
@@ -40,12 +43,12 @@ from typing import TYPE_CHECKING, Any
 from groupwise.backend.memory import release_freed_memory
 from groupwise.backend.base import Backend, InferenceEndpoint, TrainResult
 from groupwise.compute import compute_thread
-from groupwise.config import LoraConfig, TrainConfig
+from groupwise.config import LoraConfig, TrainConfig, TrainSFTConfig
 from groupwise.errors import AdapterMismatchError, GroupwiseError
 
 if TYPE_CHECKING:
     from groupwise.model import TrainableModel
-    from groupwise.types import TrajectoryGroup
+    from groupwise.types import Trajectory, TrajectoryGroup
 
 DEFAULT_PATH = ".groupwise"
 API_KEY = "groupwise-local"
@@ -199,19 +202,80 @@ class LocalBackend(Backend):
             del batch
             if served.trainer.device.type == "cpu":
                 release_freed_memory()  # else RSS grows by GBs a step (backend/memory.py)
-            new_step = step + 1
-            # 4. checkpoint, then 5. serve and verify, then 6. retention.
-            cursor = await asyncio.to_thread(served.store.read_state)
-            path = await compute_thread().run(self._save, served, new_step, metrics, cursor)
-            served.cursor = cursor
-            await compute_thread().run(served.registry.add_step, model.name, new_step, str(path))
-            served.step = new_step
-            served.checkpoint_path = str(path)
-            if self.verify_adapter:
-                await self._verify(model, served, new_step)
-            await compute_thread().run(self._retain, model, served, new_step)
+            path = await self._publish(model, served, step + 1, metrics)
             metrics["step_time"] = time.perf_counter() - t0
-            return TrainResult(step=new_step, metrics=metrics, checkpoint_path=str(path))
+            return TrainResult(step=step + 1, metrics=metrics, checkpoint_path=str(path))
+
+    async def train_sft(
+        self, model: "TrainableModel", trajectories: "list[Trajectory]", config: TrainSFTConfig | None = None
+    ) -> TrainResult:
+        """One supervised step: the same order as `train` (store first, tokenise, exclusive use of the
+        model, checkpoint, serve and verify, retention), with one optimizer update per batch of
+        `config.batch_size` trajectories (training/sft.py's loss on their assistant turns)."""
+        from groupwise.inference.tool_calls import prepare_messages
+        from groupwise.training.sft import tokenize_sft
+        from groupwise.types import TrajectoryGroup
+
+        config = config if config is not None else TrainSFTConfig()
+        served = self._served(model)
+        trajectories = list(trajectories)
+        if not trajectories:
+            raise GroupwiseError("train_sft() got no trajectories; pass the demonstrations to imitate")
+        size = config.resolved_batch_size()
+        chunks = [trajectories[i:i + size] for i in range(0, len(trajectories), size)]
+        rates = config.rates(len(chunks))
+        async with served.lock:
+            t0 = time.perf_counter()
+            step = served.step
+            # 1. demonstrations first (one group per batch): a crash in the step loses nothing.
+            await asyncio.to_thread(served.store.write_trajectories, "sft", step, [TrajectoryGroup(c) for c in chunks])
+            # 2. token-in/token-out, rendered as the server renders requests.
+            batches = [await compute_thread().run(tokenize_sft, c, served.tokenizer, max_seq_len=config.max_seq_len,
+                                                  assistant_turns=config.assistant_turns, prepare=prepare_messages)
+                       for c in chunks]
+            # 3. one update per batch, with exclusive use of the shared model.
+            per_update: list[dict[str, float]] = []
+            async with served.engine.paused():
+                for batch, rate in zip(batches, rates):
+                    update = TrainConfig(
+                        learning_rate=rate, max_grad_norm=config.max_grad_norm, weight_decay=config.weight_decay,
+                        micro_batch_tokens=config.micro_batch_tokens, max_seq_len=config.max_seq_len,
+                        logprob_chunk_size=config.logprob_chunk_size, seed=config.seed,
+                        gradient_checkpointing=config.gradient_checkpointing)
+                    per_update.append(await compute_thread().run(
+                        served.trainer.train_step, batch, update, step=step, objective="sft"))
+            del batches
+            if served.trainer.device.type == "cpu":
+                release_freed_memory()
+            tokens = sum(m["trainable_tokens"] for m in per_update)
+            metrics = {
+                "loss": sum(m["loss"] * m["trainable_tokens"] for m in per_update) / max(tokens, 1.0),
+                "first_loss": per_update[0]["loss"], "last_loss": per_update[-1]["loss"],
+                "grad_norm": sum(m["grad_norm"] for m in per_update) / len(per_update),
+                "trainable_tokens": tokens,
+                "sequences": sum(m["sequences"] for m in per_update),
+                "updates": float(len(per_update)),
+                "dropped_too_long": sum(m["dropped_too_long"] for m in per_update),
+                "update_time": sum(m["update_time"] for m in per_update),
+                "learning_rate": rates[-1],
+            }
+            # 4-6. checkpoint, serve and verify, retention: an SFT step is a step like any other.
+            path = await self._publish(model, served, step + 1, metrics)
+            metrics["step_time"] = time.perf_counter() - t0
+            return TrainResult(step=step + 1, metrics=metrics, checkpoint_path=str(path))
+
+    async def _publish(self, model: "TrainableModel", served: _Served, new_step: int, metrics: dict[str, float]) -> Path:
+        """4. save the checkpoint, 5. serve the new adapter and verify it, 6. retention."""
+        cursor = await asyncio.to_thread(served.store.read_state)
+        path = await compute_thread().run(self._save, served, new_step, metrics, cursor)
+        served.cursor = cursor
+        await compute_thread().run(served.registry.add_step, model.name, new_step, str(path))
+        served.step = new_step
+        served.checkpoint_path = str(path)
+        if self.verify_adapter:
+            await self._verify(model, served, new_step)
+        await compute_thread().run(self._retain, model, served, new_step)
+        return path
 
     def _save(self, served: _Served, step: int, metrics: dict[str, float], cursor: dict[str, Any]) -> Path:
         from groupwise.training.checkpoint import save_checkpoint

@@ -30,6 +30,7 @@ from groupwise.module_walk import ModuleWalk
 from groupwise.training.logprobs import base_and_decoder, token_logprobs
 from groupwise.training.lora_forward import AdapterForwards, TrainingForward
 from groupwise.training.loss import grpo_loss
+from groupwise.training.sft import sft_loss
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
 
 TRAIN_ADAPTER = "default"  # peft's name of the adapter created by get_peft_model
@@ -260,8 +261,12 @@ class Trainer:
             dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 4 * len(layers) + 8)
         return self._compiled
 
-    def forward_backward(self, batch: TokenizedBatch, config: TrainConfig) -> tuple[StepStats, list[list[int]]]:
-        """Accumulate the step's gradient into `.grad` of the adapter parameters (no optimizer step)."""
+    def forward_backward(self, batch: TokenizedBatch, config: TrainConfig, *,
+                         objective: str = "grpo") -> tuple[StepStats, list[list[int]]]:
+        """Accumulate the step's gradient into `.grad` of the adapter parameters (no optimizer step).
+
+        objective "grpo": the policy-gradient loss (training/loss.py); "sft": the masked token NLL of
+        demonstrations (training/sft.py; its sum lands in `policy_loss_sum`)."""
         seqs = batch.sequences
         num_tokens = batch.trainable_tokens
         plan = plan_micro_batches([len(s) for s in seqs], config.micro_batch_tokens)
@@ -276,6 +281,13 @@ class Trainer:
                         chunk_size=config.logprob_chunk_size, target_index_N=mb["target_index_N"],
                         compile_head=bool(fwd.layer_forwards),  # compiled layers: the head chunks too
                     )
+                if objective == "sft":
+                    sft = sft_loss(logprobs_BT, mb["mask_BT"], num_tokens=num_tokens)
+                    sft.loss.backward()
+                    zero = torch.zeros((), dtype=torch.float64, device=sft.loss.device)
+                    sums.append(torch.stack([sft.loss.detach().double(), sft.nll_sum.double(), zero, zero, zero,
+                                             sft.tokens.double()]))
+                    continue
                 ref_BT = None
                 if config.kl_coef > 0:
                     with torch.no_grad(), self.model.disable_adapter(), fwd.autocast():
@@ -306,8 +318,9 @@ class Trainer:
         stats = StepStats(*totals)
         return stats, plan
 
-    def train_step(self, batch: TokenizedBatch, config: TrainConfig, *, step: int = 0) -> dict[str, float]:
-        """One optimizer step on `batch`; returns the step's metrics."""
+    def train_step(self, batch: TokenizedBatch, config: TrainConfig, *, step: int = 0,
+                   objective: str = "grpo") -> dict[str, float]:
+        """One optimizer step on `batch` (objective "grpo" or "sft", see `forward_backward`); returns its metrics."""
         t0 = time.perf_counter()
         params = self._activate()
         optimizer = self.ensure_optimizer(config)
@@ -323,7 +336,7 @@ class Trainer:
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(step_seed)
                 try:
-                    stats, plan = self.forward_backward(batch, config)
+                    stats, plan = self.forward_backward(batch, config, objective=objective)
                 except Exception as exc:
                     if not self._compiled or not type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
                         raise
@@ -333,7 +346,7 @@ class Trainer:
                     self._compile_failed = True
                     optimizer.zero_grad(set_to_none=True)
                     torch.manual_seed(step_seed)  # the same dropout draws as the failed attempt
-                    stats, plan = self.forward_backward(batch, config)
+                    stats, plan = self.forward_backward(batch, config, objective=objective)
                 max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
                 if not math.isfinite(grad_norm):
@@ -349,6 +362,17 @@ class Trainer:
             self._set_mode(False)
         update_time = time.perf_counter() - t0
         tokens = max(stats.tokens, 1.0)
+        if objective == "sft":
+            return {
+                "loss": stats.policy_loss_sum / tokens,  # mean NLL per target token
+                "grad_norm": grad_norm,
+                "trainable_tokens": float(num_tokens),
+                "sequences": float(len(seqs)),
+                "micro_batches": float(len(plan)),
+                "dropped_too_long": float(batch.dropped_too_long),
+                "update_time": update_time,
+                "learning_rate": config.learning_rate,
+            }
         return {
             "loss": stats.loss,
             "policy_loss": stats.policy_loss_sum / tokens,
