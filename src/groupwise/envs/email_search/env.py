@@ -78,6 +78,8 @@ class ScenarioEmail(Sampling):
     question: str
     answer: str = Field(description="Ground truth (never shown to the model).")
     source_id: str = Field(description="message_id of the email holding the answer.")
+    keywords: tuple[str, ...] = Field((), description="Ground truth: the question's words that find the source "
+                                      "(never shown to the model; the scripted demonstrations search with them).")
     today: str
     max_turns: int = Field(4, gt=0, description="Most model replies (tool calls) per episode.")
     tool_mode: Literal["text", "native"] = Field("native", description="How tools are called (module doc).")
@@ -157,7 +159,7 @@ def email_reward(*, correct: bool, answered: bool, idk: bool, format_error: bool
     return 0.0 + partial
 
 
-def _run_tool(call: ToolCall, db: str, scenario: ScenarioEmail) -> Any:
+def run_tool(call: ToolCall, db: str, scenario: ScenarioEmail) -> Any:
     fn = {"search_emails": T.search_emails, "read_email": T.read_email}.get(call.name)
     if fn is None:
         raise T.ToolError(f"unknown tool {call.name!r}; the tools are {list(T.TOOL_NAMES)}.")
@@ -198,7 +200,7 @@ async def rollout(model: Any, scenario: ScenarioEmail) -> Trajectory:
                     final = T.return_final_answer(**(call.arguments or {}))
                     result: Any = {"ok": True}
                 else:
-                    result = _run_tool(call, db, scenario)
+                    result = run_tool(call, db, scenario)
             except (T.ToolError, TypeError) as exc:
                 tool_errors += 1
                 result = {"error": str(exc)}
@@ -238,7 +240,7 @@ def validate(trajectory: Trajectory) -> float:
 
 def _scenario(q: Question, **overrides: Any) -> ScenarioEmail:
     return ScenarioEmail(question_id=q.id, inbox=q.inbox, question=q.question, answer=q.answer,
-                         source_id=q.source_id, today=q.today, **overrides)
+                         source_id=q.source_id, keywords=q.keywords, today=q.today, **overrides)
 
 
 def scenarios(seed: int = 0, *, corpus_seed: int = 0, db: str | Path | None = None, **overrides: Any):
