@@ -70,11 +70,34 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gate", action="store_true",
                    help="hybrid envs (email): judge score x correctness. Off by default: an untrained small "
                         "agent is never correct, and the gate would zero every reward (no signal)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--sft", type=int, default=0, metavar="N",
+                   help="first a supervised warm start on N demonstrations of the env's scripted agent (email: "
+                        "search, read, answer with the ground truth), then GRPO from there (default 0: none)")
+    p.add_argument("--sft-epochs", type=int, default=2, help="SFT epochs, one step each (default 2)")
+    p.add_argument("--sft-lr", type=float, default=2e-4, help="SFT learning rate (default 2e-4)")
     p.set_defaults(_target="groupwise.recipes.train:run_train")
 
 
+def _add_sft(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sft", help="supervised warm start of a run from demonstrations (GRPO continues it)")
+    p.add_argument("data", help="a JSONL file in ART's SFT format ({\"messages\": [...], \"tools\": [...]} per "
+                                "line), or an env with a scripted demonstrator (email)")
+    p.add_argument("-n", type=int, default=None, help="how many demonstrations (default: the file's all; env: 64)")
+    p.add_argument("--epochs", type=int, default=2, help="passes over the demonstrations, one step each (default 2)")
+    p.add_argument("--lr", type=float, default=2e-4, help="learning rate (default 2e-4)")
+    p.add_argument("--batch-size", type=int, default=4, help="demonstrations per optimizer update (default 4)")
+    p.add_argument("--model", default="smollm2-135m", help="base model (default smollm2-135m)")
+    p.add_argument("--seed", type=int, default=0, help="random seed: which demonstrations and their order (default 0)")
+    p.add_argument("--path", default=".groupwise", help="run store folder (default .groupwise)")
+    p.add_argument("--project", default=None, help="project (default: the env's name, or 'sft' for a file)")
+    p.add_argument("--name", default=None, help="model name (default: <env>-s<seed>, as groupwise train names it)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.set_defaults(_target="groupwise.recipes.sft:run_sft")
+
+
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_inspect, _add_serve, _add_report, _add_compare, _add_train,
+    _add_inspect, _add_serve, _add_report, _add_compare, _add_train, _add_sft,
 ]
 
 

@@ -29,7 +29,7 @@ def test_import_groupwise_client_side_does_not_import_torch():
     assert "HEAVY []" in proc.stdout
 
 
-@pytest.mark.parametrize("command", [[], ["inspect"], ["serve"], ["report"], ["compare"], ["train"]])
+@pytest.mark.parametrize("command", [[], ["inspect"], ["serve"], ["report"], ["compare"], ["train"], ["sft"]])
 def test_help_works_everywhere(command, capsys):
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args([*command, "--help"])

@@ -51,6 +51,9 @@ class EnvSpec:
     max_tokens: int = 32
     learning_rate: float = 5e-5
     val_size: int | None = None  # how many val scenarios the 10-minute job uses (None: the whole split)
+    # demonstrate(scenario) -> Trajectory: a scripted policy that knows the ground truth, whose
+    # trajectories are the demonstrations of a supervised warm start (`groupwise train <env> --sft N`).
+    demonstrate: Callable[[Any], Trajectory] | None = None
 
 
 ENVS: dict[str, EnvSpec] = {
@@ -102,6 +105,7 @@ ENVS: dict[str, EnvSpec] = {
         # Measured on 2 shared CPU cores: ~35 s per 4-turn episode with SmolLM2 (long tool prompts), so
         # this env does not fit 10 minutes; these defaults take ~30 (GPU recommended).
         steps=6, rollouts_per_group=4, groups_per_step=2, max_tokens=96, learning_rate=5e-5, val_size=8,
+        demonstrate=email_search.demonstration,
     ),
     "titles": EnvSpec(
         name="titles",

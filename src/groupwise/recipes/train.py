@@ -62,6 +62,9 @@ async def train(
     name: str | None = None,
     device: str | None = None,
     gate: bool = False,
+    sft: int = 0,
+    sft_epochs: int = 2,
+    sft_lr: float = 2e-4,
 ) -> dict[str, Any]:
     """Run the main job; returns a JSON-able summary (also written to <run_dir>/summary.json)."""
     import groupwise as gw
@@ -86,6 +89,16 @@ async def train(
                               max_batch_size=max(32, spec.rollouts_per_group * spec.groups_per_step))
     await model.register(backend)
     print(f"[groupwise train] loaded {model_name} in {time.monotonic() - t0:.1f}s; run folder {model.run_dir}")
+    sft_steps, baselines = 0, []
+    if sft:
+        # Supervised warm start (recipes/sft.py): its last step is scored as a baseline GRPO has to beat.
+        from groupwise.loop.fit import AtStep
+        from groupwise.recipes.sft import env_demonstrations, warm_start
+
+        demos = env_demonstrations(spec, sft, seed=seed, max_tokens=spec.max_tokens)
+        sft_steps = await warm_start(model, demos, epochs=sft_epochs, learning_rate=sft_lr, seed=seed)
+        baselines = [AtStep(model, sft_steps)]
+        max_steps += sft_steps  # --steps counts the GRPO steps
 
     config = gw.LoopConfig(
         rollouts_per_group=spec.rollouts_per_group,
@@ -110,6 +123,7 @@ async def train(
             test_scenarios=test_s if spec.val_metric else None,
             reward=_reward_step(spec, judge, model, model_name, gate),
             validate=spec.validate if spec.val_metric else None,
+            baselines=baselines if spec.val_metric else (),
             config=config,
         )
     finally:
@@ -127,6 +141,7 @@ async def train(
         "final_step": summary.final_step, "test": summary.test, "stop_reason": summary.stop_reason,
         "wall_s": round(wall, 1), "plots": [str(p) for p in plots],
         "alerts": [f"{a.name}@{a.step}" for a in summary.alerts],
+        "sft_steps": sft_steps, "sft": summary.baselines.get(f"{model.name}@{sft_steps}") if sft_steps else None,
     }
     Path(model.run_dir, "summary.json").write_text(json.dumps(result, indent=2))
     print()
@@ -152,5 +167,6 @@ def run_train(args: Any) -> int:
         return 2
     asyncio.run(train(args.env, model_name=args.model, judge=args.judge, steps=args.steps, seed=args.seed,
                       path=args.path, name=args.name, device=getattr(args, "device", None),
-                      gate=getattr(args, "gate", False)))
+                      gate=getattr(args, "gate", False), sft=getattr(args, "sft", 0),
+                      sft_epochs=getattr(args, "sft_epochs", 2), sft_lr=getattr(args, "sft_lr", 2e-4)))
     return 0

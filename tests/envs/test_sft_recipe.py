@@ -1,0 +1,83 @@
+"""`groupwise sft` and `groupwise train <env> --sft N`: demonstrations from a JSONL file or an env's scripted
+agent become SFT steps of the run (resumed, not repeated), and GRPO continues from them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import groupwise as gw
+from groupwise.cli import main
+from groupwise.envs import get_env
+from groupwise.recipes.sft import env_demonstrations, read_jsonl
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from groupwise.loading import load_tokenizer, tiny_random_model
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model, tok = tiny_random_model(seed=0, tokenizer=load_tokenizer("smollm2-135m"))
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def test_jsonl_rows_become_trajectories_and_bad_rows_say_where(tmp_path):
+    good = tmp_path / "demos.jsonl"
+    good.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]})
+                    + "\n\n" + json.dumps({"messages": [{"role": "user", "content": "q"}], "tools": []}) + "\n")
+    trajs = read_jsonl(good)
+    assert [len(t.messages_and_choices) for t in trajs] == [2, 1]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n{\"text\": 1}\n")
+    with pytest.raises(ValueError, match="bad.jsonl:2: not an SFT row"):
+        read_jsonl(bad)
+
+
+def test_env_demonstrations_come_from_the_scripted_agent():
+    demos = env_demonstrations(get_env("email"), 3, seed=0)
+    assert len(demos) == 3 and all(d.metrics["correct"] == 1.0 for d in demos)
+    first_train = get_env("email").scenarios(0)[0][0]
+    assert demos[0].metadata["question_id"] == first_train.question_id
+    with pytest.raises(ValueError, match="no scripted demonstrator; these have one: .*'email'"):
+        env_demonstrations(get_env("2048"), 3, seed=0)
+
+
+def test_groupwise_sft_makes_steps_and_resumes_without_repeating_them(model_dir, tmp_path, capsys):
+    data = tmp_path / "greet.jsonl"
+    data.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"hi {i}"},
+                                                      {"role": "assistant", "content": "hello"}]}) for i in range(6)))
+    args = ["sft", str(data), "--model", model_dir, "--path", str(tmp_path / "runs"), "--epochs", "2",
+            "--batch-size", "3", "--name", "greeter", "--device", "cpu"]
+    assert main(args) == 0
+    run = tmp_path / "runs" / "sft" / "greeter"
+    rows = [r for r in gw.load_history(run) if r["split"] == "sft"]
+    assert [r["step"] for r in rows] == [0, 1] and all(r["updates"] == 2 for r in rows)
+    assert (run / "checkpoints" / "0002" / "state.json").is_file()
+    assert main(args) == 0  # a second call finds its SFT steps done
+    assert len([r for r in gw.load_history(run) if r["split"] == "sft"]) == 2
+    assert "done: step 2 (2 SFT step(s))" in capsys.readouterr().out
+    assert main(["sft", "2048", "--model", model_dir, "--path", str(tmp_path / "runs")]) == 2
+    assert "no scripted demonstrator" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_train_email_with_sft_scores_the_warm_start_as_a_baseline(model_dir, tmp_path):
+    from groupwise.recipes.train import train
+
+    result = _run(train("email", model_name=model_dir, steps=0, seed=0, path=str(tmp_path), device="cpu",
+                        sft=2, sft_epochs=1, sft_lr=1e-3))
+    assert result["sft_steps"] == 1 and result["final_step"] == 1
+    history = gw.load_history(result["run_dir"])
+    assert [r["step"] for r in history if r["split"] == "sft"] == [0]
+    names = [r["name"] for r in history if r["split"] == "baseline"]
+    assert names == ["email-s0@0", "email-s0@1"]  # the base, then the SFT step
+    assert result["sft"] is not None
+
+
+def _run(coro):
+    import asyncio
+
+    return asyncio.run(coro)
