@@ -55,7 +55,18 @@ def served(tiny, adapter_dirs):
 
 
 @pytest.fixture
-def client(served):
+async def client(served):
     from groupwise.inference.client import in_process_client
 
-    return in_process_client(served[2])
+    c = in_process_client(served[2])
+    yield c
+    await c.close()
+
+
+@pytest.fixture
+async def live(served):
+    """The shared app ('agent' at steps 0-2, alias 'tiny') over real HTTP on loopback."""
+    from live_server import LiveServer
+
+    async with LiveServer(served[2]) as server:
+        yield server

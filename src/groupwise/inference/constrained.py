@@ -28,7 +28,8 @@ import torch
 
 from groupwise.errors import MissingDependencyError
 
-__all__ = ["Constraint", "ConstraintError", "allowed_mask", "constraint_for", "ll_tokenizer"]
+__all__ = ["NUMBER_BOUND", "Constraint", "ConstraintError", "allowed_mask", "bound_numbers", "constraint_for",
+           "ll_tokenizer"]
 
 # No free whitespace: a small model given the choice pads JSON with newlines until max_tokens.
 # The separators are the ones models see most ({"a": 1, "b": 2}). lenient: unknown keywords
@@ -99,6 +100,39 @@ def allowed_mask(matchers: list[Any], vocab_size: int, device: torch.device) -> 
     return torch.from_numpy(out).to(device)
 
 
+# A number the schema leaves unbounded is bounded here: else a model (a small one especially) can
+# write digits until max_tokens. 2**53 - 1 is the largest integer every JSON reader keeps exactly.
+NUMBER_BOUND = 2**53 - 1
+_SUBSCHEMAS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
+              "unevaluatedItems", "unevaluatedProperties")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
+def bound_numbers(schema: Any) -> Any:
+    """A copy of `schema` where every integer or number without a bound gets +-NUMBER_BOUND."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    types = out.get("type")
+    types = types if isinstance(types, list) else [types]
+    if "integer" in types or "number" in types:
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -NUMBER_BOUND
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = NUMBER_BOUND
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: bound_numbers(v) for k, v in out[key].items()}
+    for key in _SUBSCHEMA:
+        if key in out:
+            out[key] = bound_numbers(out[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [bound_numbers(v) for v in out[key]]
+    return out
+
+
 def _token_literal(tokenizer: Any, text: str) -> str:
     """Lark for `text`: a special token by id when the tokenizer has it as one token, else a string."""
     added = getattr(tokenizer, "get_added_vocab", lambda: {})()
@@ -113,7 +147,7 @@ def _tool_call_schema(tools: list[dict[str, Any]], name: str | None) -> dict[str
         fn = t.get("function", t)
         if name is not None and fn.get("name") != name:
             continue
-        params = dict(fn.get("parameters") or {"type": "object"})
+        params = bound_numbers(dict(fn.get("parameters") or {"type": "object"}))
         if params.get("type") == "object" and "properties" in params:
             # Undeclared arguments are useless to the tool; without this a small model invents keys.
             params.setdefault("additionalProperties", False)
@@ -172,6 +206,7 @@ def constraint_for(
         schema = spec.get("schema")
         if not isinstance(schema, dict):
             raise ConstraintError("response_format.json_schema.schema must be a JSON schema object")
+        schema = bound_numbers(schema)
     else:
         raise ConstraintError(f"response_format.type={kind!r}; use 'text', 'json_object' or 'json_schema'")
     try:

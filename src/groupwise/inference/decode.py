@@ -21,14 +21,13 @@ from groupwise.inference.sampling import sample_next
 if TYPE_CHECKING:
     from groupwise.inference.engine import Engine
 
-__all__ = ["advance", "decode", "sample_and_advance"]
+__all__ = ["advance", "decode", "forward_rows", "retire", "sample_and_advance", "sample_isolated"]
 
 
 def decode(engine: "Engine") -> None:
     """One decode step for every running sequence (on CUDA, possibly several: decode_graphs.py)."""
     seqs = engine._running
     k = len(seqs)
-    dev = engine.device
     need = max(s.length for s in seqs) + 1
     if engine.buffers.grow(need + 1):
         engine._graphs.clear()
@@ -52,20 +51,65 @@ def decode(engine: "Engine") -> None:
             engine.cuda_graphs = False
             engine._graphs.clear()
     if logits is None and sampled is None:
+        rows, logits = forward_rows(engine, 0, k, last, positions, need, names)
+        keep = [j for j, i in enumerate(rows) if not seqs[i].finish_reason]  # a failed request fails all its rows
+        seqs = [seqs[rows[j]] for j in keep]
+        logits = logits[keep] if keep else None
+    if seqs:
+        stepped(engine, seqs)
+        if sampled is not None:
+            tokens, logprobs = sampled.tolist()  # one read-back: tokens (exact in fp64), logprobs
+            advance(engine, list(seqs), [int(t) for t in tokens], logprobs)
+        else:
+            sample_isolated(engine, list(seqs), logits)
+    if any(s.finish_reason for s in engine._running):
+        retire(engine)
+
+
+def forward_rows(engine: "Engine", a: int, b: int, last: list[int], positions: list[int], need: int,
+                 names: list[str] | None) -> tuple[list[int], torch.Tensor | None]:
+    """The eager decode pass of running rows [a, b): (rows computed, their logits [rows, V]).
+
+    A failed pass is split in halves and retried until the failing row is alone; that row's request
+    fails (engine._fail_request) and the others go on. A retry is clean: a pass only writes each
+    row's K/V column at its own position, which the next pass writes again.
+    """
+    try:
         # Round up to 8 columns: few distinct shapes, and little extra KV to read (on CPU the
         # decode attention is bound by reading K/V: 32 extra columns cost ~20% at 32 x 100 tokens).
+        dev = engine.device
         length = min(-(-need // 8) * 8, engine.buffers.capacity - 1)
-        ids = torch.tensor(last, dtype=torch.long)[:, None]  # [k, 1]
-        pos = torch.tensor(positions, dtype=torch.long)[:, None]
+        ids = torch.tensor(last[a:b], dtype=torch.long)[:, None]  # [k, 1]
+        pos = torch.tensor(positions[a:b], dtype=torch.long)[:, None]
         mask = torch.arange(length)[None, None, None, :] <= pos[:, None, :, None]  # [k, 1, 1, length]
-        cache = SlotCache(engine.buffers, 0, k, pos.to(dev), length)
-        logits = engine._forward(ids.to(dev), pos.to(dev), mask.to(dev), cache, names)[:, -1]
-    stepped(engine, seqs)
-    if sampled is not None:
-        tokens, logprobs = sampled.tolist()  # one read-back: tokens (exact in fp64), logprobs
-        advance(engine, list(seqs), [int(t) for t in tokens], logprobs)
-    else:
-        sample_and_advance(engine, list(seqs), logits)
+        cache = SlotCache(engine.buffers, a, b - a, pos.to(dev), length)
+        part = names[a:b] if names is not None else None
+        return list(range(a, b)), engine._forward(ids.to(dev), pos.to(dev), mask.to(dev), cache, part)[:, -1]
+    except Exception as exc:
+        if b - a == 1:
+            engine._fail_request(engine._running[a].state, exc)
+            return [], None
+        mid = (a + b) // 2
+        rows1, logits1 = forward_rows(engine, a, mid, last, positions, need, names)
+        rows2, logits2 = forward_rows(engine, mid, b, last, positions, need, names)
+        parts = [x for x in (logits1, logits2) if x is not None]
+        return rows1 + rows2, torch.cat(parts) if parts else None
+
+
+def sample_isolated(engine: "Engine", seqs: list[_Seq], logits_BV: torch.Tensor) -> None:
+    """`sample_and_advance`, where a sampling error fails only the row's request (halves, as in
+    `forward_rows`): sampling has no effect a caller sees before advance(), which isolates its own."""
+    try:
+        sample_and_advance(engine, seqs, logits_BV)
+    except Exception as exc:
+        if len(seqs) == 1:
+            engine._fail_request(seqs[0].state, exc)
+            return
+        mid = len(seqs) // 2
+        sample_isolated(engine, seqs[:mid], logits_BV[:mid])
+        live = [j for j in range(mid, len(seqs)) if not seqs[j].finish_reason]
+        if live:
+            sample_isolated(engine, [seqs[j] for j in live], logits_BV[live])
 
 
 def stepped(engine: "Engine", seqs: list[_Seq]) -> None:
@@ -82,9 +126,14 @@ def sample_and_advance(engine: "Engine", seqs: list[_Seq], logits_BV: torch.Tens
 
         allowed = allowed_mask([s.matcher for s in seqs], logits_BV.shape[-1], logits_BV.device)
     tops_needed = max(s.req.sampling.top_logprobs for s in seqs)
+    params = [s.req.sampling for s in seqs]
+    history = None
+    if any(p.penalized for p in params):  # token histories only where a penalty reads them
+        history = ([s.req.prompt_ids if s.req.sampling.penalized else [] for s in seqs],
+                   [s.tokens if s.req.sampling.penalized else [] for s in seqs])
     tokens_B, logprobs_B, raw_BV = sample_next(
-        logits_BV, [s.req.sampling for s in seqs], [s.seed for s in seqs], [len(s.tokens) for s in seqs], allowed,
-        engine._default_generator, want_raw_BV=tops_needed > 0,
+        logits_BV, params, [s.seed for s in seqs], [len(s.tokens) for s in seqs], allowed,
+        engine._default_generator, want_raw_BV=tops_needed > 0, history=history,
     )
     top_vals = top_ids = None
     if tops_needed:
@@ -95,19 +144,25 @@ def sample_and_advance(engine: "Engine", seqs: list[_Seq], logits_BV: torch.Tens
 
 def advance(engine: "Engine", seqs: list[_Seq], tokens: list[int], logprobs: list[float],
              top_ids: list[list[int]] | None = None, top_vals: list[list[float]] | None = None) -> None:
-    """Append each row's sampled token, check whether it finished, retire finished rows."""
+    """Append each row's sampled token, check whether it finished, retire finished rows. An error in
+    one row's bookkeeping (its grammar, stop strings, its caller's callback) fails that request only."""
     for b, s in enumerate(seqs):
-        t = tokens[b]
-        s.tokens.append(t)
-        s.logprobs.append(logprobs[b])
-        if s.req.sampling.top_logprobs:
-            n_top = s.req.sampling.top_logprobs
-            s.tops.append(list(zip(top_ids[b][:n_top], top_vals[b][:n_top])))
-        if s.matcher is not None:
-            s.matcher.consume_token(t)
-        s.finish_reason = finish_reason(engine, s, t)
-        if s.req.on_token is not None:
-            s.req.on_token(s.index, t, logprobs[b], s.finish_reason)
+        if s.finish_reason:  # its request failed or was cancelled meanwhile
+            continue
+        try:
+            t = tokens[b]
+            s.tokens.append(t)
+            s.logprobs.append(logprobs[b])
+            if s.req.sampling.top_logprobs:
+                n_top = s.req.sampling.top_logprobs
+                s.tops.append(list(zip(top_ids[b][:n_top], top_vals[b][:n_top])))
+            if s.matcher is not None:
+                s.matcher.consume_token(t)
+            s.finish_reason = finish_reason(engine, s, t)
+            if s.req.on_token is not None:
+                s.req.on_token(s.index, t, logprobs[b], s.finish_reason)
+        except Exception as exc:
+            engine._fail_request(s.state, exc)
     if any(s.finish_reason for s in engine._running):
         retire(engine)
 
@@ -169,10 +224,14 @@ def retire(engine: "Engine") -> None:
 def maybe_resolve(engine: "Engine", st: _ReqState) -> None:
     if not all(s.finish_reason for s in st.seqs) or st.future.done():
         return
-    completions = []
-    for s in st.seqs:
-        text = engine.tokenizer.decode(s.tokens, skip_special_tokens=True)
-        if s.text_cut is not None:
-            text = text[: s.text_cut]
-        completions.append(Completion(s.index, s.tokens, s.logprobs, s.tops, text, s.finish_reason))
-    st.future.set_result(GenerationResult(completions, len(st.req.prompt_ids), st.req.adapter))
+    try:
+        completions = []
+        for s in st.seqs:
+            text = engine.tokenizer.decode(s.tokens, skip_special_tokens=True)
+            if s.text_cut is not None:
+                text = text[: s.text_cut]
+            completions.append(Completion(s.index, s.tokens, s.logprobs, s.tops, text, s.finish_reason))
+    except Exception as exc:
+        engine._fail_request(st, exc)
+        return
+    st.settle(GenerationResult(completions, len(st.req.prompt_ids), st.req.adapter))

@@ -7,8 +7,9 @@ are padding that write to the trash column and attend to column 0 only) over the
 each replay. peft picks the adapter in Python, so it is baked in at capture: graphs serve batches
 whose rows all use one adapter (mixed batches run eagerly with ``adapter_names``).
 
-Where every row samples plainly (temperature, seed; no top-p, grammar or top_logprobs), the graph
-samples too (`graph_sampling`, sampling.sample_fixed) and computes the next step's inputs, so
+Where no row needs a penalty, a grammar or top_logprobs, the graph samples too (`graph_sampling`,
+sampling.sample_fixed: temperature, seed, and top_k/top_p/min_p through the same `truncate` as the
+eager path) and computes the next step's inputs, so
 `run_decode_steps` launches step t+1 before the CPU has read step t's tokens. Measured on an H200,
 Qwen2.5-0.5B shape, 256 requests x 256 tokens (bench/generation.py): 19.7k tok/s with sampling
 outside the graph, 35-39k with the in-graph sampling and GQA attention (attention.py), 46k with the
@@ -21,6 +22,7 @@ bucketing, padding rows and adapter selection are tested on CPU (tests/inference
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -34,29 +36,35 @@ if TYPE_CHECKING:
 
 BASE = "__base__"
 
-__all__ = ["EagerReplay", "adapter_ctx", "capture", "decode_with_graph", "graph_sampling", "run_decode_steps"]
+__all__ = ["EagerReplay", "GraphSampling", "adapter_ctx", "capture", "decode_with_graph", "graph_sampling",
+           "run_decode_steps"]
 
 
 def decode_with_graph(engine: "Engine", ids: list[int], pos: list[int], need: int, adapter: str | None,
-                      sampling: tuple[list[float], list[int], list[int]] | None = None) -> torch.Tensor:
+                      sampling: "GraphSampling | None" = None) -> torch.Tensor:
     """One decode step for k rows (last tokens `ids`, positions `pos`) by replaying (capturing first
     if new) the graph of its bucket.
 
-    Without `sampling`: returns the logits [k, V]. With `sampling` = per-row (temperatures, seeds,
-    token indices): the graph samples too (sampling.sample_fixed) and this returns [2, k] float64
-    (row 0: the tokens, exact in fp64; row 1: their logprobs) on the device, one copy to read back.
-    The inputs go up in two copies (an int64 [5, B] block and the temperatures): per-tensor copies
-    and mask updates were ~10 launches, a third of the CPU time of a 256-row step on an H200.
+    Without `sampling`: returns the logits [k, V]. With `sampling` (`graph_sampling`): the graph
+    samples too (sampling.sample_fixed) and this returns [2, k] float64 (row 0: the tokens, exact in
+    fp64; row 1: their logprobs) on the device, one copy to read back. The inputs go up in two copies
+    (an int64 [6, B] block and a float32 [3, B] one): per-tensor copies and mask updates were ~10
+    launches, a third of the CPU time of a 256-row step on an H200.
     """
     k = len(ids)
-    g = graph_for(engine, k, need, adapter, sampled=sampling is not None)
+    filtered = sampling is not None and sampling.top_k is not None
+    g = graph_for(engine, k, need, adapter, sampled=sampling is not None, filtered=filtered)
     pad = g["B"] - k
-    # Padding rows: token 0 at position 0, K/V written to the trash column, attending to column 0.
+    # Padding rows: token 0 at position 0, K/V written to the trash column, attending to column 0;
+    # greedy (temperature 0), nothing truncated.
     rows = [ids + [0] * pad, pos + [0] * pad, pos + [engine.buffers.trash_col] * pad]
     if sampling is not None:
-        temps, seeds, steps = sampling
-        rows += [seeds + [0] * pad, steps + [0] * pad]
-        g["temps"].copy_(torch.tensor(temps + [0.0] * pad, dtype=torch.float32), non_blocking=True)
+        rows += [sampling.seeds + [0] * pad, sampling.steps + [0] * pad]
+        floats = [sampling.temps + [0.0] * pad]
+        if filtered:
+            rows.append(sampling.top_k + [0] * pad)
+            floats += [sampling.top_p + [1.0] * pad, sampling.min_p + [0.0] * pad]
+        g["floats"][: len(floats)].copy_(torch.tensor(floats, dtype=torch.float32), non_blocking=True)
     g["inputs"][: len(rows)].copy_(torch.tensor(rows, dtype=torch.long), non_blocking=True)
     g["graph"].replay()
     engine.forward_passes += 1
@@ -65,34 +73,53 @@ def decode_with_graph(engine: "Engine", ids: list[int], pos: list[int], need: in
     return g["logits"][:k, -1]
 
 
-def graph_for(engine: "Engine", k: int, need: int, adapter: str | None, sampled: bool) -> dict[str, Any]:
-    """The graph of k rows attending to `need` columns (captured on first use)."""
+def graph_for(engine: "Engine", k: int, need: int, adapter: str | None, sampled: bool,
+              filtered: bool = False) -> dict[str, Any]:
+    """The graph of k rows attending to `need` columns (captured on first use). `filtered`: its
+    sampling truncates (top_k/top_p/min_p); graphs without it skip the sort over the vocabulary."""
     B = min(max(1 << (k - 1).bit_length(), 1), engine.max_batch_size)
     Lb = min(max(64, 1 << (need - 1).bit_length()), engine.buffers.capacity - 1)
-    key = (B, Lb, adapter or BASE, sampled)
+    key = (B, Lb, adapter or BASE, sampled, filtered)
     g = engine._graphs.get(key)
     if g is None:
-        g = engine._graphs[key] = capture(engine, B, Lb, adapter, sampled=sampled)
+        g = engine._graphs[key] = capture(engine, B, Lb, adapter, sampled=sampled, filtered=filtered)
     return g
 
 
-def graph_sampling(engine: "Engine", seqs: list) -> tuple[list[float], list[int], list[int]] | None:
-    """Per-row (temperature, seed, token index) when the decode graph can sample every row itself
-    (sampling.sample_fixed: no top-p, grammar or top_logprobs), else None. An unseeded row draws
-    one random seed from the engine's generator and hashes (seed, token index) like a seeded row,
-    so the graph can step its own inputs (decode_graphs.run_decode_steps)."""
+@dataclass
+class GraphSampling:
+    """Per-row inputs of the graph's sampling; top_k/top_p/min_p are None when no row truncates."""
+
+    temps: list[float]
+    seeds: list[int]
+    steps: list[int]
+    top_k: list[int] | None = None
+    top_p: list[float] | None = None
+    min_p: list[float] | None = None
+
+
+def graph_sampling(engine: "Engine", seqs: list) -> GraphSampling | None:
+    """What the decode graph needs to sample every row itself (sampling.sample_fixed), or None
+    when a row needs a grammar, a penalty or top_logprobs. An unseeded row draws one random seed
+    from the engine's generator and hashes (seed, token index) like a seeded row, so the graph can
+    step its own inputs (decode_graphs.run_decode_steps)."""
     params = [s.req.sampling for s in seqs]
-    if any(s.matcher is not None for s in seqs) or any(p.top_p < 1.0 or p.top_logprobs for p in params):
+    if any(s.matcher is not None for s in seqs) or any(p.penalized or p.top_logprobs for p in params):
         return None
     for s in seqs:
         if s.seed is None and s.graph_seed is None:
             s.graph_seed = int(torch.randint(0, 2**62, (1,), generator=engine._cpu_generator))
     seeds = [s.seed if s.seed is not None else s.graph_seed for s in seqs]
-    return [p.temperature for p in params], seeds, [len(s.tokens) for s in seqs]
+    out = GraphSampling([p.temperature for p in params], seeds, [len(s.tokens) for s in seqs])
+    if any(p.truncates for p in params):
+        out.top_k = [max(p.top_k, 0) for p in params]
+        out.top_p = [p.top_p for p in params]
+        out.min_p = [p.min_p for p in params]
+    return out
 
 
 def run_decode_steps(engine: "Engine", seqs: list, ids: list[int], pos: list[int], need: int, adapter: str | None,
-                     sampling: tuple[list[float], list[int], list[int]]) -> None:
+                     sampling: GraphSampling) -> None:
     """Decode steps for the running rows, each next step launched BEFORE the CPU reads this one's
     tokens (CUDA, graph sampling only).
 
@@ -109,7 +136,7 @@ def run_decode_steps(engine: "Engine", seqs: list, ids: list[int], pos: list[int
 
     k = len(seqs)
     out = decode_with_graph(engine, ids, pos, need, adapter, sampling)  # a view of g["out"]: each replay refills it
-    g = graph_for(engine, k, need, adapter, sampled=True)
+    g = graph_for(engine, k, need, adapter, sampled=True, filtered=sampling.top_k is not None)
     while True:
         g["host"][:, :k].copy_(out, non_blocking=True)
         g["event"].record()
@@ -131,17 +158,20 @@ def run_decode_steps(engine: "Engine", seqs: list, ids: list[int], pos: list[int
             return
 
 
-def capture(engine: "Engine", B: int, Lb: int, adapter: str | None, sampled: bool = False) -> dict[str, Any]:
-    """Static input tensors and the captured graph for one bucket. Inputs: g["inputs"] [5, B] int64
-    (last token, position, cache column, seed, token index), g["temps"] [B]; output: g["logits"],
-    or with `sampled` g["out"] [2, B] (tokens, logprobs)."""
+def capture(engine: "Engine", B: int, Lb: int, adapter: str | None, sampled: bool = False,
+            filtered: bool = False) -> dict[str, Any]:
+    """Static input tensors and the captured graph for one bucket. Inputs: g["inputs"] [6, B] int64
+    (last token, position, cache column, seed, token index, top_k), g["floats"] [3, B] float32
+    (temperature, top_p, min_p); output: g["logits"], or with `sampled` g["out"] [2, B] (tokens,
+    logprobs). With `filtered` the sampling truncates (sampling.truncate)."""
     dev = engine.device
-    inputs = torch.zeros((5, B), dtype=torch.long, device=dev)
+    inputs = torch.zeros((6, B), dtype=torch.long, device=dev)
     trash = engine.buffers.trash_col  # fixed while the graph lives: growing the cache drops all graphs
     inputs[2] = trash
+    floats = torch.zeros((3, B), dtype=torch.float32, device=dev)
+    floats[1] = 1.0  # top_p 1: nothing truncated
     g: dict[str, Any] = {"B": B, "Lb": Lb, "inputs": inputs, "ids": inputs[0, :, None], "pos": inputs[1, :, None],
-                         "cols": inputs[2, :, None], "arange": torch.arange(Lb, device=dev),
-                         "temps": torch.zeros(B, dtype=torch.float32, device=dev)}
+                         "cols": inputs[2, :, None], "arange": torch.arange(Lb, device=dev), "floats": floats}
     if sampled and dev.type == "cuda":
         g["host"] = torch.empty((2, B), dtype=torch.float64, pin_memory=True)
         g["event"] = torch.cuda.Event()
@@ -158,11 +188,12 @@ def capture(engine: "Engine", B: int, Lb: int, adapter: str | None, sampled: boo
         logits = engine.model(input_ids=g["ids"], position_ids=g["pos"], attention_mask=mask, **kwargs).logits
         if not sampled:
             return {"logits": logits}
-        tokens, logprobs = sample_fixed(logits[:, -1], g["temps"], inputs[3], inputs[4])
+        filters = (inputs[5], floats[1], floats[2]) if filtered else None
+        tokens, logprobs = sample_fixed(logits[:, -1], floats[0], inputs[3], inputs[4], filters)
         # the next step's inputs (run_decode_steps): padding rows (cache column = trash) stay as they are
         real, nxt = inputs[2] != trash, inputs[1] + 1
         g["next"] = torch.stack([torch.where(real, tokens, 0), torch.where(real, nxt, 0),
-                                 torch.where(real, nxt, trash), inputs[3], inputs[4] + 1])
+                                 torch.where(real, nxt, trash), inputs[3], inputs[4] + 1, inputs[5]])
         return {"out": torch.stack([tokens.double(), logprobs.double()])}
 
     if dev.type != "cuda":

@@ -60,16 +60,17 @@ from groupwise.compute import compute_thread
 from groupwise.inference.adapter_slots import SLOT_PREFIX, AdapterSlots
 from groupwise.inference.attention import engine_attention
 from groupwise.inference.cpu_linear import OneDNNLinears, onednn_linear_available
-from groupwise.inference.decode import decode
+from groupwise.inference.decode import decode, retire
 from groupwise.inference.kv_cache import SlotBuffers
 from groupwise.inference.merged import MergedAdapter
-from groupwise.inference.prefill import admit, prefill
+from groupwise.inference.prefill import admit, prefill_isolated
 from groupwise.inference.prefix_cache import PrefixCache
 from groupwise.inference.requests import (BASE, Completion, EngineError, GenerationRequest, GenerationResult,
-                                          PromptTooLongError, _ReqState, _Seq)
+                                          PromptTooLongError, RequestFailedError, _ReqState, _Seq)
 from groupwise.module_walk import ModuleWalk
 
-__all__ = ["Completion", "Engine", "EngineError", "GenerationRequest", "GenerationResult", "PromptTooLongError"]
+__all__ = ["Completion", "Engine", "EngineError", "GenerationRequest", "GenerationResult", "PromptTooLongError",
+           "RequestFailedError"]
 
 
 class Engine:
@@ -99,6 +100,7 @@ class Engine:
         config = self._base_model().config
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
         self.context_length = int(max_seq_len or getattr(text_config, "max_position_embeddings", 4096))
+        self.vocab_size = int(self._base_model().get_input_embeddings().num_embeddings)  # valid ids: [0, this)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         heads = text_config.num_attention_heads
@@ -143,6 +145,9 @@ class Engine:
         self.warm_passes = 0  # prefills of prefixes shared inside one admitted batch (prefill.py)
         self.prefill_tokens = 0  # prompt tokens run through the model (pads excluded)
         self.prefix_hit_tokens = 0  # prompt tokens copied from the prefix cache instead
+        self.cancelled_requests = 0  # dropped because their caller cancelled (a client went away)
+        self.failed_requests = 0  # failed alone: a step error was traced to them, the others went on
+        self._cancel_pending = False  # a caller cancelled since the last sweep (_sweep_cancelled)
         self._adapters: dict[str, str] = {}
         self._waiting: deque[_ReqState] = deque()
         self._admitted: list[_ReqState] = []  # taken from _waiting, being prefilled
@@ -255,6 +260,7 @@ class Engine:
         # Clamp to the context (vLLM would refuse; rollouts prefer a shorter answer to an error).
         max_new = max(1, min(limit, self.context_length - prompt_len))
         state = _ReqState(request, future, max_new)
+        future.add_done_callback(self._on_done)
         for i in range(request.n):
             seq = _Seq(request, state, i)
             if request.sampling.seed is not None:
@@ -270,10 +276,23 @@ class Engine:
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         return await asyncio.wrap_future(self.submit(request))
 
+    def _on_done(self, future: concurrent.futures.Future) -> None:
+        """A caller cancelled its future (the server does when a client goes away): stop its work."""
+        if future.cancelled():
+            with self._cv:
+                self._cancel_pending = True
+                self._cv.notify_all()
+
     def _validate(self, r: GenerationRequest) -> None:
-        problems = r.sampling.problems()
+        # Everything a batch would choke on is refused here, before the request can share a forward
+        # pass with others: out-of-range ids index the embedding, an int64-overflowing seed the sampler.
+        problems = r.sampling.problems(r.n)
         if not r.prompt_ids:
             problems.append("the prompt is empty")
+        for what, ids in (("prompt", r.prompt_ids), ("stop_token_ids", r.stop_token_ids)):
+            bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size]
+            if bad:
+                problems.append(f"{what} has token ids outside [0, {self.vocab_size}) (the vocabulary): {bad[:5]}")
         if len(r.prompt_ids) >= self.context_length:
             raise PromptTooLongError(
                 f"the prompt has {len(r.prompt_ids)} tokens but the context length is "
@@ -301,7 +320,7 @@ class Engine:
                     if not self._ready():  # a pause began (or the engine closed) since the check
                         return
                 self._step()
-        except BaseException as exc:  # fail loud: every waiting caller gets the error
+        except BaseException as exc:  # not traced to one request (prefill.py, decode.py isolate those)
             self._fail_all(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
@@ -312,16 +331,38 @@ class Engine:
             self._waiting.clear()
             self._running = []
         for st in states:
-            if not st.future.done():
-                st.future.set_exception(EngineError(f"generation failed: {type(exc).__name__}: {exc}"))
+            st.settle(error=EngineError(f"generation failed: {type(exc).__name__}: {exc}"))
+
+    def _fail_request(self, st: _ReqState, exc: BaseException) -> None:
+        """Fail one request whose error was traced to it; its running rows are retired by the caller."""
+        self.failed_requests += 1
+        st.fail(exc)
+
+    def _sweep_cancelled(self) -> None:
+        """Drop requests whose callers cancelled: waiting ones leave the queue, running rows retire."""
+        with self._cv:
+            if not self._cancel_pending:
+                return
+            self._cancel_pending = False
+            kept = [st for st in self._waiting if not st.future.cancelled()]
+            self.cancelled_requests += len(self._waiting) - len(kept)
+            self._waiting = deque(kept)
+        gone = {id(s.state): s.state for s in self._running if s.state.future.cancelled() and not s.finish_reason}
+        for st in gone.values():
+            for s in st.seqs:
+                s.finish_reason = "cancelled"
+        self.cancelled_requests += len(gone)
+        if gone:
+            retire(self)
 
     def _step(self) -> None:
+        self._sweep_cancelled()
         admitted = admit(self)
         if admitted:
             # Admitted requests are in neither queue until placed: _fail_all must see them too, or
             # a failing prefill would leave their callers waiting forever.
             self._admitted = admitted
-            prefill(self, admitted)
+            prefill_isolated(self, admitted)
             self._admitted = []
         if self._running:
             decode(self)

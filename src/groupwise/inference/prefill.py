@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from groupwise.inference.engine import Engine
     from groupwise.inference.requests import _ReqState, _Seq
 
-__all__ = ["MIN_WARM_GAIN", "admit", "plan_warm", "prefill", "run_rows"]
+__all__ = ["MIN_WARM_GAIN", "admit", "plan_warm", "prefill", "prefill_isolated", "run_rows"]
 
 # A warm-up pass costs a forward's fixed overhead (~10 ms on CPU, one kernel launch train on GPU);
 # below this many saved prompt tokens a shared prefix is cheaper to recompute per row.
@@ -56,6 +56,26 @@ def admit(engine: "Engine") -> list["_ReqState"]:
             free -= st.req.n
             longest = longest2
     return out
+
+
+def prefill_isolated(engine: "Engine", states: list["_ReqState"]) -> None:
+    """`prefill`, where an error fails only the request it comes from: a failed batch is split in
+    halves and retried until the failing request is alone, then that request fails and the others
+    run. Nothing a caller sees happened before the error (tokens reach callers in advance(), which
+    isolates its own errors), and the rows' slots are scratch until placed, so a retry is clean."""
+    k = len(engine._running)
+    try:
+        prefill(engine, states)
+    except Exception as exc:
+        for s in engine._running[k:]:  # placed but never sampled: forget them
+            s.slot, s.length = -1, 0
+        del engine._running[k:]
+        if len(states) == 1:
+            engine._fail_request(states[0], exc)
+            return
+        half = len(states) // 2
+        prefill_isolated(engine, states[:half])
+        prefill_isolated(engine, states[half:])
 
 
 def prefill(engine: "Engine", states: list["_ReqState"]) -> None:

@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 from groupwise.inference.sampling import SamplingParams
 
-__all__ = ["BASE", "Completion", "EngineError", "GenerationRequest", "GenerationResult", "PromptTooLongError"]
+__all__ = ["BASE", "Completion", "EngineError", "GenerationRequest", "GenerationResult", "PromptTooLongError",
+           "RequestFailedError"]
 
 BASE = "__base__"  # the adapter name of the base model in peft's mixed-batch ``adapter_names``
 
@@ -23,6 +24,10 @@ class EngineError(RuntimeError):
 
 class PromptTooLongError(EngineError, ValueError):
     """The prompt does not fit the model's context."""
+
+
+class RequestFailedError(EngineError):
+    """This request failed inside the engine; the requests batched with it went on."""
 
 
 @dataclass
@@ -85,3 +90,20 @@ class _ReqState:
     future: concurrent.futures.Future
     max_new: int
     seqs: list[_Seq] = field(default_factory=list)
+
+    def settle(self, result: GenerationResult | None = None, error: BaseException | None = None) -> bool:
+        """Answer the caller once; a caller that cancelled (went away) is not answered. True if answered."""
+        try:
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(result)
+            return True
+        except concurrent.futures.InvalidStateError:  # cancelled, or answered already
+            return False
+
+    def fail(self, exc: BaseException) -> None:
+        """This request (only) failed: its rows finish (retire() frees their slots), its caller hears why."""
+        for s in self.seqs:
+            s.finish_reason = s.finish_reason or "error"
+        self.settle(error=RequestFailedError(f"generation failed for this request: {type(exc).__name__}: {exc}"))

@@ -1,4 +1,5 @@
-"""Sampling: temperature, top-p, per-request seeds, and the logprobs we report.
+"""Sampling: temperature, top-k/top-p/min-p, repetition/presence/frequency penalties, per-request
+seeds, and the logprobs we report.
 
 Which logprob is reported (this matters for RL): the model's RAW log-softmax at temperature 1,
 evaluated at the sampled token, before temperature, top-p or a grammar mask touch the logits.
@@ -16,6 +17,13 @@ A seeded sequence's u is a hash of (seed, token index) (`seeded_uniform`), so it
 depend on which other requests share the batch, and all rows are drawn in a few vectorised ops
 (no per-row generator call, which would be a kernel launch each on CUDA, and no [B, V] noise).
 Unseeded rows take u from the engine's generator.
+
+The extras follow vLLM's OpenAI server (what ART users pass through ``extra_body``), in vLLM's
+order: penalties change the logits (repetition_penalty over the prompt and the output so far,
+presence/frequency over the output), then temperature, then min_p, top_k and top_p keep a prefix
+of the tokens sorted by probability (`truncate`; top_p counts the mass of what min_p and top_k
+kept). `truncate` uses fixed-shape tensor ops only, so the CUDA graph (`sample_fixed`) runs the
+very same function as the eager path; penalties need each row's token history and stay eager.
 """
 
 from __future__ import annotations
@@ -24,38 +32,125 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SamplingParams", "inverse_cdf", "sample_fixed", "sample_next", "seeded_uniform", "top_p_filter"]
+__all__ = ["SEED_MAX", "SEED_MIN", "SamplingParams", "apply_penalties", "inverse_cdf", "sample_fixed", "sample_next",
+           "seeded_uniform", "top_p_filter", "truncate"]
+
+# A seed is an int64, as in OpenAI's API; choice i of a request uses seed + i, which must fit too.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass
 class SamplingParams:
-    """How one sequence samples. temperature 0 means greedy."""
+    """How one sequence samples. temperature 0 means greedy; top_k 0 (or -1) and min_p 0 are off."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
     top_logprobs: int = 0  # how many alternatives to report per position (0-20)
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # > 1 discourages tokens of the prompt and the output so far
+    presence_penalty: float = 0.0  # subtracted once from each token already in the output
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
 
-    def problems(self) -> list[str]:
+    @property
+    def truncates(self) -> bool:
+        """Does `truncate` change this row (top_k, top_p or min_p set)?"""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    def problems(self, n: int = 1) -> list[str]:
         p: list[str] = []
-        if not (self.temperature >= 0.0):
+        if not (0.0 <= self.temperature < float("inf")):
             p.append(f"temperature={self.temperature!r} must be >= 0")
         if not (0.0 < self.top_p <= 1.0):
             p.append(f"top_p={self.top_p!r} must be in (0, 1]")
         if not (0 <= self.top_logprobs <= 20):
             p.append(f"top_logprobs={self.top_logprobs!r} must be in [0, 20]")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+            p.append(f"top_k={self.top_k!r} must be an integer >= 1 (0 or -1 turn it off)")
+        if not (0.0 <= self.min_p <= 1.0):
+            p.append(f"min_p={self.min_p!r} must be in [0, 1]")
+        if not (0.0 < self.repetition_penalty < float("inf")):
+            p.append(f"repetition_penalty={self.repetition_penalty!r} must be > 0 (1 turns it off)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not (-2.0 <= getattr(self, name) <= 2.0):
+                p.append(f"{name}={getattr(self, name)!r} must be in [-2, 2]")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not SEED_MIN <= self.seed <= SEED_MAX - (n - 1)):
+            p.append(f"seed={self.seed!r} must be an integer in [-2**63, 2**63 - 1] (seed + n - 1 too: choice i "
+                     "uses seed + i)")
         return p
 
 
 def top_p_filter(logits_BV: torch.Tensor, top_p_B: torch.Tensor) -> torch.Tensor:
     """Set to -inf every token outside the smallest set whose probability reaches top_p (per row)."""
-    sorted_logits, order = torch.sort(logits_BV, dim=-1, descending=True)
-    probs = torch.softmax(sorted_logits, dim=-1)
-    # Mass strictly before each token; a token is kept while that mass is < top_p (the first always is).
-    mass_before = torch.cumsum(probs, dim=-1) - probs
-    drop_sorted = mass_before >= top_p_B[:, None]
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return logits_BV.masked_fill(drop, float("-inf"))
+    zeros = torch.zeros(logits_BV.shape[0], device=logits_BV.device)
+    return truncate(logits_BV, zeros.long(), top_p_B, zeros)
+
+
+def truncate(logits_BV: torch.Tensor, top_k_B: torch.Tensor, top_p_B: torch.Tensor,
+             min_p_B: torch.Tensor) -> torch.Tensor:
+    """Set to -inf every token that min_p, top_k or top_p drops (per row; 0, 0 and 1 leave a row as is).
+
+    In the order of the probabilities (softmax of `logits_BV`, already divided by the temperature):
+    min_p keeps tokens with p >= min_p * max p, top_k the k most likely; both keep a prefix of the
+    sorted tokens. top_p then keeps, within that prefix, the tokens whose mass before them is below
+    top_p of the prefix's mass (the first always stays). Fixed-shape ops only (module doc).
+    """
+    V = logits_BV.shape[-1]
+    sorted_BV, order_BV = torch.sort(logits_BV, dim=-1, descending=True)
+    probs_BV = torch.softmax(sorted_BV, dim=-1)
+    rank_V = torch.arange(V, device=logits_BV.device)
+    k_B = torch.where(top_k_B > 0, top_k_B, V)
+    keep_BV = (rank_V[None, :] < k_B[:, None]) & (probs_BV >= min_p_B[:, None] * probs_BV[:, :1])
+    kept_BV = probs_BV * keep_BV
+    mass_before_BV = torch.cumsum(kept_BV, dim=-1) - kept_BV
+    within_p_BV = mass_before_BV < top_p_B[:, None] * kept_BV.sum(-1, keepdim=True)
+    keep_BV &= within_p_BV | (top_p_B[:, None] >= 1.0)  # top_p 1 keeps all (no rounding at the tail)
+    keep_BV[:, 0] = True
+    drop_BV = torch.zeros_like(keep_BV).scatter(-1, order_BV, ~keep_BV)
+    return logits_BV.masked_fill(drop_BV, float("-inf"))
+
+
+def apply_penalties(logits_BV: torch.Tensor, params: list[SamplingParams], prompts: list[list[int]],
+                    outputs: list[list[int]]) -> torch.Tensor:
+    """The logits after each row's repetition, presence and frequency penalties (vLLM's definitions).
+
+    repetition_penalty r (CTRL's): a token seen in the prompt or the output has its logit divided by
+    r when positive, multiplied by r when negative. presence a and frequency f: a token seen c > 0
+    times in the output loses a + f * c. Rows without penalties are returned unchanged.
+    """
+    B, V = logits_BV.shape
+    dev = logits_BV.device
+    rows = [i for i in range(B) if params[i].penalized]
+    if not rows:
+        return logits_BV
+    idx = torch.tensor(rows, device=dev)
+    work = logits_BV[idx].float()  # [b, V]
+
+    def counts(seqs: list[list[int]]) -> torch.Tensor:
+        width = max((len(s) for s in seqs), default=0)
+        ids = torch.full((len(seqs), max(width, 1)), V, dtype=torch.long)  # V = padding, dropped below
+        for j, s in enumerate(seqs):
+            ids[j, : len(s)] = torch.tensor(s, dtype=torch.long)
+        out = torch.zeros(len(seqs), V + 1, device=dev)
+        return out.scatter_add_(1, ids.to(dev), torch.ones(ids.shape, device=dev))[:, :V]
+
+    out_counts = counts([outputs[i] for i in rows])  # [b, V]
+    rep = torch.tensor([params[i].repetition_penalty for i in rows], device=dev)[:, None]
+    if bool((rep != 1.0).any()):
+        seen = (counts([prompts[i] for i in rows]) + out_counts) > 0
+        work = torch.where(seen, torch.where(work > 0, work / rep, work * rep), work)
+    freq = torch.tensor([params[i].frequency_penalty for i in rows], device=dev)[:, None]
+    pres = torch.tensor([params[i].presence_penalty for i in rows], device=dev)[:, None]
+    work = work - freq * out_counts - pres * (out_counts > 0)
+    out = logits_BV.float().clone()
+    out[idx] = work
+    return out
 
 
 _M32 = 0xFFFFFFFF
@@ -84,18 +179,23 @@ def sample_next(
     allowed_mask_BV: torch.Tensor | None = None,  # [B, V] bool, True = allowed (grammar), or None
     default_generator: torch.Generator | None = None,
     want_raw_BV: bool = True,
+    history: tuple[list[list[int]], list[list[int]]] | None = None,  # per row (prompt ids, output ids): penalties
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Sample one token per row. Returns (token_ids_B, raw_logprobs_B, raw_logprobs_BV or None).
 
-    raw_logprobs is log_softmax(logits) in fp32, untouched by temperature/top-p/mask (module doc).
-    Without `want_raw_BV` (no top_logprobs asked) and when every row samples the model's own
-    distribution, the [B, V] log-softmax is never built: probs = softmax(logits), and
+    raw_logprobs is log_softmax(logits) in fp32, untouched by penalties/temperature/truncation/mask
+    (module doc). Without `want_raw_BV` (no top_logprobs asked) and when every row samples the
+    model's own distribution, the [B, V] log-softmax is never built: probs = softmax(logits), and
     log_softmax at the token = logit - lse with lse = max logit - log(max prob) (max prob >= 1/V,
     so its log is exact to fp32 rounding), which saves two passes over [B, V] a step.
     """
     logits = logits_BV.float()
     B = logits.shape[0]
-    plain = allowed_mask_BV is None and all(p.temperature == 1.0 and p.top_p >= 1.0 for p in params)
+
+    def own(p: SamplingParams) -> bool:  # samples the model's own distribution
+        return p.temperature == 1.0 and not p.truncates and not p.penalized
+
+    plain = allowed_mask_BV is None and all(own(p) for p in params)
     if plain and not want_raw_BV:
         probs_BV = torch.softmax(logits, dim=-1)
         u = _uniforms(list(range(B)), seeds, steps, logits.device, default_generator)
@@ -104,6 +204,10 @@ def sample_next(
         return tokens_B, logits.gather(1, tokens_B[:, None])[:, 0] - lse_B, None
     raw_logprobs_BV = torch.log_softmax(logits, dim=-1)  # [B, V]
     work = logits
+    if any(p.penalized for p in params):
+        if history is None:
+            raise ValueError("penalties need each row's (prompt ids, output ids): pass history")
+        work = apply_penalties(work, params, *history)
     if allowed_mask_BV is not None:
         work = work.masked_fill(~allowed_mask_BV, float("-inf"))
     # Row decisions are made on Python values: no device sync before the one in the caller's .tolist().
@@ -120,16 +224,15 @@ def sample_next(
     if sampled_rows:
         whole = len(sampled_rows) == B
         idx = None if whole else torch.tensor(sampled_rows, device=dev)
-        plain = allowed_mask_BV is None and all(params[i].temperature == 1.0 and params[i].top_p >= 1.0
-                                                  for i in sampled_rows)
-        if plain:  # the model's own distribution, computed as in the fast path above (same tokens)
+        if allowed_mask_BV is None and all(own(params[i]) for i in sampled_rows):
+            # the model's own distribution, computed as in the fast path above (same tokens)
             probs = torch.softmax(logits if whole else logits[idx], dim=-1)  # [b, V]
         else:
-            temps = torch.tensor([params[i].temperature for i in sampled_rows], dtype=torch.float32, device=dev)
+            rows = [params[i] for i in sampled_rows]
+            temps = torch.tensor([p.temperature for p in rows], dtype=torch.float32, device=dev)
             scaled = (work if whole else work[idx]) / temps[:, None]
-            if any(params[i].top_p < 1.0 for i in sampled_rows):
-                top_p = torch.tensor([params[i].top_p for i in sampled_rows], device=dev)
-                scaled = top_p_filter(scaled, top_p)
+            if any(p.truncates for p in rows):
+                scaled = truncate(scaled, *_truncation(rows, dev))
             probs = torch.softmax(scaled, dim=-1)  # [b, V]
         u = _uniforms(sampled_rows, seeds, steps, dev, default_generator)
         choice = inverse_cdf(probs, u)
@@ -141,20 +244,32 @@ def sample_next(
     return tokens_B, logprobs_B, raw_logprobs_BV
 
 
-def sample_fixed(logits_BV: torch.Tensor, temps_B: torch.Tensor, seeds_B: torch.Tensor,
-                 steps_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sample_next` for rows without top-p, grammar mask or top_logprobs, in fixed-shape tensor ops
-    only (no Python decision on values), so a CUDA graph can capture it with the decode step.
+def _truncation(params: list[SamplingParams], dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row (top_k, top_p, min_p) tensors for `truncate`."""
+    return (torch.tensor([max(p.top_k, 0) for p in params], dtype=torch.long, device=dev),
+            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev),
+            torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev))
+
+
+def sample_fixed(logits_BV: torch.Tensor, temps_B: torch.Tensor, seeds_B: torch.Tensor, steps_B: torch.Tensor,
+                 filters: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_next` for rows without penalties, grammar mask or top_logprobs, in fixed-shape tensor
+    ops only (no Python decision on values), so a CUDA graph can capture it with the decode step.
 
     temps_B: per-row temperature (0 = greedy); seeds_B, steps_B: the (seed, token index) whose hash
     is the row's uniform (`seeded_uniform`; the engine gives an unseeded row a fresh random seed per
-    step). Same tokens as `sample_next` for the same uniforms; the logprob is the raw log-softmax at
-    the token (module doc), computed as log_softmax (sample_next's shortcut differs in the last bits).
+    step); filters: per-row (top_k, top_p, min_p) for `truncate`, or None when no row truncates.
+    Same tokens as `sample_next` for the same uniforms; the logprob is the raw log-softmax at the
+    token (module doc), computed as log_softmax (sample_next's shortcut differs in the last bits).
     Returns (token_ids_B, raw_logprobs_B).
     """
     logits = logits_BV.float()
     greedy_B = temps_B == 0
-    probs_BV = torch.softmax(logits / torch.where(greedy_B, 1.0, temps_B)[:, None], dim=-1)
+    scaled_BV = logits / torch.where(greedy_B, 1.0, temps_B)[:, None]
+    if filters is not None:
+        scaled_BV = truncate(scaled_BV, *filters)
+    probs_BV = torch.softmax(scaled_BV, dim=-1)
     sampled_B = inverse_cdf(probs_BV, seeded_uniform(seeds_B, steps_B))
     tokens_B = torch.where(greedy_B, logits.argmax(-1), sampled_B)
     logprobs_B = torch.log_softmax(logits, dim=-1).gather(1, tokens_B[:, None])[:, 0]

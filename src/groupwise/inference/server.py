@@ -1,15 +1,22 @@
 """The OpenAI-compatible HTTP API over an `Engine` (FastAPI), and `groupwise serve`.
 
 Routes: ``POST /v1/chat/completions`` (plain and SSE streaming), ``POST /v1/completions``,
-``GET /v1/models``. Requests and responses use OpenAI's shapes; errors are
-``{"error": {"message", "type", "param", "code"}}`` with a 4xx for anything the caller can fix
-(unknown model -> 404 listing what is served; empty messages, max_tokens < 1, a prompt over the
-context, invalid JSON, a bad schema -> 400), and the server keeps serving.
+``GET /v1/models``, ``GET /v1/models/{id}``. Requests and responses use OpenAI's shapes; request
+bodies are validated by the pydantic models of api_models.py. Errors are
+``{"error": {"message", "type", "param", "code"}}``: a 4xx names what the caller can fix (the
+field, the model, the length), and the server keeps serving. What the server promises (bind, key,
+limits, logging) is written down in docs/security.md.
 
 Always returned, because RL needs them (token-in/token-out): every choice's logprobs
 (``choice.logprobs.content``) and its sampled token ids in the extra field ``choice.token_ids``
 (`groupwise.types.choice_token_ids` reads it). ``response.model`` and ``system_fingerprint``
 name the step that produced the answer (``name@step``).
+
+How a request runs: the key is checked, the body read up to a limit (413 past it) and validated;
+a prompt that cannot fit the context is refused before it is tokenised; tokenising and grammar
+building run on the compute thread (groupwise/compute.py), not on the event loop; the engine
+validates the request before it joins a batch, so every caller error is a 4xx before any
+streaming starts. A client that goes away cancels its request in the engine.
 
 In-process use (rollouts, tests) goes through `groupwise.inference.client.in_process_client`,
 an httpx ASGI transport to this same app: one code path for local and remote.
@@ -18,348 +25,394 @@ an httpx ASGI transport to this same app: one code path for local and remote.
 from __future__ import annotations
 
 import asyncio
-import json
+import concurrent.futures
+import hmac
+import logging
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from groupwise.compute import compute_thread
 from groupwise.errors import ModelNotFoundError
+from groupwise.inference.api_models import ChatCompletionRequest, CompletionRequest, describe_validation_error
 from groupwise.inference.constrained import ConstraintError, constraint_for
-from groupwise.inference.engine import EngineError, GenerationRequest, GenerationResult, PromptTooLongError
-from groupwise.inference.registry import ModelRegistry
-from groupwise.inference.sampling import SamplingParams
-from groupwise.inference.tool_calls import parse_tool_calls, prepare_messages
+from groupwise.inference.engine import (EngineError, GenerationRequest, GenerationResult, PromptTooLongError,
+                                        RequestFailedError)
+from groupwise.inference.registry import ModelRegistry, Resolved
+from groupwise.inference.streaming import EngineStream, stream_chat
+from groupwise.inference.responses import chat_response, completion_response
+from groupwise.inference.tool_calls import prepare_messages
 
-__all__ = ["ApiError", "create_app", "run_serve"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "ApiError", "create_app", "run_serve"]
+
+log = logging.getLogger("groupwise.serve")
+
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # a full context of text with tools is well under 1 MiB
 
 
 class ApiError(Exception):
+    """An error answered in OpenAI's shape. 5xx answers tell the SDK not to retry (``x-should-retry``):
+    the same request would fail the same way, and a retried poisonous request costs three times."""
+
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status)
+        headers = {"x-should-retry": "false"} if self.status >= 500 else {}
+        if self.status == 401:
+            headers["www-authenticate"] = "Bearer"
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
-def _number(body: dict, key: str, default: Any, *, kind=float, lo=None, hi=None, lo_open=False) -> Any:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        raise ApiError(400, f"{key} must be {'an integer' if kind is int else 'a number'}, got {value!r}", param=key)
-    if lo is not None and (value <= lo if lo_open else value < lo):
-        raise ApiError(400, f"{key}={value} must be {'>' if lo_open else '>='} {lo}", param=key)
-    if hi is not None and value > hi:
-        raise ApiError(400, f"{key}={value} must be <= {hi}", param=key)
-    return kind(value)
+@dataclass
+class ServerState:
+    """What the handlers share: the registry (and its engine), the key, the limits."""
+
+    registry: ModelRegistry
+    api_key: str | None
+    max_body_bytes: int
+    _max_token_chars: int | None = field(default=None, repr=False)
+
+    @property
+    def engine(self) -> Any:
+        return self.registry.engine
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.registry.engine.tokenizer
+
+    def max_prompt_chars(self) -> int:
+        """Characters beyond which a text cannot fit the context whatever its tokens: every token
+        covers at most as many characters as the vocabulary's longest entry."""
+        if self._max_token_chars is None:
+            self._max_token_chars = max(len(t) for t in self.tokenizer.get_vocab())
+        return self.engine.context_length * self._max_token_chars
 
 
-def _sampling(body: dict, *, default_max: int | None) -> dict[str, Any]:
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None:
-        max_tokens = _number({"max_tokens": max_tokens}, "max_tokens", None, kind=int, lo=1)
-    else:
-        max_tokens = default_max
-    stop = body.get("stop") or []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 8:
-        raise ApiError(400, "stop must be a non-empty string or a list of at most 8 of them", param="stop")
-    top_logprobs = _number(body, "top_logprobs", 0, kind=int, lo=0, hi=20)
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ApiError(400, f"seed must be an integer, got {seed!r}", param="seed")
-    return dict(
-        max_new_tokens=max_tokens,
-        n=_number(body, "n", 1, kind=int, lo=1, hi=64),
-        stop=stop,
-        sampling=SamplingParams(
-            temperature=_number(body, "temperature", 1.0, lo=0.0, hi=2.0),
-            top_p=_number(body, "top_p", 1.0, lo=0.0, hi=1.0, lo_open=True),
-            seed=seed,
-            top_logprobs=top_logprobs,
-        ),
-    )
+# ---------------------------------------------------------------------------------------- app
 
 
-def _token_entries(tokenizer: Any, ids: list[int], logprobs: list[float], tops: list) -> list[dict]:
-    texts = tokenizer.batch_decode([[i] for i in ids])
-    out = []
-    for j, (t, lp) in enumerate(zip(texts, logprobs)):
-        top = []
-        if tops:
-            alt_texts = tokenizer.batch_decode([[i] for i, _ in tops[j]])
-            top = [{"token": s, "logprob": v, "bytes": list(s.encode())} for s, (_, v) in zip(alt_texts, tops[j])]
-        out.append({"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": top})
-    return out
-
-
-def create_app(registry: ModelRegistry, *, api_key: str | None = None) -> FastAPI:
-    """The FastAPI app serving `registry` (one engine). `api_key`: require ``Bearer <key>``."""
-    app = FastAPI(title="groupwise", version="0.1")
-    engine = registry.engine
-    tokenizer = engine.tokenizer
-    app.state.registry = registry
-
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError):
-        return exc.response()
-
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception):
-        return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error").response()
-
-    def check_auth(request: Request) -> None:
-        if api_key is not None and request.headers.get("authorization", "") != f"Bearer {api_key}":
-            raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
-                           type="authentication_error", code="invalid_api_key")
-
-    async def read_body(request: Request) -> dict:
-        check_auth(request)
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
-        return body
-
-    def resolve(body: dict):
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise ApiError(400, "model is required (a string)", param="model")
-        try:
-            return registry.resolve(model)
-        except ModelNotFoundError as exc:
-            raise ApiError(404, str(exc), param="model", code="model_not_found") from exc
-
-    async def run(req: GenerationRequest) -> GenerationResult:
-        try:
-            future = engine.submit(req)
-        except PromptTooLongError as exc:
-            raise ApiError(400, str(exc), param="messages", code="context_length_exceeded") from exc
-        except EngineError as exc:
-            raise ApiError(400, str(exc)) from exc
-        return await asyncio.wrap_future(future)
-
-    @app.get("/v1/models")
-    async def models(request: Request):
-        check_auth(request)
-        now = int(time.time())
-        return {"object": "list", "data": [
-            {"id": m, "object": "model", "created": now, "owned_by": "groupwise"} for m in registry.served_ids()
-        ]}
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        body = await read_body(request)
-        target = resolve(body)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ApiError(400, "messages must be a non-empty list of {role, content} objects", param="messages")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
-                raise ApiError(400, f"messages[{i}] needs a role of system, user, assistant or tool", param="messages")
-        tools = body.get("tools") or None
-        tool_choice = body.get("tool_choice")
-        if tools is not None and not isinstance(tools, list):
-            raise ApiError(400, "tools must be a list of {type: function, function: {...}}", param="tools")
-        try:
-            constraint = constraint_for(tokenizer, response_format=body.get("response_format"), tools=tools,
-                                        tool_choice=tool_choice)
-        except ConstraintError as exc:
-            raise ApiError(400, str(exc), param="response_format") from exc
-        msgs, template_tools = prepare_messages(messages, tools if tool_choice != "none" else None, tokenizer)
-        try:
-            prompt_ids = tokenizer.apply_chat_template(msgs, tools=template_tools, add_generation_prompt=True,
-                                                       tokenize=True, return_dict=True)["input_ids"]
-        except Exception as exc:  # a template may reject a message layout (e.g. roles out of order)
-            raise ApiError(400, f"the chat template cannot render these messages: {exc}", param="messages") from exc
-        params = _sampling(body, default_max=None)
-        parse_tools = bool(tools) and tool_choice != "none"
-        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        header = {"id": rid, "created": created, "model": target.served_as, "system_fingerprint": target.served_as}
-        if body.get("stream"):
-            return StreamingResponse(
-                _stream_chat(engine, tokenizer, prompt_ids, params, target.adapter, constraint, header,
-                             parse_tools, bool(body.get("stream_options", {}) and body["stream_options"].get("include_usage")),
-                             run),
-                media_type="text/event-stream",
-            )
-        result = await run(GenerationRequest(prompt_ids, adapter=target.adapter, constraint=constraint, **params))
-        choices = []
-        for c in result.completions:
-            content, calls = parse_tool_calls(c.text) if parse_tools else (c.text, None)
-            message: dict[str, Any] = {"role": "assistant", "content": content}
-            if calls:
-                message["tool_calls"] = calls
-            choices.append({
-                "index": c.index,
-                "message": message,
-                "finish_reason": "tool_calls" if calls and c.finish_reason == "stop" else c.finish_reason,
-                "logprobs": {"content": _token_entries(tokenizer, c.token_ids, c.logprobs, c.top_logprobs)},
-                "token_ids": c.token_ids,
-            })
-        completion_tokens = sum(len(c.token_ids) for c in result.completions)
-        return {**header, "object": "chat.completion", "choices": choices, "usage": {
-            "prompt_tokens": result.prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": result.prompt_tokens + completion_tokens}}
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        body = await read_body(request)
-        target = resolve(body)
-        prompt = body.get("prompt")
-        if isinstance(prompt, str) and prompt:
-            prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            prompt_ids = list(prompt)
-        else:
-            raise ApiError(400, "prompt must be a non-empty string or a list of token ids", param="prompt")
-        if body.get("stream"):
-            raise ApiError(400, "stream is not supported on /v1/completions; use /v1/chat/completions", param="stream")
-        params = _sampling(body, default_max=16)  # OpenAI's default for completions
-        try:
-            constraint = constraint_for(tokenizer, response_format=body.get("response_format"))
-        except ConstraintError as exc:
-            raise ApiError(400, str(exc), param="response_format") from exc
-        result = await run(GenerationRequest(prompt_ids, adapter=target.adapter, constraint=constraint, **params))
-        choices = []
-        for c in result.completions:
-            texts = tokenizer.batch_decode([[i] for i in c.token_ids])
-            offsets, at = [], 0
-            for t in texts:
-                offsets.append(at)
-                at += len(t)
-            choices.append({
-                "index": c.index, "text": c.text, "finish_reason": c.finish_reason, "token_ids": c.token_ids,
-                "logprobs": {"tokens": texts, "token_logprobs": c.logprobs, "text_offset": offsets,
-                             "top_logprobs": [
-                                 {tokenizer.decode([i]): v for i, v in top} for top in c.top_logprobs
-                             ] if c.top_logprobs else None},
-            })
-        completion_tokens = sum(len(c.token_ids) for c in result.completions)
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": target.served_as, "system_fingerprint": target.served_as, "choices": choices,
-                "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": result.prompt_tokens + completion_tokens}}
-
+def create_app(registry: ModelRegistry, *, api_key: str | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The FastAPI app serving `registry` (one engine). `api_key`: require ``Bearer <key>`` on every
+    route, the docs included. `max_body_bytes`: larger request bodies get 413."""
+    app = FastAPI(title="groupwise", version="0.1", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.gw = ServerState(registry, api_key, max_body_bytes)
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_middleware(_InternalErrors)
+    app.include_router(api)
+    app.include_router(docs)
     return app
 
 
-async def _stream_chat(engine, tokenizer, prompt_ids, params, adapter, constraint, header, parse_tools,
-                       include_usage, run):
-    """SSE chunks: a role delta, text deltas with their logprobs and token ids, a finish chunk.
+async def _api_error(request: Request, exc: ApiError) -> Response:
+    return exc.response()
 
-    With tools the text is held back and sent whole at the end (a tool call must be parsed
-    complete); with stop strings, text that could still become a stop string is held back.
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    if exc.status_code in (404, 405):
+        message = (f"no route {request.method} {request.url.path}; this server answers POST /v1/chat/completions, "
+                   "POST /v1/completions, GET /v1/models and GET /v1/models/{id}")
+        return ApiError(exc.status_code, message, code="unknown_url" if exc.status_code == 404 else None).response()
+    return ApiError(exc.status_code, str(exc.detail)).response()
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+    first = exc.errors()[0] if exc.errors() else {}
+    return ApiError(400, f"invalid request: {first.get('msg', exc)}").response()
+
+
+class _InternalErrors:
+    """A server bug answers 500 in OpenAI's shape and the connection stays usable.
+
+    Starlette's own 500 handler re-raises after answering, and uvicorn then drops the keep-alive
+    connection, so a client's next request on it failed with a read error. Here the exception is
+    logged with its traceback and a request id, and the client gets the id, not the exception text.
     """
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
 
-    def on_token(index: int, token: int, logprob: float, finish: str | None) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, (index, token, logprob))
+    def __init__(self, app: Any):
+        self.app = app
 
-    req = GenerationRequest(prompt_ids, adapter=adapter, constraint=constraint, on_token=on_token, **params)
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
 
-    def chunk(choices: list[dict], usage: dict | None = None) -> str:
-        payload = {**header, "object": "chat.completion.chunk", "choices": choices}
-        if usage is not None:
-            payload["usage"] = usage
-        return f"data: {json.dumps(payload)}\n\n"
+        async def tracked(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
 
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            rid = f"req-{uuid.uuid4().hex[:12]}"
+            log.exception("%s %s failed (%s)", scope.get("method"), scope.get("path"), rid)
+            if started:  # mid-response: nothing can be said any more
+                raise
+            error = ApiError(500, f"the server failed on this request ({type(exc).__name__}); its log has the "
+                             f"details under {rid}", type="server_error", code="internal_error")
+            await error.response()(scope, receive, send)
+
+
+# ---------------------------------------------------------------------------------------- dependencies
+
+
+def server_state(request: Request) -> ServerState:
+    return request.app.state.gw
+
+
+def require_key(request: Request) -> None:
+    """``Authorization: Bearer <key>`` when the server has a key (compared in constant time)."""
+    key = server_state(request).api_key
+    if key is None:
+        return
+    given = request.headers.get("authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                       type="authentication_error", code="invalid_api_key")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed `limit` bytes."""
+    too_big = ApiError(413, f"the request body is over this server's limit of {limit} bytes (groupwise serve "
+                       "--max-body-bytes)", code="request_too_large")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parsed(model: type) -> Any:
+    """A dependency: the body read (within the limit) and validated as `model`; a 400 naming the field."""
+
+    async def dependency(request: Request) -> Any:
+        state = server_state(request)
+        raw = await read_body(request, state.max_body_bytes)
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as exc:
+            message, param = describe_validation_error(exc)
+            raise ApiError(400, message, param=param) from None
+
+    return dependency
+
+
+def resolve(state: ServerState, model: str) -> Resolved:
     try:
-        task = asyncio.ensure_future(run(req))
-        n = req.n
-        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-                     for i in range(n)])
-        ids: list[list[int]] = [[] for _ in range(n)]
-        sent: list[int] = [0] * n  # characters of text already sent
-        hold = max((len(s) for s in req.stop), default=1) - 1
-        while not task.done() or not queue.empty():
-            get = asyncio.ensure_future(queue.get())
-            done, _ = await asyncio.wait({get, task}, return_when=asyncio.FIRST_COMPLETED)
-            if get not in done:
-                get.cancel()
-                continue
-            index, token, logprob = get.result()
-            ids[index].append(token)
-            delta: dict[str, Any] = {}
-            if not parse_tools:
-                text = tokenizer.decode(ids[index], skip_special_tokens=True)
-                # Send only text that cannot be part of a stop string: up to a stop string found,
-                # else all but the last len(longest stop) - 1 characters.
-                cuts = [text.find(stop) for stop in req.stop if stop in text]
-                safe = min(cuts) if cuts else len(text) - hold
-                if text.endswith("\ufffd"):  # an unfinished UTF-8 character: wait for the next token
-                    safe = min(safe, len(text) - 1)
-                if safe > sent[index]:
-                    delta["content"] = text[sent[index]:safe]
-                    sent[index] = safe
-            entry = _token_entries(tokenizer, [token], [logprob], [])
-            yield chunk([{"index": index, "delta": delta, "logprobs": {"content": entry},
-                          "token_ids": [token], "finish_reason": None}])
-        result = await task
-        finals = []
-        for c in result.completions:
-            delta: dict[str, Any] = {}
-            finish = c.finish_reason
-            if parse_tools:
-                content, calls = parse_tool_calls(c.text)
-                if content:
-                    delta["content"] = content
-                if calls:
-                    delta["tool_calls"] = [{**call, "index": k} for k, call in enumerate(calls)]
-                    finish = "tool_calls" if finish == "stop" else finish
-            elif len(c.text) > sent[c.index]:
-                delta["content"] = c.text[sent[c.index]:]
-            finals.append({"index": c.index, "delta": delta, "finish_reason": finish})
-        yield chunk(finals)
-        if include_usage:
-            completion_tokens = sum(len(c.token_ids) for c in result.completions)
-            yield chunk([], {"prompt_tokens": result.prompt_tokens, "completion_tokens": completion_tokens,
-                             "total_tokens": result.prompt_tokens + completion_tokens})
-    except ApiError as exc:
-        yield f"data: {json.dumps({'error': {'message': exc.message, 'type': exc.type, 'param': exc.param, 'code': exc.code}})}\n\n"
-    except Exception as exc:  # mid-stream the status is already 200: report in-band, like OpenAI
-        yield f"data: {json.dumps({'error': {'message': f'{type(exc).__name__}: {exc}', 'type': 'server_error', 'param': None, 'code': None}})}\n\n"
-    yield "data: [DONE]\n\n"
+        return state.registry.resolve(model)
+    except ModelNotFoundError as exc:
+        raise ApiError(404, str(exc), param="model", code="model_not_found") from None
+
+
+def check_n(state: ServerState, n: int) -> None:
+    limit = getattr(state.engine, "max_batch_size", None)
+    if limit is not None and n > limit:
+        raise ApiError(400, f"n={n}: this server gives at most {limit} choices per request (its batch size)",
+                       param="n")
+
+
+def too_long(state: ServerState, chars: int) -> ApiError | None:
+    if chars <= state.max_prompt_chars():
+        return None
+    return ApiError(400, f"the prompt has {chars} characters, more than any {state.engine.context_length}-token "
+                    "context can hold; shorten the conversation (or drop old turns)",
+                    param="messages", code="context_length_exceeded")
+
+
+def submit(state: ServerState, req: GenerationRequest, prompt_param: str) -> concurrent.futures.Future:
+    """Queue `req`; the engine's own checks (length, ids, seed) answer 400 before anything is sent."""
+    try:
+        return state.engine.submit(req)
+    except PromptTooLongError as exc:
+        raise ApiError(400, str(exc), param=prompt_param, code="context_length_exceeded") from None
+    except EngineError as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+async def result_of(request: Request, future: concurrent.futures.Future) -> GenerationResult:
+    """The engine's answer; if the client goes away first, its request is cancelled in the engine."""
+    waiter = asyncio.wrap_future(future)
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        done, _ = await asyncio.wait({waiter, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        future.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if waiter not in done:
+        future.cancel()
+        waiter.cancel()
+        raise ApiError(499, "the client closed the connection", code="client_closed_request")
+    try:
+        return waiter.result()
+    except RequestFailedError as exc:
+        log.error("a request failed in the engine: %s", exc)
+        raise ApiError(500, "generation failed for this request; the other requests went on (see the server log)",
+                       type="server_error", code="generation_failed") from None
+    except EngineError as exc:
+        raise ApiError(503, str(exc), type="server_error", code="engine_unavailable") from None
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client disconnects (the body is read: the next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+# ---------------------------------------------------------------------------------------- routes
+
+api = APIRouter(prefix="/v1", dependencies=[Depends(require_key)])
+docs = APIRouter(dependencies=[Depends(require_key)], include_in_schema=False)
+
+
+@docs.get("/openapi.json")
+async def openapi_schema(request: Request) -> JSONResponse:
+    return JSONResponse(request.app.openapi())
+
+
+@docs.get("/docs")
+async def swagger_ui() -> Response:
+    return get_swagger_ui_html(openapi_url="/openapi.json", title="groupwise API")
+
+
+@api.get("/models")
+async def list_models(state: ServerState = Depends(server_state)) -> dict[str, Any]:
+    now = int(time.time())
+    return {"object": "list", "data": [_model_card(m, now) for m in state.registry.served_ids()]}
+
+
+@api.get("/models/{model_id:path}")
+async def get_model(model_id: str, state: ServerState = Depends(server_state)) -> dict[str, Any]:
+    resolve(state, model_id)
+    return _model_card(model_id, int(time.time()))
+
+
+def _model_card(model_id: str, created: int) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "groupwise"}
+
+
+@api.post("/chat/completions")
+async def chat_completions(request: Request, body: ChatCompletionRequest = Depends(parsed(ChatCompletionRequest)),
+                           state: ServerState = Depends(server_state)) -> Any:
+    target = resolve(state, body.model)
+    check_n(state, body.n)
+    messages = [m.as_dict() for m in body.messages]
+    tools = body.tool_dicts()
+    tool_choice = body.tool_choice_value()
+    chars = sum(len(str(m.get("content") or "")) for m in messages) + len(str(tools or ""))
+    if (error := too_long(state, chars)) is not None:
+        raise error
+    response_format = body.response_format.as_dict() if body.response_format else None
+    prompt_ids, constraint = await compute_thread().run(
+        _render_chat, state.tokenizer, messages, tools, tool_choice, response_format)
+    parse_tools = bool(tools) and tool_choice != "none"
+    header = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": target.served_as,
+              "system_fingerprint": target.served_as}
+    req = GenerationRequest(prompt_ids, max_new_tokens=body.max_new_tokens, sampling=body.sampling_params(body.top_logprobs),
+                            n=body.n, stop=body.stop, stop_token_ids=body.stop_token_ids or [],
+                            ignore_eos=body.ignore_eos, adapter=target.adapter, constraint=constraint)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        queue: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        req.on_token = lambda index, token, logprob, finish: loop.call_soon_threadsafe(
+            queue.put_nowait, (index, token, logprob))
+        future = submit(state, req, "messages")  # checked before the stream starts: a bad request is a 400, not an in-band error
+        return EngineStream(stream_chat(state.tokenizer, future, queue, req, header, parse_tools, include_usage),
+                            future)
+    result = await result_of(request, submit(state, req, "messages"))
+    return chat_response(state.tokenizer, result, header, parse_tools)
+
+
+def _render_chat(tokenizer: Any, messages: list[dict], tools: list[dict] | None, tool_choice: Any,
+                 response_format: dict | None) -> tuple[list[int], Any]:
+    """Prompt ids and grammar of a chat request (on the compute thread: both can take long)."""
+    try:
+        constraint = constraint_for(tokenizer, response_format=response_format, tools=tools, tool_choice=tool_choice)
+    except ConstraintError as exc:
+        raise ApiError(400, str(exc), param="tool_choice" if tool_choice not in (None, "auto", "none")
+                       else "response_format") from None
+    msgs, template_tools = prepare_messages(messages, tools if tool_choice != "none" else None, tokenizer)
+    try:
+        prompt_ids = tokenizer.apply_chat_template(msgs, tools=template_tools, add_generation_prompt=True,
+                                                   tokenize=True, return_dict=True)["input_ids"]
+    except Exception as exc:  # a template may reject a message layout (e.g. roles out of order)
+        raise ApiError(400, f"the chat template cannot render these messages: {exc}", param="messages") from None
+    return list(prompt_ids), constraint
+
+
+@api.post("/completions")
+async def completions(request: Request, body: CompletionRequest = Depends(parsed(CompletionRequest)),
+                      state: ServerState = Depends(server_state)) -> Any:
+    target = resolve(state, body.model)
+    check_n(state, body.n)
+    if body.stream:
+        raise ApiError(400, "stream is not supported on /v1/completions; use /v1/chat/completions", param="stream")
+    if isinstance(body.prompt, str):
+        if (error := too_long(state, len(body.prompt))) is not None:
+            error.param = "prompt"
+            raise error
+    else:
+        vocab = getattr(state.engine, "vocab_size", None) or len(state.tokenizer)
+        bad = [t for t in body.prompt if not 0 <= t < vocab]
+        if bad:
+            raise ApiError(400, f"prompt has token ids outside the vocabulary [0, {vocab}): {bad[:5]}", param="prompt")
+    response_format = body.response_format.as_dict() if body.response_format else None
+    prompt_ids, constraint = await compute_thread().run(_render_completion, state.tokenizer, body.prompt,
+                                                        response_format)
+    req = GenerationRequest(prompt_ids, max_new_tokens=body.max_tokens, sampling=body.sampling_params(body.logprobs or 0),
+                            n=body.n, stop=body.stop, stop_token_ids=body.stop_token_ids or [],
+                            ignore_eos=body.ignore_eos, adapter=target.adapter, constraint=constraint)
+    result = await result_of(request, submit(state, req, "prompt"))
+    return completion_response(state.tokenizer, result, target.served_as)
+
+
+def _render_completion(tokenizer: Any, prompt: str | list[int], response_format: dict | None) -> tuple[list[int], Any]:
+    try:
+        constraint = constraint_for(tokenizer, response_format=response_format)
+    except ConstraintError as exc:
+        raise ApiError(400, str(exc), param="response_format") from None
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"] if isinstance(prompt, str) else list(prompt)
+    return ids, constraint
+
+
+# ---------------------------------------------------------------------------------------- groupwise serve
 
 
 def run_serve(args) -> int:
     """`groupwise serve`: load the base model and adapters, serve over HTTP with uvicorn."""
-    import ipaddress
     import os
 
     import uvicorn
 
-    from groupwise.errors import ConfigError
     from groupwise.inference.engine import Engine
     from groupwise.loading import load_base_model
 
-    problems = []
-    loopback = args.host in ("localhost",)
-    try:
-        loopback = loopback or ipaddress.ip_address(args.host).is_loopback
-    except ValueError:
-        pass
-    if not loopback and not args.api_key:
-        problems.append(f"--host {args.host} is not a loopback address: anyone on the network could use the "
-                        "model, so --api-key KEY is required")
-    for path in args.adapter:
-        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
-            problems.append(f"--adapter {path}: no adapter_config.json there (expected a peft LoRA folder)")
-    if problems:
-        raise ConfigError(problems, what="serve arguments")
-    from groupwise.compute import compute_thread
-
+    check_serve_args(args)
     # loaded on the thread that will run the engine (groupwise/compute.py: one OpenMP team)
     model, tokenizer = compute_thread().call(load_base_model, args.model, device=args.device, dtype=args.dtype)
     engine = Engine(model, tokenizer, max_batch_size=getattr(args, "max_batch_size", 32))
@@ -376,9 +429,32 @@ def run_serve(args) -> int:
             served = folder
         print(f"serving adapter {path} as {served!r}")
     print(f"serving {registry.served_ids()} on http://{args.host}:{args.port}/v1")
-    app = create_app(registry, api_key=args.api_key)
+    app = create_app(registry, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:
         engine.close()
     return 0
+
+
+def check_serve_args(args) -> None:
+    """Refuse `groupwise serve` arguments before any model is loaded (a ConfigError, one line per problem)."""
+    import ipaddress
+    import os
+
+    from groupwise.errors import ConfigError
+
+    problems = []
+    loopback = args.host == "localhost"
+    try:
+        loopback = loopback or ipaddress.ip_address(args.host).is_loopback
+    except ValueError:
+        pass
+    if not loopback and not args.api_key:
+        problems.append(f"--host {args.host} is not a loopback address: anyone on the network could use the "
+                        "model, so --api-key KEY is required")
+    for path in args.adapter:
+        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+            problems.append(f"--adapter {path}: no adapter_config.json there (expected a peft LoRA folder)")
+    if problems:
+        raise ConfigError(problems, what="serve arguments")

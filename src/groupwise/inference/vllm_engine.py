@@ -47,6 +47,7 @@ class VLLMEngine:
         except ImportError as exc:
             raise MissingDependencyError("the vLLM engine", "vllm", "vllm") from exc
         self.max_new_tokens_default = max_new_tokens_default
+        self.max_batch_size = max_batch_size
         self.forward_passes = 0
         self._adapters: dict[str, tuple[int, str]] = {}
         self._ids = itertools.count(1)
@@ -97,8 +98,11 @@ class VLLMEngine:
     def _params(self, r: GenerationRequest, max_new: int):
         from vllm import SamplingParams as VSamplingParams
 
+        p = r.sampling
         kwargs: dict[str, Any] = dict(
-            n=r.n, temperature=r.sampling.temperature, top_p=r.sampling.top_p, seed=r.sampling.seed,
+            n=r.n, temperature=p.temperature, top_p=p.top_p, seed=p.seed, top_k=p.top_k or -1, min_p=p.min_p,
+            repetition_penalty=p.repetition_penalty, presence_penalty=p.presence_penalty,
+            frequency_penalty=p.frequency_penalty,
             max_tokens=max_new, stop=r.stop or None, stop_token_ids=r.stop_token_ids or None,
             ignore_eos=r.ignore_eos, logprobs=max(r.sampling.top_logprobs, 0), include_stop_str_in_output=False,
         )
@@ -117,6 +121,9 @@ class VLLMEngine:
         return VSamplingParams(**kwargs)
 
     def submit(self, request: GenerationRequest) -> concurrent.futures.Future:
+        problems = request.sampling.problems(request.n)
+        if problems:
+            raise EngineError("; ".join(problems))
         if len(request.prompt_ids) >= self.context_length:
             raise PromptTooLongError(f"the prompt has {len(request.prompt_ids)} tokens but the context length is "
                                      f"{self.context_length}; shorten the conversation")

@@ -1,0 +1,305 @@
+"""The request bodies the server accepts, as pydantic models of OpenAI's schema (plus vLLM's sampling
+extras), so that every malformed field is refused with a 400 naming it before any work is done.
+
+Unknown top-level fields are refused (``extra_body={"tpo_k": 5}`` is a typo the caller must hear
+about, not a silently ignored setting). Fields of OpenAI's API that change nothing here (``user``,
+``metadata``, ``store``, ``parallel_tool_calls``, ``service_tier``, ``logprobs``: logprobs are always
+returned) are accepted and ignored. Numbers are strict (no ``"5"`` for 5, no NaN or Infinity).
+Tool schemas are checked as JSON Schema whenever tools are given, not only when a call is forced.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from groupwise.inference.sampling import SEED_MAX, SEED_MIN, SamplingParams
+
+__all__ = ["ChatCompletionRequest", "CompletionRequest", "Message", "Tool", "describe_validation_error"]
+
+MAX_STOP = 8
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+def check_json_schema(schema: dict[str, Any], what: str) -> dict[str, Any]:
+    """Refuse a schema that is not valid JSON Schema (jsonschema's meta-schema check)."""
+    from jsonschema import SchemaError
+    from jsonschema.validators import validator_for
+
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path)
+        raise ValueError(f"{what} is not a valid JSON schema{f' at {where}' if where else ''}: {exc.message}") from None
+    return schema
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+                      description="letters, digits, _ . - (at most 64), as OpenAI requires")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return value
+        if value.get("type", "object") != "object":
+            raise ValueError(f"a function's parameters must be an object schema, got type {value.get('type')!r}")
+        return check_json_schema(value, "parameters")
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: str
+    text: str = ""
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, value: str) -> str:
+        if value != "text":
+            raise ValueError(f"content parts of type {value!r} are not supported: this server serves text "
+                             "models (send text parts only)")
+        return value
+
+
+class Message(BaseModel):
+    """One chat message. Unknown keys of a message are ignored (SDKs echo back fields like ``refusal``)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _by_role(self) -> "Message":
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"only assistant messages carry tool_calls (this one is {self.role!r})")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        """The message as tool_calls.prepare_messages takes it (content parts as dicts)."""
+        return self.model_dump(exclude_none=True)
+
+
+class NamedToolChoice(_Strict):
+    class _Function(_Strict):
+        name: str
+
+    type: Literal["function"]
+    function: _Function
+
+
+class JsonSchemaSpec(_Strict):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_json_schema(value, "response_format.json_schema.schema")
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _needs_schema(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type json_schema needs json_schema: {name, schema}")
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+
+
+class _Sampling(_Strict):
+    """The sampling fields shared by both endpoints: OpenAI's, then vLLM's extras (``extra_body``)."""
+
+    model: str = Field(min_length=1)
+    n: int = Field(1, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    stop: str | list[str] | None = Field(None, validate_default=True)
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    stream: bool = False
+    user: str | None = None  # accepted, unused
+    # vLLM's extras
+    top_k: int | None = Field(None, ge=-1)
+    min_p: Probability | None = None
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value: str | list[str] | None) -> list[str]:
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if len(stops) > MAX_STOP or not all(stops):
+            raise ValueError(f"stop must be a non-empty string or a list of at most {MAX_STOP} of them")
+        return stops
+
+    def sampling_params(self, top_logprobs: int = 0) -> SamplingParams:
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            seed=self.seed,
+            top_logprobs=top_logprobs,
+            top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+        )
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    response_format: ResponseFormat | None = None
+    stream_options: StreamOptions | None = None
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None  # accepted: logprobs are always returned
+    top_logprobs: int = Field(0, ge=0, le=20)
+    metadata: dict[str, str] | None = None  # accepted, unused
+    store: bool | None = None  # accepted, unused
+    parallel_tool_calls: bool | None = None  # accepted: every call the model writes is returned
+    service_tier: str | None = None  # accepted, unused
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _forced_tool_exists(cls, value: Any, info: ValidationInfo) -> Any:
+        tools = info.data.get("tools") or []
+        if (value == "required" or isinstance(value, NamedToolChoice)) and not tools:
+            raise ValueError("tool_choice forces a tool call but the request has no tools")
+        if isinstance(value, NamedToolChoice):
+            names = [t.function.name for t in tools]
+            if value.function.name not in names:
+                raise ValueError(f"tool_choice names function {value.function.name!r}, which is not among the "
+                                 f"tools {names}")
+        return value
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+    def tool_choice_value(self) -> Any:
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.model_dump()
+        return self.tool_choice
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] = Field(min_length=1)
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    logprobs: int | None = Field(None, ge=0, le=20)  # alternatives per position, as in OpenAI's API
+    response_format: ResponseFormat | None = None
+
+
+def _field_names(*models: type[BaseModel]) -> set[str]:
+    names: set[str] = set()
+    todo = list(models)
+    while todo:
+        m = todo.pop()
+        for name, f in m.model_fields.items():
+            names.add(f.alias or name)
+            for arg in _model_args(f.annotation):
+                if arg.__name__ not in {t.__name__ for t in todo}:
+                    todo.append(arg)
+    return names
+
+
+def _model_args(annotation: Any) -> list[type[BaseModel]]:
+    from typing import get_args
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for a in get_args(annotation) for m in _model_args(a)]
+
+
+_FIELDS = _field_names(ChatCompletionRequest, CompletionRequest)
+
+
+def describe_validation_error(exc: ValidationError) -> tuple[str, str | None]:
+    """(message, param) of a 400 for `exc`: each failing field named as ``messages[2].tool_calls[0]``.
+
+    pydantic's locations also hold the union member tried (``str``, ``list[int]``, a model's name);
+    those are dropped. A union that failed every way says what each member wanted ("a valid string
+    or a valid array"), unless one member got further (a bad content part beats "not a string").
+    """
+    found: dict[str, list[tuple[str, str]]] = {}
+    for err in exc.errors(include_url=False):
+        param = ""
+        for part in err["loc"]:
+            if isinstance(part, int):
+                param += f"[{part}]"
+            elif part in _FIELDS or (err["type"] == "extra_forbidden" and part == err["loc"][-1]):
+                param += f".{part}" if param else part
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field: this server does not accept it (check its spelling)"
+        elif err["type"] == "json_invalid":
+            msg = f"the request body is not valid JSON: {err.get('ctx', {}).get('error', msg)}"
+        elif err["type"] == "model_type" and not param:
+            msg = "the request body must be a JSON object"
+        found.setdefault(param, []).append((err["type"], msg))
+    deeper = {p for p in found for q in found if q != p and p and (q.startswith(p + ".") or q.startswith(p + "["))}
+    told: list[tuple[str, str]] = []
+    for param, errs in found.items():
+        if param in deeper and all(t.endswith("_type") for t, _ in errs):
+            continue  # a union member that got further explains better
+        msgs = list(dict.fromkeys(m for _, m in errs))
+        if all(t.endswith("_type") for t, _ in errs) and len(msgs) > 1:
+            text = "Input should be " + " or ".join(m.removeprefix("Input should be ") for m in msgs)
+        else:
+            text = msgs[0]
+        told.append((param, text))
+    parts = [f"{p}: {m}" if p else m for p, m in told[:3]]
+    more = f" (and {len(told) - 3} more)" if len(told) > 3 else ""
+    return "invalid request: " + "; ".join(parts) + more, (told[0][0] or None) if told else None
