@@ -3,6 +3,11 @@
 Each subcommand's arguments are declared here (so `groupwise --help` lists everything without importing
 torch) and its work is done by a function in the module that owns it, imported only when that
 subcommand runs.
+
+Argument errors are one line and exit code 2, before anything is loaded: argparse checks each value
+(`_int_at_least`, ...), and a `ConfigError` a command raises while checking its arguments (before
+loading a model) is printed as one line too. Warnings of groupwise's own (a skipped corrupt line, a
+skipped checkpoint) are printed as one line each.
 """
 
 from __future__ import annotations
@@ -10,18 +15,57 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its error as one line (the usage is one `--help` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _int_at_least(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < lo or (hi is not None and value > hi):
+            span = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+            raise argparse.ArgumentTypeError(f"must be an integer {span}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+_STEP = _int_at_least(0)
+_COUNT = _int_at_least(1)
 
 
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="print stored trajectories readably (watch your rollouts)")
     p.add_argument("run_dir", help="a run folder: <base_path>/<project>/<model>")
     p.add_argument("--split", default=None, help="train, val, test, ... (default: all splits)")
-    p.add_argument("--step", type=int, default=None, help="only this step (default: the latest)")
+    p.add_argument("--step", type=_STEP, default=None, help="only this step (default: the latest)")
     order = p.add_mutually_exclusive_group()
     order.add_argument("--best", action="store_true", help="highest rewards first")
     order.add_argument("--worst", action="store_true", help="lowest rewards first")
-    p.add_argument("-n", type=int, default=3, help="how many trajectories to print (default 3)")
+    p.add_argument("-n", type=_COUNT, default=3, help="how many trajectories to print (default 3)")
+    p.add_argument("--skip-corrupt", action="store_true",
+                   help="skip lines of a trajectory file that do not parse (each is named in a warning)")
     p.set_defaults(_target="groupwise.inspect:run_inspect")
 
 
@@ -31,12 +75,15 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--adapter", action="append", default=[], metavar="DIR",
                    help="a LoRA adapter folder to serve (repeatable); served as <name>@<step> or by folder name")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; any other needs --api-key)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--port", type=_int_at_least(0, 65535), default=8000, help="port (default 8000)")
     p.add_argument("--api-key", default=None, help="require this bearer token (required off loopback)")
     p.add_argument("--name", default=None, help="served model name (default: the --model value)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 (default: bf16 on CUDA, fp32 on CPU)")
-    p.add_argument("--max-batch-size", type=int, default=32, help="sequences decoded together (default 32)")
+    p.add_argument("--max-batch-size", type=_COUNT, default=32,
+                   help="sequences decoded together, and the most choices (n) a request may ask (default 32)")
+    p.add_argument("--max-body-bytes", type=_COUNT, default=8 * 2**20,
+                   help="larger request bodies are refused with 413 (default 8 MiB)")
     p.set_defaults(_target="groupwise.inference.server:run_serve")
 
 
@@ -54,7 +101,7 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", help="a run folder: <base_path>/<project>/<model>")
     p.add_argument("--steps", default="0,best", help="two steps, comma separated: numbers, 'best' or 'latest' (default 0,best)")
     p.add_argument("--split", default="val", help="split to compare on (default val)")
-    p.add_argument("-n", type=int, default=5, help="how many scenarios (default 5)")
+    p.add_argument("-n", type=_COUNT, default=5, help="how many scenarios (default 5)")
     p.set_defaults(_target="groupwise.loop.compare:run_compare")
 
 
@@ -63,7 +110,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("env", help="2048, tictactoe, math, email, titles")
     p.add_argument("--model", default="smollm2-135m", help="base model (default smollm2-135m)")
     p.add_argument("--judge", default=None, help="RULER judge, e.g. local/smollm2-135m or openai/o4-mini")
-    p.add_argument("--steps", type=int, default=None, help="max training steps (default: the env's)")
+    p.add_argument("--steps", type=_COUNT, default=None, help="max training steps (default: the env's)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--path", default=".groupwise", help="run store folder (default .groupwise)")
     p.add_argument("--name", default=None, help="model name (default: <env>-s<seed>)")
@@ -74,8 +121,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sft", type=int, default=0, metavar="N",
                    help="first a supervised warm start on N demonstrations of the env's scripted agent (email: "
                         "search, read, answer with the ground truth), then GRPO from there (default 0: none)")
-    p.add_argument("--sft-epochs", type=int, default=2, help="SFT epochs, one step each (default 2)")
-    p.add_argument("--sft-lr", type=float, default=2e-4, help="SFT learning rate (default 2e-4)")
+    p.add_argument("--sft-epochs", type=_COUNT, default=2, help="SFT epochs, one step each (default 2)")
+    p.add_argument("--sft-lr", type=_positive_float, default=2e-4, help="SFT learning rate (default 2e-4)")
     p.set_defaults(_target="groupwise.recipes.train:run_train")
 
 
@@ -83,10 +130,10 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sft", help="supervised warm start of a run from demonstrations (GRPO continues it)")
     p.add_argument("data", help="a JSONL file in ART's SFT format ({\"messages\": [...], \"tools\": [...]} per "
                                 "line), or an env with a scripted demonstrator (email)")
-    p.add_argument("-n", type=int, default=None, help="how many demonstrations (default: the file's all; env: 64)")
-    p.add_argument("--epochs", type=int, default=2, help="passes over the demonstrations, one step each (default 2)")
-    p.add_argument("--lr", type=float, default=2e-4, help="learning rate (default 2e-4)")
-    p.add_argument("--batch-size", type=int, default=4, help="demonstrations per optimizer update (default 4)")
+    p.add_argument("-n", type=_COUNT, default=None, help="how many demonstrations (default: the file's all; env: 64)")
+    p.add_argument("--epochs", type=_COUNT, default=2, help="passes over the demonstrations, one step each (default 2)")
+    p.add_argument("--lr", type=_positive_float, default=2e-4, help="learning rate (default 2e-4)")
+    p.add_argument("--batch-size", type=_COUNT, default=4, help="demonstrations per optimizer update (default 4)")
     p.add_argument("--model", default="smollm2-135m", help="base model (default smollm2-135m)")
     p.add_argument("--seed", type=int, default=0, help="random seed: which demonstrations and their order (default 0)")
     p.add_argument("--path", default=".groupwise", help="run store folder (default .groupwise)")
@@ -102,9 +149,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="groupwise", description="Train LLM agents with RL (GRPO on LoRA, RULER judging)."
-    )
+    parser = _Parser(prog="groupwise", description="Train LLM agents with RL (GRPO on LoRA, RULER judging).")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS:
         add(sub)
@@ -115,8 +160,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     module_name, func_name = args._target.split(":")
     func = getattr(importlib.import_module(module_name), func_name)
-    result = func(args)
+    from groupwise.errors import ConfigError
+
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        try:
+            result = func(args)
+        except ConfigError as exc:  # the command refused its arguments (before loading anything)
+            print(f"groupwise {args.command}: error: {'; '.join(exc.problems)}", file=sys.stderr)
+            return 2
     return int(result or 0)
+
+
+def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+    """groupwise's own warnings (`GroupwiseWarning`) as one line; others as Python prints them."""
+    from groupwise.errors import GroupwiseWarning
+
+    if issubclass(category, GroupwiseWarning):
+        print(f"groupwise: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 if __name__ == "__main__":

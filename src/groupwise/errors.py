@@ -10,6 +10,11 @@ class GroupwiseError(Exception):
     """Base class of every error groupwise raises on purpose."""
 
 
+class GroupwiseWarning(UserWarning):
+    """Something was skipped or worked around and the run goes on (a corrupt line, a checkpoint); the
+    message names it. The CLI prints these as one line each."""
+
+
 class ConfigError(GroupwiseError, ValueError):
     """A config or argument is invalid. Lists every problem found, not just the first."""
 
@@ -40,6 +45,10 @@ class CorruptRecordError(StoreError):
             f"{path}:{line}: corrupt record ({reason}). "
             "Pass skip_corrupt=True to read the remaining lines, or fix/remove that line."
         )
+
+
+class CheckpointError(StoreError):
+    """A checkpoint cannot be used (a file missing, truncated or changed since it was saved). Names the file."""
 
 
 class ModelNotFoundError(GroupwiseError):

@@ -185,7 +185,7 @@ def _plural(n: int, one: str, many: str | None = None) -> str:
 
 
 def inspect_run(run_dir: str | Path, *, split: str | None = None, step: int | None = None,
-                order: str = "file", n: int = 3, out: Any = None) -> int:
+                order: str = "file", n: int = 3, out: Any = None, skip_corrupt: bool = False) -> int:
     """Print trajectories of a run; the body of `groupwise inspect`. Returns the exit code."""
     out = out or sys.stdout
     p = Palette(_use_colour(out))
@@ -210,7 +210,7 @@ def inspect_run(run_dir: str | Path, *, split: str | None = None, step: int | No
             print(p.dim(f"{s}: no step {step} (steps stored: {steps[0]}…{steps[-1]})"), file=out)
             continue
         st, path = chosen[0]
-        groups = read_groups(path, skip_corrupt=False)
+        groups = read_groups(path, skip_corrupt=skip_corrupt)  # a skipped line is named in a warning
         shown_any = True
         others = f"steps stored: {steps[0]}…{steps[-1]} ({len(steps)})" if len(steps) > 1 else "the only step"
         print(p.bold(f"━━ {s} · step {st} ━━ ") + p.dim(f"{others} · {path}"), file=out)
@@ -244,9 +244,10 @@ def run_inspect(args: argparse.Namespace) -> int:
         print("groupwise inspect: -n must be >= 1", file=sys.stderr)
         return 2
     try:
-        return inspect_run(args.run_dir, split=args.split, step=args.step, order=order, n=args.n)
+        return inspect_run(args.run_dir, split=args.split, step=args.step, order=order, n=args.n,
+                           skip_corrupt=getattr(args, "skip_corrupt", False))
     except BrokenPipeError:  # `groupwise inspect ... | head`
         return 0
     except GroupwiseError as exc:  # a corrupt line: say which file and line, no traceback
-        print(f"groupwise inspect: {exc}", file=sys.stderr)
+        print(f"groupwise inspect: {exc}".replace("Pass skip_corrupt=True", "Pass --skip-corrupt"), file=sys.stderr)
         return 1

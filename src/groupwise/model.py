@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from groupwise.errors import GroupwiseError
-from groupwise.store import RESERVED_HISTORY_KEYS, RunStore, _trajectories_of, history_row
+from groupwise.store import RunStore, _trajectories_of, history_row, numeric_metrics
 from groupwise.types import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -287,10 +287,7 @@ class TrainableModel(Model):
 def _train_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     """The trainer's numeric metrics for the history row; a name that clashes with the row's own
     fields (e.g. "reward") gets a ``train_`` prefix rather than failing after the step was taken."""
-    out: dict[str, Any] = {}
     for key, value in metrics.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             log.warning("train metric %r=%r is not a number; left out of the history row", key, value)
-            continue
-        out[f"train_{key}" if key in RESERVED_HISTORY_KEYS else key] = value
-    return out
+    return numeric_metrics(metrics)

@@ -2,7 +2,7 @@
 
 Layout (``run_dir = <base_path>/<project>/<model>``)::
 
-    history.jsonl                     one row per (step, split), appended
+    history.jsonl                     one row per (step, split, kind, name, message), appended
     trajectories/<split>/<step:04d>.jsonl
                                       one line per TrajectoryGroup, every field (see below)
     state.json                        small resumable state (the loop's cursor, best step, ...)
@@ -36,10 +36,17 @@ Names of the fixed fields are reserved: a metric called ``reward`` or ``step`` i
 silent overwrite.
 
 Writes are atomic: a file is written to a temp file in the same folder, fsynced, then `os.replace`d
-over the target, so a crash leaves the old file or the new one, never half of one. History appends
-are one `os.write` of a whole line under O_APPEND and an exclusive `flock` (when the platform has it);
-a torn last line from a crash is reported by `load_history` (file and line) and the next append starts
-on a fresh line.
+over the target, so a crash leaves the old file or the new one, never half of one.
+
+History appends are idempotent. A row is identified by its step, split and, where it has them, its
+``kind``, ``name`` and ``message`` (`history_key`: a baseline's name, an alert's name and message);
+appending a row whose key is already in the file replaces that row in place (an atomic rewrite), so
+a step that is redone after a crash, or a row replayed from a checkpoint on resume, is never
+counted twice, and the row that stays describes the step as it was finally taken (the same as
+its trajectory file, which a redo rewrites too). A new key is one `os.write` of a whole line
+under O_APPEND. Writers hold an exclusive `flock` on ``.history.lock`` (when the platform has it).
+A torn line (a crash mid-append leaves a line that is not a whole JSON object) is skipped with a
+warning naming the file and line, and the next append starts on a fresh line.
 """
 
 from __future__ import annotations
@@ -50,12 +57,14 @@ import os
 import re
 import statistics
 import tempfile
+import warnings
+from contextlib import contextmanager
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from groupwise.errors import CorruptRecordError, StoreError
+from groupwise.errors import CorruptRecordError, GroupwiseWarning, StoreError
 from groupwise.types import Trajectory, TrajectoryGroup
 
 try:  # POSIX only; on other platforms appends rely on O_APPEND alone.
@@ -65,6 +74,8 @@ except ImportError:  # pragma: no cover - Windows
 
 __all__ = [
     "RunStore",
+    "history_key",
+    "numeric_metrics",
     "load_trajectories",
     "load_history",
     "history_row",
@@ -116,26 +127,52 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, allow_nan=True, separators=(",", ":"))
 
 
-def _append_line(path: Path, line: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+@contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """An exclusive lock for the read-modify-write of an append (a file beside the data: the data
+    file itself is replaced by rewrites, and a lock on a replaced inode would guard nothing)."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            size = os.fstat(fd).st_size
-            prefix = ""
-            if size:
-                # A crash mid-append leaves a line without its newline: start ours on a fresh line.
-                last = os.pread(fd, 1, size - 1)
-                prefix = "" if last == b"\n" else "\n"
-            os.write(fd, (prefix + line + "\n").encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            if fcntl is not None:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _append_line(path: Path, line: str) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        prefix = ""
+        if size:
+            # A crash mid-append leaves a line without its newline: start ours on a fresh line.
+            last = os.pread(fd, 1, size - 1)
+            prefix = "" if last == b"\n" else "\n"
+        os.write(fd, (prefix + line + "\n").encode("utf-8"))
+        os.fsync(fd)
     finally:
         os.close(fd)
+
+
+HISTORY_KEY_FIELDS = ("step", "split", "kind", "name", "message")
+
+
+def history_key(row: dict[str, Any]) -> tuple[str, ...]:
+    """What identifies a history row (module doc): appending a row with the same key replaces it."""
+    return tuple(json.dumps(row.get(k), sort_keys=True) for k in HISTORY_KEY_FIELDS)
+
+
+def numeric_metrics(metrics: dict[str, Any], prefix: str = "train_") -> dict[str, Any]:
+    """The numeric metrics of a step for its history row; a name that clashes with the row's own
+    fields (e.g. "reward") gets `prefix` rather than failing after the step was taken."""
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        out[f"{prefix}{key}" if key in RESERVED_HISTORY_KEYS else key] = value
+    return out
 
 
 def _mean(values: list[float]) -> float:
@@ -209,7 +246,10 @@ def trajectory_files(run_dir: str | os.PathLike, split: str | None = None,
     return out
 
 
-def _read_jsonl(path: Path, skip_corrupt: bool) -> Iterator[tuple[int, Any]]:
+def _read_jsonl(path: Path, skip_corrupt: bool, *, skip_torn: bool = False) -> Iterator[tuple[int, Any]]:
+    """(line number, object) of each line. A line that does not parse raises, unless `skip_corrupt`;
+    with `skip_torn`, a torn line (the start of a line a crash cut short: it cannot end with ``}``)
+    is skipped too. Every skipped line is warned about, by file and line."""
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, start=1):
             if not line.strip():
@@ -217,8 +257,11 @@ def _read_jsonl(path: Path, skip_corrupt: bool) -> Iterator[tuple[int, Any]]:
             try:
                 yield n, json.loads(line)
             except json.JSONDecodeError as exc:
-                if not skip_corrupt:
+                torn = not line.rstrip().endswith("}")
+                if not (skip_corrupt or (skip_torn and torn)):
                     raise CorruptRecordError(str(path), n, f"not valid JSON: {exc.msg}") from exc
+                what = "a line cut short by a crash mid-write" if torn else f"not valid JSON: {exc.msg}"
+                warnings.warn(f"{path}:{n}: skipped ({what})", GroupwiseWarning, stacklevel=3)
 
 
 def read_groups(path: str | os.PathLike, *, skip_corrupt: bool = False) -> list[TrajectoryGroup]:
@@ -229,10 +272,12 @@ def read_groups(path: str | os.PathLike, *, skip_corrupt: bool = False) -> list[
         try:
             groups.append(TrajectoryGroup.model_validate(obj))
         except Exception as exc:  # pydantic ValidationError, or a non-dict line
+            first = str(exc).strip().splitlines()
+            reason = "; ".join(first[:3]) if first else type(exc).__name__
             if not skip_corrupt:
-                first = str(exc).strip().splitlines()
-                reason = "; ".join(first[:3]) if first else type(exc).__name__
                 raise CorruptRecordError(str(path), n, f"not a TrajectoryGroup: {reason}") from exc
+            warnings.warn(f"{path}:{n}: skipped (not a TrajectoryGroup: {first[0] if first else reason})",
+                          GroupwiseWarning, stacklevel=2)
     return groups
 
 
@@ -249,15 +294,21 @@ def load_trajectories(run_dir: str | os.PathLike, split: str | None = None, step
 
 
 def load_history(run_dir: str | os.PathLike, *, skip_corrupt: bool = False) -> list[dict[str, Any]]:
-    """The rows of `run_dir/history.jsonl` in the order they were written ([] when there is none)."""
+    """The rows of `run_dir/history.jsonl` in the order they were written ([] when there is none).
+
+    A torn line (a crash mid-append) is skipped with a warning naming the file and line; any other
+    corrupt line raises `CorruptRecordError`, unless `skip_corrupt` (then it is skipped, with a warning).
+    """
     path = Path(run_dir) / "history.jsonl"
     if not path.exists():
         return []
     rows = []
-    for n, obj in _read_jsonl(path, skip_corrupt):
+    for n, obj in _read_jsonl(path, skip_corrupt, skip_torn=True):
         if not isinstance(obj, dict) or "step" not in obj or "split" not in obj:
             if not skip_corrupt:
                 raise CorruptRecordError(str(path), n, "a history row must be an object with 'step' and 'split'")
+            warnings.warn(f"{path}:{n}: skipped (a history row must be an object with 'step' and 'split')",
+                          GroupwiseWarning, stacklevel=2)
             continue
         rows.append(obj)
     return rows
@@ -310,10 +361,32 @@ class RunStore:
         atomic_write_text(path, "".join(lines))
         return path
 
-    def append_history(self, row: dict[str, Any]) -> None:
+    def append_history(self, row: dict[str, Any], *, if_missing: bool = False) -> bool:
+        """Append `row`, or replace the row with its key (`history_key`) in place: idempotent (module
+        doc). With `if_missing`, a row whose key is already there is left as it is. Returns whether
+        the file changed."""
         if "step" not in row or "split" not in row:
             raise StoreError(f"a history row needs 'step' and 'split'; got keys {sorted(row)}")
-        _append_line(self.history_path, _dumps(row))
+        key, line = history_key(row), _dumps(row)
+        path = self.history_path
+        with _locked(self.run_dir / ".history.lock"):
+            lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.exists() else []
+            at = None
+            for i, old in enumerate(lines):
+                try:
+                    obj = json.loads(old)
+                except json.JSONDecodeError:
+                    continue  # a torn line: never the row being written
+                if isinstance(obj, dict) and history_key(obj) == key:
+                    at = i
+            if at is None:
+                _append_line(path, line)
+                return True
+            if if_missing:
+                return False
+            lines[at] = line + "\n"
+            atomic_write_text(path, "".join(x if x.endswith("\n") else x + "\n" for x in lines))
+            return True
 
     def history(self, *, skip_corrupt: bool = False) -> list[dict[str, Any]]:
         return load_history(self.run_dir, skip_corrupt=skip_corrupt)

@@ -1,13 +1,17 @@
 """A training run in its own process, for the SIGKILL resume test (tests/training/test_resume.py).
 
-    python resume_worker.py <store> <model_dir> <steps> [--hang-at-step K]
+    python resume_worker.py <store> <model_dir> <steps> [--hang-at-step K] [--hang-in-save K]
+                                                        [--hang-before-history K]
 
 Runs `steps` GRPO steps through LocalBackend with deterministic rollouts (seeded, one request at a
 time). After each step it also dumps the optimizer tensors it holds in memory to
 ``<store>/ref/<step>.safetensors`` (a side channel the test compares a resumed optimizer against).
 With --hang-at-step K it writes ``<store>/in_step`` inside the training of step K -> K+1 and sleeps,
-so the test can SIGKILL it in the middle of a step. Right after register() it dumps the optimizer it
-resumed with to ``<store>/ref/resumed-<step>.safetensors``.
+so the test can SIGKILL it in the middle of a step. With --hang-in-save K it hangs (after writing
+``<store>/in_save``) while checkpoint K is being written: the adapter and optimizer files are in the
+temp folder, state.json is not. With --hang-before-history K it hangs (after ``<store>/before_history``)
+once checkpoint K is in place, before the history row of step K-1 is appended. Right after register()
+it dumps the optimizer it resumed with to ``<store>/ref/resumed-<step>.safetensors``.
 """
 
 from __future__ import annotations
@@ -35,7 +39,34 @@ def dump_optimizer(backend, model, path: Path) -> None:
     save_file(tensors, str(path))
 
 
-async def main(store: str, model_dir: str, steps: int, hang_at: int | None) -> None:
+def hang(store: str, marker: str, step: int) -> None:
+    (Path(store) / marker).write_text(str(step))
+    time.sleep(120)  # the test kills us here
+
+
+def hang_in_checkpoint_write(store: str, at_step: int) -> None:
+    """Hang inside save_checkpoint of step `at_step`, after its adapter and optimizer files are written."""
+    import groupwise.training.checkpoint as ckpt
+
+    real_save, real_rng = ckpt.save_checkpoint, ckpt._rng_state
+    saving: list[int] = []
+
+    def save_checkpoint(checkpoints_dir, step, **kwargs):
+        saving.append(step)
+        return real_save(checkpoints_dir, step, **kwargs)
+
+    def rng_state():
+        if saving and saving[-1] == at_step:
+            hang(store, "in_save", at_step)
+        return real_rng()
+
+    ckpt.save_checkpoint, ckpt._rng_state = save_checkpoint, rng_state
+
+
+async def main(store: str, model_dir: str, steps: int, hang_at: int | None, hang_in_save: int | None = None,
+               hang_before_history: int | None = None) -> None:
+    if hang_in_save is not None:
+        hang_in_checkpoint_write(store, hang_in_save)
     model = gw.TrainableModel(name="agent", project="resume", base_model=model_dir)
     backend = gw.LocalBackend(path=store, best_checkpoint_metric=None)
     await model.register(backend)
@@ -51,6 +82,15 @@ async def main(store: str, model_dir: str, steps: int, hang_at: int | None) -> N
         return real_step(batch, config, step=step)
 
     served.trainer.train_step = train_step
+    if hang_before_history is not None:
+        real_append = served.store.append_history
+
+        def append_history(row, **kwargs):
+            if row.get("split") == "train" and row.get("step") == hang_before_history - 1:
+                hang(store, "before_history", hang_before_history)
+            return real_append(row, **kwargs)
+
+        served.store.append_history = append_history
     client = model.openai_client()
     for step in range(start, steps):
         groups = []
@@ -72,5 +112,9 @@ async def main(store: str, model_dir: str, steps: int, hang_at: int | None) -> N
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    hang = int(args[args.index("--hang-at-step") + 1]) if "--hang-at-step" in args else None
-    asyncio.run(main(args[0], args[1], int(args[2]), hang))
+
+    def option(name: str) -> int | None:
+        return int(args[args.index(name) + 1]) if name in args else None
+
+    asyncio.run(main(args[0], args[1], int(args[2]), option("--hang-at-step"), option("--hang-in-save"),
+                     option("--hang-before-history")))

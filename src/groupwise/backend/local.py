@@ -14,7 +14,8 @@ A train step, in order (each step of the order is there for a failure seen in AR
 1. write the step's trajectories to the run store FIRST: a crash during training loses nothing;
 2. tokenise (token-in/token-out; raises `NotTrainableError` saying why when nothing is trainable);
 3. pause the engine (no forward pass runs), run the GRPO step, resume;
-4. save the checkpoint atomically (adapter, optimizer, RNG, step, data cursor; state.json last);
+4. save the checkpoint atomically (adapter, optimizer, RNG, step, data cursor, the step's history
+   row; state.json last), then append that row to history.jsonl;
 5. load the new adapter into the engine and check it: its LoRA tensors must equal the trainer's, and
    a real chat request through the server must answer as ``name@k`` -- else `AdapterMismatchError`
    (ART once served a stale adapter silently);
@@ -24,8 +25,9 @@ A train step, in order (each step of the order is there for a failure seen in AR
 `train_sft()` (supervised steps on demonstrations) follows the same order, with one optimizer update
 per batch of trajectories; it is a step like any other (checkpoint, history row, served adapter).
 
-`register()` resumes from the latest complete checkpoint: adapter weights, optimizer tensors, RNG
-and step (an incomplete checkpoint folder is ignored with a warning). The data cursor of a
+`register()` resumes from the latest intact checkpoint: adapter weights, optimizer tensors, RNG
+and step (an incomplete or corrupt checkpoint folder is skipped with a warning), and replays its
+history row if history.jsonl lacks it (a crash between the checkpoint and the append). The data cursor of a
 checkpoint is the run store's state.json at save time (the loop keeps its cursor there).
 
 No global state: everything lives on the instance, so a cluster backend can reuse Engine and
@@ -45,6 +47,7 @@ from groupwise.backend.base import Backend, InferenceEndpoint, TrainResult
 from groupwise.compute import compute_thread
 from groupwise.config import LoraConfig, TrainConfig, TrainSFTConfig
 from groupwise.errors import AdapterMismatchError, GroupwiseError
+from groupwise.store import history_row, numeric_metrics
 
 if TYPE_CHECKING:
     from groupwise.model import TrainableModel
@@ -135,7 +138,7 @@ class LocalBackend(Backend):
         from groupwise.inference.registry import ModelRegistry
         from groupwise.inference.server import create_app
         from groupwise.loading import load_base_model
-        from groupwise.training.checkpoint import latest_checkpoint, load_checkpoint
+        from groupwise.training.checkpoint import latest_checkpoint, load_checkpoint, replay_history
         from groupwise.training.trainer import Trainer, wrap_with_lora
 
         base, tokenizer = load_base_model(model.base_model, device=self.device, dtype=self.dtype)
@@ -156,6 +159,7 @@ class LocalBackend(Backend):
             trainer.ensure_optimizer(TrainConfig())  # lr and weight decay are reset by each step's config
             names = [n for n, _ in trainer.trainable_named_parameters()]
             load_checkpoint(state, model=peft_model, optimizer=trainer.optimizer, param_names=names)
+            replay_history(state, store)
             served.step = state.step
             served.checkpoint_path = str(state.path)
             served.cursor = dict(state.cursor)
@@ -202,7 +206,8 @@ class LocalBackend(Backend):
             del batch
             if served.trainer.device.type == "cpu":
                 release_freed_memory()  # else RSS grows by GBs a step (backend/memory.py)
-            path = await self._publish(model, served, step + 1, metrics)
+            row = history_row(groups, step=step, split="train", metrics=numeric_metrics(metrics))
+            path = await self._publish(model, served, step + 1, metrics, row)
             metrics["step_time"] = time.perf_counter() - t0
             return TrainResult(step=step + 1, metrics=metrics, checkpoint_path=str(path))
 
@@ -260,14 +265,18 @@ class LocalBackend(Backend):
                 "learning_rate": rates[-1],
             }
             # 4-6. checkpoint, serve and verify, retention: an SFT step is a step like any other.
-            path = await self._publish(model, served, step + 1, metrics)
+            row = history_row([], step=step, split="sft", metrics=numeric_metrics(metrics))
+            path = await self._publish(model, served, step + 1, metrics, row)
             metrics["step_time"] = time.perf_counter() - t0
             return TrainResult(step=step + 1, metrics=metrics, checkpoint_path=str(path))
 
-    async def _publish(self, model: "TrainableModel", served: _Served, new_step: int, metrics: dict[str, float]) -> Path:
-        """4. save the checkpoint, 5. serve the new adapter and verify it, 6. retention."""
+    async def _publish(self, model: "TrainableModel", served: _Served, new_step: int, metrics: dict[str, float],
+                       row: dict[str, Any]) -> Path:
+        """4. save the checkpoint with the step's history row, append the row, 5. serve the new
+        adapter and verify it, 6. retention."""
         cursor = await asyncio.to_thread(served.store.read_state)
-        path = await compute_thread().run(self._save, served, new_step, metrics, cursor)
+        path = await compute_thread().run(self._save, served, new_step, metrics, cursor, row)
+        await asyncio.to_thread(served.store.append_history, row)
         served.cursor = cursor
         await compute_thread().run(served.registry.add_step, model.name, new_step, str(path))
         served.step = new_step
@@ -277,14 +286,15 @@ class LocalBackend(Backend):
         await compute_thread().run(self._retain, model, served, new_step)
         return path
 
-    def _save(self, served: _Served, step: int, metrics: dict[str, float], cursor: dict[str, Any]) -> Path:
+    def _save(self, served: _Served, step: int, metrics: dict[str, float], cursor: dict[str, Any],
+              row: dict[str, Any]) -> Path:
         from groupwise.training.checkpoint import save_checkpoint
 
         names = [n for n, _ in served.trainer.trainable_named_parameters()]
         return save_checkpoint(
             served.store.checkpoints_dir, step, model=served.peft_model, optimizer=served.trainer.optimizer,
             param_names=names, adapter_name=served.trainer.adapter_name, cursor=cursor,
-            metrics=metrics,
+            metrics=metrics, history=[row],
         )
 
     async def _verify(self, model: "TrainableModel", served: _Served, step: int) -> None:

@@ -429,7 +429,8 @@ def run_serve(args) -> int:
             served = folder
         print(f"serving adapter {path} as {served!r}")
     print(f"serving {registry.served_ids()} on http://{args.host}:{args.port}/v1")
-    app = create_app(registry, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
+    app = create_app(registry, api_key=args.api_key,
+                     max_body_bytes=getattr(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:

@@ -165,6 +165,15 @@ def run_train(args: Any) -> int:
     except KeyError as exc:
         print(f"groupwise train: {exc.args[0]}", file=sys.stderr)
         return 2
+    if args.judge and not args.judge.startswith("local/"):  # a missing key or bad name, before loading
+        from groupwise.errors import JudgeError
+        from groupwise.judge.providers import resolve
+
+        try:
+            resolve(args.judge)
+        except JudgeError as exc:
+            print(f"groupwise train: error: --judge {args.judge}: {exc}", file=sys.stderr)
+            return 2
     asyncio.run(train(args.env, model_name=args.model, judge=args.judge, steps=args.steps, seed=args.seed,
                       path=args.path, name=args.name, device=getattr(args, "device", None),
                       gate=getattr(args, "gate", False), sft=getattr(args, "sft", 0),

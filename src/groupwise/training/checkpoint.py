@@ -6,11 +6,19 @@ Layout of ``checkpoints/<step:04d>/``::
     optimizer.safetensors                            AdamW tensors, keyed "<param name>::<exp_avg|...>"
     optimizer.json                                   param groups (lr, betas, ...) with param NAMES
     rng.safetensors, rng.json                        torch CPU/CUDA RNG states; Python and NumPy RNG
-    state.json                                       step, data cursor, metrics: written LAST
+    state.json                                       step, data cursor, metrics, the step's history
+                                                     rows, each file's size and sha256: written LAST
 
 A checkpoint is written into ``checkpoints/.tmp-<step>-<pid>/`` and renamed into place; `state.json`
 is the completeness marker, so a folder without it (a process killed mid-save on a filesystem where
-rename is not atomic, or by hand) is ignored with a warning and never resumed from.
+rename is not atomic, or by hand) is ignored with a warning and never resumed from. A complete
+folder whose files no longer match the sizes and hashes in its state.json (a disk error, a copy cut
+short, an edit) is corrupt: `latest_checkpoint` skips it with a warning naming it and what is
+wrong, and the run resumes from the newest intact one.
+
+A completed step is one unit: its history rows travel in its checkpoint's state.json, and a run
+that resumes from it appends any of them that history.jsonl lacks (a crash between the checkpoint
+and the history append lost none: `replay_history`).
 
 Optimizer tensors are stored by parameter name, not by position, so a resumed optimizer matches each
 moment estimate to its parameter even if peft orders parameters differently.
@@ -18,6 +26,7 @@ moment estimate to its parameter even if peft orders parameters differently.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -31,6 +40,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from groupwise.errors import CheckpointError, GroupwiseWarning
+
 STATE_FILE = "state.json"
 FORMAT_VERSION = 1
 
@@ -43,6 +54,8 @@ class CheckpointState:
     cursor: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     path: Path | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)  # the step's history rows
+    files: dict[str, dict[str, Any]] | list[str] = field(default_factory=dict)  # name -> {bytes, sha256}
 
 
 def step_dir_name(step: int) -> str:
@@ -167,8 +180,10 @@ def save_checkpoint(
     adapter_name: str = "default",
     cursor: dict[str, Any] | None = None,
     metrics: dict[str, float] | None = None,
+    history: list[dict[str, Any]] | None = None,
 ) -> Path:
-    """Save step `step` atomically into ``checkpoints_dir/<step:04d>/``; returns that folder."""
+    """Save step `step` atomically into ``checkpoints_dir/<step:04d>/``; returns that folder.
+    `history`: the rows of the step (the store appends them; a resume replays any it lacks)."""
     root = Path(checkpoints_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_dir_name(step)
@@ -198,7 +213,8 @@ def save_checkpoint(
         "cursor": cursor or {},
         "metrics": {k: float(v) for k, v in (metrics or {}).items()},
         "saved_at": time.time(),
-        "files": files,
+        "files": {name: _fingerprint(tmp / name) for name in files},
+        "history": list(history or []),
     }
     _write_json(tmp / STATE_FILE, state)  # last: the completeness marker
     _fsync_dir(tmp)
@@ -213,12 +229,56 @@ def save_checkpoint(
     return final
 
 
+def _fingerprint(path: Path) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
 def read_state(path: Path) -> CheckpointState | None:
     try:
         raw = json.loads((path / STATE_FILE).read_text())
-        return CheckpointState(int(raw["step"]), raw.get("cursor", {}), raw.get("metrics", {}), path)
+        return CheckpointState(int(raw["step"]), raw.get("cursor", {}), raw.get("metrics", {}), path,
+                               list(raw.get("history", [])), raw.get("files", {}))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def verify_checkpoint(state: CheckpointState) -> str | None:
+    """What is wrong with a complete checkpoint's files (None: intact). Checks each file state.json
+    lists against its recorded size and sha256; a checkpoint saved before those were recorded has
+    its safetensors headers and JSON files parsed instead."""
+    from safetensors import safe_open
+
+    path = state.path
+    assert path is not None
+    names = state.files if isinstance(state.files, list) else list(state.files)
+    if "adapter_model.safetensors" not in names:
+        names = ["adapter_model.safetensors", *names]
+    for name in names:
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        expected = state.files.get(name) if isinstance(state.files, dict) else None
+        if expected:
+            size = f.stat().st_size
+            if size != expected["bytes"]:
+                return f"{name} has {size} bytes, {expected['bytes']} were saved"
+            if _fingerprint(f)["sha256"] != expected["sha256"]:
+                return f"{name} differs from what was saved (sha256 mismatch)"
+            continue
+        try:
+            if name.endswith(".safetensors"):
+                with safe_open(str(f), framework="pt") as st:
+                    for key in st.keys():
+                        st.get_slice(key)
+            elif name.endswith(".json"):
+                json.loads(f.read_text())
+        except Exception as exc:  # safetensors' SafetensorError, JSON errors, OSError
+            return f"{name} cannot be read ({type(exc).__name__}: {exc})"
+    return None
 
 
 def list_checkpoints(checkpoints_dir: str | Path, *, warn: bool = True) -> list[CheckpointState]:
@@ -235,7 +295,7 @@ def list_checkpoints(checkpoints_dir: str | Path, *, warn: bool = True) -> list[
                 warnings.warn(
                     f"{path} is an unfinished checkpoint (the process stopped while saving it); it is ignored. "
                     "Delete it to silence this warning.",
-                    stacklevel=2,
+                    GroupwiseWarning, stacklevel=2,
                 )
             continue
         state = read_state(path)
@@ -244,16 +304,35 @@ def list_checkpoints(checkpoints_dir: str | Path, *, warn: bool = True) -> list[
                 warnings.warn(
                     f"checkpoint {path} is incomplete (no readable {STATE_FILE}); it is ignored and the run "
                     "resumes from the latest complete one. Delete the folder to silence this warning.",
-                    stacklevel=2,
+                    GroupwiseWarning, stacklevel=2,
                 )
             continue
         found.append(state)
     return sorted(found, key=lambda s: s.step)
 
 
-def latest_checkpoint(checkpoints_dir: str | Path) -> CheckpointState | None:
+def latest_checkpoint(checkpoints_dir: str | Path, *, verify: bool = True) -> CheckpointState | None:
+    """The newest complete checkpoint; with `verify`, the newest intact one: corrupt ones are
+    skipped with a warning naming each and what is wrong (`verify_checkpoint`)."""
     found = list_checkpoints(checkpoints_dir)
-    return found[-1] if found else None
+    if not verify:
+        return found[-1] if found else None
+    for state in reversed(found):
+        problem = verify_checkpoint(state)
+        if problem is None:
+            return state
+        older = [s.step for s in found if s.step < state.step]
+        warnings.warn(
+            f"checkpoint {state.path} is corrupt ({problem}); it is skipped and the run resumes from "
+            f"{'step ' + str(older[-1]) if older else 'the start'}. Delete the folder to silence this warning.",
+            GroupwiseWarning, stacklevel=2,
+        )
+    return None
+
+
+def replay_history(state: CheckpointState, store: Any) -> int:
+    """Append to the run store the history rows of `state` that it lacks (module doc); how many."""
+    return sum(bool(store.append_history(row, if_missing=True)) for row in state.history)
 
 
 def load_checkpoint(
@@ -265,7 +344,21 @@ def load_checkpoint(
     adapter_name: str = "default",
     restore_rng: bool = True,
 ) -> CheckpointState:
-    """Load adapter weights (into `adapter_name`), optimizer state and RNG of a complete checkpoint."""
+    """Load adapter weights (into `adapter_name`), optimizer state and RNG of a complete checkpoint.
+    A file that cannot be read raises `CheckpointError` naming the checkpoint."""
+    from safetensors import SafetensorError
+
+    path = state.path
+    assert path is not None
+    try:
+        return _load(state, model, optimizer, param_names, adapter_name, restore_rng)
+    except (SafetensorError, OSError, json.JSONDecodeError, KeyError) as exc:
+        raise CheckpointError(f"checkpoint {path} cannot be loaded: {type(exc).__name__}: {exc}. Delete the folder "
+                              "to resume from the checkpoint before it.") from exc
+
+
+def _load(state: CheckpointState, model: Any, optimizer: torch.optim.Optimizer | None, param_names: list[str],
+          adapter_name: str, restore_rng: bool) -> CheckpointState:
     from peft import set_peft_model_state_dict
 
     path = state.path

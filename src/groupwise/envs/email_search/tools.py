@@ -128,6 +128,8 @@ def search_emails(
         max_results = int(max_results)
     except (TypeError, ValueError):
         raise ToolError(f"max_results must be an integer, got {max_results!r}.") from None
+    except OverflowError:  # float("inf"): JSON from a model can carry Infinity
+        raise ToolError(f"max_results must be an integer between 1 and {MAX_RESULTS}, got {max_results!r}.") from None
     if not 1 <= max_results <= MAX_RESULTS:
         raise ToolError(f"max_results must be between 1 and {MAX_RESULTS}, got {max_results}.")
     for name, day in (("sent_after", sent_after), ("sent_before", sent_before)):

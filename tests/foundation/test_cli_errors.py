@@ -1,0 +1,71 @@
+"""CLI errors are one clear line and exit code 2, before any model is loaded (real processes); the
+store's warnings reach the terminal as one line each; `inspect --skip-corrupt`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from groupwise.store import RunStore
+
+
+def groupwise(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OPENAI_API_KEY="")
+    return subprocess.run([sys.executable, "-m", "groupwise.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+# A model path that does not exist: a command that got as far as loading would fail on it instead.
+NO_MODEL = "/nonexistent/model-that-would-fail-to-load"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["train", "2048", "--steps", "-1", "--model", NO_MODEL], "argument --steps: must be an integer >= 1, got '-1'"),
+    (["train", "2048", "--steps", "ten"], "argument --steps: must be an integer >= 1, got 'ten'"),
+    (["train", "2048", "--sft-lr", "-3"], "argument --sft-lr: must be a number > 0"),
+    (["train", "nope", "--model", NO_MODEL], "nope"),
+    (["train", "2048", "--judge", "openai/o4-mini", "--model", NO_MODEL], "OPENAI_API_KEY"),
+    (["train", "2048", "--judge", "acme/judge", "--model", NO_MODEL], "unknown judge provider 'acme'"),
+    (["serve", "--model", NO_MODEL, "--host", "0.0.0.0"], "--api-key KEY is required"),
+    (["serve", "--model", NO_MODEL, "--port", "70000"], "argument --port: must be an integer in [0, 65535]"),
+    (["serve", "--model", NO_MODEL, "--max-body-bytes", "0"], "argument --max-body-bytes"),
+    (["inspect", ".", "-n", "0"], "argument -n: must be an integer >= 1"),
+    (["sft", "x.jsonl", "--epochs", "0"], "argument --epochs"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_argument_errors_are_one_line_and_exit_2_before_loading(args, needle):
+    proc = groupwise(*args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr  # no usage block, no traceback
+    assert needle in lines[0] and lines[0].startswith("groupwise")
+    assert NO_MODEL not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_inspect_skip_corrupt_and_one_line_warnings(tmp_path, group):
+    store = RunStore(tmp_path, "p", "m")
+    path = store.write_trajectories("val", 0, [group, group])
+    lines = path.read_text().splitlines()
+    path.write_text(lines[0] + "\n" + lines[1][:50] + "\n")  # the second group's line is cut short
+    proc = groupwise("inspect", str(store.run_dir))
+    assert proc.returncode == 1 and "0000.jsonl:2: corrupt record" in proc.stderr and "--skip-corrupt" in proc.stderr
+    proc = groupwise("inspect", str(store.run_dir), "--skip-corrupt")
+    assert proc.returncode == 0, proc.stderr
+    assert "1 group, 2 trajectories" in proc.stdout
+    assert proc.stderr.strip().splitlines() == [f"groupwise: warning: {path}:2: skipped (a line cut short by a crash "
+                                                "mid-write)"]
+
+
+def test_report_warns_about_a_torn_history_line(tmp_path):
+    store = RunStore(tmp_path, "p", "m")
+    for step in range(3):
+        store.append_history({"step": step, "split": "val", "reward": 0.1 * step, "accuracy": 0.5})
+    with open(store.history_path, "a") as f:
+        f.write('{"step": 3, "split": "va')  # killed mid-append
+    proc = groupwise("report", str(store.run_dir), "--out", str(tmp_path / "plots"))
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("groupwise: warning:")]
+    assert warnings == [f"groupwise: warning: {store.history_path}:4: skipped (a line cut short by a crash mid-write)"]

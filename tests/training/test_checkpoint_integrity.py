@@ -1,0 +1,65 @@
+"""A checkpoint's files are checked against the sizes and hashes saved with it: a corrupt one is
+skipped with a warning naming it, and a load that fails names the checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from groupwise.errors import CheckpointError, GroupwiseWarning
+from groupwise.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, verify_checkpoint
+
+
+@pytest.fixture
+def peft_and_optimizer(tiny_model):
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_model, LoraConfig(r=2, target_modules=["q_proj"]))
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    opt = torch.optim.AdamW([p for _, p in params], lr=1e-3)
+    model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    opt.step()
+    return model, opt, [n for n, _ in params]
+
+
+def _save(root, step, peft_and_optimizer, **kw):
+    model, opt, names = peft_and_optimizer
+    return save_checkpoint(root, step, model=model, optimizer=opt, param_names=names, **kw)
+
+
+def test_corrupt_latest_is_skipped_with_a_warning_naming_it(tmp_path, peft_and_optimizer):
+    _save(tmp_path, 1, peft_and_optimizer, history=[{"step": 0, "split": "train", "reward": 1.0}])
+    second = _save(tmp_path, 2, peft_and_optimizer)
+    assert latest_checkpoint(tmp_path).step == 2 and verify_checkpoint(latest_checkpoint(tmp_path)) is None
+    data = bytearray((second / "optimizer.safetensors").read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit, same size
+    (second / "optimizer.safetensors").write_bytes(bytes(data))
+    with pytest.warns(GroupwiseWarning, match=r"0002 is corrupt \(optimizer.safetensors differs from what was saved"):
+        state = latest_checkpoint(tmp_path)
+    assert state.step == 1 and state.history == [{"step": 0, "split": "train", "reward": 1.0}]
+    (second / "adapter_config.json").unlink()
+    with pytest.warns(GroupwiseWarning, match="adapter_config.json is missing"):
+        assert latest_checkpoint(tmp_path).step == 1
+
+
+def test_a_checkpoint_without_recorded_hashes_is_checked_by_reading_it(tmp_path, peft_and_optimizer):
+    path = _save(tmp_path, 1, peft_and_optimizer)
+    state_file = path / "state.json"
+    state = json.loads(state_file.read_text())
+    state["files"] = list(state["files"])  # as saved before sizes and hashes were recorded
+    state_file.write_text(json.dumps(state))
+    assert verify_checkpoint(latest_checkpoint(tmp_path, verify=False)) is None
+    adapter = path / "adapter_model.safetensors"
+    adapter.write_bytes(adapter.read_bytes()[:-10])
+    problem = verify_checkpoint(latest_checkpoint(tmp_path, verify=False))
+    assert problem.startswith("adapter_model.safetensors cannot be read")
+
+
+def test_a_failing_load_names_the_checkpoint(tmp_path, peft_and_optimizer):
+    model, opt, names = peft_and_optimizer
+    path = _save(tmp_path, 1, peft_and_optimizer)
+    (path / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} cannot be loaded"):
+        load_checkpoint(latest_checkpoint(tmp_path, verify=False), model=model, optimizer=opt, param_names=names)
