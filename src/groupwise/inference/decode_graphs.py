@@ -127,8 +127,8 @@ def run_decode_steps(engine: "Engine", seqs: list, ids: list[int], pos: list[int
     indices + 1), so step t+1 can start from them on the GPU while the CPU appends step t's tokens,
     checks stops and answers callers: on an H200 at 256 rows that CPU work was ~1.5 ms of a 6.2 ms
     step, with the GPU idle. A step launched ahead is used only if no row finished (and nothing
-    else needs the loop: a request waiting for a free slot, a pause, a new bucket); otherwise it is
-    dropped. Dropping is harmless: it wrote each row's next K/V column with the very token and
+    else needs the loop: a request waiting for a free slot, a cancelled request, a pause, a new
+    bucket); otherwise it is dropped. Dropping is harmless: it wrote each row's next K/V column with the very token and
     position the next step writes again, and finished rows' slots are refilled after it in stream
     order.
     """
@@ -141,7 +141,7 @@ def run_decode_steps(engine: "Engine", seqs: list, ids: list[int], pos: list[int
         g["host"][:, :k].copy_(out, non_blocking=True)
         g["event"].record()
         need += 1
-        ahead = (need <= g["Lb"] and not engine._pauses and not engine._closed
+        ahead = (need <= g["Lb"] and not engine._pauses and not engine._closed and not engine._cancel_pending
                  and not (engine._waiting and k < engine.max_batch_size))
         if ahead:
             g["inputs"].copy_(g["next"])
