@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from groupwise.inference.requests import GenerationRequest
 from groupwise.inference.sampling import SEED_MAX, SEED_MIN, SamplingParams
 
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "Message", "Tool", "describe_validation_error"]
@@ -180,6 +181,13 @@ class _Sampling(_Strict):
         if len(stops) > MAX_STOP or not all(stops):
             raise ValueError(f"stop must be a non-empty string or a list of at most {MAX_STOP} of them")
         return stops
+
+    def generation_request(self, prompt_ids: list[int], *, max_new_tokens: int | None, top_logprobs: int,
+                           adapter: str | None, constraint: Any) -> GenerationRequest:
+        """What the engine runs for this request."""
+        return GenerationRequest(prompt_ids, max_new_tokens=max_new_tokens, sampling=self.sampling_params(top_logprobs),
+                                 n=self.n, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
+                                 ignore_eos=self.ignore_eos, adapter=adapter, constraint=constraint)
 
     def sampling_params(self, top_logprobs: int = 0) -> SamplingParams:
         return SamplingParams(

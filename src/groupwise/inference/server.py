@@ -47,8 +47,8 @@ from groupwise.inference.constrained import ConstraintError, constraint_for
 from groupwise.inference.engine import (EngineError, GenerationRequest, GenerationResult, PromptTooLongError,
                                         RequestFailedError)
 from groupwise.inference.registry import ModelRegistry, Resolved
-from groupwise.inference.streaming import EngineStream, stream_chat
 from groupwise.inference.responses import chat_response, completion_response
+from groupwise.inference.streaming import EngineStream, stream_chat
 from groupwise.inference.tool_calls import prepare_messages
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "ApiError", "create_app", "run_serve"]
@@ -332,16 +332,16 @@ async def chat_completions(request: Request, body: ChatCompletionRequest = Depen
     parse_tools = bool(tools) and tool_choice != "none"
     header = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": target.served_as,
               "system_fingerprint": target.served_as}
-    req = GenerationRequest(prompt_ids, max_new_tokens=body.max_new_tokens, sampling=body.sampling_params(body.top_logprobs),
-                            n=body.n, stop=body.stop, stop_token_ids=body.stop_token_ids or [],
-                            ignore_eos=body.ignore_eos, adapter=target.adapter, constraint=constraint)
+    req = body.generation_request(prompt_ids, max_new_tokens=body.max_new_tokens, top_logprobs=body.top_logprobs,
+                                  adapter=target.adapter, constraint=constraint)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         queue: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
         req.on_token = lambda index, token, logprob, finish: loop.call_soon_threadsafe(
             queue.put_nowait, (index, token, logprob))
-        future = submit(state, req, "messages")  # checked before the stream starts: a bad request is a 400, not an in-band error
+        # submitted before the stream starts: a bad request is a 400, not an in-band error
+        future = submit(state, req, "messages")
         return EngineStream(stream_chat(state.tokenizer, future, queue, req, header, parse_tools, include_usage),
                             future)
     result = await result_of(request, submit(state, req, "messages"))
@@ -384,9 +384,8 @@ async def completions(request: Request, body: CompletionRequest = Depends(parsed
     response_format = body.response_format.as_dict() if body.response_format else None
     prompt_ids, constraint = await compute_thread().run(_render_completion, state.tokenizer, body.prompt,
                                                         response_format)
-    req = GenerationRequest(prompt_ids, max_new_tokens=body.max_tokens, sampling=body.sampling_params(body.logprobs or 0),
-                            n=body.n, stop=body.stop, stop_token_ids=body.stop_token_ids or [],
-                            ignore_eos=body.ignore_eos, adapter=target.adapter, constraint=constraint)
+    req = body.generation_request(prompt_ids, max_new_tokens=body.max_tokens, top_logprobs=body.logprobs or 0,
+                                  adapter=target.adapter, constraint=constraint)
     result = await result_of(request, submit(state, req, "prompt"))
     return completion_response(state.tokenizer, result, target.served_as)
 
