@@ -84,7 +84,10 @@ class ServerState:
     registry: ModelRegistry
     api_key: str | None
     max_body_bytes: int
-    _max_token_chars: int | None = field(default=None, repr=False)
+    max_token_chars: int = field(init=False, repr=False)  # the vocabulary's longest entry
+
+    def __post_init__(self) -> None:
+        self.max_token_chars = max(len(t) for t in self.tokenizer.get_vocab())
 
     @property
     def engine(self) -> Any:
@@ -97,9 +100,7 @@ class ServerState:
     def max_prompt_chars(self) -> int:
         """Characters beyond which a text cannot fit the context whatever its tokens: every token
         covers at most as many characters as the vocabulary's longest entry."""
-        if self._max_token_chars is None:
-            self._max_token_chars = max(len(t) for t in self.tokenizer.get_vocab())
-        return self.engine.context_length * self._max_token_chars
+        return self.engine.context_length * self.max_token_chars
 
 
 # ---------------------------------------------------------------------------------------- app
@@ -273,8 +274,10 @@ async def result_of(request: Request, future: concurrent.futures.Future) -> Gene
         log.error("a request failed in the engine: %s", exc)
         raise ApiError(500, "generation failed for this request; the other requests went on (see the server log)",
                        type="server_error", code="generation_failed") from None
-    except EngineError as exc:
-        raise ApiError(503, str(exc), type="server_error", code="engine_unavailable") from None
+    except EngineError as exc:  # the whole engine failed a step, or was closed
+        log.error("the engine could not run a request: %s", exc)
+        raise ApiError(503, "the engine could not run this request: it failed or was closed (see the server log)",
+                       type="server_error", code="engine_unavailable") from None
 
 
 async def _client_gone(request: Request) -> None:
