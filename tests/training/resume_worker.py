@@ -82,15 +82,17 @@ async def main(store: str, model_dir: str, steps: int, hang_at: int | None, hang
         return real_step(batch, config, step=step)
 
     served.trainer.train_step = train_step
-    if hang_before_history is not None:
-        real_append = served.store.append_history
+    if hang_before_history is not None:  # patched on the class: whoever holds the run store appends through it
+        from groupwise.store import RunStore
 
-        def append_history(row, **kwargs):
+        real_append = RunStore.append_history
+
+        def append_history(self, row, **kwargs):
             if row.get("split") == "train" and row.get("step") == hang_before_history - 1:
                 hang(store, "before_history", hang_before_history)
-            return real_append(row, **kwargs)
+            return real_append(self, row, **kwargs)
 
-        served.store.append_history = append_history
+        RunStore.append_history = append_history
     client = model.openai_client()
     for step in range(start, steps):
         groups = []
