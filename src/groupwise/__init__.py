@@ -19,6 +19,9 @@ _EXPORTS: dict[str, str] = {
     "TrajectoryGroup": "groupwise.types",
     "History": "groupwise.types",
     "PydanticException": "groupwise.types",
+    "Messages": "groupwise.types",
+    "MessagesAndChoices": "groupwise.types",
+    "Tools": "groupwise.types",
     # errors
     "GroupwiseError": "groupwise.errors",
     "ConfigError": "groupwise.errors",
@@ -32,11 +35,14 @@ _EXPORTS: dict[str, str] = {
     # configs
     "TrainConfig": "groupwise.config",
     "TrainSFTConfig": "groupwise.config",
+    "LoRAConfig": "groupwise.dev",
+    "ArtCompatWarning": "groupwise.compat",
     "LoraConfig": "groupwise.config",
     "LoopConfig": "groupwise.config",
     # gathering
     "gather_trajectory_groups": "groupwise.rollout.gather",
     "gather_trajectories": "groupwise.rollout.gather",
+    "trajectory_group": "groupwise.rollout.gather",
     # store
     "load_trajectories": "groupwise.store",
     "load_history": "groupwise.store",
@@ -44,9 +50,12 @@ _EXPORTS: dict[str, str] = {
     "Model": "groupwise.model",
     "TrainableModel": "groupwise.model",
     "Backend": "groupwise.backend.base",
+    "TrainResult": "groupwise.backend.base",
+    "LocalTrainResult": "groupwise.backend.base",
     "LocalBackend": "groupwise.backend.local",
     # helpers
     "retry": "groupwise.utils",
+    "limit_concurrency": "groupwise.utils",
     "iterate_dataset": "groupwise.utils",
     "split_dataset": "groupwise.utils",
     # judge
@@ -59,10 +68,15 @@ _EXPORTS: dict[str, str] = {
     "FitSummary": "groupwise.loop",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+# ART's subpackages, reachable as attributes (`art.dev.InternalModelConfig`, `art.rewards.ruler`).
+_SUBPACKAGES = ("dev", "local", "rewards", "utils")
+
+__all__ = sorted([*_EXPORTS, *_SUBPACKAGES]) + ["__version__"]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"groupwise.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'groupwise' has no attribute {name!r}")

@@ -8,7 +8,7 @@ prints them (the CLI uses the same text). `__post_init__` runs `problems()` and 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from groupwise.errors import ConfigError
@@ -109,6 +109,20 @@ class TrainConfig(Validated):
     seed: int = option(0, help="Seed of the step's RNG (dropout, shuffling of micro-batches).")
     compile: bool = option(False, help="torch.compile the decoder layers and the LM head's log-prob chunks for the update (fused kernels, far less Python per layer). Measured on an H100 in bench/train_step.py (64 x 295 tokens in one micro-batch, bf16): Qwen2.5-0.5B updates 0.18-0.19 s (TRL's 0.31 s), Qwen2.5-1.5B with layer checkpointing 0.53 s (TRL's 0.89 s). Compiling costs 4-15 s at the first step; later steps, the engine's adapter swaps included, reuse it (a new sequence length compiles once more, dynamic). Off by default: it pays off over runs of tens of steps and more. Falls back to eager with a warning if compilation fails.")
 
+    max_skipped_steps: int = option(3, help="A step whose groups all have equal rewards carries no learning signal: it is skipped (no gradient step; the step counter still advances, serving the unchanged adapter under the next step, as ART does), with a warning naming the groups and a record in the history. This many consecutive skipped steps are allowed; one more raises NotTrainableError. 0 is strict: raise at once.")
+    beta: InitVar[float | None] = None  # ART 0.3's name for kl_coef
+    kl_penalty_coef: InitVar[float | None] = None  # ART 0.5's name for kl_coef
+
+    def __post_init__(self, beta: float | None = None, kl_penalty_coef: float | None = None) -> None:
+        # ART's KL weights map onto kl_coef (a k3 KL term against the base model; see docs/porting-from-art.md).
+        given = {k: v for k, v in (("beta", beta), ("kl_penalty_coef", kl_penalty_coef)) if v is not None}
+        if len(set(given.values())) > 1 or (given and self.kl_coef not in (0.0, *given.values())):
+            raise ConfigError(f"kl_coef={self.kl_coef!r} and its ART names {given} disagree; pass one of them",
+                              what="TrainConfig")
+        if given:
+            self.kl_coef = float(next(iter(given.values())))
+        super().__post_init__()
+
     def problems(self) -> list[str]:
         p: list[str] = []
         check_positive(p, "learning_rate", self.learning_rate)
@@ -123,6 +137,8 @@ class TrainConfig(Validated):
         check_positive(p, "micro_batch_tokens", self.micro_batch_tokens)
         check_positive(p, "max_seq_len", self.max_seq_len)
         check_positive(p, "logprob_chunk_size", self.logprob_chunk_size)
+        if isinstance(self.max_skipped_steps, bool) or not isinstance(self.max_skipped_steps, int) or self.max_skipped_steps < 0:
+            p.append(f"max_skipped_steps={self.max_skipped_steps!r} must be an integer >= 0 (0: raise NotTrainableError at once)")
         return p
 
 
@@ -232,7 +248,7 @@ class LoopConfig(Validated):
     length_ratio: float = option(2.0, help="Degenerate detector: fire when the mean answer length drifts by this factor from the first steps.")
     min_judge_agreement: float = option(0.6, help="Judge detector: fire when the judge orders fewer than this share of pairs like ground truth.")
     max_exceptions: int | float = option(0, help="Rollouts allowed to raise per gather: a count, or a fraction in (0, 1).")
-    resample_no_signal: int = option(2, help="Times a step's batch is gathered again when nothing in it is trainable (e.g. every group has equal rewards) before the loop raises NotTrainableError.")
+    resample_no_signal: int = option(2, help="Times a step's batch is gathered again when nothing in it is trainable (e.g. every group has equal rewards). After the last, a batch without signal is skipped as ART does (train_config.max_skipped_steps bounds how many in a row; 0 raises NotTrainableError instead).")
     seed: int = option(0, help="Seed of the per-epoch shuffle of the training scenarios (resume sees the same batches).")
 
     def problems(self) -> list[str]:

@@ -12,6 +12,11 @@
 Both write to the same run store (`groupwise.store`): ``<base_path>/<project>/<name>/``, so a
 baseline's validation rows sit beside the trained model's and plots can compare them. Nothing here
 imports torch: a backend is handed in by the caller.
+
+ART's constructor arguments are accepted (docs/porting-from-art.md): `run_name` names the run's folder
+(`name` stays the served name), `lora_config` and `_internal_config`'s ``peft_args`` set the adapter,
+and the arguments of ART's own machinery (W&B entity, Unsloth and vLLM settings) are named once in
+an `ArtCompatWarning`.
 """
 
 from __future__ import annotations
@@ -21,15 +26,16 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from groupwise.compat import train_config_from_art, warn_ignored
 from groupwise.errors import GroupwiseError
-from groupwise.store import RunStore, _trajectories_of, history_row, numeric_metrics
+from groupwise.store import RunStore, history_row, numeric_metrics
 from groupwise.types import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     import openai
 
     from groupwise.backend.base import Backend, TrainResult
-    from groupwise.config import TrainConfig, TrainSFTConfig
+    from groupwise.config import LoraConfig, TrainConfig, TrainSFTConfig
 
 __all__ = ["Model", "TrainableModel"]
 
@@ -47,6 +53,8 @@ class Model:
         inference_api_key: its key (None: the SDK reads ``OPENAI_API_KEY``).
         inference_model_name: the model name requests send, when it differs from `name`
             (e.g. name="baseline-4o-mini", inference_model_name="openai/gpt-4o-mini").
+        config: your own settings for this model (kept as given, as in ART).
+        entity, id, run_id, report_metrics: ART's W&B settings; accepted and ignored (one warning).
     """
 
     trainable = False
@@ -59,6 +67,12 @@ class Model:
         inference_base_url: str | None = None,
         inference_api_key: str | None = None,
         inference_model_name: str | None = None,
+        *,
+        config: Any = None,
+        entity: str | None = None,
+        id: str | None = None,
+        run_id: str | None = None,
+        report_metrics: list[str] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name={name!r} must be a non-empty string")
@@ -68,9 +82,21 @@ class Model:
         self.inference_base_url = inference_base_url
         self.inference_api_key = inference_api_key
         self.inference_model_name = inference_model_name
+        self.config = config
+        self.entity, self.id, self.run_id, self.report_metrics = entity, id, run_id, report_metrics
+        given = [k for k, v in (("entity", entity), ("id", id), ("run_id", run_id),
+                                ("report_metrics", report_metrics)) if v is not None]
+        if given:
+            warn_ignored(f"{type(self).__name__}()", given, "W&B run settings; the run store is local")
         self._store: RunStore | None = None
         self._client: openai.AsyncOpenAI | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._backend: Backend | None = None
+
+    @property
+    def storage_name(self) -> str:
+        """The run's folder name under ``<base_path>/<project>/`` (`name`; a TrainableModel's `run_name`)."""
+        return self.name
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, project={self.project!r})"
@@ -81,17 +107,48 @@ class Model:
         """This model's run store (created on first use, so a name with a slash is fine for a
         model that is only queried, e.g. a judge)."""
         if self._store is None:
-            self._store = RunStore(self.base_path, self.project, self.name)
+            self._store = RunStore(self.base_path, self.project, self.storage_name)
         return self._store
 
     @property
     def run_dir(self):
         return self.store.run_dir
 
+    # -- backend --------------------------------------------------------------------------------
+    @property
+    def backend(self) -> "Backend":
+        """The backend this model is registered with. `model.backend()` (ART's method) works too:
+        a `Backend` called with no arguments returns itself."""
+        if self._backend is None:
+            raise GroupwiseError(
+                f"model {self.name!r} is not registered with a backend; call `await model.register(backend)` "
+                "first (e.g. groupwise.LocalBackend())"
+            )
+        return self._backend
+
+    async def register(self, backend: "Backend") -> None:
+        """Attach a prompted model to `backend` (as ART does for comparison models): its logs go to the
+        backend's run store, beside the trained models'. Its endpoint stays its own."""
+        from groupwise.backend.base import Backend
+
+        if not isinstance(backend, Backend):
+            raise TypeError(f"register() takes a groupwise Backend, got {type(backend).__name__}")
+        path = getattr(backend, "path", None)
+        if path is not None and self.base_path == ".groupwise":
+            self.base_path, self._store = str(path), None
+        self._backend = backend
+
     # -- inference ------------------------------------------------------------------------------
     def inference_name(self, step: int | None = None) -> str:
         """The model name a chat completion request uses."""
         return self.inference_model_name or self.name
+
+    def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
+        """ART's keyword arguments for `litellm.completion`: this model over its OpenAI-compatible
+        HTTP endpoint (a TrainableModel's is the backend's loopback server)."""
+        prefix = "hosted_vllm/" if self.trainable else ""
+        return {"model": prefix + self.inference_name(step), "base_url": self.inference_base_url,
+                "api_key": self.inference_api_key, "temperature": 1}
 
     def get_inference_name(self, step: int | None = None) -> str:
         """ART's name for `inference_name`."""
@@ -129,7 +186,7 @@ class Model:
 
     async def log(
         self,
-        trajectories_or_groups: Iterable[Trajectory | TrajectoryGroup] | TrajectoryGroup | None,
+        trajectories_or_groups: Iterable[Trajectory | TrajectoryGroup | BaseException] | TrajectoryGroup | None = None,
         split: str = "val",
         *,
         metrics: dict[str, Any] | None = None,
@@ -137,17 +194,21 @@ class Model:
     ) -> dict[str, Any]:
         """Store the trajectories of (split, step) and append their history row; return the row.
 
-        Accepts groups, loose trajectories (stored as one group), or None (metrics only). `step`
-        defaults to the model's current step. The row's schema is in `groupwise.store`'s docstring.
+        Accepts groups, loose trajectories and exceptions (stored as one group), or None: then only
+        `metrics` are written, in a row without the reward fields (ART's
+        ``model.log(metrics=result.metrics, step=result.step)``). `step` defaults to the model's
+        current step. The row's schema is in `groupwise.store`'s docstring.
         """
         if step is None:
             step = await self.get_step()
+        metrics = {k: v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v
+                   for k, v in (metrics or {}).items()}
         if trajectories_or_groups is None:
             groups: list[TrajectoryGroup] = []
         elif isinstance(trajectories_or_groups, TrajectoryGroup):
             groups = [trajectories_or_groups]
         else:
-            groups = _trajectories_of(trajectories_or_groups)
+            groups = _as_groups(trajectories_or_groups)
         for n, g in enumerate(groups):
             if g.pending:
                 raise GroupwiseError(
@@ -158,6 +219,8 @@ class Model:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"log(): metrics[{key!r}]={value!r} must be a number")
         row = history_row(groups, step=step, split=split, metrics=metrics)
+        if trajectories_or_groups is None:  # metrics only: no trajectories, so no reward fields
+            row = {k: v for k, v in row.items() if k in ("step", "split", "recorded_at") or k in metrics}
         store = self.store
 
         def write() -> None:  # file IO off the event loop: rollouts keep running meanwhile
@@ -175,7 +238,13 @@ class TrainableModel(Model):
     Args (beyond `Model`'s):
         base_model: a Hugging Face id or local path, or a short name of a packaged model
             ("smollm2-135m"); the backend resolves it.
-        config: backend-specific settings (e.g. LoRA rank), passed through untouched.
+        config: a `gw.LoraConfig` sets this model's adapter; anything else is kept as your own settings.
+        run_name: the run's folder name (ART 0.5's durable run name); `name` stays the served name.
+        lora_config: ART's adapter settings (``rank``, ``alpha``, ``dropout``, ``target_modules``,
+            ``random_state``), a dict or `gw.LoraConfig`.
+        _internal_config: ART's `art.dev.InternalModelConfig`; its ``peft_args`` (``r``, ``lora_alpha``,
+            ``lora_dropout``, ``target_modules``, ``random_state``) set the adapter, the rest is named
+            once in a warning (Unsloth, vLLM and trainer settings have no counterpart here).
     """
 
     trainable = True
@@ -188,27 +257,59 @@ class TrainableModel(Model):
         base_path: str = ".groupwise",
         *,
         config: Any = None,
+        run_name: str | None = None,
+        lora_config: "dict[str, Any] | LoraConfig | None" = None,
+        _internal_config: dict[str, Any] | None = None,
+        entity: str | None = None,
+        id: str | None = None,
+        run_id: str | None = None,
+        report_metrics: list[str] | None = None,
     ) -> None:
-        super().__init__(name=name, project=project, base_path=base_path)
+        super().__init__(name=name, project=project, base_path=base_path, config=config, entity=entity, id=id,
+                         run_id=run_id, report_metrics=report_metrics)
+        self.run_name = run_name
         self.store  # fail now, not after minutes of training, when the name cannot be a folder
         self.base_model = base_model
-        self.config = config
-        self._backend: Backend | None = None
+        self.lora_config = lora_config
+        self._internal_config = _internal_config
 
     def __repr__(self) -> str:
         return f"TrainableModel(name={self.name!r}, project={self.project!r}, base_model={self.base_model!r})"
 
     @property
-    def backend(self) -> "Backend":
-        if self._backend is None:
-            raise GroupwiseError(
-                f"model {self.name!r} is not registered with a backend; call `await model.register(backend)` "
-                "first (e.g. groupwise.LocalBackend())"
-            )
-        return self._backend
+    def storage_name(self) -> str:
+        return self.run_name or self.name
+
+    def lora_for(self, default: "LoraConfig") -> "LoraConfig":
+        """This model's adapter settings: `default` (the backend's) overridden by ``config`` (a
+        LoraConfig), ``lora_config`` and ``_internal_config["peft_args"]``, in that order."""
+        import dataclasses
+
+        from groupwise.config import LoraConfig
+
+        lora = self.config if isinstance(self.config, LoraConfig) else default
+        internal = dict(self._internal_config or {})
+        updates: dict[str, Any] = {}
+        for source, names in ((self.lora_config, _LORA_CONFIG_KEYS), (internal.pop("peft_args", None), _PEFT_ARGS_KEYS)):
+            if isinstance(source, LoraConfig):
+                lora = source
+                continue
+            ignored = []
+            for key, value in dict(source or {}).items():
+                if key in names:
+                    updates[names[key]] = tuple(value) if key == "target_modules" else value
+                else:
+                    ignored.append(key)
+            if ignored:
+                warn_ignored("TrainableModel LoRA settings", ignored)
+        if internal:
+            warn_ignored("TrainableModel(_internal_config=...)", [k for k, v in internal.items() if v],
+                         "Unsloth, vLLM, trainer and GPU placement settings of ART's backends")
+        return dataclasses.replace(lora, **updates) if updates else lora
 
     async def register(self, backend: "Backend") -> None:
-        """Attach to `backend` and let it load (or resume) the model."""
+        """Attach to `backend` and let it load (or resume) the model; fills `inference_base_url` and
+        `inference_api_key` when the backend serves over HTTP too."""
         from groupwise.backend.base import Backend
 
         if not isinstance(backend, Backend):
@@ -216,6 +317,10 @@ class TrainableModel(Model):
         await backend.register(self)
         self._backend = backend
         self._client = None  # a new endpoint
+        http = backend.http_endpoint(self)
+        if http is not None:  # as ART fills them: for clients other than openai_client()
+            self.inference_base_url, self.inference_api_key = http.base_url, http.api_key
+            self.inference_model_name = self.name  # the served name of the latest step
 
     def _make_client(self) -> "openai.AsyncOpenAI":
         import openai
@@ -234,18 +339,31 @@ class TrainableModel(Model):
         """Number of completed training steps (0 before any)."""
         return await self.backend.get_step(self)
 
-    async def train(self, groups: Iterable[TrajectoryGroup], config: "TrainConfig | None" = None) -> "TrainResult":
-        """One training step on `groups`, then log them as the train split of the step that
-        sampled them, with the trainer's metrics. Returns the backend's `TrainResult`."""
-        from groupwise.config import TrainConfig
+    async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> None:
+        """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (read from
+        the history's rows: ``val/reward`` is the reward of the val rows), as ART's."""
+        await self.backend.delete_checkpoints(self, best_checkpoint_metric)
 
+    async def train(
+        self,
+        groups: Iterable[TrajectoryGroup],
+        config: "TrainConfig | None" = None,
+        _config: dict[str, Any] | None = None,
+        verbose: bool = False,
+    ) -> "TrainResult":
+        """One training step on `groups`, then log them as the train split of the step that
+        sampled them, with the trainer's metrics. Returns the backend's `TrainResult`.
+
+        `config` is a `gw.TrainConfig` (ART's ``art.TrainConfig(learning_rate=..., beta=...)`` is the
+        same class); ART's ``_config`` (`art.dev.TrainConfig`) options map onto it or are named once
+        in a warning; `verbose` is accepted."""
         groups = list(groups)
         for n, g in enumerate(groups):
             if not isinstance(g, TrajectoryGroup):
                 raise TypeError(f"train(): groups[{n}] is {type(g).__name__}; expected a TrajectoryGroup")
             if g.pending:
                 raise GroupwiseError(f"train(): group {n} has rollouts that were never run; gather the groups first")
-        config = config if config is not None else TrainConfig()
+        config = train_config_from_art(config, {**dict(_config or {}), "verbose": verbose}, where="model.train")
         step_before = await self.get_step()
         result = await self.backend.train(self, groups, config)
         await self.log(groups, split="train", step=step_before, metrics=_train_metrics(result.metrics))
@@ -282,6 +400,29 @@ class TrainableModel(Model):
                   f"over {int(result.metrics.get('trainable_tokens', 0))} target tokens, "
                   f"{int(result.metrics.get('updates', 0))} update(s)")
         return result
+
+
+# ART's LoRA keys -> LoraConfig fields: `lora_config` (0.5.2x) and `_internal_config["peft_args"]` (earlier).
+_LORA_CONFIG_KEYS = {"rank": "rank", "alpha": "alpha", "dropout": "dropout", "target_modules": "target_modules",
+                     "random_state": "seed"}
+_PEFT_ARGS_KEYS = {"r": "rank", "lora_alpha": "alpha", "lora_dropout": "dropout", "target_modules": "target_modules",
+                   "random_state": "seed"}
+
+
+def _as_groups(items: Iterable[Trajectory | TrajectoryGroup | BaseException]) -> list[TrajectoryGroup]:
+    """Groups from a mix of groups and loose trajectories or exceptions (loose ones form one group)."""
+    groups: list[TrajectoryGroup] = []
+    loose: list[Trajectory | BaseException] = []
+    for n, item in enumerate(items):
+        if isinstance(item, TrajectoryGroup):
+            groups.append(item)
+        elif isinstance(item, (Trajectory, BaseException)):
+            loose.append(item)
+        else:
+            raise TypeError(f"item {n} is {type(item).__name__}; expected a Trajectory, a TrajectoryGroup or an exception")
+    if loose:
+        groups.append(TrajectoryGroup(loose))
+    return groups
 
 
 def _train_metrics(metrics: dict[str, Any]) -> dict[str, Any]:

@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.errors import CorruptRecordError, GroupwiseWarning, StoreError
-from groupwise.types import Trajectory, TrajectoryGroup
+from groupwise.types import TrajectoryGroup
 
 try:  # POSIX only; on other platforms appends rely on O_APPEND alone.
     import fcntl
@@ -411,19 +411,3 @@ class RunStore:
 
     def write_state(self, state: dict[str, Any]) -> None:
         atomic_write_text(self.state_path, json.dumps(state, indent=2, sort_keys=True, allow_nan=True) + "\n")
-
-
-def _trajectories_of(items: Iterable[Trajectory | TrajectoryGroup]) -> list[TrajectoryGroup]:
-    """Groups from a mix of groups and loose trajectories (loose ones form one group)."""
-    groups: list[TrajectoryGroup] = []
-    loose: list[Trajectory] = []
-    for n, item in enumerate(items):
-        if isinstance(item, TrajectoryGroup):
-            groups.append(item)
-        elif isinstance(item, Trajectory):
-            loose.append(item)
-        else:
-            raise TypeError(f"item {n} is {type(item).__name__}; expected a Trajectory or a TrajectoryGroup")
-    if loose:
-        groups.append(TrajectoryGroup(loose))
-    return groups

@@ -23,12 +23,13 @@ to the trainer (token-in/token-out) and to the store (lossless).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 import time
 import traceback as traceback_module
-from contextvars import ContextVar
-from collections.abc import Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
+from contextlib import asynccontextmanager
 from typing import Annotated, Any, Union
 
 from openai.types.chat.chat_completion import Choice
@@ -43,7 +44,6 @@ from pydantic import (
     StrictInt,
     Tag,
     field_validator,
-    model_validator,
 )
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "History",
     "Message",
     "MessageOrChoice",
+    "Messages",
     "MessagesAndChoices",
     "PydanticException",
     "Tools",
@@ -61,18 +62,27 @@ __all__ = [
     "choice_to_message",
 ]
 
-_HAS_PENDING: ContextVar[bool] = ContextVar("_HAS_PENDING", default=False)
-
 VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 Message = dict[str, Any]
 """A plain chat message as the `openai` SDK takes it: ``{"role": ..., "content": ...}``."""
+
+Messages = list[Message]
+"""A list of plain chat messages (ART's `art.Messages`)."""
 
 Tools = list[dict[str, Any]]
 """OpenAI tool definitions: ``[{"type": "function", "function": {...}}]``."""
 
 MetricValue = Union[StrictBool, StrictInt, StrictFloat]
 MetadataValue = Union[StrictBool, StrictInt, StrictFloat, str, None]
+
+
+def _plain_scalars(values: Any) -> Any:
+    """numpy scalars (np.float32(0.5), np.int64(3), np.bool_(True)) as the Python scalars they hold;
+    a metric computed with numpy is a number like any other. Checked by module name: no numpy import."""
+    if not isinstance(values, dict):
+        return values
+    return {k: v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v for k, v in values.items()}
 
 
 def _message_or_choice_kind(value: Any) -> str:
@@ -160,7 +170,7 @@ class Trajectory(BaseModel):
 
     model_config = ConfigDict(validate_assignment=True)
 
-    messages_and_choices: MessagesAndChoices
+    messages_and_choices: MessagesAndChoices = Field(default_factory=list)
     tools: Tools | None = None
     additional_histories: list[History] = Field(default_factory=list)
     reward: float = 0.0
@@ -175,6 +185,16 @@ class Trajectory(BaseModel):
     @classmethod
     def _roles(cls, v: list[Any]) -> list[Any]:
         return _check_messages(v, "messages_and_choices")
+
+    @field_validator("metrics", "metadata", mode="before")
+    @classmethod
+    def _numpy_scalars(cls, v: Any) -> Any:
+        return _plain_scalars(v)
+
+    @field_validator("reward", mode="before")
+    @classmethod
+    def _numpy_reward(cls, v: Any) -> Any:
+        return v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v
 
     @field_validator("reward")
     @classmethod
@@ -198,6 +218,16 @@ class Trajectory(BaseModel):
         """Record the episode's duration in ``metrics["duration"]`` (seconds) and return self."""
         self.metrics["duration"] = time.monotonic() - self._start_time
         return self
+
+    @asynccontextmanager
+    async def track_duration(self, name: str) -> AsyncIterator[None]:
+        """Add the seconds spent in the block to ``metrics[f"{name}_duration"]`` (as ART's)."""
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            key = f"{name}_duration"
+            self.metrics[key] = float(self.metrics.get(key, 0.0)) + time.monotonic() - start
 
     def __eq__(self, other: object) -> bool:
         # Equal when every stored field is equal; the private start time is not part of the record.
@@ -266,32 +296,21 @@ class TrajectoryGroup(BaseModel):
                 pending.append(item)
             else:
                 done.append(item)
-        if not done and not pending and not excs:
-            raise ValueError(
-                "TrajectoryGroup: trajectories is empty; a group needs at least one trajectory "
-                "or rollout awaitable (GRPO compares rollouts within a group)."
-            )
-        # The emptiness validator cannot see _pending (private attributes are set after validation),
-        # so tell it through a context variable that pending rollouts exist.
-        token = _HAS_PENDING.set(bool(pending))
-        try:
-            super().__init__(
-                trajectories=done,
-                exceptions=excs,
-                metadata=dict(metadata or {}),
-                metrics=dict(metrics or {}),
-                logs=list(logs),
-            )
-        finally:
-            _HAS_PENDING.reset(token)
+        # An empty group is allowed (as in ART): a rollout step that produced nothing is a record too,
+        # and it carries no learning signal, which the trainer reports.
+        super().__init__(
+            trajectories=done,
+            exceptions=excs,
+            metadata=dict(metadata or {}),
+            metrics=dict(metrics or {}),
+            logs=list(logs),
+        )
         self._pending = pending
 
-    @model_validator(mode="after")
-    def _not_empty(self) -> "TrajectoryGroup":
-        # Also guards model_validate (loading from the store), which bypasses __init__.
-        if not self.trajectories and not self.exceptions and not _HAS_PENDING.get():
-            raise ValueError("trajectories is empty and no exceptions were recorded")
-        return self
+    @field_validator("metrics", "metadata", mode="before")
+    @classmethod
+    def _numpy_scalars(cls, v: Any) -> Any:
+        return _plain_scalars(v)
 
     @property
     def pending(self) -> list[Awaitable[Trajectory]]:
@@ -303,12 +322,24 @@ class TrajectoryGroup(BaseModel):
         return pending
 
     def __await__(self):
-        # Awaiting a group runs its rollouts with no exception budget (fail loud).
-        from groupwise.rollout.gather import gather_trajectory_groups
-
+        # Awaiting a group runs its rollouts concurrently with no exception budget (fail loud): the
+        # first error cancels the others and propagates. `gather_trajectory_groups` adds budgets,
+        # progress and after_each.
         async def run() -> "TrajectoryGroup":
-            groups = await gather_trajectory_groups([self], pbar_desc=None, max_exceptions=0)
-            return groups[0]
+            tasks = [asyncio.ensure_future(a) for a in self.take_pending()]
+            try:
+                results = await asyncio.gather(*tasks)
+            except BaseException:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+            for n, result in enumerate(results):
+                if not isinstance(result, Trajectory):
+                    raise TypeError(f"rollout {n} returned {type(result).__name__}, not a Trajectory; "
+                                    "a rollout must `return` the Trajectory it built")
+            self.trajectories.extend(results)
+            return self
 
         return run().__await__()
 

@@ -221,9 +221,43 @@ async def test_progress_bar_shows_counts(capsys):
     assert "train" in err and "54/54" in err and "exceptions=1" in err
 
 
-async def test_gather_trajectories_flat():
+async def test_gather_trajectories_flat_keeps_exceptions_in_place_as_art_does():
     out = await gather_trajectories([rollout(i, fail=i == 2) for i in range(5)], pbar_desc=None, max_exceptions=1)
-    assert [t.reward for t in out] == [0.0, 1.0, 3.0, 4.0]
+    assert [type(t).__name__ for t in out] == ["Trajectory", "Trajectory", "ValueError", "Trajectory", "Trajectory"]
+    assert [t.reward for t in out if isinstance(t, Trajectory)] == [0.0, 1.0, 3.0, 4.0]
+    assert "rollout 2 failed" in str(out[2])
     out = await gather_trajectories([rollout(i) for i in range(3)], pbar_desc=None,
                                     after_each=lambda t: None if t.reward == 1.0 else [t, t])
     assert [t.reward for t in out] == [0.0, 0.0, 2.0, 2.0]
+
+
+async def test_groups_given_as_coroutines_returning_a_group_as_in_art():
+    async def one_group(s: int) -> TrajectoryGroup:
+        if s == 1:
+            raise RuntimeError("scenario 1 broke")
+        return await TrajectoryGroup(rollout(10 * s + i) for i in range(3))
+
+    groups = await gather_trajectory_groups([one_group(s) for s in range(3)], pbar_desc="g", max_exceptions=1,
+                                            max_metrics=1, pbar_total_completion_tokens=False)
+    assert [g.rewards() for g in groups] == [[0.0, 1.0, 2.0], [], [20.0, 21.0, 22.0]]
+    assert groups[1].exceptions[0].message == "scenario 1 broke"  # recorded in its place, as data
+    with pytest.raises(GatherError):  # over budget
+        await gather_trajectory_groups([one_group(1)], pbar_desc=None)
+
+
+async def test_pbar_total_completion_tokens_is_accepted_and_named_once():
+    from groupwise.compat import ArtCompatWarning
+
+    with pytest.warns(ArtCompatWarning, match="pbar_total_completion_tokens"):
+        await gather_trajectory_groups([TrajectoryGroup([rollout(0)])], pbar_desc=None,
+                                       pbar_total_completion_tokens=True)
+
+
+async def test_trajectory_group_function_of_art_0_5():
+    from groupwise import trajectory_group
+
+    g = await trajectory_group([rollout(0), rollout(1, fail=True), rollout(2)], return_exceptions=True,
+                               metadata={"s": 1})
+    assert g.rewards() == [0.0, 2.0] and len(g.exceptions) == 1 and g.metadata == {"s": 1}
+    with pytest.raises(GatherError):
+        await trajectory_group([rollout(0), rollout(1, fail=True)])

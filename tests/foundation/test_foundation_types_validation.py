@@ -39,14 +39,37 @@ def test_unknown_role_names_the_index_and_role():
     assert "messages_and_choices[1]" in text and "'robot'" in text
 
 
-def test_empty_group_is_rejected_with_a_reason():
-    with pytest.raises(ValueError, match="trajectories is empty"):
-        TrajectoryGroup([])
+def test_empty_group_and_trajectory_without_messages_are_valid_as_in_art():
+    # ART accepts both (its defaults are []); an empty group is a record with no learning signal.
+    assert TrajectoryGroup([]).trajectories == []
+    assert TrajectoryGroup.model_validate({"trajectories": [], "exceptions": []}).exceptions == []
+    t = Trajectory()
+    assert t.messages_and_choices == [] and t.reward == 0.0
+    t.messages_and_choices.append({"role": "user", "content": "hi"})
+    assert t.messages() == MSG
 
 
-def test_empty_group_from_the_store_is_rejected():
-    with pytest.raises(ValidationError, match="trajectories is empty"):
-        TrajectoryGroup.model_validate({"trajectories": [], "exceptions": []})
+def test_numpy_scalars_in_metrics_metadata_and_reward_become_python_scalars():
+    import numpy as np
+
+    t = Trajectory(messages_and_choices=MSG, reward=np.float32(0.5),
+                   metrics={"a": np.float32(0.25), "b": np.int64(3), "c": np.bool_(True)},
+                   metadata={"seed": np.int32(7)})
+    assert t.reward == 0.5 and type(t.reward) is float
+    assert t.metrics == {"a": 0.25, "b": 3, "c": True}
+    assert [type(v) for v in t.metrics.values()] == [float, int, bool]
+    assert type(t.metadata["seed"]) is int
+    g = TrajectoryGroup([t], metrics={"judge": np.float64(0.1)})
+    assert type(g.metrics["judge"]) is float
+
+
+async def test_track_duration_adds_seconds_to_a_metric():
+    t = Trajectory(messages_and_choices=MSG)
+    async with t.track_duration("tool"):
+        pass
+    async with t.track_duration("tool"):
+        pass
+    assert t.metrics["tool_duration"] >= 0.0 and set(t.metrics) == {"tool_duration"}
 
 
 async def test_group_of_only_pending_rollouts_is_valid():

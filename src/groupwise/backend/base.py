@@ -38,6 +38,9 @@ class TrainResult:
     checkpoint_path: str | None = None
 
 
+LocalTrainResult = TrainResult  # ART 0.5's name for LocalBackend's result
+
+
 class Backend(ABC):
     """Serves and trains `TrainableModel`s. Every method is async; none may block the event loop."""
 
@@ -48,6 +51,11 @@ class Backend(ABC):
     @abstractmethod
     def inference_endpoint(self, model: "TrainableModel") -> InferenceEndpoint:
         """Where the model's OpenAI-compatible API is served."""
+
+    def http_endpoint(self, model: "TrainableModel") -> InferenceEndpoint | None:
+        """Where the model is served over real HTTP, for clients other than `model.openai_client()`
+        (None when the backend serves only in process)."""
+        return None
 
     @abstractmethod
     async def train(
@@ -71,6 +79,15 @@ class Backend(ABC):
 
     async def close(self) -> None:
         """Release engines, threads and memory."""
+
+    async def delete_checkpoints(self, model: "TrainableModel", best_checkpoint_metric: str = "val/reward") -> None:
+        """Delete every checkpoint of `model` but the latest and the best by `best_checkpoint_metric`."""
+        raise NotImplementedError(f"{type(self).__name__} does not delete checkpoints on request")
+
+    def __call__(self) -> "Backend":
+        # ART's `model.backend()` is a method; groupwise's `model.backend` a property. Calling the
+        # backend returns it, so both spellings give the backend.
+        return self
 
     def inference_name(self, model: "TrainableModel", step: int | None = None) -> str:
         """The model name a request uses: ``name`` (latest) or ``name@step``."""

@@ -14,8 +14,10 @@ appended to the run's history (rows of splits ``alert``, ``baseline``, ``loop``,
 `groupwise.loop.series`), so `groupwise report` can draw it and a resumed run can read it.
 
 A step with nothing trainable (e.g. every group scored the same) is gathered again, same scenarios,
-up to `resample_no_signal` times, each recorded as a ``no_signal`` alert; then NotTrainableError is
-raised (no fake step is made, so step and data position stay in lockstep).
+up to `resample_no_signal` times, each recorded as a ``no_signal`` alert. If the last gathering has
+no signal either, the backend skips the step as ART does (`TrainConfig.max_skipped_steps`): no
+gradient step, the step counter and the data position both advance by one (they stay in lockstep,
+so resume is unchanged), and too many skipped steps in a row raise NotTrainableError.
 
 Checkpoints: the loop points the backend's retention at ``val/<metric>`` (LocalBackend keeps the latest
 and the best) and, for the test, makes sure ``name@<best step>`` is served again.
@@ -29,6 +31,7 @@ crash came between the train step and its validation) is run first.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import math
@@ -155,6 +158,7 @@ class _Loop:
         self.train, self.val, self.test, self.baselines, self.c = train, val, test, baselines, config
         self.store = model.store
         self.alerts: list[Alert] = []
+        self.dropped_groups = 0  # groups the reward step dropped (counted per step in the loop row)
 
     # -- gathering ---------------------------------------------------------------------------------
     async def gather(self, model: Any, scenarios: Sequence[Any], indices: Sequence[int], n: int, desc: str) -> list[TrajectoryGroup]:
@@ -173,8 +177,9 @@ class _Loop:
         judged = await asyncio.gather(*(_maybe_await(self.reward(g)) for g in groups))
         out = []
         for before, after in zip(groups, judged):
-            if after is None:
+            if after is None:  # e.g. RULER with swallow_exceptions=True after a judge failure
                 log.warning("reward step dropped group %s", before.metadata.get("scenario_index"))
+                self.dropped_groups += 1
                 continue
             if not isinstance(after, TrajectoryGroup):
                 raise TypeError(f"reward step returned {type(after).__name__}; it must return a TrajectoryGroup or None")
@@ -243,6 +248,7 @@ class _Loop:
     async def step(self, step: int, indices: list[int]) -> tuple[int, list[TrajectoryGroup], list[TrajectoryGroup]]:
         from groupwise.errors import NotTrainableError
 
+        dropped_before = self.dropped_groups
         for attempt in range(self.c.resample_no_signal + 1):
             t0 = time.perf_counter()
             groups = await self.gather(self.model, self.train, indices, self.c.rollouts_per_group, f"train step {step}")
@@ -254,25 +260,29 @@ class _Loop:
             for g in groups:
                 for t in g.trajectories:
                     t.metrics["answer_chars"] = len(answer_text(t))  # read by the length-drift detector
+            # Before the last attempt, a step without signal raises (max_skipped_steps=0) so the batch is
+            # gathered again; the last attempt lets the backend skip it (or raise past its limit).
+            last = attempt == self.c.resample_no_signal
+            config = self.c.step_config()
             try:
-                result = await self.model.train(groups, config=self.c.step_config())
+                result = await self.model.train(groups, config=config if last else dataclasses.replace(config, max_skipped_steps=0))
                 break
             except NotTrainableError as exc:
-                # Same step, same scenarios, fresh samples: the data position and step stay in lockstep
-                # (no fake step is made, unlike ART's copied checkpoint). Recorded, then bounded.
+                # Same step, same scenarios, fresh samples: the data position and step stay in lockstep.
                 alert = Alert("no_signal", "warning", step, f"attempt {attempt + 1}: {exc}",
                               {"attempt": attempt + 1, "rewards": [g.rewards()[:8] for g in groups[:4]]})
                 self.store.append_history(alert.to_row("resample"))
                 self.alerts.append(alert)
                 log.warning("step %d: nothing trainable (attempt %d of %d): %s", step, attempt + 1,
                             self.c.resample_no_signal + 1, exc)
-                if attempt == self.c.resample_no_signal:
+                if last:
                     raise
         t3 = time.perf_counter()
         cost = sum(float(g.metrics.get("judge/cost_usd", 0.0)) for g in groups)
         self.store.append_history({
             "step": step, "split": "loop", "time/gather_s": t1 - t0, "time/reward_s": t2 - t1,
             "time/train_s": t3 - t2, "judge/cost_usd": cost, "scenarios": indices,
+            "reward/dropped_groups": self.dropped_groups - dropped_before,
         })
         new_step = int(result.step)
         judged: list[TrajectoryGroup] = []

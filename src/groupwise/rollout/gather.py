@@ -18,6 +18,9 @@ How it works, and why:
   call runs. Within budget, an exception is recorded on its group (`PydanticException`: type,
   message, traceback) and counted; one more and every unfinished rollout is cancelled and
   `GatherError` says how many failed of how many, with the first traceback.
+- A group may also be given as an awaitable that returns a `TrajectoryGroup` (ART's declared type,
+  e.g. a coroutine that builds and awaits its own group). It runs as one task; if it raises, the
+  exception counts against the budget like a rollout's and is recorded on an empty group in its place.
 - `after_each(group)` runs as soon as that group's rollouts are done (while others still run), so a
   judge scores early groups while late ones play. It may return the group, a replacement, None (drop)
   or a list of groups. Its own errors are not budgeted: they cancel the rest and propagate.
@@ -36,10 +39,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Union
 
+from groupwise.compat import warn_ignored
 from groupwise.errors import ConfigError, GatherError
 from groupwise.types import PydanticException, Trajectory, TrajectoryGroup
 
-__all__ = ["gather_trajectory_groups", "gather_trajectories", "exception_budget"]
+__all__ = ["gather_trajectory_groups", "gather_trajectories", "exception_budget", "trajectory_group"]
 
 log = logging.getLogger(__name__)
 
@@ -82,25 +86,34 @@ def _check_args(max_exceptions: Any, max_concurrency: Any, after_each: Any) -> N
 
 
 class _Progress:
-    """A tqdm bar with done/total, running mean reward and exception count; a no-op when disabled."""
+    """A tqdm bar with done/total, running mean reward, exception count and the running means of the
+    trajectories' metrics (the first `max_metrics` of them; None shows all); a no-op when disabled."""
 
-    def __init__(self, desc: str | None, total: int) -> None:
+    def __init__(self, desc: str | None, total: int, max_metrics: int | None = None) -> None:
         self.bar = None
         self.reward_sum = 0.0
         self.n_rewards = 0
         self.n_exceptions = 0
+        self.max_metrics = max_metrics
+        self.metric_sums: dict[str, float] = {}
+        self.metric_counts: dict[str, int] = {}
         self._next_postfix = 0.0
         if desc is not None and total > 0:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, desc=desc, unit="rollout", dynamic_ncols=True, leave=True)
 
-    def done(self, reward: float | None) -> None:
-        if reward is None:
+    def done(self, result: "Trajectory | TrajectoryGroup | None") -> None:
+        trajectories = [] if result is None else [result] if isinstance(result, Trajectory) else result.trajectories
+        if result is None:
             self.n_exceptions += 1
-        else:
-            self.reward_sum += reward
+        for t in trajectories:
+            self.reward_sum += t.reward
             self.n_rewards += 1
+            if self.bar is not None:
+                for name, value in t.metrics.items():
+                    self.metric_sums[name] = self.metric_sums.get(name, 0.0) + float(value)
+                    self.metric_counts[name] = self.metric_counts.get(name, 0) + 1
         if self.bar is None:
             return
         self.bar.update(1)
@@ -111,7 +124,11 @@ class _Progress:
 
     def _set_postfix(self) -> None:
         mean = self.reward_sum / self.n_rewards if self.n_rewards else float("nan")
-        self.bar.set_postfix(reward=f"{mean:.3f}", exceptions=self.n_exceptions, refresh=False)
+        postfix = {"reward": f"{mean:.3f}", "exceptions": self.n_exceptions}
+        names = list(self.metric_sums)[: self.max_metrics] if self.max_metrics is not None else self.metric_sums
+        for name in names:
+            postfix[name] = f"{self.metric_sums[name] / self.metric_counts[name]:.3g}"
+        self.bar.set_postfix(postfix, refresh=False)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -122,10 +139,15 @@ class _Progress:
 class _Gathering:
     """The state of one gather call: the groups, their result slots, the counters, the tasks."""
 
-    def __init__(self, groups: list[TrajectoryGroup], max_exceptions: int | float, pbar_desc: str | None,
-                 max_concurrency: int | None) -> None:
-        self.groups = groups
-        self.pending = [g.take_pending() for g in groups]
+    def __init__(self, groups: list[TrajectoryGroup | Awaitable[TrajectoryGroup]], max_exceptions: int | float,
+                 pbar_desc: str | None, max_concurrency: int | None, max_metrics: int | None = None) -> None:
+        # A group given as an awaitable runs as one task in an empty placeholder group, which its
+        # result replaces (or which records its exception).
+        self.producers = {g for g, item in enumerate(groups) if not isinstance(item, TrajectoryGroup)}
+        self.groups: list[TrajectoryGroup] = [TrajectoryGroup() if g in self.producers else item
+                                              for g, item in enumerate(groups)]
+        self.pending = [[groups[g]] if g in self.producers else group.take_pending()
+                        for g, group in enumerate(self.groups)]
         self.total = sum(len(p) for p in self.pending)
         self.budget = exception_budget(max_exceptions, self.total)
         self.max_exceptions = max_exceptions
@@ -135,7 +157,7 @@ class _Gathering:
         self.n_failed = 0
         self.first_failure: BaseException | None = None
         self.over_budget = False
-        self.progress = _Progress(pbar_desc, self.total)
+        self.progress = _Progress(pbar_desc, self.total, max_metrics)
         self.semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         self.tasks: list[asyncio.Task] = []
         # Groups whose rollouts are all done, in completion order; `wake` is set when one is added.
@@ -181,9 +203,19 @@ class _Gathering:
                 return  # being torn down; the error is already decided
             if exc is None:
                 result = task.result()
-                if isinstance(result, Trajectory):
+                if g in self.producers:
+                    if isinstance(result, TrajectoryGroup) and not result.pending:
+                        self.groups[g] = result
+                        self.progress.done(result)
+                    else:
+                        exc = TypeError(
+                            f"groups[{g}] is an awaitable that returned {type(result).__name__}"
+                            f"{' with rollouts never run' if isinstance(result, TrajectoryGroup) else ''}; "
+                            "an awaitable group must return a finished TrajectoryGroup"
+                        )
+                elif isinstance(result, Trajectory):
                     self.slots[g][i] = result
-                    self.progress.done(result.reward)
+                    self.progress.done(result)
                 else:
                     exc = TypeError(
                         f"a rollout of group {g} returned {type(result).__name__}, not a Trajectory; "
@@ -262,37 +294,46 @@ async def _call_after_each(after_each: AfterEach, group: TrajectoryGroup, g: int
 
 
 async def gather_trajectory_groups(
-    groups: Iterable[TrajectoryGroup],
+    groups: Iterable[TrajectoryGroup | Awaitable[TrajectoryGroup]],
     *,
     pbar_desc: str | None = "gather",
     max_exceptions: int | float = 0,
     after_each: AfterEach | None = None,
     max_concurrency: int | None = None,
+    max_metrics: int | None = None,
+    pbar_total_completion_tokens: bool = False,
 ) -> list[TrajectoryGroup]:
     """Run every pending rollout of every group concurrently and return the finished groups.
 
     Args:
-        groups: `TrajectoryGroup`s built from rollout awaitables, or already finished.
+        groups: `TrajectoryGroup`s built from rollout awaitables, or already finished, or awaitables
+            (coroutines) that return a finished `TrajectoryGroup`.
         pbar_desc: the progress bar's label; None disables the bar.
         max_exceptions: how many rollouts may raise: an int count, or a float fraction in (0, 1) of
             the rollouts run here (floor). Within budget, exceptions are recorded on their group.
         after_each: called with each finished group (sync or async); returns a group, None (drop it)
             or a list of groups.
         max_concurrency: at most this many rollouts in flight (None: all at once).
+        max_metrics: the progress bar shows the running means of at most this many trajectory
+            metrics (None: all of them).
+        pbar_total_completion_tokens: ART's (deprecated there); accepted and ignored.
 
     Returns the groups in input order (after_each's output in place of each group).
     Raises `GatherError` when more rollouts raise than the budget allows; `ConfigError` on bad args.
     """
     _check_args(max_exceptions, max_concurrency, after_each)
+    if pbar_total_completion_tokens:
+        warn_ignored("gather_trajectory_groups", ["pbar_total_completion_tokens"], "deprecated in ART too")
     groups = list(groups)
     for n, group in enumerate(groups):
-        if not isinstance(group, TrajectoryGroup):
+        if not isinstance(group, TrajectoryGroup) and not inspect.isawaitable(group):
             raise TypeError(
                 f"groups[{n}] is {type(group).__name__}; gather_trajectory_groups takes TrajectoryGroups, "
-                "e.g. TrajectoryGroup(rollout(model, s) for _ in range(8)). For a flat list of rollouts "
-                "use gather_trajectories."
+                "e.g. TrajectoryGroup(rollout(model, s) for _ in range(8)), or awaitables returning one. "
+                "For a flat list of rollouts use gather_trajectories."
             )
-    state = _Gathering(groups, max_exceptions, pbar_desc, max_concurrency)
+    state = _Gathering(groups, max_exceptions, pbar_desc, max_concurrency, max_metrics)
+    groups = state.groups
     results: list[list[TrajectoryGroup] | None] = [None] * len(groups)
     hooks: dict[asyncio.Task, int] = {}
     n_results = 0
@@ -332,38 +373,73 @@ async def gather_trajectories(
     max_exceptions: int | float = 0,
     after_each: Callable[[Trajectory], Any] | None = None,
     max_concurrency: int | None = None,
-) -> list[Trajectory]:
-    """The flat version: run rollouts that are not grouped; return the trajectories in input order.
+    pbar_total_completion_tokens: bool = False,
+) -> list[Trajectory | BaseException]:
+    """The flat version: run rollouts that are not grouped; return the results in input order.
 
-    Exceptions within budget are dropped from the result and logged as a warning with their count
-    (there is no group to record them on; use `gather_trajectory_groups` to keep them as data).
-    `after_each(trajectory)` runs once all rollouts are done and returns a Trajectory, None (drop)
-    or a list of Trajectories.
+    As in ART, a rollout that raised within the budget (`max_exceptions`) leaves its exception in its
+    place in the returned list, so results line up with the inputs; with the default budget 0 the list
+    holds only Trajectories. `after_each(trajectory)` runs once all rollouts are done and returns a
+    Trajectory, None (drop) or a list of Trajectories; exceptions stay where they are.
     """
     _check_args(max_exceptions, max_concurrency, after_each)
+    if pbar_total_completion_tokens:
+        warn_ignored("gather_trajectories", ["pbar_total_completion_tokens"], "deprecated in ART too")
     items = list(trajectories)
     if not items:
         return []
-    group = TrajectoryGroup(items)
-    [group] = await gather_trajectory_groups(
-        [group], pbar_desc=pbar_desc, max_exceptions=max_exceptions, max_concurrency=max_concurrency
-    )
-    if group.exceptions:
-        log.warning("gather_trajectories: %d of %d rollouts raised (within max_exceptions=%s); first: %s: %s",
-                    len(group.exceptions), len(items), max_exceptions,
-                    group.exceptions[0].type, group.exceptions[0].message)
-    if after_each is None:
-        return list(group.trajectories)
+    errors: dict[int, BaseException] = {}
 
-    async def call(t: Trajectory) -> Any:
+    async def keep_error(i: int, item: Awaitable[Trajectory] | Trajectory) -> Trajectory:
+        try:
+            return await item if inspect.isawaitable(item) else item  # finished ones keep their place too
+        except Exception as exc:
+            errors[i] = exc
+            raise
+
+    wrapped = [keep_error(i, t) for i, t in enumerate(items)]
+    [group] = await gather_trajectory_groups(
+        [TrajectoryGroup(wrapped)], pbar_desc=pbar_desc, max_exceptions=max_exceptions,
+        max_concurrency=max_concurrency,
+    )
+    done = iter(group.trajectories)
+    results: list[Trajectory | BaseException] = [errors[i] if i in errors else next(done) for i in range(len(items))]
+    if after_each is None:
+        return results
+
+    async def call(t: Trajectory | BaseException) -> Any:
+        if isinstance(t, BaseException):
+            return t
         out = after_each(t)
         return await out if inspect.isawaitable(out) else out
 
-    outs = await asyncio.gather(*(call(t) for t in group.trajectories))
-    result: list[Trajectory] = []
+    outs = await asyncio.gather(*(call(t) for t in results))
+    final: list[Trajectory | BaseException] = []
     for out in outs:
         for item in [] if out is None else out if isinstance(out, (list, tuple)) else [out]:
-            if not isinstance(item, Trajectory):
+            if not isinstance(item, (Trajectory, BaseException)):
                 raise TypeError(f"after_each returned {type(item).__name__}; expected a Trajectory, None or a list")
-            result.append(item)
-    return result
+            final.append(item)
+    return final
+
+
+async def trajectory_group(
+    trajectories: Iterable[Trajectory | BaseException | Awaitable[Trajectory]],
+    *,
+    exceptions: Iterable[BaseException | PydanticException] = (),
+    metadata: dict[str, Any] | None = None,
+    metrics: dict[str, Any] | None = None,
+    logs: Iterable[str] | None = None,
+    return_exceptions: bool = False,
+) -> TrajectoryGroup:
+    """Run the rollouts of one group and return it finished (ART 0.5's `art.trajectory_group`).
+
+    return_exceptions=False: the first rollout error cancels the others and propagates.
+    return_exceptions=True: every error is recorded on the group (`group.exceptions`) and the
+    others finish.
+    """
+    group = TrajectoryGroup(trajectories, exceptions=exceptions, metadata=metadata, metrics=metrics,
+                            logs=logs or ())
+    budget = len(group.pending) if return_exceptions else 0
+    [done] = await gather_trajectory_groups([group], pbar_desc=None, max_exceptions=budget)
+    return done

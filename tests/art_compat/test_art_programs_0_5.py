@@ -1,0 +1,127 @@
+"""ART 0.5.2x programs: the loop of ART's client docs (run_name, `backend.train(model, groups,
+learning_rate=...)` returning a TrainResult, `model.log(..., metrics=result.metrics, step=result.step)`),
+the RULER docs' training loop (`after_each=ruler_score_group(..., swallow_exceptions=True)`), and an
+agent that reaches the model only through `inference_base_url` / `inference_api_key` with a plain
+`openai` client over real HTTP. Unchanged but for `import groupwise as art`; tiny random model."""
+
+from __future__ import annotations
+
+import openai
+
+import groupwise as art  # the only change an ART program needs
+from groupwise.local import LocalBackend
+from groupwise.rewards import ruler_score_group
+
+
+class Scenario:
+    def __init__(self, field_1: str, field_2: float) -> None:
+        self.field_1, self.field_2 = field_1, field_2
+
+
+# ---------------------------------------------------------------- ART's client docs, with an HTTP agent
+
+
+async def http_rollout(model: art.Model, scenario: Scenario) -> art.Trajectory:
+    # An agent framework would be handed these two values; a plain client over HTTP stands for it.
+    client = openai.AsyncOpenAI(base_url=model.inference_base_url, api_key=model.inference_api_key)
+    trajectory = art.Trajectory(
+        messages_and_choices=[{"role": "system", "content": "Summarise."}, {"role": "user", "content": scenario.field_1}]
+    )
+    async with client:
+        chat_completion = await client.chat.completions.create(
+            messages=trajectory.messages(), model=model.get_inference_name(await model.get_step()), max_tokens=5,
+        )
+    choice = chat_completion.choices[0]
+    trajectory.messages_and_choices.append(choice)
+    content = choice.message.content or ""
+    trajectory.reward = 1.0 if scenario.field_2 == 1 else float(len(content) % 4)  # scenario 1 always ties
+    return trajectory
+
+
+async def client_docs_main(path: str, base_model: str, scenarios_per_step: list[list[Scenario]]):
+    model = art.TrainableModel(name="agent-001", run_name="agent-001-run", project="my-agentic-task",
+                               base_model=base_model)
+    backend = LocalBackend(path=path)
+    await model.register(backend)
+    results = []
+    for scenarios in scenarios_per_step[await model.get_step():]:
+        train_groups = await art.gather_trajectory_groups(
+            (art.TrajectoryGroup(http_rollout(model, scenario) for _ in range(4)) for scenario in scenarios),
+            pbar_desc="gather",
+        )
+        result = await backend.train(model, train_groups, learning_rate=1e-5)
+        await model.log(train_groups, metrics=result.metrics, step=result.step, split="train")
+        results.append(result)
+    await backend.close()
+    return model, results
+
+
+async def test_client_docs_loop_with_an_agent_over_http(tiny_model_dir, tmp_path):
+    steps = [[Scenario("hello", 0), Scenario("world!", 0)], [Scenario("tie", 1)], [Scenario("again", 0)]]
+    model, results = await client_docs_main(str(tmp_path), tiny_model_dir, steps)
+    assert model.inference_base_url.startswith("http://127.0.0.1:") and model.inference_api_key
+    assert [(r.step, r.metrics["skipped"]) for r in results] == [(1, 0.0), (2, 1.0), (3, 0.0)]
+    assert isinstance(results[0], art.TrainResult) and "loss" in results[0].metrics
+    # run_name names the run's folder; name stays the served name
+    run = tmp_path / "my-agentic-task" / "agent-001-run"
+    train = [r for r in art.load_history(run) if r["split"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3]  # ART's convention: logged at result.step
+    assert (run / "checkpoints" / "0003" / "state.json").is_file()
+
+
+async def test_http_endpoint_needs_its_key_and_closes_with_the_backend(tiny_model_dir, tmp_path):
+    model = art.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
+    backend = LocalBackend(path=str(tmp_path))
+    await model.register(backend)
+    url = model.inference_base_url
+    async with openai.AsyncOpenAI(base_url=url, api_key="wrong", max_retries=0) as client:
+        try:
+            await client.chat.completions.create(model="agent", messages=[{"role": "user", "content": "hi"}])
+            raise AssertionError("a request without the key was served")
+        except openai.AuthenticationError:
+            pass
+    params = model.litellm_completion_params()
+    assert params["model"] == "hosted_vllm/agent" and params["base_url"] == url
+    await backend.close()
+    async with openai.AsyncOpenAI(base_url=url, api_key=model.inference_api_key, max_retries=0, timeout=5) as client:
+        try:
+            await client.models.list()
+            raise AssertionError("the server outlived the backend")
+        except openai.APIConnectionError:
+            pass
+
+
+# ---------------------------------------------------------------- the RULER docs' training loop
+
+
+async def ruler_rollout(model: art.Model, scenario: str) -> art.Trajectory:
+    trajectory = art.Trajectory(messages_and_choices=[{"role": "user", "content": f"Tell me a joke about {scenario}"}])
+    chat_completion = await model.openai_client().chat.completions.create(
+        messages=trajectory.messages(), model=model.get_inference_name(), max_tokens=6,
+    )
+    trajectory.messages_and_choices.append(chat_completion.choices[0])
+    return trajectory
+
+
+async def test_ruler_docs_training_loop(tiny_model_dir, tmp_path, stub_judge):
+    model = art.TrainableModel(name="joker", project="jokes", base_model=tiny_model_dir)
+    backend = LocalBackend(path=str(tmp_path))
+    await model.register(backend)
+    steps = []
+    for step in range(3):
+        stub_judge.tie = step == 1  # the judge finds every joke equally good: no signal
+        groups = await art.gather_trajectory_groups(
+            (art.TrajectoryGroup(ruler_rollout(model, scenario) for _ in range(4)) for scenario in ["cats", "dogs"]),
+            after_each=lambda group: ruler_score_group(
+                group, "openai/o3", swallow_exceptions=True,
+                extra_litellm_params={"api_base": stub_judge.base_url, "api_key": "sk-test"},
+            ),
+        )
+        result = await backend.train(model, groups, learning_rate=1e-5)
+        await model.log(groups, metrics=result.metrics, step=result.step, split="train")
+        steps.append((result.step, result.metrics["skipped"], [t.metrics["ruler_score"] for t in groups[0]]))
+    await backend.close()
+    assert [(s, skipped) for s, skipped, _ in steps] == [(1, 0.0), (2, 1.0), (3, 0.0)]
+    assert steps[1][2] == [0.5] * 4
+    assert {r["model"] for r in stub_judge.requests} == {"o3"}  # the provider prefix is not sent
+    assert {r["auth"] for r in stub_judge.requests} == {"Bearer sk-test"}

@@ -1,0 +1,143 @@
+"""Each ART name at ART's path, and each ART argument: applied where it maps, named once where not.
+Fast: no model is loaded here (the programs in the other files load the tiny one)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+import groupwise as art
+from groupwise.backend.base import Backend, InferenceEndpoint, TrainResult
+from groupwise.compat import train_config_from_art
+
+
+def test_art_import_paths_resolve_without_importing_torch():
+    code = (
+        "import sys, groupwise as art\n"
+        "from groupwise.local import LocalBackend\n"
+        "from groupwise.local.backend import LocalBackend as B2\n"
+        "from groupwise.rewards import ruler_score_group, ruler\n"
+        "from groupwise.rewards.ruler import ruler_score_group as r2\n"
+        "from groupwise.utils.iterate_dataset import iterate_dataset\n"
+        "from groupwise.utils import limit_concurrency, retry\n"
+        "from groupwise.dev import InternalModelConfig, InitArgs, EngineArgs, PeftArgs, TrainConfig, LoRAConfig\n"
+        "assert LocalBackend is B2 and ruler_score_group is r2\n"
+        "names = [art.Messages, art.MessagesAndChoices, art.Tools, art.trajectory_group, art.dev.TrainerArgs,\n"
+        "         art.TrainResult, art.LocalTrainResult, art.LoRAConfig, art.limit_concurrency, art.rewards.ruler]\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_art_dev_configs_build_as_plain_dicts():
+    config = art.dev.InternalModelConfig(
+        init_args=art.dev.InitArgs(max_seq_length=8192),
+        engine_args=art.dev.EngineArgs(enforce_eager=True),
+        peft_args=art.dev.PeftArgs(r=4, lora_alpha=8),
+        tinker_args=art.dev.TinkerArgs(renderer_name="qwen3", training_client_args=art.dev.TinkerTrainingClientArgs(rank=1)),
+    )
+    assert config["peft_args"] == {"r": 4, "lora_alpha": 8}
+
+
+def test_lora_settings_of_each_art_generation_map_onto_the_adapter(tmp_path):
+    default = art.LoraConfig()
+    old = art.TrainableModel(name="a", project="p", base_model="m", base_path=str(tmp_path),
+                             _internal_config=art.dev.InternalModelConfig(peft_args=art.dev.PeftArgs(r=4, lora_alpha=8, random_state=3)))
+    assert (old.lora_for(default).rank, old.lora_for(default).alpha, old.lora_for(default).seed) == (4, 8, 3)
+    new = art.TrainableModel(name="b", run_name="b-run", project="p", base_model="m", base_path=str(tmp_path),
+                             lora_config=art.LoRAConfig(rank=2, alpha=4, dropout=0.0, target_modules=["q_proj"]))
+    lora = new.lora_for(default)
+    assert (lora.rank, lora.alpha, lora.target_modules) == (2, 4, ("q_proj",))
+    assert new.run_dir == tmp_path / "p" / "b-run" and new.name == "b"  # run_name names the folder
+    # assigned after construction, as the 2048 example does; the vLLM part is named, not applied
+    late = art.TrainableModel(name="c", project="p", base_model="m", base_path=str(tmp_path))
+    late._internal_config = art.dev.InternalModelConfig(engine_args=art.dev.EngineArgs(enforce_eager=True),
+                                                        peft_args=art.dev.PeftArgs(r=16))
+    with pytest.warns(art.ArtCompatWarning, match="engine_args"):
+        assert late.lora_for(default).rank == 16
+
+
+def test_train_config_accepts_arts_kl_names_and_arts_options_map_or_warn_once():
+    assert art.TrainConfig(beta=0.04).kl_coef == 0.04
+    assert art.TrainConfig(kl_penalty_coef=0.1).kl_coef == 0.1
+    with pytest.raises(art.ConfigError, match="disagree"):
+        art.TrainConfig(beta=0.1, kl_penalty_coef=0.2)
+    with pytest.warns(art.ArtCompatWarning, match="precalculate_logprobs") as seen:
+        config = train_config_from_art(art.TrainConfig(learning_rate=3e-5),
+                                       {"logprob_calculation_chunk_size": 8, "precalculate_logprobs": True,
+                                        "loss_fn": "cispo", "epsilon_high": 4.0}, where="test-once")
+    assert (config.learning_rate, config.logprob_chunk_size, config.loss, config.epsilon_high) == (3e-5, 8, "cispo", 4.0)
+    assert len([w for w in seen if issubclass(w.category, art.ArtCompatWarning)]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # named once per process: the second call is silent
+        train_config_from_art(None, {"precalculate_logprobs": True}, where="test-once")
+    with pytest.raises(art.ConfigError, match="learning_rat"):
+        train_config_from_art(None, {"learning_rat": 1e-5}, where="test")
+
+
+class _Recorder(Backend):
+    """A Backend with no model, enough to check what a model asks of it."""
+
+    path = "/nonexistent"
+
+    async def register(self, model):
+        pass
+
+    def inference_endpoint(self, model):
+        return InferenceEndpoint(base_url="http://x.invalid/v1", api_key="k")
+
+    async def train(self, model, groups, config):
+        return TrainResult(step=1)
+
+    async def get_step(self, model):
+        return 0
+
+
+async def test_model_backend_is_arts_method_and_groupwises_property(tmp_path):
+    model = art.TrainableModel(name="m", project="p", base_model="x", base_path=str(tmp_path))
+    backend = _Recorder()
+    await model.register(backend)
+    assert model.backend() is backend and model.backend is backend
+    assert model.inference_base_url is None  # this backend serves nothing over HTTP
+
+
+async def test_prompted_model_registers_logs_beside_the_trained_one_and_keeps_arts_fields(tmp_path):
+    with pytest.warns(art.ArtCompatWarning, match="entity"):
+        gpt = art.Model(name="gpt-4o-mini", project="p", entity="my-team", config={"temperature": 0.3},
+                        inference_model_name="gpt-4o-mini", inference_base_url="http://x.invalid/v1",
+                        inference_api_key="k")
+    backend = _Recorder()
+    backend.path = str(tmp_path)
+    await gpt.register(backend)
+    assert gpt.config == {"temperature": 0.3} and gpt.backend() is backend
+    group = art.TrajectoryGroup([art.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}], reward=1.0)])
+    await gpt.log([group], split="val")
+    row = await gpt.log(metrics={"win_rate": 0.5}, step=3)  # metrics only, as ART's model.log(metrics=, step=)
+    assert row["win_rate"] == 0.5 and "reward" not in row and row["split"] == "val" and row["step"] == 3
+    history = art.load_history(tmp_path / "p" / "gpt-4o-mini")
+    assert [(r["step"], r.get("reward")) for r in history] == [(0, 1.0), (3, None)]
+
+
+def test_local_backend_accepts_arts_constructor(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        art.LocalBackend(in_process=True, path=str(tmp_path))  # what groupwise always does: nothing to say
+    with pytest.warns(art.ArtCompatWarning, match="gpu_cost_per_hour_usd"):
+        art.LocalBackend(in_process=False, path=str(tmp_path), gpu_cost_per_hour_usd=3.0)
+
+
+async def test_s3_backup_is_a_local_folder_and_says_so_for_s3_urls(tmp_path, monkeypatch):
+    backend = art.LocalBackend(path=str(tmp_path))
+    model = art.TrainableModel(name="m", project="p", base_model="x")
+    monkeypatch.delenv("BACKUP_BUCKET", raising=False)
+    with pytest.raises(art.ConfigError, match="BACKUP_BUCKET"):
+        await backend._experimental_push_to_s3(model)
+    with pytest.raises(art.GroupwiseError, match="does not talk to S3"):
+        await backend._experimental_push_to_s3(model, s3_bucket="s3://my-bucket")
+    with pytest.raises(art.GroupwiseError, match="not supported"):
+        await backend._experimental_fork_checkpoint(model, from_model="other")
