@@ -63,6 +63,7 @@ class ScriptedJudge:
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []  # each request's HTTP headers (Authorization, ...)
         self.script: deque[Reply | Callable[[dict[str, Any]], Reply]] = deque()
         self.default: Callable[[dict[str, Any]], Reply] = honest
         self.url = ""
@@ -74,6 +75,7 @@ class ScriptedJudge:
         async def complete(request: Request):
             body = await request.json()
             self.requests.append(body)
+            self.headers.append(dict(request.headers))
             step = self.script.popleft() if self.script else self.default
             reply = step(body) if callable(step) else step
             if reply.delay:

@@ -1,4 +1,5 @@
-"""Offline judging: `local/smollm2-135m` served by groupwise's own engine, no network, no key.
+"""Offline judging: SmolLM2-135M served in process by the backend (`LocalBackend.judge_client`), no
+network, no key; the judge itself only receives the client.
 
 SmolLM2-135M is far too small to judge well; this checks the plumbing end to end (prompt -> engine
 with JSON-schema constrained decoding -> strict parsing -> rewards), not the quality of its scores.
@@ -42,16 +43,28 @@ async def test_local_smollm2_judges_a_group_end_to_end(capsys):
         ],
         metadata={"scenario": "times-table"},
     )
-    judged = await gw.ruler_score_group(group, "local/smollm2-135m", debug=True)
+    backend = gw.LocalBackend(serve_http=False)
+    try:
+        judged = await gw.ruler_score_group(group, "smollm2-135m", client=backend.judge_client("smollm2-135m"),
+                                            debug=True)
+        assert backend.judge_client("smollm2-135m") is backend.judge_client("smollm2-135m")  # loaded once
+    finally:
+        await backend.close()
     assert judged is not None and len(judged) == 2
     for t, old in zip(judged.trajectories, [1.0, 0.0]):
         assert 0.0 <= t.reward <= 1.0 and t.metrics["ruler_score"] == t.reward
         assert t.metrics["independent_reward"] == old
-        assert t.logs[-1].startswith("RULER (local/smollm2-135m) score")
+        assert t.logs[-1].startswith("RULER (smollm2-135m) score")
     m = judged.metrics
     assert m["judge/requests"] == 1 and m["judge/retries"] == 0  # constrained decoding: valid the first time
     assert m["judge/prompt_tokens"] > 0 and m["judge/completion_tokens"] > 0 and m["judge/cost_usd"] == 0.0
     assert judged.metadata == {"scenario": "times-table"}
     out = capsys.readouterr().out
-    assert "RULER local/smollm2-135m: 2 trajectories, 1 request(s)" in out
+    assert "RULER smollm2-135m: 2 trajectories, 1 request(s)" in out
     assert "last: 6 x 7 = 42" in out and "last: I think it is 13." in out and out.count("why: ") == 2
+
+
+async def test_a_local_judge_name_without_a_client_says_where_local_judges_come_from():
+    group = gw.TrajectoryGroup([gw.Trajectory(messages_and_choices=[{"role": "user", "content": "x"}])] * 2)
+    with pytest.raises(gw.ConfigError, match="backend.judge_client"):
+        await gw.ruler_score_group(group, "local/smollm2-135m")

@@ -169,10 +169,15 @@ async def test_cost_accounted_for_openai_provider(judge_server, monkeypatch):
 
 
 @pytest.mark.parametrize("model,var", [("openai/o4-mini", "OPENAI_API_KEY"), ("openrouter/qwen/qwen3-32b", "OPENROUTER_API_KEY")])
-async def test_missing_key_names_the_variable(monkeypatch, model, var):
+async def test_missing_key_names_the_variable_or_is_swallowed_and_counted(monkeypatch, model, var):
     monkeypatch.delenv(var, raising=False)
     with pytest.raises(gw.JudgeError, match=var):
-        await ruler_score_group(make_group([0.2, 0.8]), model, swallow_exceptions=True)
+        await ruler_score_group(make_group([0.2, 0.8]), model)
+    from groupwise.judge import judge_stats
+
+    before = judge_stats.dropped_groups
+    assert await ruler_score_group(make_group([0.2, 0.8]), model, swallow_exceptions=True) is None  # as ART
+    assert judge_stats.dropped_groups == before + 1 and var in judge_stats.last_errors[-1]
 
 
 async def test_passes_average_rotations_and_cancel_position_bias(judge_server):

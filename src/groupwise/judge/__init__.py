@@ -1,12 +1,15 @@
 """RULER, the relative LLM judge: score a group of trajectories against each other in one request.
 
     judged = await gw.ruler_score_group(group, "openai/o4-mini", debug=True)
-    judged = await gw.ruler_score_group(group, "local/smollm2-135m")          # offline, no key
+    judged = await gw.ruler_score_group(group, "anthropic/claude-sonnet-4-20250514")
+    judged = await gw.ruler_score_group(group, "smollm2-135m",                # offline, no key
+                                        client=backend.judge_client("smollm2-135m"))
 
 Files: prompt.py (what the judge sees), providers.py (where it runs), parse.py (strict answers),
 ruler.py (requests, retries, passes, chunks, mapping by id), reconcile.py (orders, anchors,
 alignment, Spearman), cache.py, cost.py, hybrid.py
-(verifiable x judge rewards), config.py (`JudgeConfig`). No torch here; `local/` loads the engine lazily.
+(verifiable x judge rewards), config.py (`JudgeConfig`). No torch here: the judge only receives an
+`openai.AsyncOpenAI` client (a local judge's comes from the backend, `LocalBackend.judge_client`).
 """
 
 from groupwise.judge.cache import JudgeCache

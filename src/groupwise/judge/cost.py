@@ -2,10 +2,10 @@
 
 `PRICES` is a small table of USD per million tokens (prompt, completion) for common judges, as
 published by the providers (checked 2025; prices change: pass `prices=` or call `set_price`).
-Unknown models of paid providers (openai/, openrouter/) cost 0.0 and are flagged with
-``judge/unpriced = 1`` in the group metrics (and a warning), so a missing price is visible rather
-than a silent zero. `local/` judges cost nothing; self-hosted ones (base_url=, ollama/) cost
-nothing unless `prices=` names them.
+Unknown models of paid providers (openai/, anthropic/, gemini/, openrouter/, ...) cost 0.0 and are
+flagged with ``judge/unpriced = 1`` in the group metrics (and a warning), so a missing price is
+visible rather than a silent zero. Judges served by a backend cost nothing; self-hosted ones
+(base_url=, hosted_vllm/, ollama/) cost nothing unless `prices=` names them.
 """
 
 from __future__ import annotations

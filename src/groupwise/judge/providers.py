@@ -1,27 +1,68 @@
-"""Where the judge runs. Every provider is reached through the `openai` SDK (the only client).
+"""Where the judge runs. Every provider is reached through the `openai` SDK (the only client), at its
+OpenAI-compatible endpoint; the judge never builds an engine (a local judge's client comes from the
+backend: `LocalBackend.judge_client`).
 
-| judge_model            | endpoint                              | key                      |
-|------------------------|---------------------------------------|--------------------------|
-| ``openai/<model>``     | api.openai.com (or $OPENAI_BASE_URL)  | $OPENAI_API_KEY          |
-| ``openrouter/<model>`` | openrouter.ai/api/v1                  | $OPENROUTER_API_KEY      |
-| ``ollama/<model>``     | localhost:11434/v1 (or $OLLAMA_HOST)  | none                     |
-| ``local/<model>``      | groupwise's own engine, in process    | none (no network at all) |
-| any name + base_url=   | that OpenAI-compatible server         | api_key= or none         |
+| judge_model prefix            | endpoint                                              | key                              |
+|-------------------------------|-------------------------------------------------------|----------------------------------|
+| ``openai/``                   | api.openai.com/v1 (or $OPENAI_BASE_URL)               | $OPENAI_API_KEY                  |
+| ``anthropic/``                | api.anthropic.com/v1 (OpenAI SDK compatibility)       | $ANTHROPIC_API_KEY               |
+| ``gemini/``                   | generativelanguage.googleapis.com/v1beta/openai       | $GEMINI_API_KEY or $GOOGLE_API_KEY |
+| ``together_ai/`` (together/)  | api.together.xyz/v1                                   | $TOGETHER_API_KEY or $TOGETHERAI_API_KEY |
+| ``groq/``                     | api.groq.com/openai/v1                                | $GROQ_API_KEY                    |
+| ``openrouter/``               | openrouter.ai/api/v1                                  | $OPENROUTER_API_KEY              |
+| ``fireworks_ai/``             | api.fireworks.ai/inference/v1                         | $FIREWORKS_API_KEY or $FIREWORKS_AI_API_KEY |
+| ``deepseek/``, ``xai/``, ``mistral/`` | their /v1 endpoints                           | $DEEPSEEK_API_KEY, $XAI_API_KEY, $MISTRAL_API_KEY |
+| ``hosted_vllm/`` (vllm/, sglang/) | $HOSTED_VLLM_API_BASE or base_url= (a vLLM/sglang server) | $HOSTED_VLLM_API_KEY or none |
+| ``ollama/`` (ollama_chat/)    | localhost:11434/v1 (or $OLLAMA_HOST)                  | none                             |
+| any name + base_url=          | that OpenAI-compatible server                         | api_key=, the prefix's key, or none |
 
-`local/` imports the engine (torch, transformers) lazily, on first use, so `import groupwise.judge`
-stays light. The in-process engine is built once per model name and reused by later calls.
+The prefixes are LiteLLM's, which ART's judge names use. The model name sent is the part after the
+prefix. With base_url= (ART: ``extra_litellm_params={"api_base": ...}``) a known prefix is still
+stripped and its key variable still read when set.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 from groupwise.errors import ConfigError, JudgeError
 
-OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
+__all__ = ["PROVIDERS", "Endpoint", "Provider", "resolve"]
+
+IN_PROCESS_HOST = "groupwise.local"  # the host of groupwise.inference.client.BASE_URL (no socket behind it)
+
+
+@dataclass(frozen=True)
+class Provider:
+    """An OpenAI-compatible judge endpoint: its URL, where its key is, and how it bills and answers."""
+
+    base_url: str | None  # None: from `url_var` or base_url= (self-hosted servers)
+    key_vars: tuple[str, ...] = ()  # environment variables holding the key, first set wins
+    key_required: bool = True
+    paid: bool = True  # bills per token: an unknown price is flagged
+    url_var: str | None = None  # environment variable that sets (or overrides) the URL
+    response_format: str = "json_schema"  # what response_format="auto" sends to this provider
+
+
+PROVIDERS: dict[str, Provider] = {
+    "openai": Provider("https://api.openai.com/v1", ("OPENAI_API_KEY",), url_var="OPENAI_BASE_URL"),
+    # Anthropic's OpenAI compatibility ignores response_format: answers are parsed strictly, with repair.
+    "anthropic": Provider("https://api.anthropic.com/v1/", ("ANTHROPIC_API_KEY",), response_format="none"),
+    "gemini": Provider("https://generativelanguage.googleapis.com/v1beta/openai/", ("GEMINI_API_KEY", "GOOGLE_API_KEY")),
+    "together_ai": Provider("https://api.together.xyz/v1", ("TOGETHER_API_KEY", "TOGETHERAI_API_KEY")),
+    "groq": Provider("https://api.groq.com/openai/v1", ("GROQ_API_KEY",), response_format="json_object"),
+    "openrouter": Provider("https://openrouter.ai/api/v1", ("OPENROUTER_API_KEY",)),
+    "fireworks_ai": Provider("https://api.fireworks.ai/inference/v1", ("FIREWORKS_API_KEY", "FIREWORKS_AI_API_KEY")),
+    "deepseek": Provider("https://api.deepseek.com/v1", ("DEEPSEEK_API_KEY",), response_format="json_object"),
+    "xai": Provider("https://api.x.ai/v1", ("XAI_API_KEY",)),
+    "mistral": Provider("https://api.mistral.ai/v1", ("MISTRAL_API_KEY",)),
+    "hosted_vllm": Provider(None, ("HOSTED_VLLM_API_KEY",), key_required=False, paid=False, url_var="HOSTED_VLLM_API_BASE"),
+    "ollama": Provider(None, key_required=False, paid=False),
+}
+ALIASES = {"together": "together_ai", "vllm": "hosted_vllm", "sglang": "hosted_vllm", "ollama_chat": "ollama",
+           "fireworks": "fireworks_ai"}
 
 
 @dataclass
@@ -34,14 +75,31 @@ class Endpoint:
     base_url: str
     local: bool = False
     paid: bool = False  # a provider that bills per token: an unknown price is flagged
+    response_format: str = "json_schema"  # what response_format="auto" means here
 
 
-def _key(var: str, judge_model: str, given: str | None) -> str:
-    key = given or os.environ.get(var)
-    if not key:
+def _accepted() -> str:
+    names = sorted(PROVIDERS) + [f"{a} (= {p})" for a, p in sorted(ALIASES.items())]
+    return ", ".join(names)
+
+
+def _provider(judge_model: str) -> tuple[str | None, str]:
+    """(provider name, model name to send); (None, judge_model) when there is no known prefix."""
+    prefix, sep, rest = judge_model.partition("/")
+    name = ALIASES.get(prefix, prefix)
+    if sep and rest and name in PROVIDERS:
+        return name, rest
+    return None, judge_model
+
+
+def _key(provider: Provider, judge_model: str, given: str | None) -> str | None:
+    key = given or next((os.environ[v] for v in provider.key_vars if os.environ.get(v)), None)
+    if not key and provider.key_required:
+        names = " or ".join(provider.key_vars)
         raise JudgeError(
-            f"judge {judge_model!r} needs an API key, but the environment variable {var} is not set. "
-            f"Set {var} (export {var}=...), pass api_key=..., or use a local judge such as 'local/smollm2-135m'."
+            f"judge {judge_model!r} needs an API key, but {names} is not set. Set it (export "
+            f"{provider.key_vars[0]}=...), pass api_key=..., or judge with a model your backend serves "
+            "(LocalBackend.judge_client)."
         )
     return key
 
@@ -64,81 +122,35 @@ def resolve(
     """Turn a judge name (and optional endpoint) into an `Endpoint`; errors name what to fix."""
     if not isinstance(judge_model, str) or not judge_model.strip():
         raise ConfigError(f"judge_model={judge_model!r} must be a non-empty string like 'openai/o4-mini'", what="judge")
-    if client is not None:  # an AsyncOpenAI the caller built (tests, custom auth, a model's own engine)
-        from groupwise.inference.client import BASE_URL  # light: httpx + openai, no torch
-
+    if client is not None:  # an AsyncOpenAI the caller built (tests, custom auth, a backend's judge client)
         url = str(client.base_url).rstrip("/")
-        # A client of groupwise's in-process engine (e.g. `model.openai_client()` judging with the policy's
-        # base weights, `name@0`) is a small local judge: greedy, bounded explanations, like local/.
+        # A client of an engine served in process (`model.openai_client()` judging with the policy's base
+        # weights, `name@0`, or `LocalBackend.judge_client`) is a small local judge: greedy, bounded
+        # explanations. Such clients address the host name the in-process transport answers to.
         return Endpoint(client=client, model=judge_model, label=judge_model, base_url=url,
-                        local=url == BASE_URL.rstrip("/"))
+                        local=client.base_url.host == IN_PROCESS_HOST)
+    name, model = _provider(judge_model)
+    provider = PROVIDERS.get(name) if name else None
     if base_url is not None:
-        model = judge_model.split("/", 1)[1] if judge_model.startswith("openai/") else judge_model
-        return Endpoint(
-            client=_client(base_url, api_key or "EMPTY", timeout_s), model=model, label=judge_model, base_url=base_url
-        )
-    provider, sep, model = judge_model.partition("/")
-    if not sep or not model:
-        raise ConfigError(
-            f"judge_model={judge_model!r} names no provider; use 'openai/<model>', 'openrouter/<vendor>/<model>', "
-            "'ollama/<model>', 'local/<model>' (e.g. local/smollm2-135m), or pass base_url= for another "
-            "OpenAI-compatible server",
-            what="judge",
-        )
-    if provider == "openai":
-        url = os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
-        key = _key("OPENAI_API_KEY", judge_model, api_key)
-        return Endpoint(_client(url, key, timeout_s), model, judge_model, url, paid=True)
-    if provider == "openrouter":
-        key = _key("OPENROUTER_API_KEY", judge_model, api_key)
-        return Endpoint(_client(OPENROUTER_BASE_URL, key, timeout_s), model, judge_model, OPENROUTER_BASE_URL, paid=True)
-    if provider == "ollama":
+        # A server of your own: the prefix's key is sent when set, but none is required.
+        key = api_key or next((os.environ[v] for v in (provider.key_vars if provider else ()) if os.environ.get(v)), None)
+        return Endpoint(_client(base_url, key or "EMPTY", timeout_s), model, judge_model, base_url,
+                        response_format=provider.response_format if provider else "json_schema")
+    if provider is None:
+        prefix = judge_model.partition("/")[0] if "/" in judge_model else None
+        what = f"unknown judge provider {prefix!r} in {judge_model!r}" if prefix else f"judge_model={judge_model!r} names no provider"
+        local = (" A local judge is a client of your backend: client = backend.judge_client('smollm2-135m'), then "
+                 "ruler_score_group(group, 'smollm2-135m', client=client).") if prefix == "local" else ""
+        raise ConfigError(f"{what}. Accepted prefixes: {_accepted()}; or pass base_url= (ART: "
+                          f"extra_litellm_params={{'api_base': ...}}) for any OpenAI-compatible server.{local}",
+                          what="judge")
+    url = (os.environ.get(provider.url_var) if provider.url_var else None) or provider.base_url
+    if name == "ollama":
         host = os.environ.get("OLLAMA_HOST", "http://localhost:11434").rstrip("/")
-        if not host.startswith("http"):
-            host = "http://" + host
-        url = host + "/v1"
-        return Endpoint(_client(url, api_key or "ollama", timeout_s), model, judge_model, url)
-    if provider == "local":
-        return Endpoint(client=local_client(model), model=model, label=judge_model, base_url="local", local=True)
-    raise ConfigError(
-        f"unknown judge provider {provider!r} in {judge_model!r}; known: openai, openrouter, ollama, local "
-        "(or pass base_url= with the model name the server expects)",
-        what="judge",
-    )
-
-
-_local_clients: dict[str, Any] = {}
-_local_lock = threading.Lock()
-
-
-def local_client(model: str) -> Any:
-    """An AsyncOpenAI client bound in process to groupwise's engine serving base model `model`.
-
-    Built once per model (loading weights is the slow part) and shared by later judge calls.
-    """
-    with _local_lock:
-        if model not in _local_clients:
-            _local_clients[model] = _build_local_client(model)
-        return _local_clients[model]
-
-
-def _build_local_client(model: str) -> Any:
-    # The same code path as `groupwise serve`: engine -> registry -> FastAPI app -> AsyncOpenAI over
-    # httpx's ASGI transport (no port). The base model is served under its own name.
-    try:
-        from groupwise.inference.client import in_process_client
-        from groupwise.inference.engine import Engine
-        from groupwise.inference.registry import ModelRegistry
-        from groupwise.inference.server import create_app
-        from groupwise.loading import load_base_model
-    except ImportError as e:
-        raise JudgeError(
-            f"the local judge 'local/{model}' needs groupwise's inference engine, which could not be imported "
-            f"({e}). Install the backend extra: pip install 'groupwise[backend]'"
-        ) from e
-    from groupwise.compute import compute_thread
-
-    lm, tokenizer = compute_thread().call(load_base_model, model)  # groupwise/compute.py: one torch thread
-    engine = Engine(lm, tokenizer)
-    app = create_app(ModelRegistry(engine, base_name=model))
-    return in_process_client(app)
+        url = (host if host.startswith("http") else "http://" + host) + "/v1"
+    if url is None:
+        raise ConfigError(f"judge {judge_model!r} is self-hosted: pass base_url= (ART: extra_litellm_params="
+                          f"{{'api_base': 'http://host:8000/v1'}}) or set {provider.url_var}", what="judge")
+    key = _key(provider, judge_model, api_key)
+    return Endpoint(_client(url, key or "EMPTY", timeout_s), model, judge_model, url, paid=provider.paid,
+                    response_format=provider.response_format)

@@ -50,6 +50,7 @@ from groupwise.judge.prompt import (
 from groupwise.judge.providers import Endpoint, resolve
 from groupwise.judge.reconcile import align, pass_orders, pick_anchors, spearman
 from groupwise.types import Choice, Trajectory, TrajectoryGroup, choice_to_message
+from groupwise.utils.retry import retry
 
 __all__ = ["JudgeStats", "RulerResult", "TrajectoryScore", "judge_stats", "ruler", "ruler_detailed", "ruler_score_group"]
 
@@ -62,6 +63,11 @@ class TrajectoryScore:
     score: float
     explanation: str
     pass_scores: list[float] = field(default_factory=list)
+
+    @property
+    def trajectory_id(self) -> str:
+        """ART's name: the 1-based position of the trajectory in the input, as a string."""
+        return str(self.index + 1)
 
 
 @dataclass
@@ -100,6 +106,11 @@ def _retryable_status(code: int) -> bool:
     return code in (408, 409, 429) or code >= 500
 
 
+class _Retryable(Exception):
+    """A judge attempt failed in a way another attempt may not: timeout, connection, 408/409/429/5xx,
+    or an answer that does not parse."""
+
+
 async def _request(
     endpoint: Endpoint,
     messages: list[dict[str, Any]],
@@ -109,12 +120,13 @@ async def _request(
     cache: JudgeCache | None,
     raw_answers: list[str],
 ) -> dict[str, Score]:
-    """One judge request with retries (and one repair per attempt without a JSON schema)."""
+    """One judge request with retries (`groupwise.utils.retry`: cfg.retries more attempts, backoff
+    backoff_s * 2**i) and, without a JSON schema, one repair request per attempt."""
     import openai
 
-    mode = "json_schema" if cfg.response_format == "auto" else cfg.response_format
+    fmt = endpoint.response_format if cfg.response_format == "auto" else cfg.response_format
     kwargs: dict[str, Any] = {}
-    if mode == "json_schema":
+    if fmt == "json_schema":
         kwargs["response_format"] = {
             "type": "json_schema",
             "json_schema": {
@@ -124,7 +136,7 @@ async def _request(
                 "strict": True,
             },
         }
-    elif mode == "json_object":
+    elif fmt == "json_object":
         kwargs["response_format"] = {"type": "json_object"}
     # Local judges decode greedily by default: the same request then gives the same answer.
     temperature = cfg.temperature if cfg.temperature is not None else (0.0 if endpoint.local else None)
@@ -151,65 +163,65 @@ async def _request(
                 pass  # cannot happen for entries we wrote; treat a foreign entry as a miss
 
     last_raw: str | None = None
-    last_problem = "no attempt made"
 
     async def ask(msgs: list[dict[str, Any]]) -> tuple[str | None, int, int]:
         # One judge request: its tokens are accounted and its answer kept for the error message.
         nonlocal last_raw
-        content, pt, ct = await _complete(endpoint, msgs, kwargs, cfg.timeout_s)
+        try:
+            content, pt, ct = await _complete(endpoint, msgs, kwargs, cfg.timeout_s)
+        except openai.APITimeoutError as e:
+            raise _Retryable(f"timeout after {cfg.timeout_s} s") from e
+        except openai.APIStatusError as e:
+            last_raw = e.response.text if e.response is not None else str(e)
+            if _retryable_status(e.status_code):
+                raise _Retryable(f"HTTP {e.status_code} from the judge endpoint") from e
+            hint = ("; if the endpoint does not support JSON-schema output, pass response_format='json_object' "
+                    "or 'none' (strict parsing with one repair request)."
+                    if fmt == "json_schema" and e.status_code in (400, 422) else ".")
+            raise JudgeError(
+                f"judge {endpoint.label} at {endpoint.base_url} refused the request with HTTP {e.status_code} "
+                f"(not retried: a 4xx other than 408/409/429 will not change on retry): {last_raw[:500]}. "
+                f"Check the model name, the API key and the request options{hint}",
+                raw=last_raw,
+            ) from e
+        except openai.APIConnectionError as e:
+            raise _Retryable(f"connection error ({e})") from e
         usage.add(pt, ct, endpoint.label, paid=endpoint.paid, prices=cfg.prices)
         last_raw = content
         return content, pt, ct
 
-    for attempt in range(cfg.retries + 1):
-        if attempt:
-            usage.retries += 1
-            await asyncio.sleep(cfg.backoff_s * 2 ** (attempt - 1))
+    def count_retry(_exc: BaseException, _attempt: int) -> None:
+        usage.retries += 1
+
+    @retry(max_attempts=cfg.retries + 1, delay=cfg.backoff_s, backoff_factor=2.0, exceptions=(_Retryable,),
+           on_retry=count_retry)
+    async def attempt() -> dict[str, Score]:
+        content, pt, ct = await ask(messages)
         try:
-            content, pt, ct = await ask(messages)
+            found = parse_answer(content, ids)
+        except BadAnswer as bad:
+            if fmt == "json_schema":
+                raise _Retryable(f"bad answer: {bad}") from None
+            fix = [*messages, {"role": "assistant", "content": content or ""}, repair_message(bad, ids)]
+            content, pt, ct = await ask(fix)
             try:
                 found = parse_answer(content, ids)
-            except BadAnswer as bad:
-                last_problem = f"bad answer: {bad}"
-                if mode == "json_schema":
-                    continue
-                fix = [*messages, {"role": "assistant", "content": content or ""}, repair_message(bad, ids)]
-                content, pt, ct = await ask(fix)
-                try:
-                    found = parse_answer(content, ids)
-                except BadAnswer as bad2:
-                    last_problem = f"bad answer after the repair request: {bad2}"
-                    continue
-            raw_answers.append(content or "")
-            if cache is not None and key is not None:
-                cache.put(key, {"content": content, "usage": {"prompt_tokens": pt, "completion_tokens": ct}})
-            return found
-        except openai.APITimeoutError:
-            last_problem = f"timeout after {cfg.timeout_s} s"
-        except openai.APIStatusError as e:
-            last_raw = e.response.text if e.response is not None else str(e)
-            last_problem = f"HTTP {e.status_code} from the judge endpoint"
-            if not _retryable_status(e.status_code):
-                raise JudgeError(
-                    f"judge {endpoint.label} at {endpoint.base_url} refused the request with HTTP {e.status_code} "
-                    f"(not retried: a 4xx other than 408/409/429 will not change on retry): {last_raw[:500]}. "
-                    "Check the model name, the API key and the request options"
-                    + (
-                        "; if the endpoint does not support JSON-schema output, pass response_format='json_object' "
-                        "or 'none' (strict parsing with one repair request)."
-                        if mode == "json_schema" and e.status_code in (400, 422)
-                        else "."
-                    ),
-                    raw=last_raw,
-                ) from e
-        except openai.APIConnectionError as e:
-            last_problem = f"connection error ({e})"
-    raise JudgeError(
-        f"judge {endpoint.label} failed after {cfg.retries + 1} attempts; last problem: {last_problem}. "
-        "Raise retries=/timeout_s=, use a stronger judge, or pass swallow_exceptions=True to drop such groups "
-        "(counted in groupwise.judge.judge_stats.dropped_groups). The last raw answer is in this error's .raw.",
-        raw=last_raw,
-    )
+            except BadAnswer as bad2:
+                raise _Retryable(f"bad answer after the repair request: {bad2}") from None
+        raw_answers.append(content or "")
+        if cache is not None and key is not None:
+            cache.put(key, {"content": content, "usage": {"prompt_tokens": pt, "completion_tokens": ct}})
+        return found
+
+    try:
+        return await attempt()
+    except _Retryable as last:
+        raise JudgeError(
+            f"judge {endpoint.label} failed after {cfg.retries + 1} attempts; last problem: {last}. "
+            "Raise retries=/timeout_s=, use a stronger judge, or pass swallow_exceptions=True to drop such groups "
+            "(counted in groupwise.judge.judge_stats.dropped_groups). The last raw answer is in this error's .raw.",
+            raw=last_raw,
+        ) from None
 
 
 # ----------------------------------------------------------------------------- orders, chunks, passes
@@ -376,9 +388,10 @@ async def ruler_score_group(
     Per trajectory: the old reward goes to ``metrics["independent_reward"]``, the score to `reward`
     and ``metrics["ruler_score"]``, the explanation to `logs`. Group metadata, metrics (plus the
     judge/* metrics of this call), exceptions, logs and the trajectories' policy versions are kept.
-    With swallow_exceptions=True a judge failure returns None and increments
-    `groupwise.judge.judge_stats.dropped_groups`; configuration errors (unknown provider, missing
-    API key) always raise.
+    With swallow_exceptions=True every judge failure (an unknown provider, a missing API key, a
+    refused or failed request, answers that never parse) returns None, as ART's does, and is counted
+    in `groupwise.judge.judge_stats` (`dropped_groups`, `last_errors`); `gw.fit` also writes the
+    step's count as ``reward/dropped_groups`` in its loop row. Invalid options always raise.
     """
     if group.pending:
         raise ValueError(
@@ -394,18 +407,18 @@ async def ruler_score_group(
     trajs = group.trajectories
     lists = [t.messages() for t in trajs]
     histories = [[(h.messages(), h.tools) for h in t.additional_histories] for t in trajs]
-    # Resolve the endpoint outside the try: a missing key or unknown provider is never swallowed.
-    endpoint = resolve(judge_model, base_url=cfg.base_url, api_key=cfg.api_key, timeout_s=cfg.timeout_s, client=client)
     try:
+        endpoint = resolve(judge_model, base_url=cfg.base_url, api_key=cfg.api_key, timeout_s=cfg.timeout_s,
+                           client=client)
         result = await ruler_detailed(
             lists, judge_model, rubric, [t.tools for t in trajs], additional_histories=histories, config=cfg,
             endpoint=endpoint,
         )
-    except JudgeError as e:
+    except Exception as e:
         if not swallow_exceptions:
             raise
         judge_stats.dropped_groups += 1
-        judge_stats.last_errors.append(str(e))
+        judge_stats.last_errors.append(f"{type(e).__name__}: {e}")
         print(
             f"[ruler] group of {len(trajs)} dropped (swallow_exceptions=True; "
             f"{judge_stats.dropped_groups} dropped so far in groupwise.judge.judge_stats): {e}"

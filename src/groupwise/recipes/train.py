@@ -39,6 +39,10 @@ def _reward_step(spec: EnvSpec, judge: str | None, model: Any, base_model: str, 
         # Same weights as the policy's base: ask the policy's own engine for the base (adapter off).
         kwargs["client"] = model.openai_client()
         judge_model = model.inference_name(0)
+    elif judge.startswith("local/"):
+        # Another local model: the backend serves it in process (the judge only receives a client).
+        judge_model = judge.removeprefix("local/")
+        kwargs["client"] = model.backend.judge_client(judge_model)
     rubric_kwargs = {"rubric": spec.rubric} if spec.rubric else {}
 
     async def reward(group):

@@ -1,0 +1,93 @@
+"""RULER's judge names: each provider prefix reaches its OpenAI-compatible endpoint with its key and the
+model name after the prefix; self-hosted servers by base URL; a clear error listing the prefixes;
+swallow_exceptions drops every failure and counts it. All against a real local HTTP server."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from test_ruler_http import make_group
+
+import groupwise as gw
+from groupwise.judge import judge_stats, ruler_score_group
+from groupwise.judge import providers
+
+
+@pytest.mark.parametrize("judge_model,key_var,sent,response_format", [
+    ("anthropic/claude-sonnet-4-20250514", "ANTHROPIC_API_KEY", "claude-sonnet-4-20250514", None),
+    ("gemini/gemini-2.5-flash", "GEMINI_API_KEY", "gemini-2.5-flash", "json_schema"),
+    ("together_ai/Qwen/Qwen3-32B", "TOGETHER_API_KEY", "Qwen/Qwen3-32B", "json_schema"),
+    ("together/Qwen/Qwen3-32B", "TOGETHERAI_API_KEY", "Qwen/Qwen3-32B", "json_schema"),
+    ("groq/llama-3.3-70b-versatile", "GROQ_API_KEY", "llama-3.3-70b-versatile", "json_object"),
+    ("openrouter/qwen/qwen3-32b", "OPENROUTER_API_KEY", "qwen/qwen3-32b", "json_schema"),
+])
+async def test_each_provider_prefix_reaches_its_endpoint_with_its_key(judge_server, monkeypatch, judge_model,
+                                                                      key_var, sent, response_format):
+    name = providers.ALIASES.get(judge_model.split("/")[0], judge_model.split("/")[0])
+    # the table's URL of this provider, pointed at the local server (the seam: no network in tests)
+    monkeypatch.setitem(providers.PROVIDERS, name, dataclasses.replace(providers.PROVIDERS[name], base_url=judge_server.url))
+    for var in providers.PROVIDERS[name].key_vars:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(key_var, "sk-provider")
+    judged = await ruler_score_group(make_group([0.2, 0.9]), judge_model, backoff_s=0.0)
+    assert [t.reward for t in judged.trajectories] == [0.2, 0.9]
+    request = judge_server.requests[-1]
+    assert request["model"] == sent
+    assert judge_server.headers[-1]["authorization"] == "Bearer sk-provider"
+    assert (request.get("response_format") or {}).get("type") == response_format
+
+
+async def test_self_hosted_vllm_or_sglang_by_environment_or_base_url(judge_server, monkeypatch):
+    monkeypatch.setenv("HOSTED_VLLM_API_BASE", judge_server.url)
+    monkeypatch.delenv("HOSTED_VLLM_API_KEY", raising=False)
+    judged = await ruler_score_group(make_group([0.3, 0.6]), "hosted_vllm/Qwen/Qwen3-32B", backoff_s=0.0)
+    assert judged is not None and judge_server.requests[-1]["model"] == "Qwen/Qwen3-32B"
+    assert judge_server.headers[-1]["authorization"] == "Bearer EMPTY"  # no key needed
+    # sglang/ is an alias; ART's extra_litellm_params api_base is the base URL (no key variable needed)
+    monkeypatch.delenv("HOSTED_VLLM_API_BASE")
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    await ruler_score_group(make_group([0.3, 0.6]), "sglang/my-model", backoff_s=0.0,
+                            extra_litellm_params={"api_base": judge_server.url})
+    await ruler_score_group(make_group([0.3, 0.6]), "anthropic/claude-proxy", backoff_s=0.0,
+                            extra_litellm_params={"api_base": judge_server.url})
+    assert [r["model"] for r in judge_server.requests[-2:]] == ["my-model", "claude-proxy"]
+    with pytest.raises(gw.ConfigError, match="HOSTED_VLLM_API_BASE"):
+        await ruler_score_group(make_group([0.3, 0.6]), "hosted_vllm/x")
+
+
+async def test_unknown_prefix_lists_the_accepted_ones():
+    with pytest.raises(gw.ConfigError) as err:
+        await ruler_score_group(make_group([0.3, 0.6]), "bedrock/claude")
+    text = str(err.value)
+    for prefix in ("anthropic", "gemini", "together_ai", "groq", "openrouter", "hosted_vllm", "ollama", "openai"):
+        assert prefix in text
+    assert "base_url=" in text
+
+
+async def test_swallow_exceptions_drops_every_failure_and_counts_it(judge_server, monkeypatch):
+    from conftest import Reply
+
+    before = judge_stats.dropped_groups
+    monkeypatch.delenv("GEMINI_API_KEY", raising=False)
+    monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
+    assert await ruler_score_group(make_group([0.3, 0.6]), "gemini/x", swallow_exceptions=True) is None  # no key
+    assert await ruler_score_group(make_group([0.3, 0.6]), "bedrock/x", swallow_exceptions=True) is None  # unknown
+    judge_server.script.append(Reply(status=400))
+    assert await ruler_score_group(make_group([0.3, 0.6]), "judge", base_url=judge_server.url,
+                                   swallow_exceptions=True) is None  # refused
+    assert judge_stats.dropped_groups == before + 3
+    assert [e.split(":")[0] for e in list(judge_stats.last_errors)[-3:]] == ["JudgeError", "ConfigError", "JudgeError"]
+
+
+def test_a_client_of_an_engine_served_in_process_is_a_local_judge():
+    import httpx
+
+    from groupwise.inference.client import BASE_URL
+
+    assert httpx.URL(BASE_URL).host == providers.IN_PROCESS_HOST  # the judge does not import inference/
+    import openai
+
+    local = providers.resolve("m", client=openai.AsyncOpenAI(base_url=BASE_URL, api_key="x"))
+    remote = providers.resolve("m", client=openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="x"))
+    assert local.local and not remote.local
