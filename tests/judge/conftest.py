@@ -68,6 +68,10 @@ class ScriptedJudge:
         self.default: Callable[[dict[str, Any]], Reply] = honest
         self.url = ""
 
+    def then(self, **reply: Any) -> None:
+        """Script the next reply (`Reply`'s fields), for test modules that cannot import this conftest."""
+        self.script.append(Reply(**reply))
+
     def app(self):
         app = FastAPI()
 

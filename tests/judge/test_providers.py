@@ -7,11 +7,16 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_ruler_http import make_group
 
 import groupwise as gw
-from groupwise.judge import judge_stats, ruler_score_group
-from groupwise.judge import providers
+from groupwise.judge import judge_stats, providers, ruler_score_group
+
+
+def make_group(qualities) -> gw.TrajectoryGroup:
+    """Trajectories the scripted judge scores by the ``quality=`` written in their answer."""
+    task = [{"role": "user", "content": "What is 6 x 7?"}]
+    return gw.TrajectoryGroup([gw.Trajectory(messages_and_choices=[*task, {"role": "assistant", "content": f"quality={q}"}])
+                               for q in qualities])
 
 
 @pytest.mark.parametrize("judge_model,key_var,sent,response_format", [
@@ -66,14 +71,12 @@ async def test_unknown_prefix_lists_the_accepted_ones():
 
 
 async def test_swallow_exceptions_drops_every_failure_and_counts_it(judge_server, monkeypatch):
-    from conftest import Reply
-
     before = judge_stats.dropped_groups
     monkeypatch.delenv("GEMINI_API_KEY", raising=False)
     monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
     assert await ruler_score_group(make_group([0.3, 0.6]), "gemini/x", swallow_exceptions=True) is None  # no key
     assert await ruler_score_group(make_group([0.3, 0.6]), "bedrock/x", swallow_exceptions=True) is None  # unknown
-    judge_server.script.append(Reply(status=400))
+    judge_server.then(status=400)
     assert await ruler_score_group(make_group([0.3, 0.6]), "judge", base_url=judge_server.url,
                                    swallow_exceptions=True) is None  # refused
     assert judge_stats.dropped_groups == before + 3
