@@ -112,8 +112,21 @@ class TrainConfig(Validated):
     max_skipped_steps: int = option(3, help="A step whose groups all have equal rewards carries no learning signal: it is skipped (no gradient step; the step counter still advances, serving the unchanged adapter under the next step, as ART does), with a warning naming the groups and a record in the history. This many consecutive skipped steps are allowed; one more raises NotTrainableError. 0 is strict: raise at once.")
     beta: InitVar[float | None] = None  # ART 0.3's name for kl_coef
     kl_penalty_coef: InitVar[float | None] = None  # ART 0.5's name for kl_coef
+    # ART 0.5.2x's TrainConfig fields of its own machinery: accepted, named once in an ArtCompatWarning.
+    kl_penalty_source: InitVar[str | None] = None
+    grad_accumulation_sequences: InitVar[int | None] = None
+    optimizer_save_interval: InitVar[int | None] = None
+    final_training_step: InitVar[int | None] = None
 
-    def __post_init__(self, beta: float | None = None, kl_penalty_coef: float | None = None) -> None:
+    def __post_init__(self, beta: float | None = None, kl_penalty_coef: float | None = None,
+                      kl_penalty_source: str | None = None, grad_accumulation_sequences: int | None = None,
+                      optimizer_save_interval: int | None = None, final_training_step: int | None = None) -> None:
+        from groupwise.compat import warn_ignored
+
+        ignored = {"kl_penalty_source": kl_penalty_source, "grad_accumulation_sequences": grad_accumulation_sequences,
+                   "optimizer_save_interval": optimizer_save_interval, "final_training_step": final_training_step}
+        if any(v is not None for v in ignored.values()):
+            warn_ignored("TrainConfig", [k for k, v in ignored.items() if v is not None])
         # ART's KL weights map onto kl_coef (a k3 KL term against the base model; see docs/porting-from-art.md).
         given = {k: v for k, v in (("beta", beta), ("kl_penalty_coef", kl_penalty_coef)) if v is not None}
         if len(set(given.values())) > 1 or (given and self.kl_coef not in (0.0, *given.values())):

@@ -84,6 +84,12 @@ async def test_http_endpoint_needs_its_key_and_closes_with_the_backend(tiny_mode
             pass
     params = model.litellm_completion_params()
     assert params["model"] == "hosted_vllm/agent" and params["base_url"] == url
+    async with openai.AsyncOpenAI(base_url=url, api_key=model.inference_api_key, max_retries=0) as client:
+        # vLLM's sampling extras through extra_body, as ART users send them: top_k=1 is greedy
+        answers = [await client.chat.completions.create(
+            model="agent", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=1.0,
+            extra_body={"top_k": 1, "repetition_penalty": 1.0}) for _ in range(2)]
+    assert answers[0].choices[0].message.content == answers[1].choices[0].message.content
     await backend.close()
     async with openai.AsyncOpenAI(base_url=url, api_key=model.inference_api_key, max_retries=0, timeout=5) as client:
         try:

@@ -67,6 +67,8 @@ def test_train_config_accepts_arts_kl_names_and_arts_options_map_or_warn_once():
     assert art.TrainConfig(kl_penalty_coef=0.1).kl_coef == 0.1
     with pytest.raises(art.ConfigError, match="disagree"):
         art.TrainConfig(beta=0.1, kl_penalty_coef=0.2)
+    with pytest.warns(art.ArtCompatWarning, match="grad_accumulation_sequences"):  # ART 0.5.2x's own fields
+        assert art.TrainConfig(learning_rate=2e-5, grad_accumulation_sequences=4, kl_penalty_source="sample").learning_rate == 2e-5
     with pytest.warns(art.ArtCompatWarning, match="precalculate_logprobs") as seen:
         config = train_config_from_art(art.TrainConfig(learning_rate=3e-5),
                                        {"logprob_calculation_chunk_size": 8, "precalculate_logprobs": True,
