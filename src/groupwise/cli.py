@@ -84,6 +84,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="sequences decoded together, and the most choices (n) a request may ask (default 32)")
     p.add_argument("--max-body-bytes", type=_COUNT, default=8 * 2**20,
                    help="larger request bodies are refused with 413 (default 8 MiB)")
+    p.add_argument("--max-kv-gb", type=_positive_float, default=None,
+                   help="the KV cache's largest size; the context shrinks to what it holds at --max-batch-size "
+                        "(default: a third of the memory free at startup)")
     p.set_defaults(_target="groupwise.inference.server:run_serve")
 
 

@@ -120,3 +120,23 @@ def test_seeds_at_the_int64_edges_sample(engine):
         r = engine.submit(GenerationRequest(engine.tokenizer("edge")["input_ids"], max_new_tokens=3, n=n,
                                             ignore_eos=True, sampling=SamplingParams(seed=seed))).result(timeout=60)
         assert [len(c.token_ids) for c in r.completions] == [3] * n
+
+
+async def test_the_kv_budget_bounds_memory_and_the_context(tiny):
+    # tiny: 2 layers x 2 KV heads x 16 dims, fp32, 4 slots -> 2 (K, V) x 2 x 4 x 2 x 16 x 4 = 2048 bytes a token
+    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
+    budget = 300 * 1024
+    eng = Engine(model, tok, max_batch_size=4, max_kv_bytes=budget)
+    try:
+        assert eng.kv_bytes_per_token == 2048 and eng.context_length == budget // 2048 - 2 == 148
+        prompt = tok("a long story")["input_ids"]
+        r = await eng.generate(GenerationRequest(prompt, max_new_tokens=10_000, ignore_eos=True, n=4))
+        assert {c.finish_reason for c in r.completions} == {"length"}
+        assert all(len(prompt) + len(c.token_ids) <= eng.context_length for c in r.completions)
+        assert eng.buffers.nbytes() <= budget
+        with pytest.raises(EngineError, match="context length is 148 \\(what the KV cache budget holds"):
+            eng.submit(GenerationRequest(list(range(5, 205))))
+    finally:
+        eng.close()
+    with pytest.raises(ValueError, match="max_kv_bytes=4096 holds 0 tokens"):
+        Engine(model, tok, max_batch_size=4, max_kv_bytes=4096)

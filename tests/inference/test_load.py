@@ -1,6 +1,6 @@
 """Load: a real `groupwise serve` process on loopback takes concurrent valid requests mixed with
-hostile ones (bodies far over the limit, prompts that cannot fit, broken JSON and fields, seeds and
-token ids out of range, clients that hang up mid-generation). Every valid request is answered 200,
+hostile ones (bodies far over the limit, prompts that cannot fit the context or the KV budget, broken
+JSON and fields, seeds and token ids out of range, clients that hang up mid-generation). Every valid request is answered 200,
 every hostile one a 4xx, and the server's memory comes back near where it started."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow
 
 USER = [{"role": "user", "content": "Say something."}]
 LIMIT = 4 * 2**20  # the server's --max-body-bytes here
+KV_GB = 0.01  # its --max-kv-gb: 1308 tokens a sequence for the tiny model at 16 sequences (of its 2048)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,8 @@ def server(model_dir):
         port = s.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "groupwise.cli", "serve", "--model", model_dir, "--name", "agent",
-                             "--port", str(port), "--max-batch-size", "16", "--max-body-bytes", str(LIMIT)],
+                             "--port", str(port), "--max-batch-size", "16", "--max-body-bytes", str(LIMIT),
+                             "--max-kv-gb", str(KV_GB)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
@@ -99,6 +101,8 @@ async def one_round(url: str, port: int, n_valid: int) -> tuple[list, list]:
             http.post("/v1/chat/completions", json={"model": "agent", "messages": USER, "response_format": "json"}),
             http.post("/v1/chat/completions", json={"model": "agent", "messages": USER, "top_kk": 3}),
             http.get("/v1/nothing"),
+            # fits the model's 2048 positions, not what the KV budget holds at 16 sequences
+            http.post("/v1/completions", json={"model": "agent", "prompt": list(range(100, 1500))}),
         ]
         gone = [hang_up(port, {"model": "agent", "messages": USER, "max_tokens": 1500, "ignore_eos": True,
                                "stream": i % 2 == 0}) for i in range(4)]
@@ -112,6 +116,8 @@ async def one_round(url: str, port: int, n_valid: int) -> tuple[list, list]:
 async def test_valid_requests_all_answered_among_hostile_ones_and_memory_returns(server):
     url, proc = server
     port = int(url.rsplit(":", 1)[1])
+    r = httpx.post(f"{url}/v1/completions", json={"model": "agent", "prompt": list(range(100, 1500))}, timeout=60)
+    assert r.status_code == 400 and "what the KV cache budget holds at 16 sequences" in r.json()["error"]["message"]
     await one_round(url, port, 4)  # warm-up: caches, KV slots, first-use allocations
     await asyncio.sleep(2)
     start = rss_mb(proc.pid)
@@ -121,7 +127,7 @@ async def test_valid_requests_all_answered_among_hostile_ones_and_memory_returns
         assert not bad, bad[:3]
         assert all(r.choices and r.usage.completion_tokens > 0 for r in valid)
         statuses = [r.status_code if isinstance(r, httpx.Response) else repr(r) for r in hostile]
-        assert statuses == [413, 400, 400, 400, 400, 400, 400, 400, 400, 400, 404], statuses
+        assert statuses == [413, 400, 400, 400, 400, 400, 400, 400, 400, 400, 404, 400], statuses
     await asyncio.sleep(3)  # the hung-up requests are cancelled at the engine's next step
     end = rss_mb(proc.pid)
     print(f"server RSS {start:.0f} MB before the load, {end:.0f} MB after")

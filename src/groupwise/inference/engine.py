@@ -91,6 +91,7 @@ class Engine:
         prefix_block_size: int = 16,  # its allocation unit (hits are still token-exact)
         merge_adapters: bool | None = None,  # serve a one-adapter batch from merged weights (merged.py); default: on CPU
         onednn_linear: bool | None = None,  # fp32 CPU linears through oneDNN (cpu_linear.py); default: where available
+        max_kv_bytes: int | None = None,  # the slot cache's largest size: the context shrinks to what fits
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -106,12 +107,27 @@ class Engine:
         heads = text_config.num_attention_heads
         head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
         kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
+        # The slot cache holds max_batch_size rows of the whole context (kv_cache.py): bounded by
+        # max_kv_bytes, one long prompt cannot make it outgrow the machine's memory.
+        self.kv_bytes_per_token = 2 * text_config.num_hidden_layers * max_batch_size * kv_heads * head_dim * (
+            torch.empty((), dtype=self.dtype).element_size())
+        self.kv_budget_limits_context = False
+        if max_kv_bytes is not None:
+            fits = max_kv_bytes // self.kv_bytes_per_token - 2  # the columns past the context: trash and growth
+            if fits < 64:
+                from groupwise.errors import ConfigError
+
+                raise ConfigError(f"max_kv_bytes={max_kv_bytes} holds {max(fits, 0)} tokens per sequence at "
+                                  f"max_batch_size={max_batch_size} ({self.kv_bytes_per_token} bytes a token); "
+                                  "raise it or lower max_batch_size", what="engine")
+            self.kv_budget_limits_context = fits < self.context_length
+            self.context_length = min(self.context_length, fits)
         # Steps run on the process's compute thread (groupwise/compute.py says why one thread), and so
         # does every torch op of the engine's, allocations included (a large fill is an OpenMP region).
         self._compute = compute_thread()
         self.buffers = self._compute.call(SlotBuffers, text_config.num_hidden_layers, max_batch_size, kv_heads,
                                           head_dim, min(initial_capacity, self.context_length), self.dtype,
-                                          self.device)
+                                          self.device, max_capacity=self.context_length + 2)
         # KV of prompt prefixes seen before (prefix_cache.py); allocated at the first prefill.
         self.prefix_cache = (PrefixCache(self.buffers, prefix_cache_tokens, prefix_block_size)
                              if prefix_cache_tokens else None)
@@ -294,9 +310,11 @@ class Engine:
             if bad:
                 problems.append(f"{what} has token ids outside [0, {self.vocab_size}) (the vocabulary): {bad[:5]}")
         if len(r.prompt_ids) >= self.context_length:
+            why = (f" (what the KV cache budget holds at {self.max_batch_size} sequences)"
+                   if self.kv_budget_limits_context else "")
             raise PromptTooLongError(
                 f"the prompt has {len(r.prompt_ids)} tokens but the context length is "
-                f"{self.context_length}; shorten the conversation (or drop old turns)"
+                f"{self.context_length}{why}; shorten the conversation (or drop old turns)"
             )
         if r.max_new_tokens is not None and r.max_new_tokens < 1:
             problems.append(f"max_new_tokens={r.max_new_tokens} must be >= 1")

@@ -27,19 +27,22 @@ class SlotBuffers:
     """The preallocated K/V tensors of all layers, grown (by doubling columns) when needed."""
 
     def __init__(self, num_layers: int, slots: int, kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, max_capacity: int | None = None):
         self.num_layers, self.slots, self.kv_heads, self.head_dim = num_layers, slots, kv_heads, head_dim
         self.dtype, self.device = dtype, device
+        self.max_capacity = max_capacity  # doubling stops here (the engine's context, or its memory budget)
         self.capacity = 0
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.grow(capacity)
 
     def grow(self, capacity: int) -> bool:
-        """Make room for `capacity` columns (plus the trash column). True when buffers were reallocated."""
+        """Make room for `capacity` columns (plus the trash column). True when buffers were reallocated.
+        The old buffers live beside the new ones until copied: for a moment, up to twice the final size."""
         if capacity + 1 <= self.capacity:
             return False
-        new_cap = max(capacity + 1, 2 * self.capacity)
+        doubled = 2 * self.capacity if self.max_capacity is None else min(2 * self.capacity, self.max_capacity)
+        new_cap = max(capacity + 1, doubled)
         shape = (self.slots, self.kv_heads, new_cap, self.head_dim)
         keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
         values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]

@@ -417,7 +417,12 @@ def run_serve(args) -> int:
     check_serve_args(args)
     # loaded on the thread that will run the engine (groupwise/compute.py: one OpenMP team)
     model, tokenizer = compute_thread().call(load_base_model, args.model, device=args.device, dtype=args.dtype)
-    engine = Engine(model, tokenizer, max_batch_size=getattr(args, "max_batch_size", 32))
+    gb = getattr(args, "max_kv_gb", None)
+    # a third of what is free: growing the cache holds the old buffers beside the new ones for a moment
+    budget = int(gb * 2**30) if gb else free_memory_bytes(next(model.parameters()).device) // 3
+    engine = Engine(model, tokenizer, max_batch_size=getattr(args, "max_batch_size", 32), max_kv_bytes=budget)
+    print(f"KV cache: at most {budget / 2**30:.1f} GiB, {engine.context_length} tokens per sequence x "
+          f"{engine.max_batch_size} sequences (--max-kv-gb, --max-batch-size)")
     name = args.name or args.model
     registry = ModelRegistry(engine, base_name=args.model)
     if name != args.model:
@@ -438,6 +443,19 @@ def run_serve(args) -> int:
     finally:
         engine.close()
     return 0
+
+
+def free_memory_bytes(device: Any) -> int:
+    """Memory free for the KV cache: the GPU's free memory, or the host's MemAvailable (Linux)."""
+    import torch
+
+    if getattr(device, "type", str(device)) == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return 8 * 2**30  # not Linux: assume a modest machine
 
 
 def check_serve_args(args) -> None:
