@@ -53,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     "TrainResult": "groupwise.backend.base",
     "LocalTrainResult": "groupwise.backend.base",
     "LocalBackend": "groupwise.backend.local",
+    "RayBackend": "groupwise.backend.ray",
     # helpers
     "retry": "groupwise.utils",
     "limit_concurrency": "groupwise.utils",

@@ -350,13 +350,17 @@ class TrainableModel(Model):
         config: "TrainConfig | None" = None,
         _config: dict[str, Any] | None = None,
         verbose: bool = False,
+        *,
+        cursor: dict[str, Any] | None = None,
     ) -> "TrainResult":
         """One training step on `groups`, then log them as the train split of the step that
         sampled them, with the trainer's metrics. Returns the backend's `TrainResult`.
 
         `config` is a `gw.TrainConfig` (ART's ``art.TrainConfig(learning_rate=..., beta=...)`` is the
         same class); ART's ``_config`` (`art.dev.TrainConfig`) options map onto it or are named once
-        in a warning; `verbose` is accepted."""
+        in a warning; `verbose` is accepted. `cursor`: the caller's data position after this step
+        (JSON-able), saved with the step's checkpoint; `backend.checkpoint_cursor(model)` returns it
+        after a restart."""
         groups = list(groups)
         for n, g in enumerate(groups):
             if not isinstance(g, TrajectoryGroup):
@@ -365,7 +369,8 @@ class TrainableModel(Model):
                 raise GroupwiseError(f"train(): group {n} has rollouts that were never run; gather the groups first")
         config = train_config_from_art(config, {**dict(_config or {}), "verbose": verbose}, where="model.train")
         step_before = await self.get_step()
-        result = await self.backend.train(self, groups, config)
+        extra = {} if cursor is None else {"cursor": cursor}  # a backend written before cursors still works
+        result = await self.backend.train(self, groups, config, **extra)
         await self.log(groups, split="train", step=step_before, metrics=_train_metrics(result.metrics))
         return result
 

@@ -1,7 +1,8 @@
 """Builders for the loop tests: synthetic histories, groups, and a scripted backend.
 
 `ScriptedBackend` implements the `Backend` interface without a model: a "training step" only advances
-a step counter kept in the run's state.json (so a second process sees it, as with real checkpoints).
+a step counter kept in the run's state.json, with the loop's data cursor (so a second process sees
+them, as with real checkpoints).
 `scripted_rollout` answers from a script keyed by the policy step it is asked for, which lets a test
 decide exactly how reward and validation move.
 
@@ -62,6 +63,7 @@ class ScriptedBackend(Backend):
 
     def __init__(self) -> None:
         self.kept_best: list[int] = []
+        self.served: list[int] = []
         self.trained_on: list[list[int]] = []
 
     async def register(self, model) -> None:
@@ -73,16 +75,22 @@ class ScriptedBackend(Backend):
     def step_of(self, model) -> int:
         return int(model.store.read_state().get("scripted_step", 0))
 
-    async def train(self, model, groups, config) -> TrainResult:
+    async def train(self, model, groups, config, *, cursor=None) -> TrainResult:
         self.trained_on.append([g.metadata["scenario_index"] for g in groups])
         step = self.step_of(model) + 1
-        model.store.write_state({**model.store.read_state(), "scripted_step": step})
+        model.store.write_state({**model.store.read_state(), "scripted_step": step, "cursor": cursor or {}})
         return TrainResult(step=step, metrics={"loss": 0.5})
 
     async def get_step(self, model) -> int:
         return self.step_of(model)
 
-    def keep_best(self, model, best_step, *, metrics_by_step=None, maximize=True) -> None:
+    async def checkpoint_cursor(self, model) -> dict:
+        return dict(model.store.read_state().get("cursor", {}))
+
+    async def serve_step(self, model, step) -> None:
+        self.served.append(step)
+
+    async def keep_best(self, model, best_step, *, metrics_by_step=None, maximize=True) -> None:
         self.kept_best.append(best_step)
 
 

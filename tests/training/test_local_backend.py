@@ -52,9 +52,8 @@ async def test_train_serves_and_verifies_the_new_adapter(model_dir, tmp_path):
     assert await model.get_step() == 0
     try:
         groups = await _groups(model)
-        model.store.write_state({"scenario_index": 8})  # the loop's data cursor
-        result = await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
-        assert backend.checkpoint_cursor(model) == {"scenario_index": 8}
+        result = await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3), cursor={"scenario_index": 8})
+        assert await backend.checkpoint_cursor(model) == {"scenario_index": 8}
         assert result.step == 1 and await model.get_step() == 1
         for key in ("loss", "kl", "grad_norm", "zero_variance_fraction", "trainable_tokens", "step_time"):
             assert key in result.metrics, key
@@ -69,14 +68,14 @@ async def test_train_serves_and_verifies_the_new_adapter(model_dir, tmp_path):
         again = gw.LocalBackend(path=str(tmp_path))
         clone = gw.TrainableModel(name="agent", project="p", base_model=model_dir)
         await clone.register(again)
-        assert await clone.get_step() == 1 and again.checkpoint_cursor(clone) == {"scenario_index": 8}
+        assert await clone.get_step() == 1 and await again.checkpoint_cursor(clone) == {"scenario_index": 8}
         await again.close()
         assert gw.load_trajectories(run, "train", 0) == groups  # lossless, token ids included
         row = [r for r in gw.load_history(run) if r["split"] == "train"][-1]
         assert row["step"] == 0 and "loss" in row and "grad_norm" in row
 
         # A stale swap is caught: the engine keeps serving the old step.
-        served = backend._models["agent"]
+        served = backend._worker.replicas["agent"]
         served.registry.add_step = lambda *a, **k: None
         with pytest.raises(AdapterMismatchError, match="does not hold the trained weights"):
             await model.train(await _groups(model, step=1), config=gw.TrainConfig(learning_rate=1e-3))
@@ -94,7 +93,7 @@ async def test_rollouts_and_training_run_their_torch_work_on_one_thread(model_di
     backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
     await model.register(backend)
     threads = set()
-    served = backend._models["agent"]
+    served = backend._worker.replicas["agent"]
     decoder = served.peft_model.get_base_model().model  # both the engine and the trainer run it
     decoder.register_forward_pre_hook(lambda *a: threads.add(threading.current_thread()))
     try:
@@ -106,7 +105,8 @@ async def test_rollouts_and_training_run_their_torch_work_on_one_thread(model_di
 
 
 def _worker(store, model_dir, steps, *extra):
-    env = dict(os.environ, PYTHONPATH=str(HERE), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1")
     return subprocess.Popen([sys.executable, str(HERE / "resume_worker.py"), str(store), model_dir, str(steps), *extra],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
@@ -193,7 +193,7 @@ async def test_lora_config_of_the_model_overrides_the_backend(model_dir, tmp_pat
     backend = gw.LocalBackend(path=str(tmp_path), lora=gw.LoraConfig(rank=16))
     await model.register(backend)
     try:
-        peft_config = backend._models["small"].peft_model.peft_config["default"]
+        peft_config = backend._worker.replicas["small"].peft_model.peft_config["default"]
         assert (peft_config.r, peft_config.lora_alpha) == (2, 4)
         assert model.run_dir == tmp_path / "p" / "small"  # the backend's path holds a default model's run
     finally:

@@ -1,8 +1,26 @@
-"""The `Backend` interface: what `Model`/`TrainableModel` need from whatever serves and trains them.
+"""The `Backend` contract: everything `TrainableModel` and the training loop (`gw.fit`) ask of whatever
+serves and trains a model. They call these methods and nothing else, so a backend can be swapped
+without touching user code or the loop.
 
-`LocalBackend` (backend/local.py) implements it on one machine: one copy of the base weights shared by
-the inference engine and the trainer. A cluster backend (Ray + torch.distributed) implements the same
-methods later, so user code and the loop do not change.
+Implementations: `LocalBackend` (this machine: one device in process, or several devices data-parallel
+with one worker process each) and `RayBackend` (the same workers placed on a Ray cluster). One contract
+test suite (tests/backend/) runs against each of them.
+
+What a backend promises:
+
+* `register` loads the model, or resumes it from its latest complete checkpoint (adapter, optimizer,
+  RNG, step, and the data cursor saved with it).
+* `inference_endpoint` is an OpenAI-compatible API serving ``name`` (the latest step), ``name@k`` for
+  recent steps and ``name@0`` (the base model).
+* `train` runs one GRPO step, saves a checkpoint holding the caller's data `cursor`, and returns once
+  the new adapter is served and verified.
+* `serve_step` serves an earlier step again (the loop evaluates the best checkpoint at the end).
+* `keep_best` names the checkpoint that retention must keep besides the latest.
+* `checkpoint_cursor` returns the data cursor saved with the latest checkpoint, so a restarted loop
+  continues where its data stood.
+
+Optional, with defaults that say what they lack: `train_sft` (a supervised step), `http_endpoint` (a
+real HTTP URL for other clients), `delete_checkpoints` (ART's on-request pruning).
 """
 
 from __future__ import annotations
@@ -18,6 +36,8 @@ if TYPE_CHECKING:
     from groupwise.model import TrainableModel
     from groupwise.types import Trajectory, TrajectoryGroup
 
+__all__ = ["Backend", "InferenceEndpoint", "TrainResult"]
+
 
 @dataclass
 class InferenceEndpoint:
@@ -25,7 +45,8 @@ class InferenceEndpoint:
 
     base_url: str
     api_key: str
-    # In-process backends pass an httpx client with an ASGI transport (no port, same code path as HTTP).
+    # A backend may route requests itself: an httpx client with an ASGI transport (in process, no port)
+    # or one that spreads requests over several replicas.
     http_client: "httpx.AsyncClient | None" = None
 
 
@@ -42,7 +63,7 @@ LocalTrainResult = TrainResult  # ART 0.5's name for LocalBackend's result
 
 
 class Backend(ABC):
-    """Serves and trains `TrainableModel`s. Every method is async; none may block the event loop."""
+    """Serves and trains `TrainableModel`s. Every method is async (or cheap); none blocks the event loop."""
 
     @abstractmethod
     async def register(self, model: "TrainableModel") -> None:
@@ -59,9 +80,17 @@ class Backend(ABC):
 
     @abstractmethod
     async def train(
-        self, model: "TrainableModel", groups: "list[TrajectoryGroup]", config: "TrainConfig"
+        self,
+        model: "TrainableModel",
+        groups: "list[TrajectoryGroup]",
+        config: "TrainConfig",
+        *,
+        cursor: dict[str, Any] | None = None,
     ) -> TrainResult:
-        """One GRPO step on `groups`; returns once the new adapter is served and verified."""
+        """One GRPO step on `groups`; returns once the new adapter is served and verified.
+
+        `cursor` (JSON-able) is saved with the step's checkpoint and returned by `checkpoint_cursor`
+        after a restart: the caller's position in its data after this step. None saves ``{}``."""
 
     async def train_sft(
         self, model: "TrainableModel", trajectories: "list[Trajectory]", config: "TrainSFTConfig"
@@ -77,8 +106,32 @@ class Backend(ABC):
     async def get_step(self, model: "TrainableModel") -> int:
         """Number of completed training steps (0 before any)."""
 
+    async def serve_step(self, model: "TrainableModel", step: int) -> None:
+        """Serve ``name@step`` (loading its kept checkpoint if it is no longer served).
+
+        Raises when the checkpoint of `step` no longer exists. This default serves only the base
+        (step 0) and the latest step; backends that keep older checkpoints override it."""
+        if step != 0 and step != await self.get_step(model):
+            raise NotImplementedError(
+                f"{type(self).__name__} cannot serve step {step} of {model.name!r} again; it serves only the "
+                "latest step. Implement Backend.serve_step to serve kept checkpoints."
+            )
+
+    async def keep_best(
+        self, model: "TrainableModel", step: int, *, metrics_by_step: dict[int, float] | None = None,
+        maximize: bool = True,
+    ) -> None:
+        """Checkpoint `step` is the best so far (by the caller's metric): retention keeps it besides the
+        latest, until another call names another step. `metrics_by_step` and `maximize` say how the
+        caller ranked the steps (informational). This default keeps nothing special: a backend that
+        never deletes checkpoints needs nothing more."""
+
+    async def checkpoint_cursor(self, model: "TrainableModel") -> dict[str, Any]:
+        """The `cursor` saved with the latest checkpoint (``{}`` before any, or when none was given)."""
+        return {}
+
     async def close(self) -> None:
-        """Release engines, threads and memory."""
+        """Release engines, workers, threads and memory."""
 
     async def delete_checkpoints(self, model: "TrainableModel", best_checkpoint_metric: str = "val/reward") -> None:
         """Delete every checkpoint of `model` but the latest and the best by `best_checkpoint_metric`."""

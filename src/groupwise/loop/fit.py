@@ -2,7 +2,7 @@
 
 One step::
 
-    batch of scenarios (iterate_dataset, resumable) ─► gather groups of rollouts ─► reward (optional,
+    batch of scenarios (loop/cursor.py, resumable) ─► gather groups of rollouts ─► reward (optional,
     e.g. RULER) ─► model.train (GRPO step; logs the train row of the policy that sampled) ─► every
     `eval_every` steps: validation rollouts at the new step, scored by `validate` against ground
     truth, logged as the val row ─► detectors ─► policy + stopping rules ─► next step or stop.
@@ -19,13 +19,15 @@ no signal either, the backend skips the step as ART does (`TrainConfig.max_skipp
 gradient step, the step counter and the data position both advance by one (they stay in lockstep,
 so resume is unchanged), and too many skipped steps in a row raise NotTrainableError.
 
-Checkpoints: the loop points the backend's retention at ``val/<metric>`` (LocalBackend keeps the latest
-and the best) and, for the test, makes sure ``name@<best step>`` is served again.
+The loop speaks to the backend only through the public `Backend` methods: after every validation it
+names the best checkpoint so far (`keep_best`, so retention keeps it), and for the test it serves
+``name@<best step>`` again (`serve_step`).
 
-Resume: the backend's step counts completed steps and each step's batch is a pure function of
-(seed, step) (`groupwise.utils.iterate_dataset`), so calling `fit` again after a crash continues at
-the step that did not complete, with the same scenarios. A validation missing at a resumed step (the
-crash came between the train step and its validation) is run first.
+Resume: each step hands its data position (`groupwise.loop.cursor`) to `model.train`, which saves it
+with the step's checkpoint; the backend's step counts completed steps. Calling `fit` again after a
+crash continues at the step that did not complete, with the scenarios an uninterrupted run would have
+used (`backend.checkpoint_cursor`). A validation missing at a resumed step (the crash came between the
+train step and its validation) is run first.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any
 
 from groupwise.config import LoopConfig
 from groupwise.errors import ConfigError
+from groupwise.loop.cursor import DataCursor, batches, resume_cursor
 from groupwise.loop.detectors import Alert, answer_text, run_detectors
 from groupwise.loop.policy import action_for, classify, decide, pending_stop, stop_now
 from groupwise.loop.series import events, mean, rows, series
@@ -245,7 +248,8 @@ class _Loop:
             self.store.append_history({**row, "name": name, "kind": "model"})
 
     # -- one step ------------------------------------------------------------------------------------
-    async def step(self, step: int, indices: list[int]) -> tuple[int, list[TrajectoryGroup], list[TrajectoryGroup]]:
+    async def step(self, step: int, indices: list[int],
+                   cursor: DataCursor) -> tuple[int, list[TrajectoryGroup], list[TrajectoryGroup]]:
         from groupwise.errors import NotTrainableError
 
         dropped_before = self.dropped_groups
@@ -265,7 +269,8 @@ class _Loop:
             last = attempt == self.c.resample_no_signal
             config = self.c.step_config()
             try:
-                result = await self.model.train(groups, config=config if last else dataclasses.replace(config, max_skipped_steps=0))
+                result = await self.model.train(groups, config=config if last else dataclasses.replace(config, max_skipped_steps=0),
+                                                cursor=cursor.to_dict())
                 break
             except NotTrainableError as exc:
                 # Same step, same scenarios, fresh samples: the data position and step stay in lockstep.
@@ -315,59 +320,18 @@ class _Loop:
         step, value = max(points, key=lambda p: (sign * p[1], p[0]))
         return f"val/{self.c.metric}", step, value
 
-    def configure_backend(self) -> None:
-        """Point the backend's checkpoint retention at this loop's validation metric.
-
-        `LocalBackend` keeps the latest checkpoint and the best by ``best_checkpoint_metric``, read from
-        the history's val rows; the loop's val rows hold ``<metric>``, so it becomes ``val/<metric>``.
-        Its pruning maximises, so for a lower-is-better metric retention is switched off instead
-        (every checkpoint kept) rather than keeping the worst one."""
-        backend = getattr(self.model, "_backend", None)
-        if backend is None or not hasattr(backend, "best_checkpoint_metric") or not self.val:
-            return
-        if self.c.higher_is_better:
-            backend.best_checkpoint_metric = f"val/{self.c.metric}"
-        else:
-            log.warning("metric %r is lower-is-better: backend checkpoint retention disabled (keeps every checkpoint)",
-                        self.c.metric)
-            backend.best_checkpoint_metric = None
-
     async def ensure_served(self, step: int) -> None:
-        """Make sure ``name@step`` is served before requests go to it (the best step may be old).
-
-        Uses the backend's ``serve_step(model, step)`` when it has one; `LocalBackend` serves only its
-        last `served_steps` steps, so for it the kept checkpoint is loaded into its registry here."""
-        backend = getattr(self.model, "_backend", None)
-        if backend is None or step == 0:
-            return
-        hook = getattr(backend, "serve_step", None)
-        if hook is not None:
-            await _maybe_await(hook(self.model, step))
-            return
-        served = getattr(backend, "_models", {}).get(self.model.name)
-        if served is None or step in served.registry.steps(self.model.name):
-            return
-        from groupwise.training.checkpoint import step_dir_name
-
-        path = served.store.checkpoints_dir / step_dir_name(step)
-        if not (path / "state.json").is_file():
-            raise RuntimeError(f"checkpoint of step {step} is missing at {path}; retention removed the best checkpoint")
-        from groupwise.compute import compute_thread
-
-        await compute_thread().run(served.registry.add_step, self.model.name, step, str(path))
+        """Make sure ``name@step`` is served before requests go to it (the best step may be old)."""
+        if step != 0:
+            await self.model.backend.serve_step(self.model, step)
 
     async def keep_best(self, best_step: int | None, history: list[dict]) -> None:
-        """Tell the backend which checkpoint is best so far, so its retention keeps it.
-
-        Called after every validation and at the end. The hook is the backend's optional
-        ``keep_best(model, best_step, *, metrics_by_step, maximize)``; backends without it keep what
-        their own retention keeps."""
-        backend = getattr(self.model, "_backend", None)
-        hook = getattr(backend, "keep_best", None) or getattr(backend, "set_best_step", None)
-        if hook is not None and best_step is not None:
+        """Tell the backend which checkpoint is best so far, so its retention keeps it (called after
+        every validation, at a resume and at the end)."""
+        if best_step is not None:
             metrics = {s: v for s, v in series(history, "val", self.c.metric)}
-            await _maybe_await(hook(self.model, best_step, metrics_by_step=metrics,
-                                    maximize=self.c.higher_is_better))
+            await self.model.backend.keep_best(self.model, best_step, metrics_by_step=metrics,
+                                               maximize=self.c.higher_is_better)
 
     async def test_at(self, best_step: int) -> dict[str, float]:
         await self.ensure_served(best_step)
@@ -414,12 +378,11 @@ async def fit(
     val = list(val_scenarios or [])
     test = list(test_scenarios or [])
     _check_args(rollout, train, val, test, reward, validate, baselines, config)
-    from groupwise.utils import iterate_dataset
-
     loop = _Loop(model, rollout, train, val, test, reward, validate, list(baselines), config)
-    loop.configure_backend()
     start = step = await model.get_step()
     history = loop.store.history()
+    if step > 0 and val:  # a resumed run: retention keeps the best so far, not only the backend's own pick
+        await loop.keep_best(loop.best(history, step)[1], history)
     if val:
         await loop.ensure_baselines(history)
         if step % config.eval_every == 0 and not any(r["step"] == step for r in rows(loop.store.history(), "val")):
@@ -428,12 +391,10 @@ async def fit(
     if not decision and config.max_steps == 0:
         decision = StopDecision(True, "max_steps", "max_steps=0: nothing to train", 0)
     if not decision:
-        batches = iterate_dataset(list(range(len(train))), config.groups_per_step, config.num_epochs,
-                                  initial_step=step, seed=config.seed, use_tqdm=False)
-        for batch in batches:
-            if batch.step != step:
-                raise RuntimeError(f"data cursor at step {batch.step} but the model is at step {step}")
-            step, groups, judged = await loop.step(step, batch.items)
+        cursor = resume_cursor(await model.backend.checkpoint_cursor(model), step=step, num_scenarios=len(train),
+                               groups_per_step=config.groups_per_step, seed=config.seed)
+        for indices, after in batches(cursor, config.groups_per_step, config.num_epochs):
+            step, groups, judged = await loop.step(step, indices, after)
             decision = loop.decide(step, groups, judged)
             if decision:
                 break

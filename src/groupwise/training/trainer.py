@@ -12,6 +12,12 @@ the [chunk, V] logits of a 150k vocabulary exist for one chunk at a time and are
 Micro-batches are sized by a token budget (padded tokens, `micro_batch_tokens`); sequences are sorted by
 length so padding is small. The loss normalisers count the whole step (training/loss.py), so summing
 micro-batch gradients gives the full-batch gradient exactly.
+
+Data-parallel: with a `process_group`, each rank trains its share of the step's sequences. The normalisers
+are summed over the ranks first and the gradients after the backward (one all-reduce over a flat buffer),
+so every rank takes the optimizer step of the whole batch: the same gradient as one process training the
+union (up to float summation order), and bitwise the same update on every rank (an all-reduce hands every
+rank the same sum; clipping and AdamW are deterministic given it).
 """
 
 from __future__ import annotations
@@ -123,8 +129,11 @@ class StepStats:
 class Trainer:
     """Trains one LoRA adapter of a peft model with GRPO. Holds the AdamW state between steps."""
 
-    def __init__(self, model: Any, *, pad_token_id: int = 0, adapter_name: str = TRAIN_ADAPTER):
+    def __init__(self, model: Any, *, pad_token_id: int = 0, adapter_name: str = TRAIN_ADAPTER,
+                 process_group: Any = None):
         self.model = model
+        # torch.distributed group of the data-parallel ranks (None: this process trains alone).
+        self.process_group = process_group
         self.adapter_name = adapter_name
         self.pad_token_id = pad_token_id
         self.optimizer: torch.optim.AdamW | None = None
@@ -261,14 +270,42 @@ class Trainer:
             dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 4 * len(layers) + 8)
         return self._compiled
 
-    def forward_backward(self, batch: TokenizedBatch, config: TrainConfig, *,
-                         objective: str = "grpo") -> tuple[StepStats, list[list[int]]]:
+    def _sum_over_ranks(self, values: list[float]) -> list[float]:
+        """Element-wise sums over the data-parallel ranks (the values themselves without a group)."""
+        if self.process_group is None:
+            return values
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=self.process_group)
+        return t.tolist()
+
+    def _all_reduce_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum the adapter gradients over the ranks, in one flat fp32 buffer (a rank without sequences
+        contributes zeros)."""
+        import torch.distributed as dist
+
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1).float() for g in grads])
+        dist.all_reduce(flat, group=self.process_group)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset:offset + n].view_as(p).to(p.dtype)
+            offset += n
+
+    def forward_backward(
+        self, batch: TokenizedBatch, config: TrainConfig, *, objective: str = "grpo",
+        totals: tuple[int, int] | None = None,
+    ) -> tuple[StepStats, list[list[int]]]:
         """Accumulate the step's gradient into `.grad` of the adapter parameters (no optimizer step).
 
         objective "grpo": the policy-gradient loss (training/loss.py); "sft": the masked token NLL of
-        demonstrations (training/sft.py; its sum lands in `policy_loss_sum`)."""
+        demonstrations (training/sft.py; its sum lands in `policy_loss_sum`).
+        `totals`: (trainable tokens, sequences) of the whole step when `batch` is one rank's share;
+        the loss normalisers use them (default: this batch's own counts)."""
         seqs = batch.sequences
-        num_tokens = batch.trainable_tokens
+        num_tokens, num_sequences = totals if totals is not None else (batch.trainable_tokens, len(seqs))
         plan = plan_micro_batches([len(s) for s in seqs], config.micro_batch_tokens)
         sums: list[torch.Tensor] = []
         fwd = self._training_forward(config)
@@ -305,7 +342,7 @@ class Trainer:
                     cispo=config.loss == "cispo",
                     normalize=config.normalize,
                     num_tokens=num_tokens,
-                    num_sequences=len(seqs),
+                    num_sequences=num_sequences,
                     max_len=config.max_seq_len,
                     ref_logprobs_BT=ref_BT,
                     kl_coef=config.kl_coef,
@@ -327,7 +364,9 @@ class Trainer:
         self._set_mode(True)
         optimizer.zero_grad(set_to_none=True)
         seqs = batch.sequences
-        num_tokens = batch.trainable_tokens
+        # the step's normalisers: this batch's counts, summed over the data-parallel ranks
+        num_tokens, num_sequences = (int(v) for v in self._sum_over_ranks([batch.trainable_tokens, len(seqs)]))
+        totals = (num_tokens, num_sequences)
         devices = [self.device] if self.device.type == "cuda" else []
         self._set_layer_checkpointing(config.gradient_checkpointing)
         try:
@@ -336,7 +375,7 @@ class Trainer:
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(step_seed)
                 try:
-                    stats, plan = self.forward_backward(batch, config, objective=objective)
+                    stats, plan = self.forward_backward(batch, config, objective=objective, totals=totals)
                 except Exception as exc:
                     if not self._compiled or not type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
                         raise
@@ -346,7 +385,11 @@ class Trainer:
                     self._compile_failed = True
                     optimizer.zero_grad(set_to_none=True)
                     torch.manual_seed(step_seed)  # the same dropout draws as the failed attempt
-                    stats, plan = self.forward_backward(batch, config, objective=objective)
+                    stats, plan = self.forward_backward(batch, config, objective=objective, totals=totals)
+                if self.process_group is not None:
+                    self._all_reduce_gradients(params)
+                    stats = StepStats(*self._sum_over_ranks([stats.loss, stats.policy_loss_sum, stats.kl_sum,
+                                                             stats.clipped_tokens, stats.ratio_sum, stats.tokens]))
                 max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
                 if not math.isfinite(grad_norm):
@@ -367,7 +410,7 @@ class Trainer:
                 "loss": stats.policy_loss_sum / tokens,  # mean NLL per target token
                 "grad_norm": grad_norm,
                 "trainable_tokens": float(num_tokens),
-                "sequences": float(len(seqs)),
+                "sequences": float(num_sequences),
                 "micro_batches": float(len(plan)),
                 "dropped_too_long": float(batch.dropped_too_long),
                 "update_time": update_time,
@@ -381,7 +424,7 @@ class Trainer:
             "ratio_mean": stats.ratio_sum / tokens,
             "grad_norm": grad_norm,
             "trainable_tokens": float(num_tokens),
-            "sequences": float(len(seqs)),
+            "sequences": float(num_sequences),
             "micro_batches": float(len(plan)),
             "padded_tokens": float(sum(len(p) * max(len(seqs[i]) for i in p) for p in plan)),
             "zero_variance_fraction": batch.zero_variance_fraction,

@@ -1,0 +1,477 @@
+"""`WorkerBackend`: the driver side shared by `LocalBackend` and `RayBackend`.
+
+The driver owns the run store (trajectories, history) and the decisions; the models live on workers
+(backend/worker.py), one per device. Where the workers run is the subclass's business: in the driver's
+process (one device), in one process per device on this host (backend/processes.py), or as Ray actors
+on a cluster (backend/ray.py). The driver reaches them only through `_call` (a method of every rank)
+and `_endpoint` (where rollout requests go).
+
+A train step, in order (each step of the order is there for a failure seen in ART):
+1. write the step's trajectories to the run store FIRST: a crash during training loses nothing;
+   a step whose groups all have equal rewards is skipped here (see `TrainConfig.max_skipped_steps`):
+   no gradient step, a warning naming the groups, an ``alert`` row ``no_signal`` in the history, and
+   the unchanged adapter checkpointed and served as the next step, as ART does;
+2. tokenise once, here (token-in/token-out; raises `NotTrainableError` saying why when nothing is
+   trainable), and split the sequences over the ranks, balanced by length: the advantages are already
+   computed per group, and the trainers sum their normalisers and gradients, so any split of the
+   sequences gives the gradient of the whole batch;
+3. each rank pauses its engine (no forward pass runs), runs the GRPO step, resumes;
+4. rank 0 saves the checkpoint atomically (adapter, optimizer, RNG, step, the caller's data cursor,
+   the step's history row; state.json last), then the driver appends that row to history.jsonl;
+5. every rank loads its own copy of the new adapter into its engine and checks it: its LoRA tensors
+   must equal the trainer's, and a real chat request must answer as ``name@k`` -- else
+   `AdapterMismatchError` (ART once served a stale adapter silently); the driver checks that every
+   rank holds the same adapter, bit for bit -- else `ReplicaDivergenceError`;
+6. retention: keep the latest checkpoint and the best (named by `keep_best`, else by
+   `best_checkpoint_metric`); serve only the last `served_steps` steps.
+
+`train_sft()` (supervised steps on demonstrations) follows the same order, with one optimizer update
+per batch of trajectories; it is a step like any other (checkpoint, history row, served adapter).
+
+`register()` resumes from the latest intact checkpoint on every rank: the same files give every rank
+the same adapter, optimizer state and RNG, and the driver gets the step and data cursor saved with it
+(and replays the step's history row if history.jsonl lacks it: a crash between the two writes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from groupwise.backend.base import Backend, InferenceEndpoint, TrainResult
+from groupwise.backend.worker import ModelSpec, WorkerOptions
+from groupwise.compute import compute_thread
+from groupwise.config import LoraConfig, TrainConfig
+from groupwise.errors import GroupwiseError, NotTrainableError
+
+if TYPE_CHECKING:
+    from groupwise.config import TrainSFTConfig
+    from groupwise.model import TrainableModel
+    from groupwise.types import Trajectory, TrajectoryGroup
+
+DEFAULT_PATH = ".groupwise"
+
+log = logging.getLogger("groupwise.backend")
+
+
+class ReplicaDivergenceError(GroupwiseError):
+    """Data-parallel ranks hold different adapters after a step (they must be bitwise equal)."""
+
+
+class WorkerError(GroupwiseError):
+    """A worker died, stopped answering, or failed a call; the run can resume from its last checkpoint."""
+
+
+@dataclass
+class _Run:
+    """What the driver keeps for one registered model."""
+
+    spec: ModelSpec
+    store: Any
+    tokenizer: Any
+    step: int = 0
+    checkpoint_path: str | None = None
+    cursor: dict[str, Any] = field(default_factory=dict)
+    best_step: int | None = None  # named by keep_best(); retention keeps it
+    skipped_in_a_row: int = 0  # consecutive steps skipped for lack of signal (restored on resume)
+    urls: list[str | None] = field(default_factory=list)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _merge_ranks(metrics: list[dict[str, float]]) -> dict[str, float]:
+    """One update's metrics from every rank's: the loss terms and counts are already sums over the
+    ranks (the trainer reduces them); the micro-batches and padding are per rank, the time the slowest."""
+    out = dict(metrics[0])
+    if len(metrics) > 1:
+        for key in ("micro_batches", "padded_tokens"):
+            if key in out:
+                out[key] = float(sum(m.get(key, 0.0) for m in metrics))
+        out["update_time"] = max(m["update_time"] for m in metrics)
+        if "trainable_tokens_per_s" in out:
+            out["trainable_tokens_per_s"] = out["trainable_tokens"] / max(out["update_time"], 1e-9)
+    return out
+
+
+def shard_batch(batch: Any, ranks: int) -> list[Any]:
+    """Split a `TokenizedBatch`'s sequences over `ranks`: longest first, each to the rank with the fewest
+    tokens so far (padding and compute follow length). Every shard carries the step's counts (groups,
+    zero-variance groups, dropped), so each rank reports the step's metrics."""
+    from dataclasses import replace
+
+    order = sorted(range(len(batch.sequences)), key=lambda i: (-len(batch.sequences[i]), i))
+    load = [0] * ranks
+    parts: list[list[int]] = [[] for _ in range(ranks)]
+    for i in order:
+        r = min(range(ranks), key=lambda k: (load[k], k))
+        parts[r].append(i)
+        load[r] += len(batch.sequences[i])
+    return [replace(batch, sequences=[batch.sequences[i] for i in sorted(p)]) for p in parts]
+
+
+class WorkerBackend(Backend):
+    """Serve and train `TrainableModel`s on workers, one per device (module doc). Subclasses place the
+    workers and implement `_start`, `_call`, `_endpoint` and `_stop`.
+
+    Args:
+        path: root of the run store (``<path>/<project>/<model>/``) when the model keeps the default
+            base_path; a model constructed with its own base_path keeps it.
+        dtype: "bfloat16", "float32", ... (default: bf16 on CUDA, fp32 on CPU). LoRA weights are fp32.
+        lora: the adapter's rank, alpha, dropout and target modules (`gw.LoraConfig`); a model built
+            with ``TrainableModel(..., config=gw.LoraConfig(...))`` uses its own instead.
+        max_batch_size: sequences each engine decodes together.
+        served_steps: how many recent steps stay loaded in the engines (name@k); older ones unload.
+        best_checkpoint_metric: without `keep_best` calls (the loop makes them), retention keeps the
+            latest checkpoint and the best by this metric (read from the step metrics or from
+            history.jsonl's val rows); None keeps every checkpoint.
+        verify_adapter: after each step, check the engines serve the new adapter (recommended).
+        engine_kwargs: more `Engine` settings (e.g. ``prefix_cache_tokens``).
+        load_model: ``(base_model, device=, dtype=) -> (model, tokenizer)`` loading the base model in place
+            of `groupwise.loading.load_base_model`. Workers outside this process receive it pickled: a
+            module-level function of a module they can import.
+    """
+
+    def __init__(
+        self,
+        path: str = DEFAULT_PATH,
+        *,
+        dtype: str | None = None,
+        lora: LoraConfig | None = None,
+        max_batch_size: int = 32,
+        served_steps: int = 2,
+        best_checkpoint_metric: str | None = "val/reward",
+        verify_adapter: bool = True,
+        engine_kwargs: dict[str, Any] | None = None,
+        load_model: Any = None,
+    ) -> None:
+        self.path = str(path)
+        self.load_model = load_model
+        self.dtype = dtype
+        self.lora = lora if lora is not None else LoraConfig()
+        self.max_batch_size = max_batch_size
+        self.served_steps = max(1, served_steps)
+        self.best_checkpoint_metric = best_checkpoint_metric
+        self.verify_adapter = verify_adapter
+        self.engine_kwargs = dict(engine_kwargs or {})
+        self._runs: dict[str, _Run] = {}
+        self._started = False
+
+    # ------------------------------------------------------------------------------ placement
+    @property
+    @abstractmethod
+    def world_size(self) -> int:
+        """Number of workers (data-parallel ranks)."""
+
+    def _worker_options(self, *, serve_http: bool, http_host: str = "127.0.0.1",
+                        api_key: str | None = None) -> WorkerOptions:
+        return WorkerOptions(dtype=self.dtype, max_batch_size=self.max_batch_size, engine_kwargs=self.engine_kwargs,
+                             verify_adapter=self.verify_adapter, serve_http=serve_http, http_host=http_host,
+                             api_key=api_key, load_model=self.load_model)
+
+    @abstractmethod
+    async def _start(self) -> None:
+        """Start the workers (and their process group)."""
+
+    @abstractmethod
+    async def _call(self, method: str, kwargs: list[dict[str, Any]]) -> list[Any]:
+        """Call `Worker.<method>(**kwargs[r])` on every rank r at once; the results by rank. Raises
+        `WorkerError` when a worker dies or fails."""
+
+    @abstractmethod
+    def _endpoint(self, name: str, urls: list[str | None]) -> InferenceEndpoint:
+        """Where requests for model `name` go (its app on each rank: `urls`, None in process)."""
+
+    @abstractmethod
+    async def _stop(self) -> None:
+        """Stop the workers."""
+
+    async def _call_all(self, method: str, **kwargs: Any) -> list[Any]:
+        return await self._call(method, [kwargs] * self.world_size)
+
+    # ------------------------------------------------------------------------------ register
+    def _run(self, model: "TrainableModel") -> _Run:
+        run = self._runs.get(model.name)
+        if run is None:
+            raise GroupwiseError(
+                f"model {model.name!r} is not registered with this {type(self).__name__}; "
+                "call `await model.register(backend)`"
+            )
+        return run
+
+    async def register(self, model: "TrainableModel") -> None:
+        if model.name in self._runs:
+            return
+        if model.base_path == DEFAULT_PATH and self.path != DEFAULT_PATH:
+            model.base_path = self.path  # the backend's path is where a default-configured model's run lives
+            model._store = None
+        if not self._started:
+            await self._start()
+            self._started = True
+        # The model's own LoRA settings (config=, ART's lora_config= / peft_args) override the backend's.
+        lora = model.lora_for(self.lora)
+        store = model.store
+        spec = ModelSpec(model.name, model.base_model, lora, str(store.checkpoints_dir))
+        infos = await self._call_all("load", spec=spec)
+        steps = {info["step"] for info in infos}
+        prints = {tuple(info["fingerprint"]) for info in infos}
+        if len(steps) > 1 or len(prints) > 1:
+            raise ReplicaDivergenceError(
+                f"the ranks resumed {model.name!r} differently (steps {sorted(steps)}, {len(prints)} distinct "
+                f"adapters) from {spec.checkpoints_dir}: every rank must read the same checkpoint folder "
+                "(on several hosts, put the run's base_path on a filesystem every host sees)."
+            )
+        head = infos[0]
+        for row in head["history"]:  # a crash between the checkpoint and the history append lost none
+            await asyncio.to_thread(store.append_history, row, if_missing=True)
+        self._runs[model.name] = _Run(spec, store, head["tokenizer"], step=head["step"],
+                                      checkpoint_path=head["checkpoint_path"], cursor=head["cursor"],
+                                      urls=[info["url"] for info in infos],
+                                      skipped_in_a_row=int(head["metrics"].get("skipped_in_a_row", 0)))
+
+    # ------------------------------------------------------------------------------ serve
+    def inference_endpoint(self, model: "TrainableModel") -> InferenceEndpoint:
+        run = self._run(model)
+        return self._endpoint(model.name, run.urls)
+
+    async def get_step(self, model: "TrainableModel") -> int:
+        return self._run(model).step
+
+    async def checkpoint_cursor(self, model: "TrainableModel") -> dict[str, Any]:
+        return dict(self._run(model).cursor)
+
+    async def serve_step(self, model: "TrainableModel", step: int) -> None:
+        self._run(model)
+        await self._call_all("serve_step", name=model.name, step=step)
+
+    async def keep_best(self, model: "TrainableModel", step: int, *, metrics_by_step: dict[int, float] | None = None,
+                        maximize: bool = True) -> None:
+        run = self._run(model)
+        run.best_step = int(step)
+        await self._retain(run)
+
+    async def served_steps(self, model: "TrainableModel") -> list[int]:
+        """The steps each engine serves now (the same on every rank)."""
+        return (await self._call_all("served_steps", name=model.name))[0]
+
+    async def rank_states(self, model: "TrainableModel") -> list[dict[str, Any]]:
+        """Each rank's adapter tensors, optimizer tensors and torch RNG state (CPU copies), by rank: to
+        check that the ranks hold the same model, e.g. after a resume."""
+        self._run(model)
+        return await self._call_all("state_tensors", name=model.name)
+
+    # ------------------------------------------------------------------------------ train
+    async def train(
+        self, model: "TrainableModel", groups: "list[TrajectoryGroup]", config: TrainConfig | None = None, *,
+        cursor: dict[str, Any] | None = None, **options: Any,
+    ) -> TrainResult:
+        """One GRPO step on `groups`; returns once the new adapter is served and verified.
+
+        ART 0.5's form works too: ``await backend.train(model, groups, learning_rate=1e-5, ...)``; its
+        options map onto `TrainConfig` fields or are named once in a warning (docs/porting-from-art.md).
+        Unlike `model.train`, this does not log the groups to the history (as in ART)."""
+        from groupwise.compat import train_config_from_art
+        from groupwise.inference.tool_calls import prepare_messages
+        from groupwise.store import history_row, numeric_metrics
+        from groupwise.training.tokenize import tokenize_groups
+
+        if options or not isinstance(config, TrainConfig):
+            config = train_config_from_art(config, options, where=f"{type(self).__name__}.train")
+        run = self._run(model)
+        async with run.lock:  # one step at a time per model
+            t0 = time.perf_counter()
+            step = run.step
+            groups = list(groups)
+            # 1. trajectories first: a crash in the step loses nothing.
+            await asyncio.to_thread(run.store.write_trajectories, "train", step, groups)
+            metrics = await asyncio.to_thread(self._no_signal, run, groups, step, config)
+            if metrics is None:
+                # 2. token-in/token-out batch, rendered as the server rendered the prompts; one share per rank.
+                batch = await compute_thread().run(
+                    tokenize_groups, groups, run.tokenizer, max_seq_len=config.max_seq_len,
+                    scale_rewards=config.scale_rewards, prepare=prepare_messages,
+                )
+                shards = shard_batch(batch, self.world_size)
+                del batch
+                # 3. the update on every rank (gradients summed over the ranks).
+                per_rank = await self._call("update", [
+                    {"name": model.name, "updates": [{"batch": shard, "config": config, "objective": "grpo"}],
+                     "step": step} for shard in shards
+                ])
+                del shards
+                metrics = _merge_ranks([updates[0] for updates in per_rank])
+                run.skipped_in_a_row = 0
+                metrics.update(skipped=0.0, skipped_in_a_row=0.0)
+            # 4.-6. checkpoint (with the step's history row), serve and verify, retention.
+            row = history_row(groups, step=step, split="train", metrics=numeric_metrics(metrics))
+            await self._publish(run, step + 1, metrics, dict(cursor or {}), row)
+            metrics["step_time"] = time.perf_counter() - t0
+            return TrainResult(step=run.step, metrics=metrics, checkpoint_path=run.checkpoint_path)
+
+    def _no_signal(self, run: _Run, groups: "list[TrajectoryGroup]", step: int,
+                   config: TrainConfig) -> dict[str, float] | None:
+        """None when some group's rewards differ; else the skipped step's metrics, after the warning
+        and the history record. Raises NotTrainableError past `config.max_skipped_steps`."""
+        from groupwise.training.advantages import compute_advantages
+
+        rewards = [g.rewards() for g in groups]
+        if compute_advantages(rewards).zero_variance_groups < len(groups):
+            return None
+        shown = "; ".join(f"group {g}: {r[:6]}{' ...' if len(r) > 6 else ''}" for g, r in enumerate(rewards[:6]))
+        why = (f"no learning signal: in every one of the {len(groups)} group(s) all rewards are equal "
+               f"({shown}{'; ...' if len(groups) > 6 else ''}), so every group-relative advantage is 0"
+               if groups else "no learning signal: no groups were given (did the reward step drop every group?)")
+        fix = ("Make rewards differ within a group: more rollouts per group, a graded reward instead of "
+               "pass/fail, harder or easier scenarios, or a judge (RULER).")
+        if run.skipped_in_a_row >= config.max_skipped_steps:
+            raise NotTrainableError(
+                f"step {step}: {why}. {run.skipped_in_a_row} step(s) in a row were already skipped for this "
+                f"and TrainConfig.max_skipped_steps={config.max_skipped_steps} allows no more. {fix}"
+            )
+        run.skipped_in_a_row += 1
+        message = (f"step {step} skipped: {why}. No gradient step was taken; the adapter of step {step} is "
+                   f"served unchanged as step {step + 1}. {run.skipped_in_a_row} of at most "
+                   f"{config.max_skipped_steps} consecutive skipped step(s) (TrainConfig.max_skipped_steps). {fix}")
+        log.warning("%s", message)
+        run.store.append_history({
+            "step": step, "split": "alert", "recorded_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            "name": "no_signal", "severity": "warning", "message": message, "action": "skip",
+            "evidence": {"rewards": [r[:8] for r in rewards[:8]], "skipped_in_a_row": run.skipped_in_a_row},
+        })
+        return {"skipped": 1.0, "skipped_in_a_row": float(run.skipped_in_a_row),
+                "no_signal_groups": float(len(groups))}
+
+    async def train_sft(
+        self, model: "TrainableModel", trajectories: "list[Trajectory]", config: "TrainSFTConfig | None" = None
+    ) -> TrainResult:
+        """One supervised step: the same order as `train` (store first, tokenise, exclusive use of the
+        model, checkpoint, serve and verify, retention), with one optimizer update per batch of
+        `config.batch_size` trajectories (training/sft.py's loss on their assistant turns). The data
+        cursor of the last GRPO step is kept in its checkpoint."""
+        from groupwise.config import TrainSFTConfig
+        from groupwise.inference.tool_calls import prepare_messages
+        from groupwise.store import history_row, numeric_metrics
+        from groupwise.training.sft import tokenize_sft
+        from groupwise.types import TrajectoryGroup
+
+        config = config if config is not None else TrainSFTConfig()
+        run = self._run(model)
+        trajectories = list(trajectories)
+        if not trajectories:
+            raise GroupwiseError("train_sft() got no trajectories; pass the demonstrations to imitate")
+        size = config.resolved_batch_size()
+        chunks = [trajectories[i:i + size] for i in range(0, len(trajectories), size)]
+        rates = config.rates(len(chunks))
+        async with run.lock:
+            t0 = time.perf_counter()
+            step = run.step
+            # 1. demonstrations first (one group per batch): a crash in the step loses nothing.
+            await asyncio.to_thread(run.store.write_trajectories, "sft", step, [TrajectoryGroup(c) for c in chunks])
+            # 2. token-in/token-out, rendered as the server renders requests; each batch split over the ranks.
+            shards = [shard_batch(await compute_thread().run(
+                tokenize_sft, c, run.tokenizer, max_seq_len=config.max_seq_len,
+                assistant_turns=config.assistant_turns, prepare=prepare_messages), self.world_size) for c in chunks]
+            # 3. one update per batch, with exclusive use of the shared model.
+            updates = [TrainConfig(
+                learning_rate=rate, max_grad_norm=config.max_grad_norm, weight_decay=config.weight_decay,
+                micro_batch_tokens=config.micro_batch_tokens, max_seq_len=config.max_seq_len,
+                logprob_chunk_size=config.logprob_chunk_size, seed=config.seed,
+                gradient_checkpointing=config.gradient_checkpointing) for rate in rates]
+            per_rank = await self._call("update", [
+                {"name": model.name, "step": step,
+                 "updates": [{"batch": parts[r], "config": u, "objective": "sft"} for parts, u in zip(shards, updates)]}
+                for r in range(self.world_size)
+            ])
+            del shards
+            per_update = [_merge_ranks(list(ranks)) for ranks in zip(*per_rank)]
+            tokens = sum(m["trainable_tokens"] for m in per_update)
+            metrics = {
+                "loss": sum(m["loss"] * m["trainable_tokens"] for m in per_update) / max(tokens, 1.0),
+                "first_loss": per_update[0]["loss"], "last_loss": per_update[-1]["loss"],
+                "grad_norm": sum(m["grad_norm"] for m in per_update) / len(per_update),
+                "trainable_tokens": tokens,
+                "sequences": sum(m["sequences"] for m in per_update),
+                "updates": float(len(per_update)),
+                "dropped_too_long": sum(m["dropped_too_long"] for m in per_update),
+                "update_time": sum(m["update_time"] for m in per_update),
+                "learning_rate": rates[-1],
+            }
+            # 4-6. checkpoint, serve and verify, retention: an SFT step is a step like any other.
+            row = history_row([], step=step, split="sft", metrics=numeric_metrics(metrics))
+            await self._publish(run, step + 1, metrics, dict(run.cursor), row)
+            metrics["step_time"] = time.perf_counter() - t0
+            return TrainResult(step=run.step, metrics=metrics, checkpoint_path=run.checkpoint_path)
+
+    async def _publish(self, run: _Run, new_step: int, metrics: dict[str, float], cursor: dict[str, Any],
+                       row: dict[str, Any]) -> None:
+        """4. rank 0 saves the checkpoint with the step's history row, the row is appended, 5. every
+        rank serves its copy of the new adapter and checks it, the ranks' adapters are compared,
+        6. retention."""
+        results = await self._call_all("publish", name=run.spec.name, step=new_step, metrics=metrics, cursor=cursor,
+                                       history=[row])
+        await asyncio.to_thread(run.store.append_history, row)
+        self._check_identical(run.spec.name, new_step, results)
+        run.step = new_step
+        run.checkpoint_path = results[0]["checkpoint_path"]
+        run.cursor = cursor
+        await self._retain(run)
+
+    def _check_identical(self, name: str, step: int, results: list[dict[str, Any]]) -> None:
+        prints = [tuple(r["fingerprint"]) for r in results]
+        if len(set(prints)) > 1:
+            odd = [r["rank"] for r in results if tuple(r["fingerprint"]) != prints[0]]
+            raise ReplicaDivergenceError(
+                f"after step {step} of {name!r} the adapters of rank(s) {odd} differ from rank 0's: the data-parallel "
+                "ranks no longer train the same model (a non-deterministic optimizer or a rank that skipped the "
+                "gradient all-reduce). Their rollouts would sample different policies; resume from the last "
+                "checkpoint."
+            )
+
+    @staticmethod
+    def _metric_by_step(run: _Run, metric: str) -> dict[int, float]:
+        """``split/key`` (e.g. "val/reward") read from the history: a val row at step k evaluates checkpoint k.
+        A metric without a split is read from each checkpoint's own metrics instead (empty here)."""
+        by_step: dict[int, float] = {}
+        split, _, key = metric.partition("/")
+        if key:
+            for row in run.store.history(skip_corrupt=True):
+                if row.get("split") == split and isinstance(row.get(key), (int, float)):
+                    by_step[int(row["step"])] = float(row[key])
+        return by_step
+
+    async def delete_checkpoints(self, model: "TrainableModel", best_checkpoint_metric: str = "val/reward") -> None:
+        """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (ART's
+        `model.delete_checkpoints()`); steps still served keep being served from memory."""
+        run = self._run(model)
+        by_step = await asyncio.to_thread(self._metric_by_step, run, best_checkpoint_metric)
+        await self._call_all("prune", name=model.name, best_metric=best_checkpoint_metric, metrics_by_step=by_step)
+
+    async def _retain(self, run: _Run) -> None:
+        metric = self.best_checkpoint_metric
+        by_step: dict[int, float] = {}
+        if run.best_step is None and metric is not None:
+            by_step = await asyncio.to_thread(self._metric_by_step, run, metric)
+        keep = [run.best_step] if run.best_step is not None else []
+        await self._call_all("retain", name=run.spec.name, step=run.step, served_steps=self.served_steps, keep=keep,
+                             best_metric=metric, metrics_by_step=by_step, maximize=True)
+
+    # ------------------------------------------------------------------------------ close
+    async def close(self) -> None:
+        if self._started:
+            try:
+                await self._call_all("close")
+            except WorkerError:
+                pass  # the workers failed already, and that was raised where it happened: stop what is left
+            finally:
+                self._runs.clear()
+                self._started = False
+                await self._stop()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "backend": type(self).__name__, "path": self.path, "dtype": self.dtype, "world_size": self.world_size,
+            "lora": self.lora.to_dict(), "models": {k: v.step for k, v in self._runs.items()},
+        }

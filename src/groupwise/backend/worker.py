@@ -1,0 +1,250 @@
+"""`Worker`: one rank of a backend, holding a `Replica` per registered model on its device.
+
+The same class runs in the driver's own process (one device), in a process of its own per device
+(data-parallel on one host, backend/processes.py) and as a Ray actor (backend/ray.py). Its methods are
+coroutines the driver awaits (in process), sends through a pipe, or calls as actor methods; the torch
+work runs on the process's compute thread (groupwise/compute.py), so the event loop keeps serving HTTP
+meanwhile.
+
+A worker of a data-parallel group joins the torch.distributed process group (NCCL between GPUs, gloo
+on CPUs) whose collectives sum the trainer's gradients, and serves each replica's OpenAI-compatible app
+over HTTP (uvicorn), where the driver's router sends rollout requests. Rank 0 writes the checkpoints;
+every other rank saves its own copy of the new adapter to a scratch folder and loads that into its
+own engine, so no weights travel between ranks beyond the gradient all-reduce.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from groupwise.backend.memory import release_freed_memory
+from groupwise.backend.replica import Replica
+from groupwise.compute import compute_thread
+from groupwise.config import LoraConfig
+
+
+@dataclass
+class ModelSpec:
+    """What a worker needs to load (or resume) one model."""
+
+    name: str
+    base_model: str
+    lora: LoraConfig
+    checkpoints_dir: str
+
+
+@dataclass
+class WorkerOptions:
+    """Settings shared by every rank (the backend's constructor arguments)."""
+
+    dtype: str | None = None
+    max_batch_size: int = 32
+    engine_kwargs: dict[str, Any] | None = None
+    verify_adapter: bool = True
+    serve_http: bool = False  # serve each replica's app over HTTP (a worker outside the driver's process)
+    http_host: str = "127.0.0.1"  # the address its servers listen on
+    api_key: str | None = None  # the key requests to those servers must carry
+    load_model: Any = None  # (name, device=, dtype=) -> (model, tokenizer); None: groupwise.loading.load_base_model
+
+
+class Worker:
+    """One rank: replicas of the registered models on `device` (module doc)."""
+
+    def __init__(self, rank: int, world_size: int, device: str | None, options: WorkerOptions) -> None:
+        self.rank, self.world_size, self.device, self.options = rank, world_size, device, options
+        self.replicas: dict[str, Replica] = {}
+        self.specs: dict[str, ModelSpec] = {}
+        self.process_group: Any = None
+        self._servers: dict[str, Any] = {}
+        self._server_tasks: list[asyncio.Task] = []
+        self._scratch = Path(tempfile.mkdtemp(prefix=f"groupwise-rank{rank}-")) if rank > 0 else None
+
+    # ------------------------------------------------------------------------------ setup
+    async def init_process_group(self, init_method: str, timeout_s: float) -> dict[str, Any]:
+        """Join the data-parallel group: NCCL when this rank's device is a GPU, else gloo. A collective
+        waiting longer than `timeout_s` for a rank (a dead one) raises instead of hanging."""
+        import torch
+        import torch.distributed as dist
+
+        if self.world_size == 1:
+            return {"rank": 0, "backend": None, "host": socket.gethostname()}  # nothing to sum over
+        device = torch.device(self.device) if self.device else torch.device("cpu")
+        backend = "nccl" if device.type == "cuda" else "gloo"
+
+        def init() -> None:
+            if device.type == "cuda":
+                torch.cuda.set_device(device)  # on the compute thread, where the CUDA work runs
+            dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world_size,
+                                    timeout=timedelta(seconds=timeout_s),
+                                    device_id=device if device.type == "cuda" else None)
+
+        await compute_thread().run(init)
+        self.process_group = dist.group.WORLD
+        return {"rank": self.rank, "backend": backend, "host": socket.gethostname()}
+
+    # ------------------------------------------------------------------------------ models
+    async def load(self, spec: ModelSpec) -> dict[str, Any]:
+        """Load (or resume) a model; returns its step, the cursor and path of the checkpoint resumed
+        from, (when serving over HTTP) the base URL of its app, and (rank 0) the tokenizer."""
+        if spec.name in self.replicas:
+            raise ValueError(f"model {spec.name!r} is already loaded on rank {self.rank}")
+        o = self.options
+        compute = compute_thread()
+        replica = await compute.run(
+            Replica, spec.name, spec.base_model, spec.lora, device=self.device, dtype=o.dtype,
+            max_batch_size=o.max_batch_size, engine_kwargs=o.engine_kwargs, process_group=self.process_group,
+            api_key=o.api_key, load_model=o.load_model,
+        )
+        self.replicas[spec.name], self.specs[spec.name] = replica, spec
+        # Every rank loads the same checkpoint files: the same adapter, optimizer and RNG everywhere.
+        state = await compute.run(replica.resume, spec.checkpoints_dir)
+        info: dict[str, Any] = {
+            "rank": self.rank, "step": state.step if state else 0, "cursor": dict(state.cursor) if state else {},
+            "checkpoint_path": str(state.path) if state else None,
+            "metrics": dict(state.metrics) if state else {}, "history": list(state.history) if state else [],
+            "fingerprint": await compute.run(replica.adapter_fingerprint), "url": None,
+            # the driver tokenises the steps' batches with the same tokenizer (it may not reach the model files)
+            "tokenizer": replica.tokenizer if self.rank == 0 else None,
+        }
+        if o.serve_http:
+            info["url"] = await self._serve_http(spec.name, replica.app)
+        return info
+
+    async def _serve_http(self, name: str, app: Any) -> str:
+        """Serve `app` with uvicorn on a free port of `http_host`; returns its ``/v1`` base URL."""
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.options.http_host, 0))
+        port = sock.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=30))
+        self._servers[name] = server
+        self._server_tasks.append(asyncio.create_task(server.serve(sockets=[sock])))
+        while not server.started:
+            await asyncio.sleep(0.01)
+        return f"http://{self.options.http_host}:{port}/v1"
+
+    def app(self, name: str) -> Any:
+        """The replica's app (in-process use: the driver reaches it through an ASGI transport)."""
+        return self.replicas[name].app
+
+    # ------------------------------------------------------------------------------ training
+    async def update(self, name: str, updates: list[dict[str, Any]], step: int) -> list[dict[str, float]]:
+        """Optimizer updates on this rank's share, with exclusive use of the shared model: each of
+        `updates` is {"batch": TokenizedBatch, "config": TrainConfig, "objective": "grpo" | "sft"}.
+        Returns each update's metrics (the loss terms and counts summed over the ranks)."""
+        replica = self.replicas[name]
+        compute = compute_thread()
+        out = []
+        async with replica.engine.paused():  # no forward pass of the engine while the trainer runs
+            for u in updates:
+                out.append(await compute.run(replica.trainer.train_step, u["batch"], u["config"], step=step,
+                                             objective=u.get("objective", "grpo")))
+        del updates
+        if replica.device.type == "cpu":
+            release_freed_memory()  # else RSS grows by GBs a step (backend/memory.py)
+        return out
+
+    async def publish(self, name: str, step: int, metrics: dict[str, float], cursor: dict[str, Any],
+                      history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """After the updates of `step`: rank 0 checkpoints (with the step's `history` rows), every rank
+        serves its own copy of the new adapter and checks it. Returns the checkpoint path (rank 0) and
+        the adapter's fingerprint (the driver compares them across ranks)."""
+        replica, spec = self.replicas[name], self.specs[name]
+        compute = compute_thread()
+        if self.rank == 0:
+            path = await compute.run(replica.save, spec.checkpoints_dir, step, metrics, cursor, history)
+            await compute.run(replica.serve, step, str(path))
+        else:
+            assert self._scratch is not None
+            path = await compute.run(replica.save_adapter, self._scratch / f"{name}-{step}")
+            await compute.run(replica.serve, step, str(path))
+            shutil.rmtree(path, ignore_errors=True)  # the engine holds the weights now
+        if self.options.verify_adapter:
+            await compute.run(replica.check_adapter, step, str(path))
+            await replica.check_answers(step)
+        return {"rank": self.rank, "checkpoint_path": str(path) if self.rank == 0 else None,
+                "fingerprint": await compute.run(replica.adapter_fingerprint)}
+
+    # ------------------------------------------------------------------------------ serving and retention
+    async def serve_step(self, name: str, step: int) -> None:
+        replica, spec = self.replicas[name], self.specs[name]
+        await compute_thread().run(replica.serve_checkpoint, spec.checkpoints_dir, step)
+
+    async def retain(self, name: str, step: int, served_steps: int, keep: list[int], best_metric: str | None,
+                     metrics_by_step: dict[int, float], maximize: bool) -> list[int]:
+        """Serve only the last `served_steps` steps; unless `best_metric` is None, rank 0 deletes the
+        checkpoints that are neither the latest nor the best (`keep` when the caller named it, else the
+        best by `best_metric`). Returns the deleted steps."""
+        from groupwise.training.checkpoint import list_checkpoints, prune_checkpoints
+
+        replica, spec = self.replicas[name], self.specs[name]
+        await compute_thread().run(replica.unserve_before, step, served_steps)
+        if self.rank != 0 or best_metric is None:  # None: every checkpoint is kept
+            return []
+        if keep:  # the caller named the best step: keep it and the latest
+            deleted = []
+            found = list_checkpoints(spec.checkpoints_dir, warn=False)
+            for s in found[:-1]:
+                if s.step not in keep and s.path is not None:
+                    shutil.rmtree(s.path, ignore_errors=True)
+                    deleted.append(s.step)
+            return deleted
+        return prune_checkpoints(spec.checkpoints_dir, best_metric=best_metric, maximize=maximize,
+                                 metrics_by_step=metrics_by_step)
+
+    async def prune(self, name: str, best_metric: str, metrics_by_step: dict[int, float]) -> list[int]:
+        """Rank 0 deletes every checkpoint but the latest and the best by `best_metric`."""
+        from groupwise.training.checkpoint import prune_checkpoints
+
+        if self.rank != 0:
+            return []
+        return prune_checkpoints(self.specs[name].checkpoints_dir, best_metric=best_metric,
+                                 metrics_by_step=metrics_by_step)
+
+    async def served_steps(self, name: str) -> list[int]:
+        return self.replicas[name].served_steps()
+
+    async def state_tensors(self, name: str) -> dict[str, Any]:
+        """What a resume must restore, as CPU tensors: the adapter, the optimizer state, the torch RNG."""
+        import torch
+
+        from groupwise.training.checkpoint import optimizer_to_tensors
+
+        def collect() -> dict[str, Any]:
+            trainer = self.replicas[name].trainer
+            named = trainer.trainable_named_parameters()
+            optimizer = optimizer_to_tensors(trainer.optimizer, [n for n, _ in named])[0] if trainer.optimizer else {}
+            return {"adapter": {n: p.detach().cpu().clone() for n, p in named}, "optimizer": optimizer,
+                    "rng": torch.get_rng_state()}
+
+        return await compute_thread().run(collect)
+
+    # ------------------------------------------------------------------------------ shutdown
+    async def close(self) -> None:
+        for server in self._servers.values():
+            server.should_exit = True
+        if self._server_tasks:
+            await asyncio.wait(self._server_tasks, timeout=5)
+        for replica in self.replicas.values():
+            replica.close()
+        self.replicas.clear()
+        if self.process_group is not None:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self.process_group = None
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+    def ping(self) -> int:
+        return self.rank
