@@ -47,37 +47,53 @@ def random_model(name: str, device: str | None = None, dtype: str | None = None)
     return build_model(name.removeprefix("random:"), device or "cuda", dtype, seed=0)
 
 
-async def one_step(model: Any, args: Any, n_gpus: int, step: int, config: Any) -> dict[str, float]:
+async def one_step(model: Any, args: Any, n_gpus: int, step: int, config: Any, per_group: bool) -> dict[str, float]:
+    """One GRPO step as a user's loop runs it; returns its times and where the rollout time went."""
     import groupwise as gw
+    from groupwise.backend.routing import REPLICA_HEADER
     from train_step import QUESTIONS, reward_fn
 
     client = model.openai_client()
+    spans: list[tuple[float, float, int]] = []  # (sent, answered, replica) of every request
 
-    async def rollout(prompt: str, i: int) -> gw.Trajectory:
+    async def ask(prompt: str, seed: int, n: int) -> list[gw.Trajectory]:
         messages = [{"role": "user", "content": prompt}]
-        r = await client.chat.completions.create(model=model.inference_name(), messages=messages,
-                                                 max_tokens=args.completion_len, temperature=1.0,
-                                                 seed=100_000 * step + i)
-        choice = r.choices[0]
-        return gw.Trajectory(messages_and_choices=[*messages, choice], reward=reward_fn(choice.message.content or ""))
+        t = time.perf_counter()
+        raw = await client.chat.completions.with_raw_response.create(
+            model=model.inference_name(), messages=messages, max_tokens=args.completion_len, temperature=1.0,
+            seed=seed, n=n)
+        r = raw.parse()
+        spans.append((t, time.perf_counter(), int(raw.headers.get(REPLICA_HEADER, -1))))
+        return [gw.Trajectory(messages_and_choices=[*messages, c], reward=reward_fn(c.message.content or ""))
+                for c in r.choices]
 
     n_groups = n_gpus * args.prompts
     prompts = [f"{QUESTIONS[g % len(QUESTIONS)]} (variant {g}, step {step})" for g in range(n_groups)]
-    t0 = time.perf_counter()
-    groups = [gw.TrajectoryGroup(await asyncio.gather(*(rollout(p, args.group_size * g + i)
-                                                       for i in range(args.group_size))))
-              for g, p in enumerate(prompts)] if args.sequential_groups else None
-    if groups is None:
-        trajs = await asyncio.gather(*(rollout(p, args.group_size * g + i) for g, p in enumerate(prompts)
-                                       for i in range(args.group_size)))
-        groups = [gw.TrajectoryGroup(trajs[g * args.group_size:(g + 1) * args.group_size]) for g in range(n_groups)]
-    t1 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    if per_group:  # one request of n completions per group
+        answers = await asyncio.gather(*(ask(p, 100_000 * step + g, args.group_size) for g, p in enumerate(prompts)))
+        groups = [gw.TrajectoryGroup(a) for a in answers]
+    else:  # one request per rollout, as agent code does
+        answers = await asyncio.gather(*(ask(p, 100_000 * step + args.group_size * g + i, 1)
+                                         for g, p in enumerate(prompts) for i in range(args.group_size)))
+        groups = [gw.TrajectoryGroup([t for a in answers[g * args.group_size:(g + 1) * args.group_size] for t in a])
+                  for g in range(n_groups)]
+    t1, cpu1 = time.perf_counter(), time.process_time()
     result = await model.train(groups, config=config)
     t2 = time.perf_counter()
     generated = sum(len(t.choices()[0].token_ids or []) for g in groups for t in g)
     m = result.metrics
+    sent = [a for a, _, _ in spans]
+    by_replica = {}
+    for a, b, r in spans:
+        lo, hi, k = by_replica.get(r, (a, b, 0))
+        by_replica[r] = (min(lo, a), max(hi, b), k + 1)
     return {"step": t2 - t0, "rollout": t1 - t0, "train": t2 - t1, "update": m["update_time"],
-            "train_rest": (t2 - t1) - m["update_time"], "generated": generated, "trainable": m["trainable_tokens"]}
+            "train_rest": (t2 - t1) - m["update_time"], "generated": generated, "trainable": m["trainable_tokens"],
+            "send_spread": max(sent) - min(sent), "driver_cpu": cpu1 - cpu0,
+            "replica_requests": min(k for _, _, k in by_replica.values()),
+            "replica_span_max": max(hi - lo for lo, hi, _ in by_replica.values()),
+            "replica_span_min": min(hi - lo for lo, hi, _ in by_replica.values())}
 
 
 async def run_case(args: Any, n_gpus: int) -> dict[str, Any]:
@@ -98,33 +114,47 @@ async def run_case(args: Any, n_gpus: int) -> dict[str, Any]:
     start_s = time.perf_counter() - t
     config = gw.TrainConfig(learning_rate=1e-5, gradient_checkpointing=args.layer_checkpointing,
                             micro_batch_tokens=args.micro_batch_tokens, max_seq_len=1024)
-    rows = []
+    rows: dict[str, list[dict[str, float]]] = {}
+    modes = [m for m in args.modes]
     try:
-        for step in range(args.warmup + args.steps):
-            row = await one_step(model, args, n_gpus, step, config)
-            print(f"  N={n_gpus} step {step}: " + " ".join(f"{k} {v:.2f}" for k, v in row.items()), flush=True)
-            rows.append(row)
+        for step in range(args.warmup):
+            row = await one_step(model, args, n_gpus, step, config, per_group=modes[0] == "group")
+            print(f"  N={n_gpus} warm-up {step}: " + fmt(row), flush=True)
+        step = args.warmup
+        for mode in modes:
+            for _ in range(args.steps):
+                row = await one_step(model, args, n_gpus, step, config, per_group=mode == "group")
+                print(f"  N={n_gpus} {mode} step {step}: " + fmt(row), flush=True)
+                rows.setdefault(mode, []).append(row)
+                step += 1
     finally:
         await backend.close()
-    timed = rows[args.warmup:]
-    med = {k: statistics.median(r[k] for r in timed) for k in timed[0]}
-    med.update(gpus=n_gpus, start_s=start_s, rollout_tok_s=med["generated"] / med["rollout"],
-               update_tok_s=med["trainable"] / med["train"], step_tok_s=(med["generated"]) / med["step"])
+    med = {}
+    for mode, timed in rows.items():
+        m = {k: statistics.median(r[k] for r in timed) for k in timed[0]}
+        m.update(gpus=n_gpus, mode=mode, start_s=start_s, rollout_tok_s=m["generated"] / m["rollout"],
+                 update_tok_s=m["trainable"] / m["train"], step_tok_s=m["generated"] / m["step"])
+        med[mode] = m
     return med
 
 
+def fmt(row: dict[str, float]) -> str:
+    return " ".join(f"{k} {v:.2f}" for k, v in row.items())
+
+
 def print_table(args: Any, results: list[dict[str, Any]], card: str) -> None:
-    base = next((r for r in results if r["gpus"] == 1), None)
-    print(f"\n{args.arch} (random init, {args.dtype or 'bf16'}), {card}; per GPU: {args.prompts} prompts x "
+    print(f"\n{args.arch} (random init, {args.dtype or ('bf16' if args.device == 'cuda' else 'fp32')}), {card}; per GPU: {args.prompts} prompts x "
           f"{args.group_size} rollouts x {args.completion_len} tokens; LoRA r={args.rank}; "
-          f"layer checkpointing {'on' if args.layer_checkpointing else 'off'}")
-    cols = ["gpus", "step", "rollout", "update", "train_rest", "rollout_tok_s", "update_tok_s", "efficiency"]
-    print("| " + " | ".join(f"{c:>13}" for c in cols) + " |")
-    print("|" + "|".join("-" * 15 for _ in cols) + "|")
+          f"layer checkpointing {'on' if args.layer_checkpointing else 'off'}; medians of {args.steps} steps")
+    cols = ["mode", "gpus", "step", "rollout", "update", "train_rest", "send_spread", "driver_cpu",
+            "rollout_tok_s", "update_tok_s", "efficiency"]
+    print("| " + " | ".join(f"{c:>11}" for c in cols) + " |")
+    print("|" + "|".join("-" * 13 for _ in cols) + "|")
     for r in results:
+        base = next((b for b in results if b["gpus"] == 1 and b["mode"] == r["mode"]), None)
         eff = base["step"] / r["step"] if base else float("nan")
-        cells = [f"{r['gpus']:13d}"] + [f"{r[c]:13.2f}" for c in cols[1:5]] + [
-            f"{r['rollout_tok_s']:13.0f}", f"{r['update_tok_s']:13.0f}", f"{100 * eff:12.1f}%"]
+        cells = [f"{r['mode']:>11}", f"{r['gpus']:11d}"] + [f"{r[c]:11.2f}" for c in cols[2:8]] + [
+            f"{r['rollout_tok_s']:11.0f}", f"{r['update_tok_s']:11.0f}", f"{100 * eff:10.1f}%"]
         print("| " + " | ".join(cells) + " |")
 
 
@@ -142,7 +172,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--micro-batch-tokens", type=int, default=16384)
     p.add_argument("--layer-checkpointing", action="store_true")
-    p.add_argument("--sequential-groups", action="store_true", help="gather one group at a time (debugging)")
+    p.add_argument("--modes", nargs="+", default=["rollout"], choices=["rollout", "group"],
+                   help="rollout: one request per rollout (agent code); group: one request of n completions per group")
     p.add_argument("--json", default=None)
     args = p.parse_args()
 
@@ -157,7 +188,7 @@ def main() -> int:
     results = []
     for n in args.gpus:
         try:
-            results.append(asyncio.run(run_case(args, n)))
+            results.extend(asyncio.run(run_case(args, n)).values())
         except Exception:
             traceback.print_exc()
             print(f"N={n} failed; continuing", flush=True)

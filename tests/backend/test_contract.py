@@ -4,7 +4,7 @@ ranks, RayBackend on a two-node local Ray cluster), through public methods and t
 One lifecycle per backend: register -> serve the base -> train three steps with data cursors -> the new
 adapter is served after each -> retention keeps the latest and the best named by keep_best -> an older
 kept step is served again -> a pruned one is refused -> close -> a new backend (a restarted process)
-resumes the step, the cursor and the adapter, identically on every rank.
+resumes the step, the cursor and the adapter, identically on every rank, and trains on (SFT, GRPO).
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 import openai
 import pytest
 import torch
-from conftest import BACKENDS, make_backend, sample_groups
+from backend_helpers import BACKENDS, make_backend, sample_groups
 from safetensors.torch import load_file
 
 import groupwise as gw
 
 
-async def ask(model, name):
+async def ask_model(model, name):
     r = await model.openai_client().chat.completions.create(
         model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0.0)
     return r.model
@@ -39,7 +39,7 @@ async def test_backend_contract(kind, tiny_model_dir, tmp_path, request):
         assert model.run_dir == tmp_path / "contract" / "agent"  # the backend's path holds the run
         assert await model.get_step() == 0
         assert await backend.checkpoint_cursor(model) == {}
-        assert await ask(model, "agent") == "agent@0"
+        assert await ask_model(model, "agent") == "agent@0"
 
         config = gw.TrainConfig(learning_rate=1e-2)
         for step in range(3):
@@ -52,16 +52,16 @@ async def test_backend_contract(kind, tiny_model_dir, tmp_path, request):
             assert {"loss", "grad_norm", "trainable_tokens", "step_time"} <= set(result.metrics)
             assert result.metrics["trainable_tokens"] == sum(len(c.token_ids) for g in groups for t in g
                                                              for c in t.choices())
-            assert await ask(model, "agent") == f"agent@{step + 1}"
+            assert await ask_model(model, "agent") == f"agent@{step + 1}"
             assert await backend.checkpoint_cursor(model) == {"epoch": 0, "offset": 2 * (step + 1)}
 
         # retention: the latest (3) and the best named by keep_best (1); 2 was neither
         assert checkpoint_steps(model) == [1, 3]
-        assert await ask(model, "agent@0") == "agent@0"
+        assert await ask_model(model, "agent@0") == "agent@0"
         with pytest.raises(openai.NotFoundError, match="not served"):
-            await ask(model, "agent@1")  # served_steps=1: only the latest is loaded
+            await ask_model(model, "agent@1")  # served_steps=1: only the latest is loaded
         await backend.serve_step(model, 1)
-        assert await ask(model, "agent@1") == "agent@1"
+        assert await ask_model(model, "agent@1") == "agent@1"
         with pytest.raises(gw.GroupwiseError, match="checkpoint of step 2"):
             await backend.serve_step(model, 2)
 
@@ -77,7 +77,7 @@ async def test_backend_contract(kind, tiny_model_dir, tmp_path, request):
     try:
         assert await clone.get_step() == 3
         assert await again.checkpoint_cursor(clone) == {"epoch": 0, "offset": 6}
-        assert await ask(clone, "agent") == "agent@3"
+        assert await ask_model(clone, "agent") == "agent@3"
         saved = load_file(str(clone.store.checkpoints_dir / "0003" / "adapter_model.safetensors"))
         saved_opt = load_file(str(clone.store.checkpoints_dir / "0003" / "optimizer.safetensors"))
         restored = await again.rank_states(clone)
@@ -88,9 +88,17 @@ async def test_backend_contract(kind, tiny_model_dir, tmp_path, request):
             assert rank["optimizer"].keys() == saved_opt.keys()
             assert all(torch.equal(rank["optimizer"][k], saved_opt[k]) for k in saved_opt)
             assert torch.equal(rank["rng"], restored[0]["rng"])
-        # it trains on from there
-        result = await clone.train(await sample_groups(clone, step=3), config=gw.TrainConfig(learning_rate=1e-2))
-        assert result.step == 4
+        # it trains on from there: a supervised step (a step like any other; the data cursor stays) ...
+        ask = [{"role": "user", "content": "Say the code."}]
+        demo = gw.Trajectory(messages_and_choices=[*ask, {"role": "assistant", "content": "zebra"}])
+        result = await clone.train_sft([demo] * 6, gw.TrainSFTConfig(learning_rate=[1e-2] * 3, batch_size=2))
+        assert (result.step, result.metrics["updates"]) == (4, 3)
+        assert result.metrics["last_loss"] < result.metrics["first_loss"]
+        assert await ask_model(clone, "agent") == "agent@4"
+        assert await again.checkpoint_cursor(clone) == {"epoch": 0, "offset": 6}
+        # ... and a GRPO step
+        result = await clone.train(await sample_groups(clone, step=4), config=gw.TrainConfig(learning_rate=1e-2))
+        assert result.step == 5
     finally:
         await again.close()
 

@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 import torch
-from conftest import make_backend, sample_groups
+from backend_helpers import make_backend, sample_groups
 
 import groupwise as gw
 from groupwise.backend.driver import shard_batch

@@ -11,7 +11,7 @@ import signal
 
 import pytest
 import torch
-from conftest import make_backend, sample_groups
+from backend_helpers import make_backend, sample_groups
 from safetensors.torch import load_file
 
 import groupwise as gw
@@ -71,7 +71,7 @@ async def test_dead_or_stuck_worker_raises_and_every_rank_resumes_identically(ti
     await asyncio.sleep(2)
     assert not step.done()
     os.kill(pids[1], signal.SIGKILL)
-    with pytest.raises(WorkerError, match=r"rank 1 .* was killed by SIGKILL during 'train'"):
+    with pytest.raises(WorkerError, match=r"rank 1 .* was killed by SIGKILL during 'update'"):
         await asyncio.wait_for(step, timeout=120)  # the guard against a hang; the error comes at once
     assert not any(alive(pid) for pid in pids)  # the other rank was stopped too
     with pytest.raises(WorkerError, match="SIGKILL"):  # the backend stays failed, loudly
@@ -86,7 +86,7 @@ async def test_dead_or_stuck_worker_raises_and_every_rank_resumes_identically(ti
     pids = backend.worker_pids
     os.kill(pids[1], signal.SIGSTOP)
     try:
-        with pytest.raises(WorkerError, match=r"rank\(s\) \[1\] did not answer 'train'"):
+        with pytest.raises(WorkerError, match=r"rank\(s\) \[1\] did not answer 'update'"):
             await asyncio.wait_for(model.train(groups, config=config), timeout=120)
     finally:
         for pid in pids:

@@ -3,6 +3,7 @@ the driver (this process) on no GPU, rollouts through the workers' OpenAI server
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -33,8 +34,7 @@ async def test_fit_runs_two_steps_on_a_two_node_ray_cluster(ray_cluster, tiny_mo
     await model.register(backend)
     try:
         # one worker per node of the cluster
-        nodes = {a["NodeID"] for a in ray.util.state.list_actors(filters=[("state", "=", "ALIVE")])
-                 if a["class_name"] == "_RayWorker"}
+        nodes = set(await asyncio.gather(*(actor.node_id.remote() for actor in backend.actors)))
         assert len(nodes) == 2 == len(ray_cluster.list_all_nodes())
         config = gw.LoopConfig(rollouts_per_group=4, groups_per_step=2, max_steps=2, eval_every=100, patience=100,
                                learning_rate=1e-2)

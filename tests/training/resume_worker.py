@@ -75,11 +75,11 @@ async def main(store: str, model_dir: str, steps: int, hang_at: int | None, hang
     served = backend._worker.replicas[model.name]
     real_step = served.trainer.train_step
 
-    def train_step(batch, config, *, step):
+    def train_step(batch, config, *, step, **kwargs):
         if hang_at is not None and step == hang_at:
             (Path(store) / "in_step").write_text(str(step))
             time.sleep(120)  # the test kills us here, mid-step
-        return real_step(batch, config, step=step)
+        return real_step(batch, config, step=step, **kwargs)
 
     served.trainer.train_step = train_step
     if hang_before_history is not None:  # patched on the class: whoever holds the run store appends through it

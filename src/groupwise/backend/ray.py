@@ -40,6 +40,11 @@ class _RayWorker(Worker):
 
         return ray.util.get_node_ip_address()
 
+    async def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     async def free_port(self) -> int:
         import socket
 
