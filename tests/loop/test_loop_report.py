@@ -80,12 +80,17 @@ def test_report_replays_the_history_into_tensorboard(run_dir, tmp_path):
     assert "train/reward" in events.Tags()["scalars"]
 
 
-def test_report_replays_the_history_into_wandb_offline(run_dir, tmp_path, monkeypatch):
+def test_report_replays_the_history_into_wandb_offline(run_dir, tmp_path):
     pytest.importorskip("wandb", reason="wandb is not installed (extra 'wandb')")
-    monkeypatch.setenv("WANDB_MODE", "offline")  # no account, no network: the run is written to disk
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    assert main(["report", run_dir, "--out", str(tmp_path / "png"), "--wandb", "gw-test"]) == 0
+    import os
+    import subprocess
+
+    # The real command in a process of its own, as a user runs it: W&B keeps a per-process service whose
+    # settings an earlier test in this process could have fixed. Offline: no account, no network.
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    cmd = [sys.executable, "-m", "groupwise.cli", "report", run_dir, "--out", str(tmp_path / "png"), "--wandb", "gw-test"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
     runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1
     data = runs[0].read_bytes()  # W&B's record file: the logged keys appear in it as text
