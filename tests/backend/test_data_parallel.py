@@ -98,3 +98,26 @@ def test_router_keeps_a_prompt_on_one_replica_and_spreads_new_prompts():
     # a later turn of a conversation follows its first turn (its prefix is cached there)
     assert router.pick(_chat("agent", "scenario 4", turns=2)) == next(iter(picks[4]))
     assert json.loads(_chat("agent", "x").content)["model"] == "agent"
+
+
+def test_ranks_holding_different_adapters_is_a_loud_error():
+    from groupwise.backend.driver import ReplicaDivergenceError
+
+    backend = gw.LocalBackend(devices=["cpu", "cpu"])  # nothing starts before register
+    same = [{"rank": 0, "fingerprint": [7, 11]}, {"rank": 1, "fingerprint": [7, 11]}]
+    backend._check_identical("m", 3, same)
+    with pytest.raises(ReplicaDivergenceError, match=r"after step 3 of 'm' the adapters of rank\(s\) \[1\]"):
+        backend._check_identical("m", 3, [same[0], {"rank": 1, "fingerprint": [7, 12]}])
+
+
+def test_a_flipped_bit_changes_the_adapter_fingerprint():
+    from groupwise.backend.replica import fingerprint
+
+    tensors = [torch.randn(8, 16), torch.randn(16, 4)]
+    flipped = [t.clone() for t in tensors]
+    flipped[1].view(-1).view(torch.int32)[37] ^= 1  # the lowest mantissa bit of one element
+    assert fingerprint(tensors) == fingerprint([t.clone() for t in tensors])
+    assert fingerprint(tensors) != fingerprint(flipped)
+    swapped = [t.clone() for t in tensors]
+    swapped[0].view(-1)[[0, 1]] = swapped[0].view(-1)[[1, 0]]  # same values, other places
+    assert fingerprint(tensors) != fingerprint(swapped)

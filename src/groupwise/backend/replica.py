@@ -21,6 +21,21 @@ from groupwise.errors import AdapterMismatchError, GroupwiseError
 API_KEY = "groupwise-local"
 
 
+def fingerprint(tensors: Any) -> list[int]:
+    """Two integer sums over the raw bits of `tensors` (plain, and weighted by position): a flipped bit
+    anywhere changes them, so equal fingerprints mean bitwise-equal tensors (short of a contrived
+    collision). Cheap enough to compare the ranks' adapters after every step."""
+    import torch
+
+    plain = weighted = 0
+    for t in tensors:
+        bits = t.detach().contiguous().view(-1).view(torch.int32 if t.element_size() == 4 else torch.int16)
+        bits = bits.to(torch.int64)
+        plain += int(bits.sum())
+        weighted += int((bits * torch.arange(1, bits.numel() + 1, device=bits.device) % 1_000_003).sum())
+    return [plain, weighted]
+
+
 class Replica:
     """A model served and trained on one device (module doc).
 
@@ -179,17 +194,8 @@ class Replica:
             )
 
     def adapter_fingerprint(self) -> list[int]:
-        """Two integer sums over the raw bits of the trainable adapter (plain and position-weighted):
-        equal fingerprints on two ranks mean their adapters are bitwise equal (a flipped bit changes them)."""
-        import torch
-
-        plain = weighted = 0
-        for _, p in self.trainer.trainable_named_parameters():
-            bits = p.detach().contiguous().view(-1).view(torch.int32 if p.element_size() == 4 else torch.int16)
-            bits = bits.to(torch.int64)
-            plain += int(bits.sum())
-            weighted += int((bits * torch.arange(1, bits.numel() + 1, device=bits.device) % 1_000_003).sum())
-        return [plain, weighted]
+        """`fingerprint` of the trainable adapter: equal on two ranks means bitwise equal adapters."""
+        return fingerprint(p for _, p in self.trainer.trainable_named_parameters())
 
     def close(self) -> None:
         self.engine.close()
