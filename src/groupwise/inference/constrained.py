@@ -170,8 +170,9 @@ def constraint_for(
     tools: list[dict[str, Any]] | None = None,
     tool_choice: Any = None,
 ) -> Constraint | None:
-    """The constraint an OpenAI request asks for, or None. Raises ConstraintError on a bad spec."""
-    llg = _llguidance()
+    """The constraint an OpenAI request asks for, or None. Raises ConstraintError on a bad spec.
+
+    llguidance is imported only when a request asks for a constraint, so plain requests never need it."""
     forced_name: str | None = None
     force_tool = False
     if isinstance(tool_choice, dict):
@@ -192,7 +193,7 @@ def constraint_for(
             f"{_token_literal(tokenizer, '</tool_call>')}\n"
             f"call: %json {json.dumps(schema)}\n"
         )
-        return Constraint(llg.LLMatcher.grammar_from_lark(lark), tokenizer,
+        return Constraint(_llguidance().LLMatcher.grammar_from_lark(lark), tokenizer,
                           f"tool_choice={tool_choice!r}", lark=lark)
     if not response_format:
         return None
@@ -209,6 +210,7 @@ def constraint_for(
         schema = bound_numbers(schema)
     else:
         raise ConstraintError(f"response_format.type={kind!r}; use 'text', 'json_object' or 'json_schema'")
+    llg = _llguidance()  # outside the try: a missing package is its own error, not a bad schema
     try:
         grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=JSON_OPTIONS)
     except Exception as exc:  # llguidance raises ValueError on schemas it cannot compile
