@@ -138,11 +138,11 @@ def bench_sizes(args, model, tok, device):
             # Engine and padded-batch generate alternate, so a change of load on a shared machine
             # hits both sides of a ratio alike.
             for _ in range(args.repeats):
-                engine._forget_prefixes()  # every timed run starts cold: no prompt of an earlier run is cached
-                before = (engine.prefill_tokens, engine.prefix_hit_tokens, engine.warm_passes)
+                engine.state.forget_prefixes()  # every timed run starts cold: no prompt of an earlier run is cached
+                before = (engine.stats.prefill_tokens, engine.stats.prefix_hit_tokens, engine.stats.warm_passes)
                 eng = run_engine(engine, prompts, args.tokens)
                 eng_cpu = LAST_CPU_TOKS[0]
-                stats = [now - b for now, b in zip((engine.prefill_tokens, engine.prefix_hit_tokens, engine.warm_passes), before)]
+                stats = [now - b for now, b in zip((engine.stats.prefill_tokens, engine.stats.prefix_hit_tokens, engine.stats.warm_passes), before)]
                 batch = C.call(run_generate, model, tok, prompts, args.tokens)
                 row = {"requests": k, "engine": eng, "sequential": seq, "batch": batch, "prefill": stats}
                 if device.type == "cpu":
@@ -228,7 +228,7 @@ def bench_rollouts(args, model, tok, device, n_rollouts=18, turns=3, tokens=32):
     print(f"{n_rollouts} rollouts x {turns} turns (<= {tokens} tok/turn, via the openai client) | engine "
           f"{total / wall:8.1f} tok/s ({total} tokens, {wall:.1f} s) | generate 1-at-a-time {base:8.1f} tok/s "
           f"(on {len(subset)} rollouts) | ratio {total / wall / base:5.2f}x | engine prompt tokens run "
-          f"{engine.prefill_tokens}, from the prefix cache {engine.prefix_hit_tokens}", flush=True)
+          f"{engine.stats.prefill_tokens}, from the prefix cache {engine.stats.prefix_hit_tokens}", flush=True)
 
 
 def main(argv=None) -> int:

@@ -9,33 +9,14 @@ silently would hide that they do nothing here. So each is accepted and named in 
 
 from __future__ import annotations
 
-import threading
-import warnings
-from collections.abc import Iterable
+import dataclasses
 from typing import Any
 
+from groupwise.config import TrainConfig
+from groupwise.errors import ArtCompatWarning, ConfigError, warn_ignored
+
+# ArtCompatWarning and warn_ignored live in errors.py, which config.py imports too (no cycle).
 __all__ = ["ArtCompatWarning", "IGNORED_TRAIN_OPTIONS", "train_config_from_art", "warn_ignored"]
-
-_warned: set[tuple[str, str]] = set()
-_lock = threading.Lock()
-
-
-class ArtCompatWarning(UserWarning):
-    """An ART argument was accepted but has no effect in groupwise (docs/porting-from-art.md)."""
-
-
-def warn_ignored(where: str, names: Iterable[str], why: str = "", *, stacklevel: int = 3) -> None:
-    """Warn once per process that `names`, passed to `where`, are ignored (and `why`)."""
-    with _lock:
-        new = sorted({str(n) for n in names} - {n for w, n in _warned if w == where})
-        _warned.update((where, n) for n in new)
-    if new:
-        reason = f" ({why})" if why else ""
-        warnings.warn(
-            f"{where}: ignored {', '.join(new)}{reason}; groupwise accepts these ART arguments so ported "
-            "code runs, but they have no effect here (docs/porting-from-art.md lists every one).",
-            ArtCompatWarning, stacklevel=stacklevel,
-        )
 
 
 # ART's training options (`backend.train(model, groups, **options)`, `model.train(..., _config={...})`,
@@ -69,11 +50,6 @@ def train_config_from_art(config: Any, options: dict[str, Any], *, where: str) -
     """A groupwise `TrainConfig` from an ART training call: `config` (a groupwise `TrainConfig`, an
     object with ART's `learning_rate`/`beta`/`kl_penalty_coef`, a dict, or None) updated by `options`
     (ART's keyword arguments or ``_config`` dict). Unknown names are an error; ignored ones warn once."""
-    import dataclasses
-
-    from groupwise.config import TrainConfig
-    from groupwise.errors import ConfigError
-
     if isinstance(config, TrainConfig):
         values = dataclasses.asdict(config)
     elif config is None:

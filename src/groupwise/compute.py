@@ -9,7 +9,7 @@ thread, 12.9 s after a second thread had run torch ops; a [8, 576] x [576, 1536]
 320 us; both back to the first numbers when one thread does all the work. GPUs are unaffected.
 
 So groupwise keeps one `ComputeThread` per process (`compute_thread()`): engines are stepped on it
-(an engine is a poller here, not a thread: `Engine._poll` runs one step), and the backend sends its
+(an engine is a poller here, not a thread: `Engine.poll` runs one step), and the backend sends its
 loading, tokenizing, training and checkpoint work to it as tasks. Tasks and engine steps
 interleave: each turn runs the queued tasks, then one step of every engine with work. A task must
 not wait for an engine's answer (that engine steps on this same thread): it would wait forever.
@@ -72,7 +72,7 @@ class ComputeThread:
     def _main(self) -> None:
         while True:
             with self.cv:
-                while not self._tasks and not any(e._ready() for e in self._engines):
+                while not self._tasks and not any(e.ready() for e in self._engines):
                     self.cv.wait()
                 tasks = list(self._tasks)
                 self._tasks.clear()
@@ -85,7 +85,7 @@ class ComputeThread:
                 except BaseException as exc:  # the caller gets it; the thread keeps serving
                     future.set_exception(exc)
             for engine in engines:
-                engine._poll()
+                engine.poll()
 
 
 _default: ComputeThread | None = None

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
-from groupwise.errors import ConfigError
+from groupwise.errors import ConfigError, warn_ignored
 
 
 def option(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING) -> Any:
@@ -121,8 +121,6 @@ class TrainConfig(Validated):
     def __post_init__(self, beta: float | None = None, kl_penalty_coef: float | None = None,
                       kl_penalty_source: str | None = None, grad_accumulation_sequences: int | None = None,
                       optimizer_save_interval: int | None = None, final_training_step: int | None = None) -> None:
-        from groupwise.compat import warn_ignored
-
         ignored = {"kl_penalty_source": kl_penalty_source, "grad_accumulation_sequences": grad_accumulation_sequences,
                    "optimizer_save_interval": optimizer_save_interval, "final_training_step": final_training_step}
         if any(v is not None for v in ignored.values()):

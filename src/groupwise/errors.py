@@ -1,9 +1,13 @@
-"""The error hierarchy. Every error says what happened, why, and what to do (design.md, principle 6).
+"""The errors and warnings groupwise raises. Every error says what happened, why, and what to do.
 
 Catch `GroupwiseError` to catch everything groupwise raises on purpose.
 """
 
 from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Iterable
 
 
 class GroupwiseError(Exception):
@@ -13,6 +17,30 @@ class GroupwiseError(Exception):
 class GroupwiseWarning(UserWarning):
     """Something was skipped or worked around and the run goes on (a corrupt line, a checkpoint); the
     message names it. The CLI prints these as one line each."""
+
+
+class ArtCompatWarning(UserWarning):
+    """An ART argument was accepted but has no effect in groupwise (docs/porting-from-art.md).
+
+    compat.py says why these warn instead of failing; `warn_ignored` raises them once each."""
+
+
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_ignored(where: str, names: Iterable[str], why: str = "", *, stacklevel: int = 3) -> None:
+    """Warn once per process that `names`, passed to `where`, are ignored (and `why`)."""
+    with _warned_lock:
+        new = sorted({str(n) for n in names} - {n for w, n in _warned if w == where})
+        _warned.update((where, n) for n in new)
+    if new:
+        reason = f" ({why})" if why else ""
+        warnings.warn(
+            f"{where}: ignored {', '.join(new)}{reason}; groupwise accepts these ART arguments so ported "
+            "code runs, but they have no effect here (docs/porting-from-art.md lists every one).",
+            ArtCompatWarning, stacklevel=stacklevel,
+        )
 
 
 class ConfigError(GroupwiseError, ValueError):

@@ -100,6 +100,6 @@ def stub_judge():
 @pytest.fixture(autouse=True)
 def fresh_compat_warnings(monkeypatch):
     """ArtCompatWarning is given once per process; each test here starts as a fresh process would."""
-    from groupwise import compat
+    from groupwise import errors
 
-    monkeypatch.setattr(compat, "_warned", set())
+    monkeypatch.setattr(errors, "_warned", set())  # where warn_ignored keeps them

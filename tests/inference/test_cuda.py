@@ -34,7 +34,7 @@ async def test_cuda_graph_decode_equals_eager(tiny, adapter_dirs):
             outs.append([r.completions[0].token_ids for r in rs])
             if graphs:
                 assert eng.cuda_graphs, "graph capture failed and the engine fell back to eager"
-                assert eng._graphs, "no graph was captured"
+                assert eng.runner.graphs, "no graph was captured"
         finally:
             eng.close()
     assert outs[0] == outs[1]
@@ -80,7 +80,7 @@ async def test_graphs_replayed_after_other_allocations_still_decode_like_eager(t
                 junk = [torch.full((b, 1), 2**40, dtype=torch.long, device="cuda") for b in (1, 2, 4, 8, 16) for _ in range(8)]
                 del junk  # freed: the next allocations of these sizes reuse the poisoned blocks
             if graphs:
-                assert eng.cuda_graphs and eng._graphs, "the engine fell back to eager decoding"
+                assert eng.cuda_graphs and eng.runner.graphs, "the engine fell back to eager decoding"
         finally:
             eng.close()
         outs.append(tokens)

@@ -33,24 +33,24 @@ async def test_forward_passes_pinned(engine, tiny):
     ps = prompts(tiny[1], 8)
     futures = [engine.submit(GenerationRequest(p, max_new_tokens=10, ignore_eos=True, sampling=SamplingParams(seed=i)))
                for i, p in enumerate(ps)]
-    before = engine.forward_passes
+    before = engine.stats.forward_passes
     # The loop may already be running a prefill for the first few; either way <= 2 prefills.
     results = await asyncio.gather(*[asyncio.wrap_future(f) for f in futures])
     assert all(len(r.completions[0].token_ids) == 10 for r in results)
-    assert engine.forward_passes - before <= 11
+    assert engine.stats.forward_passes - before <= 11
 
 
 async def test_requests_join_and_leave_at_token_granularity(engine, tiny):
     # 12 requests on 8 slots, different lengths: the last 4 join as soon as slots free up.
     ps = prompts(tiny[1], 12)
-    before = engine.forward_passes
+    before = engine.stats.forward_passes
     lengths = [3, 20, 5, 7, 2, 9, 4, 6, 8, 3, 5, 4]
     results = await asyncio.gather(*[
         engine.generate(GenerationRequest(p, max_new_tokens=n, ignore_eos=True)) for p, n in zip(ps, lengths)])
     assert [len(r.completions[0].token_ids) for r in results] == lengths
     # Sequential would need sum(lengths) = 76 passes; the batch needs about max(lengths) = 20
     # decode-and-prefill passes plus a few joins.
-    assert engine.forward_passes - before <= 30
+    assert engine.stats.forward_passes - before <= 30
 
 
 async def test_greedy_matches_hf_generate_and_cache_growth(engine, tiny):
@@ -75,14 +75,14 @@ async def test_seeded_sample_does_not_depend_on_batch(engine, tiny):
 async def test_paused_blocks_forward_passes(engine, tiny):
     p = prompts(tiny[1], 1)[0]
     async with engine.paused():
-        before = engine.forward_passes
+        before = engine.stats.forward_passes
         future = engine.submit(GenerationRequest(p, max_new_tokens=4))
         await asyncio.sleep(0.3)
-        assert engine.forward_passes == before and not future.done()
+        assert engine.stats.forward_passes == before and not future.done()
     result = await asyncio.wrap_future(future)
     assert result.completions[0].token_ids
     with engine.paused():  # the sync form, from another thread than the engine's
-        assert engine.forward_passes >= before + 1
+        assert engine.stats.forward_passes >= before + 1
 
 
 async def test_adapter_can_be_loaded_inside_a_pause(tiny, adapter_dirs):
@@ -94,7 +94,7 @@ async def test_adapter_can_be_loaded_inside_a_pause(tiny, adapter_dirs):
             eng.add_adapter("step-1", adapter_dirs[1])
             future = eng.submit(GenerationRequest(prompts(tok, 1)[0], max_new_tokens=2, adapter="step-1"))
             await asyncio.sleep(0.2)
-            assert eng.forward_passes == 0 and not future.done()
+            assert eng.stats.forward_passes == 0 and not future.done()
         assert len((await asyncio.wrap_future(future)).completions[0].token_ids) >= 1
     finally:
         eng.close()
@@ -190,8 +190,8 @@ async def test_graph_decode_path_matches_eager(tiny, adapter_dirs):
             outs.append([r.completions[0].token_ids for r in uniform + base])
             if graphs:
                 # buckets seen: batch 8 (5 rows padded to 8), 4, 2, 1 as rows finish; lengths round to 64
-                assert {k[0] for k in eng._graphs} >= {8, 4, 2, 1}
-                assert {k[2] for k in eng._graphs} == {eng.peft_adapter_name("a1"), "__base__"}  # graphs by slot
+                assert {k[0] for k in eng.runner.graphs} >= {8, 4, 2, 1}
+                assert {k[2] for k in eng.runner.graphs} == {eng.peft_adapter_name("a1"), "__base__"}  # graphs by slot
         finally:
             eng.close()
     assert outs[0] == outs[1]
@@ -249,7 +249,7 @@ async def test_a_failing_prefill_answers_its_callers(tiny):
         def boom(*args, **kwargs):
             raise RuntimeError("boom in the forward pass")
 
-        eng._forward = boom
+        eng.runner.forward = boom
         with pytest.raises(EngineError, match="boom in the forward pass"):
             await asyncio.wait_for(eng.generate(GenerationRequest([1, 2, 3], max_new_tokens=2)), 60)
     finally:

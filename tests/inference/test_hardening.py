@@ -57,15 +57,15 @@ async def test_one_bad_request_fails_alone_among_valid_ones(live, served, monkey
     assert [(r.status_code, _error(r)["param"]) for r in results[3:]] == [(400, "seed"), (400, "prompt")]
     # A failure inside a batch (here a forward pass that breaks on one request's token): only that
     # request fails; the SDK does not retry it (x-should-retry: false), so it reached the engine once.
-    real_forward = engine._forward
+    real_forward = engine.runner.forward
 
     def forward(input_ids, *args, **kwargs):
         if bool((input_ids == 4242).any()):
             raise RuntimeError("a poisoned batch")
         return real_forward(input_ids, *args, **kwargs)
 
-    monkeypatch.setattr(engine, "_forward", forward)
-    failed_before = engine.failed_requests
+    monkeypatch.setattr(engine.runner, "forward", forward)
+    failed_before = engine.stats.failed_requests
     retrying = live.client()  # the SDK's default: 2 retries of a 5xx, unless told not to
     valid = [client.chat.completions.create(model="agent", messages=USER, max_tokens=24, seed=i) for i in range(3)]
     poisoned = retrying.completions.create(model="tiny", prompt=[1, 2, 4242], max_tokens=4)
@@ -73,7 +73,7 @@ async def test_one_bad_request_fails_alone_among_valid_ones(live, served, monkey
     assert all(isinstance(r, openai.types.chat.ChatCompletion) for r in results[:3]), results[:3]
     assert isinstance(results[3], openai.InternalServerError)
     assert "poisoned" not in str(results[3])  # the internal error text stays in the server log
-    assert engine.failed_requests - failed_before == 1
+    assert engine.stats.failed_requests - failed_before == 1
 
 
 # ---------------------------------------------------------------------------------------- 2. caller errors
@@ -220,16 +220,16 @@ async def test_a_client_that_goes_away_stops_its_generation(live, served):
     for stream in (False, True):
         payload = json.loads(body) | {"stream": stream}
         raw = json.dumps(payload).encode()
-        cancelled, passes = engine.cancelled_requests, engine.decode_passes
+        cancelled, passes = engine.stats.cancelled_requests, engine.stats.decode_passes
         sock = socket.create_connection(("127.0.0.1", live.port))
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                      + f"content-length: {len(raw)}\r\n\r\n".encode() + raw)
         if stream:
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # the stream is running
-        await _wait_for(lambda: any(s.state.req.max_new_tokens == 1900 for s in engine._running))
+        await _wait_for(lambda: any(s.state.req.max_new_tokens == 1900 for s in engine.state.running))
         sock.close()
-        await _wait_for(lambda: engine.cancelled_requests == cancelled + 1 and not engine._running)
-        assert engine.decode_passes - passes < 1500  # far short of its 1900 tokens
+        await _wait_for(lambda: engine.stats.cancelled_requests == cancelled + 1 and not engine.state.running)
+        assert engine.stats.decode_passes - passes < 1500  # far short of its 1900 tokens
 
 
 # ---------------------------------------------------------------------------------------- 6. limits, routes, key

@@ -37,13 +37,13 @@ def test_requests_a_batch_would_choke_on_are_refused_at_submit(engine):
     ]:
         with pytest.raises(EngineError, match=needle.replace("[", r"\[")):
             engine.submit(bad)
-    assert not engine._waiting and not engine._running
+    assert not engine.state.waiting and not engine.state.running
 
 
 async def test_a_failing_request_in_a_batch_fails_alone(engine):
     # The forward pass raises whenever a poisoned token is in its input: in the prefill of the
     # poisoned prompt, and in the decode step where the poisoned request feeds a poisoned position.
-    real_forward = engine._forward
+    real_forward = engine.runner.forward
     poison_token = 4242
     long_prompt = engine.tokenizer("poison " * 40)["input_ids"]
     poison_pos = len(long_prompt) + 2  # the third decode step of the long request
@@ -53,7 +53,7 @@ async def test_a_failing_request_in_a_batch_fails_alone(engine):
             raise RuntimeError("poisoned batch")
         return real_forward(input_ids, position_ids, *args, **kwargs)
 
-    engine._forward = forward
+    engine.runner.forward = forward
     alone = [(await engine.generate(_valid(engine, i))).completions[0].token_ids for i in range(3)]
     prefill_poison = GenerationRequest(engine.tokenizer("a")["input_ids"] + [poison_token], max_new_tokens=4)
     decode_poison = GenerationRequest(long_prompt, max_new_tokens=8, ignore_eos=True, sampling=SamplingParams(seed=9))
@@ -63,8 +63,8 @@ async def test_a_failing_request_in_a_batch_fails_alone(engine):
     assert [r.completions[0].token_ids for r in (results[0], results[2], results[4])] == alone
     for r in (results[1], results[3]):
         assert isinstance(r, RequestFailedError) and "poisoned batch" in str(r)
-    assert engine.failed_requests == 2
-    assert not engine._running and not engine._waiting
+    assert engine.stats.failed_requests == 2
+    assert not engine.state.running and not engine.state.waiting
     again = await engine.generate(_valid(engine, 1))  # the engine serves on
     assert again.completions[0].token_ids == alone[1]
 
@@ -98,20 +98,20 @@ async def test_a_cancelled_request_stops_decoding(engine):
     result = await asyncio.wrap_future(other)  # the other request is unaffected
     assert len(result.completions[0].token_ids) == 40
     for _ in range(600):
-        if not engine._running and engine.cancelled_requests == 1:
+        if not engine.state.running and engine.stats.cancelled_requests == 1:
             break
         await asyncio.sleep(0.05)
-    assert engine.cancelled_requests == 1 and not engine._running
-    passes = engine.decode_passes
+    assert engine.stats.cancelled_requests == 1 and not engine.state.running
+    passes = engine.stats.decode_passes
     await asyncio.sleep(0.3)
-    assert engine.decode_passes == passes  # nothing left running
+    assert engine.stats.decode_passes == passes  # nothing left running
     assert len(tokens) < 200  # stopped long before its 2000 tokens
     # a queued request cancelled before it ran is dropped too
     with engine.paused():
         queued = engine.submit(_valid(engine, 6))
         assert queued.cancel()
     await asyncio.sleep(0.2)
-    assert engine.cancelled_requests == 2 and not engine._waiting
+    assert engine.stats.cancelled_requests == 2 and not engine.state.waiting
 
 
 def test_seeds_at_the_int64_edges_sample(engine):

@@ -32,11 +32,11 @@ async def test_merged_serving_equals_peft_layers_and_restores_the_base(tiny, ada
         eng = Engine(model, tok, max_batch_size=8, merge_adapters=merge)
         try:
             eng.add_adapter("a1", adapter_dirs[1])
-            layer = eng._tuner_layers()[0]
+            layer = eng.runner.tuner_layers()[0]
             before_ptr, before = layer.base_layer.weight.data_ptr(), layer.base_layer.weight.detach().clone()
             outs[merge] = (await _run(eng, tok, "a1"), await _run(eng, tok, "a1", temperature=1.0),
                            await _run(eng, tok, None))
-            assert (eng._merged is not None and eng._merged.adapter is not None) == merge  # merged copy built
+            assert (eng.runner.merged is not None and eng.runner.merged.adapter is not None) == merge  # merged copy built
             # the base weights are the model's own again after every forward
             assert layer.base_layer.weight.data_ptr() == before_ptr
             assert torch.equal(layer.base_layer.weight, before)
@@ -59,7 +59,7 @@ async def test_changed_adapter_weights_are_served_after_a_pause(tiny, adapter_di
         first = await _run(eng, tok, "a1")
         for e in (eng, ref):
             with e.paused(), torch.no_grad():
-                for m in e._tuner_layers():
+                for m in e.runner.tuner_layers():
                     m.lora_B[e.peft_adapter_name("a1")].weight.add_(0.5)
         again, expected = await _run(eng, tok, "a1"), await _run(ref, tok, "a1")
         assert [c.token_ids for c in again] == [c.token_ids for c in expected]

@@ -71,9 +71,9 @@ async def test_hit_equals_cold_prefill_and_counts_saved_tokens(tiny):
     assert all(close(x, y) for x, y in zip(warm, cold))
     # a: cold, 53 prompt tokens run. b shares 50 with a (3 full blocks + 2 tokens of the partial 4th):
     # 2 run. c shares 20: 1 run. b again: 50 + its own tail "10" (the hit stops 1 short): 1 run.
-    assert eng.prefix_hit_tokens == 0 + 50 + 20 + 51
-    assert eng.prefill_tokens == len(KEEPER) + 53 + 2 + 1 + 1
-    assert ref.prefix_hit_tokens == 0 and ref.prefill_tokens == len(KEEPER) + 53 + 52 + 21 + 52
+    assert eng.stats.prefix_hit_tokens == 0 + 50 + 20 + 51
+    assert eng.stats.prefill_tokens == len(KEEPER) + 53 + 2 + 1 + 1
+    assert ref.stats.prefix_hit_tokens == 0 and ref.stats.prefill_tokens == len(KEEPER) + 53 + 52 + 21 + 52
 
 
 async def test_batch_sharing_a_prefix_runs_it_once(tiny):
@@ -89,11 +89,11 @@ async def test_batch_sharing_a_prefix_runs_it_once(tiny):
                 futures = [eng.submit(greedy(p)) for p in prompts]
             outs.append([f.result(timeout=120) for f in futures])
             if tokens:
-                assert (eng.warm_passes, eng.prefill_passes) == (1, 1)
-                assert eng.prefill_tokens == 50 + 4 * 2 and eng.prefix_hit_tokens == 4 * 50
-                assert eng.forward_passes == 1 + 1 + 7  # warm + prefill (token 1) + 7 decodes
+                assert (eng.stats.warm_passes, eng.stats.prefill_passes) == (1, 1)
+                assert eng.stats.prefill_tokens == 50 + 4 * 2 and eng.stats.prefix_hit_tokens == 4 * 50
+                assert eng.stats.forward_passes == 1 + 1 + 7  # warm + prefill (token 1) + 7 decodes
             else:
-                assert eng.warm_passes == 0 and eng.prefill_tokens == 4 * 52
+                assert eng.stats.warm_passes == 0 and eng.stats.prefill_tokens == 4 * 52
         finally:
             eng.close()
     assert all(close(x, y) for x, y in zip(*outs))
@@ -108,9 +108,9 @@ async def test_adapters_do_not_share_entries_and_changes_clear_the_cache(tiny, a
         with busy(eng):
             await eng.generate(greedy(p, 2))
             await eng.generate(greedy(p, 2, adapter="a1"))
-            assert eng.prefix_hit_tokens == 0  # the base's KV is not the adapter's
+            assert eng.stats.prefix_hit_tokens == 0  # the base's KV is not the adapter's
             await eng.generate(greedy(p, 2, adapter="a1"))
-            assert eng.prefix_hit_tokens == 51
+            assert eng.stats.prefix_hit_tokens == 51
             assert len(eng.prefix_cache) > 0
             with eng.paused():  # the trainer may change an adapter in place: forget everything
                 assert len(eng.prefix_cache) > 0

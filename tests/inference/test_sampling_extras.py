@@ -122,7 +122,7 @@ async def test_engine_graph_path_samples_extras_like_eager(tiny):
                                                                        ignore_eos=True, sampling=p)) for p in params])
             outs.append([r.completions[0].token_ids for r in rs])
             if graphs:
-                assert any(key[3] and key[4] for key in eng._graphs)  # a sampling graph with filters ran
+                assert any(key[3] and key[4] for key in eng.runner.graphs)  # a sampling graph with filters ran
         finally:
             eng.close()
     assert outs[0] == outs[1]

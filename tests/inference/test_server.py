@@ -166,11 +166,11 @@ async def test_models_list(client):
 
 async def test_18_concurrent_requests_share_forward_passes(client, served):
     engine = served[0]
-    before = engine.forward_passes
+    before = engine.stats.forward_passes
     results = await asyncio.gather(*[
         client.chat.completions.create(model="agent", messages=[{"role": "user", "content": f"Rollout {i}"}],
                                        max_tokens=16, seed=i) for i in range(18)])
-    used = engine.forward_passes - before
+    used = engine.stats.forward_passes - before
     # One request alone needs one pass per generated token (prefill yields the first token).
     sequential = sum(r.usage.completion_tokens for r in results)
     assert used < sequential / 4, (used, sequential)

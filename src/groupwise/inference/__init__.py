@@ -9,8 +9,11 @@ Data flow (each file's docstring says more)::
             constrained.py response_format / forced tool_choice -> llguidance token masks
         ──► engine.py   continuous batching on the compute thread, per-request LoRA adapters
             requests.py GenerationRequest / GenerationResult (re-exported by engine.py)
+            step_state.py what a step works on: queues, slot cache, counters
+            runner.py   the model and its forward pass: adapter slots, merged weights, CUDA graphs
             prefill.py  admission and prefill of new requests (prefix hits, shared-prefix warm-up)
-            decode.py   the decode step: one token for every running sequence, stops, retiring
+            decode.py   the decode step: one token for every running sequence
+            advance.py  after a pass: sampling, stops, retiring finished rows, answering callers
             prefix_cache.py KV of prompt prefixes seen before, copied instead of recomputed
             kv_cache.py slot KV cache (one preallocated row per running sequence)
             decode_graphs.py the decode step as CUDA graphs (per batch/length bucket, adapter), sampling in the graph

@@ -49,26 +49,27 @@ class AdapterSlots:
         """The slot of a served name; any other name (the base, a caller's own peft adapter) is itself."""
         return self.slot_of.get(name, name)
 
-    def load(self, engine: Any, name: str, path: str) -> None:
-        """Put the adapter folder `path` in a slot (a free one of its shape, else a new one)."""
+    def load(self, runner: Any, name: str, path: str) -> None:
+        """Put the adapter folder `path` in a slot (a free one of its shape, else a new one) of the
+        engine's model runner (runner.py)."""
         from peft import PeftConfig
 
         shape = _shape(PeftConfig.from_pretrained(path))
-        slot = next((s for s in self.free if _shape(engine.model.peft_config[s]) == shape), None)
+        slot = next((s for s in self.free if _shape(runner.model.peft_config[s]) == shape), None)
         if slot is not None:
-            self._copy_into(engine.model, slot, path)
+            self._copy_into(runner.model, slot, path)
             self.free.remove(slot)
         else:
             slot = f"{SLOT_PREFIX}{self._serial}"
             self._serial += 1
             with quiet_peft():
-                if engine._is_peft():
-                    engine.model.load_adapter(path, adapter_name=slot)
+                if runner.is_peft():
+                    runner.model.load_adapter(path, adapter_name=slot)
                 else:
                     from peft import PeftModel
 
-                    engine.model = PeftModel.from_pretrained(engine.model, path, adapter_name=slot)
-                    engine._graphs.clear()  # captured on the unwrapped model
+                    runner.model = PeftModel.from_pretrained(runner.model, path, adapter_name=slot)
+                    runner.graphs.clear()  # captured on the unwrapped model
         self.slot_of[name] = slot
 
     def release(self, name: str) -> None:

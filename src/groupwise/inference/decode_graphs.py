@@ -9,11 +9,9 @@ whose rows all use one adapter (mixed batches run eagerly with ``adapter_names``
 
 Where no row needs a penalty, a grammar or top_logprobs, the graph samples too (`graph_sampling`,
 sampling.sample_fixed: temperature, seed, and top_k/top_p/min_p through the same `truncate` as the
-eager path) and computes the next step's inputs, so
-`run_decode_steps` launches step t+1 before the CPU has read step t's tokens. Measured on an H200,
-Qwen2.5-0.5B shape, 256 requests x 256 tokens (bench/generation.py): 19.7k tok/s with sampling
-outside the graph, 35-39k with the in-graph sampling and GQA attention (attention.py), 46k with the
-run-ahead; static-cache compiled `generate` 30-31k.
+eager path) and computes the next step's inputs, so `run_decode_steps` launches step t+1 before
+the CPU has read step t's tokens. Both more than double the decode throughput of graphs that only
+compute logits (bench/generation.py; figures in docs/benchmarks.md).
 
 Off CUDA, `capture` returns an `EagerReplay` that runs the same static-tensor step eagerly, so the
 bucketing, padding rows and adapter selection are tested on CPU (tests/inference/test_engine.py).
@@ -21,26 +19,23 @@ bucketing, padding rows and adapter selection are tested on CPU (tests/inference
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 
+from groupwise.inference.advance import advance, stepped
 from groupwise.inference.attention import engine_attention
 from groupwise.inference.kv_cache import SlotCache
+from groupwise.inference.requests import BASE, SeqState
+from groupwise.inference.runner import ModelRunner
 from groupwise.inference.sampling import sample_fixed
+from groupwise.inference.step_state import StepState
 
-if TYPE_CHECKING:
-    from groupwise.inference.engine import Engine
-
-BASE = "__base__"
-
-__all__ = ["EagerReplay", "GraphSampling", "adapter_ctx", "capture", "decode_with_graph", "graph_sampling",
-           "run_decode_steps"]
+__all__ = ["EagerReplay", "GraphSampling", "capture", "decode_with_graph", "graph_sampling", "run_decode_steps"]
 
 
-def decode_with_graph(engine: "Engine", ids: list[int], pos: list[int], need: int, adapter: str | None,
+def decode_with_graph(state: StepState, runner: ModelRunner, ids: list[int], pos: list[int], need: int, adapter: str | None,
                       sampling: "GraphSampling | None" = None) -> torch.Tensor:
     """One decode step for k rows (last tokens `ids`, positions `pos`) by replaying (capturing first
     if new) the graph of its bucket.
@@ -48,16 +43,16 @@ def decode_with_graph(engine: "Engine", ids: list[int], pos: list[int], need: in
     Without `sampling`: returns the logits [k, V]. With `sampling` (`graph_sampling`): the graph
     samples too (sampling.sample_fixed) and this returns [2, k] float64 (row 0: the tokens, exact in
     fp64; row 1: their logprobs) on the device, one copy to read back. The inputs go up in two copies
-    (an int64 [6, B] block and a float32 [3, B] one): per-tensor copies and mask updates were ~10
-    launches, a third of the CPU time of a 256-row step on an H200.
+    (an int64 [6, B] block and a float32 [3, B] one): per-tensor copies and mask updates would be ~10
+    launches, a large part of the CPU time of a big step.
     """
     k = len(ids)
     filtered = sampling is not None and sampling.top_k is not None
-    g = graph_for(engine, k, need, adapter, sampled=sampling is not None, filtered=filtered)
+    g = graph_for(state, runner, k, need, adapter, sampled=sampling is not None, filtered=filtered)
     pad = g["B"] - k
     # Padding rows: token 0 at position 0, K/V written to the trash column, attending to column 0;
     # greedy (temperature 0), nothing truncated.
-    rows = [ids + [0] * pad, pos + [0] * pad, pos + [engine.buffers.trash_col] * pad]
+    rows = [ids + [0] * pad, pos + [0] * pad, pos + [state.buffers.trash_col] * pad]
     if sampling is not None:
         rows += [sampling.seeds + [0] * pad, sampling.steps + [0] * pad]
         floats = [sampling.temps + [0.0] * pad]
@@ -67,22 +62,22 @@ def decode_with_graph(engine: "Engine", ids: list[int], pos: list[int], need: in
         g["floats"][: len(floats)].copy_(torch.tensor(floats, dtype=torch.float32), non_blocking=True)
     g["inputs"][: len(rows)].copy_(torch.tensor(rows, dtype=torch.long), non_blocking=True)
     g["graph"].replay()
-    engine.forward_passes += 1
+    runner.stats.forward_passes += 1
     if sampling is not None:
         return g["out"][:, :k]
     return g["logits"][:k, -1]
 
 
-def graph_for(engine: "Engine", k: int, need: int, adapter: str | None, sampled: bool,
+def graph_for(state: StepState, runner: ModelRunner, k: int, need: int, adapter: str | None, sampled: bool,
               filtered: bool = False) -> dict[str, Any]:
     """The graph of k rows attending to `need` columns (captured on first use). `filtered`: its
     sampling truncates (top_k/top_p/min_p); graphs without it skip the sort over the vocabulary."""
-    B = min(max(1 << (k - 1).bit_length(), 1), engine.max_batch_size)
-    Lb = min(max(64, 1 << (need - 1).bit_length()), engine.buffers.capacity - 1)
+    B = min(max(1 << (k - 1).bit_length(), 1), state.max_batch_size)
+    Lb = min(max(64, 1 << (need - 1).bit_length()), state.buffers.capacity - 1)
     key = (B, Lb, adapter or BASE, sampled, filtered)
-    g = engine._graphs.get(key)
+    g = runner.graphs.get(key)
     if g is None:
-        g = engine._graphs[key] = capture(engine, B, Lb, adapter, sampled=sampled, filtered=filtered)
+        g = runner.graphs[key] = capture(state, runner, B, Lb, adapter, sampled=sampled, filtered=filtered)
     return g
 
 
@@ -98,17 +93,17 @@ class GraphSampling:
     min_p: list[float] | None = None
 
 
-def graph_sampling(engine: "Engine", seqs: list) -> GraphSampling | None:
+def graph_sampling(state: StepState, seqs: list[SeqState]) -> GraphSampling | None:
     """What the decode graph needs to sample every row itself (sampling.sample_fixed), or None
     when a row needs a grammar, a penalty or top_logprobs. An unseeded row draws one random seed
-    from the engine's generator and hashes (seed, token index) like a seeded row, so the graph can
+    from the step's CPU generator and hashes (seed, token index) like a seeded row, so the graph can
     step its own inputs (decode_graphs.run_decode_steps)."""
     params = [s.req.sampling for s in seqs]
     if any(s.matcher is not None for s in seqs) or any(p.penalized or p.top_logprobs for p in params):
         return None
     for s in seqs:
         if s.seed is None and s.graph_seed is None:
-            s.graph_seed = int(torch.randint(0, 2**62, (1,), generator=engine._cpu_generator))
+            s.graph_seed = int(torch.randint(0, 2**62, (1,), generator=state.cpu_generator))
     seeds = [s.seed if s.seed is not None else s.graph_seed for s in seqs]
     out = GraphSampling([p.temperature for p in params], seeds, [len(s.tokens) for s in seqs])
     if any(p.truncates for p in params):
@@ -118,39 +113,36 @@ def graph_sampling(engine: "Engine", seqs: list) -> GraphSampling | None:
     return out
 
 
-def run_decode_steps(engine: "Engine", seqs: list, ids: list[int], pos: list[int], need: int, adapter: str | None,
-                     sampling: GraphSampling) -> None:
+def run_decode_steps(state: StepState, runner: ModelRunner, seqs: list[SeqState], ids: list[int], pos: list[int],
+                     need: int, adapter: str | None, sampling: GraphSampling) -> None:
     """Decode steps for the running rows, each next step launched BEFORE the CPU reads this one's
     tokens (CUDA, graph sampling only).
 
     The graph computes its own next inputs (g["next"]: the sampled tokens, positions + 1, token
     indices + 1), so step t+1 can start from them on the GPU while the CPU appends step t's tokens,
-    checks stops and answers callers: on an H200 at 256 rows that CPU work was ~1.5 ms of a 6.2 ms
-    step, with the GPU idle. A step launched ahead is used only if no row finished (and nothing
+    checks stops and answers callers (at hundreds of rows that CPU work is a large part of a step,
+    with the GPU idle otherwise). A step launched ahead is used only if no row finished (and nothing
     else needs the loop: a request waiting for a free slot, a cancelled request, a pause, a new
-    bucket); otherwise it is dropped. Dropping is harmless: it wrote each row's next K/V column with the very token and
-    position the next step writes again, and finished rows' slots are refilled after it in stream
-    order.
+    bucket; StepState.wanted_elsewhere); otherwise it is dropped. Dropping is harmless: it wrote each
+    row's next K/V column with the very token and position the next step writes again, and finished
+    rows' slots are refilled after it in stream order.
     """
-    from groupwise.inference.decode import advance, stepped
-
     k = len(seqs)
-    out = decode_with_graph(engine, ids, pos, need, adapter, sampling)  # a view of g["out"]: each replay refills it
-    g = graph_for(engine, k, need, adapter, sampled=True, filtered=sampling.top_k is not None)
+    out = decode_with_graph(state, runner, ids, pos, need, adapter, sampling)  # a view of g["out"]: replays refill it
+    g = graph_for(state, runner, k, need, adapter, sampled=True, filtered=sampling.top_k is not None)
     while True:
         g["host"][:, :k].copy_(out, non_blocking=True)
         g["event"].record()
         need += 1
-        ahead = (need <= g["Lb"] and not engine._pauses and not engine._closed and not engine._cancel_pending
-                 and not (engine._waiting and k < engine.max_batch_size))
+        ahead = need <= g["Lb"] and not state.wanted_elsewhere(k)
         if ahead:
             g["inputs"].copy_(g["next"])
             g["graph"].replay()
-            engine.forward_passes += 1
+            runner.stats.forward_passes += 1
         g["event"].synchronize()
         tokens, logprobs = g["host"][:, :k].tolist()  # tokens are exact in fp64
-        stepped(engine, seqs)
-        advance(engine, seqs, [int(t) for t in tokens], logprobs)
+        stepped(state, seqs)
+        advance(state, seqs, [int(t) for t in tokens], logprobs)
         if not ahead:
             return
         if any(s.finish_reason for s in seqs):
@@ -158,15 +150,15 @@ def run_decode_steps(engine: "Engine", seqs: list, ids: list[int], pos: list[int
             return
 
 
-def capture(engine: "Engine", B: int, Lb: int, adapter: str | None, sampled: bool = False,
+def capture(state: StepState, runner: ModelRunner, B: int, Lb: int, adapter: str | None, sampled: bool = False,
             filtered: bool = False) -> dict[str, Any]:
     """Static input tensors and the captured graph for one bucket. Inputs: g["inputs"] [6, B] int64
     (last token, position, cache column, seed, token index, top_k), g["floats"] [3, B] float32
     (temperature, top_p, min_p); output: g["logits"], or with `sampled` g["out"] [2, B] (tokens,
     logprobs). With `filtered` the sampling truncates (sampling.truncate)."""
-    dev = engine.device
+    dev = runner.device
     inputs = torch.zeros((6, B), dtype=torch.long, device=dev)
-    trash = engine.buffers.trash_col  # fixed while the graph lives: growing the cache drops all graphs
+    trash = state.buffers.trash_col  # fixed while the graph lives: growing the cache drops all graphs
     inputs[2] = trash
     floats = torch.zeros((3, B), dtype=torch.float32, device=dev)
     floats[1] = 1.0  # top_p 1: nothing truncated
@@ -176,16 +168,15 @@ def capture(engine: "Engine", B: int, Lb: int, adapter: str | None, sampled: boo
         g["host"] = torch.empty((2, B), dtype=torch.float64, pin_memory=True)
         g["event"] = torch.cuda.Event()
     # The graph reads every tensor it was captured with by ADDRESS, so each must live as long as the
-    # graph: the cache view's row index (rows_NQ) was once freed after capture; its memory went to the
-    # next prefill, and a later replay scattered K/V with garbage indices (a device-side assert on
-    # the second 256-request run of bench/generation.py on an H200).
-    cache = g["cache"] = SlotCache(engine.buffers, 0, B, g["cols"], Lb)
+    # graph (kept in g): a freed index tensor's memory goes to the next prefill, and a later replay
+    # would scatter K/V with garbage indices.
+    cache = g["cache"] = SlotCache(state.buffers, 0, B, g["cols"], Lb)
 
     def run():
-        kwargs = {engine._cache_kwarg: cache, "use_cache": True}
+        kwargs = {runner.cache_kwarg: cache, "use_cache": True}
         # row b attends to columns 0..pos[b] (a padding row, at position 0, to column 0 only)
         mask = g["arange"][None, None, None, :] <= g["pos"][:, None, :, None]  # [B, 1, 1, Lb]
-        logits = engine.model(input_ids=g["ids"], position_ids=g["pos"], attention_mask=mask, **kwargs).logits
+        logits = runner.model(input_ids=g["ids"], position_ids=g["pos"], attention_mask=mask, **kwargs).logits
         if not sampled:
             return {"logits": logits}
         filters = (inputs[5], floats[1], floats[2]) if filtered else None
@@ -198,61 +189,35 @@ def capture(engine: "Engine", B: int, Lb: int, adapter: str | None, sampled: boo
 
     if dev.type != "cuda":
         # Stand-in for tests on CPU: same static buffers, buckets and padding rows, run eagerly.
-        g["graph"] = EagerReplay(engine, run, adapter, g)
+        g["graph"] = EagerReplay(runner, run, adapter, g)
         return g
-    with adapter_ctx(engine, adapter), torch.inference_mode(), engine_attention(engine._base_model().config):
+    with runner.adapter_ctx(adapter), torch.inference_mode(), engine_attention(runner.base_model().config):
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: lazy inits and autotuning happen outside the capture
                 run()
         torch.cuda.current_stream().wait_stream(stream)
-        if engine._graph_pool is None or not engine._graphs:
+        if runner.graph_pool is None or not runner.graphs:
             # A pool whose graphs were all freed (cache growth, a new adapter) is released by the
-            # allocator; capturing into its stale handle trips "use_count > 0" (seen on an H200 after
-            # a training step). So a capture with no live graph takes a fresh pool.
-            engine._graph_pool = torch.cuda.graph_pool_handle()
+            # allocator; capturing into its stale handle trips "use_count > 0" (as after a training
+            # step). So a capture with no live graph takes a fresh pool.
+            runner.graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         # thread_local: other threads (the event loop, a trainer check) may use CUDA meanwhile.
-        with torch.cuda.graph(graph, pool=engine._graph_pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=runner.graph_pool, capture_error_mode="thread_local"):
             g.update(run())
     g["graph"] = graph
     return g
 
 
-@contextlib.contextmanager
-def adapter_ctx(engine: "Engine", adapter: str | None):
-    """Make `adapter` (None/BASE: no adapter) the one peft's layers apply, then restore.
-
-    peft reads the active adapter in Python, so a captured graph bakes it in. We set the layers'
-    flags directly instead of calling `set_adapter` / `disable_adapter`, because those also flip
-    `requires_grad` of adapters, and the trainer shares this model (its adapter must stay trainable).
-    """
-    if not engine._is_peft():
-        yield
-        return
-    layers = engine._tuner_layers()
-    saved = [(m._active_adapter, m._disable_adapters) for m in layers]
-    for m in layers:
-        if adapter in (None, BASE):
-            m._disable_adapters = True
-        else:
-            m._active_adapter = [adapter]
-            m._disable_adapters = False
-    try:
-        yield
-    finally:
-        for m, (active, disabled) in zip(layers, saved):
-            m._active_adapter, m._disable_adapters = active, disabled
-
-
 class EagerReplay:
     """What `capture` returns off CUDA: `replay()` runs the decode step eagerly on the static tensors."""
 
-    def __init__(self, engine: "Engine", run: Callable[[], torch.Tensor], adapter: str | None, g: dict):
-        self._engine, self._run, self._adapter, self._g = engine, run, adapter, g
+    def __init__(self, runner: ModelRunner, run: Callable[[], torch.Tensor], adapter: str | None, g: dict):
+        self._runner, self._run, self._adapter, self._g = runner, run, adapter, g
 
     def replay(self) -> None:
-        with (self._engine._one_adapter(self._adapter), torch.inference_mode(),
-              engine_attention(self._engine._base_model().config)):
+        with (self._runner.one_adapter(self._adapter), torch.inference_mode(),
+              engine_attention(self._runner.base_model().config)):
             self._g.update(self._run())

@@ -10,7 +10,12 @@ Each step, under the model lock:
    request even when n > 1) runs in ONE forward pass, and each choice samples its first token; the
    prompt's KV is copied to the slots of the other choices of the same request.
 2. decode (decode.py): every running sequence feeds its last token in ONE forward pass ([k, 1]
-   inputs); tokens are sampled, stops checked, finished rows retired and their callers answered.
+   inputs); tokens are sampled, stops checked, finished rows retired and their callers answered
+   (advance.py).
+
+The step modules are functions of two objects the engine owns: the step state (step_state.py:
+queues, slot cache, counters) and the model runner (runner.py: the model, its adapters, its
+forward pass and CUDA graphs).
 
 Requests thus join and leave the running batch at token granularity. The KV cache is a
 preallocated slot cache (kv_cache.py): slot i holds sequence i's keys/values at columns
@@ -33,12 +38,12 @@ attention reads each K/V head once for its group of query heads (attention.py).
 
 CPU. A batch whose rows share one adapter runs from merged weights (merged.py): on the CPU a
 LoRA layer's tiny matmuls cost their overhead, not their FLOPs. fp32 linears run through oneDNN
-for the engine's passes (cpu_linear.py): the same products as MKL's sgemm, 1.3-2x faster here.
+for the engine's passes (cpu_linear.py): the same products as MKL's sgemm, faster at these shapes.
 
 Logprobs are the model's raw log-softmax (sampling.py says why).
 
 Why not transformers' own continuous batching (``generate_batch`` / ``init_continuous_batching``,
-paged attention, in transformers 5): looked at in 5.24, it returns logprobs and takes per-request
+paged attention, in transformers 5): it returns logprobs and takes per-request
 logits-processor kwargs, but has no per-request LoRA adapter (one of our requirements: every
 rollout names its step), no grammar masks per request, and its scheduler owns the model, which we
 share with the trainer (`paused()`). The slot cache here is small enough to own.
@@ -48,8 +53,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
-import inspect
 import threading
 from collections import deque
 from typing import Any
@@ -57,20 +60,20 @@ from typing import Any
 import torch
 
 from groupwise.compute import compute_thread
-from groupwise.inference.adapter_slots import SLOT_PREFIX, AdapterSlots
-from groupwise.inference.attention import engine_attention
-from groupwise.inference.cpu_linear import OneDNNLinears, onednn_linear_available
-from groupwise.inference.decode import decode, retire
+from groupwise.inference.adapter_slots import SLOT_PREFIX
+from groupwise.inference.advance import retire
+from groupwise.inference.cpu_linear import onednn_linear_available
+from groupwise.inference.decode import decode
 from groupwise.inference.kv_cache import SlotBuffers
-from groupwise.inference.merged import MergedAdapter
 from groupwise.inference.prefill import admit, prefill_isolated
 from groupwise.inference.prefix_cache import PrefixCache
 from groupwise.inference.requests import (BASE, Completion, EngineError, GenerationRequest, GenerationResult,
-                                          PromptTooLongError, RequestFailedError, _ReqState, _Seq)
-from groupwise.module_walk import ModuleWalk
+                                          PromptTooLongError, RequestFailedError, RequestState, SeqState)
+from groupwise.inference.runner import ModelRunner
+from groupwise.inference.step_state import EngineStats, StepState
 
-__all__ = ["Completion", "Engine", "EngineError", "GenerationRequest", "GenerationResult", "PromptTooLongError",
-           "RequestFailedError"]
+__all__ = ["Completion", "Engine", "EngineError", "EngineStats", "GenerationRequest", "GenerationResult",
+           "PromptTooLongError", "RequestFailedError"]
 
 
 class Engine:
@@ -93,24 +96,33 @@ class Engine:
         onednn_linear: bool | None = None,  # fp32 CPU linears through oneDNN (cpu_linear.py); default: where available
         max_kv_bytes: int | None = None,  # the slot cache's largest size: the context shrinks to what fits
     ):
-        self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.max_new_tokens_default = max_new_tokens_default
         self.max_prefill_tokens = max_prefill_tokens
-        config = self._base_model().config
+        if onednn_linear and not onednn_linear_available():
+            raise ValueError("onednn_linear=True, but this PyTorch build has no oneDNN linear "
+                             "(torch.backends.mkldnn); leave it None to use it only where available")
+        param = next(model.parameters())
+        device, dtype = param.device, param.dtype
+        onednn = onednn_linear_available() if onednn_linear is None else onednn_linear
+        stats = EngineStats()
+        self.runner = ModelRunner(
+            model, stats=stats, cuda_graphs=(device.type == "cuda") if cuda_graphs is None else cuda_graphs,
+            merge_adapters=(device.type == "cpu") if merge_adapters is None else merge_adapters,
+            onednn_linears=onednn and device.type == "cpu" and dtype == torch.float32)
+        base = self.runner.base_model()
+        config = base.config
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
         self.context_length = int(max_seq_len or getattr(text_config, "max_position_embeddings", 4096))
-        self.vocab_size = int(self._base_model().get_input_embeddings().num_embeddings)  # valid ids: [0, this)
-        param = next(model.parameters())
-        self.device, self.dtype = param.device, param.dtype
+        self.vocab_size = int(base.get_input_embeddings().num_embeddings)  # valid ids: [0, this)
         heads = text_config.num_attention_heads
         head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
         kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
         # The slot cache holds max_batch_size rows of the whole context (kv_cache.py): bounded by
         # max_kv_bytes, one long prompt cannot make it outgrow the machine's memory.
         self.kv_bytes_per_token = 2 * text_config.num_hidden_layers * max_batch_size * kv_heads * head_dim * (
-            torch.empty((), dtype=self.dtype).element_size())
+            torch.empty((), dtype=dtype).element_size())
         self.kv_budget_limits_context = False
         if max_kv_bytes is not None:
             fits = max_kv_bytes // self.kv_bytes_per_token - 2  # the columns past the context: trash and growth
@@ -125,68 +137,66 @@ class Engine:
         # Steps run on the process's compute thread (groupwise/compute.py says why one thread), and so
         # does every torch op of the engine's, allocations included (a large fill is an OpenMP region).
         self._compute = compute_thread()
-        self.buffers = self._compute.call(SlotBuffers, text_config.num_hidden_layers, max_batch_size, kv_heads,
-                                          head_dim, min(initial_capacity, self.context_length), self.dtype,
-                                          self.device, max_capacity=self.context_length + 2)
-        # KV of prompt prefixes seen before (prefix_cache.py); allocated at the first prefill.
-        self.prefix_cache = (PrefixCache(self.buffers, prefix_cache_tokens, prefix_block_size)
-                             if prefix_cache_tokens else None)
+        buffers = self._compute.call(SlotBuffers, text_config.num_hidden_layers, max_batch_size, kv_heads,
+                                     head_dim, min(initial_capacity, self.context_length), dtype,
+                                     device, max_capacity=self.context_length + 2)
         eos = set()
         for source in (getattr(tokenizer, "eos_token_id", None),
-                       getattr(getattr(self._base_model(), "generation_config", None), "eos_token_id", None)):
+                       getattr(getattr(base, "generation_config", None), "eos_token_id", None)):
             if isinstance(source, int):
                 eos.add(source)
             elif isinstance(source, (list, tuple)):
                 eos.update(int(t) for t in source)
-        self.eos_token_ids = eos
-        # transformers 5 renamed the forward kwarg past_key_values -> cache.
-        params = inspect.signature(self._base_model().forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        self.cuda_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
-        self._graphs: dict[tuple, dict[str, Any]] = {}
-        self._walk = ModuleWalk()
-        self._slots = AdapterSlots()
-        merge = (self.device.type == "cpu") if merge_adapters is None else merge_adapters
-        self._merged = MergedAdapter() if merge else None
-        if onednn_linear and not onednn_linear_available():
-            raise ValueError("onednn_linear=True, but this PyTorch build has no oneDNN linear "
-                             "(torch.backends.mkldnn); leave it None to use it only where available")
-        onednn = onednn_linear_available() if onednn_linear is None else onednn_linear
-        cpu_fp32 = self.device.type == "cpu" and self.dtype == torch.float32
-        self._onednn = OneDNNLinears() if onednn and cpu_fp32 else None
-        self._graph_pool = None
-        self.forward_passes = 0
-        self.prefill_passes = 0
-        self.decode_passes = 0
-        self.warm_passes = 0  # prefills of prefixes shared inside one admitted batch (prefill.py)
-        self.prefill_tokens = 0  # prompt tokens run through the model (pads excluded)
-        self.prefix_hit_tokens = 0  # prompt tokens copied from the prefix cache instead
-        self.cancelled_requests = 0  # dropped because their caller cancelled (a client went away)
-        self.failed_requests = 0  # failed alone: a step error was traced to them, the others went on
-        self._cancel_pending = False  # a caller cancelled since the last sweep (_sweep_cancelled)
+        self.state = StepState(
+            tokenizer=tokenizer, buffers=buffers,
+            # KV of prompt prefixes seen before (prefix_cache.py); allocated at the first prefill.
+            prefix_cache=PrefixCache(buffers, prefix_cache_tokens, prefix_block_size) if prefix_cache_tokens else None,
+            max_batch_size=max_batch_size, max_prefill_tokens=max_prefill_tokens, context_length=self.context_length,
+            eos_token_ids=eos, device=device, stats=stats,
+            cv=self._compute.cv)  # guards the queues; submit() wakes the compute thread through it
         self._adapters: dict[str, str] = {}
-        self._waiting: deque[_ReqState] = deque()
-        self._admitted: list[_ReqState] = []  # taken from _waiting, being prefilled
-        self._running: list[_Seq] = []  # index i lives in slot i
-        self._cv = self._compute.cv  # guards the queues; submit() wakes the compute thread through it
         # Held by the loop for one step, and by add/remove_adapter. A pause does not hold it: it
         # counts pauses (the loop starts no step while > 0) and waits for the current step to end,
         # so the trainer may load an adapter from inside a pause without deadlocking.
         self._step_lock = threading.RLock()
-        self._pauses = 0
-        self._closed = False
-        self._default_generator = torch.Generator(device=self.device)
-        self._default_generator.manual_seed(0)
-        self._cpu_generator = torch.Generator().manual_seed(0)  # seeds of unseeded rows in graph sampling
         self._compute.attach(self)
 
+    # ---------------------------------------------------------------- what the engine is made of
+    @property
+    def model(self) -> Any:
+        """The served model: a peft `PeftModel` once an adapter is loaded (the backend shares it)."""
+        return self.runner.model
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.runner.dtype
+
+    @property
+    def buffers(self) -> SlotBuffers:
+        return self.state.buffers
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        return self.state.prefix_cache
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return self.state.eos_token_ids
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Decode by CUDA graph replay (turned off for good if a capture fails)."""
+        return self.runner.cuda_graphs
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.state.stats
+
     # ---------------------------------------------------------------- adapters and the model lock
-    def _base_model(self) -> Any:
-        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-
-    def _is_peft(self) -> bool:
-        return hasattr(self.model, "peft_config")
-
     def add_adapter(self, name: str, path: str) -> None:
         """Load a peft LoRA adapter folder as `name`; several stay resident; requests choose per call.
         Its weights go to a free slot of the same LoRA shape when there is one (adapter_slots.py)."""
@@ -196,9 +206,9 @@ class Engine:
 
     def _add_adapter(self, name: str, path: str) -> None:
         with self._step_lock:
-            if name in self._adapters or (self._is_peft() and name in self.model.peft_config):
+            if name in self._adapters or (self.runner.is_peft() and name in self.model.peft_config):
                 raise EngineError(f"adapter {name!r} is already loaded; remove_adapter({name!r}) first")
-            self._slots.load(self, name, str(path))
+            self.runner.slots.load(self.runner, name, str(path))
             self.model.eval()
             self._adapters[name] = str(path)
             self._weights_changed()  # a reused name (or slot) must not find the old weights' KV
@@ -212,42 +222,36 @@ class Engine:
                 raise EngineError(f"adapter {name!r} is not loaded; loaded: {sorted(self._adapters)}")
             # peft's mixed-batch forward silently skips an unknown adapter (the base model would
             # answer in its place), so an adapter still asked for must not disappear.
-            with self._cv:
-                busy = any(s.req.adapter == name for s in self._running) or any(
-                    st.req.adapter == name for st in self._waiting)
+            with self.state.cv:
+                busy = any(s.req.adapter == name for s in self.state.running) or any(
+                    st.req.adapter == name for st in self.state.waiting)
             if busy:
                 raise EngineError(f"adapter {name!r} is serving queued or running requests; retry when they finish")
             # The slot keeps its tensors (and its CUDA graphs) for the next adapter of its shape.
-            self._slots.release(name)
+            self.runner.slots.release(name)
             del self._adapters[name]
             self._weights_changed()
 
     def peft_adapter_name(self, name: str) -> str:
         """The peft adapter (slot) holding the weights served as `name`."""
-        return self._slots.peft_name(name)
+        return self.runner.peft_name(name)
 
     def adapters(self) -> list[str]:
         """Adapters the engine loaded (peft adapters the caller made itself are usable too)."""
         return sorted(self._adapters)
 
     def _known_adapter(self, name: str) -> bool:
-        return name in self._adapters or (
-            self._is_peft() and name in self.model.peft_config and not name.startswith(SLOT_PREFIX))
-
-    def _forget_prefixes(self) -> None:
-        """Cached prefix KV is only valid for the weights that made it (prefix_cache.py)."""
-        if self.prefix_cache is not None:
-            self.prefix_cache.clear()
+        return name in self._adapters or self.runner.has_adapter(name)
 
     def _weights_changed(self) -> None:
         """Adapter weights may differ now: cached prefixes and a merged adapter (merged.py) go."""
-        self._forget_prefixes()
-        if self._merged is not None:
-            self._merged.invalidate()
+        self.state.forget_prefixes()
+        if self.runner.merged is not None:
+            self.runner.merged.invalidate()
 
     def _pause_begin(self) -> None:
-        with self._cv:
-            self._pauses += 1
+        with self.state.cv:
+            self.state.pauses += 1
         with self._step_lock:  # wait for a step in progress; later steps see the pause
             pass
 
@@ -255,9 +259,9 @@ class Engine:
         with self._step_lock:
             self.model.eval()  # the trainer may have left it in train mode (dropout)
             self._weights_changed()  # ... and changed an adapter's weights in place
-        with self._cv:
-            self._pauses -= 1
-            self._cv.notify_all()
+        with self.state.cv:
+            self.state.pauses -= 1
+            self.state.cv.notify_all()
 
     def paused(self) -> "_Paused":
         """``with engine.paused():`` or ``async with``: no forward pass runs until released, so the
@@ -269,24 +273,24 @@ class Engine:
         """Thread-safe: queue a request; the future resolves to a `GenerationResult`."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._validate(request)
-        if self._closed:
+        if self.state.closed:
             raise EngineError("the engine is closed")
         prompt_len = len(request.prompt_ids)
         limit = request.max_new_tokens if request.max_new_tokens is not None else self.max_new_tokens_default
         # Clamp to the context (vLLM would refuse; rollouts prefer a shorter answer to an error).
         max_new = max(1, min(limit, self.context_length - prompt_len))
-        state = _ReqState(request, future, max_new)
+        state = RequestState(request, future, max_new)
         future.add_done_callback(self._on_done)
         for i in range(request.n):
-            seq = _Seq(request, state, i)
+            seq = SeqState(request, state, i)
             if request.sampling.seed is not None:
                 seq.seed = request.sampling.seed + i  # choice i of n draws its own stream
             if request.constraint is not None:
                 seq.matcher = request.constraint.new_matcher()
             state.seqs.append(seq)
-        with self._cv:
-            self._waiting.append(state)
-            self._cv.notify_all()
+        with self.state.cv:
+            self.state.waiting.append(state)
+            self.state.cv.notify_all()
         return future
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -295,9 +299,9 @@ class Engine:
     def _on_done(self, future: concurrent.futures.Future) -> None:
         """A caller cancelled its future (the server does when a client goes away): stop its work."""
         if future.cancelled():
-            with self._cv:
-                self._cancel_pending = True
-                self._cv.notify_all()
+            with self.state.cv:
+                self.state.cancel_pending = True
+                self.state.cv.notify_all()
 
     def _validate(self, r: GenerationRequest) -> None:
         # Everything a batch would choke on is refused here, before the request can share a forward
@@ -325,118 +329,68 @@ class Engine:
         if problems:
             raise EngineError("; ".join(problems))
 
-    # ---------------------------------------------------------------- the loop
-    def _ready(self) -> bool:
-        """Called by the compute thread under `_cv`: is there a step to run?"""
-        return not self._closed and not self._pauses and bool(self._waiting or self._running)
+    # ---------------------------------------------------------------- the loop (compute.py steps it)
+    def ready(self) -> bool:
+        """Called by the compute thread under the queues' condition: is there a step to run?"""
+        st = self.state
+        return not st.closed and not st.pauses and bool(st.waiting or st.running)
 
-    def _poll(self) -> None:
+    def poll(self) -> None:
         """One step (admit + prefill, then decode), run by the compute thread."""
         try:
             with self._step_lock:
-                with self._cv:
-                    if not self._ready():  # a pause began (or the engine closed) since the check
+                with self.state.cv:
+                    if not self.ready():  # a pause began (or the engine closed) since the check
                         return
                 self._step()
         except BaseException as exc:  # not traced to one request (prefill.py, decode.py isolate those)
             self._fail_all(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
-        with self._cv:
-            states = (self._admitted + list(self._waiting)
-                      + list({id(s.state): s.state for s in self._running}.values()))
-            self._admitted = []
-            self._waiting.clear()
-            self._running = []
-        for st in states:
-            st.settle(error=EngineError(f"generation failed: {type(exc).__name__}: {exc}"))
-
-    def _fail_request(self, st: _ReqState, exc: BaseException) -> None:
-        """Fail one request whose error was traced to it; its running rows are retired by the caller."""
-        self.failed_requests += 1
-        st.fail(exc)
+        st = self.state
+        with st.cv:
+            states = (st.admitted + list(st.waiting) + list({id(s.state): s.state for s in st.running}.values()))
+            st.admitted = []
+            st.waiting.clear()
+            st.running = []
+        for request in states:
+            request.settle(error=EngineError(f"generation failed: {type(exc).__name__}: {exc}"))
 
     def _sweep_cancelled(self) -> None:
         """Drop requests whose callers cancelled: waiting ones leave the queue, running rows retire."""
-        with self._cv:
-            if not self._cancel_pending:
+        st = self.state
+        with st.cv:
+            if not st.cancel_pending:
                 return
-            self._cancel_pending = False
-            kept = [st for st in self._waiting if not st.future.cancelled()]
-            self.cancelled_requests += len(self._waiting) - len(kept)
-            self._waiting = deque(kept)
-        gone = {id(s.state): s.state for s in self._running if s.state.future.cancelled() and not s.finish_reason}
-        for st in gone.values():
-            for s in st.seqs:
+            st.cancel_pending = False
+            kept = [r for r in st.waiting if not r.future.cancelled()]
+            st.stats.cancelled_requests += len(st.waiting) - len(kept)
+            st.waiting = deque(kept)
+        gone = {id(s.state): s.state for s in st.running if s.state.future.cancelled() and not s.finish_reason}
+        for request in gone.values():
+            for s in request.seqs:
                 s.finish_reason = "cancelled"
-        self.cancelled_requests += len(gone)
+        st.stats.cancelled_requests += len(gone)
         if gone:
-            retire(self)
+            retire(st)
 
     def _step(self) -> None:
         self._sweep_cancelled()
-        admitted = admit(self)
+        admitted = admit(self.state)
         if admitted:
             # Admitted requests are in neither queue until placed: _fail_all must see them too, or
             # a failing prefill would leave their callers waiting forever.
-            self._admitted = admitted
-            prefill_isolated(self, admitted)
-            self._admitted = []
-        if self._running:
-            decode(self)
-
-    def _adapter_names(self, seqs: list[_Seq]) -> list[str] | None:
-        if not self._is_peft():
-            return None
-        return [self._slots.peft_name(s.req.adapter or BASE) for s in seqs]
-
-    def _one_adapter(self, name: str | None) -> Any:
-        """The context in which the model computes adapter `name` (None/BASE: the base) for every row:
-        merged weights where that applies (merged.py), else peft's layers with `name` active."""
-        from groupwise.inference.decode_graphs import adapter_ctx
-
-        if self._merged is not None and name not in (None, BASE) and self._is_peft():
-            layers = self._tuner_layers()
-            if self._merged.usable(layers, name):
-                return self._merged_serving(layers, name)
-        return adapter_ctx(self, name)
-
-    @contextlib.contextmanager
-    def _merged_serving(self, layers: list[Any], name: str):
-        from groupwise.inference.decode_graphs import adapter_ctx
-
-        with adapter_ctx(self, BASE), self._merged.serving(layers, name):  # peft's layers off: the weights carry it
-            yield
-
-    def _forward(self, input_ids, position_ids, mask, cache, adapter_names, logits_to_keep=None):
-        kwargs: dict[str, Any] = {self._cache_kwarg: cache, "use_cache": True}
-        one_adapter = contextlib.nullcontext()
-        if adapter_names is not None:
-            if len(set(adapter_names)) == 1:
-                # Every row uses one adapter (the usual rollout batch): make it the active one
-                # instead of peft's mixed-batch path, which splits and re-scatters the batch in
-                # every adapted layer (measured on CPU, SmolLM2, 8 rows: 210 ms a decode step with
-                # adapter_names, 120 ms without an adapter).
-                one_adapter = self._one_adapter(adapter_names[0])
-            else:
-                kwargs["adapter_names"] = adapter_names
-        if logits_to_keep is not None:
-            kwargs["logits_to_keep"] = logits_to_keep
-        self.forward_passes += 1
-        linears = self._onednn.installed(self._walk(self.model)[0]) if self._onednn else contextlib.nullcontext()
-        with torch.inference_mode(), one_adapter, engine_attention(self._base_model().config), linears:
-            out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **kwargs)
-        return out.logits
-
-    def _tuner_layers(self) -> list[Any]:
-        """peft's adapted layers (module_walk.py: walked once per adapter set, not per forward pass)."""
-        return self._walk(self.model)[1]
+            self.state.admitted = admitted
+            prefill_isolated(self.state, self.runner, admitted)
+            self.state.admitted = []
+        if self.state.running:
+            decode(self.state, self.runner)
 
     # ---------------------------------------------------------------- shutdown
     def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
+        with self.state.cv:
+            self.state.closed = True
+            self.state.cv.notify_all()
         self._compute.detach(self)
         with self._step_lock:  # a step in progress ends first
             pass
@@ -468,4 +422,3 @@ class _Paused:
 
     async def __aexit__(self, *exc):
         await asyncio.get_running_loop().run_in_executor(None, self._engine._pause_end)
-

@@ -10,8 +10,8 @@ How. The engine keeps at most ONE merged copy, for the adapter of its latest sin
 (a training run serves one step at a time). For a forward pass it points each adapted layer's base
 weight at the merged tensor (`Parameter.data`, swapped back after), with peft's adapters off.
 The copy is rebuilt when another adapter is served, and dropped whenever adapter weights may have
-changed (`Engine._weights_changed`: an adapter added or removed, the end of a pause in which the
-trainer may have stepped).
+changed: an adapter added or removed, the end of a pause in which the trainer may have stepped
+(`Engine._weights_changed`).
 
 Cost: memory for the adapted weights (425 MB for SmolLM2 in fp32), so the engine merges by default
 on the CPU only, and only when that copy is at most `DEFAULT_MAX_BYTES`. The result equals peft's
@@ -88,7 +88,7 @@ class MergedAdapter:
     @contextlib.contextmanager
     def serving(self, layers: list[Any], adapter: str) -> Iterator[None]:
         """Inside: each adapted layer's base weight holds W + sBA of `adapter` (the caller turns
-        peft's adapters off meanwhile: `Engine._one_adapter`)."""
+        peft's adapters off meanwhile: `ModelRunner.one_adapter`)."""
         if self.adapter != adapter:
             self._build(layers, adapter)
         originals = [base.data for base, _ in self._merged]

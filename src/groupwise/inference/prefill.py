@@ -19,18 +19,14 @@ the first token).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from groupwise.inference.decode import sample_and_advance
+from groupwise.inference.advance import sample_and_advance
 from groupwise.inference.kv_cache import SlotCache
 from groupwise.inference.prefix_cache import Hit, common_prefix
-from groupwise.inference.requests import BASE
-
-if TYPE_CHECKING:
-    from groupwise.inference.engine import Engine
-    from groupwise.inference.requests import _ReqState, _Seq
+from groupwise.inference.requests import BASE, RequestState, SeqState
+from groupwise.inference.runner import ModelRunner
+from groupwise.inference.step_state import StepState
 
 __all__ = ["MIN_WARM_GAIN", "admit", "plan_warm", "prefill", "prefill_isolated", "run_rows"]
 
@@ -39,54 +35,54 @@ __all__ = ["MIN_WARM_GAIN", "admit", "plan_warm", "prefill", "prefill_isolated",
 MIN_WARM_GAIN = 32
 
 
-def admit(engine: "Engine") -> list["_ReqState"]:
+def admit(state: StepState) -> list[RequestState]:
     """Take waiting requests, in order, while their choices fit the free slots and the padded
     prompts fit `max_prefill_tokens` (the first always goes: a long prompt is chunked)."""
-    out: list["_ReqState"] = []
-    free = engine.max_batch_size - len(engine._running)
+    out: list[RequestState] = []
+    free = state.max_batch_size - len(state.running)
     longest = 0
-    with engine._cv:
-        while engine._waiting:
-            st = engine._waiting[0]
+    with state.cv:
+        while state.waiting:
+            st = state.waiting[0]
             longest2 = max(longest, len(st.req.prompt_ids))
-            if st.req.n > free or (out and longest2 * (len(out) + 1) > engine.max_prefill_tokens):
+            if st.req.n > free or (out and longest2 * (len(out) + 1) > state.max_prefill_tokens):
                 break
-            engine._waiting.popleft()
+            state.waiting.popleft()
             out.append(st)
             free -= st.req.n
             longest = longest2
     return out
 
 
-def prefill_isolated(engine: "Engine", states: list["_ReqState"]) -> None:
+def prefill_isolated(state: StepState, runner: ModelRunner, states: list[RequestState]) -> None:
     """`prefill`, where an error fails only the request it comes from: a failed batch is split in
     halves and retried until the failing request is alone, then that request fails and the others
     run. Nothing a caller sees happened before the error (tokens reach callers in advance(), which
     isolates its own errors), and the rows' slots are scratch until placed, so a retry is clean."""
-    k = len(engine._running)
+    k = len(state.running)
     try:
-        prefill(engine, states)
+        prefill(state, runner, states)
     except Exception as exc:
-        for s in engine._running[k:]:  # placed but never sampled: forget them
+        for s in state.running[k:]:  # placed but never sampled: forget them
             s.slot, s.length = -1, 0
-        del engine._running[k:]
+        del state.running[k:]
         if len(states) == 1:
-            engine._fail_request(states[0], exc)
+            state.fail_request(states[0], exc)
             return
         half = len(states) // 2
-        prefill_isolated(engine, states[:half])
-        prefill_isolated(engine, states[half:])
+        prefill_isolated(state, runner, states[:half])
+        prefill_isolated(state, runner, states[half:])
 
 
-def prefill(engine: "Engine", states: list["_ReqState"]) -> None:
+def prefill(state: StepState, runner: ModelRunner, states: list[RequestState]) -> None:
     """Prefill `states` into slots k.. (k = rows running), then sample each choice's first token."""
-    k, m = len(engine._running), len(states)
+    k, m = len(state.running), len(states)
     prompts = [st.req.prompt_ids for st in states]
     adapters = [st.req.adapter or BASE for st in states]
     lens = [len(p) for p in prompts]
-    if engine.buffers.grow(max(lens) + 1):
-        engine._graphs.clear()
-    cache = engine.prefix_cache
+    if state.buffers.grow(max(lens) + 1):
+        runner.graphs.clear()
+    cache = state.prefix_cache
     hits = [cache.match(a, p, len(p) - 1) if cache else Hit() for a, p in zip(adapters, prompts)]
     if cache is not None:
         plan = plan_warm(prompts, adapters, [h.length for h in hits])
@@ -94,19 +90,19 @@ def prefill(engine: "Engine", states: list["_ReqState"]) -> None:
             # Slots k.. are scratch until step 3 overwrites them.
             warm = [(prompts[r], upto, hits[r]) for r, upto in plan]
             cache.copy_into([(k + i, hit) for i, (_, _, hit) in enumerate(warm)])
-            run_rows(engine, k, [p[:upto] for p, upto, _ in warm], [h.length for _, _, h in warm],
+            run_rows(state, runner, k, [p[:upto] for p, upto, _ in warm], [h.length for _, _, h in warm],
                      [adapters[r] for r, _ in plan], logits=False)
             cache.insert([(adapters[r], prompts[r][:upto], k + i) for i, (r, upto) in enumerate(plan)])
-            engine.warm_passes += 1
+            state.stats.warm_passes += 1
             hits = [cache.match(a, p, len(p) - 1) for a, p in zip(adapters, prompts)]
         cache.copy_into([(k + r, hit) for r, hit in enumerate(hits)])
     starts = [h.length for h in hits]
-    engine.prefix_hit_tokens += sum(starts)
-    logits = run_rows(engine, k, prompts, starts, adapters, logits=True)  # [m, V]
-    engine.prefill_passes += 1
+    state.stats.prefix_hit_tokens += sum(starts)
+    logits = run_rows(state, runner, k, prompts, starts, adapters, logits=True)  # [m, V]
+    state.stats.prefill_passes += 1
     if cache is not None:
         cache.insert([(adapters[r], prompts[r], k + r) for r in range(m)])
-    _place_and_sample(engine, states, lens, logits)
+    _place_and_sample(state, states, lens, logits)
 
 
 def plan_warm(prompts: list[list[int]], adapters: list[str], hit_lens: list[int]) -> list[tuple[int, int]]:
@@ -157,16 +153,16 @@ def _lcps_from(i: int, adj: list[int], order: list[int]) -> dict[int, int]:
     return out
 
 
-def run_rows(engine: "Engine", s0: int, tokens: list[list[int]], starts: list[int], adapters: list[str],
-             logits: bool) -> torch.Tensor | None:
+def run_rows(state: StepState, runner: ModelRunner, s0: int, tokens: list[list[int]], starts: list[int],
+             adapters: list[str], logits: bool) -> torch.Tensor | None:
     """Prefill tokens[r][starts[r]:] into slot s0 + r, whose columns [0, starts[r]) already hold the
     KV of the tokens before. Returns the last position's logits [rows, V] when asked."""
-    dev = engine.device
+    dev = runner.device
     m = len(tokens)
     sizes = [len(t) - s for t, s in zip(tokens, starts)]
     P = max(sizes)
-    trash = engine.buffers.trash_col
-    pad = engine.tokenizer.pad_token_id if engine.tokenizer.pad_token_id is not None else 0
+    trash = state.buffers.trash_col
+    pad = state.tokenizer.pad_token_id if state.tokenizer.pad_token_id is not None else 0
     ids = torch.full((m, P), pad, dtype=torch.long)
     pos = torch.zeros((m, P), dtype=torch.long)
     cols = torch.full((m, P), trash, dtype=torch.long)
@@ -177,12 +173,12 @@ def run_rows(engine: "Engine", s0: int, tokens: list[list[int]], starts: list[in
         pos[r, P - n :] = torch.arange(s, len(t))
         cols[r, P - n :] = pos[r, P - n :]
         real[r, P - n :] = True
-    engine.prefill_tokens += sum(sizes)
+    state.stats.prefill_tokens += sum(sizes)
     # Chunks of queries [a, b) of the padded suffixes, so the attention scores (m x heads x chunk x
     # columns; materialised by CPU attention) stay bounded for long prompts.
-    chunk = max(32, engine.max_prefill_tokens // m)
+    chunk = max(32, state.max_prefill_tokens // m)
     # Requests name adapters as served; peft knows them by the slot holding their weights.
-    names = [engine.peft_adapter_name(a) for a in adapters] if engine._is_peft() else None
+    names = [runner.peft_name(a) for a in adapters] if runner.is_peft() else None
     out = None
     for a in range(0, P, chunk):
         b = min(P, a + chunk)
@@ -192,17 +188,17 @@ def run_rows(engine: "Engine", s0: int, tokens: list[list[int]], starts: list[in
         col_idx = torch.arange(length)
         mask = (col_idx[None, None, :] <= pos[:, a:b, None]) & real[:, a:b, None]
         mask[:, :, 0] = True
-        cache = SlotCache(engine.buffers, s0, m, cols[:, a:b].to(dev), length)
-        out = engine._forward(ids[:, a:b].to(dev), pos[:, a:b].to(dev), mask[:, None].to(dev), cache, names,
+        cache = SlotCache(state.buffers, s0, m, cols[:, a:b].to(dev), length)
+        out = runner.forward(ids[:, a:b].to(dev), pos[:, a:b].to(dev), mask[:, None].to(dev), cache, names,
                               logits_to_keep=1)
     return out[:, -1] if logits else None  # the last chunk holds every row's last token (left padding)
 
 
-def _place_and_sample(engine: "Engine", states: list["_ReqState"], lens: list[int], logits_mV: torch.Tensor) -> None:
+def _place_and_sample(state: StepState, states: list[RequestState], lens: list[int], logits_mV: torch.Tensor) -> None:
     """Choice 0 of request r runs in slot k + r; the other choices (n > 1) in the slots after the m
     prefill rows, with the prompt's KV copied to them. Then every choice samples its first token."""
-    k, m = len(engine._running), len(states)
-    new_seqs: list["_Seq"] = []
+    k, m = len(state.running), len(states)
+    new_seqs: list[SeqState] = []
     rows: list[int] = []
     for r, st in enumerate(states):
         st.seqs[0].slot = k + r
@@ -213,7 +209,7 @@ def _place_and_sample(engine: "Engine", states: list["_ReqState"], lens: list[in
         siblings = st.seqs[1:]
         if siblings:
             slots = list(range(next_slot, next_slot + len(siblings)))
-            engine.buffers.copy_slot(k + r, slots, lens[r])
+            state.buffers.copy_slot(k + r, slots, lens[r])
             for s, slot in zip(siblings, slots):
                 s.slot = slot
                 new_seqs.append(s)
@@ -221,6 +217,6 @@ def _place_and_sample(engine: "Engine", states: list["_ReqState"], lens: list[in
             next_slot += len(siblings)
     for s, r in zip(new_seqs, rows):
         s.length = lens[r]
-    engine._running.extend(new_seqs)
-    sample_and_advance(engine, new_seqs, logits_mV[torch.tensor(rows, device=logits_mV.device)])
+    state.running.extend(new_seqs)
+    sample_and_advance(state, new_seqs, logits_mV[torch.tensor(rows, device=logits_mV.device)])
 

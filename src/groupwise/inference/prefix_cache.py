@@ -22,7 +22,7 @@ evicting a block evicts what hangs below it.
 Validity. Entries are right only while the weights that made them are: the engine clears the cache
 when a pause ends (the trainer may have changed an adapter in place) and when an adapter is added
 or removed. It also clears it whenever it goes idle, so a request only reuses KV of requests it
-overlapped (engine.py `_step` says why: bit-identical resumes). Copied KV equals a cold prefill's
+overlapped (advance.py `retire` says why: bit-identical resumes). Copied KV equals a cold prefill's
 up to float rounding of a different batch shape (tests/inference/test_prefix_cache.py: 1e-4 fp32).
 """
 

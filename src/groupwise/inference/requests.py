@@ -1,7 +1,8 @@
 """What the engine takes and gives: a request, its result, and the engine's per-sequence state.
 
 Re-exported by engine.py (``from groupwise.inference.engine import GenerationRequest`` is the public
-path); they live here so that engine.py holds the batching loop only.
+path); they live here so that engine.py holds the batching loop only. `RequestState` and `SeqState`
+are the engine's bookkeeping, shared by its step modules (step_state.py), not part of its API.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Callable
 from groupwise.inference.sampling import SamplingParams
 
 __all__ = ["BASE", "Completion", "EngineError", "GenerationRequest", "GenerationResult", "PromptTooLongError",
-           "RequestFailedError"]
+           "RequestFailedError", "RequestState", "SeqState"]
 
 BASE = "__base__"  # the adapter name of the base model in peft's mixed-batch ``adapter_names``
 
@@ -68,9 +69,11 @@ class GenerationResult:
 
 
 @dataclass
-class _Seq:
+class SeqState:
+    """One choice of a request while it runs: its slot in the KV cache, its tokens so far."""
+
     req: GenerationRequest
-    state: "_ReqState"
+    state: "RequestState"
     index: int
     slot: int = -1
     length: int = 0  # KV columns filled
@@ -85,11 +88,13 @@ class _Seq:
 
 
 @dataclass
-class _ReqState:
+class RequestState:
+    """A request in the engine: its caller's future, its choices (`seqs`), its token budget."""
+
     req: GenerationRequest
     future: concurrent.futures.Future
     max_new: int
-    seqs: list[_Seq] = field(default_factory=list)
+    seqs: list[SeqState] = field(default_factory=list)
 
     def settle(self, result: GenerationResult | None = None, error: BaseException | None = None) -> bool:
         """Answer the caller once; a caller that cancelled (went away) is not answered. True if answered."""

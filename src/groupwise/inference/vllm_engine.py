@@ -11,7 +11,8 @@ engine reports (sampling.py), so both engines feed the trainer the same quantity
 Differences, said plainly: vLLM loads its own copy of the weights (no shared base model with the
 trainer), so after a training step the adapter is loaded from its checkpoint folder, and
 `paused()` puts vLLM to sleep (frees KV cache and, at level 1, offloads weights) so the trainer
-gets the GPU memory, like ART's shared mode. `forward_passes` is not observable and stays 0.
+gets the GPU memory, like ART's shared mode. Its `stats` (forward passes, prefill tokens, ...) are
+not observable and stay 0.
 Constraints are passed as a JSON schema or Lark grammar to vLLM's structured outputs.
 """
 
@@ -25,7 +26,8 @@ import uuid
 from typing import Any
 
 from groupwise.errors import MissingDependencyError
-from groupwise.inference.engine import BASE, Completion, EngineError, GenerationRequest, GenerationResult, PromptTooLongError
+from groupwise.inference.engine import (BASE, Completion, EngineError, EngineStats, GenerationRequest, GenerationResult,
+                                        PromptTooLongError)
 
 __all__ = ["VLLMEngine", "vllm_available"]
 
@@ -48,7 +50,7 @@ class VLLMEngine:
             raise MissingDependencyError("the vLLM engine", "vllm", "vllm") from exc
         self.max_new_tokens_default = max_new_tokens_default
         self.max_batch_size = max_batch_size
-        self.forward_passes = 0
+        self.stats = EngineStats()
         self._adapters: dict[str, tuple[int, str]] = {}
         self._ids = itertools.count(1)
         self._loop = asyncio.new_event_loop()

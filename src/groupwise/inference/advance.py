@@ -1,0 +1,157 @@
+"""After a pass: sample each row's token, append it, check stops, retire finished rows and answer
+their callers.
+
+Used by prefill (each choice's first token) and by decode (every later one, decode.py and
+decode_graphs.py); these functions read and change only the step state (step_state.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from groupwise.inference.requests import Completion, GenerationResult, RequestState, SeqState
+from groupwise.inference.sampling import sample_next
+from groupwise.inference.step_state import StepState
+
+__all__ = ["advance", "finish_reason", "maybe_resolve", "retire", "sample_and_advance", "sample_isolated", "stepped"]
+
+
+def sample_isolated(state: StepState, seqs: list[SeqState], logits_BV: torch.Tensor) -> None:
+    """`sample_and_advance`, where a sampling error fails only the row's request (halves, as in
+    decode.forward_rows): sampling has no effect a caller sees before advance(), which isolates its own."""
+    try:
+        sample_and_advance(state, seqs, logits_BV)
+    except Exception as exc:
+        if len(seqs) == 1:
+            state.fail_request(seqs[0].state, exc)
+            return
+        mid = len(seqs) // 2
+        sample_isolated(state, seqs[:mid], logits_BV[:mid])
+        live = [j for j in range(mid, len(seqs)) if not seqs[j].finish_reason]
+        if live:
+            sample_isolated(state, [seqs[j] for j in live], logits_BV[live])
+
+
+def stepped(state: StepState, seqs: list[SeqState]) -> None:
+    """A decode pass ran for `seqs`: each wrote one more K/V column."""
+    state.stats.decode_passes += 1
+    for s in seqs:
+        s.length += 1
+
+
+def sample_and_advance(state: StepState, seqs: list[SeqState], logits_BV: torch.Tensor) -> None:
+    allowed = None
+    if any(s.matcher is not None for s in seqs):
+        from groupwise.inference.constrained import allowed_mask
+
+        allowed = allowed_mask([s.matcher for s in seqs], logits_BV.shape[-1], logits_BV.device)
+    tops_needed = max(s.req.sampling.top_logprobs for s in seqs)
+    params = [s.req.sampling for s in seqs]
+    history = None
+    if any(p.penalized for p in params):  # token histories only where a penalty reads them
+        history = ([s.req.prompt_ids if s.req.sampling.penalized else [] for s in seqs],
+                   [s.tokens if s.req.sampling.penalized else [] for s in seqs])
+    tokens_B, logprobs_B, raw_BV = sample_next(
+        logits_BV, params, [s.seed for s in seqs], [len(s.tokens) for s in seqs], allowed,
+        state.generator, want_raw_BV=tops_needed > 0, history=history,
+    )
+    top_vals = top_ids = None
+    if tops_needed:
+        top_vals, top_ids = torch.topk(raw_BV, tops_needed, dim=-1)
+        top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+    advance(state, seqs, tokens_B.tolist(), logprobs_B.tolist(), top_ids, top_vals)
+
+
+def advance(state: StepState, seqs: list[SeqState], tokens: list[int], logprobs: list[float],
+             top_ids: list[list[int]] | None = None, top_vals: list[list[float]] | None = None) -> None:
+    """Append each row's sampled token, check whether it finished, retire finished rows. An error in
+    one row's bookkeeping (its grammar, stop strings, its caller's callback) fails that request only."""
+    for b, s in enumerate(seqs):
+        if s.finish_reason:  # its request failed or was cancelled meanwhile
+            continue
+        try:
+            t = tokens[b]
+            s.tokens.append(t)
+            s.logprobs.append(logprobs[b])
+            if s.req.sampling.top_logprobs:
+                n_top = s.req.sampling.top_logprobs
+                s.tops.append(list(zip(top_ids[b][:n_top], top_vals[b][:n_top])))
+            if s.matcher is not None:
+                s.matcher.consume_token(t)
+            s.finish_reason = finish_reason(state, s, t)
+            if s.req.on_token is not None:
+                s.req.on_token(s.index, t, logprobs[b], s.finish_reason)
+        except Exception as exc:
+            state.fail_request(s.state, exc)
+    if any(s.finish_reason for s in state.running):
+        retire(state)
+
+
+def finish_reason(state: StepState, s: SeqState, t: int) -> str | None:
+    r = s.req
+    if (t in state.eos_token_ids and not r.ignore_eos) or t in r.stop_token_ids:
+        return "stop"
+    if s.matcher is not None and (s.matcher.is_stopped() or s.matcher.is_error()):
+        return "stop"
+    if r.stop:
+        # Decoding a short tail is enough: a stop string can only end in the newest token.
+        tail = state.tokenizer.decode(s.tokens[-32:], skip_special_tokens=True)
+        if any(stop in tail for stop in r.stop):
+            text = state.tokenizer.decode(s.tokens, skip_special_tokens=True)
+            cuts = [text.find(stop) for stop in r.stop if stop in text]
+            if cuts:
+                s.text_cut = min(cuts)
+                return "stop"
+    if len(s.tokens) >= s.state.max_new or s.length + 1 >= state.context_length:
+        return "length"
+    return None
+
+
+def retire(state: StepState) -> None:
+    """Free the slots of finished rows (the last row moves into each hole) and answer their callers."""
+    running = state.running
+    finished: list[RequestState] = []
+    i = len(running) - 1
+    while i >= 0:
+        if running[i].finish_reason:
+            done = running[i]
+            last = running[-1]
+            if last is not done:
+                state.buffers.move_slot(last.slot, done.slot, last.length)
+                last.slot = done.slot
+                running[i] = last
+            running.pop()
+            finished.append(done.state)
+        i -= 1
+    # running[j] must live in slot j
+    for j, s in enumerate(running):
+        assert s.slot == j, (j, s.slot)
+    if not running:
+        with state.cv:
+            idle = not state.waiting
+        if idle:
+            # Idle: forget cached prefixes BEFORE any caller hears back, so a client that waits
+            # for its answer and then asks again always finds the cache empty, however the
+            # threads are scheduled. Cached KV equals a fresh prefill only to fp32 rounding;
+            # a run resumed after a crash (its engine never saw the backend's adapter check or
+            # a finished validation) must sample the same bits as the straight run
+            # (tests/training/test_local_backend.py pins a bit-identical optimizer).
+            state.forget_prefixes()
+    for st in finished:
+        maybe_resolve(state, st)
+
+
+def maybe_resolve(state: StepState, st: RequestState) -> None:
+    if not all(s.finish_reason for s in st.seqs) or st.future.done():
+        return
+    try:
+        completions = []
+        for s in st.seqs:
+            text = state.tokenizer.decode(s.tokens, skip_special_tokens=True)
+            if s.text_cut is not None:
+                text = text[: s.text_cut]
+            completions.append(Completion(s.index, s.tokens, s.logprobs, s.tops, text, s.finish_reason))
+    except Exception as exc:
+        state.fail_request(st, exc)
+        return
+    st.settle(GenerationResult(completions, len(st.req.prompt_ids), st.req.adapter))

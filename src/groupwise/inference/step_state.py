@@ -1,0 +1,83 @@
+"""What an engine step works on: the request queues, the slot cache, the sampling generators, the
+counters.
+
+engine.py owns one `StepState` and one `ModelRunner` (runner.py). Admitting and prefilling
+(prefill.py), decoding (decode.py, decode_graphs.py) and the bookkeeping after sampling
+(advance.py) are functions of those two objects, so everything a step reads or changes is named
+here, as a public field, rather than reached through the engine's private attributes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from groupwise.inference.kv_cache import SlotBuffers
+from groupwise.inference.prefix_cache import PrefixCache
+from groupwise.inference.requests import RequestState, SeqState
+
+__all__ = ["EngineStats", "StepState"]
+
+
+@dataclass
+class EngineStats:
+    """What the engine did since it started (`Engine.stats`); tests and bench/ read these."""
+
+    forward_passes: int = 0  # model forwards, graph replays included
+    prefill_passes: int = 0
+    decode_passes: int = 0
+    warm_passes: int = 0  # prefills of prefixes shared inside one admitted batch (prefill.py)
+    prefill_tokens: int = 0  # prompt tokens run through the model (pads excluded)
+    prefix_hit_tokens: int = 0  # prompt tokens copied from the prefix cache instead
+    cancelled_requests: int = 0  # dropped because their caller cancelled (a client went away)
+    failed_requests: int = 0  # failed alone: a step error was traced to them, the others went on
+
+
+class StepState:
+    """The engine's requests and KV cache, and the limits a step obeys.
+
+    `cv` guards `waiting`, `pauses`, `closed` and `cancel_pending`: other threads submit, cancel
+    and pause through them. `admitted` and `running` are touched by the compute thread only, inside
+    a step (row i of `running` lives in slot i of `buffers`).
+    """
+
+    def __init__(self, *, tokenizer: Any, buffers: SlotBuffers, prefix_cache: PrefixCache | None,
+                 max_batch_size: int, max_prefill_tokens: int, context_length: int, eos_token_ids: set[int],
+                 device: torch.device, cv: threading.Condition, stats: EngineStats) -> None:
+        self.tokenizer = tokenizer
+        self.buffers = buffers
+        self.prefix_cache = prefix_cache
+        self.max_batch_size = max_batch_size
+        self.max_prefill_tokens = max_prefill_tokens
+        self.context_length = context_length
+        self.eos_token_ids = eos_token_ids
+        self.cv = cv
+        self.waiting: deque[RequestState] = deque()
+        self.admitted: list[RequestState] = []  # taken from `waiting`, being prefilled
+        self.running: list[SeqState] = []
+        self.pauses = 0  # the engine starts no step while > 0 (Engine.paused)
+        self.closed = False
+        self.cancel_pending = False  # a caller cancelled since the last sweep (Engine sweeps at each step)
+        self.stats = stats
+        self.generator = torch.Generator(device=device)  # unseeded rows of eager sampling
+        self.generator.manual_seed(0)
+        self.cpu_generator = torch.Generator().manual_seed(0)  # seeds of unseeded rows in graph sampling
+
+    def fail_request(self, st: RequestState, exc: BaseException) -> None:
+        """Fail one request whose error was traced to it; its running rows are retired by the caller."""
+        self.stats.failed_requests += 1
+        st.fail(exc)
+
+    def forget_prefixes(self) -> None:
+        """Cached prefix KV is only valid for the weights that made it (prefix_cache.py)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+
+    def wanted_elsewhere(self, rows: int) -> bool:
+        """Should a run of decode steps over `rows` rows hand control back (decode_graphs.py)? Yes when
+        a pause, a close or a cancellation waits, or a waiting request could take a free slot."""
+        return bool(self.pauses or self.closed or self.cancel_pending or (self.waiting and rows < self.max_batch_size))
