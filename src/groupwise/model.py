@@ -26,6 +26,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from groupwise.adapter_names import served_name
 from groupwise.compat import train_config_from_art, warn_ignored
 from groupwise.errors import GroupwiseError
 from groupwise.store import RunStore, history_row, numeric_metrics
@@ -332,7 +333,7 @@ class TrainableModel(Model):
     def inference_name(self, step: int | None = None) -> str:
         """``name`` (the latest step) or ``name@step``: the model a request asks for."""
         if self._backend is None:
-            return self.name if step is None else f"{self.name}@{step}"
+            return served_name(self.name, step)
         return self._backend.inference_name(self, step)
 
     async def get_step(self) -> int:

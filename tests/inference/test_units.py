@@ -92,12 +92,12 @@ def test_registry_drops_a_busy_step_later(tiny, adapter_dirs):
         registry = ModelRegistry(engine)
         registry.add_step("agent", 1, adapter_dirs[1])
         with engine.paused():  # a request for step 1 is queued while the step is dropped
-            future = engine.submit(GenerationRequest([1, 2, 3], max_new_tokens=2, adapter="agent-step-1"))
+            future = engine.submit(GenerationRequest([1, 2, 3], max_new_tokens=2, adapter="agent@1"))
             registry.remove_step("agent", 1)
-            assert registry.steps("agent") == [0] and engine.adapters() == ["agent-step-1"]
-        assert future.result(timeout=60).adapter == "agent-step-1"  # served by its own adapter
+            assert registry.steps("agent") == [0] and engine.adapters() == ["agent@1"]
+        assert future.result(timeout=60).adapter == "agent@1"  # served by its own adapter
         registry.add_step("agent", 2, adapter_dirs[2])  # the next call frees the old adapter
-        assert engine.adapters() == ["agent-step-2"]
+        assert engine.adapters() == ["agent@2"]
         with pytest.raises(ModelNotFoundError, match=r"served steps: \[0, 2\]"):
             registry.resolve("agent@1")
     finally:
@@ -105,8 +105,9 @@ def test_registry_drops_a_busy_step_later(tiny, adapter_dirs):
 
 
 def test_registry_serves_a_model_name_with_a_dot(tiny, adapter_dirs):
-    # peft refuses '.' in adapter names; a run called e.g. "agent-lr0.0001" must still serve its steps.
-    from groupwise.inference.engine import Engine, GenerationRequest
+    # peft refuses '.' in adapter names; a run called e.g. "agent-lr0.0001" must still serve its steps,
+    # and the engine names the adapter as the user does (peft sees only the slot holding it).
+    from groupwise.inference.engine import Engine, EngineError, GenerationRequest
     from groupwise.inference.registry import ModelRegistry
 
     model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
@@ -114,8 +115,10 @@ def test_registry_serves_a_model_name_with_a_dot(tiny, adapter_dirs):
     try:
         registry = ModelRegistry(engine)
         assert registry.add_step("agent-lr0.0001", 1, adapter_dirs[1]) == "agent-lr0.0001@1"
-        assert engine.adapters() == ["agent-lr0_0001-step-1"]
-        result = engine.submit(GenerationRequest([1, 2, 3], max_new_tokens=2, adapter="agent-lr0_0001-step-1"))
-        assert result.result(timeout=60).adapter == "agent-lr0_0001-step-1"
+        assert engine.adapters() == ["agent-lr0.0001@1"]
+        result = engine.submit(GenerationRequest([1, 2, 3], max_new_tokens=2, adapter="agent-lr0.0001@1"))
+        assert result.result(timeout=60).adapter == "agent-lr0.0001@1"
+        with pytest.raises(EngineError, match=r"adapter 'agent-lr0.0001@2' is not loaded; loaded: \['agent-lr0.0001@1'\]"):
+            engine.submit(GenerationRequest([1, 2, 3], adapter="agent-lr0.0001@2"))
     finally:
         engine.close()

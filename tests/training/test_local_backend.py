@@ -77,7 +77,8 @@ async def test_train_serves_and_verifies_the_new_adapter(model_dir, tmp_path):
         # A stale swap is caught: the engine keeps serving the old step.
         served = backend._worker.replicas["agent"]
         served.registry.add_step = lambda *a, **k: None
-        with pytest.raises(AdapterMismatchError, match="does not hold the trained weights"):
+        # The error names the adapter as users do (name@step), not by peft's slot.
+        with pytest.raises(AdapterMismatchError, match="the engine's 'agent@2' does not hold the trained weights"):
             await model.train(await _groups(model, step=1), config=gw.TrainConfig(learning_rate=1e-3))
     finally:
         await backend.close()

@@ -29,6 +29,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from groupwise.adapter_names import served_name
+
 if TYPE_CHECKING:
     import httpx
 
@@ -144,7 +146,7 @@ class Backend(ABC):
 
     def inference_name(self, model: "TrainableModel", step: int | None = None) -> str:
         """The model name a request uses: ``name`` (latest) or ``name@step``."""
-        return model.name if step is None else f"{model.name}@{step}"
+        return served_name(model.name, step)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": type(self).__name__}

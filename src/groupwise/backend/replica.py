@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from groupwise.adapter_names import served_name
 from groupwise.config import LoraConfig, TrainConfig
 from groupwise.errors import AdapterMismatchError, GroupwiseError
 
@@ -158,19 +159,20 @@ class Replica:
         """The engine's adapter for `step` holds the trainer's weights, tensor for tensor."""
         import torch
 
-        adapter = self.engine.peft_adapter_name(self.registry.adapter_name(self.name, step))
+        served = served_name(self.name, step)
+        slot = self.engine.peft_adapter_name(self.registry.adapter_name(self.name, step))  # peft's name of it
         trained = dict(self.trainer.trainable_named_parameters())
         tag = f".{self.trainer.adapter_name}."
         mismatched, found = [], False
         for name, param in self.peft_model.named_parameters():
-            if f".{adapter}." in name:
+            if f".{slot}." in name:
                 found = True
-                ref = trained.get(name.replace(f".{adapter}.", tag))
+                ref = trained.get(name.replace(f".{slot}.", tag))
                 if ref is None or not torch.equal(ref.detach().to(param.dtype), param.detach()):
-                    mismatched.append(name)
+                    mismatched.append(name.replace(f".{slot}.", "."))  # the tensor, without peft's adapter key
         if mismatched or not found:
             raise AdapterMismatchError(
-                f"after step {step} the engine's adapter {adapter!r} does not hold the trained weights "
+                f"after step {step} the engine's {served!r} does not hold the trained weights "
                 f"({len(mismatched)} tensor(s) differ, e.g. {mismatched[:2]}). The adapter at "
                 f"{checkpoint_path} was not what the engine loaded; the rollouts would sample a stale policy."
             )
@@ -186,7 +188,7 @@ class Replica:
             )
         finally:
             await client.close()
-        expected = f"{self.name}@{step}"
+        expected = served_name(self.name, step)
         if response.model != expected:
             raise AdapterMismatchError(
                 f"after step {step} the server answers requests for {self.name!r} as {response.model!r}, "

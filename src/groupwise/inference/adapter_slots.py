@@ -57,7 +57,7 @@ class AdapterSlots:
         shape = _shape(PeftConfig.from_pretrained(path))
         slot = next((s for s in self.free if _shape(runner.model.peft_config[s]) == shape), None)
         if slot is not None:
-            self._copy_into(runner.model, slot, path)
+            self._copy_into(runner.model, slot, name, path)
             self.free.remove(slot)
         else:
             slot = f"{SLOT_PREFIX}{self._serial}"
@@ -76,7 +76,7 @@ class AdapterSlots:
         self.free.append(self.slot_of.pop(name))
 
     @staticmethod
-    def _copy_into(model: Any, slot: str, path: str) -> None:
+    def _copy_into(model: Any, slot: str, name: str, path: str) -> None:
         import torch
         from peft.utils import load_peft_weights, set_peft_model_state_dict
 
@@ -87,4 +87,5 @@ class AdapterSlots:
         # load_state_dict copies into the existing tensors (their addresses stay: graphs hold them).
         unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
         if unexpected:
-            raise RuntimeError(f"adapter {path} does not fit slot {slot!r}: unexpected tensors {unexpected[:3]}")
+            raise RuntimeError(f"adapter {name!r} ({path}) does not have the LoRA shape its config says: "
+                               f"unexpected tensors {unexpected[:3]}")

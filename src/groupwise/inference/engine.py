@@ -198,9 +198,10 @@ class Engine:
 
     # ---------------------------------------------------------------- adapters and the model lock
     def add_adapter(self, name: str, path: str) -> None:
-        """Load a peft LoRA adapter folder as `name`; several stay resident; requests choose per call.
-        Its weights go to a free slot of the same LoRA shape when there is one (adapter_slots.py)."""
-        if name == BASE or "@" in name or name.startswith(SLOT_PREFIX):
+        """Load a peft LoRA adapter folder as `name` (a trained step's is its served name ``agent@3``,
+        adapter_names.py); several stay resident; requests choose per call. Its weights go to a free
+        slot of the same LoRA shape when there is one (adapter_slots.py)."""
+        if name == BASE or name.startswith(SLOT_PREFIX):
             raise EngineError(f"adapter name {name!r} is reserved; pick another")
         self._compute.call(self._add_adapter, name, path)
 

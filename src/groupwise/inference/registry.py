@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from groupwise.adapter_names import served_name, split_served_name
 from groupwise.errors import ModelNotFoundError
 from groupwise.inference.engine import Engine, EngineError
 
@@ -21,7 +22,7 @@ __all__ = ["ModelRegistry", "Resolved"]
 @dataclass(frozen=True)
 class Resolved:
     served_as: str  # canonical name: "agent@3", or an alias
-    adapter: str | None  # engine adapter name; None = base model
+    adapter: str | None  # the engine's adapter (the same served name); None = base model
     step: int | None
 
 
@@ -39,8 +40,9 @@ class ModelRegistry:
 
     @staticmethod
     def adapter_name(name: str, step: int) -> str:
-        # peft names adapters after module attributes: a '.' (e.g. "agent-lr0.0001") is refused there.
-        return f"{name.replace('.', '_')}-step-{step}"
+        """The engine adapter of `step`: its served name (adapter_names.py), so the engine's errors
+        name it as users do. peft's own name for it is the engine's slot (adapter_slots.py)."""
+        return served_name(name, step)
 
     def register_model(self, name: str) -> None:
         """Serve `name` (and `name@0` = the base model) before any step is trained."""
@@ -62,7 +64,7 @@ class ModelRegistry:
         self.engine.add_adapter(adapter, adapter_path)
         with self._lock:
             self._steps[name][step] = adapter
-        return f"{name}@{step}"
+        return served_name(name, step)
 
     def remove_step(self, name: str, step: int) -> None:
         """Stop serving an old step (new requests for it get 404) and free its adapter; the base step
@@ -90,7 +92,7 @@ class ModelRegistry:
         """Serve an adapter folder (or the base model, path None) under a plain id."""
         adapter = None
         if adapter_path is not None:
-            adapter = served_id.replace("@", "-")
+            adapter = served_id
             self.engine.add_adapter(adapter, adapter_path)
         with self._lock:
             self._aliases[served_id] = adapter
@@ -107,7 +109,7 @@ class ModelRegistry:
             ids = list(self._aliases)
             for name, steps in self._steps.items():
                 ids.append(name)
-                ids.extend(f"{name}@{s}" for s in sorted(steps))
+                ids.extend(served_name(name, s) for s in sorted(steps))
         return ids
 
     def resolve(self, model: str) -> Resolved:
@@ -115,15 +117,15 @@ class ModelRegistry:
         with self._lock:
             if model in self._aliases:
                 return Resolved(model, self._aliases[model], None)
-            name, _, step_text = model.partition("@")
+            name, step_text = split_served_name(model)
             steps = self._steps.get(name)
             if steps is not None:
                 if not step_text:
                     step = max(steps)
-                    return Resolved(f"{name}@{step}", steps[step], step)
+                    return Resolved(served_name(name, step), steps[step], step)
                 if step_text.isdigit() and int(step_text) in steps:
                     step = int(step_text)
-                    return Resolved(f"{name}@{step}", steps[step], step)
+                    return Resolved(served_name(name, step), steps[step], step)
                 raise ModelNotFoundError(
                     f"model {model!r}: step {step_text!r} of {name!r} is not served; "
                     f"served steps: {sorted(steps)} (use {name!r} for the latest)"

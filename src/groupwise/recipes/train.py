@@ -145,7 +145,7 @@ async def train(
         "final_step": summary.final_step, "test": summary.test, "stop_reason": summary.stop_reason,
         "wall_s": round(wall, 1), "plots": [str(p) for p in plots],
         "alerts": [f"{a.name}@{a.step}" for a in summary.alerts],
-        "sft_steps": sft_steps, "sft": summary.baselines.get(f"{model.name}@{sft_steps}") if sft_steps else None,
+        "sft_steps": sft_steps, "sft": summary.baselines.get(model.inference_name(sft_steps)) if sft_steps else None,
     }
     Path(model.run_dir, "summary.json").write_text(json.dumps(result, indent=2))
     print()
