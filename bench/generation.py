@@ -11,7 +11,7 @@ change hits both sides of a ratio; each engine run starts with an empty prefix c
 whose cores other jobs use, pass `--threads 1`: with 2 threads on 2 busy cores OpenMP threads wait on
 each other and a decode step swings from 0.2 s to 1.5 s between runs.
 
-GPU (the lead runs this on an H100/H200)::
+GPU (an H100 or H200; docs/benchmarks.md has the figures)::
 
     python bench/generation.py --device cuda --arch qwen2.5-0.5b --requests 64,256 --tokens 256
 

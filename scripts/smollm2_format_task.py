@@ -1,4 +1,5 @@
-"""SmolLM2-135M-Instruct learns a format on CPU with GRPO through LocalBackend (issue 4's proof).
+"""SmolLM2-135M-Instruct learns a format on CPU with GRPO through LocalBackend: the end-to-end check that
+training through the public API changes what the model writes.
 
     python scripts/smollm2_format_task.py --steps 15
 

@@ -2,11 +2,10 @@
 
 Why one. PyTorch's CPU ops run in OpenMP (libgomp) teams, one team per calling thread. When a
 process's OpenMP threads outnumber its cores, libgomp makes idle workers sleep almost at once
-instead of spinning, so every parallel region pays a futex wake-up. The engine decoding in its
-own thread while the model was loaded (and trained) in others was exactly that: measured on this
-2-core CPU, SmolLM2, 8 rows x 64 tokens with a LoRA adapter: `generate` 8.0 s in the only torch
-thread, 12.9 s after a second thread had run torch ops; a [8, 576] x [576, 1536] matmul 200 us vs
-320 us; both back to the first numbers when one thread does all the work. GPUs are unaffected.
+instead of spinning, so every parallel region pays a futex wake-up. An engine decoding in one
+thread while the model is loaded or trained in another is exactly that, and on a small CPU it slows
+every matmul by half again; with one thread doing all torch work, the teams stay hot. GPUs are
+unaffected.
 
 So groupwise keeps one `ComputeThread` per process (`compute_thread()`): engines are stepped on it
 (an engine is a poller here, not a thread: `Engine.poll` runs one step), and the backend sends its

@@ -99,15 +99,15 @@ class TrainConfig(Validated):
     epsilon_high: float | None = option(0.28, help="Upper clip (DAPO's clip-higher). None means epsilon.")
     kl_coef: float = option(0.0, help="Weight of the k3 KL penalty against the base model (adapter disabled). 0 disables it and skips the reference pass.")
     scale_rewards: bool = option(True, help="Divide group advantages by the group's reward std (GRPO). False keeps reward - mean (Dr. GRPO).")
-    normalize: str = option("token", help="'token': average the loss over all trainable tokens of the batch (DAPO); 'sequence': average per sequence, then over sequences (GRPO); 'constant': sum / max_seq_len (Dr. GRPO).")
+    normalize: str = option("token", help="'token': average the loss over all trainable tokens of the batch (DAPO); 'sequence': average per sequence, then over sequences (GRPO); 'constant': sum / (number of sequences x max_seq_len), each sequence divided by the same constant, then averaged (Dr. GRPO).")
     max_grad_norm: float = option(1.0, help="Clip the global gradient norm to this value (0 disables clipping).")
     weight_decay: float = option(0.0, help="AdamW weight decay.")
     micro_batch_tokens: int = option(4096, help="Token budget of one micro-batch (padded tokens); the step accumulates gradients over micro-batches.")
     max_seq_len: int = option(2048, help="Sequences longer than this are dropped from the step (counted in the metrics).")
     logprob_chunk_size: int = option(1024, help="Positions per chunk when computing log-softmax, so a 150k vocabulary does not hold [T, V] at once.")
     gradient_checkpointing: bool = option(False, help="Recompute each decoder layer in the backward instead of storing its activations: about 1/3 more compute, far less memory (long sequences, big micro-batches).")
-    seed: int = option(0, help="Seed of the step's RNG (dropout, shuffling of micro-batches).")
-    compile: bool = option(False, help="torch.compile the decoder layers and the LM head's log-prob chunks for the update (fused kernels, far less Python per layer). Measured on an H100 in bench/train_step.py (64 x 295 tokens in one micro-batch, bf16): Qwen2.5-0.5B updates 0.18-0.19 s (TRL's 0.31 s), Qwen2.5-1.5B with layer checkpointing 0.53 s (TRL's 0.89 s). Compiling costs 4-15 s at the first step; later steps, the engine's adapter swaps included, reuse it (a new sequence length compiles once more, dynamic). Off by default: it pays off over runs of tens of steps and more. Falls back to eager with a warning if compilation fails.")
+    seed: int = option(0, help="Seed of the step's RNG (dropout); micro-batches are not shuffled (sorted by length), so a step is reproducible on resume.")
+    compile: bool = option(False, help="torch.compile the decoder layers and the LM head's log-prob chunks for the update: fewer, fused kernels. Compiling costs seconds at the first step and pays off over runs of tens of steps (docs/benchmarks.md); falls back to eager with a warning if compilation fails.")
 
     max_skipped_steps: int = option(3, help="A step whose groups all have equal rewards carries no learning signal: it is skipped (no gradient step; the step counter still advances, serving the unchanged adapter under the next step, as ART does), with a warning naming the groups and a record in the history. This many consecutive skipped steps are allowed; one more raises NotTrainableError. 0 is strict: raise at once.")
     beta: InitVar[float | None] = None  # ART 0.3's name for kl_coef
@@ -216,8 +216,8 @@ LOOP_ACTIONS = ("ignore", "warn", "stop_soon", "stop")
 class LoopConfig(Validated):
     """Settings of `gw.fit` (the training loop): batch shape, validation, stopping, hacking policy.
 
-    Defaults follow the seed notes: 18 rollouts per group, validation every 5 steps, stop when the
-    validation metric (or, without validation, the mean train reward) has not improved for 10 steps.
+    Defaults: 18 rollouts per group, validation every 5 steps, stop when the validation metric (or,
+    without validation, the mean train reward) has not improved for 10 steps.
     Each reward-hacking detector maps to an action: 'ignore', 'warn' (recorded, shown in reports),
     'stop_soon' (stop after `stop_soon_steps` more steps unless validation improves), 'stop' (stop now
     and keep the best checkpoint).

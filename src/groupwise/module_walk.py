@@ -1,8 +1,8 @@
 """A model's modules and peft's tuner layers, listed once per set of loaded adapters.
 
 The trainer toggles train/eval and peft's input casting on every step, and the engine switches the
-active adapter on every forward pass; `model.modules()` walks ~2,000 modules for a 0.5B model
-(~40 ms of Python a trainer step, milliseconds an engine pass, measured). Modules only appear when an
+active adapter on every forward pass; `model.modules()` walks thousands of modules for a 0.5B model,
+tens of milliseconds of Python a trainer step. Modules only appear when an
 adapter is loaded (or the model is wrapped), so the model and its adapter names key the cache.
 """
 

@@ -1,6 +1,6 @@
 """The data model, and the map of groupwise.
 
-The pipeline (design.md), with the module that owns each arrow::
+The pipeline, with the module that owns each arrow::
 
     scenarios ─► rollout(model, scenario) ─► Trajectory            user code, groupwise.envs
                      │ model.openai_client()                       inference/ (engine + server)

@@ -1,10 +1,9 @@
 """Give the memory a training step freed back to the operating system (CPU, glibc).
 
-Measured here: `groupwise train 2048` on SmolLM2 (CPU) grew by several GB a step and was killed by the
-OOM killer at ~24 GB resident around step 5, though one step needs ~7 GB. The step's activations are
-tensors of a few MB each; glibc serves those from per-thread heaps ("arenas") and keeps what is freed,
-and the step runs in a worker thread while the engine decodes in another, so the freed memory piles up
-in several arenas. `malloc_trim(0)` returns free pages of every arena to the OS.
+A CPU training step allocates gigabytes of activations as tensors of a few MB each. glibc keeps what
+is freed in its heap (after large frees it also raises its mmap threshold, so later tensors come from
+the heap too) instead of returning it to the OS, and resident memory grows step after step until the
+OOM killer ends the run. `malloc_trim(0)` returns the free pages of every arena after each step.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ is prefilled once and found in that replica's prefix cache; a prompt not seen be
 replica with the fewest requests in flight. This is httpx's transport API, not a proxy: no extra hop.
 
 Connections: httpcore's pool matches every waiting request against every connection each time one
-changes state, so one pool with n requests in flight costs O(n) per request: profiled here, 128
-concurrent rollouts spent 11 of 15 s of the client's CPU in `_assign_requests_to_connections`, and
-on 2 GPUs the one client process (18 ms of CPU a request) became the bottleneck. So each replica gets
+changes state, so one pool with n requests in flight costs O(n) per request, and with a hundred
+concurrent rollouts the one client process becomes the bottleneck of several GPUs
+(bench/scaling.py). So each replica gets
 lanes: small pools of at most `LANE_REQUESTS` requests in flight, a new lane opened when all are busy.
 """
 

@@ -44,7 +44,7 @@ class EnvSpec:
     reward: RewardKind  # verifiable: rollout sets the reward; judge: RULER sets it; hybrid: both
     rubric: str | None = None  # for the judge (judge and hybrid envs); None means the judge's default
     gate_metric: str | None = None  # hybrid: metric (0/1) a judged reward may be gated by
-    # Defaults for ~10 minutes on 2 CPU cores with SmolLM2-135M (the lead measures and tunes them).
+    # Defaults sized for a run of about ten minutes on 2 CPU cores with SmolLM2-135M.
     steps: int = 12
     rollouts_per_group: int = 8
     groups_per_step: int = 3

@@ -3,7 +3,7 @@
 Every env's rollout asks the model through `complete()`, so the request shape (sampling settings,
 logprobs) is decided in one place. The returned `Choice` is appended to the trajectory as is: the
 `token_ids` and `logprobs` our server attaches to it are what the trainer trains on
-(token-in/token-out, design.md), so rollouts never rebuild an assistant message from text.
+(token-in/token-out), so rollouts never rebuild an assistant message from text.
 
 A "model" here is anything with ``openai_client()`` (an `openai.AsyncOpenAI`) and a ``name``; a
 groupwise `TrainableModel` also has ``inference_name()`` (``"agent-001@3"``), which wins when present.

@@ -1,18 +1,15 @@
 """Adapter slots: the peft adapters that hold served weights, refilled in place when freed.
 
 A training run serves one new adapter per step and drops old ones. Loading each as a new peft
-adapter and deleting the old one changes every adapted layer's set of adapters each step, which
-(1) drops the CUDA graphs captured for the old adapter, so the new one is captured again, and
-(2) changed the adapter dicts that code compiled over those layers had guarded on (the trainer's
-compiled layers now read only their own adapter, training/lora_forward.py, so that is history).
-So the engine keeps its adapters in slots (peft adapters named ``gw-slot-<k>``): a removed
-adapter frees its slot, and the next adapter with the same LoRA shape (rank, alpha, targets,
+adapter and deleting the old one would change every adapted layer's set of adapters each step, which
+drops the CUDA graphs captured for the old adapter, so the new one is captured again. So the engine
+keeps its adapters in slots (peft adapters named ``gw-slot-<k>``): a removed adapter frees its slot, and the next adapter with the same LoRA shape (rank, alpha, targets,
 dropout, ...) is copied INTO that slot's tensors. The layers keep their adapter set, and the slot's
 tensors keep their addresses, so graphs captured for the slot stay valid with the new weights.
 
-Requests still name adapters by their served name; the engine maps the name to its slot
-(`Engine.peft_adapter_name`). A slot is never deleted (it is reused), so memory stays at the most
-adapters ever served at once.
+Requests name adapters by their served name (``agent@3``, adapter_names.py); the engine maps the
+name to its slot (`Engine.peft_adapter_name`), and no error or log shows the slot's name. A slot is
+never deleted (it is reused), so memory stays at the most adapters ever served at once.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """fp32 linear layers through oneDNN on the CPU, for the engine's forward passes.
 
-On the CPU every fp32 `nn.Linear` goes to MKL's sgemm (``aten::mm``), which is 75-80% of an engine
-decode step. oneDNN, which PyTorch ships too (``torch.ops.mkldnn._linear_pointwise``, the op
-inductor emits for CPU linears), computes the same product faster at the engine's shapes. Measured
-on this project's CI machine (2-core AMD EPYC, SmolLM2-135M's 210 linears, fp32, 2 threads):
-
-    rows   MKL (30 layers / LM head)   oneDNN (30 layers / LM head)
-    1      35 / 9.6 ms                 23 / 4.1 ms
-    8      42-54 / 17 ms               32-35 / 7.9 ms
-    32     83 / 25 ms                  58 / 14.5 ms
-    96     136 / 47 ms                 120 / 29 ms
-
-with outputs equal to 1e-6 relative (summation order). `OneDNNLinears` installs a forward on each
+On the CPU every fp32 `nn.Linear` goes to MKL's sgemm (``aten::mm``), most of an engine decode step.
+oneDNN, which PyTorch ships too (``torch.ops.mkldnn._linear_pointwise``, the op inductor emits for
+CPU linears), computes the same product faster at the engine's small row counts (bench/generation.py;
+docs/benchmarks.md), with outputs equal to 1e-6 relative (summation order). `OneDNNLinears` installs a forward on each
 plain fp32 CPU `nn.Linear` of the model for the duration of an engine pass and removes it after, so
 the trainer (which shares the model and needs autograd, which this op lacks) never sees it. A call
-that records gradients, or a non-fp32 input or a non-contiguous weight, takes `F.linear` as before. bf16 and fp16 matmuls on
-the CPU already go through oneDNN; on CUDA nothing changes.
+that records gradients, or a non-fp32 input or a non-contiguous weight, takes `F.linear`. bf16 and
+fp16 matmuls on the CPU already go through oneDNN; on CUDA nothing changes.
 """
 
 from __future__ import annotations
@@ -43,11 +35,11 @@ def _onednn_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 class OneDNNLinears:
     """``with linears.installed(model_modules): model(...)``: the fp32 CPU linears among the model's
-    modules (the list module_walk.py caches) run through oneDNN inside, as before after.
+    modules (the list module_walk.py caches) run through oneDNN inside the block, through MKL after.
 
     Which modules qualify, and their bound forwards, are worked out once per module list (a new list
-    comes with a new adapter set): walking SmolLM2's 2,499 peft modules each pass cost 2.1 ms, 2-4%
-    of a decode step; installing the 631 cached forwards costs 0.2 ms.
+    comes with a new adapter set): walking thousands of peft modules every pass would cost a few
+    percent of a decode step; installing the cached forwards costs a tenth of that.
     """
 
     def __init__(self) -> None:

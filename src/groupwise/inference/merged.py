@@ -1,9 +1,7 @@
 """Serving one LoRA adapter on the CPU from merged weights: W' = W + s B A for each adapted Linear.
 
 Why. On the CPU a LoRA layer's two extra matmuls are tiny ([rows, 576] x [576, 8] for SmolLM2) and
-cost their fixed overhead, not their FLOPs: ~30 ms of a ~95 ms decode step at 8 rows (SmolLM2, 2
-cores: 8 x 64 tokens took 7.5-8.6 s with the adapter, 6.0 s without; peft's Python was not it: a
-one-addmm forward without it measured the same). A merged copy of the adapted weights runs the base
+cost their fixed overhead, not their FLOPs: about a third of a small decode step. A merged copy of the adapted weights runs the base
 model's forward, so the adapter is free at decode time.
 
 How. The engine keeps at most ONE merged copy, for the adapter of its latest single-adapter batch

@@ -10,8 +10,8 @@ policy being trained.
 
 Sampling is by inverse CDF: one uniform u per row, token = first index where cumsum(p) >= u.
 The CDF is walked in two levels (`inverse_cdf`): masses of blocks of 256 tokens, then the cumsum
-inside the one block u falls in; a full fp64 cumsum over V (49k-150k) terms cost more than the rest
-of sampling together (~6 ms of a ~200 ms CPU decode step at 32 rows). Same distribution; the token
+inside the one block u falls in; a full fp64 cumsum over V (49k-150k) terms would cost more than the
+rest of sampling together. Same distribution; the token
 differs from the long cumsum's only when u lands within fp32 rounding of a boundary.
 A seeded sequence's u is a hash of (seed, token index) (`seeded_uniform`), so its sample does not
 depend on which other requests share the batch, and all rows are drawn in a few vectorised ops
@@ -302,7 +302,7 @@ def inverse_cdf(probs_BV: torch.Tensor, u_B: torch.Tensor, block: int = 256) -> 
     token where the CDF inside that block reaches the same fraction of the block's mass. That is
     exactly inverse-CDF sampling (P(block) = mass / total, then P(token | block) = p / mass); only
     the rounding differs from one long cumsum (block masses are fp32 sums of 256 terms: relative
-    1e-7, the size of fp32's own error on p; converting all of probs to fp64 first cost 5 ms a step).
+    1e-7, the size of fp32's own error on p; converting all of probs to fp64 first would cost more).
     Zero-probability tokens sit on flat steps of both CDFs and are never chosen.
     """
     B, V = probs_BV.shape

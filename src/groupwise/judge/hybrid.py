@@ -1,7 +1,7 @@
 """Hybrid rewards: combine a verifiable result (from code) with the judge's quality score.
 
-The seed's hybrid pattern: code says whether the answer is right, the judge says how good the
-trajectory is. Two combinations cover most uses:
+Code says whether the answer is right, the judge says how good the trajectory is. Two combinations
+cover most uses:
 
 - `gate(correct, quality)`: correctness gates quality. A wrong answer gets `fail_value`; a right
   one gets `pass_floor + (1 - pass_floor) * quality`. With pass_floor > fail_value every correct

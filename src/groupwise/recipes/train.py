@@ -48,7 +48,7 @@ def _reward_step(spec: EnvSpec, judge: str | None, model: Any, base_model: str, 
     async def reward(group):
         judged = await ruler_score_group(group, judge_model, swallow_exceptions=True, **rubric_kwargs, **kwargs)
         if judged is not None and gate_correct and spec.gate_metric:
-            # Correctness gate: a wrong answer keeps at most the judge's floor (the seed's hybrid pattern).
+            # Correctness gate: a wrong answer keeps at most the judge's floor (judge/hybrid.py says why).
             judged = apply_hybrid(judged, gate, verifiable_key=spec.gate_metric)
         return judged
 

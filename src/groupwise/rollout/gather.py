@@ -7,7 +7,7 @@
 How it works, and why:
 
 - Every pending rollout (`group.take_pending()`) becomes one asyncio task at once, so an inference
-  engine sees all of them in flight and batches their forward passes (design.md). `max_concurrency`
+  engine sees all of them in flight and batches their forward passes. `max_concurrency`
   caps that with a semaphore when an endpoint cannot take them all.
 - Results are collected by task done-callbacks, not by `asyncio.wait(FIRST_COMPLETED)` in a loop:
   `wait` walks every pending task on each call, which is quadratic in the number of rollouts. With

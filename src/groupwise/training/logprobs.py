@@ -51,8 +51,8 @@ def _frozen_head_chunk(hidden_CH: torch.Tensor, weight_VH: torch.Tensor, bias_V:
     logits_CV = torch.nn.functional.linear(hidden_CH, weight_VH, bias_V)  # model dtype
     # Two passes over the [C, V] logits, each reading them once: the exact log-prob at the target
     # (fp32 or better), and the softmax in the model's dtype for the gradient's matmul (autograd
-    # would use that dtype too). Upcasting the block first and working on it in place took ~3x the
-    # memory traffic (measured on an H200, 152k vocabulary). Compiled (`compiled_head_chunk`), the
+    # would use that dtype too). Upcasting the block first and working on it in place would move
+    # several times the memory. Compiled (`compiled_head_chunk`), the
     # log-softmax is one reduction that never writes its fp32 [C, V] result.
     lsm_dtype = _at_least_fp32(logits_CV[:0]).dtype
     logprobs_C = torch.log_softmax(logits_CV, dim=-1, dtype=lsm_dtype).gather(-1, targets_C[:, None]).squeeze(-1)
@@ -137,8 +137,7 @@ def token_logprobs(
     base, decoder = base_and_decoder(model)
     lm_head = base.get_output_embeddings()
     # use_cache=False: a training forward builds no KV cache (it would be thrown away, and with
-    # compiled layers each layer's cache index made its own compiled entry: 8 instead of 2 on an
-    # 8-layer model, measured in tests/training/test_compile.py's setting).
+    # compiled layers each layer's cache index would make its own compiled entry).
     hidden_BTH = decoder(input_ids=input_ids_BT, attention_mask=attention_BT, use_cache=False).last_hidden_state
     if target_index_N is None:
         mask_BT = mask_BT.clone()

@@ -7,9 +7,8 @@ backward, for each of the ~7 x layers adapted linears. Written as
     y = addmm(base(x), x A^T, (s B)^T)        # [T, out] = [T, out] + [T, r] @ [r, out]
 
 the scale lands on the [out, r] weight and the sum in the GEMM's epilogue (beta = 1), which is
-the same function (up to rounding order) with two fewer memory passes per layer and direction.
-Measured on an H200 (Qwen2.5-0.5B shape, bf16, r = 8, 64 x 296 tokens): 2-4% of the update, inside
-the run-to-run noise; the eager forward is bound by op launches more than by memory passes.
+the same function (up to rounding order) with two fewer memory passes per layer and direction. The
+gain is small (the eager forward is bound by op launches more than by memory passes), but it is free.
 
 The fast path only takes what it computes exactly like peft: a plain `nn.Linear` base, one active
 vanilla adapter (no DoRA or other variant), no dropout, no LoRA bias, not merged, no per-row
@@ -24,7 +23,7 @@ after two slots are added, and the eager step's loss and gradient.
 
 Mixed precision: with a half-precision base, peft keeps LoRA weights in fp32 (AdamW updates of
 1e-5 survive) and upcasts each layer's input to fp32, which would add fp32 GEMMs and [T, out] fp32
-copies (measured: half the update time of the 0.5B model above). Under autocast, with peft's input
+copies, a large part of the update. Under autocast, with peft's input
 upcast off, the adapter's matmuls run in bf16 while its master weights and gradients stay fp32:
 the usual mixed precision (what HF Trainer's bf16=True gives TRL).
 """
@@ -103,15 +102,14 @@ class AdapterForwards:
 
     peft's forward reads ``self.lora_A.keys()`` and ``self.active_adapters``, so compiled code over
     it guards on every layer's set of adapters: each adapter the engine adds (its slots
-    ``gw-slot-<k>``, inference/adapter_slots.py) recompiled every decoder layer (13 s on an H200).
+    ``gw-slot-<k>``, inference/adapter_slots.py) would recompile every decoder layer, for seconds.
     `_adapter_forward` reads only the base layer, one plain attribute (the adapter's tensors and
-    scale, a tuple) and ``disable_adapters``: the guards no longer see the other adapters.
+    scale, a tuple) and ``disable_adapters``, so the guards do not see the other adapters.
 
     It is peft's function for one adapter: the trainer's, which `install` checks is the only active
     one, not merged, in every layer it patches. A layer that fails a check keeps peft's forward,
-    which stays correct and only recompiles as before. The bound methods are made once and the same
-    objects installed every step. (Measured with torch 2.13: a fresh bound method each step does not
-    recompile either, as dynamo guards on the function; reusing them just does not depend on that.)
+    which stays correct and only recompiles. The bound methods are made once and the same objects
+    installed every step, so the guards never depend on how dynamo treats a fresh bound method.
     """
 
     def __init__(self, adapter: str):

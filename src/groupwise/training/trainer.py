@@ -1,7 +1,7 @@
 """One GRPO step on a LoRA adapter: micro-batches, gradient accumulation, chunked log-probs, AdamW.
 
 The trainer owns the optimizer of one adapter of a peft-wrapped model. The model object is shared with
-the inference engine (design.md: one copy of the base weights); the backend gives the trainer exclusive
+the inference engine (one copy of the base weights in memory); the backend gives the trainer exclusive
 use of it during a step (`engine.paused()`), and the trainer re-activates its own adapter first, since
 the engine may have switched the active adapter to serve another step.
 
@@ -227,29 +227,14 @@ class Trainer:
         """(decoder layer, compiled forward) pairs, installed for the update only (the engine keeps
         the eager layers: its CUDA graphs capture those).
 
-        Why compile: a LoRA'd decoder layer is ~70 small ops; eager PyTorch spends longer launching
-        them from Python than the GPU spends running them, and the forward is launch-bound (measured
-        on an H200, Qwen2.5-0.5B, 64 x 296 tokens: update 0.267 s eager, 0.189 s compiled). One
-        compiled function per layer class serves every layer (the parameters are inputs); dynamo
-        keeps an entry per guard outcome: the first layer's input does not require grad (frozen
-        embeddings) and the others' does, and the KL term's reference pass is another. (A training
-        forward used to build a KV cache, which made one entry per layer index: 8 entries for 8
-        layers of a tiny Qwen2 on CPU, 2 since token_logprobs passes use_cache=False.)
-        A new sequence length recompiles once, with dynamic shapes; later lengths reuse that.
-
-        The engine's adapters do not recompile it: the trainer's LoRA layers run `AdapterForwards`
-        (training/lora_forward.py), which read only the trainer's adapter, where peft's forward read
-        every layer's adapter dict, so each adapter slot the engine added recompiled every layer (13 s
-        on an H200, steps 1-2 of bench/train_step.py). tests/training/test_compile.py (tiny Qwen2,
-        CPU): 4 graphs at the first step (2 layer entries, 2 for the KL pass), none after two slots
-        were added (peft's forward: 2 per slot), 4 more once for a new length, none for 3 more
-        lengths; the compiled step's loss and gradient are the eager one's to 9e-7 / 6e-7 relative
-        (fp32). The frozen LM head's log-prob chunks compile too (logprobs.compiled_head_chunk: the
-        log-softmax becomes one reduction that never writes an fp32 [chunk, V] block; in the eager
-        profile of the 0.5B update the two softmax passes were 27 of 175 ms of GPU time).
-        A LoRA layer that `AdapterForwards` cannot take (DoRA, a LoRA bias, a non-Linear
-        base) keeps peft's forward and with it the recompiles. Opt-in (TrainConfig.compile): the
-        first compilation costs 12-16 s on an H200 (Qwen2.5-0.5B / 1.5B in bench/train_step.py).
+        A LoRA'd decoder layer is many small ops, so the eager update is bound by launching them from
+        Python; compiled, each layer is a few fused kernels. One compiled function per layer class
+        serves every layer (the parameters are inputs). The engine's adapter slots do not recompile
+        it, because the trainer's LoRA layers run `AdapterForwards` (training/lora_forward.py), which
+        read only the trainer's adapter; a layer it cannot take (DoRA, a LoRA bias, a non-Linear base)
+        keeps peft's forward and recompiles when adapters are added. A new sequence length compiles
+        once more, with dynamic shapes. tests/training/test_compile.py pins the graph counts and the
+        eager/compiled agreement; bench/train_step.py and docs/benchmarks.md have the timings.
         """
         if not config.compile or self._compile_failed:
             return []
