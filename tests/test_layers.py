@@ -16,7 +16,10 @@ The rules (`RULES` below holds the layer ones):
 - no module imports another module's private name: `from m import _x`, or `m._x` on an imported
   groupwise module. A private module (`_chat.py`) is private to its package: modules of that package may
   import it and its public names;
-- no import cycles among module-level imports.
+- no module reads a private member (``obj._x``, ``getattr(obj, "_x")``) that a class of another
+  groupwise module defines: helpers of a class take an explicit object with public fields instead
+  (the engine's step modules take `StepState` and `ModelRunner`);
+- no import cycles.
 
 How imports are counted:
 - Layer and private-name rules see every import: module level, inside functions, under `TYPE_CHECKING`.
@@ -434,6 +437,14 @@ def test_the_scan_sees_the_tree(tree):
 
 def test_client_side_loads_no_heavy_library(tree):
     assert heavy_violations(tree, client_roots(tree), heavy_libraries()) == []
+
+
+def test_layers(tree):
+    assert layer_violations(tree) == []
+
+
+def test_no_private_members_of_other_modules(tree):
+    assert private_member_violations(tree) == []
 
 
 def test_no_import_cycles(tree):

@@ -104,6 +104,17 @@ class Model:
 
     # -- store --------------------------------------------------------------------------------
     @property
+    def base_path(self) -> str:
+        """Root folder of the run store. Setting it (a backend does, for a default-configured model)
+        moves the store there: the next `store` opens the run under the new root."""
+        return self._base_path
+
+    @base_path.setter
+    def base_path(self, value: str) -> None:
+        self._base_path = str(value)
+        self._store = None
+
+    @property
     def store(self) -> RunStore:
         """This model's run store (created on first use, so a name with a slash is fine for a
         model that is only queried, e.g. a judge)."""
@@ -136,7 +147,7 @@ class Model:
             raise TypeError(f"register() takes a groupwise Backend, got {type(backend).__name__}")
         path = getattr(backend, "path", None)
         if path is not None and self.base_path == ".groupwise":
-            self.base_path, self._store = str(path), None
+            self.base_path = str(path)
         self._backend = backend
 
     # -- inference ------------------------------------------------------------------------------

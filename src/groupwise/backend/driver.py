@@ -207,7 +207,6 @@ class WorkerBackend(Backend):
             return
         if model.base_path == DEFAULT_PATH and self.path != DEFAULT_PATH:
             model.base_path = self.path  # the backend's path is where a default-configured model's run lives
-            model._store = None
         if not self._started:
             await self._start()
             self._started = True
