@@ -451,7 +451,7 @@ def test_no_import_cycles(tree):
     assert cycles(tree) == []
 
 
-# ---------------------------------------------------------------------------------------------- the checker, on deliberate breaks
+# ------------------------------------------------------------------------------ the checker, on deliberate breaks
 
 
 def write(root: Path, files: dict[str, str]) -> dict[str, Module]:

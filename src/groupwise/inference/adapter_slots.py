@@ -3,9 +3,10 @@
 A training run serves one new adapter per step and drops old ones. Loading each as a new peft
 adapter and deleting the old one would change every adapted layer's set of adapters each step, which
 drops the CUDA graphs captured for the old adapter, so the new one is captured again. So the engine
-keeps its adapters in slots (peft adapters named ``gw-slot-<k>``): a removed adapter frees its slot, and the next adapter with the same LoRA shape (rank, alpha, targets,
-dropout, ...) is copied INTO that slot's tensors. The layers keep their adapter set, and the slot's
-tensors keep their addresses, so graphs captured for the slot stay valid with the new weights.
+keeps its adapters in slots (peft adapters named ``gw-slot-<k>``): a removed adapter frees its slot,
+and the next adapter with the same LoRA shape (rank, alpha, targets, dropout, ...) is copied INTO
+that slot's tensors. The layers keep their adapter set, and the slot's tensors keep their addresses,
+so graphs captured for the slot stay valid with the new weights.
 
 Requests name adapters by their served name (``agent@3``, adapter_names.py); the engine maps the
 name to its slot (`Engine.peft_adapter_name`), and no error or log shows the slot's name. A slot is

@@ -35,8 +35,8 @@ from groupwise.inference.step_state import StepState
 __all__ = ["EagerReplay", "GraphSampling", "capture", "decode_with_graph", "graph_sampling", "run_decode_steps"]
 
 
-def decode_with_graph(state: StepState, runner: ModelRunner, ids: list[int], pos: list[int], need: int, adapter: str | None,
-                      sampling: "GraphSampling | None" = None) -> torch.Tensor:
+def decode_with_graph(state: StepState, runner: ModelRunner, ids: list[int], pos: list[int], need: int,
+                      adapter: str | None, sampling: "GraphSampling | None" = None) -> torch.Tensor:
     """One decode step for k rows (last tokens `ids`, positions `pos`) by replaying (capturing first
     if new) the graph of its bucket.
 

@@ -1,8 +1,8 @@
 """Serving one LoRA adapter on the CPU from merged weights: W' = W + s B A for each adapted Linear.
 
 Why. On the CPU a LoRA layer's two extra matmuls are tiny ([rows, 576] x [576, 8] for SmolLM2) and
-cost their fixed overhead, not their FLOPs: about a third of a small decode step. A merged copy of the adapted weights runs the base
-model's forward, so the adapter is free at decode time.
+cost their fixed overhead, not their FLOPs: about a third of a small decode step. A merged copy of
+the adapted weights runs the base model's forward, so the adapter is free at decode time.
 
 How. The engine keeps at most ONE merged copy, for the adapter of its latest single-adapter batch
 (a training run serves one step at a time). For a forward pass it points each adapted layer's base
