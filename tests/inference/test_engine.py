@@ -85,6 +85,36 @@ async def test_paused_blocks_forward_passes(engine, tiny):
         assert engine.stats.forward_passes >= before + 1
 
 
+async def test_an_idle_pause_frees_the_kv_and_prefix_memory_and_restores_it(tiny):
+    # The trainer runs inside a pause: on the CPU the slot KV and the prefix pool are freed for it
+    # (the update is the run's memory peak) and come back, at the same capacity, when it ends.
+    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
+    eng = Engine(model, tok, max_batch_size=4, initial_capacity=32)
+    try:
+        p = prompts(tok, 2)[1]
+        req = lambda: GenerationRequest(p, max_new_tokens=8, ignore_eos=True, sampling=SamplingParams(seed=7))
+        before = await eng.generate(req())
+        capacity, kv_bytes = eng.buffers.capacity, eng.buffers.nbytes()
+        assert kv_bytes > 0 and eng.prefix_cache.nbytes() > 0
+        async with eng.paused():
+            assert eng.buffers.nbytes() == 0 and eng.prefix_cache.nbytes() == 0
+            async with eng.paused():  # nested pauses: the inner end restores nothing yet
+                pass
+            assert eng.buffers.nbytes() == 0
+        assert (eng.buffers.capacity, eng.buffers.nbytes()) == (capacity, kv_bytes)
+        after = await eng.generate(req())
+        assert after.completions[0].token_ids == before.completions[0].token_ids
+        # a pause with a sequence in its slot keeps everything (its KV is live)
+        future = eng.submit(GenerationRequest(p, max_new_tokens=200, ignore_eos=True))
+        while not eng.state.running:
+            await asyncio.sleep(0.01)
+        async with eng.paused():
+            assert eng.buffers.nbytes() == kv_bytes or eng.buffers.capacity > capacity
+        assert len((await asyncio.wrap_future(future)).completions[0].token_ids) == 200
+    finally:
+        eng.close()
+
+
 async def test_adapter_can_be_loaded_inside_a_pause(tiny, adapter_dirs):
     # The trainer saves a step and loads it while it still holds the pause: no deadlock.
     model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])

@@ -53,6 +53,16 @@ class SlotBuffers:
         self.keys, self.values, self.capacity = keys, values, new_cap
         return True
 
+    def release(self) -> int:
+        """Free the buffers (no sequence may be in them); returns the capacity to `restore` later."""
+        capacity, self.keys, self.values, self.capacity = self.capacity, [], [], 0
+        return capacity
+
+    def restore(self, capacity: int) -> None:
+        """Allocate released buffers again, at their old capacity (their contents are gone)."""
+        if capacity and not self.capacity:
+            self.grow(capacity - 1)
+
     @property
     def trash_col(self) -> int:
         return self.capacity - 1

@@ -92,6 +92,11 @@ class PrefixCache:
         self._free = list(range(self.num_blocks - 1, -1, -1))
         self._serial = 0
 
+    def release(self) -> None:
+        """Forget every entry and free the pool; the next insert allocates it again."""
+        self.clear()
+        self.keys, self.values = [], []
+
     def __len__(self) -> int:
         return len(self._blocks)
 
