@@ -95,8 +95,12 @@ def test_step_moves_only_the_adapter_and_checkpoint_round_trips(tokenizer, tmp_p
     base_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
     lora_before = {n: p.detach().clone() for n, p in trainer.trainable_named_parameters()}
     config = TrainConfig(learning_rate=1e-3, micro_batch_tokens=40, max_seq_len=64)
-    metrics = trainer.train_step(_batch(), config, step=0)
+    seen = []
+    metrics = trainer.train_step(_batch(), config, step=0, progress=lambda done, total: seen.append((done, total)))
     assert metrics["trainable_tokens"] == 10 + 9 + 8 + 7 and metrics["micro_batches"] == 2
+    # progress after each micro-batch, in padded tokens, ending at the step's total
+    total = metrics["padded_tokens"]
+    assert len(seen) == 2 and seen[0][0] < seen[1][0] == total and {t for _, t in seen} == {total}
     assert metrics["grad_norm"] > 0 and math.isfinite(metrics["loss"])
     moved = [n for n, p in trainer.trainable_named_parameters() if not torch.equal(p, lora_before[n])]
     assert len(moved) == len(lora_before)

@@ -16,9 +16,11 @@ own engine, so no weights travel between ranks beyond the gradient all-reduce.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -28,6 +30,27 @@ from groupwise.backend.memory import release_freed_memory
 from groupwise.backend.replica import Replica
 from groupwise.compute import compute_thread
 from groupwise.config import LoraConfig
+
+
+@contextlib.contextmanager
+def update_bar(step: int, *, enabled: bool = True) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar over an update's tokens, micro-batch by micro-batch: on a CPU an update takes
+    minutes, and a silent terminal reads as a hang. Rank 0 only (the ranks' bars would interleave)."""
+    if not enabled:
+        yield None
+        return
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=None, desc=f"update step {step}", unit="tok", leave=False, mininterval=1.0)
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        yield progress
+    finally:
+        bar.close()
 
 
 @dataclass
@@ -146,8 +169,9 @@ class Worker:
         out = []
         async with replica.engine.paused():  # no forward pass of the engine while the trainer runs
             for u in updates:
-                out.append(await compute.run(replica.trainer.train_step, u["batch"], u["config"], step=step,
-                                             objective=u.get("objective", "grpo")))
+                with update_bar(step, enabled=self.rank == 0) as progress:
+                    out.append(await compute.run(replica.trainer.train_step, u["batch"], u["config"], step=step,
+                                                 objective=u.get("objective", "grpo"), progress=progress))
         del updates
         if replica.device.type == "cpu":
             release_freed_memory()  # else RSS grows by GBs a step (backend/memory.py)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -281,18 +282,24 @@ class Trainer:
 
     def forward_backward(
         self, batch: TokenizedBatch, config: TrainConfig, *, objective: str = "grpo",
-        totals: tuple[int, int] | None = None,
+        totals: tuple[int, int] | None = None, progress: Callable[[int, int], None] | None = None,
     ) -> tuple[StepStats, list[list[int]]]:
         """Accumulate the step's gradient into `.grad` of the adapter parameters (no optimizer step).
 
         objective "grpo": the policy-gradient loss (training/loss.py); "sft": the masked token NLL of
         demonstrations (training/sft.py; its sum lands in `policy_loss_sum`).
         `totals`: (trainable tokens, sequences) of the whole step when `batch` is one rank's share;
-        the loss normalisers use them (default: this batch's own counts)."""
+        the loss normalisers use them (default: this batch's own counts).
+        `progress(done, total)` is called after each micro-batch with the padded tokens done and in all."""
         seqs = batch.sequences
         num_tokens, num_sequences = totals if totals is not None else (batch.trainable_tokens, len(seqs))
         plan = plan_micro_batches([len(s) for s in seqs], config.micro_batch_tokens)
+        widths = [len(p) * max(len(seqs[i]) for i in p) for p in plan]
         sums: list[torch.Tensor] = []
+
+        def advance() -> None:
+            if progress is not None:
+                progress(sum(widths[:len(sums)]), sum(widths))
         fwd = self._training_forward(config)
         with fwd:  # held through the backward too: checkpointed layers recompute their forward there
             for indices in plan:
@@ -309,6 +316,7 @@ class Trainer:
                     zero = torch.zeros((), dtype=torch.float64, device=sft.loss.device)
                     sums.append(torch.stack([sft.loss.detach().double(), sft.nll_sum.double(), zero, zero, zero,
                                              sft.tokens.double()]))
+                    advance()
                     continue
                 ref_BT = None
                 if config.kl_coef > 0:
@@ -335,14 +343,16 @@ class Trainer:
                 terms.loss.backward()
                 sums.append(torch.stack([terms.loss.detach(), terms.policy_loss_sum, terms.kl_sum,
                                          terms.clipped_tokens, terms.ratio_sum, terms.tokens]).double())
+                advance()
         # One device->host copy for the whole step (a float() per term would sync every micro-batch).
         totals = torch.stack(sums).sum(0).tolist() if sums else [0.0] * 6
         stats = StepStats(*totals)
         return stats, plan
 
     def train_step(self, batch: TokenizedBatch, config: TrainConfig, *, step: int = 0,
-                   objective: str = "grpo") -> dict[str, float]:
-        """One optimizer step on `batch` (objective "grpo" or "sft", see `forward_backward`); returns its metrics."""
+                   objective: str = "grpo", progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
+        """One optimizer step on `batch` (objective "grpo" or "sft", `progress` as in `forward_backward`);
+        returns its metrics."""
         t0 = time.perf_counter()
         params = self._activate()
         optimizer = self.ensure_optimizer(config)
@@ -360,7 +370,8 @@ class Trainer:
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(step_seed)
                 try:
-                    stats, plan = self.forward_backward(batch, config, objective=objective, totals=totals)
+                    stats, plan = self.forward_backward(batch, config, objective=objective, totals=totals,
+                                                        progress=progress)
                 except Exception as exc:
                     if not self._compiled or not type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
                         raise
@@ -370,7 +381,8 @@ class Trainer:
                     self._compile_failed = True
                     optimizer.zero_grad(set_to_none=True)
                     torch.manual_seed(step_seed)  # the same dropout draws as the failed attempt
-                    stats, plan = self.forward_backward(batch, config, objective=objective, totals=totals)
+                    stats, plan = self.forward_backward(batch, config, objective=objective, totals=totals,
+                                                        progress=progress)
                 if self.process_group is not None:
                     self._all_reduce_gradients(params)
                     stats = StepStats(*self._sum_over_ranks([stats.loss, stats.policy_loss_sum, stats.kl_sum,
