@@ -96,6 +96,14 @@ def user_prompt(board: Board) -> str:
     return f"The board:\n{render(board)}\n{QUESTION}"
 
 
+def _turn_sampling(scenario: Scenario2048, turn: int) -> Scenario2048:
+    """A seeded game draws each reply with its own seed: one seed for every turn would replay the same
+    random numbers in each reply, so a game's replies would agree with each other more than chance."""
+    if scenario.sampling_seed is None or turn == 0:
+        return scenario
+    return scenario.model_copy(update={"sampling_seed": scenario.sampling_seed + 7919 * turn})
+
+
 async def rollout(model: Any, scenario: Scenario2048) -> Trajectory:
     """Play one game; returns the trajectory with reward, metrics and every Choice kept."""
     game = Game(seed=scenario.seed, win_tile=scenario.win_tile)
@@ -106,7 +114,7 @@ async def rollout(model: Any, scenario: Scenario2048) -> Trajectory:
     while turns < scenario.max_turns and not game.finished:
         if turns:
             traj.messages_and_choices.append({"role": "user", "content": user_prompt(game.board)})
-        choice = await complete(model, traj.messages(), scenario)
+        choice = await complete(model, traj.messages(), _turn_sampling(scenario, turns))
         traj.messages_and_choices.append(choice)
         turns += 1
         text = choice_text(choice)
