@@ -39,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     "ArtCompatWarning": "groupwise.compat",
     "LoraConfig": "groupwise.config",
     "LoopConfig": "groupwise.config",
+    "DetectorConfig": "groupwise.config",
     # gathering
     "gather_trajectory_groups": "groupwise.rollout.gather",
     "gather_trajectories": "groupwise.rollout.gather",
@@ -91,6 +92,6 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static type checkers and IDEs see the real names
-    from groupwise.config import LoopConfig, TrainConfig, TrainSFTConfig
+    from groupwise.config import DetectorConfig, LoopConfig, TrainConfig, TrainSFTConfig
     from groupwise.errors import *  # noqa: F403
     from groupwise.types import History, PydanticException, Trajectory, TrajectoryGroup

@@ -109,14 +109,25 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train an agent on a built-in environment (the main job)")
+    p = sub.add_parser(
+        "train", help="train an agent on a built-in environment (the main job)",
+        description="Train a LoRA adapter with GRPO on a built-in environment, validating on held-out "
+                    "scenarios; the best checkpoint is tested at the end. The run lives in "
+                    "<path>/<env>/<name>; running the same command again resumes it from its last "
+                    "checkpoint (raise --steps to train further).",
+        epilog="Resume or extend a run: `groupwise train 2048 --seed 0 --steps 16` after an 8-step run "
+               "continues at step 8. Watch it: `groupwise report .groupwise/2048/2048-s0`.")
     p.add_argument("env", help="2048, tictactoe, math, email, titles")
     p.add_argument("--model", default="smollm2-135m", help="base model (default smollm2-135m)")
     p.add_argument("--judge", default=None, help="RULER judge, e.g. local/smollm2-135m or openai/o4-mini")
-    p.add_argument("--steps", type=_COUNT, default=None, help="max training steps (default: the env's)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--steps", type=_COUNT, default=None,
+                   help="train until this many steps are done in total (default: the env's; a resumed run "
+                        "continues from where it stopped)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the training scenarios, their order and the run's name (default 0); the "
+                        "validation and test scenarios are the same for every seed")
     p.add_argument("--path", default=".groupwise", help="run store folder (default .groupwise)")
-    p.add_argument("--name", default=None, help="model name (default: <env>-s<seed>)")
+    p.add_argument("--name", default=None, help="model name (default: <env>-s<seed>; an existing name resumes)")
     p.add_argument("--gate", action="store_true",
                    help="hybrid envs (email): judge score x correctness. Off by default: an untrained small "
                         "agent is never correct, and the gate would zero every reward (no signal)")

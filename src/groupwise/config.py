@@ -213,14 +213,54 @@ LOOP_ACTIONS = ("ignore", "warn", "stop_soon", "stop")
 
 
 @dataclass
+class DetectorConfig(Validated):
+    """Thresholds of the loop's detectors (`gw.LoopConfig(detectors=gw.DetectorConfig(val_drop=0.1))`).
+
+    The validation detectors compare changes against the validation's confidence interval
+    (`LoopConfig.confidence`) as well: a threshold here is a floor under the noise, not a substitute for it.
+    """
+
+    val_drop: float = option(0.05, help="Val-drop detectors: the smallest fall of the validation metric below its best that can fire; the fall must also exceed the noise of the two validations (their intervals).")
+    reward_rise: float = option(0.05, help="Val-drop and val-plateau detectors: the smallest rise of the mean train reward since the best validation step that counts as 'reward rose'; the rise must also exceed the noise of the train reward means.")
+    reward_window: int = option(3, help="Steps of train reward averaged on each side of a reward comparison (around the best validation step, and the latest steps).")
+    jump_window: int = option(5, help="Reward-jump detector: steps of plateau looked at before the jump.")
+    jump_min: float = option(0.3, help="Reward-jump detector: the smallest jump (reward units) that can fire.")
+    jump_sigmas: float = option(4.0, help="Reward-jump detector: the jump must also exceed this many standard deviations of the plateau.")
+    plateau_range: float = option(0.1, help="Reward-jump detector: the plateau's max - min must be at most this (reward units).")
+    perfect_reward: float = option(1.0, help="Perfect-scores detector: the maximum reward; a group is perfect when every rollout reaches it.")
+    perfect_share: float = option(0.5, help="Perfect-scores detector: fire when at least this share of a step's groups are perfect.")
+    repetition_ngram: int = option(3, help="Degenerate detector: n of the n-grams (words) checked for repetition.")
+    repetition_share: float = option(0.5, help="Degenerate detector: fire when answers repeat this share of their n-grams on average.")
+    identical_share: float = option(0.5, help="Degenerate detector: fire when this share of groups (of 2+ rollouts) answer identically.")
+    length_ratio: float = option(2.0, help="Degenerate detector: fire when the mean answer length drifts by this factor from the first steps.")
+    min_judge_agreement: float = option(0.6, help="Judge detector: fire when the judge orders fewer than this share of pairs like ground truth.")
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        for name in ("reward_window", "jump_window", "repetition_ngram"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                p.append(f"{name}={value!r} must be an integer >= 1")
+        for name in ("val_drop", "reward_rise", "jump_min", "jump_sigmas", "plateau_range"):
+            check_positive(p, name, getattr(self, name), allow_zero=True)
+        for name in ("perfect_share", "repetition_share", "identical_share", "min_judge_agreement"):
+            check_fraction(p, name, getattr(self, name))
+        if self.length_ratio <= 1:
+            p.append(f"length_ratio={self.length_ratio!r} must be > 1")
+        return p
+
+
+@dataclass
 class LoopConfig(Validated):
     """Settings of `gw.fit` (the training loop): batch shape, validation, stopping, hacking policy.
 
     Defaults: 18 rollouts per group, validation every 5 steps, stop when the validation metric (or,
     without validation, the mean train reward) has not improved for 10 steps.
-    Each reward-hacking detector maps to an action: 'ignore', 'warn' (recorded, shown in reports),
-    'stop_soon' (stop after `stop_soon_steps` more steps unless validation improves), 'stop' (stop now
-    and keep the best checkpoint).
+    Every validation carries a confidence interval (`confidence`); an improvement or a fall counts only
+    when it is larger than that noise. Each detector's finding maps to an action: 'ignore', 'warn'
+    (recorded, shown in reports), 'stop_soon' (stop after `stop_soon_steps` more steps unless
+    validation improves), 'stop' (stop now and keep the best checkpoint). The detectors' thresholds
+    live in `detectors` (a `DetectorConfig`).
     """
 
     rollouts_per_group: int = option(18, help="Rollouts of each training scenario per group (GRPO compares within a group).")
@@ -233,39 +273,30 @@ class LoopConfig(Validated):
     val_rollouts_per_group: int = option(1, help="Rollouts per validation scenario; the validation metric is their mean.")
     metric: str = option("accuracy", help="Name of the validation metric that validate(trajectory, scenario) returns; logged as val/<metric>.")
     higher_is_better: bool = option(True, help="Whether a larger validation metric is better (False for e.g. an error rate).")
+    confidence: float = option(0.95, help="Confidence level of each validation's interval (Wilson for 0/1 metrics, else a bootstrap over scenarios), logged as <metric>_lo / <metric>_hi; detectors and stopping rules count a change only when it is larger than this noise.")
     judge_val: bool = option(True, help="Also apply the reward step (e.g. RULER) to validation groups of 2+ rollouts, so the judge is checked against ground truth (hybrid runs).")
-    patience: int = option(10, help="Plateau stop: steps without an improvement larger than min_delta (on the validation metric where there is one, else on the mean train reward).")
-    min_delta: float = option(0.0, help="Smallest change that counts as an improvement for the plateau rule.")
+    patience: int = option(10, help="Plateau stop: steps without an improvement larger than min_delta and than the validation noise (on the validation metric where there is one, else on the mean train reward).")
+    min_delta: float = option(0.0, help="Smallest change that counts as an improvement for the plateau rule (the noise of the validation counts too).")
     target: float | None = option(None, help="Stop once the validation metric (or mean train reward without validation) reaches this value (None disables).")
-    baseline_margin: float | None = option(None, help="Stop once the validation metric beats the best baseline by this margin (None disables).")
-    on_val_drop: str = option("stop", help="Action when validation falls while reward rises (reward hacking).")
+    baseline_margin: float | None = option(None, help="Stop once the validation metric beats the best baseline by this margin and by more than the noise of both (None disables).")
+    on_val_drop: str = option("stop", help="Action when validation falls beyond its noise while the train reward rises beyond its own (reward hacking).")
+    on_val_unstable: str = option("stop_soon", help="Action when validation falls beyond its noise and the train reward does not rise (training became unstable: the policy got worse, the reward was not gamed).")
     on_val_plateau: str = option("stop_soon", help="Action when validation plateaus while reward still rises (converged).")
     on_reward_jump: str = option("warn", help="Action on a sudden train-reward jump after a plateau.")
     on_perfect_scores: str = option("warn", help="Action when a large share of groups score the maximum on every rollout.")
     on_degenerate: str = option("warn", help="Action on degenerate answers: n-gram repetition, identical answers across a group, length drift.")
     on_judge_disagreement: str = option("warn", help="Action when the judge's ranking disagrees with ground truth (hybrid runs).")
-    stop_soon_steps: int = option(5, help="Steps a 'stop_soon' action waits; an improvement of the validation metric cancels it.")
-    val_drop: float = option(0.05, help="Val-drop detector: how far below its best the validation metric must fall.")
-    reward_rise: float = option(0.05, help="Val-drop and val-plateau detectors: how much the mean train reward must have risen since the best validation step.")
-    jump_window: int = option(5, help="Reward-jump detector: steps of plateau looked at before the jump.")
-    jump_min: float = option(0.3, help="Reward-jump detector: the smallest jump (reward units) that can fire.")
-    jump_sigmas: float = option(4.0, help="Reward-jump detector: the jump must also exceed this many standard deviations of the plateau.")
-    plateau_range: float = option(0.1, help="Reward-jump detector: the plateau's max - min must be at most this (reward units).")
-    perfect_reward: float = option(1.0, help="Perfect-scores detector: the maximum reward; a group is perfect when every rollout reaches it.")
-    perfect_share: float = option(0.5, help="Perfect-scores detector: fire when at least this share of a step's groups are perfect.")
-    repetition_ngram: int = option(3, help="Degenerate detector: n of the n-grams (words) checked for repetition.")
-    repetition_share: float = option(0.5, help="Degenerate detector: fire when answers repeat this share of their n-grams on average.")
-    identical_share: float = option(0.5, help="Degenerate detector: fire when this share of groups (of 2+ rollouts) answer identically.")
-    length_ratio: float = option(2.0, help="Degenerate detector: fire when the mean answer length drifts by this factor from the first steps.")
-    min_judge_agreement: float = option(0.6, help="Judge detector: fire when the judge orders fewer than this share of pairs like ground truth.")
+    stop_soon_steps: int = option(5, help="Steps a 'stop_soon' action waits; an improvement of the validation metric beyond its noise cancels it.")
+    detectors: DetectorConfig = option(default_factory=DetectorConfig, help="Thresholds of the detectors (`gw.DetectorConfig`).")
     max_exceptions: int | float = option(0, help="Rollouts allowed to raise per gather: a count, or a fraction in (0, 1).")
     resample_no_signal: int = option(2, help="Times a step's batch is gathered again when nothing in it is trainable (e.g. every group has equal rewards). After the last, a batch without signal is skipped as ART does (train_config.max_skipped_steps bounds how many in a row; 0 raises NotTrainableError instead).")
-    seed: int = option(0, help="Seed of the per-epoch shuffle of the training scenarios (resume sees the same batches).")
+    seed: int = option(0, help="Seed of the per-epoch shuffle of the training scenarios (resume sees the same batches), and of the rollouts' sampling seeds (seed_rollouts).")
+    seed_rollouts: bool = option(True, help="Give each training rollout of a scenario with a free `sampling_seed` field its own seed, a function of (seed, step, scenario, rollout): its samples then depend on its own logits only, not on which requests the engine happened to batch together, so a run follows the same path on a busy and on a quiet machine.")
 
     def problems(self) -> list[str]:
         p: list[str] = []
         for name in ("rollouts_per_group", "groups_per_step", "num_epochs", "eval_every",
-                     "val_rollouts_per_group", "patience", "jump_window", "repetition_ngram", "stop_soon_steps"):
+                     "val_rollouts_per_group", "patience", "stop_soon_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 p.append(f"{name}={value!r} must be an integer >= 1")
@@ -274,21 +305,19 @@ class LoopConfig(Validated):
         check_positive(p, "learning_rate", self.learning_rate)
         if self.train_config is not None and not isinstance(self.train_config, TrainConfig):
             p.append(f"train_config={self.train_config!r} must be a TrainConfig or None")
+        if not isinstance(self.detectors, DetectorConfig):
+            p.append(f"detectors={self.detectors!r} must be a DetectorConfig")
         if not isinstance(self.metric, str) or not self.metric or "/" in self.metric:
             p.append(f"metric={self.metric!r} must be a non-empty name without '/' (it is logged as val/<metric>)")
         elif self.metric in ("reward", "reward_std", "step", "split", "answer_chars"):
             p.append(f"metric={self.metric!r} clashes with a field of the history row; name it e.g. 'accuracy'")
-        for name in ("min_delta", "val_drop", "reward_rise", "jump_min", "jump_sigmas", "plateau_range"):
-            check_positive(p, name, getattr(self, name), allow_zero=True)
+        check_fraction(p, "confidence", self.confidence, closed=False)
+        check_positive(p, "min_delta", self.min_delta, allow_zero=True)
         if self.baseline_margin is not None and self.baseline_margin < 0:
             p.append(f"baseline_margin={self.baseline_margin!r} must be None or >= 0")
-        for name in ("perfect_share", "repetition_share", "identical_share", "min_judge_agreement"):
-            check_fraction(p, name, getattr(self, name))
         if not isinstance(self.resample_no_signal, int) or self.resample_no_signal < 0:
             p.append(f"resample_no_signal={self.resample_no_signal!r} must be an integer >= 0")
-        if self.length_ratio <= 1:
-            p.append(f"length_ratio={self.length_ratio!r} must be > 1")
-        for name in ("on_val_drop", "on_val_plateau", "on_reward_jump", "on_perfect_scores",
+        for name in ("on_val_drop", "on_val_unstable", "on_val_plateau", "on_reward_jump", "on_perfect_scores",
                      "on_degenerate", "on_judge_disagreement"):
             check_choice(p, name, getattr(self, name), LOOP_ACTIONS)
         if self.max_exceptions < 0 or (1 <= self.max_exceptions and self.max_exceptions != int(self.max_exceptions)):

@@ -25,16 +25,25 @@ from groupwise.backend.base import Backend, InferenceEndpoint, TrainResult
 from groupwise.types import Trajectory, TrajectoryGroup
 
 
-def history(train=(), val=None, metric="accuracy", lengths=None, baselines=None, reward_std=0.1):
-    """History rows: train rewards at steps 0.., val {step: value}, baselines {name: value}."""
+def history(train=(), val=None, metric="accuracy", lengths=None, baselines=None, reward_std=0.1,
+            val_ci=None, n_trajectories=None):
+    """History rows: train rewards at steps 0.., val {step: value}, baselines {name: value}.
+
+    val_ci {step: (lo, hi)} gives validations their confidence interval; n_trajectories gives each
+    train row its rollout count, so its mean reward has a noise (reward_std / sqrt(n))."""
     rows = []
     for step, r in enumerate(train):
         row = {"step": step, "split": "train", "reward": r, "reward_std": reward_std}
+        if n_trajectories is not None:
+            row["n_trajectories"] = n_trajectories
         if lengths is not None:
             row["answer_chars"] = lengths[step]
         rows.append(row)
     for step, v in (val or {}).items():
-        rows.append({"step": step, "split": "val", metric: v, "reward": v})
+        row = {"step": step, "split": "val", metric: v, "reward": v}
+        if val_ci and step in val_ci:
+            row[f"{metric}_lo"], row[f"{metric}_hi"] = val_ci[step]
+        rows.append(row)
     for name, v in (baselines or {}).items():
         rows.append({"step": 0, "split": "baseline", "name": name, metric: v})
     return rows

@@ -32,16 +32,66 @@ def test_val_drop_while_reward_rises():
     # reward around step 5 = mean(r3, r4, r5) = mean(0.34, 0.42, 0.50) = 0.42
     # reward now        = mean(r7, r8, r9) = mean(0.66, 0.74, 0.82) = 0.74
     h = history(train=[0.1 + 0.08 * s for s in range(10)], val={0: 0.3, 5: 0.6, 10: 0.4})
-    a = d.val_drop_reward_rise(h, step=10)
+    a = d.val_drop(h, step=10)
     assert a is not None and a.name == "val_drop" and a.severity == "critical" and a.step == 10
     ev = a.evidence
     assert (ev["best_step"], ev["best"], ev["val_now"]) == (5, 0.6, 0.4)
-    assert ev["drop"] == pytest.approx(0.2)
+    assert ev["drop"] == pytest.approx(0.2) and ev["noise"] == 0.0  # no intervals logged: no noise known
     assert ev["reward_then"] == pytest.approx(0.42) and ev["reward_now"] == pytest.approx(0.74)
-    assert "reward hacking" in a.message
-    # quiet: same val drop but flat reward (not hacking), and not again at a step without validation
-    assert d.val_drop_reward_rise(history(train=[0.5] * 10, val={0: 0.3, 5: 0.6, 10: 0.4}), step=10) is None
-    assert d.val_drop_reward_rise(h, step=11) is None
+    assert a.message.startswith("reward hacking suspected")
+    assert d.val_drop(h, step=11) is None  # not again at a step without validation
+
+
+# Validation intervals of 24 scenarios: best 0.60 [0.45, 0.75], latest 0.40 [0.25, 0.55].
+# The drop 0.20 against the facing half-widths 0.15 (best's lower) and 0.15 (latest's upper):
+# noise = sqrt(0.15^2 + 0.15^2) = 0.2121 > 0.20: inside the noise.
+NOISY = {0: (0.15, 0.45), 5: (0.45, 0.75), 10: (0.25, 0.55)}
+# The same drop measured on a larger validation set: half-widths 0.05 -> noise 0.0707 < 0.20.
+PRECISE = {0: (0.25, 0.35), 5: (0.55, 0.65), 10: (0.35, 0.45)}
+
+
+def test_val_drop_inside_the_validation_noise_is_silent():
+    rising = [0.1 + 0.08 * s for s in range(10)]
+    h = history(train=rising, val={0: 0.3, 5: 0.6, 10: 0.4}, val_ci=NOISY)
+    assert d.val_drop(h, step=10) is None
+    assert d.run_detectors(h, [], step=10, config=gw.LoopConfig()) == []
+
+
+def test_val_drop_outside_the_validation_noise_with_rising_reward_is_hacking():
+    # rewards: std 0.1 over 24 rollouts per step -> each mean +- 1.96 * 0.1 / sqrt(24) = 0.0400;
+    # a 3-step window mean +- 0.0400 / sqrt(3) = 0.0231; the rise 0.32 vs noise 0.0231 * sqrt(2) = 0.0327.
+    h = history(train=[0.1 + 0.08 * s for s in range(10)], val={0: 0.3, 5: 0.6, 10: 0.4}, val_ci=PRECISE,
+                n_trajectories=24)
+    a = d.val_drop(h, step=10)
+    assert a is not None and a.name == "val_drop" and a.severity == "critical"
+    assert a.evidence["noise"] == pytest.approx(0.05 * 2 ** 0.5)
+    assert a.evidence["reward_noise"] == pytest.approx(0.0327, abs=2e-4)
+    assert a.message.startswith("reward hacking suspected") and "[0.55, 0.65]" in a.message
+    assert gw.LoopConfig().on_val_drop == "stop"
+
+
+def test_val_drop_without_a_reward_rise_is_instability_not_hacking():
+    flat = history(train=[0.5] * 10, val={0: 0.3, 5: 0.6, 10: 0.4}, val_ci=PRECISE, n_trajectories=24)
+    a = d.val_drop(flat, step=10)
+    assert a is not None and a.name == "val_unstable" and a.severity == "critical"
+    assert a.message.startswith("training became unstable") and "hacking" not in a.message
+    # a reward that rose by less than its own noise is no rise: 0.5 -> 0.52 with std 0.3 over 8 rollouts
+    # (each mean +- 0.208, a window +- 0.120, the change +- 0.170)
+    wobble = history(train=[0.5] * 5 + [0.52] * 5, val={0: 0.3, 5: 0.6, 10: 0.4}, val_ci=PRECISE,
+                     n_trajectories=8, reward_std=0.3)
+    assert d.val_drop(wobble, step=10).name == "val_unstable"
+    # the policy's answer: both loud, only the rising-reward one is the hacking row of the table
+    cfg = gw.LoopConfig()
+    assert cfg.on_val_unstable == "stop_soon"
+    from groupwise.loop.policy import action_for, classify
+
+    assert action_for(a, cfg) == "stop_soon"
+    assert classify(flat, 10, cfg) == "unstable"
+    rising = history(train=[0.1 + 0.08 * s for s in range(10)], val={0: 0.3, 5: 0.6, 10: 0.4}, val_ci=PRECISE,
+                     n_trajectories=24)
+    assert classify(rising, 10, cfg) == "hacking"
+    assert classify(history(train=[0.1 + 0.08 * s for s in range(10)], val={0: 0.3, 5: 0.6, 10: 0.4},
+                            val_ci=NOISY, n_trajectories=24), 10, cfg) == "converged"
 
 
 def test_val_plateau_while_reward_rises():

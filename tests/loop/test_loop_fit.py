@@ -83,7 +83,10 @@ async def test_gamed_reward_raises_val_drop_stops_and_keeps_best(tmp_path):
     assert summary.best_step == 2 and summary.best_value == 1.0 and summary.status == "hacking"
     assert backend.kept_best == [0, 2, 2, 2]  # after validations 0, 2, 4 and at the end
     # the test split ran once, against the best checkpoint
-    assert seen_names[-2:] == ["gamed@2", "gamed@2"] and summary.test == {"reward": 0.2, "accuracy": 1.0}
+    assert seen_names[-2:] == ["gamed@2", "gamed@2"]
+    # 2 of 2 right: the Wilson interval of 2/2 at 95% is [0.342, 1]
+    assert summary.test == {"reward": 0.2, "accuracy": 1.0, "accuracy_lo": pytest.approx(0.3424, abs=1e-4),
+                            "accuracy_hi": 1.0}
     h = gw.load_history(summary.run_dir)
     assert [r["step"] for r in rows(h, "test")] == [2]
     alert_rows = [r for r in events(h, "alert") if r["name"] == "val_drop"]

@@ -49,11 +49,26 @@ def test_baseline_beaten_by_margin():
     h = history(train=[0.5] * 11, val={0: 0.41, 10: 0.96}, baselines={"o3": 0.90, "agent@0": 0.41})
     d = baseline_beaten(h, step=10, margin=0.05)
     assert d.stop and d.rule == "baseline"
-    assert d.evidence == {"value": 0.96, "baseline": "o3", "baseline_value": 0.90, "margin": 0.05}
+    assert d.evidence == {"value": 0.96, "baseline": "o3", "baseline_value": 0.90, "margin": 0.05, "noise": 0.0}
     assert baseline_beaten(h, step=10, margin=0.06).stop  # inclusive: 0.96 >= 0.90 + 0.06
     assert not baseline_beaten(h, step=10, margin=0.07)
     assert not baseline_beaten(h, step=10, margin=None)
     assert not baseline_beaten(history(train=[0.5], val={0: 0.99}), step=0, margin=0.0)  # no baselines
+
+
+def test_stopping_rules_count_only_changes_larger_than_the_noise():
+    # plateau: 0.50 [0.40, 0.60] at step 5, 0.58 [0.48, 0.68] at step 10: +0.08 against the facing
+    # half-widths 0.10 and 0.10 (noise 0.141): no improvement, so the run has waited since step 5.
+    ci = {0: (0.1, 0.3), 5: (0.4, 0.6), 10: (0.48, 0.68), 15: (0.48, 0.68)}
+    h = history(train=[0.0] * 16, val={0: 0.2, 5: 0.5, 10: 0.58, 15: 0.58}, val_ci=ci)
+    d = plateau(h, step=15, patience=10)
+    assert d.stop and d.evidence["best_step"] == 5 and "than its noise" in d.reason
+    # the same values without intervals: 0.58 is an improvement, waited only 5
+    assert not plateau(history(train=[0.0] * 16, val={0: 0.2, 5: 0.5, 10: 0.58, 15: 0.58}), step=15, patience=10)
+    # baseline: 0.96 [0.90, 1.0] beats 0.90 [0.84, 0.96] by the margin 0.05 but not by the noise (0.085)
+    noisy = history(train=[0.5] * 11, val={0: 0.41, 10: 0.96}, baselines={"o3": 0.90}, val_ci={10: (0.90, 1.0)})
+    noisy[-1].update(accuracy_lo=0.84, accuracy_hi=0.96)
+    assert not baseline_beaten(noisy, step=10, margin=0.05)
 
 
 def test_max_steps():
@@ -74,12 +89,15 @@ def test_check_stopping_order_and_continue():
 def test_loop_config_reports_every_problem_at_once():
     with pytest.raises(gw.ConfigError) as e:
         gw.LoopConfig(rollouts_per_group=0, eval_every=0, patience=0, on_val_drop="explode",
-                      perfect_share=1.5, metric="reward", length_ratio=1.0, max_exceptions=-1)
+                      on_val_unstable="panic", confidence=1.0, metric="reward", max_exceptions=-1)
     assert len(e.value.problems) == 8
     text = str(e.value)
     for needle in ("rollouts_per_group=0", "eval_every=0", "patience=0", "on_val_drop='explode'",
-                   "perfect_share=1.5", "metric='reward'", "length_ratio=1.0", "max_exceptions=-1"):
+                   "on_val_unstable='panic'", "confidence=1.0", "metric='reward'", "max_exceptions=-1"):
         assert needle in text
+    with pytest.raises(gw.ConfigError) as e:
+        gw.DetectorConfig(perfect_share=1.5, length_ratio=1.0, reward_window=0)
+    assert len(e.value.problems) == 3 and "perfect_share=1.5" in str(e.value)
 
 
 def test_loop_config_seed_defaults_and_help():
@@ -89,6 +107,8 @@ def test_loop_config_seed_defaults_and_help():
     assert c.step_config().learning_rate == c.learning_rate
     import dataclasses
     assert all(f.metadata.get("help") for f in dataclasses.fields(gw.LoopConfig))
+    assert all(f.metadata.get("help") for f in dataclasses.fields(gw.DetectorConfig))
+    assert c.detectors == gw.DetectorConfig() and c.detectors is not gw.LoopConfig().detectors
 
 
 def test_loop_package_imports_no_torch_and_no_matplotlib():

@@ -6,6 +6,7 @@ Files, in the order data flows through them::
     detectors.py   pure functions: history / groups -> Alert | None
     policy.py      alerts -> action (the seed's "when metrics diverge" table)
     stopping.py    pure functions: history -> StopDecision (plateau, target, baseline, max steps)
+    intervals.py   how noisy a validation is: Wilson / bootstrap confidence intervals
     series.py      reading curves out of history rows
     baselines.py   scoring prompted models on the validation split (outside fit)
     report.py      `groupwise report RUN_DIR`: PNG plots and a table
@@ -23,7 +24,7 @@ from groupwise.loop.detectors import (
     perfect_scores,
     reward_jump,
     run_detectors,
-    val_drop_reward_rise,
+    val_drop,
     val_plateau_reward_rising,
 )
 from groupwise.loop.fit import AtStep, FitSummary, fit
@@ -41,5 +42,5 @@ __all__ = [
     "Alert", "AtStep", "FitSummary", "PolicyDecision", "StopDecision", "baseline_beaten", "check_stopping",
     "classify", "decide", "fit", "identical_answers", "judge_disagreement", "length_drift",
     "max_steps_reached", "ngram_repetition", "perfect_scores", "plateau", "reward_jump", "run_detectors",
-    "target_reached", "val_drop_reward_rise", "val_plateau_reward_rising",
+    "target_reached", "val_drop", "val_plateau_reward_rising",
 ]

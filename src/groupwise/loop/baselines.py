@@ -1,8 +1,9 @@
 """Baselines: the untrained base (``name@0``) and any `gw.Model` scored once on the validation split.
 
-`fit` calls this at its start; call it yourself to score baselines before (or without) training. Each
+`fit` scores the same baselines at its start (`fit(..., baselines=[...])`); call `score_baselines` to score
+them before (or without) training, with the same code and the same history rows. Each
 baseline becomes a history row of split ``baseline`` (``name``, ``kind`` = "base" or "model", the
-validation metric, ``reward``), and a prompted model's trajectories are stored under
+validation metric with its interval, ``reward``), and a prompted model's trajectories are stored under
 ``trajectories/baseline-<name>/0000.jsonl``, so `groupwise report` draws them as horizontal lines and
 `groupwise inspect` shows what they answered. A baseline already in the history is not scored again
 (a resumed run does not pay twice).
@@ -30,11 +31,11 @@ async def score_baselines(
     config: LoopConfig | None = None,
 ) -> dict[str, float]:
     """Score ``model@0`` and each of `baselines` on `val_scenarios` (once); return {name: metric}."""
-    from groupwise.loop.fit import _check_args, _Loop
+    from groupwise.loop.fit import Loop, check_fit_args
 
     config = config if config is not None else LoopConfig()
     val = list(val_scenarios)
-    _check_args(rollout, [None], val, [], None, validate, list(baselines), config)
-    loop = _Loop(model, rollout, [], val, [], None, validate, list(baselines), config)
+    check_fit_args(rollout, [None], val, [], None, validate, list(baselines), config)
+    loop = Loop(model, rollout, [], val, [], None, validate, list(baselines), config)
     await loop.ensure_baselines(loop.store.history())
     return baseline_values(loop.store.history(), config.metric)

@@ -4,7 +4,8 @@ The seed's warning signs, one function each:
 
 | detector                    | looks at                          | pattern                                        |
 |-----------------------------|-----------------------------------|------------------------------------------------|
-| `val_drop_reward_rise`      | history (val metric, train reward)| validation falls while reward rises (hacking)  |
+| `val_drop`                  | history (val metric, train reward)| validation falls beyond its noise: while reward|
+|                             |                                   | rises (hacking), or while it does not (unstable)|
 | `val_plateau_reward_rising` | history                           | validation flat while reward rises (converged) |
 | `reward_jump`               | history (train reward)            | sudden jump after a plateau                    |
 | `perfect_scores`            | a step's groups                   | many groups with every rollout at the maximum  |
@@ -14,19 +15,22 @@ The seed's warning signs, one function each:
 | `judge_disagreement`        | judged groups with ground truth   | judge orders pairs unlike ground truth         |
 
 History-based detectors read rows with `groupwise.loop.series`; group-based ones read the last assistant
-answer of each trajectory. Thresholds are arguments (LoopConfig carries the defaults). What to do about an
+answer of each trajectory. The validation detectors weigh every change against its noise: the confidence
+interval each validation carries, and the spread of the train reward's rollouts (`reward_std` /
+sqrt(n)). Thresholds are arguments (`LoopConfig.detectors`, a `DetectorConfig`, carries the defaults). What to do about an
 alert is `groupwise.loop.policy`'s job, not theirs.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from groupwise.loop.series import Row, mean, series, std, window_mean
-from groupwise.loop.stopping import last_improvement
+from groupwise.loop.series import Point, Row, mean, points, series, std
+from groupwise.loop.stopping import gap_noise, last_improvement
 
 if TYPE_CHECKING:
     from groupwise.config import LoopConfig
@@ -77,77 +81,128 @@ def _preview(text: str, limit: int = 160) -> str:
 # ---------------------------------------------------------------- history-based
 
 
-def _reward_change(history: list[Row], since_step: int, step: int, window: int) -> tuple[float, float] | None:
-    """(mean train reward around since_step, mean of the last `window` steps), None without train rows."""
-    train = series(history, "train", "reward", up_to=step)
-    if not train:
+@dataclass(frozen=True)
+class RewardChange:
+    """The mean train reward around an earlier step and over the latest steps, with the noise of the change."""
+
+    then: float
+    now: float
+    noise: float  # half-widths of the two window means, in quadrature
+
+    @property
+    def rise(self) -> float:
+        return self.now - self.then
+
+    def rose(self, min_rise: float) -> bool:
+        """The reward rose by at least `min_rise` and by more than its noise."""
+        return self.rise >= min_rise and self.rise > self.noise
+
+
+def _window(curve: list[Point], end_step: int, width: int) -> tuple[float, float] | None:
+    """(mean, half-width of the mean) of the last `width` points at steps <= end_step."""
+    pts = [p for p in curve if p.step <= end_step][-width:]
+    if not pts:
         return None
-    then = window_mean(train, since_step, window)
+    halves = [((p.hi - p.lo) / 2) if p.lo is not None and p.hi is not None else 0.0 for p in pts]
+    return mean([p.value for p in pts]), math.sqrt(sum(h * h for h in halves)) / len(pts)
+
+
+def reward_change(history: list[Row], since_step: int, step: int, window: int = 3,
+                  confidence: float = 0.95) -> RewardChange | None:
+    """The mean train reward of the `window` steps up to `since_step` against the last `window` steps,
+    None without train rows. Each step's mean reward has the noise of its rollouts (reward_std / sqrt(n))."""
+    curve = points(history, "train", "reward", up_to=step, confidence=confidence)
+    if not curve:
+        return None
+    then = _window(curve, since_step, window)
     if then is None:  # since_step is before the first train row (e.g. step 0): use the first value
-        then = train[0][1]
-    return then, window_mean(train, step, window)  # type: ignore[return-value]
+        then = _window(curve, curve[0].step, 1)
+    now = _window(curve, step, window)
+    assert then is not None and now is not None
+    return RewardChange(then[0], now[0], math.sqrt(then[1] ** 2 + now[1] ** 2))
 
 
-def _reward_rose(history: list[Row], since_step: int, step: int, window: int,
-                 min_rise: float) -> tuple[float, float] | None:
-    """(reward then, reward now) when the mean train reward rose by at least `min_rise` since `since_step`."""
-    change = _reward_change(history, since_step, step, window)
-    if change is None or change[1] - change[0] < min_rise:
-        return None
-    return change
-
-
-def val_drop_reward_rise(
+def val_drop(
     history: list[Row], *, step: int, metric: str = "accuracy", min_drop: float = 0.05,
-    min_rise: float = 0.05, higher_is_better: bool = True, window: int = 3,
+    min_rise: float = 0.05, higher_is_better: bool = True, window: int = 3, confidence: float = 0.95,
 ) -> Alert | None:
-    """Validation fell at least `min_drop` below its best while train reward rose at least `min_rise`."""
-    val = series(history, "val", metric, up_to=step)
+    """Validation fell below its best by more than `min_drop` and than the noise of the two validations.
+
+    Two findings, both critical, told apart by the train reward since the best validation:
+    - ``val_drop``: the reward rose (by `min_rise` and beyond its noise): the policy is getting better
+      at the reward and worse at the task, reward hacking suspected;
+    - ``val_unstable``: the reward did not rise: the policy got worse at both, training became unstable
+      (step size, too few rollouts per step), nothing was gamed.
+    """
+    val = points(history, "val", metric, up_to=step)
     if len(val) < 2:
         return None
     sign = 1.0 if higher_is_better else -1.0
-    best_step, best = max(val, key=lambda p: (sign * p[1], p[0]))  # latest of equal bests, as fit's best
-    at, now = val[-1]
-    drop = sign * (best - now)
+    best = max(val, key=lambda p: (sign * p.value, p.step))  # latest of equal bests, as fit's best
+    now = val[-1]
+    drop = sign * (best.value - now.value)
+    noise = gap_noise(best, now, higher_is_better)
     # Fires at the step of the validation that shows the drop, once, not on every later step.
-    if at != step or at <= best_step or drop < min_drop:
+    if now.step != step or now.step <= best.step or drop < min_drop or drop <= noise:
         return None
-    rose = _reward_rose(history, best_step, step, window, min_rise)
-    if rose is None:
+    change = reward_change(history, best.step, step, window, confidence)
+    if change is None:
         return None
-    then, reward_now = rose
+    fell = (f"val/{metric} fell from {_with_interval(best)} (step {best.step}) to {_with_interval(now)} "
+            f"(step {now.step}), a drop of {drop:.3g}, larger than the validation noise ({noise:.3g})")
+    reward = (f"mean train reward {change.then:.4g} -> {change.now:.4g} "
+              f"({change.rise:+.3g}, noise {change.noise:.3g})")
+    evidence = {"metric": f"val/{metric}", "best_step": best.step, "best": best.value, "val_step": now.step,
+                "val_now": now.value, "drop": drop, "noise": noise, "reward_then": change.then,
+                "reward_now": change.now, "reward_rise": change.rise, "reward_noise": change.noise}
+    if change.rose(min_rise):
+        return Alert(
+            "val_drop", "critical", step,
+            f"reward hacking suspected: {fell}, while the {reward} rose beyond its noise. The policy is "
+            f"getting better at the reward and worse at the task: read the rollouts the reward liked "
+            f"(`groupwise inspect RUN_DIR --split train --best`) and what validation disliked "
+            f"(`--split val --worst`), make the reward pay only for what validation measures, then train "
+            f"again from the best checkpoint (step {best.step}).",
+            evidence,
+        )
     return Alert(
-        "val_drop", "critical", step,
-        f"reward hacking suspected: val/{metric} fell from {best:.4g} (step {best_step}) to {now:.4g} "
-        f"(step {at}) while mean train reward rose from {then:.4g} to {reward_now:.4g}. "
-        f"Inspect recent rollouts (`groupwise inspect`), fix the reward, resume from step {best_step}.",
-        {"metric": f"val/{metric}", "best_step": best_step, "best": best, "val_step": at, "val_now": now,
-         "drop": drop, "reward_then": then, "reward_now": reward_now, "reward_rise": reward_now - then},
+        "val_unstable", "critical", step,
+        f"training became unstable: {fell}, and the {reward} did not rise beyond its noise. The policy "
+        f"got worse at the task without gaming the reward: the steps are too large or too noisy for this "
+        f"model (lower the learning rate, or gather more rollouts per step). The best checkpoint (step "
+        f"{best.step}) is kept.",
+        evidence,
     )
+
+
+def _with_interval(p: Point) -> str:
+    return f"{p.value:.3g}" if p.lo is None or p.hi is None else f"{p.value:.3g} [{p.lo:.3g}, {p.hi:.3g}]"
 
 
 def val_plateau_reward_rising(
     history: list[Row], *, step: int, metric: str = "accuracy", min_delta: float = 0.0,
     min_rise: float = 0.05, evals: int = 2, higher_is_better: bool = True, window: int = 3,
+    confidence: float = 0.95,
 ) -> Alert | None:
-    """`evals` validations in a row without improvement beyond min_delta while train reward rose."""
-    val = series(history, "val", metric, up_to=step)
-    if len(val) < evals + 1 or val[-1][0] != step:  # only at a validation step
+    """`evals` validations in a row without an improvement beyond min_delta and the noise, while the
+    train reward rose beyond its own noise."""
+    val = points(history, "val", metric, up_to=step)
+    if len(val) < evals + 1 or val[-1].step != step:  # only at a validation step
         return None
     best_step, best = last_improvement(val, min_delta, higher_is_better)
-    after = [p for p in val if p[0] > best_step]
+    after = [p for p in val if p.step > best_step]
     if len(after) < evals:
         return None
-    rose = _reward_rose(history, best_step, step, window, min_rise)
-    if rose is None:
+    change = reward_change(history, best_step, step, window, confidence)
+    if change is None or not change.rose(min_rise):
         return None
-    then, reward_now = rose
     return Alert(
         "val_plateau", "warning", step,
-        f"converged: val/{metric} has not improved on {best:.4g} (step {best_step}) for {len(after)} "
-        f"validations while mean train reward rose from {then:.4g} to {reward_now:.4g}; stop soon.",
+        f"converged: val/{metric} has not improved on {best:.4g} (step {best_step}) beyond its noise for "
+        f"{len(after)} validations while mean train reward rose from {change.then:.4g} to {change.now:.4g}; "
+        "stop soon.",
         {"metric": f"val/{metric}", "best_step": best_step, "best": best, "evals_since": len(after),
-         "val_now": val[-1][1], "reward_then": then, "reward_now": reward_now},
+         "val_now": val[-1].value, "reward_then": change.then, "reward_now": change.now},
     )
 
 
@@ -324,22 +379,24 @@ def run_detectors(
     """Every detector at `step`: history ones, group ones on this step's train groups (dated
     `groups_step`, the policy that sampled them; default `step`), and the judge check on judged
     validation groups (their ``metrics[config.metric]`` is ground truth)."""
-    c = config
+    c, d = config, config.detectors
     gs = step if groups_step is None else groups_step
     found = [
-        val_drop_reward_rise(history, step=step, metric=c.metric, min_drop=c.val_drop, min_rise=c.reward_rise,
-                             higher_is_better=c.higher_is_better),
+        val_drop(history, step=step, metric=c.metric, min_drop=d.val_drop, min_rise=d.reward_rise,
+                 higher_is_better=c.higher_is_better, window=d.reward_window, confidence=c.confidence),
         val_plateau_reward_rising(history, step=step, metric=c.metric, min_delta=c.min_delta,
-                                  min_rise=c.reward_rise, higher_is_better=c.higher_is_better),
-        reward_jump(history, step=step, window=c.jump_window, min_jump=c.jump_min, sigmas=c.jump_sigmas,
-                    plateau_range=c.plateau_range),
-        length_drift(history, step=step, ratio=c.length_ratio),
-        perfect_scores(groups, step=gs, max_reward=c.perfect_reward, share=c.perfect_share),
-        ngram_repetition(groups, step=gs, n=c.repetition_ngram, share=c.repetition_share),
-        identical_answers(groups, step=gs, share=c.identical_share),
-        judge_disagreement(val_groups, step=step, truth_key=c.metric, min_agreement=c.min_judge_agreement)
+                                  min_rise=d.reward_rise, higher_is_better=c.higher_is_better,
+                                  window=d.reward_window, confidence=c.confidence),
+        reward_jump(history, step=step, window=d.jump_window, min_jump=d.jump_min, sigmas=d.jump_sigmas,
+                    plateau_range=d.plateau_range),
+        length_drift(history, step=step, ratio=d.length_ratio),
+        perfect_scores(groups, step=gs, max_reward=d.perfect_reward, share=d.perfect_share),
+        ngram_repetition(groups, step=gs, n=d.repetition_ngram, share=d.repetition_share),
+        identical_answers(groups, step=gs, share=d.identical_share),
+        judge_disagreement(val_groups, step=step, truth_key=c.metric, min_agreement=d.min_judge_agreement)
         if val_groups else None,
     ]
-    # val_drop supersedes val_plateau (a drop is also "no improvement").
+    # A drop (hacking or instability) supersedes val_plateau (a drop is also "no improvement").
     names = {a.name for a in found if a is not None}
-    return [a for a in found if a is not None and not (a.name == "val_plateau" and "val_drop" in names)]
+    dropped = bool(names & {"val_drop", "val_unstable"})
+    return [a for a in found if a is not None and not (a.name == "val_plateau" and dropped)]

@@ -28,12 +28,17 @@ with the step's checkpoint; the backend's step counts completed steps. Calling `
 crash continues at the step that did not complete, with the scenarios an uninterrupted run would have
 used (`backend.checkpoint_cursor`). A validation missing at a resumed step (the crash came between the
 train step and its validation) is run first.
+
+Reproducible rollouts: a training scenario with a free ``sampling_seed`` (the built-in envs') is handed
+to each rollout as a copy seeded from (seed, step, scenario, rollout) (`seeded_scenario`), so which
+requests the engine batched together, which depends on timing, does not decide what is sampled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import inspect
 import logging
 import math
@@ -46,7 +51,9 @@ from groupwise.config import LoopConfig
 from groupwise.errors import ConfigError
 from groupwise.loop.cursor import DataCursor, batches, resume_cursor
 from groupwise.loop.detectors import Alert, answer_text, run_detectors
+from groupwise.loop.intervals import mean_interval
 from groupwise.loop.policy import action_for, classify, decide, pending_stop, stop_now
+from groupwise.loop.progress import eta_seconds, step_line
 from groupwise.loop.series import events, mean, rows, series
 from groupwise.loop.stopping import StopDecision, baseline_values, check_stopping
 from groupwise.types import Trajectory, TrajectoryGroup
@@ -72,7 +79,7 @@ class FitSummary:
     baselines: dict[str, float] = field(default_factory=dict)
     test: dict[str, float] | None = None
     alerts: list[Alert] = field(default_factory=list)
-    status: str = "unknown"  # the "when metrics diverge" row: healthy, converged, hacking, unknown
+    status: str = "unknown"  # the "when metrics diverge" row: healthy, converged, hacking, unstable, unknown
 
     @property
     def stop_reason(self) -> str:
@@ -118,7 +125,24 @@ class AtStep:
         return f"AtStep({self._model!r}, step={self._step})"
 
 
-def _check_args(rollout, train_scenarios, val_scenarios, test_scenarios, reward, validate, baselines, config) -> None:
+def seeded_scenario(scenario: Any, run_seed: int, step: int, index: int, rollout: int, attempt: int = 0) -> Any:
+    """The scenario rollout `rollout` of group `index` sees at `step`: a copy whose free `sampling_seed`
+    is a pure function of (run seed, step, scenario, rollout, attempt: a resampled batch draws anew),
+    for scenarios that have such a field
+    (pydantic models with ``sampling_seed=None``, as the built-in envs' `Sampling`); others unchanged.
+
+    Why: unseeded rows draw from the engine's one generator in the order the engine happens to batch
+    requests, which follows their arrival times, so the same seed gave different rollouts (and a
+    different run) on a busy and on a quiet machine. A seeded row's sample depends only on its own
+    logits (`inference/sampling.py`)."""
+    if getattr(scenario, "sampling_seed", 0) is not None or not hasattr(scenario, "model_copy"):
+        return scenario
+    key = f"rollout:{run_seed}:{step}:{index}:{rollout}:{attempt}"
+    digest = hashlib.blake2b(key.encode(), digest_size=4).digest()
+    return scenario.model_copy(update={"sampling_seed": int.from_bytes(digest, "little")})
+
+
+def check_fit_args(rollout, train_scenarios, val_scenarios, test_scenarios, reward, validate, baselines, config) -> None:
     p: list[str] = []
     if not callable(rollout):
         p.append(f"rollout={rollout!r} must be an async function rollout(model, scenario) -> Trajectory")
@@ -153,8 +177,10 @@ def _takes_scenario(validate: Validate) -> bool:
     return len(params) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
-class _Loop:
-    """The state of one `fit` call (kept in an object so the steps read as a list of calls)."""
+class Loop:
+    """The state of one `fit` call (kept in an object so the steps read as a list of calls).
+
+    `groupwise.loop.baselines.score_baselines` builds one without training data to score baselines."""
 
     def __init__(self, model, rollout, train, val, test, reward, validate, baselines, config: LoopConfig):
         self.model, self.rollout, self.reward, self.validate = model, rollout, reward, validate
@@ -162,13 +188,20 @@ class _Loop:
         self.store = model.store
         self.alerts: list[Alert] = []
         self.dropped_groups = 0  # groups the reward step dropped (counted per step in the loop row)
+        self._firing: set[str] = set()  # names of the alerts the previous step raised
 
     # -- gathering ---------------------------------------------------------------------------------
-    async def gather(self, model: Any, scenarios: Sequence[Any], indices: Sequence[int], n: int, desc: str) -> list[TrajectoryGroup]:
+    async def gather(self, model: Any, scenarios: Sequence[Any], indices: Sequence[int], n: int, desc: str,
+                     step: int | None = None, attempt: int = 0) -> list[TrajectoryGroup]:
         from groupwise.rollout.gather import gather_trajectory_groups
 
+        def scenario(i: int, j: int) -> Any:
+            if step is None or not self.c.seed_rollouts:
+                return scenarios[i]
+            return seeded_scenario(scenarios[i], self.c.seed, step, i, j, attempt)
+
         groups = [
-            TrajectoryGroup((self.rollout(model, scenarios[i]) for _ in range(n)), metadata={"scenario_index": i})
+            TrajectoryGroup((self.rollout(model, scenario(i, j)) for j in range(n)), metadata={"scenario_index": i})
             for i in indices
         ]
         return await gather_trajectory_groups(groups, pbar_desc=desc, max_exceptions=self.c.max_exceptions)
@@ -205,6 +238,14 @@ class _Loop:
                     raise ValueError(f"validate returned {v} for scenario {g.metadata['scenario_index']}; it must be finite")
                 t.metrics[self.c.metric] = v
 
+    def interval_fields(self, groups: list[TrajectoryGroup]) -> dict[str, float]:
+        """``<metric>_lo``, ``<metric>_hi``, ``<metric>_n`` of scored groups: the confidence interval that
+        tells the detectors how noisy this measurement is (`groupwise.loop.intervals`)."""
+        m = self.c.metric
+        ci = mean_interval([[t.metrics[m] for t in g.trajectories if m in t.metrics] for g in groups],
+                           self.c.confidence)
+        return {} if ci is None else {f"{m}_lo": ci.lo, f"{m}_hi": ci.hi, f"{m}_n": ci.n}
+
     async def evaluate(self, model: Any, scenarios: Sequence[Any], desc: str) -> tuple[list[TrajectoryGroup], list[TrajectoryGroup]]:
         """(scored groups, judged groups) of one pass over `scenarios`."""
         groups = await self.gather(model, scenarios, range(len(scenarios)), self.c.val_rollouts_per_group, desc)
@@ -219,7 +260,8 @@ class _Loop:
         t0 = time.perf_counter()
         model = AtStep(self.model, step)
         groups, judged = await self.evaluate(model, self.val, f"val step {step}")
-        await self.model.log(groups, split="val", step=step, metrics={"time/val_s": time.perf_counter() - t0})
+        await self.model.log(groups, split="val", step=step,
+                             metrics={"time/val_s": time.perf_counter() - t0, **self.interval_fields(groups)})
         history = self.store.history()
         await self.keep_best(self.best(history, step)[1], history)  # before retention can drop it
         return judged
@@ -244,7 +286,7 @@ class _Loop:
             groups, _ = await self.evaluate(other, self.val, f"baseline {name}")
             safe = "".join(ch if ch.isalnum() or ch in "_.-" else "-" for ch in name)
             await asyncio.to_thread(self.store.write_trajectories, f"baseline-{safe}", 0, groups)
-            row = history_row(groups, step=0, split="baseline")
+            row = history_row(groups, step=0, split="baseline", metrics=self.interval_fields(groups))
             self.store.append_history({**row, "name": name, "kind": "model"})
 
     # -- one step ------------------------------------------------------------------------------------
@@ -255,7 +297,8 @@ class _Loop:
         dropped_before = self.dropped_groups
         for attempt in range(self.c.resample_no_signal + 1):
             t0 = time.perf_counter()
-            groups = await self.gather(self.model, self.train, indices, self.c.rollouts_per_group, f"train step {step}")
+            groups = await self.gather(self.model, self.train, indices, self.c.rollouts_per_group, f"train step {step}",
+                                       step=step, attempt=attempt)
             t1 = time.perf_counter()
             groups = await self.apply_reward(groups)
             t2 = time.perf_counter()
@@ -299,15 +342,33 @@ class _Loop:
         history = self.store.history()
         alerts = run_detectors(history, groups, step=step, config=self.c, val_groups=judged, groups_step=step - 1)
         decision = decide(alerts, self.c)
+        # An alert still firing since the previous step is recorded again but not printed again: a
+        # person watching reads each finding once (its history rows keep every step).
+        before, self._firing = self._firing, {a.name for a in decision.alerts}
         for a in decision.alerts:
             action = action_for(a, self.c)
             self.store.append_history(a.to_row(action))
             self.alerts.append(a)
-            log.warning("step %d: [%s] %s: %s -> %s", a.step, a.severity, a.name, a.message, action)
+            if a.name not in before or action == "stop":
+                log.warning("step %d: [%s] %s: %s -> %s", a.step, a.severity, a.name, a.message, action)
         if decision.action == "stop":
             return stop_now(decision, step)
         history = self.store.history()
         return pending_stop(history, step, self.c) or check_stopping(history, step, self.c)
+
+    def log_progress(self, step: int, start_step: int, elapsed_s: float) -> None:
+        """The step's line (`groupwise.loop.progress`) at INFO: reward, seconds, validation, ETA."""
+        if not log.isEnabledFor(logging.INFO):
+            return
+        history = self.store.history()
+        val = rows(history, "val")
+        val_s = val[-1].get("time/val_s", 0.0) if val else 0.0
+        test_s = (val_s or 0.0) * len(self.test) / max(1, len(self.val)) if self.test else 0.0
+        eta = eta_seconds(step=step, start_step=start_step, max_steps=self.c.max_steps, elapsed_s=elapsed_s,
+                          test_s=test_s)
+        _, best_step, best_value = self.best(history, step) if val else (None, None, None)
+        log.info("%s", step_line(history, step, metric=self.c.metric, max_steps=self.c.max_steps, eta_s=eta,
+                                 best=(best_step, best_value)))
 
     # -- the end -------------------------------------------------------------------------------------
     def best(self, history: list[dict], final_step: int) -> tuple[str, int | None, float | None]:
@@ -336,10 +397,12 @@ class _Loop:
     async def test_at(self, best_step: int) -> dict[str, float]:
         await self.ensure_served(best_step)
         groups, _ = await self.evaluate(AtStep(self.model, best_step), self.test, f"test @{best_step}")
-        row = await self.model.log(groups, split="test", step=best_step)
+        row = await self.model.log(groups, split="test", step=best_step, metrics=self.interval_fields(groups))
         out = {"reward": row["reward"]}
-        if isinstance(row.get(self.c.metric), (int, float)):
-            out[self.c.metric] = row[self.c.metric]
+        m = self.c.metric
+        for key in (m, f"{m}_lo", f"{m}_hi"):
+            if isinstance(row.get(key), (int, float)):
+                out[key] = row[key]
         return out
 
 
@@ -377,8 +440,8 @@ async def fit(
     train = list(train_scenarios)
     val = list(val_scenarios or [])
     test = list(test_scenarios or [])
-    _check_args(rollout, train, val, test, reward, validate, baselines, config)
-    loop = _Loop(model, rollout, train, val, test, reward, validate, list(baselines), config)
+    check_fit_args(rollout, train, val, test, reward, validate, baselines, config)
+    loop = Loop(model, rollout, train, val, test, reward, validate, list(baselines), config)
     start = step = await model.get_step()
     history = loop.store.history()
     if step > 0 and val:  # a resumed run: retention keeps the best so far, not only the backend's own pick
@@ -393,9 +456,11 @@ async def fit(
     if not decision:
         cursor = resume_cursor(await model.backend.checkpoint_cursor(model), step=step, num_scenarios=len(train),
                                groups_per_step=config.groups_per_step, seed=config.seed)
+        t_steps = time.perf_counter()
         for indices, after in batches(cursor, config.groups_per_step, config.num_epochs):
             step, groups, judged = await loop.step(step, indices, after)
             decision = loop.decide(step, groups, judged)
+            loop.log_progress(step, start, time.perf_counter() - t_steps)
             if decision:
                 break
         else:
@@ -405,7 +470,7 @@ async def fit(
     metric, best_step, best_value = loop.best(history, step)
     loop.store.append_history({"step": step, "split": "stop", "rule": decision.rule, "reason": decision.reason,
                                "best_step": best_step, "best_metric": metric, "evidence": decision.evidence})
-    log.warning("stopped at step %d (%s): %s; best %s at step %s", step, decision.rule, decision.reason, metric, best_step)
+    log.info("stopped at step %d (%s): %s; best %s at step %s", step, decision.rule, decision.reason, metric, best_step)
     await loop.keep_best(best_step, history)
     test_result = await loop.test_at(best_step) if test and best_step is not None else None
     return FitSummary(

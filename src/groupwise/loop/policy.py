@@ -5,12 +5,14 @@
 | val up, reward up     | healthy         | continue                              |                    |
 | val plateau, reward up| converged       | stop soon (`stop_soon_steps` more)    | `on_val_plateau`   |
 | val down, reward up   | reward hacking  | stop now, keep the best checkpoint    | `on_val_drop`      |
+| val down, reward flat | unstable        | stop soon unless validation recovers  | `on_val_unstable`  |
 | reward jump           | investigate     | warn                                  | `on_reward_jump`   |
 | perfect scores        | investigate     | warn                                  | `on_perfect_scores`|
 | degenerate answers    | investigate     | warn                                  | `on_degenerate`    |
 | judge vs ground truth | judge is off    | warn                                  | `on_judge_disagreement` |
 
-Actions, weakest first: ``ignore`` (not recorded), ``warn`` (recorded and reported), ``stop_soon`` (stop
+"up" and "down" mean beyond the noise: the validation's confidence interval, the spread of the train
+reward's rollouts; a change inside it is no observation at all. Actions, weakest first: ``ignore`` (not recorded), ``warn`` (recorded and reported), ``stop_soon`` (stop
 after `stop_soon_steps` more steps unless the validation metric improves meanwhile), ``stop``.
 Whatever stops the run, the loop evaluates and keeps the best checkpoint, not the last one.
 """
@@ -21,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from groupwise.loop.detectors import Alert
-from groupwise.loop.series import Row, events, series, window_mean
-from groupwise.loop.stopping import StopDecision, last_improvement
+from groupwise.loop.detectors import Alert, reward_change
+from groupwise.loop.series import Row, events, points
+from groupwise.loop.stopping import StopDecision, gap_noise, last_improvement
 
 if TYPE_CHECKING:
     from groupwise.config import LoopConfig
@@ -33,6 +35,7 @@ ACTION_RANK = {"ignore": 0, "warn": 1, "stop_soon": 2, "stop": 3}
 # alert name -> the LoopConfig field holding its action
 ACTION_FIELD = {
     "val_drop": "on_val_drop",
+    "val_unstable": "on_val_unstable",
     "val_plateau": "on_val_plateau",
     "reward_jump": "on_reward_jump",
     "perfect_scores": "on_perfect_scores",
@@ -80,7 +83,7 @@ def pending_stop(history: list[Row], step: int, config: "LoopConfig") -> StopDec
     soon = [r for r in events(history, "alert") if r.get("action") == "stop_soon" and r["step"] <= step]
     if not soon:
         return StopDecision(False, step=step)
-    val = series(history, "val", config.metric, up_to=step)
+    val = points(history, "val", config.metric, up_to=step)
     improved_at = last_improvement(val, config.min_delta, config.higher_is_better)[0] if val else -1
     live = [r for r in soon if r["step"] >= improved_at]
     if not live:
@@ -96,21 +99,21 @@ def pending_stop(history: list[Row], step: int, config: "LoopConfig") -> StopDec
     )
 
 
-def classify(history: list[Row], step: int, config: "LoopConfig", window: int = 3) -> str:
-    """The table's row for the latest validation: 'healthy', 'converged', 'hacking', or 'unknown'
-    (no validation, or fewer than two validations)."""
-    val = series(history, "val", config.metric, up_to=step)
-    train = series(history, "train", "reward", up_to=step)
-    if len(val) < 2 or not train:
+def classify(history: list[Row], step: int, config: "LoopConfig") -> str:
+    """The table's row for the latest validation against the one before: 'healthy' (validation rose
+    beyond its noise), 'hacking' (it fell beyond its noise while the train reward rose beyond its own),
+    'unstable' (it fell and the reward did not rise), 'converged' (flat within noise, reward rose), or
+    'unknown' (no validation, fewer than two, or flat with a flat reward)."""
+    val = points(history, "val", config.metric, up_to=step, confidence=config.confidence)
+    if len(val) < 2 or not points(history, "train", "reward", up_to=step):
         return "unknown"
-    sign = 1.0 if config.higher_is_better else -1.0
-    (prev_step, prev), (_, now) = val[-2], val[-1]
-    then = window_mean(train, prev_step, window)
-    then = train[0][1] if then is None else then
-    reward_up = (window_mean(train, step, window) or then) - then > config.min_delta
-    dval = sign * (now - prev)
-    if dval > config.min_delta:
+    prev, now = val[-2], val[-1]
+    hib, d = config.higher_is_better, config.detectors
+    change = reward_change(history, prev.step, step, d.reward_window, config.confidence)
+    reward_up = change is not None and change.rose(max(config.min_delta, 1e-12))
+    gain = (now.value - prev.value) if hib else (prev.value - now.value)
+    if gain > config.min_delta and gain > gap_noise(now, prev, hib):
         return "healthy"
-    if dval < -config.val_drop and reward_up:
-        return "hacking"
+    if -gain > d.val_drop and -gain > gap_noise(prev, now, hib):
+        return "hacking" if change is not None and change.rose(d.reward_rise) else "unstable"
     return "converged" if reward_up else "unknown"

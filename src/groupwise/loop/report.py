@@ -3,8 +3,9 @@
 Writes into ``<run_dir>/report/`` (or ``--out``):
 
 - ``curves.png``: top, the mean train reward per step with a +-1 std band (spread over the step's
-  rollouts); bottom, the validation metric with every baseline as a horizontal dashed line and the best
-  step starred. Both panels mark alerts (triangles coloured by severity, named) and the stop point (a
+  rollouts); bottom, the validation metric with its confidence interval as error bars (how far another
+  draw of the same policy could land: differences inside it are noise), every baseline as a horizontal
+  dashed line (the base's interval as a band), and the best step starred. Both panels mark alerts (triangles coloured by severity, named) and the stop point (a
   vertical line labelled with the rule).
 - ``cost.png``: seconds per step spent gathering, judging (reward step) and training, and the judge's
   cumulative cost in USD.
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.errors import MissingDependencyError, StoreError
-from groupwise.loop.series import Row, events, rows, value
+from groupwise.loop.series import Row, events, interval, rows, value
 
 SEVERITY_COLOUR = {"info": "tab:blue", "warning": "tab:orange", "critical": "tab:red"}
 _SKIP = {"step", "split", "recorded_at", "name", "kind", "evidence", "message", "severity", "action", "rule",
@@ -50,6 +51,8 @@ def val_metric_name(history: list[Row]) -> str | None:
     for row in rows(history, "val"):
         for k, v in row.items():
             if k in _SKIP or k.startswith(("reward", "n_", "time/", "group_", "exception")) or k == "answer_chars":
+                continue
+            if k.endswith(("_lo", "_hi", "_n")):
                 continue
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 return k.split("/", 1)[1] if k.startswith("val/") else k
@@ -89,14 +92,25 @@ def plot_run(history: list[Row], out_dir: str | Path, *, title: str = "") -> lis
     ax_r.set_title(title or "training run")
     if val:
         ax_v.plot([s for s, _ in val], [v for _, v in val], "-o", color="tab:green", label=f"val {metric}")
+        cis = {r["step"]: interval(r, "val", metric) for r in rows(history, "val")} if metric else {}
+        with_ci = [(s, v, cis[s]) for s, v in val if cis.get(s)]
+        if with_ci:
+            ax_v.errorbar([s for s, _, _ in with_ci], [v for _, v, _ in with_ci],
+                          yerr=[[max(0.0, v - ci[0]) for _, v, ci in with_ci], [max(0.0, ci[1] - v) for _, v, ci in with_ci]],
+                          fmt="none", ecolor="tab:green", elinewidth=1.2, capsize=4, alpha=0.8,
+                          label="95% interval (noise of the validation)")
         best_step = stops[-1].get("best_step") if stops else None
         best = [v for s, v in val if s == best_step]
         if best:
             ax_v.plot([best_step], best, "*", ms=16, color="gold", mec="black", label=f"best (step {best_step})")
     palette = ["tab:gray", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"]
+    base_ci = {str(r.get("name")): interval(r, "val", metric) for r in events(history, "baseline")} if metric else {}
     for i, (name, v) in enumerate(baselines):
         if v is not None:
-            ax_v.axhline(v, ls="--", lw=1.3, color=palette[i % len(palette)], label=f"baseline {name}: {v:.3g}")
+            colour = palette[i % len(palette)]
+            ax_v.axhline(v, ls="--", lw=1.3, color=colour, label=f"baseline {name}: {v:.3g}")
+            if base_ci.get(name):
+                ax_v.axhspan(*base_ci[name], color=colour, alpha=0.12)
     ax_v.set_ylabel(f"val {metric}" if metric else "no validation")
     # critical alerts: a red band on the curves; every alert: a marker on its own row of the timeline
     for a in alerts:
@@ -167,6 +181,15 @@ def _fmt(v: Any, spec: str = ".3f") -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
+def _val_cell(row: Row | None, metric: str | None, split: str = "val") -> str:
+    """'0.347 [0.210, 0.490]' (the value and its interval where logged), '-' without a value."""
+    v = value(row, split, metric) if row is not None and metric else None
+    if v is None:
+        return "-"
+    ci = interval(row, split, metric)  # type: ignore[arg-type]
+    return f"{v:.3f}" if ci is None else f"{v:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
 def table(history: list[Row]) -> str:
     """The per-step table, then baselines, stop, best and test lines."""
     metric = val_metric_name(history)
@@ -176,22 +199,22 @@ def table(history: list[Row]) -> str:
     alerts: dict[int, list[str]] = {}
     for a in events(history, "alert"):
         alerts.setdefault(a["step"], []).append(f"{a.get('name')}({a.get('action', '')})")
-    head = f"{'step':>5}  {'train reward':>16}  {('val ' + metric) if metric else 'val':>14}  {'time s':>7}  {'judge $':>8}  alerts"
+    head = f"{'step':>5}  {'train reward':>16}  {('val ' + metric) if metric else 'val':>22}  {'time s':>7}  {'judge $':>8}  alerts"
     lines = [head, "-" * len(head)]
     for step in sorted(set(train) | set(val) | set(alerts)):
         t, v, lp = train.get(step), val.get(step), loop.get(step, {})
         reward = f"{_fmt(value(t, 'train', 'reward'))} +- {_fmt(value(t, 'train', 'reward_std'))}" if t else "-"
         secs = sum(lp.get(k, 0.0) or 0.0 for k in ("time/gather_s", "time/reward_s", "time/train_s")) if lp else None
-        lines.append(f"{step:>5}  {reward:>16}  {_fmt(value(v, 'val', metric) if v and metric else None):>14}  "
+        lines.append(f"{step:>5}  {reward:>16}  {_val_cell(v, metric):>22}  "
                      f"{_fmt(secs, '.1f'):>7}  {_fmt(lp.get('judge/cost_usd'), '.4f'):>8}  {' '.join(alerts.get(step, []))}")
     for b in events(history, "baseline"):
-        lines.append(f"baseline {b.get('name')}: val {metric} = {_fmt(value(b, 'val', metric) if metric else None)}")
+        lines.append(f"baseline {b.get('name')}: val {metric} = {_val_cell(b, metric, 'val')}")
     for s in events(history, "stop")[-1:]:
         lines.append(f"stopped at step {s['step']} ({s.get('rule')}): {s.get('reason')}")
         lines.append(f"best {s.get('best_metric')}: step {s.get('best_step')}")
     for r in rows(history, "test"):
         lines.append(f"test (checkpoint of step {r['step']}): reward {_fmt(r.get('reward'))}"
-                     + (f", {metric} {_fmt(value(r, 'test', metric))}" if metric else ""))
+                     + (f", {metric} {_val_cell(r, metric, 'test')}" if metric else ""))
     return "\n".join(lines)
 
 

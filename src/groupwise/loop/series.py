@@ -9,6 +9,10 @@ means. The loop adds rows of its own splits:
 - ``baseline``: one row per baseline (``name``, ``val/<metric>``, ``reward``);
 - ``stop``: the stop decision (``rule``, ``reason``, ``best_step``).
 
+A val (and test, and baseline) row also carries the confidence interval of its metric as
+``<metric>_lo`` / ``<metric>_hi`` (``groupwise.loop.intervals``); `points` reads a curve with it. A train
+row's mean reward has its noise in ``reward_std`` and ``n_trajectories``.
+
 A metric may be stored as ``<split>/<name>`` or as the bare ``<name>``; `value` accepts both so the loop
 does not depend on the prefixing choice of the store.
 """
@@ -17,7 +21,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from statistics import NormalDist
+from typing import Any, NamedTuple
 
 Row = dict[str, Any]
 
@@ -51,6 +56,56 @@ def series(history: Iterable[Row], split: str, key: str, *, up_to: int | None = 
         v = value(row, split, key)
         if v is not None:
             out.append((row["step"], v))
+    return out
+
+
+class Point(NamedTuple):
+    """One measurement of a curve: its step, its value, and its confidence interval where known."""
+
+    step: int
+    value: float
+    lo: float | None = None
+    hi: float | None = None
+
+    @property
+    def below(self) -> float | None:
+        """How far the interval reaches below the value (None without an interval)."""
+        return None if self.lo is None else max(0.0, self.value - self.lo)
+
+    @property
+    def above(self) -> float | None:
+        """How far the interval reaches above the value (None without an interval)."""
+        return None if self.hi is None else max(0.0, self.hi - self.value)
+
+
+def interval(row: Row, split: str, key: str) -> tuple[float, float] | None:
+    """``(row[key_lo], row[key_hi])`` where the row carries the interval of `key`, else None."""
+    lo, hi = value(row, split, f"{key}_lo"), value(row, split, f"{key}_hi")
+    return None if lo is None or hi is None else (lo, hi)
+
+
+def _z(confidence: float) -> float:
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def points(history: Iterable[Row], split: str, key: str, *, up_to: int | None = None,
+           confidence: float = 0.95) -> list[Point]:
+    """Like `series`, with each point's interval: the row's ``<key>_lo/_hi`` when logged; for the mean
+    train reward, mean +- z x reward_std / sqrt(n_trajectories) when the row has both."""
+    out = []
+    for row in rows(history, split):
+        if up_to is not None and row["step"] > up_to:
+            continue
+        v = value(row, split, key)
+        if v is None:
+            continue
+        bounds = interval(row, split, key)
+        if bounds is None and key == "reward":
+            sd, n = value(row, split, "reward_std"), value(row, split, "n_trajectories")
+            if sd is not None and n:
+                half = _z(confidence) * sd / math.sqrt(n)
+                bounds = (v - half, v + half)
+        out.append(Point(row["step"], v, *(bounds or (None, None))))
     return out
 
 

@@ -7,9 +7,13 @@ where the run has validation, else the mean train reward (pure-RULER runs, seed:
 
 - max steps: ``step >= max_steps``;
 - target: the latest primary value reaches ``target``;
-- baseline: the latest validation value beats the best baseline by ``baseline_margin``;
-- plateau: no improvement larger than ``min_delta`` during the last ``patience`` steps.
+- baseline: the latest validation value beats the best baseline by ``baseline_margin``, and by more than
+  the noise of the two measurements;
+- plateau: no improvement larger than ``min_delta`` and than the noise during the last ``patience`` steps.
 
+Noise: each validation carries its confidence interval (``groupwise.loop.intervals``); two values differ
+only when their gap exceeds the half-widths facing each other, added in quadrature (`significant_gap`).
+A curve without intervals (old histories, hand-built ones) compares bare values.
 ``higher_is_better=False`` flips every comparison (for error rates, losses).
 """
 
@@ -18,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from groupwise.loop.series import Row, events, series, value
+from groupwise.loop.intervals import combined_noise
+from groupwise.loop.series import Point, Row, events, interval, points, value
 
 if TYPE_CHECKING:
     from groupwise.config import LoopConfig
@@ -38,12 +43,13 @@ class StopDecision:
         return self.stop
 
 
-def primary_curve(history: list[Row], metric: str, *, up_to: int | None = None) -> tuple[str, list[tuple[int, float]]]:
+def primary_curve(history: list[Row], metric: str, *, up_to: int | None = None,
+                  confidence: float = 0.95) -> tuple[str, list[Point]]:
     """(name, points) of the curve stopping watches: val/<metric> if logged, else train/reward."""
-    val = series(history, "val", metric, up_to=up_to)
+    val = points(history, "val", metric, up_to=up_to, confidence=confidence)
     if val:
         return f"val/{metric}", val
-    return "train/reward", series(history, "train", "reward", up_to=up_to)
+    return "train/reward", points(history, "train", "reward", up_to=up_to, confidence=confidence)
 
 
 def _better(a: float, b: float, higher_is_better: bool, delta: float = 0.0) -> bool:
@@ -51,32 +57,59 @@ def _better(a: float, b: float, higher_is_better: bool, delta: float = 0.0) -> b
     return a > b + delta if higher_is_better else a < b - delta
 
 
-def last_improvement(points: list[tuple[int, float]], min_delta: float, higher_is_better: bool = True) -> tuple[int, float]:
-    """(step, value) of the last point that improved on every earlier one by more than min_delta."""
-    best_step, best = points[0]
-    for s, v in points[1:]:
-        if _better(v, best, higher_is_better, min_delta):
-            best_step, best = s, v
-    return best_step, best
+def _as_point(p: Point | tuple[int, float]) -> Point:
+    return p if isinstance(p, Point) else Point(int(p[0]), float(p[1]))
+
+
+def gap_noise(new: Point | tuple[int, float], old: Point | tuple[int, float], higher_is_better: bool = True) -> float:
+    """The noise of the change old -> new in the direction of improvement: the half-widths of their
+    intervals that face each other (new's lower side and old's upper side when higher is better),
+    in quadrature. 0 when neither has an interval."""
+    new, old = _as_point(new), _as_point(old)
+    if higher_is_better:
+        return combined_noise(new.below, old.above)
+    return combined_noise(new.above, old.below)
+
+
+def significant_gap(new: Point | tuple[int, float], old: Point | tuple[int, float], higher_is_better: bool = True,
+                    min_delta: float = 0.0) -> bool:
+    """new improves on old by more than min_delta and by more than the noise of the two."""
+    new, old = _as_point(new), _as_point(old)
+    gain = (new.value - old.value) if higher_is_better else (old.value - new.value)
+    return gain > min_delta and gain > gap_noise(new, old, higher_is_better)
+
+
+def last_improvement(curve: list[Point] | list[tuple[int, float]], min_delta: float,
+                     higher_is_better: bool = True) -> tuple[int, float]:
+    """(step, value) of the last point that improved on the best before it by more than min_delta and
+    than the noise of the two (points without intervals: by more than min_delta)."""
+    pts = [_as_point(p) for p in curve]
+    best = pts[0]
+    for p in pts[1:]:
+        if significant_gap(p, best, higher_is_better, min_delta):
+            best = p
+    return best.step, best.value
 
 
 def plateau(
     history: list[Row], *, step: int, patience: int, min_delta: float = 0.0,
-    metric: str = "accuracy", higher_is_better: bool = True,
+    metric: str = "accuracy", higher_is_better: bool = True, confidence: float = 0.95,
 ) -> StopDecision:
-    """Stop when the primary curve has not improved by more than min_delta for `patience` steps."""
-    name, points = primary_curve(history, metric, up_to=step)
-    if len(points) < 2:
+    """Stop when the primary curve has not improved beyond min_delta and its noise for `patience` steps."""
+    name, curve = primary_curve(history, metric, up_to=step, confidence=confidence)
+    if len(curve) < 2:
         return StopDecision(False, step=step)
-    best_step, best = last_improvement(points, min_delta, higher_is_better)
+    best_step, best = last_improvement(curve, min_delta, higher_is_better)
     waited = step - best_step
     if waited < patience:
         return StopDecision(False, step=step)
+    noisy = any(p.lo is not None for p in curve)
     return StopDecision(
         True, "plateau",
-        f"{name} plateaued: no improvement larger than {min_delta:g} for {waited} steps "
-        f"(best {best:.4g} at step {best_step}; patience {patience})",
-        step, {"curve": name, "best_step": best_step, "best": best, "latest": points[-1][1], "waited": waited},
+        f"{name} plateaued: no improvement larger than {min_delta:g}"
+        f"{' and than its noise' if noisy else ''} for {waited} steps "
+        f"(best {best:.4g} at step {best_step}, latest {curve[-1].value:.4g}; patience {patience})",
+        step, {"curve": name, "best_step": best_step, "best": best, "latest": curve[-1].value, "waited": waited},
     )
 
 
@@ -86,10 +119,10 @@ def target_reached(
     """Stop when the latest value of the primary curve reaches `target` (None disables)."""
     if target is None:
         return StopDecision(False, step=step)
-    name, points = primary_curve(history, metric, up_to=step)
-    if not points:
+    name, curve = primary_curve(history, metric, up_to=step)
+    if not curve:
         return StopDecision(False, step=step)
-    at, latest = points[-1]
+    at, latest = curve[-1].step, curve[-1].value
     reached = latest >= target if higher_is_better else latest <= target
     if not reached:
         return StopDecision(False, step=step)
@@ -107,31 +140,45 @@ def baseline_values(history: list[Row], metric: str) -> dict[str, float]:
     return out
 
 
+def _baseline_points(history: list[Row], metric: str) -> dict[str, Point]:
+    out: dict[str, Point] = {}
+    for row in events(history, "baseline"):
+        v = value(row, "val", metric)
+        if v is not None:
+            out[str(row.get("name"))] = Point(0, v, *(interval(row, "val", metric) or (None, None)))
+    return out
+
+
 def baseline_beaten(
     history: list[Row], *, step: int, margin: float | None, metric: str = "accuracy",
     higher_is_better: bool = True, baselines: dict[str, float] | None = None,
 ) -> StopDecision:
-    """Stop when the latest validation value beats the best baseline by `margin` (None disables).
+    """Stop when the latest validation value beats the best baseline by `margin` and by more than the
+    noise of the two measurements (None disables).
 
     `baselines` defaults to the history's baseline rows (the untrained base at step 0 among them).
     """
     if margin is None:
         return StopDecision(False, step=step)
-    base = baseline_values(history, metric) if baselines is None else dict(baselines)
-    points = series(history, "val", metric, up_to=step)
-    if not base or not points:
+    base = _baseline_points(history, metric) if baselines is None else {k: Point(0, v) for k, v in baselines.items()}
+    curve = points(history, "val", metric, up_to=step)
+    if not base or not curve:
         return StopDecision(False, step=step)
     pick = max if higher_is_better else min
-    best_name = pick(base, key=lambda k: base[k])
-    at, latest = points[-1]
+    best_name = pick(base, key=lambda k: base[k].value)
+    latest, ref = curve[-1], base[best_name]
     # Inclusive, with a hair of tolerance so 0.96 beats 0.90 by 0.06 despite float rounding.
-    if not _better(latest, base[best_name], higher_is_better, margin - 1e-12):
+    if not _better(latest.value, ref.value, higher_is_better, margin - 1e-12):
+        return StopDecision(False, step=step)
+    noise = gap_noise(latest, ref, higher_is_better)
+    if abs(latest.value - ref.value) <= noise:
         return StopDecision(False, step=step)
     return StopDecision(
         True, "baseline",
-        f"val/{metric} {latest:.4g} at step {at} beats the best baseline {best_name!r} ({base[best_name]:.4g}) "
-        f"by at least {margin:g}",
-        step, {"value": latest, "baseline": best_name, "baseline_value": base[best_name], "margin": margin},
+        f"val/{metric} {latest.value:.4g} at step {latest.step} beats the best baseline {best_name!r} "
+        f"({ref.value:.4g}) by at least {margin:g}" + (f" and by more than the noise ({noise:.3g})" if noise else ""),
+        step, {"value": latest.value, "baseline": best_name, "baseline_value": ref.value, "margin": margin,
+               "noise": noise},
     )
 
 
@@ -151,7 +198,7 @@ def check_stopping(history: list[Row], step: int, config: "LoopConfig") -> StopD
         target_reached(history, step=step, target=config.target, metric=config.metric, higher_is_better=hib),
         baseline_beaten(history, step=step, margin=config.baseline_margin, metric=config.metric, higher_is_better=hib),
         plateau(history, step=step, patience=config.patience, min_delta=config.min_delta,
-                metric=config.metric, higher_is_better=hib),
+                metric=config.metric, higher_is_better=hib, confidence=config.confidence),
     ):
         if decision:
             return decision

@@ -1,15 +1,19 @@
 """`groupwise train <env>`: the main job. Trains a model on a built-in environment with `gw.fit`.
 
-What it does, in order (each step printed as it happens):
+What it does, in order:
 
 1. builds the env's scenarios (train / val / test; val and test are the same held-out set for every seed);
-2. registers a `TrainableModel` on a `LocalBackend` (resumes if the run folder has checkpoints);
+2. registers a `TrainableModel` on a `LocalBackend`; a run folder with checkpoints is resumed, so the
+   same command with a larger ``--steps`` trains an existing run further;
 3. picks the reward: the env's own (verifiable), or RULER (judge / hybrid envs). A judge named
    ``local/<the base model>`` reuses the engine that serves the rollouts, asking for ``<name>@0`` (the
    base weights, adapter off), so the machine holds one copy of the weights;
 4. `gw.fit`: validation at step 0 (the untrained base) and every ``eval_every`` steps, GRPO steps, the
-   stopping rules and reward-hacking detectors; the best checkpoint is evaluated on the test split;
-5. prints validation before and after, the stop reason and the plot written by `groupwise report`.
+   stopping rules and detectors; the best checkpoint is evaluated on the test split. One line per step
+   (reward, seconds of rollouts / judge / update, validation with its interval, ETA), a progress bar
+   during each update, each alert once when raised;
+5. prints the base and the best validation with their intervals, the test, the stop reason once, what
+   to do next, and writes the plots of `groupwise report` and ``summary.json``.
 
 The defaults come from the env's `EnvSpec`, sized for about 10 minutes on 2 CPU cores with SmolLM2-135M.
 """
@@ -24,6 +28,27 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.envs import EnvSpec, get_env
+from groupwise.loop.series import points
+from groupwise.loop.stopping import significant_gap
+
+
+def _train_config(spec: EnvSpec, device: str | None) -> Any:
+    """The GRPO step settings of the job.
+
+    Tool-using transcripts (email) run to thousands of tokens: recompute layers in the backward pass
+    instead of holding their activations (measured: the email step was OOM-killed without it).
+    Otherwise, on the CPU, micro-batches of 1024 tokens: an fp32 SmolLM2 holds ~1.5 MB of activations per
+    token for the backward, so the default 4096-token micro-batch alone took ~7.7 GB (the 2048 job peaked
+    at 9.9 GB); 1024 tokens give the same gradient (the loss normalises over the whole step) in ~2.6 GB.
+    """
+    import groupwise as gw
+    from groupwise.loading import resolve_device
+
+    if spec.reward != "verifiable":
+        return gw.TrainConfig(learning_rate=spec.learning_rate, gradient_checkpointing=True, micro_batch_tokens=2048)
+    if resolve_device(device).type == "cpu":
+        return gw.TrainConfig(learning_rate=spec.learning_rate, micro_batch_tokens=1024)
+    return gw.TrainConfig(learning_rate=spec.learning_rate)
 
 
 def _reward_step(spec: EnvSpec, judge: str | None, model: Any, base_model: str, gate_correct: bool = False):
@@ -92,7 +117,10 @@ async def train(
     backend = gw.LocalBackend(path, device=device, best_checkpoint_metric=f"val/{metric}",
                               max_batch_size=max(32, spec.rollouts_per_group * spec.groups_per_step))
     await model.register(backend)
-    print(f"[groupwise train] loaded {model_name} in {time.monotonic() - t0:.1f}s; run folder {model.run_dir}")
+    load_s = time.monotonic() - t0
+    resumed = await model.get_step()
+    print(f"[groupwise train] loaded {model_name} in {load_s:.1f}s; run folder {model.run_dir}"
+          + (f" (resuming at step {resumed})" if resumed else ""))
     sft_steps, baselines = 0, []
     if sft:
         # Supervised warm start (recipes/sft.py): its last step is scored as a baseline GRPO has to beat.
@@ -110,10 +138,7 @@ async def train(
         max_steps=max_steps,
         num_epochs=100,  # the step budget, not the data, ends the job
         learning_rate=spec.learning_rate,
-        # Tool-using transcripts (email) run to thousands of tokens: recompute layers in the backward pass
-        # instead of holding their activations (measured: the email step was OOM-killed without it).
-        train_config=gw.TrainConfig(learning_rate=spec.learning_rate, gradient_checkpointing=True,
-                                    micro_batch_tokens=2048) if spec.reward != "verifiable" else None,
+        train_config=_train_config(spec, device),
         eval_every=max(1, max_steps // 2),  # the base, the midpoint, the end
         metric=metric,
         patience=max(max_steps, 10),  # the job is short: let max_steps or the detectors end it
@@ -136,30 +161,93 @@ async def train(
 
     history = load_run(model.run_dir)
     plots = plot_run(history, Path(model.run_dir) / "report", title=f"{spec.name}/{name}")
-    val_rows = [r for r in history if r.get("split") == "val" and r.get(metric) is not None]
-    before = val_rows[0][metric] if val_rows else None
-    after = summary.best_value
+    base = next((p for p in points(history, "val", metric) if p.step == 0), None)
+    best = next((p for p in points(history, "val", metric) if p.step == summary.best_step), None)
     result = {
         "env": spec.name, "model": model_name, "seed": seed, "run_dir": str(model.run_dir),
-        "metric": f"val/{metric}", "base": before, "trained_best": after, "best_step": summary.best_step,
-        "final_step": summary.final_step, "test": summary.test, "stop_reason": summary.stop_reason,
-        "wall_s": round(wall, 1), "plots": [str(p) for p in plots],
-        "alerts": [f"{a.name}@{a.step}" for a in summary.alerts],
+        "metric": f"val/{metric}", "base": base.value if base else None,
+        "base_interval": [base.lo, base.hi] if base else None,
+        "trained_best": summary.best_value, "best_interval": [best.lo, best.hi] if best else None,
+        "best_step": summary.best_step, "final_step": summary.final_step, "test": summary.test,
+        "stop_rule": summary.stop.rule, "stop_reason": summary.stop_reason, "status": summary.status,
+        "wall_s": round(wall, 1), "load_s": round(load_s, 1), "peak_rss_gb": round(peak_rss_gb(), 2),
+        "plots": [str(p) for p in plots], "alerts": [f"{a.name}@{a.step}" for a in summary.alerts],
         "sft_steps": sft_steps, "sft": summary.baselines.get(model.inference_name(sft_steps)) if sft_steps else None,
     }
     Path(model.run_dir, "summary.json").write_text(json.dumps(result, indent=2))
+    say = lambda text: print(f"[groupwise train] {text}")  # noqa: E731
     print()
-    print(summary)
-    print(f"[groupwise train] validation {metric}: base {_fmt(before)} -> best {_fmt(after)} "
-          f"(step {summary.best_step}); wall {wall / 60:.1f} min")
-    print(f"[groupwise train] stop reason: {summary.stop_reason}")
-    for p in plots:
-        print(f"[groupwise train] plot: {p}")
+    say(f"done in {wall / 60:.1f} min (model load {load_s:.0f}s), peak memory {result['peak_rss_gb']:.1f} GB")
+    if base is not None:
+        say(f"validation {metric}: base {_with_ci(base)} -> best {_with_ci(best)} at step {summary.best_step}")
+    if summary.test:
+        t = summary.test
+        ci = f" [{t[f'{metric}_lo']:.3f}, {t[f'{metric}_hi']:.3f}]" if f"{metric}_lo" in t else ""
+        shown = f"{metric} {t[metric]:.3f}{ci}" if metric in t else f"reward {t['reward']:.3f}"
+        say(f"test ({len(test_s)} held-out scenarios, checkpoint of step {summary.best_step}): {shown}")
+    rule = summary.stop.rule
+    if rule.startswith("alert:"):  # the alert's message was printed when it was raised
+        say(f"stopped at step {summary.final_step} by the {rule[6:]} alert above")
+    else:
+        say(f"stopped: {summary.stop_reason}")
+    for line in advice(base, best, summary.final_step, rule, env=spec.name, seed=seed, steps=max_steps - sft_steps,
+                       run_dir=str(model.run_dir)):
+        say(line)
     return result
 
 
-def _fmt(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.3f}"
+def peak_rss_gb() -> float:
+    """This process's peak resident memory in GB (Linux reports KB, macOS bytes)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
+
+
+def _with_ci(p: Any) -> str:
+    if p is None:
+        return "n/a"
+    return f"{p.value:.3f}" if p.lo is None else f"{p.value:.3f} [{p.lo:.3f}, {p.hi:.3f}]"
+
+
+def advice(base: Any, best: Any, final_step: int, rule: str, *, env: str, seed: int, steps: int,
+           run_dir: str) -> list[str]:
+    """What the user of `groupwise train` can do next, given how the run went."""
+    again = f"groupwise train {env} --seed {seed}"
+    more = f"`{again} --steps {max(2 * steps, final_step + 4)}` continues this run from step {final_step}"
+    watch = f"curves: `groupwise report {run_dir}`; answers: `groupwise compare {run_dir} --steps 0,best`"
+    learned = (base is not None and best is not None and best.step != base.step
+               and significant_gap(best, base))
+    if rule == "alert:val_drop":
+        return [f"the env's reward rose while validation fell: read what the reward liked "
+                f"(`groupwise inspect {run_dir} --split train --best`). A built-in env's reward is fixed, so "
+                f"try another seed (`groupwise train {env} --seed {seed + 1}`); for your own env, fix its "
+                f"reward and train with gw.fit.", watch]
+    if rule == "alert:val_unstable":
+        return [f"validation fell beyond its noise without the reward being gamed: an unlucky or too large "
+                f"step. Try another seed (`groupwise train {env} --seed {seed + 1}`); the best checkpoint "
+                f"(step {best.step if best else 0}) is kept.", watch]
+    if learned:
+        return [f"it learned (the gain is larger than the validation noise). To train longer: {more}.", watch]
+    if best is not None:
+        return [f"validation did not rise beyond its noise. Try more steps ({more}) or another seed "
+                f"(`groupwise train {env} --seed {seed + 1}`).", watch]
+    return [watch]
+
+
+def _show_progress() -> None:
+    """Print the loop's per-step lines and alerts (logger ``groupwise.loop``) on stdout, once each."""
+    import logging
+
+    logger = logging.getLogger("groupwise.loop")
+    if any(getattr(h, "_groupwise_train", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("[groupwise train] %(message)s"))
+    handler._groupwise_train = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def run_train(args: Any) -> int:
@@ -178,6 +266,7 @@ def run_train(args: Any) -> int:
         except JudgeError as exc:
             print(f"groupwise train: error: --judge {args.judge}: {exc}", file=sys.stderr)
             return 2
+    _show_progress()
     asyncio.run(train(args.env, model_name=args.model, judge=args.judge, steps=args.steps, seed=args.seed,
                       path=args.path, name=args.name, device=getattr(args, "device", None),
                       gate=getattr(args, "gate", False), sft=getattr(args, "sft", 0),

@@ -1,0 +1,40 @@
+"""`groupwise train`'s own logic: the CPU step settings that keep memory low, and advice that fits the run."""
+
+import groupwise as gw
+from groupwise.envs import get_env
+from groupwise.loop.series import Point
+from groupwise.recipes.train import _train_config, advice
+
+RUN = ".groupwise/2048/2048-s3"
+
+
+def tips(base, best, rule, final_step=8):
+    return " ".join(advice(base, best, final_step, rule, env="2048", seed=3, steps=8, run_dir=RUN))
+
+
+def test_advice_fits_how_the_run_went():
+    base = Point(0, 0.30, 0.20, 0.40)
+    # learned beyond the noise: train longer by resuming with more steps
+    text = tips(base, Point(8, 0.70, 0.60, 0.80), "max_steps")
+    assert "it learned" in text and "`groupwise train 2048 --seed 3 --steps 16` continues this run from step 8" in text
+    assert f"groupwise report {RUN}" in text
+    # a gain inside the noise: more steps or another seed, nothing about a reward
+    text = tips(base, Point(8, 0.36, 0.26, 0.46), "max_steps")
+    assert "did not rise beyond its noise" in text and "--seed 4" in text and "--steps 16" in text
+    assert "reward" not in text
+    # the best is still the base
+    assert "did not rise beyond its noise" in tips(base, base, "max_steps")
+    # hacking: the built-in env's reward cannot be changed from the CLI, so another seed (and gw.fit for one's own)
+    text = tips(base, base, "alert:val_drop", final_step=4)
+    assert "--split train --best" in text and "--seed 4" in text and "gw.fit" in text
+    # instability is not called hacking
+    text = tips(base, base, "alert:val_unstable", final_step=4)
+    assert "--seed 4" in text and "gamed" in text and "hacking" not in text
+
+
+def test_cpu_micro_batches_are_small_and_keep_the_gradient():
+    config = _train_config(get_env("2048"), "cpu")
+    assert isinstance(config, gw.TrainConfig) and config.micro_batch_tokens == 1024
+    assert config.learning_rate == get_env("2048").learning_rate
+    email = _train_config(get_env("email"), "cpu")
+    assert email.gradient_checkpointing and email.micro_batch_tokens == 2048
