@@ -80,7 +80,7 @@ async def test_gamed_reward_on_a_tiny_model_raises_val_drop_stops_and_keeps_the_
     try:
         cfg = gw.LoopConfig(rollouts_per_group=16, groups_per_step=4, eval_every=2, max_steps=24, num_epochs=10,
                             learning_rate=1e-2, patience=100, val_rollouts_per_group=2, metric="one_line",
-                            detectors=gw.DetectorConfig(val_drop=0.15, reward_rise=0.1))
+                            detectors=gw.DetectorConfig(val_drop=0.15, reward_rise=0.05))
         summary = await gw.fit(model, make_rollout(), SCENARIOS[:24], val_scenarios=SCENARIOS[24:40],
                                test_scenarios=SCENARIOS[24:32], validate=one_line, config=cfg)
     finally:
@@ -96,7 +96,7 @@ async def test_gamed_reward_on_a_tiny_model_raises_val_drop_stops_and_keeps_the_
     drop = [a for a in summary.alerts if a.name == "val_drop"]
     assert len(drop) == 1 and drop[0].severity == "critical"
     ev = drop[0].evidence
-    assert ev["drop"] >= 0.15 and ev["reward_now"] - ev["reward_then"] >= 0.1
+    assert ev["drop"] >= 0.15 and ev["reward_now"] - ev["reward_then"] >= 0.05
     # beyond the noise: 2 x 16 validation answers (Wilson intervals), 64 rollouts per train step
     assert ev["drop"] > ev["noise"] > 0 and ev["reward_rise"] > ev["reward_noise"] > 0
     # the reward really rose and validation really fell
