@@ -52,6 +52,22 @@ def test_report_table_and_metric_from_history(run_dir):
     h = gw.load_history(run_dir)
     assert val_metric_name(h) == "accuracy"
     assert "val_drop(stop)" in table(h)
+    # each validation shows its interval: 3 of 3 right on 3 scenarios is 1.000 with Wilson [0.439, 1]
+    assert "1.000 [0.439, 1.000]" in table(h).splitlines()[2]
+
+
+def test_report_draws_the_validation_interval(run_dir, tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    drawn = []
+    real = matplotlib.axes.Axes.errorbar
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar",
+                        lambda self, x, y, *a, **k: drawn.append((list(x), list(y), k.get("yerr"))) or real(self, x, y, *a, **k))
+    from groupwise.loop.report import plot_run
+
+    plot_run(gw.load_history(run_dir), tmp_path)
+    (steps, values, (below, above)), = drawn
+    assert steps == [0, 2, 4] and values[0] == 1.0 and below[0] == pytest.approx(1 - 0.4385, abs=1e-3) and above[0] == 0
 
 
 def test_report_external_loggers_fail_loud_when_missing(run_dir, tmp_path, monkeypatch):
