@@ -443,6 +443,10 @@ def test_layers(tree):
     assert layer_violations(tree) == []
 
 
+def test_no_private_imports(tree):
+    assert private_violations(tree) == []
+
+
 def test_no_private_members_of_other_modules(tree):
     assert private_member_violations(tree) == []
 

@@ -274,7 +274,7 @@ class LoopConfig(Validated):
     metric: str = option("accuracy", help="Name of the validation metric that validate(trajectory, scenario) returns; logged as val/<metric>.")
     higher_is_better: bool = option(True, help="Whether a larger validation metric is better (False for e.g. an error rate).")
     confidence: float = option(0.95, help="Confidence level of each validation's interval (Wilson for 0/1 metrics, else a bootstrap over scenarios), logged as <metric>_lo / <metric>_hi; detectors and stopping rules count a change only when it is larger than this noise.")
-    judge_val: bool = option(True, help="Also apply the reward step (e.g. RULER) to validation groups of 2+ rollouts, so the judge is checked against ground truth (hybrid runs).")
+    judge_val: bool = option(True, help="Also apply fit's score_group (e.g. RULER) to validation groups of 2+ rollouts, so the judge is checked against ground truth (hybrid runs).")
     patience: int = option(10, help="Plateau stop: steps without an improvement larger than min_delta and than the validation noise (on the validation metric where there is one, else on the mean train reward).")
     min_delta: float = option(0.0, help="Smallest change that counts as an improvement for the plateau rule (the noise of the validation counts too).")
     target: float | None = option(None, help="Stop once the validation metric (or mean train reward without validation) reaches this value (None disables).")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from loop_helpers import SCENARIOS, ScriptedBackend, make_rollout, run_scripted
+from loop_helpers import SCENARIOS, ScriptedBackend, make_rollout, run_scripted, steady_answer
 
 import groupwise as gw
 from groupwise.loop.series import events, rows
@@ -107,6 +107,25 @@ async def test_fit_rejects_bad_arguments_all_at_once(tmp_path):
     assert len(e.value.problems) == 4
 
 
+async def test_reward_is_the_deprecated_name_of_score_group(tmp_path):
+    scored = []
+
+    def rank(group):  # a group step: gives the rollouts different rewards, so the step has a signal
+        for i, t in enumerate(group.trajectories):
+            t.reward = float(i)
+        scored.append(len(group.trajectories))
+        return group
+
+    model = gw.TrainableModel("renamed", project="loop", base_model="none", base_path=str(tmp_path))
+    await model.register(ScriptedBackend())
+    cfg = gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, max_steps=1)
+    with pytest.warns(DeprecationWarning, match=r"fit\(reward=\.\.\.\) is now fit\(score_group=\.\.\.\)"):
+        summary = await gw.fit(model, make_rollout(steady_answer), SCENARIOS[:4], reward=rank, config=cfg)
+    assert scored == [2, 2] and summary.final_step == 1
+    with pytest.raises(gw.ConfigError, match="pass score_group= only"):
+        await gw.fit(model, make_rollout(steady_answer), SCENARIOS[:4], score_group=rank, reward=rank, config=cfg)
+
+
 def test_killed_run_resumes_at_the_same_step_and_data_position(tmp_path):
     crashed, clean = tmp_path / "crashed", tmp_path / "clean"
     log_crash, log_clean = tmp_path / "crash.log", tmp_path / "clean.log"
@@ -136,7 +155,7 @@ def test_killed_run_resumes_at_the_same_step_and_data_position(tmp_path):
 
 
 async def test_hybrid_run_judges_val_groups_and_flags_a_judge_that_disagrees_with_ground_truth(tmp_path):
-    # Rollouts alternate right and wrong answers; the "judge" (reward step) prefers the wrong ones,
+    # Rollouts alternate right and wrong answers; the "judge" (score_group) prefers the wrong ones,
     # and records its cost. Validation groups of 2 are judged too, so the judge is checked against
     # ground truth: every pair (one per group of 2, 3 groups) is reversed -> agreement 0.
     flip = iter(range(10**6))
@@ -158,7 +177,7 @@ async def test_hybrid_run_judges_val_groups_and_flags_a_judge_that_disagrees_wit
     cfg = gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, eval_every=1, max_steps=1,
                         val_rollouts_per_group=2, on_judge_disagreement="stop")
     summary = await gw.fit(model, make_rollout(answer), SCENARIOS[:4], val_scenarios=SCENARIOS[8:11],
-                           reward=judge,
+                           score_group=judge,
                            validate=lambda t, s: float(t.messages()[-1]["content"] == f"answer {s['answer']}"),
                            config=cfg)
     assert summary.stop.rule == "alert:judge_disagreement" and summary.final_step == 1

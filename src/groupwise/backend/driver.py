@@ -322,7 +322,7 @@ class WorkerBackend(Backend):
         shown = "; ".join(f"group {g}: {r[:6]}{' ...' if len(r) > 6 else ''}" for g, r in enumerate(rewards[:6]))
         why = (f"no learning signal: in every one of the {len(groups)} group(s) all rewards are equal "
                f"({shown}{'; ...' if len(groups) > 6 else ''}), so every group-relative advantage is 0"
-               if groups else "no learning signal: no groups were given (did the reward step drop every group?)")
+               if groups else "no learning signal: no groups were given (did fit's score_group drop every group?)")
         fix = ("Make rewards differ within a group: more rollouts per group, a graded reward instead of "
                "pass/fail, harder or easier scenarios, or a judge (RULER).")
         if run.skipped_in_a_row >= config.max_skipped_steps:

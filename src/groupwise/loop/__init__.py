@@ -4,7 +4,7 @@ Files, in the order data flows through them::
 
     fit.py         gw.fit(model, rollout, train, val_scenarios=..., ...) -> FitSummary
     detectors.py   pure functions: history / groups -> Alert | None
-    policy.py      alerts -> action (the seed's "when metrics diverge" table)
+    policy.py      alerts -> action (the "when metrics diverge" table)
     stopping.py    pure functions: history -> StopDecision (plateau, target, baseline, max steps)
     intervals.py   how noisy a validation is: Wilson / bootstrap confidence intervals
     series.py      reading curves out of history rows

@@ -1,5 +1,5 @@
 """`groupwise compare RUN_DIR --steps 0,best`: two steps' answers to the same validation scenarios,
-side by side (the seed's manual check for non-verifiable tasks: "is the trained model better?").
+side by side: the manual check for tasks without ground truth ("is the trained model better?").
 
 It reads the stored validation trajectories of both steps (written by `fit` at every validation), pairs
 groups by their ``scenario_index`` metadata (by position when absent), and prints, per scenario, the

@@ -1,6 +1,6 @@
 """Reward-hacking detectors: small pure functions that return an `Alert` (with its evidence) or None.
 
-The seed's warning signs, one function each:
+The warning signs of reward hacking, one function each:
 
 | detector                    | looks at                          | pattern                                        |
 |-----------------------------|-----------------------------------|------------------------------------------------|

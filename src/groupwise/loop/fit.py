@@ -1,9 +1,9 @@
-"""`gw.fit`: the training loop (the seed's hybrid pattern as a library call).
+"""`gw.fit`: the training loop (gather, score, train, validate, stop) as one library call.
 
 One step::
 
-    batch of scenarios (loop/cursor.py, resumable) ─► gather groups of rollouts ─► reward (optional,
-    e.g. RULER) ─► model.train (GRPO step; logs the train row of the policy that sampled) ─► every
+    batch of scenarios (loop/cursor.py, resumable) ─► gather groups of rollouts ─► score_group
+    (optional, e.g. RULER) ─► model.train (GRPO step; logs the train row of the policy that sampled) ─► every
     `eval_every` steps: validation rollouts at the new step, scored by `validate` against ground
     truth, logged as the val row ─► detectors ─► policy + stopping rules ─► next step or stop.
 
@@ -43,6 +43,7 @@ import inspect
 import logging
 import math
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +62,7 @@ from groupwise.types import Trajectory, TrajectoryGroup
 log = logging.getLogger("groupwise.loop")
 
 Rollout = Callable[[Any, Any], Awaitable[Trajectory]]
-RewardStep = Callable[[TrajectoryGroup], "TrajectoryGroup | None | Awaitable[TrajectoryGroup | None]"]
+ScoreGroup = Callable[[TrajectoryGroup], "TrajectoryGroup | None | Awaitable[TrajectoryGroup | None]"]
 Validate = Callable[..., "float | Awaitable[float]"]
 
 
@@ -142,14 +143,15 @@ def seeded_scenario(scenario: Any, run_seed: int, step: int, index: int, rollout
     return scenario.model_copy(update={"sampling_seed": int.from_bytes(digest, "little")})
 
 
-def check_fit_args(rollout, train_scenarios, val_scenarios, test_scenarios, reward, validate, baselines, config) -> None:
+def check_fit_args(rollout, train_scenarios, val_scenarios, test_scenarios, score_group, validate, baselines,
+                   config) -> None:
     p: list[str] = []
     if not callable(rollout):
         p.append(f"rollout={rollout!r} must be an async function rollout(model, scenario) -> Trajectory")
     if not train_scenarios:
         p.append("train_scenarios is empty; the loop needs scenarios to train on")
-    if reward is not None and not callable(reward):
-        p.append(f"reward={reward!r} must be a function group -> group (e.g. a RULER call) or None")
+    if score_group is not None and not callable(score_group):
+        p.append(f"score_group={score_group!r} must be a function group -> group | None (e.g. a RULER call) or None")
     if validate is not None and not callable(validate):
         p.append(f"validate={validate!r} must be a function (trajectory, scenario) -> float or None")
     if validate is not None and not val_scenarios:
@@ -182,12 +184,12 @@ class Loop:
 
     `groupwise.loop.baselines.score_baselines` builds one without training data to score baselines."""
 
-    def __init__(self, model, rollout, train, val, test, reward, validate, baselines, config: LoopConfig):
-        self.model, self.rollout, self.reward, self.validate = model, rollout, reward, validate
+    def __init__(self, model, rollout, train, val, test, score_group, validate, baselines, config: LoopConfig):
+        self.model, self.rollout, self.score_group, self.validate = model, rollout, score_group, validate
         self.train, self.val, self.test, self.baselines, self.c = train, val, test, baselines, config
         self.store = model.store
         self.alerts: list[Alert] = []
-        self.dropped_groups = 0  # groups the reward step dropped (counted per step in the loop row)
+        self.dropped_groups = 0  # groups score_group dropped (counted per step in the loop row)
         self._firing: set[str] = set()  # names of the alerts the previous step raised
 
     # -- gathering ---------------------------------------------------------------------------------
@@ -206,19 +208,19 @@ class Loop:
         ]
         return await gather_trajectory_groups(groups, pbar_desc=desc, max_exceptions=self.c.max_exceptions)
 
-    async def apply_reward(self, groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
-        """Run the reward step on every group concurrently; a None result drops the group."""
-        if self.reward is None:
+    async def score_groups(self, groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
+        """Run `score_group` on every group concurrently; a None result drops the group."""
+        if self.score_group is None:
             return groups
-        judged = await asyncio.gather(*(_maybe_await(self.reward(g)) for g in groups))
+        judged = await asyncio.gather(*(_maybe_await(self.score_group(g)) for g in groups))
         out = []
         for before, after in zip(groups, judged):
             if after is None:  # e.g. RULER with swallow_exceptions=True after a judge failure
-                log.warning("reward step dropped group %s", before.metadata.get("scenario_index"))
+                log.warning("score_group dropped group %s", before.metadata.get("scenario_index"))
                 self.dropped_groups += 1
                 continue
             if not isinstance(after, TrajectoryGroup):
-                raise TypeError(f"reward step returned {type(after).__name__}; it must return a TrajectoryGroup or None")
+                raise TypeError(f"score_group returned {type(after).__name__}; it must return a TrajectoryGroup or None")
             after.metadata.setdefault("scenario_index", before.metadata.get("scenario_index"))
             out.append(after)
         return out
@@ -251,8 +253,8 @@ class Loop:
         groups = await self.gather(model, scenarios, range(len(scenarios)), self.c.val_rollouts_per_group, desc)
         await self.score(groups, scenarios)
         judged: list[TrajectoryGroup] = []
-        if self.reward is not None and self.c.judge_val and self.c.val_rollouts_per_group >= 2:
-            groups = judged = await self.apply_reward(groups)
+        if self.score_group is not None and self.c.judge_val and self.c.val_rollouts_per_group >= 2:
+            groups = judged = await self.score_groups(groups)
         return groups, judged
 
     # -- validation and baselines --------------------------------------------------------------------
@@ -300,10 +302,10 @@ class Loop:
             groups = await self.gather(self.model, self.train, indices, self.c.rollouts_per_group, f"train step {step}",
                                        step=step, attempt=attempt)
             t1 = time.perf_counter()
-            groups = await self.apply_reward(groups)
+            groups = await self.score_groups(groups)
             t2 = time.perf_counter()
             if not groups:
-                raise RuntimeError(f"step {step}: the reward step dropped every group; nothing to train on")
+                raise RuntimeError(f"step {step}: score_group dropped every group; nothing to train on")
             for g in groups:
                 for t in g.trajectories:
                     t.metrics["answer_chars"] = len(answer_text(t))  # read by the length-drift detector
@@ -413,10 +415,11 @@ async def fit(
     *,
     val_scenarios: Sequence[Any] | None = None,
     test_scenarios: Sequence[Any] | None = None,
-    reward: RewardStep | None = None,
+    score_group: ScoreGroup | None = None,
     validate: Validate | None = None,
     baselines: Sequence[Any] = (),
     config: LoopConfig | None = None,
+    reward: ScoreGroup | None = None,
 ) -> FitSummary:
     """Train `model` with `rollout` on `train_scenarios` until a stopping rule or the policy says stop.
 
@@ -426,22 +429,30 @@ async def fit(
         train_scenarios: the training split (80%); batches of `groups_per_step`, shuffled per epoch.
         val_scenarios: the validation split (10%), run every `eval_every` steps and at step 0.
         test_scenarios: the test split (10%), run once on the best checkpoint at the end.
-        reward: a group step applied after gathering, ``group -> group | None`` (sync or async), e.g.
-            ``lambda g: gw.ruler_score_group(g, "openai/o4-mini")``; None keeps the rollouts' rewards.
+        score_group: applied to every gathered group, ``group -> group | None`` (sync or async), e.g.
+            ``lambda g: gw.ruler_score_group(g, "openai/o4-mini")``; None keeps the rollouts' rewards,
+            and a None result drops the group.
         validate: ``validate(trajectory, scenario) -> float`` (or ``validate(trajectory)``), the
             ground-truth metric (`config.metric`); None uses each validation rollout's own reward.
         baselines: `gw.Model`s (prompted models behind any OpenAI-compatible endpoint) scored once on
             the validation split; they appear in every report and feed the baseline stopping rule.
         config: `gw.LoopConfig`.
+        reward: the former name of `score_group`; still accepted, with a DeprecationWarning.
 
     Returns a `FitSummary`: stop rule and reason, best step and value, baselines, test result, alerts.
     """
+    if reward is not None:
+        if score_group is not None:
+            raise ConfigError("pass score_group= only (reward= is its former name)", what="fit() arguments")
+        warnings.warn("fit(reward=...) is now fit(score_group=...): it takes a group step (group -> group | None), "
+                      "not a reward; reward= will be removed", DeprecationWarning, stacklevel=2)
+        score_group = reward
     config = config if config is not None else LoopConfig()
     train = list(train_scenarios)
     val = list(val_scenarios or [])
     test = list(test_scenarios or [])
-    check_fit_args(rollout, train, val, test, reward, validate, baselines, config)
-    loop = Loop(model, rollout, train, val, test, reward, validate, list(baselines), config)
+    check_fit_args(rollout, train, val, test, score_group, validate, baselines, config)
+    loop = Loop(model, rollout, train, val, test, score_group, validate, list(baselines), config)
     start = step = await model.get_step()
     history = loop.store.history()
     if step > 0 and val:  # a resumed run: retention keeps the best so far, not only the backend's own pick

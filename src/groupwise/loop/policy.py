@@ -1,4 +1,4 @@
-"""What to do about alerts: the seed's "when metrics diverge" table as the default policy.
+"""What to do about alerts: the "when metrics diverge" table as the default policy.
 
 | observation           | interpretation  | default action                        | LoopConfig field   |
 |-----------------------|-----------------|---------------------------------------|--------------------|

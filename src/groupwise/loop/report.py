@@ -7,7 +7,7 @@ Writes into ``<run_dir>/report/`` (or ``--out``):
   draw of the same policy could land: differences inside it are noise), every baseline as a horizontal
   dashed line (the base's interval as a band), and the best step starred. Both panels mark alerts (triangles coloured by severity, named) and the stop point (a
   vertical line labelled with the rule).
-- ``cost.png``: seconds per step spent gathering, judging (reward step) and training, and the judge's
+- ``cost.png``: seconds per step spent gathering, judging (fit's score_group) and training, and the judge's
   cumulative cost in USD.
 
 The table has one line per step: train reward +- std, the validation metric where measured, step time,

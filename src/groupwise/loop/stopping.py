@@ -1,9 +1,9 @@
-"""Stopping rules: pure functions over the history (the seed's "knowing when you're done").
+"""Stopping rules: pure functions over the history, the loop's "knowing when you're done".
 
 Each rule returns a `StopDecision` whose `reason` is the sentence shown in the summary, the history and
 the report. The curve a rule watches is the *primary curve*: the validation metric (``val/<metric>``)
-where the run has validation, else the mean train reward (pure-RULER runs, seed: "avg reward plateaus
-10+ steps"). Rules, in the order `check_stopping` applies them:
+where the run has validation, else the mean train reward (pure-RULER runs: a reward that plateaus for
+10+ steps is done). Rules, in the order `check_stopping` applies them:
 
 - max steps: ``step >= max_steps``;
 - target: the latest primary value reaches ``target``;

@@ -51,8 +51,8 @@ def _train_config(spec: EnvSpec, device: str | None) -> Any:
     return gw.TrainConfig(learning_rate=spec.learning_rate)
 
 
-def _reward_step(spec: EnvSpec, judge: str | None, model: Any, base_model: str, gate_correct: bool = False):
-    """The group step applied after gathering: None for verifiable envs, else a RULER call."""
+def _score_group(spec: EnvSpec, judge: str | None, model: Any, base_model: str, gate_correct: bool = False):
+    """fit's score_group: None for verifiable envs, else a RULER call (gated by correctness for hybrid)."""
     if spec.reward == "verifiable" and judge is None:
         return None
     from groupwise.judge import apply_hybrid, gate, ruler_score_group
@@ -70,14 +70,14 @@ def _reward_step(spec: EnvSpec, judge: str | None, model: Any, base_model: str, 
         kwargs["client"] = model.backend.judge_client(judge_model)
     rubric_kwargs = {"rubric": spec.rubric} if spec.rubric else {}
 
-    async def reward(group):
+    async def score_group(group):
         judged = await ruler_score_group(group, judge_model, swallow_exceptions=True, **rubric_kwargs, **kwargs)
         if judged is not None and gate_correct and spec.gate_metric:
             # Correctness gate: a wrong answer keeps at most the judge's floor (judge/hybrid.py says why).
             judged = apply_hybrid(judged, gate, verifiable_key=spec.gate_metric)
         return judged
 
-    return reward
+    return score_group
 
 
 async def train(
@@ -150,7 +150,7 @@ async def train(
             model, spec.rollout, train_s,
             val_scenarios=val_s if spec.val_metric else None,
             test_scenarios=test_s if spec.val_metric else None,
-            reward=_reward_step(spec, judge, model, model_name, gate),
+            score_group=_score_group(spec, judge, model, model_name, gate),
             validate=spec.validate if spec.val_metric else None,
             baselines=baselines if spec.val_metric else (),
             config=config,
