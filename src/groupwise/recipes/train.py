@@ -36,10 +36,10 @@ def _train_config(spec: EnvSpec, device: str | None) -> Any:
     """The GRPO step settings of the job.
 
     Tool-using transcripts (email) run to thousands of tokens: recompute layers in the backward pass
-    instead of holding their activations (measured: the email step was OOM-killed without it).
-    Otherwise, on the CPU, micro-batches of 1024 tokens: an fp32 SmolLM2 holds ~1.5 MB of activations per
-    token for the backward, so the default 4096-token micro-batch alone took ~7.7 GB (the 2048 job peaked
-    at 9.9 GB); 1024 tokens give the same gradient (the loss normalises over the whole step) in ~2.6 GB.
+    instead of holding their activations, which would not fit a small machine. Otherwise, on the CPU,
+    micro-batches of 1024 tokens: an fp32 SmolLM2 holds ~1.5 MB of activations per token for the
+    backward, so a 4096-token micro-batch alone takes ~6 GB; 1024 tokens give the same gradient (the
+    loss normalises over the whole step) in a quarter of that.
     """
     import groupwise as gw
     from groupwise.loading import resolve_device
