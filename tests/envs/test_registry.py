@@ -20,7 +20,7 @@ def _key(s):
 
 
 def test_registry_names_and_fields():
-    assert set(ENVS) == {"2048", "tictactoe", "math", "email", "titles"}
+    assert set(ENVS) == {"2048", "tictactoe", "tictactoe-minimax", "math", "email", "titles"}
     for name, spec in ENVS.items():
         assert spec.name == name and spec.reward in ("verifiable", "judge", "hybrid")
         assert spec.steps > 0 and spec.rollouts_per_group > 1 and spec.groups_per_step > 0

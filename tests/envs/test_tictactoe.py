@@ -144,3 +144,24 @@ async def test_rollout_as_o_against_minimax_starts_with_the_opponents_move(scrip
     traj = await rollout(model, ScenarioTicTacToe(seed=0, opponent="minimax", agent_mark="O"))
     first_board = traj.messages()[1]["content"]
     assert "X" in first_board and traj.metrics["invalid_move"] == 1.0
+
+
+async def test_minimax_env_counts_a_perfect_agents_draws_as_not_lost(scripted):
+    """An agent that plays minimax itself (reading the board off the prompt) never loses to minimax: every
+    held-out game of `tictactoe-minimax` is a draw, which its metric counts; an invalid game is lost."""
+    from groupwise.envs import get_env
+
+    def perfect(body):
+        board_text = body["messages"][-1]["content"].split(":\n", 1)[1].split("\nWhich")[0]
+        cells = [c for c in board_text if c.isdigit() or c in "XO"]
+        board = "".join(" " if c.isdigit() else c for c in cells)
+        return f"<move>{minimax_move(board) + 1}</move>"
+
+    spec = get_env("tictactoe-minimax")
+    _, val, _ = spec.scenarios(0)
+    assert all(s.opponent == "minimax" for s in val)
+    for s in val[:6]:
+        traj = await rollout(scripted(perfect), s)
+        assert traj.metrics["draw"] == 1.0 and spec.validate(traj) == 1.0
+    broken = await rollout(scripted(["no move here"]), val[0])
+    assert spec.validate(broken) == 0.0

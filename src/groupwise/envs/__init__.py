@@ -78,6 +78,16 @@ ENVS: dict[str, EnvSpec] = {
         reward="verifiable",
         steps=12, rollouts_per_group=8, groups_per_step=3, max_tokens=12, learning_rate=1e-4,
     ),
+    "tictactoe-minimax": EnvSpec(
+        name="tictactoe-minimax",
+        description="Tic-tac-toe as X against minimax (perfect play): the best result is a draw.",
+        rollout=tictactoe.rollout,
+        scenarios=tictactoe.scenarios_minimax,
+        validate=tictactoe.validate_not_lost,
+        val_metric="not_lost_rate",
+        reward="verifiable",
+        steps=12, rollouts_per_group=8, groups_per_step=3, max_tokens=12, learning_rate=1e-4,
+    ),
     "math": EnvSpec(
         name="math",
         description="Level-1 arithmetic and word problems, graded by the exact final answer.",

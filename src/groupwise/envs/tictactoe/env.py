@@ -150,6 +150,16 @@ def validate(trajectory: Trajectory) -> float:
     return float(trajectory.metrics["win"])
 
 
+def validate_not_lost(trajectory: Trajectory) -> float:
+    """Held-out metric against minimax: 1 for a win or a draw (a valid game not lost), else 0."""
+    return float(trajectory.metrics["win"] or trajectory.metrics["draw"])
+
+
+def scenarios_minimax(seed: int = 0, **overrides: Any):
+    """`scenarios` against the minimax opponent (perfect play: the best the agent can do is a draw)."""
+    return scenarios(seed, **{"opponent": "minimax", **overrides})
+
+
 def scenarios(seed: int = 0, *, n_train: int = 400, n_val: int = 24, n_test: int = 48, **overrides: Any):
     """(train, val, test) games against the random opponent, the agent as X."""
     train, val, test = split_seeds(seed, n_train, n_val, n_test, offset=3)
