@@ -67,3 +67,13 @@ def test_demonstrated_calls_are_sentences_of_the_tool_call_grammar(train_scenari
         assert end == tokenizer.eos_token_id  # the turn ends with <|im_end|>, which the grammar then admits
         assert matcher.consume_tokens(call), tokenizer.decode(call)
         assert matcher.is_accepting(), tokenizer.decode(call)
+
+
+async def test_text_mode_demonstration_is_what_the_text_rollout_records(scripted):
+    s = scenarios(0, tool_mode="text")[0][5]
+    demo = demonstration(s)
+    replies = [m["content"] for m in demo.messages_and_choices if m["role"] == "assistant"]
+    assert all(r.startswith("<tool_call>{") and r.endswith("}</tool_call>") for r in replies)
+    traj = await rollout(scripted(replies), s)
+    assert traj.messages() == demo.messages() and traj.tools is None
+    assert traj.metrics["correct"] == 1.0 and traj.reward == demo.reward

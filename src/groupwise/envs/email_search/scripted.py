@@ -1,7 +1,8 @@
 """A scripted agent that knows the ground truth: the demonstrations of the email agent's SFT warm start.
 
 No model is involved. For a question it does what a good agent does, through the env's own tools and
-in the rollout's own message format (native tool calls, `tool` results, the same system prompt and
+in the rollout's own message format (the scenario's tool mode: native tool calls and `tool` results,
+or the text mode's ``<tool_call>`` replies and ``<tool_result>`` messages; the same system prompt and
 tools), so a demonstration is exactly the trajectory `rollout` would record for a perfect policy:
 
 1. ``search_emails(keywords=<the question's key words>)``: the words the question names the fact by
@@ -21,7 +22,14 @@ from typing import Any
 
 from groupwise.envs._chat import new_trajectory
 from groupwise.envs.email_search import tools as T
-from groupwise.envs.email_search.env import SYSTEM_PROMPT, ScenarioEmail, ToolCall, email_reward, run_tool
+from groupwise.envs.email_search.env import (
+    SYSTEM_PROMPT,
+    TEXT_TOOLS,
+    ScenarioEmail,
+    ToolCall,
+    email_reward,
+    run_tool,
+)
 from groupwise.envs.email_search.inbox import default_database
 from groupwise.types import Trajectory
 
@@ -33,16 +41,15 @@ def _call(k: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def demonstration(scenario: ScenarioEmail) -> Trajectory:
-    """The trajectory of the scripted agent on `scenario` (native tool mode), graded like a rollout."""
-    if scenario.tool_mode != "native":
-        raise ValueError("demonstrations are written in native tool mode (the default); got tool_mode='text'")
+    """The trajectory of the scripted agent on `scenario` (in its tool mode), graded like a rollout."""
+    native = scenario.tool_mode == "native"
     if scenario.max_turns < 3:
         raise ValueError(f"a demonstration takes 3 turns (search, read, answer); max_turns={scenario.max_turns}")
     if not scenario.keywords:
         raise ValueError(f"scenario {scenario.question_id} has no keywords; build scenarios with `scenarios()`")
     db = scenario.db or str(default_database(scenario.corpus_seed))
     system = SYSTEM_PROMPT.format(inbox=scenario.inbox, today=scenario.today, max_turns=scenario.max_turns)
-    traj = new_trajectory(system, scenario.question, tools=T.TOOLS)
+    traj = new_trajectory(system + ("" if native else TEXT_TOOLS), scenario.question, tools=T.TOOLS if native else None)
     traj.metadata.update({"env": "email", "question_id": scenario.question_id, "inbox": scenario.inbox,
                           "question": scenario.question, "truth": scenario.answer, "source_id": scenario.source_id,
                           "policy": "scripted"})
@@ -52,7 +59,11 @@ def demonstration(scenario: ScenarioEmail) -> Trajectory:
     found = read = False
     for k, (name, arguments) in enumerate(plan):
         call = _call(k, name, arguments)
-        traj.messages_and_choices.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        if native:
+            traj.messages_and_choices.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        else:  # the text the TEXT_TOOLS prompt shows
+            text = json.dumps({"name": name, "arguments": arguments})
+            traj.messages_and_choices.append({"role": "assistant", "content": f"<tool_call>{text}</tool_call>"})
         if name == "return_final_answer":
             result: Any = {"ok": True}
         else:
@@ -64,8 +75,11 @@ def demonstration(scenario: ScenarioEmail) -> Trajectory:
                                    "no longer keeps each fact findable by its keywords")
         if name == "read_email":
             read = result["message_id"] == scenario.source_id
-        traj.messages_and_choices.append({"role": "tool", "tool_call_id": call["id"],
-                                          "content": json.dumps(result, ensure_ascii=False)})
+        content = json.dumps(result, ensure_ascii=False)
+        if native:
+            traj.messages_and_choices.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+        elif name != "return_final_answer":
+            traj.messages_and_choices.append({"role": "user", "content": f"<tool_result>{content}</tool_result>"})
     traj.reward = email_reward(correct=True, answered=True, idk=False, format_error=False, found_source=found,
                                read_source=read, cited_source=True, turns=len(plan), max_turns=scenario.max_turns)
     traj.metadata["answer"] = scenario.answer
