@@ -39,9 +39,9 @@ from groupwise.loop.fit import AtStep
 from groupwise.recipes.sft import env_demonstrations, warm_start
 
 
-def held_out(spec: Any, n: int | None) -> list[Any]:
+def held_out(spec: Any, n: int | None, **overrides: Any) -> list[Any]:
     """The env's validation and test questions (no run trains on them), answered greedily."""
-    _, val, test = spec.scenarios(0, max_tokens=spec.max_tokens, temperature=0.0)
+    _, val, test = spec.scenarios(0, **{"max_tokens": spec.max_tokens, "temperature": 0.0, **overrides})
     return (val + test)[:n]
 
 
@@ -75,7 +75,8 @@ def judge_agreement(groups: list[Any]) -> tuple[int, int]:
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     spec = get_env("email")
-    heldout = held_out(spec, args.heldout)
+    mode = {"tool_mode": args.tool_mode}
+    heldout = held_out(spec, args.heldout, **mode)
     name = args.name or f"email-warm-s{args.seed}"
     t0 = time.monotonic()
     model = gw.TrainableModel(name=name, project="email", base_model=args.model, base_path=args.path)
@@ -83,7 +84,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                               max_batch_size=max(32, len(heldout)))
     await model.register(backend)
     out: dict[str, Any] = {"seed": args.seed, "model": args.model, "demos": args.demos, "epochs": args.epochs,
-                           "steps": args.steps, "heldout": len(heldout), "sft_lr": args.sft_lr, "rl_lr": args.rl_lr}
+                           "steps": args.steps, "heldout": len(heldout), "sft_lr": args.sft_lr, "rl_lr": args.rl_lr,
+                           "tool_mode": args.tool_mode, "rollouts": args.rollouts, "groups": args.groups,
+                           "temperature": args.temperature, "judge": args.judge}
     say = lambda text: print(f"[email-warm-start s{args.seed} {time.monotonic() - t0:6.0f}s] {text}", flush=True)  # noqa: E731
     judge_pairs = [0, 0]
     try:
@@ -92,7 +95,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         say(f"base accuracy {out['base']['accuracy']:.3f} ({out['base']['seconds']}s)")
 
         t = time.monotonic()
-        demos = env_demonstrations(spec, args.demos, seed=args.seed)
+        demos = env_demonstrations(spec, args.demos, seed=args.seed, **mode)
         sft_steps = await warm_start(model, demos, epochs=args.epochs, learning_rate=args.sft_lr,
                                      batch_size=args.batch_size, seed=args.seed, gradient_checkpointing=False)
         out["sft_seconds"] = round(time.monotonic() - t, 1)
@@ -117,7 +120,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             num_epochs=100, learning_rate=args.rl_lr, seed=args.seed, patience=1000, max_exceptions=0.1,
             train_config=gw.TrainConfig(learning_rate=args.rl_lr, micro_batch_tokens=2048, max_seq_len=4096),
             metric="accuracy")
-        summary = await gw.fit(model, spec.rollout, spec.scenarios(args.seed, max_tokens=spec.max_tokens)[0],
+        train = spec.scenarios(args.seed, max_tokens=spec.max_tokens, temperature=args.temperature, **mode)[0]
+        summary = await gw.fit(model, spec.rollout, train,
                                reward=hybrid if args.judge else None, config=config)
         final = summary.final_step
         out["rl_seconds"] = round(time.monotonic() - t, 1)
@@ -155,4 +159,8 @@ if __name__ == "__main__":
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--rl-lr", type=float, default=2e-5)
     p.add_argument("--no-judge", dest="judge", action="store_false", help="ground-truth reward only")
+    p.add_argument("--tool-mode", default="native", choices=("native", "text"),
+                   help="native: OpenAI tools under the server's tool-call grammar (~1300 tokens a transcript); "
+                        "text: tools described in the system prompt, calls written as text (~700 tokens)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the GRPO rollouts")
     asyncio.run(main(p.parse_args()))

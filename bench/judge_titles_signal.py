@@ -65,13 +65,15 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--judge", default="local/smollm2-135m")
     ap.add_argument("--orders", type=int, default=2, help="shuffled orders judged per text")
+    ap.add_argument("--texts", type=int, default=len(GOOD), help=f"how many of the {len(GOOD)} texts")
     args = ap.parse_args()
     won = tied = lost = 0
     good_scores: list[float] = []
     bad_scores: list[float] = []
     by_kind = {k: [0, 0] for k in ("generic", "clickbait", "other text", "not a title")}
+    flat = groups = 0
     t0 = time.monotonic()
-    for i in range(len(GOOD)):
+    for i in range(args.texts):
         for order in range(args.orders):
             titles = titles_for(i)
             shown = list(range(len(titles)))
@@ -80,6 +82,10 @@ async def main() -> None:
                       {"role": "assistant", "content": titles[k][0]}] for k in shown]
             result = await ruler_detailed(lists, args.judge, RUBRIC)
             score = {shown[s.index]: s.score for s in result.scores}
+            groups += 1
+            flat += len(set(score.values())) == 1
+            if groups == 1:
+                print(f"the judge's first answer:\n{result.raw_answers[0] if result.raw_answers else None}\n")
             for g in (k for k, (_, ok) in enumerate(titles) if ok):
                 good_scores.append(score[g])
                 for b, kind in zip(range(2, 6), by_kind):
@@ -93,10 +99,11 @@ async def main() -> None:
                                                             for k in range(len(titles))), flush=True)
     n = won + tied + lost
     lo, hi = wilson(won, won + lost)
-    print(f"\njudge {args.judge}, {len(GOOD)} texts x {args.orders} orders, {n} (good, bad) pairs, "
+    print(f"\njudge {args.judge}, {args.texts} texts x {args.orders} orders, {n} (good, bad) pairs, "
           f"{time.monotonic() - t0:.0f}s")
     print(f"good won {won}, tied {tied}, lost {lost}: won share of untied pairs {won / max(won + lost, 1):.3f} "
           f"(95% CI {lo:.3f}-{hi:.3f}; no signal = 0.5)")
+    print(f"groups scored all alike: {flat} of {groups}")
     print(f"mean score good {sum(good_scores) / len(good_scores):.3f}, bad {sum(bad_scores) / len(bad_scores):.3f}")
     for kind, (w, m) in by_kind.items():
         print(f"  good beat the {kind} title in {w} of {m} pairs")

@@ -38,14 +38,14 @@ def read_jsonl(path: str | Path) -> list[Any]:
     return out
 
 
-def env_demonstrations(spec: EnvSpec, n: int, *, seed: int, max_tokens: int | None = None) -> list[Any]:
+def env_demonstrations(spec: EnvSpec, n: int, *, seed: int, max_tokens: int | None = None, **overrides: Any) -> list[Any]:
     """`n` demonstrations of the env's scripted demonstrator on its training scenarios (the first `n` of the
-    seed's training order, so the RL that follows starts where they end)."""
+    seed's training order); `overrides` go to the scenarios (e.g. the email env's tool_mode)."""
     if spec.demonstrate is None:
         have = sorted(name for name, s in _envs().items() if s.demonstrate is not None)
         raise ValueError(f"env {spec.name!r} has no scripted demonstrator; these have one: {have}. "
                          "Or pass a JSONL file of demonstrations.")
-    train = spec.scenarios(seed, max_tokens=max_tokens or spec.max_tokens)[0]
+    train = spec.scenarios(seed, **{"max_tokens": max_tokens or spec.max_tokens, **overrides})[0]
     if n > len(train):
         raise ValueError(f"--sft {n}: env {spec.name!r} has {len(train)} training scenarios")
     return [spec.demonstrate(s) for s in train[:n]]
