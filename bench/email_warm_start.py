@@ -105,8 +105,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         judge_client, judge_model = model.openai_client(), model.inference_name(0)
 
         async def hybrid(group):
+            # ~40 tokens per trajectory's score and short explanation: the bound keeps a slow local judge short.
             judged = await ruler_score_group(group, judge_model, rubric=spec.rubric, swallow_exceptions=True,
-                                             client=judge_client)
+                                             client=judge_client, max_tokens=48 * len(group.trajectories) + 32)
             if judged is None:  # the judge failed: the ground-truth reward alone
                 return group
             a, n = judge_agreement([judged])

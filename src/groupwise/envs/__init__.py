@@ -76,7 +76,9 @@ ENVS: dict[str, EnvSpec] = {
         validate=tictactoe.validate,
         val_metric="win_rate",
         reward="verifiable",
-        steps=12, rollouts_per_group=8, groups_per_step=3, max_tokens=12, learning_rate=1e-4,
+        # lr 1e-4 moved the invalid-move rate from 0.96 to 0.88 in 6 steps (seed 0): too slow for a job
+        # of 12 steps. As in 2048, the first thing to learn is to name one free cell, learnt at 5e-4.
+        steps=12, rollouts_per_group=8, groups_per_step=3, max_tokens=12, learning_rate=5e-4,
     ),
     "tictactoe-minimax": EnvSpec(
         name="tictactoe-minimax",
@@ -86,7 +88,7 @@ ENVS: dict[str, EnvSpec] = {
         validate=tictactoe.validate_not_lost,
         val_metric="not_lost_rate",
         reward="verifiable",
-        steps=12, rollouts_per_group=8, groups_per_step=3, max_tokens=12, learning_rate=1e-4,
+        steps=12, rollouts_per_group=8, groups_per_step=3, max_tokens=12, learning_rate=5e-4,
     ),
     "math": EnvSpec(
         name="math",

@@ -82,6 +82,15 @@ async def complete(
     return response.choices[0]
 
 
+def turn_sampling(sampling: Sampling, turn: int) -> Sampling:
+    """The sampling settings of reply `turn` of an episode: a seeded episode draws each reply with its own
+    seed (one seed for every turn would replay the same random numbers in each reply, so an episode's
+    replies would agree with each other more than chance)."""
+    if sampling.sampling_seed is None or turn == 0:
+        return sampling
+    return sampling.model_copy(update={"sampling_seed": sampling.sampling_seed + 7919 * turn})
+
+
 def choice_text(choice: Choice) -> str:
     """The assistant text of a Choice ("" when the model only called tools or said nothing)."""
     return choice.message.content or ""

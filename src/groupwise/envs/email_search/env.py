@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from groupwise.envs._chat import Sampling, choice_text, complete, new_trajectory
+from groupwise.envs._chat import Sampling, choice_text, complete, new_trajectory, turn_sampling
 from groupwise.envs.email_search import tools as T
 from groupwise.envs.email_search.inbox import default_database, generate_corpus
 from groupwise.envs.email_search.questions import (
@@ -183,8 +183,8 @@ async def rollout(model: Any, scenario: ScenarioEmail) -> Trajectory:
         tool_choice: Any = scenario.tool_choice if native else None
         if native and scenario.force_final_answer and turns == scenario.max_turns - 1:
             tool_choice = {"type": "function", "function": {"name": "return_final_answer"}}
-        choice = await complete(model, traj.messages(), scenario, tools=T.TOOLS if native else None,
-                                tool_choice=tool_choice)
+        choice = await complete(model, traj.messages(), turn_sampling(scenario, turns),
+                                tools=T.TOOLS if native else None, tool_choice=tool_choice)
         traj.messages_and_choices.append(choice)
         turns += 1
         calls = parse_tool_calls(choice)

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from groupwise.envs._chat import Sampling, choice_text, complete, new_trajectory, split_seeds
+from groupwise.envs._chat import Sampling, choice_text, complete, new_trajectory, split_seeds, turn_sampling
 from groupwise.envs.tictactoe.game import (
     is_over,
     legal_moves,
@@ -109,7 +109,7 @@ async def rollout(model: Any, scenario: ScenarioTicTacToe) -> Trajectory:
     while not is_over(board):
         if moves:
             traj.messages_and_choices.append({"role": "user", "content": user_prompt(board, mark)})
-        choice = await complete(model, traj.messages(), scenario)
+        choice = await complete(model, traj.messages(), turn_sampling(scenario, moves))
         traj.messages_and_choices.append(choice)
         cell = parse_cell(choice_text(choice))
         tagged += cell is not None
