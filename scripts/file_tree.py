@@ -1,6 +1,6 @@
-"""Rewrite the README's "File tree" block: one line per tracked file, described by its docstring's first line.
+"""Rewrite the "File tree" block of docs/architecture.md: one line per tracked file, from its docstring.
 
-    python scripts/readme_tree.py        # run after adding or moving files
+    python scripts/file_tree.py        # run after adding or moving files
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTES = {
     ".ci/run": "CI: fresh venv, then exactly the README's test command (pytest; 'no tests' fails too)",
     ".gitignore": "ignored: venvs, caches, run stores",
-    "README.md": "this file",
+    "README.md": "the front door: what groupwise is, the two commands, an example, results",
     "pyproject.toml": "package, extras (backend, plots, vllm, wandb, tensorboard, dev, all), pytest settings",
 }
 
@@ -44,13 +44,13 @@ def describe(path: Path) -> str:
 def main() -> None:
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     lines = [f"{f:<56}{describe(ROOT / f)}".rstrip() for f in sorted(files) if (ROOT / f).is_file()]
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+    doc = ROOT / "docs" / "architecture.md"
+    text = doc.read_text()
     head, rest = text.split("## File tree", 1)
-    _, after = rest.split("```\n", 1)
+    intro, after = rest.split("```\n", 1)
     _, tail = after.split("```\n", 1)
-    readme.write_text(head + "## File tree\n\n```\n" + "\n".join(lines) + "\n```\n" + tail)
-    print(f"{len(lines)} files listed in README.md")
+    doc.write_text(head + "## File tree" + intro + "```\n" + "\n".join(lines) + "\n```\n" + tail)
+    print(f"{len(lines)} files listed in {doc.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
