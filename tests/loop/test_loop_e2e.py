@@ -99,8 +99,8 @@ async def test_gamed_reward_on_a_tiny_model_raises_val_drop_stops_and_keeps_the_
     assert ev["drop"] >= 0.15 and ev["reward_now"] - ev["reward_then"] >= 0.05
     # beyond the noise: 2 x 16 validation answers (Wilson intervals), 64 rollouts per train step
     assert ev["drop"] > ev["noise"] > 0 and ev["reward_rise"] > ev["reward_noise"] > 0
-    # the reward really rose and validation really fell
-    assert max(train[-3:]) > train[0] + 0.1
+    # the reward really rose (by the configured reward_rise) and validation really fell
+    assert max(train[-3:]) > train[0] + 0.05
     best_step = summary.best_step
     assert val[best_step] == max(val.values()) and val[summary.final_step] <= val[best_step] - 0.15
     # the best checkpoint was kept (retention by val/one_line) and the test split ran against it
