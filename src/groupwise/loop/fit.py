@@ -318,15 +318,19 @@ class Loop:
                                                 cursor=cursor.to_dict())
                 break
             except NotTrainableError as exc:
-                # Same step, same scenarios, fresh samples: the data position and step stay in lockstep.
-                alert = Alert("no_signal", "warning", step, f"attempt {attempt + 1}: {exc}",
-                              {"attempt": attempt + 1, "rewards": [g.rewards()[:8] for g in groups[:4]]})
-                self.store.append_history(alert.to_row("resample"))
-                self.alerts.append(alert)
-                log.warning("step %d: nothing trainable (attempt %d of %d): %s", step, attempt + 1,
-                            self.c.resample_no_signal + 1, exc)
                 if last:
                     raise
+                # Same step, same scenarios, fresh samples: the data position and step stay in lockstep.
+                # The backend's message names the max_skipped_steps=0 used for this probe, so say it here.
+                shown = "; ".join(f"group {g}: {r.rewards()[:4]}" for g, r in enumerate(groups[:3]))
+                message = (f"no learning signal: every group's rewards are equal ({shown}{' ...' if len(groups) > 3 else ''}); "
+                           f"sampling the step's scenarios again (attempt {attempt + 2} of {self.c.resample_no_signal + 1}, "
+                           f"LoopConfig.resample_no_signal={self.c.resample_no_signal})")
+                alert = Alert("no_signal", "warning", step, message,
+                              {"attempt": attempt + 1, "rewards": [g.rewards()[:8] for g in groups[:4]], "error": str(exc)})
+                self.store.append_history(alert.to_row("resample"))
+                self.alerts.append(alert)
+                log.warning("step %d: %s", step, message)
         t3 = time.perf_counter()
         cost = sum(float(g.metrics.get("judge/cost_usd", 0.0)) for g in groups)
         self.store.append_history({

@@ -1,0 +1,67 @@
+"""The README's Python example runs as written (on a tiny random model instead of SmolLM2, two steps instead
+of twenty), and so do the `groupwise` commands after it, on the run it made."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+
+
+def blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
+
+
+def example() -> str:
+    found = [b for b in blocks("python") if "gw.fit(" in b]
+    assert len(found) == 1, "the README should hold exactly one complete gw.fit example"
+    return found[0]
+
+
+def replace_once(code: str, old: str, new: str) -> str:
+    assert code.count(old) == 1, f"the README example no longer contains {old!r}: update this test"
+    return code.replace(old, new)
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    pytest.importorskip("torch")
+    from groupwise.loading import tiny_random_model
+
+    path = tmp_path_factory.mktemp("tiny-readme")
+    model, tok = tiny_random_model(seed=0)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.slow
+def test_the_readme_example_trains_and_the_commands_after_it_read_the_run(tiny_model_dir, tmp_path):
+    code = replace_once(example(), 'base_model="smollm2-135m"', f"base_model={tiny_model_dir!r}")
+    code = replace_once(code, "max_steps=20", "max_steps=2")
+    code = replace_once(code, "eval_every=5", "eval_every=1")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "best val/accuracy" in done.stdout and "test (best checkpoint)" in done.stdout
+
+    import groupwise as gw
+
+    history = gw.load_history(tmp_path / ".groupwise/sentiment/critic")
+    assert {r["step"] for r in history if r.get("split") == "val"} == {0, 1, 2}
+    assert any(r.get("split") == "test" for r in history)
+    assert any(r.get("split") == "stop" for r in history)
+
+    commands = [line for b in blocks("bash") for line in b.splitlines() if line.startswith("groupwise ")]
+    assert [c.split()[1] for c in commands] == ["inspect", "report"]
+    for command in commands:
+        argv = command.split("#")[0].split()
+        ran = subprocess.run([sys.executable, "-m", "groupwise.cli", *argv[1:]], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)
+        assert ran.returncode == 0, f"{command}: {ran.stderr[-2000:]}"
+        assert ran.stdout.strip()
