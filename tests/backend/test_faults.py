@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import tempfile
 
 import pytest
 import torch
@@ -49,8 +50,12 @@ async def resumed_identically(backend, model, step: int, cursor: dict) -> None:
 
 
 @pytest.mark.slow
-async def test_dead_or_stuck_worker_raises_and_every_rank_resumes_identically(tiny_model_dir, tmp_path, request):
+async def test_dead_or_stuck_worker_raises_and_every_rank_resumes_identically(tiny_model_dir, tmp_path, request,
+                                                                               monkeypatch):
     config = gw.TrainConfig(learning_rate=1e-2)
+    scratch = tmp_path / "tmp"  # the driver's temp folder, where the ranks' scratch folders go
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
 
     async def start(timeout_s: float = 60):
         backend = make_backend("data_parallel", tmp_path, request, best_checkpoint_metric=None)
@@ -63,6 +68,7 @@ async def test_dead_or_stuck_worker_raises_and_every_rank_resumes_identically(ti
     backend, model = await start()
     await model.train(await sample_groups(model), config=config, cursor={"offset": 1})
     pids = backend.worker_pids
+    assert len(list(scratch.glob("groupwise-workers-*/groupwise-rank1-*"))) == 1
     groups = await sample_groups(model, step=1)
     # rank 1 is held (SIGSTOP) so the step is surely under way when it dies: rank 0 trains its share and
     # waits in the gradient all-reduce, rank 1's command sits unread in its pipe
@@ -74,6 +80,7 @@ async def test_dead_or_stuck_worker_raises_and_every_rank_resumes_identically(ti
     with pytest.raises(WorkerError, match=r"rank 1 .* was killed by SIGKILL during 'update'"):
         await asyncio.wait_for(step, timeout=120)  # the guard against a hang; the error comes at once
     assert not any(alive(pid) for pid in pids)  # the other rank was stopped too
+    assert list(scratch.iterdir()) == []  # and the killed rank's scratch folder was removed by the driver
     with pytest.raises(WorkerError, match="SIGKILL"):  # the backend stays failed, loudly
         await model.train(groups, config=config)
     await backend.close()

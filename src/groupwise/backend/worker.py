@@ -75,6 +75,7 @@ class WorkerOptions:
     http_host: str = "127.0.0.1"  # the address its servers listen on
     api_key: str | None = None  # the key requests to those servers must carry
     load_model: Any = None  # (name, device=, dtype=) -> (model, tokenizer); None: groupwise.loading.load_base_model
+    scratch_root: str | None = None  # where ranks > 0 keep their adapter copies; None: the system's temp folder
 
 
 class Worker:
@@ -87,7 +88,8 @@ class Worker:
         self.process_group: Any = None
         self._servers: dict[str, Any] = {}
         self._server_tasks: list[asyncio.Task] = []
-        self._scratch = Path(tempfile.mkdtemp(prefix=f"groupwise-rank{rank}-")) if rank > 0 else None
+        self._scratch = (Path(tempfile.mkdtemp(prefix=f"groupwise-rank{rank}-", dir=options.scratch_root))
+                         if rank > 0 else None)
 
     # ------------------------------------------------------------------------------ setup
     async def init_process_group(self, init_method: str, timeout_s: float) -> dict[str, Any]:
