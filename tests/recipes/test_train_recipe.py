@@ -34,7 +34,7 @@ def test_advice_fits_how_the_run_went():
 
 def test_cpu_micro_batches_are_small_and_keep_the_gradient():
     config = _train_config(get_env("2048"), "cpu")
-    assert isinstance(config, gw.TrainConfig) and config.micro_batch_tokens == 1024
+    assert isinstance(config, gw.TrainConfig) and config.micro_batch_tokens == 512
     assert config.learning_rate == get_env("2048").learning_rate
     email = _train_config(get_env("email"), "cpu")
     assert email.gradient_checkpointing and email.micro_batch_tokens == 2048

@@ -37,9 +37,10 @@ def _train_config(spec: EnvSpec, device: str | None) -> Any:
 
     Tool-using transcripts (email) run to thousands of tokens: recompute layers in the backward pass
     instead of holding their activations, which would not fit a small machine. Otherwise, on the CPU,
-    micro-batches of 1024 tokens: an fp32 SmolLM2 holds ~1.5 MB of activations per token for the
-    backward, so a 4096-token micro-batch alone takes ~6 GB; 1024 tokens give the same gradient (the
-    loss normalises over the whole step) in a quarter of that.
+    micro-batches of 512 tokens: an fp32 SmolLM2 holds ~1.5 MB of activations per token for the
+    backward, so a 4096-token micro-batch alone takes ~6 GB; 512 tokens give the same gradient (the
+    loss normalises over the whole step) and keep the whole 2048 job under 4 GB, for a slightly
+    slower update than 1024 (docs/benchmarks.md, the main job).
     """
     import groupwise as gw
     from groupwise.loading import resolve_device
@@ -47,7 +48,7 @@ def _train_config(spec: EnvSpec, device: str | None) -> Any:
     if spec.reward != "verifiable":
         return gw.TrainConfig(learning_rate=spec.learning_rate, gradient_checkpointing=True, micro_batch_tokens=2048)
     if resolve_device(device).type == "cpu":
-        return gw.TrainConfig(learning_rate=spec.learning_rate, micro_batch_tokens=1024)
+        return gw.TrainConfig(learning_rate=spec.learning_rate, micro_batch_tokens=512)
     return gw.TrainConfig(learning_rate=spec.learning_rate)
 
 
