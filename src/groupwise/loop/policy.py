@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from groupwise.loop.detectors import Alert, reward_change
 from groupwise.loop.series import Row, events, points
-from groupwise.loop.stopping import StopDecision, gap_noise, last_improvement
+from groupwise.loop.stopping import StopDecision, last_improvement, significant_gap
 
 if TYPE_CHECKING:
     from groupwise.config import LoopConfig
@@ -111,9 +111,8 @@ def classify(history: list[Row], step: int, config: "LoopConfig") -> str:
     hib, d = config.higher_is_better, config.detectors
     change = reward_change(history, prev.step, step, d.reward_window, config.confidence)
     reward_up = change is not None and change.rose(max(config.min_delta, 1e-12))
-    gain = (now.value - prev.value) if hib else (prev.value - now.value)
-    if gain > config.min_delta and gain > gap_noise(now, prev, hib):
+    if significant_gap(now, prev, hib, config.min_delta):
         return "healthy"
-    if -gain > d.val_drop and -gain > gap_noise(prev, now, hib):
+    if significant_gap(prev, now, hib, d.val_drop):  # a drop larger than val_drop and than the noise
         return "hacking" if change is not None and change.rose(d.reward_rise) else "unstable"
     return "converged" if reward_up else "unknown"
