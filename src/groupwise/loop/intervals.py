@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
-__all__ = ["Interval", "bootstrap_mean", "combined_noise", "mean_interval", "wilson"]
+__all__ = ["Interval", "bootstrap_mean", "combined_noise", "mean_interval", "wilson", "z_score"]
 
 BOOTSTRAP_RESAMPLES = 2000
 
@@ -44,7 +44,8 @@ class Interval:
         return f"{self.mean:.3f} [{self.lo:.3f}, {self.hi:.3f}]"
 
 
-def _z(confidence: float) -> float:
+def z_score(confidence: float) -> float:
+    """The two-sided normal quantile of `confidence` (1.96 for 0.95)."""
     return NormalDist().inv_cdf(0.5 + confidence / 2)
 
 
@@ -52,7 +53,7 @@ def wilson(successes: float, n: int, confidence: float = 0.95) -> tuple[float, f
     """Wilson score interval of a proportion successes / n."""
     if n <= 0:
         return (math.nan, math.nan)
-    z = _z(confidence)
+    z = z_score(confidence)
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from statistics import NormalDist
 from typing import Any, NamedTuple
+
+from groupwise.loop.intervals import z_score
 
 Row = dict[str, Any]
 
@@ -84,10 +85,6 @@ def interval(row: Row, split: str, key: str) -> tuple[float, float] | None:
     return None if lo is None or hi is None else (lo, hi)
 
 
-def _z(confidence: float) -> float:
-    return NormalDist().inv_cdf(0.5 + confidence / 2)
-
-
 def points(history: Iterable[Row], split: str, key: str, *, up_to: int | None = None,
            confidence: float = 0.95) -> list[Point]:
     """Like `series`, with each point's interval: the row's ``<key>_lo/_hi`` when logged; for the mean
@@ -103,7 +100,7 @@ def points(history: Iterable[Row], split: str, key: str, *, up_to: int | None = 
         if bounds is None and key == "reward":
             sd, n = value(row, split, "reward_std"), value(row, split, "n_trajectories")
             if sd is not None and n:
-                half = _z(confidence) * sd / math.sqrt(n)
+                half = z_score(confidence) * sd / math.sqrt(n)
                 bounds = (v - half, v + half)
         out.append(Point(row["step"], v, *(bounds or (None, None))))
     return out
