@@ -83,6 +83,22 @@ def test_targets_are_the_assistant_turns_as_the_server_renders_them(tokenizer):
     assert "a small feline" in context and "What is a cat?" in context and "<tools>" in context
 
 
+def test_end_of_turn_found_when_the_named_special_tokens_miss_it(tokenizer):
+    # As transformers 5.17 builds SmolLM2's GGUF tokenizer: eos is <|im_start|> and <|im_end|> is only an
+    # added special token. The turn must still end at <|im_end|>, not raise or run into the next turn.
+    import copy
+
+    odd = copy.deepcopy(tokenizer)
+    odd.eos_token = "<|im_start|>"
+    odd.pad_token = "<|endoftext|>"
+    im_end = odd.convert_tokens_to_ids("<|im_end|>")
+    if hasattr(odd, "extra_special_tokens"):
+        odd.extra_special_tokens = []
+    assert im_end not in odd.all_special_ids and odd.eos_token_id != im_end
+    turn = rendered_turn_ids([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello"}], 1, odd)
+    assert odd.decode(turn) == "Hello<|im_end|>"
+
+
 def test_sampled_token_ids_are_kept_and_last_turn_only(tokenizer):
     eos = tokenizer.eos_token_id
     # A non-canonical tokenisation (one id per character): token-in/token-out keeps it.

@@ -63,9 +63,16 @@ def sft_loss(logprobs_BT: torch.Tensor, mask_BT: torch.Tensor, *, num_tokens: in
 
 
 def _special_ids(tokenizer: Any) -> set[int]:
+    """Ids that may end a turn: the named special tokens, and every added token marked special.
+
+    The added ones matter: transformers 5.17 builds SmolLM2's GGUF tokenizer with ``<|im_start|>`` as eos
+    and leaves ``<|im_end|>`` out of the named tokens, though it is still an added special token.
+    """
     ids = set(getattr(tokenizer, "all_special_ids", []) or [])
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(tokenizer.eos_token_id)
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids.update(i for i, token in added.items() if getattr(token, "special", False))
     return ids
 
 
