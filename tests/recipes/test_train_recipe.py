@@ -38,3 +38,21 @@ def test_cpu_micro_batches_are_small_and_keep_the_gradient():
     assert config.learning_rate == get_env("2048").learning_rate
     email = _train_config(get_env("email"), "cpu")
     assert email.gradient_checkpointing and email.micro_batch_tokens == 2048
+
+
+def test_the_job_says_each_step_and_its_stop_once(tmp_path, capsys):
+    # The whole main job on a tiny random model for one step: the per-step line, the summary, and the stop
+    # reason printed once (it used to come from the loop and again from the summary).
+    from groupwise.cli import main
+    from groupwise.loading import load_tokenizer, tiny_random_model
+
+    model, tok = tiny_random_model(seed=0, tokenizer=load_tokenizer("smollm2-135m"))
+    model.save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    code = main(["train", "2048", "--model", str(tmp_path / "tiny"), "--steps", "1", "--path", str(tmp_path / "runs"),
+                 "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "[groupwise train] step 1/1 · reward" in out and "ETA" in out
+    assert out.count("reached max_steps=1") == 1, out
+    assert "validation valid_move_rate: base" in out and "test (48 held-out scenarios" in out

@@ -186,11 +186,7 @@ async def train(
         ci = f" [{t[f'{metric}_lo']:.3f}, {t[f'{metric}_hi']:.3f}]" if f"{metric}_lo" in t else ""
         shown = f"{metric} {t[metric]:.3f}{ci}" if metric in t else f"reward {t['reward']:.3f}"
         say(f"test ({len(test_s)} held-out scenarios, checkpoint of step {summary.best_step}): {shown}")
-    rule = summary.stop.rule
-    if rule.startswith("alert:"):  # the alert's message was printed when it was raised
-        say(f"stopped at step {summary.final_step} by the {rule[6:]} alert above")
-    else:
-        say(f"stopped: {summary.stop_reason}")
+    rule = summary.stop.rule  # the loop printed the stop reason once, when it stopped
     for line in advice(base, best, summary.final_step, rule, env=spec.name, seed=seed, steps=max_steps - sft_steps,
                        run_dir=str(model.run_dir)):
         say(line)
