@@ -138,8 +138,28 @@ def load_tokenizer(name_or_path: str) -> Any:
             tmp = Path(tempfile.mkdtemp(prefix=f".{name_or_path}-tok-", dir=target.parent))
             tokenizer.save_pretrained(tmp)
             _publish(tmp, target, _TOKENIZER_MARKER)
-        return _fix_pad(AutoTokenizer.from_pretrained(str(target)))
-    return _fix_pad(AutoTokenizer.from_pretrained(name_or_path))
+        return _fix_pad(byte_level_decoder(AutoTokenizer.from_pretrained(str(target))))
+    return _fix_pad(byte_level_decoder(AutoTokenizer.from_pretrained(name_or_path)))
+
+
+def byte_level_decoder(tokenizer: Any) -> Any:
+    """Give a byte-level BPE tokenizer the byte-level decoder; returns the tokenizer.
+
+    transformers 5.17 converts SmolLM2's GGUF with a SentencePiece decoder chain (ByteFallback, Fuse,
+    Replace, ByteLevel) around its byte-level pre-tokenizer. Text still decodes, but llguidance reads
+    such a vocabulary as text, not bytes ("Ċ" is two bytes instead of a newline), so the tool-call
+    grammar rejects every newline and each constrained reply breaks off.
+    """
+    from tokenizers import decoders, pre_tokenizers
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not isinstance(backend.pre_tokenizer, pre_tokenizers.ByteLevel):
+        return tokenizer
+    # Byte fallback has no meaning for a byte-level vocabulary (every byte is a token): its presence
+    # marks that mis-conversion, and only that case is changed.
+    if isinstance(backend.decoder, decoders.Sequence) and b"ByteFallback" in backend.decoder.__getstate__():
+        backend.decoder = decoders.ByteLevel()
+    return tokenizer
 
 
 def _fix_pad(tokenizer: Any) -> Any:

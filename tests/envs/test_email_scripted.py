@@ -77,3 +77,33 @@ async def test_text_mode_demonstration_is_what_the_text_rollout_records(scripted
     traj = await rollout(scripted(replies), s)
     assert traj.messages() == demo.messages() and traj.tools is None
     assert traj.metrics["correct"] == 1.0 and traj.reward == demo.reward
+
+
+def test_the_grammar_reads_tokens_as_bytes_whatever_decoder_transformers_gave(train_scenarios):
+    """transformers 5.17 converts SmolLM2's GGUF with a SentencePiece decoder chain; llguidance then read "Ċ"
+    as two bytes, every newline of a tool call broke the grammar, and every email episode was all tool errors."""
+    import copy
+
+    from tokenizers import decoders
+
+    from groupwise.inference.constrained import constraint_for
+    from groupwise.inference.tool_calls import prepare_messages
+    from groupwise.loading import byte_level_decoder, load_tokenizer
+    from groupwise.training.sft import rendered_turn_ids
+
+    tokenizer = load_tokenizer("smollm2-135m")
+    assert isinstance(tokenizer.backend_tokenizer.decoder, decoders.ByteLevel)
+    as_517 = copy.deepcopy(tokenizer)
+    as_517.backend_tokenizer.decoder = decoders.Sequence(
+        [decoders.ByteFallback(), decoders.Fuse(), decoders.Replace("▁", " "), decoders.ByteLevel()])
+    demo = demonstration(train_scenarios[3])
+    messages = demo.messages()
+    *call, _ = rendered_turn_ids(messages, 2, tokenizer, tools=demo.tools, prepare=prepare_messages)
+    assert "\n" in tokenizer.decode(call)
+
+    def accepts(tok):
+        matcher = constraint_for(tok, tools=demo.tools, tool_choice="required").new_matcher()
+        return matcher.consume_tokens(call) and matcher.is_accepting()
+
+    assert not accepts(as_517)  # the failure this guards against
+    assert accepts(byte_level_decoder(copy.deepcopy(as_517)))
