@@ -132,6 +132,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="hybrid envs (email): judge score x correctness. Off by default: an untrained small "
                         "agent is never correct, and the gate would zero every reward (no signal)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--lr", type=_positive_float, default=None,
+                   help="GRPO learning rate (default: the env's, e.g. 1e-3 for 2048)")
     p.add_argument("--sft", type=int, default=0, metavar="N",
                    help="first a supervised warm start on N demonstrations of the env's scripted agent (email: "
                         "search, read, answer with the ground truth), then GRPO from there (default 0: none)")

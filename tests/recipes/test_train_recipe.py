@@ -1,5 +1,7 @@
 """`groupwise train`'s own logic: the CPU step settings that keep memory low, and advice that fits the run."""
 
+import json
+
 import groupwise as gw
 from groupwise.envs import get_env
 from groupwise.loop.series import Point
@@ -50,9 +52,12 @@ def test_the_job_says_each_step_and_its_stop_once(tmp_path, capsys):
     model.save_pretrained(tmp_path / "tiny")
     tok.save_pretrained(tmp_path / "tiny")
     code = main(["train", "2048", "--model", str(tmp_path / "tiny"), "--steps", "1", "--path", str(tmp_path / "runs"),
-                 "--device", "cpu"])
+                 "--device", "cpu", "--lr", "2e-3"])
     out = capsys.readouterr().out
     assert code == 0
     assert "[groupwise train] step 1/1 · reward" in out and "ETA" in out
     assert out.count("reached max_steps=1") == 1, out
     assert "validation valid_move_rate: base" in out and "test (48 held-out scenarios" in out
+    assert "lr=0.002" in out  # --lr replaces the env's rate (1e-3)
+    summary = json.loads((tmp_path / "runs" / "2048" / "2048-s0" / "summary.json").read_text())
+    assert summary["learning_rate"] == 2e-3

@@ -21,6 +21,7 @@ The defaults come from the env's `EnvSpec`, sized for about 10 minutes on 2 CPU 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 import time
@@ -91,6 +92,8 @@ async def train(
     path: str = ".groupwise",
     name: str | None = None,
     device: str | None = None,
+    dtype: str | None = None,
+    learning_rate: float | None = None,
     gate: bool = False,
     sft: int = 0,
     sft_epochs: int = 2,
@@ -101,6 +104,8 @@ async def train(
     from groupwise.loop.report import load_run, plot_run
 
     spec = get_env(env)
+    if learning_rate is not None:
+        spec = dataclasses.replace(spec, learning_rate=learning_rate)
     train_s, val_s, test_s = spec.scenarios(seed, max_tokens=spec.max_tokens)
     if spec.val_size is not None:
         val_s = val_s[: spec.val_size]
@@ -110,12 +115,12 @@ async def train(
     metric = spec.val_metric or "reward"
     print(f"[groupwise train] env={spec.name} ({spec.description})")
     print(f"[groupwise train] model={model_name} steps<={max_steps} seed={seed} "
-          f"groups/step={spec.groups_per_step} rollouts/group={spec.rollouts_per_group} "
+          f"groups/step={spec.groups_per_step} rollouts/group={spec.rollouts_per_group} lr={spec.learning_rate:g} "
           f"train/val/test={len(train_s)}/{len(val_s)}/{len(test_s)}")
 
     t0 = time.monotonic()
     model = gw.TrainableModel(name=name, project=spec.name, base_model=model_name, base_path=path)
-    backend = gw.LocalBackend(path, device=device, best_checkpoint_metric=f"val/{metric}",
+    backend = gw.LocalBackend(path, device=device, dtype=dtype, best_checkpoint_metric=f"val/{metric}",
                               max_batch_size=max(32, spec.rollouts_per_group * spec.groups_per_step))
     await model.register(backend)
     load_s = time.monotonic() - t0
@@ -166,6 +171,7 @@ async def train(
     best = next((p for p in points(history, "val", metric) if p.step == summary.best_step), None)
     result = {
         "env": spec.name, "model": model_name, "seed": seed, "run_dir": str(model.run_dir),
+        "learning_rate": spec.learning_rate,
         "metric": f"val/{metric}", "base": base.value if base else None,
         "base_interval": [base.lo, base.hi] if base else None,
         "trained_best": summary.best_value, "best_interval": [best.lo, best.hi] if best else None,
@@ -266,6 +272,7 @@ def run_train(args: Any) -> int:
     _show_progress()
     asyncio.run(train(args.env, model_name=args.model, judge=args.judge, steps=args.steps, seed=args.seed,
                       path=args.path, name=args.name, device=getattr(args, "device", None),
+                      dtype=getattr(args, "dtype", None), learning_rate=getattr(args, "lr", None),
                       gate=getattr(args, "gate", False), sft=getattr(args, "sft", 0),
                       sft_epochs=getattr(args, "sft_epochs", 2), sft_lr=getattr(args, "sft_lr", 2e-4)))
     return 0
