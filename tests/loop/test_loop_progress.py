@@ -53,3 +53,26 @@ async def test_fit_logs_one_line_per_step_and_the_stop_once(tmp_path, caplog):
     h = gw.load_history(model.run_dir)
     assert len([r for r in h if r.get("split") == "alert" and r["name"] == "identical_answers"]) == 4
     assert sum("identical_answers" in m for m in lines) == 1
+
+
+async def test_a_stop_by_an_alert_prints_the_alert_message_once(tmp_path, caplog):
+    # validation falls while the reward rises from step 3: val_drop stops the run; its message is logged
+    # when raised, and the stop line names the alert instead of repeating it.
+    def gamed(step, scenario):
+        if step <= 2:
+            return f"answer {scenario['answer']}", 0.1 * step
+        return "pad " * (5 * step), 0.1 * step + 0.5
+
+    model = gw.TrainableModel("gamed", project="loop", base_model="none", base_path=str(tmp_path))
+    await model.register(ScriptedBackend())
+    cfg = gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, eval_every=2, max_steps=20, num_epochs=10)
+    with caplog.at_level(logging.INFO, logger="groupwise.loop"):
+        summary = await gw.fit(model, make_rollout(gamed), SCENARIOS[:8], val_scenarios=SCENARIOS[8:11],
+                               validate=lambda t, s: float(t.messages()[-1]["content"] == f"answer {s['answer']}"),
+                               config=cfg)
+    assert summary.stop.rule == "alert:val_drop"
+    message = summary.stop.reason.split(": ", 1)[1]
+    lines = [r.getMessage() for r in caplog.records if r.name == "groupwise.loop"]
+    assert sum(message in m for m in lines) == 1
+    stop = [m for m in lines if m.startswith("stopped at step")]
+    assert len(stop) == 1 and "the val_drop alert above" in stop[0]

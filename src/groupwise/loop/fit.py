@@ -412,6 +412,18 @@ class Loop:
         return out
 
 
+def stop_reason_once(decision: StopDecision) -> str:
+    """The stop line's reason: an alert's message was logged when the alert was raised, so a stop by an
+    alert names it instead of printing the message a second time."""
+    if not decision.rule.startswith("alert:"):
+        return decision.reason
+    name, evidence = decision.rule.removeprefix("alert:"), decision.evidence or {}
+    if "raised_at" in evidence:
+        return (f"the {name} alert of step {evidence['raised_at']} (above) asked to stop soon, and validation "
+                "has not improved since")
+    return f"the {name} alert above"
+
+
 async def fit(
     model: Any,
     rollout: Rollout,
@@ -485,7 +497,8 @@ async def fit(
     metric, best_step, best_value = loop.best(history, step)
     loop.store.append_history({"step": step, "split": "stop", "rule": decision.rule, "reason": decision.reason,
                                "best_step": best_step, "best_metric": metric, "evidence": decision.evidence})
-    log.info("stopped at step %d (%s): %s; best %s at step %s", step, decision.rule, decision.reason, metric, best_step)
+    log.info("stopped at step %d (%s): %s; best %s at step %s", step, decision.rule, stop_reason_once(decision),
+             metric, best_step)
     await loop.keep_best(best_step, history)
     test_result = await loop.test_at(best_step) if test and best_step is not None else None
     return FitSummary(
