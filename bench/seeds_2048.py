@@ -34,9 +34,10 @@ def seed_list(text: str) -> list[int]:
 
 def result(run_dir: Path) -> dict:
     """The run's summary.json plus its validation by step (from history.jsonl)."""
+    from groupwise import load_history
+
     summary = json.loads((run_dir / "summary.json").read_text())
-    rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines() if line.strip()]
-    summary["val_by_step"] = {r["step"]: r["valid_move_rate"] for r in rows if r.get("split") == "val"}
+    summary["val_by_step"] = {r["step"]: r["valid_move_rate"] for r in load_history(run_dir) if r.get("split") == "val"}
     return summary
 
 

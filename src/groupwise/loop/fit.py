@@ -53,7 +53,7 @@ from groupwise.errors import ConfigError
 from groupwise.loop.cursor import DataCursor, batches, resume_cursor
 from groupwise.loop.detectors import Alert, answer_text, run_detectors
 from groupwise.loop.intervals import mean_interval
-from groupwise.loop.policy import action_for, classify, decide, pending_stop, stop_now
+from groupwise.loop.policy import action_for, classify, decide, pending_stop, stop_now, stop_reason_once
 from groupwise.loop.progress import eta_seconds, step_line
 from groupwise.loop.series import events, mean, rows, series
 from groupwise.loop.stopping import StopDecision, baseline_values, check_stopping
@@ -410,18 +410,6 @@ class Loop:
             if isinstance(row.get(key), (int, float)):
                 out[key] = row[key]
         return out
-
-
-def stop_reason_once(decision: StopDecision) -> str:
-    """The stop line's reason: an alert's message was logged when the alert was raised, so a stop by an
-    alert names it instead of printing the message a second time."""
-    if not decision.rule.startswith("alert:"):
-        return decision.reason
-    name, evidence = decision.rule.removeprefix("alert:"), decision.evidence or {}
-    if "raised_at" in evidence:
-        return (f"the {name} alert of step {evidence['raised_at']} (above) asked to stop soon, and validation "
-                "has not improved since")
-    return f"the {name} alert above"
 
 
 async def fit(

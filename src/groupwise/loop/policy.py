@@ -77,6 +77,18 @@ def stop_now(decision: PolicyDecision, step: int) -> StopDecision:
     return StopDecision(True, f"alert:{name}", decision.reason, step, {"alert": name})
 
 
+def stop_reason_once(decision: StopDecision) -> str:
+    """The stop line's reason: an alert's message was logged when the alert was raised, so a stop by an
+    alert names it instead of printing the message a second time."""
+    if not decision.rule.startswith("alert:"):
+        return decision.reason
+    name, evidence = decision.rule.removeprefix("alert:"), decision.evidence or {}
+    if "raised_at" in evidence:
+        return (f"the {name} alert of step {evidence['raised_at']} (above) asked to stop soon, and validation "
+                "has not improved since")
+    return f"the {name} alert above"
+
+
 def pending_stop(history: list[Row], step: int, config: "LoopConfig") -> StopDecision:
     """Stop once a recorded 'stop_soon' alert is `stop_soon_steps` old and validation has not improved
     since it was raised (an improvement cancels it)."""
