@@ -89,10 +89,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                            "temperature": args.temperature, "judge": args.judge}
     say = lambda text: print(f"[email-warm-start s{args.seed} {time.monotonic() - t0:6.0f}s] {text}", flush=True)  # noqa: E731
     judge_pairs = [0, 0]
+    result = Path(model.run_dir, "email_warm_start.json")
+    save = lambda: result.write_text(json.dumps(out, indent=2))  # noqa: E731  after each phase: a timeout keeps the rest
     try:
         say(f"loaded; held-out questions: {len(heldout)}")
         out["base"] = await accuracy(model, 0, heldout, spec, "base")
         say(f"base accuracy {out['base']['accuracy']:.3f} ({out['base']['seconds']}s)")
+        save()
 
         t = time.monotonic()
         demos = env_demonstrations(spec, args.demos, seed=args.seed, **mode)
@@ -101,6 +104,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         out["sft_seconds"] = round(time.monotonic() - t, 1)
         out["sft"] = await accuracy(model, sft_steps, heldout, spec, "sft")
         say(f"SFT ({sft_steps} steps, {out['sft_seconds']}s): accuracy {out['sft']['accuracy']:.3f}")
+        save()
 
         judge_client, judge_model = model.openai_client(), model.inference_name(0)
 
@@ -137,7 +141,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await backend.close()
     out["wall_s"] = round(time.monotonic() - t0, 1)
-    Path(model.run_dir, "email_warm_start.json").write_text(json.dumps(out, indent=2))
+    save()
     say(f"done: base {out['base']['accuracy']:.3f} -> SFT {out['sft']['accuracy']:.3f} -> SFT+RL "
         f"{out['rl']['accuracy']:.3f}; wall {out['wall_s'] / 60:.1f} min")
     return out
