@@ -10,7 +10,10 @@ Per seed, on one SmolLM2-135M (CPU by default):
 3. GRPO from there with `gw.fit` for `--steps` steps on the training questions, with a hybrid reward:
    the env's tiered ground-truth reward (correct 1.1, "I don't know" 0, wrong -1, plus credit for
    finding and reading the source) weighted 0.8, the RULER judge's score (0..1) weighted 0.2; the
-   tiers are >= 0.8 apart, so the judge only orders trajectories within a tier;
+   tiers are >= 0.8 apart, so the judge only orders trajectories within a tier. Advantages are
+   reward - group mean (Dr. GRPO, `scale_rewards=False`) by default: dividing by the group's std would
+   blow the judge's small within-tier differences up to full-size advantages in every group the ground
+   truth calls a tie, and a 135M judge's ordering there is noise;
 4. the same held-out measurement at the final step (SFT + RL; no checkpoint is picked on held-out data).
 
 The judge is `local/<base>` (the policy's base weights through the same engine, the only judge that runs
@@ -86,7 +89,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"seed": args.seed, "model": args.model, "demos": args.demos, "epochs": args.epochs,
                            "steps": args.steps, "heldout": len(heldout), "sft_lr": args.sft_lr, "rl_lr": args.rl_lr,
                            "tool_mode": args.tool_mode, "rollouts": args.rollouts, "groups": args.groups,
-                           "temperature": args.temperature, "judge": args.judge}
+                           "temperature": args.temperature, "judge": args.judge, "scale_rewards": args.scale_rewards}
     say = lambda text: print(f"[email-warm-start s{args.seed} {time.monotonic() - t0:6.0f}s] {text}", flush=True)  # noqa: E731
     judge_pairs = [0, 0]
     result = Path(model.run_dir, "email_warm_start.json")
@@ -123,7 +126,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         config = gw.LoopConfig(
             rollouts_per_group=args.rollouts, groups_per_step=args.groups, max_steps=sft_steps + args.steps,
             num_epochs=100, learning_rate=args.rl_lr, seed=args.seed, patience=1000, max_exceptions=0.1,
-            train_config=gw.TrainConfig(learning_rate=args.rl_lr, micro_batch_tokens=2048, max_seq_len=4096),
+            train_config=gw.TrainConfig(learning_rate=args.rl_lr, micro_batch_tokens=2048, max_seq_len=4096,
+                                        scale_rewards=args.scale_rewards),
             metric="accuracy")
         train = spec.scenarios(args.seed, max_tokens=spec.max_tokens, temperature=args.temperature, **mode)[0]
         summary = await gw.fit(model, spec.rollout, train,
@@ -164,6 +168,8 @@ if __name__ == "__main__":
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--rl-lr", type=float, default=2e-5)
     p.add_argument("--no-judge", dest="judge", action="store_false", help="ground-truth reward only")
+    p.add_argument("--scale-rewards", action="store_true",
+                   help="divide each group's advantages by its reward std (GRPO) instead of reward - mean")
     p.add_argument("--tool-mode", default="native", choices=("native", "text"),
                    help="native: OpenAI tools under the server's tool-call grammar (~1300 tokens a transcript); "
                         "text: tools described in the system prompt, calls written as text (~700 tokens)")
