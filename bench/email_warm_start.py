@@ -89,7 +89,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"seed": args.seed, "model": args.model, "demos": args.demos, "epochs": args.epochs,
                            "steps": args.steps, "heldout": len(heldout), "sft_lr": args.sft_lr, "rl_lr": args.rl_lr,
                            "tool_mode": args.tool_mode, "rollouts": args.rollouts, "groups": args.groups,
-                           "temperature": args.temperature, "judge": args.judge, "scale_rewards": args.scale_rewards}
+                           "temperature": args.temperature, "judge": args.judge, "scale_rewards": args.scale_rewards,
+                           "normalize": args.normalize}
     say = lambda text: print(f"[email-warm-start s{args.seed} {time.monotonic() - t0:6.0f}s] {text}", flush=True)  # noqa: E731
     judge_pairs = [0, 0]
     result = Path(model.run_dir, "email_warm_start.json")
@@ -127,11 +128,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             rollouts_per_group=args.rollouts, groups_per_step=args.groups, max_steps=sft_steps + args.steps,
             num_epochs=100, learning_rate=args.rl_lr, seed=args.seed, patience=1000, max_exceptions=0.1,
             train_config=gw.TrainConfig(learning_rate=args.rl_lr, micro_batch_tokens=2048, max_seq_len=4096,
-                                        scale_rewards=args.scale_rewards),
+                                        scale_rewards=args.scale_rewards, normalize=args.normalize),
             metric="accuracy")
         train = spec.scenarios(args.seed, max_tokens=spec.max_tokens, temperature=args.temperature, **mode)[0]
         summary = await gw.fit(model, spec.rollout, train,
-                               reward=hybrid if args.judge else None, config=config)
+                               score_group=hybrid if args.judge else None, config=config)
         final = summary.final_step
         out["rl_seconds"] = round(time.monotonic() - t, 1)
         out["rl_stop"] = summary.stop_reason
@@ -170,6 +171,8 @@ if __name__ == "__main__":
     p.add_argument("--no-judge", dest="judge", action="store_false", help="ground-truth reward only")
     p.add_argument("--scale-rewards", action="store_true",
                    help="divide each group's advantages by its reward std (GRPO) instead of reward - mean")
+    p.add_argument("--normalize", default="token", choices=("token", "sequence"),
+                   help="the GRPO loss averaged over all trainable tokens (DAPO) or per sequence first")
     p.add_argument("--tool-mode", default="native", choices=("native", "text"),
                    help="native: OpenAI tools under the server's tool-call grammar (~1300 tokens a transcript); "
                         "text: tools described in the system prompt, calls written as text (~700 tokens)")
