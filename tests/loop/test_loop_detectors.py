@@ -141,6 +141,22 @@ def test_identical_answers_across_a_group():
     assert d.identical_answers(healthy_groups(), step=4) is None
 
 
+def answered_by_tool_call(answer: str) -> gw.Trajectory:
+    """An agent's trajectory whose last turn is a tool call with no text (how the email agent answers)."""
+    call = {"id": "c", "type": "function",
+            "function": {"name": "return_final_answer", "arguments": f'{{"answer": "{answer}"}}'}}
+    return gw.Trajectory(messages_and_choices=[{"role": "user", "content": "q"},
+                                               {"role": "assistant", "content": None, "tool_calls": [call]}])
+
+
+def test_answers_given_through_a_tool_call_are_compared_by_the_call():
+    assert d.answer_text(answered_by_tool_call("Maple & Rye")) == 'return_final_answer({"answer": "Maple & Rye"})'
+    varied = [TrajectoryGroup([answered_by_tool_call(a) for a in answers]) for answers in (["4B", "5C"], ["x", "y"])]
+    assert d.identical_answers(varied, step=1) is None  # each answer read as '' before: a false alarm every step
+    same = [TrajectoryGroup([answered_by_tool_call("4B"), answered_by_tool_call("4B")])]
+    assert d.identical_answers(same, step=1).evidence["example"] == 'return_final_answer({"answer": "4B"})'
+
+
 def test_length_drift():
     # first 3 steps 20, 22, 21 chars (mean 21); last 3: 60, 62, 64 (mean 62) -> 62 / 21 = 2.952
     h = history(train=[0.5] * 8, lengths=[20, 22, 21, 30, 45, 60, 62, 64])

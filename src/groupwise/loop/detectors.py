@@ -63,13 +63,18 @@ class Alert:
 
 
 def answer_text(trajectory: "Trajectory") -> str:
-    """The last assistant message's text ('' when there is none)."""
+    """The last assistant message's text, and its tool calls as ``name(arguments)`` ('' when there is none).
+
+    A tool-calling agent often answers through a call (``return_final_answer``) with no text at all;
+    without the calls every such answer read as '' and looked identical to the detectors.
+    """
     for message in reversed(trajectory.messages()):
         if message.get("role") == "assistant":
             content = message.get("content")
             if isinstance(content, list):  # content parts
                 content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-            return content or ""
+            calls = [c.get("function") or {} for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+            return " ".join([content or "", *(f"{f.get('name', '')}({f.get('arguments', '')})" for f in calls)]).strip()
     return ""
 
 
