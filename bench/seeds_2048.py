@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
@@ -59,31 +60,26 @@ def main() -> None:
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     if args.threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
-    running: list[tuple[subprocess.Popen, str, int, float]] = []
-    done: list[tuple[str, int, float, dict | None]] = []
-    while jobs or running:
-        while jobs and len(running) < args.parallel:
-            lr, seed = jobs.pop(0)
-            root = Path(args.path) / f"lr{lr}"
-            root.mkdir(parents=True, exist_ok=True)
-            cmd = [sys.executable, "-m", "groupwise.cli", "train", "2048", "--seed", str(seed), "--lr", lr,
-                   "--device", args.device, "--path", str(root)]
-            for flag, value in (("--dtype", args.dtype), ("--model", args.model), ("--steps", args.steps)):
-                cmd += [flag, value] if value else []
-            log = open(root / f"seed{seed}.log", "w")
-            running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), lr, seed,
-                            time.monotonic()))
-        for item in list(running):
-            proc, lr, seed, t0 = item
-            if proc.poll() is None:
-                continue
-            running.remove(item)
-            run_dir = Path(args.path) / f"lr{lr}" / "2048" / f"2048-s{seed}"
-            res = result(run_dir) if proc.returncode == 0 else None
-            done.append((lr, seed, time.monotonic() - t0, res))
-            print(f"lr {lr} seed {seed}: " + (f"best {res['trained_best']:.3f} (base {res['base']:.3f})"
-                                               if res else f"failed, rc {proc.returncode}"), flush=True)
-        time.sleep(1)
+
+    def run(job: tuple[str, int]) -> tuple[str, int, float, dict | None]:
+        """One `groupwise train 2048` process; its output goes to <path>/lr<LR>/seed<S>.log."""
+        lr, seed = job
+        root = Path(args.path) / f"lr{lr}"
+        root.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "groupwise.cli", "train", "2048", "--seed", str(seed), "--lr", lr,
+               "--device", args.device, "--path", str(root)]
+        for flag, value in (("--dtype", args.dtype), ("--model", args.model), ("--steps", args.steps)):
+            cmd += [flag, value] if value else []
+        t0 = time.monotonic()
+        with open(root / f"seed{seed}.log", "w") as log:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        res = result(root / "2048" / f"2048-s{seed}") if rc == 0 else None
+        print(f"lr {lr} seed {seed}: " + (f"best {res['trained_best']:.3f} (base {res['base']:.3f})"
+                                           if res else f"failed, rc {rc}"), flush=True)
+        return lr, seed, time.monotonic() - t0, res
+
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:  # threads only wait on their processes
+        done = list(pool.map(run, jobs))
 
     print("\n| lr | seed | validation by step | gain of the best step | test, best checkpoint | wall |")
     print("|---|---|---|---|---|---|")
