@@ -39,6 +39,7 @@ import groupwise as gw
 from groupwise.envs import get_env
 from groupwise.judge import apply_hybrid, ruler_score_group, weighted
 from groupwise.loop.fit import AtStep
+from groupwise.loop.series import series
 from groupwise.recipes.sft import env_demonstrations, warm_start
 
 
@@ -129,20 +130,23 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             num_epochs=100, learning_rate=args.rl_lr, seed=args.seed, patience=1000, max_exceptions=0.1,
             train_config=gw.TrainConfig(learning_rate=args.rl_lr, micro_batch_tokens=2048, max_seq_len=4096,
                                         scale_rewards=args.scale_rewards, normalize=args.normalize),
-            metric="accuracy")
+            metric="accuracy", eval_every=args.eval_every or 10_000,
+            # the held-out curve is a measurement here, never a reason to stop or to pick a checkpoint
+            on_val_drop="warn", on_val_unstable="warn", on_val_plateau="warn")
         train = spec.scenarios(args.seed, max_tokens=spec.max_tokens, temperature=args.temperature, **mode)[0]
-        summary = await gw.fit(model, spec.rollout, train,
-                               score_group=hybrid if args.judge else None, config=config)
+        summary = await gw.fit(model, spec.rollout, train, val_scenarios=heldout if args.eval_every else None,
+                               validate=spec.validate, score_group=hybrid if args.judge else None, config=config)
         final = summary.final_step
         out["rl_seconds"] = round(time.monotonic() - t, 1)
         out["rl_stop"] = summary.stop_reason
         train_rows = [r for r in gw.load_history(model.run_dir) if r.get("split") == "train"]
         out["rl_train_correct"] = [round(r.get("correct", float("nan")), 3) for r in train_rows]
+        out["rl_heldout_curve"] = {step: round(v, 3) for step, v in series(gw.load_history(model.run_dir), "val", "accuracy")}
         out["judge_agreement"] = {"agree": judge_pairs[0], "pairs": judge_pairs[1],
                                   "share": judge_pairs[0] / judge_pairs[1] if judge_pairs[1] else None}
         out["rl"] = await accuracy(model, final, heldout, spec, "rl")
         say(f"SFT+RL (step {final}, {out['rl_seconds']}s): accuracy {out['rl']['accuracy']:.3f}; train correct "
-            f"by step {out['rl_train_correct']}; judge agreement {out['judge_agreement']}")
+            f"by step {out['rl_train_correct']}; held-out by step {out['rl_heldout_curve']}; judge agreement {out['judge_agreement']}")
     finally:
         await backend.close()
     out["wall_s"] = round(time.monotonic() - t0, 1)
@@ -168,6 +172,8 @@ if __name__ == "__main__":
     p.add_argument("--rollouts", type=int, default=4)
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--rl-lr", type=float, default=2e-5)
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="also measure the held-out accuracy every N GRPO steps (a curve; 0: only at the end)")
     p.add_argument("--no-judge", dest="judge", action="store_false", help="ground-truth reward only")
     p.add_argument("--scale-rewards", action="store_true",
                    help="divide each group's advantages by its reward std (GRPO) instead of reward - mean")
