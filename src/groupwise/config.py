@@ -97,7 +97,8 @@ class TrainConfig(Validated):
     loss: str = option("ppo", help="'ppo': clipped importance ratio (GRPO/DAPO); 'cispo': clipped, stop-gradient weight on log-prob (CISPO).")
     epsilon: float = option(0.2, help="Lower clip: the ratio is clipped to [1 - epsilon, 1 + epsilon_high].")
     epsilon_high: float | None = option(0.28, help="Upper clip (DAPO's clip-higher). None means epsilon.")
-    kl_coef: float = option(0.0, help="Weight of the k3 KL penalty against the base model (adapter disabled). 0 disables it and skips the reference pass.")
+    kl_coef: float = option(0.0, help="Weight of the k3 KL penalty against the reference policy (kl_reference_step: the base model, or a checkpoint of the run). 0 disables it and skips the reference pass.")
+    kl_reference_step: int | None = option(None, help="The checkpoint step whose adapter anchors the KL term (e.g. the last SFT step of a warm start, so GRPO is not pulled back from what SFT taught); retention keeps that checkpoint while the run uses it. None or 0: the base model (adapter disabled), as name@0. Only read when kl_coef > 0.")
     scale_rewards: bool = option(True, help="Divide group advantages by the group's reward std (GRPO). False keeps reward - mean (Dr. GRPO).")
     normalize: str = option("token", help="'token': average the loss over all trainable tokens of the batch (DAPO); 'sequence': average per sequence, then over sequences (GRPO); 'constant': sum / (number of sequences x max_seq_len), each sequence divided by the same constant, then averaged (Dr. GRPO).")
     max_grad_norm: float = option(1.0, help="Clip the global gradient norm to this value (0 disables clipping).")
@@ -143,6 +144,11 @@ class TrainConfig(Validated):
         if self.epsilon_high is not None:
             check_positive(p, "epsilon_high", self.epsilon_high)
         check_positive(p, "kl_coef", self.kl_coef, allow_zero=True)
+        if self.kl_reference_step is not None and (isinstance(self.kl_reference_step, bool)
+                                                   or not isinstance(self.kl_reference_step, int)
+                                                   or self.kl_reference_step < 0):
+            p.append(f"kl_reference_step={self.kl_reference_step!r} must be a checkpoint step (an integer >= 0) "
+                     "or None for the base model")
         check_positive(p, "max_grad_norm", self.max_grad_norm, allow_zero=True)
         check_positive(p, "weight_decay", self.weight_decay, allow_zero=True)
         check_positive(p, "micro_batch_tokens", self.micro_batch_tokens)

@@ -33,6 +33,7 @@ import random
 import shutil
 import time
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -381,14 +382,45 @@ def _load(state: CheckpointState, model: Any, optimizer: torch.optim.Optimizer |
     return state
 
 
+def adapter_tensors(state: CheckpointState, *, model: Any, param_names: list[str],
+                    adapter_name: str = "default") -> dict[str, torch.Tensor]:
+    """A complete checkpoint's adapter, keyed by the model's parameter names (`param_names`), on the
+    model's device and not loaded into it: e.g. the anchor of the KL term (TrainConfig.kl_reference_step).
+    peft's own `get_peft_model_state_dict` names the file's key of each parameter, so the two namings
+    cannot drift apart."""
+    from peft import get_peft_model_state_dict
+    from safetensors import SafetensorError
+
+    path = state.path
+    assert path is not None
+    params = dict(model.named_parameters())
+    named = {n: params[n] for n in param_names}
+    saved = get_peft_model_state_dict(model, state_dict=named, adapter_name=adapter_name)
+    file_key = {id(t): k for k, t in saved.items()}  # the same tensor objects, under the file's keys
+    try:
+        weights = load_file(str(path / "adapter_model.safetensors"), device=str(next(model.parameters()).device))
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {type(exc).__name__}: {exc}") from exc
+    keys = {n: file_key.get(id(p)) for n, p in named.items()}
+    missing = [n for n, k in keys.items() if k not in weights]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {path} lacks {len(missing)} of the adapter's {len(named)} tensors (e.g. {missing[:2]}): "
+            "it was saved with another base model or LoraConfig (rank, target modules)."
+        )
+    return {n: weights[k] for n, k in keys.items()}
+
+
 def prune_checkpoints(
     checkpoints_dir: str | Path,
     *,
     best_metric: str | None = None,
     maximize: bool = True,
     metrics_by_step: dict[int, float] | None = None,
+    keep: Iterable[int] = (),
 ) -> list[int]:
-    """Delete every complete checkpoint but the latest and the best by `best_metric`; returns deleted steps.
+    """Delete every complete checkpoint but the latest, the best by `best_metric` and the steps in `keep`
+    (e.g. the KL reference a run still trains against); returns deleted steps.
 
     The metric is read from `metrics_by_step` (e.g. validation rewards from history.jsonl) or else from
     each checkpoint's state.json metrics. Checkpoints without the metric are never "best".
@@ -396,7 +428,7 @@ def prune_checkpoints(
     found = list_checkpoints(checkpoints_dir, warn=False)
     if not found:
         return []
-    keep = {found[-1].step}
+    kept = {found[-1].step, *keep}
     if best_metric is not None:
         scored = []
         for s in found:
@@ -404,10 +436,10 @@ def prune_checkpoints(
             if value is not None:
                 scored.append((value if maximize else -value, s.step))
         if scored:
-            keep.add(max(scored)[1])
+            kept.add(max(scored)[1])
     deleted = []
     for s in found:
-        if s.step not in keep and s.path is not None:
+        if s.step not in kept and s.path is not None:
             shutil.rmtree(s.path, ignore_errors=True)
             deleted.append(s.step)
     return deleted

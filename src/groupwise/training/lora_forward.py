@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import contextlib
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["AdapterForwards", "TrainingForward", "fast_lora_ok"]
+__all__ = ["AdapterForwards", "TrainingForward", "fast_lora_ok", "holding_values"]
 
 
 def fast_lora_ok(layer: Any, adapter: str | None = None, *, allow_dropout: bool = False) -> bool:
@@ -193,3 +194,21 @@ class TrainingForward:
             m.__dict__.pop("forward", None)
         for layer, _ in self.layer_forwards:
             layer.__dict__.pop("forward", None)
+
+
+@contextlib.contextmanager
+def holding_values(params: list[torch.Tensor], values: list[torch.Tensor]) -> Iterator[None]:
+    """`params` hold `values` inside the block and their own values, bitwise, after (the KL term's
+    reference pass). The copies are in place, so every forward that reads these tensors sees them:
+    peft's, `_fused_forward` and `AdapterForwards`. They also bump autograd's version counters: use it
+    before a forward or after its backward, never between the two."""
+    saved = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, v in zip(params, values, strict=True):
+            p.copy_(v)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, v in zip(params, saved):
+                p.copy_(v)

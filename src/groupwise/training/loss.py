@@ -2,7 +2,8 @@
 
 For every trainable token t of sequence b (mask_BT = 1), with A_b the group-relative advantage of b's
 trajectory (training/advantages.py), pi the current policy (LoRA on), pi_old the policy that sampled the
-token (its logprob came back from the inference server), and pi_ref the base model (LoRA off):
+token (its logprob came back from the inference server), and pi_ref the reference policy (the base model,
+LoRA off, or a checkpoint of the run: TrainConfig.kl_reference_step):
 
     rho_bt  = exp(log pi(y_bt) - log pi_old(y_bt))                         importance ratio
     PPO:    l_bt = -min(rho_bt * A_b, clip(rho_bt, 1 - eps, 1 + eps_high) * A_b)
@@ -34,7 +35,9 @@ Deviations from the papers, all deliberate:
    batching) rather than staleness across PPO epochs. A NaN old logprob (the server returned none)
    means "on policy": rho = 1 with the gradient of log pi kept.
 2. KL is the k3 estimator added to the loss (GRPO), not folded into the advantage (ART), and the
-   reference is the base model with the adapter disabled, not a frozen copy of an earlier policy.
+   reference is the base model with the adapter disabled, or a checkpoint's adapter of the same run
+   (e.g. the SFT warm start, which a KL to the base would pull the policy away from), not a frozen
+   copy of the model.
 3. CISPO also clips below (1 - eps); the paper only bounds the weight above. Pass eps=1.0 to get the
    paper's one-sided clip (the weight is never negative).
 4. GRPO's per-sequence mean is `normalize="sequence"`; DAPO's token mean is the default in TrainConfig.
@@ -91,12 +94,12 @@ def grpo_loss(
     mask_BT:          1 where y_bt is a sampled (trainable) token, else 0.             # [B, T]
     num_tokens / num_sequences: trainable tokens / sequences of the whole step (the normalisers).
     max_len:          Dr. GRPO's constant (the step's length limit).
-    ref_logprobs_BT:  log pi_ref(y_bt) (adapter disabled), needed when kl_coef > 0.    # [B, T]
+    ref_logprobs_BT:  log pi_ref(y_bt) (the reference policy), needed when kl_coef > 0. # [B, T]
     """
     if normalize not in NORMALIZE_MODES:
         raise ValueError(f"normalize={normalize!r} must be one of {list(NORMALIZE_MODES)}")
     if kl_coef > 0 and ref_logprobs_BT is None:
-        raise ValueError("kl_coef > 0 needs ref_logprobs_BT (log-probs with the adapter disabled)")
+        raise ValueError("kl_coef > 0 needs ref_logprobs_BT (log-probs under the reference policy)")
     eps_low = epsilon
     eps_high = epsilon if epsilon_high is None else epsilon_high
     mask_BT = mask_BT.to(logprobs_BT.dtype)

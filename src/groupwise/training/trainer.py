@@ -22,6 +22,7 @@ rank the same sum; clipping and AdamW are deterministic given it).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
@@ -35,7 +36,7 @@ from groupwise.config import LoraConfig, TrainConfig
 from groupwise.loading import quiet_peft
 from groupwise.module_walk import ModuleWalk
 from groupwise.training.logprobs import base_and_decoder, token_logprobs
-from groupwise.training.lora_forward import AdapterForwards, TrainingForward
+from groupwise.training.lora_forward import AdapterForwards, TrainingForward, holding_values
 from groupwise.training.loss import grpo_loss
 from groupwise.training.sft import sft_loss
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
@@ -146,6 +147,8 @@ class Trainer:
         # None: unknown, so the first step sets it either way (a caller may have enabled it).
         self._layer_checkpointing: bool | None = None
         self._base_dtype = next((p.dtype for n, p in model.named_parameters() if "lora_" not in n), torch.float32)
+        self._reference: dict[str, torch.Tensor] | None = None  # the KL anchor's adapter values (set_reference)
+        self.reference_step: int | None = None  # the checkpoint step they are; None: the base model
 
     def trainable_named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """The adapter's parameters, in a fixed order (the optimizer state is saved by these names)."""
@@ -157,6 +160,41 @@ class Trainer:
                 "training.trainer.wrap_with_lora first"
             )
         return named
+
+    def set_reference(self, tensors: dict[str, torch.Tensor] | None, *, step: int | None) -> None:
+        """Anchor the KL term at these adapter values (keyed like `trainable_named_parameters`), those of
+        checkpoint `step`; None (step None): at the base model. `train_step` checks `step` against
+        `TrainConfig.kl_reference_step`, so a step never trains against another anchor than its config's."""
+        if (tensors is None) != (not step):
+            raise ValueError(f"set_reference(step={step}): give a checkpoint step >= 1 with its tensors, or "
+                             "set_reference(None, step=None) to anchor the KL term at the base model")
+        if tensors is None:
+            self._reference = self.reference_step = None
+            return
+        params = dict(self.trainable_named_parameters())
+        missing, extra = sorted(params.keys() - tensors.keys()), sorted(tensors.keys() - params.keys())
+        shapes = [f"{n}: {tuple(tensors[n].shape)} for {tuple(p.shape)}" for n, p in params.items()
+                  if n in tensors and tensors[n].shape != p.shape]
+        if missing or extra or shapes:
+            raise ValueError(
+                f"the KL reference of step {step} does not fit adapter {self.adapter_name!r}: {len(missing)} tensor(s) "
+                f"missing (e.g. {missing[:2]}), {len(extra)} unknown (e.g. {extra[:2]}), {len(shapes)} of another "
+                f"shape (e.g. {shapes[:2]}). It must come from this run's adapter (the same base model and LoraConfig)."
+            )
+        self._reference = {n: tensors[n].detach().to(device=p.device, dtype=p.dtype).clone() for n, p in params.items()}
+        self.reference_step = step
+
+    @contextlib.contextmanager
+    def _reference_policy(self) -> Any:
+        """The model as pi_ref: the adapter disabled (the base), or the adapter's own parameters holding the
+        reference values (a second peft adapter would need set_adapter, which makes ours non-trainable)."""
+        if self._reference is None:
+            with self.model.disable_adapter():
+                yield
+        else:
+            named = self.trainable_named_parameters()
+            with holding_values([p for _, p in named], [self._reference[n] for n, _ in named]):
+                yield
 
     def _modules(self) -> tuple[list[torch.nn.Module], list[Any]]:
         """Every module and peft's tuner layers (module_walk.py: walked once per adapter set)."""
@@ -304,6 +342,11 @@ class Trainer:
         with fwd:  # held through the backward too: checkpointed layers recompute their forward there
             for indices in plan:
                 mb = _collate([seqs[i] for i in indices], self.pad_token_id, self.device)
+                ref_BT = None
+                if objective == "grpo" and config.kl_coef > 0:
+                    # Before the policy forward: a swapped-in reference changes the parameters in place,
+                    # which after the forward would fail autograd's check of the tensors it saved.
+                    ref_BT = self._reference_logprobs(mb, config, fwd)
                 with fwd.autocast():
                     logprobs_BT = token_logprobs(
                         self.model, mb["input_ids_BT"], mb["attention_BT"], mb["mask_BT"],
@@ -318,13 +361,6 @@ class Trainer:
                                              sft.tokens.double()]))
                     advance()
                     continue
-                ref_BT = None
-                if config.kl_coef > 0:
-                    with torch.no_grad(), self.model.disable_adapter(), fwd.autocast():
-                        ref_BT = token_logprobs(
-                            self.model, mb["input_ids_BT"], mb["attention_BT"], mb["mask_BT"],
-                            chunk_size=config.logprob_chunk_size, target_index_N=mb["target_index_N"],
-                        )
                 terms = grpo_loss(
                     logprobs_BT,
                     mb["old_logprobs_BT"].to(logprobs_BT.dtype),
@@ -349,11 +385,31 @@ class Trainer:
         stats = StepStats(*totals)
         return stats, plan
 
+    def _reference_logprobs(self, mb: dict[str, Any], config: TrainConfig, fwd: TrainingForward) -> torch.Tensor:
+        """log pi_ref at the micro-batch's trained tokens, in eval mode: no dropout draws, so the anchor is
+        one fixed policy and the policy forward's dropout is the same with or without the KL term."""
+        training = self.model.training
+        self._set_mode(False)
+        try:
+            with torch.no_grad(), self._reference_policy(), fwd.autocast():
+                return token_logprobs(
+                    self.model, mb["input_ids_BT"], mb["attention_BT"], mb["mask_BT"],
+                    chunk_size=config.logprob_chunk_size, target_index_N=mb["target_index_N"],
+                )
+        finally:
+            self._set_mode(training)
+
     def train_step(self, batch: TokenizedBatch, config: TrainConfig, *, step: int = 0,
                    objective: str = "grpo", progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
         """One optimizer step on `batch` (objective "grpo" or "sft", `progress` as in `forward_backward`);
         returns its metrics."""
         t0 = time.perf_counter()
+        if objective == "grpo" and config.kl_coef > 0 and (config.kl_reference_step or None) != self.reference_step:
+            raise ValueError(
+                f"TrainConfig.kl_reference_step={config.kl_reference_step} but the trainer's KL reference is "
+                f"{'step ' + str(self.reference_step) if self.reference_step else 'the base model'}: load that "
+                "step's adapter with set_reference(tensors, step=...) first (the backends do: backend/replica.py)"
+            )
         params = self._activate()
         optimizer = self.ensure_optimizer(config)
         self._set_mode(True)
