@@ -22,8 +22,9 @@ A train step, in order (each step of the order is there for a failure seen in AR
    must equal the trainer's, and a real chat request must answer as ``name@k`` -- else
    `AdapterMismatchError` (ART once served a stale adapter silently); the driver checks that every
    rank holds the same adapter, bit for bit -- else `ReplicaDivergenceError`;
-6. retention: keep the latest checkpoint and the best (named by `keep_best`, else by
-   `best_checkpoint_metric`); serve only the last `served_steps` steps.
+6. retention: keep the latest checkpoint, the best (named by `keep_best`, else by
+   `best_checkpoint_metric`) and the KL reference of the last GRPO step (`TrainConfig.kl_reference_step`:
+   each rank loads it before the update); serve only the last `served_steps` steps.
 
 `train_sft()` (supervised steps on demonstrations) follows the same order, with one optimizer update
 per batch of trajectories; it is a step like any other (checkpoint, history row, served adapter).
@@ -78,6 +79,7 @@ class _Run:
     checkpoint_path: str | None = None
     cursor: dict[str, Any] = field(default_factory=dict)
     best_step: int | None = None  # named by keep_best(); retention keeps it
+    kl_reference_step: int | None = None  # the KL anchor of the last GRPO step: retention keeps it (restored on resume)
     skipped_in_a_row: int = 0  # consecutive steps skipped for lack of signal (restored on resume)
     urls: list[str | None] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -229,7 +231,8 @@ class WorkerBackend(Backend):
         self._runs[model.name] = _Run(spec, store, head["tokenizer"], step=head["step"],
                                       checkpoint_path=head["checkpoint_path"], cursor=head["cursor"],
                                       urls=[info["url"] for info in infos],
-                                      skipped_in_a_row=int(head["metrics"].get("skipped_in_a_row", 0)))
+                                      skipped_in_a_row=int(head["metrics"].get("skipped_in_a_row", 0)),
+                                      kl_reference_step=int(head["metrics"].get("kl_reference_step", 0)) or None)
 
     # ------------------------------------------------------------------------------ serve
     def inference_endpoint(self, model: "TrainableModel") -> InferenceEndpoint:
@@ -283,6 +286,7 @@ class WorkerBackend(Backend):
         async with run.lock:  # one step at a time per model
             t0 = time.perf_counter()
             step = run.step
+            run.kl_reference_step = config.kl_reference_step or None  # kept from now on (retention)
             groups = list(groups)
             # 1. trajectories first: a crash in the step loses nothing.
             await asyncio.to_thread(run.store.write_trajectories, "train", step, groups)
@@ -304,6 +308,8 @@ class WorkerBackend(Backend):
                 metrics = _merge_ranks([updates[0] for updates in per_rank])
                 run.skipped_in_a_row = 0
                 metrics.update(skipped=0.0, skipped_in_a_row=0.0)
+            if run.kl_reference_step is not None:  # saved with the checkpoint: a resumed run keeps the anchor
+                metrics["kl_reference_step"] = float(run.kl_reference_step)
             # 4.-6. checkpoint (with the step's history row), serve and verify, retention.
             row = history_row(groups, step=step, split="train", metrics=numeric_metrics(metrics))
             await self._publish(run, step + 1, metrics, dict(cursor or {}), row)
@@ -446,7 +452,8 @@ class WorkerBackend(Backend):
         `model.delete_checkpoints()`); steps still served keep being served from memory."""
         run = self._run(model)
         by_step = await asyncio.to_thread(self._metric_by_step, run, best_checkpoint_metric)
-        await self._call_all("prune", name=model.name, best_metric=best_checkpoint_metric, metrics_by_step=by_step)
+        await self._call_all("prune", name=model.name, best_metric=best_checkpoint_metric, metrics_by_step=by_step,
+                             keep=self._in_use(run))
 
     async def _retain(self, run: _Run) -> None:
         metric = self.best_checkpoint_metric
@@ -455,7 +462,12 @@ class WorkerBackend(Backend):
             by_step = await asyncio.to_thread(self._metric_by_step, run, metric)
         keep = [run.best_step] if run.best_step is not None else []
         await self._call_all("retain", name=run.spec.name, step=run.step, served_steps=self.served_steps, keep=keep,
-                             best_metric=metric, metrics_by_step=by_step, maximize=True)
+                             best_metric=metric, metrics_by_step=by_step, maximize=True, in_use=self._in_use(run))
+
+    @staticmethod
+    def _in_use(run: _Run) -> list[int]:
+        """Checkpoints retention must keep whatever the metric says: the KL anchor of the last GRPO step."""
+        return [run.kl_reference_step] if run.kl_reference_step is not None else []
 
     # ------------------------------------------------------------------------------ close
     async def close(self) -> None:

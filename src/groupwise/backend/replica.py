@@ -17,7 +17,7 @@ from typing import Any
 
 from groupwise.adapter_names import served_name
 from groupwise.config import LoraConfig, TrainConfig
-from groupwise.errors import AdapterMismatchError, GroupwiseError
+from groupwise.errors import AdapterMismatchError, CheckpointError, GroupwiseError
 
 API_KEY = "groupwise-local"
 
@@ -105,6 +105,37 @@ class Replica:
         self.trainer.ensure_optimizer(TrainConfig())  # lr and weight decay are reset by each step's config
         load_checkpoint(state, model=self.peft_model, optimizer=self.trainer.optimizer, param_names=self._param_names())
         return state
+
+    def use_kl_reference(self, checkpoints_dir: str | Path, step: int | None) -> None:
+        """Anchor the trainer's KL term at checkpoint `step`'s adapter (None or 0: the base model), read
+        from disk only when the step changes (TrainConfig.kl_reference_step)."""
+        from groupwise.training.checkpoint import adapter_tensors, list_checkpoints, read_state, step_dir_name
+        from groupwise.training.checkpoint import verify_checkpoint
+
+        step = step or None
+        if step == self.trainer.reference_step:
+            return
+        if step is None:
+            self.trainer.set_reference(None, step=None)
+            return
+        path = Path(checkpoints_dir) / step_dir_name(step)
+        state = read_state(path)
+        if state is None:
+            kept = [s.step for s in list_checkpoints(checkpoints_dir, warn=False)]
+            raise CheckpointError(
+                f"TrainConfig.kl_reference_step={step}: there is no checkpoint {path} of {self.name!r} (kept: {kept}). "
+                "It was not written yet, or retention deleted it: retention keeps the latest, the best and the KL "
+                "reference of the last GRPO step, so name the step from the first GRPO step after it (e.g. right "
+                "after a warm start), or keep every checkpoint with best_checkpoint_metric=None. Else set "
+                "kl_reference_step to a kept step, or None for the base model."
+            )
+        problem = verify_checkpoint(state)
+        if problem is not None:
+            raise CheckpointError(f"TrainConfig.kl_reference_step={step}: checkpoint {path} is corrupt ({problem}); "
+                                  "set kl_reference_step to another kept step, or None for the base model.")
+        tensors = adapter_tensors(state, model=self.peft_model, param_names=self._param_names(),
+                                  adapter_name=self.trainer.adapter_name)
+        self.trainer.set_reference(tensors, step=step)
 
     def save(self, checkpoints_dir: str | Path, step: int, metrics: dict[str, float], cursor: dict[str, Any],
              history: list[dict[str, Any]] | None = None) -> Path:

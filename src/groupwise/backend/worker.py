@@ -20,7 +20,7 @@ import contextlib
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -166,11 +166,13 @@ class Worker:
         """Optimizer updates on this rank's share, with exclusive use of the shared model: each of
         `updates` is {"batch": TokenizedBatch, "config": TrainConfig, "objective": "grpo" | "sft"}.
         Returns each update's metrics (the loss terms and counts summed over the ranks)."""
-        replica = self.replicas[name]
+        replica, spec = self.replicas[name], self.specs[name]
         compute = compute_thread()
         out = []
         async with replica.engine.paused():  # no forward pass of the engine while the trainer runs
             for u in updates:
+                if u.get("objective", "grpo") == "grpo" and u["config"].kl_coef > 0:  # the anchor the config names
+                    await compute.run(replica.use_kl_reference, spec.checkpoints_dir, u["config"].kl_reference_step)
                 with update_bar(step, enabled=self.rank == 0) as progress:
                     out.append(await compute.run(replica.trainer.train_step, u["batch"], u["config"], step=step,
                                                  objective=u.get("objective", "grpo"), progress=progress))
@@ -206,10 +208,10 @@ class Worker:
         await compute_thread().run(replica.serve_checkpoint, spec.checkpoints_dir, step)
 
     async def retain(self, name: str, step: int, served_steps: int, keep: list[int], best_metric: str | None,
-                     metrics_by_step: dict[int, float], maximize: bool) -> list[int]:
+                     metrics_by_step: dict[int, float], maximize: bool, in_use: Sequence[int] = ()) -> list[int]:
         """Serve only the last `served_steps` steps; unless `best_metric` is None, rank 0 deletes the
         checkpoints that are neither the latest nor the best (`keep` when the caller named it, else the
-        best by `best_metric`). Returns the deleted steps."""
+        best by `best_metric`) nor `in_use` (a KL reference). Returns the deleted steps."""
         from groupwise.training.checkpoint import list_checkpoints, prune_checkpoints
 
         replica, spec = self.replicas[name], self.specs[name]
@@ -220,21 +222,22 @@ class Worker:
             deleted = []
             found = list_checkpoints(spec.checkpoints_dir, warn=False)
             for s in found[:-1]:
-                if s.step not in keep and s.path is not None:
+                if s.step not in keep and s.step not in in_use and s.path is not None:
                     shutil.rmtree(s.path, ignore_errors=True)
                     deleted.append(s.step)
             return deleted
         return prune_checkpoints(spec.checkpoints_dir, best_metric=best_metric, maximize=maximize,
-                                 metrics_by_step=metrics_by_step)
+                                 metrics_by_step=metrics_by_step, keep=in_use)
 
-    async def prune(self, name: str, best_metric: str, metrics_by_step: dict[int, float]) -> list[int]:
-        """Rank 0 deletes every checkpoint but the latest and the best by `best_metric`."""
+    async def prune(self, name: str, best_metric: str, metrics_by_step: dict[int, float],
+                    keep: Sequence[int] = ()) -> list[int]:
+        """Rank 0 deletes every checkpoint but the latest, the best by `best_metric` and `keep`."""
         from groupwise.training.checkpoint import prune_checkpoints
 
         if self.rank != 0:
             return []
         return prune_checkpoints(self.specs[name].checkpoints_dir, best_metric=best_metric,
-                                 metrics_by_step=metrics_by_step)
+                                 metrics_by_step=metrics_by_step, keep=keep)
 
     async def served_steps(self, name: str) -> list[int]:
         return self.replicas[name].served_steps()
