@@ -80,6 +80,9 @@ def test_train_config_accepts_arts_kl_names_and_arts_options_map_or_warn_once():
         train_config_from_art(None, {"precalculate_logprobs": True}, where="test-once")
     with pytest.raises(art.ConfigError, match="learning_rat"):
         train_config_from_art(None, {"learning_rat": 1e-5}, where="test")
+    # ART's KL anchor is a checkpoint step of the run (0: the base), as groupwise's
+    anchored = train_config_from_art(None, {"kl_penalty_coef": 0.1, "kl_penalty_reference_step": 3}, where="test")
+    assert (anchored.kl_coef, anchored.kl_reference_step) == (0.1, 3)
 
 
 class _Recorder(Backend):
