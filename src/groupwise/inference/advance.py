@@ -40,11 +40,16 @@ def stepped(state: StepState, seqs: list[SeqState]) -> None:
 
 
 def sample_and_advance(state: StepState, seqs: list[SeqState], logits_BV: torch.Tensor) -> None:
-    allowed = None
+    """Sample each row's next token (under its grammar, if any) and advance. A row whose grammar
+    allows exactly one token is forced there (SeqState.forced): no decision of the policy, which the
+    trainer can leave out (TrainConfig.train_forced_tokens). Graph sampling never takes rows with a
+    grammar (decode_graphs.graph_sampling), so every constrained token is sampled here."""
+    allowed = forced_B = None
     if any(s.matcher is not None for s in seqs):
         from groupwise.inference.constrained import allowed_mask
 
         allowed = allowed_mask([s.matcher for s in seqs], logits_BV.shape[-1], logits_BV.device)
+        forced_B = allowed.sum(-1) == 1  # [B]; unconstrained rows are all True, never forced
     tops_needed = max(s.req.sampling.top_logprobs for s in seqs)
     params = [s.req.sampling for s in seqs]
     history = None
@@ -59,11 +64,15 @@ def sample_and_advance(state: StepState, seqs: list[SeqState], logits_BV: torch.
     if tops_needed:
         top_vals, top_ids = torch.topk(raw_BV, tops_needed, dim=-1)
         top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
-    advance(state, seqs, tokens_B.tolist(), logprobs_B.tolist(), top_ids, top_vals)
+    tokens, forced = tokens_B.tolist(), None
+    if forced_B is not None:  # one small read-back of [B] bools, after tokens_B's synced the device
+        forced = [f and s.matcher is not None for f, s in zip(forced_B.tolist(), seqs)]
+    advance(state, seqs, tokens, logprobs_B.tolist(), top_ids, top_vals, forced)
 
 
 def advance(state: StepState, seqs: list[SeqState], tokens: list[int], logprobs: list[float],
-             top_ids: list[list[int]] | None = None, top_vals: list[list[float]] | None = None) -> None:
+             top_ids: list[list[int]] | None = None, top_vals: list[list[float]] | None = None,
+             forced: list[bool] | None = None) -> None:
     """Append each row's sampled token, check whether it finished, retire finished rows. An error in
     one row's bookkeeping (its grammar, stop strings, its caller's callback) fails that request only."""
     for b, s in enumerate(seqs):
@@ -73,6 +82,8 @@ def advance(state: StepState, seqs: list[SeqState], tokens: list[int], logprobs:
             t = tokens[b]
             s.tokens.append(t)
             s.logprobs.append(logprobs[b])
+            if forced is not None and forced[b]:
+                s.forced.append(len(s.tokens) - 1)
             if s.req.sampling.top_logprobs:
                 n_top = s.req.sampling.top_logprobs
                 s.tops.append(list(zip(top_ids[b][:n_top], top_vals[b][:n_top])))
@@ -150,7 +161,7 @@ def maybe_resolve(state: StepState, st: RequestState) -> None:
             text = state.tokenizer.decode(s.tokens, skip_special_tokens=True)
             if s.text_cut is not None:
                 text = text[: s.text_cut]
-            completions.append(Completion(s.index, s.tokens, s.logprobs, s.tops, text, s.finish_reason))
+            completions.append(Completion(s.index, s.tokens, s.logprobs, s.tops, text, s.finish_reason, s.forced))
     except Exception as exc:
         state.fail_request(st, exc)
         return

@@ -51,7 +51,8 @@ class GenerationRequest:
 
 @dataclass
 class Completion:
-    """One choice: the sampled ids (EOS included when sampled), their raw logprobs, the text."""
+    """One choice: the sampled ids (EOS included when sampled), their raw logprobs, the text, and the
+    indices (into token_ids) of the tokens its grammar forced: the only token it allowed there."""
 
     index: int
     token_ids: list[int]
@@ -59,6 +60,7 @@ class Completion:
     top_logprobs: list[list[tuple[int, float]]]
     text: str
     finish_reason: str  # "stop" or "length"
+    forced_indices: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -80,6 +82,7 @@ class SeqState:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     tops: list[list[tuple[int, float]]] = field(default_factory=list)
+    forced: list[int] = field(default_factory=list)  # indices into tokens the grammar forced (one allowed token)
     seed: int | None = None
     graph_seed: int | None = None  # an unseeded row's random seed in graph sampling (drawn once)
     matcher: Any = None
