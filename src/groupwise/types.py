@@ -17,8 +17,8 @@ The pipeline, with the module that owns each arrow::
 
 A `Trajectory` is one episode: the chat messages the agent saw and the `Choice`s it sampled.
 Choices are kept exactly as the `openai` SDK returned them, extra fields included, so the
-token ids and logprobs our server attaches (`choice.token_ids`, `choice.logprobs`) survive
-to the trainer (token-in/token-out) and to the store (lossless).
+token ids and logprobs our server attaches (`choice.token_ids`, `choice.logprobs`, and
+`choice.forced_token_indices`) survive to the trainer (token-in/token-out) and to the store (lossless).
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ __all__ = [
     "Trajectory",
     "TrajectoryGroup",
     "choice_token_ids",
+    "choice_forced_indices",
     "choice_logprobs",
     "choice_to_message",
 ]
@@ -138,6 +139,16 @@ def choice_token_ids(choice: Choice) -> list[int] | None:
     if content and all(entry.token.startswith("token_id:") for entry in content):
         return [int(entry.token.split(":", 1)[1]) for entry in content]
     return None
+
+
+def choice_forced_indices(choice: Choice) -> list[int]:
+    """Indices into `choice_token_ids` of the tokens a grammar forced (the only token it allowed, so
+    no decision of the policy); empty when none or when the server did not say (it is groupwise's
+    extra field ``choice.forced_token_indices``)."""
+    idx = getattr(choice, "forced_token_indices", None)
+    if idx is None and choice.model_extra:
+        idx = choice.model_extra.get("forced_token_indices")
+    return [int(i) for i in idx or []]
 
 
 def choice_logprobs(choice: Choice) -> list[float] | None:

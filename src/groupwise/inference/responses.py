@@ -44,6 +44,7 @@ def chat_response(tokenizer: Any, result: GenerationResult, header: dict[str, An
             "finish_reason": "tool_calls" if calls and c.finish_reason == "stop" else c.finish_reason,
             "logprobs": {"content": token_entries(tokenizer, c.token_ids, c.logprobs, c.top_logprobs)},
             "token_ids": c.token_ids,
+            "forced_token_indices": c.forced_indices,
         })
     return {**header, "object": "chat.completion", "choices": choices, "usage": usage(result)}
 
@@ -58,6 +59,7 @@ def completion_response(tokenizer: Any, result: GenerationResult, served_as: str
             at += len(t)
         choices.append({
             "index": c.index, "text": c.text, "finish_reason": c.finish_reason, "token_ids": c.token_ids,
+            "forced_token_indices": c.forced_indices,
             "logprobs": {"tokens": texts, "token_logprobs": c.logprobs, "text_offset": offsets,
                          "top_logprobs": [
                              {tokenizer.decode([i]): v for i, v in top} for top in c.top_logprobs

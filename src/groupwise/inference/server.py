@@ -9,7 +9,9 @@ limits, logging) is written down in docs/security.md.
 
 Always returned, because RL needs them (token-in/token-out): every choice's logprobs
 (``choice.logprobs.content``) and its sampled token ids in the extra field ``choice.token_ids``
-(`groupwise.types.choice_token_ids` reads it). ``response.model`` and ``system_fingerprint``
+(`groupwise.types.choice_token_ids` reads it), and in ``choice.forced_token_indices`` the indices
+into token_ids of the tokens a grammar forced (tool_choice / response_format allowed only that one
+token; `choice_forced_indices`), empty when none. ``response.model`` and ``system_fingerprint``
 name the step that produced the answer (``name@step``).
 
 How a request runs: the key is checked, the body read up to a limit (413 past it) and validated;

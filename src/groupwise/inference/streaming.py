@@ -46,7 +46,8 @@ def _event(payload: dict[str, Any]) -> str:
 
 async def stream_chat(tokenizer: Any, future: concurrent.futures.Future, queue: asyncio.Queue, req: GenerationRequest,
                       header: dict[str, Any], parse_tools: bool, include_usage: bool) -> AsyncIterator[str]:
-    """SSE chunks: a role delta, text deltas with their logprobs and token ids, a finish chunk.
+    """SSE chunks: a role delta, text deltas with their logprobs and token ids, a finish chunk (with
+    each choice's ``forced_token_indices``).
 
     With tools the text is held back and sent whole at the end (a tool call must be parsed
     complete); with stop strings, text that could still become a stop string is held back.
@@ -102,7 +103,8 @@ async def stream_chat(tokenizer: Any, future: concurrent.futures.Future, queue: 
                     finish = "tool_calls" if finish == "stop" else finish
             elif len(c.text) > sent[c.index]:
                 delta["content"] = c.text[sent[c.index]:]
-            finals.append({"index": c.index, "delta": delta, "finish_reason": finish})
+            finals.append({"index": c.index, "delta": delta, "finish_reason": finish,
+                           "forced_token_indices": c.forced_indices})
         yield chunk(finals)
         if include_usage:
             yield chunk([], usage(result))
