@@ -105,6 +105,7 @@ class TrainConfig(Validated):
     weight_decay: float = option(0.0, help="AdamW weight decay.")
     micro_batch_tokens: int = option(4096, help="Token budget of one micro-batch (padded tokens); the step accumulates gradients over micro-batches.")
     max_seq_len: int = option(2048, help="Sequences longer than this are dropped from the step (counted in the metrics).")
+    train_forced_tokens: bool = option(False, help="Train the tokens a grammar forced (tool_choice / response_format allowed only that token; the server reports them). False leaves them out of the loss: tokens a grammar forced carry no decision of the policy (its constrained distribution there is a point mass, with zero gradient), so training them with the trajectory's advantage only adds noise.")
     logprob_chunk_size: int = option(1024, help="Positions per chunk when computing log-softmax, so a 150k vocabulary does not hold [T, V] at once.")
     gradient_checkpointing: bool = option(False, help="Recompute each decoder layer in the backward instead of storing its activations: about 1/3 more compute, far less memory (long sequences, big micro-batches).")
     seed: int = option(0, help="Seed of the step's RNG (dropout); micro-batches are not shuffled (sorted by length), so a step is reproducible on resume.")

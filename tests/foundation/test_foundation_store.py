@@ -9,7 +9,7 @@ import pytest
 
 from groupwise import CorruptRecordError, StoreError, Trajectory, TrajectoryGroup, load_history, load_trajectories
 from groupwise.store import RunStore, history_row
-from groupwise.types import choice_logprobs, choice_token_ids
+from groupwise.types import Choice, choice_forced_indices, choice_logprobs, choice_token_ids
 
 
 def test_every_field_round_trips_exactly(tmp_path, group):
@@ -38,6 +38,17 @@ def test_every_field_round_trips_exactly(tmp_path, group):
     # A second write-read cycle is byte-identical: nothing drifts.
     store.write_trajectories("train", 4, [back])
     assert (store.run_dir / "trajectories/train/0004.jsonl").read_bytes() == path.read_bytes()
+
+
+def test_grammar_forced_indices_round_trip(tmp_path, group):
+    traj = group.trajectories[0]
+    choice = traj.messages_and_choices[2]
+    traj.messages_and_choices[2] = Choice.model_validate({**choice.model_dump(), "forced_token_indices": [0, 2]})
+    store = RunStore(tmp_path, "p", "m")
+    store.write_trajectories("train", 0, [group])
+    [back] = load_trajectories(store.run_dir)
+    assert choice_forced_indices(back.trajectories[0].messages_and_choices[2]) == [0, 2]
+    assert choice_forced_indices(back.trajectories[0].messages_and_choices[4]) == []  # none recorded
 
 
 def test_load_filters_by_split_and_step(tmp_path, group):

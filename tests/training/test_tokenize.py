@@ -9,7 +9,7 @@ from gw_train_helpers import make_choice
 
 from groupwise.errors import NotTrainableError
 from groupwise.training.tokenize import tokenize_conversation, tokenize_groups
-from groupwise.types import History, Trajectory, TrajectoryGroup
+from groupwise.types import Choice, History, Trajectory, TrajectoryGroup
 
 
 def _ids(tokenizer, text):
@@ -89,3 +89,41 @@ def test_zero_variance_and_too_long_are_counted(tokenizer):
     assert batch.zero_variance_groups == 1 and batch.zero_variance_fraction == pytest.approx(1 / 3)
     assert batch.dropped_too_long == 1
     assert len(batch.sequences) == 3
+
+
+def _forced_choice(ids, lps, forced):
+    choice = make_choice(ids, lps)
+    return Choice.model_validate({**choice.model_dump(), "forced_token_indices": forced})
+
+
+def test_grammar_forced_tokens_are_not_trained_unless_asked(tokenizer):
+    eos = tokenizer.eos_token_id
+    turn = _ids(tokenizer, '{"name": "f"}') + [eos]
+    lps = [-0.1 * (k + 1) for k in range(len(turn))]
+    forced = [0, 1, len(turn) - 1]  # e.g. the grammar's opening and, once complete, only EOS
+    items = [{"role": "user", "content": "call f"}, _forced_choice(turn, lps, forced)]
+    ids, mask, old = tokenize_conversation(items, tokenizer)
+    at = next(k for k in range(len(ids)) if ids[k:k + len(turn)] == turn)  # where the turn is spliced
+    assert mask[at:at + len(turn)] == [k not in forced for k in range(len(turn))]
+    assert not any(mask[:at]) and not any(mask[at + len(turn):])
+    assert old[at:at + len(turn)] == lps  # logprobs stay aligned, forced positions included
+    ids_all, mask_all, old_all = tokenize_conversation(items, tokenizer, train_forced_tokens=True)
+    plain = tokenize_conversation([items[0], make_choice(turn, lps)], tokenizer)
+    assert (ids_all, mask_all, old_all) == plain and ids == plain[0] and sum(mask_all) == len(turn)
+    with pytest.raises(ValueError, match="forced token index"):
+        tokenize_conversation([items[0], _forced_choice(turn, lps, [len(turn)])], tokenizer)
+
+
+def test_a_sequence_with_every_token_forced_is_dropped(tokenizer):
+    def traj(reward, forced):
+        return Trajectory(messages_and_choices=[{"role": "user", "content": "q"},
+                                                _forced_choice([5, 6, 7], [-1.0] * 3, forced)], reward=reward)
+
+    group = TrajectoryGroup([traj(1.0, [0, 1, 2]), traj(0.0, [1])])
+    batch = tokenize_groups([group], tokenizer, max_seq_len=512)
+    assert [s.trajectory_index for s in batch.sequences] == [1] and batch.dropped_all_forced == 1
+    assert batch.trainable_tokens == 2
+    everything = tokenize_groups([group], tokenizer, max_seq_len=512, train_forced_tokens=True)
+    assert len(everything.sequences) == 2 and everything.trainable_tokens == 6 and everything.dropped_all_forced == 0
+    with pytest.raises(NotTrainableError, match="a grammar forced every sampled token"):
+        tokenize_groups([TrajectoryGroup([traj(1.0, [0, 1, 2]), traj(0.0, [0, 1, 2])])], tokenizer, max_seq_len=512)

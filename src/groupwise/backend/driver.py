@@ -296,6 +296,7 @@ class WorkerBackend(Backend):
                 batch = await compute_thread().run(
                     tokenize_groups, groups, run.tokenizer, max_seq_len=config.max_seq_len,
                     scale_rewards=config.scale_rewards, prepare=prepare_messages,
+                    train_forced_tokens=config.train_forced_tokens,
                 )
                 shards = shard_batch(batch, self.world_size)
                 del batch

@@ -140,7 +140,8 @@ def sft_sequence(
             prepared.append(item)  # token-in/token-out: the sampled ids
         else:
             prepared.append(_as_target(rendered_turn_ids(messages, k, tokenizer, tools=tools, prepare=prepare)))
-    ids, mask, _ = tokenize_conversation(prepared, tokenizer, tools=tools, prepare=prepare)
+    # Imitation trains every token of a target turn, grammar-forced ones too: the model learns the format.
+    ids, mask, _ = tokenize_conversation(prepared, tokenizer, tools=tools, prepare=prepare, train_forced_tokens=True)
     return ids, mask
 
 

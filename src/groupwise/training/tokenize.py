@@ -13,7 +13,11 @@ the template's copy is dropped so it is not doubled, and the sampled one is trai
 to stop).
 
 One sequence per trajectory plus one per `additional_histories` entry; all carry the trajectory's
-advantage. The loss mask covers every trainable Choice of every turn.
+advantage. The loss mask covers every trainable Choice of every turn, except the tokens a grammar
+forced (`types.choice_forced_indices`: the only token it allowed, so the sampling distribution there
+is a point mass and carries no decision of the policy; training them with the trajectory's advantage
+is noise) unless `train_forced_tokens`. Their old logprobs stay in place. A sequence left with no
+trainable token is dropped, like a conversation without token ids.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from typing import Any
 
 from groupwise.errors import NotTrainableError
 from groupwise.training.advantages import compute_advantages
-from groupwise.types import Choice, TrajectoryGroup, choice_logprobs, choice_to_message, choice_token_ids
+from groupwise.types import (Choice, TrajectoryGroup, choice_forced_indices, choice_logprobs, choice_to_message,
+                             choice_token_ids)
 
 _SENTINEL = "\u2063GWCHOICE{}\u2063"  # invisible separator: never produced by a chat template
 _SENTINEL_RE = re.compile("\u2063GWCHOICE(\\d+)\u2063")
@@ -61,6 +66,7 @@ class TokenizedBatch:
     zero_variance_groups: int = 0
     dropped_too_long: int = 0
     trajectories_without_token_ids: int = 0
+    dropped_all_forced: int = 0  # sequences whose every sampled token a grammar forced
 
     @property
     def trainable_tokens(self) -> int:
@@ -91,8 +97,10 @@ def tokenize_conversation(
     *,
     tools: list[dict] | None = None,
     prepare: PrepareMessages | None = None,
+    train_forced_tokens: bool = False,
 ) -> tuple[list[int], list[bool], list[float]]:
     """(input_ids [T], mask [T], old_logprobs [T]) of one conversation; see the module docstring.
+    The mask is False at grammar-forced tokens unless `train_forced_tokens`.
 
     `prepare(messages, tools, tokenizer) -> (messages, template_tools)` is the server's own message
     preparation (e.g. tools rendered into the system prompt for a template without tool support), so
@@ -105,7 +113,7 @@ def tokenize_conversation(
             "Set tokenizer.chat_template (a Jinja string) or use an instruct model's tokenizer."
         )
     messages: list[dict] = []
-    spliced: list[tuple[list[int], list[float]]] = []
+    spliced: list[tuple[list[int], list[float], list[bool]]] = []
     for item in messages_and_choices:
         if isinstance(item, Choice):
             ids = choice_token_ids(item)
@@ -118,8 +126,14 @@ def tokenize_conversation(
                     f"a Choice has {len(ids)} token ids but {len(logprobs)} logprobs; they must pair up "
                     "one to one. The server that sampled it returned inconsistent data."
                 )
+            trained = [True] * len(ids)
+            for k in ([] if train_forced_tokens else choice_forced_indices(item)):
+                if not 0 <= k < len(ids):
+                    raise ValueError(f"a Choice has {len(ids)} token ids but a forced token index {k}; the server "
+                                     "that sampled it returned inconsistent data.")
+                trained[k] = False
             messages.append({"role": "assistant", "content": _SENTINEL.format(len(spliced))})
-            spliced.append((ids, logprobs if logprobs is not None else [math.nan] * len(ids)))
+            spliced.append((ids, logprobs if logprobs is not None else [math.nan] * len(ids), trained))
         else:
             messages.append(item)
     if prepare is not None:
@@ -139,7 +153,7 @@ def tokenize_conversation(
     old: list[float] = []
     for i, piece in enumerate(pieces[0::2]):
         if i > 0:
-            ids, logprobs = spliced[i - 1]
+            ids, logprobs, trained = spliced[i - 1]
             last = ids[-1]
             if last in special:
                 # The sampled end-of-turn token is trained; the template's copy of it is dropped.
@@ -147,7 +161,7 @@ def tokenize_conversation(
                 if isinstance(tok_text, str) and piece.startswith(tok_text):
                     piece = piece[len(tok_text):]
             input_ids += ids
-            mask += [True] * len(ids)
+            mask += trained
             old += [float(x) for x in logprobs]
         if piece:
             ids_ctx = tokenizer(piece, add_special_tokens=False)["input_ids"]
@@ -164,6 +178,7 @@ def tokenize_groups(
     max_seq_len: int,
     scale_rewards: bool = True,
     prepare: PrepareMessages | None = None,
+    train_forced_tokens: bool = False,
 ) -> TokenizedBatch:
     """The trainable sequences of a step. Raises `NotTrainableError` naming why nothing is trainable."""
     groups = list(groups)
@@ -200,12 +215,22 @@ def tokenize_groups(
             for h, items, tools in convs:
                 if not _has_token_ids(items):
                     continue
-                ids, mask, old = tokenize_conversation(items, tokenizer, tools=tools, prepare=prepare)
+                ids, mask, old = tokenize_conversation(items, tokenizer, tools=tools, prepare=prepare,
+                                                       train_forced_tokens=train_forced_tokens)
+                if not any(mask):
+                    batch.dropped_all_forced += 1
+                    continue
                 if len(ids) > max_seq_len:
                     over_limit += 1
                     continue
                 batch.sequences.append(TokenizedSequence(ids, mask, old, a, g, i, h))
     batch.dropped_too_long = over_limit
+    if not batch.sequences and not over_limit:
+        raise NotTrainableError(
+            f"nothing to train on: a grammar forced every sampled token of all {batch.dropped_all_forced} "
+            "sequence(s) (tool_choice / response_format allowed one token at each), so the policy decided "
+            "nothing. Set TrainConfig.train_forced_tokens=True to train them anyway, or loosen the constraint."
+        )
     if not batch.sequences:
         raise NotTrainableError(
             f"nothing to train on: every sequence is over the length limit ({over_limit} sequence(s) longer "
