@@ -13,8 +13,9 @@ torch 2.13.0 CPU on this machine:
 
 Each constrained choice gets its own `llguidance.LLMatcher`; before sampling the engine asks every
 matcher for the set of allowed next tokens (`allowed_mask`) and masks the sampling logits (the
-reported logprobs stay raw, sampling.py). When the grammar is complete only EOS is allowed, so the
-answer ends right after the closing brace.
+reported logprobs stay raw, sampling.py); a token drawn where the mask allowed only it is reported as
+forced (advance.py). When the grammar is complete only EOS is allowed, so the answer ends right after
+the closing brace.
 """
 
 from __future__ import annotations
