@@ -6,6 +6,25 @@ from openai.types.chat.chat_completion import ChatCompletionMessage, Choice, Cho
 from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
 
 
+def lora_model(tokenizer, *, dtype=None, seed: int = 0, dropout: float = 0.0):
+    """A tiny random Llama (fp64 by default) wrapped with a rank-4 LoRA whose B is random: peft starts B
+    at 0, which makes dL/dA = 0; a random B makes every LoRA gradient non-trivial."""
+    import torch
+
+    from groupwise.config import LoraConfig
+    from groupwise.loading import tiny_random_model
+    from groupwise.training.trainer import wrap_with_lora
+
+    model, _ = tiny_random_model(seed=seed, tokenizer=tokenizer, dtype=dtype or torch.float64)
+    peft_model = wrap_with_lora(model, LoraConfig(rank=4, alpha=8, dropout=dropout))
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.05)
+    return peft_model
+
+
 def make_choice(token_ids: list[int], logprobs: list[float] | None, text: str = "x") -> Choice:
     """A Choice as groupwise's server returns it: token ids in the extra field, logprobs per token."""
     lp = None

@@ -7,29 +7,16 @@ import math
 
 import pytest
 import torch
+from gw_train_helpers import lora_model
 
-from groupwise.config import LoraConfig, TrainConfig
+from groupwise.config import TrainConfig
 from groupwise.errors import ConfigError
 from groupwise.training import trainer as trainer_module
 from groupwise.training.checkpoint import adapter_tensors, latest_checkpoint, prune_checkpoints, save_checkpoint
 from groupwise.training.logprobs import token_logprobs
 from groupwise.training.loss import grpo_loss
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
-from groupwise.training.trainer import Trainer, wrap_with_lora
-
-
-def _lora_model(tokenizer, dropout: float = 0.0):
-    """A tiny random Llama in fp64 with a random B (peft's B = 0 would make dL/dA = 0)."""
-    from groupwise.loading import tiny_random_model
-
-    model, _ = tiny_random_model(seed=0, tokenizer=tokenizer, dtype=torch.float64)
-    peft_model = wrap_with_lora(model, LoraConfig(rank=4, alpha=8, dropout=dropout))
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for n, p in peft_model.named_parameters():
-            if "lora_B" in n:
-                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.05)
-    return peft_model
+from groupwise.training.trainer import Trainer
 
 
 LENGTHS = (20, 18, 16, 14)
@@ -79,7 +66,7 @@ def _moved(trainer: Trainer, scale: float = 0.05) -> dict[str, torch.Tensor]:
 
 
 def test_a_reference_equal_to_the_adapter_gives_kl_0_and_the_kl_free_gradient(tokenizer, tmp_path):
-    model = _lora_model(tokenizer)
+    model = lora_model(tokenizer)
     trainer = Trainer(model)
     names = [n for n, _ in trainer.trainable_named_parameters()]
     before = {n: p.detach().clone() for n, p in trainer.trainable_named_parameters()}
@@ -109,7 +96,7 @@ def test_a_different_reference_is_the_model_holding_those_weights(tokenizer, mon
     reference pass runs in eval mode (the independent model's pass does too)."""
     config = TrainConfig(kl_coef=0.2, kl_reference_step=1, micro_batch_tokens=10_000, max_seq_len=64,
                          learning_rate=1e-3, max_grad_norm=0.0)
-    trainer = Trainer(_lora_model(tokenizer, dropout))
+    trainer = Trainer(lora_model(tokenizer, dropout=dropout))
     reference = _moved(trainer)
     trainer.set_reference(reference, step=1)
     seen = []
@@ -118,7 +105,7 @@ def test_a_different_reference_is_the_model_holding_those_weights(tokenizer, mon
     stats, grads = _grads(trainer, _batch(), config)
 
     ids_BT, mask_BT, old_BT, adv_B = _padded(_batch())
-    held = _lora_model(tokenizer, dropout)  # the same base and adapter init; then the reference's values
+    held = lora_model(tokenizer, dropout=dropout)  # the same base and adapter init; then the reference's values
     with torch.no_grad():
         for n, p in held.named_parameters():
             if n in reference:
@@ -128,7 +115,7 @@ def test_a_different_reference_is_the_model_holding_those_weights(tokenizer, mon
         ref_BT = token_logprobs(held, ids_BT, None, mask_BT, chunk_size=1024)
     assert len(seen) == 1 and torch.allclose(seen[0], ref_BT, atol=1e-12, rtol=0)
 
-    policy = _lora_model(tokenizer, dropout)
+    policy = lora_model(tokenizer, dropout=dropout)
     policy.train()
     torch.manual_seed(0)  # the same dropout draws as the trainer's policy pass
     logp_BT = token_logprobs(policy, ids_BT, None, mask_BT, chunk_size=1024)
@@ -152,7 +139,7 @@ def test_a_different_reference_is_the_model_holding_those_weights(tokenizer, mon
 
 
 def test_the_anchor_must_be_the_configs_and_fit_the_adapter(tokenizer):
-    trainer = Trainer(_lora_model(tokenizer))
+    trainer = Trainer(lora_model(tokenizer))
     config = TrainConfig(kl_coef=0.1, kl_reference_step=2, max_seq_len=64)
     with pytest.raises(ValueError, match="kl_reference_step=2 but the trainer's KL reference is the base model"):
         trainer.train_step(_batch(), config)
@@ -180,7 +167,7 @@ def test_kl_reference_step_must_be_a_step(bad):
 
 
 def test_retention_keeps_the_steps_in_use(tokenizer, tmp_path):
-    model = _lora_model(tokenizer)
+    model = lora_model(tokenizer)
     names = [n for n, _ in Trainer(model).trainable_named_parameters()]
     for step in (1, 2, 3, 4):
         save_checkpoint(tmp_path, step, model=model, optimizer=None, param_names=names)

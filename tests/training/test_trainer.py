@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from gw_train_helpers import lora_model
 
 from groupwise.config import LoraConfig, TrainConfig
 from groupwise.training.checkpoint import (
@@ -19,20 +20,6 @@ from groupwise.training.checkpoint import (
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
 from groupwise.training.logprobs import token_logprobs
 from groupwise.training.trainer import Trainer, plan_micro_batches, wrap_with_lora
-
-
-def _lora_model(tokenizer, dtype=torch.float64, seed=0):
-    from groupwise.loading import tiny_random_model
-
-    model, _ = tiny_random_model(seed=seed, tokenizer=tokenizer, dtype=dtype)
-    peft_model = wrap_with_lora(model, LoraConfig(rank=4, alpha=8))
-    # peft starts B at 0, which makes dL/dA = 0; a random B makes every LoRA gradient non-trivial.
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for n, p in peft_model.named_parameters():
-            if "lora_B" in n:
-                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.05)
-    return peft_model
 
 
 def _batch(lengths=(20, 18, 16, 14), vocab=1000):
@@ -54,7 +41,7 @@ def test_plan_micro_batches_respects_the_token_budget():
 
 @pytest.mark.parametrize("normalize", ["token", "sequence", "constant"])
 def test_four_micro_batches_equal_the_full_batch_fp64(tokenizer, normalize):
-    model = _lora_model(tokenizer)
+    model = lora_model(tokenizer)
     trainer = Trainer(model)
     batch = _batch()
     grads = []
@@ -76,7 +63,7 @@ def test_four_micro_batches_equal_the_full_batch_fp64(tokenizer, normalize):
 
 
 def test_chunked_logprobs_equal_a_full_log_softmax(tokenizer):
-    model = _lora_model(tokenizer)
+    model = lora_model(tokenizer)
     ids_BT = torch.randint(3, 500, (2, 9), generator=torch.Generator().manual_seed(3))
     attention_BT = torch.ones_like(ids_BT)
     mask_BT = torch.zeros_like(ids_BT, dtype=torch.bool)
@@ -90,7 +77,7 @@ def test_chunked_logprobs_equal_a_full_log_softmax(tokenizer):
 
 
 def test_step_moves_only_the_adapter_and_checkpoint_round_trips(tokenizer, tmp_path):
-    model = _lora_model(tokenizer, dtype=torch.float32)
+    model = lora_model(tokenizer, dtype=torch.float32)
     trainer = Trainer(model)
     base_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
     lora_before = {n: p.detach().clone() for n, p in trainer.trainable_named_parameters()}
@@ -113,7 +100,7 @@ def test_step_moves_only_the_adapter_and_checkpoint_round_trips(tokenizer, tmp_p
     saved_opt, _ = optimizer_to_tensors(trainer.optimizer, names)
 
     # A fresh process: new model, new trainer, resume from the checkpoint.
-    model2 = _lora_model(tokenizer, dtype=torch.float32)
+    model2 = lora_model(tokenizer, dtype=torch.float32)
     trainer2 = Trainer(model2)
     trainer2.ensure_optimizer(config)
     state = load_checkpoint(latest_checkpoint(tmp_path), model=model2, optimizer=trainer2.optimizer, param_names=names)
@@ -130,7 +117,7 @@ def test_step_moves_only_the_adapter_and_checkpoint_round_trips(tokenizer, tmp_p
 
 
 def test_incomplete_checkpoints_are_ignored_and_retention(tokenizer, tmp_path):
-    model = _lora_model(tokenizer, dtype=torch.float32)
+    model = lora_model(tokenizer, dtype=torch.float32)
     names = [n for n, _ in Trainer(model).trainable_named_parameters()]
     for step, reward in [(1, 0.2), (2, 0.9), (3, 0.4), (4, 0.1)]:
         save_checkpoint(tmp_path, step, model=model, optimizer=None, param_names=names, metrics={"val/reward": reward})
@@ -152,7 +139,7 @@ def test_kl_against_the_base_model_with_the_adapter_disabled(tokenizer):
     config = TrainConfig(kl_coef=0.1, micro_batch_tokens=40, max_seq_len=64)
     assert trainer.train_step(_batch(), config, step=0)["kl"] == 0.0
     # An adapter that moved the policy: KL > 0, and it adds to the loss (kl_coef * mean KL for token norm).
-    moved = Trainer(_lora_model(tokenizer, dtype=torch.float64))
+    moved = Trainer(lora_model(tokenizer, dtype=torch.float64))
     with_kl = moved.train_step(_batch(), TrainConfig(kl_coef=0.1, max_seq_len=64, learning_rate=1e-12), step=0)
     without = moved.train_step(_batch(), TrainConfig(kl_coef=0.0, max_seq_len=64, learning_rate=1e-12), step=0)
     assert with_kl["kl"] > 0
@@ -160,7 +147,7 @@ def test_kl_against_the_base_model_with_the_adapter_disabled(tokenizer):
 
 
 def test_layer_checkpointing_gives_the_same_gradient_fp64(tokenizer):
-    model = _lora_model(tokenizer)
+    model = lora_model(tokenizer)
     trainer = Trainer(model)
     grads = []
     for on in (False, True):
@@ -181,7 +168,7 @@ def test_bf16_base_trains_an_fp32_adapter_under_autocast(tokenizer):
     and its gradient stays close to the fp32 model's (same weights, same batch)."""
     grads = {}
     for dtype in (torch.float32, torch.bfloat16):
-        model = _lora_model(tokenizer, dtype=torch.float32)
+        model = lora_model(tokenizer, dtype=torch.float32)
         if dtype == torch.bfloat16:
             for n, p in model.named_parameters():
                 if "lora_" not in n:
@@ -203,7 +190,7 @@ def test_compiled_layers_give_the_eager_gradient_and_are_removed_after(tokenizer
     engine's layers are eager again after the step (it captures CUDA graphs of those)."""
     grads = []
     for compile_layers in (False, True):
-        model = _lora_model(tokenizer, dtype=torch.float32)
+        model = lora_model(tokenizer, dtype=torch.float32)
         trainer = Trainer(model)
         trainer._activate()
         trainer.forward_backward(_batch(), TrainConfig(max_seq_len=64, compile=compile_layers))
