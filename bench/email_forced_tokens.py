@@ -13,20 +13,13 @@ Run:  python bench/email_forced_tokens.py [--questions 64]
 from __future__ import annotations
 
 import argparse
-import json
 
 from groupwise.envs import get_env
 from groupwise.envs.email_search import tools as T
 from groupwise.envs.email_search.scripted import demonstration
-from groupwise.inference.constrained import JSON_OPTIONS, allowed_mask, constraint_for
+from groupwise.inference.constrained import allowed_mask, constraint_for
+from groupwise.inference.tool_calls import format_tool_call
 from groupwise.loading import load_tokenizer
-
-
-def call_text(call: dict) -> str:
-    """The reply the grammar admits for `call`: its JSON with the grammar's separators, in its tags."""
-    body = {"name": call["function"]["name"], "arguments": json.loads(call["function"]["arguments"])}
-    text = json.dumps(body, ensure_ascii=False, separators=(JSON_OPTIONS["item_separator"], JSON_OPTIONS["key_separator"]))
-    return f"<tool_call>\n{text}\n</tool_call>"
 
 
 def main(args: argparse.Namespace) -> None:
@@ -41,14 +34,15 @@ def main(args: argparse.Namespace) -> None:
             if not isinstance(message, dict) or message.get("role") != "assistant":
                 continue
             call = message["tool_calls"][0]
-            ids = tokenizer(call_text(call), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            text = format_tool_call(call["function"]["name"], call["function"]["arguments"])  # as SFT renders it
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
             matcher = constraint.new_matcher()
             counts = by_tool.setdefault(call["function"]["name"], [0, 0])
             for token in ids:
                 allowed = int(allowed_mask([matcher], vocab, "cpu")[0].sum())
                 if not matcher.consume_token(token):
                     raise SystemExit(f"the grammar rejects token {token} ({tokenizer.decode([token])!r}) of "
-                                     f"{call_text(call)!r}: the rendering here no longer matches the grammar")
+                                     f"{text!r}: the rendering here no longer matches the grammar")
                 counts[0] += 1
                 counts[1] += allowed == 1
     print(f"{len(train)} scripted episodes, SmolLM2 tokenizer, tool_choice='required' grammar\n")
