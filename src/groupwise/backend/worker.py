@@ -212,20 +212,14 @@ class Worker:
         """Serve only the last `served_steps` steps; unless `best_metric` is None, rank 0 deletes the
         checkpoints that are neither the latest nor the best (`keep` when the caller named it, else the
         best by `best_metric`) nor `in_use` (a KL reference). Returns the deleted steps."""
-        from groupwise.training.checkpoint import list_checkpoints, prune_checkpoints
+        from groupwise.training.checkpoint import prune_checkpoints
 
         replica, spec = self.replicas[name], self.specs[name]
         await compute_thread().run(replica.unserve_before, step, served_steps)
         if self.rank != 0 or best_metric is None:  # None: every checkpoint is kept
             return []
-        if keep:  # the caller named the best step: keep it and the latest
-            deleted = []
-            found = list_checkpoints(spec.checkpoints_dir, warn=False)
-            for s in found[:-1]:
-                if s.step not in keep and s.step not in in_use and s.path is not None:
-                    shutil.rmtree(s.path, ignore_errors=True)
-                    deleted.append(s.step)
-            return deleted
+        if keep:  # the caller named the best step: keep it and the latest, whatever the metric says
+            return prune_checkpoints(spec.checkpoints_dir, keep=[*keep, *in_use])
         return prune_checkpoints(spec.checkpoints_dir, best_metric=best_metric, maximize=maximize,
                                  metrics_by_step=metrics_by_step, keep=in_use)
 
