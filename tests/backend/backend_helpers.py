@@ -46,3 +46,8 @@ async def sample_groups(model, n_groups=2, n=4, step=0, max_tokens=4):
     for g in range(n_groups):
         groups.append(gw.TrajectoryGroup(await asyncio.gather(*(one(g, i) for i in range(n)))))
     return groups
+
+
+def checkpoint_steps(model) -> list[int]:
+    """The steps whose checkpoint folders are on disk (what retention left), ascending."""
+    return sorted(int(p.name) for p in model.store.checkpoints_dir.iterdir() if p.name.isdigit())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import openai
 import pytest
 import torch
-from backend_helpers import BACKENDS, make_backend, sample_groups
+from backend_helpers import BACKENDS, checkpoint_steps, make_backend, sample_groups
 from safetensors.torch import load_file
 
 import groupwise as gw
@@ -22,10 +22,6 @@ async def ask_model(model, name):
     r = await model.openai_client().chat.completions.create(
         model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0.0)
     return r.model
-
-
-def checkpoint_steps(model):
-    return sorted(int(p.name) for p in model.store.checkpoints_dir.iterdir() if p.name.isdigit())
 
 
 @pytest.mark.slow

@@ -8,15 +8,11 @@ import math
 
 import pytest
 import torch
-from backend_helpers import make_backend, sample_groups
+from backend_helpers import checkpoint_steps, make_backend, sample_groups
 from safetensors.torch import load_file
 
 import groupwise as gw
 from groupwise.errors import CheckpointError
-
-
-def checkpoint_steps(model):
-    return sorted(int(p.name) for p in model.store.checkpoints_dir.iterdir() if p.name.isdigit())
 
 
 @pytest.mark.parametrize("kind", ["local", pytest.param("data_parallel", marks=pytest.mark.slow)])
