@@ -40,7 +40,7 @@ from typing import Any
 
 import groupwise as gw
 from groupwise.envs import get_env
-from groupwise.judge import apply_hybrid, ruler_score_group, weighted
+from groupwise.judge import apply_hybrid, judge_stats, ruler_score_group, weighted
 from groupwise.loop.fit import AtStep
 from groupwise.loop.series import series
 from groupwise.recipes.sft import env_demonstrations, warm_start
@@ -121,9 +121,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         judge_client, judge_model = model.openai_client(), model.inference_name(0)
 
         async def hybrid(group):
-            # ~40 tokens per trajectory's score and short explanation: the bound keeps a slow local judge short.
+            # The local judge's default answer bound (96 tokens a trajectory) fits its 80-character explanations;
+            # one retry: a judge that failed twice on a group rarely parses on a third try, and each try costs a full answer.
             judged = await ruler_score_group(group, judge_model, rubric=spec.rubric, swallow_exceptions=True,
-                                             client=judge_client, max_tokens=48 * len(group.trajectories) + 32)
+                                             client=judge_client, retries=1)
             if judged is None:  # the judge failed: the ground-truth reward alone
                 return group
             a, n = judge_agreement([judged])
@@ -152,7 +153,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         out["rl_train_correct"] = [round(r.get("correct", float("nan")), 3) for r in train_rows]
         out["rl_heldout_curve"] = {step: round(v, 3) for step, v in series(gw.load_history(model.run_dir), "val", "accuracy")}
         out["judge_agreement"] = {"agree": judge_pairs[0], "pairs": judge_pairs[1],
-                                  "share": judge_pairs[0] / judge_pairs[1] if judge_pairs[1] else None}
+                                  "share": judge_pairs[0] / judge_pairs[1] if judge_pairs[1] else None,
+                                  "dropped_groups": judge_stats.dropped_groups}
         out["rl"] = await accuracy(model, final, heldout, spec, "rl")
         say(f"SFT+RL (step {final}, {out['rl_seconds']}s): accuracy {out['rl']['accuracy']:.3f}; train correct "
             f"by step {out['rl_train_correct']}; held-out by step {out['rl_heldout_curve']}; judge agreement {out['judge_agreement']}")
