@@ -116,6 +116,37 @@ def test_step_moves_only_the_adapter_and_checkpoint_round_trips(tokenizer, tmp_p
         assert torch.equal(p, q), n
 
 
+def test_grpo_after_sft_starts_with_fresh_adam_moments(tokenizer, tmp_path):
+    """Adam's moments belong to the objective they were estimated on: the first GRPO step after SFT moves
+    the adapter exactly as an optimizer without history would, also after a restart from the SFT
+    checkpoint; SFT after SFT keeps its moments."""
+    config = TrainConfig(learning_rate=1e-3, micro_batch_tokens=40, max_seq_len=64)
+    warm_model = lora_model(tokenizer, dtype=torch.float32)
+    warm = Trainer(warm_model)
+    for step in range(2):
+        warm.train_step(_batch(), config, step=step, objective="sft")
+    assert {float(s["step"]) for s in warm.optimizer.state.values()} == {2.0}
+    names = [n for n, _ in warm.trainable_named_parameters()]
+    save_checkpoint(tmp_path, 2, model=warm_model, optimizer=warm.optimizer, param_names=names)
+
+    fresh = Trainer(lora_model(tokenizer, dtype=torch.float32))
+    with torch.no_grad():
+        for (_, p), (_, q) in zip(fresh.trainable_named_parameters(), warm.trainable_named_parameters()):
+            p.copy_(q)
+    resumed_model = lora_model(tokenizer, dtype=torch.float32)
+    resumed = Trainer(resumed_model)
+    resumed.ensure_optimizer(config)
+    load_checkpoint(latest_checkpoint(tmp_path), model=resumed_model, optimizer=resumed.optimizer, param_names=names)
+    assert {float(s["step"]) for s in resumed.optimizer.state.values()} == {2.0}
+
+    for trainer in (warm, fresh, resumed):
+        trainer.train_step(_batch(), config, step=2, objective="grpo")
+    assert {float(s["step"]) for s in warm.optimizer.state.values()} == {1.0}
+    for (n, p), (_, q), (_, r) in zip(fresh.trainable_named_parameters(), warm.trainable_named_parameters(),
+                                      resumed.trainable_named_parameters()):
+        assert torch.equal(p, q) and torch.equal(p, r), n
+
+
 def test_incomplete_checkpoints_are_ignored_and_retention(tokenizer, tmp_path):
     model = lora_model(tokenizer, dtype=torch.float32)
     names = [n for n, _ in Trainer(model).trainable_named_parameters()]

@@ -240,7 +240,11 @@ class Trainer:
             base.gradient_checkpointing_disable()
         self._layer_checkpointing = on
 
-    def ensure_optimizer(self, config: TrainConfig) -> torch.optim.AdamW:
+    def ensure_optimizer(self, config: TrainConfig, objective: str | None = None) -> torch.optim.AdamW:
+        """The adapter's AdamW, with `config`'s rate and decay. When `objective` differs from the one its
+        moments were estimated on (kept in the param groups, so checkpoints carry it), the moments start
+        afresh: SFT's cross-entropy gradients are ~10x GRPO's, so second moments carried from an SFT warm
+        start shrink every GRPO update by that factor, and its first moment keeps pushing the SFT direction."""
         if self.optimizer is None:
             params = [p for _, p in self.trainable_named_parameters()]
             # On CUDA the fused kernel updates every LoRA tensor in a few launches (a LoRA has
@@ -250,9 +254,14 @@ class Trainer:
                 params, lr=config.learning_rate, weight_decay=config.weight_decay, fused=fused or None,
                 foreach=None if fused else False,
             )
+        previous = self.optimizer.param_groups[0].get("objective")
+        if objective is not None and previous is not None and previous != objective:
+            self.optimizer.state.clear()  # AdamW builds fresh state (step 0, zero moments) at its next step
         for group in self.optimizer.param_groups:
             group["lr"] = config.learning_rate
             group["weight_decay"] = config.weight_decay
+            if objective is not None:
+                group["objective"] = objective
         return self.optimizer
 
     def _training_forward(self, config: TrainConfig) -> TrainingForward:
@@ -411,7 +420,7 @@ class Trainer:
                 "step's adapter with set_reference(tensors, step=...) first (the backends do: backend/replica.py)"
             )
         params = self._activate()
-        optimizer = self.ensure_optimizer(config)
+        optimizer = self.ensure_optimizer(config, objective)
         self._set_mode(True)
         optimizer.zero_grad(set_to_none=True)
         seqs = batch.sequences
