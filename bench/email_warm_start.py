@@ -23,7 +23,8 @@ one group whose correctness differs, the share it scored the correct one higher.
 Writes ``<path>/<project>/<name>/email_warm_start.json`` and prints one line per phase.
 
 The defaults are the setting docs/benchmarks.md reports (tools called as text, 64 demonstrations for 2
-epochs at lr 3e-4, then 8 GRPO steps of 8 questions x 8 rollouts at lr 2e-4 and temperature 0.7).
+epochs at lr 3e-4, then 8 GRPO steps of 8 questions x 8 rollouts at lr 1e-4 and temperature 0.7). GRPO
+starts with fresh Adam moments (the trainer resets them when the objective changes).
 
 Run:  python bench/email_warm_start.py --device cuda --seed 0 [--eval-every 3 --tool-mode native]
 """
@@ -182,7 +183,7 @@ if __name__ == "__main__":
     p.add_argument("--steps", type=int, default=8, help="GRPO steps after the warm start")
     p.add_argument("--rollouts", type=int, default=8)
     p.add_argument("--groups", type=int, default=8)
-    p.add_argument("--rl-lr", type=float, default=2e-4)
+    p.add_argument("--rl-lr", type=float, default=1e-4)
     p.add_argument("--kl-coef", type=float, default=0.0,
                    help="weight of a KL term anchored at the last SFT step (TrainConfig.kl_reference_step); 0: none")
     p.add_argument("--eval-every", type=int, default=0,
