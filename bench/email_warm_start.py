@@ -122,8 +122,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         judge_client, judge_model = model.openai_client(), model.inference_name(0)
 
         async def hybrid(group):
-            # The local judge's default answer bound (96 tokens a trajectory) fits its 80-character explanations;
-            # one retry: a judge that failed twice on a group rarely parses on a third try, and each try costs a full answer.
+            # The local judge's default answer bound (96 tokens a trajectory) fits its 80-character
+            # explanations; one retry: each try costs a full answer, and a third rarely parses.
             judged = await ruler_score_group(group, judge_model, rubric=spec.rubric, swallow_exceptions=True,
                                              client=judge_client, retries=1)
             if judged is None:  # the judge failed: the ground-truth reward alone

@@ -243,8 +243,8 @@ class Trainer:
     def ensure_optimizer(self, config: TrainConfig, objective: str | None = None) -> torch.optim.AdamW:
         """The adapter's AdamW, with `config`'s rate and decay. When `objective` differs from the one its
         moments were estimated on (kept in the param groups, so checkpoints carry it), the moments start
-        afresh: SFT's cross-entropy gradients are ~10x GRPO's, so second moments carried from an SFT warm
-        start shrink every GRPO update by that factor, and its first moment keeps pushing the SFT direction."""
+        afresh: SFT's cross-entropy gradients are several times GRPO's, so second moments carried from an SFT
+        warm start shrink every GRPO update by that factor, and its first moment keeps pushing the SFT direction."""
         if self.optimizer is None:
             params = [p for _, p in self.trainable_named_parameters()]
             # On CUDA the fused kernel updates every LoRA tensor in a few launches (a LoRA has
