@@ -41,9 +41,11 @@ async def test_forced_tokens_are_left_out_of_the_step_unless_asked(tiny_model_di
         assert 0 < forced < sampled
         result = await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
         assert result.metrics["trainable_tokens"] == sampled - forced
+        assert result.metrics["forced_tokens"] == forced
         groups = await forced_groups(model, 1)
         sampled, forced = counts(groups)
         result = await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3, train_forced_tokens=True))
         assert forced > 0 and result.metrics["trainable_tokens"] == sampled
+        assert result.metrics["forced_tokens"] == 0
     finally:
         await backend.close()

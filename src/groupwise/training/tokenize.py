@@ -67,6 +67,7 @@ class TokenizedBatch:
     dropped_too_long: int = 0
     trajectories_without_token_ids: int = 0
     dropped_all_forced: int = 0  # sequences whose every sampled token a grammar forced
+    forced_tokens: int = 0  # grammar-forced tokens of the kept sequences, left out of the loss
 
     @property
     def trainable_tokens(self) -> int:
@@ -224,6 +225,8 @@ def tokenize_groups(
                     over_limit += 1
                     continue
                 batch.sequences.append(TokenizedSequence(ids, mask, old, a, g, i, h))
+                if not train_forced_tokens:
+                    batch.forced_tokens += sum(len(choice_forced_indices(c)) for c in items if isinstance(c, Choice))
     batch.dropped_too_long = over_limit
     if not batch.sequences and not over_limit:
         raise NotTrainableError(

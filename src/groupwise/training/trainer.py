@@ -490,6 +490,7 @@ class Trainer:
             "micro_batches": float(len(plan)),
             "padded_tokens": float(sum(len(p) * max(len(seqs[i]) for i in p) for p in plan)),
             "zero_variance_fraction": batch.zero_variance_fraction,
+            "forced_tokens": float(batch.forced_tokens),
             "dropped_too_long": float(batch.dropped_too_long),
             "update_time": update_time,
             "trainable_tokens_per_s": num_tokens / update_time if update_time > 0 else 0.0,
