@@ -12,15 +12,25 @@ So groupwise keeps one `ComputeThread` per process (`compute_thread()`): engines
 loading, tokenizing, training and checkpoint work to it as tasks. Tasks and engine steps
 interleave: each turn runs the queued tasks, then one step of every engine with work. A task must
 not wait for an engine's answer (that engine steps on this same thread): it would wait forever.
+
+Why it is stopped at exit. The thread is a daemon, so a program that fails (its exception leaves
+`asyncio.run` with the backend never closed) still exits. But a daemon thread inside a torch kernel
+while the interpreter finalizes makes the C++ runtime abort the process ("terminate called without
+an active exception", SIGABRT, exit status 134) after the Python traceback, instead of exit status 1.
+So an `atexit` hook stops the process's compute thread: it finishes the kernel it is in, runs no
+further task or engine step (pending tasks are cancelled), and is joined before finalization.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import threading
 from collections import deque
 from typing import Any, Callable
+
+from groupwise.errors import GroupwiseError
 
 __all__ = ["ComputeThread", "compute_thread"]
 
@@ -32,6 +42,7 @@ class ComputeThread:
         self.cv = threading.Condition()  # engines attached here guard their queues with it too
         self._tasks: deque[tuple[concurrent.futures.Future, Callable[..., Any], tuple, dict]] = deque()
         self._engines: list[Any] = []
+        self._stopping = False
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
@@ -42,6 +53,9 @@ class ComputeThread:
         """Run fn(*args, **kwargs) on the compute thread; the future holds its result or exception."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self.cv:
+            if self._stopping:  # at exit: fail at once rather than wait for a thread that has gone
+                future.set_exception(GroupwiseError("the compute thread has stopped: the interpreter is exiting"))
+                return future
             self._tasks.append((future, fn, args, kwargs))
             self.cv.notify_all()
         return future
@@ -68,22 +82,39 @@ class ComputeThread:
             if engine in self._engines:
                 self._engines.remove(engine)
 
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop after the work in hand (queued tasks are cancelled) and join; False if still running
+        after `timeout` seconds. Used at interpreter exit (module doc)."""
+        with self.cv:
+            self._stopping = True
+            for future, *_ in self._tasks:
+                future.cancel()
+            self._tasks.clear()
+            self.cv.notify_all()
+        if not self.on_thread():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
     def _main(self) -> None:
         while True:
             with self.cv:
-                while not self._tasks and not any(e.ready() for e in self._engines):
+                while not self._stopping and not self._tasks and not any(e.ready() for e in self._engines):
                     self.cv.wait()
+                if self._stopping:
+                    return
                 tasks = list(self._tasks)
                 self._tasks.clear()
                 engines = list(self._engines)
             for future, fn, args, kwargs in tasks:
-                if not future.set_running_or_notify_cancel():
+                if self._stopping or not future.set_running_or_notify_cancel():
                     continue
                 try:
                     future.set_result(fn(*args, **kwargs))
                 except BaseException as exc:  # the caller gets it; the thread keeps serving
                     future.set_exception(exc)
             for engine in engines:
+                if self._stopping:
+                    break
                 engine.poll()
 
 
@@ -97,4 +128,11 @@ def compute_thread() -> ComputeThread:
     with _default_lock:
         if _default is None:
             _default = ComputeThread()
+            atexit.register(_default.stop, _EXIT_JOIN_TIMEOUT_S)
         return _default
+
+
+# How long exit waits for the kernel or task in hand: an engine step takes well under a second; a
+# training update in hand when the program fails may take longer, and past this the process exits as
+# it would without the hook (a Ctrl-C should not wait minutes).
+_EXIT_JOIN_TIMEOUT_S = 60.0

@@ -185,3 +185,11 @@ def test_split_dataset_bad_fractions():
         split_dataset(range(10), (0.5, 0.4))
     with pytest.raises(ConfigError, match="in \\[0, 1\\]"):
         split_dataset(range(10), (1.5, -0.5))
+
+
+def test_iterate_dataset_takes_arts_argument_names():
+    # ART programs call it by keyword: iterate_dataset(dataset=rows, groups_per_step=..., ...)
+    by_name = list(iterate_dataset(dataset=list(range(5)), groups_per_step=2, num_epochs=1, initial_step=1,
+                                   use_tqdm=False))
+    assert by_name == list(iterate_dataset(list(range(5)), 2, 1, 1, False))
+    assert [b.step for b in by_name] == [1, 2]

@@ -51,7 +51,7 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
 
 
 def iterate_dataset(
-    items: Iterable[T],
+    dataset: Iterable[T],
     groups_per_step: int = 1,
     num_epochs: int = 1,
     initial_step: int = 0,
@@ -62,12 +62,12 @@ def iterate_dataset(
 
     Each epoch has ceil(len(items) / groups_per_step) steps (the last batch may be smaller); step s
     is epoch s // steps_per_epoch. Resuming with initial_step=k yields exactly the batches k, k+1, ...
-    of a run started at 0 with the same arguments. The positional order of the arguments is ART's.
+    of a run started at 0 with the same arguments. The arguments are ART's, by name and position.
     """
-    items = list(items)
+    items = list(dataset)
     problems = []
     if not items:
-        problems.append("items is empty; there is nothing to iterate over")
+        problems.append("dataset is empty; there is nothing to iterate over")
     for name, value, low in (("groups_per_step", groups_per_step, 1), ("num_epochs", num_epochs, 1),
                              ("initial_step", initial_step, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
