@@ -12,7 +12,9 @@ Trajectory files are lossless: a line is ``TrajectoryGroup.model_dump(mode="json
 Trajectory field (messages, Choices with their extra fields ``token_ids`` and ``logprobs``, tools,
 additional histories, reward, metrics, metadata, logs, policy versions), the group's exceptions,
 metadata, metrics and logs come back equal (``==``) from `load_trajectories`. Python's json writes
-floats with repr (exact) and keeps inf/nan logprobs as ``Infinity``/``NaN``.
+floats with repr (exact) and keeps inf/nan logprobs as ``Infinity``/``NaN``. Any string a model can
+produce is storable: a lone surrogate is written as its escape ``\\ud800`` and read back as itself
+(`_dumps` names the two cases that do not round-trip).
 
 History row schema (`history_row` builds it; the loop, plots and reports read it)::
 
@@ -122,9 +124,25 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+# A lone UTF-16 surrogate (U+D800..U+DFFF) is a valid Python str character but has no UTF-8 encoding.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _dumps(obj: Any) -> str:
-    # allow_nan: a -inf logprob must survive; ensure_ascii=False keeps text readable in the file.
-    return json.dumps(obj, ensure_ascii=False, allow_nan=True, separators=(",", ":"))
+    """One JSON line. allow_nan: a -inf logprob must survive; ensure_ascii=False keeps text readable.
+
+    Text a model produced may hold lone surrogates (a JSON reply with ``"\\ud800"``, parsed by the
+    rollout or the openai client, yields one). Such a character is written as its JSON escape
+    ``\\ud800``, which `json.loads` reads back as the same character: the record stays valid UTF-8 and
+    round-trips, instead of failing the step's write. Two cases do not come back as they were: a high
+    surrogate directly followed by a low one (two code points UTF-16 would pair; JSON cannot keep them
+    apart) reads back as the single character they pair to, and one in a dict KEY of a pydantic model
+    (say a metadata name) is already U+FFFD in pydantic's JSON dump."""
+    text = json.dumps(obj, ensure_ascii=False, allow_nan=True, separators=(",", ":"))
+    if _SURROGATE.search(text):
+        # Outside strings json.dumps writes ASCII only, so every surrogate here is inside a string.
+        text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return text
 
 
 @contextmanager

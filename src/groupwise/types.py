@@ -262,7 +262,11 @@ class PydanticException(BaseModel):
     @classmethod
     def from_exception(cls, exc: BaseException) -> "PydanticException":
         tb = "".join(traceback_module.format_exception(type(exc), exc, exc.__traceback__))
-        return cls(type=type(exc).__name__, message=str(exc), traceback=tb)
+        try:
+            message = str(exc)
+        except Exception:  # a broken __str__ must not turn a recorded failure into a raised one
+            message = f"<str() of the {type(exc).__name__} failed>"
+        return cls(type=type(exc).__name__, message=message, traceback=tb)
 
 
 class TrajectoryGroup(BaseModel):

@@ -169,3 +169,33 @@ def test_concurrent_history_appends_lose_no_row(tmp_path):
     assert len(rows) == 200
     for w in range(4):
         assert [r["step"] for r in rows if r["split"] == f"w{w}"] == list(range(50))
+
+
+def test_lone_surrogates_anywhere_are_stored_and_round_trip(tmp_path, group):
+    """Text a model produced may hold lone surrogates (JSON ``"\\ud800"`` parses to one); they have no
+    UTF-8 encoding and used to fail the whole step's write with UnicodeEncodeError."""
+    from tests.foundation.conftest import make_choice
+
+    class Broken(Exception):
+        def __str__(self):
+            raise RuntimeError("no text")
+
+    t = group.trajectories[0].model_copy(deep=True)
+    t.messages_and_choices.append(make_choice("half an emoji \ud83d, a tail \udfff", [9], [-0.5]))
+    t.messages_and_choices.append({"role": "user", "content": "\ud800"})
+    t.metadata["answer"] = "\udbff"
+    t.logs.append("tool error: no email with message_id '\ud800'")
+    odd = TrajectoryGroup([t], exceptions=[ValueError("reply was \ud800"), Broken()], metadata={"q": "\udc00"},
+                          logs=["\udfff"])
+    store = RunStore(tmp_path, "p", "m")
+    path = store.write_trajectories("train", 0, [odd, group])
+    path.read_bytes().decode("utf-8")  # the file is valid UTF-8 ...
+    assert store.load_trajectories("train", 0) == [odd, group]  # ... and every character comes back
+    assert odd.exceptions[1].type == "Broken" and "str() of the Broken failed" in odd.exceptions[1].message
+    store.append_history({"step": 0, "split": "alert", "name": "degenerate", "message": "answer '\ud800' x8"})
+    store.append_history({"step": 0, "split": "alert", "name": "degenerate", "message": "answer '\ud800' x8", "n": 2})
+    assert store.history() == [{"step": 0, "split": "alert", "name": "degenerate", "message": "answer '\ud800' x8", "n": 2}]
+    # A dict KEY holding one is the exception: pydantic's JSON dump writes it as U+FFFD (the store's doc).
+    keyed = TrajectoryGroup([t.model_copy(update={"metadata": {"k\udc80": "\ud800"}})])
+    store.write_trajectories("train", 1, [keyed])
+    assert store.load_trajectories("train", 1)[0].trajectories[0].metadata == {"k\ufffd\ufffd\ufffd": "\ud800"}

@@ -42,7 +42,15 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from groupwise.envs._chat import Sampling, choice_text, complete, new_trajectory, turn_sampling
+from groupwise.envs._chat import (
+    Sampling,
+    choice_text,
+    complete,
+    loads_model_json,
+    new_trajectory,
+    sendable_text,
+    turn_sampling,
+)
 from groupwise.envs.email_search import tools as T
 from groupwise.envs.email_search.inbox import default_database, generate_corpus
 from groupwise.envs.email_search.questions import (
@@ -104,7 +112,7 @@ class ToolCall:
 
 def _call_from_json(raw: str) -> ToolCall:
     try:
-        data = json.loads(raw)
+        data = loads_model_json(raw)
     except json.JSONDecodeError as exc:
         return ToolCall("?", None, error=f"the tool call is not valid JSON ({exc.msg}); send {{\"name\": ..., \"arguments\": {{...}}}}.")
     if not isinstance(data, dict) or "name" not in data:
@@ -112,7 +120,7 @@ def _call_from_json(raw: str) -> ToolCall:
     args = data.get("arguments", data.get("parameters", {}))
     if isinstance(args, str):
         try:
-            args = json.loads(args)
+            args = loads_model_json(args)
         except json.JSONDecodeError:
             return ToolCall(str(data["name"]), None, error="arguments must be a JSON object.")
     if not isinstance(args, dict):
@@ -209,7 +217,8 @@ async def rollout(model: Any, scenario: ScenarioEmail) -> Trajectory:
                 found = found or any(r["message_id"] == scenario.source_id for r in result)
             if call.name == "read_email" and isinstance(result, dict):
                 read = read or result.get("message_id") == scenario.source_id
-            content = json.dumps(result, ensure_ascii=False)
+            # sendable: an error message may quote the model's argument, lone surrogates and all
+            content = sendable_text(json.dumps(result, ensure_ascii=False))
             if call.call_id is not None:
                 traj.messages_and_choices.append({"role": "tool", "tool_call_id": call.call_id, "content": content})
             elif final is None:

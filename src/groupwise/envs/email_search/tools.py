@@ -15,6 +15,8 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from groupwise.envs._chat import sendable_text
+
 MAX_RESULTS = 10
 MESSAGE_ID_PATTERN = r"^m[0-9]{1,2}-[0-9a-f]{6}$"  # the ids inbox.py makes: "m3-0a1b2c"
 
@@ -90,6 +92,12 @@ class ToolError(ValueError):
     """A tool call the model got wrong; the message is sent back to the model."""
 
 
+def _sql_text(value: Any) -> str:
+    # SQLite stores UTF-8: a lone surrogate in a model's argument is passed as its escape, which no
+    # email contains, so the filter matches nothing instead of the tool raising UnicodeEncodeError.
+    return sendable_text(str(value))
+
+
 def _connect(db: str | Path) -> sqlite3.Connection:
     # Read-only: rollouts run concurrently and must never change the corpus.
     con = sqlite3.connect(f"file:{Path(db)}?mode=ro", uri=True)
@@ -143,10 +151,10 @@ def search_emails(
     args: list[Any] = [fts_query(keywords), inbox]
     if from_addr:
         sql.append("AND lower(e.from_addr) LIKE ?")
-        args.append(f"%{str(from_addr).lower()}%")
+        args.append(f"%{_sql_text(from_addr).lower()}%")
     if to_addr:
         sql.append("AND lower(e.to_addrs) LIKE ?")
-        args.append(f"%{str(to_addr).lower()}%")
+        args.append(f"%{_sql_text(to_addr).lower()}%")
     if sent_after:
         sql.append("AND e.date >= ?")
         args.append(str(sent_after))
@@ -169,7 +177,7 @@ def read_email(db: str | Path, inbox: str, message_id: str) -> dict[str, str]:
     with closing(_connect(db)) as con:
         row = con.execute(
             "SELECT message_id, subject, from_addr, to_addrs, date, body FROM emails WHERE message_id = ? AND inbox = ?",
-            (str(message_id).strip().strip("<>"), inbox),
+            (_sql_text(message_id).strip().strip("<>"), inbox),
         ).fetchone()
     if row is None:
         raise ToolError(f"no email with message_id {message_id!r} in this inbox; use an id that search_emails returned.")
