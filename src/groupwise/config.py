@@ -257,6 +257,14 @@ class DetectorConfig(Validated):
         return p
 
 
+# A rollout that runs longer is cancelled and counted as a failed rollout. Generous on purpose: it is
+# there to end a hung rollout (a request that never returns), never to cut a slow legitimate one. A
+# rollout's clock runs while the engine batches every rollout of the step, so on a small CPU one
+# rollout takes about as long as the whole gather (the built-in jobs: well under a minute), and an
+# agent that calls a hosted API or tools for many turns can take several minutes.
+ROLLOUT_TIMEOUT_S = 600.0
+
+
 @dataclass
 class LoopConfig(Validated):
     """Settings of `gw.fit` (the training loop): batch shape, validation, stopping, hacking policy.
@@ -295,7 +303,8 @@ class LoopConfig(Validated):
     on_judge_disagreement: str = option("warn", help="Action when the judge's ranking disagrees with ground truth (hybrid runs).")
     stop_soon_steps: int = option(5, help="Steps a 'stop_soon' action waits; an improvement of the validation metric beyond its noise cancels it.")
     detectors: DetectorConfig = option(default_factory=DetectorConfig, help="Thresholds of the detectors (`gw.DetectorConfig`).")
-    max_exceptions: int | float = option(0, help="Rollouts allowed to raise per gather: a count, or a fraction in (0, 1).")
+    max_exceptions: int | float = option(0, help="Rollouts allowed to raise (or time out) per gather: a count, or a fraction in (0, 1).")
+    rollout_timeout_s: float | None = option(ROLLOUT_TIMEOUT_S, help="Seconds a rollout may run before it is cancelled and counted against max_exceptions like one that raised (None: no limit). Generous by default (10 minutes): it ends hung rollouts, not slow ones.")
     resample_no_signal: int = option(2, help="Times a step's batch is gathered again when nothing in it is trainable (e.g. every group has equal rewards). After the last, a batch without signal is skipped as ART does (train_config.max_skipped_steps bounds how many in a row; 0 raises NotTrainableError instead).")
     seed: int = option(0, help="Seed of the per-epoch shuffle of the training scenarios (resume sees the same batches), and of the rollouts' sampling seeds (seed_rollouts).")
     seed_rollouts: bool = option(True, help="Give each training rollout of a scenario with a free `sampling_seed` field its own seed, a function of (seed, step, scenario, rollout): its samples then depend on its own logits only, not on which requests the engine happened to batch together, so a run follows the same path on a busy and on a quiet machine.")
@@ -327,6 +336,8 @@ class LoopConfig(Validated):
         for name in ("on_val_drop", "on_val_unstable", "on_val_plateau", "on_reward_jump", "on_perfect_scores",
                      "on_degenerate", "on_judge_disagreement"):
             check_choice(p, name, getattr(self, name), LOOP_ACTIONS)
+        if self.rollout_timeout_s is not None and not 0 < self.rollout_timeout_s < float("inf"):
+            p.append(f"rollout_timeout_s={self.rollout_timeout_s!r} must be None (no limit) or seconds > 0")
         if self.max_exceptions < 0 or (1 <= self.max_exceptions and self.max_exceptions != int(self.max_exceptions)):
             p.append(f"max_exceptions={self.max_exceptions!r} must be a count >= 0 or a fraction in (0, 1)")
         return p

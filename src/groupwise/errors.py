@@ -60,6 +60,17 @@ class GatherError(GroupwiseError):
         self.exceptions = exceptions or []
 
 
+class RolloutTimeoutError(GroupwiseError, TimeoutError):
+    """A rollout ran longer than its timeout (`LoopConfig.rollout_timeout_s`, or the gather functions'
+    `rollout_timeout_s`). It was cancelled and counts against `max_exceptions` like a rollout that raised;
+    the message says where it was waiting."""
+
+
+class RolloutResultError(GroupwiseError, TypeError):
+    """A rollout returned something that is neither a `Trajectory` nor an iterable of them. A bug in the
+    rollout, not a failed episode: raised at once, never counted against `max_exceptions`."""
+
+
 class StoreError(GroupwiseError):
     """The run store could not be read or written."""
 
@@ -73,6 +84,10 @@ class CorruptRecordError(StoreError):
             f"{path}:{line}: corrupt record ({reason}). "
             "Pass skip_corrupt=True to read the remaining lines, or fix/remove that line."
         )
+
+
+class RunLockedError(StoreError):
+    """Another process is writing this run folder (it holds the folder's lock); names that process."""
 
 
 class CheckpointError(StoreError):

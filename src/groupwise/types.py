@@ -269,12 +269,38 @@ class PydanticException(BaseModel):
         return cls(type=type(exc).__name__, message=message, traceback=tb)
 
 
+def rollout_trajectories(result: Any, where: str) -> "Trajectory | list[Trajectory]":
+    """A rollout's result, checked: a `Trajectory`, or a list of them (from any iterable of them: ART
+    declares ``Awaitable[Iterable[Trajectory]]`` for a rollout that plays several roles, e.g. self-play,
+    one game and a trajectory per player). Anything else raises `RolloutResultError` naming `where`:
+    a bug in the rollout, which no exception budget should hide."""
+    from groupwise.errors import RolloutResultError
+
+    if isinstance(result, Trajectory):
+        return result
+    what = type(result).__name__
+    # A group, a mapping or text is iterable too, but never a rollout's list of trajectories.
+    if isinstance(result, Iterable) and not isinstance(result, (str, bytes, dict, BaseModel)):
+        items = list(result)
+        bad = next((k for k, t in enumerate(items) if not isinstance(t, Trajectory)), None)
+        if bad is None:
+            return items
+        what = f"a {what} whose item {bad} is a {type(items[bad]).__name__}"
+    raise RolloutResultError(
+        f"{where} returned {what}, not a Trajectory or an iterable of Trajectories. A rollout must `return` "
+        "the Trajectory it built (a rollout that plays several roles, as in self-play, a list of them). "
+        "This is a bug in the rollout, so it is raised at once instead of being counted as a failed rollout."
+    )
+
+
 class TrajectoryGroup(BaseModel):
     """N rollouts of one scenario: the unit GRPO compares within.
 
     Built from finished trajectories, or from awaitables (coroutines of a rollout); a group
     of awaitables is awaited (``await group``) or handed to `gather_trajectory_groups`,
-    which runs every rollout of every group concurrently under one exception budget.
+    which runs every rollout of every group concurrently under one exception budget. A rollout
+    may return one Trajectory or an iterable of them (self-play: a trajectory per player); the
+    group holds them all, flattened in the order the rollouts were given.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -350,10 +376,11 @@ class TrajectoryGroup(BaseModel):
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
             for n, result in enumerate(results):
-                if not isinstance(result, Trajectory):
-                    raise TypeError(f"rollout {n} returned {type(result).__name__}, not a Trajectory; "
-                                    "a rollout must `return` the Trajectory it built")
-            self.trajectories.extend(results)
+                checked = rollout_trajectories(result, f"rollout {n} of the group")
+                if isinstance(checked, Trajectory):
+                    self.trajectories.append(checked)
+                else:
+                    self.trajectories.extend(checked)  # a self-play rollout's trajectories, in order
             return self
 
         return run().__await__()

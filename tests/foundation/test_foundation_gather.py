@@ -196,13 +196,19 @@ async def test_finished_groups_and_mixed_groups():
     assert [g.rewards() for g in out] == [[9.0], [1.0, 2.0]]
 
 
-async def test_rollout_returning_the_wrong_type_is_counted():
+async def test_rollout_returning_the_wrong_type_is_raised_whatever_the_budget():
+    """A wrong result type is a bug in the rollout: recording it on the group within the budget would
+    silently drop the episode, so it is raised at once (and the message does not suggest a budget)."""
+    from groupwise.errors import RolloutResultError
+
     async def bad():
         return {"reward": 1}
 
-    out = await gather_trajectory_groups([TrajectoryGroup([bad(), rollout(1)])], pbar_desc=None, max_exceptions=1)
-    assert out[0].exceptions[0].type == "TypeError"
-    assert "returned dict, not a Trajectory" in out[0].exceptions[0].message
+    with pytest.raises(RolloutResultError, match="rollout 0 of group 0 returned dict, not a Trajectory") as err:
+        await gather_trajectory_groups([TrajectoryGroup([bad(), rollout(1, delay=5)])], pbar_desc=None,
+                                       max_exceptions=1)
+    assert "max_exceptions" not in str(err.value)
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []  # the slow one was cancelled
 
 
 async def test_bad_arguments_are_reported_together():

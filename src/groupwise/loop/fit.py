@@ -206,7 +206,8 @@ class Loop:
             TrajectoryGroup((self.rollout(model, scenario(i, j)) for j in range(n)), metadata={"scenario_index": i})
             for i in indices
         ]
-        return await gather_trajectory_groups(groups, pbar_desc=desc, max_exceptions=self.c.max_exceptions)
+        return await gather_trajectory_groups(groups, pbar_desc=desc, max_exceptions=self.c.max_exceptions,
+                                              rollout_timeout_s=self.c.rollout_timeout_s)
 
     async def score_groups(self, groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
         """Run `score_group` on every group concurrently; a None result drops the group."""

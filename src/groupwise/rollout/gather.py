@@ -18,6 +18,16 @@ How it works, and why:
   call runs. Within budget, an exception is recorded on its group (`PydanticException`: type,
   message, traceback) and counted; one more and every unfinished rollout is cancelled and
   `GatherError` says how many failed of how many, with the first traceback.
+- A rollout returns a `Trajectory`, or an iterable of them (ART's ``Awaitable[Iterable[Trajectory]]``:
+  self-play, one game and a trajectory per player); its group holds them all, in rollout order.
+  Anything else is a bug in the rollout: `RolloutResultError` at once, whatever the budget, since
+  recording it on the group would silently drop the episode.
+- Every rollout has a timeout (`rollout_timeout_s`, default `ROLLOUT_TIMEOUT_S` = 10 minutes, None
+  for none), counted from when it starts (after `max_concurrency` lets it). Past it the rollout is
+  cancelled and a `RolloutTimeoutError` naming the setting and where the rollout was waiting counts
+  against the budget like any exception: one hung request can no longer hang a run silently. The
+  slot is decided at the deadline, so a rollout that ignores its cancellation cannot hang the gather
+  either (it is left running, with a warning).
 - A group may also be given as an awaitable that returns a `TrajectoryGroup` (ART's declared type,
   e.g. a coroutine that builds and awaits its own group). It runs as one task; if it raises, the
   exception counts against the budget like a rollout's and is recorded on an empty group in its place.
@@ -32,27 +42,25 @@ How it works, and why:
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Union
 
 from groupwise.compat import warn_ignored
-from groupwise.errors import ConfigError, GatherError
-from groupwise.types import PydanticException, Trajectory, TrajectoryGroup
+from groupwise.config import ROLLOUT_TIMEOUT_S
+from groupwise.errors import ConfigError, GatherError, RolloutTimeoutError
+from groupwise.rollout.progress import GatherProgress
+from groupwise.types import PydanticException, Trajectory, TrajectoryGroup, rollout_trajectories
 
-__all__ = ["gather_trajectory_groups", "gather_trajectories", "exception_budget", "trajectory_group"]
+__all__ = ["gather_trajectory_groups", "gather_trajectories", "exception_budget", "trajectory_group",
+           "ROLLOUT_TIMEOUT_S"]
 
 log = logging.getLogger(__name__)
 
 AfterEach = Callable[[TrajectoryGroup], Union[TrajectoryGroup, None, list, Awaitable[Any]]]
-
-# The progress bar's postfix (mean reward, exceptions) is re-rendered at most this often: formatting it
-# on every rollout would cost more than the rollout bookkeeping itself.
-_POSTFIX_INTERVAL_S = 0.2
-
 
 def exception_budget(max_exceptions: int | float, n_rollouts: int) -> int:
     """How many rollouts may raise: a count as is, a fraction x in (0, 1) as floor(x * n_rollouts).
@@ -64,8 +72,13 @@ def exception_budget(max_exceptions: int | float, n_rollouts: int) -> int:
     return int(max_exceptions)
 
 
-def _check_args(max_exceptions: Any, max_concurrency: Any, after_each: Any) -> None:
+def _check_args(max_exceptions: Any, max_concurrency: Any, after_each: Any, rollout_timeout_s: Any = None) -> None:
     problems: list[str] = []
+    if rollout_timeout_s is not None and (
+        isinstance(rollout_timeout_s, bool) or not isinstance(rollout_timeout_s, (int, float))
+        or not 0 < rollout_timeout_s < math.inf
+    ):
+        problems.append(f"rollout_timeout_s={rollout_timeout_s!r} must be None (no timeout) or seconds > 0")
     if isinstance(max_exceptions, bool) or not isinstance(max_exceptions, (int, float)):
         problems.append(f"max_exceptions={max_exceptions!r} must be an int count or a float fraction in (0, 1)")
     elif not math.isfinite(max_exceptions) or max_exceptions < 0:
@@ -85,62 +98,12 @@ def _check_args(max_exceptions: Any, max_concurrency: Any, after_each: Any) -> N
         raise ConfigError(problems, what="gather arguments")
 
 
-class _Progress:
-    """A tqdm bar with done/total, running mean reward, exception count and the running means of the
-    trajectories' metrics (the first `max_metrics` of them; None shows all); a no-op when disabled."""
-
-    def __init__(self, desc: str | None, total: int, max_metrics: int | None = None) -> None:
-        self.bar = None
-        self.reward_sum = 0.0
-        self.n_rewards = 0
-        self.n_exceptions = 0
-        self.max_metrics = max_metrics
-        self.metric_sums: dict[str, float] = {}
-        self.metric_counts: dict[str, int] = {}
-        self._next_postfix = 0.0
-        if desc is not None and total > 0:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total, desc=desc, unit="rollout", dynamic_ncols=True, leave=True)
-
-    def done(self, result: "Trajectory | TrajectoryGroup | None") -> None:
-        trajectories = [] if result is None else [result] if isinstance(result, Trajectory) else result.trajectories
-        if result is None:
-            self.n_exceptions += 1
-        for t in trajectories:
-            self.reward_sum += t.reward
-            self.n_rewards += 1
-            if self.bar is not None:
-                for name, value in t.metrics.items():
-                    self.metric_sums[name] = self.metric_sums.get(name, 0.0) + float(value)
-                    self.metric_counts[name] = self.metric_counts.get(name, 0) + 1
-        if self.bar is None:
-            return
-        self.bar.update(1)
-        now = time.monotonic()
-        if now >= self._next_postfix:
-            self._next_postfix = now + _POSTFIX_INTERVAL_S
-            self._set_postfix()
-
-    def _set_postfix(self) -> None:
-        mean = self.reward_sum / self.n_rewards if self.n_rewards else float("nan")
-        postfix = {"reward": f"{mean:.3f}", "exceptions": self.n_exceptions}
-        names = list(self.metric_sums)[: self.max_metrics] if self.max_metrics is not None else self.metric_sums
-        for name in names:
-            postfix[name] = f"{self.metric_sums[name] / self.metric_counts[name]:.3g}"
-        self.bar.set_postfix(postfix, refresh=False)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self._set_postfix()
-            self.bar.close()
-
-
 class _Gathering:
     """The state of one gather call: the groups, their result slots, the counters, the tasks."""
 
     def __init__(self, groups: list[TrajectoryGroup | Awaitable[TrajectoryGroup]], max_exceptions: int | float,
-                 pbar_desc: str | None, max_concurrency: int | None, max_metrics: int | None = None) -> None:
+                 pbar_desc: str | None, max_concurrency: int | None, max_metrics: int | None = None,
+                 rollout_timeout_s: float | None = None) -> None:
         # A group given as an awaitable runs as one task in an empty placeholder group, which its
         # result replaces (or which records its exception).
         self.producers = {g for g, item in enumerate(groups) if not isinstance(item, TrajectoryGroup)}
@@ -151,15 +114,24 @@ class _Gathering:
         self.total = sum(len(p) for p in self.pending)
         self.budget = exception_budget(max_exceptions, self.total)
         self.max_exceptions = max_exceptions
-        # slots[g][i]: the i-th rollout's Trajectory, or None while running / when it raised.
-        self.slots: list[list[Trajectory | None]] = [[None] * len(p) for p in self.pending]
+        self.timeout = rollout_timeout_s
+        # slots[g][i]: the i-th rollout's result (a Trajectory, or a self-play rollout's list), None
+        # while running or when it failed; failures[(g, i)]: the exception of a failed one.
+        self.slots: list[list[Trajectory | list[Trajectory] | None]] = [[None] * len(p) for p in self.pending]
+        self.failures: dict[tuple[int, int], BaseException] = {}
         self.remaining = [len(p) for p in self.pending]
         self.n_failed = 0
         self.first_failure: BaseException | None = None
         self.over_budget = False
-        self.progress = _Progress(pbar_desc, self.total, max_metrics)
+        self.fatal: BaseException | None = None  # a rollout's bug (wrong result type): raised at once
+        self.progress = GatherProgress(pbar_desc, self.total, max_metrics)
         self.semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         self.tasks: list[asyncio.Task] = []
+        # (deadline, task, g, i) in start order, which is deadline order (one timeout for all): one timer
+        # for the earliest deadline costs less per rollout than a timer each.
+        self.deadlines: collections.deque[tuple[float, asyncio.Task, int, int]] = collections.deque()
+        self.watchdog: asyncio.TimerHandle | None = None
+        self.expired: dict[asyncio.Task, tuple[int, int]] = {}  # timed-out tasks, maybe still running
         # Groups whose rollouts are all done, in completion order; `wake` is set when one is added.
         self.ready: list[int] = []
         self.wake = asyncio.Event()
@@ -172,25 +144,69 @@ class _Gathering:
                 continue
             for i, awaitable in enumerate(awaitables):
                 if self.semaphore is not None:
-                    task = loop.create_task(self._limited(awaitable))
-                elif inspect.iscoroutine(awaitable):
-                    task = loop.create_task(awaitable)
-                else:  # a Future or an object with __await__
-                    task = loop.create_task(_as_coroutine(awaitable))
+                    task = loop.create_task(self._limited(awaitable, g, i))
+                else:
+                    task = loop.create_task(awaitable if inspect.iscoroutine(awaitable) else _as_coroutine(awaitable))
+                    self._start_timer(task, g, i)
                 task.add_done_callback(self._callback(g, i))
                 self.tasks.append(task)
         if self.ready:
             self.wake.set()
 
-    async def _limited(self, awaitable: Awaitable[Trajectory]) -> Trajectory:
+    def _start_timer(self, task: asyncio.Task, g: int, i: int) -> None:
+        if self.timeout is not None:
+            self.deadlines.append((asyncio.get_running_loop().time() + self.timeout, task, g, i))
+            if self.watchdog is None:
+                self._arm()
+
+    def _arm(self) -> None:
+        while self.deadlines and self.deadlines[0][1].done():
+            self.deadlines.popleft()
+        self.watchdog = (asyncio.get_running_loop().call_at(self.deadlines[0][0], self._check)
+                         if self.deadlines else None)
+
+    def _check(self) -> None:
+        now = asyncio.get_running_loop().time()
+        while self.deadlines and (self.deadlines[0][1].done() or self.deadlines[0][0] <= now):
+            _, task, g, i = self.deadlines.popleft()
+            if not task.done():
+                self._expire(task, g, i)
+        self._arm()
+
+    def stop_watchdog(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+            self.watchdog = None
+        self.deadlines.clear()
+
+    async def _limited(self, awaitable: Awaitable[Trajectory], g: int, i: int) -> Trajectory:
         started = False
         try:
             async with self.semaphore:  # type: ignore[union-attr]
                 started = True
+                self._start_timer(asyncio.current_task(), g, i)  # the clock runs from the rollout's start
                 return await awaitable
         finally:
             if not started and inspect.iscoroutine(awaitable):
                 awaitable.close()  # cancelled while queued: the rollout never ran, close it quietly
+
+    def _expire(self, task: asyncio.Task, g: int, i: int) -> None:
+        """The rollout's deadline passed: decide its slot now (a failure) and cancel it. Its task may
+        ignore the cancellation; the slot is already decided, so that cannot hang the gather."""
+        if task.done() or self.over_budget or self.fatal is not None:
+            return
+        what = "group" if g in self.producers else "rollout"
+        where = _waiting_at(task)
+        exc = RolloutTimeoutError(
+            f"{what} {i} of group {g} did not finish within rollout_timeout_s={self.timeout:g} and was cancelled; "
+            "it counts against max_exceptions like a rollout that raised. If such rollouts are legitimately "
+            "this slow, raise the timeout (LoopConfig.rollout_timeout_s, or the rollout_timeout_s argument "
+            "of the gather functions; None waits forever)."
+            + (f" It was waiting at:\n{where}" if where else "")
+        )
+        self.expired[task] = (g, i)
+        task.cancel()
+        self._fail(g, i, exc)
 
     def _callback(self, g: int, i: int) -> Callable[[asyncio.Task], None]:
         def on_done(task: asyncio.Task) -> None:
@@ -199,47 +215,62 @@ class _Gathering:
                 exc = asyncio.CancelledError("the rollout was cancelled (not by gather)")
             else:
                 exc = task.exception()  # also marks it retrieved: no "never retrieved" warning
-            if self.over_budget:
-                return  # being torn down; the error is already decided
-            if exc is None:
-                result = task.result()
-                if g in self.producers:
-                    if isinstance(result, TrajectoryGroup) and not result.pending:
-                        self.groups[g] = result
-                        self.progress.done(result)
-                    else:
-                        exc = TypeError(
-                            f"groups[{g}] is an awaitable that returned {type(result).__name__}"
-                            f"{' with rollouts never run' if isinstance(result, TrajectoryGroup) else ''}; "
-                            "an awaitable group must return a finished TrajectoryGroup"
-                        )
-                elif isinstance(result, Trajectory):
-                    self.slots[g][i] = result
-                    self.progress.done(result)
-                else:
-                    exc = TypeError(
-                        f"a rollout of group {g} returned {type(result).__name__}, not a Trajectory; "
-                        "a rollout must `return` the Trajectory it built"
-                    )
+            if self.over_budget or self.fatal is not None or task in self.expired:
+                return  # being torn down, or its slot was decided at its deadline
             if exc is not None:
-                self.n_failed += 1
-                self.progress.done(None)
-                if self.first_failure is None:
-                    self.first_failure = exc
-                if self.n_failed > self.budget:
-                    self.over_budget = True
-                    self.wake.set()
+                self._fail(g, i, exc)
+                return
+            result = task.result()
+            if g in self.producers:
+                if not isinstance(result, TrajectoryGroup) or result.pending:
+                    self._fatal(TypeError(
+                        f"groups[{g}] is an awaitable that returned {type(result).__name__}"
+                        f"{' with rollouts never run' if isinstance(result, TrajectoryGroup) else ''}; "
+                        "an awaitable group must return a finished TrajectoryGroup"
+                    ))
                     return
-                self.groups[g].exceptions.append(PydanticException.from_exception(exc))
-            self.remaining[g] -= 1
-            if self.remaining[g] == 0:
-                group = self.groups[g]
-                group.trajectories.extend(t for t in self.slots[g] if t is not None)
-                self.slots[g] = []
-                self.ready.append(g)
-                self.wake.set()
+                self.groups[g] = result
+                self.progress.done(result.trajectories)
+            else:
+                try:
+                    checked = rollout_trajectories(result, f"rollout {i} of group {g}")
+                except TypeError as bug:
+                    self._fatal(bug)
+                    return
+                self.slots[g][i] = checked
+                self.progress.done([checked] if isinstance(checked, Trajectory) else checked)
+            self._finish_one(g)
 
         return on_done
+
+    def _fail(self, g: int, i: int, exc: BaseException) -> None:
+        self.n_failed += 1
+        self.failures[g, i] = exc
+        self.progress.done(None)
+        if self.first_failure is None:
+            self.first_failure = exc
+        if self.n_failed > self.budget:
+            self.over_budget = True
+            self.wake.set()
+            return
+        self.groups[g].exceptions.append(PydanticException.from_exception(exc))
+        self._finish_one(g)
+
+    def _fatal(self, exc: BaseException) -> None:
+        self.fatal = exc
+        self.wake.set()
+
+    def _finish_one(self, g: int) -> None:
+        self.remaining[g] -= 1
+        if self.remaining[g] == 0:
+            group = self.groups[g]
+            for result in self.slots[g]:
+                if isinstance(result, Trajectory):
+                    group.trajectories.append(result)
+                elif result is not None:
+                    group.trajectories.extend(result)
+            self.ready.append(g)
+            self.wake.set()
 
     def budget_error(self) -> GatherError:
         exc = self.first_failure
@@ -260,13 +291,35 @@ class _Gathering:
         return err
 
     async def cancel_all(self, extra: Iterable[asyncio.Task] = ()) -> None:
-        """Cancel every unfinished task and wait until each has finished cancelling."""
+        """Cancel every unfinished task and wait until each has finished cancelling (except timed-out
+        rollouts that ignore their cancellation: waiting on those is the hang the timeout prevents)."""
+        self.stop_watchdog()
         tasks = [t for t in (*self.tasks, *extra) if not t.done()]
         for t in tasks:
             t.cancel()
-        if tasks:
+        waited = [t for t in tasks if t not in self.expired]
+        if waited:
             # shield-free wait; a second Ctrl-C while waiting propagates, which is what the user asked.
-            await asyncio.wait(tasks)
+            await asyncio.wait(waited)
+        if any(not t.done() for t in self.expired):
+            await asyncio.sleep(0)  # one turn of the loop: a rollout that obeys its cancellation ends here
+        stuck = [f"{g}/{i}" for t, (g, i) in self.expired.items() if not t.done()]
+        if stuck:
+            log.warning("timed-out rollouts %s (group/rollout) ignored their cancellation and still run in "
+                        "the background; a rollout should let asyncio.CancelledError propagate", ", ".join(stuck))
+
+
+def _waiting_at(task: asyncio.Task, depth: int = 8) -> str:
+    """Where a suspended task is waiting: one line per coroutine of its await chain, outermost first."""
+    lines = []
+    coro: Any = task.get_coro()
+    while coro is not None and len(lines) < depth:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        lines.append(f"  {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return "\n".join(lines)
 
 
 async def _as_coroutine(awaitable: Awaitable[Trajectory]) -> Trajectory:
@@ -302,26 +355,31 @@ async def gather_trajectory_groups(
     max_concurrency: int | None = None,
     max_metrics: int | None = None,
     pbar_total_completion_tokens: bool = False,
+    rollout_timeout_s: float | None = ROLLOUT_TIMEOUT_S,
 ) -> list[TrajectoryGroup]:
     """Run every pending rollout of every group concurrently and return the finished groups.
 
     Args:
         groups: `TrajectoryGroup`s built from rollout awaitables, or already finished, or awaitables
-            (coroutines) that return a finished `TrajectoryGroup`.
+            (coroutines) that return a finished `TrajectoryGroup`. A rollout returns a Trajectory or an
+            iterable of them (self-play); the group holds them all.
         pbar_desc: the progress bar's label; None disables the bar.
-        max_exceptions: how many rollouts may raise: an int count, or a float fraction in (0, 1) of
-            the rollouts run here (floor). Within budget, exceptions are recorded on their group.
+        max_exceptions: how many rollouts may raise (or time out): an int count, or a float fraction in
+            (0, 1) of the rollouts run here (floor). Within budget, exceptions are recorded on their group.
         after_each: called with each finished group (sync or async); returns a group, None (drop it)
             or a list of groups.
         max_concurrency: at most this many rollouts in flight (None: all at once).
         max_metrics: the progress bar shows the running means of at most this many trajectory
             metrics (None: all of them).
         pbar_total_completion_tokens: ART's (deprecated there); accepted and ignored.
+        rollout_timeout_s: seconds each rollout may run (a group given as an awaitable: the whole
+            group) before it is cancelled and counted as an exception; None: no limit.
 
     Returns the groups in input order (after_each's output in place of each group).
-    Raises `GatherError` when more rollouts raise than the budget allows; `ConfigError` on bad args.
+    Raises `GatherError` when more rollouts raise than the budget allows; `RolloutResultError` when a
+    rollout returns something that is not a Trajectory (or an iterable of them); `ConfigError` on bad args.
     """
-    _check_args(max_exceptions, max_concurrency, after_each)
+    _check_args(max_exceptions, max_concurrency, after_each, rollout_timeout_s)
     if pbar_total_completion_tokens:
         warn_ignored("gather_trajectory_groups", ["pbar_total_completion_tokens"], "deprecated in ART too")
     groups = list(groups)
@@ -332,7 +390,11 @@ async def gather_trajectory_groups(
                 "e.g. TrajectoryGroup(rollout(model, s) for _ in range(8)), or awaitables returning one. "
                 "For a flat list of rollouts use gather_trajectories."
             )
-    state = _Gathering(groups, max_exceptions, pbar_desc, max_concurrency, max_metrics)
+    state = _Gathering(groups, max_exceptions, pbar_desc, max_concurrency, max_metrics, rollout_timeout_s)
+    return await _run(state, after_each)
+
+
+async def _run(state: _Gathering, after_each: AfterEach | None) -> list[TrajectoryGroup]:
     groups = state.groups
     results: list[list[TrajectoryGroup] | None] = [None] * len(groups)
     hooks: dict[asyncio.Task, int] = {}
@@ -342,6 +404,8 @@ async def gather_trajectory_groups(
         while n_results < len(groups):
             await state.wake.wait()
             state.wake.clear()
+            if state.fatal is not None:
+                raise state.fatal
             if state.over_budget:
                 raise state.budget_error()
             ready, state.ready = state.ready, []
@@ -359,6 +423,7 @@ async def gather_trajectory_groups(
                 n_results += 1
     finally:
         # Runs on success (nothing left), on over-budget, on after_each errors and on cancellation.
+        state.stop_watchdog()
         unfinished = [t for t in (*state.tasks, *hooks) if not t.done()]
         if unfinished:
             await state.cancel_all(hooks)
@@ -366,61 +431,61 @@ async def gather_trajectory_groups(
     return [group for out in results for group in (out or [])]
 
 
+async def _ready(item: Any) -> Any:
+    return item
+
+
 async def gather_trajectories(
-    trajectories: Iterable[Awaitable[Trajectory] | Trajectory],
+    trajectories: Iterable[Awaitable[Trajectory] | Awaitable[Iterable[Trajectory]] | Trajectory],
     *,
     pbar_desc: str | None = "gather",
     max_exceptions: int | float = 0,
     after_each: Callable[[Trajectory], Any] | None = None,
     max_concurrency: int | None = None,
     pbar_total_completion_tokens: bool = False,
-) -> list[Trajectory | BaseException]:
+    rollout_timeout_s: float | None = ROLLOUT_TIMEOUT_S,
+) -> list[Trajectory | list[Trajectory] | BaseException]:
     """The flat version: run rollouts that are not grouped; return the results in input order.
 
-    As in ART, a rollout that raised within the budget (`max_exceptions`) leaves its exception in its
-    place in the returned list, so results line up with the inputs; with the default budget 0 the list
-    holds only Trajectories. `after_each(trajectory)` runs once all rollouts are done and returns a
-    Trajectory, None (drop) or a list of Trajectories; exceptions stay where they are.
+    As in ART, each input's result is in its place: a Trajectory, or the list of Trajectories of a
+    rollout that returned several (self-play), or, for a rollout that raised or timed out within the
+    budget (`max_exceptions`), its exception; with the default budget 0 there are no exceptions.
+    `after_each(trajectory)` runs once all rollouts are done, on each Trajectory (inside a list too),
+    and returns a Trajectory, None (drop) or a list of Trajectories; exceptions stay where they are.
     """
-    _check_args(max_exceptions, max_concurrency, after_each)
+    _check_args(max_exceptions, max_concurrency, after_each, rollout_timeout_s)
     if pbar_total_completion_tokens:
         warn_ignored("gather_trajectories", ["pbar_total_completion_tokens"], "deprecated in ART too")
     items = list(trajectories)
     if not items:
         return []
-    errors: dict[int, BaseException] = {}
-
-    async def keep_error(i: int, item: Awaitable[Trajectory] | Trajectory) -> Trajectory:
-        try:
-            return await item if inspect.isawaitable(item) else item  # finished ones keep their place too
-        except Exception as exc:
-            errors[i] = exc
-            raise
-
-    wrapped = [keep_error(i, t) for i, t in enumerate(items)]
-    [group] = await gather_trajectory_groups(
-        [TrajectoryGroup(wrapped)], pbar_desc=pbar_desc, max_exceptions=max_exceptions,
-        max_concurrency=max_concurrency,
-    )
-    done = iter(group.trajectories)
-    results: list[Trajectory | BaseException] = [errors[i] if i in errors else next(done) for i in range(len(items))]
+    # finished ones keep their place too
+    group = TrajectoryGroup([t if inspect.isawaitable(t) else _ready(t) for t in items])
+    state = _Gathering([group], max_exceptions, pbar_desc, max_concurrency, rollout_timeout_s=rollout_timeout_s)
+    await _run(state, None)
+    results = [state.failures.get((0, i), state.slots[0][i]) for i in range(len(items))]
     if after_each is None:
-        return results
+        return results  # type: ignore[return-value]
 
-    async def call(t: Trajectory | BaseException) -> Any:
-        if isinstance(t, BaseException):
-            return t
+    async def call(t: Trajectory) -> list[Trajectory]:
         out = after_each(t)
-        return await out if inspect.isawaitable(out) else out
-
-    outs = await asyncio.gather(*(call(t) for t in results))
-    final: list[Trajectory | BaseException] = []
-    for out in outs:
-        for item in [] if out is None else out if isinstance(out, (list, tuple)) else [out]:
-            if not isinstance(item, (Trajectory, BaseException)):
+        out = await out if inspect.isawaitable(out) else out
+        kept = [] if out is None else list(out) if isinstance(out, (list, tuple)) else [out]
+        for item in kept:
+            if not isinstance(item, Trajectory):
                 raise TypeError(f"after_each returned {type(item).__name__}; expected a Trajectory, None or a list")
-            final.append(item)
-    return final
+        return kept
+
+    async def each(result: Any) -> list[Any]:
+        if isinstance(result, BaseException):
+            return [result]
+        if isinstance(result, Trajectory):
+            return await call(result)
+        outs = await asyncio.gather(*(call(t) for t in result))
+        return [[t for out in outs for t in out]]  # a self-play rollout's list stays one list
+
+    outs = await asyncio.gather(*(each(r) for r in results))
+    return [item for out in outs for item in out]
 
 
 async def trajectory_group(
@@ -431,15 +496,17 @@ async def trajectory_group(
     metrics: dict[str, Any] | None = None,
     logs: Iterable[str] | None = None,
     return_exceptions: bool = False,
+    rollout_timeout_s: float | None = ROLLOUT_TIMEOUT_S,
 ) -> TrajectoryGroup:
     """Run the rollouts of one group and return it finished (ART 0.5's `art.trajectory_group`).
 
     return_exceptions=False: the first rollout error cancels the others and propagates.
-    return_exceptions=True: every error is recorded on the group (`group.exceptions`) and the
-    others finish.
+    return_exceptions=True: every error (a timeout too) is recorded on the group (`group.exceptions`)
+    and the others finish.
     """
     group = TrajectoryGroup(trajectories, exceptions=exceptions, metadata=metadata, metrics=metrics,
                             logs=logs or ())
     budget = len(group.pending) if return_exceptions else 0
-    [done] = await gather_trajectory_groups([group], pbar_desc=None, max_exceptions=budget)
+    [done] = await gather_trajectory_groups([group], pbar_desc=None, max_exceptions=budget,
+                                            rollout_timeout_s=rollout_timeout_s)
     return done
