@@ -22,13 +22,18 @@ an `ArtCompatWarning`.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic
+
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
+from typing_extensions import TypeVar
 
 from groupwise.adapter_names import served_name
-from groupwise.compat import train_config_from_art, warn_ignored
-from groupwise.errors import GroupwiseError
+from groupwise.compat import (LORA_CONFIG_FIELDS, PEFT_ARGS_FIELDS, internal_config_settings, train_config_from_art,
+                              warn_ignored)
+from groupwise.errors import ConfigError, GroupwiseError
 from groupwise.store import RunStore, history_row, numeric_metrics
 from groupwise.types import Trajectory, TrajectoryGroup
 
@@ -42,9 +47,22 @@ __all__ = ["Model", "TrainableModel"]
 
 log = logging.getLogger(__name__)
 
+# As ART's: `Model[MyConfig]` validates `config` as MyConfig (a dict becomes one). Unparameterized, any
+# value is kept as given. StateType is ART 0.5's second parameter (the type of its run state dict).
+ModelConfig = TypeVar("ModelConfig", default=Any)
+StateType = TypeVar("StateType", bound=dict[str, Any], default=dict[str, Any])
 
-class Model:
+# Private state that belongs to this process, not to the model's description: a copy shares the
+# backend registration, and opens its own store handle and client (an httpx pool cannot be copied).
+_RUNTIME = ("_backend", "_store", "_client", "_client_loop")
+
+
+class Model(BaseModel, Generic[ModelConfig, StateType]):
     """A prompted model: anything behind an OpenAI-compatible endpoint (a baseline, a judge, ...).
+
+    A pydantic model generic in its config, as ART's (``Model[MyConfig]``, ``model_copy``,
+    ``model_dump``, validated fields); what the process holds for it (backend, client, store handle)
+    is private state. Unknown arguments are an error that names them.
 
     Args:
         name: the run's name; the store folder is ``<base_path>/<project>/<name>``.
@@ -54,73 +72,95 @@ class Model:
         inference_api_key: its key (None: the SDK reads ``OPENAI_API_KEY``).
         inference_model_name: the model name requests send, when it differs from `name`
             (e.g. name="baseline-4o-mini", inference_model_name="openai/gpt-4o-mini").
-        config: your own settings for this model (kept as given, as in ART).
+        config: your own settings for this model (kept as given, or validated as ``Model[Cfg]``'s Cfg).
         entity, id, run_id, report_metrics: ART's W&B settings; accepted and ignored (one warning).
     """
 
-    trainable = False
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
-    def __init__(
-        self,
-        name: str,
-        project: str = "default",
-        base_path: str = ".groupwise",
-        inference_base_url: str | None = None,
-        inference_api_key: str | None = None,
-        inference_model_name: str | None = None,
-        *,
-        config: Any = None,
-        entity: str | None = None,
-        id: str | None = None,
-        run_id: str | None = None,
-        report_metrics: list[str] | None = None,
-    ) -> None:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"name={name!r} must be a non-empty string")
-        self.name = name
-        self.project = project
-        self.base_path = str(base_path)
-        self.inference_base_url = inference_base_url
-        self.inference_api_key = inference_api_key
-        self.inference_model_name = inference_model_name
-        self.config = config
-        self.entity, self.id, self.run_id, self.report_metrics = entity, id, run_id, report_metrics
-        given = [k for k, v in (("entity", entity), ("id", id), ("run_id", run_id),
-                                ("report_metrics", report_metrics)) if v is not None]
+    name: str
+    project: str = "default"
+    entity: str | None = None
+    id: str | None = None
+    run_id: str | None = None
+    config: ModelConfig | None = None
+    trainable: bool = False  # ART's discriminator between the two kinds
+    inference_api_key: str | None = None
+    inference_base_url: str | None = None
+    inference_model_name: str | None = None
+    base_path: str = ".groupwise"
+    report_metrics: list[str] | None = None
+
+    _backend: Any = PrivateAttr(default=None)
+    _store: Any = PrivateAttr(default=None)  # (store key, RunStore): reopened when the key changes
+    _client: Any = PrivateAttr(default=None)
+    _client_loop: Any = PrivateAttr(default=None)
+
+    def __init__(self, name: str, project: str = "default", base_path: str = ".groupwise",
+                 inference_base_url: str | None = None, inference_api_key: str | None = None,
+                 inference_model_name: str | None = None, **fields: Any) -> None:
+        try:
+            super().__init__(name=name, project=project, base_path=base_path, inference_base_url=inference_base_url,
+                             inference_api_key=inference_api_key, inference_model_name=inference_model_name, **fields)
+        except ValidationError as err:
+            raise ConfigError([f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']} (got {e.get('input')!r})"
+                               for e in err.errors()], what=f"{type(self).__name__} arguments") from None
+
+    @field_validator("name")
+    @classmethod
+    def _name_not_empty(cls, name: str) -> str:
+        if not name:
+            raise ValueError("must be a non-empty string")
+        return name
+
+    @field_validator("base_path", mode="before")
+    @classmethod
+    def _path_as_str(cls, path: Any) -> Any:
+        return str(path) if hasattr(path, "__fspath__") else path
+
+    def model_post_init(self, context: Any) -> None:
+        given = [k for k in ("entity", "id", "run_id", "report_metrics") if getattr(self, k) is not None]
         if given:
             warn_ignored(f"{type(self).__name__}()", given, "W&B run settings; the run store is local")
-        self._store: RunStore | None = None
-        self._client: openai.AsyncOpenAI | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
-        self._backend: Backend | None = None
+
+    def __copy__(self) -> "Model":
+        new = super().__copy__()
+        new._share_runtime(self)
+        return new
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> "Model":
+        """Fields and settings are copied deeply; the copy shares the registration (`_RUNTIME`)."""
+        cls = type(self)
+        new = cls.__new__(cls)
+        object.__setattr__(new, "__dict__", copy.deepcopy(self.__dict__, memo))
+        object.__setattr__(new, "__pydantic_extra__", copy.deepcopy(self.__pydantic_extra__, memo))
+        object.__setattr__(new, "__pydantic_fields_set__", set(self.__pydantic_fields_set__))
+        private = {k: v for k, v in (self.__pydantic_private__ or {}).items() if k not in _RUNTIME}
+        object.__setattr__(new, "__pydantic_private__", copy.deepcopy(private, memo))
+        new._share_runtime(self)
+        return new
+
+    def _share_runtime(self, original: "Model") -> None:
+        self._backend, self._store, self._client, self._client_loop = original._backend, None, None, None
 
     @property
     def storage_name(self) -> str:
         """The run's folder name under ``<base_path>/<project>/`` (`name`; a TrainableModel's `run_name`)."""
         return self.name
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # not pydantic's: that would print inference_api_key
         return f"{type(self).__name__}(name={self.name!r}, project={self.project!r})"
 
     # -- store --------------------------------------------------------------------------------
     @property
-    def base_path(self) -> str:
-        """Root folder of the run store. Setting it (a backend does, for a default-configured model)
-        moves the store there: the next `store` opens the run under the new root."""
-        return self._base_path
-
-    @base_path.setter
-    def base_path(self, value: str) -> None:
-        self._base_path = str(value)
-        self._store = None
-
-    @property
     def store(self) -> RunStore:
-        """This model's run store (created on first use, so a name with a slash is fine for a
-        model that is only queried, e.g. a judge)."""
-        if self._store is None:
-            self._store = RunStore(self.base_path, self.project, self.storage_name)
-        return self._store
+        """This model's run store, ``<base_path>/<project>/<storage_name>`` (opened on first use, so a
+        name with a slash is fine for a model that is only queried, e.g. a judge). Changing
+        `base_path` (a backend does, for a default-configured model) moves it: the next use reopens."""
+        key = (str(self.base_path), self.project, self.storage_name)
+        if self._store is None or self._store[0] != key:
+            self._store = (key, RunStore(*key))
+        return self._store[1]
 
     @property
     def run_dir(self):
@@ -244,7 +284,7 @@ class Model:
         return row
 
 
-class TrainableModel(Model):
+class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateType]):
     """A model a `Backend` serves and trains (GRPO on a LoRA adapter over `base_model`).
 
     Args (beyond `Model`'s):
@@ -254,36 +294,26 @@ class TrainableModel(Model):
         run_name: the run's folder name (ART 0.5's durable run name); `name` stays the served name.
         lora_config: ART's adapter settings (``rank``, ``alpha``, ``dropout``, ``target_modules``,
             ``random_state``), a dict or `gw.LoraConfig`.
-        _internal_config: ART's `art.dev.InternalModelConfig`; its ``peft_args`` (``r``, ``lora_alpha``,
-            ``lora_dropout``, ``target_modules``, ``random_state``) set the adapter, the rest is named
-            once in a warning (Unsloth, vLLM and trainer settings have no counterpart here).
+        _internal_config: ART's `art.dev.InternalModelConfig` (private state, as in ART; may be assigned
+            after construction). ``peft_args`` (``r``, ``lora_alpha``, ``lora_dropout``,
+            ``target_modules``, ``random_state``) set the adapter; the settings in
+            `groupwise.compat.INTERNAL_TRAIN_FIELDS` (``trainer_args.max_grad_norm``, ...) are this model's
+            `TrainConfig` values; the rest is named once in a warning, with what to use instead.
     """
 
-    trainable = True
+    base_model: str = "smollm2-135m"
+    trainable: bool = True
+    run_name: str | None = None
+    lora_config: Any = None
 
-    def __init__(
-        self,
-        name: str,
-        project: str = "default",
-        base_model: str = "smollm2-135m",
-        base_path: str = ".groupwise",
-        *,
-        config: Any = None,
-        run_name: str | None = None,
-        lora_config: "dict[str, Any] | LoraConfig | None" = None,
-        _internal_config: dict[str, Any] | None = None,
-        entity: str | None = None,
-        id: str | None = None,
-        run_id: str | None = None,
-        report_metrics: list[str] | None = None,
-    ) -> None:
-        super().__init__(name=name, project=project, base_path=base_path, config=config, entity=entity, id=id,
-                         run_id=run_id, report_metrics=report_metrics)
-        self.run_name = run_name
-        self.store  # fail now, not after minutes of training, when the name cannot be a folder
-        self.base_model = base_model
-        self.lora_config = lora_config
+    _internal_config: Any = PrivateAttr(default=None)
+
+    def __init__(self, name: str, project: str = "default", base_model: str = "smollm2-135m",
+                 base_path: str = ".groupwise", *, _internal_config: dict[str, Any] | None = None,
+                 **fields: Any) -> None:
+        super().__init__(name, project, base_path, base_model=base_model, **fields)
         self._internal_config = _internal_config
+        self.store  # fail now, not after minutes of training, when the name cannot be a folder
 
     def __repr__(self) -> str:
         return f"TrainableModel(name={self.name!r}, project={self.project!r}, base_model={self.base_model!r})"
@@ -291,6 +321,14 @@ class TrainableModel(Model):
     @property
     def storage_name(self) -> str:
         return self.run_name or self.name
+
+    def _internal_settings(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return internal_config_settings(self._internal_config, where="TrainableModel(_internal_config=...)")
+
+    def train_defaults(self) -> dict[str, Any]:
+        """This model's `TrainConfig` values from ART's `_internal_config` (e.g. ``trainer_args``'
+        ``max_grad_norm``): every step uses them where its own config leaves the field at its default."""
+        return self._internal_settings()[1]
 
     def lora_for(self, default: "LoraConfig") -> "LoraConfig":
         """This model's adapter settings: `default` (the backend's) overridden by ``config`` (a
@@ -300,23 +338,17 @@ class TrainableModel(Model):
         from groupwise.config import LoraConfig
 
         lora = self.config if isinstance(self.config, LoraConfig) else default
-        internal = dict(self._internal_config or {})
+        peft, _ = self._internal_settings()
         updates: dict[str, Any] = {}
-        for source, names in ((self.lora_config, _LORA_CONFIG_KEYS), (internal.pop("peft_args", None), _PEFT_ARGS_KEYS)):
+        for source, names in ((self.lora_config, LORA_CONFIG_FIELDS), (peft, PEFT_ARGS_FIELDS)):
             if isinstance(source, LoraConfig):
                 lora = source
                 continue
-            ignored = []
             for key, value in dict(source or {}).items():
                 if key in names:
                     updates[names[key]] = tuple(value) if key == "target_modules" else value
-                else:
-                    ignored.append(key)
-            if ignored:
-                warn_ignored("TrainableModel LoRA settings", ignored)
-        if internal:
-            warn_ignored("TrainableModel(_internal_config=...)", [k for k, v in internal.items() if v],
-                         "Unsloth, vLLM, trainer and GPU placement settings of ART's backends")
+                elif names is LORA_CONFIG_FIELDS:  # peft_args' other keys were named by _internal_settings
+                    warn_ignored("TrainableModel LoRA settings", [key])
         return dataclasses.replace(lora, **updates) if updates else lora
 
     async def register(self, backend: "Backend") -> None:
@@ -379,7 +411,8 @@ class TrainableModel(Model):
                 raise TypeError(f"train(): groups[{n}] is {type(g).__name__}; expected a TrajectoryGroup")
             if g.pending:
                 raise GroupwiseError(f"train(): group {n} has rollouts that were never run; gather the groups first")
-        config = train_config_from_art(config, {**dict(_config or {}), "verbose": verbose}, where="model.train")
+        config = train_config_from_art(config, {**dict(_config or {}), "verbose": verbose}, where="model.train",
+                                       model_settings=self.train_defaults())
         step_before = await self.get_step()
         extra = {} if cursor is None else {"cursor": cursor}  # a backend written before cursors still works
         result = await self.backend.train(self, groups, config, **extra)
@@ -417,13 +450,6 @@ class TrainableModel(Model):
                   f"over {int(result.metrics.get('trainable_tokens', 0))} target tokens, "
                   f"{int(result.metrics.get('updates', 0))} update(s)")
         return result
-
-
-# ART's LoRA keys -> LoraConfig fields: `lora_config` (0.5.2x) and `_internal_config["peft_args"]` (earlier).
-_LORA_CONFIG_KEYS = {"rank": "rank", "alpha": "alpha", "dropout": "dropout", "target_modules": "target_modules",
-                     "random_state": "seed"}
-_PEFT_ARGS_KEYS = {"r": "rank", "lora_alpha": "alpha", "lora_dropout": "dropout", "target_modules": "target_modules",
-                   "random_state": "seed"}
 
 
 def _as_groups(items: Iterable[Trajectory | TrajectoryGroup | BaseException]) -> list[TrajectoryGroup]:

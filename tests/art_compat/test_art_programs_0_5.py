@@ -40,7 +40,8 @@ async def http_rollout(model: art.Model, scenario: Scenario) -> art.Trajectory:
 
 async def client_docs_main(path: str, base_model: str, scenarios_per_step: list[list[Scenario]]):
     model = art.TrainableModel(name="agent-001", run_name="agent-001-run", project="my-agentic-task",
-                               base_model=base_model)
+                               base_model=base_model,
+                               _internal_config=art.dev.InternalModelConfig(trainer_args=art.dev.TrainerArgs(max_grad_norm=0.1)))
     backend = LocalBackend(path=path)
     await model.register(backend)
     results = []
@@ -56,9 +57,17 @@ async def client_docs_main(path: str, base_model: str, scenarios_per_step: list[
     return model, results
 
 
-async def test_client_docs_loop_with_an_agent_over_http(tiny_model_dir, tmp_path):
+async def test_client_docs_loop_with_an_agent_over_http(tiny_model_dir, tmp_path, monkeypatch):
+    from groupwise.training.trainer import Trainer
+
+    used = []  # the TrainConfig each update ran with
+    real_train_step = Trainer.train_step
+    monkeypatch.setattr(Trainer, "train_step", lambda self, batch, config, **kw: (
+        used.append(config), real_train_step(self, batch, config, **kw))[1])
     steps = [[Scenario("hello", 0), Scenario("world!", 0)], [Scenario("tie", 1)], [Scenario("again", 0)]]
     model, results = await client_docs_main(str(tmp_path), tiny_model_dir, steps)
+    # _internal_config's trainer_args.max_grad_norm reaches the trainer, beside backend.train's learning_rate
+    assert [(c.max_grad_norm, c.learning_rate) for c in used] == [(0.1, 1e-5), (0.1, 1e-5)]
     assert model.inference_base_url.startswith("http://127.0.0.1:") and model.inference_api_key
     assert [(r.step, r.metrics["skipped"]) for r in results] == [(1, 0.0), (2, 1.0), (3, 0.0)]
     assert isinstance(results[0], art.TrainResult) and "loss" in results[0].metrics

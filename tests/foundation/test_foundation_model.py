@@ -109,3 +109,53 @@ async def test_log_rejects_unrun_groups_and_bad_metrics(tmp_path):
 def test_trainable_model_name_must_be_a_folder_name(tmp_path):
     with pytest.raises(GroupwiseError, match="model name='a/b'"):
         TrainableModel(name="a/b", project="p", base_model="tiny", base_path=str(tmp_path))
+
+
+def test_models_are_pydantic_models_generic_in_their_config(tmp_path):
+    from pydantic import BaseModel
+
+    class MyConfig(BaseModel):
+        difficulty: int = 1
+
+    model = TrainableModel[MyConfig](name="agent", project="p", base_model="tiny", base_path=tmp_path,
+                                     config={"difficulty": 3})
+    assert isinstance(model.config, MyConfig) and model.config.difficulty == 3  # validated as MyConfig
+    assert model.base_path == str(tmp_path)
+    dumped = model.model_dump()
+    assert (dumped["name"], dumped["trainable"], dumped["config"]) == ("agent", True, {"difficulty": 3})
+    assert Model[MyConfig](name="baseline", project="p", config=MyConfig()).model_dump()["trainable"] is False
+    with pytest.raises(GroupwiseError, match="difficulty"):
+        TrainableModel[MyConfig](name="agent", project="p", config={"difficulty": "hard"})
+    with pytest.raises(GroupwiseError, match="bogus"):  # an argument neither side knows names itself
+        Model(name="m", project="p", bogus=1)
+
+
+async def test_model_copy_keeps_the_registration_and_copies_the_settings(tmp_path):
+    internal = {"trainer_args": {"max_grad_norm": 0.1}}
+    model = TrainableModel(name="agent", project="p", base_model="tiny", base_path=str(tmp_path),
+                           _internal_config=internal)
+    backend = FakeBackend()
+    await model.register(backend)
+    model.openai_client()
+    clone = model.model_copy(deep=True)
+    assert clone.backend is backend and clone.name == "agent" and clone.run_dir == model.run_dir
+    assert clone._internal_config == internal and clone._internal_config is not internal
+    assert clone.openai_client() is not model.openai_client()  # its own connection pool
+    renamed = model.model_copy(update={"name": "agent-2"})
+    assert renamed.run_dir == tmp_path / "p" / "agent-2" and model.run_dir == tmp_path / "p" / "agent"
+    await model.close()
+    await clone.close()
+
+
+async def test_arts_trainer_args_set_the_steps_train_config(tmp_path):
+    # ART's trainer reads max_grad_norm (and weight_decay, seed) from _internal_config's trainer_args
+    model = TrainableModel(name="agent", project="p", base_model="tiny", base_path=str(tmp_path),
+                           _internal_config={"trainer_args": {"max_grad_norm": 0.1, "weight_decay": 0.01},
+                                             "init_args": {"max_seq_length": 8192}})
+    backend = FakeBackend()
+    await model.register(backend)
+    await model.train(groups(), config=TrainConfig(learning_rate=2e-5))
+    await model.train(groups(), config=TrainConfig(max_grad_norm=0.5), _config={"max_seq_len": 512})
+    first, second = backend.trained[0][1], backend.trained[1][1]
+    assert (first.max_grad_norm, first.weight_decay, first.max_seq_len, first.learning_rate) == (0.1, 0.01, 8192, 2e-5)
+    assert (second.max_grad_norm, second.weight_decay, second.max_seq_len) == (0.5, 0.01, 512)  # the step's own win

@@ -280,8 +280,9 @@ class WorkerBackend(Backend):
         from groupwise.store import history_row, numeric_metrics
         from groupwise.training.tokenize import tokenize_groups
 
-        if options or not isinstance(config, TrainConfig):
-            config = train_config_from_art(config, options, where=f"{type(self).__name__}.train")
+        # the model's own settings (ART's _internal_config trainer_args, ...) apply on every path in
+        config = train_config_from_art(config, options, where=f"{type(self).__name__}.train",
+                                       model_settings=model.train_defaults())
         run = self._run(model)
         async with run.lock:  # one step at a time per model
             t0 = time.perf_counter()
