@@ -140,6 +140,10 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         new._share_runtime(self)
         return new
 
+    def safe_model_dump(self, **kwargs: Any) -> dict[str, Any]:
+        """ART's: `model_dump` without `config` (your settings may not serialize)."""
+        return {**self.model_dump(**kwargs), "config": None}
+
     def _share_runtime(self, original: "Model") -> None:
         self._backend, self._store, self._client, self._client_loop = original._backend, None, None, None
 
@@ -238,7 +242,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
 
     async def log(
         self,
-        trajectories_or_groups: Iterable[Trajectory | TrajectoryGroup | BaseException] | TrajectoryGroup | None = None,
+        trajectories: Iterable[Trajectory | TrajectoryGroup | BaseException] | TrajectoryGroup | None = None,
         split: str = "val",
         *,
         metrics: dict[str, Any] | None = None,
@@ -255,12 +259,12 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
             step = await self.get_step()
         metrics = {k: v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v
                    for k, v in (metrics or {}).items()}
-        if trajectories_or_groups is None:
+        if trajectories is None:
             groups: list[TrajectoryGroup] = []
-        elif isinstance(trajectories_or_groups, TrajectoryGroup):
-            groups = [trajectories_or_groups]
+        elif isinstance(trajectories, TrajectoryGroup):
+            groups = [trajectories]
         else:
-            groups = _as_groups(trajectories_or_groups)
+            groups = _as_groups(trajectories)
         for n, g in enumerate(groups):
             if g.pending:
                 raise GroupwiseError(
@@ -271,7 +275,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"log(): metrics[{key!r}]={value!r} must be a number")
         row = history_row(groups, step=step, split=split, metrics=metrics)
-        if trajectories_or_groups is None:  # metrics only: no trajectories, so no reward fields
+        if trajectories is None:  # metrics only: no trajectories, so no reward fields
             row = {k: v for k, v in row.items() if k in ("step", "split", "recorded_at") or k in metrics}
         store = self.store
 
@@ -351,10 +355,15 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
                     warn_ignored("TrainableModel LoRA settings", [key])
         return dataclasses.replace(lora, **updates) if updates else lora
 
-    async def register(self, backend: "Backend") -> None:
+    async def register(self, backend: "Backend", _openai_client_config: dict[str, Any] | None = None) -> None:
         """Attach to `backend` and let it load (or resume) the model; fills `inference_base_url` and
-        `inference_api_key` when the backend serves over HTTP too."""
+        `inference_api_key` when the backend serves over HTTP too. `_openai_client_config` (ART's vLLM
+        server settings) is named in a warning: the backend's loopback server picks its port and key."""
         from groupwise.backend.base import Backend
+
+        if _openai_client_config:
+            warn_ignored("TrainableModel.register", ["_openai_client_config"],
+                         "vLLM server settings; the backend's server picks a free port and a generated key")
 
         if not isinstance(backend, Backend):
             raise TypeError(f"register() takes a groupwise Backend, got {type(backend).__name__}")
@@ -390,14 +399,14 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
 
     async def train(
         self,
-        groups: Iterable[TrajectoryGroup],
+        trajectory_groups: Iterable[TrajectoryGroup],
         config: "TrainConfig | None" = None,
         _config: dict[str, Any] | None = None,
         verbose: bool = False,
         *,
         cursor: dict[str, Any] | None = None,
     ) -> "TrainResult":
-        """One training step on `groups`, then log them as the train split of the step that
+        """One training step on `trajectory_groups`, then log them as the train split of the step that
         sampled them, with the trainer's metrics. Returns the backend's `TrainResult`.
 
         `config` is a `gw.TrainConfig` (ART's ``art.TrainConfig(learning_rate=..., beta=...)`` is the
@@ -405,10 +414,10 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         in a warning; `verbose` is accepted. `cursor`: the caller's data position after this step
         (JSON-able), saved with the step's checkpoint; `backend.checkpoint_cursor(model)` returns it
         after a restart."""
-        groups = list(groups)
+        groups = list(trajectory_groups)
         for n, g in enumerate(groups):
             if not isinstance(g, TrajectoryGroup):
-                raise TypeError(f"train(): groups[{n}] is {type(g).__name__}; expected a TrajectoryGroup")
+                raise TypeError(f"train(): trajectory_groups[{n}] is {type(g).__name__}; expected a TrajectoryGroup")
             if g.pending:
                 raise GroupwiseError(f"train(): group {n} has rollouts that were never run; gather the groups first")
         config = train_config_from_art(config, {**dict(_config or {}), "verbose": verbose}, where="model.train",

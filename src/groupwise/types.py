@@ -221,9 +221,9 @@ class Trajectory(BaseModel):
         """Plain chat messages: every Choice replaced by its assistant message."""
         return [choice_to_message(m) if isinstance(m, Choice) else m for m in self.messages_and_choices]
 
-    def log(self, text: str) -> None:
+    def log(self, message: str) -> None:
         """Append a line to this trajectory's logs (stored with it, shown by `groupwise inspect`)."""
-        self.logs.append(str(text))
+        self.logs.append(str(message))
 
     def finish(self) -> "Trajectory":
         """Record the episode's duration in ``metrics["duration"]`` (seconds) and return self."""
@@ -231,13 +231,13 @@ class Trajectory(BaseModel):
         return self
 
     @asynccontextmanager
-    async def track_duration(self, name: str) -> AsyncIterator[None]:
-        """Add the seconds spent in the block to ``metrics[f"{name}_duration"]`` (as ART's)."""
+    async def track_duration(self, metric_name: str) -> AsyncIterator[None]:
+        """Add the seconds spent in the block to ``metrics[f"{metric_name}_duration"]`` (as ART's)."""
         start = time.monotonic()
         try:
             yield
         finally:
-            key = f"{name}_duration"
+            key = f"{metric_name}_duration"
             self.metrics[key] = float(self.metrics.get(key, 0.0)) + time.monotonic() - start
 
     def __eq__(self, other: object) -> bool:

@@ -84,12 +84,12 @@ class Backend(ABC):
     async def train(
         self,
         model: "TrainableModel",
-        groups: "list[TrajectoryGroup]",
+        trajectory_groups: "list[TrajectoryGroup]",
         config: "TrainConfig",
         *,
         cursor: dict[str, Any] | None = None,
     ) -> TrainResult:
-        """One GRPO step on `groups`; returns once the new adapter is served and verified.
+        """One GRPO step on `trajectory_groups`; returns once the new adapter is served and verified.
 
         `cursor` (JSON-able) is saved with the step's checkpoint and returned by `checkpoint_cursor`
         after a restart: the caller's position in its data after this step. None saves ``{}``."""

@@ -267,10 +267,10 @@ class WorkerBackend(Backend):
 
     # ------------------------------------------------------------------------------ train
     async def train(
-        self, model: "TrainableModel", groups: "list[TrajectoryGroup]", config: TrainConfig | None = None, *,
+        self, model: "TrainableModel", trajectory_groups: "list[TrajectoryGroup]", config: TrainConfig | None = None, *,
         cursor: dict[str, Any] | None = None, **options: Any,
     ) -> TrainResult:
-        """One GRPO step on `groups`; returns once the new adapter is served and verified.
+        """One GRPO step on `trajectory_groups`; returns once the new adapter is served and verified.
 
         ART 0.5's form works too: ``await backend.train(model, groups, learning_rate=1e-5, ...)``; its
         options map onto `TrainConfig` fields or are named once in a warning (docs/porting-from-art.md).
@@ -288,7 +288,7 @@ class WorkerBackend(Backend):
             t0 = time.perf_counter()
             step = run.step
             run.kl_reference_step = config.kl_reference_step or None  # kept from now on (retention)
-            groups = list(groups)
+            groups = list(trajectory_groups)
             # 1. trajectories first: a crash in the step loses nothing.
             await asyncio.to_thread(run.store.write_trajectories, "train", step, groups)
             metrics = await asyncio.to_thread(self._no_signal, run, groups, step, config)

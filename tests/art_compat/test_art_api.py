@@ -1,0 +1,189 @@
+"""groupwise's API against ART's released API, name by name and parameter by parameter.
+
+art_api_snapshot.json holds facts about the public API of ART 0.3, 0.4 and 0.5 (written from the wheels by
+scripts/art_api_snapshot.py; ART is never imported). This test imports groupwise's counterpart of each
+public module and name, inspects its signatures, and lists every difference an ART program could trip
+on: a module or name that is missing, a parameter that is missing, not at ART's position or required,
+a default that differs, a pydantic/dataclass field that is missing, a method that is missing or not
+async as ART's. Each must be listed, with its reason, in the "Checked differences" table of
+docs/porting-from-art.md; a listed difference that no longer exists fails too, so the table stays true.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+SNAPSHOT = json.loads((Path(__file__).with_name("art_api_snapshot.json")).read_text())
+DOC = ROOT / "docs" / "porting-from-art.md"
+P = inspect.Parameter
+
+
+def groupwise_path(art_module: str) -> str:
+    return "groupwise" + art_module[len("art"):]
+
+
+def literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return inspect.Parameter.empty  # an expression (a name, a call): not compared
+
+
+def same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+class Differences:
+    def __init__(self) -> None:
+        self.found: dict[tuple[str, str], list[str]] = {}
+
+    def add(self, path: str, what: str, detail: str, version: str) -> None:
+        self.found.setdefault((path, what), []).append(f"{version}: {detail}")
+
+    def params(self, path: str, art: list[dict[str, Any]], target: Any, version: str, *, bound: bool = False) -> None:
+        """Compare ART's parameters with `target`'s (`bound`: a method looked up on its class, whose
+        first parameter is self)."""
+        try:
+            sig = inspect.signature(target)
+        except (TypeError, ValueError):
+            return
+        ours = list(sig.parameters.values())[1 if bound else 0:]
+        fields = getattr(target, "model_fields", None) if isinstance(target, type) else None
+        if fields:  # a pydantic default_factory shows as a placeholder: compare what it makes
+            ours = [p.replace(default=fields[p.name].default_factory())
+                    if p.name in fields and fields[p.name].default_factory is not None else p for p in ours]
+        by_name = {p.name: p for p in ours}
+        var_kw = any(p.kind is P.VAR_KEYWORD for p in ours)
+        positional = [p.name for p in ours if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+        # a positional-only parameter takes ART's argument at its index, whatever its name
+        anonymous = {i for i, name in enumerate(positional) if by_name[name].kind is P.POSITIONAL_ONLY}
+        art_positional = [a["name"] for a in art if a["kind"] in ("positional_only", "positional_or_keyword")]
+        for a in art:
+            name, kind = a["name"], a["kind"]
+            if kind == "var_keyword":
+                continue  # ART's **kwargs are typed Never or forwarded to ART's own machinery
+            if kind == "var_positional":
+                if not any(p.kind is P.VAR_POSITIONAL for p in ours):
+                    self.add(f"{path}(*{name})", "missing", "ART takes extra positional arguments", version)
+                continue
+            ours_p = by_name.get(name)
+            if ours_p is None:
+                if not var_kw:
+                    self.add(f"{path}({name})", "missing", "ART's parameter is not accepted", version)
+                continue
+            if kind != "keyword_only":  # ART callers may pass it by position
+                index = art_positional.index(name)
+                if index >= len(positional) or (positional[index] != name and index not in anonymous):
+                    self.add(f"{path}({name})", "position", f"ART's position {index}, groupwise's "
+                             f"{positional.index(name) if name in positional else 'keyword only'}", version)
+            if "default" in a:
+                if ours_p.default is P.empty:
+                    self.add(f"{path}({name})", "required", f"ART's default {a['default']}", version)
+                else:
+                    value = literal(a["default"])
+                    if value is not P.empty and not same_value(value, ours_p.default):
+                        self.add(f"{path}({name})", "default", f"ART {a['default']}, groupwise {ours_p.default!r}", version)
+        art_names = {a["name"] for a in art}
+        for p in ours:
+            if p.name not in art_names and p.default is P.empty and p.kind not in (P.VAR_KEYWORD, P.VAR_POSITIONAL):
+                self.add(f"{path}({p.name})", "extra required", "groupwise requires a parameter ART does not have", version)
+
+    def function(self, path: str, fact: dict[str, Any], obj: Any, version: str, *, bound: bool = False) -> None:
+        if fact.get("async") is not None and inspect.iscoroutinefunction(obj) != fact["async"]:
+            self.add(path, "async", f"ART's is {'' if fact['async'] else 'not '}async", version)
+        self.params(path, fact["params"], obj, version, bound=bound)
+
+    def cls(self, path: str, fact: dict[str, Any], obj: Any, version: str) -> None:
+        if not isinstance(obj, type):
+            self.add(path, "not a class", f"groupwise's is {type(obj).__name__}", version)
+            return
+        if "init" in fact:
+            self.params(path, fact["init"], obj, version)
+        if fact.get("flavour") in ("pydantic", "dataclass"):
+            ours = set(getattr(obj, "model_fields", {})) | (
+                {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set())
+            for field in fact["fields"]:
+                if field not in ours and not hasattr(obj, field):
+                    self.add(f"{path}.{field}", "missing field", "ART's field is not a field here", version)
+        for name, method in fact.get("methods", {}).items():
+            static = inspect.getattr_static(obj, name, None)
+            if static is None and name not in getattr(obj, "model_fields", {}):
+                self.add(f"{path}.{name}", "missing", f"ART's {method['kind']}", version)
+            elif method["kind"] == "method" and inspect.isfunction(static):
+                self.function(f"{path}.{name}", method, static, version, bound=True)
+            elif method["kind"] == "method" and isinstance(static, (staticmethod, classmethod)):
+                self.function(f"{path}.{name}", method, getattr(obj, name), version)
+
+    def name(self, module: Any, art_module: str, name: str, fact: dict[str, Any], version: str) -> None:
+        path = f"{art_module}.{name}"
+        if fact["kind"] == "unresolved":
+            return  # listed in ART's __all__ but never defined there (0.5.18's art.LocalBackend)
+        if not hasattr(module, name):
+            self.add(path, "missing", f"ART's {fact.get('flavour', fact['kind'])}", version)
+        elif fact["kind"] == "function":
+            self.function(path, fact, getattr(module, name), version)
+        elif fact["kind"] == "class":
+            self.cls(path, fact, getattr(module, name), version)
+
+
+def differences() -> dict[tuple[str, str], list[str]]:
+    diff = Differences()
+    for version, modules in SNAPSHOT["versions"].items():
+        for art_module, names in modules.items():
+            try:
+                module = importlib.import_module(groupwise_path(art_module))
+            except ModuleNotFoundError:
+                diff.add(art_module, "missing module", f"{len(names)} names", version)
+                continue
+            for name, fact in names.items():
+                diff.name(module, art_module, name, fact, version)
+    return diff.found
+
+
+def documented() -> dict[tuple[str, str], str]:
+    """The rows of the "Checked differences" table: (`ART path`, difference) -> reason."""
+    text = DOC.read_text()
+    section = text.split("## Checked differences", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        m = re.match(r"\|\s*`([^`]+)`\s*\|\s*([a-z ]+?)\s*\|\s*(.*?)\s*\|\s*$", line)
+        if m:
+            rows[(m.group(1), m.group(2))] = m.group(3)
+    return rows
+
+
+def test_the_snapshot_covers_every_minor_version_and_the_public_modules():
+    assert list(SNAPSHOT["versions"]) == ["0.3.13", "0.4.12", "0.5.18"]
+    latest = SNAPSHOT["versions"]["0.5.18"]
+    assert {"art", "art.dev", "art.local", "art.rewards", "art.utils", "art.langgraph", "art.mcp"} <= set(latest)
+    assert latest["art"]["Model"]["flavour"] == "pydantic" and "log" in latest["art"]["Model"]["methods"]
+    assert [p["name"] for p in latest["art.utils"]["iterate_dataset"]["params"]][0] == "dataset"
+
+
+def test_every_difference_from_arts_api_is_documented_with_its_reason():
+    found = differences()
+    rows = documented()
+    undocumented = {k: v for k, v in found.items() if k not in rows}
+    stale = sorted(k for k in rows if k not in found)
+    empty = sorted(k for k, reason in rows.items() if len(reason) < 10)
+    message = "\n".join(
+        [f"| `{path}` | {what} | ... |   <- {'; '.join(details)}" for (path, what), details in sorted(undocumented.items())]
+        + [f"stale row (no longer a difference): `{path}` | {what}" for path, what in stale]
+        + [f"row without a reason: `{path}` | {what}" for path, what in empty])
+    assert not undocumented and not stale and not empty, (
+        "groupwise's API differs from ART's where docs/porting-from-art.md does not say so (Checked differences):\n"
+        + message)
