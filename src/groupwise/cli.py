@@ -5,8 +5,9 @@ torch) and its work is done by a function in the module that owns it, imported o
 subcommand runs.
 
 Argument errors are one line and exit code 2, before anything is loaded: argparse checks each value
-(`_int_at_least`, ...), and a `ConfigError` a command raises while checking its arguments (before
-loading a model) is printed as one line too. Warnings of groupwise's own (a skipped corrupt line, a
+(`_int_at_least`, `_device`, `_folder_name`, ...), `check_paths_and_device` what needs the machine (a
+local model path, the run store folder, a CUDA device), and a `ConfigError` a command raises while
+checking its arguments (before loading a model) is printed as one line too. Warnings of groupwise's own (a skipped corrupt line, a
 skipped checkpoint) are printed as one line each.
 """
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import re
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -53,6 +56,44 @@ def _positive_float(text: str) -> float:
 
 _STEP = _int_at_least(0)
 _COUNT = _int_at_least(1)
+_DEVICE = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
+# What `groupwise.loading.resolve_dtype` accepts, as the command line spells it.
+DTYPES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
+
+
+def _device(text: str) -> str:
+    if not _DEVICE.match(text):
+        raise argparse.ArgumentTypeError(f"must be cpu, cuda, cuda:N or mps, got {text!r}")
+    return text
+
+
+def _dtype(text: str) -> str:
+    if text not in DTYPES:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(DTYPES)}, got {text!r}")
+    return text
+
+
+def _served_name(text: str) -> str:
+    """A model name requests use: ``name@3`` asks for step 3 of ``name``, so a name has no '@'."""
+    if not text or "@" in text:
+        raise argparse.ArgumentTypeError(f"must be a non-empty name without '@' (it separates the step, as in "
+                                         f"name@3), got {text!r}")
+    return text
+
+
+def _folder_name(served: bool) -> Callable[[str], str]:
+    """A project or model name that names a folder of the run store (and, for a model, a served name)."""
+    def parse(text: str) -> str:
+        from groupwise.store import folder_name_problem
+
+        if served:
+            _served_name(text)
+        problem = folder_name_problem(text)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{text!r} {problem}")
+        return text
+
+    return parse
 
 
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
@@ -77,9 +118,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; any other needs --api-key)")
     p.add_argument("--port", type=_int_at_least(0, 65535), default=8000, help="port (default 8000)")
     p.add_argument("--api-key", default=None, help="require this bearer token (required off loopback)")
-    p.add_argument("--name", default=None, help="served model name (default: the --model value)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16 (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--name", type=_served_name, default=None, help="served model name (default: the --model value)")
+    p.add_argument("--device", type=_device, default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--dtype", type=_dtype, default=None, help="float32, bfloat16 or float16 (default: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--max-batch-size", type=_COUNT, default=32,
                    help="sequences decoded together, and the most choices (n) a request may ask (default 32)")
     p.add_argument("--max-body-bytes", type=_COUNT, default=8 * 2**20,
@@ -127,15 +168,16 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="seed of the training scenarios, their order and the run's name (default 0); the "
                         "validation and test scenarios are the same for every seed")
     p.add_argument("--path", default=".groupwise", help="run store folder (default .groupwise)")
-    p.add_argument("--name", default=None, help="model name (default: <env>-s<seed>; an existing name resumes)")
+    p.add_argument("--name", type=_folder_name(served=True), default=None,
+                   help="model name (default: <env>-s<seed>; an existing name resumes)")
     p.add_argument("--gate", action="store_true",
                    help="hybrid envs (email): judge score x correctness. Off by default: an untrained small "
                         "agent is never correct, and the gate would zero every reward (no signal)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--device", type=_device, default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--dtype", type=_dtype, default=None, help="float32, bfloat16 or float16 (default: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--lr", type=_positive_float, default=None,
                    help="GRPO learning rate (default: the env's, e.g. 1e-3 for 2048)")
-    p.add_argument("--sft", type=int, default=0, metavar="N",
+    p.add_argument("--sft", type=_STEP, default=0, metavar="N",
                    help="first a supervised warm start on N demonstrations of the env's scripted agent (email: "
                         "search, read, answer with the ground truth), then GRPO from there (default 0: none)")
     p.add_argument("--sft-epochs", type=_COUNT, default=2, help="SFT epochs, one step each (default 2)")
@@ -154,9 +196,11 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="smollm2-135m", help="base model (default smollm2-135m)")
     p.add_argument("--seed", type=int, default=0, help="random seed: which demonstrations and their order (default 0)")
     p.add_argument("--path", default=".groupwise", help="run store folder (default .groupwise)")
-    p.add_argument("--project", default=None, help="project (default: the env's name, or 'sft' for a file)")
-    p.add_argument("--name", default=None, help="model name (default: <env>-s<seed>, as groupwise train names it)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--project", type=_folder_name(served=False), default=None,
+                   help="project (default: the env's name, or 'sft' for a file)")
+    p.add_argument("--name", type=_folder_name(served=True), default=None,
+                   help="model name (default: <env>-s<seed>, as groupwise train names it)")
+    p.add_argument("--device", type=_device, default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     p.set_defaults(_target="groupwise.recipes.sft:run_sft")
 
 
@@ -173,18 +217,61 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_paths_and_device(args: argparse.Namespace) -> list[str]:
+    """What argparse cannot check from one value alone, before a command loads anything: that a local
+    ``--model`` path exists, that ``--path`` can be a folder, that the ``--device`` is on this machine."""
+    problems = []
+    model = getattr(args, "model", None)
+    if isinstance(model, str) and model.startswith(("/", "./", "../", "~", ".\\")):  # a path, not a hub id
+        path = os.path.expanduser(model)
+        if not os.path.isdir(path):
+            what = "is a file" if os.path.exists(path) else "does not exist"
+            problems.append(f"--model {model}: {what}; a local model is a folder with config.json and weights "
+                            "(or pass a short name such as smollm2-135m, or a Hugging Face id)")
+        elif not os.path.isfile(os.path.join(path, "config.json")):
+            problems.append(f"--model {model}: no config.json in that folder (a local model is a folder that "
+                            "save_pretrained wrote)")
+    store = getattr(args, "path", None)
+    if isinstance(store, str):
+        at = os.path.abspath(os.path.expanduser(store))
+        while not os.path.exists(at) and os.path.dirname(at) != at:
+            at = os.path.dirname(at)  # the nearest part of the path that exists must be a folder
+        if not os.path.isdir(at):
+            problems.append(f"--path {store}: {at} is a file, not a folder; the run store is a folder of runs")
+    device = getattr(args, "device", None)
+    if isinstance(device, str) and device != "cpu":
+        import torch  # only when a device other than the CPU is asked for
+
+        if device == "mps":
+            if not torch.backends.mps.is_available():
+                problems.append("--device mps: no MPS device here; use --device cpu")
+        elif not torch.cuda.is_available():
+            problems.append(f"--device {device}: no CUDA device here (torch.cuda.is_available() is False); "
+                            "use --device cpu")
+        elif ":" in device and int(device.split(":")[1]) >= torch.cuda.device_count():
+            problems.append(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                            f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return problems
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     module_name, func_name = args._target.split(":")
     func = getattr(importlib.import_module(module_name), func_name)
-    from groupwise.errors import ConfigError
+    from groupwise.errors import ConfigError, ModelNotFoundError, RunLockedError
 
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         try:
+            problems = check_paths_and_device(args)
+            if problems:
+                raise ConfigError(problems, what=f"{args.command} arguments")
             result = func(args)
         except ConfigError as exc:  # the command refused its arguments (before loading anything)
             print(f"groupwise {args.command}: error: {'; '.join(exc.problems)}", file=sys.stderr)
+            return 2
+        except (ModelNotFoundError, RunLockedError) as exc:  # no such model; another process trains the run
+            print(f"groupwise {args.command}: error: {' '.join(str(exc).split())}", file=sys.stderr)
             return 2
     return int(result or 0)
 

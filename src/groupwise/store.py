@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.errors import CorruptRecordError, GroupwiseWarning, StoreError
+from groupwise.run_lock import RunLock
 from groupwise.types import TrajectoryGroup
 
 try:  # POSIX only; on other platforms appends rely on O_APPEND alone.
@@ -76,6 +77,8 @@ except ImportError:  # pragma: no cover - Windows
 
 __all__ = [
     "RunStore",
+    "RunLock",
+    "folder_name_problem",
     "history_key",
     "numeric_metrics",
     "load_trajectories",
@@ -96,12 +99,18 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+=-]*$")
 _STEP_FILE = re.compile(r"^(\d+)\.jsonl$")
 
 
-def _check_name(kind: str, value: Any) -> str:
+def folder_name_problem(value: Any) -> str | None:
+    """Why `value` cannot name a folder of the run store (a project, a model, a split), or None."""
     if not isinstance(value, str) or not _NAME.match(value) or value in (".", ".."):
-        raise StoreError(
-            f"{kind}={value!r} cannot be a folder name of the run store; use letters, digits and "
-            "_ . @ + = - (no slashes, not starting with a dot)"
-        )
+        return ("cannot be a folder name of the run store; use letters, digits and _ . @ + = - "
+                "(no slashes, not starting with a dot)")
+    return None
+
+
+def _check_name(kind: str, value: Any) -> str:
+    problem = folder_name_problem(value)
+    if problem:
+        raise StoreError(f"{kind}={value!r} {problem}")
     return value
 
 
@@ -343,6 +352,10 @@ class RunStore:
 
     def __repr__(self) -> str:
         return f"RunStore({str(self.run_dir)!r})"
+
+    def lock(self) -> RunLock:
+        """The folder's writer lock (`RunLock`), not yet taken: ``store.lock().acquire()``."""
+        return RunLock(self.run_dir)
 
     @property
     def checkpoints_dir(self) -> Path:

@@ -43,6 +43,7 @@ async def test_consecutive_skips_are_bounded_and_strict_mode_raises_at_once(tiny
             await model.train(await _tied_groups(model), config=config)
         assert await model.get_step() == 2
         # the counter survives a restart (it is saved with the checkpoint)
+        await backend.close()  # one writer per run folder: the restarted backend takes over
         again = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
         clone = gw.TrainableModel(name="tie", project="p", base_model=tiny_model_dir)
         await clone.register(again)

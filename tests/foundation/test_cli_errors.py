@@ -18,8 +18,9 @@ def groupwise(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           timeout=timeout, env=env)
 
 
-# A model path that does not exist: a command that got as far as loading would fail on it instead.
-NO_MODEL = "/nonexistent/model-that-would-fail-to-load"
+# A model that does not exist: a command that got as far as loading would fail on it instead. Shaped
+# as a Hugging Face id, which only loading can check (a missing local path is refused up front).
+NO_MODEL = "no-such-org/model-that-would-fail-to-load"
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -43,6 +44,52 @@ def test_argument_errors_are_one_line_and_exit_2_before_loading(args, needle):
     assert len(lines) == 1, proc.stderr  # no usage block, no traceback
     assert needle in lines[0] and lines[0].startswith("groupwise")
     assert NO_MODEL not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["train", "2048", "--sft", "-5"], "argument --sft: must be an integer >= 0, got '-5'"),
+    (["train", "2048", "--name", "../../x"], "argument --name: '../../x' cannot be a folder name of the run store"),
+    (["train", "2048", "--name", "a@b"], "argument --name: must be a non-empty name without '@'"),
+    (["sft", "email", "--name", "../x"], "argument --name: '../x' cannot be a folder name"),
+    (["sft", "email", "--project", "/etc"], "argument --project: '/etc' cannot be a folder name"),
+    (["train", "2048", "--device", "tpu"], "argument --device: must be cpu, cuda, cuda:N or mps, got 'tpu'"),
+    (["train", "2048", "--device", "cuda:99"], "--device cuda:99: "),  # no CUDA here, or fewer than 100
+    (["train", "2048", "--dtype", "int3"], "argument --dtype: must be one of float32, bfloat16, float16"),
+    (["serve", "--dtype", "int3"], "argument --dtype: must be one of float32, bfloat16, float16"),
+    (["serve", "--name", "a@b"], "argument --name: must be a non-empty name without '@' (it separates the step"),
+    (["serve", "--model", "/missing/model"], "--model /missing/model: does not exist; a local model is a folder"),
+    (["serve", "--model", "{file}"], "is a file; a local model is a folder with config.json"),
+    (["train", "2048", "--model", "./no-such-folder"], "--model ./no-such-folder: does not exist"),
+    (["train", "2048", "--path", "{file}"], "is a file, not a folder; the run store is a folder of runs"),
+    (["sft", "email", "--path", "{file}/runs"], "is a file, not a folder"),
+])
+def test_caller_errors_found_by_the_hostile_test_are_one_line_before_loading(tmp_path, args, needle):
+    """Each of these used to print a traceback, several after the model had loaded."""
+    file = tmp_path / "a-file"
+    file.write_text("not a folder")
+    if "--model" not in args:
+        args = [*args, "--model", NO_MODEL]
+    proc = groupwise(*(a.replace("{file}", str(file)) for a in args))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert needle.replace("{file}", str(file)) in lines[0] and lines[0].startswith("groupwise")
+    assert NO_MODEL not in proc.stderr
+
+
+def test_a_second_trainer_of_a_run_is_one_line_naming_the_holder(tmp_path):
+    """`groupwise train` on a run another process trains: refused at once, before its model loads."""
+    import socket
+
+    lock = RunStore(tmp_path, "2048", "busy").lock().acquire()  # this test process trains it
+    try:
+        proc = groupwise("train", "2048", "--path", str(tmp_path), "--name", "busy", "--model", NO_MODEL)
+    finally:
+        lock.release()
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("groupwise: warning")]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"pid {os.getpid()} on host {socket.gethostname()}" in lines[0] and NO_MODEL not in lines[0]
 
 
 def test_inspect_skip_corrupt_and_one_line_warnings(tmp_path, group):

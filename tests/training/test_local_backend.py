@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 import groupwise as gw
-from groupwise.errors import AdapterMismatchError
+from groupwise.errors import AdapterMismatchError, RunLockedError
 
 HERE = Path(__file__).parent
 
@@ -64,12 +64,16 @@ async def test_train_serves_and_verifies_the_new_adapter(model_dir, tmp_path):
         assert r.model == "agent@1"
         run = tmp_path / "p" / "agent"
         assert (run / "checkpoints" / "0001" / "state.json").is_file()
-        # a second backend (a restarted process) resumes step 1 and its cursor
+        # a second backend on this run folder is refused while this one writes it (before it loads) ...
         again = gw.LocalBackend(path=str(tmp_path))
         clone = gw.TrainableModel(name="agent", project="p", base_model=model_dir)
-        await clone.register(again)
-        assert await clone.get_step() == 1 and await again.checkpoint_cursor(clone) == {"scenario_index": 8}
-        await again.close()
+        with pytest.raises(RunLockedError, match="another backend of this same process"):
+            await clone.register(again)
+        # ... and once it is closed, a new backend (a restarted process) resumes step 1 and its cursor
+        await backend.close()
+        backend = again
+        await clone.register(backend)
+        assert await clone.get_step() == 1 and await backend.checkpoint_cursor(clone) == {"scenario_index": 8}
         assert gw.load_trajectories(run, "train", 0) == groups  # lossless, token ids included
         row = [r for r in gw.load_history(run) if r["split"] == "train"][-1]
         assert row["step"] == 0 and "loss" in row and "grad_norm" in row
@@ -79,7 +83,7 @@ async def test_train_serves_and_verifies_the_new_adapter(model_dir, tmp_path):
         served.registry.add_step = lambda *a, **k: None
         # The error names the adapter as users do (name@step), not by peft's slot.
         with pytest.raises(AdapterMismatchError, match="the engine's 'agent@2' does not hold the trained weights"):
-            await model.train(await _groups(model, step=1), config=gw.TrainConfig(learning_rate=1e-3))
+            await clone.train(await _groups(clone, step=1), config=gw.TrainConfig(learning_rate=1e-3))
     finally:
         await backend.close()
 

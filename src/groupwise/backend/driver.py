@@ -160,6 +160,7 @@ class WorkerBackend(Backend):
         self.verify_adapter = verify_adapter
         self.engine_kwargs = dict(engine_kwargs or {})
         self._runs: dict[str, _Run] = {}
+        self._locks: dict[str, Any] = {}  # model name -> its run folder's RunLock, held until close()
         self._started = False
 
     # ------------------------------------------------------------------------------ placement
@@ -209,6 +210,15 @@ class WorkerBackend(Backend):
             return
         if model.base_path == DEFAULT_PATH and self.path != DEFAULT_PATH:
             model.base_path = self.path  # the backend's path is where a default-configured model's run lives
+        # One writer per run folder, refused before anything loads (store.RunLock says why).
+        self._locks[model.name] = model.store.lock().acquire()
+        try:
+            await self._register(model)
+        except BaseException:
+            self._locks.pop(model.name).release()
+            raise
+
+    async def _register(self, model: "TrainableModel") -> None:
         if not self._started:
             await self._start()
             self._started = True
@@ -473,15 +483,23 @@ class WorkerBackend(Backend):
 
     # ------------------------------------------------------------------------------ close
     async def close(self) -> None:
-        if self._started:
-            try:
-                await self._call_all("close")
-            except WorkerError:
-                pass  # the workers failed already, and that was raised where it happened: stop what is left
-            finally:
-                self._runs.clear()
-                self._started = False
-                await self._stop()
+        try:
+            if self._started:
+                try:
+                    await self._call_all("close")
+                except WorkerError:
+                    pass  # the workers failed already, and that was raised where it happened: stop what is left
+                finally:
+                    self._runs.clear()
+                    self._started = False
+                    await self._stop()
+        finally:
+            self._release_locks()  # another process may train the runs now
+
+    def _release_locks(self) -> None:
+        for lock in self._locks.values():
+            lock.release()
+        self._locks.clear()
 
     def describe(self) -> dict[str, Any]:
         return {

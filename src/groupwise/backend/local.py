@@ -299,6 +299,7 @@ class LocalBackend(WorkerBackend):
             self._processes.kill()
         self._runs.clear()
         self._started, self._worker, self._processes = False, None, None
+        self._release_locks()
 
     async def close(self) -> None:
         await super().close()
