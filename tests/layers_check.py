@@ -236,6 +236,11 @@ RULES = [
          "the Backend contract stands alone, so the loop may import it", allowed=("groupwise.backend.base",)),
     Rule("groupwise.envs", ("groupwise.training", "groupwise.backend", "groupwise.recipes"),
          "an env is tasks and a rollout; jobs that compose backends live in recipes"),
+    # ART's integrations (art.langgraph, art.mcp) are client code that a user's rollout calls: they reach a
+    # model only through its OpenAI-compatible endpoint, as any agent framework would.
+    *(Rule(area, ("groupwise.inference", "groupwise.backend", "groupwise.training", "groupwise.loop"),
+           "an integration reaches the model through its OpenAI-compatible endpoint, as agent code does")
+      for area in ("groupwise.langgraph", "groupwise.mcp")),
     Rule("groupwise", ("groupwise.recipes",), "recipes are jobs at the top: only the CLI runs them",
          exempt=("groupwise.recipes", "groupwise.cli")),
     Rule("groupwise", ("groupwise.cli",), "nothing imports the CLI", exempt=("groupwise.cli",)),
@@ -409,4 +414,6 @@ def client_roots(modules: dict[str, Module], package: str = PACKAGE) -> set[str]
             exports |= {ast.literal_eval(v) for v in node.value.values}
         elif target.id == "_SUBPACKAGES":
             exports |= {f"{package}.{ast.literal_eval(v)}" for v in node.value.elts}
-    return {package, f"{package}.cli", f"{package}.inspect", *exports}
+    # groupwise.mcp is imported by its path (`from art.mcp import ...`) and needs nothing beyond openai;
+    # groupwise.langgraph is the one integration that loads its extra (LangChain) on import, by design.
+    return {package, f"{package}.cli", f"{package}.inspect", f"{package}.mcp", *exports}

@@ -42,7 +42,7 @@ def test_the_scan_sees_the_tree(tree):
     assert {"torch", "transformers", "peft", "fastapi"} <= heavy_libraries()
     roots = client_roots(tree)
     assert {f"{PACKAGE}.types", f"{PACKAGE}.rollout.gather", f"{PACKAGE}.store", f"{PACKAGE}.judge",
-            f"{PACKAGE}.loop", f"{PACKAGE}.model", f"{PACKAGE}.backend.base"} <= roots
+            f"{PACKAGE}.loop", f"{PACKAGE}.model", f"{PACKAGE}.backend.base", f"{PACKAGE}.mcp"} <= roots
     assert all(r in tree for r in roots), sorted(roots - set(tree))
 
 
@@ -155,6 +155,12 @@ BREAKS = {
     "library imports a recipe": (
         {"groupwise/judge/ruler.py": "def f():\n    import groupwise.recipes.train\n"},
         "layers", "groupwise.judge.ruler:2 imports groupwise.recipes.train"),
+    "an integration imports the backend": (
+        {"groupwise/langgraph/chat_model.py": "def f():\n    from groupwise.backend.local import engine\n"},
+        "layers", "groupwise.langgraph.chat_model:2 imports groupwise.backend.local"),
+    "groupwise.mcp loads torch": (
+        {"groupwise/mcp/__init__.py": "from groupwise.mcp import types\n", "groupwise/mcp/types.py": "import torch\n"},
+        "heavy", "groupwise.mcp.types:1 imports torch"),
     "from-import of a private name": (
         {"groupwise/recipes/train.py": "from groupwise.loop.fit import _Loop\n"},
         "private", "groupwise.recipes.train:1 imports private groupwise.loop.fit._Loop"),

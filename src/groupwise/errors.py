@@ -122,3 +122,8 @@ class MissingDependencyError(GroupwiseError, ImportError):
             f"{feature} needs the '{missing}' package, which is not installed. "
             f"Install it with: pip install 'groupwise[{extra}]'"
         )
+
+
+class ScenarioGenerationError(GroupwiseError, ValueError):
+    """An LLM asked to write scenarios (`groupwise.mcp.generate_scenarios`) answered with something that
+    is not the scenarios asked for. A ValueError too, as ART raises."""
