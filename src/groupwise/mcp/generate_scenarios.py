@@ -21,7 +21,7 @@ from groupwise.mcp.types import GeneratedScenarioCollection, MCPResource, MCPToo
 
 __all__ = ["MAX_TASK_CHARS", "generate_scenarios", "scenario_prompt", "scenario_schema", "parse_scenarios"]
 
-MAX_TASK_CHARS = 600  # a task is a paragraph at most; the schema's cap (see the module docstring)
+MAX_TASK_CHARS = 600  # a task is a paragraph at most: the schema's default cap (see the module docstring)
 MAX_COMPLETION_TOKENS = 8000  # as ART asks: room for every scenario of a large request
 
 
@@ -35,7 +35,7 @@ def _resources_info(resources: Any) -> list[dict[str, Any]]:
     return [(r if isinstance(r, MCPResource) else MCPResource.from_dict(r)).to_dict() for r in resources or []]
 
 
-def scenario_schema(num_scenarios: int) -> dict[str, Any]:
+def scenario_schema(num_scenarios: int, max_task_chars: int = MAX_TASK_CHARS) -> dict[str, Any]:
     """The JSON Schema of the generator's answer: exactly `num_scenarios` tasks with a difficulty."""
     return {
         "type": "object",
@@ -45,7 +45,7 @@ def scenario_schema(num_scenarios: int) -> dict[str, Any]:
                 "items": {
                     "type": "object",
                     "properties": {
-                        "task": {"type": "string", "minLength": 1, "maxLength": MAX_TASK_CHARS},
+                        "task": {"type": "string", "minLength": 1, "maxLength": max_task_chars},
                         "difficulty": {"type": "integer", "minimum": 1, "maximum": 5},
                     },
                     "required": ["task", "difficulty"],
@@ -61,7 +61,7 @@ def scenario_schema(num_scenarios: int) -> dict[str, Any]:
 
 
 def scenario_prompt(tools_info: list[dict[str, Any]], resources_info: list[dict[str, Any]], num_scenarios: int,
-                    custom_instructions: str | None = None) -> str:
+                    custom_instructions: str | None = None, max_task_chars: int = MAX_TASK_CHARS) -> str:
     """The generator's instructions (the requirements ART's prompt sets, in our words)."""
     resources = json.dumps(resources_info, indent=2) if resources_info else "No resources available"
     prompt = (
@@ -73,7 +73,7 @@ def scenario_prompt(tools_info: list[dict[str, Any]], resources_info: list[dict[
         "an analysis of the results. Rate each task's difficulty from 1 (one tool call) to 5 (a complex "
         "multi-step analysis).\n\n"
         f'Answer with a JSON object whose "scenarios" array holds exactly {num_scenarios} objects, each with '
-        f'"task" (a string of at most {MAX_TASK_CHARS} characters) and "difficulty" (an integer from 1 to 5).'
+        f'"task" (a string of at most {max_task_chars} characters) and "difficulty" (an integer from 1 to 5).'
     )
     if custom_instructions:
         prompt += f"\n\nFollow these instructions closely when writing the scenarios:\n\n{custom_instructions}"
@@ -115,12 +115,14 @@ async def generate_scenarios(
     generator_base_url: str = "https://openrouter.ai/api/v1",
     *,
     client: Any = None,
+    max_task_chars: int = MAX_TASK_CHARS,
 ) -> GeneratedScenarioCollection:
     """Generate `num_scenarios` tasks for an agent using `tools` (MCPTools, dicts, `mcp.types.Tool`s, or a
     `ListToolsResult`) and `resources`, with `generator_model`.
 
     The endpoint is `client` (an `openai.AsyncOpenAI`) when given, else `generator_base_url` with
     `generator_api_key` (or the ``OPENROUTER_API_KEY`` environment variable), as ART's.
+    `client` and `max_task_chars` (the schema's cap on a task's length) are groupwise's additions.
     """
     tools_info, resources_info = _tools_info(tools), _resources_info(resources)
     problems = []
@@ -128,6 +130,8 @@ async def generate_scenarios(
         problems.append("give at least one tool or resource: the scenarios are written for them")
     if not isinstance(num_scenarios, int) or num_scenarios < 1:
         problems.append(f"num_scenarios must be a positive integer, got {num_scenarios!r}")
+    if not isinstance(max_task_chars, int) or max_task_chars < 1:
+        problems.append(f"max_task_chars must be a positive integer, got {max_task_chars!r}")
     if client is None:
         generator_api_key = generator_api_key or os.getenv("OPENROUTER_API_KEY")
         if not generator_api_key:
@@ -141,10 +145,11 @@ async def generate_scenarios(
     response = await client.chat.completions.create(
         model=generator_model,
         messages=[{"role": "user", "content": scenario_prompt(tools_info, resources_info, num_scenarios,
-                                                              custom_instructions)}],
+                                                              custom_instructions, max_task_chars)}],
         max_completion_tokens=MAX_COMPLETION_TOKENS,
         response_format={"type": "json_schema",
-                         "json_schema": {"name": "scenario_list", "schema": scenario_schema(num_scenarios)}},
+                         "json_schema": {"name": "scenario_list",
+                                         "schema": scenario_schema(num_scenarios, max_task_chars)}},
     )
     collection = parse_scenarios(response.choices[0].message.content, num_scenarios)
     if show_preview:
