@@ -16,7 +16,7 @@ NOTES = {
     ".gitignore": "ignored: venvs, caches, run stores",
     "README.md": "the front door: what groupwise is, the two commands, an example, results",
     "tests/art_compat/art_api_snapshot.json": "facts about ART 0.3/0.4/0.5's public API, from its wheels (scripts/art_api_snapshot.py)",
-    "pyproject.toml": "package, extras (backend, plots, vllm, wandb, tensorboard, dev, all), pytest settings",
+    "pyproject.toml": "package, extras (backend, plots, ray, vllm, wandb, langgraph, mcp, tensorboard, dev, all), pytest settings",
 }
 
 

@@ -10,6 +10,7 @@ and tokens match the sampling to the last token.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Literal
 
@@ -22,6 +23,7 @@ from langchain_core.messages import HumanMessage, SystemMessage  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402
 from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
 from langgraph.prebuilt import ToolNode, tools_condition  # noqa: E402
+from pydantic import BaseModel  # noqa: E402
 
 import groupwise as art  # noqa: E402
 from groupwise.errors import GroupwiseError  # noqa: E402
@@ -76,7 +78,7 @@ def check_trajectory(t: art.Trajectory) -> int:
     assert isinstance(call, art.types.Choice) and isinstance(answer, art.types.Choice)
     (tool_call,) = call.message.tool_calls
     assert tool_call.function.name == "lookup"
-    city = __import__("json").loads(tool_call.function.arguments)["city"]
+    city = json.loads(tool_call.function.arguments)["city"]
     # the tool's real output, sent back under this trajectory's own call id: rollouts did not mix
     assert tool_result["content"] == POPULATION[city] and tool_result["tool_call_id"] == tool_call.id
     assert t.tools[0]["function"]["name"] == "lookup" and t.additional_histories == []
@@ -113,23 +115,43 @@ async def test_a_langgraph_agent_is_recorded_and_trained(tiny_model_dir, tmp_pat
     assert results[0].metrics["grad_norm"] > 0
 
 
-async def test_init_chat_model_needs_the_wrapper_and_is_async_only(tiny_model_dir, tmp_path):
+class Verdict(BaseModel):
+    city: Literal["paris", "rome"]
+
+
+async def side_calls_rollout(model: art.Model) -> art.Trajectory:
+    llm = init_chat_model(max_tokens=30)
+    # LangChain's structured output (response_format json_schema, decoded under a grammar) and astream
+    verdict = await llm.with_structured_output(Verdict).ainvoke("Pick a city.")
+    chunks = [chunk async for chunk in llm.astream("Hi", max_tokens=3)]
+    return art.Trajectory(reward=1.0, metadata={"city": verdict.city, "chunks": len(chunks)})
+
+
+async def test_init_chat_model_is_langchains_chat_model_on_the_in_process_endpoint(tiny_model_dir, tmp_path):
+    model = art.TrainableModel(name="agent", project="langgraph", base_model=tiny_model_dir)
+    backend = LocalBackend(path=str(tmp_path), serve_http=False)  # no HTTP server: model.openai_client() only
+    await model.register(backend)
+    t = await wrap_rollout(model, side_calls_rollout)(model)
+    assert t.metadata["chunks"] == 1  # not streamed: every call is recorded whole
+    # two calls with unrelated prompts: the first is the trajectory's conversation, the second a history
+    (structured,) = t.choices()
+    assert json.loads(structured.message.content) == {"city": t.metadata["city"]}
+    assert choice_token_ids(structured) and len(t.additional_histories) == 1
+    assert t.additional_histories[0].messages_and_choices[0] == {"role": "user", "content": "Hi"}
+
     with pytest.raises(GroupwiseError, match="wrap_rollout"):
         init_chat_model()
-    model = art.TrainableModel(name="agent", project="langgraph", base_model=tiny_model_dir)
-    backend = LocalBackend(path=str(tmp_path))
-    await model.register(backend)
 
     async def sync_rollout(model):
         init_chat_model().invoke("hi")
 
-    async def streaming_rollout(model):
+    async def elsewhere_rollout(model):
         init_chat_model(base_url="http://elsewhere/v1")
 
     with pytest.raises(GroupwiseError, match="ainvoke"):
         await wrap_rollout(model, sync_rollout)(model)
     with pytest.raises(GroupwiseError, match="base_url"):
-        await wrap_rollout(model, streaming_rollout)(model)
+        await wrap_rollout(model, elsewhere_rollout)(model)
 
     async def not_a_trajectory(model):
         await init_chat_model(max_tokens=2).ainvoke("hi")
