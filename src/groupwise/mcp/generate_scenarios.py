@@ -106,7 +106,7 @@ def parse_scenarios(content: str | None, num_scenarios: int) -> GeneratedScenari
 
 async def generate_scenarios(
     tools: Any,
-    resources: Any = None,
+    resources: Any = [],  # noqa: B006  (ART's default, kept equal; never mutated)
     num_scenarios: int = 24,
     show_preview: bool = True,
     custom_instructions: str | None = None,
