@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from typing import Literal
 
 import pytest
@@ -127,6 +128,18 @@ async def side_calls_rollout(model: art.Model) -> art.Trajectory:
     return art.Trajectory(reward=1.0, metadata={"city": verdict.city, "chunks": len(chunks)})
 
 
+async def prebuilt_agent_rollout(model: art.Model) -> art.Trajectory:
+    # ART's docs' shape: LangGraph's prebuilt ReAct agent on init_chat_model (the tiny model answers in
+    # text under tool_choice "auto", so the agent stops after one call)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated in LangGraph 1.x in favour of langchain's create_agent
+        from langgraph.prebuilt import create_react_agent
+
+        agent = create_react_agent(init_chat_model(model.name, max_tokens=4), [lookup])
+    result = await agent.ainvoke({"messages": [HumanMessage("How many live in oslo?")]})
+    return art.Trajectory(reward=float(len(result["messages"])))
+
+
 async def test_init_chat_model_is_langchains_chat_model_on_the_in_process_endpoint(tiny_model_dir, tmp_path):
     model = art.TrainableModel(name="agent", project="langgraph", base_model=tiny_model_dir)
     backend = LocalBackend(path=str(tmp_path), serve_http=False)  # no HTTP server: model.openai_client() only
@@ -138,6 +151,11 @@ async def test_init_chat_model_is_langchains_chat_model_on_the_in_process_endpoi
     assert json.loads(structured.message.content) == {"city": t.metadata["city"]}
     assert choice_token_ids(structured) and len(t.additional_histories) == 1
     assert t.additional_histories[0].messages_and_choices[0] == {"role": "user", "content": "Hi"}
+
+    t = await wrap_rollout(model, prebuilt_agent_rollout)(model)
+    user, answer = t.messages_and_choices
+    assert user == {"role": "user", "content": "How many live in oslo?"} and choice_token_ids(answer)
+    assert t.tools[0]["function"]["name"] == "lookup" and t.reward == 2.0
 
     with pytest.raises(GroupwiseError, match="wrap_rollout"):
         init_chat_model()
