@@ -17,7 +17,7 @@ from groupwise.config import TrainConfig
 from groupwise.errors import ArtCompatWarning, ConfigError, warn_ignored
 
 # ArtCompatWarning and warn_ignored live in errors.py, which config.py imports too (no cycle).
-__all__ = ["ArtCompatWarning", "IGNORED_TRAIN_OPTIONS", "INTERNAL_TRAIN_FIELDS", "internal_config_settings",
+__all__ = ["ArtCompatWarning", "IGNORED_TRAIN_OPTIONS", "INTERNAL_TRAIN_FIELDS", "KNOWN_TRAIN_OPTIONS", "internal_config_settings",
            "train_config_from_art", "warn_ignored"]
 
 
@@ -47,6 +47,27 @@ IGNORED_TRAIN_OPTIONS = frozenset({
     "adam_params", "optimizer_save_interval", "final_training_step", "grad_accumulation_sequences",
     "moe_routing_replay_bundle", "moe_routing_replay_path", "moe_routing_replay_strict", "verbose",
 })
+KNOWN_TRAIN_OPTIONS = frozenset(_TRAIN_OPTION_FIELDS) | IGNORED_TRAIN_OPTIONS
+# ART's defaults of the ignored options. ART 0.5's `backend.train` spells every option out, so ported code
+# passes them through; at ART's default (or None: not given) an option changes nothing in ART's run either,
+# so it is not named. Only a value that would have changed ART's training is.
+_IGNORED_OPTION_DEFAULTS: dict[str, Any] = {
+    "advantage_balance": 0.0, "allow_training_without_logprobs": False, "importance_sampling_level": "token",
+    "mask_prob_ratio": False, "plot_tensors": False, "precalculate_logprobs": False,
+    "scale_learning_rate_by_reward_std_dev": False, "num_trajectories_learning_rate_multiplier_power": 0.0,
+    "save_checkpoint": True, "verbose": False,
+}
+# What to use instead, for the ignored options that have something close here.
+_OPTION_INSTEAD: dict[str, str] = {
+    "kl_ref_adapter_path": "use kl_reference_step=<a checkpoint step of this run> to anchor the KL term",
+    "packed_sequence_length": "TrainConfig(micro_batch_tokens=...) sizes the micro-batches",
+    "grad_accumulation_sequences": "a step accumulates over all its micro-batches; TrainConfig(micro_batch_tokens=...) "
+                                   "sizes them",
+    "save_checkpoint": "every step is checkpointed; LocalBackend(best_checkpoint_metric=...) and "
+                       "model.delete_checkpoints() prune",
+    "adam_params": "TrainConfig(learning_rate=..., weight_decay=...) set the AdamW step",
+    "allow_training_without_logprobs": "groupwise trains on the sampled token ids its server returns",
+}
 
 
 # ART's `_internal_config` settings (``section.key``) that have a groupwise meaning -> `TrainConfig` fields.
@@ -129,24 +150,30 @@ def train_config_from_art(config: Any, options: dict[str, Any], *, where: str,
         raw = config if isinstance(config, dict) else getattr(config, "__dict__", {})
         values, options = {}, {**{k: v for k, v in raw.items() if v is not None}, **options}
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    ignored, unknown = [], []
+    ignored, unknown, given = [], [], set()
     for name, value in options.items():
         if name in _TRAIN_OPTION_FIELDS:
             target, convert = _TRAIN_OPTION_FIELDS[name]
+            if value is None and convert in (float, int, bool, str):
+                continue  # ART's None: not given (e.g. backend.train(..., epsilon=None)), the default applies
             values[target] = convert(value)
+            given.add(target)
         elif name in fields:
             values[name] = value
+            given.add(name)
         elif name in IGNORED_TRAIN_OPTIONS:
-            if name != "verbose" or value:
+            if value is not None and (name not in _IGNORED_OPTION_DEFAULTS or value != _IGNORED_OPTION_DEFAULTS[name]):
                 ignored.append(name)
         else:
             unknown.append(name)
     if unknown:
         raise ConfigError([f"unknown training option {n!r}: neither a groupwise TrainConfig field nor an ART option "
                            f"(see docs/porting-from-art.md)" for n in unknown], what=f"{where} arguments")
-    if ignored:
-        warn_ignored(where, ignored, stacklevel=4)
-    given = {_TRAIN_OPTION_FIELDS[n][0] if n in _TRAIN_OPTION_FIELDS else n for n in options}
+    by_hint: dict[str, list[str]] = {}
+    for name in ignored:
+        by_hint.setdefault(_OPTION_INSTEAD.get(name, ""), []).append(name)
+    for hint, names in by_hint.items():
+        warn_ignored(where, names, hint, stacklevel=4)
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     for field, value in (model_settings or {}).items():
         if field not in given and values.get(field, defaults[field]) == defaults[field]:
