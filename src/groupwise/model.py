@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Generic
 
@@ -34,7 +33,7 @@ from groupwise.adapter_names import served_name
 from groupwise.compat import (LORA_CONFIG_FIELDS, PEFT_ARGS_FIELDS, internal_config_settings, train_config_from_art,
                               warn_ignored)
 from groupwise.errors import ConfigError, GroupwiseError
-from groupwise.store import RunStore, history_row, numeric_metrics
+from groupwise.store import RunStore, as_groups, history_row, train_metrics
 from groupwise.types import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -44,8 +43,6 @@ if TYPE_CHECKING:
     from groupwise.config import LoraConfig, TrainConfig, TrainSFTConfig
 
 __all__ = ["Model", "TrainableModel"]
-
-log = logging.getLogger(__name__)
 
 # As ART's: `Model[MyConfig]` validates `config` as MyConfig (a dict becomes one). Unparameterized, any
 # value is kept as given. StateType is ART 0.5's second parameter (the type of its run state dict).
@@ -235,6 +232,24 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
             await self._client.close()
             self._client = None
 
+    # -- run state (ART 0.5's names; the run's state.json, `store.read_state()`) ---------------------
+    def read_state(self) -> dict[str, Any] | None:
+        """The run's persistent state (state.json), or None before the first write (as ART's)."""
+        return self.store.read_state() or None
+
+    def merge_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Deep-merge `state` into the persistent state and write it; returns the merged state. Prefer
+        it to `overwrite_state`: `gw.fit` keeps its data cursor in the same file."""
+        merged = _deep_merge(self.store.read_state(), state)
+        self.store.write_state(merged)
+        return merged
+
+    def overwrite_state(self, state: dict[str, Any]) -> None:
+        """Replace the persistent state with `state`."""
+        self.store.write_state(dict(state))
+
+    write_state = overwrite_state  # ART's older name
+
     # -- steps and logging ----------------------------------------------------------------------
     async def get_step(self) -> int:
         """A prompted model never trains: always step 0."""
@@ -264,7 +279,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         elif isinstance(trajectories, TrajectoryGroup):
             groups = [trajectories]
         else:
-            groups = _as_groups(trajectories)
+            groups = as_groups(trajectories)
         for n, g in enumerate(groups):
             if g.pending:
                 raise GroupwiseError(
@@ -425,7 +440,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         step_before = await self.get_step()
         extra = {} if cursor is None else {"cursor": cursor}  # a backend written before cursors still works
         result = await self.backend.train(self, groups, config, **extra)
-        await self.log(groups, split="train", step=step_before, metrics=_train_metrics(result.metrics))
+        await self.log(groups, split="train", step=step_before, metrics=train_metrics(result.metrics))
         return result
 
     async def train_sft(
@@ -453,7 +468,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         config = config if config is not None else TrainSFTConfig()
         step_before = await self.get_step()
         result = await self.backend.train_sft(self, trajectories, config)
-        await self.log(None, split="sft", step=step_before, metrics=_train_metrics(result.metrics))
+        await self.log(None, split="sft", step=step_before, metrics=train_metrics(result.metrics))
         if verbose:
             print(f"[sft] step {step_before} -> {result.step}: loss {result.metrics.get('loss', float('nan')):.4f} "
                   f"over {int(result.metrics.get('trainable_tokens', 0))} target tokens, "
@@ -461,26 +476,8 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         return result
 
 
-def _as_groups(items: Iterable[Trajectory | TrajectoryGroup | BaseException]) -> list[TrajectoryGroup]:
-    """Groups from a mix of groups and loose trajectories or exceptions (loose ones form one group)."""
-    groups: list[TrajectoryGroup] = []
-    loose: list[Trajectory | BaseException] = []
-    for n, item in enumerate(items):
-        if isinstance(item, TrajectoryGroup):
-            groups.append(item)
-        elif isinstance(item, (Trajectory, BaseException)):
-            loose.append(item)
-        else:
-            raise TypeError(f"item {n} is {type(item).__name__}; expected a Trajectory, a TrajectoryGroup or an exception")
-    if loose:
-        groups.append(TrajectoryGroup(loose))
-    return groups
-
-
-def _train_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    """The trainer's numeric metrics for the history row; a name that clashes with the row's own
-    fields (e.g. "reward") gets a ``train_`` prefix rather than failing after the step was taken."""
-    for key, value in metrics.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            log.warning("train metric %r=%r is not a number; left out of the history row", key, value)
-    return numeric_metrics(metrics)
+def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out

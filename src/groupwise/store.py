@@ -54,6 +54,7 @@ warning naming the file and line, and the next append starts on a fresh line.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -68,7 +69,9 @@ from typing import Any
 
 from groupwise.errors import CorruptRecordError, GroupwiseWarning, StoreError
 from groupwise.run_lock import RunLock
-from groupwise.types import TrajectoryGroup
+from groupwise.types import Trajectory, TrajectoryGroup
+
+log = logging.getLogger(__name__)
 
 try:  # POSIX only; on other platforms appends rely on O_APPEND alone.
     import fcntl
@@ -79,6 +82,8 @@ __all__ = [
     "RunStore",
     "RunLock",
     "folder_name_problem",
+    "as_groups",
+    "train_metrics",
     "history_key",
     "numeric_metrics",
     "load_trajectories",
@@ -442,3 +447,28 @@ class RunStore:
 
     def write_state(self, state: dict[str, Any]) -> None:
         atomic_write_text(self.state_path, json.dumps(state, indent=2, sort_keys=True, allow_nan=True) + "\n")
+
+
+def as_groups(items: Iterable[Trajectory | TrajectoryGroup | BaseException]) -> list[TrajectoryGroup]:
+    """Groups from a mix of groups and loose trajectories or exceptions (loose ones form one group)."""
+    groups: list[TrajectoryGroup] = []
+    loose: list[Trajectory | BaseException] = []
+    for n, item in enumerate(items):
+        if isinstance(item, TrajectoryGroup):
+            groups.append(item)
+        elif isinstance(item, (Trajectory, BaseException)):
+            loose.append(item)
+        else:
+            raise TypeError(f"item {n} is {type(item).__name__}; expected a Trajectory, a TrajectoryGroup or an exception")
+    if loose:
+        groups.append(TrajectoryGroup(loose))
+    return groups
+
+
+def train_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's numeric metrics for the history row; a name that clashes with the row's own
+    fields (e.g. "reward") gets a ``train_`` prefix rather than failing after the step was taken."""
+    for key, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            log.warning("train metric %r=%r is not a number; left out of the history row", key, value)
+    return numeric_metrics(metrics)

@@ -159,3 +159,14 @@ async def test_arts_trainer_args_set_the_steps_train_config(tmp_path):
     first, second = backend.trained[0][1], backend.trained[1][1]
     assert (first.max_grad_norm, first.weight_decay, first.max_seq_len, first.learning_rate) == (0.1, 0.01, 8192, 2e-5)
     assert (second.max_grad_norm, second.weight_decay, second.max_seq_len) == (0.5, 0.01, 512)  # the step's own win
+
+
+def test_run_state_as_arts_methods(tmp_path):
+    model = Model(name="m", project="p", base_path=str(tmp_path))
+    assert model.read_state() is None  # nothing written yet, as ART's
+    assert model.merge_state({"data": {"offset": 1}, "best": 0.5}) == {"data": {"offset": 1}, "best": 0.5}
+    assert model.merge_state({"data": {"epoch": 2}}) == {"data": {"offset": 1, "epoch": 2}, "best": 0.5}  # deep
+    model.overwrite_state({"c": 3})
+    assert model.read_state() == {"c": 3} == model.store.read_state()
+    model.write_state({"d": 4})
+    assert model.read_state() == {"d": 4}
