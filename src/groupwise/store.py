@@ -7,6 +7,7 @@ Layout (``run_dir = <base_path>/<project>/<model>``)::
                                       one line per TrajectoryGroup, every field (see below)
     state.json                        small resumable state (the loop's cursor, best step, ...)
     checkpoints/<step>/               written by the trainer (adapter safetensors, optimizer, RNG)
+    .writer.lock                      flock'ed by the one process that trains the run (run_lock.py)
 
 Trajectory files are lossless: a line is ``TrajectoryGroup.model_dump(mode="json")``, so every
 Trajectory field (messages, Choices with their extra fields ``token_ids`` and ``logprobs``, tools,

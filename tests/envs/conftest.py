@@ -57,11 +57,13 @@ class ScriptedModel:
             "logprobs": {"content": [{"token": t, "logprob": -0.25, "bytes": None, "top_logprobs": []} for t in tokens]},
             "token_ids": list(range(100, 100 + len(tokens))),
         }
-        return httpx.Response(200, json={
+        # JSON with ASCII escapes, as many servers write it: a reply may then hold a lone surrogate
+        # ("\ud800"), which the openai client parses into the Choice's text.
+        return httpx.Response(200, headers={"content-type": "application/json"}, content=json.dumps({
             "id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion", "created": 0,
             "model": body["model"], "choices": [choice],
             "usage": {"prompt_tokens": 1, "completion_tokens": len(tokens), "total_tokens": 1 + len(tokens)},
-        })
+        }))
 
     def openai_client(self) -> AsyncOpenAI:
         http = httpx.AsyncClient(transport=httpx.MockTransport(self._handle))

@@ -165,3 +165,23 @@ async def test_minimax_env_counts_a_perfect_agents_draws_as_not_lost(scripted):
         assert traj.metrics["draw"] == 1.0 and spec.validate(traj) == 1.0
     broken = await rollout(scripted(["no move here"]), val[0])
     assert spec.validate(broken) == 0.0
+
+
+async def test_a_reply_with_a_lone_surrogate_is_played_on_and_stored(scripted, tmp_path):
+    """An endpoint's JSON can carry "\\ud800": the Choice then holds a lone surrogate, which used to
+    make the next request unencodable (the openai client raised) and the step's trajectories unstorable."""
+    from groupwise import TrajectoryGroup
+    from groupwise.store import RunStore
+
+    def first_free(body):
+        board_text = body["messages"][-1]["content"].split(":\n", 1)[1].split("\nWhich")[0]
+        return f"\ud800 <move>{[int(c) for c in board_text if c.isdigit()][0]}</move> \udfff"
+
+    model = scripted(first_free)
+    traj = await rollout(model, ScenarioTicTacToe(seed=4))
+    assert traj.metrics["invalid_move"] == 0.0 and len(model.requests) >= 2
+    assert traj.choices()[0].message.content.startswith("\ud800")  # kept as the model sent it
+    assert model.requests[1]["messages"][2]["content"].startswith("\\ud800")  # sent on, escaped
+    store = RunStore(tmp_path, "tictactoe", "agent")
+    store.write_trajectories("train", 0, [TrajectoryGroup([traj])])
+    assert store.load_trajectories("train", 0)[0].trajectories == [traj]

@@ -63,7 +63,7 @@ async def complete(
     client = model.openai_client()
     kwargs: dict[str, Any] = {
         "model": inference_name(model),
-        "messages": list(messages),
+        "messages": [_sendable(m) for m in messages],
         "max_tokens": sampling.max_tokens,
         "temperature": sampling.temperature,
     }
@@ -142,6 +142,22 @@ def loads_model_json(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     if json_depth(text) > max_depth:
         raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", text, 0)
     return json.loads(text)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _sendable(value: Any) -> Any:
+    """A message with `sendable_text` in place of every string that holds a lone surrogate: an earlier
+    reply (from an endpoint whose JSON escaped one) goes back in the next request, which the openai
+    client could not encode. Anything else, the common case, is returned as it is."""
+    if isinstance(value, str):
+        return sendable_text(value) if _LONE_SURROGATE.search(value) else value
+    if isinstance(value, dict):
+        return {k: _sendable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_sendable(v) for v in value]
+    return value
 
 
 def sendable_text(text: str) -> str:
