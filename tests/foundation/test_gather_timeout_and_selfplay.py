@@ -95,6 +95,17 @@ async def test_a_rollout_that_ignores_its_cancellation_cannot_hang_the_gather(ca
     assert no_tasks_left()
 
 
+async def test_a_group_given_as_an_awaitable_times_out_as_one():
+    async def one_group() -> TrajectoryGroup:
+        return await TrajectoryGroup([quick(1.0), never_returns()])
+
+    groups = await gather_trajectory_groups([one_group(), TrajectoryGroup([quick(2.0)])], pbar_desc=None,
+                                            max_exceptions=1, rollout_timeout_s=0.2)
+    assert [g.rewards() for g in groups] == [[], [2.0]]
+    assert "group 0 (an awaitable that builds its group) did not finish" in groups[0].exceptions[0].message
+    assert no_tasks_left()
+
+
 async def test_gather_trajectories_and_trajectory_group_time_out_too():
     out = await gather_trajectories([quick(1.0), never_returns()], pbar_desc=None, max_exceptions=1,
                                     rollout_timeout_s=0.2)

@@ -45,13 +45,13 @@ import asyncio
 import collections
 import inspect
 import logging
-import math
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Union
 
 from groupwise.compat import warn_ignored
 from groupwise.config import ROLLOUT_TIMEOUT_S
-from groupwise.errors import ConfigError, GatherError, RolloutTimeoutError
+from groupwise.errors import GatherError, RolloutTimeoutError
+from groupwise.rollout.limits import CANCEL_GRACE_S, check_gather_args, exception_budget, waiting_at
 from groupwise.rollout.progress import GatherProgress
 from groupwise.types import PydanticException, Trajectory, TrajectoryGroup, rollout_trajectories
 
@@ -61,42 +61,6 @@ __all__ = ["gather_trajectory_groups", "gather_trajectories", "exception_budget"
 log = logging.getLogger(__name__)
 
 AfterEach = Callable[[TrajectoryGroup], Union[TrajectoryGroup, None, list, Awaitable[Any]]]
-
-def exception_budget(max_exceptions: int | float, n_rollouts: int) -> int:
-    """How many rollouts may raise: a count as is, a fraction x in (0, 1) as floor(x * n_rollouts).
-
-    floor, so that 0.05 of 18 rollouts allows 0 (not 1): the budget never exceeds the fraction asked.
-    """
-    if isinstance(max_exceptions, float) and 0 < max_exceptions < 1:
-        return math.floor(max_exceptions * n_rollouts)
-    return int(max_exceptions)
-
-
-def _check_args(max_exceptions: Any, max_concurrency: Any, after_each: Any, rollout_timeout_s: Any = None) -> None:
-    problems: list[str] = []
-    if rollout_timeout_s is not None and (
-        isinstance(rollout_timeout_s, bool) or not isinstance(rollout_timeout_s, (int, float))
-        or not 0 < rollout_timeout_s < math.inf
-    ):
-        problems.append(f"rollout_timeout_s={rollout_timeout_s!r} must be None (no timeout) or seconds > 0")
-    if isinstance(max_exceptions, bool) or not isinstance(max_exceptions, (int, float)):
-        problems.append(f"max_exceptions={max_exceptions!r} must be an int count or a float fraction in (0, 1)")
-    elif not math.isfinite(max_exceptions) or max_exceptions < 0:
-        problems.append(f"max_exceptions={max_exceptions!r} must be >= 0 (a count) or in (0, 1) (a fraction)")
-    elif isinstance(max_exceptions, float) and max_exceptions >= 1 and not max_exceptions.is_integer():
-        problems.append(
-            f"max_exceptions={max_exceptions!r} is neither a fraction in (0, 1) nor a whole count; "
-            "pass an int such as 3, or a fraction such as 0.1"
-        )
-    if max_concurrency is not None and (
-        isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1
-    ):
-        problems.append(f"max_concurrency={max_concurrency!r} must be None (no cap) or an int >= 1")
-    if after_each is not None and not callable(after_each):
-        problems.append(f"after_each={after_each!r} must be None or a callable taking a TrajectoryGroup")
-    if problems:
-        raise ConfigError(problems, what="gather arguments")
-
 
 class _Gathering:
     """The state of one gather call: the groups, their result slots, the counters, the tasks."""
@@ -195,10 +159,10 @@ class _Gathering:
         ignore the cancellation; the slot is already decided, so that cannot hang the gather."""
         if task.done() or self.over_budget or self.fatal is not None:
             return
-        what = "group" if g in self.producers else "rollout"
-        where = _waiting_at(task)
+        what = f"group {g} (an awaitable that builds its group)" if g in self.producers else f"rollout {i} of group {g}"
+        where = waiting_at(task)
         exc = RolloutTimeoutError(
-            f"{what} {i} of group {g} did not finish within rollout_timeout_s={self.timeout:g} and was cancelled; "
+            f"{what} did not finish within rollout_timeout_s={self.timeout:g} and was cancelled; "
             "it counts against max_exceptions like a rollout that raised. If such rollouts are legitimately "
             "this slow, raise the timeout (LoopConfig.rollout_timeout_s, or the rollout_timeout_s argument "
             "of the gather functions; None waits forever)."
@@ -301,25 +265,13 @@ class _Gathering:
         if waited:
             # shield-free wait; a second Ctrl-C while waiting propagates, which is what the user asked.
             await asyncio.wait(waited)
-        if any(not t.done() for t in self.expired):
-            await asyncio.sleep(0)  # one turn of the loop: a rollout that obeys its cancellation ends here
+        cancelling = [t for t in self.expired if not t.done()]
+        if cancelling:  # a rollout that obeys its cancellation ends within a few turns of the loop
+            await asyncio.wait(cancelling, timeout=CANCEL_GRACE_S)
         stuck = [f"{g}/{i}" for t, (g, i) in self.expired.items() if not t.done()]
         if stuck:
             log.warning("timed-out rollouts %s (group/rollout) ignored their cancellation and still run in "
                         "the background; a rollout should let asyncio.CancelledError propagate", ", ".join(stuck))
-
-
-def _waiting_at(task: asyncio.Task, depth: int = 8) -> str:
-    """Where a suspended task is waiting: one line per coroutine of its await chain, outermost first."""
-    lines = []
-    coro: Any = task.get_coro()
-    while coro is not None and len(lines) < depth:
-        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
-        if frame is None:
-            break
-        lines.append(f"  {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
-        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
-    return "\n".join(lines)
 
 
 async def _as_coroutine(awaitable: Awaitable[Trajectory]) -> Trajectory:
@@ -379,7 +331,7 @@ async def gather_trajectory_groups(
     Raises `GatherError` when more rollouts raise than the budget allows; `RolloutResultError` when a
     rollout returns something that is not a Trajectory (or an iterable of them); `ConfigError` on bad args.
     """
-    _check_args(max_exceptions, max_concurrency, after_each, rollout_timeout_s)
+    check_gather_args(max_exceptions, max_concurrency, after_each, rollout_timeout_s)
     if pbar_total_completion_tokens:
         warn_ignored("gather_trajectory_groups", ["pbar_total_completion_tokens"], "deprecated in ART too")
     groups = list(groups)
@@ -453,7 +405,7 @@ async def gather_trajectories(
     `after_each(trajectory)` runs once all rollouts are done, on each Trajectory (inside a list too),
     and returns a Trajectory, None (drop) or a list of Trajectories; exceptions stay where they are.
     """
-    _check_args(max_exceptions, max_concurrency, after_each, rollout_timeout_s)
+    check_gather_args(max_exceptions, max_concurrency, after_each, rollout_timeout_s)
     if pbar_total_completion_tokens:
         warn_ignored("gather_trajectories", ["pbar_total_completion_tokens"], "deprecated in ART too")
     items = list(trajectories)
