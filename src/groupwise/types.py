@@ -393,3 +393,7 @@ class TrajectoryGroup(BaseModel):
 
     def rewards(self) -> list[float]:
         return [t.reward for t in self.trajectories]
+
+    def log(self, message: str) -> None:
+        """Append a line to the group's logs (stored with it), as `Trajectory.log` does."""
+        self.logs.append(str(message))

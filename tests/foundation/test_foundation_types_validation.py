@@ -80,3 +80,12 @@ async def test_group_of_only_pending_rollouts_is_valid():
     assert len(group.pending) == 2
     done = await group
     assert done.rewards() == [1.0, 1.0]
+
+
+def test_trajectory_and_group_log_lines_as_arts():
+    t = Trajectory(messages_and_choices=[{"role": "user", "content": "x"}])
+    t.log(message="tool call failed")  # ART's parameter name
+    group = TrajectoryGroup([t])
+    group.log("judged by RULER")
+    again = TrajectoryGroup.model_validate_json(group.model_dump_json())
+    assert again.logs == ["judged by RULER"] and again.trajectories[0].logs == ["tool call failed"]
