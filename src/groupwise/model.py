@@ -13,10 +13,13 @@ Both write to the same run store (`groupwise.store`): ``<base_path>/<project>/<n
 baseline's validation rows sit beside the trained model's and plots can compare them. Nothing here
 imports torch: a backend is handed in by the caller.
 
-ART's constructor arguments are accepted (docs/porting-from-art.md): `run_name` names the run's folder
-(`name` stays the served name), `lora_config` and `_internal_config`'s ``peft_args`` set the adapter,
-and the arguments of ART's own machinery (W&B entity, Unsloth and vLLM settings) are named once in
-an `ArtCompatWarning`.
+Both are pydantic models generic in their config, as ART's, because ported code relies on it
+(``Model[MyConfig]``, ``model_copy``, ``model_dump``). ART's constructor arguments are accepted
+(docs/porting-from-art.md): `run_name` names the run's folder (`name` stays the served name),
+`lora_config` and `_internal_config`'s ``peft_args`` set the adapter, its ``trainer_args`` (and the
+other settings in `groupwise.compat.INTERNAL_TRAIN_FIELDS`) are the model's `TrainConfig` values, and
+the arguments of ART's own machinery (W&B entity, Unsloth and vLLM settings) are named once in an
+`ArtCompatWarning`.
 """
 
 from __future__ import annotations
