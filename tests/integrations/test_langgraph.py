@@ -10,6 +10,7 @@ and tokens match the sampling to the last token.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import warnings
@@ -128,6 +129,19 @@ async def side_calls_rollout(model: art.Model) -> art.Trajectory:
     return art.Trajectory(reward=1.0, metadata={"city": verdict.city, "chunks": len(chunks)})
 
 
+async def sync_node_rollout(model: art.Model, city: str) -> art.Trajectory:
+    llm = init_chat_model(max_tokens=3)
+
+    def answer(state: MessagesState):  # a sync node: LangGraph runs it in a worker thread
+        return {"messages": [llm.invoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "answer")
+    await graph.compile().ainvoke({"messages": [HumanMessage(f"Weather in {city}?")]})
+    return art.Trajectory()
+
+
 async def prebuilt_agent_rollout(model: art.Model) -> art.Trajectory:
     # ART's docs' shape: LangGraph's prebuilt ReAct agent on init_chat_model (the tiny model answers in
     # text under tool_choice "auto", so the agent stops after one call)
@@ -157,6 +171,11 @@ async def test_init_chat_model_is_langchains_chat_model_on_the_in_process_endpoi
     assert user == {"role": "user", "content": "How many live in oslo?"} and choice_token_ids(answer)
     assert t.tools[0]["function"]["name"] == "lookup" and t.reward == 2.0
 
+    # sync `invoke` in sync nodes of two concurrent rollouts: each records its own call
+    a, b = await asyncio.gather(*(wrap_rollout(model, sync_node_rollout)(model, city) for city in ("rome", "oslo")))
+    assert [t.messages_and_choices[0]["content"] for t in (a, b)] == ["Weather in rome?", "Weather in oslo?"]
+    assert all(len(t.choices()) == 1 and choice_token_ids(t.choices()[0]) for t in (a, b))
+
     with pytest.raises(GroupwiseError, match="wrap_rollout"):
         init_chat_model()
 
@@ -166,8 +185,13 @@ async def test_init_chat_model_is_langchains_chat_model_on_the_in_process_endpoi
     async def elsewhere_rollout(model):
         init_chat_model(base_url="http://elsewhere/v1")
 
-    with pytest.raises(GroupwiseError, match="ainvoke"):
+    with pytest.raises(Exception) as info:  # on the loop: refused, not a hang
         await wrap_rollout(model, sync_rollout)(model)
+    # older openai SDKs wrap a transport's error in APIConnectionError; then it is the cause
+    error = info.value
+    while not isinstance(error, GroupwiseError) and error.__cause__ is not None:
+        error = error.__cause__
+    assert isinstance(error, GroupwiseError) and "would wait for itself" in str(error)
     with pytest.raises(GroupwiseError, match="base_url"):
         await wrap_rollout(model, elsewhere_rollout)(model)
 

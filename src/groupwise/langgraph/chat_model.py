@@ -7,12 +7,14 @@ returns its Trajectory the recorded calls become its messages and choices, with 
 and logprobs training needs. The agent code stays plain LangGraph.
 
 The rollout's context travels in a ContextVar: LangGraph runs nodes as asyncio tasks (and sync nodes
-in threads) that copy the current context, so calls made anywhere inside the graph are recorded into
-the rollout that started it, and concurrent rollouts never mix.
+in worker threads) that copy the current context, so calls made anywhere inside the graph, `ainvoke`
+or a sync node's `invoke`, are recorded into the rollout that started it, and concurrent rollouts
+never mix.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 from collections.abc import Awaitable, Callable
@@ -29,6 +31,7 @@ __all__ = ["init_chat_model", "wrap_rollout"]
 @dataclass
 class _Rollout:
     model: Any
+    loop: asyncio.AbstractEventLoop  # the rollout's loop: the model's client lives there
     calls: list[ChatCall] = field(default_factory=list)
 
     def record(self, request: dict[str, Any], response: dict[str, Any]) -> None:
@@ -45,7 +48,7 @@ def wrap_rollout(model: Any, fn: Callable[..., Awaitable[Trajectory]]) -> Callab
 
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> Trajectory:
-        rollout = _Rollout(model)
+        rollout = _Rollout(model, asyncio.get_running_loop())
         token = _CURRENT.set(rollout)
         try:
             result = await fn(*args, **kwargs)
@@ -54,20 +57,6 @@ def wrap_rollout(model: Any, fn: Callable[..., Awaitable[Trajectory]]) -> Callab
         return fill_trajectory(result, rollout.calls)
 
     return wrapper
-
-
-class _NoSyncClient:
-    """ChatOpenAI's synchronous client: refused, because a blocking call inside an async rollout would
-    stall the event loop the model's server answers on."""
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):  # copy, pickle and hasattr probes: the object is just absent
-            raise AttributeError(name)
-        raise GroupwiseError(
-            "the chat model from groupwise.langgraph.init_chat_model() is async only: call `ainvoke` (and "
-            "run the graph with `await graph.ainvoke(...)`), not `invoke`; a blocking call inside the rollout "
-            "would stall the event loop that serves the model"
-        )
 
 
 def init_chat_model(model: Any = None, *, model_provider: str | None = None, configurable_fields: Any = None,
@@ -93,7 +82,7 @@ def init_chat_model(model: Any = None, *, model_provider: str | None = None, con
                configurable_fields), ("config_prefix", config_prefix)) if value is not None]
     if ignored:
         warn_ignored("groupwise.langgraph.init_chat_model", ignored, "the wrapped model's endpoint is used")
-    for fixed in ("base_url", "api_key", "model_name", "http_async_client", "streaming", "logprobs"):
+    for fixed in ("base_url", "api_key", "model_name", "http_client", "http_async_client", "streaming", "logprobs"):
         if fixed in kwargs:
             raise GroupwiseError(
                 f"init_chat_model({fixed}=...) cannot be set: the chat model talks to the wrapped model's own "
@@ -105,14 +94,16 @@ def init_chat_model(model: Any = None, *, model_provider: str | None = None, con
         # the rollout running now (a model built in one rollout and reused in another records there)
         (_CURRENT.get(None) or rollout).record(request, response)
 
+    # one transport for both of ChatOpenAI's clients: `invoke` (sync) is sent on the rollout's loop too
+    transport = RecordingTransport(client, record, rollout.loop)
+
     kwargs.setdefault("temperature", 1.0)
     return ChatOpenAI(
         model=rollout.model.inference_name(),
         base_url=str(client.base_url),
         api_key=client.api_key or "groupwise",
-        http_async_client=httpx.AsyncClient(transport=RecordingTransport(client, record), timeout=None),
-        client=_NoSyncClient(),
-        root_client=_NoSyncClient(),
+        http_async_client=httpx.AsyncClient(transport=transport, timeout=None),
+        http_client=httpx.Client(transport=transport, timeout=None),
         logprobs=True,
         disable_streaming=True,
         **kwargs,

@@ -15,6 +15,7 @@ its `additional_histories`, as ART's wrapper orders them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,31 +115,55 @@ def fill_trajectory(trajectory: Any, calls: list[ChatCall]) -> Trajectory:
     return trajectory
 
 
-class RecordingTransport(httpx.AsyncBaseTransport):
+class RecordingTransport(httpx.AsyncBaseTransport, httpx.BaseTransport):
     """An httpx transport that sends each request through `client` (the model's own
     `openai.AsyncOpenAI`: in process or over HTTP, spread over replicas, whatever the backend chose)
     and hands every successful chat completion to `record(request_body, response_body)`.
 
-    LangChain builds its own openai client; this transport, passed as its httpx client, is how its
+    LangChain builds its own openai clients; this transport, passed as their httpx clients, is how its
     requests reach the model's endpoint without LangChain knowing anything of groupwise.
+
+    It serves sync clients too (`handle_request`): the request is run on `loop`, the event loop the
+    rollout and the model's client live on, and the calling thread waits. LangGraph runs a sync node in
+    a worker thread, so its `llm.invoke` works; a sync call made on the loop's own thread would wait
+    for itself forever, so that one is refused with an error saying to await `ainvoke`.
     """
 
-    def __init__(self, client: Any, record: Callable[[dict[str, Any], dict[str, Any]], None]) -> None:
+    def __init__(self, client: Any, record: Callable[[dict[str, Any], dict[str, Any]], None],
+                 loop: asyncio.AbstractEventLoop) -> None:
         self._client = client.with_options(max_retries=0)  # LangChain's own client retries
         self._record = record
+        self._loop = loop
         self._base_path = httpx.URL(str(client.base_url)).path.rstrip("/")
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._forward(request.url.path, await request.aread())
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            on_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            raise GroupwiseError(
+                "a blocking call (`invoke`) of init_chat_model's chat model was made on the event loop of the "
+                "rollout, which also serves the model, so it would wait for itself: `await llm.ainvoke(...)` "
+                "there (a sync LangGraph node may call `invoke`: LangGraph runs it in a worker thread)"
+            )
+        if self._loop.is_closed():
+            raise GroupwiseError("the rollout's event loop has closed; call the chat model within the rollout")
+        return asyncio.run_coroutine_threadsafe(self._forward(request.url.path, request.read()), self._loop).result()
+
+    async def _forward(self, path: str, raw_body: bytes) -> httpx.Response:
         import openai
 
-        body = json.loads(await request.aread() or b"null")
+        body = json.loads(raw_body or b"null")
         if isinstance(body, dict) and body.get("stream"):
             raise GroupwiseError(
                 "a streamed chat completion cannot be recorded into the trajectory (its token ids arrive in "
                 "pieces LangChain does not keep); init_chat_model's model does not stream, so build the "
                 "agent from it rather than from a model with streaming=True"
             )
-        path = request.url.path
         if path.startswith(self._base_path):
             path = path[len(self._base_path):]
         try:
