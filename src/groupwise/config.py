@@ -8,6 +8,7 @@ prints them (the CLI uses the same text). `__post_init__` runs `problems()` and 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
@@ -46,19 +47,55 @@ class Validated:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
 
 
-def check_positive(problems: list[str], name: str, value: float, *, allow_zero: bool = False) -> None:
-    if value is None:
-        return
-    if value < 0 or (value == 0 and not allow_zero):
-        problems.append(f"{name}={value!r} must be {'>= 0' if allow_zero else '> 0'}")
+def _is_number(value: Any) -> bool:
+    # bool is an int to Python, but True as a learning rate is a typo, not a setting.
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def check_fraction(problems: list[str], name: str, value: float, *, closed: bool = True) -> None:
+def check_number(problems: list[str], name: str, value: Any, *, low: float | None = None,
+                 high: float | None = None, low_open: bool = False, high_open: bool = False,
+                 integer: bool = False) -> None:
+    """Append a problem unless `value` is a finite number (an int when `integer`) in the range.
+
+    nan and inf fail every setting: nan compares False with every bound, so an unchecked nan passes
+    ``value < 0`` and poisons the first step (an inf learning rate writes a NaN adapter).
+    None is a missing optional value and is not checked here.
+    """
     if value is None:
         return
-    ok = 0.0 <= value <= 1.0 if closed else 0.0 < value < 1.0
+    bounds = []
+    if low is not None:
+        bounds.append(f"{'>' if low_open else '>='} {low:g}")
+    if high is not None:
+        bounds.append(f"{'<' if high_open else '<='} {high:g}")
+    if low is not None and high is not None:
+        allowed = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    else:
+        allowed = " and ".join(bounds)
+    kind = "an integer" if integer else "a finite number"
+    expected = f"{kind} {allowed}".strip()
+    if integer:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = _is_number(value) and math.isfinite(value)
+    if ok:
+        ok = not ((low is not None and (value < low or (low_open and value == low)))
+                  or (high is not None and (value > high or (high_open and value == high))))
     if not ok:
-        problems.append(f"{name}={value!r} must be in {'[0, 1]' if closed else '(0, 1)'}")
+        problems.append(f"{name}={value!r} must be {expected}")
+
+
+def check_positive(problems: list[str], name: str, value: Any, *, allow_zero: bool = False,
+                   integer: bool = False) -> None:
+    check_number(problems, name, value, low=0, low_open=not allow_zero, integer=integer)
+
+
+def check_fraction(problems: list[str], name: str, value: Any, *, closed: bool = True) -> None:
+    check_number(problems, name, value, low=0, high=1, low_open=not closed, high_open=not closed)
+
+
+def check_seed(problems: list[str], name: str, value: Any) -> None:
+    check_number(problems, name, value, low=0, integer=True)
 
 
 def check_choice(problems: list[str], name: str, value: Any, choices: tuple) -> None:
@@ -81,9 +118,10 @@ class LoraConfig(Validated):
 
     def problems(self) -> list[str]:
         p: list[str] = []
-        check_positive(p, "rank", self.rank)
+        check_positive(p, "rank", self.rank, integer=True)
         check_positive(p, "alpha", self.alpha)
-        check_fraction(p, "dropout", self.dropout)
+        check_number(p, "dropout", self.dropout, low=0, high=1, high_open=True)
+        check_seed(p, "seed", self.seed)
         if not self.target_modules:
             p.append("target_modules is empty; name at least one linear layer (e.g. 'q_proj')")
         return p
@@ -152,9 +190,10 @@ class TrainConfig(Validated):
                      "or None for the base model")
         check_positive(p, "max_grad_norm", self.max_grad_norm, allow_zero=True)
         check_positive(p, "weight_decay", self.weight_decay, allow_zero=True)
-        check_positive(p, "micro_batch_tokens", self.micro_batch_tokens)
-        check_positive(p, "max_seq_len", self.max_seq_len)
-        check_positive(p, "logprob_chunk_size", self.logprob_chunk_size)
+        check_positive(p, "micro_batch_tokens", self.micro_batch_tokens, integer=True)
+        check_positive(p, "max_seq_len", self.max_seq_len, integer=True)
+        check_positive(p, "logprob_chunk_size", self.logprob_chunk_size, integer=True)
+        check_seed(p, "seed", self.seed)
         if isinstance(self.max_skipped_steps, bool) or not isinstance(self.max_skipped_steps, int) or self.max_skipped_steps < 0:
             p.append(f"max_skipped_steps={self.max_skipped_steps!r} must be an integer >= 0 (0: raise NotTrainableError at once)")
         return p
@@ -187,19 +226,22 @@ class TrainSFTConfig(Validated):
         rates = self.learning_rate if isinstance(self.learning_rate, list) else [self.learning_rate]
         if not rates:
             p.append("learning_rate=[] must hold one rate per batch")
-        for r in rates:
-            if isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0:
-                p.append(f"learning_rate={self.learning_rate!r} must be a rate > 0 or a list of them")
-                break
+        for i, r in enumerate(rates):
+            rate_problems: list[str] = []
+            check_positive(rate_problems, "learning_rate", r)
+            if rate_problems:
+                p.append(f"learning_rate[{i}]={r!r} must be a finite rate > 0" if isinstance(self.learning_rate, list)
+                         else f"learning_rate={r!r} must be a finite rate > 0 or a list of them")
         if self.batch_size != "auto" and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
                                           or self.batch_size < 1):
             p.append(f"batch_size={self.batch_size!r} must be 'auto' or an integer >= 1")
         check_choice(p, "assistant_turns", self.assistant_turns, ("all", "last"))
         check_positive(p, "max_grad_norm", self.max_grad_norm, allow_zero=True)
         check_positive(p, "weight_decay", self.weight_decay, allow_zero=True)
-        check_positive(p, "micro_batch_tokens", self.micro_batch_tokens)
-        check_positive(p, "max_seq_len", self.max_seq_len)
-        check_positive(p, "logprob_chunk_size", self.logprob_chunk_size)
+        check_positive(p, "micro_batch_tokens", self.micro_batch_tokens, integer=True)
+        check_positive(p, "max_seq_len", self.max_seq_len, integer=True)
+        check_positive(p, "logprob_chunk_size", self.logprob_chunk_size, integer=True)
+        check_seed(p, "seed", self.seed)
         return p
 
     def resolved_batch_size(self) -> int:
@@ -250,10 +292,10 @@ class DetectorConfig(Validated):
                 p.append(f"{name}={value!r} must be an integer >= 1")
         for name in ("val_drop", "reward_rise", "jump_min", "jump_sigmas", "plateau_range"):
             check_positive(p, name, getattr(self, name), allow_zero=True)
+        check_number(p, "perfect_reward", self.perfect_reward)
         for name in ("perfect_share", "repetition_share", "identical_share", "min_judge_agreement"):
             check_fraction(p, name, getattr(self, name))
-        if self.length_ratio <= 1:
-            p.append(f"length_ratio={self.length_ratio!r} must be > 1")
+        check_number(p, "length_ratio", self.length_ratio, low=1, low_open=True)
         return p
 
 
@@ -316,9 +358,10 @@ class LoopConfig(Validated):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 p.append(f"{name}={value!r} must be an integer >= 1")
-        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 0):
-            p.append(f"max_steps={self.max_steps!r} must be None or an integer >= 0")
+        check_positive(p, "max_steps", self.max_steps, allow_zero=True, integer=True)  # None: no limit
         check_positive(p, "learning_rate", self.learning_rate)
+        check_seed(p, "seed", self.seed)
+        check_number(p, "target", self.target)
         if self.train_config is not None and not isinstance(self.train_config, TrainConfig):
             p.append(f"train_config={self.train_config!r} must be a TrainConfig or None")
         if not isinstance(self.detectors, DetectorConfig):
@@ -329,17 +372,15 @@ class LoopConfig(Validated):
             p.append(f"metric={self.metric!r} clashes with a field of the history row; name it e.g. 'accuracy'")
         check_fraction(p, "confidence", self.confidence, closed=False)
         check_positive(p, "min_delta", self.min_delta, allow_zero=True)
-        if self.baseline_margin is not None and self.baseline_margin < 0:
-            p.append(f"baseline_margin={self.baseline_margin!r} must be None or >= 0")
-        if not isinstance(self.resample_no_signal, int) or self.resample_no_signal < 0:
-            p.append(f"resample_no_signal={self.resample_no_signal!r} must be an integer >= 0")
+        check_positive(p, "baseline_margin", self.baseline_margin, allow_zero=True)  # None disables it
+        check_positive(p, "resample_no_signal", self.resample_no_signal, allow_zero=True, integer=True)
         for name in ("on_val_drop", "on_val_unstable", "on_val_plateau", "on_reward_jump", "on_perfect_scores",
                      "on_degenerate", "on_judge_disagreement"):
             check_choice(p, name, getattr(self, name), LOOP_ACTIONS)
-        if self.rollout_timeout_s is not None and not 0 < self.rollout_timeout_s < float("inf"):
-            p.append(f"rollout_timeout_s={self.rollout_timeout_s!r} must be None (no limit) or seconds > 0")
-        if self.max_exceptions < 0 or (1 <= self.max_exceptions and self.max_exceptions != int(self.max_exceptions)):
-            p.append(f"max_exceptions={self.max_exceptions!r} must be a count >= 0 or a fraction in (0, 1)")
+        check_positive(p, "rollout_timeout_s", self.rollout_timeout_s)  # None: no limit
+        m = self.max_exceptions
+        if not (_is_number(m) and math.isfinite(m) and m >= 0 and (m < 1 or m == int(m))):
+            p.append(f"max_exceptions={m!r} must be a count (an integer >= 0) or a fraction in (0, 1)")
         return p
 
     def step_config(self) -> TrainConfig:

@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any
 from groupwise.backend.base import Backend, InferenceEndpoint, TrainResult
 from groupwise.backend.worker import ModelSpec, WorkerOptions
 from groupwise.compute import compute_thread
-from groupwise.config import LoraConfig, TrainConfig
-from groupwise.errors import GroupwiseError, NotTrainableError
+from groupwise.config import LoraConfig, TrainConfig, check_positive
+from groupwise.errors import ConfigError, GroupwiseError, NotTrainableError
 
 if TYPE_CHECKING:
     from groupwise.config import TrainSFTConfig
@@ -66,6 +66,22 @@ class ReplicaDivergenceError(GroupwiseError):
 
 class WorkerError(GroupwiseError):
     """A worker died, stopped answering, or failed a call; the run can resume from its last checkpoint."""
+
+
+def option_problems(*, max_batch_size: Any, served_steps: Any, engine_kwargs: dict[str, Any] | None,
+                    **seconds: Any) -> list[str]:
+    """Every invalid numeric backend argument, named with its value and range: a backend checks them
+    all when it is built, before a model loads. `seconds`: timeouts, finite and > 0. The engine's
+    numeric settings (engine_kwargs) are all counts of tokens, sequences or bytes: integers >= 0."""
+    p: list[str] = []
+    check_positive(p, "max_batch_size", max_batch_size, integer=True)
+    check_positive(p, "served_steps", served_steps, integer=True)
+    for name, value in seconds.items():
+        check_positive(p, name, value)
+    for key, value in (engine_kwargs or {}).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            check_positive(p, f"engine_kwargs[{key!r}]", value, allow_zero=True, integer=True)
+    return p
 
 
 @dataclass
@@ -150,12 +166,18 @@ class WorkerBackend(Backend):
         engine_kwargs: dict[str, Any] | None = None,
         load_model: Any = None,
     ) -> None:
+        problems = option_problems(max_batch_size=max_batch_size, served_steps=served_steps,
+                                   engine_kwargs=engine_kwargs)
+        if lora is not None and not isinstance(lora, LoraConfig):
+            problems.append(f"lora={lora!r} must be a gw.LoraConfig or None")
+        if problems:
+            raise ConfigError(problems, what=f"{type(self).__name__} arguments")
         self.path = str(path)
         self.load_model = load_model
         self.dtype = dtype
         self.lora = lora if lora is not None else LoraConfig()
         self.max_batch_size = max_batch_size
-        self.served_steps = max(1, served_steps)
+        self.served_steps = served_steps
         self.best_checkpoint_metric = best_checkpoint_metric
         self.verify_adapter = verify_adapter
         self.engine_kwargs = dict(engine_kwargs or {})

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from groupwise.backend.base import InferenceEndpoint
 from groupwise.backend.driver import DEFAULT_PATH, ReplicaDivergenceError, WorkerBackend, WorkerError
+from groupwise.backend.driver import option_problems
 from groupwise.backend.replica import API_KEY
 from groupwise.compat import warn_ignored
 from groupwise.compute import compute_thread
@@ -122,12 +123,15 @@ class LocalBackend(WorkerBackend):
                                   ("enable_expert_replay", enable_expert_replay)) if v]
         if ignored:
             warn_ignored("LocalBackend()", ignored, "the engine and trainer run on this machine")
+        problems = option_problems(max_batch_size=max_batch_size, served_steps=served_steps,
+                                   engine_kwargs=engine_kwargs, collective_timeout_s=collective_timeout_s)
+        if device is not None and devices is not None:
+            problems.append(f"device={device!r} and devices={devices!r}: give one (devices for several)")
+        if problems:
+            raise ConfigError(problems, what="LocalBackend arguments")
         super().__init__(path if path is not None else DEFAULT_PATH, dtype=dtype, lora=lora, max_batch_size=max_batch_size, served_steps=served_steps,
                          best_checkpoint_metric=best_checkpoint_metric, verify_adapter=verify_adapter,
                          engine_kwargs=engine_kwargs, load_model=load_model)
-        if device is not None and devices is not None:
-            raise ConfigError([f"device={device!r} and devices={devices!r}: give one (devices for several)"],
-                              what="LocalBackend arguments")
         self.devices = _devices(devices)
         self.device = device if self.devices is None else None
         self.collective_timeout_s = float(collective_timeout_s)

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from groupwise.config import Validated, check_choice, check_positive, option
+import math
+
+from groupwise.config import Validated, check_choice, check_positive, check_seed, option
 
 RESPONSE_FORMATS = ("auto", "json_schema", "json_object", "none")
 
@@ -41,16 +43,21 @@ class JudgeConfig(Validated):
 
     def problems(self) -> list[str]:
         p: list[str] = []
-        check_positive(p, "passes", self.passes)
-        check_positive(p, "retries", self.retries, allow_zero=True)
+        check_positive(p, "passes", self.passes, integer=True)
+        check_seed(p, "seed", self.seed)
+        check_positive(p, "retries", self.retries, allow_zero=True, integer=True)
         check_positive(p, "backoff_s", self.backoff_s, allow_zero=True)
         check_positive(p, "timeout_s", self.timeout_s)
-        check_positive(p, "max_concurrent_requests", self.max_concurrent_requests)
-        check_positive(p, "share_min_chars", self.share_min_chars)
+        check_positive(p, "max_concurrent_requests", self.max_concurrent_requests, integer=True)
+        check_positive(p, "share_min_chars", self.share_min_chars, integer=True)
         check_choice(p, "response_format", self.response_format, RESPONSE_FORMATS)
-        if self.max_group_size < 2:
+        sizes_ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (self.max_group_size, self.anchors))
+        if not sizes_ok:
+            p.append(f"max_group_size={self.max_group_size!r} and anchors={self.anchors!r} must be integers "
+                     "(max_group_size >= 2, 1 <= anchors < max_group_size - 1)")
+        elif self.max_group_size < 2:
             p.append(f"max_group_size={self.max_group_size!r} must be >= 2 (a relative judge compares at least two)")
-        if self.anchors < 1:
+        elif self.anchors < 1:
             p.append(f"anchors={self.anchors!r} must be >= 1 (chunks of a large group are aligned on shared anchors)")
         elif self.anchors >= self.max_group_size - 1:
             p.append(
@@ -60,13 +67,13 @@ class JudgeConfig(Validated):
         if self.temperature is not None:
             check_positive(p, "temperature", self.temperature, allow_zero=True)
         if self.max_tokens is not None:
-            check_positive(p, "max_tokens", self.max_tokens)
+            check_positive(p, "max_tokens", self.max_tokens, integer=True)
         for model, price in (self.prices or {}).items():
             ok = isinstance(price, (tuple, list)) and len(price) == 2 and all(
-                isinstance(x, (int, float)) and x >= 0 for x in price
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in price
             )
             if not ok:
-                p.append(f"prices[{model!r}]={price!r} must be (usd_per_M_prompt, usd_per_M_completion), both >= 0")
+                p.append(f"prices[{model!r}]={price!r} must be (usd_per_M_prompt, usd_per_M_completion), both finite and >= 0")
         return p
 
 

@@ -1,0 +1,118 @@
+"""Every numeric setting of every config is a finite number in its range, checked when the config is
+built, and every problem is listed in one ConfigError naming the field, its value and what is allowed.
+
+nan compares False with every bound, so a check written as ``value < 0`` lets it through; inf passes
+``value > 0``. An inf learning rate used to reach the first step and write a NaN adapter.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import groupwise as gw
+from groupwise.config import DetectorConfig, LoopConfig, LoraConfig, TrainConfig, TrainSFTConfig
+from groupwise.errors import ConfigError, GroupwiseError
+from groupwise.judge.config import JudgeConfig
+
+NAN, INF = math.nan, math.inf
+
+
+def _problems(cls, **kwargs) -> list[str]:
+    with pytest.raises(ConfigError) as err:
+        cls(**kwargs)
+    assert isinstance(err.value, GroupwiseError)
+    return err.value.problems
+
+
+@pytest.mark.parametrize("value", [INF, -INF, NAN])
+def test_a_non_finite_learning_rate_is_refused_up_front(value):
+    for cls in (TrainConfig, LoopConfig, TrainSFTConfig):
+        (problem,) = _problems(cls, learning_rate=value)
+        assert problem.startswith(f"learning_rate={value!r} must be a finite")
+        assert "> 0" in problem
+
+
+def test_all_problems_of_a_train_config_come_at_once_with_field_value_and_range():
+    problems = _problems(TrainConfig, learning_rate=INF, epsilon=NAN, epsilon_high=INF, kl_coef=NAN,
+                         max_grad_norm=INF, weight_decay=NAN, micro_batch_tokens=4096.5, max_seq_len=INF,
+                         logprob_chunk_size=0, seed=-1)
+    assert problems == [
+        "learning_rate=inf must be a finite number > 0",
+        "epsilon=nan must be a finite number > 0",
+        "epsilon_high=inf must be a finite number > 0",
+        "kl_coef=nan must be a finite number >= 0",
+        "max_grad_norm=inf must be a finite number >= 0",
+        "weight_decay=nan must be a finite number >= 0",
+        "micro_batch_tokens=4096.5 must be an integer > 0",
+        "max_seq_len=inf must be an integer > 0",
+        "logprob_chunk_size=0 must be an integer > 0",
+        "seed=-1 must be an integer >= 0",
+    ]
+
+
+def test_loop_config_refuses_non_finite_thresholds():
+    problems = _problems(LoopConfig, learning_rate=NAN, min_delta=INF, target=NAN, baseline_margin=INF,
+                         confidence=NAN, max_exceptions=INF, resample_no_signal=1.5, max_steps=2.0)
+    assert problems == [
+        "max_steps=2.0 must be an integer >= 0",
+        "learning_rate=nan must be a finite number > 0",
+        "target=nan must be a finite number",
+        "confidence=nan must be a finite number in (0, 1)",
+        "min_delta=inf must be a finite number >= 0",
+        "baseline_margin=inf must be a finite number >= 0",
+        "resample_no_signal=1.5 must be an integer >= 0",
+        "max_exceptions=inf must be a count (an integer >= 0) or a fraction in (0, 1)",
+    ]
+    # NaN max_exceptions used to pass (every comparison with nan is False)
+    assert _problems(LoopConfig, max_exceptions=NAN) == [
+        "max_exceptions=nan must be a count (an integer >= 0) or a fraction in (0, 1)"]
+    # the valid edges still pass
+    LoopConfig(max_exceptions=0.5, target=1.0, max_steps=0, baseline_margin=None)
+
+
+def test_lora_sft_detector_and_judge_configs_refuse_non_finite_and_non_numbers():
+    assert _problems(LoraConfig, rank=True, alpha="16", dropout=1.0, seed=NAN) == [
+        "rank=True must be an integer > 0",
+        "alpha='16' must be a finite number > 0",
+        "dropout=1.0 must be a finite number in [0, 1)",
+        "seed=nan must be an integer >= 0",
+    ]
+    assert _problems(TrainSFTConfig, learning_rate=[1e-5, INF, NAN], max_grad_norm=NAN) == [
+        "learning_rate[1]=inf must be a finite rate > 0",
+        "learning_rate[2]=nan must be a finite rate > 0",
+        "max_grad_norm=nan must be a finite number >= 0",
+    ]
+    assert _problems(DetectorConfig, val_drop=NAN, perfect_reward=INF, repetition_share=NAN, length_ratio=NAN) == [
+        "val_drop=nan must be a finite number >= 0",
+        "perfect_reward=inf must be a finite number",
+        "repetition_share=nan must be a finite number in [0, 1]",
+        "length_ratio=nan must be a finite number > 1",
+    ]
+    assert _problems(JudgeConfig, timeout_s=INF, backoff_s=NAN, temperature=NAN, passes=2.5,
+                     prices={"m": (1.0, INF)}) == [
+        "passes=2.5 must be an integer > 0",
+        "backoff_s=nan must be a finite number >= 0",
+        "timeout_s=inf must be a finite number > 0",
+        "temperature=nan must be a finite number >= 0",
+        "prices['m']=(1.0, inf) must be (usd_per_M_prompt, usd_per_M_completion), both finite and >= 0",
+    ]
+
+
+def test_backend_arguments_are_checked_when_the_backend_is_built():
+    with pytest.raises(ConfigError) as err:
+        gw.LocalBackend(max_batch_size=0, served_steps=NAN, collective_timeout_s=INF,
+                        engine_kwargs={"max_seq_len": INF, "prefix_cache_tokens": -1, "cuda_graphs": False})
+    assert err.value.problems == [
+        "max_batch_size=0 must be an integer > 0",
+        "served_steps=nan must be an integer > 0",
+        "collective_timeout_s=inf must be a finite number > 0",
+        "engine_kwargs['max_seq_len']=inf must be an integer >= 0",
+        "engine_kwargs['prefix_cache_tokens']=-1 must be an integer >= 0",
+    ]
+
+
+def test_defaults_are_valid():
+    for cls in (TrainConfig, LoopConfig, LoraConfig, TrainSFTConfig, DetectorConfig, JudgeConfig):
+        cls()
