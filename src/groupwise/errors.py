@@ -102,6 +102,17 @@ class NotTrainableError(GroupwiseError):
     """Nothing in a batch can be trained on; the message says which reason applies."""
 
 
+class NonFiniteError(GroupwiseError, FloatingPointError):
+    """A training step produced a nan or inf loss, gradient or adapter. The step was undone (the adapter
+    and optimizer state are as before it) and nothing was checkpointed; the message names the likely
+    setting (the learning rate, the rewards)."""
+
+
+class DiskFullError(CheckpointError, OSError):
+    """A checkpoint could not be written because its disk is full. The partial folder was removed and the
+    previous checkpoints are untouched; the message names the folder."""
+
+
 class AdapterMismatchError(GroupwiseError):
     """The inference engine answered with a different step than the trainer just saved."""
 

@@ -14,7 +14,13 @@ is the completeness marker, so a folder without it (a process killed mid-save on
 rename is not atomic, or by hand) is ignored with a warning and never resumed from. A complete
 folder whose files no longer match the sizes and hashes in its state.json (a disk error, a copy cut
 short, an edit) is corrupt: `latest_checkpoint` skips it with a warning naming it and what is
-wrong, and the run resumes from the newest intact one.
+wrong, and the run resumes from the newest intact one. Intact also means usable: the step in
+state.json matches the folder, the adapter and optimizer state are finite, and the optimizer and RNG
+states have the shape a resume restores (training/checkpoint_contents.py); a checkpoint failing any of
+these is skipped the same way.
+
+A non-finite adapter is never written (`NonFiniteError`), and a save that fails (a full disk:
+`DiskFullError`) removes its partial folder, so no ``.tmp-*`` is left behind.
 
 A completed step is one unit: its history rows travel in its checkpoint's state.json, and a run
 that resumes from it appends any of them that history.jsonl lacks (a crash between the checkpoint
@@ -26,6 +32,7 @@ moment estimate to its parameter even if peft orders parameters differently.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -41,7 +48,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from groupwise.errors import CheckpointError, GroupwiseWarning
+from groupwise.errors import CheckpointError, DiskFullError, GroupwiseWarning, NonFiniteError
+from groupwise.training.checkpoint_contents import contents_problem, state_problem
+from groupwise.training.finite import non_finite_names
 
 STATE_FILE = "state.json"
 FORMAT_VERSION = 1
@@ -185,10 +194,47 @@ def save_checkpoint(
 ) -> Path:
     """Save step `step` atomically into ``checkpoints_dir/<step:04d>/``; returns that folder.
     `history`: the rows of the step (the store appends them; a resume replays any it lacks)."""
+    params = dict(model.named_parameters())
+    bad = non_finite_names([(n, params[n]) for n in param_names if n in params])
+    if bad:
+        raise NonFiniteError(
+            f"step {step} was not checkpointed: {len(bad)} of the adapter's {len(param_names)} tensors hold nan or "
+            f"inf (e.g. {bad[:2]}); a resume must never start from a diverged adapter. Lower the learning rate."
+        )
     root = Path(checkpoints_dir)
+    tmp = root / f".tmp-{step}-{os.getpid()}"
+    try:
+        return _save(root, tmp, step, model, optimizer, param_names, adapter_name, cursor, metrics, history)
+    except Exception as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-written folder behind
+        if _disk_full(exc):
+            free = shutil.disk_usage(root).free if root.is_dir() else None
+            raise DiskFullError(
+                f"checkpoint of step {step} could not be written to {root}: the disk is full "
+                f"({'%d bytes free' % free if free is not None else 'no space left'}). The partial folder was "
+                "removed and earlier checkpoints are untouched; free space there (or point the run's base_path "
+                "at a larger disk) and train again."
+            ) from exc
+        if isinstance(exc, OSError) or type(exc).__name__ == "SafetensorError":
+            raise CheckpointError(f"checkpoint of step {step} could not be written to {root} ({type(exc).__name__}: "
+                                  f"{exc}); the partial folder was removed and earlier checkpoints are untouched.") from exc
+        raise
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """Whether a save failed for lack of space: an OSError with ENOSPC/EDQUOT, or safetensors' Rust
+    writer, which reports the same OS error only in its message."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return any(s in text for s in ("No space left on device", "StorageFull", "Disk quota exceeded"))
+
+
+def _save(root: Path, tmp: Path, step: int, model: Any, optimizer: torch.optim.Optimizer | None,
+          param_names: list[str], adapter_name: str, cursor: dict[str, Any] | None,
+          metrics: dict[str, float] | None, history: list[dict[str, Any]] | None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_dir_name(step)
-    tmp = root / f".tmp-{step}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
@@ -248,9 +294,11 @@ def read_state(path: Path) -> CheckpointState | None:
 
 
 def verify_checkpoint(state: CheckpointState) -> str | None:
-    """What is wrong with a complete checkpoint's files (None: intact). Checks each file state.json
-    lists against its recorded size and sha256; a checkpoint saved before those were recorded has
-    its safetensors headers and JSON files parsed instead."""
+    """What is wrong with a complete checkpoint (None: intact and usable). Checks each file state.json
+    lists against its recorded size and sha256 (a checkpoint saved before those were recorded has its
+    safetensors headers and JSON files parsed instead), then what the files hold: the step matches the
+    folder, the adapter and optimizer state are finite, the optimizer and RNG states have the shape a
+    resume restores (training/checkpoint_contents.py)."""
     from safetensors import safe_open
 
     path = state.path
@@ -279,7 +327,13 @@ def verify_checkpoint(state: CheckpointState) -> str | None:
                 json.loads(f.read_text())
         except Exception as exc:  # safetensors' SafetensorError, JSON errors, OSError
             return f"{name} cannot be read ({type(exc).__name__}: {exc})"
-    return None
+    problem = state_problem(path, state.step, state.cursor, state.metrics, state.history)
+    if problem is not None:
+        return problem
+    try:
+        return contents_problem(path, names)
+    except Exception as exc:  # a file that hashes right but does not parse (saved by a broken writer)
+        return f"its files cannot be read ({type(exc).__name__}: {exc})"
 
 
 def list_checkpoints(checkpoints_dir: str | Path, *, warn: bool = True) -> list[CheckpointState]:
@@ -353,7 +407,7 @@ def load_checkpoint(
     assert path is not None
     try:
         return _load(state, model, optimizer, param_names, adapter_name, restore_rng)
-    except (SafetensorError, OSError, json.JSONDecodeError, KeyError) as exc:
+    except (SafetensorError, OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise CheckpointError(f"checkpoint {path} cannot be loaded: {type(exc).__name__}: {exc}. Delete the folder "
                               "to resume from the checkpoint before it.") from exc
 
@@ -378,7 +432,11 @@ def _load(state: CheckpointState, model: Any, optimizer: torch.optim.Optimizer |
         meta = json.loads((path / "optimizer.json").read_text())
         optimizer_from_tensors(optimizer, param_names, tensors, meta)
     if restore_rng and (path / "rng.safetensors").is_file():
-        _set_rng_state(load_file(str(path / "rng.safetensors")), json.loads((path / "rng.json").read_text()))
+        try:
+            _set_rng_state(load_file(str(path / "rng.safetensors")), json.loads((path / "rng.json").read_text()))
+        except (TypeError, ValueError, RuntimeError) as exc:  # a state of the wrong shape
+            raise CheckpointError(f"checkpoint {path} cannot be loaded: its RNG state cannot be restored "
+                                  f"({type(exc).__name__}: {exc})") from exc
     return state
 
 

@@ -35,6 +35,7 @@ import torch
 from groupwise.config import LoraConfig, TrainConfig
 from groupwise.loading import quiet_peft
 from groupwise.module_walk import ModuleWalk
+from groupwise.training.finite import check_finite, guarded_step
 from groupwise.training.logprobs import base_and_decoder, token_logprobs
 from groupwise.training.lora_forward import AdapterForwards, TrainingForward, holding_values
 from groupwise.training.loss import grpo_loss
@@ -452,15 +453,12 @@ class Trainer:
                     self._all_reduce_gradients(params)
                     stats = StepStats(*self._sum_over_ranks([stats.loss, stats.policy_loss_sum, stats.kl_sum,
                                                              stats.clipped_tokens, stats.ratio_sum, stats.tokens]))
+                # A non-finite loss, gradient or adapter fails the step before anything is checkpointed.
+                check_finite("loss", stats.loss, step=step, config=config)
                 max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-                if not math.isfinite(grad_norm):
-                    raise FloatingPointError(
-                        f"the gradient norm is {grad_norm} at step {step}; the update was skipped so the adapter "
-                        "stays finite. Lower learning_rate, check rewards for huge values, or use bf16/fp32 "
-                        "instead of fp16."
-                    )
-                optimizer.step()
+                check_finite("gradient norm", grad_norm, step=step, config=config)
+                guarded_step(self.trainable_named_parameters(), optimizer, step=step, config=config)
         finally:
             optimizer.zero_grad(set_to_none=True)
             self._set_layer_checkpointing(False)  # the engine shares the model: leave it as found
