@@ -204,7 +204,13 @@ class Trajectory(BaseModel):
 
     @field_validator("reward", mode="before")
     @classmethod
-    def _numpy_reward(cls, v: Any) -> Any:
+    def _numeric_reward(cls, v: Any) -> Any:
+        # pydantic's lax float would parse "1.0"; a reward that is text is a bug in the reward function
+        # (a judge's raw answer, a regex group), and "nan" would slip past as a float. Numbers only;
+        # bools stay allowed (reward=is_correct is common in ported ART code).
+        if isinstance(v, (str, bytes, bytearray)):
+            raise ValueError(f"reward is the {type(v).__name__} {v!r}; a reward must be a number. Convert it in "
+                             "the reward function (e.g. float(answer)) and check it parses.")
         return v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v
 
     @field_validator("reward")

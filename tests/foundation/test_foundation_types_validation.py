@@ -26,6 +26,20 @@ def test_non_finite_reward_assigned_later_is_rejected():
         t.reward = float("nan")
 
 
+@pytest.mark.parametrize("bad", ["1.0", "nan", b"1"])
+def test_a_reward_given_as_text_is_rejected_not_parsed(bad):
+    with pytest.raises(ValidationError, match="reward is the .* a reward must be a number"):
+        Trajectory(messages_and_choices=MSG, reward=bad)
+    t = Trajectory(messages_and_choices=MSG)
+    with pytest.raises(ValidationError, match="reward"):
+        t.reward = bad
+    assert t.reward == 0.0
+
+
+def test_numeric_rewards_are_kept():
+    assert [Trajectory(reward=r).reward for r in (1, 0.5, True)] == [1.0, 0.5, 1.0]
+
+
 def test_non_numeric_metric_names_the_field():
     with pytest.raises(ValidationError) as err:
         Trajectory(messages_and_choices=MSG, metrics={"score": "high"})
