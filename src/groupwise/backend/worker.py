@@ -166,16 +166,30 @@ class Worker:
         """Optimizer updates on this rank's share, with exclusive use of the shared model: each of
         `updates` is {"batch": TokenizedBatch, "config": TrainConfig, "objective": "grpo" | "sft"}.
         Returns each update's metrics (the loss terms and counts summed over the ranks)."""
+        from groupwise.training.finite import restore, snapshot
+
         replica, spec = self.replicas[name], self.specs[name]
+        trainer = replica.trainer
         compute = compute_thread()
         out = []
+        # A step of several updates (SFT batches) is one unit: if a later update fails (a non-finite loss),
+        # the earlier ones are undone too, so the trainer holds the adapter of the last checkpoint again.
+        before = None
+        if len(updates) > 1:
+            before = await compute.run(lambda: snapshot([p for _, p in trainer.trainable_named_parameters()],
+                                                        trainer.optimizer))
         async with replica.engine.paused():  # no forward pass of the engine while the trainer runs
-            for u in updates:
-                if u.get("objective", "grpo") == "grpo" and u["config"].kl_coef > 0:  # the anchor the config names
-                    await compute.run(replica.use_kl_reference, spec.checkpoints_dir, u["config"].kl_reference_step)
-                with update_bar(step, enabled=self.rank == 0) as progress:
-                    out.append(await compute.run(replica.trainer.train_step, u["batch"], u["config"], step=step,
-                                                 objective=u.get("objective", "grpo"), progress=progress))
+            try:
+                for u in updates:
+                    if u.get("objective", "grpo") == "grpo" and u["config"].kl_coef > 0:  # the anchor it names
+                        await compute.run(replica.use_kl_reference, spec.checkpoints_dir, u["config"].kl_reference_step)
+                    with update_bar(step, enabled=self.rank == 0) as progress:
+                        out.append(await compute.run(trainer.train_step, u["batch"], u["config"], step=step,
+                                                     objective=u.get("objective", "grpo"), progress=progress))
+            except Exception:
+                if before is not None and out:
+                    await compute.run(lambda: restore(trainer.trainable_named_parameters(), trainer.optimizer, before))
+                raise
         del updates
         if replica.device.type == "cpu":
             release_freed_memory()  # else RSS grows by GBs a step (backend/memory.py)

@@ -30,12 +30,14 @@ def check_finite(what: str, value: float, *, step: int, config: Any) -> None:
                              f"checkpointed, so the adapter stays finite. {_hint(config)}")
 
 
-def snapshot(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> tuple[list, dict]:
-    """Copies of the parameters and of their optimizer state, to undo an optimizer step."""
+def snapshot(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer | None) -> tuple[list, dict, list]:
+    """Copies of the parameters, of their optimizer state and of the objective its moments were estimated
+    on (Trainer.ensure_optimizer), to undo optimizer steps (`restore`)."""
     values = [p.detach().clone() for p in params]
     state = {p: {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in s.items()}
-             for p, s in optimizer.state.items()}
-    return values, state
+             for p, s in (optimizer.state.items() if optimizer is not None else ())}
+    objectives = [g.get("objective") for g in optimizer.param_groups] if optimizer is not None else []
+    return values, state, objectives
 
 
 def non_finite_names(named: list[tuple[str, torch.Tensor]]) -> list[str]:
@@ -46,15 +48,22 @@ def non_finite_names(named: list[tuple[str, torch.Tensor]]) -> list[str]:
     return [n for (n, _), good in zip(named, ok) if not good]
 
 
-def _restore(named: list[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer,
-             before: tuple[list, dict]) -> None:
-    values, state = before
+def restore(named: list[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer | None,
+            before: tuple[list, dict, list]) -> None:
+    """Put back what `snapshot` copied (an optimizer created since starts empty again)."""
+    values, state, objectives = before
     with torch.no_grad():
         for (_, p), v in zip(named, values):
             p.copy_(v)
-    optimizer.state.clear()
-    for p, s in state.items():
-        optimizer.state[p] = s
+    if optimizer is not None:
+        optimizer.state.clear()
+        for p, s in state.items():
+            optimizer.state[p] = s
+        for i, group in enumerate(optimizer.param_groups):
+            if i < len(objectives) and objectives[i] is not None:
+                group["objective"] = objectives[i]
+            else:
+                group.pop("objective", None)
 
 
 def guarded_step(named: list[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer, *,
@@ -66,7 +75,7 @@ def guarded_step(named: list[tuple[str, torch.nn.Parameter]], optimizer: torch.o
     try:
         optimizer.step()
     except RuntimeError as exc:
-        _restore(named, optimizer, before)
+        restore(named, optimizer, before)
         if "overflow" not in str(exc):
             raise
         raise NonFiniteError(
@@ -75,7 +84,7 @@ def guarded_step(named: list[tuple[str, torch.nn.Parameter]], optimizer: torch.o
         ) from exc
     bad = non_finite_names(named)
     if bad:
-        _restore(named, optimizer, before)
+        restore(named, optimizer, before)
         raise NonFiniteError(
             f"step {step}: the optimizer step made {len(bad)} of the adapter's {len(named)} tensors nan or inf "
             f"(e.g. {bad[:2]}) from a finite gradient; the step was undone (the adapter and optimizer state are as "

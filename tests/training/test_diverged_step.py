@@ -1,0 +1,83 @@
+"""Through LocalBackend: a step whose update overflows the adapter fails with NonFiniteError naming the
+learning rate, writes no checkpoint, leaves the trainer's adapter as it was (a multi-update SFT step
+included), and the run trains on from there. Before, such a step wrote a NaN adapter, checkpointed it
+as intact, and the only error was an AdapterMismatchError blaming the engine (NaN != NaN)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import groupwise as gw
+from groupwise.errors import NonFiniteError
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer):
+    from groupwise.loading import tiny_random_model
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model, tok = tiny_random_model(seed=0, tokenizer=tokenizer)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+async def _groups(model):
+    client = model.openai_client()
+    groups = []
+    for g in range(2):
+        trajs = []
+        for i in range(3):
+            messages = [{"role": "user", "content": f"scenario {g}"}]
+            r = await client.chat.completions.create(model=model.inference_name(), messages=messages, max_tokens=4,
+                                                     seed=10 * g + i)
+            trajs.append(gw.Trajectory(messages_and_choices=[*messages, r.choices[0]], reward=float(i)))
+        groups.append(gw.TrajectoryGroup(trajs))
+    return groups
+
+
+async def _state(backend):
+    # clones: on CPU the worker's optimizer tensors are the live ones, which a step updates in place
+    state = await backend._worker.state_tensors("agent")
+    return {part: {k: v.clone() for k, v in state[part].items()} for part in ("adapter", "optimizer")}
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+async def test_a_diverging_step_fails_loudly_checkpoints_nothing_and_the_run_goes_on(model_dir, tmp_path):
+    model = gw.TrainableModel(name="agent", project="p", base_model=model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    await model.register(backend)
+    checkpoints = tmp_path / "p" / "agent" / "checkpoints"
+    try:
+        groups = await _groups(model)
+        assert (await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))).step == 1
+        before = await _state(backend)
+        # 1e39 passes the config (a finite float) but overflows the fp32 adapter's update
+        with pytest.raises(NonFiniteError, match=r"step 1: .*learning_rate=1e\+39"):
+            await model.train(groups, config=gw.TrainConfig(learning_rate=1e39))
+        assert await model.get_step() == 1
+        assert sorted(p.name for p in checkpoints.iterdir()) == ["0001"]  # no 0002, no .tmp-*
+        after = await _state(backend)
+        assert _same(before["adapter"], after["adapter"]) and _same(before["optimizer"], after["optimizer"])
+
+        # A supervised step of two updates whose second overflows: the first is undone too.
+        ask = [{"role": "user", "content": "Say the code."}]
+        demo = gw.Trajectory(messages_and_choices=[*ask, {"role": "assistant", "content": "zebra"}])
+        with pytest.raises(NonFiniteError, match="step 1: the optimizer step overflowed"):
+            await model.train_sft([demo] * 4, gw.TrainSFTConfig(learning_rate=[1e-2, 1e39], batch_size=2))
+        after = await _state(backend)
+        assert _same(before["adapter"], after["adapter"]) and _same(before["optimizer"], after["optimizer"])
+        assert sorted(p.name for p in checkpoints.iterdir()) == ["0001"]
+
+        # the run trains on from the last good step, and a restarted process resumes it
+        result = await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
+        assert result.step == 2 and sorted(p.name for p in checkpoints.iterdir()) == ["0001", "0002"]
+        r = await model.openai_client().chat.completions.create(
+            model="agent", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert r.model == "agent@2"
+    finally:
+        await backend.close()
