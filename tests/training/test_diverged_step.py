@@ -5,11 +5,13 @@ as intact, and the only error was an AdapterMismatchError blaming the engine (Na
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 import groupwise as gw
-from groupwise.errors import NonFiniteError
+from groupwise.errors import ConfigError, NonFiniteError
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +75,17 @@ async def test_a_diverging_step_fails_loudly_checkpoints_nothing_and_the_run_goe
         assert _same(before["adapter"], after["adapter"]) and _same(before["optimizer"], after["optimizer"])
         assert sorted(p.name for p in checkpoints.iterdir()) == ["0001"]
 
-        # the run trains on from the last good step, and a restarted process resumes it
+        # a field assigned after the config was built is checked again before the step uses it
+        config = gw.TrainConfig()
+        config.learning_rate = math.inf
+        with pytest.raises(ConfigError, match="learning_rate=inf must be a finite number > 0"):
+            await model.train(groups, config=config)
+        sft_config = gw.TrainSFTConfig()
+        sft_config.learning_rate = [math.nan]
+        with pytest.raises(ConfigError, match=r"learning_rate\[0\]=nan must be a finite rate > 0"):
+            await model.train_sft([demo] * 2, sft_config)
+
+        # the run trains on from the last good step
         result = await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
         assert result.step == 2 and sorted(p.name for p in checkpoints.iterdir()) == ["0001", "0002"]
         r = await model.openai_client().chat.completions.create(

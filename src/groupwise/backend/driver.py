@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from groupwise.backend.base import Backend, InferenceEndpoint, TrainResult
 from groupwise.backend.worker import ModelSpec, WorkerOptions
 from groupwise.compute import compute_thread
-from groupwise.config import LoraConfig, TrainConfig, check_positive
+from groupwise.config import LoraConfig, TrainConfig, backend_option_problems
 from groupwise.errors import ConfigError, GroupwiseError, NotTrainableError
 
 if TYPE_CHECKING:
@@ -66,22 +66,6 @@ class ReplicaDivergenceError(GroupwiseError):
 
 class WorkerError(GroupwiseError):
     """A worker died, stopped answering, or failed a call; the run can resume from its last checkpoint."""
-
-
-def option_problems(*, max_batch_size: Any, served_steps: Any, engine_kwargs: dict[str, Any] | None,
-                    **seconds: Any) -> list[str]:
-    """Every invalid numeric backend argument, named with its value and range: a backend checks them
-    all when it is built, before a model loads. `seconds`: timeouts, finite and > 0. The engine's
-    numeric settings (engine_kwargs) are all counts of tokens, sequences or bytes: integers >= 0."""
-    p: list[str] = []
-    check_positive(p, "max_batch_size", max_batch_size, integer=True)
-    check_positive(p, "served_steps", served_steps, integer=True)
-    for name, value in seconds.items():
-        check_positive(p, name, value)
-    for key, value in (engine_kwargs or {}).items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            check_positive(p, f"engine_kwargs[{key!r}]", value, allow_zero=True, integer=True)
-    return p
 
 
 @dataclass
@@ -166,8 +150,8 @@ class WorkerBackend(Backend):
         engine_kwargs: dict[str, Any] | None = None,
         load_model: Any = None,
     ) -> None:
-        problems = option_problems(max_batch_size=max_batch_size, served_steps=served_steps,
-                                   engine_kwargs=engine_kwargs)
+        problems = backend_option_problems(max_batch_size=max_batch_size, served_steps=served_steps,
+                                           engine_kwargs=engine_kwargs)
         if lora is not None and not isinstance(lora, LoraConfig):
             problems.append(f"lora={lora!r} must be a gw.LoraConfig or None")
         if problems:
@@ -314,7 +298,7 @@ class WorkerBackend(Backend):
 
         # the model's own settings (ART's _internal_config trainer_args, ...) apply on every path in
         config = train_config_from_art(config, options, where=f"{type(self).__name__}.train",
-                                       model_settings=model.train_defaults())
+                                       model_settings=model.train_defaults())  # a new TrainConfig: checked again
         run = self._run(model)
         async with run.lock:  # one step at a time per model
             t0 = time.perf_counter()
@@ -397,6 +381,7 @@ class WorkerBackend(Backend):
         from groupwise.types import TrajectoryGroup
 
         config = config if config is not None else TrainSFTConfig()
+        config.check()  # again: its fields may have been assigned since it was built
         run = self._run(model)
         trajectories = list(trajectories)
         if not trajectories:

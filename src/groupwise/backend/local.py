@@ -36,11 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from groupwise.backend.base import InferenceEndpoint
 from groupwise.backend.driver import DEFAULT_PATH, ReplicaDivergenceError, WorkerBackend, WorkerError
-from groupwise.backend.driver import option_problems
 from groupwise.backend.replica import API_KEY
 from groupwise.compat import warn_ignored
 from groupwise.compute import compute_thread
-from groupwise.config import LoraConfig
+from groupwise.config import LoraConfig, backend_option_problems
 from groupwise.errors import ConfigError, GroupwiseError
 
 if TYPE_CHECKING:
@@ -123,7 +122,7 @@ class LocalBackend(WorkerBackend):
                                   ("enable_expert_replay", enable_expert_replay)) if v]
         if ignored:
             warn_ignored("LocalBackend()", ignored, "the engine and trainer run on this machine")
-        problems = option_problems(max_batch_size=max_batch_size, served_steps=served_steps,
+        problems = backend_option_problems(max_batch_size=max_batch_size, served_steps=served_steps,
                                    engine_kwargs=engine_kwargs, collective_timeout_s=collective_timeout_s)
         if device is not None and devices is not None:
             problems.append(f"device={device!r} and devices={devices!r}: give one (devices for several)")

@@ -24,9 +24,9 @@ import secrets
 from typing import Any
 
 from groupwise.backend.base import InferenceEndpoint
-from groupwise.backend.driver import DEFAULT_PATH, WorkerBackend, WorkerError, option_problems
+from groupwise.backend.driver import DEFAULT_PATH, WorkerBackend, WorkerError
 from groupwise.backend.worker import Worker
-from groupwise.config import LoraConfig
+from groupwise.config import LoraConfig, backend_option_problems
 from groupwise.errors import ConfigError, MissingDependencyError
 
 __all__ = ["RayBackend"]
@@ -94,7 +94,7 @@ class RayBackend(WorkerBackend):
         collective_timeout_s: float = 600.0,
         ready_timeout_s: float = 600.0,
     ) -> None:
-        problems = option_problems(max_batch_size=max_batch_size, served_steps=served_steps, engine_kwargs=engine_kwargs,
+        problems = backend_option_problems(max_batch_size=max_batch_size, served_steps=served_steps, engine_kwargs=engine_kwargs,
                                    collective_timeout_s=collective_timeout_s, ready_timeout_s=ready_timeout_s)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             problems.append(f"num_workers={num_workers!r} must be an int >= 1")
