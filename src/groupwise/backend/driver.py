@@ -150,11 +150,8 @@ class WorkerBackend(Backend):
         engine_kwargs: dict[str, Any] | None = None,
         load_model: Any = None,
     ) -> None:
-        problems = backend_option_problems(max_batch_size=max_batch_size, served_steps=served_steps,
-                                           engine_kwargs=engine_kwargs)
-        if lora is not None and not isinstance(lora, LoraConfig):
-            problems.append(f"lora={lora!r} must be a gw.LoraConfig or None")
-        if problems:
+        if problems := backend_option_problems(max_batch_size=max_batch_size, served_steps=served_steps,
+                                               engine_kwargs=engine_kwargs):
             raise ConfigError(problems, what=f"{type(self).__name__} arguments")
         self.path = str(path)
         self.load_model = load_model
