@@ -54,7 +54,8 @@ def test_all_problems_of_a_train_config_come_at_once_with_field_value_and_range(
 
 def test_loop_config_refuses_non_finite_thresholds():
     problems = _problems(LoopConfig, learning_rate=NAN, min_delta=INF, target=NAN, baseline_margin=INF,
-                         confidence=NAN, max_exceptions=INF, resample_no_signal=1.5, max_steps=2.0)
+                         confidence=NAN, max_exceptions=INF, resample_no_signal=1.5, max_steps=2.0,
+                         rollout_timeout_s=NAN)
     assert problems == [
         "max_steps=2.0 must be an integer >= 0",
         "learning_rate=nan must be a finite number > 0",
@@ -63,6 +64,7 @@ def test_loop_config_refuses_non_finite_thresholds():
         "min_delta=inf must be a finite number >= 0",
         "baseline_margin=inf must be a finite number >= 0",
         "resample_no_signal=1.5 must be an integer >= 0",
+        "rollout_timeout_s=nan must be a finite number > 0",
         "max_exceptions=inf must be a count (an integer >= 0) or a fraction in (0, 1)",
     ]
     # NaN max_exceptions used to pass (every comparison with nan is False)

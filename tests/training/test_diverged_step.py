@@ -1,7 +1,8 @@
 """Through LocalBackend: a step whose update overflows the adapter fails with NonFiniteError naming the
 learning rate, writes no checkpoint, leaves the trainer's adapter as it was (a multi-update SFT step
 included), and the run trains on from there. Before, such a step wrote a NaN adapter, checkpointed it
-as intact, and the only error was an AdapterMismatchError blaming the engine (NaN != NaN)."""
+as intact, and the only error was an AdapterMismatchError blaming the engine (NaN != NaN). And a
+restarted run skips a checkpoint whose adapter is NaN (hashes consistent) and resumes the one before."""
 
 from __future__ import annotations
 
@@ -93,3 +94,44 @@ async def test_a_diverging_step_fails_loudly_checkpoints_nothing_and_the_run_goe
         assert r.model == "agent@2"
     finally:
         await backend.close()
+
+
+async def test_a_restart_skips_a_nan_checkpoint_and_resumes_the_one_before(model_dir, tmp_path):
+    import hashlib
+    import json
+
+    from safetensors.torch import load_file, save
+
+    from groupwise.errors import GroupwiseWarning
+
+    model = gw.TrainableModel(name="agent", project="p", base_model=model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    await model.register(backend)
+    try:
+        groups = await _groups(model)
+        for _ in range(2):
+            await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
+    finally:
+        await backend.close()
+    # step 2's adapter as a diverged step wrote it before the finiteness checks: NaN, hashes consistent
+    folder = tmp_path / "p" / "agent" / "checkpoints" / "0002"
+    weights = load_file(str(folder / "adapter_model.safetensors"))
+    data = save({k: torch.full_like(v, math.nan) for k, v in weights.items()})
+    (folder / "adapter_model.safetensors").write_bytes(data)
+    state = json.loads((folder / "state.json").read_text())
+    state["files"]["adapter_model.safetensors"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (folder / "state.json").write_text(json.dumps(state))
+
+    again = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    clone = gw.TrainableModel(name="agent", project="p", base_model=model_dir)
+    try:
+        with pytest.warns(GroupwiseWarning, match="0002 is corrupt \\(its adapter holds nan or inf"):
+            await clone.register(again)
+        assert await clone.get_step() == 1
+        adapter = (await again._worker.state_tensors("agent"))["adapter"]
+        assert all(bool(torch.isfinite(t).all()) for t in adapter.values())
+        r = await clone.openai_client().chat.completions.create(
+            model="agent", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert r.model == "agent@1"
+    finally:
+        await again.close()
