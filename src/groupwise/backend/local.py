@@ -123,7 +123,7 @@ class LocalBackend(WorkerBackend):
         if ignored:
             warn_ignored("LocalBackend()", ignored, "the engine and trainer run on this machine")
         problems = backend_option_problems(max_batch_size=max_batch_size, served_steps=served_steps,
-                                   engine_kwargs=engine_kwargs, collective_timeout_s=collective_timeout_s)
+                                           engine_kwargs=engine_kwargs, collective_timeout_s=collective_timeout_s)
         if device is not None and devices is not None:
             problems.append(f"device={device!r} and devices={devices!r}: give one (devices for several)")
         if problems:

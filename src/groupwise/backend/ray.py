@@ -94,8 +94,9 @@ class RayBackend(WorkerBackend):
         collective_timeout_s: float = 600.0,
         ready_timeout_s: float = 600.0,
     ) -> None:
-        problems = backend_option_problems(max_batch_size=max_batch_size, served_steps=served_steps, engine_kwargs=engine_kwargs,
-                                   collective_timeout_s=collective_timeout_s, ready_timeout_s=ready_timeout_s)
+        problems = backend_option_problems(max_batch_size=max_batch_size, served_steps=served_steps,
+                                           engine_kwargs=engine_kwargs, collective_timeout_s=collective_timeout_s,
+                                           ready_timeout_s=ready_timeout_s)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             problems.append(f"num_workers={num_workers!r} must be an int >= 1")
         if placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
