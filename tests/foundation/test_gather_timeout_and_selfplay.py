@@ -154,6 +154,18 @@ async def test_gather_trajectories_keeps_each_games_list_in_its_place_as_art_doe
     assert [[t.reward for t in r] for r in doubled] == [[1.0, 1.0, -1.0, -1.0]]
 
 
+async def test_a_generator_result_that_raises_is_a_failed_rollout_not_a_hang():
+    async def half_a_game():
+        def players():
+            yield traj(1.0)
+            raise RuntimeError("the game crashed after x moved")
+        return players()
+
+    [out] = await gather_trajectory_groups([TrajectoryGroup([half_a_game(), game(2)])], pbar_desc=None,
+                                           max_exceptions=1)
+    assert out.rewards() == [2.0, -2.0] and out.exceptions[0].message == "the game crashed after x moved"
+
+
 @pytest.mark.parametrize("bad, said", [
     (("x", "o"), "returned a tuple whose item 0 is a str"),
     ([traj(1.0), None], "returned a list whose item 1 is a NoneType"),

@@ -50,7 +50,7 @@ from typing import Any, Union
 
 from groupwise.compat import warn_ignored
 from groupwise.config import ROLLOUT_TIMEOUT_S
-from groupwise.errors import GatherError, RolloutTimeoutError
+from groupwise.errors import GatherError, RolloutResultError, RolloutTimeoutError
 from groupwise.rollout.limits import CANCEL_GRACE_S, check_gather_args, exception_budget, waiting_at
 from groupwise.rollout.progress import GatherProgress
 from groupwise.types import PydanticException, Trajectory, TrajectoryGroup, rollout_trajectories
@@ -198,8 +198,11 @@ class _Gathering:
             else:
                 try:
                     checked = rollout_trajectories(result, f"rollout {i} of group {g}")
-                except TypeError as bug:
+                except RolloutResultError as bug:
                     self._fatal(bug)
+                    return
+                except Exception as exc:  # a generator it returned raised while read: the rollout failed
+                    self._fail(g, i, exc)
                     return
                 self.slots[g][i] = checked
                 self.progress.done([checked] if isinstance(checked, Trajectory) else checked)
