@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import Reply, answer, honest, quality_of, shown_trajectories
+from judge_helpers import Reply, answer, honest, quality_of, shown_trajectories
 
 import groupwise as gw
 from groupwise.judge import judge_stats, ruler, ruler_score_group

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 
-from conftest import shown_trajectories
+from judge_helpers import shown_trajectories
 
 import groupwise as gw
 from groupwise.judge import ruler_score_group
