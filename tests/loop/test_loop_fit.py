@@ -107,23 +107,14 @@ async def test_fit_rejects_bad_arguments_all_at_once(tmp_path):
     assert len(e.value.problems) == 4
 
 
-async def test_reward_is_the_deprecated_name_of_score_group(tmp_path):
-    scored = []
-
-    def rank(group):  # a group step: gives the rollouts different rewards, so the step has a signal
-        for i, t in enumerate(group.trajectories):
-            t.reward = float(i)
-        scored.append(len(group.trajectories))
-        return group
-
+async def test_fit_takes_score_group_only(tmp_path):
+    # reward= (score_group's former name) is gone: passing it is a TypeError, not a silent alias
     model = gw.TrainableModel("renamed", project="loop", base_model="none", base_path=str(tmp_path))
     await model.register(ScriptedBackend())
-    cfg = gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, max_steps=1)
-    with pytest.warns(DeprecationWarning, match=r"fit\(reward=\.\.\.\) is now fit\(score_group=\.\.\.\)"):
-        summary = await gw.fit(model, make_rollout(steady_answer), SCENARIOS[:4], reward=rank, config=cfg)
-    assert scored == [2, 2] and summary.final_step == 1
-    with pytest.raises(gw.ConfigError, match="pass score_group= only"):
-        await gw.fit(model, make_rollout(steady_answer), SCENARIOS[:4], score_group=rank, reward=rank, config=cfg)
+    with pytest.raises(TypeError, match="reward"):
+        await gw.fit(model, make_rollout(steady_answer), SCENARIOS[:4], reward=lambda g: g,
+                     config=gw.LoopConfig(max_steps=1))
+    assert await model.get_step() == 0
 
 
 def test_killed_run_resumes_at_the_same_step_and_data_position(tmp_path):

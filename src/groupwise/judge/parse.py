@@ -15,7 +15,6 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 
 class BadAnswer(ValueError):
@@ -115,7 +114,3 @@ def repair_message(error: BadAnswer, ids: Sequence[str]) -> dict[str, str]:
         ),
     }
 
-
-def parse_json_loose(text: str) -> Any:
-    """JSON of `text` after the tolerated wrappers are removed (used by tests and tools)."""
-    return json.loads(_strip(text))

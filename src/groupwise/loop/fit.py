@@ -43,7 +43,6 @@ import inspect
 import logging
 import math
 import time
-import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -424,7 +423,6 @@ async def fit(
     validate: Validate | None = None,
     baselines: Sequence[Any] = (),
     config: LoopConfig | None = None,
-    reward: ScoreGroup | None = None,
 ) -> FitSummary:
     """Train `model` with `rollout` on `train_scenarios` until a stopping rule or the policy says stop.
 
@@ -442,16 +440,9 @@ async def fit(
         baselines: `gw.Model`s (prompted models behind any OpenAI-compatible endpoint) scored once on
             the validation split; they appear in every report and feed the baseline stopping rule.
         config: `gw.LoopConfig`.
-        reward: the former name of `score_group`; still accepted, with a DeprecationWarning.
 
     Returns a `FitSummary`: stop rule and reason, best step and value, baselines, test result, alerts.
     """
-    if reward is not None:
-        if score_group is not None:
-            raise ConfigError("pass score_group= only (reward= is its former name)", what="fit() arguments")
-        warnings.warn("fit(reward=...) is now fit(score_group=...): it takes a group step (group -> group | None), "
-                      "not a reward; reward= will be removed", DeprecationWarning, stacklevel=2)
-        score_group = reward
     config = config if config is not None else LoopConfig()
     train = list(train_scenarios)
     val = list(val_scenarios or [])

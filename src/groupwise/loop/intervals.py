@@ -36,10 +36,6 @@ class Interval:
     n: int
     method: str  # "wilson" or "bootstrap"
 
-    @property
-    def half_width(self) -> float:
-        return (self.hi - self.lo) / 2
-
     def __str__(self) -> str:
         return f"{self.mean:.3f} [{self.lo:.3f}, {self.hi:.3f}]"
 

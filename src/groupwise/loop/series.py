@@ -123,12 +123,6 @@ def std(values: Sequence[float]) -> float:
     return math.sqrt(sum((v - m) ** 2 for v in values) / len(values))
 
 
-def window_mean(points: Sequence[tuple[int, float]], end_step: int, width: int) -> float | None:
-    """Mean of the last `width` values at steps <= end_step (None when there are none)."""
-    vals = [v for s, v in points if s <= end_step][-width:]
-    return mean(vals) if vals else None
-
-
 def latest_step(history: Iterable[Row]) -> int:
     """The highest step of any train row (0 before the first step)."""
     steps = [r["step"] for r in rows(history, "train")]
