@@ -280,6 +280,7 @@ class TrainSFTConfig(Validated):
 
 
 LOOP_ACTIONS = ("ignore", "warn", "stop_soon", "stop")
+TRAIN_LEARNING_RATE_DEFAULT = next(f.default for f in dataclasses.fields(TrainConfig) if f.name == "learning_rate")
 
 
 @dataclass
@@ -345,8 +346,8 @@ class LoopConfig(Validated):
     groups_per_step: int = option(4, help="Scenarios (groups) gathered per training step.")
     num_epochs: int = option(1, help="Passes over the training scenarios; the loop also ends when they run out.")
     max_steps: int | None = option(None, help="Stop after this many completed training steps (None: only the other rules and the data end the run).")
-    learning_rate: float = option(1e-5, help="Learning rate of each step; overrides train_config.learning_rate.")
-    train_config: TrainConfig | None = option(None, help="Full GRPO step settings (None: TrainConfig defaults with learning_rate above).")
+    learning_rate: float | None = option(None, help="Shorthand for train_config.learning_rate, which owns the rate (None: the TrainConfig's, 1e-5 by default). Setting both to different values is a ConfigError, never a silent override.")
+    train_config: TrainConfig | None = option(None, help="Full GRPO step settings, the learning rate included (None: TrainConfig defaults, with learning_rate above when set).")
     eval_every: int = option(5, help="Validate every this many steps (and at step 0, the untrained base).")
     val_rollouts_per_group: int = option(1, help="Rollouts per validation scenario; the validation metric is their mean.")
     metric: str = option("accuracy", help="Name of the validation metric that validate(trajectory, scenario) returns; logged as val/<metric>.")
@@ -385,6 +386,8 @@ class LoopConfig(Validated):
         check_number(p, "target", self.target)
         if self.train_config is not None and not isinstance(self.train_config, TrainConfig):
             p.append(f"train_config={self.train_config!r} must be a TrainConfig or None")
+        elif (conflict := self._learning_rate_conflict()) is not None:
+            p.append(conflict)
         if not isinstance(self.detectors, DetectorConfig):
             p.append(f"detectors={self.detectors!r} must be a DetectorConfig")
         if not isinstance(self.metric, str) or not self.metric or "/" in self.metric:
@@ -404,7 +407,26 @@ class LoopConfig(Validated):
             p.append(f"max_exceptions={m!r} must be a count (an integer >= 0) or a fraction in (0, 1)")
         return p
 
+    def _learning_rate_conflict(self) -> str | None:
+        """The problem when learning_rate and train_config.learning_rate are both set and differ.
+
+        TrainConfig owns the rate; learning_rate is a shorthand for it (ART programs and the README set
+        it here), taken only where the TrainConfig's is left at its default. A TrainConfig that names
+        its own, different rate is the user's intent too, so neither may silently win."""
+        if self.learning_rate is None or self.train_config is None:
+            return None
+        own = self.train_config.learning_rate
+        if own == self.learning_rate or own == TRAIN_LEARNING_RATE_DEFAULT:
+            return None
+        return (f"learning_rate={self.learning_rate!r} and train_config.learning_rate={own!r} disagree; "
+                "set the rate once, in train_config (or leave train_config's at its default and use learning_rate)")
+
     def step_config(self) -> TrainConfig:
-        """The TrainConfig of each step: train_config (or defaults) with this learning_rate."""
+        """The TrainConfig of each step: train_config (or defaults), with learning_rate where it is set."""
+        conflict = self._learning_rate_conflict()  # the fields may have been reassigned since construction
+        if conflict is not None:
+            raise ConfigError([conflict], what=type(self).__name__)
         base = self.train_config or TrainConfig()
+        if self.learning_rate is None:
+            return dataclasses.replace(base)
         return dataclasses.replace(base, learning_rate=self.learning_rate)

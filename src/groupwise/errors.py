@@ -1,6 +1,11 @@
 """The errors and warnings groupwise raises. Every error says what happened, why, and what to do.
 
-Catch `GroupwiseError` to catch everything groupwise raises on purpose.
+Every error groupwise raises on purpose is a `GroupwiseError`, so one ``except GroupwiseError`` catches
+them all; where a standard exception also fits, the error is that too (`ConfigError` is a `ValueError`,
+the engine's `EngineError` a `RuntimeError`, `NonFiniteError` a `FloatingPointError`), so code written
+against the standard classes keeps working. The layers define their own errors on this base
+(inference/requests.py, inference/constrained.py, backend/driver.py); tests/test_errors.py checks that
+every error class in the package derives from it.
 """
 
 from __future__ import annotations
@@ -111,6 +116,11 @@ class NonFiniteError(GroupwiseError, FloatingPointError):
 class DiskFullError(CheckpointError, OSError):
     """A checkpoint could not be written because its disk is full. The partial folder was removed and the
     previous checkpoints are untouched; the message names the folder."""
+
+
+class EnvError(GroupwiseError, RuntimeError):
+    """A built-in environment cannot run here (a missing SQLite feature, a server that answered nothing
+    usable, a corpus that no longer fits its scenarios)."""
 
 
 class AdapterMismatchError(GroupwiseError):

@@ -113,9 +113,17 @@ def policy_step(model) -> int:
     return model.backend.step_of(model)
 
 
-def make_rollout(answer_for, log_path: Path | None = None, kill_at: int | None = None):
+SPREAD = 1e-6  # make_rollout's reward spread within a group (rewards closer than 1e-9 tie)
+
+
+def make_rollout(answer_for, log_path: Path | None = None, kill_at: int | None = None, spread: float = SPREAD):
     """A rollout answering `answer_for(step, scenario) -> (text, reward)`; logs "step scenario" lines;
-    SIGKILLs the process at the first train rollout of step `kill_at`."""
+    SIGKILLs the process at the first train rollout of step `kill_at`.
+
+    The rollouts of a (step, scenario) get `spread` more and `spread` less reward in turn (a group of
+    an even size keeps its mean), so each scripted group has a learning signal as real rollouts do: a step whose groups all tie is gathered again, stopped on or
+    skipped (`groupwise.learning_signal`), which the tests of that rule ask for with spread=0."""
+    seen: dict[tuple[int, str, int], int] = {}
 
     async def rollout(model, scenario):
         step = policy_step(model)
@@ -126,6 +134,9 @@ def make_rollout(answer_for, log_path: Path | None = None, kill_at: int | None =
             with open(log_path, "a") as f:
                 f.write(f"{step} {scenario['id']}\n")
         text, reward = answer_for(step, scenario)
+        key = (step, model.inference_name(), scenario["id"])
+        seen[key] = seen.get(key, 0) + 1
+        reward += spread if seen[key] % 2 else -spread  # before the await: a group's rollouts run concurrently
         await asyncio.sleep(0)
         return traj(text, reward, question=scenario["q"])
 

@@ -55,10 +55,11 @@ async def test_gamed_reward_raises_val_drop_stops_and_keeps_best(tmp_path):
     backend = ScriptedBackend()
     await model.register(backend)
     seen_names = []
+    answer_rollout = make_rollout(answer)
 
     async def rollout(m, scenario):
         seen_names.append(m.inference_name())
-        return await make_rollout(answer)(m, scenario)
+        return await answer_rollout(m, scenario)
 
     cfg = gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, eval_every=2, max_steps=20, num_epochs=10)
     summary = await gw.fit(model, rollout, SCENARIOS[:8], val_scenarios=SCENARIOS[8:10],
@@ -85,7 +86,7 @@ async def test_gamed_reward_raises_val_drop_stops_and_keeps_best(tmp_path):
     # the test split ran once, against the best checkpoint
     assert seen_names[-2:] == ["gamed@2", "gamed@2"]
     # 2 of 2 right: the Wilson interval of 2/2 at 95% is [0.342, 1]
-    assert summary.test == {"reward": 0.2, "accuracy": 1.0, "accuracy_lo": pytest.approx(0.3424, abs=1e-4),
+    assert summary.test == {"reward": pytest.approx(0.2, abs=1e-5), "accuracy": 1.0, "accuracy_lo": pytest.approx(0.3424, abs=1e-4),
                             "accuracy_hi": 1.0}
     h = gw.load_history(summary.run_dir)
     assert [r["step"] for r in rows(h, "test")] == [2]

@@ -104,11 +104,28 @@ def test_loop_config_seed_defaults_and_help():
     c = gw.LoopConfig()
     assert (c.rollouts_per_group, c.eval_every, c.patience) == (18, 5, 10)
     assert c.on_val_drop == "stop" and c.on_reward_jump == "warn"
-    assert c.step_config().learning_rate == c.learning_rate
+    assert c.learning_rate is None and c.step_config() == gw.TrainConfig()  # the TrainConfig owns the rate
     import dataclasses
     assert all(f.metadata.get("help") for f in dataclasses.fields(gw.LoopConfig))
     assert all(f.metadata.get("help") for f in dataclasses.fields(gw.DetectorConfig))
     assert c.detectors == gw.DetectorConfig() and c.detectors is not gw.LoopConfig().detectors
+
+
+def test_the_train_config_owns_the_learning_rate():
+    # a TrainConfig's own rate is used, not replaced by a LoopConfig default
+    assert gw.LoopConfig(train_config=gw.TrainConfig(learning_rate=1e-3)).step_config().learning_rate == 1e-3
+    # LoopConfig.learning_rate is a shorthand where the TrainConfig's is left at its default
+    assert gw.LoopConfig(learning_rate=5e-4).step_config() == gw.TrainConfig(learning_rate=5e-4)
+    short = gw.LoopConfig(learning_rate=5e-4, train_config=gw.TrainConfig(micro_batch_tokens=512))
+    assert short.step_config() == gw.TrainConfig(learning_rate=5e-4, micro_batch_tokens=512)
+    assert gw.LoopConfig(learning_rate=1e-3, train_config=gw.TrainConfig(learning_rate=1e-3)).step_config().learning_rate == 1e-3
+    # both set, to different values: an error naming both, never a silent override
+    with pytest.raises(gw.GroupwiseError, match=r"learning_rate=0.0005 and train_config.learning_rate=0.001 disagree"):
+        gw.LoopConfig(learning_rate=5e-4, train_config=gw.TrainConfig(learning_rate=1e-3))
+    later = gw.LoopConfig(train_config=gw.TrainConfig(learning_rate=1e-3))
+    later.learning_rate = 5e-4  # set after construction: step_config still refuses
+    with pytest.raises(gw.ConfigError, match="disagree"):
+        later.step_config()
 
 
 def test_loop_package_imports_no_torch_and_no_matplotlib():

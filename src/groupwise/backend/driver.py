@@ -49,6 +49,8 @@ from groupwise.backend.worker import ModelSpec, WorkerOptions
 from groupwise.compute import compute_thread
 from groupwise.config import LoraConfig, TrainConfig, backend_option_problems
 from groupwise.errors import ConfigError, GroupwiseError, NotTrainableError
+from groupwise.learning_signal import assess, skip_action
+from groupwise.learning_signal import describe as describe_rewards
 
 if TYPE_CHECKING:
     from groupwise.config import TrainSFTConfig
@@ -334,19 +336,17 @@ class WorkerBackend(Backend):
     def _no_signal(self, run: _Run, groups: "list[TrajectoryGroup]", step: int,
                    config: TrainConfig) -> dict[str, float] | None:
         """None when some group's rewards differ; else the skipped step's metrics, after the warning
-        and the history record. Raises NotTrainableError past `config.max_skipped_steps`."""
-        from groupwise.training.advantages import compute_advantages
-
+        and the history record. Raises NotTrainableError past `config.max_skipped_steps`
+        (the rule: `groupwise.learning_signal.skip_action`)."""
         rewards = [g.rewards() for g in groups]
-        if compute_advantages(rewards).zero_variance_groups < len(groups):
+        signal = assess(rewards)
+        action = skip_action(signal, run.skipped_in_a_row, config.max_skipped_steps)
+        if action == "train":
             return None
-        shown = "; ".join(f"group {g}: {r[:6]}{' ...' if len(r) > 6 else ''}" for g, r in enumerate(rewards[:6]))
-        why = (f"no learning signal: in every one of the {len(groups)} group(s) all rewards are equal "
-               f"({shown}{'; ...' if len(groups) > 6 else ''}), so every group-relative advantage is 0"
-               if groups else "no learning signal: no groups were given (did fit's score_group drop every group?)")
+        why = f"no learning signal: {describe_rewards(rewards)}"
         fix = ("Make rewards differ within a group: more rollouts per group, a graded reward instead of "
                "pass/fail, harder or easier scenarios, or a judge (RULER).")
-        if run.skipped_in_a_row >= config.max_skipped_steps:
+        if action == "raise":
             raise NotTrainableError(
                 f"step {step}: {why}. {run.skipped_in_a_row} step(s) in a row were already skipped for this "
                 f"and TrainConfig.max_skipped_steps={config.max_skipped_steps} allows no more. {fix}"

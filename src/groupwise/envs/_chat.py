@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from groupwise.errors import EnvError
 from groupwise.types import Choice, Message, Tools, Trajectory
 
 
@@ -77,7 +78,7 @@ async def complete(
             kwargs["tool_choice"] = tool_choice
     response = await client.chat.completions.create(**kwargs)
     if not response.choices:
-        raise RuntimeError(
+        raise EnvError(
             f"the endpoint answered model {kwargs['model']!r} with no choices; check that the server "
             "serves this model name and returned a well-formed chat completion."
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from groupwise.inference.requests import EngineError
 from groupwise.loading import quiet_peft
 
 __all__ = ["SLOT_PREFIX", "AdapterSlots"]
@@ -85,5 +86,5 @@ class AdapterSlots:
         # load_state_dict copies into the existing tensors (their addresses stay: graphs hold them).
         unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
         if unexpected:
-            raise RuntimeError(f"adapter {name!r} ({path}) does not have the LoRA shape its config says: "
+            raise EngineError(f"adapter {name!r} ({path}) does not have the LoRA shape its config says: "
                                f"unexpected tensors {unexpected[:3]}")

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from groupwise.errors import MissingDependencyError
+from groupwise.errors import GroupwiseError, MissingDependencyError
 
 __all__ = ["NUMBER_BOUND", "Constraint", "ConstraintError", "allowed_mask", "bound_numbers", "constraint_for",
            "ll_tokenizer"]
@@ -41,7 +41,7 @@ _TOKENIZERS: dict[int, Any] = {}
 _TOKENIZERS_LOCK = threading.Lock()
 
 
-class ConstraintError(ValueError):
+class ConstraintError(GroupwiseError, ValueError):
     """A response_format or tool_choice cannot be turned into a grammar (the message says why)."""
 
 

@@ -11,6 +11,7 @@ import concurrent.futures
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from groupwise.errors import GroupwiseError
 from groupwise.inference.sampling import SamplingParams
 
 __all__ = ["BASE", "Completion", "EngineError", "GenerationRequest", "GenerationResult", "PromptTooLongError",
@@ -19,7 +20,7 @@ __all__ = ["BASE", "Completion", "EngineError", "GenerationRequest", "Generation
 BASE = "__base__"  # the adapter name of the base model in peft's mixed-batch ``adapter_names``
 
 
-class EngineError(RuntimeError):
+class EngineError(GroupwiseError, RuntimeError):
     """The engine cannot run a request (closed, bad adapter, ...)."""
 
 

@@ -13,11 +13,14 @@ split; at the end the best checkpoint (by the validation metric) is evaluated on
 appended to the run's history (rows of splits ``alert``, ``baseline``, ``loop``, ``stop``; see
 `groupwise.loop.series`), so `groupwise report` can draw it and a resumed run can read it.
 
-A step with nothing trainable (e.g. every group scored the same) is gathered again, same scenarios,
-up to `resample_no_signal` times, each recorded as a ``no_signal`` alert. If the last gathering has
-no signal either, the backend skips the step as ART does (`TrainConfig.max_skipped_steps`): no
-gradient step, the step counter and the data position both advance by one (they stay in lockstep,
-so resume is unchanged), and too many skipped steps in a row raise NotTrainableError.
+A step whose groups all tie (no learning signal) is gathered again, same scenarios, up to
+`resample_no_signal` times, each recorded as a ``no_signal`` alert; the rule is
+`groupwise.learning_signal`'s. If the last gathering still ties at the top (every rollout scored the
+run's highest reward, or validation is at its ceiling) the task is solved: the run stops, rule
+``converged``, with its summary and best checkpoint. Otherwise the backend skips the step as ART does
+(`TrainConfig.max_skipped_steps`): no gradient step, the step counter and the data position both
+advance by one (they stay in lockstep, so resume is unchanged), and too many skipped steps in a row
+raise NotTrainableError: a run that cannot learn fails loudly.
 
 The loop speaks to the backend only through the public `Backend` methods: after every validation it
 names the best checkpoint so far (`keep_best`, so retention keeps it), and for the test it serves
@@ -37,7 +40,6 @@ requests the engine batched together, which depends on timing, does not decide w
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import inspect
 import logging
@@ -48,14 +50,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from groupwise.config import LoopConfig
-from groupwise.errors import ConfigError
+from groupwise.errors import ConfigError, NotTrainableError
+from groupwise.learning_signal import assess, loop_action
 from groupwise.loop.cursor import DataCursor, batches, resume_cursor
 from groupwise.loop.detectors import Alert, answer_text, run_detectors
 from groupwise.loop.intervals import mean_interval
 from groupwise.loop.policy import action_for, classify, decide, pending_stop, stop_now, stop_reason_once
 from groupwise.loop.progress import eta_seconds, step_line
-from groupwise.loop.series import events, mean, rows, series
-from groupwise.loop.stopping import StopDecision, baseline_values, check_stopping
+from groupwise.loop.series import events, rows, series
+from groupwise.loop.stopping import StopDecision, baseline_values, check_stopping, reward_range_of, val_at_ceiling
 from groupwise.types import Trajectory, TrajectoryGroup
 
 log = logging.getLogger("groupwise.loop")
@@ -190,6 +193,7 @@ class Loop:
         self.alerts: list[Alert] = []
         self.dropped_groups = 0  # groups score_group dropped (counted per step in the loop row)
         self._firing: set[str] = set()  # names of the alerts the previous step raised
+        self.reward_range: tuple[float, float] | None = None  # lowest, highest train reward of the run so far
 
     # -- gathering ---------------------------------------------------------------------------------
     async def gather(self, model: Any, scenarios: Sequence[Any], indices: Sequence[int], n: int, desc: str,
@@ -292,10 +296,20 @@ class Loop:
             self.store.append_history({**row, "name": name, "kind": "model"})
 
     # -- one step ------------------------------------------------------------------------------------
-    async def step(self, step: int, indices: list[int],
-                   cursor: DataCursor) -> tuple[int, list[TrajectoryGroup], list[TrajectoryGroup]]:
-        from groupwise.errors import NotTrainableError
+    def see_rewards(self, groups: list[TrajectoryGroup]) -> tuple[float, float] | None:
+        """Widen the run's reward range (lowest, highest rollout reward so far) by `groups`'s rewards.
+        A resumed run starts from its history's train means (`reward_range_of`)."""
+        rewards = [r for g in groups for r in g.rewards()]
+        if rewards:
+            lo, hi = self.reward_range if self.reward_range is not None else (min(rewards), max(rewards))
+            self.reward_range = (min(lo, *rewards), max(hi, *rewards))
+        return self.reward_range
 
+    async def step(self, step: int, indices: list[int], cursor: DataCursor
+                   ) -> tuple[int, list[TrajectoryGroup], list[TrajectoryGroup], StopDecision | None]:
+        """Gather, score and train one step: (new step, train groups, judged validation groups, a stop
+        when the step showed the task solved). Whether a gathered batch is trained, gathered again or
+        ends the run is `groupwise.learning_signal`'s rule."""
         dropped_before = self.dropped_groups
         for attempt in range(self.c.resample_no_signal + 1):
             t0 = time.perf_counter()
@@ -305,32 +319,32 @@ class Loop:
             groups = await self.score_groups(groups)
             t2 = time.perf_counter()
             if not groups:
-                raise RuntimeError(f"step {step}: score_group dropped every group; nothing to train on")
+                raise NotTrainableError(f"step {step}: score_group dropped every group, so there is nothing to train "
+                                        "on; check the judge (a judge failing on every group returns None for "
+                                        "each with swallow_exceptions=True)")
             for g in groups:
                 for t in g.trajectories:
                     t.metrics["answer_chars"] = len(answer_text(t))  # read by the length-drift detector
-            # Before the last attempt, a step without signal raises (max_skipped_steps=0) so the batch is
-            # gathered again; the last attempt lets the backend skip it (or raise past its limit).
-            last = attempt == self.c.resample_no_signal
-            config = self.c.step_config()
-            try:
-                result = await self.model.train(groups, config=config if last else dataclasses.replace(config, max_skipped_steps=0),
-                                                cursor=cursor.to_dict())
+            signal = assess([g.rewards() for g in groups], reward_range=self.see_rewards(groups),
+                            val_at_ceiling=bool(self.val) and val_at_ceiling(self.store.history(), self.c))
+            action = loop_action(signal, attempt, self.c.resample_no_signal)
+            if action != "resample":
                 break
-            except NotTrainableError as exc:
-                if last:
-                    raise
-                # Same step, same scenarios, fresh samples: the data position and step stay in lockstep.
-                # The backend's message names the max_skipped_steps=0 used for this probe, so say it here.
-                shown = "; ".join(f"group {g}: {r.rewards()[:4]}" for g, r in enumerate(groups[:3]))
-                message = (f"no learning signal: every group's rewards are equal ({shown}{' ...' if len(groups) > 3 else ''}); "
-                           f"sampling the step's scenarios again (attempt {attempt + 2} of {self.c.resample_no_signal + 1}, "
-                           f"LoopConfig.resample_no_signal={self.c.resample_no_signal})")
-                alert = Alert("no_signal", "warning", step, message,
-                              {"attempt": attempt + 1, "rewards": [g.rewards()[:8] for g in groups[:4]], "error": str(exc)})
-                self.store.append_history(alert.to_row("resample"))
-                self.alerts.append(alert)
-                log.warning("step %d: %s", step, message)
+            # Same step, same scenarios, fresh samples: the data position and step stay in lockstep.
+            message = (f"{signal.reason}; sampling the step's scenarios again (attempt {attempt + 2} of "
+                       f"{self.c.resample_no_signal + 1}, LoopConfig.resample_no_signal={self.c.resample_no_signal})")
+            alert = Alert("no_signal", "warning", step, message,
+                          {"attempt": attempt + 1, "kind": signal.kind, "rewards": [g.rewards()[:8] for g in groups[:4]]})
+            self.store.append_history(alert.to_row("resample"))
+            self.alerts.append(alert)
+            log.warning("step %d: %s", step, message)
+        if action == "converged":
+            return step, groups, [], StopDecision(
+                True, "converged",
+                f"{signal.reason}, in {self.c.resample_no_signal + 1} gathering(s) of step {step}'s scenarios: "
+                "nothing is left to learn from this reward",
+                step, {"rewards": [g.rewards()[:8] for g in groups[:8]], "reward_range": list(self.reward_range or ())})
+        result = await self.model.train(groups, config=self.c.step_config(), cursor=cursor.to_dict())
         t3 = time.perf_counter()
         cost = sum(float(g.metrics.get("judge/cost_usd", 0.0)) for g in groups)
         self.store.append_history({
@@ -342,7 +356,7 @@ class Loop:
         judged: list[TrajectoryGroup] = []
         if self.val and new_step % self.c.eval_every == 0:
             judged = await self.validate_at(new_step)
-        return new_step, groups, judged
+        return new_step, groups, judged, None
 
     def decide(self, step: int, groups: list[TrajectoryGroup], judged: list[TrajectoryGroup]) -> StopDecision:
         history = self.store.history()
@@ -451,6 +465,7 @@ async def fit(
     loop = Loop(model, rollout, train, val, test, score_group, validate, list(baselines), config)
     start = step = await model.get_step()
     history = loop.store.history()
+    loop.reward_range = reward_range_of(history)
     if step > 0 and val:  # a resumed run: retention keeps the best so far, not only the backend's own pick
         await loop.keep_best(loop.best(history, step)[1], history)
     if val:
@@ -465,8 +480,8 @@ async def fit(
                                groups_per_step=config.groups_per_step, seed=config.seed)
         t_steps = time.perf_counter()
         for indices, after in batches(cursor, config.groups_per_step, config.num_epochs):
-            step, groups, judged = await loop.step(step, indices, after)
-            decision = loop.decide(step, groups, judged)
+            step, groups, judged, solved = await loop.step(step, indices, after)
+            decision = solved or loop.decide(step, groups, judged)
             loop.log_progress(step, start, time.perf_counter() - t_steps)
             if decision:
                 break

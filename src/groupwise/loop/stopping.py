@@ -19,9 +19,11 @@ A curve without intervals (old histories, hand-built ones) compares bare values.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from groupwise.learning_signal import ZERO_VARIANCE_TOL
 from groupwise.loop.intervals import combined_noise
 from groupwise.loop.series import Point, Row, events, interval, points, value
 
@@ -34,7 +36,7 @@ class StopDecision:
     """Whether to stop, by which rule, and why (a sentence a user can act on)."""
 
     stop: bool
-    rule: str = ""  # "max_steps", "target", "baseline", "plateau", "policy", "data_exhausted", "" (continue)
+    rule: str = ""  # "max_steps", "target", "baseline", "plateau", "alert:<name>", "converged", "data_exhausted", "" (continue)
     reason: str = ""
     step: int = 0
     evidence: dict[str, Any] = field(default_factory=dict)
@@ -203,3 +205,21 @@ def check_stopping(history: list[Row], step: int, config: "LoopConfig") -> StopD
         if decision:
             return decision
     return StopDecision(False, step=step)
+
+
+def reward_range_of(history: list[Row]) -> tuple[float, float] | None:
+    """(lowest, highest) mean train reward in the history: where a resumed run's reward range starts
+    (the loop widens it with every rollout's own reward); `groupwise.learning_signal` reads it to tell
+    a tie at the top ('solved') from one below it."""
+    means = [p.value for p in points(history, "train", "reward") if math.isfinite(p.value)]
+    return (min(means), max(means)) if means else None
+
+
+def val_at_ceiling(history: list[Row], config: "LoopConfig") -> bool:
+    """The latest validation sits at its ceiling: a metric bounded by 1 (its interval's upper end is
+    1.0, as accuracies' are) that scored 1.0 on every scenario."""
+    if not config.higher_is_better:
+        return False
+    val = points(history, "val", config.metric, confidence=config.confidence)
+    return bool(val) and val[-1].value >= 1.0 - ZERO_VARIANCE_TOL and val[-1].hi is not None \
+        and abs(val[-1].hi - 1.0) <= ZERO_VARIANCE_TOL

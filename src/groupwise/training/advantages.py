@@ -17,8 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-# Rewards closer than this are "equal": float noise from a judge must not create a fake signal.
-ZERO_VARIANCE_TOL = 1e-9
+from groupwise.learning_signal import tied
 
 
 @dataclass
@@ -46,7 +45,7 @@ def group_advantages(rewards_G: Sequence[float], *, scale: bool = True, eps: flo
     if n == 0:
         return None
     mean = sum(rewards_G) / n
-    if max(rewards_G) - min(rewards_G) <= ZERO_VARIANCE_TOL:
+    if tied(rewards_G):  # the same tolerance as the loop's and the backend's no-signal rule
         return None
     centred_G = [r - mean for r in rewards_G]
     if not scale:

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from groupwise.config import LoraConfig, TrainConfig
+from groupwise.errors import GroupwiseError
 from groupwise.loading import quiet_peft
 from groupwise.module_walk import ModuleWalk
 from groupwise.training.finite import check_finite, guarded_step
@@ -156,7 +157,7 @@ class Trainer:
         tag = f".{self.adapter_name}."
         named = [(n, p) for n, p in self.model.named_parameters() if "lora_" in n and tag in n]
         if not named:
-            raise RuntimeError(
+            raise GroupwiseError(
                 f"the model has no LoRA parameters of adapter {self.adapter_name!r}; wrap it with "
                 "training.trainer.wrap_with_lora first"
             )

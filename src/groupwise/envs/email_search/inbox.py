@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from groupwise.errors import EnvError
+
 GENERATOR_VERSION = 1  # bump when the generator changes, so cached databases are rebuilt
 
 FIRST = ("Maria", "James", "Aisha", "Tomas", "Yuki", "Priya", "Lukas", "Sofia", "Omar", "Elena", "Noah", "Mei",
@@ -278,7 +280,7 @@ def check_fts5() -> None:
     try:
         sqlite3.connect(":memory:").execute("CREATE VIRTUAL TABLE t USING fts5(x)")
     except sqlite3.OperationalError as exc:
-        raise RuntimeError(
+        raise EnvError(
             f"this Python's SQLite ({sqlite3.sqlite_version}) has no FTS5 ({exc}); the email environment "
             "needs it. Use a Python built with a recent SQLite (python.org and conda builds have FTS5)."
         ) from exc

@@ -31,6 +31,7 @@ from groupwise.envs.email_search.env import (
     run_tool,
 )
 from groupwise.envs.email_search.inbox import default_database
+from groupwise.errors import EnvError
 from groupwise.types import Trajectory
 
 __all__ = ["demonstration", "demonstrations"]
@@ -71,7 +72,7 @@ def demonstration(scenario: ScenarioEmail) -> Trajectory:
         if name == "search_emails":
             found = any(r["message_id"] == scenario.source_id for r in result)
             if not found:
-                raise RuntimeError(f"searching {scenario.keywords} does not find {scenario.source_id}; the corpus "
+                raise EnvError(f"searching {scenario.keywords} does not find {scenario.source_id}; the corpus "
                                    "no longer keeps each fact findable by its keywords")
         if name == "read_email":
             read = result["message_id"] == scenario.source_id
