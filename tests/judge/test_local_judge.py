@@ -47,6 +47,8 @@ async def test_local_smollm2_judges_a_group_end_to_end(capsys):
     try:
         judged = await gw.ruler_score_group(group, "smollm2-135m", client=backend.judge_client("smollm2-135m"),
                                             debug=True)
+        by_name = await gw.ruler_score_group(group, "local/smollm2-135m")  # the docs' form: no backend at hand
+        assert by_name is not None and by_name.metrics["judge/requests"] == 1
         assert backend.judge_client("smollm2-135m") is backend.judge_client("smollm2-135m")  # loaded once
     finally:
         await backend.close()
@@ -64,7 +66,37 @@ async def test_local_smollm2_judges_a_group_end_to_end(capsys):
     assert "last: 6 x 7 = 42" in out and "last: I think it is 13." in out and out.count("why: ") == 2
 
 
-async def test_a_local_judge_name_without_a_client_says_where_local_judges_come_from():
+def test_a_local_judge_by_name_on_the_tiny_model(tmp_path):
+    # "local/<model>" (docs/judge.md) resolves through the judge's registry of client factories to the
+    # backend's in-process engine; the judge imports no engine itself (tests/test_layers.py)
+    pytest.importorskip("torch")
+    from groupwise.judge.providers import resolve
+    from groupwise.loading import tiny_random_model
+
+    model, tok = tiny_random_model(seed=0)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    name = f"local/{tmp_path}"
+    endpoint = resolve(name)
+    assert endpoint.local and endpoint.model == str(tmp_path) and endpoint.label == name and not endpoint.paid
+    assert resolve(name).client is endpoint.client  # one engine per model per process
+
+    async def ask():
+        served = [m.id for m in (await endpoint.client.models.list()).data]
+        reply = await endpoint.client.chat.completions.create(
+            model=endpoint.model, messages=[{"role": "user", "content": "2+2?"}], max_tokens=3, temperature=0.0)
+        return served, reply
+
+    import asyncio
+
+    served, reply = asyncio.run(ask())
+    # the engine in this process serves the model under the name the judge sends (a real completion)
+    assert str(tmp_path) in served and reply.usage.completion_tokens >= 1
+
+
+def test_an_unknown_prefix_lists_the_local_one():
     group = gw.TrajectoryGroup([gw.Trajectory(messages_and_choices=[{"role": "user", "content": "x"}])] * 2)
-    with pytest.raises(gw.ConfigError, match="backend.judge_client"):
-        await gw.ruler_score_group(group, "local/smollm2-135m")
+    with pytest.raises(gw.ConfigError, match="unknown judge provider 'nosuch'.*local"):
+        import asyncio
+
+        asyncio.run(gw.ruler_score_group(group, "nosuch/model"))

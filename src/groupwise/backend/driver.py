@@ -45,6 +45,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from groupwise.backend.base import Backend, InferenceEndpoint, TrainResult
+from groupwise.backend.replica import DEFAULT_MAX_BATCH_SIZE
 from groupwise.backend.worker import ModelSpec, WorkerOptions
 from groupwise.compute import compute_thread
 from groupwise.config import LoraConfig, TrainConfig, backend_option_problems
@@ -145,7 +146,7 @@ class WorkerBackend(Backend):
         *,
         dtype: str | None = None,
         lora: LoraConfig | None = None,
-        max_batch_size: int = 32,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         served_steps: int = 2,
         best_checkpoint_metric: str | None = "val/reward",
         verify_adapter: bool = True,

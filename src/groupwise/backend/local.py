@@ -36,9 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 from groupwise.backend.base import InferenceEndpoint
 from groupwise.backend.driver import DEFAULT_PATH, ReplicaDivergenceError, WorkerBackend, WorkerError
-from groupwise.backend.replica import API_KEY
+from groupwise.backend.replica import API_KEY, DEFAULT_MAX_BATCH_SIZE
 from groupwise.compat import warn_ignored
-from groupwise.compute import compute_thread
 from groupwise.config import LoraConfig, backend_option_problems
 from groupwise.errors import ConfigError, GroupwiseError
 
@@ -109,7 +108,7 @@ class LocalBackend(WorkerBackend):
         devices: "int | list[str] | tuple[str, ...] | None" = None,
         dtype: str | None = None,
         lora: LoraConfig | None = None,
-        max_batch_size: int = 32,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         served_steps: int = 2,
         best_checkpoint_metric: str | None = "val/reward",
         verify_adapter: bool = True,
@@ -209,16 +208,11 @@ class LocalBackend(WorkerBackend):
         To judge with the weights a registered model already holds, pass ``client=model.openai_client()``
         and ask for ``model.inference_name(0)`` (the base, adapter off): no second copy is loaded."""
         if base_model not in self._judges:
-            from groupwise.inference.client import in_process_client
-            from groupwise.inference.engine import Engine
-            from groupwise.inference.registry import ModelRegistry
-            from groupwise.inference.server import create_app
-            from groupwise.loading import load_base_model
+            from groupwise.backend.judges import build_local_judge
 
-            lm, tokenizer = compute_thread().call(load_base_model, base_model, device=self.device, dtype=self.dtype)
-            engine = Engine(lm, tokenizer, max_batch_size=self.max_batch_size, **self.engine_kwargs)
-            client = in_process_client(create_app(ModelRegistry(engine, base_name=base_model)), api_key=API_KEY)
-            self._judges[base_model] = (engine, client)
+            self._judges[base_model] = build_local_judge(base_model, device=self.device, dtype=self.dtype,
+                                                         max_batch_size=self.max_batch_size,
+                                                         engine_kwargs=self.engine_kwargs)
         return self._judges[base_model][1]
 
     # ------------------------------------------------------------------------------------ S3 (ART)

@@ -25,6 +25,7 @@ from typing import Any
 
 from groupwise.backend.base import InferenceEndpoint
 from groupwise.backend.driver import DEFAULT_PATH, WorkerBackend, WorkerError
+from groupwise.backend.replica import DEFAULT_MAX_BATCH_SIZE
 from groupwise.backend.worker import Worker
 from groupwise.config import LoraConfig, backend_option_problems
 from groupwise.errors import ConfigError, MissingDependencyError
@@ -85,7 +86,7 @@ class RayBackend(WorkerBackend):
         address: str | None = None,
         dtype: str | None = None,
         lora: LoraConfig | None = None,
-        max_batch_size: int = 32,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         served_steps: int = 2,
         best_checkpoint_metric: str | None = "val/reward",
         verify_adapter: bool = True,

@@ -20,6 +20,8 @@ from groupwise.config import LoraConfig, TrainConfig
 from groupwise.errors import AdapterMismatchError, CheckpointError, GroupwiseError
 
 API_KEY = "groupwise-local"
+# Sequences an engine decodes together: the default of every backend, worker, replica and local judge.
+DEFAULT_MAX_BATCH_SIZE = 32
 
 
 def fingerprint(tensors: Any) -> list[int]:
@@ -61,7 +63,7 @@ class Replica:
         *,
         device: str | None = None,
         dtype: str | None = None,
-        max_batch_size: int = 32,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         engine_kwargs: dict[str, Any] | None = None,
         process_group: Any = None,
         api_key: str | None = None,

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.backend.memory import release_freed_memory
-from groupwise.backend.replica import Replica
+from groupwise.backend.replica import DEFAULT_MAX_BATCH_SIZE, Replica
 from groupwise.compute import compute_thread
 from groupwise.config import LoraConfig
 
@@ -68,7 +68,7 @@ class WorkerOptions:
     """Settings shared by every rank (the backend's constructor arguments)."""
 
     dtype: str | None = None
-    max_batch_size: int = 32
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     engine_kwargs: dict[str, Any] | None = None
     verify_adapter: bool = True
     serve_http: bool = False  # serve each replica's app over HTTP (a worker outside the driver's process)

@@ -1,6 +1,6 @@
 """Where the judge runs. Every provider is reached through the `openai` SDK (the only client), at its
-OpenAI-compatible endpoint; the judge never builds an engine (a local judge's client comes from the
-backend: `LocalBackend.judge_client`).
+OpenAI-compatible endpoint; the judge never builds an engine: a local judge's client comes from the
+backend (``local/<model>`` through `CLIENT_FACTORIES`, or ``client=LocalBackend.judge_client(...)``).
 
 | judge_model prefix            | endpoint                                              | key                              |
 |-------------------------------|-------------------------------------------------------|----------------------------------|
@@ -14,6 +14,7 @@ backend: `LocalBackend.judge_client`).
 | ``deepseek/``, ``xai/``, ``mistral/`` | their /v1 endpoints                           | $DEEPSEEK_API_KEY, $XAI_API_KEY, $MISTRAL_API_KEY |
 | ``hosted_vllm/`` (vllm/, sglang/) | $HOSTED_VLLM_API_BASE or base_url= (a vLLM/sglang server) | $HOSTED_VLLM_API_KEY or none |
 | ``ollama/`` (ollama_chat/)    | localhost:11434/v1 (or $OLLAMA_HOST)                  | none                             |
+| ``local/``                    | groupwise's engine in this process (the backend extra), loaded once per model | none     |
 | any name + base_url=          | that OpenAI-compatible server                         | api_key=, the prefix's key, or none |
 
 The prefixes are LiteLLM's, which ART's judge names use. The model name sent is the part after the
@@ -23,13 +24,15 @@ stripped and its key variable still read when set.
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from groupwise.errors import ConfigError, JudgeError
+from groupwise.errors import ConfigError, JudgeError, MissingDependencyError
 
-__all__ = ["PROVIDERS", "Endpoint", "Provider", "resolve"]
+__all__ = ["CLIENT_FACTORIES", "PROVIDERS", "Endpoint", "Provider", "register_client_factory", "resolve"]
 
 IN_PROCESS_HOST = "groupwise.local"  # the host of groupwise.inference.client.BASE_URL (no socket behind it)
 
@@ -61,6 +64,31 @@ PROVIDERS: dict[str, Provider] = {
     "hosted_vllm": Provider(None, ("HOSTED_VLLM_API_KEY",), key_required=False, paid=False, url_var="HOSTED_VLLM_API_BASE"),
     "ollama": Provider(None, key_required=False, paid=False),
 }
+# Judges that another layer of groupwise serves, by prefix: a factory ``model name -> AsyncOpenAI client``,
+# or ``"module:function"`` naming one, imported on first use. The judge looks names up here and never
+# imports the engine: the ``local`` entry is the backend's in-process engine (groupwise/backend/judges.py),
+# importable only with the backend extra. `register_client_factory` adds or replaces an entry.
+CLIENT_FACTORIES: dict[str, "str | Callable[[str], Any]"] = {"local": "groupwise.backend.judges:local_judge_client"}
+
+
+def register_client_factory(prefix: str, factory: "str | Callable[[str], Any]") -> None:
+    """Serve judge names ``<prefix>/<model>`` with ``factory(model)``, an `openai.AsyncOpenAI` client."""
+    CLIENT_FACTORIES[prefix] = factory
+
+
+def _factory_client(prefix: str, model: str, judge_model: str) -> Any:
+    factory = CLIENT_FACTORIES[prefix]
+    try:
+        if isinstance(factory, str):
+            module, _, name = factory.partition(":")
+            factory = CLIENT_FACTORIES[prefix] = getattr(importlib.import_module(module), name)
+        return factory(model)
+    except ModuleNotFoundError as exc:  # the factory's layer needs an extra that is not installed (torch)
+        if prefix != "local":
+            raise
+        raise MissingDependencyError(f"the local judge {judge_model!r}", "backend", exc.name or "torch") from exc
+
+
 ALIASES = {"together": "together_ai", "vllm": "hosted_vllm", "sglang": "hosted_vllm", "ollama_chat": "ollama",
            "fireworks": "fireworks_ai"}
 
@@ -79,7 +107,7 @@ class Endpoint:
 
 
 def _accepted() -> str:
-    names = sorted(PROVIDERS) + [f"{a} (= {p})" for a, p in sorted(ALIASES.items())]
+    names = sorted([*PROVIDERS, *CLIENT_FACTORIES]) + [f"{a} (= {p})" for a, p in sorted(ALIASES.items())]
     return ", ".join(names)
 
 
@@ -129,6 +157,11 @@ def resolve(
         # explanations. Such clients address the host name the in-process transport answers to.
         return Endpoint(client=client, model=judge_model, label=judge_model, base_url=url,
                         local=client.base_url.host == IN_PROCESS_HOST)
+    prefix, sep, rest = judge_model.partition("/")
+    if sep and rest and prefix in CLIENT_FACTORIES and base_url is None:
+        client = _factory_client(prefix, rest, judge_model)
+        return Endpoint(client=client, model=rest, label=judge_model, base_url=str(client.base_url).rstrip("/"),
+                        local=client.base_url.host == IN_PROCESS_HOST)
     name, model = _provider(judge_model)
     provider = PROVIDERS.get(name) if name else None
     if base_url is not None:
@@ -139,10 +172,8 @@ def resolve(
     if provider is None:
         prefix = judge_model.partition("/")[0] if "/" in judge_model else None
         what = f"unknown judge provider {prefix!r} in {judge_model!r}" if prefix else f"judge_model={judge_model!r} names no provider"
-        local = (" A local judge is a client of your backend: client = backend.judge_client('smollm2-135m'), then "
-                 "ruler_score_group(group, 'smollm2-135m', client=client).") if prefix == "local" else ""
         raise ConfigError(f"{what}. Accepted prefixes: {_accepted()}; or pass base_url= (ART: "
-                          f"extra_litellm_params={{'api_base': ...}}) for any OpenAI-compatible server.{local}",
+                          f"extra_litellm_params={{'api_base': ...}}) for any OpenAI-compatible server.",
                           what="judge")
     url = (os.environ.get(provider.url_var) if provider.url_var else None) or provider.base_url
     if name == "ollama":
