@@ -94,3 +94,25 @@ def test_a_client_of_an_engine_served_in_process_is_a_local_judge():
     local = providers.resolve("m", client=openai.AsyncOpenAI(base_url=BASE_URL, api_key="x"))
     remote = providers.resolve("m", client=openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="x"))
     assert local.local and not remote.local
+
+
+def test_client_factories_serve_their_prefix_and_name_the_missing_extra(monkeypatch):
+    # the registry the judge looks "local/<model>" up in: a factory (or "module:function") per prefix
+    import openai
+
+    from groupwise.errors import MissingDependencyError
+
+    monkeypatch.setattr(providers, "CLIENT_FACTORIES", dict(providers.CLIENT_FACTORIES))
+    made = []
+
+    def factory(model):
+        made.append(model)
+        return openai.AsyncOpenAI(base_url=f"http://{providers.IN_PROCESS_HOST}/v1", api_key="x")
+
+    providers.register_client_factory("mine", factory)
+    endpoint = providers.resolve("mine/some/model")
+    assert made == ["some/model"] and endpoint.model == "some/model" and endpoint.local
+    assert providers.CLIENT_FACTORIES["local"] == "groupwise.backend.judges:local_judge_client"
+    providers.register_client_factory("local", "groupwise_no_such_module:client")
+    with pytest.raises(MissingDependencyError, match=r"pip install 'groupwise\[backend\]'"):
+        providers.resolve("local/smollm2-135m")
