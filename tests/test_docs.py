@@ -12,3 +12,33 @@ def test_the_architecture_file_tree_lists_every_module():
              if p.is_file() and p.suffix in (".py", ".md") and "__pycache__" not in p.parts}
     assert files - listed == set(), "run `python scripts/file_tree.py` to update docs/architecture.md"
     assert listed - files == set(), "docs/architecture.md lists files that no longer exist"
+
+
+DOCS = [REPO / "README.md", REPO / "pyproject.toml", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def test_every_file_the_docs_cite_exists():
+    # a cited path (docs/x.md, src/..., tests/...) or a bare *.md name must be a file of the repository
+    import re
+
+    missing = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for m in re.finditer(r"(?<![\w/.<-])((?:docs|src|tests|bench|scripts)/[\w./-]*[\w-]\.(?:md|py|toml|json))\b", text):
+            if not (REPO / m.group(1)).exists():
+                missing.append(f"{doc.name}: {m.group(1)}")
+        for m in re.finditer(r"\b([\w-]+\.md)\b", text):
+            if not any(REPO.rglob(m.group(1))):
+                missing.append(f"{doc.name}: {m.group(1)}")
+    assert missing == []
+
+
+def test_the_docs_put_the_loop_cursor_in_the_checkpoints():
+    # gw.fit saves its data cursor with each checkpoint (checkpoints/<step>/state.json), not in the run's
+    # state.json, which is the user's (ART's model.write_state)
+    import re
+
+    for doc in [*DOCS, REPO / "src/groupwise/store.py"]:
+        for sentence in re.split(r"(?<=[.|])\s", doc.read_text()):
+            if "cursor" in sentence and "state.json" in sentence:
+                assert "checkpoint" in sentence, f"{doc.name}: {sentence.strip()[:200]}"

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_
 from typing_extensions import TypeVar
 
 from groupwise.adapter_names import served_name
+from groupwise.backend.base import BEST_CHECKPOINT_METRIC
 from groupwise.compat import (LORA_CONFIG_FIELDS, PEFT_ARGS_FIELDS, internal_config_settings, train_config_from_art,
                               warn_ignored)
 from groupwise.errors import ConfigError, GroupwiseError
@@ -410,7 +411,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         """Number of completed training steps (0 before any)."""
         return await self.backend.get_step(self)
 
-    async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> None:
+    async def delete_checkpoints(self, best_checkpoint_metric: str = BEST_CHECKPOINT_METRIC) -> None:
         """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (read from
         the history's rows: ``val/reward`` is the reward of the val rows), as ART's."""
         await self.backend.delete_checkpoints(self, best_checkpoint_metric)

@@ -5,8 +5,9 @@ Layout (``run_dir = <base_path>/<project>/<model>``)::
     history.jsonl                     one row per (step, split, kind, name, message), appended
     trajectories/<split>/<step:04d>.jsonl
                                       one line per TrajectoryGroup, every field (see below)
-    state.json                        small resumable state (the loop's cursor, best step, ...)
-    checkpoints/<step>/               written by the trainer (adapter safetensors, optimizer, RNG)
+    state.json                        the user's small state (`write_state`, ART's `model.write_state`)
+    checkpoints/<step>/               written by the trainer (adapter safetensors, optimizer, RNG, and
+                                      in its own state.json the loop's data cursor of that step)
     .writer.lock                      flock'ed by the one process that trains the run (run_lock.py)
 
 Trajectory files are lossless: a line is ``TrajectoryGroup.model_dump(mode="json")``, so every

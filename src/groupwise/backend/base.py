@@ -38,7 +38,11 @@ if TYPE_CHECKING:
     from groupwise.model import TrainableModel
     from groupwise.types import Trajectory, TrajectoryGroup
 
-__all__ = ["Backend", "InferenceEndpoint", "TrainResult"]
+__all__ = ["BEST_CHECKPOINT_METRIC", "Backend", "InferenceEndpoint", "TrainResult"]
+
+# The history metric that names the best checkpoint when nothing else does (ART's default): retention
+# keeps that checkpoint, `delete_checkpoints` spares it. `gw.fit` names the best itself (`keep_best`).
+BEST_CHECKPOINT_METRIC = "val/reward"
 
 
 @dataclass
@@ -135,7 +139,7 @@ class Backend(ABC):
     async def close(self) -> None:
         """Release engines, workers, threads and memory."""
 
-    async def delete_checkpoints(self, model: "TrainableModel", best_checkpoint_metric: str = "val/reward") -> None:
+    async def delete_checkpoints(self, model: "TrainableModel", best_checkpoint_metric: str = BEST_CHECKPOINT_METRIC) -> None:
         """Delete every checkpoint of `model` but the latest and the best by `best_checkpoint_metric`."""
         raise NotImplementedError(f"{type(self).__name__} does not delete checkpoints on request")
 

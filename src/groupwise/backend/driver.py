@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from groupwise.backend.base import Backend, InferenceEndpoint, TrainResult
+from groupwise.backend.base import BEST_CHECKPOINT_METRIC, Backend, InferenceEndpoint, TrainResult
 from groupwise.backend.replica import DEFAULT_MAX_BATCH_SIZE
 from groupwise.backend.worker import ModelSpec, WorkerOptions
 from groupwise.compute import compute_thread
@@ -148,7 +148,7 @@ class WorkerBackend(Backend):
         lora: LoraConfig | None = None,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         served_steps: int = 2,
-        best_checkpoint_metric: str | None = "val/reward",
+        best_checkpoint_metric: str | None = BEST_CHECKPOINT_METRIC,
         verify_adapter: bool = True,
         engine_kwargs: dict[str, Any] | None = None,
         load_model: Any = None,
@@ -464,7 +464,7 @@ class WorkerBackend(Backend):
                     by_step[int(row["step"])] = float(row[key])
         return by_step
 
-    async def delete_checkpoints(self, model: "TrainableModel", best_checkpoint_metric: str = "val/reward") -> None:
+    async def delete_checkpoints(self, model: "TrainableModel", best_checkpoint_metric: str = BEST_CHECKPOINT_METRIC) -> None:
         """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (ART's
         `model.delete_checkpoints()`); steps still served keep being served from memory."""
         run = self._run(model)

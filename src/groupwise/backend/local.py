@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from groupwise.backend.base import InferenceEndpoint
+from groupwise.backend.base import BEST_CHECKPOINT_METRIC, InferenceEndpoint
 from groupwise.backend.driver import DEFAULT_PATH, ReplicaDivergenceError, WorkerBackend, WorkerError
 from groupwise.backend.replica import API_KEY, DEFAULT_MAX_BATCH_SIZE
 from groupwise.compat import warn_ignored
@@ -110,7 +110,7 @@ class LocalBackend(WorkerBackend):
         lora: LoraConfig | None = None,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         served_steps: int = 2,
-        best_checkpoint_metric: str | None = "val/reward",
+        best_checkpoint_metric: str | None = BEST_CHECKPOINT_METRIC,
         verify_adapter: bool = True,
         serve_http: bool = True,
         engine_kwargs: dict[str, Any] | None = None,

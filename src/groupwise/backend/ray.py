@@ -23,7 +23,7 @@ import asyncio
 import secrets
 from typing import Any
 
-from groupwise.backend.base import InferenceEndpoint
+from groupwise.backend.base import BEST_CHECKPOINT_METRIC, InferenceEndpoint
 from groupwise.backend.driver import DEFAULT_PATH, WorkerBackend, WorkerError
 from groupwise.backend.replica import DEFAULT_MAX_BATCH_SIZE
 from groupwise.backend.worker import Worker
@@ -88,7 +88,7 @@ class RayBackend(WorkerBackend):
         lora: LoraConfig | None = None,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         served_steps: int = 2,
-        best_checkpoint_metric: str | None = "val/reward",
+        best_checkpoint_metric: str | None = BEST_CHECKPOINT_METRIC,
         verify_adapter: bool = True,
         engine_kwargs: dict[str, Any] | None = None,
         load_model: Any = None,

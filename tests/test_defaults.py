@@ -1,0 +1,47 @@
+"""One default per setting: a default that several signatures share is one named constant.
+
+Checked on the source with `ast`: a literal repeated across signatures drifts (one copy changed, the
+others not), which is how the backends' batch size and best-checkpoint metric could disagree."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "groupwise"
+
+
+def _defaults(name: str) -> list[tuple[str, object]]:
+    """(file:line, default) of every parameter or dataclass field called `name` that has a default."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            pairs = []
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                args = node.args
+                positional = args.posonlyargs + args.args
+                pairs += list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+                pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+                pairs = [(a.arg, d) for a, d in pairs]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+                pairs = [(node.target.id, node.value)]
+            for arg, default in pairs:
+                if arg == name:
+                    value = default.value if isinstance(default, ast.Constant) else ast.unparse(default)
+                    found.append((f"{path.relative_to(SRC)}:{default.lineno}", value))
+    return found
+
+
+def test_the_best_checkpoint_metric_has_one_owner():
+    found = _defaults("best_checkpoint_metric")
+    assert len(found) >= 5  # LocalBackend, RayBackend, WorkerBackend, Backend and TrainableModel.delete_checkpoints
+    assert [f for f in found if f[1] != "BEST_CHECKPOINT_METRIC"] == []
+    from groupwise.backend.base import BEST_CHECKPOINT_METRIC
+
+    assert BEST_CHECKPOINT_METRIC == "val/reward"  # ART's default
+
+
+def test_the_backends_engine_batch_size_has_one_owner():
+    found = [f for f in _defaults("max_batch_size") if f[0].startswith("backend/")]
+    assert len(found) >= 5  # LocalBackend, RayBackend, WorkerBackend, WorkerOptions, Replica
+    assert [f for f in found if f[1] != "DEFAULT_MAX_BATCH_SIZE"] == []
