@@ -1,11 +1,13 @@
 """The errors and warnings groupwise raises. Every error says what happened, why, and what to do.
 
-Every error groupwise raises on purpose is a `GroupwiseError`, so one ``except GroupwiseError`` catches
-them all; where a standard exception also fits, the error is that too (`ConfigError` is a `ValueError`,
-the engine's `EngineError` a `RuntimeError`, `NonFiniteError` a `FloatingPointError`), so code written
-against the standard classes keeps working. The layers define their own errors on this base
-(inference/requests.py, inference/constrained.py, backend/driver.py); tests/test_errors.py checks that
-every error class in the package derives from it.
+Every error class groupwise defines is a `GroupwiseError`, so one ``except GroupwiseError`` catches
+what a run, the engine, the trainer or the judge raise; where a standard exception also fits, the error
+is that too (`ConfigError` is a `ValueError`, the engine's `EngineError` a `RuntimeError`,
+`NonFiniteError` a `FloatingPointError`), so code written against the standard classes keeps working.
+The layers define their own errors on this base (inference/requests.py, inference/constrained.py,
+backend/driver.py); tests/test_errors.py checks that every error class in the package derives from it
+and that nothing raises a bare RuntimeError. A wrong argument passed to a function may still get the
+plain ValueError, TypeError or KeyError of a Python function.
 """
 
 from __future__ import annotations
