@@ -122,7 +122,8 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     def model_post_init(self, context: Any) -> None:
         given = [k for k in ("entity", "id", "run_id", "report_metrics") if getattr(self, k) is not None]
         if given:
-            warn_ignored(f"{type(self).__name__}()", given, "W&B run settings; the run store is local")
+            warn_ignored(f"{type(self).__name__}()", given, "W&B run settings; the run's history is local: "
+                         "`groupwise report <run_dir> --wandb PROJECT` (or --tensorboard DIR) sends it to W&B")
 
     def __copy__(self) -> "Model":
         new = super().__copy__()
