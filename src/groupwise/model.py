@@ -157,6 +157,9 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     def __repr__(self) -> str:  # not pydantic's: that would print inference_api_key
         return f"{type(self).__name__}(name={self.name!r}, project={self.project!r})"
 
+    def __str__(self) -> str:
+        return repr(self)
+
     # -- store --------------------------------------------------------------------------------
     @property
     def store(self) -> RunStore:

@@ -123,7 +123,9 @@ def test_models_are_pydantic_models_generic_in_their_config(tmp_path):
     assert model.base_path == str(tmp_path)
     dumped = model.model_dump()
     assert (dumped["name"], dumped["trainable"], dumped["config"]) == ("agent", True, {"difficulty": 3})
-    assert Model[MyConfig](name="baseline", project="p", config=MyConfig()).model_dump()["trainable"] is False
+    baseline = Model[MyConfig](name="baseline", project="p", config=MyConfig(), inference_api_key="sk-secret")
+    assert baseline.model_dump()["trainable"] is False
+    assert "sk-secret" not in f"{baseline} {baseline!r} {model}"  # printing a model never shows its key
     with pytest.raises(GroupwiseError, match="difficulty"):
         TrainableModel[MyConfig](name="agent", project="p", config={"difficulty": "hard"})
     with pytest.raises(GroupwiseError, match="bogus"):  # an argument neither side knows names itself
