@@ -166,6 +166,36 @@ def test_length_drift():
     assert d.length_drift(history(train=[0.5] * 8, lengths=[20, 22, 21, 25, 24, 26, 23, 22]), step=7) is None
 
 
+# The 2048 quick start: answers shrink from a sentence (33 chars) to the one tag asked for (9 chars)
+# while validation rises: the policy learned the answer's form, nothing gamed its length.
+SHRINKING_2048 = [33, 33, 32, 25, 18, 12, 10, 9, 9, 9, 9]
+
+
+def test_length_drift_with_validation_rising_is_learning_not_a_hack():
+    h = history(train=[0.2 + 0.05 * s for s in range(11)], lengths=SHRINKING_2048,
+                val={0: 0.1, 5: 0.4, 10: 0.7}, val_ci={0: (0.02, 0.25), 5: (0.25, 0.55), 10: (0.55, 0.82)})
+    for step in range(4, 11):
+        assert d.length_drift(h, step=step) is None, step
+        assert [a.name for a in d.run_detectors(h, [], step=step, config=gw.LoopConfig())] == [], step
+
+
+def test_length_drift_with_validation_flat_is_still_an_alarm():
+    # the same shrinking answers while validation stays within its noise (0.40 -> 0.42): a length hack.
+    h = history(train=[0.2 + 0.05 * s for s in range(11)], lengths=SHRINKING_2048,
+                val={0: 0.4, 5: 0.41, 10: 0.42}, val_ci={0: (0.25, 0.55), 5: (0.26, 0.56), 10: (0.27, 0.57)})
+    a = d.length_drift(h, step=10)
+    assert a is not None and a.evidence["factor"] == pytest.approx(9 / mean_of(33, 33, 32))
+    assert (a.evidence["val_then"], a.evidence["val_now"]) == (0.4, 0.42)
+    assert "did not improve beyond its noise" in a.message
+    # growing answers with validation falling are the classic hack
+    grow = history(train=[0.5] * 11, lengths=[20, 22, 21, 30, 45, 60, 62, 64, 64, 64, 64], val={0: 0.5, 10: 0.3})
+    assert d.length_drift(grow, step=10).evidence["factor"] == pytest.approx(64 / 21)
+
+
+def mean_of(*xs):
+    return sum(xs) / len(xs)
+
+
 def test_judge_disagreement_with_ground_truth():
     # truth 1,0,1,0; the judge prefers the wrong ones: the 4 pairs with different truth are all reversed.
     def judged(judge, truth):

@@ -11,7 +11,8 @@ The warning signs of reward hacking, one function each:
 | `perfect_scores`            | a step's groups                   | many groups with every rollout at the maximum  |
 | `ngram_repetition`          | a step's groups                   | answers that repeat their own n-grams          |
 | `identical_answers`         | a step's groups                   | every rollout of a group gives the same answer |
-| `length_drift`              | history (train ``answer_chars``)  | answer length drifted by a factor              |
+| `length_drift`              | history (``answer_chars``, val)   | answer length drifted by a factor while        |
+|                             |                                   | validation did not improve (a length hack)     |
 | `judge_disagreement`        | judged groups with ground truth   | judge orders pairs unlike ground truth         |
 
 History-based detectors read rows with `groupwise.loop.series`; group-based ones read the last assistant
@@ -30,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from groupwise.loop.series import Point, Row, mean, points, series, std
-from groupwise.loop.stopping import gap_noise, last_improvement
+from groupwise.loop.stopping import gap_noise, last_improvement, significant_gap
 
 if TYPE_CHECKING:
     from groupwise.config import LoopConfig
@@ -239,25 +240,49 @@ def reward_jump(
 
 def length_drift(
     history: list[Row], *, step: int, ratio: float = 2.0, key: str = "answer_chars", window: int = 3,
+    metric: str = "accuracy", higher_is_better: bool = True, min_delta: float = 0.0,
 ) -> Alert | None:
-    """Mean answer length of the last `window` steps is `ratio` times longer (or shorter) than the first."""
-    points = series(history, "train", key, up_to=step)
-    if len(points) < window + 1:
+    """Mean answer length of the last `window` steps is `ratio` times longer (or shorter) than the first,
+    while validation did not improve beyond its noise over the same span.
+
+    What this guards against is a length hack: a reward (a length bonus, a judge that likes long or
+    terse answers) paid for length itself, so length moves and the task does not. Length that moves
+    while validation rises is the policy learning the task's form (a game whose answer is one tag
+    shrinks from a sentence to the tag), not a hack. Without validation there is nothing to tell the
+    two apart, and the drift is reported.
+    """
+    curve = series(history, "train", key, up_to=step)
+    if len(curve) < window + 1:
         return None
-    first = [v for _, v in points[:window]]
-    last = [v for _, v in points[max(window, len(points) - window):]]
+    first = [v for _, v in curve[:window]]
+    last = [v for _, v in curve[max(window, len(curve) - window):]]
     ref, now = mean(first), mean(last)
     if ref <= 0:
         return None
     factor = now / ref
     if 1 / ratio < factor < ratio:
         return None
+    ref_end = curve[len(first) - 1][0]
+    val = points(history, "val", metric, up_to=step)
+    val_note = "no validation to compare against"
+    evidence: dict[str, Any] = {"key": key, "reference": ref, "now": now, "factor": factor,
+                                "reference_steps": [curve[0][0], ref_end]}
+    if len(val) >= 2:
+        before = [p for p in val if p.step <= ref_end]
+        val_then = before[-1] if before else val[0]
+        val_now = val[-1]
+        if val_now.step > val_then.step and significant_gap(val_now, val_then, higher_is_better, min_delta):
+            return None  # the task improved with the length: learning, not a hack
+        val_note = (f"val/{metric} did not improve beyond its noise ({_with_interval(val_then)} at step "
+                    f"{val_then.step} -> {_with_interval(val_now)} at step {val_now.step})")
+        evidence.update({"metric": f"val/{metric}", "val_then": val_then.value, "val_now": val_now.value,
+                         "val_steps": [val_then.step, val_now.step]})
     return Alert(
         "length_drift", "warning", step,
         f"answer length drifted {factor:.2f}x: {ref:.1f} chars in the first {len(first)} steps, "
-        f"{now:.1f} in the last {len(last)}. Length rewards and judges that prefer long answers get gamed.",
-        {"key": key, "reference": ref, "now": now, "factor": factor,
-         "reference_steps": [points[0][0], points[len(first) - 1][0]]},
+        f"{now:.1f} in the last {len(last)}, and {val_note}. Length rewards and judges that prefer long "
+        "(or short) answers get gamed: read the rollouts the reward liked.",
+        evidence,
     )
 
 
@@ -394,7 +419,8 @@ def run_detectors(
                                   window=d.reward_window, confidence=c.confidence),
         reward_jump(history, step=step, window=d.jump_window, min_jump=d.jump_min, sigmas=d.jump_sigmas,
                     plateau_range=d.plateau_range),
-        length_drift(history, step=step, ratio=d.length_ratio),
+        length_drift(history, step=step, ratio=d.length_ratio, metric=c.metric,
+                     higher_is_better=c.higher_is_better, min_delta=c.min_delta),
         perfect_scores(groups, step=gs, max_reward=d.perfect_reward, share=d.perfect_share),
         ngram_repetition(groups, step=gs, n=d.repetition_ngram, share=d.repetition_share),
         identical_answers(groups, step=gs, share=d.identical_share),
