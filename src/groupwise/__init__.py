@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "NotTrainableError": "groupwise.errors",
     "AdapterMismatchError": "groupwise.errors",
     "JudgeError": "groupwise.errors",
+    "JudgeSelectionError": "groupwise.errors",
     # configs
     "TrainConfig": "groupwise.config",
     "TrainSFTConfig": "groupwise.config",
@@ -65,6 +66,11 @@ _EXPORTS: dict[str, str] = {
     "ruler_score_group": "groupwise.judge",
     "DEFAULT_RUBRIC": "groupwise.judge",
     "JudgeConfig": "groupwise.judge",
+    "JudgeSpec": "groupwise.judge",
+    "LabelledGroup": "groupwise.judge",
+    "JudgeSelection": "groupwise.judge",
+    "evaluate_judges": "groupwise.judge",
+    "select_judge": "groupwise.judge",
     # loop
     "fit": "groupwise.loop",
     "FitSummary": "groupwise.loop",

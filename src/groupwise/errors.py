@@ -137,6 +137,15 @@ class JudgeError(GroupwiseError):
         self.raw = raw
 
 
+class JudgeSelectionError(GroupwiseError):
+    """No candidate judge cleared the bar on the labelled set; `table` is the evaluation, `reports` its rows."""
+
+    def __init__(self, message: str, table: str = "", reports: list | None = None):
+        super().__init__(message)
+        self.table = table
+        self.reports = reports or []
+
+
 class MissingDependencyError(GroupwiseError, ImportError):
     """An optional extra is needed for this feature. Says which `pip install` fixes it."""
 

@@ -7,7 +7,8 @@
 
 Files: prompt.py (what the judge sees), providers.py (where it runs), parse.py (strict answers),
 ruler.py (requests, retries, passes, chunks, mapping by id), reconcile.py (orders, anchors,
-alignment, Spearman), cache.py, cost.py, hybrid.py
+alignment, Spearman), evaluate.py (a judge's agreement with labels, position bias, consistency),
+select.py (the judge to train with, chosen on a labelled set), cache.py, cost.py, hybrid.py
 (verifiable x judge rewards), config.py (`JudgeConfig`). No torch here: the judge only receives an
 `openai.AsyncOpenAI` client (a local judge's comes from the backend, `LocalBackend.judge_client`).
 """
@@ -15,9 +16,19 @@ alignment, Spearman), cache.py, cost.py, hybrid.py
 from groupwise.judge.cache import JudgeCache
 from groupwise.judge.config import JudgeConfig
 from groupwise.judge.cost import PRICES, Usage, set_price
+from groupwise.judge.evaluate import (
+    JudgeReport,
+    JudgeSpec,
+    LabelledGroup,
+    evaluate_judges,
+    format_table,
+    labelled_from_groups,
+    load_labelled,
+)
 from groupwise.judge.hybrid import apply_hybrid, gate, weighted
 from groupwise.judge.parse import BadAnswer
 from groupwise.judge.prompt import DEFAULT_RUBRIC, SYSTEM_PROMPT
+from groupwise.judge.select import JudgeSelection, select_judge
 from groupwise.judge.ruler import (
     JudgeStats,
     RulerResult,
@@ -36,17 +47,26 @@ __all__ = [
     "BadAnswer",
     "JudgeCache",
     "JudgeConfig",
+    "JudgeReport",
+    "JudgeSelection",
+    "JudgeSpec",
     "JudgeStats",
+    "LabelledGroup",
     "RulerResult",
     "TrajectoryScore",
     "Usage",
     "apply_hybrid",
+    "evaluate_judges",
+    "format_table",
+    "labelled_from_groups",
+    "load_labelled",
     "format_debug",
     "gate",
     "judge_stats",
     "ruler",
     "ruler_detailed",
     "ruler_score_group",
+    "select_judge",
     "set_price",
     "weighted",
 ]
