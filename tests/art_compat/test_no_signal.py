@@ -88,3 +88,37 @@ async def test_fit_resamples_then_skips_keeping_step_and_data_cursor_in_lockstep
     batches = [b.items for b in gw.iterate_dataset(list(range(6)), 1, use_tqdm=False)]
     assert [r["scenarios"] for r in rows(h, "loop")] == batches[:3]
     assert {s for step, s in seen if step == 1} == set(batches[1])
+
+
+async def test_fit_on_a_solved_task_stops_as_converged_with_its_summary_and_test(tiny_model_dir, tmp_path):
+    # The README example's end: the model answers every scenario right, every group ties at the top
+    # reward. That is a solved task: fit stops (rule "converged"), tests the best checkpoint and returns
+    # its summary, where it used to skip steps and raise NotTrainableError out of gw.fit.
+    model = gw.TrainableModel(name="solved", project="p", base_model=tiny_model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    await model.register(backend)
+    turn: dict[tuple[str, int], int] = {}
+
+    async def rollout(m, scenario):
+        name = m.inference_name()
+        step = int(name.rsplit("@", 1)[1]) if "@" in name else await m.get_step()
+        messages = [{"role": "user", "content": f"scenario {scenario}"}]
+        r = await m.openai_client().chat.completions.create(model=name, messages=messages, max_tokens=2)
+        turn[(name, scenario)] = turn.get((name, scenario), 0) + 1
+        right = step >= 1 or turn[(name, scenario)] % 2 == 1  # step 0 answers half right, then all
+        return gw.Trajectory(messages_and_choices=[*messages, r.choices[0]], reward=1.2 if right else 0.0,
+                             metrics={"correct": float(right)})
+
+    config = gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, max_steps=8, eval_every=4,
+                           resample_no_signal=1, patience=10)
+    try:
+        summary = await gw.fit(model, rollout, list(range(8)), val_scenarios=[8, 9], test_scenarios=[10, 11],
+                               validate=lambda t, s: t.metrics["correct"], config=config)
+    finally:
+        await backend.close()
+    assert summary.stop.rule == "converged" and summary.final_step == 1
+    assert "stopped (converged)" in str(summary) and summary.test is not None
+    h = gw.load_history(summary.run_dir)
+    assert [r["step"] for r in rows(h, "train")] == [0]  # step 1 was solved, not skipped
+    assert [(a["step"], a["action"]) for a in events(h, "alert") if a["name"] == "no_signal"] == [(1, "resample")]
+    assert [s["rule"] for s in events(h, "stop")] == ["converged"]
