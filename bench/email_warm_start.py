@@ -136,7 +136,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         t = time.monotonic()
         config = gw.LoopConfig(
             rollouts_per_group=args.rollouts, groups_per_step=args.groups, max_steps=sft_steps + args.steps,
-            num_epochs=100, learning_rate=args.rl_lr, seed=args.seed, patience=1000, max_exceptions=0.1,
+            num_epochs=100, seed=args.seed, patience=1000, max_exceptions=0.1,
             train_config=gw.TrainConfig(learning_rate=args.rl_lr, micro_batch_tokens=2048, max_seq_len=4096,
                                         scale_rewards=args.scale_rewards, normalize=args.normalize,
                                         kl_coef=args.kl_coef, kl_reference_step=sft_steps if args.kl_coef else None),
