@@ -7,6 +7,8 @@ decode_graphs.py); these functions read and change only the step state (step_sta
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from groupwise.inference.requests import Completion, GenerationResult, RequestState, SeqState
@@ -105,8 +107,7 @@ def finish_reason(state: StepState, s: SeqState, t: int) -> str | None:
     if s.matcher is not None and (s.matcher.is_stopped() or s.matcher.is_error()):
         return "stop"
     if r.stop:
-        # Decoding a short tail is enough: a stop string can only end in the newest token.
-        tail = state.tokenizer.decode(s.tokens[-32:], skip_special_tokens=True)
+        tail = _stop_window(state.tokenizer, s.tokens, max(len(stop) for stop in r.stop))
         if any(stop in tail for stop in r.stop):
             text = state.tokenizer.decode(s.tokens, skip_special_tokens=True)
             cuts = [text.find(stop) for stop in r.stop if stop in text]
@@ -116,6 +117,24 @@ def finish_reason(state: StepState, s: SeqState, t: int) -> str | None:
     if len(s.tokens) >= s.state.max_new or s.length + 1 >= state.context_length:
         return "length"
     return None
+
+
+def _stop_window(tokenizer: Any, tokens: list[int], longest: int) -> str:
+    """The text of the newest tokens, enough of it to hold any stop string that ends in the newest
+    token: at least `longest` characters before that token's own, plus a few that a tail's first
+    token may decode wrongly (half of a multi-byte character). Decoding a short tail, not the whole
+    answer, keeps a step's cost flat; 32 tokens usually suffice, and the tail doubles until its text
+    is long enough (a long stop string, tokens that decode to nothing) or it is the whole answer."""
+    newest = len(tokenizer.decode(tokens[-1:], skip_special_tokens=True))
+    k = 32
+    while True:
+        tail = tokenizer.decode(tokens[-k:], skip_special_tokens=True)
+        if k >= len(tokens) or len(tail) - newest >= longest + _STOP_SLACK_CHARS:
+            return tail
+        k *= 2
+
+
+_STOP_SLACK_CHARS = 8
 
 
 def retire(state: StepState) -> None:

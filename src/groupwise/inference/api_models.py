@@ -5,7 +5,11 @@ Unknown top-level fields are refused (``extra_body={"tpo_k": 5}`` is a typo the 
 about, not a silently ignored setting). Fields of OpenAI's API that change nothing here (``user``,
 ``metadata``, ``store``, ``parallel_tool_calls``, ``service_tier``, ``logprobs``: logprobs are always
 returned) are accepted and ignored. Numbers are strict (no ``"5"`` for 5, no NaN or Infinity).
-Tool schemas are checked as JSON Schema whenever tools are given, not only when a call is forced.
+Tool schemas are checked as JSON Schema whenever tools are given, not only when a call is forced:
+here only against the bounds of request_limits.py (one cheap pass, while the body is parsed), and
+against the meta-schema later, off the event loop (prepare.py). Validate with
+``model_validate_json(raw, context=limits_context())`` so that all of a request's schemas share one
+budget of nodes.
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from groupwise.inference.request_limits import MAX_MODEL_NAME_CHARS, MAX_TOOLS, SchemaBudget
 from groupwise.inference.requests import GenerationRequest
 from groupwise.inference.sampling import SEED_MAX, SEED_MIN, SamplingParams
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "Message", "Tool", "describe_validation_error"]
+__all__ = ["ChatCompletionRequest", "CompletionRequest", "Message", "Tool", "describe_validation_error",
+           "limits_context"]
 
 MAX_STOP = 8
 
@@ -26,17 +32,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
-def check_json_schema(schema: dict[str, Any], what: str) -> dict[str, Any]:
-    """Refuse a schema that is not valid JSON Schema (jsonschema's meta-schema check)."""
-    from jsonschema import SchemaError
-    from jsonschema.validators import validator_for
+def limits_context() -> dict[str, Any]:
+    """The validation context of one request body: the node budget its schemas share."""
+    return {"schema_budget": SchemaBudget()}
 
-    try:
-        validator_for(schema).check_schema(schema)
-    except SchemaError as exc:
-        where = "/".join(str(p) for p in exc.path)
-        raise ValueError(f"{what} is not a valid JSON schema{f' at {where}' if where else ''}: {exc.message}") from None
-    return schema
+
+def _budget(info: ValidationInfo) -> SchemaBudget:
+    context = info.context if isinstance(info.context, dict) else {}
+    return context.get("schema_budget") or SchemaBudget()
 
 
 class FunctionDefinition(_Strict):
@@ -48,12 +51,13 @@ class FunctionDefinition(_Strict):
 
     @field_validator("parameters")
     @classmethod
-    def _schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _schema(cls, value: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
         if value is None:
             return value
         if value.get("type", "object") != "object":
             raise ValueError(f"a function's parameters must be an object schema, got type {value.get('type')!r}")
-        return check_json_schema(value, "parameters")
+        _budget(info).check(value, "parameters")
+        return value
 
 
 class Tool(_Strict):
@@ -127,8 +131,9 @@ class JsonSchemaSpec(_Strict):
 
     @field_validator("schema_")
     @classmethod
-    def _schema(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return check_json_schema(value, "response_format.json_schema.schema")
+    def _schema(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        _budget(info).check(value, "response_format.json_schema.schema")
+        return value
 
 
 class ResponseFormat(_Strict):
@@ -156,7 +161,7 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 class _Sampling(_Strict):
     """The sampling fields shared by both endpoints: OpenAI's, then vLLM's extras (``extra_body``)."""
 
-    model: str = Field(min_length=1)
+    model: str = Field(min_length=1, max_length=MAX_MODEL_NAME_CHARS)
     n: int = Field(1, ge=1)
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -216,6 +221,14 @@ class ChatCompletionRequest(_Sampling):
     store: bool | None = None  # accepted, unused
     parallel_tool_calls: bool | None = None  # accepted: every call the model writes is returned
     service_tier: str | None = None  # accepted, unused
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _tool_count(cls, value: Any) -> Any:
+        # before the tools are validated one by one: 64,000 of them must cost a len(), not a parse each
+        if isinstance(value, list) and len(value) > MAX_TOOLS:
+            raise ValueError(f"{len(value)} tools, more than this server's bound of {MAX_TOOLS} per request")
+        return value
 
     @field_validator("tool_choice")
     @classmethod

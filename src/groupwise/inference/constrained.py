@@ -76,13 +76,28 @@ class Constraint:
         # The source, for engines that compile grammars themselves (vllm_engine.py).
         self.json_schema, self.lark = json_schema, lark
         self._tok = ll_tokenizer(tokenizer)
-        probe = llg.LLMatcher(self._tok, grammar)
+        # Compiling the grammar and computing its first mask are where a hostile schema costs
+        # seconds (llguidance builds the lexer's first states then); both happen here, where the
+        # server builds constraints (off the event loop and off the compute thread, under a time
+        # budget), and never again: every choice's matcher is a copy of this one, which shares its
+        # compiled grammar and lexer states. Later masks are bounded by llguidance's per-step fuel.
+        probe = llg.LLMatcher(self._tok, grammar, limits=_limits(llg))
+        if not probe.is_error():
+            probe.compute_bitmask()
         if probe.is_error():
             raise ConstraintError(f"{description}: the grammar does not compile: {probe.get_error()}")
-        self._llg = llg
+        self._probe = probe
 
     def new_matcher(self) -> Any:
-        return self._llg.LLMatcher(self._tok, self.grammar)
+        """A fresh parser state for one choice (microseconds: a copy of the compiled probe)."""
+        return self._probe.deep_copy()
+
+
+def _limits(llg: Any) -> Any:
+    """llguidance's resource limits, at its defaults (a mask step costs at most ~20 ms of lexer and
+    parser work; past that the matcher errs and its row ends), with errors that do not echo the
+    grammar or parser state back to the caller."""
+    return llg.LLParserLimits(verbose_errors=False)
 
 
 def allowed_mask(matchers: list[Any], vocab_size: int, device: torch.device) -> torch.Tensor:

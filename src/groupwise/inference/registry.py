@@ -123,13 +123,20 @@ class ModelRegistry:
                 if not step_text:
                     step = max(steps)
                     return Resolved(served_name(name, step), steps[step], step)
-                if step_text.isdigit() and int(step_text) in steps:
+                # ASCII digits only, and few of them: "²" is a digit to str.isdigit() but not to
+                # int(), and int() refuses 4300 digits or more; either is a step nobody serves.
+                if step_text.isascii() and step_text.isdigit() and len(step_text) <= 18 and int(step_text) in steps:
                     step = int(step_text)
                     return Resolved(served_name(name, step), steps[step], step)
                 raise ModelNotFoundError(
-                    f"model {model!r}: step {step_text!r} of {name!r} is not served; "
+                    f"model {_shown(model)}: step {_shown(step_text)} of {name!r} is not served; "
                     f"served steps: {sorted(steps)} (use {name!r} for the latest)"
                 )
         raise ModelNotFoundError(
-            f"model {model!r} is not served here; served models: {self.served_ids()}"
+            f"model {_shown(model)} is not served here; served models: {self.served_ids()}"
         )
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """`text` quoted for an error message, cut if long (a caller may send any string as a model)."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"

@@ -14,11 +14,14 @@ into token_ids of the tokens a grammar forced (tool_choice / response_format all
 token; `choice_forced_indices`), empty when none. ``response.model`` and ``system_fingerprint``
 name the step that produced the answer (``name@step``).
 
-How a request runs: the key is checked, the body read up to a limit (413 past it) and validated;
-a prompt that cannot fit the context is refused before it is tokenised; tokenising and grammar
-building run on the compute thread (groupwise/compute.py), not on the event loop; the engine
-validates the request before it joins a batch, so every caller error is a 4xx before any
-streaming starts. A client that goes away cancels its request in the engine.
+How a request runs: the key is checked, the body read up to a limit (413 past it) within a deadline
+(408) and validated, its schemas against the bounds of request_limits.py (a 400 naming the bound);
+a prompt that cannot fit the context is refused before it is tokenised; a request with schemas has
+them checked and its grammar built on the schema workers under a time budget (prepare.py), so
+neither the event loop nor the engine waits for them; tokenising runs on the compute thread
+(groupwise/compute.py); the engine validates the request before it joins a batch, so every caller
+error is a 4xx before any streaming starts. A client that goes away cancels its request in the
+engine; one that goes away while sending its body is logged as one line, not as a server failure.
 
 In-process use (rollouts, tests) goes through `groupwise.inference.client.in_process_client`,
 an httpx ASGI transport to this same app: one code path for local and remote.
@@ -41,23 +44,29 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from groupwise.compute import compute_thread
 from groupwise.errors import ModelNotFoundError
-from groupwise.inference.api_models import ChatCompletionRequest, CompletionRequest, describe_validation_error
+from groupwise.inference.api_models import (ChatCompletionRequest, CompletionRequest, describe_validation_error,
+                                            limits_context)
 from groupwise.inference.constrained import ConstraintError, constraint_for
 from groupwise.inference.engine import (EngineError, GenerationRequest, GenerationResult, PromptTooLongError,
                                         RequestFailedError)
+from groupwise.inference.prepare import (DEFAULT_PREPARE_BUDGET_S, OverBudget, Preparer, SchemaProblem,
+                                         check_request_schemas)
 from groupwise.inference.registry import ModelRegistry, Resolved
 from groupwise.inference.responses import chat_response, completion_response
+from groupwise.inference.serve import run_serve  # `groupwise serve` (cli.py names it here)
 from groupwise.inference.streaming import EngineStream, stream_chat
 from groupwise.inference.tool_calls import prepare_messages
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "ApiError", "create_app", "run_serve"]
+__all__ = ["DEFAULT_BODY_TIMEOUT_S", "DEFAULT_MAX_BODY_BYTES", "ApiError", "create_app", "run_serve"]
 
 log = logging.getLogger("groupwise.serve")
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # a full context of text with tools is well under 1 MiB
+DEFAULT_BODY_TIMEOUT_S = 60.0  # the whole body: 8 MiB at 140 KB/s; a slow sender's socket is not held longer
 
 
 class ApiError(Exception):
@@ -86,6 +95,8 @@ class ServerState:
     registry: ModelRegistry
     api_key: str | None
     max_body_bytes: int
+    body_timeout_s: float
+    preparer: Preparer
     max_token_chars: int = field(init=False, repr=False)  # the vocabulary's longest entry
 
     def __post_init__(self) -> None:
@@ -109,11 +120,14 @@ class ServerState:
 
 
 def create_app(registry: ModelRegistry, *, api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+               prepare_budget_s: float = DEFAULT_PREPARE_BUDGET_S) -> FastAPI:
     """The FastAPI app serving `registry` (one engine). `api_key`: require ``Bearer <key>`` on every
-    route, the docs included. `max_body_bytes`: larger request bodies get 413."""
+    route, the docs included. `max_body_bytes`: larger request bodies get 413; `body_timeout_s`:
+    one that takes longer to arrive gets 408. `prepare_budget_s`: a request whose schema checks and
+    grammar building run longer gets 400 (prepare.py)."""
     app = FastAPI(title="groupwise", version="0.1", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.gw = ServerState(registry, api_key, max_body_bytes)
+    app.state.gw = ServerState(registry, api_key, max_body_bytes, body_timeout_s, Preparer(prepare_budget_s))
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -192,19 +206,31 @@ def require_key(request: Request) -> None:
                        type="authentication_error", code="invalid_api_key")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it is known to exceed `limit` bytes."""
+async def read_body(request: Request, limit: int, timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed `limit` bytes, and with
+    408 if it has not arrived whole within `timeout_s`. A client that hangs up while sending it is
+    a client event: one log line, no traceback (nobody is left to answer)."""
     too_big = ApiError(413, f"the request body is over this server's limit of {limit} bytes (groupwise serve "
                        "--max-body-bytes)", code="request_too_large")
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise too_big
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_big
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within this server's {timeout_s:g} s "
+                       f"({size} bytes came)", code="request_timeout") from None
+    except ClientDisconnect:
+        client = request.client
+        log.info("client %s went away while sending its request body (%d bytes came); nothing was run",
+                 f"{client.host}:{client.port}" if client else "?", size)
+        raise ApiError(499, "the client closed the connection", code="client_closed_request") from None
     return b"".join(chunks)
 
 
@@ -213,9 +239,9 @@ def parsed(model: type) -> Any:
 
     async def dependency(request: Request) -> Any:
         state = server_state(request)
-        raw = await read_body(request, state.max_body_bytes)
+        raw = await read_body(request, state.max_body_bytes, state.body_timeout_s)
         try:
-            return model.model_validate_json(raw)
+            return model.model_validate_json(raw, context=limits_context())
         except ValidationError as exc:
             message, param = describe_validation_error(exc)
             raise ApiError(400, message, param=param) from None
@@ -332,8 +358,8 @@ async def chat_completions(request: Request, body: ChatCompletionRequest = Depen
     if (error := too_long(state, chars)) is not None:
         raise error
     response_format = body.response_format.as_dict() if body.response_format else None
-    prompt_ids, constraint = await compute_thread().run(
-        _render_chat, state.tokenizer, messages, tools, tool_choice, response_format)
+    constraint = await prepare(state, tools, tool_choice, response_format)
+    prompt_ids = await compute_thread().run(_render_chat, state.tokenizer, messages, tools, tool_choice)
     parse_tools = bool(tools) and tool_choice != "none"
     header = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": target.served_as,
               "system_fingerprint": target.served_as}
@@ -353,21 +379,43 @@ async def chat_completions(request: Request, body: ChatCompletionRequest = Depen
     return chat_response(state.tokenizer, result, header, parse_tools)
 
 
-def _render_chat(tokenizer: Any, messages: list[dict], tools: list[dict] | None, tool_choice: Any,
-                 response_format: dict | None) -> tuple[list[int], Any]:
-    """Prompt ids and grammar of a chat request (on the compute thread: both can take long)."""
+async def prepare(state: ServerState, tools: list[dict] | None, tool_choice: Any,
+                  response_format: dict | None) -> Any:
+    """The request's schemas checked and its grammar (None without one), on the schema workers
+    under their time budget (prepare.py); a request without schemas never waits for them."""
+    if not tools and (response_format or {}).get("type") in (None, "text"):
+        return None
     try:
-        constraint = constraint_for(tokenizer, response_format=response_format, tools=tools, tool_choice=tool_choice)
+        return await state.preparer.run(_build_constraint, state.tokenizer, tools, tool_choice, response_format)
+    except OverBudget:
+        raise ApiError(400, f"checking this request's schemas and building its grammar took longer than this "
+                       f"server's budget of {state.preparer.budget_s:g} s; send smaller schemas (fewer "
+                       "branches, simpler patterns)", param="tools" if tools else "response_format",
+                       code="schema_too_complex") from None
+
+
+def _build_constraint(tokenizer: Any, tools: list[dict] | None, tool_choice: Any,
+                      response_format: dict | None) -> Any:
+    try:
+        check_request_schemas(tools, response_format)
+    except SchemaProblem as exc:
+        raise ApiError(400, str(exc), param=exc.param) from None
+    try:
+        return constraint_for(tokenizer, response_format=response_format, tools=tools, tool_choice=tool_choice)
     except ConstraintError as exc:
         raise ApiError(400, str(exc), param="tool_choice" if tool_choice not in (None, "auto", "none")
                        else "response_format") from None
+
+
+def _render_chat(tokenizer: Any, messages: list[dict], tools: list[dict] | None, tool_choice: Any) -> list[int]:
+    """Prompt ids of a chat request (on the compute thread: a long conversation takes long)."""
     msgs, template_tools = prepare_messages(messages, tools if tool_choice != "none" else None, tokenizer)
     try:
         prompt_ids = tokenizer.apply_chat_template(msgs, tools=template_tools, add_generation_prompt=True,
                                                    tokenize=True, return_dict=True)["input_ids"]
     except Exception as exc:  # a template may reject a message layout (e.g. roles out of order)
         raise ApiError(400, f"the chat template cannot render these messages: {exc}", param="messages") from None
-    return list(prompt_ids), constraint
+    return list(prompt_ids)
 
 
 @api.post("/completions")
@@ -387,97 +435,14 @@ async def completions(request: Request, body: CompletionRequest = Depends(parsed
         if bad:
             raise ApiError(400, f"prompt has token ids outside the vocabulary [0, {vocab}): {bad[:5]}", param="prompt")
     response_format = body.response_format.as_dict() if body.response_format else None
-    prompt_ids, constraint = await compute_thread().run(_render_completion, state.tokenizer, body.prompt,
-                                                        response_format)
+    constraint = await prepare(state, None, None, response_format)
+    prompt_ids = await compute_thread().run(_render_completion, state.tokenizer, body.prompt)
     req = body.generation_request(prompt_ids, max_new_tokens=body.max_tokens, top_logprobs=body.logprobs or 0,
                                   adapter=target.adapter, constraint=constraint)
     result = await result_of(request, submit(state, req, "prompt"))
     return completion_response(state.tokenizer, result, target.served_as)
 
 
-def _render_completion(tokenizer: Any, prompt: str | list[int], response_format: dict | None) -> tuple[list[int], Any]:
-    try:
-        constraint = constraint_for(tokenizer, response_format=response_format)
-    except ConstraintError as exc:
-        raise ApiError(400, str(exc), param="response_format") from None
-    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"] if isinstance(prompt, str) else list(prompt)
-    return ids, constraint
+def _render_completion(tokenizer: Any, prompt: str | list[int]) -> list[int]:
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"] if isinstance(prompt, str) else list(prompt)
 
-
-# ---------------------------------------------------------------------------------------- groupwise serve
-
-
-def run_serve(args) -> int:
-    """`groupwise serve`: load the base model and adapters, serve over HTTP with uvicorn."""
-    import os
-
-    import uvicorn
-
-    from groupwise.inference.engine import Engine
-    from groupwise.loading import load_base_model
-
-    check_serve_args(args)
-    # loaded on the thread that will run the engine (groupwise/compute.py: one OpenMP team)
-    model, tokenizer = compute_thread().call(load_base_model, args.model, device=args.device, dtype=args.dtype)
-    gb = getattr(args, "max_kv_gb", None)
-    # a third of what is free: growing the cache holds the old buffers beside the new ones for a moment
-    budget = int(gb * 2**30) if gb else free_memory_bytes(next(model.parameters()).device) // 3
-    engine = Engine(model, tokenizer, max_batch_size=getattr(args, "max_batch_size", 32), max_kv_bytes=budget)
-    print(f"KV cache: at most {budget / 2**30:.1f} GiB, {engine.context_length} tokens per sequence x "
-          f"{engine.max_batch_size} sequences (--max-kv-gb, --max-batch-size)")
-    name = args.name or args.model
-    registry = ModelRegistry(engine, base_name=args.model)
-    if name != args.model:
-        registry.register_model(name)  # served as name (latest step), name@0 (base), name@<step>
-    for path in args.adapter:
-        folder = os.path.basename(os.path.normpath(path))
-        if folder.isdigit() and name != args.model:
-            served = registry.add_step(name, int(folder), path)
-        else:
-            registry.add_alias(folder, path)
-            served = folder
-        print(f"serving adapter {path} as {served!r}")
-    print(f"serving {registry.served_ids()} on http://{args.host}:{args.port}/v1")
-    app = create_app(registry, api_key=args.api_key,
-                     max_body_bytes=getattr(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
-    try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
-    finally:
-        engine.close()
-    return 0
-
-
-def free_memory_bytes(device: Any) -> int:
-    """Memory free for the KV cache: the GPU's free memory, or the host's MemAvailable (Linux)."""
-    import torch
-
-    if getattr(device, "type", str(device)) == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        return 8 * 2**30  # not Linux: assume a modest machine
-
-
-def check_serve_args(args) -> None:
-    """Refuse `groupwise serve` arguments before any model is loaded (a ConfigError, one line per problem)."""
-    import ipaddress
-    import os
-
-    from groupwise.errors import ConfigError
-
-    problems = []
-    loopback = args.host == "localhost"
-    try:
-        loopback = loopback or ipaddress.ip_address(args.host).is_loopback
-    except ValueError:
-        pass
-    if not loopback and not args.api_key:
-        problems.append(f"--host {args.host} is not a loopback address: anyone on the network could use the "
-                        "model, so --api-key KEY is required")
-    for path in args.adapter:
-        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
-            problems.append(f"--adapter {path}: no adapter_config.json there (expected a peft LoRA folder)")
-    if problems:
-        raise ConfigError(problems, what="serve arguments")
