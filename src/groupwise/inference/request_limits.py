@@ -94,8 +94,8 @@ def regex_size(pattern: str) -> int:
         return _size(sre_parse.parse(pattern), sre_parse)
     except (re.error, RecursionError, OverflowError, ValueError, TypeError, IndexError):
         size = max(1, len(pattern))
-        for low, high in re.findall(r"\{(\d+)(?:,(\d*))?\}", pattern):
-            size *= max(int(low), int(high) if high else int(low) + 1, 1)
+        for low, comma, high in re.findall(r"\{(\d+)(,?)(\d*)\}", pattern):
+            size *= max(int(high) if high else int(low) + len(comma), 1)
             if size > MAX_REGEX_SIZE:
                 break
         return size
