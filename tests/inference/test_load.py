@@ -1,7 +1,9 @@
 """Load: a real `groupwise serve` process on loopback takes concurrent valid requests mixed with
 hostile ones (bodies far over the limit, prompts that cannot fit the context or the KV budget, broken
-JSON and fields, seeds and token ids out of range, clients that hang up mid-generation). Every valid request is answered 200,
-every hostile one a 4xx, and the server's memory comes back near where it started."""
+JSON and fields, seeds and token ids out of range, 2000 tools, an anyOf of 3000 branches, a pattern of
+a million states, malformed model names, clients that hang up mid-generation, 200 half-open
+connections). Every valid request is answered 200, every hostile one a 4xx, the half-open
+connections are closed by the server, and its memory comes back near where it started."""
 
 from __future__ import annotations
 
@@ -63,6 +65,32 @@ def server(model_dir):
         proc.kill()
 
 
+MANY_TOOLS = [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}} for i in range(2000)]
+BRANCHES = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"anyOf": [
+    {"type": "object", "properties": {f"k{i}": {"type": "string"}}} for i in range(3000)]}}}
+REGEX = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
+    "a": {"type": "string", "pattern": "^(a{1000}){1000}$"}}}}}
+
+
+def half_open(port: int) -> socket.socket:
+    """A connection that sends half a request head and waits (slowloris)."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+    return sock
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    sock.settimeout(60)  # the server's head deadline is 10 s
+    try:
+        return sock.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        sock.close()
+
+
 def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
@@ -103,6 +131,13 @@ async def one_round(url: str, port: int, n_valid: int) -> tuple[list, list]:
             http.get("/v1/nothing"),
             # fits the model's 2048 positions, not what the KV budget holds at 16 sequences
             http.post("/v1/completions", json={"model": "agent", "prompt": list(range(100, 1500))}),
+            # requests that once stalled every caller (schema work on the event loop and the compute
+            # thread), and model names that were a 500
+            http.post("/v1/chat/completions", json={"model": "agent", "messages": USER, "tools": MANY_TOOLS}),
+            http.post("/v1/chat/completions", json={"model": "agent", "messages": USER, "response_format": BRANCHES}),
+            http.post("/v1/chat/completions", json={"model": "agent", "messages": USER, "response_format": REGEX}),
+            http.post("/v1/chat/completions", json={"model": "agent@²", "messages": USER}),
+            http.get("/v1/models/agent@" + "9" * 5000),
         ]
         gone = [hang_up(port, {"model": "agent", "messages": USER, "max_tokens": 1500, "ignore_eos": True,
                                "stream": i % 2 == 0}) for i in range(4)]
@@ -121,14 +156,16 @@ async def test_valid_requests_all_answered_among_hostile_ones_and_memory_returns
     await one_round(url, port, 4)  # warm-up: caches, KV slots, first-use allocations
     await asyncio.sleep(2)
     start = rss_mb(proc.pid)
+    held = [half_open(port) for _ in range(200)]  # held open through both rounds, until the server closes them
     for _ in range(2):
         valid, hostile = await one_round(url, port, 16)
         bad = [r for r in valid if isinstance(r, BaseException)]
         assert not bad, bad[:3]
         assert all(r.choices and r.usage.completion_tokens > 0 for r in valid)
         statuses = [r.status_code if isinstance(r, httpx.Response) else repr(r) for r in hostile]
-        assert statuses == [413, 400, 400, 400, 400, 400, 400, 400, 400, 400, 404, 400], statuses
+        assert statuses == [413, 400, 400, 400, 400, 400, 400, 400, 400, 400, 404, 400, 400, 400, 400, 404, 404], statuses
     await asyncio.sleep(3)  # the hung-up requests are cancelled at the engine's next step
+    assert all(await asyncio.gather(*[asyncio.to_thread(closed_by_server, s) for s in held]))
     end = rss_mb(proc.pid)
     print(f"server RSS {start:.0f} MB before the load, {end:.0f} MB after")
     assert end < start + 150, (start, end)

@@ -61,7 +61,7 @@ async def _wait_for(predicate, timeout: float = 60.0) -> None:
 
 @pytest.mark.parametrize("extra, bound", [
     ({"tools": [_tool(i) for i in range(129)]}, "bound of 128 per request"),
-    ({"tools": [_tool(i) for i in range(5000)]}, "bound of 128 per request"),
+    ({"tools": [_tool(i) for i in range(2000)]}, "bound of 128 per request"),
     ({"response_format": _schema_format({"anyOf": [
         {"type": "object", "properties": {f"k{i}": {"type": "string"}}, "required": [f"k{i}"]}
         for i in range(3000)]})}, "bound on schema branches"),
@@ -80,6 +80,22 @@ async def test_hostile_schemas_are_400s_naming_the_bound(live, extra, bound):
     assert bound in error["message"] and error["param"].startswith(param), error
     r = await live.client().chat.completions.create(model="agent", messages=USER, max_tokens=2)
     assert r.choices  # and the server serves on
+
+
+async def test_a_body_of_many_small_objects_is_refused_before_it_is_parsed(live, served, monkeypatch):
+    from groupwise.inference.api_models import ChatCompletionRequest
+
+    parsed = []
+    real = ChatCompletionRequest.model_validate_json
+    monkeypatch.setattr(ChatCompletionRequest, "model_validate_json",
+                        lambda *a, **k: parsed.append(1) or real(*a, **k))
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}}
+             for i in range(64000)]  # 4.6 MB, under the body limit
+    async with httpx.AsyncClient(base_url=live.url, timeout=120) as http:
+        r = await http.post("/v1/chat/completions", json={"model": "agent", "messages": USER, "tools": tools})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["code"] == "request_too_complex", error
+    assert "bound on body structure" in error["message"] and parsed == []
 
 
 async def test_schemas_within_the_bounds_are_served(live):
@@ -298,18 +314,18 @@ async def test_a_stop_string_longer_than_32_tokens_stops_generation(live, tiny):
 
     tok = tiny[1]
     client = live.client(max_retries=0)
-    free = await client.chat.completions.create(model="agent@1", messages=USER, max_tokens=120, temperature=0,
+    free = await client.chat.completions.create(model="agent@1", messages=USER, max_tokens=64, temperature=0,
                                                 extra_body={"ignore_eos": True})
     ids, text = choice_token_ids(free.choices[0]), free.choices[0].message.content
-    # the text of tokens 5..80 (ends chosen where no character is split between two tokens)
+    # the text of tokens 5..45 (ends chosen where no character is split between two tokens)
     before = next(p for p in (tok.decode(ids[:i], skip_special_tokens=True) for i in range(5, 15))
                   if text.startswith(p) and not p.endswith("\ufffd"))
-    upto = next(p for p in (tok.decode(ids[:j], skip_special_tokens=True) for j in range(80, 100))
+    upto = next(p for p in (tok.decode(ids[:j], skip_special_tokens=True) for j in range(45, 60))
                 if text.startswith(p) and not p.endswith("\ufffd"))
     stop = upto[len(before):]
     assert len(tok(stop, add_special_tokens=False)["input_ids"]) > 32
     for stream in (False, True):
-        r = await client.chat.completions.create(model="agent@1", messages=USER, max_tokens=120, temperature=0,
+        r = await client.chat.completions.create(model="agent@1", messages=USER, max_tokens=64, temperature=0,
                                                  stop=[stop], stream=stream, extra_body={"ignore_eos": True})
         if stream:
             chunks = [c async for c in r]
@@ -317,5 +333,5 @@ async def test_a_stop_string_longer_than_32_tokens_stops_generation(live, tiny):
             finish = next(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason)
         else:
             content, finish = r.choices[0].message.content, r.choices[0].finish_reason
-            assert r.usage.completion_tokens < 120
+            assert r.usage.completion_tokens < 64
         assert (content, finish) == (text[: text.find(stop)], "stop")

@@ -295,7 +295,7 @@ def describe_validation_error(exc: ValidationError) -> tuple[str, str | None]:
     or a valid array"), unless one member got further (a bad content part beats "not a string").
     """
     found: dict[str, list[tuple[str, str]]] = {}
-    for err in exc.errors(include_url=False):
+    for err in exc.errors(include_url=False, include_input=False):  # the input may be megabytes
         param = ""
         for part in err["loc"]:
             if isinstance(part, int):

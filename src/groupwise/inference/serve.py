@@ -15,6 +15,7 @@ __all__ = ["check_serve_args", "free_memory_bytes", "run_serve"]
 
 def run_serve(args) -> int:
     """`groupwise serve`: load the base model and adapters, serve over HTTP with uvicorn."""
+    import gc
     import os
 
     import uvicorn
@@ -49,6 +50,10 @@ def run_serve(args) -> int:
     print(f"serving {registry.served_ids()} on http://{args.host}:{args.port}/v1")
     app = create_app(registry, api_key=args.api_key,
                      max_body_bytes=getattr(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+    # Everything loaded so far (torch, the model, transformers: millions of objects) lives as long
+    # as the server: out of the collector's sight, a request that allocates many objects no longer
+    # triggers full collections that walk all of it (each a pause of every caller).
+    gc.freeze()
     options = serve_options(fd_limit=raise_fd_limit())
     print(f"connections: at most {options['limit_concurrency'] - 1} open, a request's head within "
           f"{options['http'].head_timeout_s:g} s, its body within {DEFAULT_BODY_TIMEOUT_S:g} s")

@@ -56,6 +56,7 @@ from groupwise.inference.engine import (EngineError, GenerationRequest, Generati
 from groupwise.inference.prepare import (DEFAULT_PREPARE_BUDGET_S, OverBudget, Preparer, SchemaProblem,
                                          check_request_schemas)
 from groupwise.inference.registry import ModelRegistry, Resolved
+from groupwise.inference.request_limits import body_structure_problem
 from groupwise.inference.responses import chat_response, completion_response
 from groupwise.inference.serve import run_serve  # `groupwise serve` (cli.py names it here)
 from groupwise.inference.streaming import EngineStream, stream_chat
@@ -240,6 +241,8 @@ def parsed(model: type) -> Any:
     async def dependency(request: Request) -> Any:
         state = server_state(request)
         raw = await read_body(request, state.max_body_bytes, state.body_timeout_s)
+        if (problem := body_structure_problem(raw, state.engine.context_length)) is not None:
+            raise ApiError(400, problem, code="request_too_complex")
         try:
             return model.model_validate_json(raw, context=limits_context())
         except ValidationError as exc:
