@@ -1,67 +1,33 @@
-"""`groupwise serve`: load the base model and its adapters, serve the app of server.py with uvicorn.
+"""`groupwise serve`'s process side: its arguments checked, the KV budget sized, uvicorn run.
 
-The connection limits (a deadline on each request's head, a cap on open connections, raised
-open-file limit) are connections.py's; docs/security.md lists them.
+server.py's `run_serve` loads the model and builds the app; `serve_app` serves it under the
+connection limits of connections.py (a deadline on each request's head, a cap on open connections,
+the open-file limit raised); docs/security.md lists them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from groupwise.compute import compute_thread
-
-__all__ = ["check_serve_args", "free_memory_bytes", "run_serve"]
+__all__ = ["check_serve_args", "free_memory_bytes", "serve_app"]
 
 
-def run_serve(args) -> int:
-    """`groupwise serve`: load the base model and adapters, serve over HTTP with uvicorn."""
+def serve_app(app: Any, host: str, port: int) -> None:
+    """Serve `app` over HTTP with uvicorn until stopped, under the connection limits."""
     import gc
-    import os
 
     import uvicorn
 
     from groupwise.inference.connections import raise_fd_limit, serve_options
-    from groupwise.inference.engine import Engine
-    from groupwise.inference.registry import ModelRegistry
-    from groupwise.inference.server import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, create_app
-    from groupwise.loading import load_base_model
 
-    check_serve_args(args)
-    # loaded on the thread that will run the engine (groupwise/compute.py: one OpenMP team)
-    model, tokenizer = compute_thread().call(load_base_model, args.model, device=args.device, dtype=args.dtype)
-    gb = getattr(args, "max_kv_gb", None)
-    # a third of what is free: growing the cache holds the old buffers beside the new ones for a moment
-    budget = int(gb * 2**30) if gb else free_memory_bytes(next(model.parameters()).device) // 3
-    engine = Engine(model, tokenizer, max_batch_size=getattr(args, "max_batch_size", 32), max_kv_bytes=budget)
-    print(f"KV cache: at most {budget / 2**30:.1f} GiB, {engine.context_length} tokens per sequence x "
-          f"{engine.max_batch_size} sequences (--max-kv-gb, --max-batch-size)")
-    name = args.name or args.model
-    registry = ModelRegistry(engine, base_name=args.model)
-    if name != args.model:
-        registry.register_model(name)  # served as name (latest step), name@0 (base), name@<step>
-    for path in args.adapter:
-        folder = os.path.basename(os.path.normpath(path))
-        if folder.isdigit() and name != args.model:
-            served = registry.add_step(name, int(folder), path)
-        else:
-            registry.add_alias(folder, path)
-            served = folder
-        print(f"serving adapter {path} as {served!r}")
-    print(f"serving {registry.served_ids()} on http://{args.host}:{args.port}/v1")
-    app = create_app(registry, api_key=args.api_key,
-                     max_body_bytes=getattr(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
     # Everything loaded so far (torch, the model, transformers: millions of objects) lives as long
     # as the server: out of the collector's sight, a request that allocates many objects no longer
-    # triggers full collections that walk all of it (each a pause of every caller).
+    # sets off full collections that walk all of it (each a pause of every caller).
     gc.freeze()
     options = serve_options(fd_limit=raise_fd_limit())
     print(f"connections: at most {options['limit_concurrency'] - 1} open, a request's head within "
-          f"{options['http'].head_timeout_s:g} s, its body within {DEFAULT_BODY_TIMEOUT_S:g} s")
-    try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info", **options)
-    finally:
-        engine.close()
-    return 0
+          f"{options['http'].head_timeout_s:g} s")
+    uvicorn.run(app, host=host, port=port, log_level="info", **options)
 
 
 def free_memory_bytes(device: Any) -> int:

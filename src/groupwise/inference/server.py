@@ -58,7 +58,7 @@ from groupwise.inference.prepare import (DEFAULT_PREPARE_BUDGET_S, OverBudget, P
 from groupwise.inference.registry import ModelRegistry, Resolved
 from groupwise.inference.request_limits import body_structure_problem
 from groupwise.inference.responses import chat_response, completion_response
-from groupwise.inference.serve import run_serve  # `groupwise serve` (cli.py names it here)
+from groupwise.inference.serve import check_serve_args, free_memory_bytes, serve_app
 from groupwise.inference.streaming import EngineStream, stream_chat
 from groupwise.inference.tool_calls import prepare_messages
 
@@ -449,3 +449,43 @@ async def completions(request: Request, body: CompletionRequest = Depends(parsed
 def _render_completion(tokenizer: Any, prompt: str | list[int]) -> list[int]:
     return tokenizer(prompt, add_special_tokens=False)["input_ids"] if isinstance(prompt, str) else list(prompt)
 
+
+# ---------------------------------------------------------------------------------------- groupwise serve
+
+
+def run_serve(args) -> int:
+    """`groupwise serve`: load the base model and adapters, serve over HTTP with uvicorn."""
+    import os
+
+    from groupwise.inference.engine import Engine
+    from groupwise.loading import load_base_model
+
+    check_serve_args(args)
+    # loaded on the thread that will run the engine (groupwise/compute.py: one OpenMP team)
+    model, tokenizer = compute_thread().call(load_base_model, args.model, device=args.device, dtype=args.dtype)
+    gb = getattr(args, "max_kv_gb", None)
+    # a third of what is free: growing the cache holds the old buffers beside the new ones for a moment
+    budget = int(gb * 2**30) if gb else free_memory_bytes(next(model.parameters()).device) // 3
+    engine = Engine(model, tokenizer, max_batch_size=getattr(args, "max_batch_size", 32), max_kv_bytes=budget)
+    print(f"KV cache: at most {budget / 2**30:.1f} GiB, {engine.context_length} tokens per sequence x "
+          f"{engine.max_batch_size} sequences (--max-kv-gb, --max-batch-size)")
+    name = args.name or args.model
+    registry = ModelRegistry(engine, base_name=args.model)
+    if name != args.model:
+        registry.register_model(name)  # served as name (latest step), name@0 (base), name@<step>
+    for path in args.adapter:
+        folder = os.path.basename(os.path.normpath(path))
+        if folder.isdigit() and name != args.model:
+            served = registry.add_step(name, int(folder), path)
+        else:
+            registry.add_alias(folder, path)
+            served = folder
+        print(f"serving adapter {path} as {served!r}")
+    print(f"serving {registry.served_ids()} on http://{args.host}:{args.port}/v1")
+    app = create_app(registry, api_key=args.api_key,
+                     max_body_bytes=getattr(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+    try:
+        serve_app(app, args.host, args.port)
+    finally:
+        engine.close()
+    return 0
