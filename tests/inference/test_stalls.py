@@ -270,10 +270,21 @@ async def test_a_body_that_never_arrives_is_a_408(served):
         sock = socket.create_connection(("127.0.0.1", small.port))
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                      b"content-length: 1000\r\n\r\n{\"model\": ")
-        sock.settimeout(30)
-        answer = await asyncio.to_thread(sock.recv, 4096)
-        sock.close()
+        answer = await asyncio.to_thread(_read_all, sock)
         assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """What the server sends until it closes the connection (or 30 s pass)."""
+    sock.settimeout(30)
+    data = b""
+    try:
+        while chunk := sock.recv(4096):
+            data += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    sock.close()
+    return data
 
 
 async def test_a_client_gone_mid_upload_is_one_log_line(live, caplog):

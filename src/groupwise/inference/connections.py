@@ -95,6 +95,10 @@ def guarded_protocol(head_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S,
                 oldest._close()
 
         def _close(self) -> None:
+            # Counted as gone now, not when asyncio reports the close on a later turn of the loop:
+            # uvicorn's limit_concurrency counts open connections, and a request arriving meanwhile
+            # would get 503 for room this close has already made.
+            self.connections.discard(self)
             if self.transport.is_closing():
                 return
             try:
