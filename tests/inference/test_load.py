@@ -65,7 +65,8 @@ def server(model_dir):
         proc.kill()
 
 
-MANY_TOOLS = [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}} for i in range(2000)]
+MANY_TOOLS = [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}}
+              for i in range(2000)]
 BRANCHES = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"anyOf": [
     {"type": "object", "properties": {f"k{i}": {"type": "string"}}} for i in range(3000)]}}}
 REGEX = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
@@ -163,7 +164,8 @@ async def test_valid_requests_all_answered_among_hostile_ones_and_memory_returns
         assert not bad, bad[:3]
         assert all(r.choices and r.usage.completion_tokens > 0 for r in valid)
         statuses = [r.status_code if isinstance(r, httpx.Response) else repr(r) for r in hostile]
-        assert statuses == [413, 400, 400, 400, 400, 400, 400, 400, 400, 400, 404, 400, 400, 400, 400, 404, 404], statuses
+        assert statuses == [413, 400, 400, 400, 400, 400, 400, 400, 400, 400, 404, 400,
+                            400, 400, 400, 404, 404], statuses
     await asyncio.sleep(3)  # the hung-up requests are cancelled at the engine's next step
     assert all(await asyncio.gather(*[asyncio.to_thread(closed_by_server, s) for s in held]))
     end = rss_mb(proc.pid)
