@@ -19,6 +19,8 @@ import logging
 import time
 from typing import Any, Callable
 
+from groupwise.errors import GroupwiseError
+
 __all__ = ["DEFAULT_PREPARE_BUDGET_S", "PREPARE_WORKERS", "OverBudget", "Preparer", "SchemaProblem",
            "check_json_schema", "check_request_schemas"]
 
@@ -28,11 +30,11 @@ DEFAULT_PREPARE_BUDGET_S = 10.0  # honest schemas take milliseconds; the bounds 
 PREPARE_WORKERS = 2
 
 
-class OverBudget(Exception):
+class OverBudget(GroupwiseError):
     """The schema work of a request ran longer than the budget."""
 
 
-class SchemaProblem(ValueError):
+class SchemaProblem(GroupwiseError, ValueError):
     """A schema of the request is not valid JSON Schema; `param` names where it is."""
 
     def __init__(self, message: str, param: str):
