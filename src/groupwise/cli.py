@@ -204,8 +204,18 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(_target="groupwise.recipes.sft:run_sft")
 
 
+def _add_dashboard(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("dashboard", help="a local web page watching runs: curves, alerts, rollouts, tokens (live)")
+    p.add_argument("path", nargs="?", default=".groupwise",
+                   help="a run store folder, a project or one run folder (default .groupwise)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; any other needs --api-key)")
+    p.add_argument("--port", type=_int_at_least(0, 65535), default=8100, help="port (default 8100)")
+    p.add_argument("--api-key", default=None, help="require this bearer token (required off loopback)")
+    p.set_defaults(_target="groupwise.dashboard.app:run_dashboard")
+
+
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_inspect, _add_serve, _add_report, _add_compare, _add_train, _add_sft,
+    _add_inspect, _add_serve, _add_report, _add_compare, _add_train, _add_sft, _add_dashboard,
 ]
 
 

@@ -25,7 +25,7 @@ from groupwise.errors import GroupwiseError
 from groupwise.store import read_groups, trajectory_files
 from groupwise.types import Choice, History, PydanticException, Trajectory, TrajectoryGroup, choice_logprobs, choice_token_ids
 
-__all__ = ["run_inspect", "format_trajectory", "format_exception", "Palette"]
+__all__ = ["run_inspect", "format_trajectory", "format_exception", "content_text", "Palette"]
 
 # Long contents (a 4k-token system prompt) would bury the dialogue: show the head and the tail.
 MAX_CHARS = 3000
@@ -69,7 +69,7 @@ def _clip(text: str) -> str:
     return f"{text[:half]}\n  … ({len(text) - 2 * half} characters not shown) …\n{text[-half:]}"
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -105,7 +105,7 @@ def _format_item(item: Any, p: Palette, indent: str) -> str:
     if isinstance(item, Choice):
         msg = item.message
         role = "assistant"
-        text = _content_text(msg.content)
+        text = content_text(msg.content)
         calls = list(msg.tool_calls or [])
         ids, lps = choice_token_ids(item), choice_logprobs(item)
         notes = [f"finish={item.finish_reason}"]
@@ -116,7 +116,7 @@ def _format_item(item: Any, p: Palette, indent: str) -> str:
         header = p.role(role, f"{role}") + p.dim("  (sampled; " + ", ".join(notes) + ")")
     else:
         role = str(item.get("role", "?"))
-        text = _content_text(item.get("content"))
+        text = content_text(item.get("content"))
         calls = list(item.get("tool_calls") or [])
         extra = f"  (result of {item['tool_call_id']})" if role == "tool" and item.get("tool_call_id") else ""
         if item.get("name"):

@@ -59,5 +59,6 @@ def test_the_job_says_each_step_and_its_stop_once(tmp_path, capsys):
     assert out.count("reached max_steps=1") == 1, out
     assert "validation valid_move_rate: base" in out and "test (48 held-out scenarios" in out
     assert "lr=0.002" in out  # --lr replaces the env's rate (1e-3)
+    assert f"watch it live: groupwise dashboard {tmp_path / 'runs'}" in out
     summary = json.loads((tmp_path / "runs" / "2048" / "2048-s0" / "summary.json").read_text())
     assert summary["learning_rate"] == 2e-3

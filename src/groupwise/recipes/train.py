@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -117,6 +118,7 @@ async def train(
     print(f"[groupwise train] model={model_name} steps<={max_steps} seed={seed} "
           f"groups/step={spec.groups_per_step} rollouts/group={spec.rollouts_per_group} lr={spec.learning_rate:g} "
           f"train/val/test={len(train_s)}/{len(val_s)}/{len(test_s)}")
+    print(f"[groupwise train] watch it live: groupwise dashboard {shlex.quote(str(path))}")
 
     t0 = time.monotonic()
     model = gw.TrainableModel(name=name, project=spec.name, base_model=model_name, base_path=path)

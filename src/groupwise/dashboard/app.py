@@ -1,0 +1,135 @@
+"""`groupwise dashboard [PATH]`: the web app (FastAPI) that serves the page and its JSON API.
+
+The page (static/index.html, app.js) polls the API every 2 s, so a step the loop writes appears within
+seconds. The charts are uPlot's (static/uPlot.*, MIT, its LICENSE beside it), shipped inside the
+package: the dashboard works offline and fetches nothing from any other host.
+
+Like `groupwise serve`, it binds to loopback by default; any other address needs ``--api-key``, which
+the API then requires as ``Authorization: Bearer <key>`` (the page takes it from ``#key=...`` in its
+address and sends it). The static files carry no run data and are served without the key.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from groupwise.dashboard import rollouts as ro
+from groupwise.dashboard import runs as rs
+from groupwise.errors import ConfigError, GroupwiseError
+
+STATIC = Path(str(resources.files("groupwise.dashboard") / "static"))
+
+
+def _json(obj: Any) -> Response:
+    return Response(rs.dumps(obj), media_type="application/json", headers={"Cache-Control": "no-store"})
+
+
+def create_app(root: str | Path, *, api_key: str | None = None) -> FastAPI:
+    """The dashboard over every run at or under `root`."""
+    root = Path(root).resolve()
+    cache = ro.GroupCache()
+    app = FastAPI(title="groupwise dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def require_key(request: Request, call_next: Any) -> Any:
+        if api_key is not None and request.url.path.startswith("/api/"):
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return _json_error(401, "invalid or missing API key (open the page as http://HOST:PORT/#key=KEY)")
+        return await call_next(request)
+
+    def run_dir(run: str) -> Path:
+        try:
+            return rs.resolve_run(root, run)
+        except GroupwiseError as exc:
+            raise HTTPException(404, str(exc)) from None
+
+    @app.get("/")
+    def index() -> FileResponse:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+
+    @app.get("/api/runs")
+    def api_runs() -> Response:
+        return _json({"root": str(root), "runs": [rs.run_summary(root, d) for d in rs.find_runs(root)]})
+
+    @app.get("/api/curves")
+    def api_curves(run: str) -> Response:
+        d = run_dir(run)
+        return _json(rs.curves(d, ro.judge_agreement(cache, d, rs.history_of(d))))
+
+    @app.get("/api/steps")
+    def api_steps(run: str) -> Response:
+        return _json(ro.steps(run_dir(run)))
+
+    @app.get("/api/groups")
+    def api_groups(run: str, split: str, step: int) -> Response:
+        return _json(ro.groups_view(cache, run_dir(run), split, step))
+
+    @app.get("/api/rollouts")
+    def api_rollouts(run: str, split: str | None = None, step_min: int | None = None, step_max: int | None = None,
+                     reward_min: float | None = None, reward_max: float | None = None, q: str | None = None,
+                     order: str = "best", limit: int = 50) -> Response:
+        return _json(ro.rollouts(cache, run_dir(run), split=split or None, step_min=step_min, step_max=step_max,
+                                 reward_min=reward_min, reward_max=reward_max, text=q, order=order,
+                                 limit=max(1, min(limit, 1000))))
+
+    @app.get("/api/trajectory")
+    def api_trajectory(run: str, split: str, step: int, group: int, index: int) -> Response:
+        try:
+            return _json(ro.trajectory_view(cache, run_dir(run), split, step, group, index))
+        except LookupError as exc:
+            raise HTTPException(404, str(exc)) from None
+
+    @app.get("/api/compare")
+    def api_compare(run: str, split: str = "val", a: str = "0", b: str = "latest") -> Response:
+        d = run_dir(run)
+        try:
+            return _json(ro.compare_view(cache, d, rs.history_of(d), split, a, b))
+        except ConfigError as exc:
+            raise HTTPException(400, "; ".join(exc.problems)) from None
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app
+
+
+def _json_error(status: int, message: str) -> Response:
+    return Response(rs.dumps({"detail": message}), status_code=status, media_type="application/json")
+
+
+def check_dashboard_args(args: Any) -> None:
+    """The rule of `groupwise serve`: off loopback, anyone on the network could read the runs, so a key
+    is required."""
+    problems = []
+    loopback = args.host == "localhost"
+    try:
+        loopback = loopback or ipaddress.ip_address(args.host).is_loopback
+    except ValueError:
+        pass
+    if not loopback and not args.api_key:
+        problems.append(f"--host {args.host} is not a loopback address: anyone on the network could read "
+                        "your runs, so --api-key KEY is required")
+    if not Path(args.path).is_dir():
+        problems.append(f"{args.path}: no such folder (pass a run store folder, e.g. .groupwise, or a run "
+                        "folder <base_path>/<project>/<model>)")
+    if problems:
+        raise ConfigError(problems, what="dashboard arguments")
+
+
+def run_dashboard(args: Any) -> int:
+    """`groupwise dashboard [PATH] [--host H] [--port P] [--api-key KEY]`."""
+    import uvicorn
+
+    check_dashboard_args(args)
+    app = create_app(args.path, api_key=args.api_key)
+    key = f"#key={args.api_key}" if args.api_key else ""
+    print(f"groupwise dashboard: {Path(args.path).resolve()} on http://{args.host}:{args.port}/{key}", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0

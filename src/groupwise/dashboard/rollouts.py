@@ -1,0 +1,244 @@
+"""The dashboard's rollout readers: steps, groups, trajectories, their tokens, and two steps side by side.
+
+Trajectory files are read with `groupwise.store.read_groups` (the reader `groupwise inspect` uses) and
+kept parsed in `GroupCache`, keyed by each file's size and modification time: a polling page re-reads a
+step only when the loop rewrote it, and a finished step is parsed once however often it is shown.
+
+The token view says, per sampled token, what the loss saw: ``trained`` (a token the policy chose: the
+loss weighs its logprob by the trajectory's advantage), ``forced`` (a grammar allowed only that token,
+so it carries no decision of the policy and the trainer masks it) and ``masked`` (prompt, tool results
+and any text that was not sampled: never in the loss). A trajectory of a group whose rewards were all
+equal has no advantage (`group_advantages` returns None): its tokens trained nothing either.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+from groupwise.errors import GroupwiseWarning
+from groupwise.inspect import content_text
+from groupwise.loop.compare import resolve_step
+from groupwise.loop.detectors import judge_disagreement
+from groupwise.loop.report import val_metric_name
+from groupwise.store import read_groups, trajectory_files
+from groupwise.training.advantages import group_advantages
+from groupwise.types import Choice, Trajectory, TrajectoryGroup, choice_forced_indices, choice_logprobs, choice_token_ids
+
+PREVIEW_CHARS = 200
+
+
+class GroupCache:
+    """Parsed trajectory files, re-read only when a file changed (size or mtime)."""
+
+    def __init__(self) -> None:
+        self._files: dict[Path, tuple[tuple[int, int], list[TrajectoryGroup]]] = {}
+        self._lock = threading.Lock()
+
+    def groups(self, path: Path) -> list[TrajectoryGroup]:
+        st = path.stat()
+        key = (st.st_size, st.st_mtime_ns)
+        with self._lock:
+            hit = self._files.get(path)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", GroupwiseWarning)
+            groups = read_groups(path, skip_corrupt=True)
+        with self._lock:
+            self._files[path] = (key, groups)
+        return groups
+
+
+def steps(run_dir: Path) -> dict[str, list[int]]:
+    """{split: [stored steps]}."""
+    out: dict[str, list[int]] = {}
+    for split, step, _ in trajectory_files(run_dir):
+        out.setdefault(split, []).append(step)
+    return out
+
+
+def _step_groups(cache: GroupCache, run_dir: Path, split: str, step: int) -> list[TrajectoryGroup]:
+    files = trajectory_files(run_dir, split, step)
+    return cache.groups(files[0][2]) if files else []
+
+
+def answer_text(traj: Trajectory) -> str:
+    """The last assistant turn's text (or its tool calls), as a preview line."""
+    for item in reversed(traj.messages_and_choices):
+        msg = message(item)
+        if msg["role"] == "assistant":
+            calls = " ".join(f"{c['name']}({c['arguments']})" for c in msg["tool_calls"])
+            return " ".join(f"{msg['content']} {calls}".split())
+    return ""
+
+
+def prompt_text(group: TrajectoryGroup) -> str:
+    if not group.trajectories:
+        return ""
+    users = [m for m in group.trajectories[0].messages() if m.get("role") == "user"]
+    return " ".join(content_text(users[-1].get("content")).split()) if users else ""
+
+
+def scenario_key(index: int, group: TrajectoryGroup) -> Any:
+    """What names a group's scenario across steps: its ``scenario_index`` metadata, else its position
+    (as `groupwise compare` matches them)."""
+    return group.metadata.get("scenario_index", index)
+
+
+def _advantages(group: TrajectoryGroup) -> list[float | None]:
+    adv = group_advantages([t.reward for t in group.trajectories])
+    return list(adv) if adv is not None else [None] * len(group.trajectories)
+
+
+def _summary(split: str, step: int, gi: int, ti: int, traj: Trajectory, adv: float | None) -> dict[str, Any]:
+    return {"split": split, "step": step, "group": gi, "index": ti, "reward": traj.reward, "advantage": adv,
+            "metrics": dict(traj.metrics), "answer": answer_text(traj)[:PREVIEW_CHARS]}
+
+
+def groups_view(cache: GroupCache, run_dir: Path, split: str, step: int) -> dict[str, Any]:
+    """A step's groups, each with its trajectories ranked by reward (best first)."""
+    out = []
+    for gi, g in enumerate(_step_groups(cache, run_dir, split, step)):
+        adv = _advantages(g)
+        trajs = [_summary(split, step, gi, ti, t, adv[ti]) for ti, t in enumerate(g.trajectories)]
+        trajs.sort(key=lambda t: -t["reward"])
+        rewards = [t.reward for t in g.trajectories]
+        out.append({"group": gi, "scenario": scenario_key(gi, g), "prompt": prompt_text(g)[:PREVIEW_CHARS],
+                    "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+                    "exceptions": [f"{e.type}: {e.message}" for e in g.exceptions], "logs": list(g.logs),
+                    "metadata": dict(g.metadata), "trajectories": trajs})
+    return {"split": split, "step": step, "groups": out}
+
+
+def rollouts(cache: GroupCache, run_dir: Path, *, split: str | None = None, step_min: int | None = None,
+             step_max: int | None = None, reward_min: float | None = None, reward_max: float | None = None,
+             text: str | None = None, order: str = "best", limit: int = 50) -> dict[str, Any]:
+    """Trajectories across steps that pass the filters, best (or worst) first."""
+    needle = text.lower() if text else None
+    found = []
+    for s, step, path in trajectory_files(run_dir, split):
+        if (step_min is not None and step < step_min) or (step_max is not None and step > step_max):
+            continue
+        for gi, g in enumerate(cache.groups(path)):
+            adv = None
+            for ti, t in enumerate(g.trajectories):
+                if (reward_min is not None and t.reward < reward_min) or (reward_max is not None and t.reward > reward_max):
+                    continue
+                if needle and needle not in _searchable(t).lower():
+                    continue
+                adv = adv if adv is not None else _advantages(g)
+                found.append(_summary(s, step, gi, ti, t, adv[ti]))
+    found.sort(key=lambda t: (t["reward"], -t["step"]), reverse=(order != "worst"))
+    return {"total": len(found), "rollouts": found[:limit]}
+
+
+def _searchable(traj: Trajectory) -> str:
+    parts = []
+    for item in traj.messages_and_choices:
+        msg = message(item)
+        parts.append(msg["content"])
+        parts.extend(c["name"] + " " + c["arguments"] for c in msg["tool_calls"])
+    parts.extend(traj.logs)
+    return "\n".join(parts)
+
+
+def _tool_calls(calls: Any) -> list[dict[str, str]]:
+    out = []
+    for call in calls or []:
+        if not isinstance(call, dict):
+            call = call.model_dump() if hasattr(call, "model_dump") else {}
+        fn = call.get("function") or {}
+        out.append({"id": str(call.get("id", "")), "name": str(fn.get("name", "?")),
+                    "arguments": str(fn.get("arguments", ""))})
+    return out
+
+
+def message(item: Any) -> dict[str, Any]:
+    """A message or a sampled Choice as {role, content, tool_calls, sampled, ...} for the page."""
+    if isinstance(item, Choice):
+        return {"role": "assistant", "content": content_text(item.message.content), "sampled": True,
+                "tool_calls": _tool_calls(item.message.tool_calls), "finish_reason": item.finish_reason}
+    return {"role": str(item.get("role", "?")), "content": content_text(item.get("content")), "sampled": False,
+            "tool_calls": _tool_calls(item.get("tool_calls")), "tool_call_id": item.get("tool_call_id"),
+            "name": item.get("name")}
+
+
+def tokens(item: Choice, advantage: float | None) -> list[dict[str, Any]] | None:
+    """The sampled tokens of a Choice: text, id, logprob, and what the loss saw; None when the store
+    has no token ids for it (a server that does not return them)."""
+    ids = choice_token_ids(item)
+    if ids is None:
+        return None
+    lps = choice_logprobs(item) or []
+    texts = [e.token for e in item.logprobs.content] if item.logprobs is not None and item.logprobs.content else []
+    forced = set(choice_forced_indices(item))
+    out = []
+    for i, tid in enumerate(ids):
+        text = texts[i] if i < len(texts) and not texts[i].startswith("token_id:") else None
+        seen = "forced" if i in forced else "trained" if advantage is not None else "masked"
+        out.append({"id": tid, "text": text, "logprob": lps[i] if i < len(lps) else None, "loss": seen})
+    return out
+
+
+def trajectory_view(cache: GroupCache, run_dir: Path, split: str, step: int, group: int, index: int) -> dict[str, Any]:
+    """One trajectory in full: the conversation with tool calls, tokens, reward, metrics, logs (where the
+    judge writes its explanation), side conversations."""
+    groups = _step_groups(cache, run_dir, split, step)
+    if not 0 <= group < len(groups) or not 0 <= index < len(groups[group].trajectories):
+        raise LookupError(f"no trajectory {split}/{step}/group {group}/#{index} in {run_dir}")
+    g = groups[group]
+    t = g.trajectories[index]
+    adv = _advantages(g)[index]
+    msgs = []
+    for item in t.messages_and_choices:
+        m = message(item)
+        if isinstance(item, Choice):
+            m["tokens"] = tokens(item, adv)
+        msgs.append(m)
+    return {"split": split, "step": step, "group": group, "index": index, "reward": t.reward, "advantage": adv,
+            "metrics": dict(t.metrics), "metadata": dict(t.metadata), "logs": list(t.logs),
+            "group_logs": list(g.logs), "scenario": scenario_key(group, g),
+            "tools": [(x.get("function") or {}).get("name", "?") for x in t.tools or []],
+            "policy_versions": [t.initial_policy_version, t.final_policy_version], "messages": msgs,
+            "side": [[message(i) for i in h.messages_and_choices] for h in t.additional_histories]}
+
+
+def compare_view(cache: GroupCache, run_dir: Path, history: list[dict[str, Any]], split: str, a: str, b: str) -> dict[str, Any]:
+    """The same scenarios at two steps ('0', 'best', 'latest' or a number): each scenario's
+    trajectories at both, ranked by reward."""
+    stored = steps(run_dir).get(split, [])
+    step_a, step_b = (resolve_step(x, history, stored) for x in (a, b))
+    sides = []
+    for step in (step_a, step_b):
+        sides.append({scenario_key(gi, g): (gi, g) for gi, g in enumerate(_step_groups(cache, run_dir, split, step))})
+    rows = []
+    for key in [k for k in sides[0] if k in sides[1]]:
+        row: dict[str, Any] = {"scenario": key, "prompt": prompt_text(sides[0][key][1])[:PREVIEW_CHARS]}
+        for name, step, side in (("a", step_a, sides[0]), ("b", step_b, sides[1])):
+            gi, g = side[key]
+            adv = _advantages(g)
+            row[name] = sorted((_summary(split, step, gi, ti, t, adv[ti]) for ti, t in enumerate(g.trajectories)),
+                               key=lambda x: -x["reward"])
+        rows.append(row)
+    return {"split": split, "a": step_a, "b": step_b, "scenarios": rows}
+
+
+def judge_agreement(cache: GroupCache, run_dir: Path, history: list[dict[str, Any]]) -> dict[int, float]:
+    """Per validation step, the share of rollout pairs the judge orders like the ground truth (the
+    validation metric), where judged validation groups carry both (`judge_disagreement` computes it)."""
+    metric = val_metric_name(history)
+    out: dict[int, float] = {}
+    if not metric:
+        return out
+    for _, step, path in trajectory_files(run_dir, "val"):
+        groups = cache.groups(path)
+        if not any("ruler_score" in t.metrics for g in groups for t in g.trajectories):
+            continue
+        # an agreement above 1 is impossible, so the detector always reports what it measured
+        alert = judge_disagreement(groups, step=step, truth_key=metric, min_agreement=2.0, min_pairs=1)
+        if alert is not None:
+            out[step] = float(alert.evidence["agreement"])
+    return out

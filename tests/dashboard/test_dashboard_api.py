@@ -1,0 +1,168 @@
+"""The dashboard's JSON API on recorded run folders: one written by the real loop (`gw.fit` with the
+scripted backend of the loop tests), one written step by step through the run store (dash_helpers)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from dash_helpers import reward_of, write_step, write_stop  # noqa: E402
+from groupwise.dashboard.app import create_app  # noqa: E402
+from groupwise.run_lock import RunLock  # noqa: E402
+from groupwise.store import RunStore  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "loop"))
+from loop_helpers import run_scripted  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def looped(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("looped")
+    asyncio.run(run_scripted(str(base)))
+    return base
+
+
+@pytest.fixture
+def written(tmp_path) -> tuple[Path, RunStore]:
+    store = RunStore(tmp_path, "2048", "agent")
+    for step in range(4):
+        write_step(store, step)
+    return tmp_path, store
+
+
+def test_a_run_of_the_real_loop_lists_its_state_best_step_and_validation(looped):
+    client = TestClient(create_app(looped))
+    runs = client.get("/api/runs").json()["runs"]
+    assert [r["id"] for r in runs] == ["loop/scripted"]
+    r = runs[0]
+    assert (r["state"], r["rule"]) == ("stopped", "max_steps")
+    assert "reached max_steps=6" in r["detail"]
+    assert (r["latest_step"], r["train_steps"], r["best_step"], r["metric"]) == (5, 6, 6, "accuracy")
+    assert r["base"]["value"] == pytest.approx(0.2) and r["best"]["value"] == pytest.approx(0.8)
+    assert r["minutes"] > 0 and r["steps_per_min"] == pytest.approx(6 / r["minutes"])
+    # the same run opened at its own folder is the one run there
+    assert [x["id"] for x in TestClient(create_app(looped / "loop" / "scripted")).get("/api/runs").json()["runs"]] == ["."]
+
+
+def test_curves_of_the_real_loop(looped):
+    cv = TestClient(create_app(looped)).get("/api/curves", params={"run": "loop/scripted"}).json()
+    assert cv["train"]["step"] == [0, 1, 2, 3, 4, 5]
+    assert cv["train"]["reward"] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
+    assert cv["val"]["step"] == [0, 2, 4, 6] and cv["val"]["value"] == pytest.approx([0.2, 0.4, 0.6, 0.8])
+    assert [b["name"] for b in cv["baselines"]] == ["scripted@0"] and cv["baselines"][0]["value"] == pytest.approx(0.2)
+    assert cv["stop"]["rule"] == "max_steps" and cv["stop"]["best_step"] == 6
+    assert cv["metrics"]["loss"] == [0.5] * 6
+    assert len(cv["phases"]["train_s"]) == len(cv["phases"]["step"]) == 7  # steps 0..5 trained, 6 validated
+
+
+def test_curves_carry_bands_trainer_metrics_judge_agreement_and_alerts_linked_to_evidence(written):
+    root, _ = written
+    cv = TestClient(create_app(root)).get("/api/curves", params={"run": "2048/agent"}).json()
+    t = cv["train"]
+    assert t["step"] == [0, 1, 2, 3]
+    for m, lo, hi, sd in zip(t["reward"], t["lo"], t["hi"], t["std"]):
+        assert sd > 0 and lo == pytest.approx(m - sd) and hi == pytest.approx(m + sd)
+    assert cv["metric"] == "correct" and cv["val"]["step"] == [0, 2]
+    assert all(lo <= v <= hi for v, lo, hi in zip(cv["val"]["value"], cv["val"]["lo"], cv["val"]["hi"]))
+    assert cv["metrics"]["kl"] == pytest.approx([0.0, 0.001, 0.002, 0.003])
+    assert cv["metrics"]["grad_norm"] == pytest.approx([1.0, 1.1, 1.2, 1.3])
+    # the judge's score orders every pair the way ground truth (correct) does in these groups
+    assert cv["judge_agreement"] == {"step": [0, 2], "value": [1.0, 1.0]}
+    (alert,) = cv["alerts"]
+    assert (alert["name"], alert["step"], alert["severity"]) == ("identical_answers", 2, "warning")
+    assert alert["link"] == {"split": "train", "step": 2, "group": 1}
+
+
+def test_groups_rank_by_reward_and_a_trajectory_shows_the_conversation_and_what_the_loss_saw(written):
+    root, _ = written
+    client = TestClient(create_app(root))
+    assert client.get("/api/steps", params={"run": "2048/agent"}).json() == {"train": [0, 1, 2, 3], "val": [0, 2]}
+    view = client.get("/api/groups", params={"run": "2048/agent", "split": "train", "step": 3}).json()
+    assert [g["scenario"] for g in view["groups"]] == [0, 1, 2]
+    g1 = view["groups"][1]
+    assert [t["reward"] for t in g1["trajectories"]] == [reward_of(3, 1, i) for i in (3, 2, 1, 0)]
+    assert sum(t["advantage"] for t in g1["trajectories"]) == pytest.approx(0.0, abs=1e-9)
+    d = client.get("/api/trajectory", params={"run": "2048/agent", "split": "train", "step": 3, "group": 1, "index": 2}).json()
+    assert d["reward"] == reward_of(3, 1, 2) and d["advantage"] > 0
+    assert [m["role"] for m in d["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
+    sampled = d["messages"][2]
+    assert sampled["sampled"] and sampled["tool_calls"][0]["name"] == "make_move"
+    assert [t["loss"] for t in sampled["tokens"]] == ["forced", "trained", "trained", "trained", "trained", "forced"]
+    assert sampled["tokens"][0]["text"] == "{ " and sampled["tokens"][0]["logprob"] == pytest.approx(-0.25)
+    assert d["messages"][3]["tool_call_id"] == "call_3_1_2" and "tokens" not in d["messages"][3]
+    assert d["logs"] == ["judge: trajectory 2 scored 0.36 because it merged tiles"]
+    missing = client.get("/api/trajectory", params={"run": "2048/agent", "split": "train", "step": 3, "group": 9, "index": 0})
+    assert missing.status_code == 404
+
+
+def test_rollout_filters_and_two_steps_side_by_side(written):
+    root, _ = written
+    client = TestClient(create_app(root))
+    q = {"run": "2048/agent", "split": "train"}
+    best = client.get("/api/rollouts", params={**q, "limit": 3}).json()
+    assert best["total"] == 4 * 3 * 4 and [r["reward"] for r in best["rollouts"]] == [reward_of(3, 2, 3), reward_of(3, 1, 3), reward_of(3, 0, 3)]
+    worst = client.get("/api/rollouts", params={**q, "order": "worst", "step_min": 1, "step_max": 1}).json()
+    assert worst["total"] == 12 and worst["rollouts"][0]["reward"] == reward_of(1, 0, 0)
+    ranged = client.get("/api/rollouts", params={**q, "reward_min": 0.3, "reward_max": 0.35}).json()
+    assert ranged["total"] > 0 and all(0.3 <= r["reward"] <= 0.35 for r in ranged["rollouts"])
+    found = client.get("/api/rollouts", params={**q, "q": "final answer 3 for scenario 2"}).json()
+    assert found["total"] == 4 and {(r["group"], r["index"]) for r in found["rollouts"]} == {(2, 3)}
+    cmp = client.get("/api/compare", params={"run": "2048/agent", "split": "val", "a": "0", "b": "latest"}).json()
+    assert (cmp["a"], cmp["b"]) == (0, 2) and [s["scenario"] for s in cmp["scenarios"]] == [0, 1, 2]
+    assert [t["reward"] for t in cmp["scenarios"][1]["b"]] == [reward_of(2, 1, i) for i in (3, 2, 1, 0)]
+    assert client.get("/api/compare", params={"run": "2048/agent", "a": "x"}).status_code == 400
+
+
+def test_state_follows_the_writer_lock_and_a_run_that_ended_without_a_stop_is_crashed(written):
+    root, store = written
+    client = TestClient(create_app(root))
+    lock = RunLock(store.run_dir).acquire()
+    try:
+        r = client.get("/api/runs").json()["runs"][0]
+        assert r["state"] == "training" and f"pid {os.getpid()}" in r["detail"]
+    finally:
+        lock.release()
+    old = time.time() - 3600
+    os.utime(store.history_path, (old, old))
+    assert client.get("/api/runs").json()["runs"][0]["state"] == "crashed"
+    write_stop(store, 4, best_step=2)
+    r = client.get("/api/runs").json()["runs"][0]
+    assert (r["state"], r["best_step"]) == ("stopped", 2)
+
+
+def test_unknown_runs_paths_outside_the_folder_and_a_missing_key_are_refused(written, tmp_path):
+    root, _ = written
+    client = TestClient(create_app(root))
+    assert client.get("/api/curves", params={"run": "../.."}).status_code == 404
+    assert client.get("/api/curves", params={"run": "2048/nope"}).status_code == 404
+    keyed = TestClient(create_app(root, api_key="s3cret"))
+    assert keyed.get("/api/runs").status_code == 401
+    assert keyed.get("/api/runs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert keyed.get("/").status_code == 200  # the page itself holds no run data
+
+
+def test_the_command_refuses_a_public_address_without_a_key_and_a_missing_folder(tmp_path, capsys):
+    from groupwise.cli import main
+
+    assert main(["dashboard", str(tmp_path), "--host", "0.0.0.0"]) == 2
+    assert "--api-key KEY is required" in capsys.readouterr().err
+    assert main(["dashboard", str(tmp_path / "nope")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+
+
+def test_the_dashboard_loads_no_torch_and_ships_its_chart_library():
+    code = ("import sys, groupwise.cli, groupwise.dashboard.app as a; "
+            "assert 'torch' not in sys.modules, 'torch loaded'; "
+            "print(sorted(p.name for p in a.STATIC.iterdir()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ}, check=True).stdout
+    for name in ("index.html", "app.js", "style.css", "uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE"):
+        assert name in out
