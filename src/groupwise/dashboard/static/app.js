@@ -111,7 +111,8 @@ function chart(id, title, series, data, opts) {
   const box = el("div", { class: "chart", id: `chart-${id}` }, el("h4", {}, title));
   document.getElementById("charts").append(box);
   const u = new uPlot({ width, height: 220, series: [{ label: "step" }, ...series], bands: (opts && opts.bands) || [],
-                        scales: { x: { time: false } }, axes: [{ label: "step" }, {}], plugins: [markersPlugin(id)] }, data, box);
+                        scales: { x: { time: false } },
+                        axes: [{ label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] }, {}], plugins: [markersPlugin(id)] }, data, box);
   S.charts[id] = { u, n: series.length, box };
 }
 
@@ -228,6 +229,15 @@ async function search(ev) {
       `${t.split} step ${t.step} · group ${t.group} · #${t.index} · reward ${fmt(t.reward)} · `, el("span", { class: "ci" }, t.answer))));
 }
 document.getElementById("filters").addEventListener("submit", search);
+function extremes(order) {
+  const f = document.getElementById("filters");
+  f.step_min.value = f.step_max.value = S.rollouts.step;
+  f.reward_min.value = f.reward_max.value = f.q.value = "";
+  f.order.value = order;
+  search();
+}
+document.getElementById("best-of-step").addEventListener("click", () => extremes("best"));
+document.getElementById("worst-of-step").addEventListener("click", () => extremes("worst"));
 document.getElementById("filters").split.addEventListener("change", (e) => { S.rollouts.split = e.target.value; S.rollouts.step = null; refreshRollouts(); });
 document.getElementById("filters").step.addEventListener("change", (e) => { S.rollouts.step = +e.target.value; S.rollouts.group = null; refreshRollouts(); });
 
@@ -237,7 +247,7 @@ async function showTrajectory(t) {
   const box = document.getElementById("trajectory");
   const modes = ["loss", "logprob", "advantage"].map(m => el("label", {},
     (() => { const r = el("input", { type: "radio", name: "tokmode", value: m, onchange: () => { S.tokenMode = m; showTrajectory(t); } }); r.checked = S.tokenMode === m; return r; })(), ` ${m} `));
-  box.replaceChildren(
+  box.replaceChildren(...[
     el("h3", {}, `${d.split} step ${d.step} · group ${d.group} · trajectory ${d.index}`),
     el("div", { class: "kv" }, `reward ${fmt(d.reward, 4)}  advantage ${d.advantage === null ? "none (the group's rewards were equal: nothing trained)" : fmt(d.advantage, 3)}`),
     el("div", { class: "kv" }, "metrics: " + JSON.stringify(d.metrics)),
@@ -247,7 +257,8 @@ async function showTrajectory(t) {
     el("div", { class: "legend" }, "tokens by ", ...modes,
       el("span", { class: "tok loss-trained" }, "trained"), el("span", { class: "tok loss-forced" }, "grammar-forced"), el("span", { class: "tok loss-masked" }, "masked")),
     ...d.messages.map(m => messageView(m, d.advantage)),
-    ...d.side.map((h, i) => el("details", {}, el("summary", {}, `side conversation ${i + 1}`), ...h.map(m => messageView(m, null)))));
+    ...d.side.map((h, i) => el("details", {}, el("summary", {}, `side conversation ${i + 1}`), ...h.map(m => messageView(m, null))))]
+    .filter(x => x !== null));
   document.querySelectorAll(".traj-card").forEach(c => c.classList.remove("selected"));
 }
 

@@ -1,0 +1,161 @@
+"""The dashboard in a real browser: headless Chromium (Debian's, driven by selenium through Debian's
+chromedriver) loads `groupwise dashboard` (a real subprocess, over HTTP) on a run folder that this test
+writes into, and reads what the page rendered: the runs list, the reward curve with its band, the
+validation with its interval, an alert marker, a group view, the token view, two steps compared, and a
+new step appearing while the page is open. Any JavaScript error in the console fails it.
+
+Set GW_DASHBOARD_SCREENSHOTS=DIR to save a screenshot of each view there (docs/img holds the README's).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dash_helpers import write_step
+from groupwise.store import RunStore
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+    if os.environ.get("CI"):  # .ci/run installs them: missing there is a broken CI, not a skip
+        raise RuntimeError(f"{CHROMIUM} and {CHROMEDRIVER} are needed (apt-get install chromium chromium-driver)")
+    pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)",
+                allow_module_level=True)
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+SHOTS = os.environ.get("GW_DASHBOARD_SCREENSHOTS")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def dashboard(tmp_path):
+    store = RunStore(tmp_path / "runs", "2048", "agent")
+    for step in range(3):
+        write_step(store, step)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "groupwise.cli", "dashboard", str(tmp_path / "runs"), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"the dashboard did not start: {proc.stdout.read()}")
+            time.sleep(0.1)
+    yield url, store
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def browser(tmp_path):
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1400,1000"):
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)  # no selenium-manager download
+    yield driver
+    driver.quit()
+
+
+def wait(driver, what, timeout=15):
+    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(lambda d: what(d))
+
+
+def shot(driver, name: str) -> None:
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(Path(SHOTS) / f"dashboard-{name}.png"))
+
+
+def js(driver, code: str):
+    return driver.execute_script(code)
+
+
+def test_the_page_renders_every_view_and_a_new_step_appears_while_it_is_open(dashboard, browser):
+    url, store = dashboard
+    d = browser
+    d.get(url)
+    # runs: one row, training (its history was just written), latest step 2, its base and best validations
+    row = wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, 'tr.run-row[data-run="2048/agent"]'))[0]
+    assert row.get_attribute("data-state") == "training"
+    assert row.find_element(By.CSS_SELECTOR, ".latest-step").text == "2"
+    assert "training" in row.text and "[" in row.text  # a validation with its interval
+    shot(d, "runs")
+
+    row.click()
+    wait(d, lambda d: js(d, "return gw.charts.reward && gw.charts.val && gw.charts.reward.u.data[0].length") == 3)
+    assert d.find_elements(By.CSS_SELECTOR, "#chart-reward canvas") and d.find_elements(By.CSS_SELECTOR, "#chart-val canvas")
+    # the reward band is drawn between mean+std and mean-std, around the mean
+    bands = js(d, "return gw.charts.reward.u.bands.map(b => b.series)")
+    assert bands == [[2, 3]]
+    mean, hi, lo = js(d, "const u = gw.charts.reward.u; return [u.data[1], u.data[2], u.data[3]]")
+    assert all(lo_ < m < hi_ for m, hi_, lo_ in zip(mean, hi, lo))
+    val_x, val, val_hi, val_lo, base = js(d, "const u = gw.charts.val.u; return [u.data[0], u.data[1], u.data[2], u.data[3], u.data[4]]")
+    assert val_x == [0, 2] and all(l <= v <= h for v, h, l in zip(val, val_hi, val_lo)) and base == [val[0]] * 2
+    for chart in ("loss", "kl", "grad", "tokens", "phases", "judge"):
+        assert d.find_elements(By.CSS_SELECTOR, f"#chart-{chart} canvas"), chart
+    marker = wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, '#chart-reward .alert-marker[data-step="2"]'))[0]
+    assert marker.get_attribute("data-name") == "identical_answers"
+    assert "identical_answers" in d.find_element(By.ID, "alerts-list").text
+    shot(d, "curves")
+
+    # a step lands while the page is open: it is drawn within a few polls
+    write_step(store, 3)
+    wait(d, lambda d: js(d, "return gw.charts.reward.u.data[0]") == [0, 1, 2, 3], timeout=20)
+
+    # the alert's marker opens its evidence: the group it names, at its step
+    marker = d.find_element(By.CSS_SELECTOR, '#chart-reward .alert-marker[data-step="2"]')
+    d.execute_script("arguments[0].click()", marker)
+    group = wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, '.group.highlight[data-group="1"]'))[0]
+    rewards = [float(c.get_attribute("data-reward")) for c in group.find_elements(By.CSS_SELECTOR, ".traj-card")]
+    assert len(rewards) == 4 and rewards == sorted(rewards, reverse=True)
+    assert d.find_element(By.CSS_SELECTOR, "#filters select[name=step]").get_attribute("value") == "2"
+    group.find_elements(By.CSS_SELECTOR, ".traj-card")[0].click()
+    tokens = wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#trajectory .tok[data-loss]"))
+    assert [t.get_attribute("data-loss") for t in tokens] == ["forced"] + ["trained"] * 4 + ["forced"]
+    text = d.find_element(By.ID, "trajectory").text.lower()  # roles are upper-cased by the style
+    assert "make_move(" in text and "judge: trajectory 3 scored 0.41" in text and "result of call_2_1_3" in text
+    shot(d, "rollouts")
+
+    # filters: text search over every step
+    f = d.find_element(By.ID, "filters")
+    f.find_element(By.NAME, "q").send_keys("final answer 0 for scenario 2")
+    f.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    results = wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#search-results .result-row"))
+    assert len(results) == 4 and all("group 2 · #0" in r.text for r in results)
+    d.find_element(By.ID, "worst-of-step").click()  # the step shown: 2
+    wait(d, lambda d: "12 rollouts match" in d.find_element(By.ID, "search-results").text)
+    first = d.find_elements(By.CSS_SELECTOR, "#search-results .result-row")[0].text
+    assert first.startswith("train step 2 · group 0 · #0 · reward 0.100"), first
+
+    # the same scenarios at two steps
+    d.find_element(By.CSS_SELECTOR, '#tabs button[data-view="compare"]').click()
+    rows = wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#compare tr.cmp-row"))
+    assert len(rows) == 3 and "step 0" in d.find_element(By.ID, "compare").text
+    shot(d, "compare")
+
+    errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == [], errors
