@@ -16,7 +16,17 @@ NOTES = {
     ".gitignore": "ignored: venvs, caches, run stores",
     "README.md": "the front door: what groupwise is, the two commands, an example, results",
     "tests/art_compat/art_api_snapshot.json": "facts about ART 0.3/0.4/0.5's public API, from its wheels (scripts/art_api_snapshot.py)",
-    "pyproject.toml": "package, extras (backend, plots, ray, vllm, wandb, langgraph, mcp, tensorboard, dev, all), pytest settings",
+    "pyproject.toml": "package, extras (backend, plots, dashboard, ray, vllm, wandb, langgraph, mcp, tensorboard, dev, all), pytest settings",
+    "src/groupwise/dashboard/static/index.html": "the dashboard's page: tabs for runs, curves, rollouts, compare",
+    "src/groupwise/dashboard/static/app.js": "the dashboard's script: polls the API every 2 s, draws the charts with uPlot",
+    "src/groupwise/dashboard/static/style.css": "the dashboard's styles (token colours: trained, grammar-forced, masked)",
+    "src/groupwise/dashboard/static/uPlot.iife.min.js": "uPlot 1.6.32 (MIT), the chart library, from the npm registry's package",
+    "src/groupwise/dashboard/static/uPlot.min.css": "uPlot's styles",
+    "src/groupwise/dashboard/static/uPlot.LICENSE": "uPlot's MIT license",
+    "docs/img/dashboard-runs.png": "screenshot: the dashboard's runs list (tests/dashboard/test_dashboard_browser.py takes it)",
+    "docs/img/dashboard-curves.png": "screenshot: curves with bands, baselines, alert markers",
+    "docs/img/dashboard-rollouts.png": "screenshot: a step's groups ranked by reward, a trajectory and its tokens",
+    "docs/img/dashboard-compare.png": "screenshot: the same scenarios at two steps",
 }
 
 

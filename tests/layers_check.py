@@ -11,6 +11,8 @@ The rules (`RULES` below holds the layer ones):
   to a backend only through the public `Backend` contract that base.py defines (base.py itself imports
   nothing heavy and no other backend module, which is checked too);
 - envs/ never imports training/, backend/ or recipes/ (an env is data and a rollout, not a job);
+- dashboard/ never imports inference/, backend/, training/ (but the pure `training.advantages`) or recipes/:
+  it reads the run store and loads no model;
 - recipes/ are the top: only `groupwise.cli` (and recipes themselves) import them; nothing imports cli;
 - no module imports another module's private name: `from m import _x`, or `m._x` on an imported
   groupwise module. A private module (`_chat.py`) is private to its package: modules of that package may
@@ -241,6 +243,11 @@ RULES = [
     *(Rule(area, ("groupwise.inference", "groupwise.backend", "groupwise.training", "groupwise.loop"),
            "an integration reaches the model through its OpenAI-compatible endpoint, as agent code does")
       for area in ("groupwise.langgraph", "groupwise.mcp")),
+    # The dashboard reads the run store and loads no model: no torch, and it never disturbs a training run.
+    # Group advantages are pure Python (training/advantages.py), shared so the page shows what GRPO used.
+    Rule("groupwise.dashboard", ("groupwise.inference", "groupwise.backend", "groupwise.training", "groupwise.recipes"),
+         "the dashboard is a reader of the run store; it loads no model",
+         allowed=("groupwise.training.advantages",)),
     Rule("groupwise", ("groupwise.recipes",), "recipes are jobs at the top: only the CLI runs them",
          exempt=("groupwise.recipes", "groupwise.cli")),
     Rule("groupwise", ("groupwise.cli",), "nothing imports the CLI", exempt=("groupwise.cli",)),

@@ -58,10 +58,40 @@ def test_the_readme_example_trains_and_the_commands_after_it_read_the_run(tiny_m
     assert any(r.get("split") == "stop" for r in history)
 
     commands = [line for b in blocks("bash") for line in b.splitlines() if line.startswith("groupwise ")]
-    assert [c.split()[1] for c in commands] == ["inspect", "report"]
+    assert [c.split()[1] for c in commands] == ["inspect", "report", "dashboard"]
     for command in commands:
         argv = command.split("#")[0].split()
+        if argv[1] == "dashboard":  # a server: it lists the run the example trained, then is stopped
+            assert_dashboard_lists(argv, tmp_path, "sentiment/critic")
+            continue
         ran = subprocess.run([sys.executable, "-m", "groupwise.cli", *argv[1:]], cwd=tmp_path,
                              capture_output=True, text=True, timeout=300)
         assert ran.returncode == 0, f"{command}: {ran.stderr[-2000:]}"
         assert ran.stdout.strip()
+
+
+def assert_dashboard_lists(argv: list[str], cwd: Path, run: str) -> None:
+    import json
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "groupwise.cli", *argv[1:], "--port", str(port)], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/runs", timeout=5) as r:
+                    runs = json.load(r)["runs"]
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() is not None else "timeout"
+                time.sleep(0.2)
+        assert [(x["id"], x["state"]) for x in runs] == [(run, "stopped")]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -43,9 +43,9 @@ def choice(step: int, group: int, index: int, n_tokens: int = 6) -> Choice:
     )
 
 
-def trajectory(step: int, group: int, index: int, split: str = "train") -> Trajectory:
+def trajectory(step: int, group: int, index: int, split: str = "train", n_tokens: int = 6) -> Trajectory:
     r = reward_of(step, group, index)
-    c = choice(step, group, index)
+    c = choice(step, group, index, n_tokens)
     return Trajectory(
         messages_and_choices=[
             {"role": "system", "content": "You play 2048. Answer with a tool call."},
@@ -59,17 +59,17 @@ def trajectory(step: int, group: int, index: int, split: str = "train") -> Traje
     )
 
 
-def groups_at(step: int, n_groups: int, per_group: int, split: str = "train") -> list[TrajectoryGroup]:
-    return [TrajectoryGroup([trajectory(step, g, i, split) for i in range(per_group)], metadata={"scenario_index": g})
+def groups_at(step: int, n_groups: int, per_group: int, split: str = "train", n_tokens: int = 6) -> list[TrajectoryGroup]:
+    return [TrajectoryGroup([trajectory(step, g, i, split, n_tokens) for i in range(per_group)], metadata={"scenario_index": g})
             for g in range(n_groups)]
 
 
 def write_step(store: RunStore, step: int, *, n_groups: int = 3, per_group: int = 4, val_every: int = 2,
-               alert_at: int | None = 2) -> None:
+               alert_at: int | None = 2, n_tokens: int = 6) -> None:
     """Step `step` as the loop writes it: validation of policy `step` (every `val_every`), then its
     train rollouts, their history row with the trainer's metrics, the loop's timing row, and an alert."""
     if step % val_every == 0:
-        val = groups_at(step, n_groups, per_group, "val")
+        val = groups_at(step, n_groups, per_group, "val", n_tokens)
         store.write_trajectories("val", step, val)
         row = history_row(val, step=step, split="val")
         n = sum(len(g.trajectories) for g in val)
@@ -79,7 +79,7 @@ def write_step(store: RunStore, step: int, *, n_groups: int = 3, per_group: int 
         store.append_history(row)
         if step == 0:
             store.append_history({**row, "split": "baseline", "name": "base", "kind": "base"})
-    train = groups_at(step, n_groups, per_group)
+    train = groups_at(step, n_groups, per_group, n_tokens=n_tokens)
     store.write_trajectories("train", step, train)
     store.append_history(history_row(train, step=step, split="train", metrics={
         "loss": 0.5 / (step + 1), "policy_loss": 0.4 / (step + 1), "kl": 0.001 * step, "grad_norm": 1.0 + 0.1 * step,

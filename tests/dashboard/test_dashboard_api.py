@@ -122,6 +122,18 @@ def test_rollout_filters_and_two_steps_side_by_side(written):
     assert client.get("/api/compare", params={"run": "2048/agent", "a": "x"}).status_code == 400
 
 
+def test_a_step_rewritten_on_disk_is_read_again(written):
+    # a resumed run redoes the step it crashed in and rewrites its file: the views show the new groups
+    root, store = written
+    client = TestClient(create_app(root))
+    q = {"run": "2048/agent", "split": "train"}
+    assert len(client.get("/api/groups", params={**q, "step": 3}).json()["groups"]) == 3
+    assert client.get("/api/rollouts", params={**q, "step_min": 3}).json()["total"] == 12
+    write_step(store, 3, n_groups=2, per_group=2)
+    assert len(client.get("/api/groups", params={**q, "step": 3}).json()["groups"]) == 2
+    assert client.get("/api/rollouts", params={**q, "step_min": 3}).json()["total"] == 4
+
+
 def test_state_follows_the_writer_lock_and_a_run_that_ended_without_a_stop_is_crashed(written):
     root, store = written
     client = TestClient(create_app(root))

@@ -1,8 +1,11 @@
 """The dashboard's rollout readers: steps, groups, trajectories, their tokens, and two steps side by side.
 
-Trajectory files are read with `groupwise.store.read_groups` (the reader `groupwise inspect` uses) and
-kept parsed in `GroupCache`, keyed by each file's size and modification time: a polling page re-reads a
-step only when the loop rewrote it, and a finished step is parsed once however often it is shown.
+Trajectory files are read with `groupwise.store.read_groups` (the reader `groupwise inspect` uses)
+through `GroupCache`, keyed by each file's size and modification time: a polling page re-reads a step
+only when the loop rewrote it, and a finished step is parsed once however often it is shown. Parsing is
+the cost (pydantic validates every token's logprob entry); the cache keeps a small index of every file
+(rewards, previews, text) and the full groups of the few steps being looked at, so memory stays bounded
+on a long run.
 
 The token view says, per sampled token, what the loss saw: ``trained`` (a token the policy chose: the
 loss weighs its logprob by the trajectory's advantage), ``forced`` (a grammar allowed only that token,
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,26 +35,69 @@ from groupwise.types import Choice, Trajectory, TrajectoryGroup, choice_forced_i
 PREVIEW_CHARS = 200
 
 
+# Parsed files kept whole (the views of one step); every file keeps only its light index (`FileIndex`).
+KEEP_PARSED = 16
+
+
+@dataclass
+class FileIndex:
+    """What searching and ranking across steps needs of one trajectory file, without its groups: a
+    summary per trajectory (reward, advantage, preview) and its text in lower case; and, computed once,
+    the judge's agreement with the ground truth per metric."""
+
+    rows: list[dict[str, Any]]
+    texts: list[str]
+    agreement: dict[str, float | None] = field(default_factory=dict)
+
+
 class GroupCache:
-    """Parsed trajectory files, re-read only when a file changed (size or mtime)."""
+    """Parsed trajectory files, re-read only when a file changed (size or mtime). The groups of the
+    last `KEEP_PARSED` files read are kept (a step being looked at); each file's `FileIndex` is kept
+    for as long as the file is unchanged, so a search over every step re-parses nothing."""
 
     def __init__(self) -> None:
-        self._files: dict[Path, tuple[tuple[int, int], list[TrajectoryGroup]]] = {}
+        self._files: OrderedDict[Path, tuple[tuple[int, int], list[TrajectoryGroup]]] = OrderedDict()
+        self._index: dict[Path, tuple[tuple[int, int], FileIndex]] = {}
         self._lock = threading.Lock()
 
-    def groups(self, path: Path) -> list[TrajectoryGroup]:
+    @staticmethod
+    def _key(path: Path) -> tuple[int, int]:
         st = path.stat()
-        key = (st.st_size, st.st_mtime_ns)
+        return (st.st_size, st.st_mtime_ns)
+
+    def groups(self, path: Path) -> list[TrajectoryGroup]:
+        key = self._key(path)
         with self._lock:
             hit = self._files.get(path)
-        if hit is not None and hit[0] == key:
-            return hit[1]
+            if hit is not None and hit[0] == key:
+                self._files.move_to_end(path)
+                return hit[1]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", GroupwiseWarning)
             groups = read_groups(path, skip_corrupt=True)
         with self._lock:
             self._files[path] = (key, groups)
+            self._files.move_to_end(path)
+            while len(self._files) > KEEP_PARSED:
+                self._files.popitem(last=False)
         return groups
+
+    def index(self, path: Path, split: str, step: int) -> FileIndex:
+        key = self._key(path)
+        with self._lock:
+            hit = self._index.get(path)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        rows, texts = [], []
+        for gi, g in enumerate(self.groups(path)):
+            adv = _advantages(g)
+            for ti, t in enumerate(g.trajectories):
+                rows.append(_summary(split, step, gi, ti, t, adv[ti]))
+                texts.append(_searchable(t).lower())
+        built = FileIndex(rows, texts)
+        with self._lock:
+            self._index[path] = (key, built)
+        return built
 
 
 def steps(run_dir: Path) -> dict[str, list[int]]:
@@ -122,15 +170,14 @@ def rollouts(cache: GroupCache, run_dir: Path, *, split: str | None = None, step
     for s, step, path in trajectory_files(run_dir, split):
         if (step_min is not None and step < step_min) or (step_max is not None and step > step_max):
             continue
-        for gi, g in enumerate(cache.groups(path)):
-            adv = None
-            for ti, t in enumerate(g.trajectories):
-                if (reward_min is not None and t.reward < reward_min) or (reward_max is not None and t.reward > reward_max):
-                    continue
-                if needle and needle not in _searchable(t).lower():
-                    continue
-                adv = adv if adv is not None else _advantages(g)
-                found.append(_summary(s, step, gi, ti, t, adv[ti]))
+        idx = cache.index(path, s, step)
+        for row, body in zip(idx.rows, idx.texts):
+            r = row["reward"]
+            if (reward_min is not None and r < reward_min) or (reward_max is not None and r > reward_max):
+                continue
+            if needle and needle not in body:
+                continue
+            found.append(row)
     found.sort(key=lambda t: (t["reward"], -t["step"]), reverse=(order != "worst"))
     return {"total": len(found), "rollouts": found[:limit]}
 
@@ -233,12 +280,14 @@ def judge_agreement(cache: GroupCache, run_dir: Path, history: list[dict[str, An
     out: dict[int, float] = {}
     if not metric:
         return out
-    for _, step, path in trajectory_files(run_dir, "val"):
-        groups = cache.groups(path)
-        if not any("ruler_score" in t.metrics for g in groups for t in g.trajectories):
-            continue
-        # an agreement above 1 is impossible, so the detector always reports what it measured
-        alert = judge_disagreement(groups, step=step, truth_key=metric, min_agreement=2.0, min_pairs=1)
-        if alert is not None:
-            out[step] = float(alert.evidence["agreement"])
+    for split, step, path in trajectory_files(run_dir, "val"):
+        idx = cache.index(path, split, step)
+        if metric not in idx.agreement:
+            groups = cache.groups(path)
+            judged = any("ruler_score" in t.metrics for g in groups for t in g.trajectories)
+            # an agreement above 1 is impossible, so the detector always reports what it measured
+            alert = judge_disagreement(groups, step=step, truth_key=metric, min_agreement=2.0, min_pairs=1) if judged else None
+            idx.agreement[metric] = float(alert.evidence["agreement"]) if alert is not None else None
+        if idx.agreement[metric] is not None:
+            out[step] = idx.agreement[metric]
     return out

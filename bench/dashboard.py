@@ -1,0 +1,69 @@
+"""How long each view of `groupwise dashboard` takes to load on a real-size run (not a timed test).
+
+    python bench/dashboard.py            # writes a synthetic run into a temporary folder, prints a table
+
+The run: 200 steps of 10 groups x 5 rollouts (10,000 train trajectories, each a tool-calling
+conversation whose sampled turn has 200 tokens with ids, logprobs and forced indices), validation every
+10 steps, an alert every 50. It is written through the run store by the tests' writer
+(tests/dashboard/dash_helpers.py), then each API the page calls is timed in process (FastAPI's test
+client: the time is the readers', not the network's): cold (first call, files parsed) and warm (the
+parse cache hit, as on every later 2 s poll).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests" / "dashboard"))
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from dash_helpers import write_step  # noqa: E402
+from groupwise.dashboard.app import create_app  # noqa: E402
+from groupwise.store import RunStore  # noqa: E402
+
+STEPS, GROUPS, PER_GROUP, TOKENS = 200, 10, 5, 200
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        store = RunStore(tmp, "bench", "agent")
+        t0 = time.perf_counter()
+        for step in range(STEPS):
+            write_step(store, step, n_groups=GROUPS, per_group=PER_GROUP, val_every=10, n_tokens=TOKENS,
+                       alert_at=step if step % 50 == 25 else None)
+        size = sum(f.stat().st_size for f in Path(tmp).rglob("*") if f.is_file())
+        print(f"wrote {STEPS} steps x {GROUPS * PER_GROUP} train trajectories = {STEPS * GROUPS * PER_GROUP} "
+              f"({size / 2**20:.0f} MiB) in {time.perf_counter() - t0:.1f} s")
+        client = TestClient(create_app(tmp))
+        run = "bench/agent"
+        views = [
+            ("runs list", "/api/runs", {}),
+            ("curves (with judge agreement)", "/api/curves", {"run": run}),
+            ("steps", "/api/steps", {"run": run}),
+            ("groups of the latest step", "/api/groups", {"run": run, "split": "train", "step": STEPS - 1}),
+            ("trajectory + tokens", "/api/trajectory", {"run": run, "split": "train", "step": STEPS - 1, "group": 3, "index": 2}),
+            ("search all 10,000 (text)", "/api/rollouts", {"run": run, "split": "train", "q": "scenario 7"}),
+            ("best of all steps", "/api/rollouts", {"run": run, "split": "train"}),
+            ("compare val 0 vs latest", "/api/compare", {"run": run, "split": "val", "a": "0", "b": "latest"}),
+        ]
+        print(f"\n{'view':<32}{'cold ms':>10}{'warm ms':>10}{'bytes':>10}")
+        for name, path, params in views:
+            times = []
+            for _ in range(2):
+                t = time.perf_counter()
+                r = client.get(path, params=params)
+                times.append((time.perf_counter() - t) * 1000)
+                assert r.status_code == 200, r.text
+            print(f"{name:<32}{times[0]:>10.0f}{times[1]:>10.0f}{len(r.content):>10}")
+        print(f"\n({os.cpu_count()} CPUs; cold: the files parsed; warm: the parse cache hit, as on each 2 s poll)")
+
+
+if __name__ == "__main__":
+    main()
