@@ -78,3 +78,21 @@ def test_the_errors_users_meet_are_caught_by_one_except_and_keep_their_stdlib_ba
     for cls, std in ((EngineError, RuntimeError), (PromptTooLongError, ValueError), (ConstraintError, ValueError),
                      (NonFiniteError, FloatingPointError), (EnvError, RuntimeError), (gw.ConfigError, ValueError)):
         assert issubclass(cls, gw.GroupwiseError) and issubclass(cls, std), cls
+
+
+# Areas whose every raise is a GroupwiseError already; the others still raise some plain ValueError,
+# TypeError or KeyError on a wrong argument (errors.py says so).
+CONVERTED = ("judge", "loop", "learning_signal.py", "backend/judges.py", "errors.py")
+
+
+def test_the_judge_and_the_loop_raise_only_groupwise_errors():
+    found = []
+    for path, tree in _modules():
+        rel = path.relative_to(SRC).as_posix()
+        if not rel.startswith(CONVERTED):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name):
+                if node.exc.func.id in BUILTIN_EXCEPTIONS:
+                    found.append(f"{rel}:{node.lineno} raise {node.exc.func.id}")
+    assert found == [], "raise ConfigError (a ValueError) or another GroupwiseError"

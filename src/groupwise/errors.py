@@ -120,6 +120,13 @@ class DiskFullError(CheckpointError, OSError):
     previous checkpoints are untouched; the message names the folder."""
 
 
+class UnknownKeyError(GroupwiseError, KeyError):
+    """A name looked up is not there (a reward component, ...); the message lists the names there are."""
+
+    def __str__(self) -> str:  # KeyError's own str() would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 class EnvError(GroupwiseError, RuntimeError):
     """A built-in environment cannot run here (a missing SQLite feature, a server that answered nothing
     usable, a corpus that no longer fits its scenarios)."""

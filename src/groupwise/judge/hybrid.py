@@ -19,13 +19,15 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from groupwise.errors import ConfigError, UnknownKeyError
 from groupwise.types import TrajectoryGroup
 
 
 def _unit(name: str, value: float) -> float:
     v = float(value)
     if not math.isfinite(v) or not 0.0 <= v <= 1.0:
-        raise ValueError(f"{name}={value!r} must be a finite number in [0, 1] (a bool counts as 0 or 1)")
+        raise ConfigError(f"{name}={value!r} must be a finite number in [0, 1] (a bool counts as 0 or 1)",
+                          what="hybrid reward")
     return v
 
 
@@ -50,10 +52,10 @@ def weighted_sum(components: Mapping[str, float], weights: Mapping[str, float]) 
     """Sum of weights[k] * components[k] over the weights' keys, divided by the sum of the weights."""
     missing = sorted(set(weights) - set(components))
     if missing:
-        raise KeyError(f"weighted_sum: no value for components {missing}; got {sorted(components)}")
+        raise UnknownKeyError(f"weighted_sum: no value for components {missing}; got {sorted(components)}")
     total = sum(weights.values())
     if total <= 0:
-        raise ValueError(f"weighted_sum: the weights sum to {total}; they must sum to > 0")
+        raise ConfigError(f"the weights sum to {total}; they must sum to > 0", what="weighted_sum weights")
     return sum(w * float(components[k]) for k, w in weights.items()) / total
 
 
@@ -73,7 +75,7 @@ def apply_hybrid(
     for i, t in enumerate(out.trajectories):
         missing = [k for k in (verifiable_key, judge_key) if k not in t.metrics]
         if missing:
-            raise KeyError(
+            raise UnknownKeyError(
                 f"apply_hybrid: trajectory {i} has no metrics {missing}. Judge the group with ruler_score_group "
                 "first (it stores the code reward as 'independent_reward' and the score as 'ruler_score'), "
                 "or name other keys with verifiable_key=/judge_key=."

@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from groupwise.errors import ConfigError
+
 SYSTEM_PROMPT = """\
 You are a judge comparing several attempts (trajectories) at the same task. Every trajectory starts \
 from the same context and pursues the same goal; they differ in what the agent did next.
@@ -177,7 +179,8 @@ def split_prefix(
     else:
         per_tools = list(tools)  # type: ignore[arg-type]
     if len(per_tools) != n:
-        raise ValueError(f"got {len(per_tools)} tool lists for {n} trajectories; pass one per trajectory or one for all")
+        raise ConfigError(f"got {len(per_tools)} tool lists for {n} trajectories; pass one per trajectory or one for all",
+                          what="judge tools")
     hist = [
         [(normalise_call_ids(h_messages), h_tools) for h_messages, h_tools in h]
         for h in (histories if histories is not None else [[] for _ in range(n)])

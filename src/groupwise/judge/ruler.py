@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from groupwise.errors import JudgeError
+from groupwise.errors import ConfigError, JudgeError
 from groupwise.judge.cache import JudgeCache, request_key
 from groupwise.judge.config import JudgeConfig, make_config
 from groupwise.judge.cost import Usage
@@ -317,7 +317,7 @@ async def ruler_detailed(
         options["extra_litellm_params"], rubric = rubric, options.pop("rubric", DEFAULT_RUBRIC)
     cfg = make_config(config, options)
     if not message_lists:
-        raise ValueError("ruler: message_lists is empty; there is nothing to judge")
+        raise ConfigError("message_lists is empty; there is nothing to judge", what="ruler() arguments")
     if endpoint is None:
         endpoint = resolve(judge_model, base_url=cfg.base_url, api_key=cfg.api_key, timeout_s=cfg.timeout_s, client=client)
     lists = [_as_messages(ms) for ms in message_lists]
@@ -394,9 +394,9 @@ async def ruler_score_group(
     step's count as ``reward/dropped_groups`` in its loop row. Invalid options always raise.
     """
     if group.pending:
-        raise ValueError(
+        raise ConfigError(
             "ruler_score_group got a group whose rollouts have not run yet; await the group "
-            "(or gather_trajectory_groups) first, then judge the finished group"
+            "(or gather_trajectory_groups) first, then judge the finished group", what="ruler_score_group() arguments"
         )
     if not group.trajectories:
         return group.model_copy(deep=True)  # only exceptions: nothing to judge, keep the record

@@ -224,7 +224,8 @@ class Loop:
                 self.dropped_groups += 1
                 continue
             if not isinstance(after, TrajectoryGroup):
-                raise TypeError(f"score_group returned {type(after).__name__}; it must return a TrajectoryGroup or None")
+                raise ConfigError(f"score_group returned {type(after).__name__}; it must return a TrajectoryGroup or None",
+                                  what="score_group")
             after.metadata.setdefault("scenario_index", before.metadata.get("scenario_index"))
             out.append(after)
         return out
@@ -241,7 +242,8 @@ class Loop:
                     v = await _maybe_await(self.validate(t, scenario) if takes else self.validate(t))
                 v = float(v)
                 if not math.isfinite(v):
-                    raise ValueError(f"validate returned {v} for scenario {g.metadata['scenario_index']}; it must be finite")
+                    raise ConfigError(f"validate returned {v} for scenario {g.metadata['scenario_index']}; it must be finite",
+                                      what="validate")
                 t.metrics[self.c.metric] = v
 
     def interval_fields(self, groups: list[TrajectoryGroup]) -> dict[str, float]:
