@@ -47,6 +47,9 @@ def dashboard(tmp_path):
     store = RunStore(tmp_path / "runs", "2048", "agent")
     for step in range(3):
         write_step(store, step)
+    seed1 = RunStore(tmp_path / "runs", "2048", "agent-s1")  # a second seed, drawn beside it
+    for step in range(2):
+        write_step(seed1, step, n_groups=2)
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "groupwise.cli", "dashboard", str(tmp_path / "runs"), "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -103,8 +106,12 @@ def test_the_page_renders_every_view_and_a_new_step_appears_while_it_is_open(das
     assert row.get_attribute("data-state") == "training"
     assert row.find_element(By.CSS_SELECTOR, ".latest-step").text == "2"
     assert "training" in row.text and "[" in row.text  # a validation with its interval
+    assert len(d.find_elements(By.CSS_SELECTOR, "tr.run-row")) == 2
     shot(d, "runs")
 
+    # the second seed on the shared axes
+    d.find_element(By.CSS_SELECTOR, 'tr.run-row[data-run="2048/agent-s1"] input[type=checkbox]').click()
+    row = d.find_element(By.CSS_SELECTOR, 'tr.run-row[data-run="2048/agent"]')
     row.click()
     wait(d, lambda d: js(d, "return gw.charts.reward && gw.charts.val && gw.charts.reward.u.data[0].length") == 3)
     assert d.find_elements(By.CSS_SELECTOR, "#chart-reward canvas") and d.find_elements(By.CSS_SELECTOR, "#chart-val canvas")
@@ -113,8 +120,12 @@ def test_the_page_renders_every_view_and_a_new_step_appears_while_it_is_open(das
     assert bands == [[2, 3]]
     mean, hi, lo = js(d, "const u = gw.charts.reward.u; return [u.data[1], u.data[2], u.data[3]]")
     assert all(lo_ < m < hi_ for m, hi_, lo_ in zip(mean, hi, lo))
-    val_x, val, val_hi, val_lo, base = js(d, "const u = gw.charts.val.u; return [u.data[0], u.data[1], u.data[2], u.data[3], u.data[4]]")
+    val_x, val, val_hi, val_lo, base = js(d, "const u = gw.charts.val.u; return [u.data[0], u.data[1], u.data[2], u.data[3], "
+                                          "u.data[u.series.findIndex(s => s.label === 'baseline base')]]")
     assert val_x == [0, 2] and all(l <= v <= h for v, h, l in zip(val, val_hi, val_lo)) and base == [val[0]] * 2
+    labels, other = js(d, "const u = gw.charts.reward.u; return [u.series.map(s => s.label), u.data[4]]")
+    assert labels[4] == "2048/agent-s1 reward" and other[:2] == [x for x in js(d, "return gw.curves['2048/agent-s1'].train.reward")]
+    assert other[2] is None  # the second seed has no step 2: a gap on the shared axis
     for chart in ("loss", "kl", "grad", "tokens", "phases", "judge"):
         assert d.find_elements(By.CSS_SELECTOR, f"#chart-{chart} canvas"), chart
     marker = wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, '#chart-reward .alert-marker[data-step="2"]'))[0]
@@ -139,6 +150,8 @@ def test_the_page_renders_every_view_and_a_new_step_appears_while_it_is_open(das
     text = d.find_element(By.ID, "trajectory").text.lower()  # roles are upper-cased by the style
     assert "make_move(" in text and "judge: trajectory 3 scored 0.41" in text and "result of call_2_1_3" in text
     shot(d, "rollouts")
+    d.find_element(By.CSS_SELECTOR, "#trajectory input[value=logprob]").click()  # coloured by logprob
+    wait(d, lambda d: all(js(d, "return [...document.querySelectorAll('#trajectory .tok[data-loss]')].map(t => t.style.background)")))
 
     # filters: text search over every step
     f = d.find_element(By.ID, "filters")

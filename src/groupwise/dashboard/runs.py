@@ -93,16 +93,16 @@ def _writer_pid(run_dir: Path) -> int | None:
     """The pid written into the writer lock by its holder, where the lock is held now (/proc/locks)."""
     lock = run_dir / RunLock.FILE
     try:
-        inode = os.stat(lock).st_ino
+        st = os.stat(lock)
         with open("/proc/locks", encoding="utf-8") as f:
             lines = f.read().splitlines()
     except OSError:
         return None
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"  # the file, as /proc/locks names it
     for line in lines:
-        parts = line.split()
         # "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF" (a waiting lock has "->" after the number)
-        parts = [p for p in parts if p != "->"]
-        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5].rsplit(":", 1)[-1] == str(inode):
+        parts = [p for p in line.split() if p != "->"]
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == where:
             return int(parts[4]) if parts[4].isdigit() else 0
     return None
 

@@ -111,7 +111,7 @@ function chart(id, title, series, data, opts) {
   const box = el("div", { class: "chart", id: `chart-${id}` }, el("h4", {}, title));
   document.getElementById("charts").append(box);
   const u = new uPlot({ width, height: 220, series: [{ label: "step" }, ...series], bands: (opts && opts.bands) || [],
-                        scales: { x: { time: false } },
+                        scales: Object.assign({ x: { time: false } }, opts && opts.y ? { y: { range: opts.y } } : {}),
                         axes: [{ label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] }, {}], plugins: [markersPlugin(id)] }, data, box);
   S.charts[id] = { u, n: series.length, box };
 }
@@ -148,7 +148,7 @@ async function refreshCurves() {
         aligned, { bands: [{ series: [2, 3], fill: "rgba(44,160,44,0.18)" }] });
   if (cv.judge_agreement.step.length)
     chart("judge", "judge agreement with ground truth (share of pairs ordered alike)", [line("agreement", "#9467bd")],
-          [cv.judge_agreement.step, cv.judge_agreement.value]);
+          [cv.judge_agreement.step, cv.judge_agreement.value], { y: [0, 1.05] });
   const m = cv.metrics;
   const groups = [["loss", "losses", ["loss", "policy_loss"]], ["kl", "KL to the reference", ["kl"]],
                   ["grad", "gradient norm", ["grad_norm"]], ["tokens", "tokens per step", ["trainable_tokens", "forced_tokens", "padded_tokens"]],
