@@ -45,7 +45,8 @@ def main() -> None:
         run = "bench/agent"
         views = [
             ("runs list", "/api/runs", {}),
-            ("curves (with judge agreement)", "/api/curves", {"run": run}),
+            ("curves", "/api/curves", {"run": run}),
+            ("judge agreement (val files)", "/api/judge", {"run": run}),
             ("steps", "/api/steps", {"run": run}),
             ("groups of the latest step", "/api/groups", {"run": run, "split": "train", "step": STEPS - 1}),
             ("trajectory + tokens", "/api/trajectory", {"run": run, "split": "train", "step": STEPS - 1, "group": 3, "index": 2}),

@@ -76,7 +76,8 @@ def test_curves_carry_bands_trainer_metrics_judge_agreement_and_alerts_linked_to
     assert cv["metrics"]["kl"] == pytest.approx([0.0, 0.001, 0.002, 0.003])
     assert cv["metrics"]["grad_norm"] == pytest.approx([1.0, 1.1, 1.2, 1.3])
     # the judge's score orders every pair the way ground truth (correct) does in these groups
-    assert cv["judge_agreement"] == {"step": [0, 2], "value": [1.0, 1.0]}
+    judge = TestClient(create_app(root)).get("/api/judge", params={"run": "2048/agent"}).json()
+    assert judge == {"step": [0, 2], "value": [1.0, 1.0]}
     (alert,) = cv["alerts"]
     assert (alert["name"], alert["step"], alert["severity"]) == ("identical_answers", 2, "warning")
     assert alert["link"] == {"split": "train", "step": 2, "group": 1}
@@ -162,13 +163,21 @@ def test_unknown_runs_paths_outside_the_folder_and_a_missing_key_are_refused(wri
     assert keyed.get("/").status_code == 200  # the page itself holds no run data
 
 
-def test_the_command_refuses_a_public_address_without_a_key_and_a_missing_folder(tmp_path, capsys):
+def test_the_command_refuses_a_public_address_without_a_key_and_a_file_for_a_folder(tmp_path, capsys):
     from groupwise.cli import main
 
     assert main(["dashboard", str(tmp_path), "--host", "0.0.0.0"]) == 2
     assert "--api-key KEY is required" in capsys.readouterr().err
-    assert main(["dashboard", str(tmp_path / "nope")]) == 2
-    assert "no such folder" in capsys.readouterr().err
+    (tmp_path / "history.jsonl").write_text("")
+    assert main(["dashboard", str(tmp_path / "history.jsonl")]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_before_the_first_run_the_folder_lists_nothing_then_the_run(tmp_path):
+    client = TestClient(create_app(tmp_path / ".groupwise"))  # `groupwise dashboard` before `groupwise train`
+    assert client.get("/api/runs").json()["runs"] == []
+    write_step(RunStore(tmp_path / ".groupwise", "2048", "2048-s0"), 0)
+    assert [r["id"] for r in client.get("/api/runs").json()["runs"]] == ["2048/2048-s0"]
 
 
 def test_the_dashboard_loads_no_torch_and_ships_its_chart_library():

@@ -126,8 +126,9 @@ def test_the_page_renders_every_view_and_a_new_step_appears_while_it_is_open(das
     labels, other = js(d, "const u = gw.charts.reward.u; return [u.series.map(s => s.label), u.data[4]]")
     assert labels[4] == "2048/agent-s1 reward" and other[:2] == [x for x in js(d, "return gw.curves['2048/agent-s1'].train.reward")]
     assert other[2] is None  # the second seed has no step 2: a gap on the shared axis
-    for chart in ("loss", "kl", "grad", "tokens", "phases", "judge"):
-        assert d.find_elements(By.CSS_SELECTOR, f"#chart-{chart} canvas"), chart
+    for chart in ("loss", "kl", "grad", "tokens", "phases", "judge"):  # the judge's comes a moment later
+        wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, f"#chart-{chart} canvas"))
+    assert js(d, "return gw.charts.judge.u.data") == [[0, 2], [1, 1]]
     marker = wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, '#chart-reward .alert-marker[data-step="2"]'))[0]
     assert marker.get_attribute("data-name") == "identical_answers"
     assert "identical_answers" in d.find_element(By.ID, "alerts-list").text

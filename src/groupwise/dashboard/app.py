@@ -62,8 +62,14 @@ def create_app(root: str | Path, *, api_key: str | None = None) -> FastAPI:
 
     @app.get("/api/curves")
     def api_curves(run: str) -> Response:
+        return _json(rs.curves(run_dir(run)))
+
+    @app.get("/api/judge")
+    def api_judge(run: str) -> Response:
+        # apart from the curves: it parses every validation file once, which on a long run takes seconds
         d = run_dir(run)
-        return _json(rs.curves(d, ro.judge_agreement(cache, d, rs.history_of(d))))
+        agree = sorted(ro.judge_agreement(cache, d, rs.history_of(d)).items())
+        return _json({"step": [s for s, _ in agree], "value": [v for _, v in agree]})
 
     @app.get("/api/steps")
     def api_steps(run: str) -> Response:
@@ -116,9 +122,9 @@ def check_dashboard_args(args: Any) -> None:
     if not loopback and not args.api_key:
         problems.append(f"--host {args.host} is not a loopback address: anyone on the network could read "
                         "your runs, so --api-key KEY is required")
-    if not Path(args.path).is_dir():
-        problems.append(f"{args.path}: no such folder (pass a run store folder, e.g. .groupwise, or a run "
-                        "folder <base_path>/<project>/<model>)")
+    if Path(args.path).exists() and not Path(args.path).is_dir():
+        problems.append(f"{args.path} is a file; pass a run store folder (e.g. .groupwise), a project or a run "
+                        "folder <base_path>/<project>/<model>")
     if problems:
         raise ConfigError(problems, what="dashboard arguments")
 
@@ -131,5 +137,7 @@ def run_dashboard(args: Any) -> int:
     app = create_app(args.path, api_key=args.api_key)
     key = f"#key={args.api_key}" if args.api_key else ""
     print(f"groupwise dashboard: {Path(args.path).resolve()} on http://{args.host}:{args.port}/{key}", flush=True)
+    if not Path(args.path).exists():  # started before the first run: the page lists runs as they appear
+        print(f"groupwise dashboard: no runs under {args.path} yet; they appear on the page as they start", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

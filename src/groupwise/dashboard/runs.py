@@ -186,9 +186,10 @@ def _columns(rs: list[Row], keys: list[str], split: str) -> dict[str, list[float
     return {k: [value(r, split, k) for r in rs] for k in keys}
 
 
-def curves(run_dir: Path, judge_agreement: dict[int, float] | None = None) -> dict[str, Any]:
-    """Every curve of a run, as columns uPlot draws: train reward with its spread, validation with its
-    interval, baselines, the trainer's metrics, seconds per phase, alerts and the stop."""
+def curves(run_dir: Path) -> dict[str, Any]:
+    """Every curve of the run's history, as columns uPlot draws: train reward with its spread, validation
+    with its interval, baselines, the trainer's metrics, seconds per phase, alerts and the stop. (The
+    judge's agreement is read from the trajectories: `groupwise.dashboard.rollouts.judge_agreement`.)"""
     history = history_of(run_dir)
     metric = val_metric_name(history)
     train = rows(history, "train")
@@ -221,7 +222,6 @@ def curves(run_dir: Path, judge_agreement: dict[int, float] | None = None) -> di
                        "link": {"split": split, "step": at if isinstance(at, int) else a["step"],
                                 "group": group if isinstance(group, int) else None}})
     stop = events(history, "stop")[-1] if events(history, "stop") else None
-    agree = sorted((judge_agreement or {}).items())
     return {
         "metric": metric,
         "train": {"step": t_steps, "reward": reward, "lo": [None if m is None else m - s for m, s in zip(reward, spread)],
@@ -231,7 +231,6 @@ def curves(run_dir: Path, judge_agreement: dict[int, float] | None = None) -> di
         "baselines": baselines,
         "metrics": {"step": t_steps, **_columns(train, metric_keys, "train")},
         "phases": phases, "judge_cost_usd": cost,
-        "judge_agreement": {"step": [s for s, _ in agree], "value": [v for _, v in agree]},
         "alerts": alerts,
         "stop": None if stop is None else {k: stop.get(k) for k in ("step", "rule", "reason", "best_step", "best_metric")},
     }

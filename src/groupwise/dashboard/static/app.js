@@ -146,9 +146,16 @@ async function refreshCurves() {
          ...ids.slice(1).map((r, i) => line(`${r} ${metric}`, COLOURS[(i + 1) % COLOURS.length])),
          ...base.map((b, i) => line(`baseline ${b.name}`, "#888", { dash: [6, 4], points: { show: false } }))],
         aligned, { bands: [{ series: [2, 3], fill: "rgba(44,160,44,0.18)" }] });
-  if (cv.judge_agreement.step.length)
-    chart("judge", "judge agreement with ground truth (share of pairs ordered alike)", [line("agreement", "#9467bd")],
-          [cv.judge_agreement.step, cv.judge_agreement.value], { y: [0, 1.05] });
+  // the judge's agreement comes from the trajectory files (slow the first time on a long run): not awaited
+  if (!S.judgeBusy) {
+    S.judgeBusy = true;
+    const run = S.run;
+    api("judge", { run }).then(ja => {
+      if (run === S.run && ja.step.length)
+        chart("judge", "judge agreement with ground truth (share of pairs ordered alike)", [line("agreement", "#9467bd")],
+              [ja.step, ja.value], { y: [0, 1.05] });
+    }).catch(e => console.warn(String(e))).finally(() => { S.judgeBusy = false; });
+  }
   const m = cv.metrics;
   const groups = [["loss", "losses", ["loss", "policy_loss"]], ["kl", "KL to the reference", ["kl"]],
                   ["grad", "gradient norm", ["grad_norm"]], ["tokens", "tokens per step", ["trainable_tokens", "forced_tokens", "padded_tokens"]],
