@@ -7,6 +7,8 @@ The rules (`RULES` below holds the layer ones):
   optional-extra library (torch, transformers, peft, fastapi, ... read from pyproject.toml) at module level;
 - judge/ never imports inference/, backend/ or training/: it receives a client;
 - training/ never imports inference/, and inference/ never imports training/;
+- chat/ (how a conversation becomes the prompt's text and tokens) imports none of inference/, training/,
+  backend/ or loop/: server and trainer both render with it, so it sits below both;
 - loop/ never imports backend/, inference/ or training/, except `groupwise.backend.base`: the loop speaks
   to a backend only through the public `Backend` contract that base.py defines (base.py itself imports
   nothing heavy and no other backend module, which is checked too);
@@ -231,6 +233,8 @@ RULES = [
          "the judge receives a client; a local judge is built by the backend"),
     Rule("groupwise.training", ("groupwise.inference",), "training and inference are separate layers"),
     Rule("groupwise.inference", ("groupwise.training",), "training and inference are separate layers"),
+    Rule("groupwise.chat", ("groupwise.inference", "groupwise.training", "groupwise.backend", "groupwise.loop"),
+         "the chat layer is below both server and trainer: both render conversations with it"),
     Rule("groupwise.loop", ("groupwise.backend", "groupwise.inference", "groupwise.training"),
          "the loop speaks to a backend only through the public Backend contract",
          allowed=("groupwise.backend.base",)),

@@ -95,8 +95,9 @@ CLEAN = {
     "def engine():\n    import torch\n    from groupwise.inference import engine\n",
     "groupwise/inference/engine.py": "import torch\nclass Engine:\n    def __init__(self):\n"
     "        self._running = []\n        self.state = self\n    def _poll(self):\n        return self._running\n",
-    "groupwise/inference/decode.py": "def decode(engine):\n    return engine.state\n",
-    "groupwise/training/trainer.py": "import torch\n",
+    "groupwise/inference/decode.py": "from groupwise.chat.render import json\ndef decode(engine):\n    return engine.state\n",
+    "groupwise/training/trainer.py": "import torch\nfrom groupwise.chat import render\n",
+    "groupwise/chat/render.py": "import json\n",
     "groupwise/judge/ruler.py": "from groupwise.types import json\n",
     "groupwise/envs/_chat.py": "def _helper(): ...\ndef chat(): ...\n",
     "groupwise/envs/math/env.py": "from groupwise.envs._chat import chat\n",
@@ -134,6 +135,12 @@ BREAKS = {
     "training imports inference": (
         {"groupwise/training/trainer.py": "import groupwise.inference.engine as e\n"},
         "layers", "groupwise.training.trainer:1 imports groupwise.inference.engine"),
+    "chat imports inference": (
+        {"groupwise/chat/render.py": "def f():\n    from groupwise.inference.engine import Engine\n"},
+        "layers", "groupwise.chat.render:2 imports groupwise.inference.engine"),
+    "chat imports training": (
+        {"groupwise/chat/render.py": "from groupwise.training import trainer\n"},
+        "layers", "groupwise.chat.render:1 imports groupwise.training.trainer"),
     "inference imports training": (
         {"groupwise/inference/engine.py": "from groupwise.training import trainer\n"},
         "layers", "groupwise.inference.engine:1 imports groupwise.training.trainer"),

@@ -50,7 +50,6 @@ async def test_demonstration_is_what_the_rollout_records(scripted, train_scenari
 def test_demonstrated_calls_are_sentences_of_the_tool_call_grammar(train_scenarios):
     """A demonstration the constrained server could never produce would teach the policy nothing usable."""
     from groupwise.inference.constrained import constraint_for
-    from groupwise.inference.tool_calls import prepare_messages
     from groupwise.loading import load_tokenizer
     from groupwise.training.sft import rendered_turn_ids
 
@@ -61,7 +60,7 @@ def test_demonstrated_calls_are_sentences_of_the_tool_call_grammar(train_scenari
     turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
     assert len(turns) == 3
     for k in turns:
-        ids = rendered_turn_ids(messages, k, tokenizer, tools=demo.tools, prepare=prepare_messages)
+        ids = rendered_turn_ids(messages, k, tokenizer, tools=demo.tools)
         matcher = grammar.new_matcher()
         *call, end = ids
         assert end == tokenizer.eos_token_id  # the turn ends with <|im_end|>, which the grammar then admits
@@ -87,7 +86,6 @@ def test_the_grammar_reads_tokens_as_bytes_whatever_decoder_transformers_gave(tr
     from tokenizers import decoders
 
     from groupwise.inference.constrained import constraint_for
-    from groupwise.inference.tool_calls import prepare_messages
     from groupwise.loading import byte_level_decoder, load_tokenizer
     from groupwise.training.sft import rendered_turn_ids
 
@@ -98,7 +96,7 @@ def test_the_grammar_reads_tokens_as_bytes_whatever_decoder_transformers_gave(tr
         [decoders.ByteFallback(), decoders.Fuse(), decoders.Replace("▁", " "), decoders.ByteLevel()])
     demo = demonstration(train_scenarios[3])
     messages = demo.messages()
-    *call, _ = rendered_turn_ids(messages, 2, tokenizer, tools=demo.tools, prepare=prepare_messages)
+    *call, _ = rendered_turn_ids(messages, 2, tokenizer, tools=demo.tools)
     assert "\n" in tokenizer.decode(call)
 
     def accepts(tok):

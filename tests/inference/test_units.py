@@ -7,7 +7,7 @@ import json
 import pytest
 
 from groupwise.errors import ModelNotFoundError
-from groupwise.inference.tool_calls import parse_tool_calls, prepare_messages, template_supports_tools
+from groupwise.chat.tool_calls import parse_tool_calls, prepare_messages, template_supports_tools
 from groupwise.loading import load_base_model, tiny_random_model
 
 

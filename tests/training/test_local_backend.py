@@ -158,7 +158,7 @@ def test_sigkill_mid_step_resumes_with_identical_optimizer(model_dir, tmp_path):
 
 async def test_tools_and_multi_turn_train_on_what_was_sampled(model_dir, tmp_path):
     # SmolLM2's template has no tool support, so the server writes the tools into the system prompt;
-    # the trainer renders the context the same way (prepare_messages), so on a single turn the sampler's
+    # the trainer renders the context the same way (the chat layer), so on a single turn the sampler's
     # logprobs equal the trainer's before the update: ratio 1.
     tools = [{"type": "function", "function": {"name": "lookup", "description": "look a word up",
                                                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]

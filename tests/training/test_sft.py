@@ -10,7 +10,7 @@ import torch
 from gw_train_helpers import make_choice
 
 from groupwise.errors import ConfigError, NotTrainableError
-from groupwise.inference.tool_calls import prepare_messages
+from groupwise.chat.tool_calls import prepare_messages
 from groupwise.training.sft import rendered_turn_ids, sft_loss, sft_sequence, tokenize_sft
 from groupwise.types import Trajectory
 
@@ -61,7 +61,7 @@ def test_sft_loss_micro_batches_add_up_to_the_full_batch():
 # ---------------------------------------------------------------------------------------------- tokenise
 def test_targets_are_the_assistant_turns_as_the_server_renders_them(tokenizer):
     messages = _demo()
-    ids, mask = sft_sequence(messages, tokenizer, tools=TOOLS, prepare=prepare_messages)
+    ids, mask = sft_sequence(messages, tokenizer, tools=TOOLS)
     # The whole sequence is the server's rendering of the conversation (tools in the system prompt).
     prepared, template_tools = prepare_messages(messages, TOOLS, tokenizer)
     assert tokenizer.decode(ids) == tokenizer.apply_chat_template(prepared, tools=template_tools, tokenize=False)
@@ -147,7 +147,7 @@ def test_sft_step_loss_is_the_nll_of_the_targets_and_falls(tiny_model, tokenizer
     trainer = Trainer(model, pad_token_id=tokenizer.pad_token_id)
     demos = [Trajectory(messages_and_choices=_demo(), tools=TOOLS),
              Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}])]
-    batch = tokenize_sft(demos, tokenizer, max_seq_len=2048, prepare=prepare_messages)
+    batch = tokenize_sft(demos, tokenizer, max_seq_len=2048)
     # The NLL computed independently: a plain HF forward, log-softmax, the targets' mean.
     nll, n = 0.0, 0
     with torch.no_grad():

@@ -292,7 +292,6 @@ class WorkerBackend(Backend):
         options map onto `TrainConfig` fields or are named once in a warning (docs/porting-from-art.md).
         Unlike `model.train`, this does not log the groups to the history (as in ART)."""
         from groupwise.compat import train_config_from_art
-        from groupwise.inference.tool_calls import prepare_messages
         from groupwise.store import history_row, numeric_metrics
         from groupwise.training.tokenize import tokenize_groups
 
@@ -312,7 +311,7 @@ class WorkerBackend(Backend):
                 # 2. token-in/token-out batch, rendered as the server rendered the prompts; one share per rank.
                 batch = await compute_thread().run(
                     tokenize_groups, groups, run.tokenizer, max_seq_len=config.max_seq_len,
-                    scale_rewards=config.scale_rewards, prepare=prepare_messages,
+                    scale_rewards=config.scale_rewards,
                     train_forced_tokens=config.train_forced_tokens,
                 )
                 shards = shard_batch(batch, self.world_size)
@@ -373,7 +372,6 @@ class WorkerBackend(Backend):
         `config.batch_size` trajectories (training/sft.py's loss on their assistant turns). The data
         cursor of the last GRPO step is kept in its checkpoint."""
         from groupwise.config import TrainSFTConfig
-        from groupwise.inference.tool_calls import prepare_messages
         from groupwise.store import history_row, numeric_metrics
         from groupwise.training.sft import tokenize_sft
         from groupwise.types import TrajectoryGroup
@@ -395,7 +393,7 @@ class WorkerBackend(Backend):
             # 2. token-in/token-out, rendered as the server renders requests; each batch split over the ranks.
             shards = [shard_batch(await compute_thread().run(
                 tokenize_sft, c, run.tokenizer, max_seq_len=config.max_seq_len,
-                assistant_turns=config.assistant_turns, prepare=prepare_messages), self.world_size) for c in chunks]
+                assistant_turns=config.assistant_turns), self.world_size) for c in chunks]
             # 3. one update per batch, with exclusive use of the shared model.
             updates = [TrainConfig(
                 learning_rate=rate, max_grad_norm=config.max_grad_norm, weight_decay=config.weight_decay,

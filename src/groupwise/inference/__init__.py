@@ -5,7 +5,8 @@ Data flow (each file's docstring says more)::
     openai.AsyncOpenAI ──► client.py (httpx ASGI transport, in process) or HTTP (`groupwise serve`)
         ──► server.py   FastAPI: /v1/chat/completions (+SSE), /v1/completions, /v1/models, errors
         ──► registry.py served names "name", "name@step", "name@0" -> engine adapter
-        ──► tool_calls.py  tools into the prompt; <tool_call> text -> OpenAI tool_calls
+            (groupwise.chat renders messages and tools into the prompt, and parses <tool_call> text
+             back into OpenAI tool_calls: the trainer renders with it too)
             constrained.py response_format / forced tool_choice -> llguidance token masks
         ──► engine.py   continuous batching on the compute thread, per-request LoRA adapters
             requests.py GenerationRequest / GenerationResult (re-exported by engine.py)

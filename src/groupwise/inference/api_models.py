@@ -111,7 +111,7 @@ class Message(BaseModel):
         return self
 
     def as_dict(self) -> dict[str, Any]:
-        """The message as tool_calls.prepare_messages takes it (content parts as dicts)."""
+        """The message as groupwise.chat.prepare_messages takes it (content parts as dicts)."""
         return self.model_dump(exclude_none=True)
 
 

@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 from groupwise.inference.engine import GenerationResult
-from groupwise.inference.tool_calls import parse_tool_calls
+from groupwise.chat.tool_calls import parse_tool_calls
 
 __all__ = ["chat_response", "completion_response", "token_entries", "usage"]
 

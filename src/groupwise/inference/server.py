@@ -46,6 +46,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from groupwise.chat import prompt_ids as chat_prompt_ids
 from groupwise.compute import compute_thread
 from groupwise.errors import ModelNotFoundError
 from groupwise.inference.api_models import (ChatCompletionRequest, CompletionRequest, describe_validation_error,
@@ -60,7 +61,6 @@ from groupwise.inference.request_limits import body_structure_problem
 from groupwise.inference.responses import chat_response, completion_response
 from groupwise.inference.serve import check_serve_args, free_memory_bytes, serve_app
 from groupwise.inference.streaming import EngineStream, stream_chat
-from groupwise.inference.tool_calls import prepare_messages
 
 __all__ = ["DEFAULT_BODY_TIMEOUT_S", "DEFAULT_MAX_BODY_BYTES", "ApiError", "create_app", "run_serve"]
 
@@ -411,14 +411,12 @@ def _build_constraint(tokenizer: Any, tools: list[dict] | None, tool_choice: Any
 
 
 def _render_chat(tokenizer: Any, messages: list[dict], tools: list[dict] | None, tool_choice: Any) -> list[int]:
-    """Prompt ids of a chat request (on the compute thread: a long conversation takes long)."""
-    msgs, template_tools = prepare_messages(messages, tools if tool_choice != "none" else None, tokenizer)
+    """Prompt ids of a chat request (on the compute thread: a long conversation takes long).
+    Rendered by the chat layer, as the trainer renders the conversation (token-in/token-out)."""
     try:
-        prompt_ids = tokenizer.apply_chat_template(msgs, tools=template_tools, add_generation_prompt=True,
-                                                   tokenize=True, return_dict=True)["input_ids"]
+        return chat_prompt_ids(tokenizer, messages, tools if tool_choice != "none" else None)
     except Exception as exc:  # a template may reject a message layout (e.g. roles out of order)
         raise ApiError(400, f"the chat template cannot render these messages: {exc}", param="messages") from None
-    return list(prompt_ids)
 
 
 @api.post("/completions")

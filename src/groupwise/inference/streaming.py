@@ -18,7 +18,7 @@ from fastapi.responses import StreamingResponse
 
 from groupwise.inference.engine import GenerationRequest
 from groupwise.inference.responses import token_entries, usage
-from groupwise.inference.tool_calls import parse_tool_calls
+from groupwise.chat.tool_calls import parse_tool_calls
 
 __all__ = ["EngineStream", "stream_chat"]
 

@@ -12,8 +12,8 @@ Targets are assistant turns only (system, user and tool messages are context), t
 - an assistant turn that is a `Choice` with sampled token ids is trained on those ids, spliced in
   as the GRPO tokeniser does (training/tokenize.py);
 - any other assistant turn (a plain ``{"role": "assistant", ...}`` dict, e.g. a scripted
-  demonstration, or a Choice without ids) is rendered with the chat template the server uses, after
-  the server's own message preparation (``prepare``: tool calls written as the model writes them):
+  demonstration, or a Choice without ids) is rendered by the chat layer the server renders prompts with
+  (`groupwise.chat`: tool calls written as the model writes them):
   its tokens are what the template adds for that message, up to and including the end-of-turn
   token, so the model also learns to stop.
 """
@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from groupwise.errors import NotTrainableError
+from groupwise.chat import render_text
 from groupwise.training.tokenize import (
-    PrepareMessages,
     TokenizedBatch,
     TokenizedSequence,
     tokenize_conversation,
@@ -76,23 +76,16 @@ def _special_ids(tokenizer: Any) -> set[int]:
     return ids
 
 
-def _render(tokenizer: Any, messages: list[dict], tools: list[dict] | None, prepare: PrepareMessages | None,
-            **kwargs: Any) -> str:
-    if prepare is not None:
-        messages, tools = prepare(messages, tools, tokenizer)
-    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
-
-
-def rendered_turn_ids(messages: list[dict], index: int, tokenizer: Any, *, tools: list[dict] | None = None,
-                      prepare: PrepareMessages | None = None) -> list[int]:
+def rendered_turn_ids(messages: list[dict], index: int, tokenizer: Any, *,
+                      tools: list[dict] | None = None) -> list[int]:
     """The token ids the chat template writes for assistant message `index`, end-of-turn token included.
 
     Found as the difference between the conversation rendered up to the message (with the generation
     prompt, as the server renders a request) and rendered with it: exactly what a model answering
     that request would have to write.
     """
-    before = _render(tokenizer, messages[:index], tools, prepare, add_generation_prompt=True)
-    full = _render(tokenizer, messages[: index + 1], tools, prepare)
+    before = render_text(tokenizer, messages[:index], tools, add_generation_prompt=True)
+    full = render_text(tokenizer, messages[: index + 1], tools)
     if not full.startswith(before):
         raise ValueError(
             f"the chat template renders the conversation before assistant message {index} differently once that "
@@ -122,7 +115,6 @@ def sft_sequence(
     tokenizer: Any,
     *,
     tools: list[dict] | None = None,
-    prepare: PrepareMessages | None = None,
     assistant_turns: str = "all",
 ) -> tuple[list[int], list[bool]] | None:
     """(input_ids [T], mask [T]) of one conversation, the mask on its assistant turns; None without any."""
@@ -139,9 +131,9 @@ def sft_sequence(
         elif isinstance(item, Choice) and choice_token_ids(item):
             prepared.append(item)  # token-in/token-out: the sampled ids
         else:
-            prepared.append(_as_target(rendered_turn_ids(messages, k, tokenizer, tools=tools, prepare=prepare)))
+            prepared.append(_as_target(rendered_turn_ids(messages, k, tokenizer, tools=tools)))
     # Imitation trains every token of a target turn, grammar-forced ones too: the model learns the format.
-    ids, mask, _ = tokenize_conversation(prepared, tokenizer, tools=tools, prepare=prepare, train_forced_tokens=True)
+    ids, mask, _ = tokenize_conversation(prepared, tokenizer, tools=tools, train_forced_tokens=True)
     return ids, mask
 
 
@@ -151,7 +143,6 @@ def tokenize_sft(
     *,
     max_seq_len: int,
     assistant_turns: str = "all",
-    prepare: PrepareMessages | None = None,
 ) -> TokenizedBatch:
     """The target sequences of one update: each trajectory and each of its additional histories.
 
@@ -166,7 +157,7 @@ def tokenize_sft(
         convs += [(h, hist.messages_and_choices, hist.tools) for h, hist in enumerate(traj.additional_histories)]
         found = False
         for h, items, tools in convs:
-            seq = sft_sequence(items, tokenizer, tools=tools, prepare=prepare, assistant_turns=assistant_turns)
+            seq = sft_sequence(items, tokenizer, tools=tools, assistant_turns=assistant_turns)
             if seq is None:
                 continue
             found = True

@@ -5,8 +5,9 @@ Every assistant turn that is a `Choice` with token ids keeps its EXACT sampled i
 scores is what the sampler produced. Everything else (system, user, tool messages, plain assistant
 dicts, Choices without token ids) is context, rendered with the tokenizer's chat template.
 
-How: the conversation is rendered once with the chat template, each trainable Choice replaced by a
-sentinel string; the rendered text is split at the sentinels, the text pieces are tokenised, and the
+How: the conversation is rendered once by the chat layer (`groupwise.chat.render_text`, the rendering
+the server renders every prompt with: tool calls written as the model writes them, tools in the system
+prompt for a template without tool support), each trainable Choice replaced by a sentinel string; the rendered text is split at the sentinels, the text pieces are tokenised, and the
 sampled ids are spliced in where the sentinels were. When a Choice's last sampled token is a special
 token (the end-of-turn token, e.g. ``<|im_end|>``) that the template also writes after the content,
 the template's copy is dropped so it is not doubled, and the sampled one is trained (the model learns
@@ -24,10 +25,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from groupwise.chat import render_text
 from groupwise.errors import NotTrainableError
 from groupwise.training.advantages import compute_advantages
 from groupwise.types import (Choice, TrajectoryGroup, choice_forced_indices, choice_logprobs, choice_to_message,
@@ -89,25 +91,15 @@ def _has_token_ids(items: Sequence[Any]) -> bool:
     return any(isinstance(m, Choice) and choice_token_ids(m) for m in items)
 
 
-PrepareMessages = Callable[[list[dict], "list[dict] | None", Any], "tuple[list[dict], list[dict] | None]"]
-
-
 def tokenize_conversation(
     messages_and_choices: Sequence[Any],
     tokenizer: Any,
     *,
     tools: list[dict] | None = None,
-    prepare: PrepareMessages | None = None,
     train_forced_tokens: bool = False,
 ) -> tuple[list[int], list[bool], list[float]]:
     """(input_ids [T], mask [T], old_logprobs [T]) of one conversation; see the module docstring.
-    The mask is False at grammar-forced tokens unless `train_forced_tokens`.
-
-    `prepare(messages, tools, tokenizer) -> (messages, template_tools)` is the server's own message
-    preparation (e.g. tools rendered into the system prompt for a template without tool support), so
-    the context is rendered exactly as it was when the tokens were sampled. The backend passes
-    `inference.tool_calls.prepare_messages`; training/ cannot import it (layer rule).
-    """
+    The mask is False at grammar-forced tokens unless `train_forced_tokens`."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "the tokenizer has no chat_template, so the context messages cannot be rendered. "
@@ -137,9 +129,7 @@ def tokenize_conversation(
             spliced.append((ids, logprobs if logprobs is not None else [math.nan] * len(ids), trained))
         else:
             messages.append(item)
-    if prepare is not None:
-        messages, tools = prepare(messages, tools, tokenizer)
-    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+    text = render_text(tokenizer, messages, tools)
     pieces = _SENTINEL_RE.split(text)  # text, k, text, k, ..., text
     found = [int(k) for k in pieces[1::2]]
     if found != list(range(len(spliced))):
@@ -178,7 +168,6 @@ def tokenize_groups(
     *,
     max_seq_len: int,
     scale_rewards: bool = True,
-    prepare: PrepareMessages | None = None,
     train_forced_tokens: bool = False,
 ) -> TokenizedBatch:
     """The trainable sequences of a step. Raises `NotTrainableError` naming why nothing is trainable."""
@@ -216,7 +205,7 @@ def tokenize_groups(
             for h, items, tools in convs:
                 if not _has_token_ids(items):
                     continue
-                ids, mask, old = tokenize_conversation(items, tokenizer, tools=tools, prepare=prepare,
+                ids, mask, old = tokenize_conversation(items, tokenizer, tools=tools,
                                                        train_forced_tokens=train_forced_tokens)
                 if not any(mask):
                     batch.dropped_all_forced += 1
