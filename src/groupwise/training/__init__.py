@@ -1,4 +1,5 @@
 """training: GRPO on LoRA adapters. Never imports inference/ (layer rule); backend/ wires both.
+Conversations are rendered by groupwise.chat, the layer the server renders prompts with.
 
 Data flow of one step (each file's docstring says more)::
 
