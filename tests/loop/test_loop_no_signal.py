@@ -88,6 +88,13 @@ async def test_a_task_solved_at_the_base_stops_when_validation_is_at_its_ceiling
     assert summary.stop.rule == "converged" and summary.final_step == 0 and backend.trained_on == []
     assert summary.best_step == 0 and summary.best_value == 1.0
     assert "validation is at its ceiling" in summary.stop_reason
+    # validated by the reward itself (no validate): a reward of 1.0 need not be its maximum, so no stop
+    model = gw.TrainableModel("easy-reward", project="loop", base_model="none", base_path=str(tmp_path))
+    backend = ScriptedBackend()
+    await model.register(backend)
+    summary = await gw.fit(model, learns_by_step(0, top=1.0), SCENARIOS[:8], val_scenarios=SCENARIOS[8:11],
+                           config=cfg)
+    assert summary.stop.rule == "data_exhausted" and len(backend.trained_on) == 4  # every step trained
 
 
 async def test_a_tie_below_the_top_is_trained_not_stopped_on(tmp_path):

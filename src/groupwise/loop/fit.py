@@ -327,8 +327,9 @@ class Loop:
             for g in groups:
                 for t in g.trajectories:
                     t.metrics["answer_chars"] = len(answer_text(t))  # read by the length-drift detector
-            signal = assess([g.rewards() for g in groups], reward_range=self.see_rewards(groups),
-                            val_at_ceiling=bool(self.val) and val_at_ceiling(self.store.history(), self.c))
+            # Only a ground-truth metric (validate) has a known ceiling; a reward's maximum is the run's to find.
+            ceiling = bool(self.val) and self.validate is not None and val_at_ceiling(self.store.history(), self.c)
+            signal = assess([g.rewards() for g in groups], reward_range=self.see_rewards(groups), val_at_ceiling=ceiling)
             action = loop_action(signal, attempt, self.c.resample_no_signal)
             if action != "resample":
                 break
