@@ -12,7 +12,7 @@ step where every group ties teaches nothing, and it means one of two opposite th
 The reward's maximum is not declared anywhere, so "the top" is read from the run: a tie is at the top
 when every group ties at one value that is the highest reward any rollout of the run has scored, and
 some rollout scored lower (a run that only ever saw one value has learnt nothing that says where the top
-is); or when the latest validation sits at its ceiling, a metric bounded by 1 at 1.0.
+is); or when the latest validation of a `validate` metric (ground truth, bounded by 1) scored 1.0.
 
 This module is the one home of that policy: `assess` gives the verdict as a value, `loop_action` says
 what `gw.fit` does with it (resample, stop as converged, or train), `skip_action` what a backend's

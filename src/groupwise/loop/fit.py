@@ -16,7 +16,7 @@ appended to the run's history (rows of splits ``alert``, ``baseline``, ``loop``,
 A step whose groups all tie (no learning signal) is gathered again, same scenarios, up to
 `resample_no_signal` times, each recorded as a ``no_signal`` alert; the rule is
 `groupwise.learning_signal`'s. If the last gathering still ties at the top (every rollout scored the
-run's highest reward, or validation is at its ceiling) the task is solved: the run stops, rule
+run's highest reward, or the `validate` metric is at its ceiling) the task is solved: the run stops, rule
 ``converged``, with its summary and best checkpoint. Otherwise the backend skips the step as ART does
 (`TrainConfig.max_skipped_steps`): no gradient step, the step counter and the data position both
 advance by one (they stay in lockstep, so resume is unchanged), and too many skipped steps in a row
