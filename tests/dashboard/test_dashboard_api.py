@@ -135,6 +135,24 @@ def test_a_step_rewritten_on_disk_is_read_again(written):
     assert client.get("/api/rollouts", params={**q, "step_min": 3}).json()["total"] == 4
 
 
+def test_while_the_app_runs_every_trajectory_file_gets_indexed_and_so_does_a_new_step(written):
+    root, store = written
+    q = {"run": "2048/agent"}
+    with TestClient(create_app(root)) as client:  # `with`: the app's lifespan, which runs the indexer
+        def indexed() -> dict:
+            deadline = time.monotonic() + 30
+            while True:
+                progress = client.get("/api/indexed", params=q).json()
+                if progress["indexed"] == progress["files"] or time.monotonic() > deadline:
+                    return progress
+                time.sleep(0.05)
+
+        assert indexed() == {"files": 6, "indexed": 6}  # train 0-3, val 0 and 2
+        write_step(store, 4)
+        assert indexed() == {"files": 8, "indexed": 8}
+    assert TestClient(create_app(root)).get("/api/indexed", params=q).json() == {"files": 8, "indexed": 0}
+
+
 def test_state_follows_the_writer_lock_and_a_run_that_ended_without_a_stop_is_crashed(written):
     root, store = written
     client = TestClient(create_app(root))

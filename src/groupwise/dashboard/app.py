@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -33,10 +36,24 @@ def _json(obj: Any) -> Response:
 
 
 def create_app(root: str | Path, *, api_key: str | None = None) -> FastAPI:
-    """The dashboard over every run at or under `root`."""
+    """The dashboard over every run at or under `root`. While the app runs (its lifespan), a background
+    thread indexes the trajectory files (`rollouts.index_in_background`)."""
     root = Path(root).resolve()
     cache = ro.GroupCache()
-    app = FastAPI(title="groupwise dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        stop = threading.Event()
+        indexer = threading.Thread(target=ro.index_in_background, args=(cache, lambda: rs.find_runs(root), stop),
+                                   name="groupwise-dashboard-index", daemon=True)
+        indexer.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            indexer.join(timeout=5)
+
+    app = FastAPI(title="groupwise dashboard", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
 
     @app.middleware("http")
     async def require_key(request: Request, call_next: Any) -> Any:
@@ -74,6 +91,10 @@ def create_app(root: str | Path, *, api_key: str | None = None) -> FastAPI:
     @app.get("/api/steps")
     def api_steps(run: str) -> Response:
         return _json(ro.steps(run_dir(run)))
+
+    @app.get("/api/indexed")
+    def api_indexed(run: str) -> Response:
+        return _json(ro.index_progress(cache, run_dir(run)))
 
     @app.get("/api/groups")
     def api_groups(run: str, split: str, step: int) -> Response:

@@ -16,14 +16,16 @@ equal has no advantage (`group_advantages` returns None): its tokens trained not
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from groupwise.errors import GroupwiseWarning
+from groupwise.errors import GroupwiseError, GroupwiseWarning
 from groupwise.inspect import content_text
 from groupwise.loop.compare import resolve_step
 from groupwise.loop.detectors import judge_disagreement
@@ -65,7 +67,9 @@ class GroupCache:
         st = path.stat()
         return (st.st_size, st.st_mtime_ns)
 
-    def groups(self, path: Path) -> list[TrajectoryGroup]:
+    def groups(self, path: Path, *, keep: bool = True) -> list[TrajectoryGroup]:
+        """The file's groups; `keep=False` (the background indexer) reads without displacing the files
+        being looked at."""
         key = self._key(path)
         with self._lock:
             hit = self._files.get(path)
@@ -75,6 +79,8 @@ class GroupCache:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", GroupwiseWarning)
             groups = read_groups(path, skip_corrupt=True)
+        if not keep:
+            return groups
         with self._lock:
             self._files[path] = (key, groups)
             self._files.move_to_end(path)
@@ -82,14 +88,19 @@ class GroupCache:
                 self._files.popitem(last=False)
         return groups
 
-    def index(self, path: Path, split: str, step: int) -> FileIndex:
+    def indexed(self, path: Path) -> bool:
+        with self._lock:
+            hit = self._index.get(path)
+        return hit is not None and hit[0] == self._key(path)
+
+    def index(self, path: Path, split: str, step: int, *, keep: bool = True) -> FileIndex:
         key = self._key(path)
         with self._lock:
             hit = self._index.get(path)
         if hit is not None and hit[0] == key:
             return hit[1]
         rows, texts = [], []
-        for gi, g in enumerate(self.groups(path)):
+        for gi, g in enumerate(self.groups(path, keep=keep)):
             adv = _advantages(g)
             for ti, t in enumerate(g.trajectories):
                 rows.append(_summary(split, step, gi, ti, t, adv[ti]))
@@ -98,6 +109,33 @@ class GroupCache:
         with self._lock:
             self._index[path] = (key, built)
         return built
+
+
+def index_in_background(cache: GroupCache, run_dirs: Callable[[], list[Path]], stop: threading.Event,
+                        every_s: float = 2.0) -> None:
+    """Index every trajectory file of every run, newest first, and each new one as it lands, until
+    `stop`: the first search over a long run then finds the files parsed. Parsing is the dashboard's
+    one heavy cost (minutes of CPU for 10,000 long trajectories); this thread runs at the lowest CPU
+    priority (Linux), so a run training on the same machine keeps its cores."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass  # not Linux: the thread runs at normal priority
+    while not stop.is_set():
+        for run_dir in run_dirs():
+            for split, step, path in reversed(trajectory_files(run_dir)):
+                if stop.is_set():
+                    return
+                try:
+                    cache.index(path, split, step, keep=False)
+                except (OSError, GroupwiseError):
+                    continue  # replaced or removed meanwhile: the next pass reads it again
+        stop.wait(every_s)
+
+
+def index_progress(cache: GroupCache, run_dir: Path) -> dict[str, int]:
+    files = trajectory_files(run_dir)
+    return {"files": len(files), "indexed": sum(1 for _, _, p in files if cache.indexed(p))}
 
 
 def steps(run_dir: Path) -> dict[str, list[int]]:

@@ -226,6 +226,10 @@ function trajCard(t) {
 
 async function search(ev) {
   if (ev) ev.preventDefault();
+  const progress = await api("indexed", { run: S.run });
+  if (progress.indexed < progress.files)  // the first search parses what the background indexer has not yet
+    document.getElementById("search-results").replaceChildren(
+      el("div", { class: "hint" }, `searching: ${progress.files - progress.indexed} of ${progress.files} step files still to read…`));
   const f = document.getElementById("filters");
   const params = { run: S.run, split: f.split.value };
   for (const k of ["step_min", "step_max", "reward_min", "reward_max", "q", "order"]) params[k] = f[k].value;
