@@ -292,6 +292,10 @@ async def test_art_style_extra_litellm_params(judge_server):
     assert judged.rewards() == [0.2, 0.8]
     req = judge_server.requests[0]
     assert req["temperature"] == 0.3 and req["reasoning_effort"] == "low"
+    # ART's positions: the rubric is the fourth argument, after extra_litellm_params
+    await ruler_score_group(make_group([0.2, 0.8]), "scripted", params, "- Shorter answers score higher.",
+                            backoff_s=0.0)
+    assert "Shorter answers score higher" in json.dumps(judge_server.requests[-1]["messages"])
 
 
 async def test_share_continuations_sends_shared_first_turns_once(judge_server):

@@ -357,6 +357,7 @@ async def ruler_detailed(
 async def ruler(
     message_lists: Sequence[Sequence[Any]],
     judge_model: str = "openai/o4-mini",
+    extra_litellm_params: dict[str, Any] | None = None,
     rubric: str | None = DEFAULT_RUBRIC,
     tools: Any = None,
     *,
@@ -365,9 +366,12 @@ async def ruler(
 ) -> list[TrajectoryScore]:
     """Score each message list relative to the others; one `TrajectoryScore` per input, in input order.
 
-    Options are `JudgeConfig` fields (passes, seed, max_group_size, retries, timeout_s, cache, ...),
-    plus `additional_histories=`, `config=` and `client=` (an AsyncOpenAI to use as is).
+    The positional arguments are ART's, in ART's order (`extra_litellm_params`: ART's request settings,
+    mapped by `make_config`). Options are `JudgeConfig` fields (passes, seed, max_group_size, retries,
+    timeout_s, cache, ...), plus `additional_histories=`, `config=` and `client=` (an AsyncOpenAI to use as is).
     """
+    if extra_litellm_params is not None:
+        options["extra_litellm_params"] = extra_litellm_params
     result = await ruler_detailed(message_lists, judge_model, rubric, tools, **options)
     if debug:
         print_debug(judge_model, [_as_messages(ms) for ms in message_lists], result)
@@ -377,6 +381,7 @@ async def ruler(
 async def ruler_score_group(
     group: TrajectoryGroup,
     judge_model: str = "openai/o4-mini",
+    extra_litellm_params: dict[str, Any] | None = None,
     rubric: str | None = DEFAULT_RUBRIC,
     *,
     swallow_exceptions: bool = False,
@@ -400,8 +405,8 @@ async def ruler_score_group(
         )
     if not group.trajectories:
         return group.model_copy(deep=True)  # only exceptions: nothing to judge, keep the record
-    if isinstance(rubric, dict):  # ART's third positional argument is extra_litellm_params
-        options["extra_litellm_params"], rubric = rubric, DEFAULT_RUBRIC
+    if extra_litellm_params is not None:  # ART's third argument
+        options["extra_litellm_params"] = extra_litellm_params
     client = options.pop("client", None)
     cfg = make_config(options.pop("config", None), options)
     trajs = group.trajectories
