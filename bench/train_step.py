@@ -29,6 +29,7 @@ TRL is a bench-only dependency (not in any groupwise extra): `pip install trl` (
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import statistics
@@ -68,16 +69,22 @@ def build_model(arch: str, device: str, dtype_name: str | None, seed: int = 0) -
     import torch
 
     from groupwise.loading import load_base_model, load_tokenizer, resolve_device, resolve_dtype
+    from groupwise.special_tokens import apply_special_tokens, special_tokens, unused_token_id
 
     if arch == "smollm2":
         return load_base_model("smollm2-135m", device=device, dtype=dtype_name)
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tok = load_tokenizer("smollm2-135m")  # ids < 49152 fit Qwen's 151936-row embedding
+    # The random model's pad row is zeroed at init: pad with a token no prompt contains (with a pad
+    # that starts every chat, the first update's gradient was NaN). Trainer, engine and TRL pad with it.
+    tokens = special_tokens(tok)
+    pad = unused_token_id(tok)
+    apply_special_tokens(tok, dataclasses.replace(tokens, pad=tok.convert_ids_to_tokens(pad), pad_id=pad))
     dev = resolve_device(device)
     dtype = resolve_dtype(dtype_name, dev)
-    config = Qwen2Config(**ARCHS[arch], max_position_embeddings=4096, bos_token_id=tok.bos_token_id,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = Qwen2Config(**ARCHS[arch], max_position_embeddings=4096, bos_token_id=tokens.bos_id,
+                         eos_token_id=tokens.eos_id, pad_token_id=pad)
     # Built on the device in its dtype: a 7B model initialised in fp32 on the CPU takes minutes and 30 GB.
     default = torch.get_default_dtype()
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), torch.device(dev):

@@ -40,9 +40,11 @@ __all__ = [
     "cache_root",
     "load_base_model",
     "load_tokenizer",
+    "packaged_file",
     "quiet_peft",
     "resolve_device",
     "resolve_dtype",
+    "short_name_of",
     "tiny_random_model",
 ]
 
@@ -75,7 +77,22 @@ def _model_cache_dir(name: str) -> Path:
     return cache_root() / "models" / name
 
 
-def _package_file(name: str) -> Path:
+def short_name_of(name_or_path: str) -> str | None:
+    """The short name that `name_or_path` is, or whose cache folder it is; else None. The cache's
+    tokenizer files were written by whichever transformers converted them, so what a short name
+    declares is read from its packaged file instead (special_tokens.py)."""
+    if name_or_path in SHORT_NAMES:
+        return name_or_path
+    if not name_or_path:
+        return None
+    try:
+        path = Path(name_or_path).expanduser().resolve()
+    except (OSError, RuntimeError):
+        return None
+    return next((n for n in SHORT_NAMES if path == _model_cache_dir(n).expanduser().resolve()), None)
+
+
+def packaged_file(name: str) -> Path:
     """The weights file of a short name, inside its installed package (never imported)."""
     package, filename = SHORT_NAMES[name]
     spec = importlib.util.find_spec(package)
@@ -126,20 +143,26 @@ def resolve_dtype(dtype: "str | torch.dtype | None", device: "torch.device") -> 
 
 
 def load_tokenizer(name_or_path: str) -> Any:
-    """The tokenizer of a short name (cached after the first conversion), HF id or local path."""
+    """The tokenizer of a short name (cached after the first conversion), HF id or local path, with
+    its bos/eos/pad set to the tokens groupwise decides from the model's own files
+    (special_tokens.py: transformers' conversions disagree across versions)."""
     from transformers import AutoTokenizer
 
+    from groupwise.special_tokens import apply_special_tokens, decide_special_tokens
+
+    short = short_name_of(name_or_path)  # a short name, or its cache folder given as a path
+    gguf = packaged_file(short) if short is not None else None
     if name_or_path in SHORT_NAMES:
         target = _model_cache_dir(name_or_path)
         if not (target / _TOKENIZER_MARKER).is_file():
-            gguf = _package_file(name_or_path)
             tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{name_or_path}-tok-", dir=target.parent))
             tokenizer.save_pretrained(tmp)
             _publish(tmp, target, _TOKENIZER_MARKER)
-        return _fix_pad(byte_level_decoder(AutoTokenizer.from_pretrained(str(target))))
-    return _fix_pad(byte_level_decoder(AutoTokenizer.from_pretrained(name_or_path)))
+        name_or_path = str(target)
+    tokenizer = byte_level_decoder(AutoTokenizer.from_pretrained(name_or_path))
+    return apply_special_tokens(tokenizer, decide_special_tokens(tokenizer, name_or_path, gguf=gguf))
 
 
 def byte_level_decoder(tokenizer: Any) -> Any:
@@ -162,13 +185,6 @@ def byte_level_decoder(tokenizer: Any) -> Any:
     return tokenizer
 
 
-def _fix_pad(tokenizer: Any) -> Any:
-    # Batched generation pads; a tokenizer without a pad token borrows EOS (pads are masked anyway).
-    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
 def _convert_short_name(name: str) -> Path:
     """Convert a packaged GGUF to safetensors in the cache once; return the cached folder."""
     from transformers import AutoModelForCausalLM
@@ -177,7 +193,7 @@ def _convert_short_name(name: str) -> Path:
     if (target / _MODEL_MARKER).is_file() and (target / _TOKENIZER_MARKER).is_file():
         return target
     load_tokenizer(name)  # tokenizer first: it is cheaper and tiny_random_model needs only it
-    gguf = _package_file(name)
+    gguf = packaged_file(name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     # The tensors are de-quantised already (fp32), but transformers still marks the model as
     # GGUF-quantised and refuses to save it; drop the marks to save plain safetensors.

@@ -71,6 +71,7 @@ from groupwise.inference.requests import (BASE, Completion, EngineError, Generat
                                           PromptTooLongError, RequestFailedError, RequestState, SeqState)
 from groupwise.inference.runner import ModelRunner
 from groupwise.inference.step_state import EngineStats, StepState
+from groupwise.special_tokens import special_tokens
 
 __all__ = ["Completion", "Engine", "EngineError", "EngineStats", "GenerationRequest", "GenerationResult",
            "PromptTooLongError", "RequestFailedError"]
@@ -140,9 +141,10 @@ class Engine:
         buffers = self._compute.call(SlotBuffers, text_config.num_hidden_layers, max_batch_size, kv_heads,
                                      head_dim, min(initial_capacity, self.context_length), dtype,
                                      device, max_capacity=self.context_length + 2)
-        eos = set()
-        for source in (getattr(tokenizer, "eos_token_id", None),
-                       getattr(getattr(base, "generation_config", None), "eos_token_id", None)):
+        # Stop at the tokens groupwise decided from the model's files (eos and the chat template's end
+        # of turn), never only at the tokenizer's eos: transformers' conversions disagree on it.
+        eos = set(special_tokens(tokenizer).stop_ids)
+        for source in (getattr(getattr(base, "generation_config", None), "eos_token_id", None),):
             if isinstance(source, int):
                 eos.add(source)
             elif isinstance(source, (list, tuple)):
