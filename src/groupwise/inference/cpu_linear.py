@@ -33,6 +33,17 @@ def _onednn_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, w, self.bias, "none", [], "")
 
 
+def _onednn_forward_rows_invariant(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """`_onednn_forward` whose every output row is the same whatever the other rows are: oneDNN gives
+    a row the same bits at any row count >= 2 (measured on the engine's shapes up to 1100 rows), but a
+    single row takes another kernel (a matrix-vector product, another summation order). So one row is
+    computed as two copies of itself."""
+    if x.numel() != x.shape[-1] or x.numel() == 0:
+        return _onednn_forward(self, x)
+    y = _onednn_forward(self, x.reshape(1, -1).expand(2, -1).contiguous())[:1]
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
 class OneDNNLinears:
     """``with linears.installed(model_modules): model(...)``: the fp32 CPU linears among the model's
     modules (the list module_walk.py caches) run through oneDNN inside the block, through MKL after.
@@ -42,14 +53,17 @@ class OneDNNLinears:
     percent of a decode step; installing the cached forwards costs a tenth of that.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, rows_invariant: bool = False) -> None:
+        # rows_invariant: the engine's batch-invariant mode (engine.py): a row's outputs never depend
+        # on how many rows run with it, at a small cost for one-row passes.
+        self._forward = _onednn_forward_rows_invariant if rows_invariant else _onednn_forward
         self._modules: list[torch.nn.Module] | None = None
         self._methods: list[tuple[torch.nn.Module, Any]] = []
 
     def _qualifying(self, modules: list[torch.nn.Module]) -> list[tuple[torch.nn.Module, Any]]:
         if modules is not self._modules:
             self._modules = modules
-            self._methods = [(m, types.MethodType(_onednn_forward, m)) for m in modules
+            self._methods = [(m, types.MethodType(self._forward, m)) for m in modules
                              if type(m) is torch.nn.Linear  # a subclass may compute something else
                              and m.weight.device.type == "cpu" and m.weight.dtype is torch.float32]
         return self._methods

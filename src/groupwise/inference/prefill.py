@@ -98,7 +98,12 @@ def prefill(state: StepState, runner: ModelRunner, states: list[RequestState]) -
         cache.copy_into([(k + r, hit) for r, hit in enumerate(hits)])
     starts = [h.length for h in hits]
     state.stats.prefix_hit_tokens += sum(starts)
-    logits = run_rows(state, runner, k, prompts, starts, adapters, logits=True)  # [m, V]
+    if runner.batch_invariant:
+        # One request a pass: its padding and chunking, so its numbers, are its own (engine.py).
+        logits = torch.cat([run_rows(state, runner, k + r, [p], [s], [a], logits=True)  # type: ignore[misc]
+                            for r, (p, s, a) in enumerate(zip(prompts, starts, adapters))])
+    else:
+        logits = run_rows(state, runner, k, prompts, starts, adapters, logits=True)  # [m, V]
     state.stats.prefill_passes += 1
     if cache is not None:
         cache.insert([(adapters[r], prompts[r], k + r) for r in range(m)])

@@ -29,7 +29,7 @@ class ModelRunner:
     """A (possibly peft-wrapped) causal LM with the engine's adapter slots and its CUDA graphs."""
 
     def __init__(self, model: Any, *, stats: EngineStats, cuda_graphs: bool, merge_adapters: bool,
-                 onednn_linears: bool) -> None:
+                 onednn_linears: bool, batch_invariant: bool = False) -> None:
         self.model = model  # adapter_slots.py wraps a plain model in a PeftModel at the first adapter
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -42,7 +42,8 @@ class ModelRunner:
         self.graph_pool = None
         self.slots = AdapterSlots()
         self.merged = MergedAdapter() if merge_adapters else None
-        self.onednn = OneDNNLinears() if onednn_linears else None
+        self.batch_invariant = batch_invariant  # engine.py: a row's numbers never depend on its batch
+        self.onednn = OneDNNLinears(rows_invariant=batch_invariant) if onednn_linears else None
         self.walk = ModuleWalk()
 
     def base_model(self) -> Any:
@@ -84,7 +85,7 @@ class ModelRunner:
             kwargs["logits_to_keep"] = logits_to_keep
         self.stats.forward_passes += 1
         linears = self.onednn.installed(self.walk(self.model)[0]) if self.onednn else contextlib.nullcontext()
-        with torch.inference_mode(), one_adapter, engine_attention(self.base_model().config), linears:
+        with torch.inference_mode(), one_adapter, engine_attention(self.base_model().config, self.batch_invariant), linears:
             out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **kwargs)
         return out.logits
 
