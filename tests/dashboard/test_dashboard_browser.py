@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dash_helpers import write_step
+from dash_helpers import write_step, write_stop
 from groupwise.store import RunStore
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -170,6 +170,14 @@ def test_the_page_renders_every_view_and_a_new_step_appears_while_it_is_open(das
     rows = wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#compare tr.cmp-row"))
     assert len(rows) == 3 and "step 0" in d.find_element(By.ID, "compare").text
     shot(d, "compare")
+
+    # the loop stops: the stop is drawn on the timeline, and the run is listed as stopped, with its rule
+    write_stop(store, 3, best_step=2)
+    d.find_element(By.CSS_SELECTOR, '#tabs button[data-view="curves"]').click()
+    wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-reward .stop-marker"))
+    assert "stopped at step 3 (max_steps)" in d.find_element(By.ID, "stop-line").text
+    d.find_element(By.CSS_SELECTOR, '#tabs button[data-view="runs"]').click()
+    wait(d, lambda d: d.find_element(By.CSS_SELECTOR, 'tr.run-row[data-run="2048/agent"]').get_attribute("data-state") == "stopped")
 
     errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
     assert errors == [], errors
