@@ -338,3 +338,26 @@ async def test_sampling_extras_through_extra_body(live):
         status, error = await _status(client.chat.completions.create(model="agent", messages=USER, max_tokens=2,
                                                                      extra_body=bad))
         assert (status, error["param"]) == (400, next(iter(bad))), bad
+
+
+async def test_chat_template_kwargs_reach_the_template(live, served, monkeypatch):
+    """vLLM's `chat_template_kwargs` (ART's Qwen3 programs send `enable_thinking: False`) are the chat
+    template's variables; the arguments that shape the rendering (the generation prompt) stay ours."""
+    tokenizer = served[0].state.tokenizer
+    monkeypatch.setattr(tokenizer, "chat_template", (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n"
+        "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"))
+    client = live.client(max_retries=0)
+
+    async def prompt_tokens(**extra) -> int:
+        r = await client.chat.completions.create(model="agent", messages=USER, max_tokens=1, extra_body=extra)
+        return r.usage.prompt_tokens
+
+    plain = await prompt_tokens()
+    assert await prompt_tokens(chat_template_kwargs={"enable_thinking": True}) == plain
+    assert await prompt_tokens(chat_template_kwargs={"enable_thinking": False}) > plain
+    assert await prompt_tokens(chat_template_kwargs={"add_generation_prompt": False, "unused": 1}) == plain
+    status, error = await _status(client.chat.completions.create(
+        model="agent", messages=USER, max_tokens=1, extra_body={"chat_template_kwargs": ["enable_thinking"]}))
+    assert (status, error["param"]) == (400, "chat_template_kwargs")

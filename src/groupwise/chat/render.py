@@ -23,9 +23,13 @@ def render_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
     return tokenizer.apply_chat_template(msgs, tools=template_tools, tokenize=False, **kwargs)
 
 
-def prompt_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-    """The prompt token ids of a chat request: the conversation and the assistant's generation prompt."""
+def prompt_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
+               template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """The prompt token ids of a chat request: the conversation and the assistant's generation prompt.
+    `template_kwargs` are the template's own variables (vLLM's `chat_template_kwargs`, e.g. Qwen3's
+    `enable_thinking`); the arguments that shape the rendering stay these."""
     msgs, template_tools = prepare_messages(messages, tools, tokenizer)
-    ids = tokenizer.apply_chat_template(msgs, tools=template_tools, add_generation_prompt=True, tokenize=True,
-                                        return_dict=True)["input_ids"]
+    ids = tokenizer.apply_chat_template(msgs, **{**(template_kwargs or {}), "tools": template_tools,
+                                                 "add_generation_prompt": True, "tokenize": True,
+                                                 "return_dict": True})["input_ids"]
     return list(ids)

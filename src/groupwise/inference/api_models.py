@@ -221,6 +221,8 @@ class ChatCompletionRequest(_Sampling):
     store: bool | None = None  # accepted, unused
     parallel_tool_calls: bool | None = None  # accepted: every call the model writes is returned
     service_tier: str | None = None  # accepted, unused
+    # vLLM's: variables for the chat template (Qwen3's `enable_thinking`); a template ignores the rest
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @field_validator("tools", mode="before")
     @classmethod
