@@ -18,6 +18,23 @@ def tiny_model_dir(tmp_path_factory):
     return str(path)
 
 
+@pytest.fixture(scope="session")
+def art_model_dir(tmp_path_factory, tiny_model_dir):
+    """The stand-in for every base model of ART's example programs: the tiny random model, whose
+    generation config also ends an answer at one token id in 40. A random model otherwise writes until
+    the context is full whenever a program sets no `max_tokens`, which no real model does on these
+    prompts; with these end tokens its answers average ~60 tokens."""
+    from groupwise.loading import load_tokenizer, tiny_random_model
+
+    path = tmp_path_factory.mktemp("tiny-llama-ends")
+    tokenizer = load_tokenizer("smollm2-135m")
+    model, tokenizer = tiny_random_model(seed=0, tokenizer=tokenizer)
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, *range(0, len(tokenizer), 40)]
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
 @pytest.fixture
 def backup_bucket(tmp_path, monkeypatch):
     bucket = tmp_path / "bucket"

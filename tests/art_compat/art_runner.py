@@ -1,0 +1,181 @@
+"""Runs ART's own programs (vendored byte for byte under art_repo/) with `import groupwise as art`.
+
+What a run changes, and nothing else:
+
+- **the import**: `import art` -> `import groupwise as art`, `from art.x import` -> `from groupwise.x import`
+  (every file of the program, its helper modules included);
+- **the data**: each program lists exact substitutions that shrink loop counts, group sizes and data
+  sets (each must match the stated number of times, so a listed change cannot silently stop applying);
+- **seams**, outside the program text: ART's Hugging Face model ids resolve to the tiny random model
+  (a folder named like the id in the working directory, which `from_pretrained` reads as a local
+  path); `weave` and `openpipe` (observability services) are no-op stand-ins from `seams/` when not
+  installed; `sys.argv` is the program's name alone.
+
+Scripts run as `python path/to/script.py` does (`__main__`, their folder on sys.path) from the root of
+a copy of ART's repository; notebooks run their code cells in order in one event loop with top-level
+`await`, as Jupyter does (line magics and `!` shell lines are skipped, `%%html` cells too).
+
+Programs run in the test process (torch and the tokenizer are loaded once for all of them); every
+LocalBackend a program opened is closed afterwards, and the modules it imported from its own folder
+are forgotten, since ART's examples reuse module names (`rollout`, `utils`).
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import inspect
+import os
+import re
+import runpy
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ART_REPO = Path(__file__).parent / "art_repo"
+SEAMS = Path(__file__).parent / "seams"
+ART_COMMIT = "779559fd0c68ce073cbd041447f88aacf1d9f585"  # OpenPipe/ART, 2025-06-14, version 0.3.11
+CELL_MARK = "\n# %% [code cell]\n"
+
+_IMPORT_RES = [
+    (re.compile(r"^(\s*)import art$", re.M), r"\1import groupwise as art"),
+    (re.compile(r"^(\s*)from art(\.[\w.]+)? import ", re.M), r"\1from groupwise\2 import "),
+]
+
+
+def port(text: str) -> str:
+    """The one change an ART program needs."""
+    for pattern, repl in _IMPORT_RES:
+        text = pattern.sub(repl, text)
+    assert not re.search(r"^\s*(import art\b|from art\b)", text, re.M), "an ART import was left unported"
+    return text
+
+
+@dataclass
+class Program:
+    entry: str  # path in ART's repository; notebooks end in .ipynb
+    helpers: tuple[str, ...] = ()  # other files of the program (modules, data)
+    shrink: dict[str, list[tuple[str, str, int]]] = field(default_factory=dict)  # file -> (old, new, count)
+    base_models: tuple[str, ...] = ()
+    extra_files: dict[str, str] = field(default_factory=dict)  # path -> text: shrunk data ART's repo lacks
+    skip_cells: dict[int, str] = field(default_factory=dict)  # notebook cell index -> why it is not run
+    downloads: dict[str, str] = field(default_factory=dict)  # URL `requests.get` fetches -> path in root
+
+    @property
+    def notebook(self) -> bool:
+        return self.entry.endswith(".ipynb")
+
+    def stored(self, path: str) -> Path:
+        return ART_REPO / (path + ".py" if path.endswith(".ipynb") else path)
+
+
+def materialise(program: Program, root: Path) -> Path:
+    """Writes the program (ported, shrunk) into root laid out as ART's repository; returns the entry."""
+    for path in (program.entry, *program.helpers):
+        text = program.stored(path).read_text()
+        if path.endswith((".py", ".ipynb")):
+            text = port(text)
+        for old, new, count in program.shrink.get(path, []):
+            found = text.count(old)
+            assert found == count, f"{path}: shrink {old!r} matched {found} times, expected {count}"
+            text = text.replace(old, new)
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    for path, text in program.extra_files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    unused = set(program.shrink) - {program.entry, *program.helpers}
+    assert not unused, f"shrinks for files the program does not have: {unused}"
+    return root / program.entry
+
+
+def _cells(source: str, skip: dict[int, str]) -> list[str]:
+    cells = []
+    for index, cell in enumerate(source.split(CELL_MARK)):
+        if cell.lstrip().startswith("%%html") or index in skip:
+            continue
+        lines = [line for line in cell.splitlines() if not line.lstrip().startswith(("%", "!"))]
+        cells.append("\n".join(lines))
+    return cells
+
+
+async def _run_cells(cells: list[str], filename: str) -> dict:
+    namespace: dict = {"__name__": "__main__"}
+    for cell in cells:
+        code = compile(cell, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        result = eval(code, namespace)  # noqa: S307 - the notebook's own code, as Jupyter runs it
+        if inspect.iscoroutine(result):
+            await result
+    return namespace
+
+
+def _serve_downloads(files: dict[str, Path]):
+    """The seam for a notebook's downloads (no network here): `requests.get` of a listed URL answers
+    with the file's text; any other URL goes to the real `requests.get`. Returns the undo."""
+    if not files:
+        return lambda: None
+    import requests
+
+    real_get = requests.get
+
+    def get(url, *args, **kwargs):
+        if url not in files:
+            return real_get(url, *args, **kwargs)
+        response = requests.Response()
+        response.status_code, response.url, response.encoding = 200, url, "utf-8"
+        response._content = files[url].read_bytes()
+        return response
+
+    requests.get = get
+
+    def undo():
+        requests.get = real_get
+
+    return undo
+
+
+def run_program(program: Program, root: Path, tiny_model_dir: str) -> None:
+    """Runs one ART program in root (a fresh folder) on the tiny model."""
+    from groupwise.backend.local import LocalBackend
+
+    entry = materialise(program, root)
+    # Jupyter runs a notebook in its folder; ART's scripts open files relative to the repository root
+    cwd = entry.parent if program.notebook else root
+    for model_id in program.base_models:
+        (cwd / model_id).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(tiny_model_dir, cwd / model_id)
+    opened: list = []
+    original_init = LocalBackend.__init__
+
+    def tracking_init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        opened.append(self)
+
+    saved = (os.getcwd(), list(sys.path), list(sys.argv), set(sys.modules))
+    LocalBackend.__init__ = tracking_init
+    undo_downloads = _serve_downloads({url: root / path for url, path in program.downloads.items()})
+    try:
+        os.chdir(cwd)
+        sys.path[:0] = [str(entry.parent)] + ([str(SEAMS)] if SEAMS.is_dir() else [])
+        sys.argv = [str(entry)]
+        if program.notebook:
+            asyncio.run(_run_cells(_cells(entry.read_text(), program.skip_cells), str(entry)))
+        else:
+            runpy.run_path(str(entry), run_name="__main__")
+    finally:
+        LocalBackend.__init__ = original_init
+        undo_downloads()
+        for backend in opened:
+            backend.__exit__(None, None, None)
+        os.chdir(saved[0])
+        sys.path[:], sys.argv[:] = saved[1], saved[2]
+        for name in set(sys.modules) - saved[3]:
+            module_file = getattr(sys.modules[name], "__file__", None) or ""
+            if module_file.startswith((str(root), str(SEAMS))):
+                del sys.modules[name]
+
+
+def copy_tree(src: Path, dst: Path) -> None:
+    shutil.copytree(src, dst, dirs_exist_ok=True)
