@@ -429,8 +429,9 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         *,
         cursor: dict[str, Any] | None = None,
     ) -> "TrainResult":
-        """One training step on `trajectory_groups`, then log them as the train split of the step that
-        sampled them, with the trainer's metrics. Returns the backend's `TrainResult`.
+        """One training step on `trajectory_groups` (ART's name: ART programs pass it by keyword), then
+        log them as the train split of the step that sampled them, with the trainer's metrics. Returns
+        the backend's `TrainResult`.
 
         `config` is a `gw.TrainConfig` (ART's ``art.TrainConfig(learning_rate=..., beta=...)`` is the
         same class); ART's ``_config`` (`art.dev.TrainConfig`) options map onto it or are named once

@@ -243,6 +243,8 @@ def history_row(
     traj_values: dict[str, list[float]] = {}
     for t in trajectories:
         for name, value in t.metrics.items():
+            if name == "reward" and float(value) == t.reward:
+                continue  # a copy of the reward (ART pools the two into one mean): the row has it
             traj_values.setdefault(name, []).append(float(value))
     group_values: dict[str, list[float]] = {}
     for g in groups:

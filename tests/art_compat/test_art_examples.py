@@ -28,6 +28,9 @@ PUZZLES = json.dumps([
 PUZZLES_URL = "https://raw.githubusercontent.com/openpipe/art/main/examples/data/temporal-clue/puzzles.json"
 PUZZLE_SPLITS = [("puzzles[:64]", "puzzles[:1]", 1), ("puzzles[64:128]", "puzzles[1:2]", 1),
                  ("puzzles[128:]", "puzzles[2:]", 1)]
+CODENAMES = "https://raw.githubusercontent.com/OpenPipe/ART/refs/heads/main/examples/codenames/"
+OPENAI_COMPARISONS = ("benchmarks prompted OpenAI models at the hard-coded https://api.openai.com/v1 "
+                      "(an external service; no seam: the URL is in the program)")
 TWO_PROMPTS = json.dumps(["respond with 'yes', 'no', 'maybe'", "respond with yes or no"])
 
 
@@ -111,6 +114,25 @@ PROGRAMS = {
         shrink={"examples/rock-paper-tool-use.ipynb": [
             one_step("1_000"), ("for _ in range(64)", "for _ in range(3)", 1), ("for _ in range(10):", "for _ in range(2):", 1)]},
         base_models=(QWEN_7B,),
+    ),
+    "Codenames_RL.ipynb": Program(
+        "examples/codenames/Codenames_RL.ipynb", helpers=("examples/codenames/codenames_words.json",),
+        shrink={"examples/codenames/Codenames_RL.ipynb": [
+            ("NUM_STEPS = 140", "NUM_STEPS = 1", 1), ("NUM_GAMES_PER_STEP = 10", "NUM_GAMES_PER_STEP = 1", 1),
+            ("NUM_ROLLOUTS_PER_GAME = 20", "NUM_ROLLOUTS_PER_GAME = 2", 1),
+            ("NUM_VALIDATION_GAMES = 50", "NUM_VALIDATION_GAMES = 1", 1)]},
+        skip_cells={1: COLAB_NUMPY, 14: OPENAI_COMPARISONS,
+                    15: "charts from ART's art.utils.benchmarking (not provided)", 16: "the same charts"},
+        # dictionary.json (the words a clue may be) is not in the repository snapshot: the board's words
+        downloads={CODENAMES + "codenames_words.json": "examples/codenames/codenames_words.json",
+                   CODENAMES + "dictionary.json": "examples/codenames/codenames_words.json"},
+        base_models=(QWEN_3B,),
+    ),
+    "2048-dev.ipynb": Program(
+        "examples/2048/2048-dev.ipynb", helpers=("examples/2048/rollout.py", "examples/2048/utils.py"),
+        shrink={"examples/2048/2048-dev.ipynb": [one_step("50"), ("for _ in range(4)", "for _ in range(3)", 1)]},
+        skip_cells={2: OPENAI_COMPARISONS},
+        base_models=(QWEN_3B,),
     ),
 }
 

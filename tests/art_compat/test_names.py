@@ -146,3 +146,13 @@ async def test_s3_backup_is_a_local_folder_and_says_so_for_s3_urls(tmp_path, mon
         await backend._experimental_push_to_s3(model, s3_bucket="s3://my-bucket")
     with pytest.raises(art.GroupwiseError, match="not supported"):
         await backend._experimental_fork_checkpoint(model, from_model="other")
+
+
+def test_train_and_log_take_arts_keyword_names():
+    """ART programs pass these by keyword (prisoners-dilemma, codenames, tic-tac-toe self-play:
+    `model.train(trajectory_groups=[...], config=...)`)."""
+    import inspect
+
+    for method, names in ((art.TrainableModel.train, ["trajectory_groups", "config", "_config", "verbose"]),
+                          (art.Model.log, ["trajectories", "split"])):
+        assert list(inspect.signature(method).parameters)[1:len(names) + 1] == names, method

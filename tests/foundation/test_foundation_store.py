@@ -124,6 +124,20 @@ def test_reserved_metric_name_is_an_error():
         history_row([g], step=0, split="val")
 
 
+def test_a_reward_metric_equal_to_the_reward_is_the_rows_own():
+    """ART's examples copy the reward into the metrics (codenames: `metrics["reward"] = reward`); ART
+    pools both into one mean. Equal to the trajectory's reward it adds nothing, so it is accepted;
+    one that differs still clashes."""
+    def traj(reward, metric):
+        return Trajectory(messages_and_choices=[{"role": "user", "content": "x"}], reward=reward,
+                          metrics={"reward": metric, "win": metric})
+
+    row = history_row([TrajectoryGroup([traj(1.0, 1), traj(0.0, 0.0)])], step=0, split="val")
+    assert (row["reward"], row["win"]) == (0.5, 0.5)
+    with pytest.raises(StoreError, match=r"\['reward'\] clash"):
+        history_row([TrajectoryGroup([traj(1.0, 1), traj(0.0, 0.5)])], step=0, split="val")
+
+
 def test_history_append_and_torn_last_line(tmp_path):
     store = RunStore(tmp_path, "p", "m")
     store.append_history({"step": 0, "split": "val", "reward": 0.5})
