@@ -61,6 +61,8 @@ class Program:
     extra_files: dict[str, str] = field(default_factory=dict)  # path -> text: shrunk data ART's repo lacks
     skip_cells: dict[int, str] = field(default_factory=dict)  # notebook cell index -> why it is not run
     downloads: dict[str, str] = field(default_factory=dict)  # URL `requests.get` fetches -> path in root
+    # a program that fails in ART as well, before or at its first step: (exception class, message part)
+    fails_in_art: tuple[str, str] | None = None
 
     @property
     def notebook(self) -> bool:

@@ -156,3 +156,14 @@ def test_train_and_log_take_arts_keyword_names():
     for method, names in ((art.TrainableModel.train, ["trajectory_groups", "config", "_config", "verbose"]),
                           (art.Model.log, ["trajectories", "split"])):
         assert list(inspect.signature(method).parameters)[1:len(names) + 1] == names, method
+
+
+def test_get_trajectory_messages_at_arts_path():
+    from groupwise.types import Choice
+    from groupwise.utils.get_trajectory_messages import get_trajectory_messages
+
+    choice = Choice.model_validate({"index": 0, "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": "<move>left</move>"}})
+    t = art.Trajectory(messages_and_choices=[{"role": "user", "content": "board"}, choice])
+    assert get_trajectory_messages(t) == [{"role": "user", "content": "board"},
+                                          {"role": "assistant", "content": "<move>left</move>"}]
