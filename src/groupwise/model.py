@@ -438,10 +438,8 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         in a warning; `verbose` is accepted. `cursor`: the caller's data position after this step
         (JSON-able), saved with the step's checkpoint; `backend.checkpoint_cursor(model)` returns it
         after a restart."""
-        groups = list(trajectory_groups)
+        groups = [_as_train_group(g, n) for n, g in enumerate(trajectory_groups)]
         for n, g in enumerate(groups):
-            if not isinstance(g, TrajectoryGroup):
-                raise TypeError(f"train(): trajectory_groups[{n}] is {type(g).__name__}; expected a TrajectoryGroup")
             if g.pending:
                 raise GroupwiseError(f"train(): group {n} has rollouts that were never run; gather the groups first")
         config = train_config_from_art(config, {**dict(_config or {}), "verbose": verbose}, where="model.train",
@@ -490,3 +488,14 @@ def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     for key, value in update.items():
         out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
+
+
+def _as_train_group(group: Any, n: int) -> TrajectoryGroup:
+    """A group of `train`: a TrajectoryGroup, or a list of Trajectories (ART iterates whatever it is
+    given; its hn_title_generator example trains on lists it filtered)."""
+    if isinstance(group, TrajectoryGroup):
+        return group
+    if isinstance(group, (list, tuple)) and group and all(isinstance(t, Trajectory) for t in group):
+        return TrajectoryGroup(group)
+    raise TypeError(f"train(): trajectory_groups[{n}] is {type(group).__name__}; expected a TrajectoryGroup "
+                    f"(or a list of Trajectories)")

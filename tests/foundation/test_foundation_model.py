@@ -172,3 +172,16 @@ def test_run_state_as_arts_methods(tmp_path):
     assert model.read_state() == {"c": 3} == model.store.read_state()
     model.write_state({"d": 4})
     assert model.read_state() == {"d": 4}
+
+
+async def test_train_takes_groups_as_lists_of_trajectories_by_arts_keyword(tmp_path):
+    """ART iterates whatever groups it is given: its hn_title_generator trains on lists of the
+    trajectories it kept (`model.train(valid_train_groups)`), and its notebooks pass the groups as
+    `trajectory_groups=`. Anything else is still a TypeError naming the group."""
+    model = TrainableModel(name="agent", project="p", base_model="tiny", base_path=str(tmp_path))
+    await model.register(FakeBackend())
+    await model.train(trajectory_groups=[list(g) for g in groups()])
+    assert load_trajectories(model.run_dir, split="train", step=0) == groups()
+    with pytest.raises(TypeError, match=r"groups\[1\] is dict"):
+        await model.train([groups()[0], {"trajectories": []}])
+    await model.close()
