@@ -63,6 +63,8 @@ class Program:
     downloads: dict[str, str] = field(default_factory=dict)  # URL `requests.get` fetches -> path in root
     # a program that fails in ART as well, before or at its first step: (exception class, message part)
     fails_in_art: tuple[str, str] | None = None
+    # a program that fails here by a deliberate difference (docs/porting-from-art.md says which)
+    fails_here: tuple[str, str] | None = None
 
     @property
     def notebook(self) -> bool:
