@@ -79,9 +79,9 @@ def register_client_factory(prefix: str, factory: "str | Callable[[str], Any]") 
 def _factory_client(prefix: str, model: str, judge_model: str) -> Any:
     factory = CLIENT_FACTORIES[prefix]
     try:
-        if isinstance(factory, str):
+        if isinstance(factory, str):  # resolved on each use (imports are cached): the registry keeps its entry
             module, _, name = factory.partition(":")
-            factory = CLIENT_FACTORIES[prefix] = getattr(importlib.import_module(module), name)
+            factory = getattr(importlib.import_module(module), name)
         return factory(model)
     except ModuleNotFoundError as exc:  # the factory's layer needs an extra that is not installed (torch)
         if prefix != "local":
