@@ -21,34 +21,9 @@ import random
 import time
 
 from groupwise.envs.titles.env import RUBRIC, SYSTEM_PROMPT
+from groupwise.envs.titles.labelled import GOOD, titles_for
 from groupwise.envs.titles.texts import TEXTS
 from groupwise.judge import ruler_detailed
-
-GOOD = (
-    ("Bread by Bicycle: A Storm-Born Sunrise Delivery", "The Coastal Bakery That Pedals Breakfast to Town"),
-    ("Ten Years of Park Birds: Fewer Sparrows, More Crows", "Old Trees Bring Woodpeckers Back to the City Park"),
-    ("From Garden Shed to Sunday Tram: A 1950s Rebuild", "Three Winters to Put an Old Tram Back on Track"),
-    ("No More Exams: A Project Fair Keeps Students Coming", "Why Attendance Rose When a School Dropped Its Exams"),
-    ("The Mountain Night Train Returns After Twelve Years", "Sold Out in a Day: The Night Train Is Back"),
-    ("Borrow a Drill: The Library That Lends Tools", "A Carpet Cleaner Tops This Library's Loan List"),
-    ("Free Cherries on an Old Railway Line", "Two Hundred Fruit Trees Planted for Anyone to Pick"),
-    ("No Friday Afternoon Releases, Half the Weekend Calls", "How One Team Halved Outages by Skipping Friday Deploys"),
-    ("The 96-Year-Old Who Beats Teenagers at Chess", "A Chess Club for Over-Seventies Grows to Sixty Players"),
-    ("A Village Under the Lake: Church Tower Found Four Metres Down", "Divers Find a Village Drowned by a 1930s Dam"),
-    ("Swift Nests Required: How a Town Brought Its Birds Back", "A Building Rule That Filled the Sky With Swifts Again"),
-    ("Amateur Astronomer Finds a Comet With a Kit Telescope", "A Home-Built Telescope Spots Next Spring's Comet"),
-)
-
-
-def titles_for(i: int) -> list[tuple[str, bool]]:
-    first_sentence = TEXTS[i].split(". ")[0].rstrip(".") + "."
-    bad = [
-        "An Interesting Story",
-        "YOU WON'T BELIEVE WHAT HAPPENED NEXT!!!",
-        GOOD[(i + len(GOOD) // 2) % len(GOOD)][0],  # fluent, but about another text
-        f"Title: {first_sentence} This title summarizes the text above in one sentence.",
-    ]
-    return [(t, True) for t in GOOD[i]] + [(t, False) for t in bad]
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:

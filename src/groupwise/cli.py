@@ -160,7 +160,15 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                "continues at step 8. Watch it: `groupwise report .groupwise/2048/2048-s0`.")
     p.add_argument("env", help="2048, tictactoe, math, email, titles")
     p.add_argument("--model", default="smollm2-135m", help="base model (default smollm2-135m)")
-    p.add_argument("--judge", default=None, help="RULER judge, e.g. local/smollm2-135m or openai/o4-mini")
+    p.add_argument("--judge", action="append", default=None,
+                   help="RULER judge, e.g. local/smollm2-135m or openai/o4-mini; repeat it with --judge-labels to "
+                        "train with the best candidate")
+    p.add_argument("--judge-labels", default=None, metavar="LABELS",
+                   help="check the judge(s) before training on a labelled set (an env with one: titles; 'env' for "
+                        "this env's; a JSONL file; a run folder) and train with the best that clears "
+                        "--judge-margin, or stop with the table when none does")
+    p.add_argument("--judge-margin", type=float, default=0.05,
+                   help="the bar: pairwise accuracy's lower bound must exceed 0.5 + margin (default 0.05)")
     p.add_argument("--steps", type=_COUNT, default=None,
                    help="train until this many steps are done in total (default: the env's; a resumed run "
                         "continues from where it stopped)")
@@ -214,8 +222,41 @@ def _add_dashboard(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(_target="groupwise.dashboard.app:run_dashboard")
 
 
+def _add_judge(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("judge", help="check a judge before trusting it: `groupwise judge eval`")
+    jsub = p.add_subparsers(dest="judge_command", required=True, metavar="JUDGE_COMMAND")
+    e = jsub.add_parser(
+        "eval", help="agreement of judges with labelled groups, position flips, consistency, cost",
+        description="Judge labelled groups (known scores or preferences) with each judge, in a seeded order, "
+                    "reversed, and repeated; print pairwise accuracy and Kendall tau with bootstrap intervals, "
+                    "the flip rate between orders, self-consistency, invalid answers, tokens, cost and seconds "
+                    "per group.",
+        epilog="Example: groupwise judge eval --labels titles --judge local/smollm2-135m --judge openai/o4-mini")
+    e.add_argument("--labels", required=True,
+                   help="an env with a labelled set (titles), a JSONL file of labelled groups, or a run folder "
+                        "(its validation trajectories, labelled by the validation metric)")
+    e.add_argument("--judge", action="append", default=None,
+                   help="a judge to evaluate (repeatable): local/smollm2-135m, openai/o4-mini, or with --base-url "
+                        "the model an OpenAI-compatible server serves (default local/smollm2-135m)")
+    e.add_argument("--rubric", default=None, help="the rubric, or @FILE (default: the env's, else RULER's default)")
+    e.add_argument("--base-url", default=None, help="an OpenAI-compatible endpoint serving the --judge models")
+    e.add_argument("--api-key", default=None, help="API key for --base-url")
+    e.add_argument("--metric", default=None, help="run folder labels: the metric key (default: the run's)")
+    e.add_argument("--groups", type=_COUNT, default=None, help="only the first N labelled groups")
+    e.add_argument("--orders", type=_COUNT, default=2, help="orders per group: seeded, reversed, then more seeds (default 2)")
+    e.add_argument("--repeats", type=_COUNT, default=2,
+                   help="identical requests per group, for self-consistency (default 2; 1 skips it)")
+    e.add_argument("--margin", type=float, default=0.05,
+                   help="a judge clears the bar when its accuracy's lower bound exceeds 0.5 + margin (default 0.05)")
+    e.add_argument("--max-concurrent", type=_COUNT, default=4, help="requests in flight per judge (default 4)")
+    e.add_argument("--seed", type=int, default=0, help="seed of the orders and of the bootstrap (default 0)")
+    e.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
+    e.add_argument("--plot", default=None, metavar="PNG", help="also plot them (needs the plots extra)")
+    e.set_defaults(_target="groupwise.judge.eval_command:run_judge_eval")
+
+
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_inspect, _add_serve, _add_report, _add_compare, _add_train, _add_sft, _add_dashboard,
+    _add_inspect, _add_serve, _add_report, _add_compare, _add_train, _add_sft, _add_dashboard, _add_judge,
 ]
 
 
@@ -268,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     module_name, func_name = args._target.split(":")
     func = getattr(importlib.import_module(module_name), func_name)
-    from groupwise.errors import ConfigError, ModelNotFoundError, RunLockedError
+    from groupwise.errors import ConfigError, JudgeSelectionError, ModelNotFoundError, RunLockedError
 
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
@@ -283,6 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ModelNotFoundError, RunLockedError) as exc:  # no such model; another process trains the run
             print(f"groupwise {args.command}: error: {' '.join(str(exc).split())}", file=sys.stderr)
             return 2
+        except JudgeSelectionError as exc:  # no judge cleared the bar: the table says why, line by line
+            print(f"groupwise {args.command}: error: {exc}", file=sys.stderr)
+            return 1
     return int(result or 0)
 
 

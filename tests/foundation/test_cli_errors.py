@@ -30,6 +30,7 @@ NO_MODEL = "no-such-org/model-that-would-fail-to-load"
     (["train", "nope", "--model", NO_MODEL], "nope"),
     (["train", "2048", "--judge", "openai/o4-mini", "--model", NO_MODEL], "OPENAI_API_KEY"),
     (["train", "2048", "--judge", "acme/judge", "--model", NO_MODEL], "unknown judge provider 'acme'"),
+    (["train", "titles", "--judge", "local/a", "--judge", "local/b", "--model", NO_MODEL], "need --judge-labels"),
     (["serve", "--model", NO_MODEL, "--host", "0.0.0.0"], "--api-key KEY is required"),
     (["serve", "--model", NO_MODEL, "--port", "70000"], "argument --port: must be an integer in [0, 65535]"),
     (["serve", "--model", NO_MODEL, "--max-body-bytes", "0"], "argument --max-body-bytes"),

@@ -193,3 +193,23 @@ async def test_judge_selection_is_a_score_group_that_uses_the_chosen_judge(judge
     judged = await selection(group)
     assert judge_server.requests[before]["model"] == "oracle"
     assert judged.rewards() == pytest.approx(labelled_items()[3].labels)
+
+
+def test_judge_eval_command_prints_the_table_and_writes_json(judge_server, tmp_path, capsys):
+    from groupwise.cli import main
+
+    judge_server.default = scripted
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text("".join(json.dumps({"trajectories": [{"messages": ms, "label": y}
+                                                           for ms, y in zip(g.message_lists, g.labels)]}) + "\n"
+                              for g in labelled_items()[:6]))
+    code = main(["judge", "eval", "--labels", str(labels), "--judge", "oracle", "--judge", "coin",
+                 "--base-url", judge_server.url, "--api-key", "t", "--repeats", "1", "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["judge", "pairwise", "acc"]
+    assert lines[1].startswith("oracle") and "1.00 [1.00, 1.00]" in lines[1] and lines[1].endswith("yes")
+    assert lines[2].startswith("coin") and "0.50 [0.50, 0.50]" in lines[2] and lines[2].endswith("no")
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert [r["judge"] for r in saved] == ["oracle", "coin"] and saved[1]["flip_rate"][0] == 1.0

@@ -180,3 +180,48 @@ async def test_hybrid_run_judges_val_groups_and_flags_a_judge_that_disagrees_wit
     assert [r["judge/cost_usd"] for r in rows(h, "loop")] == [0.5]
     val1 = [r for r in rows(h, "val") if r["step"] == 1][0]
     assert val1["accuracy"] == 0.5 and val1["ruler_score"] == 0.5  # judged val rows keep both
+
+
+async def test_fit_runs_the_score_groups_before_training_hook_first(tmp_path):
+    # A score_group's before_training() runs before the first validation and step (JudgeSelection's hook).
+    calls = []
+
+    class Scorer:
+        async def before_training(self):
+            calls.append("before")
+
+        async def __call__(self, group):
+            calls.append("score")
+            return group
+
+    model = gw.TrainableModel("hooked", project="loop", base_model="none", base_path=str(tmp_path))
+    await model.register(ScriptedBackend())
+    rollout = make_rollout(steady_answer)
+
+    async def logged_rollout(m, scenario):
+        calls.append("rollout")
+        return await rollout(m, scenario)
+
+    await gw.fit(model, logged_rollout, SCENARIOS[:4], score_group=Scorer(),
+                 config=gw.LoopConfig(max_steps=1, groups_per_step=1, rollouts_per_group=2))
+    assert calls[0] == "before" and calls.count("before") == 1 and {"rollout", "score"} <= set(calls[1:])
+
+
+async def test_fit_refuses_to_train_when_no_candidate_judge_clears_the_bar(tmp_path):
+    # Both candidate judges are unreachable (a closed port): every labelled group is judged as all ties,
+    # accuracy 0.5, below the bar; fit raises with the table before training a step.
+    labelled = [gw.LabelledGroup([[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": a}]
+                                  for a in ("right", "wrong")], [1.0, 0.0]) for i in range(3)]
+    dead = {"base_url": "http://127.0.0.1:9/v1", "api_key": "x", "retries": 0, "timeout_s": 5.0}
+    selection = gw.JudgeSelection([gw.JudgeSpec("a", options=dead), gw.JudgeSpec("b", options=dead)], labelled,
+                                  repeats=1)
+    model = gw.TrainableModel("nojudge", project="loop", base_model="none", base_path=str(tmp_path))
+    backend = ScriptedBackend()
+    await model.register(backend)
+    with pytest.raises(gw.JudgeSelectionError) as err:
+        await gw.fit(model, make_rollout(steady_answer), SCENARIOS[:4], score_group=selection,
+                     config=gw.LoopConfig(max_steps=2))
+    assert backend.trained_on == [] and await model.get_step() == 0
+    assert [r.accuracy[0] for r in err.value.reports] == [0.5, 0.5]
+    assert all(r.failed_calls == r.calls == 6 for r in err.value.reports)
+    assert "a " in err.value.table and "b " in err.value.table

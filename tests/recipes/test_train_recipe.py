@@ -62,3 +62,27 @@ def test_the_job_says_each_step_and_its_stop_once(tmp_path, capsys):
     assert f"watch it live: groupwise dashboard {tmp_path / 'runs'}" in out
     summary = json.loads((tmp_path / "runs" / "2048" / "2048-s0" / "summary.json").read_text())
     assert summary["learning_rate"] == 2e-3
+
+
+def test_a_judge_that_fails_the_labelled_check_stops_the_job_before_training(tmp_path, capsys, monkeypatch):
+    # `groupwise train titles --judge ollama/a --judge-labels FILE`: the judge is evaluated on a labelled
+    # title pair first. It cannot answer (an Ollama host on a closed port), so it orders the pair no
+    # better than chance; the job stops with the table (exit 1) before any step is trained.
+    from groupwise.cli import main
+    from groupwise.loading import load_tokenizer, tiny_random_model
+
+    monkeypatch.setenv("OLLAMA_HOST", "http://127.0.0.1:9")
+    model, tok = tiny_random_model(seed=0, tokenizer=load_tokenizer("smollm2-135m"))
+    model.save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text(json.dumps({"messages": [{"role": "user", "content": "A library now lends tools."}],
+                                  "chosen": "Borrow a Drill: The Library That Lends Tools",
+                                  "rejected": "YOU WON'T BELIEVE WHAT HAPPENED NEXT!!!"}) + "\n")
+    code = main(["train", "titles", "--model", str(tmp_path / "tiny"), "--steps", "1", "--path", str(tmp_path / "runs"),
+                 "--device", "cpu", "--judge", "ollama/a", "--judge-labels", str(labels)])
+    out, err = capsys.readouterr()
+    assert code == 1, out + err
+    assert "no judge orders the labelled set better than chance" in err and "pairwise acc" in err
+    assert "ollama/a" in err and "0.50 [0.50, 0.50]" in err and "acc lo > 0.55" in err
+    assert not (tmp_path / "runs" / "titles" / "titles-s0" / "history.jsonl").exists()

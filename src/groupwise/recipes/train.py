@@ -54,23 +54,45 @@ def _train_config(spec: EnvSpec, device: str | None) -> Any:
     return gw.TrainConfig(learning_rate=spec.learning_rate)
 
 
+def _judge_target(judge: str, model: Any, base_model: str) -> tuple[str, dict[str, Any]]:
+    """(the model name RULER sends, its keyword arguments) of a `--judge` name."""
+    if judge == f"local/{base_model}":
+        # Same weights as the policy's base: ask the policy's own engine for the base (adapter off).
+        return model.inference_name(0), {"client": model.openai_client()}
+    if judge.startswith("local/"):
+        # Another local model: the backend serves it in process (the judge only receives a client).
+        name = judge.removeprefix("local/")
+        return name, {"client": model.backend.judge_client(name)}
+    return judge, {}
+
+
+async def _select_judge(spec: EnvSpec, judges: list[str], labels: str, model: Any, base_model: str,
+                        margin: float) -> str:
+    """The `--judge` candidate to train with, chosen on the labelled set `labels` before training:
+    the best one whose pairwise accuracy clears chance by `margin` at its lower bound; else
+    `JudgeSelectionError` with the table (training would learn noise)."""
+    from groupwise.judge import DEFAULT_RUBRIC, JudgeSpec, select_judge
+    from groupwise.judge.eval_command import load_labels
+
+    labelled, rubric = load_labels(spec.name if labels == "env" else labels)
+    rubric = spec.rubric or rubric or DEFAULT_RUBRIC
+    specs = []
+    for j in judges:
+        judge_model, kwargs = _judge_target(j, model, base_model)
+        specs.append(JudgeSpec(judge_model, rubric=rubric, name=j, client=kwargs.get("client")))
+    chosen, _, table = await select_judge(labelled, specs, margin=margin, repeats=1)
+    print(f"[groupwise train] judge check on {len(labelled)} labelled groups ({labels}):\n{table}")
+    print(f"[groupwise train] judging with {chosen.label}")
+    return chosen.label
+
+
 def _score_group(spec: EnvSpec, judge: str | None, model: Any, base_model: str, gate_correct: bool = False):
     """fit's score_group: None for verifiable envs, else a RULER call (gated by correctness for hybrid)."""
     if spec.reward == "verifiable" and judge is None:
         return None
     from groupwise.judge import apply_hybrid, gate, ruler_score_group
 
-    judge = judge or f"local/{base_model}"
-    kwargs: dict[str, Any] = {}
-    judge_model = judge
-    if judge == f"local/{base_model}":
-        # Same weights as the policy's base: ask the policy's own engine for the base (adapter off).
-        kwargs["client"] = model.openai_client()
-        judge_model = model.inference_name(0)
-    elif judge.startswith("local/"):
-        # Another local model: the backend serves it in process (the judge only receives a client).
-        judge_model = judge.removeprefix("local/")
-        kwargs["client"] = model.backend.judge_client(judge_model)
+    judge_model, kwargs = _judge_target(judge or f"local/{base_model}", model, base_model)
     rubric_kwargs = {"rubric": spec.rubric} if spec.rubric else {}
 
     async def score_group(group):
@@ -87,7 +109,9 @@ async def train(
     env: str,
     *,
     model_name: str = "smollm2-135m",
-    judge: str | None = None,
+    judge: str | list[str] | None = None,
+    judge_labels: str | None = None,
+    judge_margin: float = 0.05,
     steps: int | None = None,
     seed: int = 0,
     path: str = ".groupwise",
@@ -100,7 +124,11 @@ async def train(
     sft_epochs: int = 2,
     sft_lr: float = 2e-4,
 ) -> dict[str, Any]:
-    """Run the main job; returns a JSON-able summary (also written to <run_dir>/summary.json)."""
+    """Run the main job; returns a JSON-able summary (also written to <run_dir>/summary.json).
+
+    `judge` may list several candidates; with `judge_labels` (an env with a labelled set, ``env`` for
+    this one's, a JSONL file or a run folder) they are evaluated before training and the best one that
+    clears `judge_margin` is used, or the job stops with the table (`JudgeSelectionError`)."""
     import groupwise as gw
     from groupwise.loop.report import load_run, plot_run
 
@@ -148,17 +176,27 @@ async def train(
         learning_rate=spec.learning_rate,
         train_config=_train_config(spec, device),
         eval_every=max(1, max_steps // 2),  # the base, the midpoint, the end
-        metric=metric,
+        # An env without a validation metric (titles) runs no validation; the loop's metric is then unused,
+        # and "reward" would clash with the history row's own reward field.
+        **({"metric": metric} if spec.val_metric else {}),
         patience=max(max_steps, 10),  # the job is short: let max_steps or the detectors end it
         seed=seed,
         max_exceptions=0.1,
     )
+    judges = [judge] if isinstance(judge, str) else list(judge or [])
+    if len(judges) > 1 and not judge_labels:
+        raise gw.ConfigError(f"{len(judges)} judges given ({', '.join(judges)}) but no labelled set to choose "
+                             "between them: pass --judge-labels (an env with a labelled set such as titles, "
+                             "'env', a JSONL file, or a run folder)", what="train arguments")
     try:
+        if judge_labels:
+            candidates = judges or [f"local/{model_name}"]
+            judges = [await _select_judge(spec, candidates, judge_labels, model, model_name, judge_margin)]
         summary = await gw.fit(
             model, spec.rollout, train_s,
             val_scenarios=val_s if spec.val_metric else None,
             test_scenarios=test_s if spec.val_metric else None,
-            score_group=_score_group(spec, judge, model, model_name, gate),
+            score_group=_score_group(spec, judges[0] if judges else None, model, model_name, gate),
             validate=spec.validate if spec.val_metric else None,
             baselines=baselines if spec.val_metric else (),
             config=config,
@@ -262,17 +300,25 @@ def run_train(args: Any) -> int:
     except KeyError as exc:
         print(f"groupwise train: {exc.args[0]}", file=sys.stderr)
         return 2
-    if args.judge and not args.judge.startswith("local/"):  # a missing key or bad name, before loading
+    judges = [args.judge] if isinstance(args.judge, str) else list(args.judge or [])
+    if len(judges) > 1 and not getattr(args, "judge_labels", None):
+        print(f"groupwise train: error: {len(judges)} --judge candidates need --judge-labels to choose between "
+              "them (titles, 'env', a JSONL file or a run folder)", file=sys.stderr)
+        return 2
+    for judge in judges:
+        if judge.startswith("local/"):
+            continue
         from groupwise.errors import JudgeError
         from groupwise.judge.providers import resolve
 
-        try:
-            resolve(args.judge)
+        try:  # a missing key or bad name, before loading
+            resolve(judge)
         except JudgeError as exc:
-            print(f"groupwise train: error: --judge {args.judge}: {exc}", file=sys.stderr)
+            print(f"groupwise train: error: --judge {judge}: {exc}", file=sys.stderr)
             return 2
     _show_progress()
-    asyncio.run(train(args.env, model_name=args.model, judge=args.judge, steps=args.steps, seed=args.seed,
+    asyncio.run(train(args.env, model_name=args.model, judge=judges or None, steps=args.steps, seed=args.seed,
+                      judge_labels=getattr(args, "judge_labels", None), judge_margin=getattr(args, "judge_margin", 0.05),
                       path=args.path, name=args.name, device=getattr(args, "device", None),
                       dtype=getattr(args, "dtype", None), learning_rate=getattr(args, "lr", None),
                       gate=getattr(args, "gate", False), sft=getattr(args, "sft", 0),
