@@ -237,7 +237,7 @@ async def _judge_once(spec: JudgeSpec, endpoint: Endpoint, group: LabelledGroup,
     opts.pop("cache", None)  # a cached answer would hide the judge's sampling noise
     t0 = time.perf_counter()
     try:
-        result = await ruler_detailed(lists, spec.model, spec.rubric, tools, endpoint=endpoint, **opts)
+        result = await ruler_detailed(lists, spec.model, rubric=spec.rubric, tools=tools, endpoint=endpoint, **opts)
     except JudgeError as e:
         return _Call(None, seconds=time.perf_counter() - t0, error=str(e).split(";")[0])
     seconds = time.perf_counter() - t0

@@ -89,5 +89,5 @@ class JudgeSelection:
         from groupwise.judge.ruler import ruler_score_group
 
         spec = self.chosen or await self.before_training()
-        return await ruler_score_group(group, spec.model, spec.rubric, client=spec.client,
+        return await ruler_score_group(group, spec.model, rubric=spec.rubric, client=spec.client,
                                        swallow_exceptions=self.swallow_exceptions, **spec.options)
