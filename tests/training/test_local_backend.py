@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -51,6 +52,18 @@ async def test_train_serves_and_verifies_the_new_adapter(model_dir, tmp_path):
     await model.register(backend)
     assert await model.get_step() == 0
     try:
+        # its loopback HTTP server keeps `groupwise serve`'s head deadline: a connection whose request
+        # head never ends is closed (uvicorn alone would hold it forever)
+        port = int(model.inference_base_url.rsplit(":", 1)[1].split("/")[0])
+        half_open = socket.create_connection(("127.0.0.1", port))
+        half_open.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        half_open.settimeout(60)
+        try:
+            assert half_open.recv(1024) == b""
+        except ConnectionResetError:
+            pass
+        finally:
+            half_open.close()
         groups = await _groups(model)
         result = await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3), cursor={"scenario_index": 8})
         assert await backend.checkpoint_cursor(model) == {"scenario_index": 8}

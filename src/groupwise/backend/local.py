@@ -342,12 +342,16 @@ class _HttpServer:
 
         import uvicorn
 
+        from groupwise.inference.connections import serve_options
+
         api_key = f"gw-{secrets.token_urlsafe(24)}"
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
+        # the same head deadline and connection cap as `groupwise serve`: the port is open to every
+        # local process, not only to the rollouts that hold the key
         config = uvicorn.Config(create_app(registry, api_key=api_key), log_level="warning", lifespan="off",
-                                access_log=False)
+                                access_log=False, **serve_options())
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
                                   name=f"groupwise-http-{name}")
