@@ -213,3 +213,14 @@ def test_judge_eval_command_prints_the_table_and_writes_json(judge_server, tmp_p
     assert lines[2].startswith("coin") and "0.50 [0.50, 0.50]" in lines[2] and lines[2].endswith("no")
     saved = json.loads((tmp_path / "r.json").read_text())
     assert [r["judge"] for r in saved] == ["oracle", "coin"] and saved[1]["flip_rate"][0] == 1.0
+
+
+def test_plot_draws_each_judge_with_its_intervals(tmp_path):
+    from groupwise.judge.evaluate import JudgeReport, plot_judges
+
+    def report(name, acc):
+        return JudgeReport(name, 4, 8, (acc, acc - 0.1, acc + 0.05), (0.2, 0.0, 0.4), (0.1, 0.0, 0.2), None,
+                           0.0, 0, 8, 900.0, 0.0, 1.5)
+
+    path = plot_judges([report("a", 0.8), report("b", 0.5)], tmp_path / "judges.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
