@@ -224,3 +224,24 @@ def test_plot_draws_each_judge_with_its_intervals(tmp_path):
 
     path = plot_judges([report("a", 0.8), report("b", 0.5)], tmp_path / "judges.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_a_runs_validation_answers_are_grouped_by_scenario_across_checkpoints(tmp_path):
+    # Validation at steps 0 and 2, one rollout per scenario: each scenario's two answers (base, step 2)
+    # form a labelled group, labelled by the run's metric (the val rows' key that carries an interval).
+    from groupwise.judge.eval_command import labelled_from_run
+    from groupwise.store import RunStore
+
+    store = RunStore(tmp_path, "p", "m")
+
+    def answer(q, a, acc):
+        return gw.TrajectoryGroup([gw.Trajectory(messages_and_choices=[{"role": "user", "content": q},
+                                                                       {"role": "assistant", "content": a}],
+                                                 reward=acc, metrics={"accuracy": acc})])
+
+    store.write_trajectories("val", 0, [answer("2+2?", "5", 0.0), answer("3+3?", "6", 1.0)])
+    store.write_trajectories("val", 2, [answer("2+2?", "4", 1.0), answer("3+3?", "six", 1.0)])
+    store.append_history({"step": 0, "split": "val", "accuracy": 0.5, "accuracy_lo": 0.1, "accuracy_hi": 0.9})
+    [group] = labelled_from_run(store.run_dir)  # 3+3 scored 1.0 both times: nothing to order
+    assert group.labels == [0.0, 1.0]
+    assert [ms[-1]["content"] for ms in group.message_lists] == ["5", "4"]
