@@ -451,9 +451,8 @@ async def fit(
         test_scenarios: the test split (10%), run once on the best checkpoint at the end.
         score_group: applied to every gathered group, ``group -> group | None`` (sync or async), e.g.
             ``lambda g: gw.ruler_score_group(g, "openai/o4-mini")``; None keeps the rollouts' rewards,
-            and a None result drops the group. One with a ``before_training()`` method (sync or async)
-            has it called first, before the run starts: `gw.JudgeSelection` evaluates its candidate
-            judges there and raises `JudgeSelectionError` (with the table) when none clears its bar.
+            and a None result drops the group. Its ``before_training()``, if any, runs first
+            (`gw.JudgeSelection` picks its judge there, or raises `JudgeSelectionError`).
         validate: ``validate(trajectory, scenario) -> float`` (or ``validate(trajectory)``), the
             ground-truth metric (`config.metric`); None uses each validation rollout's own reward.
         baselines: `gw.Model`s (prompted models behind any OpenAI-compatible endpoint) scored once on
@@ -467,8 +466,7 @@ async def fit(
     val = list(val_scenarios or [])
     test = list(test_scenarios or [])
     check_fit_args(rollout, train, val, test, score_group, validate, baselines, config)
-    prepare = getattr(score_group, "before_training", None)
-    if callable(prepare):  # gw.JudgeSelection picks its judge on labelled groups, or refuses before any step
+    if callable(prepare := getattr(score_group, "before_training", None)):  # e.g. gw.JudgeSelection
         await _maybe_await(prepare())
     loop = Loop(model, rollout, train, val, test, score_group, validate, list(baselines), config)
     start = step = await model.get_step()
