@@ -190,6 +190,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                         "search, read, answer with the ground truth), then GRPO from there (default 0: none)")
     p.add_argument("--sft-epochs", type=_COUNT, default=2, help="SFT epochs, one step each (default 2)")
     p.add_argument("--sft-lr", type=_positive_float, default=2e-4, help="SFT learning rate (default 2e-4)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="CPU only: each rollout's tokens and logprobs do not depend on which rollouts the engine "
+                        "batched with it, so two runs of one seed on one machine match exactly (slower: no prefix "
+                        "cache)")
     p.set_defaults(_target="groupwise.recipes.train:run_train")
 
 

@@ -8,10 +8,11 @@ loop stops, and the best checkpoint (by validation) is kept, served, and evaluat
 The tiny Llama's final norm is scaled x10 so its next-token distribution is peaked (entropy ~7 nats
 instead of ~10.8, i.e. near uniform over 49k tokens): a random model's logits are so flat that GRPO
 has no competing alternatives to learn from in a few steps (measured: no learning at lr 1e-2..2e-1).
-Requests carry seeds, so the run is reproducible on CPU.
+Requests carry seeds and the engine is batch-invariant (engine.py), so every run on a machine is the
+same run: which rollouts the engine happened to batch together changes no logprob, hence no update.
 
-Measured on CPU (lr 1e-2, 4 groups x 16 rollouts, 4 runs; runs differ slightly because the
-engine's batching changes float sums): train reward 0.10 -> 0.29-0.31 by step 2, validation (one-line
+Measured on CPU (lr 1e-2, 4 groups x 16 rollouts, 4 runs, before the engine was batch-invariant, when
+runs differed slightly and one stopped on val_unstable instead): train reward 0.10 -> 0.29-0.31 by step 2, validation (one-line
 answers) 0.72 (base) -> 0.50 (step 2) -> 0.22-0.28 (step 4): val_drop fires at step 4, the run stops,
 the best checkpoint is the base (step 0) and the test split runs against e2e@0. With 8 rollouts per
 group the exploit was learned later and less reliably (best at step 6 in some runs, which exercised
@@ -75,7 +76,7 @@ def one_line(trajectory, scenario) -> float:
 @pytest.mark.slow
 async def test_gamed_reward_on_a_tiny_model_raises_val_drop_stops_and_keeps_the_best_checkpoint(peaked_tiny_model, tmp_path, capsys):
     model = gw.TrainableModel("e2e", project="loop", base_model=peaked_tiny_model, base_path=str(tmp_path))
-    backend = gw.LocalBackend(path=str(tmp_path), device="cpu")
+    backend = gw.LocalBackend(path=str(tmp_path), device="cpu", engine_kwargs={"batch_invariant": True})
     await model.register(backend)
     try:
         cfg = gw.LoopConfig(rollouts_per_group=16, groups_per_step=4, eval_every=2, max_steps=24, num_epochs=10,

@@ -34,7 +34,9 @@ train step and its validation) is run first.
 
 Reproducible rollouts: a training scenario with a free ``sampling_seed`` (the built-in envs') is handed
 to each rollout as a copy seeded from (seed, step, scenario, rollout) (`seeded_scenario`), so which
-requests the engine batched together, which depends on timing, does not decide what is sampled.
+requests the engine batched together, which depends on timing, does not decide what is sampled. Their
+logits still change by ulps with the batch (so do the logprobs the update uses, and after a few steps
+a sample): two runs match exactly only with the engine's ``batch_invariant`` mode (inference/engine.py).
 """
 
 from __future__ import annotations

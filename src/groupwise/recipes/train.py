@@ -123,6 +123,7 @@ async def train(
     sft: int = 0,
     sft_epochs: int = 2,
     sft_lr: float = 2e-4,
+    batch_invariant: bool = False,
 ) -> dict[str, Any]:
     """Run the main job; returns a JSON-able summary (also written to <run_dir>/summary.json).
 
@@ -151,7 +152,8 @@ async def train(
     t0 = time.monotonic()
     model = gw.TrainableModel(name=name, project=spec.name, base_model=model_name, base_path=path)
     backend = gw.LocalBackend(path, device=device, dtype=dtype, best_checkpoint_metric=f"val/{metric}",
-                              max_batch_size=max(32, spec.rollouts_per_group * spec.groups_per_step))
+                              max_batch_size=max(32, spec.rollouts_per_group * spec.groups_per_step),
+                              engine_kwargs={"batch_invariant": True} if batch_invariant else None)
     await model.register(backend)
     load_s = time.monotonic() - t0
     resumed = await model.get_step()
@@ -322,5 +324,6 @@ def run_train(args: Any) -> int:
                       path=args.path, name=args.name, device=getattr(args, "device", None),
                       dtype=getattr(args, "dtype", None), learning_rate=getattr(args, "lr", None),
                       gate=getattr(args, "gate", False), sft=getattr(args, "sft", 0),
-                      sft_epochs=getattr(args, "sft_epochs", 2), sft_lr=getattr(args, "sft_lr", 2e-4)))
+                      sft_epochs=getattr(args, "sft_epochs", 2), sft_lr=getattr(args, "sft_lr", 2e-4),
+                      batch_invariant=getattr(args, "batch_invariant", False)))
     return 0
