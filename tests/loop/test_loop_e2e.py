@@ -108,7 +108,8 @@ async def test_gamed_reward_on_a_tiny_model_raises_a_val_alert_stops_and_keeps_t
     # the gameable reward was learned, and validation really fell
     assert max(train) > train[0] + 0.05
     best_step = summary.best_step
-    assert val[best_step] == max(val.values()) and val[summary.final_step] <= val[best_step] - 0.15
+    last_val = val[max(val)]  # the run may stop a step after its last validation
+    assert val[best_step] == max(val.values()) and last_val <= val[best_step] - 0.15
     # the best checkpoint was kept (retention by val/one_line) and the test split ran against it
     if best_step > 0:
         assert (tmp_path / "loop" / "e2e" / "checkpoints" / f"{best_step:04d}" / "state.json").is_file()
