@@ -179,6 +179,22 @@ def test_length_drift_with_validation_rising_is_learning_not_a_hack():
         assert [a.name for a in d.run_detectors(h, [], step=step, config=gw.LoopConfig())] == [], step
 
 
+def test_length_drift_waits_for_the_validation_after_the_lengths_moved():
+    # The README example validates at steps 0, 5, 10: at steps 6-9 answers have shrunk, and with only
+    # step 0's validation (before the shrinking) the detector cannot tell learning from a hack: it waits.
+    base_only = history(train=[0.2 + 0.05 * s for s in range(11)], lengths=SHRINKING_2048,
+                        val={0: 0.1}, val_ci={0: (0.02, 0.25)})
+    for step in range(6, 11):
+        assert d.length_drift(base_only, step=step) is None, step
+    # the validation after the drift decides: flat within its noise is the alarm
+    flat = history(train=[0.2 + 0.05 * s for s in range(11)], lengths=SHRINKING_2048,
+                   val={0: 0.1, 10: 0.12}, val_ci={0: (0.02, 0.25), 10: (0.03, 0.27)})
+    assert d.length_drift(flat, step=9) is None
+    assert d.length_drift(flat, step=10) is not None
+    # a run with no validation at all is told at once (the existing no-validation case)
+    assert d.length_drift(history(train=[0.5] * 11, lengths=SHRINKING_2048), step=6) is not None
+
+
 def test_length_drift_with_validation_flat_is_still_an_alarm():
     # the same shrinking answers while validation stays within its noise (0.40 -> 0.42): a length hack.
     h = history(train=[0.2 + 0.05 * s for s in range(11)], lengths=SHRINKING_2048,

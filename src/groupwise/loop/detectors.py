@@ -248,8 +248,9 @@ def length_drift(
     What this guards against is a length hack: a reward (a length bonus, a judge that likes long or
     terse answers) paid for length itself, so length moves and the task does not. Length that moves
     while validation rises is the policy learning the task's form (a game whose answer is one tag
-    shrinks from a sentence to the tag), not a hack. Without validation there is nothing to tell the
-    two apart, and the drift is reported.
+    shrinks from a sentence to the tag), not a hack. A run that validates but has no validation after
+    the reference span yet waits for the next one (it decides); without validation at all there is
+    nothing to tell the two apart, and the drift is reported.
     """
     curve = series(history, "train", key, up_to=step)
     if len(curve) < window + 1:
@@ -264,6 +265,8 @@ def length_drift(
         return None
     ref_end = curve[len(first) - 1][0]
     val = points(history, "val", metric, up_to=step)
+    if val and val[-1].step <= ref_end:
+        return None  # the run validates, but not yet since the lengths moved: its next validation decides
     val_note = "no validation to compare against"
     evidence: dict[str, Any] = {"key": key, "reference": ref, "now": now, "factor": factor,
                                 "reference_steps": [curve[0][0], ref_end]}
