@@ -123,6 +123,27 @@ def test_rollout_filters_and_two_steps_side_by_side(written):
     assert client.get("/api/compare", params={"run": "2048/agent", "a": "x"}).status_code == 400
 
 
+def test_the_cross_step_index_read_unvalidated_agrees_with_the_validated_step_view(written):
+    # search, ranking, compare and the judge's agreement read the stored rows without pydantic; what they
+    # show of a trajectory must be what the step's own (validated) view shows
+    root, store = written
+    client = TestClient(create_app(root))
+    for split, step in (("train", 1), ("val", 2)):
+        view = client.get("/api/groups", params={"run": "2048/agent", "split": split, "step": step}).json()
+        listed = client.get("/api/rollouts", params={"run": "2048/agent", "split": split, "step_min": step,
+                                                     "step_max": step, "limit": 1000}).json()["rollouts"]
+        key = lambda r: (r["group"], r["index"])  # noqa: E731
+        assert sorted(listed, key=key) == sorted((t for g in view["groups"] for t in g["trajectories"]), key=key)
+    cmp = client.get("/api/compare", params={"run": "2048/agent", "split": "val", "a": "0", "b": "2"}).json()
+    view = client.get("/api/groups", params={"run": "2048/agent", "split": "val", "step": 2}).json()
+    assert [s["prompt"] for s in cmp["scenarios"]] == [g["prompt"].replace("step 2", "step 0") for g in view["groups"]]
+    assert [s["b"] for s in cmp["scenarios"]] == [g["trajectories"] for g in view["groups"]]
+    # the sampled turn (a Choice as stored) and the judge's explanation in the logs are searchable
+    q = {"run": "2048/agent", "split": "train", "step_min": 2, "step_max": 2}
+    assert client.get("/api/rollouts", params={**q, "q": "make_move"}).json()["total"] == 12
+    assert client.get("/api/rollouts", params={**q, "q": "trajectory 3 scored"}).json()["total"] == 3
+
+
 def test_a_step_rewritten_on_disk_is_read_again(written):
     # a resumed run redoes the step it crashed in and rewrites its file: the views show the new groups
     root, store = written

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from groupwise import CorruptRecordError, StoreError, Trajectory, TrajectoryGroup, load_history, load_trajectories
-from groupwise.store import RunStore, history_row
+from groupwise.store import RunStore, history_row, read_group_dicts
 from groupwise.types import Choice, choice_forced_indices, choice_logprobs, choice_token_ids
 
 
@@ -96,6 +96,23 @@ def test_valid_json_that_is_not_a_group_is_corrupt(tmp_path, group):
     path.write_text(path.read_text() + '{"trajectories": [{"messages_and_choices": [], "reward": "x"}]}\n')
     with pytest.raises(CorruptRecordError, match=r"0000.jsonl:2: corrupt record \(not a TrajectoryGroup"):
         load_trajectories(store.run_dir)
+
+
+def test_group_dicts_are_the_stored_rows_unvalidated_with_the_same_lines_skipped(tmp_path, group):
+    store = RunStore(tmp_path, "p", "m")
+    path = store.write_trajectories("train", 0, [group, group, group])
+    rows = read_group_dicts(path)
+    assert rows == [json.loads(line) for line in path.read_text().splitlines()]
+    assert [TrajectoryGroup.model_validate(r) for r in rows] == [group] * 3
+    lines = path.read_text().splitlines(keepends=True)
+    lines[1] = lines[1][:40] + "\n"  # a torn line
+    path.write_text("".join(lines) + '[1, 2]\n')  # and valid JSON that is no group
+    with pytest.raises(CorruptRecordError) as err:
+        read_group_dicts(path)
+    assert err.value.line == 2
+    with pytest.warns(Warning, match=r"0000.jsonl:4: skipped \(not a TrajectoryGroup"):
+        kept = read_group_dicts(path, skip_corrupt=True)
+    assert kept == [rows[0], rows[2]]
 
 
 def test_history_row_schema_and_numbers():

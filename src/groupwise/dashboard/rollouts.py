@@ -1,11 +1,14 @@
 """The dashboard's rollout readers: steps, groups, trajectories, their tokens, and two steps side by side.
 
-Trajectory files are read with `groupwise.store.read_groups` (the reader `groupwise inspect` uses)
-through `GroupCache`, keyed by each file's size and modification time: a polling page re-reads a step
-only when the loop rewrote it, and a finished step is parsed once however often it is shown. Parsing is
-the cost (pydantic validates every token's logprob entry); the cache keeps a small index of every file
-(rewards, previews, text) and the full groups of the few steps being looked at, so memory stays bounded
-on a long run.
+Trajectory files are read through `GroupCache`, keyed by each file's size and modification time: a
+polling page re-reads a step only when the loop rewrote it, and a finished step is read once however
+often it is shown. The views of one step (its groups, a trajectory with its tokens) read it with
+`groupwise.store.read_groups` (the validated reader `groupwise inspect` uses). What spans many files
+(a search, the best of all steps, comparing two steps, the judge's agreement) needs a few fields of
+each trajectory only, so its index (`FileIndex`) is built from `groupwise.store.read_group_dicts`, the
+same rows unvalidated: validating builds every token's logprob entry, some 30 times the cost of the JSON
+itself, and a text search over a long run would wait minutes for it. The cache keeps every file's small
+index and the full groups of the few steps being looked at, so memory stays bounded on a long run.
 
 The token view says, per sampled token, what the loss saw: ``trained`` (a token the policy chose: the
 loss weighs its logprob by the trajectory's advantage), ``forced`` (a grammar allowed only that token,
@@ -22,6 +25,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +34,7 @@ from groupwise.inspect import content_text
 from groupwise.loop.compare import resolve_step
 from groupwise.loop.detectors import judge_disagreement
 from groupwise.loop.report import val_metric_name
-from groupwise.store import read_groups, trajectory_files
+from groupwise.store import read_group_dicts, read_groups, trajectory_files
 from groupwise.training.advantages import group_advantages
 from groupwise.types import Choice, Trajectory, TrajectoryGroup, choice_forced_indices, choice_logprobs, choice_token_ids
 
@@ -44,11 +48,13 @@ KEEP_PARSED = 16
 @dataclass
 class FileIndex:
     """What searching and ranking across steps needs of one trajectory file, without its groups: a
-    summary per trajectory (reward, advantage, preview) and its text in lower case; and, computed once,
-    the judge's agreement with the ground truth per metric."""
+    summary per trajectory (reward, advantage, metrics, preview) and its text in lower case, each
+    group's scenario and prompt; and, computed once, the judge's agreement with the ground truth per
+    metric."""
 
     rows: list[dict[str, Any]]
     texts: list[str]
+    groups: list[dict[str, Any]] = field(default_factory=list)
     agreement: dict[str, float | None] = field(default_factory=dict)
 
 
@@ -99,13 +105,25 @@ class GroupCache:
             hit = self._index.get(path)
         if hit is not None and hit[0] == key:
             return hit[1]
-        rows, texts = [], []
-        for gi, g in enumerate(self.groups(path, keep=keep)):
-            adv = _advantages(g)
-            for ti, t in enumerate(g.trajectories):
-                rows.append(_summary(split, step, gi, ti, t, adv[ti]))
-                texts.append(_searchable(t).lower())
-        built = FileIndex(rows, texts)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", GroupwiseWarning)
+            raw = read_group_dicts(path, skip_corrupt=True)
+        built = FileIndex([], [])
+        for gi, g in enumerate(raw):
+            trajs = g.get("trajectories", [])
+            adv = group_advantages([_reward(t) for t in trajs])
+            first = trajs[0].get("messages_and_choices") or [] if trajs else []
+            meta = g.get("metadata")
+            built.groups.append({"scenario": meta.get("scenario_index", gi) if isinstance(meta, dict) else gi,
+                                 "prompt": _prompt([m for m in first if isinstance(m, dict)])[:PREVIEW_CHARS]})
+            for ti, t in enumerate(trajs):
+                msgs = [message(m) for m in t.get("messages_and_choices") or [] if isinstance(m, dict)]
+                metrics = t.get("metrics")
+                built.rows.append({"split": split, "step": step, "group": gi, "index": ti, "reward": _reward(t),
+                                   "advantage": None if adv is None else adv[ti],
+                                   "metrics": dict(metrics) if isinstance(metrics, dict) else {},
+                                   "answer": _answer(msgs)[:PREVIEW_CHARS]})
+                built.texts.append(_searchable(msgs, t.get("logs") or []).lower())
         with self._lock:
             self._index[path] = (key, built)
         return built
@@ -151,10 +169,18 @@ def _step_groups(cache: GroupCache, run_dir: Path, split: str, step: int) -> lis
     return cache.groups(files[0][2]) if files else []
 
 
+def _reward(traj: dict[str, Any]) -> float:
+    r = traj.get("reward", 0.0)
+    return float(r) if isinstance(r, (int, float)) and not isinstance(r, bool) else 0.0
+
+
 def answer_text(traj: Trajectory) -> str:
     """The last assistant turn's text (or its tool calls), as a preview line."""
-    for item in reversed(traj.messages_and_choices):
-        msg = message(item)
+    return _answer([message(item) for item in traj.messages_and_choices])
+
+
+def _answer(msgs: list[dict[str, Any]]) -> str:
+    for msg in reversed(msgs):
         if msg["role"] == "assistant":
             calls = " ".join(f"{c['name']}({c['arguments']})" for c in msg["tool_calls"])
             return " ".join(f"{msg['content']} {calls}".split())
@@ -162,9 +188,11 @@ def answer_text(traj: Trajectory) -> str:
 
 
 def prompt_text(group: TrajectoryGroup) -> str:
-    if not group.trajectories:
-        return ""
-    users = [m for m in group.trajectories[0].messages() if m.get("role") == "user"]
+    return _prompt(group.trajectories[0].messages()) if group.trajectories else ""
+
+
+def _prompt(messages: list[Any]) -> str:
+    users = [m for m in messages if m.get("role") == "user"]
     return " ".join(content_text(users[-1].get("content")).split()) if users else ""
 
 
@@ -220,13 +248,12 @@ def rollouts(cache: GroupCache, run_dir: Path, *, split: str | None = None, step
     return {"total": len(found), "rollouts": found[:limit]}
 
 
-def _searchable(traj: Trajectory) -> str:
+def _searchable(msgs: list[dict[str, Any]], logs: list[Any]) -> str:
     parts = []
-    for item in traj.messages_and_choices:
-        msg = message(item)
+    for msg in msgs:
         parts.append(msg["content"])
         parts.extend(c["name"] + " " + c["arguments"] for c in msg["tool_calls"])
-    parts.extend(traj.logs)
+    parts.extend(str(x) for x in logs)
     return "\n".join(parts)
 
 
@@ -242,10 +269,16 @@ def _tool_calls(calls: Any) -> list[dict[str, str]]:
 
 
 def message(item: Any) -> dict[str, Any]:
-    """A message or a sampled Choice as {role, content, tool_calls, sampled, ...} for the page."""
+    """A message or a sampled Choice (validated, or as stored: a dict with ``message`` and
+    ``finish_reason``, the keys `groupwise.types` tells a Choice by) as {role, content, tool_calls,
+    sampled, ...} for the page."""
     if isinstance(item, Choice):
         return {"role": "assistant", "content": content_text(item.message.content), "sampled": True,
                 "tool_calls": _tool_calls(item.message.tool_calls), "finish_reason": item.finish_reason}
+    if "message" in item and "finish_reason" in item:
+        msg = item["message"] if isinstance(item["message"], dict) else {}
+        return {"role": "assistant", "content": content_text(msg.get("content")), "sampled": True,
+                "tool_calls": _tool_calls(msg.get("tool_calls")), "finish_reason": item["finish_reason"]}
     return {"role": str(item.get("role", "?")), "content": content_text(item.get("content")), "sampled": False,
             "tool_calls": _tool_calls(item.get("tool_calls")), "tool_call_id": item.get("tool_call_id"),
             "name": item.get("name")}
@@ -298,16 +331,16 @@ def compare_view(cache: GroupCache, run_dir: Path, history: list[dict[str, Any]]
     step_a, step_b = (resolve_step(x, history, stored) for x in (a, b))
     sides = []
     for step in (step_a, step_b):
-        sides.append({scenario_key(gi, g): (gi, g) for gi, g in enumerate(_step_groups(cache, run_dir, split, step))})
+        files = trajectory_files(run_dir, split, step)
+        idx = cache.index(files[0][2], split, step) if files else FileIndex([], [])
+        side: dict[Any, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+        for gi, g in enumerate(idx.groups):
+            side[g["scenario"]] = (g, sorted((r for r in idx.rows if r["group"] == gi), key=lambda x: -x["reward"]))
+        sides.append(side)
     rows = []
     for key in [k for k in sides[0] if k in sides[1]]:
-        row: dict[str, Any] = {"scenario": key, "prompt": prompt_text(sides[0][key][1])[:PREVIEW_CHARS]}
-        for name, step, side in (("a", step_a, sides[0]), ("b", step_b, sides[1])):
-            gi, g = side[key]
-            adv = _advantages(g)
-            row[name] = sorted((_summary(split, step, gi, ti, t, adv[ti]) for ti, t in enumerate(g.trajectories)),
-                               key=lambda x: -x["reward"])
-        rows.append(row)
+        rows.append({"scenario": key, "prompt": sides[0][key][0]["prompt"], "a": sides[0][key][1],
+                     "b": sides[1][key][1]})
     return {"split": split, "a": step_a, "b": step_b, "scenarios": rows}
 
 
@@ -321,7 +354,10 @@ def judge_agreement(cache: GroupCache, run_dir: Path, history: list[dict[str, An
     for split, step, path in trajectory_files(run_dir, "val"):
         idx = cache.index(path, split, step)
         if metric not in idx.agreement:
-            groups = cache.groups(path)
+            # the detector reads only each trajectory's reward and metrics: the index has them
+            groups = [SimpleNamespace(trajectories=[SimpleNamespace(reward=r["reward"], metrics=r["metrics"])
+                                                    for r in idx.rows if r["group"] == gi])
+                      for gi in range(len(idx.groups))]
             judged = any("ruler_score" in t.metrics for g in groups for t in g.trajectories)
             # an agreement above 1 is impossible, so the detector always reports what it measured
             alert = judge_disagreement(groups, step=step, truth_key=metric, min_agreement=2.0, min_pairs=1) if judged else None
