@@ -83,7 +83,8 @@ def create_app(root: str | Path, *, api_key: str | None = None) -> FastAPI:
 
     @app.get("/api/judge")
     def api_judge(run: str) -> Response:
-        # apart from the curves: it parses every validation file once, which on a long run takes seconds
+        # apart from the curves: it reads every validation file once (the cross-step index), which a
+        # long run makes the slowest of the first loads
         d = run_dir(run)
         agree = sorted(ro.judge_agreement(cache, d, rs.history_of(d)).items())
         return _json({"step": [s for s, _ in agree], "value": [v for _, v in agree]})
