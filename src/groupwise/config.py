@@ -371,7 +371,7 @@ class LoopConfig(Validated):
     rollout_timeout_s: float | None = option(ROLLOUT_TIMEOUT_S, help="Seconds a rollout may run before it is cancelled and counted against max_exceptions like one that raised (None: no limit). Generous by default (10 minutes): it ends hung rollouts, not slow ones.")
     resample_no_signal: int = option(2, help="Times a step's batch is gathered again when nothing in it is trainable (e.g. every group has equal rewards). After the last, a batch without signal is skipped as ART does (train_config.max_skipped_steps bounds how many in a row; 0 raises NotTrainableError instead).")
     seed: int = option(0, help="Seed of the per-epoch shuffle of the training scenarios (resume sees the same batches), and of the rollouts' sampling seeds (seed_rollouts).")
-    seed_rollouts: bool = option(True, help="Give each training rollout of a scenario with a free `sampling_seed` field its own seed, a function of (seed, step, scenario, rollout): its samples then depend on its own logits only, not on which requests the engine happened to batch together, so a run follows the same path on a busy and on a quiet machine.")
+    seed_rollouts: bool = option(True, help="Give each training rollout of a scenario with a free `sampling_seed` field its own seed, a function of (seed, step, scenario, rollout): its sampling no longer depends on which requests the engine happened to batch together. Its logits still may, in the last bits (CPU kernels sum in a batch-dependent order), and a flipped token makes two runs part; `LocalBackend(engine_kwargs={'batch_invariant': True})` (`groupwise train --batch-invariant`) makes them bitwise the same on one machine.")
 
     def problems(self) -> list[str]:
         p: list[str] = []
