@@ -205,7 +205,7 @@ def test_concurrent_history_appends_lose_no_row(tmp_path):
 def test_lone_surrogates_anywhere_are_stored_and_round_trip(tmp_path, group):
     """Text a model produced may hold lone surrogates (JSON ``"\\ud800"`` parses to one); they have no
     UTF-8 encoding and used to fail the whole step's write with UnicodeEncodeError."""
-    from tests.foundation.conftest import make_choice
+    from foundation_helpers import make_choice
 
     class Broken(Exception):
         def __str__(self):
