@@ -90,6 +90,17 @@ def check_number(problems: list[str], name: str, value: Any, *, low: float | Non
         problems.append(f"{name}={value!r} must be {expected}")
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` is this machine only (``localhost`` or a loopback address): the rule `groupwise serve`
+    and `groupwise dashboard` share, since anything else lets the network in and needs an API key."""
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def check_positive(problems: list[str], name: str, value: Any, *, allow_zero: bool = False,
                    integer: bool = False) -> None:
     check_number(problems, name, value, low=0, low_open=not allow_zero, integer=integer)

@@ -12,7 +12,6 @@ address and sends it). The static files carry no run data and are served without
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,6 +25,7 @@ from fastapi.staticfiles import StaticFiles
 
 from groupwise.dashboard import rollouts as ro
 from groupwise.dashboard import runs as rs
+from groupwise.config import is_loopback
 from groupwise.errors import ConfigError, GroupwiseError
 
 STATIC = Path(str(resources.files("groupwise.dashboard") / "static"))
@@ -136,12 +136,7 @@ def check_dashboard_args(args: Any) -> None:
     """The rule of `groupwise serve`: off loopback, anyone on the network could read the runs, so a key
     is required."""
     problems = []
-    loopback = args.host == "localhost"
-    try:
-        loopback = loopback or ipaddress.ip_address(args.host).is_loopback
-    except ValueError:
-        pass
-    if not loopback and not args.api_key:
+    if not is_loopback(args.host) and not args.api_key:
         problems.append(f"--host {args.host} is not a loopback address: anyone on the network could read "
                         "your runs, so --api-key KEY is required")
     if Path(args.path).exists() and not Path(args.path).is_dir():

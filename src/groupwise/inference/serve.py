@@ -45,18 +45,13 @@ def free_memory_bytes(device: Any) -> int:
 
 def check_serve_args(args) -> None:
     """Refuse `groupwise serve` arguments before any model is loaded (a ConfigError, one line per problem)."""
-    import ipaddress
     import os
 
+    from groupwise.config import is_loopback
     from groupwise.errors import ConfigError
 
     problems = []
-    loopback = args.host == "localhost"
-    try:
-        loopback = loopback or ipaddress.ip_address(args.host).is_loopback
-    except ValueError:
-        pass
-    if not loopback and not args.api_key:
+    if not is_loopback(args.host) and not args.api_key:
         problems.append(f"--host {args.host} is not a loopback address: anyone on the network could use the "
                         "model, so --api-key KEY is required")
     for path in args.adapter:
