@@ -150,3 +150,56 @@ def test_kl_needs_reference():
     logp, old, adv, mask = _toy_batch()
     with pytest.raises(ValueError, match="ref_logprobs_BT"):
         _loss(logp, old, adv, mask, kl_coef=0.1)
+
+
+def test_tis_weights_tokens_by_the_truncated_behaviour_ratio():
+    # Decoupled PPO: rho = pi / sg[pi] = 1 (no PPO clip), each token weighted by w~ = min(pi / mu, C), C = 1.5.
+    #   behaviour ratios w: seq 0 [1, 2, 1], seq 1 [0.5, 1.1] -> truncated: seq 0 [1, 1.5, 1] (one capped), seq 1 same
+    #   l = -w~ A: seq 0 [-1, -1.5, -1], seq 1 (A = -1) [+0.5, +1.1] -> L = (-3.5 + 1.6) / 5 = -0.38
+    #   dL/dlogp = -w~ A / 5: seq 0 [-0.2, -0.3, -0.2], seq 1 [0.1, 0.22, 0]
+    logp, old, adv, mask = _toy_batch()
+    terms = _loss(logp, old, adv, mask, off_policy="tis", importance_cap=1.5)
+    assert float(terms.loss) == pytest.approx(-0.38, abs=1e-12)
+    terms.loss.backward()
+    expected = torch.tensor([[-0.2, -0.3, -0.2], [0.1, 0.22, 0.0]], dtype=torch.float64)
+    assert torch.allclose(logp.grad, expected, atol=1e-12)
+    assert float(terms.capped_tokens) == 1.0 and float(terms.clipped_tokens) == 0.0
+    assert float(terms.ratio_sum) / float(terms.tokens) == pytest.approx((1 + 2 + 1 + 0.5 + 1.1) / 5, abs=1e-12)
+
+
+def test_mis_masks_the_tokens_past_the_cap():
+    # MIS, C = 1.5: the w = 2 token is dropped (weight 0), the others keep w: seq 0 [1, 0, 1], seq 1 [0.5, 1.1]
+    #   L = (-1 - 0 - 1 + 0.5 + 1.1) / 5 = -0.08; grads seq 0 [-0.2, 0, -0.2], seq 1 [0.1, 0.22, 0]
+    logp, old, adv, mask = _toy_batch()
+    terms = _loss(logp, old, adv, mask, off_policy="mis", importance_cap=1.5)
+    assert float(terms.loss) == pytest.approx(-0.08, abs=1e-12)
+    terms.loss.backward()
+    expected = torch.tensor([[-0.2, 0.0, -0.2], [0.1, 0.22, 0.0]], dtype=torch.float64)
+    assert torch.allclose(logp.grad, expected, atol=1e-12)
+    assert float(terms.capped_tokens) == 1.0
+
+
+def test_cispo_with_tis():
+    # CISPO under correction: l = -w~ sg[clip(rho = 1)] A log pi; w~ as in the TIS test
+    #   sum = -(1 + 1.5 + 1) log .5 + (0.5 log .25 + 1.1 log .55); the gradient is TIS's (-w~ A / 5)
+    logp, old, adv, mask = _toy_batch()
+    terms = _loss(logp, old, adv, mask, cispo=True, off_policy="tis", importance_cap=1.5)
+    expected_sum = -3.5 * math.log(0.5) + 0.5 * math.log(0.25) + 1.1 * math.log(0.55)
+    assert float(terms.loss) == pytest.approx(expected_sum / 5, abs=1e-12)
+    terms.loss.backward()
+    expected = torch.tensor([[-0.2, -0.3, -0.2], [0.1, 0.22, 0.0]], dtype=torch.float64)
+    assert torch.allclose(logp.grad, expected, atol=1e-12)
+
+
+def test_off_policy_settings_are_checked():
+    from groupwise.config import TrainConfig
+    from groupwise.errors import ConfigError
+
+    assert TrainConfig().off_policy == "none" and TrainConfig().importance_cap == 2.0
+    with pytest.raises(ConfigError, match="importance_cap"):
+        TrainConfig(off_policy="tis", importance_cap=1.0)
+    with pytest.raises(ConfigError, match="off_policy"):
+        TrainConfig(off_policy="is")
+    logp, old, adv, mask = _toy_batch()
+    with pytest.raises(ValueError, match="importance_cap"):
+        _loss(logp, old, adv, mask, off_policy="tis")

@@ -233,3 +233,34 @@ def test_compiled_layers_give_the_eager_gradient_and_are_removed_after(tokenizer
     assert float(eager.abs().max()) > 1e-5
     # fp32, fused kernels add in another order: equal to ~1e-6 of the gradient's size
     assert torch.allclose(compiled, eager, atol=1e-6 * float(eager.abs().max()), rtol=0)
+
+
+def test_mis_through_the_trainer_drops_the_tokens_a_stale_sampler_made_unlikely(tokenizer):
+    # Sequences 0 and 1 were sampled by a policy that gave their tokens logprob -50 (w = pi / mu is huge),
+    # 2 and 3 by the trainer's own policy (NaN: w = 1). MIS drops 0 and 1's tokens: the gradient is that of
+    # the uncorrected loss with their advantages set to 0 (the token normaliser still counts them).
+    import dataclasses as dc
+
+    model = lora_model(tokenizer, dtype=torch.float64)
+    trainer = Trainer(model)
+    stale = _batch()
+    stale.sequences = [dc.replace(s, old_logprobs=[-50.0 if m else math.nan for m in s.mask]) if b < 2
+                       else dc.replace(s, old_logprobs=[math.nan] * len(s)) for b, s in enumerate(stale.sequences)]
+    zeroed = _batch()
+    zeroed.sequences = [dc.replace(s, old_logprobs=[math.nan] * len(s), advantage=0.0 if b < 2 else s.advantage)
+                        for b, s in enumerate(zeroed.sequences)]
+    grads, stats = [], []
+    for batch, mode in ((stale, "mis"), (zeroed, "none")):
+        for _, p in trainer.trainable_named_parameters():
+            p.grad = None
+        trainer._activate()
+        s, _ = trainer.forward_backward(batch, TrainConfig(off_policy=mode, max_seq_len=64))
+        stats.append(s)
+        grads.append({n: p.grad.clone() for n, p in trainer.trainable_named_parameters()})
+    assert max(float(g.abs().max()) for g in grads[1].values()) > 1e-8
+    for n in grads[0]:
+        assert torch.allclose(grads[0][n], grads[1][n], atol=1e-12, rtol=0), n
+    sampled = [sum(s.mask) for s in stale.sequences]  # [10, 9, 8, 7]
+    assert stats[0].capped_tokens == sampled[0] + sampled[1] and stats[1].capped_tokens == 0
+    metrics = trainer.train_step(stale, TrainConfig(off_policy="tis", max_seq_len=64, learning_rate=1e-12), step=0)
+    assert metrics["importance_capped_fraction"] == pytest.approx(19 / 34)

@@ -10,6 +10,21 @@ LoRA off, or a checkpoint of the run: TrainConfig.kl_reference_step):
     CISPO:  l_bt = -sg[clip(rho_bt, 1 - eps, 1 + eps_high)] * A_b * log pi(y_bt)
     KL:     l_bt += beta * (exp(q_bt) - q_bt - 1),   q_bt = log pi_ref(y_bt) - log pi(y_bt)   (k3)
 
+Off-policy correction (TrainConfig.off_policy). The rollouts of an asynchronous run were sampled by a
+behaviour policy mu (an older adapter, or one that changed mid-sequence: partial rollouts) while the
+trainer holds pi. The ratio is then decoupled (AReaL): the PPO/CISPO ratio is taken against the
+trainer's own policy at the start of the step, pi_prox = sg[pi] (rho_bt = 1 in value, the gradient of
+log pi kept: one optimiser step per batch), and the gap to the behaviour policy is an importance weight
+
+    w_bt    = exp(sg[log pi(y_bt)] - log mu(y_bt))                         behaviour importance weight
+    TIS:    w~_bt = min(w_bt, C)                                            truncated (the weight is capped)
+    MIS:    w~_bt = w_bt * 1[w_bt <= C]                                     masked (the token is dropped)
+    l_bt   <- w~_bt * l_bt(rho_bt = pi / pi_prox)
+
+with C = TrainConfig.importance_cap. Without correction ("none", the default) the sampler's logprob is
+pi_old itself, as below: right for a synchronous run, where the sampler and the trainer hold the same
+adapter and the ratio only measures their numerical mismatch.
+
 and the step loss is a weighted sum of l_bt over the trainable tokens of the WHOLE step:
 
     normalize="token"     L = sum_bt l_bt / N_tokens                         (DAPO)
@@ -26,6 +41,12 @@ References:
   eps_high > eps, token-level normalisation, dropping zero-variance groups).
 - Dr. GRPO: Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective" (no std
   scaling, a constant normaliser instead of the sequence length).
+- TIS: Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"
+  (truncated importance sampling between the trainer and the sampler, C = 2).
+- MIS: Liu et al. 2025, "When Speed Kills Stability: Demystifying RL Collapse from the Training-Inference
+  Mismatch" (masked importance sampling: tokens whose weight passes C are left out, not clipped).
+- Decoupled PPO: Fu et al. 2025, "AReaL: A Large-Scale Asynchronous Reinforcement Learning System for
+  Language Reasoning" (the proximal policy pi_prox separates the trust region from the behaviour policy).
 - CISPO: MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention"
   (clip the stop-gradient importance weight, not the update, so every token keeps a gradient).
 
@@ -47,6 +68,9 @@ Deviations from the papers, all deliberate:
    groups are dropped (DAPO's dynamic sampling without the resampling), but a rollout whose advantage
    is exactly 0 inside a varied group is kept: its tokens count in the token normaliser.
 6. One optimiser step per batch (GRPO's mu = 1); no PPO epochs over the same rollouts.
+7. TIS and MIS weigh single tokens against the cap (the papers' token-level variants); MIS's mask is
+   one-sided like TIS's cap: a token the behaviour policy found much likelier than pi has w < 1 and
+   only a small weight, not an unbounded one. A NaN behaviour logprob has w = 1.
 """
 
 from __future__ import annotations
@@ -56,6 +80,7 @@ from dataclasses import dataclass
 import torch
 
 NORMALIZE_MODES = ("token", "sequence", "constant")
+OFF_POLICY_MODES = ("none", "tis", "mis")
 
 
 @dataclass
@@ -66,7 +91,8 @@ class LossTerms:
     policy_loss_sum: torch.Tensor  # sum_bt l_bt without KL, detached
     kl_sum: torch.Tensor  # sum_bt k3_bt, detached (0 without a reference)
     clipped_tokens: torch.Tensor  # how many tokens had their ratio clipped (PPO: the clip was active)
-    ratio_sum: torch.Tensor  # sum_bt rho_bt, detached
+    ratio_sum: torch.Tensor  # sum_bt exp(log pi - log mu): the ratio to the sampler, detached
+    capped_tokens: torch.Tensor  # tokens whose importance weight was truncated (TIS) or masked (MIS)
     tokens: torch.Tensor  # number of trainable tokens in the micro-batch
 
 
@@ -85,6 +111,8 @@ def grpo_loss(
     max_len: int,
     ref_logprobs_BT: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    off_policy: str = "none",
+    importance_cap: float | None = None,
 ) -> LossTerms:
     """The GRPO/DAPO/Dr.GRPO/CISPO loss of a micro-batch (see the module docstring for the equation).
 
@@ -95,9 +123,16 @@ def grpo_loss(
     num_tokens / num_sequences: trainable tokens / sequences of the whole step (the normalisers).
     max_len:          Dr. GRPO's constant (the step's length limit).
     ref_logprobs_BT:  log pi_ref(y_bt) (the reference policy), needed when kl_coef > 0. # [B, T]
+    off_policy:       "none" (pi_old is the sampler), "tis" or "mis" (decoupled, weighted by w~_bt).
+    importance_cap:   C of TIS / MIS, needed when off_policy is not "none" (TrainConfig.importance_cap
+                      owns its default).
     """
     if normalize not in NORMALIZE_MODES:
         raise ValueError(f"normalize={normalize!r} must be one of {list(NORMALIZE_MODES)}")
+    if off_policy not in OFF_POLICY_MODES:
+        raise ValueError(f"off_policy={off_policy!r} must be one of {list(OFF_POLICY_MODES)}")
+    if off_policy != "none" and importance_cap is None:
+        raise ValueError(f"off_policy={off_policy!r} needs importance_cap (C, e.g. TrainConfig.importance_cap)")
     if kl_coef > 0 and ref_logprobs_BT is None:
         raise ValueError("kl_coef > 0 needs ref_logprobs_BT (log-probs under the reference policy)")
     eps_low = epsilon
@@ -110,7 +145,19 @@ def grpo_loss(
     old_BT = torch.where(torch.isnan(old_BT) | ~on_mask_BT, logprobs_BT.detach(), old_BT)
     A_BT = advantages_B.to(logprobs_BT.dtype)[:, None].expand_as(logprobs_BT)
 
-    ratio_BT = torch.exp(logprobs_BT - old_BT)  # [B, T]
+    behaviour_ratio_BT = torch.exp(logprobs_BT.detach() - old_BT)  # w_bt = pi / mu, [B, T]
+    weight_BT = torch.ones_like(behaviour_ratio_BT)  # w~_bt
+    capped_BT = torch.zeros_like(on_mask_BT)
+    if off_policy == "none":
+        prox_BT = old_BT  # pi_old = mu: the sampler's policy is the trust region's anchor
+    else:
+        prox_BT = logprobs_BT.detach()  # pi_prox = sg[pi]: rho = 1 in value, gradient of log pi kept
+        capped_BT = behaviour_ratio_BT > importance_cap
+        if off_policy == "tis":
+            weight_BT = torch.clamp(behaviour_ratio_BT, max=importance_cap)
+        else:
+            weight_BT = torch.where(capped_BT, torch.zeros_like(behaviour_ratio_BT), behaviour_ratio_BT)
+    ratio_BT = torch.exp(logprobs_BT - prox_BT)  # [B, T]
     clipped_ratio_BT = torch.clamp(ratio_BT, 1.0 - eps_low, 1.0 + eps_high)  # [B, T]
     if cispo:
         per_token_BT = -clipped_ratio_BT.detach() * A_BT * logprobs_BT
@@ -120,6 +167,7 @@ def grpo_loss(
         clipped_obj_BT = clipped_ratio_BT * A_BT
         per_token_BT = -torch.minimum(unclipped_BT, clipped_obj_BT)
         clipped_BT = clipped_obj_BT.detach() < unclipped_BT.detach()  # the clip chose the bound
+    per_token_BT = weight_BT * per_token_BT
     policy_BT = per_token_BT
 
     kl_BT = torch.zeros_like(logprobs_BT)
@@ -143,6 +191,7 @@ def grpo_loss(
         policy_loss_sum=(policy_BT * mask_BT).sum().detach(),
         kl_sum=(kl_BT * mask_BT).sum().detach(),
         clipped_tokens=(clipped_BT.to(mask_BT.dtype) * mask_BT).sum().detach(),
-        ratio_sum=(ratio_BT * mask_BT).sum().detach(),
+        ratio_sum=(behaviour_ratio_BT * mask_BT).sum().detach(),
+        capped_tokens=(capped_BT.to(mask_BT.dtype) * mask_BT).sum().detach(),
         tokens=mask_BT.sum().detach(),
     )

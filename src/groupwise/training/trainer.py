@@ -23,6 +23,7 @@ rank the same sum; clipping and AdamW are deterministic given it).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 import warnings
@@ -128,6 +129,7 @@ class StepStats:
     clipped_tokens: float = 0.0
     ratio_sum: float = 0.0
     tokens: float = 0.0
+    capped_tokens: float = 0.0  # importance weights truncated (TIS) or masked (MIS)
 
 
 class Trainer:
@@ -369,7 +371,7 @@ class Trainer:
                     sft.loss.backward()
                     zero = torch.zeros((), dtype=torch.float64, device=sft.loss.device)
                     sums.append(torch.stack([sft.loss.detach().double(), sft.nll_sum.double(), zero, zero, zero,
-                                             sft.tokens.double()]))
+                                             sft.tokens.double(), zero]))
                     advance()
                     continue
                 terms = grpo_loss(
@@ -386,13 +388,16 @@ class Trainer:
                     max_len=config.max_seq_len,
                     ref_logprobs_BT=ref_BT,
                     kl_coef=config.kl_coef,
+                    off_policy=config.off_policy,
+                    importance_cap=config.importance_cap,
                 )
                 terms.loss.backward()
                 sums.append(torch.stack([terms.loss.detach(), terms.policy_loss_sum, terms.kl_sum,
-                                         terms.clipped_tokens, terms.ratio_sum, terms.tokens]).double())
+                                         terms.clipped_tokens, terms.ratio_sum, terms.tokens,
+                                         terms.capped_tokens]).double())
                 advance()
         # One device->host copy for the whole step (a float() per term would sync every micro-batch).
-        totals = torch.stack(sums).sum(0).tolist() if sums else [0.0] * 6
+        totals = torch.stack(sums).sum(0).tolist() if sums else [0.0] * 7
         stats = StepStats(*totals)
         return stats, plan
 
@@ -452,8 +457,7 @@ class Trainer:
                                                         progress=progress)
                 if self.process_group is not None:
                     self._all_reduce_gradients(params)
-                    stats = StepStats(*self._sum_over_ranks([stats.loss, stats.policy_loss_sum, stats.kl_sum,
-                                                             stats.clipped_tokens, stats.ratio_sum, stats.tokens]))
+                    stats = StepStats(*self._sum_over_ranks(list(dataclasses.astuple(stats))))
                 # A non-finite loss, gradient or adapter fails the step before anything is checkpointed.
                 check_finite("loss", stats.loss, step=step, config=config)
                 max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
@@ -483,6 +487,7 @@ class Trainer:
             "kl": stats.kl_sum / tokens,
             "clip_fraction": stats.clipped_tokens / tokens,
             "ratio_mean": stats.ratio_sum / tokens,
+            "importance_capped_fraction": stats.capped_tokens / tokens,
             "grad_norm": grad_norm,
             "trainable_tokens": float(num_tokens),
             "sequences": float(num_sequences),
