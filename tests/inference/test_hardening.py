@@ -168,6 +168,30 @@ async def test_body_over_the_limit_is_413_and_the_server_serves_on(served):
             assert ok.status_code == 200
 
 
+async def test_a_large_body_hands_its_heap_back_once_answered_at_most_once_a_second(served, monkeypatch):
+    import groupwise.inference.memory_release as memory_release
+
+    trims = []
+    monkeypatch.setattr(memory_release, "release_freed_memory", lambda: trims.append(time.monotonic()) or True)
+    async with LiveServer(_app(served)) as live:
+        async with httpx.AsyncClient(base_url=live.url, timeout=60) as http:
+            small = {"model": "agent", "messages": USER, "max_tokens": 2}
+            assert (await http.post("/v1/chat/completions", json=small)).status_code == 200
+            await asyncio.sleep(0.2)
+            assert trims == []  # small requests cost nothing
+            tools = [dict(TOOL, function=dict(TOOL["function"], name=f"f{i}")) for i in range(12_000)]
+            big = dict(small, tools=tools)  # ~1.4 MB: refused (too many tools), parsed first
+            assert len(json.dumps(big)) > 1 << 20
+            assert (await http.post("/v1/chat/completions", json=big)).status_code == 400
+            await _wait_for(lambda: len(trims) == 1)
+            assert (await http.post("/v1/chat/completions", json=big)).status_code == 400
+            await asyncio.sleep(0.3)
+            assert len(trims) == 1  # within a second of the last trim: none
+            await asyncio.sleep(1.0)
+            assert (await http.post("/v1/chat/completions", json=big)).status_code == 400
+            await _wait_for(lambda: len(trims) == 2)
+
+
 def _app(served, **kwargs):
     from groupwise.inference.server import create_app
 

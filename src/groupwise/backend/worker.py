@@ -26,7 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from groupwise.backend.memory import release_freed_memory
+from groupwise.memory import release_freed_memory
 from groupwise.backend.replica import DEFAULT_MAX_BATCH_SIZE, Replica
 from groupwise.compute import compute_thread
 from groupwise.config import LoraConfig
@@ -192,7 +192,7 @@ class Worker:
                 raise
         del updates
         if replica.device.type == "cpu":
-            release_freed_memory()  # else RSS grows by GBs a step (backend/memory.py)
+            release_freed_memory()  # else RSS grows by GBs a step (memory.py)
         return out
 
     async def publish(self, name: str, step: int, metrics: dict[str, float], cursor: dict[str, Any],

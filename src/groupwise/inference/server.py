@@ -54,6 +54,7 @@ from groupwise.inference.api_models import (ChatCompletionRequest, CompletionReq
 from groupwise.inference.constrained import ConstraintError, constraint_for
 from groupwise.inference.engine import (EngineError, GenerationRequest, GenerationResult, PromptTooLongError,
                                         RequestFailedError)
+from groupwise.inference.memory_release import ReleaseAfterLargeBodies
 from groupwise.inference.prepare import (DEFAULT_PREPARE_BUDGET_S, OverBudget, Preparer, SchemaProblem,
                                          check_request_schemas)
 from groupwise.inference.registry import ModelRegistry, Resolved
@@ -133,6 +134,7 @@ def create_app(registry: ModelRegistry, *, api_key: str | None = None,
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_middleware(_InternalErrors)
+    app.add_middleware(ReleaseAfterLargeBodies)  # a large body's heap goes back to the OS once answered
     app.include_router(api)
     app.include_router(docs)
     return app

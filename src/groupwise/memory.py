@@ -1,0 +1,31 @@
+"""Give freed memory back to the operating system (Linux, glibc).
+
+glibc keeps what a process frees in its heap instead of returning it to the OS (after large frees it
+also raises its mmap threshold, so later allocations come from the heap too). Two places pay for it:
+a CPU training step allocates gigabytes of activations as tensors of a few MB each, and resident memory
+grew step after step until the OOM killer ended the run; and a server that parsed a multi-MB request
+body kept its peak for good. `malloc_trim(0)` returns the free pages of every arena; the worker calls
+it after each step, the server after a large request (inference/memory_release.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+__all__ = ["release_freed_memory"]
+
+_libc = None
+
+
+def release_freed_memory() -> bool:
+    """Ask glibc to return freed heap memory to the OS. False where that does not apply (not glibc)."""
+    global _libc
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL("libc.so.6")
+        return bool(_libc.malloc_trim(0))
+    except (OSError, AttributeError):  # musl or another libc: nothing to trim this way
+        return False
