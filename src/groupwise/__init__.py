@@ -54,6 +54,7 @@ _EXPORTS: dict[str, str] = {
     "Backend": "groupwise.backend.base",
     "TrainResult": "groupwise.backend.base",
     "LocalTrainResult": "groupwise.backend.base",
+    "BackendOptions": "groupwise.backend.options",
     "LocalBackend": "groupwise.backend.local",
     "RayBackend": "groupwise.backend.ray",
     # helpers

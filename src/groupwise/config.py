@@ -114,22 +114,6 @@ def check_seed(problems: list[str], name: str, value: Any) -> None:
     check_number(problems, name, value, low=0, integer=True)
 
 
-def backend_option_problems(*, max_batch_size: Any, served_steps: Any, engine_kwargs: dict[str, Any] | None,
-                            **seconds: Any) -> list[str]:
-    """Every invalid numeric argument of a backend, named with its value and range: a backend checks
-    them all when it is built, before a model loads. `seconds`: timeouts, finite and > 0. The engine's
-    numeric settings (engine_kwargs) are all counts of tokens, sequences or bytes: integers >= 0."""
-    p: list[str] = []
-    check_positive(p, "max_batch_size", max_batch_size, integer=True)
-    check_positive(p, "served_steps", served_steps, integer=True)
-    for name, value in seconds.items():
-        check_positive(p, name, value)
-    for key, value in (engine_kwargs or {}).items():
-        if _is_number(value):
-            check_positive(p, f"engine_kwargs[{key!r}]", value, allow_zero=True, integer=True)
-    return p
-
-
 def check_choice(problems: list[str], name: str, value: Any, choices: tuple) -> None:
     if value not in choices:
         problems.append(f"{name}={value!r} must be one of {list(choices)}")

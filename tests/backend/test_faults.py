@@ -59,7 +59,7 @@ async def test_dead_or_stuck_worker_raises_and_every_rank_resumes_identically(ti
 
     async def start(timeout_s: float = 60):
         backend = make_backend("data_parallel", tmp_path, request, best_checkpoint_metric=None)
-        backend.collective_timeout_s = timeout_s
+        backend.options.collective_timeout_s = timeout_s
         model = gw.TrainableModel("faulty", project="faults", base_model=tiny_model_dir)
         await model.register(backend)
         return backend, model

@@ -115,6 +115,54 @@ def test_backend_arguments_are_checked_when_the_backend_is_built():
     ]
 
 
+def test_the_backends_share_one_definition_of_their_options():
+    import dataclasses
+    import inspect
+
+    from groupwise.backend.options import BackendOptions
+
+    # every BackendOptions field is a keyword of both backends, with the field's default (None: a factory's)
+    fields = {f.name: (None if f.default is dataclasses.MISSING else f.default) for f in dataclasses.fields(BackendOptions)}
+    assert {"max_batch_size", "served_steps", "best_checkpoint_metric", "collective_timeout_s"} <= set(fields)
+    for cls in (gw.LocalBackend, gw.RayBackend):
+        params = inspect.signature(cls).parameters
+        assert {name: params[name].default for name in fields} == fields, cls
+    # keywords and options= give the same options; the driver reads them from `backend.options`
+    lora = gw.LoraConfig(rank=4)
+    by_keywords = gw.LocalBackend(max_batch_size=8, dtype="float32", lora=lora, engine_kwargs={"batch_invariant": True})
+    whole = gw.LocalBackend(options=BackendOptions(max_batch_size=8, dtype="float32", lora=lora,
+                                                   engine_kwargs={"batch_invariant": True}))
+    assert by_keywords.options == whole.options and by_keywords.options.lora.rank == 4
+    assert gw.LocalBackend(lora=None, engine_kwargs=None).options == BackendOptions()
+    ray = gw.RayBackend(num_workers=2, served_steps=3)  # nothing starts (nor imports Ray) before register
+    assert (ray.options.served_steps, ray.world_size) == (3, 2)
+
+
+def test_backend_options_errors_list_every_problem_and_say_what_to_do():
+    from groupwise.backend.options import BackendOptions
+
+    with pytest.raises(ConfigError) as err:
+        gw.LocalBackend(max_batch_sise=8, device="cpu", devices=2)
+    assert err.value.problems == [
+        "device='cpu' and devices=2: give one (devices for several)",
+        "unknown argument(s) max_batch_sise; the backend options are dtype, lora, max_batch_size, served_steps, "
+        "best_checkpoint_metric, verify_adapter, engine_kwargs, load_model, collective_timeout_s",
+    ]
+    with pytest.raises(ConfigError, match="give the options one way"):
+        gw.LocalBackend(options=BackendOptions(), max_batch_size=8)
+    with pytest.raises(ConfigError) as err:
+        gw.RayBackend(num_workers=0, ready_timeout_s=NAN, lora={"rank": 4})
+    assert err.value.problems == [
+        "lora={'rank': 4} must be a gw.LoraConfig (or None for the default)",
+        "ready_timeout_s=nan must be a finite number > 0",
+        "num_workers=0 must be an int >= 1",
+    ]
+    options = BackendOptions()
+    options.served_steps = 0  # assigned after construction: checked again when a backend takes it
+    with pytest.raises(ConfigError, match="served_steps=0 must be an integer > 0"):
+        gw.LocalBackend(options=options)
+
+
 def test_defaults_are_valid():
     for cls in (TrainConfig, LoopConfig, LoraConfig, TrainSFTConfig, DetectorConfig, JudgeConfig):
         cls()

@@ -45,11 +45,11 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC, Backend, InferenceEndpoint, TrainResult
-from groupwise.backend.replica import DEFAULT_MAX_BATCH_SIZE
+from groupwise.backend.options import BackendOptions
 from groupwise.backend.worker import ModelSpec, WorkerOptions
 from groupwise.compute import compute_thread
-from groupwise.config import LoraConfig, TrainConfig, backend_option_problems
-from groupwise.errors import ConfigError, GroupwiseError, NotTrainableError
+from groupwise.config import TrainConfig
+from groupwise.errors import GroupwiseError, NotTrainableError
 from groupwise.learning_signal import assess, skip_action
 from groupwise.learning_signal import describe as describe_rewards
 
@@ -125,46 +125,14 @@ class WorkerBackend(Backend):
     Args:
         path: root of the run store (``<path>/<project>/<model>/``) when the model keeps the default
             base_path; a model constructed with its own base_path keeps it.
-        dtype: "bfloat16", "float32", ... (default: bf16 on CUDA, fp32 on CPU). LoRA weights are fp32.
-        lora: the adapter's rank, alpha, dropout and target modules (`gw.LoraConfig`); a model built
-            with ``TrainableModel(..., config=gw.LoraConfig(...))`` uses its own instead.
-        max_batch_size: sequences each engine decodes together.
-        served_steps: how many recent steps stay loaded in the engines (name@k); older ones unload.
-        best_checkpoint_metric: without `keep_best` calls (the loop makes them), retention keeps the
-            latest checkpoint and the best by this metric (read from the step metrics or from
-            history.jsonl's val rows); None keeps every checkpoint.
-        verify_adapter: after each step, check the engines serve the new adapter (recommended).
-        engine_kwargs: more `Engine` settings (e.g. ``prefix_cache_tokens``).
-        load_model: ``(base_model, device=, dtype=) -> (model, tokenizer)`` loading the base model in place
-            of `groupwise.loading.load_base_model`. Workers outside this process receive it pickled: a
-            module-level function of a module they can import.
+        options: the settings every worker backend shares (backend/options.py); the subclasses take
+            them as keywords too.
     """
 
-    def __init__(
-        self,
-        path: str = DEFAULT_PATH,
-        *,
-        dtype: str | None = None,
-        lora: LoraConfig | None = None,
-        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
-        served_steps: int = 2,
-        best_checkpoint_metric: str | None = BEST_CHECKPOINT_METRIC,
-        verify_adapter: bool = True,
-        engine_kwargs: dict[str, Any] | None = None,
-        load_model: Any = None,
-    ) -> None:
-        if problems := backend_option_problems(max_batch_size=max_batch_size, served_steps=served_steps,
-                                               engine_kwargs=engine_kwargs):
-            raise ConfigError(problems, what=f"{type(self).__name__} arguments")
+    def __init__(self, path: str = DEFAULT_PATH, options: BackendOptions | None = None) -> None:
         self.path = str(path)
-        self.load_model = load_model
-        self.dtype = dtype
-        self.lora = lora if lora is not None else LoraConfig()
-        self.max_batch_size = max_batch_size
-        self.served_steps = served_steps
-        self.best_checkpoint_metric = best_checkpoint_metric
-        self.verify_adapter = verify_adapter
-        self.engine_kwargs = dict(engine_kwargs or {})
+        self.options = options if options is not None else BackendOptions()
+        self.options.check()
         self._runs: dict[str, _Run] = {}
         self._locks: dict[str, Any] = {}  # model name -> its run folder's RunLock, held until close()
         self._started = False
@@ -177,9 +145,10 @@ class WorkerBackend(Backend):
 
     def _worker_options(self, *, serve_http: bool, http_host: str = "127.0.0.1",
                         api_key: str | None = None) -> WorkerOptions:
-        return WorkerOptions(dtype=self.dtype, max_batch_size=self.max_batch_size, engine_kwargs=self.engine_kwargs,
-                             verify_adapter=self.verify_adapter, serve_http=serve_http, http_host=http_host,
-                             api_key=api_key, load_model=self.load_model)
+        o = self.options
+        return WorkerOptions(dtype=o.dtype, max_batch_size=o.max_batch_size, engine_kwargs=o.engine_kwargs,
+                             verify_adapter=o.verify_adapter, serve_http=serve_http, http_host=http_host,
+                             api_key=api_key, load_model=o.load_model)
 
     @abstractmethod
     async def _start(self) -> None:
@@ -229,7 +198,7 @@ class WorkerBackend(Backend):
             await self._start()
             self._started = True
         # The model's own LoRA settings (config=, ART's lora_config= / peft_args) override the backend's.
-        lora = model.lora_for(self.lora)
+        lora = model.lora_for(self.options.lora)
         store = model.store
         spec = ModelSpec(model.name, model.base_model, lora, str(store.checkpoints_dir))
         infos = await self._call_all("load", spec=spec)
@@ -471,12 +440,12 @@ class WorkerBackend(Backend):
                              keep=self._in_use(run))
 
     async def _retain(self, run: _Run) -> None:
-        metric = self.best_checkpoint_metric
+        metric = self.options.best_checkpoint_metric
         by_step: dict[int, float] = {}
         if run.best_step is None and metric is not None:
             by_step = await asyncio.to_thread(self._metric_by_step, run, metric)
         keep = [run.best_step] if run.best_step is not None else []
-        await self._call_all("retain", name=run.spec.name, step=run.step, served_steps=self.served_steps, keep=keep,
+        await self._call_all("retain", name=run.spec.name, step=run.step, served_steps=self.options.served_steps, keep=keep,
                              best_metric=metric, metrics_by_step=by_step, maximize=True, in_use=self._in_use(run))
 
     @staticmethod
@@ -506,6 +475,6 @@ class WorkerBackend(Backend):
 
     def describe(self) -> dict[str, Any]:
         return {
-            "backend": type(self).__name__, "path": self.path, "dtype": self.dtype, "world_size": self.world_size,
-            "lora": self.lora.to_dict(), "models": {k: v.step for k, v in self._runs.items()},
+            "backend": type(self).__name__, "path": self.path, "dtype": self.options.dtype,
+            "world_size": self.world_size, "lora": self.options.lora.to_dict(), "models": {k: v.step for k, v in self._runs.items()},
         }

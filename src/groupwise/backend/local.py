@@ -34,11 +34,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from groupwise.backend.base import BEST_CHECKPOINT_METRIC, InferenceEndpoint
+from groupwise.backend.base import InferenceEndpoint
 from groupwise.backend.driver import DEFAULT_PATH, ReplicaDivergenceError, WorkerBackend, WorkerError
-from groupwise.backend.replica import API_KEY, DEFAULT_MAX_BATCH_SIZE
+from groupwise.backend.options import BackendOptions, spell_out_options
+from groupwise.backend.replica import API_KEY
 from groupwise.compat import warn_ignored
-from groupwise.config import LoraConfig, backend_option_problems
 from groupwise.errors import ConfigError, GroupwiseError
 
 if TYPE_CHECKING:
@@ -74,29 +74,19 @@ class LocalBackend(WorkerBackend):
             "cuda:1"]``; ``["cpu", "cpu"]`` runs two gloo ranks on the CPU) or a number of GPUs (``4`` =
             cuda:0..3). A one-element list runs the model in one worker process. Give `device` or
             `devices`, not both.
-        dtype: "bfloat16", "float32", ... (default: bf16 on CUDA, fp32 on CPU). LoRA weights are fp32.
-        lora: the adapter's rank, alpha, dropout and target modules (`gw.LoraConfig`); a model built
-            with ``TrainableModel(..., config=gw.LoraConfig(...))`` uses its own instead.
-        max_batch_size: sequences each engine decodes together.
-        served_steps: how many recent steps stay loaded in the engine (name@k); older ones unload.
-        best_checkpoint_metric: retention keeps the latest checkpoint and the best: the one named by
-            `keep_best` (the loop names it), else the best by this metric (read from the step metrics
-            or from history.jsonl's val rows); None keeps every checkpoint.
-        verify_adapter: after each step, check the engine serves the new adapter (recommended).
         serve_http: also serve each model over HTTP on 127.0.0.1 (a free port and a generated API key,
             in `model.inference_base_url` / `model.inference_api_key`); False serves in process only
             (with `devices`, the workers serve over loopback HTTP anyway: the router needs it).
-        engine_kwargs: more `Engine` settings (e.g. ``prefix_cache_tokens``).
-        load_model: ``(base_model, device=, dtype=) -> (model, tokenizer)`` in place of
-            `groupwise.loading.load_base_model`; with `devices`, a module-level function of an importable
-            module (the worker processes receive it pickled).
-        collective_timeout_s: with several devices, how long a rank waits in a collective (the gradient
-            all-reduce) for a rank that stopped before raising, and how long the driver waits for a
-            silent worker; a killed worker is reported at once.
+        options: the settings every worker backend shares (`gw.BackendOptions`: dtype, lora,
+            max_batch_size, served_steps, best_checkpoint_metric, verify_adapter, engine_kwargs,
+            load_model, collective_timeout_s; backend/options.py says what each does); pass them as
+            keywords (``LocalBackend(dtype="float32")``) or whole (``options=``), not both. With
+            `devices`, `load_model` must be a module-level function of an importable module.
         in_process, gpu_cost_per_hour_usd, enable_expert_replay: ART's; accepted (GPU cost and MoE
             replay have no counterpart) and named once in a warning.
     """
 
+    @spell_out_options
     def __init__(
         self,
         path: str | None = DEFAULT_PATH,
@@ -106,33 +96,22 @@ class LocalBackend(WorkerBackend):
         enable_expert_replay: bool | None = None,
         device: str | None = None,
         devices: "int | list[str] | tuple[str, ...] | None" = None,
-        dtype: str | None = None,
-        lora: LoraConfig | None = None,
-        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
-        served_steps: int = 2,
-        best_checkpoint_metric: str | None = BEST_CHECKPOINT_METRIC,
-        verify_adapter: bool = True,
         serve_http: bool = True,
-        engine_kwargs: dict[str, Any] | None = None,
-        load_model: Any = None,
-        collective_timeout_s: float = 600.0,
+        options: BackendOptions | None = None,
+        **option_values: Any,
     ) -> None:
         ignored = [k for k, v in (("in_process", in_process is False), ("gpu_cost_per_hour_usd", gpu_cost_per_hour_usd),
                                   ("enable_expert_replay", enable_expert_replay)) if v]
         if ignored:
             warn_ignored("LocalBackend()", ignored, "the engine and trainer run on this machine")
-        problems = backend_option_problems(max_batch_size=max_batch_size, served_steps=served_steps,
-                                           engine_kwargs=engine_kwargs, collective_timeout_s=collective_timeout_s)
+        problems: list[str] = []
         if device is not None and devices is not None:
             problems.append(f"device={device!r} and devices={devices!r}: give one (devices for several)")
-        if problems:
-            raise ConfigError(problems, what="LocalBackend arguments")
-        super().__init__(path if path is not None else DEFAULT_PATH, dtype=dtype, lora=lora, max_batch_size=max_batch_size, served_steps=served_steps,
-                         best_checkpoint_metric=best_checkpoint_metric, verify_adapter=verify_adapter,
-                         engine_kwargs=engine_kwargs, load_model=load_model)
+        options = BackendOptions.from_arguments(options, option_values, what="LocalBackend arguments",
+                                                problems=problems)
+        super().__init__(path if path is not None else DEFAULT_PATH, options)
         self.devices = _devices(devices)
         self.device = device if self.devices is None else None
-        self.collective_timeout_s = float(collective_timeout_s)
         self._worker: Worker | None = None  # one device: the worker lives in this process
         self._processes: Any = None  # several: backend/processes.py's WorkerProcesses
         self._api_key = API_KEY
@@ -156,7 +135,7 @@ class LocalBackend(WorkerBackend):
             self._api_key = secrets.token_urlsafe(24)  # the workers' loopback servers answer only this driver
             self._processes = WorkerProcesses(self.devices or [], self._worker_options(serve_http=True,
                                                                                         api_key=self._api_key),
-                                              timeout_s=self.collective_timeout_s)
+                                              timeout_s=self.options.collective_timeout_s)
             await self._processes.start()
         else:
             from groupwise.backend.worker import Worker
@@ -210,9 +189,9 @@ class LocalBackend(WorkerBackend):
         if base_model not in self._judges:
             from groupwise.backend.judges import build_local_judge
 
-            self._judges[base_model] = build_local_judge(base_model, device=self.device, dtype=self.dtype,
-                                                         max_batch_size=self.max_batch_size,
-                                                         engine_kwargs=self.engine_kwargs)
+            self._judges[base_model] = build_local_judge(base_model, device=self.device, dtype=self.options.dtype,
+                                                         max_batch_size=self.options.max_batch_size,
+                                                         engine_kwargs=self.options.engine_kwargs)
         return self._judges[base_model][1]
 
     # ------------------------------------------------------------------------------------ S3 (ART)

@@ -23,12 +23,12 @@ import asyncio
 import secrets
 from typing import Any
 
-from groupwise.backend.base import BEST_CHECKPOINT_METRIC, InferenceEndpoint
+from groupwise.backend.base import InferenceEndpoint
 from groupwise.backend.driver import DEFAULT_PATH, WorkerBackend, WorkerError
-from groupwise.backend.replica import DEFAULT_MAX_BATCH_SIZE
+from groupwise.backend.options import BackendOptions, spell_out_options
 from groupwise.backend.worker import Worker
-from groupwise.config import LoraConfig, backend_option_problems
-from groupwise.errors import ConfigError, MissingDependencyError
+from groupwise.config import check_positive
+from groupwise.errors import MissingDependencyError
 
 __all__ = ["RayBackend"]
 
@@ -61,8 +61,7 @@ class RayBackend(WorkerBackend):
     """Serve and train `TrainableModel`s data-parallel on Ray workers (module doc).
 
     Args:
-        path, dtype, lora, max_batch_size, served_steps, best_checkpoint_metric, verify_adapter,
-            engine_kwargs, load_model: as for `LocalBackend`.
+        path: as for `LocalBackend`.
         num_workers: data-parallel ranks (one engine replica and trainer rank each).
         use_gpu: one GPU per worker (NCCL); False runs the workers on CPUs (gloo).
         cpus_per_worker: CPUs each worker's bundle reserves.
@@ -70,11 +69,13 @@ class RayBackend(WorkerBackend):
             "STRICT_PACK" (one node) or "STRICT_SPREAD" (one worker per node).
         address: the cluster `ray.init` connects to when Ray is not initialised yet (None: Ray's
             default, which starts a local one when no cluster runs).
-        collective_timeout_s: how long a rank waits in a collective for a rank that stopped before
-            raising; an actor that dies is reported at once.
         ready_timeout_s: how long to wait for the cluster to grant the placement group.
+        options: the settings every worker backend shares (`gw.BackendOptions`: dtype, lora,
+            max_batch_size, served_steps, best_checkpoint_metric, verify_adapter, engine_kwargs,
+            load_model, collective_timeout_s), as keywords or whole (``options=``), as for `LocalBackend`.
     """
 
+    @spell_out_options
     def __init__(
         self,
         path: str = DEFAULT_PATH,
@@ -84,35 +85,23 @@ class RayBackend(WorkerBackend):
         cpus_per_worker: float = 1.0,
         placement_strategy: str = "PACK",
         address: str | None = None,
-        dtype: str | None = None,
-        lora: LoraConfig | None = None,
-        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
-        served_steps: int = 2,
-        best_checkpoint_metric: str | None = BEST_CHECKPOINT_METRIC,
-        verify_adapter: bool = True,
-        engine_kwargs: dict[str, Any] | None = None,
-        load_model: Any = None,
-        collective_timeout_s: float = 600.0,
         ready_timeout_s: float = 600.0,
+        options: BackendOptions | None = None,
+        **option_values: Any,
     ) -> None:
-        problems = backend_option_problems(max_batch_size=max_batch_size, served_steps=served_steps,
-                                           engine_kwargs=engine_kwargs, collective_timeout_s=collective_timeout_s,
-                                           ready_timeout_s=ready_timeout_s)
+        problems: list[str] = []
+        check_positive(problems, "ready_timeout_s", ready_timeout_s)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             problems.append(f"num_workers={num_workers!r} must be an int >= 1")
         if placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
             problems.append(f"placement_strategy={placement_strategy!r} must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD")
-        if problems:
-            raise ConfigError(problems, what="RayBackend arguments")
-        super().__init__(path, dtype=dtype, lora=lora, max_batch_size=max_batch_size, served_steps=served_steps,
-                         best_checkpoint_metric=best_checkpoint_metric, verify_adapter=verify_adapter,
-                         engine_kwargs=engine_kwargs, load_model=load_model)
+        options = BackendOptions.from_arguments(options, option_values, what="RayBackend arguments", problems=problems)
+        super().__init__(path, options)
         self.num_workers = num_workers
         self.use_gpu = use_gpu
         self.cpus_per_worker = cpus_per_worker
         self.placement_strategy = placement_strategy
         self.address = address
-        self.collective_timeout_s = collective_timeout_s
         self.ready_timeout_s = ready_timeout_s
         self._actors: list[Any] = []
         self._placement_group: Any = None
@@ -129,9 +118,7 @@ class RayBackend(WorkerBackend):
             from ray.util.placement_group import placement_group
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         except ImportError as exc:
-            raise MissingDependencyError(
-                "RayBackend needs Ray: pip install 'groupwise[ray]' (or pip install ray)"
-            ) from exc
+            raise MissingDependencyError("RayBackend", "ray", "ray") from exc
         if not ray.is_initialized():
             ray.init(address=self.address, ignore_reinit_error=True, log_to_driver=True)
         bundle = {"CPU": self.cpus_per_worker, **({"GPU": 1} if self.use_gpu else {})}
@@ -157,7 +144,7 @@ class RayBackend(WorkerBackend):
         await self._call("set_http_host", [{"host": h} for h in hosts])  # each serves on its node's address
         port = (await self._call_all("free_port"))[0]
         init = f"tcp://{hosts[0]}:{port}"  # the rendezvous: rank 0's node
-        await self._call_all("init_process_group", init_method=init, timeout_s=self.collective_timeout_s)
+        await self._call_all("init_process_group", init_method=init, timeout_s=self.options.collective_timeout_s)
 
     async def _call(self, method: str, kwargs: list[dict[str, Any]]) -> list[Any]:
         """Every rank's actor method at once. An actor that dies fails the call at once; after one rank
@@ -177,7 +164,7 @@ class RayBackend(WorkerBackend):
         errors: list[BaseException] = []
         pending = set(tasks)
         while pending:
-            grace = min(self.collective_timeout_s, 30.0) if errors else None
+            grace = min(self.options.collective_timeout_s, 30.0) if errors else None
             done, pending = await asyncio.wait(pending, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
             if not done:  # the grace after an error ran out
                 silent = sorted(tasks[t] for t in pending)

@@ -1,0 +1,112 @@
+"""`BackendOptions`: the settings `LocalBackend` and `RayBackend` share, defined once.
+
+Both backends place the same workers (backend/worker.py) and drive them with the same driver
+(backend/driver.py), so the settings of those workers (dtype, LoRA, the engine's batch size, how many
+steps stay served, retention, the collective timeout) are one dataclass with one default and one check
+each. The backends take its fields as keywords (``gw.LocalBackend(max_batch_size=16)``, as ART
+programs and the docs spell them) or whole (``gw.LocalBackend(options=gw.BackendOptions(...))``, as a
+job that builds the options once does); `backend.options` is what the driver reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from groupwise.backend.base import BEST_CHECKPOINT_METRIC
+from groupwise.backend.replica import DEFAULT_MAX_BATCH_SIZE
+from groupwise.config import LoraConfig, Validated, check_positive, option
+from groupwise.errors import ConfigError
+
+__all__ = ["BackendOptions"]
+
+
+@dataclass
+class BackendOptions(Validated):
+    """The settings every worker backend shares (`LocalBackend`, `RayBackend`); each backend takes these
+    fields as keywords too. None for `lora` or `engine_kwargs` means the default."""
+
+    dtype: str | None = option(None, help='The base weights\' dtype: "bfloat16", "float32", ... (None: bf16 on CUDA, '
+                                           "fp32 on CPU). LoRA weights are fp32 whatever this says.")
+    lora: LoraConfig | None = option(default_factory=LoraConfig, help="The adapter's rank, alpha, dropout and target "
+                                     "modules; a model built with `TrainableModel(..., config=gw.LoraConfig(...))` "
+                                     "uses its own instead.")
+    max_batch_size: int = option(DEFAULT_MAX_BATCH_SIZE, help="Sequences each engine decodes together.")
+    served_steps: int = option(2, help="How many recent steps stay loaded in the engines (name@k); older ones unload.")
+    best_checkpoint_metric: str | None = option(
+        BEST_CHECKPOINT_METRIC, help="Retention keeps the latest checkpoint and the best: the one named by "
+        "`keep_best` (the loop names it), else the best by this metric (read from the step metrics or from "
+        "history.jsonl's val rows); None keeps every checkpoint.")
+    verify_adapter: bool = option(True, help="After each step, check every engine serves the new adapter (its LoRA "
+                                  "tensors equal the trainer's and a chat request answers as name@k).")
+    engine_kwargs: dict[str, Any] | None = option(default_factory=dict, help="More `Engine` settings (e.g. "
+                                                  "prefix_cache_tokens, batch_invariant); counts are integers >= 0.")
+    load_model: Callable[..., Any] | None = option(
+        None, help="`(base_model, device=, dtype=) -> (model, tokenizer)` in place of "
+        "`groupwise.loading.load_base_model`. Workers in other processes receive it pickled: a module-level "
+        "function of a module they can import.")
+    collective_timeout_s: float = option(
+        600.0, help="With several workers: how long a rank waits in a collective (the gradient all-reduce) "
+        "for a rank that stopped before raising, and how long the driver waits for a silent worker; a "
+        "worker that dies is reported at once.")
+
+    def __post_init__(self) -> None:
+        if self.lora is None:
+            self.lora = LoraConfig()
+        self.engine_kwargs = dict(self.engine_kwargs or {})
+        super().__post_init__()
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        check_positive(p, "max_batch_size", self.max_batch_size, integer=True)
+        check_positive(p, "served_steps", self.served_steps, integer=True)
+        check_positive(p, "collective_timeout_s", self.collective_timeout_s)
+        # The engine's numeric settings are all counts of tokens, sequences or bytes.
+        for key, value in self.engine_kwargs.items():  # type: ignore[union-attr]
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                check_positive(p, f"engine_kwargs[{key!r}]", value, allow_zero=True, integer=True)
+        if not isinstance(self.lora, LoraConfig):
+            p.append(f"lora={self.lora!r} must be a gw.LoraConfig (or None for the default)")
+        return p
+
+    @classmethod
+    def from_arguments(cls, options: "BackendOptions | None", values: dict[str, Any], *, what: str,
+                       problems: list[str] | None = None) -> "BackendOptions":
+        """The options a backend was given (`options=`, or its fields as keywords), checked together with
+        the backend's own `problems`: one `ConfigError` lists every invalid argument."""
+        found = list(problems or [])
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            found.append(f"unknown argument(s) {', '.join(unknown)}; the backend options are {', '.join(names)}")
+        if options is not None and values:
+            found.append(f"options= and {', '.join(sorted(values))}: give the options one way (options= or keywords)")
+        result = options
+        if result is None:
+            try:
+                result = cls(**{k: v for k, v in values.items() if k in names})
+            except ConfigError as err:
+                found = err.problems + found
+        elif not isinstance(result, cls):
+            found.append(f"options={result!r} must be a gw.BackendOptions")
+        else:
+            found = result.problems() + found
+        if found:
+            raise ConfigError(found, what=what)
+        assert result is not None
+        return result
+
+
+def spell_out_options(init: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a backend's ``__init__(..., options=None, **values)`` so its signature lists every
+    `BackendOptions` field as a keyword: help(), IDEs and `inspect.signature` (the ART API comparison
+    among them) see the keywords the backend takes, while the fields stay defined once."""
+    sig = inspect.signature(init)
+    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    for f in dataclasses.fields(BackendOptions):
+        default = None if f.default is dataclasses.MISSING else f.default  # a default_factory's field: None
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=f.type))
+    init.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    return init
