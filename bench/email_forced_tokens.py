@@ -25,7 +25,7 @@ from groupwise.loading import load_tokenizer
 def main(args: argparse.Namespace) -> None:
     tokenizer = load_tokenizer(args.model)
     spec = get_env("email")
-    train = spec.scenarios(0, max_tokens=spec.max_tokens, tool_mode="native")[0][: args.questions]
+    train = spec.scenarios(0, tool_mode="native")[0][: args.questions]
     constraint = constraint_for(tokenizer, tools=T.TOOLS, tool_choice="required")
     vocab = len(tokenizer)
     by_tool: dict[str, list[int]] = {}  # tool -> [tokens, forced]

@@ -44,12 +44,12 @@ from groupwise.envs import get_env
 from groupwise.judge import apply_hybrid, judge_stats, ruler_score_group, weighted
 from groupwise.loop.fit import AtStep
 from groupwise.loop.series import series
-from groupwise.recipes.sft import env_demonstrations, warm_start
+from groupwise.jobs.sft import env_demonstrations, warm_start
 
 
 def held_out(spec: Any, n: int | None, **overrides: Any) -> list[Any]:
     """The env's validation and test questions (no run trains on them), answered greedily."""
-    _, val, test = spec.scenarios(0, **{"max_tokens": spec.max_tokens, "temperature": 0.0, **overrides})
+    _, val, test = spec.scenarios(0, **{"temperature": 0.0, **overrides})
     return (val + test)[:n]
 
 
@@ -143,7 +143,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             metric="accuracy", eval_every=args.eval_every or 10_000,
             # the held-out curve is a measurement here, never a reason to stop or to pick a checkpoint
             on_val_drop="warn", on_val_unstable="warn", on_val_plateau="warn")
-        train = spec.scenarios(args.seed, max_tokens=spec.max_tokens, temperature=args.temperature, **mode)[0]
+        train = spec.scenarios(args.seed, temperature=args.temperature, **mode)[0]
         curve = {"val_scenarios": heldout, "validate": spec.validate} if args.eval_every else {}
         summary = await gw.fit(model, spec.rollout, train, score_group=hybrid if args.judge else None, config=config,
                                **curve)

@@ -12,10 +12,13 @@ The rules (`RULES` below holds the layer ones):
 - loop/ never imports backend/, inference/ or training/, except `groupwise.backend.base`: the loop speaks
   to a backend only through the public `Backend` contract that base.py defines (base.py itself imports
   nothing heavy and no other backend module, which is checked too);
-- envs/ never imports training/, backend/ or recipes/ (an env is data and a rollout, not a job);
-- dashboard/ never imports inference/, backend/, training/ (but the pure `training.advantages`) or recipes/:
+- envs/ never imports training/, backend/ or jobs/ (an env is its contract: data and a rollout, not a job);
+- dashboard/ never imports inference/, backend/, training/ (but the pure `training.advantages`) or jobs/:
   it reads the run store and loads no model;
-- recipes/ are the top: only `groupwise.cli` (and recipes themselves) import them; nothing imports cli;
+- jobs/ are the top floor under the CLI: only `groupwise.cli` (and jobs themselves) import them; nothing
+  imports cli; the CLI imports its jobs by name, never through `importlib` (so the import graph shows
+  which job each command runs);
+- no module but the CLI imports `argparse`: a domain module takes typed arguments, never a Namespace;
 - no module imports another module's private name: `from m import _x`, or `m._x` on an imported
   groupwise module. A private module (`_chat.py`) is private to its package: modules of that package may
   import it and its public names;
@@ -240,8 +243,8 @@ RULES = [
          allowed=("groupwise.backend.base",)),
     Rule("groupwise.backend.base", ("groupwise.backend", "groupwise.inference", "groupwise.training"),
          "the Backend contract stands alone, so the loop may import it", allowed=("groupwise.backend.base",)),
-    Rule("groupwise.envs", ("groupwise.training", "groupwise.backend", "groupwise.recipes"),
-         "an env is tasks and a rollout; jobs that compose backends live in recipes"),
+    Rule("groupwise.envs", ("groupwise.training", "groupwise.backend", "groupwise.jobs"),
+         "an env is its contract, tasks and a rollout; jobs that compose backends live in jobs/"),
     # ART's integrations (art.langgraph, art.mcp) are client code that a user's rollout calls: they reach a
     # model only through its OpenAI-compatible endpoint, as any agent framework would.
     *(Rule(area, ("groupwise.inference", "groupwise.backend", "groupwise.training", "groupwise.loop"),
@@ -249,12 +252,15 @@ RULES = [
       for area in ("groupwise.langgraph", "groupwise.mcp")),
     # The dashboard reads the run store and loads no model: no torch, and it never disturbs a training run.
     # Group advantages are pure Python (training/advantages.py), shared so the page shows what GRPO used.
-    Rule("groupwise.dashboard", ("groupwise.inference", "groupwise.backend", "groupwise.training", "groupwise.recipes"),
+    Rule("groupwise.dashboard", ("groupwise.inference", "groupwise.backend", "groupwise.training", "groupwise.jobs"),
          "the dashboard is a reader of the run store; it loads no model",
          allowed=("groupwise.training.advantages",)),
-    Rule("groupwise", ("groupwise.recipes",), "recipes are jobs at the top: only the CLI runs them",
-         exempt=("groupwise.recipes", "groupwise.cli")),
+    Rule("groupwise", ("groupwise.jobs",), "jobs are the top floor: only the CLI runs them",
+         exempt=("groupwise.jobs", "groupwise.cli")),
     Rule("groupwise", ("groupwise.cli",), "nothing imports the CLI", exempt=("groupwise.cli",)),
+    Rule("groupwise.cli", ("importlib",), "the CLI imports its jobs by name, so the import graph shows them"),
+    Rule("groupwise", ("argparse",), "only the CLI parses a command line: a domain module takes typed arguments",
+         exempt=("groupwise.cli",)),
 ]
 
 

@@ -35,7 +35,7 @@ def tree() -> dict[str, Module]:
 
 def test_the_scan_sees_the_tree(tree):
     # A scan that found nothing would pass every rule: pin that it sees the layers and their imports.
-    for area in ("judge", "inference", "training", "loop", "envs", "backend", "rollout", "recipes", "dashboard"):
+    for area in ("judge", "inference", "training", "loop", "envs", "backend", "rollout", "jobs", "dashboard"):
         assert any(within(m, f"{PACKAGE}.{area}") for m in tree), area
     fit = tree[f"{PACKAGE}.loop.fit"]
     assert any(imp.target == f"{PACKAGE}.types" and imp.at_load for imp in fit.imports)
@@ -84,7 +84,7 @@ CLEAN = {
     '_SUBPACKAGES = ("utils",)\n',
     "groupwise/types.py": "import json\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n",
     "groupwise/utils/__init__.py": "",
-    "groupwise/cli.py": "def main():\n    from groupwise.recipes.train import run\n",
+    "groupwise/cli.py": "import argparse\nfrom groupwise.jobs import train\n",
     "groupwise/inspect.py": "",
     "groupwise/loop/__init__.py": "from groupwise.loop.fit import fit\n",
     "groupwise/loop/x.py": "",
@@ -101,7 +101,9 @@ CLEAN = {
     "groupwise/judge/ruler.py": "from groupwise.types import json\n",
     "groupwise/envs/_chat.py": "def _helper(): ...\ndef chat(): ...\n",
     "groupwise/envs/math/env.py": "from groupwise.envs._chat import chat\n",
-    "groupwise/recipes/train.py": "from groupwise.envs.math import env\nfrom groupwise.backend.local import engine\n",
+    "groupwise/jobs/train.py": "from groupwise.envs.math import env\nfrom groupwise.jobs import fields\n"
+    "def run():\n    from groupwise.backend.local import engine\n",
+    "groupwise/jobs/fields.py": "import dataclasses\n",
 }
 
 
@@ -156,12 +158,27 @@ BREAKS = {
     "env imports training": (
         {"groupwise/envs/math/env.py": "from groupwise.training.trainer import torch\n"},
         "layers", "groupwise.envs.math.env:1 imports groupwise.training.trainer"),
-    "env imports a recipe": (
-        {"groupwise/envs/math/env.py": "from ...recipes import train\n"},
-        "layers", "groupwise.envs.math.env:1 imports groupwise.recipes.train"),
-    "library imports a recipe": (
-        {"groupwise/judge/ruler.py": "def f():\n    import groupwise.recipes.train\n"},
-        "layers", "groupwise.judge.ruler:2 imports groupwise.recipes.train"),
+    "env imports a job": (
+        {"groupwise/envs/math/env.py": "from ...jobs import train\n"},
+        "layers", "groupwise.envs.math.env:1 imports groupwise.jobs.train"),
+    "library imports a job": (
+        {"groupwise/judge/ruler.py": "def f():\n    import groupwise.jobs.train\n"},
+        "layers", "groupwise.judge.ruler:2 imports groupwise.jobs.train"),
+    "the dashboard imports a job's fields": (
+        {"groupwise/dashboard/app.py": "from groupwise.jobs.fields import dataclasses\n"},
+        "layers", "groupwise.dashboard.app:1 imports groupwise.jobs.fields"),
+    "a module imports the CLI": (
+        {"groupwise/loop/x.py": "def f():\n    from groupwise import cli\n"},
+        "layers", "groupwise.loop.x:2 imports groupwise.cli"),
+    "the CLI dispatches through importlib": (
+        {"groupwise/cli.py": "import importlib\ndef main(target):\n    return importlib.import_module(target)\n"},
+        "layers", "groupwise.cli:1 imports importlib"),
+    "a domain module takes an argparse Namespace": (
+        {"groupwise/inspect.py": "import argparse\ndef run(args: argparse.Namespace): ...\n"},
+        "layers", "groupwise.inspect:1 imports argparse"),
+    "a job imports argparse": (
+        {"groupwise/jobs/train.py": "def run():\n    from argparse import Namespace\n"},
+        "layers", "groupwise.jobs.train:2 imports argparse"),
     "the dashboard imports the trainer": (
         {"groupwise/training/advantages.py": "def group_advantages(): ...\n",
          "groupwise/dashboard/runs.py": "from groupwise.training.advantages import group_advantages\n"
@@ -174,21 +191,21 @@ BREAKS = {
         {"groupwise/mcp/__init__.py": "from groupwise.mcp import types\n", "groupwise/mcp/types.py": "import torch\n"},
         "heavy", "groupwise.mcp.types:1 imports torch"),
     "from-import of a private name": (
-        {"groupwise/recipes/train.py": "from groupwise.loop.fit import _Loop\n"},
-        "private", "groupwise.recipes.train:1 imports private groupwise.loop.fit._Loop"),
+        {"groupwise/jobs/train.py": "from groupwise.loop.fit import _Loop\n"},
+        "private", "groupwise.jobs.train:1 imports private groupwise.loop.fit._Loop"),
     "relative from-import of a private name": (
         {"groupwise/envs/math/env.py": "from .._chat import _helper\n"},
         "private", "groupwise.envs.math.env:1 imports private groupwise.envs._chat._helper"),
     "attribute access to a private name of an imported module": (
-        {"groupwise/recipes/train.py": "from groupwise.inference import engine\nx = engine._cache\n"},
-        "private", "groupwise.recipes.train:2 reads private groupwise.inference.engine._cache"),
+        {"groupwise/jobs/train.py": "from groupwise.inference import engine\nx = engine._cache\n"},
+        "private", "groupwise.jobs.train:2 reads private groupwise.inference.engine._cache"),
     "attribute access through a dotted import": (
-        {"groupwise/recipes/train.py": "import groupwise.inference.engine\n"
+        {"groupwise/jobs/train.py": "import groupwise.inference.engine\n"
          "def f():\n    return groupwise.inference.engine._cache\n"},
-        "private", "groupwise.recipes.train:3 reads private groupwise.inference.engine._cache"),
+        "private", "groupwise.jobs.train:3 reads private groupwise.inference.engine._cache"),
     "private module imported from outside its package": (
-        {"groupwise/recipes/train.py": "from groupwise.envs._chat import chat\n"},
-        "private", "groupwise.recipes.train:1 imports private module groupwise.envs._chat"),
+        {"groupwise/jobs/train.py": "from groupwise.envs._chat import chat\n"},
+        "private", "groupwise.jobs.train:1 imports private module groupwise.envs._chat"),
     "reads a private attribute that another module's class defines": (
         {"groupwise/inference/decode.py": "def decode(engine):\n    return engine._running\n"},
         "members", "groupwise.inference.decode:2 reads ._running of groupwise.inference.engine"),

@@ -1,5 +1,5 @@
 """The READMEs inside src/groupwise say what the code is: their file trees list exactly the modules
-that exist, and the env table gives each env's defaults as `groupwise.envs.ENVS` has them."""
+that exist, and the env table gives each env's train preset (`groupwise.jobs.train.PRESETS`) and answer length."""
 
 from __future__ import annotations
 
@@ -51,6 +51,9 @@ def test_the_env_table_gives_each_envs_defaults():
         if len(cells) == 4 and (m := re.fullmatch(r"(\d+) x (\d+) x (\d+), (\d+), ([\d.e-]+).*", cells[3])):
             rows[cells[0]] = tuple(float(g) for g in m.groups())
     assert set(rows) == set(ENVS), "every env has one row in envs/README.md's table"
+    from groupwise.jobs.train import PRESETS
+
     for name, spec in ENVS.items():
-        code = (spec.steps, spec.groups_per_step, spec.rollouts_per_group, spec.max_tokens, spec.learning_rate)
+        p, max_tokens = PRESETS[name], spec.scenarios(0)[0][0].max_tokens  # the job's preset; the env's answer length
+        code = (p.steps, p.groups_per_step, p.rollouts_per_group, max_tokens, p.learning_rate)
         assert rows[name] == tuple(float(v) for v in code), name

@@ -15,6 +15,14 @@ from typing import Any
 from groupwise.errors import ConfigError, warn_ignored
 
 
+# Judge evaluation (`groupwise judge eval`, `gw.judge.evaluate_judges`, `select_judge`): here, not in
+# groupwise.judge, so the CLI shows them without importing the judge (and its clients).
+DEFAULT_MARGIN = 0.05  # a judge clears the bar when its pairwise accuracy's lower bound exceeds 0.5 + this
+DEFAULT_ORDERS = 2  # orders each group is judged in: seeded, reversed, then further seeds
+DEFAULT_REPEATS = 2  # identical requests per group, for self-consistency
+DEFAULT_MAX_CONCURRENT = 4  # requests in flight per judge
+
+
 def option(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING) -> Any:
     """A dataclass field with help text (shown by `describe()` and the CLI)."""
     if default_factory is not dataclasses.MISSING:
@@ -68,6 +76,14 @@ def check_number(problems: list[str], name: str, value: Any, *, low: float | Non
     """
     if value is None:
         return
+    bounds = dict(low=low, high=high, low_open=low_open, high_open=high_open, integer=integer)
+    if not number_fits(value, **bounds):
+        problems.append(f"{name}={value!r} must be {number_requirement(**bounds)}")
+
+
+def number_requirement(*, low: float | None = None, high: float | None = None, low_open: bool = False,
+                       high_open: bool = False, integer: bool = False) -> str:
+    """What `check_number` asks of a value, in words: ``an integer >= 1``, ``a finite number in (0, 1]``."""
     bounds = []
     if low is not None:
         bounds.append(f"{'>' if low_open else '>='} {low:g}")
@@ -78,16 +94,18 @@ def check_number(problems: list[str], name: str, value: Any, *, low: float | Non
     else:
         allowed = " and ".join(bounds)
     kind = "an integer" if integer else "a finite number"
-    expected = f"{kind} {allowed}".strip()
+    return f"{kind} {allowed}".strip()
+
+
+def number_fits(value: Any, *, low: float | None = None, high: float | None = None, low_open: bool = False,
+                high_open: bool = False, integer: bool = False) -> bool:
+    """Whether `value` is what `number_requirement` describes (bool is no number: True as a rate is a typo)."""
     if integer:
         ok = isinstance(value, int) and not isinstance(value, bool)
     else:
         ok = _is_number(value) and math.isfinite(value)
-    if ok:
-        ok = not ((low is not None and (value < low or (low_open and value == low)))
-                  or (high is not None and (value > high or (high_open and value == high))))
-    if not ok:
-        problems.append(f"{name}={value!r} must be {expected}")
+    return ok and not ((low is not None and (value < low or (low_open and value == low)))
+                       or (high is not None and (value > high or (high_open and value == high))))
 
 
 def is_loopback(host: str) -> bool:

@@ -14,18 +14,16 @@ the RULER judge writes its explanation) and the group's recorded exceptions.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from groupwise.errors import GroupwiseError
 from groupwise.store import read_groups, trajectory_files
 from groupwise.types import Choice, History, PydanticException, Trajectory, TrajectoryGroup, choice_logprobs, choice_token_ids
 
-__all__ = ["run_inspect", "format_trajectory", "format_exception", "content_text", "Palette"]
+__all__ = ["format_trajectory", "format_exception", "content_text", "Palette"]
 
 # Long contents (a 4k-token system prompt) would bury the dialogue: show the head and the tail.
 MAX_CHARS = 3000
@@ -236,18 +234,3 @@ def inspect_run(run_dir: str | Path, *, split: str | None = None, step: int | No
                 print(p.dim(f"   group {gi} logs: ") + " | ".join(g.logs), file=out)
         print("", file=out)
     return 0 if shown_any else 1
-
-
-def run_inspect(args: argparse.Namespace) -> int:
-    order = "best" if getattr(args, "best", False) else "worst" if getattr(args, "worst", False) else "file"
-    if args.n < 1:
-        print("groupwise inspect: -n must be >= 1", file=sys.stderr)
-        return 2
-    try:
-        return inspect_run(args.run_dir, split=args.split, step=args.step, order=order, n=args.n,
-                           skip_corrupt=getattr(args, "skip_corrupt", False))
-    except BrokenPipeError:  # `groupwise inspect ... | head`
-        return 0
-    except GroupwiseError as exc:  # a corrupt line: say which file and line, no traceback
-        print(f"groupwise inspect: {exc}".replace("Pass skip_corrupt=True", "Pass --skip-corrupt"), file=sys.stderr)
-        return 1

@@ -23,7 +23,6 @@ def test_registry_names_and_fields():
     assert set(ENVS) == {"2048", "tictactoe", "tictactoe-minimax", "math", "email", "titles"}
     for name, spec in ENVS.items():
         assert spec.name == name and spec.reward in ("verifiable", "judge", "hybrid")
-        assert spec.steps > 0 and spec.rollouts_per_group > 1 and spec.groups_per_step > 0
         assert (spec.rubric is not None) == (spec.reward != "verifiable")
         assert (spec.val_metric is None) == (spec.reward == "judge")
     with pytest.raises(KeyError, match="the built-in ones are"):
@@ -38,9 +37,7 @@ def test_splits_disjoint_and_seed_independent(name):
     assert train and val and test
     assert [_key(s) for s in val] == [_key(s) for s in val1] and [_key(s) for s in test] == [_key(s) for s in test1]
     assert not {_key(s) for s in train} & {_key(s) for s in val + test}
-    assert train[0].max_tokens == spec.max_tokens  # the scenario defaults match the spec's
     assert all(s.temperature == 1.0 for s in train)
-    assert spec.val_size is None or 0 < spec.val_size <= len(val)
 
 
 def test_importing_envs_does_not_import_torch():

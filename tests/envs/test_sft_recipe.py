@@ -10,7 +10,7 @@ import pytest
 import groupwise as gw
 from groupwise.cli import main
 from groupwise.envs import get_env
-from groupwise.recipes.sft import env_demonstrations, read_jsonl
+from groupwise.jobs.sft import env_demonstrations, read_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +65,11 @@ def test_groupwise_sft_makes_steps_and_resumes_without_repeating_them(model_dir,
 
 @pytest.mark.slow
 def test_train_email_with_sft_scores_the_warm_start_as_a_baseline(model_dir, tmp_path):
-    from groupwise.recipes.train import train
+    from groupwise.jobs.train import TrainJob, train
 
-    result = _run(train("email", model_name=model_dir, steps=0, seed=0, path=str(tmp_path), device="cpu",
-                        sft=2, sft_epochs=1, sft_lr=1e-3))
+    job = TrainJob("email", model=model_dir, seed=0, path=str(tmp_path), device="cpu", sft=2, sft_epochs=1, sft_lr=1e-3)
+    job.steps = 0  # no GRPO step after the warm start (the CLI asks for one at least; this test only needs its baseline)
+    result = _run(train(job))
     assert result["sft_steps"] == 1 and result["final_step"] == 1
     history = gw.load_history(result["run_dir"])
     assert [r["step"] for r in history if r["split"] == "sft"] == [0]

@@ -26,7 +26,7 @@ NO_MODEL = "no-such-org/model-that-would-fail-to-load"
 @pytest.mark.parametrize("args, needle", [
     (["train", "2048", "--steps", "-1", "--model", NO_MODEL], "argument --steps: must be an integer >= 1, got '-1'"),
     (["train", "2048", "--steps", "ten"], "argument --steps: must be an integer >= 1, got 'ten'"),
-    (["train", "2048", "--sft-lr", "-3"], "argument --sft-lr: must be a number > 0"),
+    (["train", "2048", "--sft-lr", "-3"], "argument --sft-lr: must be a finite number > 0, got '-3'"),
     (["train", "nope", "--model", NO_MODEL], "nope"),
     (["train", "2048", "--judge", "openai/o4-mini", "--model", NO_MODEL], "OPENAI_API_KEY"),
     (["train", "2048", "--judge", "acme/judge", "--model", NO_MODEL], "unknown judge provider 'acme'"),

@@ -29,7 +29,8 @@ def test_import_groupwise_client_side_does_not_import_torch():
     assert "HEAVY []" in proc.stdout
 
 
-@pytest.mark.parametrize("command", [[], ["inspect"], ["serve"], ["report"], ["compare"], ["train"], ["sft"]])
+@pytest.mark.parametrize("command", [[], ["inspect"], ["serve"], ["report"], ["compare"], ["train"], ["sft"],
+                                     ["dashboard"], ["judge"], ["judge", "eval"]])
 def test_help_works_everywhere(command, capsys):
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args([*command, "--help"])
@@ -37,35 +38,40 @@ def test_help_works_everywhere(command, capsys):
     assert "usage: groupwise" in capsys.readouterr().out
 
 
-def test_every_command_runs_a_function_that_exists():
-    """Each subcommand's `_target` names an importable function (a moved module breaks this, not a user's run)."""
-    import importlib
+def test_every_command_is_a_job_with_a_dataclass_and_a_run():
+    """The parser is made from the jobs (nested commands included): each runnable command carries its
+    `Command`, whose job is a dataclass with help on every field and whose `run` is callable."""
+    import dataclasses
+
+    from groupwise.jobs.fields import Command
 
     def commands(parser, prefix=()):  # (name, parser) of every runnable command, nested ones included
         for action in parser._actions:
             if not isinstance(action.choices, dict):  # only subparsers map names to parsers
                 continue
             for name, child in action.choices.items():
-                if child.get_default("_target") is None:
+                if child.get_default("_command") is None:
                     yield from commands(child, (*prefix, name))
                 else:
                     yield " ".join((*prefix, name)), child
 
     found = dict(commands(build_parser()))
-    assert {"train", "serve", "dashboard", "judge eval"} <= set(found), sorted(found)
+    assert set(found) == {"inspect", "serve", "report", "compare", "train", "sft", "dashboard", "judge eval"}
     for name, parser in found.items():
-        module_name, func_name = parser.get_default("_target").split(":")
-        assert callable(getattr(importlib.import_module(module_name), func_name)), name
+        command = parser.get_default("_command")
+        assert isinstance(command, Command) and command.name == name and callable(command.run)
+        for f in dataclasses.fields(command.job):
+            assert f.metadata.get("help"), f"{name}: --{f.name} has no help"
 
 
-def test_envs_do_not_import_the_recipes_that_use_them():
+def test_envs_do_not_import_the_jobs_that_use_them():
     proc = run_python("""
         import sys
         import groupwise.envs
-        print("RECIPES", sorted(m for m in sys.modules if m.startswith("groupwise.recipes")))
+        print("JOBS", sorted(m for m in sys.modules if m.startswith("groupwise.jobs")))
     """)
     assert proc.returncode == 0, proc.stderr
-    assert "RECIPES []" in proc.stdout
+    assert "JOBS []" in proc.stdout
 
 
 def test_inspect_prints_a_run(tmp_path, group, capsys):

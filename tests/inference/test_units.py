@@ -70,14 +70,11 @@ def test_tiny_random_model_is_deterministic(tiny):
 
 
 def test_serve_off_loopback_requires_api_key(tmp_path):
-    from groupwise.cli import build_parser
     from groupwise.errors import ConfigError
-    from groupwise.inference.server import run_serve
+    from groupwise.jobs.serve import ServeJob
 
-    args = build_parser().parse_args(["serve", "--model", "smollm2-135m", "--host", "0.0.0.0",
-                                      "--adapter", str(tmp_path)])
-    with pytest.raises(ConfigError) as info:
-        run_serve(args)  # refused before any model is loaded
+    with pytest.raises(ConfigError) as info:  # refused when the job is built, before any model is loaded
+        ServeJob(model="smollm2-135m", host="0.0.0.0", adapter=[str(tmp_path)])
     assert "--api-key" in str(info.value) and "adapter_config.json" in str(info.value)
     assert len(info.value.problems) == 2
 

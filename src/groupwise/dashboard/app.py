@@ -25,7 +25,6 @@ from fastapi.staticfiles import StaticFiles
 
 from groupwise.dashboard import rollouts as ro
 from groupwise.dashboard import runs as rs
-from groupwise.config import is_loopback
 from groupwise.errors import ConfigError, GroupwiseError
 
 STATIC = Path(str(resources.files("groupwise.dashboard") / "static"))
@@ -132,29 +131,14 @@ def _json_error(status: int, message: str) -> Response:
     return Response(rs.dumps({"detail": message}), status_code=status, media_type="application/json")
 
 
-def check_dashboard_args(args: Any) -> None:
-    """The rule of `groupwise serve`: off loopback, anyone on the network could read the runs, so a key
-    is required."""
-    problems = []
-    if not is_loopback(args.host) and not args.api_key:
-        problems.append(f"--host {args.host} is not a loopback address: anyone on the network could read "
-                        "your runs, so --api-key KEY is required")
-    if Path(args.path).exists() and not Path(args.path).is_dir():
-        problems.append(f"{args.path} is a file; pass a run store folder (e.g. .groupwise), a project or a run "
-                        "folder <base_path>/<project>/<model>")
-    if problems:
-        raise ConfigError(problems, what="dashboard arguments")
-
-
-def run_dashboard(args: Any) -> int:
-    """`groupwise dashboard [PATH] [--host H] [--port P] [--api-key KEY]`."""
+def serve_dashboard(path: str, *, host: str, port: int, api_key: str | None) -> None:
+    """Serve the page over the runs under `path` with uvicorn until stopped (the dashboard job checks the
+    settings first: off loopback it requires `api_key`)."""
     import uvicorn
 
-    check_dashboard_args(args)
-    app = create_app(args.path, api_key=args.api_key)
-    key = f"#key={args.api_key}" if args.api_key else ""
-    print(f"groupwise dashboard: {Path(args.path).resolve()} on http://{args.host}:{args.port}/{key}", flush=True)
-    if not Path(args.path).exists():  # started before the first run: the page lists runs as they appear
-        print(f"groupwise dashboard: no runs under {args.path} yet; they appear on the page as they start", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-    return 0
+    app = create_app(path, api_key=api_key)
+    key = f"#key={api_key}" if api_key else ""
+    print(f"groupwise dashboard: {Path(path).resolve()} on http://{host}:{port}/{key}", flush=True)
+    if not Path(path).exists():  # started before the first run: the page lists runs as they appear
+        print(f"groupwise dashboard: no runs under {path} yet; they appear on the page as they start", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -5,9 +5,10 @@ LLM) apart from the agent glue in ``env.py`` (prompt, reply parsing, reward, ``a
 Every rollout talks to the model only through ``model.openai_client()`` (see `_chat.complete`), so the
 same code runs against groupwise's local engine, vLLM or a hosted API.
 
-`ENVS` maps a name to an `EnvSpec`: what the loop needs to train on it (rollout, scenario splits,
-validation metric, reward kind, judge rubric) and defaults sized for about 10 minutes on 2 CPU cores
-with SmolLM2-135M. ``groupwise.recipes.train`` (`groupwise train`) and ``gw.fit`` consume it::
+`ENVS` maps a name to an `EnvSpec`: the env's contract, what the loop needs to train on it (rollout,
+scenario splits, validation metric, reward kind, judge rubric, a scripted demonstrator). How much to train
+on it (steps, group sizes, learning rate) is a job's setting, not the env's: `groupwise train` keeps a
+preset per env (``groupwise.jobs.train.PRESETS``). ``gw.fit`` consumes a spec::
 
     spec = get_env("2048")
     train, val, test = spec.scenarios(seed)
@@ -45,13 +46,6 @@ class EnvSpec:
     reward: RewardKind  # verifiable: rollout sets the reward; judge: RULER sets it; hybrid: both
     rubric: str | None = None  # for the judge (judge and hybrid envs); None means the judge's default
     gate_metric: str | None = None  # hybrid: metric (0/1) a judged reward may be gated by
-    # Defaults sized for a run of about ten minutes on 2 CPU cores with SmolLM2-135M.
-    steps: int = 12
-    rollouts_per_group: int = 8
-    groups_per_step: int = 3
-    max_tokens: int = 32
-    learning_rate: float = 5e-5
-    val_size: int | None = None  # how many val scenarios the 10-minute job uses (None: the whole split)
     # demonstrate(scenario) -> Trajectory: a scripted policy that knows the ground truth, whose
     # trajectories are the demonstrations of a supervised warm start (`groupwise train <env> --sft N`).
     demonstrate: Callable[[Any], Trajectory] | None = None
@@ -65,9 +59,6 @@ _TICTACTOE = EnvSpec(
     validate=tictactoe.validate,
     val_metric="win_rate",
     reward="verifiable",
-    # lr 1e-4 moved the invalid-move rate from 0.96 to 0.88 in 6 steps (seed 0): too slow for a job
-    # of 12 steps. As in 2048, the first thing to learn is to name one free cell, learnt at 5e-4.
-    steps=12, rollouts_per_group=8, groups_per_step=3, max_tokens=12, learning_rate=5e-4,
 )
 
 ENVS: dict[str, EnvSpec] = {
@@ -79,14 +70,9 @@ ENVS: dict[str, EnvSpec] = {
         validate=game_2048.validate,
         val_metric="valid_move_rate",
         reward="verifiable",
-        # 24 rollouts of <= 4 turns x 16 tokens per step; the signal is the format. At lr 5e-4 the
-        # valid-move rate barely moved by step 4 (0.31-0.40 on five seeds) and took off between steps 4
-        # and 8, so a seed that took off late ended the 8-step job unlearnt; at 1e-3 it takes off by
-        # mid-run and 17 of 17 seeds learnt (docs/benchmarks.md, the main job).
-        steps=8, rollouts_per_group=8, groups_per_step=3, max_tokens=16, learning_rate=1e-3,
     ),
     "tictactoe": _TICTACTOE,
-    # The same agent and training settings; only the opponent, and so what counts as success, differ.
+    # The same agent; only the opponent, and so what counts as success, differ.
     "tictactoe-minimax": dataclasses.replace(
         _TICTACTOE,
         name="tictactoe-minimax",
@@ -103,7 +89,6 @@ ENVS: dict[str, EnvSpec] = {
         validate=math.validate,
         val_metric="accuracy",
         reward="verifiable",
-        steps=15, rollouts_per_group=8, groups_per_step=4, max_tokens=48, learning_rate=5e-5,
     ),
     "email": EnvSpec(
         name="email",
@@ -119,9 +104,6 @@ ENVS: dict[str, EnvSpec] = {
             "says it does not know over one that guesses; among equals, fewer and well-formed tool calls."
         ),
         gate_metric="correct",
-        # Measured on 2 shared CPU cores: ~35 s per 4-turn episode with SmolLM2 (long tool prompts), so
-        # this env does not fit 10 minutes; these defaults take ~30 (GPU recommended).
-        steps=6, rollouts_per_group=4, groups_per_step=2, max_tokens=96, learning_rate=5e-5, val_size=8,
         demonstrate=email_search.demonstration,
     ),
     "titles": EnvSpec(
@@ -133,7 +115,6 @@ ENVS: dict[str, EnvSpec] = {
         val_metric=None,
         reward="judge",
         rubric=titles.RUBRIC,
-        steps=10, rollouts_per_group=4, groups_per_step=3, max_tokens=24, learning_rate=5e-5,
     ),
 }
 

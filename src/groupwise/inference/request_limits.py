@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MAX_MODEL_NAME_CHARS", "MAX_PATTERN_CHARS", "MAX_REGEX_SIZE", "MAX_SCHEMA_BRANCHES", "MAX_SCHEMA_DEPTH",
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "MAX_MODEL_NAME_CHARS", "MAX_PATTERN_CHARS", "MAX_REGEX_SIZE", "MAX_SCHEMA_BRANCHES", "MAX_SCHEMA_DEPTH",
            "MAX_SCHEMA_NODES", "MAX_TOOLS", "SchemaBudget", "body_structure_problem", "regex_size"]
 
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # a full context of text with tools is well under 1 MiB
 MAX_TOOLS = 128  # OpenAI's own limit per request
 MAX_SCHEMA_NODES = 20_000  # JSON values in all of a request's schemas together (~1 s of validation)
 MAX_SCHEMA_DEPTH = 32  # nesting of objects and arrays inside one schema

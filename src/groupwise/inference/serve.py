@@ -1,15 +1,16 @@
-"""`groupwise serve`'s process side: its arguments checked, the KV budget sized, uvicorn run.
+"""`groupwise serve`'s process side: the model loaded, the KV budget sized, the app of server.py served.
 
-server.py's `run_serve` loads the model and builds the app; `serve_app` serves it under the
-connection limits of connections.py (a deadline on each request's head, a cap on open connections,
-the open-file limit raised); docs/security.md lists them.
+`serve_model` takes its settings as arguments (the serve job, groupwise/jobs/serve.py, owns their
+defaults and checks them); `serve_app` serves under the connection limits of connections.py (a deadline
+on each request's head, a cap on open connections, the open-file limit raised); docs/security.md lists
+them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["check_serve_args", "free_memory_bytes", "serve_app"]
+__all__ = ["free_memory_bytes", "serve_app", "serve_model"]
 
 
 def serve_app(app: Any, host: str, port: int) -> None:
@@ -43,19 +44,44 @@ def free_memory_bytes(device: Any) -> int:
         return 8 * 2**30  # not Linux: assume a modest machine
 
 
-def check_serve_args(args) -> None:
-    """Refuse `groupwise serve` arguments before any model is loaded (a ConfigError, one line per problem)."""
+def serve_model(model: str, *, adapters: list[str], host: str, port: int, api_key: str | None, name: str | None,
+                device: str | None, dtype: str | None, max_batch_size: int, max_body_bytes: int,
+                max_kv_gb: float | None) -> None:
+    """Load the base model `model` and the LoRA `adapters`, and serve them over HTTP until stopped.
+
+    Served as `name` (default: `model`): ``name`` (latest step), ``name@0`` (the base), ``name@<step>``
+    for an adapter folder named by its step, else by its folder name. The KV cache holds at most
+    `max_kv_gb` (default: a third of the memory free after loading: growing the cache holds the old
+    buffers beside the new ones for a moment)."""
     import os
 
-    from groupwise.config import is_loopback
-    from groupwise.errors import ConfigError
+    from groupwise.compute import compute_thread
+    from groupwise.inference.engine import Engine
+    from groupwise.inference.registry import ModelRegistry
+    from groupwise.inference.server import create_app
+    from groupwise.loading import load_base_model
 
-    problems = []
-    if not is_loopback(args.host) and not args.api_key:
-        problems.append(f"--host {args.host} is not a loopback address: anyone on the network could use the "
-                        "model, so --api-key KEY is required")
-    for path in args.adapter:
-        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
-            problems.append(f"--adapter {path}: no adapter_config.json there (expected a peft LoRA folder)")
-    if problems:
-        raise ConfigError(problems, what="serve arguments")
+    # loaded on the thread that will run the engine (groupwise/compute.py: one OpenMP team)
+    weights, tokenizer = compute_thread().call(load_base_model, model, device=device, dtype=dtype)
+    budget = int(max_kv_gb * 2**30) if max_kv_gb else free_memory_bytes(next(weights.parameters()).device) // 3
+    engine = Engine(weights, tokenizer, max_batch_size=max_batch_size, max_kv_bytes=budget)
+    print(f"KV cache: at most {budget / 2**30:.1f} GiB, {engine.context_length} tokens per sequence x "
+          f"{engine.max_batch_size} sequences (--max-kv-gb, --max-batch-size)")
+    name = name or model
+    registry = ModelRegistry(engine, base_name=model)
+    if name != model:
+        registry.register_model(name)  # served as name (latest step), name@0 (base), name@<step>
+    for path in adapters:
+        folder = os.path.basename(os.path.normpath(path))
+        if folder.isdigit() and name != model:
+            served = registry.add_step(name, int(folder), path)
+        else:
+            registry.add_alias(folder, path)
+            served = folder
+        print(f"serving adapter {path} as {served!r}")
+    print(f"serving {registry.served_ids()} on http://{host}:{port}/v1")
+    app = create_app(registry, api_key=api_key, max_body_bytes=max_body_bytes)
+    try:
+        serve_app(app, host, port)
+    finally:
+        engine.close()

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP API over an `Engine` (FastAPI), and `groupwise serve`.
+"""The OpenAI-compatible HTTP API over an `Engine` (FastAPI); `groupwise serve` runs it (serve.py).
 
 Routes: ``POST /v1/chat/completions`` (plain and SSE streaming), ``POST /v1/completions``,
 ``GET /v1/models``, ``GET /v1/models/{id}``. Requests and responses use OpenAI's shapes; request
@@ -58,16 +58,14 @@ from groupwise.inference.memory_release import ReleaseAfterLargeBodies
 from groupwise.inference.prepare import (DEFAULT_PREPARE_BUDGET_S, OverBudget, Preparer, SchemaProblem,
                                          check_request_schemas)
 from groupwise.inference.registry import ModelRegistry, Resolved
-from groupwise.inference.request_limits import body_structure_problem
+from groupwise.inference.request_limits import DEFAULT_MAX_BODY_BYTES, body_structure_problem
 from groupwise.inference.responses import chat_response, completion_response
-from groupwise.inference.serve import check_serve_args, free_memory_bytes, serve_app
 from groupwise.inference.streaming import EngineStream, stream_chat
 
-__all__ = ["DEFAULT_BODY_TIMEOUT_S", "DEFAULT_MAX_BODY_BYTES", "ApiError", "create_app", "run_serve"]
+__all__ = ["DEFAULT_BODY_TIMEOUT_S", "DEFAULT_MAX_BODY_BYTES", "ApiError", "create_app"]
 
 log = logging.getLogger("groupwise.serve")
 
-DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # a full context of text with tools is well under 1 MiB
 DEFAULT_BODY_TIMEOUT_S = 60.0  # the whole body: 8 MiB at 140 KB/s; a slow sender's socket is not held longer
 
 
@@ -451,44 +449,3 @@ async def completions(request: Request, body: CompletionRequest = Depends(parsed
 
 def _render_completion(tokenizer: Any, prompt: str | list[int]) -> list[int]:
     return tokenizer(prompt, add_special_tokens=False)["input_ids"] if isinstance(prompt, str) else list(prompt)
-
-
-# ---------------------------------------------------------------------------------------- groupwise serve
-
-
-def run_serve(args) -> int:
-    """`groupwise serve`: load the base model and adapters, serve over HTTP with uvicorn."""
-    import os
-
-    from groupwise.inference.engine import Engine
-    from groupwise.loading import load_base_model
-
-    check_serve_args(args)
-    # loaded on the thread that will run the engine (groupwise/compute.py: one OpenMP team)
-    model, tokenizer = compute_thread().call(load_base_model, args.model, device=args.device, dtype=args.dtype)
-    gb = getattr(args, "max_kv_gb", None)
-    # a third of what is free: growing the cache holds the old buffers beside the new ones for a moment
-    budget = int(gb * 2**30) if gb else free_memory_bytes(next(model.parameters()).device) // 3
-    engine = Engine(model, tokenizer, max_batch_size=getattr(args, "max_batch_size", 32), max_kv_bytes=budget)
-    print(f"KV cache: at most {budget / 2**30:.1f} GiB, {engine.context_length} tokens per sequence x "
-          f"{engine.max_batch_size} sequences (--max-kv-gb, --max-batch-size)")
-    name = args.name or args.model
-    registry = ModelRegistry(engine, base_name=args.model)
-    if name != args.model:
-        registry.register_model(name)  # served as name (latest step), name@0 (base), name@<step>
-    for path in args.adapter:
-        folder = os.path.basename(os.path.normpath(path))
-        if folder.isdigit() and name != args.model:
-            served = registry.add_step(name, int(folder), path)
-        else:
-            registry.add_alias(folder, path)
-            served = folder
-        print(f"serving adapter {path} as {served!r}")
-    print(f"serving {registry.served_ids()} on http://{args.host}:{args.port}/v1")
-    app = create_app(registry, api_key=args.api_key,
-                     max_body_bytes=getattr(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
-    try:
-        serve_app(app, args.host, args.port)
-    finally:
-        engine.close()
-    return 0

@@ -1,6 +1,6 @@
-"""`groupwise judge eval`: evaluate one or more judges on a labelled set and print the table.
+"""The labelled sets judges are checked on (`groupwise judge eval`, `groupwise train --judge-labels`).
 
-The labelled set is one of:
+A labelled set is one of:
 - an env with a labelled set of its own (``titles``: known-good and known-bad titles), judged with the
   env's rubric;
 - a JSONL file (`evaluate.load_labelled`);
@@ -10,7 +10,6 @@ The labelled set is one of:
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import json
 from collections import defaultdict
@@ -18,18 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.errors import ConfigError
-from groupwise.judge.evaluate import (
-    JudgeSpec,
-    LabelledGroup,
-    evaluate_judges,
-    format_table,
-    labelled_from_groups,
-    load_labelled,
-    plot_judges,
-)
-from groupwise.judge.prompt import DEFAULT_RUBRIC
+from groupwise.judge.evaluate import LabelledGroup, labelled_from_groups, load_labelled
 
-__all__ = ["labelled_from_run", "load_labels", "run_judge_eval"]
+__all__ = ["labelled_from_run", "load_labels"]
 
 
 def _run_metric(run_dir: Path) -> str:
@@ -79,31 +69,3 @@ def load_labels(source: str, metric: str | None = None) -> tuple[list[LabelledGr
             return module.labelled_groups(), getattr(importlib.import_module(f"groupwise.envs.{source}"), "RUBRIC", None)
     raise ConfigError(f"--labels {source}: not a JSONL file, a run folder, or an env with a labelled set (titles)",
                       what="judge eval")
-
-
-def run_judge_eval(args: Any) -> int:
-    labelled, env_rubric = load_labels(args.labels, args.metric)
-    if args.groups is not None:
-        labelled = labelled[: args.groups]
-    if not labelled:
-        raise ConfigError(f"--labels {args.labels}: no labelled groups with different labels", what="judge eval")
-    rubric = args.rubric or env_rubric or DEFAULT_RUBRIC
-    if rubric.startswith("@"):
-        rubric = Path(rubric[1:]).read_text()
-    options: dict[str, Any] = {}
-    if args.base_url:
-        options["base_url"] = args.base_url
-    if args.api_key:
-        options["api_key"] = args.api_key
-    specs = [JudgeSpec(j, rubric=rubric, options=dict(options)) for j in (args.judge or ["local/smollm2-135m"])]
-    reports = asyncio.run(evaluate_judges(labelled, specs, orders=args.orders, repeats=args.repeats,
-                                          max_concurrent=args.max_concurrent, seed=args.seed))
-    print(format_table(reports, margin=args.margin))
-    for r in reports:
-        for e in r.errors:
-            print(f"{r.judge}: {e}")
-    if args.json:
-        Path(args.json).write_text(json.dumps([r.to_dict() for r in reports], indent=1))
-    if args.plot:
-        print(f"plot: {plot_judges(reports, args.plot)}")
-    return 0

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from groupwise.config import DEFAULT_MAX_CONCURRENT, DEFAULT_ORDERS, DEFAULT_REPEATS
 from groupwise.errors import ConfigError, JudgeError
 from groupwise.judge.config import make_config
 from groupwise.judge.prompt import DEFAULT_RUBRIC
@@ -345,11 +346,11 @@ async def evaluate_judges(
     labelled: Sequence[LabelledGroup],
     judges: Sequence[JudgeSpec | str],
     *,
-    orders: int = 2,
-    repeats: int = 2,
+    orders: int = DEFAULT_ORDERS,
+    repeats: int = DEFAULT_REPEATS,
     confidence: float = 0.95,
     seed: int = 0,
-    max_concurrent: int = 4,
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT,
 ) -> list[JudgeReport]:
     """Judge every labelled group with every judge (`orders` orders: seeded, reversed, further seeds;
     plus `repeats`-1 repeats of the first) and report each judge's agreement with the labels, position

@@ -19,12 +19,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from groupwise.config import DEFAULT_MARGIN
 from groupwise.errors import JudgeSelectionError
 from groupwise.judge.evaluate import JudgeReport, JudgeSpec, LabelledGroup, evaluate_judges, format_table
 
 __all__ = ["JudgeSelection", "select_judge"]
-
-DEFAULT_MARGIN = 0.05
 
 
 def _rank(r: JudgeReport) -> tuple[float, float, float]:

@@ -10,7 +10,6 @@ prompt, then each step's first answer in two columns with its reward and metrics
 from __future__ import annotations
 
 import shutil
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -106,15 +105,3 @@ def compare(run_dir: str | Path, steps: str = "0,best", *, split: str = "val", n
         right = answer_text(other.trajectories[0]) if other and other.trajectories else ""
         out.extend(side_by_side(left, right, width))
     return "\n".join(out)
-
-
-def run_compare(args: Any) -> int:
-    """`groupwise compare RUN_DIR [--steps 0,best] [--split val] [-n 5]`."""
-    from groupwise.errors import GroupwiseError
-
-    try:
-        print(compare(args.run_dir, args.steps, split=args.split, n=args.n))
-    except GroupwiseError as exc:
-        print(f"groupwise compare: {exc}", file=sys.stderr)
-        return 2
-    return 0

@@ -1,4 +1,4 @@
-"""`groupwise report RUN_DIR`: the run's curves as PNGs, and a table on stdout.
+"""The run's curves as PNGs and a table on stdout (`groupwise report RUN_DIR`, groupwise/jobs/report.py).
 
 Writes into ``<run_dir>/report/`` (or ``--out``):
 
@@ -20,7 +20,6 @@ those packages are installed (imports guarded; a clear error names the extra to 
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -251,23 +250,3 @@ def log_external(history: list[Row], *, wandb_project: str | None = None, tensor
             for k, v in vals.items():
                 writer.add_scalar(k, v, step)
         writer.close()
-
-
-def run_report(args: Any) -> int:
-    """`groupwise report RUN_DIR [--out DIR] [--wandb PROJECT] [--tensorboard DIR]`."""
-    try:
-        history = load_run(args.run_dir)
-    except StoreError as exc:
-        print(f"groupwise report: {exc}", file=sys.stderr)
-        return 2
-    out = Path(args.out) if getattr(args, "out", None) else Path(args.run_dir) / "report"
-    run_name = Path(args.run_dir).name
-    paths = plot_run(history, out, title=f"{Path(args.run_dir).parent.name}/{run_name}")
-    print(table(history))
-    for p in paths:
-        print(f"wrote {p}")
-    if getattr(args, "wandb", None) or getattr(args, "tensorboard", None):
-        log_external(history, wandb_project=getattr(args, "wandb", None),
-                     tensorboard_dir=getattr(args, "tensorboard", None), run_name=run_name)
-    sys.stdout.flush()
-    return 0

@@ -15,26 +15,144 @@ What it does, in order:
 5. prints the base and the best validation with their intervals, the test, the stop reason once, what
    to do next, and writes the plots of `groupwise report` and ``summary.json``.
 
-The defaults come from the env's `EnvSpec`, sized for about 10 minutes on 2 CPU cores with SmolLM2-135M.
+An env is only its contract (rollout, scenarios, validation, reward kind); how much to train on it is
+this job's: `PRESETS` holds each env's defaults, sized for about 10 minutes on 2 CPU cores with
+SmolLM2-135M, and a flag left out takes the env's preset.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from groupwise.envs import EnvSpec, get_env
-from groupwise.loop.series import points
-from groupwise.loop.stopping import significant_gap
+from groupwise.config import DEFAULT_MARGIN
+from groupwise.backend.replica import DEFAULT_MAX_BATCH_SIZE
+from groupwise.jobs.common import Dtype, device_field, dtype_field, model_field, run_name_problem, store_field
+from groupwise.jobs.fields import Command, Job, arg
+from groupwise.jobs.sft import SFT_EPOCHS, SFT_LEARNING_RATE
+
+if TYPE_CHECKING:
+    from groupwise.envs import EnvSpec
 
 
-def _train_config(spec: EnvSpec, device: str | None) -> Any:
+@dataclass(frozen=True)
+class Preset:
+    """How much the train job trains on an env by default; a flag given replaces its value."""
+
+    steps: int = 12
+    rollouts_per_group: int = 8
+    groups_per_step: int = 3
+    learning_rate: float = 5e-5
+    val_size: int | None = None  # how many val (and test) scenarios the 10-minute job uses (None: the whole split)
+
+
+_TICTACTOE = Preset(
+    # lr 1e-4 moved the invalid-move rate from 0.96 to 0.88 in 6 steps (seed 0): too slow for a job
+    # of 12 steps. As in 2048, the first thing to learn is to name one free cell, learnt at 5e-4.
+    steps=12, rollouts_per_group=8, groups_per_step=3, learning_rate=5e-4)
+
+PRESETS: dict[str, Preset] = {
+    # 24 rollouts of <= 4 turns x 16 tokens per step; the signal is the format. At lr 5e-4 the
+    # valid-move rate barely moved by step 4 (0.31-0.40 on five seeds) and took off between steps 4
+    # and 8, so a seed that took off late ended the 8-step job unlearnt; at 1e-3 it takes off by
+    # mid-run and 17 of 17 seeds learnt (docs/benchmarks.md, the main job).
+    "2048": Preset(steps=8, rollouts_per_group=8, groups_per_step=3, learning_rate=1e-3),
+    "tictactoe": _TICTACTOE,
+    "tictactoe-minimax": _TICTACTOE,  # the same agent; only the opponent differs
+    "math": Preset(steps=15, rollouts_per_group=8, groups_per_step=4, learning_rate=5e-5),
+    # Measured on 2 shared CPU cores: ~35 s per 4-turn episode with SmolLM2 (long tool prompts), so
+    # this env does not fit 10 minutes; these defaults take ~30 (GPU recommended).
+    "email": Preset(steps=6, rollouts_per_group=4, groups_per_step=2, learning_rate=5e-5, val_size=8),
+    "titles": Preset(steps=10, rollouts_per_group=4, groups_per_step=3, learning_rate=5e-5),
+}
+
+
+def _presets_of(key: str) -> str:
+    """Each env's preset value of `key`, for a flag's help: the preset is the default."""
+    return ", ".join(f"{env} {getattr(p, key):g}" for env, p in PRESETS.items())
+
+
+def _env_problem(name: Any) -> str | None:
+    from groupwise.envs import ENVS
+
+    return None if name in ENVS else f"no environment {name!r}; the built-in ones are {sorted(ENVS)}"
+
+
+def _judge_problem(judge: str) -> str | None:
+    """A hosted judge's name and key, checked before any model loads (a local one is served in process)."""
+    if judge.startswith("local/"):
+        return None
+    from groupwise.errors import GroupwiseError
+    from groupwise.judge.providers import resolve
+
+    try:
+        resolve(judge)
+    except GroupwiseError as exc:  # ConfigError (an unknown provider), JudgeError (no key)
+        return f"{judge}: {'; '.join(getattr(exc, 'problems', None) or [' '.join(str(exc).split())])}"
+    return None
+
+
+@dataclass
+class TrainJob(Job):
+    env: str = arg(positional=True, check=_env_problem, help=f"the environment: {', '.join(PRESETS)}")
+    model: str = model_field()
+    judge: list[str] | None = arg(None, repeat=True,
+                                  help="RULER judge, e.g. local/smollm2-135m or openai/o4-mini; repeat it with "
+                                       "--judge-labels to train with the best candidate", check=_judge_problem)
+    judge_labels: str | None = arg(None, metavar="LABELS",
+                                   help="check the judge(s) before training on a labelled set (an env with one: "
+                                        "titles; 'env' for this env's; a JSONL file; a run folder) and train with "
+                                        "the best that clears --judge-margin, or stop with the table when none does")
+    judge_margin: float = arg(DEFAULT_MARGIN, help="the bar: pairwise accuracy's lower bound must exceed 0.5 + margin")
+    steps: int | None = arg(None, low=1, help=f"train until this many steps are done in total (default: the env's "
+                                              f"preset: {_presets_of('steps')}; a resumed run continues from where "
+                                              "it stopped)")
+    seed: int = arg(0, help="seed of the training scenarios, their order and the run's name; the validation and "
+                            "test scenarios are the same for every seed")
+    path: str = store_field()
+    name: str | None = arg(None, check=run_name_problem,
+                           help="model name (default: <env>-s<seed>; an existing name resumes)")
+    gate: bool = arg(False, help="hybrid envs (email): judge score x correctness. Off by default: an untrained "
+                                 "small agent is never correct, and the gate would zero every reward (no signal)")
+    device: str | None = device_field()
+    dtype: Dtype | None = dtype_field()
+    lr: float | None = arg(None, low=0, low_open=True,
+                           help=f"GRPO learning rate (default: the env's preset: {_presets_of('learning_rate')})")
+    rollouts_per_group: int | None = arg(None, low=2, help=f"rollouts of each scenario, compared with each other "
+                                                           f"(default: the env's preset: "
+                                                           f"{_presets_of('rollouts_per_group')})")
+    groups_per_step: int | None = arg(None, low=1, help=f"scenarios per GRPO step (default: the env's preset: "
+                                                        f"{_presets_of('groups_per_step')})")
+    sft: int = arg(0, low=0, metavar="N",
+                   help="first a supervised warm start on N demonstrations of the env's scripted agent (email: "
+                        "search, read, answer with the ground truth), then GRPO from there; 0 is none")
+    sft_epochs: int = arg(SFT_EPOCHS, low=1, help="SFT epochs, one step each")
+    sft_lr: float = arg(SFT_LEARNING_RATE, low=0, low_open=True, help="SFT learning rate")
+    batch_invariant: bool = arg(False, help="CPU only: each rollout's tokens and logprobs do not depend on which "
+                                            "rollouts the engine batched with it, so two runs of one seed on one "
+                                            "machine match exactly (slower: no prefix cache)")
+
+    def rules(self) -> list[str]:
+        if self.judge and len(self.judge) > 1 and not self.judge_labels:
+            return [f"{len(self.judge)} --judge candidates need --judge-labels to choose between them (titles, "
+                    "'env', a JSONL file or a run folder)"]
+        return []
+
+    def preset(self) -> Preset:
+        """The env's preset, with the values this job sets in place of its own."""
+        given = {"steps": self.steps, "rollouts_per_group": self.rollouts_per_group,
+                 "groups_per_step": self.groups_per_step, "learning_rate": self.lr}
+        return dataclasses.replace(PRESETS.get(self.env, Preset()),
+                                   **{k: v for k, v in given.items() if v is not None})
+
+
+def _train_config(spec: EnvSpec, learning_rate: float, device: str | None) -> Any:
     """The GRPO step settings of the job.
 
     Tool-using transcripts (email) run to thousands of tokens: recompute layers in the backward pass
@@ -48,10 +166,10 @@ def _train_config(spec: EnvSpec, device: str | None) -> Any:
     from groupwise.loading import resolve_device
 
     if spec.reward != "verifiable":
-        return gw.TrainConfig(learning_rate=spec.learning_rate, gradient_checkpointing=True, micro_batch_tokens=2048)
+        return gw.TrainConfig(learning_rate=learning_rate, gradient_checkpointing=True, micro_batch_tokens=2048)
     if resolve_device(device).type == "cpu":
-        return gw.TrainConfig(learning_rate=spec.learning_rate, micro_batch_tokens=512)
-    return gw.TrainConfig(learning_rate=spec.learning_rate)
+        return gw.TrainConfig(learning_rate=learning_rate, micro_batch_tokens=512)
+    return gw.TrainConfig(learning_rate=learning_rate)
 
 
 def _judge_target(judge: str, model: Any, base_model: str) -> tuple[str, dict[str, Any]]:
@@ -105,78 +223,58 @@ def _score_group(spec: EnvSpec, judge: str | None, model: Any, base_model: str, 
     return score_group
 
 
-async def train(
-    env: str,
-    *,
-    model_name: str = "smollm2-135m",
-    judge: str | list[str] | None = None,
-    judge_labels: str | None = None,
-    judge_margin: float = 0.05,
-    steps: int | None = None,
-    seed: int = 0,
-    path: str = ".groupwise",
-    name: str | None = None,
-    device: str | None = None,
-    dtype: str | None = None,
-    learning_rate: float | None = None,
-    gate: bool = False,
-    sft: int = 0,
-    sft_epochs: int = 2,
-    sft_lr: float = 2e-4,
-    batch_invariant: bool = False,
-) -> dict[str, Any]:
+async def train(job: TrainJob) -> dict[str, Any]:
     """Run the main job; returns a JSON-able summary (also written to <run_dir>/summary.json).
 
-    `judge` may list several candidates; with `judge_labels` (an env with a labelled set, ``env`` for
-    this one's, a JSONL file or a run folder) they are evaluated before training and the best one that
-    clears `judge_margin` is used, or the job stops with the table (`JudgeSelectionError`)."""
+    `job.judge` may list several candidates; with `job.judge_labels` (an env with a labelled set, ``env``
+    for this one's, a JSONL file or a run folder) they are evaluated before training and the best one that
+    clears `job.judge_margin` is used, or the job stops with the table (`JudgeSelectionError`)."""
     import groupwise as gw
+    from groupwise.envs import get_env
     from groupwise.loop.report import load_run, plot_run
+    from groupwise.loop.series import points
 
-    spec = get_env(env)
-    if learning_rate is not None:
-        spec = dataclasses.replace(spec, learning_rate=learning_rate)
-    train_s, val_s, test_s = spec.scenarios(seed, max_tokens=spec.max_tokens)
-    if spec.val_size is not None:
-        val_s = val_s[: spec.val_size]
-        test_s = test_s[: spec.val_size]
-    name = name or f"{spec.name}-s{seed}"
-    max_steps = steps if steps is not None else spec.steps
+    spec, preset, seed, model_name, path = get_env(job.env), job.preset(), job.seed, job.model, job.path
+    train_s, val_s, test_s = spec.scenarios(seed)
+    if preset.val_size is not None:
+        val_s = val_s[: preset.val_size]
+        test_s = test_s[: preset.val_size]
+    name = job.name or f"{spec.name}-s{seed}"
+    max_steps = preset.steps
     metric = spec.val_metric or "reward"
     print(f"[groupwise train] env={spec.name} ({spec.description})")
     print(f"[groupwise train] model={model_name} steps<={max_steps} seed={seed} "
-          f"groups/step={spec.groups_per_step} rollouts/group={spec.rollouts_per_group} lr={spec.learning_rate:g} "
-          f"train/val/test={len(train_s)}/{len(val_s)}/{len(test_s)}")
+          f"groups/step={preset.groups_per_step} rollouts/group={preset.rollouts_per_group} "
+          f"lr={preset.learning_rate:g} train/val/test={len(train_s)}/{len(val_s)}/{len(test_s)}")
     print(f"[groupwise train] watch it live: groupwise dashboard {shlex.quote(str(path))}")
 
     t0 = time.monotonic()
     model = gw.TrainableModel(name=name, project=spec.name, base_model=model_name, base_path=path)
-    backend = gw.LocalBackend(path, device=device, dtype=dtype, best_checkpoint_metric=f"val/{metric}",
-                              max_batch_size=max(32, spec.rollouts_per_group * spec.groups_per_step),
-                              engine_kwargs={"batch_invariant": True} if batch_invariant else None)
+    backend = gw.LocalBackend(path, device=job.device, dtype=job.dtype, best_checkpoint_metric=f"val/{metric}",
+                              max_batch_size=max(DEFAULT_MAX_BATCH_SIZE, preset.rollouts_per_group * preset.groups_per_step),
+                              engine_kwargs={"batch_invariant": True} if job.batch_invariant else None)
     await model.register(backend)
     load_s = time.monotonic() - t0
     resumed = await model.get_step()
     print(f"[groupwise train] loaded {model_name} in {load_s:.1f}s; run folder {model.run_dir}"
           + (f" (resuming at step {resumed})" if resumed else ""))
     sft_steps, baselines = 0, []
-    if sft:
-        # Supervised warm start (recipes/sft.py): its last step is scored as a baseline GRPO has to beat.
+    if job.sft:
+        # Supervised warm start (jobs/sft.py): its last step is scored as a baseline GRPO has to beat.
+        from groupwise.jobs.sft import env_demonstrations, warm_start
         from groupwise.loop.fit import AtStep
-        from groupwise.recipes.sft import env_demonstrations, warm_start
 
-        demos = env_demonstrations(spec, sft, seed=seed, max_tokens=spec.max_tokens)
-        sft_steps = await warm_start(model, demos, epochs=sft_epochs, learning_rate=sft_lr, seed=seed)
+        demos = env_demonstrations(spec, job.sft, seed=seed)
+        sft_steps = await warm_start(model, demos, epochs=job.sft_epochs, learning_rate=job.sft_lr, seed=seed)
         baselines = [AtStep(model, sft_steps)]
         max_steps += sft_steps  # --steps counts the GRPO steps
 
     config = gw.LoopConfig(
-        rollouts_per_group=spec.rollouts_per_group,
-        groups_per_step=spec.groups_per_step,
+        rollouts_per_group=preset.rollouts_per_group,
+        groups_per_step=preset.groups_per_step,
         max_steps=max_steps,
         num_epochs=100,  # the step budget, not the data, ends the job
-        learning_rate=spec.learning_rate,
-        train_config=_train_config(spec, device),
+        train_config=_train_config(spec, preset.learning_rate, job.device),  # it owns the learning rate
         eval_every=max(1, max_steps // 2),  # the base, the midpoint, the end
         # An env without a validation metric (titles) runs no validation; the loop's metric is then unused,
         # and "reward" would clash with the history row's own reward field.
@@ -185,20 +283,16 @@ async def train(
         seed=seed,
         max_exceptions=0.1,
     )
-    judges = [judge] if isinstance(judge, str) else list(judge or [])
-    if len(judges) > 1 and not judge_labels:
-        raise gw.ConfigError(f"{len(judges)} judges given ({', '.join(judges)}) but no labelled set to choose "
-                             "between them: pass --judge-labels (an env with a labelled set such as titles, "
-                             "'env', a JSONL file, or a run folder)", what="train arguments")
+    judges = list(job.judge or [])
     try:
-        if judge_labels:
+        if job.judge_labels:
             candidates = judges or [f"local/{model_name}"]
-            judges = [await _select_judge(spec, candidates, judge_labels, model, model_name, judge_margin)]
+            judges = [await _select_judge(spec, candidates, job.judge_labels, model, model_name, job.judge_margin)]
         summary = await gw.fit(
             model, spec.rollout, train_s,
             val_scenarios=val_s if spec.val_metric else None,
             test_scenarios=test_s if spec.val_metric else None,
-            score_group=_score_group(spec, judges[0] if judges else None, model, model_name, gate),
+            score_group=_score_group(spec, judges[0] if judges else None, model, model_name, job.gate),
             validate=spec.validate if spec.val_metric else None,
             baselines=baselines if spec.val_metric else (),
             config=config,
@@ -213,7 +307,7 @@ async def train(
     best = next((p for p in points(history, "val", metric) if p.step == summary.best_step), None)
     result = {
         "env": spec.name, "model": model_name, "seed": seed, "run_dir": str(model.run_dir),
-        "learning_rate": spec.learning_rate,
+        "learning_rate": preset.learning_rate,
         "metric": f"val/{metric}", "base": base.value if base else None,
         "base_interval": [base.lo, base.hi] if base else None,
         "trained_best": summary.best_value, "best_interval": [best.lo, best.hi] if best else None,
@@ -258,6 +352,8 @@ def _with_ci(p: Any) -> str:
 def advice(base: Any, best: Any, final_step: int, rule: str, *, env: str, seed: int, steps: int,
            run_dir: str) -> list[str]:
     """What the user of `groupwise train` can do next, given how the run went."""
+    from groupwise.loop.stopping import significant_gap
+
     again = f"groupwise train {env} --seed {seed}"
     more = f"`{again} --steps {max(2 * steps, final_step + 4)}` continues this run from step {final_step}"
     watch = f"curves: `groupwise report {run_dir}`; answers: `groupwise compare {run_dir} --steps 0,best`"
@@ -295,35 +391,18 @@ def _show_progress() -> None:
     logger.propagate = False
 
 
-def run_train(args: Any) -> int:
-    """Entry point of `groupwise train` (arguments declared in cli.py)."""
-    try:
-        get_env(args.env)
-    except KeyError as exc:
-        print(f"groupwise train: {exc.args[0]}", file=sys.stderr)
-        return 2
-    judges = [args.judge] if isinstance(args.judge, str) else list(args.judge or [])
-    if len(judges) > 1 and not getattr(args, "judge_labels", None):
-        print(f"groupwise train: error: {len(judges)} --judge candidates need --judge-labels to choose between "
-              "them (titles, 'env', a JSONL file or a run folder)", file=sys.stderr)
-        return 2
-    for judge in judges:
-        if judge.startswith("local/"):
-            continue
-        from groupwise.errors import JudgeError
-        from groupwise.judge.providers import resolve
+def run(job: TrainJob) -> int:
+    import asyncio
 
-        try:  # a missing key or bad name, before loading
-            resolve(judge)
-        except JudgeError as exc:
-            print(f"groupwise train: error: --judge {judge}: {exc}", file=sys.stderr)
-            return 2
     _show_progress()
-    asyncio.run(train(args.env, model_name=args.model, judge=judges or None, steps=args.steps, seed=args.seed,
-                      judge_labels=getattr(args, "judge_labels", None), judge_margin=getattr(args, "judge_margin", 0.05),
-                      path=args.path, name=args.name, device=getattr(args, "device", None),
-                      dtype=getattr(args, "dtype", None), learning_rate=getattr(args, "lr", None),
-                      gate=getattr(args, "gate", False), sft=getattr(args, "sft", 0),
-                      sft_epochs=getattr(args, "sft_epochs", 2), sft_lr=getattr(args, "sft_lr", 2e-4),
-                      batch_invariant=getattr(args, "batch_invariant", False)))
+    asyncio.run(train(job))
     return 0
+
+
+COMMAND = Command(
+    "train", TrainJob, run, help="train an agent on a built-in environment (the main job)",
+    description="Train a LoRA adapter with GRPO on a built-in environment, validating on held-out scenarios; the "
+                "best checkpoint is tested at the end. The run lives in <path>/<env>/<name>; running the same "
+                "command again resumes it from its last checkpoint (raise --steps to train further).",
+    epilog="Resume or extend a run: `groupwise train 2048 --seed 0 --steps 16` after an 8-step run continues at "
+           "step 8. Watch it: `groupwise report .groupwise/2048/2048-s0`.")

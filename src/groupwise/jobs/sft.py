@@ -9,15 +9,43 @@ from the last of them; a run that already has its SFT steps skips them (resume).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from groupwise.envs import EnvSpec, get_env
+from groupwise.jobs.common import device_field, folder_name_problem, model_field, run_name_problem, store_field
+from groupwise.jobs.fields import Command, Job, arg
+
+if TYPE_CHECKING:
+    from groupwise.envs import EnvSpec
+
+# The warm start's settings, shared by `groupwise sft` and `groupwise train --sft N`.
+SFT_EPOCHS = 2
+SFT_LEARNING_RATE = 2e-4
+SFT_BATCH_SIZE = 4
+ENV_DEMONSTRATIONS = 64  # `groupwise sft <env>` without -n
+
+
+@dataclass
+class SFTJob(Job):
+    data: str = arg(positional=True, help="a JSONL file in ART's SFT format ({\"messages\": [...], \"tools\": [...]} "
+                                          "per line), or an env with a scripted demonstrator (email)")
+    n: int | None = arg(None, low=1, help=f"how many demonstrations (default: the file's all; env: {ENV_DEMONSTRATIONS})")
+    epochs: int = arg(SFT_EPOCHS, low=1, help="passes over the demonstrations, one step each")
+    lr: float = arg(SFT_LEARNING_RATE, low=0, low_open=True, help="learning rate")
+    batch_size: int = arg(SFT_BATCH_SIZE, low=1, help="demonstrations per optimizer update")
+    model: str = model_field()
+    seed: int = arg(0, help="random seed: which demonstrations and their order")
+    path: str = store_field()
+    project: str | None = arg(None, check=folder_name_problem, help="project (default: the env's name, or 'sft' for "
+                                                                     "a file)")
+    name: str | None = arg(None, check=run_name_problem,
+                           help="model name (default: <env>-s<seed>, as groupwise train names it)")
+    device: str | None = device_field()
 
 
 def read_jsonl(path: str | Path) -> list[Any]:
@@ -38,14 +66,14 @@ def read_jsonl(path: str | Path) -> list[Any]:
     return out
 
 
-def env_demonstrations(spec: EnvSpec, n: int, *, seed: int, max_tokens: int | None = None, **overrides: Any) -> list[Any]:
+def env_demonstrations(spec: EnvSpec, n: int, *, seed: int, **overrides: Any) -> list[Any]:
     """`n` demonstrations of the env's scripted demonstrator on its training scenarios (the first `n` of the
-    seed's training order); `overrides` go to the scenarios (e.g. the email env's tool_mode)."""
+    seed's training order); `overrides` go to the scenarios (e.g. the email env's tool_mode, max_tokens)."""
     if spec.demonstrate is None:
         have = sorted(name for name, s in _envs().items() if s.demonstrate is not None)
         raise ValueError(f"env {spec.name!r} has no scripted demonstrator; these have one: {have}. "
                          "Or pass a JSONL file of demonstrations.")
-    train = spec.scenarios(seed, **{"max_tokens": max_tokens or spec.max_tokens, **overrides})[0]
+    train = spec.scenarios(seed, **overrides)[0]
     if n > len(train):
         raise ValueError(f"--sft {n}: env {spec.name!r} has {len(train)} training scenarios")
     return [spec.demonstrate(s) for s in train[:n]]
@@ -57,8 +85,8 @@ def _envs() -> dict[str, EnvSpec]:
     return ENVS
 
 
-async def warm_start(model: Any, trajectories: list[Any], *, epochs: int, learning_rate: float, batch_size: int = 4,
-                     seed: int = 0, gradient_checkpointing: bool = True) -> int:
+async def warm_start(model: Any, trajectories: list[Any], *, epochs: int, learning_rate: float,
+                     batch_size: int = SFT_BATCH_SIZE, seed: int, gradient_checkpointing: bool = True) -> int:
     """SFT epochs (one step each, trajectories shuffled per epoch); returns how many SFT steps the run has.
 
     Only while every step of the run so far is an SFT step: a run that has moved on to GRPO keeps its steps.
@@ -83,44 +111,46 @@ async def warm_start(model: Any, trajectories: list[Any], *, epochs: int, learni
     return epochs
 
 
-async def sft(data: str, *, model_name: str, n: int | None, epochs: int, learning_rate: float, batch_size: int,
-              seed: int, path: str, project: str | None, name: str | None, device: str | None) -> dict[str, Any]:
+async def sft(job: SFTJob) -> dict[str, Any]:
     """`groupwise sft`: warm-start a run from demonstrations; GRPO can continue it under the same name."""
     import groupwise as gw
+    from groupwise.envs import get_env
 
-    if Path(data).suffix == ".jsonl" or Path(data).is_file():
-        trajectories = read_jsonl(data)[: n or None]
-        project = project or "sft"
-        name = name or f"{Path(data).stem}-s{seed}"
+    if Path(job.data).suffix == ".jsonl" or Path(job.data).is_file():
+        trajectories = read_jsonl(job.data)[: job.n or None]
+        project = job.project or "sft"
+        name = job.name or f"{Path(job.data).stem}-s{job.seed}"
     else:
-        spec = get_env(data)
-        trajectories = env_demonstrations(spec, n or 64, seed=seed)
-        project = project or spec.name
-        name = name or f"{spec.name}-s{seed}"
+        spec = get_env(job.data)
+        trajectories = env_demonstrations(spec, job.n or ENV_DEMONSTRATIONS, seed=job.seed)
+        project = job.project or spec.name
+        name = job.name or f"{spec.name}-s{job.seed}"
     t0 = time.monotonic()
-    model = gw.TrainableModel(name=name, project=project, base_model=model_name, base_path=path)
-    backend = gw.LocalBackend(path, device=device, best_checkpoint_metric=None)
+    model = gw.TrainableModel(name=name, project=project, base_model=job.model, base_path=job.path)
+    backend = gw.LocalBackend(job.path, device=job.device, best_checkpoint_metric=None)
     await model.register(backend)
-    print(f"[groupwise sft] {len(trajectories)} demonstrations, {epochs} epoch(s), lr {learning_rate}, "
-          f"batch {batch_size}; run folder {model.run_dir}", flush=True)
+    print(f"[groupwise sft] {len(trajectories)} demonstrations, {job.epochs} epoch(s), lr {job.lr}, "
+          f"batch {job.batch_size}; run folder {model.run_dir}", flush=True)
     try:
-        steps = await warm_start(model, trajectories, epochs=epochs, learning_rate=learning_rate,
-                                 batch_size=batch_size, seed=seed)
+        steps = await warm_start(model, trajectories, epochs=job.epochs, learning_rate=job.lr,
+                                 batch_size=job.batch_size, seed=job.seed)
         step = await model.get_step()
     finally:
         await backend.close()
     print(f"[groupwise sft] done: step {step} ({steps} SFT step(s)) in {(time.monotonic() - t0) / 60:.1f} min; "
-          f"continue with GRPO: groupwise train <env> --name {name} --path {path}")
+          f"continue with GRPO: groupwise train <env> --name {name} --path {job.path}")
     return {"run_dir": str(model.run_dir), "step": step, "sft_steps": steps}
 
 
-def run_sft(args: Any) -> int:
-    """Entry point of `groupwise sft` (arguments declared in cli.py)."""
+def run(job: SFTJob) -> int:
+    import asyncio
+
     try:
-        asyncio.run(sft(args.data, model_name=args.model, n=args.n, epochs=args.epochs, learning_rate=args.lr,
-                        batch_size=args.batch_size, seed=args.seed, path=args.path, project=args.project,
-                        name=args.name, device=args.device))
+        asyncio.run(sft(job))
     except (KeyError, ValueError) as exc:
         print(f"groupwise sft: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
     return 0
+
+
+COMMAND = Command("sft", SFTJob, run, help="supervised warm start of a run from demonstrations (GRPO continues it)")

@@ -1,0 +1,206 @@
+"""A job's settings: one dataclass per command, each field one flag with its help, type, default and checks.
+
+The dataclass is the only place a command's setting is declared. cli.py builds the parser from it
+(`flags`): the flag's name from the field's (``batch_size`` -> ``--batch-size``, a one-letter ``n`` ->
+``-n``), its type and choices from the annotation (``int | None``, ``Literal["a", "b"]``, ``list[int]``),
+its help, bounds and checks from the field's metadata (`arg`), and the default shown in the help from the
+field's default. Building the dataclass checks every value the same way (`Job.problems`), so a job made
+in Python is refused as the command line would refuse it, before anything loads. Adding a flag is adding
+a field.
+
+List-valued fields take either one comma-separated value (``--seeds 0-3`` or ``--lr 5e-4,1e-3``: an
+integer list also takes ranges ``a-b``, both ends included) or, with ``repeat=True``, the flag once per
+value (``--judge a --judge b``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field
+from typing import Any, Literal
+
+from groupwise.config import Validated, number_fits, number_requirement
+
+__all__ = ["Command", "Flag", "Job", "arg", "flags", "parse_text"]
+
+# check(value) -> None, or what is wrong with it in one sentence that names the value.
+Check = Callable[[Any], "str | None"]
+
+
+def arg(default: Any = MISSING, *, help: str, default_factory: Any = MISSING, positional: bool = False,
+        low: float | None = None, high: float | None = None, low_open: bool = False,
+        check: Check | None = None, on_machine: Check | None = None, repeat: bool = False,
+        metavar: str | None = None, exclusive: str | None = None, flag: str | None = None) -> Any:
+    """A job field. `help` says what the setting does (the default is appended by the CLI, never written
+    in the help); `low`/`high`/`low_open` bound a number (each element of a list); `check` refuses a
+    value by itself, as argparse parses it; `on_machine` refuses one this machine cannot serve (a missing
+    local model, an absent CUDA device), after parsing; `repeat` makes a list field a repeatable flag;
+    fields sharing an `exclusive` name are mutually exclusive flags; `flag` overrides the flag's name."""
+    metadata = {"help": help, "positional": positional, "low": low, "high": high, "low_open": low_open,
+                "check": check, "on_machine": on_machine, "repeat": repeat, "metavar": metavar,
+                "exclusive": exclusive, "flag": flag}
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One field of a job, as the command line sees it."""
+
+    name: str  # the field's name
+    flag: str  # --batch-size, -n, or the field's name for a positional argument
+    kind: type  # the type of the value (of each element, for a list): int, float, str or bool
+    many: bool  # a list of values
+    optional: bool  # None is allowed (and means "not given": the help says what then)
+    choices: tuple[Any, ...] | None  # from a Literal annotation
+    default: Any  # MISSING when required
+    help: str
+    meta: dict[str, Any]
+
+    @property
+    def bounds(self) -> dict[str, Any]:
+        return {"low": self.meta["low"], "high": self.meta["high"], "low_open": self.meta["low_open"],
+                "integer": self.kind is int}
+
+    def problem(self, value: Any, shown: str) -> str | None:
+        """What is wrong with one value (one element of a list), `shown` as the user wrote it; None if fine."""
+        if self.choices is not None and value not in self.choices:
+            return f"must be one of {', '.join(map(str, self.choices))}, got {shown}"
+        if self.kind in (int, float) and not number_fits(value, **self.bounds):
+            return f"must be {number_requirement(**self.bounds)}, got {shown}"
+        if self.kind is str and not isinstance(value, str):
+            return f"must be a string, got {shown}"
+        check = self.meta["check"]
+        return check(value) if check is not None else None
+
+    def help_text(self) -> str:
+        shown = self.default
+        if shown is MISSING or shown is None or shown is False or shown == []:
+            return self.help  # the help says what leaving it out does
+        if self.many and isinstance(shown, (list, tuple)):
+            shown = ",".join(map(str, shown))
+        return f"{self.help} (default: {shown})"
+
+
+def _unwrap(annotation: Any) -> tuple[type, bool, bool, tuple[Any, ...] | None]:
+    """(element type, many, optional, choices) of a field's annotation."""
+    optional = False
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        optional = len(rest) < len(args)
+        if len(rest) != 1:
+            raise TypeError(f"a job field is one type, optionally with None; got {annotation!r}")
+        annotation = rest[0]
+    many = typing.get_origin(annotation) in (list, tuple)
+    if many:
+        annotation = typing.get_args(annotation)[0]
+    choices = None
+    if typing.get_origin(annotation) is Literal:
+        choices = typing.get_args(annotation)
+        annotation = type(choices[0])
+    if annotation not in (int, float, str, bool):
+        raise TypeError(f"a job field holds int, float, str or bool (or a list of one); got {annotation!r}")
+    return annotation, many, optional, choices
+
+
+def flags(job: type) -> list[Flag]:
+    """The fields of a job dataclass, as flags."""
+    hints = typing.get_type_hints(job, vars(sys.modules[job.__module__]))
+    out = []
+    for f in dataclasses.fields(job):
+        kind, many, optional, choices = _unwrap(hints[f.name])
+        default = f.default if f.default is not MISSING else (
+            f.default_factory() if f.default_factory is not MISSING else MISSING)
+        flag = f.metadata.get("flag") or (f.name if f.metadata.get("positional") else
+                                          f"-{f.name}" if len(f.name) == 1 else f"--{f.name.replace('_', '-')}")
+        out.append(Flag(f.name, flag, kind, many, optional, choices, default, f.metadata.get("help", ""),
+                        dict(f.metadata)))
+    return out
+
+
+_RANGE = re.compile(r"^(\d+)-(\d+)$")
+
+
+def parse_text(spec: Flag, text: str) -> Any:
+    """The value of one command-line word for `spec` (a list for a comma-separated list field); ValueError
+    with the flag's requirement when the word is not one."""
+    if spec.many and not spec.meta["repeat"]:
+        values: list[Any] = []
+        for part in text.split(","):
+            part = part.strip()
+            span = _RANGE.match(part) if spec.kind is int else None
+            if span and int(span[1]) <= int(span[2]):
+                values.extend(range(int(span[1]), int(span[2]) + 1))
+            else:
+                values.append(_one(spec, part, shown=repr(part)))
+        return values
+    return _one(spec, text, shown=repr(text))
+
+
+def _one(spec: Flag, text: str, shown: str) -> Any:
+    value: Any = text
+    if spec.kind is int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+    elif spec.kind is float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+    problem = spec.problem(value, shown) if value is not None else (
+        f"must be {number_requirement(**spec.bounds)}, got {shown}")
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+class Job(Validated):
+    """Base of the job dataclasses: every field checked as its flag is (`Flag.problem`, the `on_machine`
+    checks), then the job's own rules between fields (`rules`)."""
+
+    def problems(self) -> list[str]:
+        found = []
+        for spec in flags(type(self)):
+            value = getattr(self, spec.name)
+            if value is None and (spec.optional or spec.default is None):
+                continue
+            values = value if spec.many and isinstance(value, (list, tuple)) else [value]
+            if spec.many and not isinstance(value, (list, tuple)):
+                found.append(f"{spec.flag}: must be a list, got {value!r}")
+                continue
+            if spec.kind is bool:
+                if not isinstance(value, bool):
+                    found.append(f"{spec.flag}: must be True or False, got {value!r}")
+                continue
+            bad = [p for v in values if (p := spec.problem(v, repr(v)))]
+            found.extend(f"{spec.flag}: {p}" for p in bad)
+            machine = spec.meta["on_machine"]
+            if not bad and machine is not None:
+                found.extend(f"{spec.flag} {v}: {p}" for v in values if (p := machine(v)))
+        return found + self.rules()
+
+    def rules(self) -> list[str]:
+        """Problems between fields (a key needed off loopback, several judges need a labelled set)."""
+        return []
+
+
+@dataclass(frozen=True)
+class Command:
+    """A command of the `groupwise` CLI: its name (``judge eval`` for a nested one), its job dataclass, the
+    function that runs a job (returning the exit code), and the texts of its help."""
+
+    name: str
+    job: type[Job]
+    run: Callable[[Any], "int | None"]
+    help: str
+    description: str | None = None
+    epilog: str | None = None

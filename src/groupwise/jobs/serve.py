@@ -1,0 +1,55 @@
+"""`groupwise serve`: a model and LoRA adapters over an OpenAI-compatible HTTP API (groupwise.inference.serve)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from groupwise.backend.replica import DEFAULT_MAX_BATCH_SIZE
+from groupwise.inference.request_limits import DEFAULT_MAX_BODY_BYTES
+from groupwise.jobs.common import (Dtype, api_key_field, device_field, dtype_field, host_field, local_model_problem,
+                                   loopback_problem, port_field, served_name_problem)
+from groupwise.jobs.fields import Command, Job, arg
+
+
+def _adapter_problem(path: str) -> str | None:
+    if os.path.isfile(os.path.join(path, "adapter_config.json")):
+        return None
+    return "no adapter_config.json there (expected a peft LoRA folder)"
+
+
+@dataclass
+class ServeJob(Job):
+    model: str = arg(help="base model: short name (smollm2-135m), Hugging Face id or local path",
+                     on_machine=local_model_problem)
+    adapter: list[str] = arg(default_factory=list, repeat=True, metavar="DIR", on_machine=_adapter_problem,
+                             help="a LoRA adapter folder to serve (repeatable); served as <name>@<step> or by "
+                                  "folder name")
+    host: str = host_field()
+    port: int = port_field(8000)
+    api_key: str | None = api_key_field()
+    name: str | None = arg(None, help="served model name (default: the --model value)", check=served_name_problem)
+    device: str | None = device_field()
+    dtype: Dtype | None = dtype_field()
+    max_batch_size: int = arg(DEFAULT_MAX_BATCH_SIZE, low=1,
+                              help="sequences decoded together, and the most choices (n) a request may ask")
+    max_body_bytes: int = arg(DEFAULT_MAX_BODY_BYTES, low=1, help="larger request bodies are refused with 413")
+    max_kv_gb: float | None = arg(None, low=0, low_open=True,
+                                  help="the KV cache's largest size; the context shrinks to what it holds at "
+                                       "--max-batch-size (default: a third of the memory free at startup)")
+
+    def rules(self) -> list[str]:
+        problem = loopback_problem(self.host, self.api_key, exposes="use the model")
+        return [problem] if problem else []
+
+
+def run(job: ServeJob) -> int:
+    from groupwise.inference.serve import serve_model
+
+    serve_model(job.model, adapters=job.adapter, host=job.host, port=job.port, api_key=job.api_key, name=job.name,
+                device=job.device, dtype=job.dtype, max_batch_size=job.max_batch_size,
+                max_body_bytes=job.max_body_bytes, max_kv_gb=job.max_kv_gb)
+    return 0
+
+
+COMMAND = Command("serve", ServeJob, run, help="serve a model (and LoRA adapters) over an OpenAI-compatible HTTP API")
