@@ -15,6 +15,9 @@ from typing import Any
 from groupwise.errors import ConfigError, warn_ignored
 
 
+DEFAULT_BASE_MODEL = "smollm2-135m"  # what a TrainableModel and the CLI's jobs start from when none is named
+DEFAULT_RUN_STORE = ".groupwise"  # the run store folder, relative to the working directory
+
 # Judge evaluation (`groupwise judge eval`, `gw.judge.evaluate_judges`, `select_judge`): here, not in
 # groupwise.judge, so the CLI shows them without importing the judge (and its clients).
 DEFAULT_MARGIN = 0.05  # a judge clears the bar when its pairwise accuracy's lower bound exceeds 0.5 + this

@@ -36,6 +36,7 @@ from groupwise.adapter_names import served_name
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC
 from groupwise.compat import (LORA_CONFIG_FIELDS, PEFT_ARGS_FIELDS, internal_config_settings, train_config_from_art,
                               warn_ignored)
+from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_RUN_STORE
 from groupwise.errors import ConfigError, GroupwiseError
 from groupwise.store import RunStore, as_groups, history_row, train_metrics
 from groupwise.types import Trajectory, TrajectoryGroup
@@ -89,7 +90,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     inference_api_key: str | None = None
     inference_base_url: str | None = None
     inference_model_name: str | None = None
-    base_path: str = ".groupwise"
+    base_path: str = DEFAULT_RUN_STORE
     report_metrics: list[str] | None = None
 
     _backend: Any = PrivateAttr(default=None)
@@ -97,7 +98,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     _client: Any = PrivateAttr(default=None)
     _client_loop: Any = PrivateAttr(default=None)
 
-    def __init__(self, name: str, project: str = "default", base_path: str = ".groupwise",
+    def __init__(self, name: str, project: str = "default", base_path: str = DEFAULT_RUN_STORE,
                  inference_base_url: str | None = None, inference_api_key: str | None = None,
                  inference_model_name: str | None = None, **fields: Any) -> None:
         try:
@@ -195,7 +196,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         if not isinstance(backend, Backend):
             raise TypeError(f"register() takes a groupwise Backend, got {type(backend).__name__}")
         path = getattr(backend, "path", None)
-        if path is not None and self.base_path == ".groupwise":
+        if path is not None and self.base_path == DEFAULT_RUN_STORE:
             self.base_path = str(path)
         self._backend = backend
 
@@ -328,15 +329,15 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
             `TrainConfig` values; the rest is named once in a warning, with what to use instead.
     """
 
-    base_model: str = "smollm2-135m"
+    base_model: str = DEFAULT_BASE_MODEL
     trainable: bool = True
     run_name: str | None = None
     lora_config: Any = None
 
     _internal_config: Any = PrivateAttr(default=None)
 
-    def __init__(self, name: str, project: str = "default", base_model: str = "smollm2-135m",
-                 base_path: str = ".groupwise", *, _internal_config: dict[str, Any] | None = None,
+    def __init__(self, name: str, project: str = "default", base_model: str = DEFAULT_BASE_MODEL,
+                 base_path: str = DEFAULT_RUN_STORE, *, _internal_config: dict[str, Any] | None = None,
                  **fields: Any) -> None:
         super().__init__(name, project, base_path, base_model=base_model, **fields)
         self._internal_config = _internal_config

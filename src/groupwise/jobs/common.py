@@ -7,14 +7,13 @@ import os
 import re
 from typing import Any, Literal
 
+from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_RUN_STORE
 from groupwise.jobs.fields import arg
 
-__all__ = ["DEFAULT_MODEL", "DEFAULT_STORE", "Dtype", "api_key_field", "device_field", "dtype_field",
+__all__ = ["Dtype", "api_key_field", "device_field", "dtype_field",
            "folder_name_problem", "host_field", "loopback_problem", "model_field", "port_field", "run_dir_field",
            "served_name_problem", "store_field"]
 
-DEFAULT_MODEL = "smollm2-135m"
-DEFAULT_STORE = ".groupwise"
 # What `groupwise.loading.resolve_dtype` accepts, as the command line spells it.
 Dtype = Literal["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"]
 _DEVICE = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
@@ -95,11 +94,11 @@ def loopback_problem(host: str, api_key: str | None, *, exposes: str) -> str | N
 
 
 def model_field(help: str = "base model: short name (smollm2-135m), Hugging Face id or local path") -> Any:
-    return arg(DEFAULT_MODEL, help=help, on_machine=local_model_problem)
+    return arg(DEFAULT_BASE_MODEL, help=help, on_machine=local_model_problem)
 
 
 def store_field() -> Any:
-    return arg(DEFAULT_STORE, help="run store folder", on_machine=store_problem)
+    return arg(DEFAULT_RUN_STORE, help="run store folder", on_machine=store_problem)
 
 
 def device_field() -> Any:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from groupwise.jobs.common import DEFAULT_STORE, api_key_field, host_field, loopback_problem, port_field
+from groupwise.config import DEFAULT_RUN_STORE
+from groupwise.jobs.common import api_key_field, host_field, loopback_problem, port_field
 from groupwise.jobs.fields import Command, Job, arg
 
 
@@ -18,7 +19,7 @@ def _folder_problem(path: str) -> str | None:
 
 @dataclass
 class DashboardJob(Job):
-    path: str = arg(DEFAULT_STORE, positional=True, on_machine=_folder_problem,
+    path: str = arg(DEFAULT_RUN_STORE, positional=True, on_machine=_folder_problem,
                     help="a run store folder, a project or one run folder")
     host: str = host_field()
     port: int = port_field(8100)

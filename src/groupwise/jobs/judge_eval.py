@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from groupwise.config import DEFAULT_MARGIN, DEFAULT_MAX_CONCURRENT, DEFAULT_ORDERS, DEFAULT_REPEATS
-from groupwise.jobs.common import DEFAULT_MODEL
+from groupwise.config import (DEFAULT_BASE_MODEL, DEFAULT_MARGIN, DEFAULT_MAX_CONCURRENT, DEFAULT_ORDERS,
+                              DEFAULT_REPEATS)
 from groupwise.jobs.fields import Command, Job, arg
 
 
@@ -16,7 +16,7 @@ from groupwise.jobs.fields import Command, Job, arg
 class JudgeEvalJob(Job):
     labels: str = arg(help="an env with a labelled set (titles), a JSONL file of labelled groups, or a run folder "
                            "(its validation trajectories, labelled by the validation metric)")
-    judge: list[str] = arg(default_factory=lambda: [f"local/{DEFAULT_MODEL}"], repeat=True,
+    judge: list[str] = arg(default_factory=lambda: [f"local/{DEFAULT_BASE_MODEL}"], repeat=True,
                            help="a judge to evaluate (repeatable): local/smollm2-135m, openai/o4-mini, or with "
                                 "--base-url the model an OpenAI-compatible server serves")
     rubric: str | None = arg(None, help="the rubric, or @FILE (default: the env's, else RULER's default)")
