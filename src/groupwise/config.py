@@ -311,6 +311,9 @@ class DetectorConfig(Validated):
 
     The validation detectors compare changes against the validation's confidence interval
     (`LoopConfig.confidence`) as well: a threshold here is a floor under the noise, not a substitute for it.
+    Each default's false-alarm rate (clean runs, nothing to game) and detection rate and lead time
+    (planted, gameable rewards) are measured by bench/detectors.py; the figures follow each field's help
+    and are tabled in docs/benchmarks.md and the README.
     """
 
     val_drop: float = option(0.05, help="Val-drop detectors: the smallest fall of the validation metric below its best that can fire; the fall must also exceed the noise of the two validations (their intervals).")

@@ -12,7 +12,15 @@ import pytest
 from judge_helpers import Reply, answer, shown_trajectories
 
 import groupwise as gw
-from groupwise.judge import JudgeSpec, LabelledGroup, evaluate_judges, format_table, load_labelled, select_judge
+from groupwise.judge import (
+    JudgeSpec,
+    LabelledGroup,
+    evaluate_judges,
+    format_table,
+    load_labelled,
+    save_labelled,
+    select_judge,
+)
 from groupwise.judge.evaluate import bootstrap_ratio, flips, kendall_tau_b, pairwise_agreement
 
 # ----------------------------------------------------------------------------- maths
@@ -73,6 +81,23 @@ def test_labelled_jsonl_scores_and_preferences(tmp_path):
     path.write_text('{"messages": [], "answers": []}\n')
     with pytest.raises(gw.ConfigError, match="labels.jsonl:1"):
         load_labelled(path)
+
+
+def test_saved_labelled_groups_load_back_with_their_common_prefix_written_once(tmp_path):
+    system, board = {"role": "system", "content": "play"}, {"role": "user", "content": "board 1"}
+    games = [[system, board, {"role": "assistant", "content": "<move>left</move>"}, {"role": "user", "content": "board 2"},
+              {"role": "assistant", "content": "<move>up</move>"}],
+             [system, board, {"role": "assistant", "content": "sideways"}]]
+    same = [[system, board, {"role": "assistant", "content": "x"}], [system, board, {"role": "assistant", "content": "x"}]]
+    groups = [LabelledGroup(games, [0.4, -1.0], "game 7"), LabelledGroup(same, [1.0, 0.0], "twins")]
+    path = save_labelled(groups, tmp_path / "labels.jsonl")
+    first = json.loads(path.read_text().splitlines()[0])
+    assert first["messages"] == [system, board] and first["name"] == "game 7"
+    assert [t["label"] for t in first["trajectories"]] == [0.4, -1.0] and len(first["trajectories"][0]["messages"]) == 3
+    back = load_labelled(path)
+    assert [(g.message_lists, g.labels, g.name) for g in back] == [(g.message_lists, g.labels, g.name) for g in groups]
+    with pytest.raises(gw.ConfigError, match="tools"):
+        save_labelled([LabelledGroup(same, [1.0, 0.0], "tooled", [[{"name": "f"}], None])], tmp_path / "t.jsonl")
 
 
 # ----------------------------------------------------------------------------- scripted judges over HTTP

@@ -24,6 +24,7 @@ from groupwise.judge.evaluate import (
     format_table,
     labelled_from_groups,
     load_labelled,
+    save_labelled,
 )
 from groupwise.judge.hybrid import apply_hybrid, gate, weighted
 from groupwise.judge.parse import BadAnswer
@@ -60,6 +61,7 @@ __all__ = [
     "format_table",
     "labelled_from_groups",
     "load_labelled",
+    "save_labelled",
     "format_debug",
     "gate",
     "judge_stats",

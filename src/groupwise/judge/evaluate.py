@@ -46,6 +46,7 @@ from groupwise.judge.ruler import ruler_detailed
 __all__ = [
     "JudgeReport", "JudgeSpec", "LabelledGroup", "bootstrap_ratio", "evaluate_judges", "format_table",
     "kendall_tau_b", "labelled_from_groups", "load_labelled", "pairwise_agreement", "plot_judges",
+    "save_labelled",
 ]
 
 RESAMPLES = 2000
@@ -119,6 +120,27 @@ def load_labelled(path: str | Path) -> list[LabelledGroup]:
                 raise ConfigError(f"{path}:{i}: not JSON ({e})", what="labelled groups") from None
             out.append(_parse_line(obj, f"{path}:{i}"))
     return out
+
+
+def save_labelled(labelled: Sequence[LabelledGroup], path: str | Path) -> Path:
+    """Write labelled groups as the JSONL `load_labelled` reads: the messages every trajectory of a
+    group starts with once, as ``messages``, and each trajectory's remainder with its label. A set built
+    once (e.g. rollouts of a base model, labelled by the env's reward) can then be judged by any judge
+    later, and by `groupwise judge eval --labels FILE`, without building an engine again."""
+    lines = []
+    for g in labelled:
+        if g.tools is not None and any(t is not None for t in g.tools):
+            raise ConfigError(f"labelled group {g.name!r} has tools, which the JSONL format does not carry",
+                              what="labelled groups")
+        common = 0
+        while all(len(ms) > common + 1 and ms[common] == g.message_lists[0][common] for ms in g.message_lists):
+            common += 1
+        lines.append(json.dumps({"name": g.name, "messages": g.message_lists[0][:common], "trajectories": [
+            {"messages": ms[common:], "label": label} for ms, label in zip(g.message_lists, g.labels)]},
+            default=str))
+    path = Path(path)
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
 
 
 def labelled_from_groups(groups: Sequence[Any], key: str) -> list[LabelledGroup]:
