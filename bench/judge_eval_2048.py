@@ -87,6 +87,7 @@ async def make_labels(path: Path, groups: int, group_size: int, model_name: str,
                                            for s in seeds))
             for t in trajs:
                 t.metrics["env_reward"] = t.reward
+            print(f"game seed {scenario.seed}: rewards {[round(t.reward, 3) for t in trajs]}", flush=True)
             return gw.TrajectoryGroup(trajs, metadata={"scenario": f"2048 val game seed {scenario.seed}"})
 
         t0 = time.monotonic()
