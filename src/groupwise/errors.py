@@ -5,9 +5,12 @@ what a run, the engine, the trainer or the judge raise; where a standard excepti
 is that too (`ConfigError` is a `ValueError`, the engine's `EngineError` a `RuntimeError`,
 `NonFiniteError` a `FloatingPointError`), so code written against the standard classes keeps working.
 The layers define their own errors on this base (inference/requests.py, inference/constrained.py,
-backend/driver.py); tests/test_errors.py checks that every error class in the package derives from it
-and that nothing raises a bare RuntimeError. A wrong argument passed to a function may still get the
-plain ValueError, TypeError or KeyError of a Python function.
+backend/driver.py). A wrong argument is a `ConfigError` (a value) or an `ArgumentTypeError` (a type),
+so even those are caught by ``except GroupwiseError`` and by ``except ValueError`` / ``TypeError``.
+tests/test_errors.py checks that every error class in the package derives from GroupwiseError and that
+no module raises a plain ValueError, TypeError, RuntimeError, ... outside a short allow-list of
+protocol errors (pydantic validators, ``__getattr__``'s AttributeError, NotImplementedError), each with
+its reason.
 """
 
 from __future__ import annotations
@@ -57,6 +60,17 @@ class ConfigError(GroupwiseError, ValueError):
         self.problems = [problems] if isinstance(problems, str) else list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"invalid {what} ({len(self.problems)} problem(s)):\n{lines}")
+
+
+class ArgumentTypeError(GroupwiseError, TypeError):
+    """An argument is not of a type groupwise takes (a Backend, a TrajectoryGroup, a number, ...); the
+    message names the argument, the type it got and the type it takes."""
+
+
+class InvalidDataError(GroupwiseError, ValueError):
+    """Data groupwise was handed or reads cannot be used as it is (a file in another format, a
+    conversation the chat template cannot split into turns, a token sequence that does not fit its
+    logprobs); the message names where and what to do."""
 
 
 class GatherError(GroupwiseError):
@@ -113,6 +127,11 @@ class NonFiniteError(GroupwiseError, FloatingPointError):
     """A training step produced a nan or inf loss, gradient or adapter. The step was undone (the adapter
     and optimizer state are as before it) and nothing was checkpointed; the message names the likely
     setting (the learning rate, the rewards)."""
+
+
+class CheckpointMismatchError(CheckpointError, ValueError):
+    """A checkpoint was saved for another base model or LoRA config (its tensors do not fit the model):
+    load it with the config that saved it, or train under a new model name."""
 
 
 class DiskFullError(CheckpointError, OSError):

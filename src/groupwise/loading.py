@@ -30,7 +30,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from groupwise.errors import ModelNotFoundError
+from groupwise.errors import ConfigError, ModelNotFoundError
 
 if TYPE_CHECKING:
     import torch
@@ -138,7 +138,7 @@ def resolve_dtype(dtype: "str | torch.dtype | None", device: "torch.device") -> 
     name = aliases.get(str(dtype), str(dtype)).replace("torch.", "")
     value = getattr(torch, name, None)
     if not isinstance(value, torch.dtype):
-        raise ValueError(f"dtype={dtype!r} is not a torch dtype; use float32, bfloat16 or float16")
+        raise ConfigError(f"dtype={dtype!r} is not a torch dtype; use float32, bfloat16 or float16", what="dtype")
     return value
 
 

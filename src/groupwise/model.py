@@ -37,7 +37,7 @@ from groupwise.backend.base import BEST_CHECKPOINT_METRIC
 from groupwise.compat import (LORA_CONFIG_FIELDS, PEFT_ARGS_FIELDS, internal_config_settings, train_config_from_art,
                               warn_ignored)
 from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_RUN_STORE
-from groupwise.errors import ConfigError, GroupwiseError
+from groupwise.errors import ArgumentTypeError, ConfigError, GroupwiseError
 from groupwise.store import RunStore, as_groups, history_row, train_metrics
 from groupwise.types import Trajectory, TrajectoryGroup
 
@@ -194,7 +194,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         from groupwise.backend.base import Backend
 
         if not isinstance(backend, Backend):
-            raise TypeError(f"register() takes a groupwise Backend, got {type(backend).__name__}")
+            raise ArgumentTypeError(f"register() takes a groupwise Backend, got {type(backend).__name__}")
         path = getattr(backend, "path", None)
         if path is not None and self.base_path == DEFAULT_RUN_STORE:
             self.base_path = str(path)
@@ -297,7 +297,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
                 )
         for key, value in (metrics or {}).items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"log(): metrics[{key!r}]={value!r} must be a number")
+                raise ArgumentTypeError(f"log(): metrics[{key!r}]={value!r} must be a number")
         row = history_row(groups, step=step, split=split, metrics=metrics)
         if trajectories is None:  # metrics only: no trajectories, so no reward fields
             row = {k: v for k, v in row.items() if k in ("step", "split", "recorded_at") or k in metrics}
@@ -390,7 +390,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
                          "vLLM server settings; the backend's server picks a free port and a generated key")
 
         if not isinstance(backend, Backend):
-            raise TypeError(f"register() takes a groupwise Backend, got {type(backend).__name__}")
+            raise ArgumentTypeError(f"register() takes a groupwise Backend, got {type(backend).__name__}")
         await backend.register(self)
         self._backend = backend
         self._client = None  # a new endpoint
@@ -472,7 +472,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         trajectories = list(trajectories)
         for n, t in enumerate(trajectories):
             if not isinstance(t, Trajectory):
-                raise TypeError(f"train_sft(): trajectories[{n}] is {type(t).__name__}; expected a Trajectory")
+                raise ArgumentTypeError(f"train_sft(): trajectories[{n}] is {type(t).__name__}; expected a Trajectory")
         config = config if config is not None else TrainSFTConfig()
         step_before = await self.get_step()
         result = await self.backend.train_sft(self, trajectories, config)
@@ -498,5 +498,5 @@ def _as_train_group(group: Any, n: int) -> TrajectoryGroup:
         return group
     if isinstance(group, (list, tuple)) and group and all(isinstance(t, Trajectory) for t in group):
         return TrajectoryGroup(group)
-    raise TypeError(f"train(): trajectory_groups[{n}] is {type(group).__name__}; expected a TrajectoryGroup "
-                    f"(or a list of Trajectories)")
+    raise ArgumentTypeError(f"train(): trajectory_groups[{n}] is {type(group).__name__}; expected a TrajectoryGroup "
+                            f"(or a list of Trajectories)")

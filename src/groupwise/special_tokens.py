@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from groupwise.errors import InvalidDataError
+
 __all__ = ["SpecialTokens", "apply_special_tokens", "decide_special_tokens", "gguf_metadata", "special_tokens",
            "unused_token_id"]
 
@@ -68,10 +70,10 @@ def gguf_metadata(path: str | Path, keys: set[str] | None = None) -> dict[str, A
     out: dict[str, Any] = {}
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file")
+            raise InvalidDataError(f"{path} is not a GGUF file")
         (version,) = struct.unpack("<I", f.read(4))
         if version < 2:
-            raise ValueError(f"{path}: GGUF version {version} is not supported (2 or later)")
+            raise InvalidDataError(f"{path}: GGUF version {version} is not supported (2 or later)")
         _tensors, n_kv = struct.unpack("<QQ", f.read(16))
         for _ in range(n_kv):
             key = _gguf_string(f)
@@ -95,7 +97,7 @@ def _gguf_string(f: BinaryIO) -> str:
 def _gguf_scalar(f: BinaryIO, kind: int) -> Any:
     fmt = _GGUF_SCALARS.get(kind)
     if fmt is None:
-        raise ValueError(f"unknown GGUF value type {kind}")
+        raise InvalidDataError(f"unknown GGUF value type {kind}: the file is corrupt or from a newer GGUF writer")
     return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
 
 

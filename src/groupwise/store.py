@@ -69,7 +69,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from groupwise.errors import CorruptRecordError, GroupwiseWarning, StoreError
+from groupwise.errors import ArgumentTypeError, CorruptRecordError, GroupwiseWarning, StoreError
 from groupwise.run_lock import RunLock
 from groupwise.types import Trajectory, TrajectoryGroup
 
@@ -414,7 +414,7 @@ class RunStore:
         lines = []
         for n, g in enumerate(groups):
             if not isinstance(g, TrajectoryGroup):
-                raise TypeError(f"groups[{n}] is {type(g).__name__}; write_trajectories takes TrajectoryGroups")
+                raise ArgumentTypeError(f"groups[{n}] is {type(g).__name__}; write_trajectories takes TrajectoryGroups")
             if g.pending:
                 raise StoreError(
                     f"groups[{n}] still has {len(g.pending)} rollouts that were never run; "
@@ -486,7 +486,8 @@ def as_groups(items: Iterable[Trajectory | TrajectoryGroup | BaseException]) -> 
         elif isinstance(item, (Trajectory, BaseException)):
             loose.append(item)
         else:
-            raise TypeError(f"item {n} is {type(item).__name__}; expected a Trajectory, a TrajectoryGroup or an exception")
+            raise ArgumentTypeError(f"item {n} is {type(item).__name__}; expected a Trajectory, a TrajectoryGroup "
+                                    "or an exception")
     if loose:
         groups.append(TrajectoryGroup(loose))
     return groups

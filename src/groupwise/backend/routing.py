@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from groupwise.backend.base import InferenceEndpoint
+from groupwise.errors import ConfigError
 
 ROUTED_BASE_URL = "http://groupwise-replicas/v1"
 LANE_REQUESTS = 8  # requests in flight per connection pool (module doc)
@@ -80,7 +81,7 @@ class ReplicaRouter(httpx.AsyncBaseTransport):
 
     def __init__(self, urls: list[str], *, alive: Callable[[], None] | None = None) -> None:
         if not urls:
-            raise ValueError("ReplicaRouter needs at least one replica URL")
+            raise ConfigError("ReplicaRouter needs at least one replica URL", what="ReplicaRouter arguments")
         self.urls = [httpx.URL(u) for u in urls]
         self._alive = alive
         self._lanes: list[list[list]] = [[] for _ in urls]  # per replica: [transport, requests in flight]

@@ -26,6 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from groupwise.errors import ConfigError
 from groupwise.memory import release_freed_memory
 from groupwise.backend.replica import DEFAULT_MAX_BATCH_SIZE, Replica
 from groupwise.compute import compute_thread
@@ -119,7 +120,7 @@ class Worker:
         """Load (or resume) a model; returns its step, the cursor and path of the checkpoint resumed
         from, (when serving over HTTP) the base URL of its app, and (rank 0) the tokenizer."""
         if spec.name in self.replicas:
-            raise ValueError(f"model {spec.name!r} is already loaded on rank {self.rank}")
+            raise ConfigError(f"model {spec.name!r} is already loaded on rank {self.rank}", what="model name")
         o = self.options
         compute = compute_thread()
         replica = await compute.run(

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 from pathlib import Path
 from typing import Any
 
-from groupwise.errors import GroupwiseError, GroupwiseWarning
+from groupwise.errors import GroupwiseError, GroupwiseWarning, UnknownKeyError
 from groupwise.inspect import content_text
 from groupwise.loop.compare import resolve_step
 from groupwise.loop.detectors import judge_disagreement
@@ -306,7 +306,7 @@ def trajectory_view(cache: GroupCache, run_dir: Path, split: str, step: int, gro
     judge writes its explanation), side conversations."""
     groups = _step_groups(cache, run_dir, split, step)
     if not 0 <= group < len(groups) or not 0 <= index < len(groups[group].trajectories):
-        raise LookupError(f"no trajectory {split}/{step}/group {group}/#{index} in {run_dir}")
+        raise UnknownKeyError(f"no trajectory {split}/{step}/group {group}/#{index} in {run_dir}")
     g = groups[group]
     t = g.trajectories[index]
     adv = _advantages(g)[index]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from groupwise.envs import email_search, game_2048, math, tictactoe, titles
+from groupwise.errors import UnknownKeyError
 from groupwise.types import Trajectory
 
 RewardKind = Literal["verifiable", "judge", "hybrid"]
@@ -124,7 +125,7 @@ def get_env(name: str) -> EnvSpec:
     try:
         return ENVS[name]
     except KeyError:
-        raise KeyError(f"no environment {name!r}; the built-in ones are {sorted(ENVS)}") from None
+        raise UnknownKeyError(f"no environment {name!r}; the built-in ones are {sorted(ENVS)}") from None
 
 
 __all__ = ["ENVS", "EnvSpec", "RewardKind", "get_env"]

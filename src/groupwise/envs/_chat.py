@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from groupwise.errors import EnvError
+from groupwise.errors import ArgumentTypeError, EnvError
 from groupwise.types import Choice, Message, Tools, Trajectory
 
 
@@ -45,7 +45,7 @@ def inference_name(model: Any) -> str:
         return str(get())
     name = getattr(model, "name", None)
     if not name:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"{type(model).__name__} has neither inference_name() nor name; a rollout needs a model "
             "with openai_client() and a name (groupwise.TrainableModel or groupwise.Model)."
         )

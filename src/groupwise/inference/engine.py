@@ -73,6 +73,7 @@ from typing import Any
 import torch
 
 from groupwise.compute import compute_thread
+from groupwise.errors import ConfigError
 from groupwise.inference.adapter_slots import SLOT_PREFIX
 from groupwise.inference.advance import retire
 from groupwise.inference.cpu_linear import onednn_linear_available
@@ -116,8 +117,9 @@ class Engine:
         self.max_new_tokens_default = max_new_tokens_default
         self.max_prefill_tokens = max_prefill_tokens
         if onednn_linear and not onednn_linear_available():
-            raise ValueError("onednn_linear=True, but this PyTorch build has no oneDNN linear "
-                             "(torch.backends.mkldnn); leave it None to use it only where available")
+            raise ConfigError("onednn_linear=True, but this PyTorch build has no oneDNN linear "
+                              "(torch.backends.mkldnn); leave it None to use it only where available",
+                              what="Engine settings")
         param = next(model.parameters())
         device, dtype = param.device, param.dtype
         onednn = onednn_linear_available() if onednn_linear is None else onednn_linear

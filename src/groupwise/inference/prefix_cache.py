@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from groupwise.errors import ConfigError
 from groupwise.inference.kv_cache import SlotBuffers
 
 __all__ = ["Hit", "PrefixCache"]
@@ -76,8 +77,9 @@ class PrefixCache:
 
     def __init__(self, buffers: SlotBuffers, tokens: int, block_size: int = 16):
         if block_size < 1 or tokens < block_size:
-            raise ValueError(f"prefix cache of {tokens} tokens in blocks of {block_size}: pass tokens >= "
-                             f"block_size >= 1 (or prefix_cache_tokens=0 to turn it off)")
+            raise ConfigError(f"prefix cache of {tokens} tokens in blocks of {block_size}: pass tokens >= "
+                              f"block_size >= 1 (or prefix_cache_tokens=0 to turn it off)",
+                              what="prefix cache settings")
         self.buffers, self.block_size = buffers, block_size
         self.num_blocks = tokens // block_size
         self.keys: list[torch.Tensor] = []  # allocated at the first insert

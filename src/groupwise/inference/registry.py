@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 
 from groupwise.adapter_names import served_name, split_served_name
-from groupwise.errors import ModelNotFoundError
+from groupwise.errors import ConfigError, ModelNotFoundError
 from groupwise.inference.engine import Engine, EngineError
 
 __all__ = ["ModelRegistry", "Resolved"]
@@ -47,7 +47,7 @@ class ModelRegistry:
     def register_model(self, name: str) -> None:
         """Serve `name` (and `name@0` = the base model) before any step is trained."""
         if "@" in name:
-            raise ValueError(f"model name {name!r} must not contain '@' (it separates the step)")
+            raise ConfigError(f"model name {name!r} must not contain '@' (it separates the step)", what="model name")
         with self._lock:
             self._steps.setdefault(name, {0: None})
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from groupwise.errors import ConfigError
+
 __all__ = ["SEED_MAX", "SEED_MIN", "SamplingParams", "apply_penalties", "inverse_cdf", "sample_fixed", "sample_next",
            "seeded_uniform", "top_p_filter", "truncate"]
 
@@ -206,7 +208,8 @@ def sample_next(
     work = logits
     if any(p.penalized for p in params):
         if history is None:
-            raise ValueError("penalties need each row's (prompt ids, output ids): pass history")
+            raise ConfigError("penalties need each row's (prompt ids, output ids): pass history",
+                              what="sample arguments")
         work = apply_penalties(work, params, *history)
     if allowed_mask_BV is not None:
         work = work.masked_fill(~allowed_mask_BV, float("-inf"))

@@ -25,6 +25,7 @@ from dataclasses import MISSING, dataclass, field
 from typing import Any, Literal
 
 from groupwise.config import Validated, number_fits, number_requirement
+from groupwise.errors import ArgumentTypeError
 
 __all__ = ["Command", "Flag", "Job", "arg", "flags", "parse_text"]
 
@@ -96,7 +97,7 @@ def _unwrap(annotation: Any) -> tuple[type, bool, bool, tuple[Any, ...] | None]:
         rest = [a for a in args if a is not type(None)]
         optional = len(rest) < len(args)
         if len(rest) != 1:
-            raise TypeError(f"a job field is one type, optionally with None; got {annotation!r}")
+            raise ArgumentTypeError(f"a job field is one type, optionally with None; got {annotation!r}")
         annotation = rest[0]
     many = typing.get_origin(annotation) in (list, tuple)
     if many:
@@ -106,7 +107,7 @@ def _unwrap(annotation: Any) -> tuple[type, bool, bool, tuple[Any, ...] | None]:
         choices = typing.get_args(annotation)
         annotation = type(choices[0])
     if annotation not in (int, float, str, bool):
-        raise TypeError(f"a job field holds int, float, str or bool (or a list of one); got {annotation!r}")
+        raise ArgumentTypeError(f"a job field holds int, float, str or bool (or a list of one); got {annotation!r}")
     return annotation, many, optional, choices
 
 

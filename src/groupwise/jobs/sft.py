@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from groupwise.errors import ConfigError, InvalidDataError
 from groupwise.jobs.common import device_field, folder_name_problem, model_field, run_name_problem, store_field
 from groupwise.jobs.fields import Command, Job, arg
 
@@ -60,9 +61,10 @@ def read_jsonl(path: str | Path) -> list[Any]:
             row = json.loads(line)
             out.append(gw.Trajectory(messages_and_choices=row["messages"], tools=row.get("tools")))
         except (json.JSONDecodeError, KeyError, ValueError) as exc:
-            raise ValueError(f"{path}:{n}: not an SFT row {{\"messages\": [...], \"tools\": [...]}} ({exc})") from None
+            raise InvalidDataError(f"{path}:{n}: not an SFT row {{\"messages\": [...], \"tools\": [...]}} ({exc}); "
+                                   "fix or remove that line") from None
     if not out:
-        raise ValueError(f"{path} holds no demonstrations")
+        raise InvalidDataError(f"{path} holds no demonstrations")
     return out
 
 
@@ -71,11 +73,12 @@ def env_demonstrations(spec: EnvSpec, n: int, *, seed: int, **overrides: Any) ->
     seed's training order); `overrides` go to the scenarios (e.g. the email env's tool_mode, max_tokens)."""
     if spec.demonstrate is None:
         have = sorted(name for name, s in _envs().items() if s.demonstrate is not None)
-        raise ValueError(f"env {spec.name!r} has no scripted demonstrator; these have one: {have}. "
-                         "Or pass a JSONL file of demonstrations.")
+        raise ConfigError(f"env {spec.name!r} has no scripted demonstrator; these have one: {have}. "
+                          "Or pass a JSONL file of demonstrations.", what="SFT demonstrations")
     train = spec.scenarios(seed, **overrides)[0]
     if n > len(train):
-        raise ValueError(f"--sft {n}: env {spec.name!r} has {len(train)} training scenarios")
+        raise ConfigError(f"--sft {n}: env {spec.name!r} has {len(train)} training scenarios",
+                          what="SFT demonstrations")
     return [spec.demonstrate(s) for s in train[:n]]
 
 

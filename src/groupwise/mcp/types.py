@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from groupwise.errors import ArgumentTypeError, ConfigError
+
 __all__ = ["GeneratedScenario", "GeneratedScenarioCollection", "MCPResource", "MCPTool"]
 
 
@@ -24,7 +26,7 @@ def _as_dict(data: Any) -> dict[str, Any]:
         return data
     if hasattr(data, "model_dump"):
         return data.model_dump(by_alias=True, exclude_none=True)
-    raise TypeError(f"expected a dict or an mcp SDK object, got {type(data).__name__}")
+    raise ArgumentTypeError(f"expected a dict or an mcp SDK object, got {type(data).__name__}")
 
 
 def _first(data: dict[str, Any], *keys: str, default: Any = None) -> Any:
@@ -88,7 +90,8 @@ class GeneratedScenario:
     def __post_init__(self) -> None:
         # ValueError, as ART raises: code that catches it keeps working
         if isinstance(self.difficulty, bool) or not isinstance(self.difficulty, int) or not 1 <= self.difficulty <= 5:
-            raise ValueError(f"difficulty must be an integer from 1 to 5, got {self.difficulty!r}")
+            raise ConfigError(f"difficulty must be an integer from 1 to 5, got {self.difficulty!r}",
+                              what="GeneratedScenario")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "GeneratedScenario":
@@ -144,7 +147,8 @@ class GeneratedScenarioCollection:
     def split(self, train_size: int) -> tuple["GeneratedScenarioCollection", "GeneratedScenarioCollection"]:
         """The first `train_size` scenarios, and the rest."""
         if train_size > len(self.scenarios):
-            raise ValueError(f"train_size ({train_size}) is larger than the {len(self.scenarios)} scenarios")
+            raise ConfigError(f"train_size ({train_size}) is larger than the {len(self.scenarios)} scenarios",
+                              what="train_size")
         return (GeneratedScenarioCollection(self.scenarios[:train_size]),
                 GeneratedScenarioCollection(self.scenarios[train_size:]))
 

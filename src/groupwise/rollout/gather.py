@@ -50,7 +50,7 @@ from typing import Any, Union
 
 from groupwise.compat import warn_ignored
 from groupwise.config import ROLLOUT_TIMEOUT_S
-from groupwise.errors import GatherError, RolloutResultError, RolloutTimeoutError
+from groupwise.errors import ArgumentTypeError, GatherError, RolloutResultError, RolloutTimeoutError
 from groupwise.rollout.limits import CANCEL_GRACE_S, check_gather_args, exception_budget, waiting_at
 from groupwise.rollout.progress import GatherProgress
 from groupwise.types import PydanticException, Trajectory, TrajectoryGroup, rollout_trajectories
@@ -294,7 +294,7 @@ async def _call_after_each(after_each: AfterEach, group: TrajectoryGroup, g: int
     items = out if isinstance(out, (list, tuple)) else [out]
     for item in items:
         if not isinstance(item, TrajectoryGroup):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"after_each returned {type(item).__name__} for group {g}; it must return a "
                 "TrajectoryGroup, None (drop the group) or a list of TrajectoryGroups"
             )
@@ -340,7 +340,7 @@ async def gather_trajectory_groups(
     groups = list(groups)
     for n, group in enumerate(groups):
         if not isinstance(group, TrajectoryGroup) and not inspect.isawaitable(group):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"groups[{n}] is {type(group).__name__}; gather_trajectory_groups takes TrajectoryGroups, "
                 "e.g. TrajectoryGroup(rollout(model, s) for _ in range(8)), or awaitables returning one. "
                 "For a flat list of rollouts use gather_trajectories."
@@ -428,7 +428,8 @@ async def gather_trajectories(
         kept = [] if out is None else list(out) if isinstance(out, (list, tuple)) else [out]
         for item in kept:
             if not isinstance(item, Trajectory):
-                raise TypeError(f"after_each returned {type(item).__name__}; expected a Trajectory, None or a list")
+                raise ArgumentTypeError(f"after_each returned {type(item).__name__}; expected a Trajectory, None "
+                                        "or a list")
         return kept
 
     async def each(result: Any) -> list[Any]:

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from groupwise.errors import CheckpointError, DiskFullError, GroupwiseWarning, NonFiniteError
+from groupwise.errors import CheckpointError, CheckpointMismatchError, DiskFullError, GroupwiseWarning, NonFiniteError
 from groupwise.training.checkpoint_contents import contents_problem, state_problem
 from groupwise.training.finite import non_finite_names
 
@@ -122,7 +122,7 @@ def optimizer_from_tensors(
     index = {n: i for i, n in enumerate(names)}
     missing = sorted({k.split("::")[0] for k in tensors} - set(index))
     if missing:
-        raise ValueError(
+        raise CheckpointMismatchError(
             f"the checkpoint's optimizer has state for {len(missing)} parameter(s) the model lacks "
             f"(e.g. {missing[:3]}): it was saved with another LoRA config (rank, target modules). "
             "Use the same LoraConfig as the run that saved it, or start a new model name."
@@ -423,7 +423,7 @@ def _load(state: CheckpointState, model: Any, optimizer: torch.optim.Optimizer |
     result = set_peft_model_state_dict(model, weights, adapter_name=adapter_name)
     unexpected = getattr(result, "unexpected_keys", []) or []
     if unexpected:
-        raise ValueError(
+        raise CheckpointMismatchError(
             f"checkpoint {path}: {len(unexpected)} adapter tensor(s) do not fit the model (e.g. {unexpected[:2]}); "
             "it was saved with another base model or LoRA config."
         )

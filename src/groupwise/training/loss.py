@@ -79,6 +79,8 @@ from dataclasses import dataclass
 
 import torch
 
+from groupwise.errors import ConfigError
+
 NORMALIZE_MODES = ("token", "sequence", "constant")
 OFF_POLICY_MODES = ("none", "tis", "mis")
 
@@ -128,13 +130,17 @@ def grpo_loss(
                       owns its default).
     """
     if normalize not in NORMALIZE_MODES:
-        raise ValueError(f"normalize={normalize!r} must be one of {list(NORMALIZE_MODES)}")
+        raise ConfigError(f"normalize={normalize!r} must be one of {list(NORMALIZE_MODES)}",
+                          what="grpo_loss arguments")
     if off_policy not in OFF_POLICY_MODES:
-        raise ValueError(f"off_policy={off_policy!r} must be one of {list(OFF_POLICY_MODES)}")
+        raise ConfigError(f"off_policy={off_policy!r} must be one of {list(OFF_POLICY_MODES)}",
+                          what="grpo_loss arguments")
     if off_policy != "none" and importance_cap is None:
-        raise ValueError(f"off_policy={off_policy!r} needs importance_cap (C, e.g. TrainConfig.importance_cap)")
+        raise ConfigError(f"off_policy={off_policy!r} needs importance_cap (C, e.g. TrainConfig.importance_cap)",
+                          what="grpo_loss arguments")
     if kl_coef > 0 and ref_logprobs_BT is None:
-        raise ValueError("kl_coef > 0 needs ref_logprobs_BT (log-probs under the reference policy)")
+        raise ConfigError("kl_coef > 0 needs ref_logprobs_BT (log-probs under the reference policy)",
+                          what="grpo_loss arguments")
     eps_low = epsilon
     eps_high = epsilon if epsilon_high is None else epsilon_high
     mask_BT = mask_BT.to(logprobs_BT.dtype)

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from groupwise.errors import NotTrainableError
+from groupwise.errors import ArgumentTypeError, InvalidDataError, NotTrainableError
 from groupwise.chat import render_text
 from groupwise.training.tokenize import (
     TokenizedBatch,
@@ -87,7 +87,7 @@ def rendered_turn_ids(messages: list[dict], index: int, tokenizer: Any, *,
     before = render_text(tokenizer, messages[:index], tools, add_generation_prompt=True)
     full = render_text(tokenizer, messages[: index + 1], tools)
     if not full.startswith(before):
-        raise ValueError(
+        raise InvalidDataError(
             f"the chat template renders the conversation before assistant message {index} differently once that "
             "message is added, so its tokens cannot be told apart (some templates rewrite earlier turns). "
             "Train on Choices with sampled token ids instead, or use a template that only appends turns."
@@ -96,7 +96,7 @@ def rendered_turn_ids(messages: list[dict], index: int, tokenizer: Any, *,
     special = _special_ids(tokenizer)
     ends = [k for k, t in enumerate(ids) if t in special]
     if not ends:
-        raise ValueError(
+        raise InvalidDataError(
             f"the chat template writes no end-of-turn special token after assistant message {index}, so the "
             "model could not learn where its turn ends; use an instruct model's tokenizer and template."
         )
@@ -152,7 +152,8 @@ def tokenize_sft(
     without = 0
     for i, traj in enumerate(trajectories):
         if not isinstance(traj, Trajectory):
-            raise TypeError(f"trajectories[{i}] is {type(traj).__name__}; train_sft takes gw.Trajectory objects")
+            raise ArgumentTypeError(f"trajectories[{i}] is {type(traj).__name__}; train_sft takes gw.Trajectory "
+                                    "objects")
         convs = [(-1, traj.messages_and_choices, traj.tools)]
         convs += [(h, hist.messages_and_choices, hist.tools) for h, hist in enumerate(traj.additional_histories)]
         found = False

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from groupwise.chat import render_text
-from groupwise.errors import NotTrainableError
+from groupwise.errors import InvalidDataError, NotTrainableError
 from groupwise.training.advantages import compute_advantages
 from groupwise.types import (Choice, TrajectoryGroup, choice_forced_indices, choice_logprobs, choice_to_message,
                              choice_token_ids)
@@ -101,7 +101,7 @@ def tokenize_conversation(
     """(input_ids [T], mask [T], old_logprobs [T]) of one conversation; see the module docstring.
     The mask is False at grammar-forced tokens unless `train_forced_tokens`."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
+        raise InvalidDataError(
             "the tokenizer has no chat_template, so the context messages cannot be rendered. "
             "Set tokenizer.chat_template (a Jinja string) or use an instruct model's tokenizer."
         )
@@ -115,15 +115,15 @@ def tokenize_conversation(
                 continue
             logprobs = choice_logprobs(item)
             if logprobs is not None and len(logprobs) != len(ids):
-                raise ValueError(
+                raise InvalidDataError(
                     f"a Choice has {len(ids)} token ids but {len(logprobs)} logprobs; they must pair up "
                     "one to one. The server that sampled it returned inconsistent data."
                 )
             trained = [True] * len(ids)
             for k in ([] if train_forced_tokens else choice_forced_indices(item)):
                 if not 0 <= k < len(ids):
-                    raise ValueError(f"a Choice has {len(ids)} token ids but a forced token index {k}; the server "
-                                     "that sampled it returned inconsistent data.")
+                    raise InvalidDataError(f"a Choice has {len(ids)} token ids but a forced token index {k}; the "
+                                           "server that sampled it returned inconsistent data.")
                 trained[k] = False
             messages.append({"role": "assistant", "content": _SENTINEL.format(len(spliced))})
             spliced.append((ids, logprobs if logprobs is not None else [math.nan] * len(ids), trained))
@@ -133,7 +133,7 @@ def tokenize_conversation(
     pieces = _SENTINEL_RE.split(text)  # text, k, text, k, ..., text
     found = [int(k) for k in pieces[1::2]]
     if found != list(range(len(spliced))):
-        raise ValueError(
+        raise InvalidDataError(
             f"the chat template rendered trained assistant turns {found}, expected {list(range(len(spliced)))}: "
             "it drops or reorders assistant messages (some templates drop earlier turns' reasoning). "
             "Use a template that renders every assistant turn, or train on the last turn only."

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from groupwise.config import LoraConfig, TrainConfig
-from groupwise.errors import GroupwiseError
+from groupwise.errors import CheckpointMismatchError, ConfigError, GroupwiseError
 from groupwise.loading import quiet_peft
 from groupwise.module_walk import ModuleWalk
 from groupwise.training.finite import check_finite, guarded_step
@@ -170,8 +170,9 @@ class Trainer:
         checkpoint `step`; None (step None): at the base model. `train_step` checks `step` against
         `TrainConfig.kl_reference_step`, so a step never trains against another anchor than its config's."""
         if (tensors is None) != (not step):
-            raise ValueError(f"set_reference(step={step}): give a checkpoint step >= 1 with its tensors, or "
-                             "set_reference(None, step=None) to anchor the KL term at the base model")
+            raise ConfigError(f"set_reference(step={step}): give a checkpoint step >= 1 with its tensors, or "
+                              "set_reference(None, step=None) to anchor the KL term at the base model",
+                              what="set_reference arguments")
         if tensors is None:
             self._reference = self.reference_step = None
             return
@@ -180,7 +181,7 @@ class Trainer:
         shapes = [f"{n}: {tuple(tensors[n].shape)} for {tuple(p.shape)}" for n, p in params.items()
                   if n in tensors and tensors[n].shape != p.shape]
         if missing or extra or shapes:
-            raise ValueError(
+            raise CheckpointMismatchError(
                 f"the KL reference of step {step} does not fit adapter {self.adapter_name!r}: {len(missing)} tensor(s) "
                 f"missing (e.g. {missing[:2]}), {len(extra)} unknown (e.g. {extra[:2]}), {len(shapes)} of another "
                 f"shape (e.g. {shapes[:2]}). It must come from this run's adapter (the same base model and LoraConfig)."
@@ -227,7 +228,8 @@ class Trainer:
         base, _ = base_and_decoder(self.model)
         if not getattr(base, "supports_gradient_checkpointing", False):
             if on:
-                raise ValueError(f"{type(base).__name__} does not support gradient checkpointing; set it False")
+                raise ConfigError(f"{type(base).__name__} does not support gradient checkpointing; set it False",
+                                  what="gradient checkpointing setting")
             self._layer_checkpointing = False
             return
         # transformers >= 5.2x names it activation checkpointing (the old names warn); older ones do not.
@@ -421,10 +423,11 @@ class Trainer:
         returns its metrics."""
         t0 = time.perf_counter()
         if objective == "grpo" and config.kl_coef > 0 and (config.kl_reference_step or None) != self.reference_step:
-            raise ValueError(
+            raise ConfigError(
                 f"TrainConfig.kl_reference_step={config.kl_reference_step} but the trainer's KL reference is "
                 f"{'step ' + str(self.reference_step) if self.reference_step else 'the base model'}: load that "
-                "step's adapter with set_reference(tensors, step=...) first (the backends do: backend/replica.py)"
+                "step's adapter with set_reference(tensors, step=...) first (the backends do: backend/replica.py)",
+                what="TrainConfig for this trainer"
             )
         params = self._activate()
         optimizer = self.ensure_optimizer(config, objective)

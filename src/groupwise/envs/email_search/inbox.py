@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from groupwise.errors import EnvError
+from groupwise.errors import ConfigError, EnvError
 
 GENERATOR_VERSION = 1  # bump when the generator changes, so cached databases are rebuilt
 
@@ -166,7 +166,7 @@ def _fact_email(kind: str, rng: random.Random, owner: tuple[str, str], contact: 
                 f"Hi {of},\n\nI booked {place} for the {entity} team dinner on {rng.choice(WEEKDAYS)} at 19:00. "
                 f"Let me know about dietary needs.\n\n{sig}",
                 f"Which restaurant is booked for the {entity} team dinner?", place, (entity, "dinner"))
-    raise ValueError(f"unknown fact kind {kind!r}")
+    raise ConfigError(f"unknown fact kind {kind!r}", what="inbox fact")
 
 
 def _generate_inbox(seed: int, index: int, emails_per_inbox: int, facts_per_kind: int, year: int) -> tuple[list[Email], list[Fact]]:
@@ -246,9 +246,9 @@ def generate_corpus(seed: int = 0, n_inboxes: int = 8, emails_per_inbox: int = 8
                     year: int = 2024) -> Corpus:
     """The whole corpus, a pure function of its arguments (cached: treat the result as read-only)."""
     if not 1 <= n_inboxes <= len(COMPANIES) * 4:
-        raise ValueError(f"n_inboxes={n_inboxes} must be in 1..{len(COMPANIES) * 4}")
+        raise ConfigError(f"n_inboxes={n_inboxes} must be in 1..{len(COMPANIES) * 4}", what="inbox arguments")
     if not 1 <= facts_per_kind <= len(VENDORS):
-        raise ValueError(f"facts_per_kind={facts_per_kind} must be in 1..{len(VENDORS)}")
+        raise ConfigError(f"facts_per_kind={facts_per_kind} must be in 1..{len(VENDORS)}", what="inbox arguments")
     corpus = Corpus(inboxes=[])
     for i in range(n_inboxes):
         emails, facts = _generate_inbox(seed, i, emails_per_inbox, facts_per_kind, year)

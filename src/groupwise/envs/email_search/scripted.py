@@ -31,7 +31,7 @@ from groupwise.envs.email_search.env import (
     run_tool,
 )
 from groupwise.envs.email_search.inbox import default_database
-from groupwise.errors import EnvError
+from groupwise.errors import ConfigError, EnvError
 from groupwise.types import Trajectory
 
 __all__ = ["demonstration", "demonstrations"]
@@ -45,9 +45,11 @@ def demonstration(scenario: ScenarioEmail) -> Trajectory:
     """The trajectory of the scripted agent on `scenario` (in its tool mode), graded like a rollout."""
     native = scenario.tool_mode == "native"
     if scenario.max_turns < 3:
-        raise ValueError(f"a demonstration takes 3 turns (search, read, answer); max_turns={scenario.max_turns}")
+        raise ConfigError(f"a demonstration takes 3 turns (search, read, answer); max_turns={scenario.max_turns}",
+                          what="scenario for a demonstration")
     if not scenario.keywords:
-        raise ValueError(f"scenario {scenario.question_id} has no keywords; build scenarios with `scenarios()`")
+        raise ConfigError(f"scenario {scenario.question_id} has no keywords; build scenarios with `scenarios()`",
+                          what="scenario for a demonstration")
     db = scenario.db or str(default_database(scenario.corpus_seed))
     system = SYSTEM_PROMPT.format(inbox=scenario.inbox, today=scenario.today, max_turns=scenario.max_turns)
     traj = new_trajectory(system + ("" if native else TEXT_TOOLS), scenario.question, tools=T.TOOLS if native else None)

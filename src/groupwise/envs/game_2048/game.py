@@ -14,6 +14,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from groupwise.errors import ConfigError
+
 Row = tuple[int, ...]
 Board = tuple[Row, ...]
 
@@ -58,7 +60,7 @@ def move(board: Board, direction: str) -> tuple[Board, int]:
     down = transpose then mirror.
     """
     if direction not in DIRECTIONS:
-        raise ValueError(f"unknown direction {direction!r}; expected one of {DIRECTIONS}")
+        raise ConfigError(f"unknown direction {direction!r}; expected one of {DIRECTIONS}", what="2048 move")
     b = board
     if direction in ("up", "down"):
         b = _transpose(b)

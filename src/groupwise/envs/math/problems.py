@@ -14,6 +14,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from groupwise.errors import ConfigError
+
 NAMES = ("Ana", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Iris", "Jonas", "Kemi", "Liam")
 ITEMS = ("apples", "stickers", "marbles", "books", "pencils", "shells", "cards", "coins", "buttons", "stamps")
 
@@ -79,7 +81,8 @@ def _word(rng: random.Random, level: int) -> tuple[str, int]:
 def make_problem(seed: int, level: int = 1) -> Problem:
     """One problem, fully determined by (seed, level). About half arithmetic, half word problems."""
     if level not in (1, 2, 3):
-        raise ValueError(f"level={level!r}; levels are 1, 2 and 3 (see the module docstring)")
+        raise ConfigError(f"level={level!r}; levels are 1, 2 and 3 (see the module docstring)",
+                          what="math problem level")
     rng = random.Random(f"math:{seed}:{level}")
     kind = "word" if rng.random() < 0.5 else "arithmetic"
     question, answer = (_word if kind == "word" else _arithmetic)(rng, level)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 from functools import lru_cache
 
+from groupwise.errors import ConfigError
+
 EMPTY_BOARD = " " * 9
 LINES: tuple[tuple[int, int, int], ...] = (
     (0, 1, 2), (3, 4, 5), (6, 7, 8),  # rows
@@ -48,7 +50,8 @@ def is_over(board: str) -> bool:
 def play(board: str, cell: int) -> str:
     """The board after the player to move takes `cell`. Raises on an illegal move."""
     if cell not in legal_moves(board):
-        raise ValueError(f"cell {cell} is not a legal move on {board!r} (legal: {legal_moves(board)})")
+        raise ConfigError(f"cell {cell} is not a legal move on {board!r} (legal: {legal_moves(board)})",
+                          what="tic-tac-toe move")
     return board[:cell] + to_move(board) + board[cell + 1:]
 
 
