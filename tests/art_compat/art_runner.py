@@ -9,7 +9,11 @@ What a run changes, and nothing else:
 - **seams**, outside the program text: ART's Hugging Face model ids resolve to the tiny random model
   (a folder named like the id in the working directory, which `from_pretrained` reads as a local
   path); `weave` and `openpipe` (observability services) are no-op stand-ins from `seams/` when not
-  installed; `sys.argv` is the program's name alone.
+  installed; `sys.argv` is the program's name alone. External services a program reaches are
+  stood in for by local ones with the same interface: a Hugging Face hub data set by the `datasets`
+  stand-in in `seams/` (the test registers shrunk rows in the hub's columns), an HTTP service whose
+  URL the program reads from an environment variable (ART's Modal-hosted reward model) by a local
+  HTTP server answering the same JSON.
 
 Scripts run as `python path/to/script.py` does (`__main__`, their folder on sys.path) from the root of
 a copy of ART's repository; notebooks run their code cells in order in one event loop with top-level
@@ -32,6 +36,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 ART_REPO = Path(__file__).parent / "art_repo"
 SEAMS = Path(__file__).parent / "seams"
@@ -61,6 +66,12 @@ class Program:
     extra_files: dict[str, str] = field(default_factory=dict)  # path -> text: shrunk data ART's repo lacks
     skip_cells: dict[int, str] = field(default_factory=dict)  # notebook cell index -> why it is not run
     downloads: dict[str, str] = field(default_factory=dict)  # URL `requests.get` fetches -> path in root
+    env: dict[str, str] = field(default_factory=dict)  # environment variables the program reads
+    # folders of the program put on sys.path, as installing its package (`uv run` in its folder) does
+    package_roots: tuple[str, ...] = ()
+    hub: dict[tuple[str, str], list[dict]] = field(default_factory=dict)  # (repo id, split) -> rows
+    # environment variable -> handler of the JSON a program POSTs to the URL that variable names
+    services: dict[str, Callable[[dict], dict]] = field(default_factory=dict)
     # a program that fails in ART as well, before or at its first step: (exception class, message part)
     fails_in_art: tuple[str, str] | None = None
     # a program that fails here by a deliberate difference (docs/porting-from-art.md says which)
@@ -140,6 +151,37 @@ def _serve_downloads(files: dict[str, Path]):
     return undo
 
 
+def _serve_json(handler: Callable[[dict], dict]) -> tuple[str, Callable[[], None]]:
+    """A local HTTP service answering every POST's JSON body with handler(body); returns (url, stop)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            answer = json.dumps(handler(body)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    def stop():
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+    return f"http://127.0.0.1:{server.server_address[1]}/score", stop
+
+
 def run_program(program: Program, root: Path, tiny_model_dir: str) -> None:
     """Runs one ART program in root (a fresh folder) on the tiny model."""
     from groupwise.backend.local import LocalBackend
@@ -157,13 +199,23 @@ def run_program(program: Program, root: Path, tiny_model_dir: str) -> None:
         original_init(self, *args, **kwargs)
         opened.append(self)
 
-    saved = (os.getcwd(), list(sys.path), list(sys.argv), set(sys.modules))
+    saved = (os.getcwd(), list(sys.path), list(sys.argv), set(sys.modules), dict(os.environ))
     LocalBackend.__init__ = tracking_init
     undo_downloads = _serve_downloads({url: root / path for url, path in program.downloads.items()})
+    stops = []
     try:
         os.chdir(cwd)
-        sys.path[:0] = [str(entry.parent)] + ([str(SEAMS)] if SEAMS.is_dir() else [])
+        sys.path[:0] = [str(entry.parent), *(str(root / p) for p in program.package_roots), str(SEAMS)]
         sys.argv = [str(entry)]
+        os.environ.update(program.env)
+        for variable, handler in program.services.items():
+            os.environ[variable], stop = _serve_json(handler)
+            stops.append(stop)
+        if program.hub:
+            import datasets
+
+            assert Path(datasets.__file__).parent == SEAMS, f"not the hub stand-in: {datasets.__file__}"
+            datasets.HUB.update(program.hub)
         if program.notebook:
             asyncio.run(_run_cells(_cells(entry.read_text(), program.skip_cells), str(entry)))
         else:
@@ -171,6 +223,10 @@ def run_program(program: Program, root: Path, tiny_model_dir: str) -> None:
     finally:
         LocalBackend.__init__ = original_init
         undo_downloads()
+        for stop in stops:
+            stop()
+        os.environ.clear()
+        os.environ.update(saved[4])
         for backend in opened:
             backend.__exit__(None, None, None)
         os.chdir(saved[0])
