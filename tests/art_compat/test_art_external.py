@@ -58,3 +58,93 @@ def test_hn_title_generator(art_model_dir, tmp_path, backup_bucket):
     assert [r["step"] for r in train] == [0]
     # the program's own metrics, per trajectory: the reward model's score and the title's length
     assert {"rm", "length", "matches"} <= {k.split("/")[-1] for k in train[0]}, sorted(train[0])
+
+
+ENRON_EMAILS = "corbt/enron-emails"
+ENRON_QUESTIONS = "corbt/enron_emails_sample_questions"
+INBOX = "jeff.dasovich@enron.com"
+
+
+def enron_email(i: int) -> dict:
+    """A row of ART's Enron email data set, in its columns and types (`date` a datetime)."""
+    return {"message_id": f"<{1000 + i}.JavaMail.evans@thyme>", "subject": f"Gas contract {i}",
+            "from": f"sender{i}@enron.com", "to": [INBOX], "cc": [], "bcc": [],
+            "date": datetime(2001, 3, 1 + i, 9, 30), "body": f"The gas contract number {i} closes on Friday.",
+            "file_name": f"dasovich-j/inbox/{i}."}
+
+
+def enron_question(i: int) -> dict:
+    return {"id": i, "question": f"When does gas contract {i} close?", "answer": "Friday",
+            "message_ids": [enron_email(i)["message_id"]], "how_realistic": 0.9, "inbox_address": INBOX,
+            "query_date": "2001-04-01"}
+
+
+def test_art_e(art_model_dir, tmp_path, backup_bucket):
+    """ART's email agent (ART-E): its own script builds the SQLite full-text email database from the
+    hub data set, and its rollout samples through LiteLLM against the model's HTTP endpoint."""
+    art_e = "examples/art-e/art_e/"
+    program = Program(
+        art_e + "train.py",
+        helpers=tuple(art_e + f for f in (
+            "__init__.py", "rollout.py", "project_types.py", "email_search_tools.py", "data/__init__.py",
+            "data/local_email_db.py", "data/query_iterators.py", "data/types_enron.py", "evaluate/__init__.py",
+            "evaluate/benchmark.py")),
+        shrink={
+            art_e + "train.py": [("max_turns=10", "max_turns=2", 1), ("trajectories_per_group=6", "trajectories_per_group=2", 1),
+                                 ("groups_per_step=8", "groups_per_step=1", 1), ("val_set_size=100", "val_set_size=1", 1),
+                                 ("training_dataset_size=4000", "training_dataset_size=1", 1)],
+            art_e + "project_types.py": [("max_tokens: int = 2048", "max_tokens: int = 48", 1)],
+            art_e + "evaluate/benchmark.py": [("limit: int = 100", "limit: int = 1", 1)],
+        },
+        package_roots=("examples/art-e",),
+        base_models=("Qwen/Qwen2.5-14B-Instruct",),
+        # RUN_ID picks the agent (train.py's __main__); LiteLLM reads its price list from its package
+        # instead of fetching it from GitHub
+        env={"RUN_ID": "002", "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+        hub={(ENRON_EMAILS, "train"): [enron_email(i) for i in range(3)],
+             (ENRON_QUESTIONS, "train"): [enron_question(0)], (ENRON_QUESTIONS, "test"): [enron_question(1)]},
+    )
+    run_program(program, tmp_path, art_model_dir)
+
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "examples/art-e/data/enron_emails.db")
+    assert db.execute("SELECT count(*) FROM emails").fetchone() == (3,)
+    # the full-text index the agent's search tool queries was built by the program's own script
+    assert db.execute("SELECT rowid FROM emails_fts WHERE emails_fts MATCH 'contract AND 2'").fetchall() == [(3,)]
+    run = tmp_path / ".groupwise" / "email_agent" / "email-agent-002"
+    rows = gw.load_history(run)
+    assert [r["step"] for r in rows if r["split"] == "train"] == [0]
+    # benchmark_model logged a validation row before the step (global_step 0 % eval_steps) and after it
+    assert [r["step"] for r in rows if r["split"] == "val"] == [0, 1]
+    # each rollout's turn, sampled through LiteLLM, is stored as the openai Choice that
+    # art.utils.litellm.convert_litellm_choice_to_openai made of it
+    trajectories = [t for group in gw.load_trajectories(run, step=0, split="train") for t in group]
+    assert len(trajectories) == 2
+    assert all(isinstance(t.messages_and_choices[2], gw.types.Choice) for t in trajectories)
+    # pushed to the backup bucket after training, as ART lays it out
+    assert (backup_bucket / "email_agent" / "models" / "email-agent-002").is_dir()
+
+
+def test_litellm_choice_keeps_the_sampled_token_ids():
+    """convert_litellm_choice_to_openai (ART's art.utils.litellm) makes an openai Choice of a LiteLLM
+    one: the message, its tool calls, and the token ids a LiteLLM that keeps unknown choice fields
+    (`provider_specific_fields`) kept, so the turn trains on what was sampled."""
+    from litellm.types.utils import ChatCompletionMessageToolCall, Choices, Function, Message
+
+    from groupwise.utils.litellm import convert_litellm_choice_to_openai
+
+    call = ChatCompletionMessageToolCall(id="c1", type="function",
+                                         function=Function(name="read_email", arguments='{"message_id": "m"}'))
+    litellm_choice = Choices(finish_reason="tool_calls", index=0,
+                             message=Message(content=None, role="assistant", tool_calls=[call]),
+                             provider_specific_fields={"token_ids": [5, 6, 7], "forced_token_indices": [1]})
+    choice = convert_litellm_choice_to_openai(litellm_choice)
+    assert isinstance(choice, gw.types.Choice)
+    assert choice.message.tool_calls[0].function.name == "read_email"
+    assert choice.message.tool_calls[0].function.arguments == '{"message_id": "m"}'
+    assert (choice.finish_reason, gw.types.choice_token_ids(choice), gw.types.choice_forced_indices(choice)) == (
+        "tool_calls", [5, 6, 7], [1])
+    plain = convert_litellm_choice_to_openai(Choices(finish_reason="stop", index=0,
+                                                     message=Message(content="hi", role="assistant")))
+    assert (plain.message.content, gw.types.choice_token_ids(plain)) == ("hi", None)
