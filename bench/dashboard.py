@@ -6,9 +6,11 @@ The run: 200 steps of 10 groups x 5 rollouts (10,000 train trajectories, each a 
 conversation whose sampled turn has 200 tokens with ids, logprobs and forced indices), validation every
 10 steps, an alert every 50. It is written through the run store by the tests' writer
 (tests/dashboard/dash_helpers.py), then each API the page calls is timed in process (FastAPI's test
-client: the time is the readers', not the network's): cold (first call, files parsed) and warm (the
-parse cache hit, as on every later 2 s poll). Last, the app's background indexer (`groupwise dashboard`
-runs it while it serves): how long until every step file is indexed, and the first search after it.
+client: the time is the readers', not the network's), each view in a fresh app: cold (its first call,
+the files read for the first time by the process) and warm (the cache hit, as on every later 2 s poll).
+Then the same with the step summaries deleted, as a run written by code before summaries existed, and
+last the app's background indexer (`groupwise dashboard` runs it while it serves) on that run: how long
+until every step file is indexed, and the first search after it.
 """
 
 from __future__ import annotations
@@ -42,7 +44,6 @@ def main() -> None:
         size = sum(f.stat().st_size for f in Path(tmp).rglob("*") if f.is_file())
         print(f"wrote {STEPS} steps x {GROUPS * PER_GROUP} train trajectories = {STEPS * GROUPS * PER_GROUP} "
               f"({size / 2**20:.0f} MiB) in {time.perf_counter() - t0:.1f} s")
-        client = TestClient(create_app(tmp))
         run = "bench/agent"
         views = [
             ("runs list", "/api/runs", {}),
@@ -53,18 +54,31 @@ def main() -> None:
             ("trajectory + tokens", "/api/trajectory", {"run": run, "split": "train", "step": STEPS - 1, "group": 3, "index": 2}),
             ("search all 10,000 (text)", "/api/rollouts", {"run": run, "split": "train", "q": "scenario 7"}),
             ("best of all steps", "/api/rollouts", {"run": run, "split": "train"}),
+            ("reward 0.2-0.5, steps 50-150", "/api/rollouts", {"run": run, "split": "train", "reward_min": 0.2,
+                                                               "reward_max": 0.5, "step_min": 50, "step_max": 150}),
             ("compare val 0 vs latest", "/api/compare", {"run": run, "split": "val", "a": "0", "b": "latest"}),
         ]
-        print(f"\n{'view':<32}{'cold ms':>10}{'warm ms':>10}{'bytes':>10}")
-        for name, path, params in views:
-            times = []
-            for _ in range(2):
-                t = time.perf_counter()
-                r = client.get(path, params=params)
-                times.append((time.perf_counter() - t) * 1000)
-                assert r.status_code == 200, r.text
-            print(f"{name:<32}{times[0]:>10.0f}{times[1]:>10.0f}{len(r.content):>10}")
-        print(f"\n({os.cpu_count()} CPUs; cold: the files parsed; warm: the parse cache hit, as on each 2 s poll)")
+
+        def table(title: str) -> None:
+            print(f"\n{title}\n{'view':<32}{'cold ms':>10}{'warm ms':>10}{'bytes':>10}")
+            for name, path, params in views:
+                client = TestClient(create_app(tmp))  # a fresh app per view: its first call is cold
+                times = []
+                for _ in range(2):
+                    t = time.perf_counter()
+                    r = client.get(path, params=params)
+                    times.append((time.perf_counter() - t) * 1000)
+                    assert r.status_code == 200, r.text
+                print(f"{name:<32}{times[0]:>10.0f}{times[1]:>10.0f}{len(r.content):>10}")
+
+        table("a run written with step summaries (the store writes one beside each step file)")
+        summaries = sorted(Path(tmp).rglob("*.summary.json"))
+        print(f"({len(summaries)} summaries, {sum(f.stat().st_size for f in summaries) / 2**20:.1f} MiB)")
+        for f in summaries:
+            f.unlink()
+        table("the same run as code that wrote no summaries left it (the step files are parsed)")
+        print(f"\n({os.cpu_count()} CPUs; cold: a fresh app's first call, files read for the first time by this "
+              "process; warm: its cache hit, as on each 2 s poll)")
         # what `groupwise dashboard` does while it runs: index every file in the background (nice 19)
         t = time.perf_counter()
         with TestClient(create_app(tmp)) as live:
@@ -76,7 +90,7 @@ def main() -> None:
             waited = time.perf_counter() - t
             t = time.perf_counter()
             found = live.get("/api/rollouts", params={"run": run, "split": "train", "q": "scenario 7"}).json()["total"]
-            print(f"background index of all {progress['files']} step files: {waited:.0f} s; then the first text "
+            print(f"without summaries, background index of all {progress['files']} step files: {waited:.0f} s; then the first text "
                   f"search ({found} found): {(time.perf_counter() - t) * 1000:.0f} ms")
 
 

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from groupwise.step_summary import content_text
 from groupwise.store import read_groups, trajectory_files
 from groupwise.types import Choice, History, PydanticException, Trajectory, TrajectoryGroup, choice_logprobs, choice_token_ids
 
@@ -65,22 +66,6 @@ def _clip(text: str) -> str:
         return text
     half = MAX_CHARS // 2
     return f"{text[:half]}\n  … ({len(text) - 2 * half} characters not shown) …\n{text[-half:]}"
-
-
-def content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # multimodal parts
-        parts = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") == "text":
-                parts.append(str(part.get("text", "")))
-            else:
-                parts.append(f"[{part.get('type', 'part') if isinstance(part, dict) else type(part).__name__}]")
-        return "\n".join(parts)
-    return str(content)
 
 
 def _indent(text: str, prefix: str) -> str:

@@ -5,6 +5,8 @@ Layout (``run_dir = <base_path>/<project>/<model>``)::
     history.jsonl                     one row per (step, split, kind, name, message), appended
     trajectories/<split>/<step:04d>.jsonl
                                       one line per TrajectoryGroup, every field (see below)
+    trajectories/<split>/<step:04d>.summary.json
+                                      derived, for readers of many steps: step_summary.py
     state.json                        the user's small state (`write_state`, ART's `model.write_state`)
     checkpoints/<step>/               written by the trainer (adapter safetensors, optimizer, RNG, and
                                       in its own state.json the loop's data cursor of that step)
@@ -71,6 +73,7 @@ from typing import Any
 
 from groupwise.errors import ArgumentTypeError, CorruptRecordError, GroupwiseWarning, StoreError
 from groupwise.run_lock import RunLock
+from groupwise.step_summary import summary_of, summary_path
 from groupwise.types import Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -340,6 +343,12 @@ def read_group_dicts(path: str | os.PathLike, *, skip_corrupt: bool = False) -> 
     return out
 
 
+def write_step_summary(step_file: Path, rows: list[dict[str, Any]]) -> None:
+    """The step's summary beside its file (what a search over many steps reads instead of the tokens;
+    `groupwise.step_summary` says how a reader tells a stale one)."""
+    atomic_write_text(summary_path(step_file), _dumps(summary_of(step_file, rows)) + "\n")
+
+
 def load_trajectories(run_dir: str | os.PathLike, split: str | None = None, step: int | None = None,
                       *, skip_corrupt: bool = False) -> list[TrajectoryGroup]:
     """Every stored group of `run_dir` (optionally of one split and/or step), by split, step, line.
@@ -411,7 +420,7 @@ class RunStore:
         """Write the groups of (split, step) to their file, atomically; rewrites it if it exists
         (a resumed run re-logs the step it crashed in)."""
         path = self.trajectories_path(split, step)
-        lines = []
+        rows, lines = [], []
         for n, g in enumerate(groups):
             if not isinstance(g, TrajectoryGroup):
                 raise ArgumentTypeError(f"groups[{n}] is {type(g).__name__}; write_trajectories takes TrajectoryGroups")
@@ -420,8 +429,10 @@ class RunStore:
                     f"groups[{n}] still has {len(g.pending)} rollouts that were never run; "
                     "await it (or gather_trajectory_groups) before storing it"
                 )
-            lines.append(_dumps(g.model_dump(mode="json")) + "\n")
+            rows.append(g.model_dump(mode="json"))
+            lines.append(_dumps(rows[-1]) + "\n")
         atomic_write_text(path, "".join(lines))
+        write_step_summary(path, rows)
         return path
 
     def append_history(self, row: dict[str, Any], *, if_missing: bool = False) -> bool:

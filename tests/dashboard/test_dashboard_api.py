@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -154,6 +155,48 @@ def test_a_step_rewritten_on_disk_is_read_again(written):
     write_step(store, 3, n_groups=2, per_group=2)
     assert len(client.get("/api/groups", params={**q, "step": 3}).json()["groups"]) == 2
     assert client.get("/api/rollouts", params={**q, "step_min": 3}).json()["total"] == 4
+
+
+def test_views_across_steps_read_the_step_summaries_and_not_the_step_files(written, monkeypatch):
+    # a text search, a reward or step range, compare and the judge's agreement over a run written with
+    # summaries parse no step file (the step files' token logprobs are what made a cold search slow)
+    root, _ = written
+    from groupwise.dashboard import rollouts
+
+    def refuse(*a, **k):
+        raise AssertionError("a step file was parsed although its summary describes it")
+
+    monkeypatch.setattr(rollouts, "read_group_dicts", refuse)
+    client = TestClient(create_app(root))
+    q = {"run": "2048/agent", "split": "train"}
+    assert client.get("/api/rollouts", params={**q, "q": "trajectory 3 scored"}).json()["total"] == 12
+    expected = sum(reward_of(s, g, i) >= 0.3 for s in range(3) for g in range(3) for i in range(4))
+    assert client.get("/api/rollouts", params={**q, "reward_min": 0.3, "step_max": 2}).json()["total"] == expected == 12
+    assert client.get("/api/judge", params={"run": "2048/agent"}).json() == {"step": [0, 2], "value": [1.0, 1.0]}
+    assert len(client.get("/api/compare", params={"run": "2048/agent", "a": "0", "b": "2"}).json()["scenarios"]) == 3
+
+
+def test_a_run_written_before_step_summaries_shows_the_same_as_one_with_them(written, tmp_path):
+    root, store = written
+    old = tmp_path / "older"
+    shutil.copytree(root / "2048", old / "2048")
+    for f in (old / "2048").rglob("*.summary.json"):
+        f.unlink()  # as code that wrote no summaries left it
+    # and a step rewritten by such code after its summary was written: the stale summary is not read
+    (store.run_dir / "trajectories" / "train" / "0003.jsonl").write_text(
+        (old / "2048" / "agent" / "trajectories" / "train" / "0001.jsonl").read_text(encoding="utf-8"), encoding="utf-8")
+    shutil.copyfile(store.run_dir / "trajectories" / "train" / "0003.jsonl", old / "2048" / "agent" / "trajectories" / "train" / "0003.jsonl")
+    new_c, old_c = TestClient(create_app(root)), TestClient(create_app(old))
+    for path, params in (("/api/rollouts", {"split": "train", "limit": 1000}), ("/api/rollouts", {"split": "val", "order": "worst"}),
+                         ("/api/rollouts", {"q": "final answer 3", "reward_min": 0.2}), ("/api/judge", {}),
+                         ("/api/compare", {"split": "train", "a": "1", "b": "3"})):
+        params = {"run": "2048/agent", **params}
+        got = new_c.get(path, params=params).json()
+        assert got == old_c.get(path, params=params).json(), (path, params)
+        assert got != {} and got.get("total", 1) > 0
+    # step 3 now holds step 1's groups: its rows say so (reward and the answer read from the file)
+    rows = new_c.get("/api/rollouts", params={"run": "2048/agent", "split": "train", "step_min": 3, "limit": 1000}).json()
+    assert sorted(r["reward"] for r in rows["rollouts"]) == sorted(reward_of(1, g, i) for g in range(3) for i in range(4))
 
 
 def test_while_the_app_runs_every_trajectory_file_gets_indexed_and_so_does_a_new_step(written):

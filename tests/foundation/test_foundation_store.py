@@ -68,7 +68,7 @@ def test_atomic_writes_leave_no_temp_files(tmp_path, group):
     store.write_trajectories("val", 0, [group, group])  # rewrite (a resumed run re-logs its step)
     store.write_state({"step": 2, "best": {"step": 1, "reward": 0.5}})
     files = sorted(p.name for p in store.run_dir.rglob("*") if p.is_file())
-    assert files == ["0000.jsonl", "state.json"]
+    assert files == ["0000.jsonl", "0000.summary.json", "state.json"]
     assert len(load_trajectories(store.run_dir)) == 2
     assert store.read_state() == {"step": 2, "best": {"step": 1, "reward": 0.5}}
 

@@ -5,9 +5,12 @@ polling page re-reads a step only when the loop rewrote it, and a finished step 
 often it is shown. The views of one step (its groups, a trajectory with its tokens) read it with
 `groupwise.store.read_groups` (the validated reader `groupwise inspect` uses). What spans many files
 (a search, the best of all steps, comparing two steps, the judge's agreement) needs a few fields of
-each trajectory only, so its index (`FileIndex`) is built from `groupwise.store.read_group_dicts`, the
-same rows unvalidated: validating builds every token's logprob entry, some 30 times the cost of the JSON
-itself, and a text search over a long run would wait minutes for it. The cache keeps every file's small
+each trajectory only, so its index (`FileIndex`) is built from the step's summary, which the store
+writes beside each step file (`groupwise.step_summary`): parsing the step files themselves is
+dominated by every token's logprob entry, and a cold text search over a long run would wait seconds
+for it. A run written before summaries existed (or a step file rewritten since its summary) is
+indexed from the step file's rows, unvalidated (`groupwise.store.read_group_dicts`), and a
+background thread does that for every file while the app runs. The cache keeps every file's small
 index and the full groups of the few steps being looked at, so memory stays bounded on a long run.
 
 The token view says, per sampled token, what the loss saw: ``trained`` (a token the policy chose: the
@@ -30,15 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.errors import GroupwiseError, GroupwiseWarning, UnknownKeyError
-from groupwise.inspect import content_text
 from groupwise.loop.compare import resolve_step
 from groupwise.loop.detectors import judge_disagreement
 from groupwise.loop.report import val_metric_name
+from groupwise.step_summary import (PREVIEW_CHARS, answer_of, content_text, message_dict, prompt_of, read_summary,
+                                    summarize, tool_calls)
 from groupwise.store import read_group_dicts, read_groups, trajectory_files
 from groupwise.training.advantages import group_advantages
 from groupwise.types import Choice, Trajectory, TrajectoryGroup, choice_forced_indices, choice_logprobs, choice_token_ids
-
-PREVIEW_CHARS = 200
 
 
 # Parsed files kept whole (the views of one step); every file keeps only its light index (`FileIndex`).
@@ -105,28 +107,36 @@ class GroupCache:
             hit = self._index.get(path)
         if hit is not None and hit[0] == key:
             return hit[1]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", GroupwiseWarning)
-            raw = read_group_dicts(path, skip_corrupt=True)
-        built = FileIndex([], [])
-        for gi, g in enumerate(raw):
-            trajs = g.get("trajectories", [])
-            adv = group_advantages([_reward(t) for t in trajs])
-            first = trajs[0].get("messages_and_choices") or [] if trajs else []
-            meta = g.get("metadata")
-            built.groups.append({"scenario": meta.get("scenario_index", gi) if isinstance(meta, dict) else gi,
-                                 "prompt": _prompt([m for m in first if isinstance(m, dict)])[:PREVIEW_CHARS]})
-            for ti, t in enumerate(trajs):
-                msgs = [message(m) for m in t.get("messages_and_choices") or [] if isinstance(m, dict)]
-                metrics = t.get("metrics")
-                built.rows.append({"split": split, "step": step, "group": gi, "index": ti, "reward": _reward(t),
-                                   "advantage": None if adv is None else adv[ti],
-                                   "metrics": dict(metrics) if isinstance(metrics, dict) else {},
-                                   "answer": _answer(msgs)[:PREVIEW_CHARS]})
-                built.texts.append(_searchable(msgs, t.get("logs") or []).lower())
+        built = None
+        summary = read_summary(path)
+        if summary is not None:
+            try:
+                built = _file_index(summary, split, step)
+            except (KeyError, TypeError, AttributeError):
+                built = None  # a summary damaged by hand: the step file is the record
+        if built is None:  # a run written before summaries, or a step file rewritten since its summary
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", GroupwiseWarning)
+                built = _file_index(summarize(read_group_dicts(path, skip_corrupt=True)), split, step)
         with self._lock:
             self._index[path] = (key, built)
         return built
+
+
+def _file_index(summary: dict[str, Any], split: str, step: int) -> FileIndex:
+    """A step's `FileIndex` from its summary (`groupwise.step_summary`), with each trajectory's advantage."""
+    built = FileIndex([], [], groups=[{"scenario": g["scenario"], "prompt": g["prompt"]} for g in summary["groups"]])
+    by_group: dict[int, list[dict[str, Any]]] = {}
+    for t in summary["trajectories"]:
+        by_group.setdefault(int(t["group"]), []).append(t)
+    for gi, trajs in sorted(by_group.items()):
+        adv = group_advantages([float(t["reward"]) for t in trajs])
+        for ti, t in enumerate(trajs):
+            built.rows.append({"split": split, "step": step, "group": gi, "index": int(t["index"]),
+                               "reward": float(t["reward"]), "advantage": None if adv is None else adv[ti],
+                               "metrics": dict(t["metrics"]), "answer": str(t["answer"])})
+            built.texts.append(str(t["text"]).lower())
+    return built
 
 
 def index_in_background(cache: GroupCache, run_dirs: Callable[[], list[Path]], stop: threading.Event,
@@ -169,31 +179,13 @@ def _step_groups(cache: GroupCache, run_dir: Path, split: str, step: int) -> lis
     return cache.groups(files[0][2]) if files else []
 
 
-def _reward(traj: dict[str, Any]) -> float:
-    r = traj.get("reward", 0.0)
-    return float(r) if isinstance(r, (int, float)) and not isinstance(r, bool) else 0.0
-
-
 def answer_text(traj: Trajectory) -> str:
     """The last assistant turn's text (or its tool calls), as a preview line."""
-    return _answer([message(item) for item in traj.messages_and_choices])
-
-
-def _answer(msgs: list[dict[str, Any]]) -> str:
-    for msg in reversed(msgs):
-        if msg["role"] == "assistant":
-            calls = " ".join(f"{c['name']}({c['arguments']})" for c in msg["tool_calls"])
-            return " ".join(f"{msg['content']} {calls}".split())
-    return ""
+    return answer_of([message(item) for item in traj.messages_and_choices])
 
 
 def prompt_text(group: TrajectoryGroup) -> str:
-    return _prompt(group.trajectories[0].messages()) if group.trajectories else ""
-
-
-def _prompt(messages: list[Any]) -> str:
-    users = [m for m in messages if m.get("role") == "user"]
-    return " ".join(content_text(users[-1].get("content")).split()) if users else ""
+    return prompt_of(group.trajectories[0].messages()) if group.trajectories else ""
 
 
 def scenario_key(index: int, group: TrajectoryGroup) -> Any:
@@ -248,40 +240,14 @@ def rollouts(cache: GroupCache, run_dir: Path, *, split: str | None = None, step
     return {"total": len(found), "rollouts": found[:limit]}
 
 
-def _searchable(msgs: list[dict[str, Any]], logs: list[Any]) -> str:
-    parts = []
-    for msg in msgs:
-        parts.append(msg["content"])
-        parts.extend(c["name"] + " " + c["arguments"] for c in msg["tool_calls"])
-    parts.extend(str(x) for x in logs)
-    return "\n".join(parts)
-
-
-def _tool_calls(calls: Any) -> list[dict[str, str]]:
-    out = []
-    for call in calls or []:
-        if not isinstance(call, dict):
-            call = call.model_dump() if hasattr(call, "model_dump") else {}
-        fn = call.get("function") or {}
-        out.append({"id": str(call.get("id", "")), "name": str(fn.get("name", "?")),
-                    "arguments": str(fn.get("arguments", ""))})
-    return out
-
-
 def message(item: Any) -> dict[str, Any]:
     """A message or a sampled Choice (validated, or as stored: a dict with ``message`` and
     ``finish_reason``, the keys `groupwise.types` tells a Choice by) as {role, content, tool_calls,
     sampled, ...} for the page."""
     if isinstance(item, Choice):
         return {"role": "assistant", "content": content_text(item.message.content), "sampled": True,
-                "tool_calls": _tool_calls(item.message.tool_calls), "finish_reason": item.finish_reason}
-    if "message" in item and "finish_reason" in item:
-        msg = item["message"] if isinstance(item["message"], dict) else {}
-        return {"role": "assistant", "content": content_text(msg.get("content")), "sampled": True,
-                "tool_calls": _tool_calls(msg.get("tool_calls")), "finish_reason": item["finish_reason"]}
-    return {"role": str(item.get("role", "?")), "content": content_text(item.get("content")), "sampled": False,
-            "tool_calls": _tool_calls(item.get("tool_calls")), "tool_call_id": item.get("tool_call_id"),
-            "name": item.get("name")}
+                "tool_calls": tool_calls(item.message.tool_calls), "finish_reason": item.finish_reason}
+    return message_dict(item)
 
 
 def tokens(item: Choice, advantage: float | None) -> list[dict[str, Any]] | None:
