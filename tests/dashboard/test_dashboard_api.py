@@ -255,11 +255,22 @@ def test_the_command_refuses_a_public_address_without_a_key_and_a_file_for_a_fol
     assert "is a file" in capsys.readouterr().err
 
 
-def test_before_the_first_run_the_folder_lists_nothing_then_the_run(tmp_path):
+def test_before_the_first_run_the_folder_lists_nothing_then_the_run_as_soon_as_it_takes_its_lock(tmp_path):
     client = TestClient(create_app(tmp_path / ".groupwise"))  # `groupwise dashboard` before `groupwise train`
     assert client.get("/api/runs").json()["runs"] == []
-    write_step(RunStore(tmp_path / ".groupwise", "2048", "2048-s0"), 0)
-    assert [r["id"] for r in client.get("/api/runs").json()["runs"]] == ["2048/2048-s0"]
+    store = RunStore(tmp_path / ".groupwise", "2048", "2048-s0")
+    lock = store.lock().acquire()  # `groupwise train` takes the lock, then loads the model for a minute
+    try:
+        [r] = client.get("/api/runs").json()["runs"]
+        assert (r["id"], r["state"], r["latest_step"]) == ("2048/2048-s0", "training", None)
+        assert "nothing written yet" in r["detail"]
+        assert client.get("/api/curves", params={"run": r["id"]}).json()["train"]["step"] == []
+        assert client.get("/api/steps", params={"run": r["id"]}).json() == {}
+        write_step(store, 0)
+        [r] = client.get("/api/runs").json()["runs"]
+        assert (r["state"], r["latest_step"]) == ("training", 0) and "nothing written" not in r["detail"]
+    finally:
+        lock.release()
 
 
 def test_the_dashboard_loads_no_torch_and_ships_its_chart_library():

@@ -50,7 +50,7 @@ def test_an_envs_preset_fills_what_the_job_leaves_out():
     assert set(PRESETS) == set(__import__("groupwise.envs", fromlist=["ENVS"]).ENVS)  # one preset per env
 
 
-def test_the_job_says_each_step_and_its_stop_once(tmp_path, capsys):
+def test_the_job_says_each_step_and_its_stop_once(tmp_path, capsys, monkeypatch):
     # The whole main job on a tiny random model for one step: the per-step line, the summary, and the stop
     # reason printed once (it used to come from the loop and again from the summary).
     from groupwise.cli import main
@@ -59,7 +59,8 @@ def test_the_job_says_each_step_and_its_stop_once(tmp_path, capsys):
     model, tok = tiny_random_model(seed=0, tokenizer=load_tokenizer("smollm2-135m"))
     model.save_pretrained(tmp_path / "tiny")
     tok.save_pretrained(tmp_path / "tiny")
-    code = main(["train", "2048", "--model", str(tmp_path / "tiny"), "--steps", "1", "--path", str(tmp_path / "runs"),
+    monkeypatch.chdir(tmp_path)  # --path relative, as the default .groupwise is
+    code = main(["train", "2048", "--model", str(tmp_path / "tiny"), "--steps", "1", "--path", "runs",
                  "--device", "cpu", "--lr", "2e-3"])
     out = capsys.readouterr().out
     assert code == 0
@@ -67,7 +68,9 @@ def test_the_job_says_each_step_and_its_stop_once(tmp_path, capsys):
     assert out.count("reached max_steps=1") == 1, out
     assert "validation valid_move_rate: base" in out and "test (48 held-out scenarios" in out
     assert "lr=0.002" in out  # --lr replaces the env's rate (1e-3)
-    assert f"watch it live: groupwise dashboard {tmp_path / 'runs'}" in out
+    # the dashboard command works from any folder (a second terminal opens elsewhere), and says where to look
+    assert (f"watch it live: run `groupwise dashboard {(tmp_path / 'runs').resolve()}` in another terminal, "
+            "then open http://127.0.0.1:8100") in out
     summary = json.loads((tmp_path / "runs" / "2048" / "2048-s0" / "summary.json").read_text())
     assert summary["learning_rate"] == 2e-3
 

@@ -44,7 +44,9 @@ _VAL_ALERTS = ("val_", "judge_disagreement")
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / "history.jsonl").is_file() or (path / "trajectories").is_dir()
+    """A run folder: it has a history or trajectories, or a writer lock (a run that is loading its model
+    or validating its base before anything is written: it is listed, as training, from its first second)."""
+    return (path / "history.jsonl").is_file() or (path / "trajectories").is_dir() or (path / RunLock.FILE).is_file()
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -136,7 +138,8 @@ def run_state(run_dir: Path, history: list[Row]) -> dict[str, Any]:
     """{'state': training | stopped | crashed | empty, 'detail': why}."""
     pid = _writer_pid(run_dir)
     if pid is not None:
-        return {"state": "training", "detail": f"pid {pid} holds the writer lock"}
+        waiting = "" if history else "; nothing written yet (loading the model, validating the base)"
+        return {"state": "training", "detail": f"pid {pid} holds the writer lock{waiting}"}
     stops = events(history, "stop")
     last_train = max((r["step"] for r in rows(history, "train")), default=-1)
     if stops and stops[-1]["step"] >= last_train:

@@ -245,7 +245,9 @@ async def train(job: TrainJob) -> dict[str, Any]:
     print(f"[groupwise train] model={model_name} steps<={max_steps} seed={seed} "
           f"groups/step={preset.groups_per_step} rollouts/group={preset.rollouts_per_group} "
           f"lr={preset.learning_rate:g} train/val/test={len(train_s)}/{len(val_s)}/{len(test_s)}")
-    print(f"[groupwise train] watch it live: groupwise dashboard {shlex.quote(str(path))}")
+    # absolute: a second terminal opens in another folder, where the relative path names no runs
+    print(f"[groupwise train] watch it live: run `groupwise dashboard {shlex.quote(str(Path(path).resolve()))}` "
+          "in another terminal, then open http://127.0.0.1:8100")
 
     t0 = time.monotonic()
     model = gw.TrainableModel(name=name, project=spec.name, base_model=model_name, base_path=path)
