@@ -113,7 +113,8 @@ def summarize(groups: list[dict[str, Any]]) -> dict[str, Any]:
     """The summary of a step's groups as stored (``TrajectoryGroup.model_dump(mode="json")``, or
     `store.read_group_dicts`' rows): per group its scenario (``scenario_index`` metadata, else its
     position) and prompt preview; per trajectory its reward, metrics, answer preview and searchable text
-    (messages, tool calls and logs, where the judge writes its explanation)."""
+    (messages, tool calls and logs, where the judge writes its explanation) in lower case: a search
+    ignores case, and lower-casing 10,000 texts on every cold search would cost as much as reading them."""
     out_groups: list[dict[str, Any]] = []
     out_trajs: list[dict[str, Any]] = []
     for gi, g in enumerate(groups):
@@ -129,7 +130,7 @@ def summarize(groups: list[dict[str, Any]]) -> dict[str, Any]:
             out_trajs.append({"group": gi, "index": ti, "reward": _reward(t),
                               "metrics": dict(metrics) if isinstance(metrics, dict) else {},
                               "answer": answer_of(msgs)[:PREVIEW_CHARS],
-                              "text": _search_text(msgs, logs if isinstance(logs, list) else [])})
+                              "text": _search_text(msgs, logs if isinstance(logs, list) else []).lower()})
     return {"groups": out_groups, "trajectories": out_trajs}
 
 

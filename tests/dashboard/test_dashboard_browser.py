@@ -29,6 +29,7 @@ if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
     pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)",
                 allow_module_level=True)
 webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -84,7 +85,10 @@ def browser(tmp_path):
 
 
 def wait(driver, what, timeout=15):
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(lambda d: what(d))
+    # the page re-renders its lists on every 2 s poll: an element found a moment ago can be replaced
+    # before it is read, so a stale one means "look again", not a failure
+    return WebDriverWait(driver, timeout, poll_frequency=0.1,
+                         ignored_exceptions=(StaleElementReferenceException,)).until(lambda d: what(d))
 
 
 def shot(driver, name: str) -> None:
@@ -153,6 +157,9 @@ def test_the_page_renders_every_view_and_a_new_step_appears_while_it_is_open(das
     shot(d, "rollouts")
     d.find_element(By.CSS_SELECTOR, "#trajectory input[value=logprob]").click()  # coloured by logprob
     wait(d, lambda d: all(js(d, "return [...document.querySelectorAll('#trajectory .tok[data-loss]')].map(t => t.style.background)")))
+    d.find_element(By.CSS_SELECTOR, "#trajectory input[value=advantage]").click()  # by advantage: the trained ones only
+    wait(d, lambda d: js(d, "return [...document.querySelectorAll('#trajectory .tok[data-loss]')].map(t => t.style.background !== '')")
+         == [False] + [True] * 4 + [False])
 
     # filters: text search over every step
     f = d.find_element(By.ID, "filters")

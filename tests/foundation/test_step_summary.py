@@ -25,7 +25,7 @@ def test_the_store_writes_a_summary_of_each_step_beside_its_file(tmp_path, group
     # the search text has every message, the sampled turns' tool calls and the logs; no tokens
     text = first["text"]
     assert "move {\"direction\": \"left\"}" in text and "moved left" in text
-    assert all(line in text for line in group.trajectories[0].logs)
+    assert all(line.lower() in text for line in group.trajectories[0].logs) and text == text.lower()
     assert "logprob" not in json.dumps(summary)
     # the step file is what it always was: older readers see the same groups
     assert read_groups(path) == [group, group]
@@ -68,8 +68,8 @@ def test_a_copied_run_keeps_its_summaries_and_a_missing_or_foreign_one_reads_as_
 def test_a_group_without_scenario_metadata_or_messages_is_summarised_by_position(tmp_path):
     store = RunStore(tmp_path, "p", "m")
     g = TrajectoryGroup([Trajectory(messages_and_choices=[{"role": "user", "content": [
-        {"type": "text", "text": "look at"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}], reward=1.0)])
+        {"type": "text", "text": "Look at"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}], reward=1.0)])
     path = store.write_trajectories("train", 0, [TrajectoryGroup([]), g])
     summary = read_summary(path)
-    assert summary["groups"] == [{"scenario": 0, "prompt": "", "n": 0}, {"scenario": 1, "prompt": "look at [image_url]", "n": 1}]
-    assert [(t["group"], t["answer"], t["text"]) for t in summary["trajectories"]] == [(1, "", "look at\n[image_url]")]
+    assert summary["groups"] == [{"scenario": 0, "prompt": "", "n": 0}, {"scenario": 1, "prompt": "Look at [image_url]", "n": 1}]
+    assert [(t["group"], t["answer"], t["text"]) for t in summary["trajectories"]] == [(1, "", "look at\n[image_url]")]  # lower case

@@ -135,7 +135,7 @@ def _file_index(summary: dict[str, Any], split: str, step: int) -> FileIndex:
             built.rows.append({"split": split, "step": step, "group": gi, "index": int(t["index"]),
                                "reward": float(t["reward"]), "advantage": None if adv is None else adv[ti],
                                "metrics": dict(t["metrics"]), "answer": str(t["answer"])})
-            built.texts.append(str(t["text"]).lower())
+            built.texts.append(str(t["text"]))  # lower case already
     return built
 
 
