@@ -112,7 +112,7 @@ def _search_text(msgs: list[dict[str, Any]], logs: list[Any]) -> str:
 def summarize(groups: list[dict[str, Any]]) -> dict[str, Any]:
     """The summary of a step's groups as stored (``TrajectoryGroup.model_dump(mode="json")``, or
     `store.read_group_dicts`' rows): per group its scenario (``scenario_index`` metadata, else its
-    position) and prompt preview; per trajectory its reward, metrics, answer preview and searchable text
+    position), prompt preview, exceptions (``type: message``), logs and metadata; per trajectory its reward, metrics, answer preview and searchable text
     (messages, tool calls and logs, where the judge writes its explanation) in lower case: a search
     ignores case, and lower-casing 10,000 texts on every cold search would cost as much as reading them."""
     out_groups: list[dict[str, Any]] = []
@@ -121,8 +121,13 @@ def summarize(groups: list[dict[str, Any]]) -> dict[str, Any]:
         trajs = [t for t in g.get("trajectories") or [] if isinstance(t, dict)]
         meta = g.get("metadata")
         first = [m for m in (trajs[0].get("messages_and_choices") or []) if isinstance(m, dict)] if trajs else []
+        excs = [e for e in g.get("exceptions") or [] if isinstance(e, dict)]
+        logs = g.get("logs")
         out_groups.append({"scenario": meta.get("scenario_index", gi) if isinstance(meta, dict) else gi,
-                           "prompt": prompt_of(first)[:PREVIEW_CHARS], "n": len(trajs)})
+                           "prompt": prompt_of(first)[:PREVIEW_CHARS], "n": len(trajs),
+                           "exceptions": [f"{e.get('type', '?')}: {e.get('message', '')}" for e in excs],
+                           "logs": [str(x) for x in logs] if isinstance(logs, list) else [],
+                           "metadata": dict(meta) if isinstance(meta, dict) else {}})
         for ti, t in enumerate(trajs):
             msgs = [message_dict(m) for m in t.get("messages_and_choices") or [] if isinstance(m, dict)]
             metrics = t.get("metrics")

@@ -124,9 +124,9 @@ def test_rollout_filters_and_two_steps_side_by_side(written):
     assert client.get("/api/compare", params={"run": "2048/agent", "a": "x"}).status_code == 400
 
 
-def test_the_cross_step_index_read_unvalidated_agrees_with_the_validated_step_view(written):
-    # search, ranking, compare and the judge's agreement read the stored rows without pydantic; what they
-    # show of a trajectory must be what the step's own (validated) view shows
+def test_the_step_index_agrees_with_the_validated_trajectory_view(written):
+    # every view but one trajectory's reads the step summaries (unvalidated, written by the store); what
+    # they show of a trajectory must be what its own view, read through the validated types, shows
     root, store = written
     client = TestClient(create_app(root))
     for split, step in (("train", 1), ("val", 2)):
@@ -135,6 +135,15 @@ def test_the_cross_step_index_read_unvalidated_agrees_with_the_validated_step_vi
                                                      "step_max": step, "limit": 1000}).json()["rollouts"]
         key = lambda r: (r["group"], r["index"])  # noqa: E731
         assert sorted(listed, key=key) == sorted((t for g in view["groups"] for t in g["trajectories"]), key=key)
+        assert len(listed) == 12
+        for g in view["groups"]:
+            for row in g["trajectories"]:
+                full = client.get("/api/trajectory", params={"run": "2048/agent", **{k: row[k] for k in ("split", "step", "group", "index")}}).json()
+                assert (row["reward"], row["advantage"], row["metrics"]) == (full["reward"], full["advantage"], full["metrics"])
+                last = [m for m in full["messages"] if m["role"] == "assistant"][-1]
+                assert row["answer"] == " ".join(f"{last['content']} {' '.join(c['name'] + '(' + c['arguments'] + ')' for c in last['tool_calls'])}".split())
+                assert g["prompt"] == [m for m in full["messages"] if m["role"] == "user"][-1]["content"]
+                assert (g["scenario"], g["logs"]) == (full["scenario"], full["group_logs"])
     cmp = client.get("/api/compare", params={"run": "2048/agent", "split": "val", "a": "0", "b": "2"}).json()
     view = client.get("/api/groups", params={"run": "2048/agent", "split": "val", "step": 2}).json()
     assert [s["prompt"] for s in cmp["scenarios"]] == [g["prompt"].replace("step 2", "step 0") for g in view["groups"]]
@@ -143,6 +152,22 @@ def test_the_cross_step_index_read_unvalidated_agrees_with_the_validated_step_vi
     q = {"run": "2048/agent", "split": "train", "step_min": 2, "step_max": 2}
     assert client.get("/api/rollouts", params={**q, "q": "make_move"}).json()["total"] == 12
     assert client.get("/api/rollouts", params={**q, "q": "trajectory 3 scored"}).json()["total"] == 3
+
+
+def test_a_trajectory_opens_from_its_own_group_and_a_broken_group_is_named(written):
+    root, store = written
+    path = store.run_dir / "trajectories" / "train" / "0001.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[1] = lines[1].replace('"reward":', '"reward":"high","was":', 1)  # group 1 no longer validates
+    path.write_text("".join(lines), encoding="utf-8")
+    client = TestClient(create_app(root))
+    q = {"run": "2048/agent", "split": "train", "step": 1}
+    assert [g["group"] for g in client.get("/api/groups", params=q).json()["groups"]] == [0, 1, 2]
+    assert client.get("/api/trajectory", params={**q, "group": 2, "index": 3}).json()["reward"] == reward_of(1, 2, 3)
+    broken = client.get("/api/trajectory", params={**q, "group": 1, "index": 0})
+    assert broken.status_code == 422 and "group 1 of" in broken.json()["detail"] and "reward" in broken.json()["detail"]
+    assert client.get("/api/trajectory", params={**q, "group": 3, "index": 0}).status_code == 404
+    assert client.get("/api/trajectory", params={**q, "step": 9, "group": 0, "index": 0}).status_code == 404
 
 
 def test_a_step_rewritten_on_disk_is_read_again(written):

@@ -19,6 +19,8 @@ def test_the_store_writes_a_summary_of_each_step_beside_its_file(tmp_path, group
     summary = read_summary(path)
     assert summary == summarize(read_group_dicts(path))
     assert summary["groups"][0]["n"] == 2 and len(summary["trajectories"]) == 4
+    assert summary["groups"][1] == {"scenario": 1, "prompt": "Board: 2 . . . . . . .", "n": 2, "metadata": {"scenario": 4},
+                                    "exceptions": ["ValueError: rollout 3 failed"], "logs": ["judged by local/smollm2-135m"]}
     first = summary["trajectories"][0]
     assert (first["group"], first["index"], first["reward"]) == (0, 0, 0.75)
     assert first["metrics"] == {"max_tile": 64, "won": False, "moves": 12.5}
@@ -71,5 +73,7 @@ def test_a_group_without_scenario_metadata_or_messages_is_summarised_by_position
         {"type": "text", "text": "Look at"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}], reward=1.0)])
     path = store.write_trajectories("train", 0, [TrajectoryGroup([]), g])
     summary = read_summary(path)
-    assert summary["groups"] == [{"scenario": 0, "prompt": "", "n": 0}, {"scenario": 1, "prompt": "Look at [image_url]", "n": 1}]
+    none = {"exceptions": [], "logs": [], "metadata": {}}
+    assert summary["groups"] == [{"scenario": 0, "prompt": "", "n": 0, **none},
+                                 {"scenario": 1, "prompt": "Look at [image_url]", "n": 1, **none}]
     assert [(t["group"], t["answer"], t["text"]) for t in summary["trajectories"]] == [(1, "", "look at\n[image_url]")]  # lower case

@@ -25,7 +25,7 @@ from fastapi.staticfiles import StaticFiles
 
 from groupwise.dashboard import rollouts as ro
 from groupwise.dashboard import runs as rs
-from groupwise.errors import ConfigError, GroupwiseError
+from groupwise.errors import ConfigError, GroupwiseError, StoreError
 
 STATIC = Path(str(resources.files("groupwise.dashboard") / "static"))
 
@@ -114,6 +114,8 @@ def create_app(root: str | Path, *, api_key: str | None = None) -> FastAPI:
             return _json(ro.trajectory_view(cache, run_dir(run), split, step, group, index))
         except LookupError as exc:
             raise HTTPException(404, str(exc)) from None
+        except StoreError as exc:  # its group does not validate: say so, the page shows the message
+            raise HTTPException(422, str(exc)) from None
 
     @app.get("/api/compare")
     def api_compare(run: str, split: str = "val", a: str = "0", b: str = "latest") -> Response:

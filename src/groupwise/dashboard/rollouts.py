@@ -2,16 +2,16 @@
 
 Trajectory files are read through `GroupCache`, keyed by each file's size and modification time: a
 polling page re-reads a step only when the loop rewrote it, and a finished step is read once however
-often it is shown. The views of one step (its groups, a trajectory with its tokens) read it with
-`groupwise.store.read_groups` (the validated reader `groupwise inspect` uses). What spans many files
-(a search, the best of all steps, comparing two steps, the judge's agreement) needs a few fields of
-each trajectory only, so its index (`FileIndex`) is built from the step's summary, which the store
-writes beside each step file (`groupwise.step_summary`): parsing the step files themselves is
-dominated by every token's logprob entry, and a cold text search over a long run would wait seconds
-for it. A run written before summaries existed (or a step file rewritten since its summary) is
-indexed from the step file's rows, unvalidated (`groupwise.store.read_group_dicts`), and a
-background thread does that for every file while the app runs. The cache keeps every file's small
-index and the full groups of the few steps being looked at, so memory stays bounded on a long run.
+often it is shown. Every view but one trajectory's reads a step's index (`FileIndex`: per trajectory its
+reward, advantage, metrics and previews; per group its scenario, prompt, exceptions and logs), built
+from the summary the store writes beside each step file (`groupwise.step_summary`): parsing the step
+files themselves is dominated by every token's logprob entry, and a cold text search over a long run
+would wait seconds for it. A run written before summaries existed (or a step file rewritten since its
+summary) is indexed from the step file's rows, unvalidated (`groupwise.store.read_group_dicts`), and a
+background thread does that for every file while the app runs. One trajectory's view validates its
+group only (`GroupCache.group`): the tokens it shows are read through `groupwise.types`. The cache keeps
+every file's small index and the stored rows of the few steps being looked at, so memory stays bounded
+on a long run.
 
 The token view says, per sampled token, what the loss saw: ``trained`` (a token the policy chose: the
 loss weighs its logprob by the trajectory's advantage), ``forced`` (a grammar allowed only that token,
@@ -32,15 +32,14 @@ from types import SimpleNamespace
 from pathlib import Path
 from typing import Any
 
-from groupwise.errors import GroupwiseError, GroupwiseWarning, UnknownKeyError
+from groupwise.errors import GroupwiseError, GroupwiseWarning, StoreError, UnknownKeyError
 from groupwise.loop.compare import resolve_step
 from groupwise.loop.detectors import judge_disagreement
 from groupwise.loop.report import val_metric_name
-from groupwise.step_summary import (PREVIEW_CHARS, answer_of, content_text, message_dict, prompt_of, read_summary,
-                                    summarize, tool_calls)
-from groupwise.store import read_group_dicts, read_groups, trajectory_files
+from groupwise.step_summary import content_text, message_dict, read_summary, summarize, tool_calls
+from groupwise.store import read_group_dicts, trajectory_files
 from groupwise.training.advantages import group_advantages
-from groupwise.types import Choice, Trajectory, TrajectoryGroup, choice_forced_indices, choice_logprobs, choice_token_ids
+from groupwise.types import Choice, TrajectoryGroup, choice_forced_indices, choice_logprobs, choice_token_ids
 
 
 # Parsed files kept whole (the views of one step); every file keeps only its light index (`FileIndex`).
@@ -61,12 +60,14 @@ class FileIndex:
 
 
 class GroupCache:
-    """Parsed trajectory files, re-read only when a file changed (size or mtime). The groups of the
-    last `KEEP_PARSED` files read are kept (a step being looked at); each file's `FileIndex` is kept
-    for as long as the file is unchanged, so a search over every step re-parses nothing."""
+    """Parsed trajectory files, re-read only when a file changed (size or mtime). The stored groups of
+    the last `KEEP_PARSED` files opened in full are kept (a step being looked at); each file's
+    `FileIndex` is kept for as long as the file is unchanged, so a search over every step re-reads
+    nothing."""
 
     def __init__(self) -> None:
-        self._files: OrderedDict[Path, tuple[tuple[int, int], list[TrajectoryGroup]]] = OrderedDict()
+        # per file: its key, its groups as stored (unvalidated), and those validated so far by index
+        self._files: OrderedDict[Path, tuple[tuple[int, int], list[dict[str, Any]], dict[int, TrajectoryGroup]]] = OrderedDict()
         self._index: dict[Path, tuple[tuple[int, int], FileIndex]] = {}
         self._lock = threading.Lock()
 
@@ -75,26 +76,36 @@ class GroupCache:
         st = path.stat()
         return (st.st_size, st.st_mtime_ns)
 
-    def groups(self, path: Path, *, keep: bool = True) -> list[TrajectoryGroup]:
-        """The file's groups; `keep=False` (the background indexer) reads without displacing the files
-        being looked at."""
+    def group(self, path: Path, index: int) -> TrajectoryGroup:
+        """Group `index` of the file (its line among the groups `store.read_group_dicts` reads), validated:
+        a trajectory's view validates its own group only (validating builds every token's logprob
+        entry: a whole step would cost ten times as much)."""
         key = self._key(path)
         with self._lock:
             hit = self._files.get(path)
             if hit is not None and hit[0] == key:
                 self._files.move_to_end(path)
-                return hit[1]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", GroupwiseWarning)
-            groups = read_groups(path, skip_corrupt=True)
-        if not keep:
-            return groups
-        with self._lock:
-            self._files[path] = (key, groups)
-            self._files.move_to_end(path)
-            while len(self._files) > KEEP_PARSED:
-                self._files.popitem(last=False)
-        return groups
+        if hit is None or hit[0] != key:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", GroupwiseWarning)
+                hit = (key, read_group_dicts(path, skip_corrupt=True), {})
+            with self._lock:
+                self._files[path] = hit
+                self._files.move_to_end(path)
+                while len(self._files) > KEEP_PARSED:
+                    self._files.popitem(last=False)
+        rows, parsed = hit[1], hit[2]
+        if not 0 <= index < len(rows):
+            raise UnknownKeyError(f"no group {index} in {path} ({len(rows)} groups)")
+        if index not in parsed:
+            try:
+                parsed[index] = TrajectoryGroup.model_validate(rows[index])
+            except ValueError as exc:  # pydantic's ValidationError: the line is not a sound group
+                first = str(exc).strip().splitlines()
+                raise StoreError(f"group {index} of {path} is not a valid TrajectoryGroup (the other groups of the "
+                                 f"step still open; `groupwise inspect` reads the file with --skip-corrupt): "
+                                  f"{'; '.join(first[:3])}") from None
+        return parsed[index]
 
     def indexed(self, path: Path) -> bool:
         with self._lock:
@@ -125,7 +136,8 @@ class GroupCache:
 
 def _file_index(summary: dict[str, Any], split: str, step: int) -> FileIndex:
     """A step's `FileIndex` from its summary (`groupwise.step_summary`), with each trajectory's advantage."""
-    built = FileIndex([], [], groups=[{"scenario": g["scenario"], "prompt": g["prompt"]} for g in summary["groups"]])
+    built = FileIndex([], [], groups=[{"scenario": g["scenario"], "prompt": g["prompt"], "exceptions": list(g["exceptions"]),
+                                       "logs": list(g["logs"]), "metadata": dict(g["metadata"])} for g in summary["groups"]])
     by_group: dict[int, list[dict[str, Any]]] = {}
     for t in summary["trajectories"]:
         by_group.setdefault(int(t["group"]), []).append(t)
@@ -174,18 +186,9 @@ def steps(run_dir: Path) -> dict[str, list[int]]:
     return out
 
 
-def _step_groups(cache: GroupCache, run_dir: Path, split: str, step: int) -> list[TrajectoryGroup]:
+def _step_index(cache: GroupCache, run_dir: Path, split: str, step: int) -> FileIndex:
     files = trajectory_files(run_dir, split, step)
-    return cache.groups(files[0][2]) if files else []
-
-
-def answer_text(traj: Trajectory) -> str:
-    """The last assistant turn's text (or its tool calls), as a preview line."""
-    return answer_of([message(item) for item in traj.messages_and_choices])
-
-
-def prompt_text(group: TrajectoryGroup) -> str:
-    return prompt_of(group.trajectories[0].messages()) if group.trajectories else ""
+    return cache.index(files[0][2], split, step) if files else FileIndex([], [])
 
 
 def scenario_key(index: int, group: TrajectoryGroup) -> Any:
@@ -199,23 +202,20 @@ def _advantages(group: TrajectoryGroup) -> list[float | None]:
     return list(adv) if adv is not None else [None] * len(group.trajectories)
 
 
-def _summary(split: str, step: int, gi: int, ti: int, traj: Trajectory, adv: float | None) -> dict[str, Any]:
-    return {"split": split, "step": step, "group": gi, "index": ti, "reward": traj.reward, "advantage": adv,
-            "metrics": dict(traj.metrics), "answer": answer_text(traj)[:PREVIEW_CHARS]}
-
-
 def groups_view(cache: GroupCache, run_dir: Path, split: str, step: int) -> dict[str, Any]:
-    """A step's groups, each with its trajectories ranked by reward (best first)."""
+    """A step's groups, each with its trajectories ranked by reward (best first); from the step's index
+    (its summary), so a step opens without parsing its tokens."""
+    idx = _step_index(cache, run_dir, split, step)
+    by_group: dict[int, list[dict[str, Any]]] = {gi: [] for gi in range(len(idx.groups))}
+    for row in idx.rows:
+        by_group.setdefault(row["group"], []).append(row)
     out = []
-    for gi, g in enumerate(_step_groups(cache, run_dir, split, step)):
-        adv = _advantages(g)
-        trajs = [_summary(split, step, gi, ti, t, adv[ti]) for ti, t in enumerate(g.trajectories)]
-        trajs.sort(key=lambda t: -t["reward"])
-        rewards = [t.reward for t in g.trajectories]
-        out.append({"group": gi, "scenario": scenario_key(gi, g), "prompt": prompt_text(g)[:PREVIEW_CHARS],
+    for gi, g in enumerate(idx.groups):
+        trajs = sorted(by_group[gi], key=lambda t: -t["reward"])
+        rewards = [t["reward"] for t in trajs]
+        out.append({"group": gi, "scenario": g["scenario"], "prompt": g["prompt"],
                     "mean_reward": sum(rewards) / len(rewards) if rewards else None,
-                    "exceptions": [f"{e.type}: {e.message}" for e in g.exceptions], "logs": list(g.logs),
-                    "metadata": dict(g.metadata), "trajectories": trajs})
+                    "exceptions": g["exceptions"], "logs": g["logs"], "metadata": g["metadata"], "trajectories": trajs})
     return {"split": split, "step": step, "groups": out}
 
 
@@ -270,10 +270,12 @@ def tokens(item: Choice, advantage: float | None) -> list[dict[str, Any]] | None
 def trajectory_view(cache: GroupCache, run_dir: Path, split: str, step: int, group: int, index: int) -> dict[str, Any]:
     """One trajectory in full: the conversation with tool calls, tokens, reward, metrics, logs (where the
     judge writes its explanation), side conversations."""
-    groups = _step_groups(cache, run_dir, split, step)
-    if not 0 <= group < len(groups) or not 0 <= index < len(groups[group].trajectories):
+    files = trajectory_files(run_dir, split, step)
+    if not files:
+        raise UnknownKeyError(f"no {split} step {step} in {run_dir}")
+    g = cache.group(files[0][2], group)
+    if not 0 <= index < len(g.trajectories):
         raise UnknownKeyError(f"no trajectory {split}/{step}/group {group}/#{index} in {run_dir}")
-    g = groups[group]
     t = g.trajectories[index]
     adv = _advantages(g)[index]
     msgs = []

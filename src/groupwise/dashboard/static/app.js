@@ -254,8 +254,10 @@ document.getElementById("filters").step.addEventListener("change", (e) => { S.ro
 
 async function showTrajectory(t) {
   S.rollouts.traj = { split: t.split, step: t.step, group: t.group, index: t.index };
-  const d = await api("trajectory", { run: S.run, split: t.split, step: t.step, group: t.group, index: t.index });
   const box = document.getElementById("trajectory");
+  let d;
+  try { d = await api("trajectory", { run: S.run, split: t.split, step: t.step, group: t.group, index: t.index }); }
+  catch (e) { box.replaceChildren(el("div", { class: "hint error" }, String(e.message))); return; }
   const modes = ["loss", "logprob", "advantage"].map(m => el("label", {},
     (() => { const r = el("input", { type: "radio", name: "tokmode", value: m, onchange: () => { S.tokenMode = m; showTrajectory(t); } }); r.checked = S.tokenMode === m; return r; })(), ` ${m} `));
   box.replaceChildren(...[
