@@ -266,7 +266,7 @@ async function showTrajectory(t) {
     el("div", { class: "kv" }, "metrics: " + JSON.stringify(d.metrics)),
     Object.keys(d.metadata).length ? el("div", { class: "kv" }, "metadata: " + JSON.stringify(d.metadata)) : null,
     d.tools.length ? el("div", { class: "kv" }, "tools: " + d.tools.join(", ")) : null,
-    d.logs.length ? el("div", {}, el("b", {}, "logs (the judge's explanation)"), el("div", { class: "logs" }, d.logs.join("\n"))) : null,
+    d.logs.length ? el("div", {}, el("b", {}, "logs"), el("span", { class: "ci" }, " (the rollout's notes; a judge writes its explanation here)"), el("div", { class: "logs" }, d.logs.join("\n"))) : null,
     el("div", { class: "legend" }, "tokens by ", ...modes,
       el("span", { class: "tok loss-trained" }, "trained"), el("span", { class: "tok loss-forced" }, "grammar-forced"), el("span", { class: "tok loss-masked" }, "masked")),
     ...d.messages.map(m => messageView(m, d.advantage)),
