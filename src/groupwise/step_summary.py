@@ -1,12 +1,12 @@
 """The summary beside each trajectory file: what readers that span many steps (a text search over a
-run, the best rollouts of all steps, two steps compared, the judge's agreement) need of a step, without
-its tokens.
+run, filters by reward or step, the best rollouts of all steps, two steps compared, the judge's
+agreement, a step's groups) need of a step, without its tokens.
 
 ``trajectories/<split>/<step:04d>.summary.json`` is written by `RunStore.write_trajectories` right after
 the step file it summarises (`summary_of`). Parsing a step file is dominated by each sampled turn's
-token logprob entries (some 90% of its bytes), which none of those readers look at: reading 200
-summaries instead of 200 step files turns a cold search over a long run from seconds into tens of
-milliseconds.
+token logprob entries (most of its bytes once turns are a few hundred tokens long), which none of those
+readers look at: reading a summary costs a tenth of reading its step, so a cold search over a long run
+takes a fraction of a second instead of seconds.
 
 The step file stays the record (lossless, unchanged; a reader that does not know summaries ignores
 them: `store.trajectory_files` lists ``<step>.jsonl`` only). A summary is derived data and is trusted
