@@ -104,7 +104,7 @@ class GroupCache:
                 first = str(exc).strip().splitlines()
                 raise StoreError(f"group {index} of {path} is not a valid TrajectoryGroup (the other groups of the "
                                  f"step still open; `groupwise inspect` reads the file with --skip-corrupt): "
-                                  f"{'; '.join(first[:3])}") from None
+                                 f"{'; '.join(first[:3])}") from None
         return parsed[index]
 
     def indexed(self, path: Path) -> bool:
