@@ -60,6 +60,7 @@ __all__ = [
     "choice_token_ids",
     "choice_forced_indices",
     "choice_logprobs",
+    "choice_policy_versions",
     "choice_to_message",
 ]
 
@@ -149,6 +150,17 @@ def choice_forced_indices(choice: Choice) -> list[int]:
     if idx is None and choice.model_extra:
         idx = choice.model_extra.get("forced_token_indices")
     return [int(i) for i in idx or []]
+
+
+def choice_policy_versions(choice: Choice) -> list[int] | None:
+    """The policy version (the training step of the adapter; 0 is the base) that sampled each token of
+    a Choice, or None when the server did not say. groupwise's server puts it in the extra field
+    ``choice.policy_versions``; its values differ within one choice when a newer step was swapped in
+    while the choice was being sampled (partial rollouts of an asynchronous run)."""
+    versions = getattr(choice, "policy_versions", None)
+    if versions is None and choice.model_extra:
+        versions = choice.model_extra.get("policy_versions")
+    return None if versions is None else [int(v) for v in versions]
 
 
 def choice_logprobs(choice: Choice) -> list[float] | None:
@@ -256,6 +268,14 @@ class Trajectory(BaseModel):
 
     def choices(self) -> list[Choice]:
         return [m for m in self.messages_and_choices if isinstance(m, Choice)]
+
+    def policy_versions(self) -> list[int]:
+        """The policy version of every sampled token of the trajectory, its side conversations'
+        included, in order (`choice_policy_versions`; choices from a server that did not say are left
+        out): what an asynchronous loop reads to bound how stale a group is."""
+        choices = [m for h in (self, *self.additional_histories) for m in h.messages_and_choices
+                   if isinstance(m, Choice)]
+        return [v for c in choices for v in (choice_policy_versions(c) or [])]
 
 
 class PydanticException(BaseModel):

@@ -84,6 +84,7 @@ def advance(state: StepState, seqs: list[SeqState], tokens: list[int], logprobs:
             t = tokens[b]
             s.tokens.append(t)
             s.logprobs.append(logprobs[b])
+            s.adapters.append(s.req.adapter)  # read under the step lock: a retarget lands between steps
             if forced is not None and forced[b]:
                 s.forced.append(len(s.tokens) - 1)
             if s.req.sampling.top_logprobs:
@@ -180,7 +181,8 @@ def maybe_resolve(state: StepState, st: RequestState) -> None:
             text = state.tokenizer.decode(s.tokens, skip_special_tokens=True)
             if s.text_cut is not None:
                 text = text[: s.text_cut]
-            completions.append(Completion(s.index, s.tokens, s.logprobs, s.tops, text, s.finish_reason, s.forced))
+            completions.append(Completion(s.index, s.tokens, s.logprobs, s.tops, text, s.finish_reason, s.forced,
+                                          s.adapters))
     except Exception as exc:
         state.fail_request(st, exc)
         return

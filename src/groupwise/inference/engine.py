@@ -255,6 +255,28 @@ class Engine:
             del self._adapters[name]
             self._weights_changed()
 
+    def retarget(self, follow: str, adapter: str) -> int:
+        """Move every queued and running request that follows model `follow`'s latest policy
+        (`GenerationRequest.follow`) to `adapter`, its new latest step; returns how many moved.
+
+        Partial rollouts: a running sequence goes on under the new adapter from its next token, with
+        the KV of its earlier tokens as the old adapter computed them (recomputing it would cost a
+        prefill per row, and the old adapter's KV is what its tokens were sampled from). Each token
+        records the adapter that sampled it (`Completion.adapters`), so the trainer knows its
+        behaviour policy. The move happens between two engine steps (under the step lock)."""
+        if not self._known_adapter(adapter):
+            raise EngineError(f"adapter {adapter!r} is not loaded; loaded: {self.adapters()}")
+        return self._compute.call(self._retarget, follow, adapter)
+
+    def _retarget(self, follow: str, adapter: str) -> int:
+        with self._step_lock, self.state.cv:
+            requests = {id(st): st.req for st in (*self.state.waiting, *self.state.admitted)}
+            requests.update({id(s.state): s.req for s in self.state.running})
+            moved = [r for r in requests.values() if r.follow == follow and r.adapter != adapter]
+            for r in moved:
+                r.adapter = adapter
+            return len(moved)
+
     def peft_adapter_name(self, name: str) -> str:
         """The peft adapter (slot) holding the weights served as `name`."""
         return self.runner.peft_name(name)

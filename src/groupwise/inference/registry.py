@@ -24,6 +24,7 @@ class Resolved:
     served_as: str  # canonical name: "agent@3", or an alias
     adapter: str | None  # the engine's adapter (the same served name); None = base model
     step: int | None
+    follow: str | None = None  # the model whose latest step was asked for (a plain ``name``): partial rollouts
 
 
 class ModelRegistry:
@@ -64,6 +65,9 @@ class ModelRegistry:
         self.engine.add_adapter(adapter, adapter_path)
         with self._lock:
             self._steps[name][step] = adapter
+            latest = step == max(self._steps[name])
+        if latest:  # requests that asked for the latest policy go on under this one (partial rollouts)
+            self.engine.retarget(name, adapter)
         return served_name(name, step)
 
     def remove_step(self, name: str, step: int) -> None:
@@ -122,7 +126,7 @@ class ModelRegistry:
             if steps is not None:
                 if not step_text:
                     step = max(steps)
-                    return Resolved(served_name(name, step), steps[step], step)
+                    return Resolved(served_name(name, step), steps[step], step, follow=name)
                 # ASCII digits only, and few of them: "²" is a digit to str.isdigit() but not to
                 # int(), and int() refuses 4300 digits or more; either is a step nobody serves.
                 if step_text.isascii() and step_text.isdigit() and len(step_text) <= 18 and int(step_text) in steps:

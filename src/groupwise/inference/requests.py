@@ -46,6 +46,10 @@ class GenerationRequest:
     adapter: str | None = None
     # A factory of grammar matchers (constrained.py), one per choice; None = unconstrained.
     constraint: Any = None
+    # The model whose LATEST policy this request asked for (a plain ``name``, not ``name@step``), else None:
+    # when a newer step of it is served, `Engine.retarget` moves the request to that adapter mid-sequence
+    # (partial rollouts: the tokens so far keep the KV of the adapter that sampled them).
+    follow: str | None = None
     # Called from the compute thread (groupwise/compute.py) for each sampled token: (choice_index, token_id, logprob, finish_reason|None).
     on_token: Callable[[int, int, float, str | None], None] | None = None
 
@@ -62,6 +66,7 @@ class Completion:
     text: str
     finish_reason: str  # "stop" or "length"
     forced_indices: list[int] = field(default_factory=list)
+    adapters: list[str | None] = field(default_factory=list)  # [T] the adapter that sampled each token (None: base)
 
 
 @dataclass
@@ -84,6 +89,7 @@ class SeqState:
     logprobs: list[float] = field(default_factory=list)
     tops: list[list[tuple[int, float]]] = field(default_factory=list)
     forced: list[int] = field(default_factory=list)  # indices into tokens the grammar forced (one allowed token)
+    adapters: list[str | None] = field(default_factory=list)  # the adapter that sampled each token (provenance)
     seed: int | None = None
     graph_seed: int | None = None  # an unseeded row's random seed in graph sampling (drawn once)
     matcher: Any = None

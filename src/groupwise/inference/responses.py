@@ -6,7 +6,8 @@ import time
 import uuid
 from typing import Any
 
-from groupwise.inference.engine import GenerationResult
+from groupwise.adapter_names import split_served_name
+from groupwise.inference.engine import Completion, GenerationResult
 from groupwise.chat.tool_calls import parse_tool_calls
 
 __all__ = ["chat_response", "completion_response", "token_entries", "usage"]
@@ -23,6 +24,19 @@ def token_entries(tokenizer: Any, ids: list[int], logprobs: list[float], tops: l
             top = [{"token": s, "logprob": v, "bytes": list(s.encode())} for s, (_, v) in zip(alt_texts, tops[j])]
         out.append({"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": top})
     return out
+
+
+def policy_versions(c: Completion) -> dict[str, list[int]]:
+    """``{"policy_versions": [step per token]}``: the step of the adapter that sampled each token (0: the
+    base), which differs within a choice when a newer step was swapped in mid-sequence (partial
+    rollouts). Empty when a token came from an adapter served under a name without a step (an alias)."""
+    versions = []
+    for adapter in c.adapters:
+        step = "0" if adapter is None else split_served_name(adapter)[1]
+        if not (step.isascii() and step.isdigit()):
+            return {}
+        versions.append(int(step))
+    return {"policy_versions": versions} if len(versions) == len(c.token_ids) else {}
 
 
 def usage(result: GenerationResult) -> dict[str, int]:
@@ -45,6 +59,7 @@ def chat_response(tokenizer: Any, result: GenerationResult, header: dict[str, An
             "logprobs": {"content": token_entries(tokenizer, c.token_ids, c.logprobs, c.top_logprobs)},
             "token_ids": c.token_ids,
             "forced_token_indices": c.forced_indices,
+            **policy_versions(c),
         })
     return {**header, "object": "chat.completion", "choices": choices, "usage": usage(result)}
 
@@ -59,7 +74,7 @@ def completion_response(tokenizer: Any, result: GenerationResult, served_as: str
             at += len(t)
         choices.append({
             "index": c.index, "text": c.text, "finish_reason": c.finish_reason, "token_ids": c.token_ids,
-            "forced_token_indices": c.forced_indices,
+            "forced_token_indices": c.forced_indices, **policy_versions(c),
             "logprobs": {"tokens": texts, "token_logprobs": c.logprobs, "text_offset": offsets,
                          "top_logprobs": [
                              {tokenizer.decode([i]): v for i, v in top} for top in c.top_logprobs

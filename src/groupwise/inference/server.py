@@ -369,6 +369,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest = Depen
               "system_fingerprint": target.served_as}
     req = body.generation_request(prompt_ids, max_new_tokens=body.max_new_tokens, top_logprobs=body.top_logprobs,
                                   adapter=target.adapter, constraint=constraint)
+    req.follow = target.follow
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         queue: asyncio.Queue = asyncio.Queue()
@@ -443,6 +444,7 @@ async def completions(request: Request, body: CompletionRequest = Depends(parsed
     prompt_ids = await compute_thread().run(_render_completion, state.tokenizer, body.prompt)
     req = body.generation_request(prompt_ids, max_new_tokens=body.max_tokens, top_logprobs=body.logprobs or 0,
                                   adapter=target.adapter, constraint=constraint)
+    req.follow = target.follow
     result = await result_of(request, submit(state, req, "prompt"))
     return completion_response(state.tokenizer, result, target.served_as)
 

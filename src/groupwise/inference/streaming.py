@@ -17,7 +17,7 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 from groupwise.inference.engine import GenerationRequest
-from groupwise.inference.responses import token_entries, usage
+from groupwise.inference.responses import policy_versions, token_entries, usage
 from groupwise.chat.tool_calls import parse_tool_calls
 
 __all__ = ["EngineStream", "stream_chat"]
@@ -104,7 +104,7 @@ async def stream_chat(tokenizer: Any, future: concurrent.futures.Future, queue: 
             elif len(c.text) > sent[c.index]:
                 delta["content"] = c.text[sent[c.index]:]
             finals.append({"index": c.index, "delta": delta, "finish_reason": finish,
-                           "forced_token_indices": c.forced_indices})
+                           "forced_token_indices": c.forced_indices, **policy_versions(c)})
         yield chunk(finals)
         if include_usage:
             yield chunk([], usage(result))

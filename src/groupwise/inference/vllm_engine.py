@@ -86,6 +86,11 @@ class VLLMEngine:
     def adapters(self) -> list[str]:
         return sorted(self._adapters)
 
+    def retarget(self, follow: str, adapter: str) -> int:
+        """vLLM keeps a running request on the LoRA it started with: nothing moves mid-sequence (no
+        partial rollouts), and each token's provenance is the request's adapter."""
+        return 0
+
     def _lora(self, name: str | None):
         if name in (None, BASE):
             return None
@@ -159,7 +164,8 @@ class VLLMEngine:
                 tops = [sorted(((tid, lp.logprob) for tid, lp in pos.items()), key=lambda x: -x[1])[: r.sampling.top_logprobs]
                         for pos in c.logprobs]
             completions.append(Completion(c.index, list(c.token_ids), lps, tops, c.text,
-                                          "length" if c.finish_reason == "length" else "stop"))
+                                          "length" if c.finish_reason == "length" else "stop",
+                                          adapters=[r.adapter] * len(c.token_ids)))
         return GenerationResult(completions, len(r.prompt_ids), r.adapter)
 
     # sharing the GPU with the trainer ----------------------------------------------------------
