@@ -395,6 +395,8 @@ class LoopConfig(Validated):
     max_exceptions: int | float = option(0, help="Rollouts allowed to raise (or time out) per gather: a count, or a fraction in (0, 1).")
     rollout_timeout_s: float | None = option(ROLLOUT_TIMEOUT_S, help="Seconds a rollout may run before it is cancelled and counted against max_exceptions like one that raised (None: no limit). Generous by default (10 minutes): it ends hung rollouts, not slow ones.")
     resample_no_signal: int = option(2, help="Times a step's batch is gathered again when nothing in it is trainable (e.g. every group has equal rewards). After the last, a batch without signal is skipped as ART does (train_config.max_skipped_steps bounds how many in a row; 0 raises NotTrainableError instead).")
+    max_steps_off_policy: int = option(0, help="0: synchronous (every step's rollouts wait for the previous update). d > 0: the asynchronous pipeline (loop/pipeline.py): the batch of step k is gathered from the policy of step k - d while the steps before it train, and a group is admitted only if its tokens (their recorded policy versions) are at most d versions old; late groups are counted and recorded, never silently dropped. Pair it with TrainConfig(off_policy='tis') to correct the loss for the staleness.")
+    partial_rollouts: bool = option(False, help="With max_steps_off_policy > 0: rollouts ask for the latest policy instead of the one their step was scheduled from, and a sequence being sampled continues under each newer adapter as it is served (fresher tokens; which version sampled which token then depends on timing, so two runs are no longer the same run). False keeps every batch on its scheduled policy: reproducible, and resumable to the same history.")
     seed: int = option(0, help="Seed of the per-epoch shuffle of the training scenarios (resume sees the same batches), and of the rollouts' sampling seeds (seed_rollouts).")
     seed_rollouts: bool = option(True, help="Give each training rollout of a scenario with a free `sampling_seed` field its own seed, a function of (seed, step, scenario, rollout): its sampling no longer depends on which requests the engine happened to batch together. Its logits still may, in the last bits (CPU kernels sum in a batch-dependent order), and a flipped token makes two runs part; `LocalBackend(engine_kwargs={'batch_invariant': True})` (`groupwise train --batch-invariant`) makes them bitwise the same on one machine.")
 
@@ -423,6 +425,12 @@ class LoopConfig(Validated):
         check_positive(p, "min_delta", self.min_delta, allow_zero=True)
         check_positive(p, "baseline_margin", self.baseline_margin, allow_zero=True)  # None disables it
         check_positive(p, "resample_no_signal", self.resample_no_signal, allow_zero=True, integer=True)
+        check_positive(p, "max_steps_off_policy", self.max_steps_off_policy, allow_zero=True, integer=True)
+        if not isinstance(self.partial_rollouts, bool):
+            p.append(f"partial_rollouts={self.partial_rollouts!r} must be True or False")
+        elif self.partial_rollouts and not self.max_steps_off_policy:
+            p.append("partial_rollouts=True needs max_steps_off_policy >= 1 (a synchronous loop has no newer policy "
+                     "to continue under)")
         for name in ("on_val_drop", "on_val_unstable", "on_val_plateau", "on_reward_jump", "on_perfect_scores",
                      "on_degenerate", "on_judge_disagreement"):
             check_choice(p, name, getattr(self, name), LOOP_ACTIONS)

@@ -132,6 +132,12 @@ class Backend(ABC):
         caller ranked the steps (informational). This default keeps nothing special: a backend that
         never deletes checkpoints needs nothing more."""
 
+    async def hold_steps(self, model: "TrainableModel", steps: "list[int]") -> None:
+        """The caller still samples from these steps (an asynchronous loop's rollouts in flight, and the
+        older policies its resume regathers from): retention neither deletes their checkpoints nor stops
+        serving them, until the next call names others. This default holds nothing: a backend that
+        never deletes checkpoints or unloads steps needs nothing more."""
+
     async def checkpoint_cursor(self, model: "TrainableModel") -> dict[str, Any]:
         """The `cursor` saved with the latest checkpoint (``{}`` before any, or when none was given)."""
         return {}

@@ -83,6 +83,7 @@ class _Run:
     cursor: dict[str, Any] = field(default_factory=dict)
     best_step: int | None = None  # named by keep_best(); retention keeps it
     kl_reference_step: int | None = None  # the KL anchor of the last GRPO step: retention keeps it (restored on resume)
+    held_steps: list[int] = field(default_factory=list)  # hold_steps(): an asynchronous loop still samples them
     skipped_in_a_row: int = 0  # consecutive steps skipped for lack of signal (restored on resume)
     urls: list[str | None] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -238,6 +239,11 @@ class WorkerBackend(Backend):
                         maximize: bool = True) -> None:
         run = self._run(model)
         run.best_step = int(step)
+        await self._retain(run)
+
+    async def hold_steps(self, model: "TrainableModel", steps: list[int]) -> None:
+        run = self._run(model)
+        run.held_steps = sorted({int(s) for s in steps if int(s) > 0})
         await self._retain(run)
 
     async def served_steps(self, model: "TrainableModel") -> list[int]:
@@ -450,8 +456,9 @@ class WorkerBackend(Backend):
 
     @staticmethod
     def _in_use(run: _Run) -> list[int]:
-        """Checkpoints retention must keep whatever the metric says: the KL anchor of the last GRPO step."""
-        return [run.kl_reference_step] if run.kl_reference_step is not None else []
+        """Checkpoints retention must keep whatever the metric says: the KL anchor of the last GRPO step,
+        and the steps an asynchronous loop still samples from (`hold_steps`; kept served too)."""
+        return [*([run.kl_reference_step] if run.kl_reference_step is not None else []), *run.held_steps]
 
     # ------------------------------------------------------------------------------ close
     async def close(self) -> None:

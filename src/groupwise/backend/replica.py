@@ -13,6 +13,7 @@ Its methods are synchronous torch work: callers run them on the process's comput
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from groupwise.adapter_names import served_name
@@ -178,10 +179,10 @@ class Replica:
             )
         self.serve(step, str(path))
 
-    def unserve_before(self, step: int, served_steps: int) -> None:
-        """Stop serving steps older than the last `served_steps` (the base stays)."""
+    def unserve_before(self, step: int, served_steps: int, keep: Sequence[int] = ()) -> None:
+        """Stop serving steps older than the last `served_steps` (the base and `keep` stay)."""
         for old in self.registry.steps(self.name):
-            if 0 < old <= step - served_steps:
+            if 0 < old <= step - served_steps and old not in keep:
                 self.registry.remove_step(self.name, old)
 
     def served_steps(self) -> list[int]:

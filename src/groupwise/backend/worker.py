@@ -230,7 +230,7 @@ class Worker:
         from groupwise.training.checkpoint import prune_checkpoints
 
         replica, spec = self.replicas[name], self.specs[name]
-        await compute_thread().run(replica.unserve_before, step, served_steps)
+        await compute_thread().run(replica.unserve_before, step, served_steps, in_use)
         if self.rank != 0 or best_metric is None:  # None: every checkpoint is kept
             return []
         if keep:  # the caller named the best step: keep it and the latest, whatever the metric says

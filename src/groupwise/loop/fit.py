@@ -106,6 +106,17 @@ class FitSummary:
         return "\n".join(lines)
 
 
+@dataclass
+class Gathered:
+    """One gathering of a step's batch, scored: the groups and what it cost. `fields` go into the step's
+    loop row (the pipeline's staleness and waiting time, loop/pipeline.py)."""
+
+    groups: list[TrajectoryGroup]
+    gather_s: float
+    reward_s: float
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
 class AtStep:
     """A view of a trainable model whose requests go to ``name@step`` (a fixed checkpoint).
 
@@ -214,6 +225,15 @@ class Loop:
         return await gather_trajectory_groups(groups, pbar_desc=desc, max_exceptions=self.c.max_exceptions,
                                               rollout_timeout_s=self.c.rollout_timeout_s)
 
+    async def gather_scored(self, model: Any, step: int, indices: Sequence[int], attempt: int) -> Gathered:
+        """The training groups of `step` gathered from `model` and scored (`score_group`)."""
+        t0 = time.perf_counter()
+        groups = await self.gather(model, self.train, indices, self.c.rollouts_per_group, f"train step {step}",
+                                   step=step, attempt=attempt)
+        t1 = time.perf_counter()
+        groups = await self.score_groups(groups)
+        return Gathered(groups, t1 - t0, time.perf_counter() - t1)
+
     async def score_groups(self, groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
         """Run `score_group` on every group concurrently; a None result drops the group."""
         if self.score_group is None:
@@ -309,19 +329,20 @@ class Loop:
             self.reward_range = (min(lo, *rewards), max(hi, *rewards))
         return self.reward_range
 
-    async def step(self, step: int, indices: list[int], cursor: DataCursor
+    async def step(self, step: int, indices: list[int], cursor: DataCursor,
+                   source: Callable[[int, list[int], int], Awaitable[Gathered]] | None = None,
                    ) -> tuple[int, list[TrajectoryGroup], list[TrajectoryGroup], StopDecision | None]:
         """Gather, score and train one step: (new step, train groups, judged validation groups, a stop
         when the step showed the task solved). Whether a gathered batch is trained, gathered again or
-        ends the run is `groupwise.learning_signal`'s rule."""
+        ends the run is `groupwise.learning_signal`'s rule. `source(step, indices, attempt)` gathers the
+        batch (the asynchronous pipeline's, loop/pipeline.py); by default, from the latest policy now."""
         dropped_before = self.dropped_groups
         for attempt in range(self.c.resample_no_signal + 1):
-            t0 = time.perf_counter()
-            groups = await self.gather(self.model, self.train, indices, self.c.rollouts_per_group, f"train step {step}",
-                                       step=step, attempt=attempt)
-            t1 = time.perf_counter()
-            groups = await self.score_groups(groups)
-            t2 = time.perf_counter()
+            if source is not None:
+                got = await source(step, indices, attempt)
+            else:
+                got = await self.gather_scored(self.model, step, indices, attempt)
+            groups = got.groups
             if not groups:
                 raise NotTrainableError(f"step {step}: score_group dropped every group, so there is nothing to train "
                                         "on; check the judge (a judge failing on every group returns None for "
@@ -349,13 +370,14 @@ class Loop:
                 f"{signal.reason}, in {self.c.resample_no_signal + 1} gathering(s) of step {step}'s scenarios: "
                 "nothing is left to learn from this reward",
                 step, {"rewards": [g.rewards()[:8] for g in groups[:8]], "reward_range": list(self.reward_range or ())})
+        t2 = time.perf_counter()
         result = await self.model.train(groups, config=self.c.step_config(), cursor=cursor.to_dict())
         t3 = time.perf_counter()
         cost = sum(float(g.metrics.get("judge/cost_usd", 0.0)) for g in groups)
         self.store.append_history({
-            "step": step, "split": "loop", "time/gather_s": t1 - t0, "time/reward_s": t2 - t1,
+            "step": step, "split": "loop", "time/gather_s": got.gather_s, "time/reward_s": got.reward_s,
             "time/train_s": t3 - t2, "judge/cost_usd": cost, "scenarios": indices,
-            "reward/dropped_groups": self.dropped_groups - dropped_before,
+            "reward/dropped_groups": self.dropped_groups - dropped_before, **got.fields,
         })
         new_step = int(result.step)
         judged: list[TrajectoryGroup] = []
@@ -431,6 +453,19 @@ class Loop:
         return out
 
 
+async def run_steps(loop: Loop, cursor: DataCursor, step: int) -> tuple[int, StopDecision | None]:
+    """The synchronous loop: each step gathers its batch from the latest policy, then trains on it.
+    Returns the last step and the stop (None when the data ran out)."""
+    start, t_steps = step, time.perf_counter()
+    for indices, after in batches(cursor, loop.c.groups_per_step, loop.c.num_epochs):
+        step, groups, judged, solved = await loop.step(step, indices, after)
+        decision = solved or loop.decide(step, groups, judged)
+        loop.log_progress(step, start, time.perf_counter() - t_steps)
+        if decision:
+            return step, decision
+    return step, None
+
+
 async def fit(
     model: Any,
     rollout: Rollout,
@@ -472,6 +507,10 @@ async def fit(
         await _maybe_await(prepare())
     loop = Loop(model, rollout, train, val, test, score_group, validate, list(baselines), config)
     start = step = await model.get_step()
+    if config.max_steps_off_policy > 0:  # first: the keep_best below runs retention
+        from groupwise.loop.pipeline import hold_for_resume
+
+        await hold_for_resume(model, step, config.max_steps_off_policy)
     history = loop.store.history()
     loop.reward_range = reward_range_of(history)
     if step > 0 and val:  # a resumed run: retention keeps the best so far, not only the backend's own pick
@@ -486,16 +525,14 @@ async def fit(
     if not decision:
         cursor = resume_cursor(await model.backend.checkpoint_cursor(model), step=step, num_scenarios=len(train),
                                groups_per_step=config.groups_per_step, seed=config.seed)
-        t_steps = time.perf_counter()
-        for indices, after in batches(cursor, config.groups_per_step, config.num_epochs):
-            step, groups, judged, solved = await loop.step(step, indices, after)
-            decision = solved or loop.decide(step, groups, judged)
-            loop.log_progress(step, start, time.perf_counter() - t_steps)
-            if decision:
-                break
+        if config.max_steps_off_policy > 0:
+            from groupwise.loop.pipeline import run_pipelined
+
+            step, decision = await run_pipelined(loop, cursor, step)
         else:
-            decision = StopDecision(True, "data_exhausted",
-                                    f"used every training scenario for {config.num_epochs} epoch(s) (step {step})", step)
+            step, decision = await run_steps(loop, cursor, step)
+        decision = decision or StopDecision(
+            True, "data_exhausted", f"used every training scenario for {config.num_epochs} epoch(s) (step {step})", step)
     history = loop.store.history()
     metric, best_step, best_value = loop.best(history, step)
     loop.store.append_history({"step": step, "split": "stop", "rule": decision.rule, "reason": decision.reason,
