@@ -57,6 +57,7 @@ from groupwise.learning_signal import assess, loop_action
 from groupwise.loop.cursor import DataCursor, batches, resume_cursor
 from groupwise.loop.detectors import Alert, answer_text, run_detectors
 from groupwise.loop.intervals import mean_interval
+from groupwise.loop.pipeline import Gathered, hold_for_resume, run_pipelined
 from groupwise.loop.policy import action_for, classify, decide, pending_stop, stop_now, stop_reason_once
 from groupwise.loop.progress import eta_seconds, step_line
 from groupwise.loop.series import events, rows, series
@@ -104,17 +105,6 @@ class FitSummary:
         for a in self.alerts:
             lines.append(f"alert [{a.severity}] step {a.step} {a.name}: {a.message}")
         return "\n".join(lines)
-
-
-@dataclass
-class Gathered:
-    """One gathering of a step's batch, scored: the groups and what it cost. `fields` go into the step's
-    loop row (the pipeline's staleness and waiting time, loop/pipeline.py)."""
-
-    groups: list[TrajectoryGroup]
-    gather_s: float
-    reward_s: float
-    fields: dict[str, Any] = field(default_factory=dict)
 
 
 class AtStep:
@@ -284,6 +274,9 @@ class Loop:
         if self.score_group is not None and self.c.judge_val and self.c.val_rollouts_per_group >= 2:
             groups = judged = await self.score_groups(groups)
         return groups, judged
+
+    def at_step(self, step: int) -> AtStep:
+        return AtStep(self.model, step)
 
     # -- validation and baselines --------------------------------------------------------------------
     async def validate_at(self, step: int) -> list[TrajectoryGroup]:
@@ -508,8 +501,6 @@ async def fit(
     loop = Loop(model, rollout, train, val, test, score_group, validate, list(baselines), config)
     start = step = await model.get_step()
     if config.max_steps_off_policy > 0:  # first: the keep_best below runs retention
-        from groupwise.loop.pipeline import hold_for_resume
-
         await hold_for_resume(model, step, config.max_steps_off_policy)
     history = loop.store.history()
     loop.reward_range = reward_range_of(history)
@@ -526,8 +517,6 @@ async def fit(
         cursor = resume_cursor(await model.backend.checkpoint_cursor(model), step=step, num_scenarios=len(train),
                                groups_per_step=config.groups_per_step, seed=config.seed)
         if config.max_steps_off_policy > 0:
-            from groupwise.loop.pipeline import run_pipelined
-
             step, decision = await run_pipelined(loop, cursor, step)
         else:
             step, decision = await run_steps(loop, cursor, step)

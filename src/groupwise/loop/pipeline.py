@@ -39,19 +39,28 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from groupwise.loop.cursor import DataCursor, batches
 from groupwise.loop.detectors import Alert
 from groupwise.loop.stopping import StopDecision
 from groupwise.types import TrajectoryGroup
 
-if TYPE_CHECKING:
-    from groupwise.loop.fit import Gathered, Loop
-
 log = logging.getLogger("groupwise.loop")
 
-__all__ = ["Pipeline", "hold_for_resume", "run_pipelined", "staleness"]
+__all__ = ["Gathered", "Pipeline", "hold_for_resume", "run_pipelined", "staleness"]
+
+
+@dataclass
+class Gathered:
+    """One gathering of a step's batch, scored: the groups and what it cost. `fields` go into the step's
+    loop row (here: the staleness and the trainer's waiting time)."""
+
+    groups: list[TrajectoryGroup]
+    gather_s: float
+    reward_s: float
+    fields: dict[str, Any] = field(default_factory=dict)
 
 
 def staleness(groups: list[TrajectoryGroup], step: int, scheduled: int) -> list[list[int]]:
@@ -70,7 +79,7 @@ def staleness(groups: list[TrajectoryGroup], step: int, scheduled: int) -> list[
 class Pipeline:
     """The batches being gathered ahead of the trainer, by step, and the admission rule."""
 
-    def __init__(self, loop: "Loop", step: int) -> None:
+    def __init__(self, loop: Any, step: int) -> None:  # loop: fit.Loop (which imports this module)
         self.loop, self.d = loop, loop.c.max_steps_off_policy
         self.tasks: dict[int, asyncio.Task] = {}
         self.scheduled: dict[int, int] = {}  # step -> the policy version its batch is gathered from
@@ -82,9 +91,7 @@ class Pipeline:
     def model_for(self, version: int) -> Any:
         """What the batch's rollouts are handed: ``name@version``, or the model itself (its latest
         policy, followed mid-sequence) with partial rollouts."""
-        from groupwise.loop.fit import AtStep
-
-        return self.loop.model if self.loop.c.partial_rollouts else AtStep(self.loop.model, version)
+        return self.loop.model if self.loop.c.partial_rollouts else self.loop.at_step(version)
 
     async def hold(self, upcoming: list[int]) -> None:
         """Tell the backend which policies the gathered-ahead batches (and a resume of them) sample."""
@@ -97,11 +104,9 @@ class Pipeline:
         self.scheduled[step] = version
         self.tasks[step] = asyncio.create_task(self.loop.gather_scored(self.model_for(version), step, indices, 0))
 
-    async def gathered(self, step: int, indices: list[int], attempt: int) -> "Gathered":
+    async def gathered(self, step: int, indices: list[int], attempt: int) -> Gathered:
         """The batch of `step` for `Loop.step`: the gathered-ahead one, admitted; a resampled attempt
         is gathered from the same scheduled policy (seeded anew), now."""
-        from groupwise.loop.fit import AtStep
-
         version = self.scheduled.get(step, self.policy_for(step))
         if attempt > 0 or step not in self.tasks:
             got = await self.loop.gather_scored(self.model_for(version), step, indices, attempt)
@@ -117,7 +122,7 @@ class Pipeline:
             if keep:
                 got.groups, ages = [got.groups[i] for i in keep], [ages[i] for i in keep]
             else:  # nothing admissible: gather again, from the latest policy
-                got = await self.loop.gather_scored(AtStep(self.loop.model, self.step), step, indices, attempt)
+                got = await self.loop.gather_scored(self.loop.at_step(self.step), step, indices, attempt)
                 ages = staleness(got.groups, step, self.step)
         flat = [x for a in ages for x in a]
         got.fields.update({
@@ -159,7 +164,7 @@ async def hold_for_resume(model: Any, step: int, d: int) -> None:
     await model.backend.hold_steps(model, list(range(max(0, step - d), step + 1)))
 
 
-async def run_pipelined(loop: "Loop", cursor: DataCursor, step: int) -> tuple[int, StopDecision | None]:
+async def run_pipelined(loop: Any, cursor: DataCursor, step: int) -> tuple[int, StopDecision | None]:
     """The loop with batches gathered up to `max_steps_off_policy` steps ahead; returns (last step,
     stop), the stop None when the data ran out (as `fit.run_steps`)."""
     pipe = Pipeline(loop, step)
