@@ -31,7 +31,8 @@ async def score_baselines(
     config: LoopConfig | None = None,
 ) -> dict[str, float]:
     """Score ``model@0`` and each of `baselines` on `val_scenarios` (once); return {name: metric}."""
-    from groupwise.loop.fit import Loop, check_fit_args
+    from groupwise.loop.checks import check_fit_args
+    from groupwise.loop.fit import Loop
 
     config = config if config is not None else LoopConfig()
     val = list(val_scenarios)

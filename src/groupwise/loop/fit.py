@@ -55,6 +55,7 @@ from groupwise.config import LoopConfig
 from groupwise.errors import ConfigError, NotTrainableError
 from groupwise.learning_signal import assess, loop_action
 from groupwise.loop.cursor import DataCursor, batches, resume_cursor
+from groupwise.loop.checks import check_fit_args, takes_scenario
 from groupwise.loop.detectors import Alert, answer_text, run_detectors
 from groupwise.loop.intervals import mean_interval
 from groupwise.loop.pipeline import Gathered, hold_for_resume, run_pipelined
@@ -148,40 +149,8 @@ def seeded_scenario(scenario: Any, run_seed: int, step: int, index: int, rollout
     return scenario.model_copy(update={"sampling_seed": int.from_bytes(digest, "little")})
 
 
-def check_fit_args(rollout, train_scenarios, val_scenarios, test_scenarios, score_group, validate, baselines,
-                   config) -> None:
-    p: list[str] = []
-    if not callable(rollout):
-        p.append(f"rollout={rollout!r} must be an async function rollout(model, scenario) -> Trajectory")
-    if not train_scenarios:
-        p.append("train_scenarios is empty; the loop needs scenarios to train on")
-    if score_group is not None and not callable(score_group):
-        p.append(f"score_group={score_group!r} must be a function group -> group | None (e.g. a RULER call) or None")
-    if validate is not None and not callable(validate):
-        p.append(f"validate={validate!r} must be a function (trajectory, scenario) -> float or None")
-    if validate is not None and not val_scenarios:
-        p.append("validate is given but val_scenarios is empty; pass the validation split")
-    if baselines and not val_scenarios:
-        p.append("baselines are scored on the validation split; pass val_scenarios")
-    if test_scenarios and not val_scenarios:
-        p.append("test_scenarios evaluate the best checkpoint by validation; pass val_scenarios too")
-    if not isinstance(config, LoopConfig):
-        p.append(f"config={config!r} must be a LoopConfig")
-    if p:
-        raise ConfigError(p, what="fit() arguments")
-
-
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
-
-
-def _takes_scenario(validate: Validate) -> bool:
-    try:
-        params = [p for p in inspect.signature(validate).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
-    except (TypeError, ValueError):
-        return True
-    return len(params) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
 class Loop:
@@ -244,7 +213,7 @@ class Loop:
 
     async def score(self, groups: list[TrajectoryGroup], scenarios: Sequence[Any]) -> None:
         """Put the validation metric in every trajectory's metrics (the rollout's reward without validate)."""
-        takes = self.validate is not None and _takes_scenario(self.validate)
+        takes = self.validate is not None and takes_scenario(self.validate)
         for g in groups:
             scenario = scenarios[int(g.metadata["scenario_index"])]
             for t in g.trajectories:
