@@ -93,3 +93,23 @@ async def test_trainer_sees_the_prompts_the_engine_prefilled_turn_by_turn(live, 
         assert seq.input_ids[:start] == prefilled[k], f"turn {k}: the trainer's context is not the served prompt"
         assert seq.input_ids[start:end] == sampled[k], f"turn {k}: the trainer's tokens are not the sampled ones"
     assert seq.input_ids[:runs[-1][1]] == prefilled[2] + sampled[2]
+
+
+async def test_tools_with_tool_choice_none_are_in_the_served_prompt_as_in_the_trained_one(live, served, engine_calls):
+    # tool_choice="none" forbids a call, not the tools: the model still sees them (as OpenAI's and vLLM's
+    # servers render them), and the trajectory, which keeps the tools but not the tool_choice, is trained
+    # with them in its context. A server that dropped them would have sampled from another prompt.
+    tokenizer = served[0].tokenizer
+    messages = [{"role": "user", "content": "Is it warm in Paris?"}]
+    r = await live.client().chat.completions.create(model="agent", messages=messages, tools=TOOLS,
+                                                    tool_choice="none", max_tokens=6, seed=0)
+    choice = r.choices[0]
+    assert choice.message.tool_calls is None  # "none": whatever it wrote is content
+    [(prefilled, future)] = engine_calls
+    assert "forecast" in tokenizer.decode(prefilled)  # the tools are in the prompt the engine sampled from
+    trajectory = Trajectory(messages_and_choices=[*messages, choice], tools=TOOLS, reward=1.0)
+    other = Trajectory(messages_and_choices=[*messages, choice], tools=TOOLS, reward=0.0)
+    seq = tokenize_groups([TrajectoryGroup([trajectory, other])], tokenizer, max_seq_len=4096).sequences[0]
+    [(start, end)] = mask_runs(seq.mask)
+    assert seq.input_ids[:start] == prefilled
+    assert seq.input_ids[start:end] == future.result().completions[0].token_ids

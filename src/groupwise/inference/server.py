@@ -362,8 +362,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest = Depen
         raise error
     response_format = body.response_format.as_dict() if body.response_format else None
     constraint = await prepare(state, tools, tool_choice, response_format)
-    prompt_ids = await compute_thread().run(_render_chat, state.tokenizer, messages, tools, tool_choice,
-                                            body.chat_template_kwargs)
+    prompt_ids = await compute_thread().run(_render_chat, state.tokenizer, messages, tools, body.chat_template_kwargs)
     parse_tools = bool(tools) and tool_choice != "none"
     header = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": target.served_as,
               "system_fingerprint": target.served_as}
@@ -412,13 +411,15 @@ def _build_constraint(tokenizer: Any, tools: list[dict] | None, tool_choice: Any
                        else "response_format") from None
 
 
-def _render_chat(tokenizer: Any, messages: list[dict], tools: list[dict] | None, tool_choice: Any,
+def _render_chat(tokenizer: Any, messages: list[dict], tools: list[dict] | None,
                  template_kwargs: dict | None = None) -> list[int]:
     """Prompt ids of a chat request (on the compute thread: a long conversation takes long).
-    Rendered by the chat layer, as the trainer renders the conversation (token-in/token-out)."""
+    Rendered by the chat layer, as the trainer renders the conversation (token-in/token-out). The tools
+    are rendered whatever the tool_choice: "none" forbids a call, not the tools (OpenAI's and vLLM's
+    servers show them too), and a trajectory keeps its tools but not its tool_choice, so the trainer
+    renders them; a prompt without them would not be the one trained on."""
     try:
-        return chat_prompt_ids(tokenizer, messages, tools if tool_choice != "none" else None,
-                               template_kwargs=template_kwargs)
+        return chat_prompt_ids(tokenizer, messages, tools, template_kwargs=template_kwargs)
     except Exception as exc:  # a template may reject a message layout (e.g. roles out of order)
         raise ApiError(400, f"the chat template cannot render these messages: {exc}", param="messages") from None
 
