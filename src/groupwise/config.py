@@ -269,11 +269,14 @@ class TrainSFTConfig(Validated):
         rates = self.learning_rate if isinstance(self.learning_rate, list) else [self.learning_rate]
         if not rates:
             p.append("learning_rate=[] must hold one rate per batch")
+        schedule = isinstance(self.learning_rate, list)
         for i, r in enumerate(rates):
             rate_problems: list[str] = []
-            check_positive(rate_problems, "learning_rate", r)
+            # a schedule's batch may be 0: ART's linear and cosine decays end at min_lr, 0 by default, and
+            # ART's chunked SFT gives the last chunk that batch alone
+            check_positive(rate_problems, "learning_rate", r, allow_zero=schedule)
             if rate_problems:
-                p.append(f"learning_rate[{i}]={r!r} must be a finite rate > 0" if isinstance(self.learning_rate, list)
+                p.append(f"learning_rate[{i}]={r!r} must be a finite rate >= 0" if schedule
                          else f"learning_rate={r!r} must be a finite rate > 0 or a list of them")
         if self.batch_size != "auto" and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
                                           or self.batch_size < 1):

@@ -82,10 +82,15 @@ def test_lora_sft_detector_and_judge_configs_refuse_non_finite_and_non_numbers()
         "seed=nan must be an integer >= 0",
     ]
     assert _problems(TrainSFTConfig, learning_rate=[1e-5, INF, NAN], max_grad_norm=NAN) == [
-        "learning_rate[1]=inf must be a finite rate > 0",
-        "learning_rate[2]=nan must be a finite rate > 0",
+        "learning_rate[1]=inf must be a finite rate >= 0",
+        "learning_rate[2]=nan must be a finite rate >= 0",
         "max_grad_norm=nan must be a finite number >= 0",
     ]
+    # a schedule's batch may be 0 (ART's linear and cosine decays end there; ART's chunked SFT may give
+    # the last chunk that batch alone); a single rate may not
+    assert TrainSFTConfig(learning_rate=[2e-4, 1e-4, 0.0]).learning_rate[-1] == 0.0
+    assert TrainSFTConfig(learning_rate=[0.0]).learning_rate == [0.0]
+    assert _problems(TrainSFTConfig, learning_rate=0.0) == ["learning_rate=0.0 must be a finite rate > 0 or a list of them"]
     assert _problems(DetectorConfig, val_drop=NAN, perfect_reward=INF, repetition_share=NAN, length_ratio=NAN) == [
         "val_drop=nan must be a finite number >= 0",
         "perfect_reward=inf must be a finite number",

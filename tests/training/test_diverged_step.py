@@ -83,7 +83,7 @@ async def test_a_diverging_step_fails_loudly_checkpoints_nothing_and_the_run_goe
             await model.train(groups, config=config)
         sft_config = gw.TrainSFTConfig()
         sft_config.learning_rate = [math.nan]
-        with pytest.raises(ConfigError, match=r"learning_rate\[0\]=nan must be a finite rate > 0"):
+        with pytest.raises(ConfigError, match=r"learning_rate\[0\]=nan must be a finite rate >= 0"):
             await model.train_sft([demo] * 2, sft_config)
 
         # the run trains on from the last good step

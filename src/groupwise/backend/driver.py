@@ -369,21 +369,23 @@ class WorkerBackend(Backend):
             shards = [shard_batch(await compute_thread().run(
                 tokenize_sft, c, run.tokenizer, max_seq_len=config.max_seq_len,
                 assistant_turns=config.assistant_turns), self.world_size) for c in chunks]
-            # 3. one update per batch, with exclusive use of the shared model.
+            # 3. one update per batch, with exclusive use of the shared model; none for a batch at rate 0
+            # (where ART's decaying schedules end): AdamW scales both its step and its decay by the rate.
+            live = [(parts, rate) for parts, rate in zip(shards, rates) if rate > 0]
             updates = [TrainConfig(
                 learning_rate=rate, max_grad_norm=config.max_grad_norm, weight_decay=config.weight_decay,
                 micro_batch_tokens=config.micro_batch_tokens, max_seq_len=config.max_seq_len,
                 logprob_chunk_size=config.logprob_chunk_size, seed=config.seed,
-                gradient_checkpointing=config.gradient_checkpointing) for rate in rates]
+                gradient_checkpointing=config.gradient_checkpointing) for _, rate in live]
             per_rank = await self._call("update", [
                 {"name": model.name, "step": step,
-                 "updates": [{"batch": parts[r], "config": u, "objective": "sft"} for parts, u in zip(shards, updates)]}
+                 "updates": [{"batch": parts[r], "config": u, "objective": "sft"} for (parts, _), u in zip(live, updates)]}
                 for r in range(self.world_size)
-            ])
-            del shards
+            ]) if live else []
+            del shards, live
             per_update = [_merge_ranks(list(ranks)) for ranks in zip(*per_rank)]
             tokens = sum(m["trainable_tokens"] for m in per_update)
-            metrics = {
+            metrics = {"updates": 0.0, "trainable_tokens": 0.0, "learning_rate": rates[-1]} if not per_update else {
                 "loss": sum(m["loss"] * m["trainable_tokens"] for m in per_update) / max(tokens, 1.0),
                 "first_loss": per_update[0]["loss"], "last_loss": per_update[-1]["loss"],
                 "grad_norm": sum(m["grad_norm"] for m in per_update) / len(per_update),
