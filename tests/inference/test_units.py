@@ -30,6 +30,32 @@ def test_malformed_tool_calls_come_back_as_content(text):
     assert parse_tool_calls(text) == (text, None)
 
 
+def test_a_tool_call_nested_deeper_than_json_can_decode_comes_back_as_content():
+    # json.loads raises RecursionError near 1000 levels: the server would have answered 500
+    text = '<tool_call>{"name": "f", "arguments": {"x": ' + "[" * 5000 + "]" * 5000 + "}}</tool_call>"
+    assert parse_tool_calls(text) == (text, None)
+
+
+def test_the_email_env_reads_a_text_tool_call_as_the_server_does():
+    # one reader (the chat layer's): the env adds what is wrong for the agent, and its own strictness
+    # (keyword arguments: an object) and leniency (a bare JSON object without the tags)
+    from groupwise.chat.tool_calls import read_tool_call, tool_call_blocks
+    from groupwise.envs.email_search.env import parse_text_tool_calls
+
+    for text in ('<tool_call>{"name": "read_email", "parameters": {"message_id": "m1"}}</tool_call>',
+                 '<tool_call>{"name": "read_email", "arguments": "{\\"message_id\\": \\"m1\\"}"}',
+                 "<tool_call>{name: read_email}</tool_call>", '<tool_call>{"name": 5}</tool_call>'):
+        _, served = parse_tool_calls(text)
+        [call] = parse_text_tool_calls(text)
+        if served is None:
+            assert call.error == read_tool_call(tool_call_blocks(text)[0])[2] + "."
+        else:
+            assert (call.name, call.arguments, call.error) == (
+                served[0]["function"]["name"], json.loads(served[0]["function"]["arguments"]), None)
+    [call] = parse_text_tool_calls('<tool_call>{"name": "read_email", "arguments": [1]}</tool_call>')
+    assert (call.name, call.arguments, call.error) == ("read_email", None, "arguments must be a JSON object.")
+
+
 def test_unterminated_tool_call_at_the_end_still_parses():
     content, calls = parse_tool_calls('<tool_call>{"name": "f", "arguments": {}}')
     assert content is None and calls[0]["function"]["name"] == "f"

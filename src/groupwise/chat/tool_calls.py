@@ -7,7 +7,10 @@ Templates that know tools (Qwen2.5, Hermes, Llama-3.1 ...) get the tools through
 tool calls and tool results written as text, so the model sees one consistent format.
 
 Parsing never raises: text whose tool-call blocks are not valid JSON objects with a string
-``name`` comes back as plain content (the rollout can then penalise it), never as a 500.
+``name`` (or nest deeper than `MAX_JSON_DEPTH`) comes back as plain content (the rollout can then
+penalise it), never as a 500. `tool_call_blocks` and `read_tool_call` are the same reading, one call at
+a time with what is wrong with it: an env that parses calls written as text (email's text mode) uses
+them, so its agent is read as the server reads it.
 """
 
 from __future__ import annotations
@@ -19,10 +22,15 @@ from typing import Any
 
 __all__ = [
     "HERMES_TOOL_PROMPT",
+    "MAX_JSON_DEPTH",
     "format_tool_call",
+    "json_depth",
+    "loads_model_json",
     "parse_tool_calls",
     "prepare_messages",
+    "read_tool_call",
     "template_supports_tools",
+    "tool_call_blocks",
 ]
 
 HERMES_TOOL_PROMPT = (
@@ -36,6 +44,31 @@ HERMES_TOOL_PROMPT = (
 )
 
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+# Deep enough for any tool call a schema asks for; a model's text nested deeper is a mistake to report,
+# not a structure to walk (json's decoder raises RecursionError near 1000 levels, and code that walks
+# the result recursively fails far sooner).
+MAX_JSON_DEPTH = 32
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def json_depth(text: str) -> int:
+    """How deeply the arrays and objects of JSON `text` nest (brackets inside strings do not count);
+    an estimate for text that is not JSON, never an error."""
+    depth = deepest = 0
+    for bracket in _JSON_BRACKET.findall(_JSON_STRING.sub("", text)):
+        depth = depth + 1 if bracket in "[{" else max(0, depth - 1)
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def loads_model_json(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """`json.loads` for JSON a model wrote: a `json.JSONDecodeError` also when it nests deeper than
+    `max_depth`, so the reader can answer the model instead of failing on a RecursionError."""
+    if json_depth(text) > max_depth:
+        raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", text, 0)
+    return json.loads(text)
 
 
 def template_supports_tools(tokenizer: Any) -> bool:
@@ -123,25 +156,43 @@ def _maybe_json(value: Any) -> Any:
     return value
 
 
+def tool_call_blocks(text: str) -> list[str]:
+    """The JSON text of each ``<tool_call>`` block of `text`, in order; an unclosed last block counts
+    (a reply cut by max_tokens right after its JSON)."""
+    return [m.group(1) for m in _BLOCK.finditer(text)] if "<tool_call>" in text else []
+
+
+def read_tool_call(raw: str) -> tuple[str | None, Any, str | None]:
+    """(name, arguments, None) of one call's JSON ``{"name": ..., "arguments": {...}}`` (ART's and
+    some models' "parameters" too; arguments written as a JSON string are decoded), or (None, None,
+    what is wrong with it, said to the model that wrote it)."""
+    try:
+        obj = loads_model_json(raw)
+    except json.JSONDecodeError as exc:
+        return None, None, (f"the tool call is not valid JSON ({exc.msg}); send "
+                            '{"name": ..., "arguments": {...}}')
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None, None, 'a tool call is a JSON object {"name": ..., "arguments": {...}} with the name a string'
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = loads_model_json(args)
+        except json.JSONDecodeError:
+            pass  # kept as the text it is: the caller decides whether arguments must be an object
+    return obj["name"], args, None
+
+
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]] | None]:
     """Split model text into (content, tool_calls). Malformed tool-call text -> (text, None)."""
-    if "<tool_call>" not in text:
-        return text, None
     calls: list[dict[str, Any]] = []
-    for match in _BLOCK.finditer(text):
-        try:
-            obj = json.loads(match.group(1))
-        except json.JSONDecodeError:
+    for raw in tool_call_blocks(text):
+        name, args, error = read_tool_call(raw)
+        if error is not None:
             return text, None
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            return text, None
-        args = obj.get("arguments", obj.get("parameters", {}))
-        if isinstance(args, str):
-            args = _maybe_json(args)
         calls.append({
             "id": f"call_{uuid.uuid4().hex[:24]}",
             "type": "function",
-            "function": {"name": obj["name"], "arguments": json.dumps(args)},
+            "function": {"name": name, "arguments": json.dumps(args)},
         })
     if not calls:
         return text, None

@@ -11,7 +11,6 @@ groupwise `TrainableModel` also has ``inference_name()`` (``"agent-001@3"``), wh
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from collections.abc import Sequence
@@ -117,32 +116,6 @@ def split_seeds(seed: int, n_train: int, n_val: int, n_test: int, *, offset: int
     val = [1_000_000 + offset + i for i in range(n_val)]
     test = [2_000_000 + offset + i for i in range(n_test)]
     return train, val, test
-
-
-# Deep enough for any tool call a schema asks for; a model's reply nested deeper is a mistake to report,
-# not a structure to walk (json's decoder raises RecursionError near 1000 levels, and code that walks
-# the result recursively fails far sooner).
-MAX_JSON_DEPTH = 32
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_JSON_BRACKET = re.compile(r"[\[\]{}]")
-
-
-def json_depth(text: str) -> int:
-    """How deeply the arrays and objects of JSON `text` nest (brackets inside strings do not count);
-    an estimate for text that is not JSON, never an error."""
-    depth = deepest = 0
-    for bracket in _JSON_BRACKET.findall(_JSON_STRING.sub("", text)):
-        depth = depth + 1 if bracket in "[{" else max(0, depth - 1)
-        deepest = max(deepest, depth)
-    return deepest
-
-
-def loads_model_json(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """`json.loads` for JSON a model wrote: a `json.JSONDecodeError` also when it nests deeper than
-    `max_depth`, so a rollout can answer the model instead of failing on a RecursionError."""
-    if json_depth(text) > max_depth:
-        raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", text, 0)
-    return json.loads(text)
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")

@@ -35,22 +35,14 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
-from groupwise.envs._chat import (
-    Sampling,
-    choice_text,
-    complete,
-    loads_model_json,
-    new_trajectory,
-    sendable_text,
-    turn_sampling,
-)
+from groupwise.chat.tool_calls import read_tool_call, tool_call_blocks
+from groupwise.envs._chat import Sampling, choice_text, complete, new_trajectory, sendable_text, turn_sampling
 from groupwise.envs.email_search import tools as T
 from groupwise.envs.email_search.inbox import default_database, generate_corpus
 from groupwise.envs.email_search.questions import (
@@ -76,9 +68,6 @@ TEXT_TOOLS = (
     "- read_email(message_id): the full email.\n"
     "- return_final_answer(answer, sources: list of message_ids): your final answer; ends the task."
 )
-
-_TOOL_CALL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
-
 
 class ScenarioEmail(Sampling):
     question_id: str
@@ -111,31 +100,25 @@ class ToolCall:
 
 
 def _call_from_json(raw: str) -> ToolCall:
-    try:
-        data = loads_model_json(raw)
-    except json.JSONDecodeError as exc:
-        return ToolCall("?", None, error=f"the tool call is not valid JSON ({exc.msg}); send {{\"name\": ..., \"arguments\": {{...}}}}.")
-    if not isinstance(data, dict) or "name" not in data:
-        return ToolCall("?", None, error='a tool call is a JSON object {"name": ..., "arguments": {...}}.')
-    args = data.get("arguments", data.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            args = loads_model_json(args)
-        except json.JSONDecodeError:
-            return ToolCall(str(data["name"]), None, error="arguments must be a JSON object.")
+    """One call's JSON, read as the server reads a tool call (the chat layer's `read_tool_call`), and
+    stricter on one point: this env's tools take keyword arguments, so arguments must be an object."""
+    name, args, error = read_tool_call(raw)
+    if error is not None:
+        return ToolCall("?", None, error=f"{error}.")
     if not isinstance(args, dict):
-        return ToolCall(str(data["name"]), None, error="arguments must be a JSON object.")
-    return ToolCall(str(data["name"]), args)
+        return ToolCall(str(name), None, error="arguments must be a JSON object.")
+    return ToolCall(str(name), args)
 
 
 def parse_text_tool_calls(text: str) -> list[ToolCall]:
-    """Tool calls written in a reply: ``<tool_call>{json}</tool_call>`` (an unclosed last tag is read
-    too: a reply cut by max_tokens right after the JSON still counts), else a reply that is one bare
-    JSON object with a "name". Only the first call is returned: one tool per reply."""
+    """Tool calls written in a reply: ``<tool_call>{json}</tool_call>`` blocks as the server finds them
+    (the chat layer's `tool_call_blocks`; an unclosed last one too), else a reply that is one bare JSON
+    object with a "name" (a small model often drops the tags). Only the first call is returned: one tool
+    per reply."""
     text = text or ""
-    tags = _TOOL_CALL_TAG.findall(text)
-    if tags:
-        return [_call_from_json(tags[0])]
+    blocks = tool_call_blocks(text)
+    if blocks:
+        return [_call_from_json(blocks[0])]
     stripped = text.strip()
     if stripped.startswith("{") and '"name"' in stripped:
         return [_call_from_json(stripped)]
