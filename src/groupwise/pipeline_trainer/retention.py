@@ -1,0 +1,58 @@
+"""Checkpoint retention strategies of `PipelineTrainer` (ART's names): a strategy is handed the
+checkpoints that may go and returns the steps of those to keep."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from groupwise.errors import ConfigError
+
+__all__ = ["CHECKPOINT_CREATED_AT_METRIC", "CHECKPOINT_EVAL_COMPLETED_METRIC", "CHECKPOINT_SAVED_METRIC",
+           "CheckpointInfo", "CheckpointRetentionContext", "CheckpointRetentionStrategy", "keep_recent_and_top"]
+
+# History metrics of a checkpoint's own rows (ART's names).
+CHECKPOINT_CREATED_AT_METRIC = "checkpoint/created_at_unix"
+CHECKPOINT_EVAL_COMPLETED_METRIC = "checkpoint/eval_completed"
+CHECKPOINT_SAVED_METRIC = "checkpoint/saved"
+
+
+class CheckpointInfo(BaseModel):
+    """One kept checkpoint: its step, folder, when it was written, and the history metrics of its step."""
+
+    step: int
+    path: str
+    created_at: datetime
+    is_eval_step: bool = False
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class CheckpointRetentionContext(BaseModel):
+    """What a strategy decides on: the current step and the checkpoints that may be deleted."""
+
+    current_step: int
+    checkpoints: list[CheckpointInfo] = Field(default_factory=list)
+
+
+CheckpointRetentionStrategy = Callable[[CheckpointRetentionContext], Iterable[int]]
+
+
+def keep_recent_and_top(*, recent: int = 5, top: int = 2, metric: str = "val/reward") -> CheckpointRetentionStrategy:
+    """Keep the `recent` newest checkpoints and the `top` best by `metric` (a history metric such as
+    ``val/reward``, higher is better; ties go to the later step)."""
+    problems = [f"{name}={value!r} must be an integer >= 0" for name, value in (("recent", recent), ("top", top))
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0]
+    if problems:
+        raise ConfigError(problems, what="keep_recent_and_top")
+
+    def strategy(context: CheckpointRetentionContext) -> set[int]:
+        by_step = sorted(context.checkpoints, key=lambda c: c.step)
+        keep = {c.step for c in by_step[len(by_step) - recent:]} if recent else set()
+        ranked = sorted((c for c in by_step if metric in c.metrics), key=lambda c: (c.metrics[metric], c.step),
+                        reverse=True)
+        keep.update(c.step for c in ranked[:top])
+        return keep
+
+    return strategy

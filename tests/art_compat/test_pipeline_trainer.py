@@ -1,0 +1,162 @@
+"""ART's PipelineTrainer (groupwise.pipeline_trainer): ART's constructor, the staleness bound read from
+the tokens, late and zero-variance groups logged, resume at the saved scenario offset, and a run on a
+real tiny model whose rollouts overlap the updates."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+
+import pytest
+
+import groupwise as gw
+from groupwise.loop.series import rows
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "loop"))
+from loop_helpers import ScriptedBackend as LoopBackend  # noqa: E402
+
+from groupwise.pipeline_trainer import PipelineTrainer, keep_recent_and_top, make_group_rollout_fn  # noqa: E402
+
+# ART 0.5.18's PipelineTrainer.__init__, in order (art/pipeline_trainer/trainer.py)
+ART_PARAMS = ["self", "model", "backend", "rollout_fn", "scenarios", "config", "eval_fn", "num_rollout_workers",
+              "min_batch_size", "max_batch_size", "max_steps_off_policy", "queue_maxsize", "learning_rate", "loss_fn",
+              "loss_fn_config", "normalize_advantages", "adam_params", "packed_sequence_length", "max_steps",
+              "discard_queue_multiplier", "log_interval_seconds", "status_ewa_alpha", "total_scenarios",
+              "eval_every_n_steps", "eval_at_start", "save_checkpoint", "checkpoint_retention_strategy",
+              "checkpoint_retention_interval", "resume"]
+
+
+class ScriptedBackend(LoopBackend):
+    """The loop tests' scripted backend (a step counter, no model), for groups without a scenario index."""
+
+    async def train(self, model, groups, config, *, cursor=None):
+        for g in groups:
+            g.metadata.setdefault("scenario_index", None)
+        return await super().train(model, groups, config, cursor=cursor)
+
+
+def sampled(text: str, versions: list[int]):
+    from openai.types.chat.chat_completion import Choice
+    from openai.types.chat.chat_completion_message import ChatCompletionMessage
+
+    return Choice(index=0, finish_reason="stop", message=ChatCompletionMessage(role="assistant", content=text),
+                  policy_versions=versions)
+
+
+def test_arts_constructor_and_its_checks():
+    assert list(inspect.signature(PipelineTrainer.__init__).parameters) == ART_PARAMS
+    with pytest.raises(gw.ConfigError) as e:
+        PipelineTrainer(None, None, lambda *a: None, [], None, num_rollout_workers=0, min_batch_size=4,
+                        max_batch_size=2, loss_fn="dpo", max_steps_off_policy=-1)
+    assert len(e.value.problems) == 4
+    strategy = keep_recent_and_top(recent=1, top=1, metric="val/reward")
+    from datetime import datetime, timezone
+
+    from groupwise.pipeline_trainer import CheckpointInfo, CheckpointRetentionContext
+
+    infos = [CheckpointInfo(step=s, path=str(s), created_at=datetime.now(timezone.utc), metrics=m)
+             for s, m in ((1, {"val/reward": 0.9}), (2, {"val/reward": 0.1}), (3, {}))]
+    assert set(strategy(CheckpointRetentionContext(current_step=4, checkpoints=infos))) == {1, 3}
+
+
+async def test_stale_groups_are_left_out_by_their_tokens_and_logged(tmp_path):
+    # scenario "old" always samples from the base (its tokens say version 0), the others from the policy
+    # they were handed: once the trainer is 2 steps on, "old"'s groups are stale for max_steps_off_policy=1
+    async def rollout(model, scenario, config):
+        step = await model.get_step()
+        version = 0 if scenario["name"] == "old" else step
+        return gw.TrajectoryGroup([
+            gw.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, sampled(f"a{i}", [version] * 2)],
+                          reward=float(i)) for i in range(2)])
+
+    model = gw.TrainableModel("pipe", project="art", base_model="none", base_path=str(tmp_path))
+    backend = ScriptedBackend()
+    await model.register(backend)
+    scenarios = [{"name": "old" if i % 3 == 0 else f"s{i}"} for i in range(30)]
+    trainer = PipelineTrainer(model, backend, rollout, scenarios, None, num_rollout_workers=1, min_batch_size=1,
+                              max_batch_size=1, max_steps_off_policy=1, max_steps=6, eval_at_start=False)
+    await trainer.train(handle_signals=False)
+    assert await model.get_step() == 6
+    h = gw.load_history(model.store.run_dir)
+    assert trainer.discarded_stale_groups >= 1
+    assert rows(h, "pipeline")[-1]["discarded_stale_groups"] == trainer.discarded_stale_groups
+    discarded = [t for r in rows(h, "discarded") for g in gw.load_trajectories(model.store.run_dir, "discarded", r["step"])
+                 for t in g]
+    assert len(discarded) == 2 * trainer.discarded_stale_groups
+    # every trained token is at most one version behind the step that trained it
+    for r in rows(h, "train"):
+        for g in gw.load_trajectories(model.store.run_dir, "train", r["step"]):
+            assert all(r["step"] - v <= 1 for t in g for v in t.policy_versions())
+            assert all(t.initial_policy_version is not None for t in g)
+
+
+async def test_resume_continues_at_the_scenario_offset_saved_with_the_checkpoint(tmp_path):
+    seen: list[int] = []
+
+    async def single(model, scenario, config):
+        seen.append(scenario["i"])
+        return gw.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                             reward=float(len(seen) % 2))
+
+    model = gw.TrainableModel("resume", project="art", base_model="none", base_path=str(tmp_path))
+    await model.register(ScriptedBackend())
+    scenarios = [{"i": i} for i in range(20)]
+    first = PipelineTrainer(model, model.backend, make_group_rollout_fn(single, n=2), scenarios, None,
+                            num_rollout_workers=1, min_batch_size=2, max_batch_size=2, max_steps_off_policy=0,
+                            max_steps=2, eval_at_start=False)
+    await first.train(handle_signals=False)
+    offset = (await model.backend.checkpoint_cursor(model))["pipeline_trainer"]["scenario_offset"]
+    assert offset >= 4 and await model.get_step() == 2
+    seen.clear()
+    again = PipelineTrainer(model, model.backend, make_group_rollout_fn(single, n=2), scenarios, None,
+                            num_rollout_workers=1, min_batch_size=2, max_batch_size=2, max_steps_off_policy=0,
+                            max_steps=1, eval_at_start=False)
+    await again.train(handle_signals=False)
+    assert seen[0] == offset and await model.get_step() == 3
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from groupwise.loading import load_tokenizer, tiny_random_model
+
+    path = tmp_path_factory.mktemp("tiny")
+    model, tok = tiny_random_model(seed=0, tokenizer=load_tokenizer("smollm2-135m"))
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+async def test_a_pipelined_run_on_a_tiny_model(model_dir, tmp_path):
+    # ART's yes/no/maybe example's shape: one request of n completions per group, an eval every step
+    async def rollout_fn(model, scenario, config):
+        messages = [{"role": "user", "content": scenario["prompt"]}]
+        r = await model.openai_client().chat.completions.create(
+            messages=messages, model=model.get_inference_name(), max_tokens=4, n=4)
+        return gw.TrajectoryGroup([gw.Trajectory(messages_and_choices=[*messages, c], reward=len(c.message.content or "") % 5)
+                                   for c in r.choices])
+
+    async def eval_fn(model, step, config):
+        messages = [{"role": "user", "content": "respond with yes or no"}]
+        r = await model.openai_client().chat.completions.create(messages=messages, model=model.get_inference_name(step),
+                                                                max_tokens=4)
+        return [gw.Trajectory(messages_and_choices=[*messages, r.choices[0]], reward=1.0)]
+
+    model = gw.TrainableModel("yes-no", project="art", base_model=model_dir, base_path=str(tmp_path))
+    backend = gw.LocalBackend(path=str(tmp_path), device="cpu")
+    await model.register(backend)
+    try:
+        trainer = PipelineTrainer(model, backend, rollout_fn, [{"prompt": f"respond with yes or no ({i})"} for i in range(40)],
+                                  None, eval_fn, num_rollout_workers=4, min_batch_size=2, max_batch_size=4,
+                                  max_steps_off_policy=1, learning_rate=1e-3, max_steps=3, eval_every_n_steps=1)
+        await trainer.train(handle_signals=False)
+        assert await model.get_step() == 3
+    finally:
+        await backend.close()
+    h = gw.load_history(model.store.run_dir)
+    assert [r["step"] for r in rows(h, "train")] == [0, 1, 2]
+    assert sorted(r["step"] for r in rows(h, "val")) == [0, 1, 2, 3]
+    for r in rows(h, "train"):  # provenance: every trained token is at most one version old
+        versions = [v for g in gw.load_trajectories(model.store.run_dir, "train", r["step"]) for t in g
+                    for v in t.policy_versions()]
+        assert versions and all(r["step"] - 1 <= v <= r["step"] for v in versions)
