@@ -291,6 +291,13 @@ def test_before_the_first_run_the_folder_lists_nothing_then_the_run_as_soon_as_i
         assert "nothing written yet" in r["detail"]
         assert client.get("/api/curves", params={"run": r["id"]}).json()["train"]["step"] == []
         assert client.get("/api/steps", params={"run": r["id"]}).json() == {}
+    finally:
+        lock.release()
+    # the job ends (a crash while validating the base, say) before its first row: the folder says so
+    [r] = client.get("/api/runs").json()["runs"]
+    assert (r["state"], r["detail"]) == ("empty", "the job that took this folder ended before writing a step (its output says why)")
+    lock = store.lock().acquire()
+    try:
         write_step(store, 0)
         [r] = client.get("/api/runs").json()["runs"]
         assert (r["state"], r["latest_step"]) == ("training", 0) and "nothing written" not in r["detail"]

@@ -151,7 +151,9 @@ def run_state(run_dir: Path, history: list[Row]) -> dict[str, Any]:
     if age <= ACTIVE_WITHIN_S:
         return {"state": "training", "detail": f"history written {age:.0f} s ago"}
     if not history:
-        return {"state": "empty", "detail": "no history written"}
+        taken = (run_dir / RunLock.FILE).exists()  # a job took the folder, and ended before its first row
+        return {"state": "empty", "detail": "the job that took this folder ended before writing a step (its "
+                                            "output says why)" if taken else "no history written"}
     return {"state": "crashed", "detail": f"no stop decision, and nothing written for {age / 60:.0f} min"}
 
 
