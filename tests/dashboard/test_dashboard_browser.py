@@ -183,6 +183,12 @@ def test_the_page_renders_every_view_and_a_new_step_appears_while_it_is_open(das
     d.find_element(By.CSS_SELECTOR, '#tabs button[data-view="curves"]').click()
     wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-reward .stop-marker"))
     assert "stopped at step 3 (max_steps)" in d.find_element(By.ID, "stop-line").text
+    # the stop opens its evidence: the validation scenarios at step 0 against the best step it kept
+    d.execute_script("document.getElementById('compare').replaceChildren()")  # the compare drawn before
+    d.execute_script("arguments[0].click()", d.find_element(By.CSS_SELECTOR, "#chart-reward .stop-marker"))
+    assert d.find_element(By.CSS_SELECTOR, "#compare-form input[name=b]").get_attribute("value") == "best"
+    wait(d, lambda d: [th.text for th in d.find_elements(By.CSS_SELECTOR, "#compare th")] == ["scenario", "step 0", "step 2"])
+    assert len(d.find_elements(By.CSS_SELECTOR, "#compare tr.cmp-row")) == 3
     d.find_element(By.CSS_SELECTOR, '#tabs button[data-view="runs"]').click()
     wait(d, lambda d: d.find_element(By.CSS_SELECTOR, 'tr.run-row[data-run="2048/agent"]').get_attribute("data-state") == "stopped")
 

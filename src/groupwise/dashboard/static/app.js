@@ -98,7 +98,10 @@ function markersPlugin(name) {
     }
     if (cv.stop) {
       const x = u.valToPos(cv.stop.step, "x");
-      if (x >= 0 && x <= u.over.clientWidth) { const s = el("div", { class: "stop-marker", title: `stop: ${cv.stop.rule}` }); s.style.left = `${x}px`; u.over.append(s); }
+      if (x >= 0 && x <= u.over.clientWidth) {
+        const s = el("div", { class: "stop-marker", title: `stop: ${cv.stop.rule}: ${cv.stop.reason} (click: step 0 against the best step)`, onclick: openStop });
+        s.style.left = `${x}px`; u.over.append(s);
+      }
     }
   } } };
 }
@@ -176,6 +179,14 @@ async function refreshCurves() {
       el("a", { onclick: () => openEvidence(a) }, "evidence →"),
       el("div", { class: "kv" }, JSON.stringify(a.evidence)))) : [el("li", { class: "hint" }, "no alerts")]));
   for (const c of Object.values(S.charts)) c.u.redraw(false, false);
+}
+
+// the stop's evidence: what training changed from step 0 to the step the loop kept (the same validation scenarios)
+function openStop() {
+  const f = document.getElementById("compare-form");
+  f.a.value = "0"; f.b.value = "best";
+  if (S.steps.val) f.split.value = "val";
+  show("compare"); compare();
 }
 
 function openEvidence(a) {
