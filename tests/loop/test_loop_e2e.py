@@ -95,15 +95,18 @@ async def test_gamed_reward_on_a_tiny_model_raises_a_val_alert_stops_and_keeps_t
 
     # A critical validation alert stopped the run: validation fell beyond its noise. Which one depends on
     # whether the train reward had risen by the validation that showed the fall (val_drop: gaming) or
-    # not yet (val_unstable): a race between two learning curves that the machine's float sums decide,
-    # the same on every run of one machine (the engine is batch-invariant), not on every machine.
+    # not yet (val_unstable, which asks to stop soon: a later val_drop may then stop the run first), a
+    # race between two learning curves that the float sums decide; what holds on every machine is that
+    # the run stopped on the last of these alerts, each critical and beyond its noise.
     assert summary.stop.rule in ("alert:val_drop", "alert:val_unstable"), summary
     fired = [a for a in summary.alerts if a.name in ("val_drop", "val_unstable")]
-    assert len(fired) == 1 and fired[0].severity == "critical" and summary.stop.rule == f"alert:{fired[0].name}"
-    ev = fired[0].evidence
+    assert fired and all(a.severity == "critical" for a in fired), fired
+    assert summary.stop.rule == f"alert:{fired[-1].name}" and len({a.name for a in fired}) == len(fired), fired
+    assert all(a.name == "val_unstable" for a in fired[:-1]), fired  # only a stop-soon alert comes before the stop
+    ev = fired[-1].evidence
     # beyond the noise: 2 x 16 validation answers (Wilson intervals), 64 rollouts per train step
     assert ev["drop"] >= 0.15 and ev["drop"] > ev["noise"] > 0
-    if fired[0].name == "val_drop":
+    if fired[-1].name == "val_drop":
         assert ev["reward_now"] - ev["reward_then"] >= 0.05 and ev["reward_rise"] > ev["reward_noise"] > 0
     # the gameable reward was learned, and validation really fell
     assert max(train) > train[0] + 0.05
