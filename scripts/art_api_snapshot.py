@@ -11,7 +11,9 @@ models, dataclasses and TypedDicts their fields. It is committed, so the test ne
 
 Public modules (PUBLIC_MODULES): `art` and the subpackages ART's docs and examples import from
 (dev, local, rewards, utils, langgraph, mcp), `art.types` (imported directly in ART's examples),
-and the two deep paths the porting doc promises (`art.local.backend`, `art.utils.iterate_dataset`).
+the deep paths the porting doc promises (`art.local.backend`, `art.utils.iterate_dataset`), and the
+helper modules ART's examples and docs import by path (`art.utils.litellm` in ART-E, `art.utils.sft`
+in the SFT docs).
 ART's backends for other machinery (serverless, tinker, skypilot, megatron, vllm) are not: groupwise
 does not provide them, and their top-level names (`art.ServerlessBackend`) are facts of `art`.
 A package's names are its ``__all__`` (else what its ``__init__`` imports); a plain module's are the
@@ -35,7 +37,7 @@ OUT = ROOT / "tests" / "art_compat" / "art_api_snapshot.json"
 # The last release of each minor version on PyPI when the snapshot was taken.
 VERSIONS = ("0.3.13", "0.4.12", "0.5.18")
 PUBLIC_MODULES = ("art", "art.dev", "art.local", "art.local.backend", "art.rewards", "art.types", "art.utils",
-                  "art.utils.iterate_dataset", "art.langgraph", "art.mcp")
+                  "art.utils.iterate_dataset", "art.utils.litellm", "art.utils.sft", "art.langgraph", "art.mcp")
 PARAM_KINDS = {"posonly": "positional_only", "args": "positional_or_keyword", "kwonly": "keyword_only"}
 
 

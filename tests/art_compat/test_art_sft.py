@@ -11,7 +11,8 @@ import pytest
 
 import groupwise as art  # the only change an ART program needs
 from groupwise.local import LocalBackend
-from groupwise.utils.sft import create_lr_schedule, create_sft_dataset_iterator, iterate_file, train_sft_from_file
+from groupwise.utils.sft import (create_lr_schedule, create_sft_dataset_iterator, iterate_file, resolve_sft_batch_size,
+                                 train_sft_from_file)
 
 
 def test_lr_schedules_warm_up_then_decay_to_the_floor():
@@ -20,6 +21,8 @@ def test_lr_schedules_warm_up_then_decay_to_the_floor():
     assert create_lr_schedule(3, 1.0, "cosine", min_lr=0.2) == pytest.approx([1.0, 0.6, 0.2])
     assert create_lr_schedule(3, 0.5, "constant", warmup_steps=1) == pytest.approx([0.5, 0.5, 0.5])
     assert create_lr_schedule(1, 0.5, "linear") == [0.5] and create_lr_schedule(0, 0.5) == []
+    assert (resolve_sft_batch_size(batch_size="auto", default_batch_size=2), resolve_sft_batch_size(
+        batch_size=8, default_batch_size=2)) == (2, 8)
     with pytest.raises(art.errors.ConfigError, match="'cosine', 'linear' or 'constant'"):
         create_lr_schedule(3, 1.0, "step")  # type: ignore[arg-type]
 

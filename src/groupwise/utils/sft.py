@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from groupwise.model import TrainableModel
 
 __all__ = ["SFTChunk", "create_lr_schedule", "create_sft_dataset_iterator", "get_file_row_count", "iterate_file",
-           "train_sft_from_file"]
+           "resolve_sft_batch_size", "train_sft_from_file"]
 
 Schedule = Literal["cosine", "linear", "constant"]
 
@@ -42,6 +42,11 @@ class SFTChunk(NamedTuple):
     step: int
     epoch: int
     epoch_step: int
+
+
+def resolve_sft_batch_size(*, batch_size: int | Literal["auto"], default_batch_size: int) -> int:
+    """`batch_size`, with "auto" meaning the backend's default (2 on `LocalBackend`)."""
+    return default_batch_size if batch_size == "auto" else batch_size
 
 
 def _require_jsonl(file_path: str) -> None:
