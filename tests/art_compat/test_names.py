@@ -23,7 +23,9 @@ def test_art_import_paths_resolve_without_importing_torch():
         "from groupwise.rewards.ruler import ruler_score_group as r2\n"
         "from groupwise.utils.iterate_dataset import iterate_dataset\n"
         "from groupwise.utils import limit_concurrency, retry\n"
-        "from groupwise.trajectories import Trajectory, TrajectoryGroup, History, PydanticException\n"
+        "from groupwise.trajectories import Trajectory, TrajectoryGroup, History, PydanticException, LegacyHistory\n"
+        "from groupwise.utils.litellm import convert_litellm_choice_to_openai\n"
+        "from groupwise.utils.sft import train_sft_from_file, create_sft_dataset_iterator\n"
         "from groupwise.utils.get_trajectory_messages import get_trajectory_messages\n"
         "assert Trajectory is art.Trajectory and TrajectoryGroup is art.TrajectoryGroup\n"
         "from groupwise.dev import InternalModelConfig, InitArgs, EngineArgs, PeftArgs, TrainConfig, LoRAConfig\n"
@@ -170,3 +172,22 @@ def test_get_trajectory_messages_at_arts_path():
     t = art.Trajectory(messages_and_choices=[{"role": "user", "content": "board"}, choice])
     assert get_trajectory_messages(t) == [{"role": "user", "content": "board"},
                                           {"role": "assistant", "content": "<move>left</move>"}]
+
+
+def test_additional_histories_as_arts_later_docs_write_them():
+    """ART's additional-histories docs name the side conversation `LegacyHistory`: a sub-agent's
+    conversation beside the main one, kept through a store round trip."""
+    from groupwise.trajectories import LegacyHistory, Trajectory
+
+    sub_agent = LegacyHistory(messages_and_choices=[
+        {"role": "system", "content": "You are a code analysis expert"},
+        {"role": "user", "content": "Find potential bugs in main.py"},
+        {"role": "assistant", "content": "Found 3 potential issues..."}])
+    trajectory = Trajectory(
+        messages_and_choices=[{"role": "user", "content": "Analyze this codebase and fix any bugs"},
+                              {"role": "assistant", "content": "Fixed by adding a null check"}],
+        additional_histories=[sub_agent], reward=0.8, metrics={"task_completed": True})
+    again = Trajectory.model_validate_json(trajectory.model_dump_json())
+    assert isinstance(again.additional_histories[0], LegacyHistory) and LegacyHistory is art.types.History
+    assert again.additional_histories[0].messages_and_choices[1]["content"] == "Find potential bugs in main.py"
+    assert (again.reward, again.metrics) == (0.8, {"task_completed": 1})
