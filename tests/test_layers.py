@@ -46,6 +46,18 @@ def test_the_scan_sees_the_tree(tree):
     assert all(r in tree for r in roots), sorted(roots - set(tree))
 
 
+def test_the_cli_is_the_top_floor_over_the_jobs(tree):
+    """The house as the imports draw it: the CLI imports every command's job module by name when it loads
+    (no importlib strings, so the graph shows them), and no module outside jobs/ but the CLI imports one."""
+    jobs = {m for m in tree if within(m, f"{PACKAGE}.jobs") and m.rsplit(".", 1)[1] not in ("jobs", "fields", "common")}
+    assert {f"{PACKAGE}.jobs.{name}" for name in ("train", "sft", "serve", "report", "inspect", "compare",
+                                                   "dashboard", "judge_eval")} <= jobs
+    cli = tree[f"{PACKAGE}.cli"]
+    assert jobs <= {imp.target for imp in cli.imports if imp.at_load}, sorted(jobs)
+    importers = {mod.name for mod in tree.values() for imp in mod.imports if within(imp.target, f"{PACKAGE}.jobs")}
+    assert {m for m in importers if not within(m, f"{PACKAGE}.jobs")} == {f"{PACKAGE}.cli"}
+
+
 def test_client_side_loads_no_heavy_library(tree):
     assert heavy_violations(tree, client_roots(tree), heavy_libraries()) == []
 

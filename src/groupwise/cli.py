@@ -44,7 +44,6 @@ def _word(spec: Flag) -> Any:
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
-    parse.__name__ = spec.name  # argparse names the type in some messages
     return parse
 
 

@@ -185,8 +185,9 @@ class Job(Validated):
             bad = [p for v in values if (p := spec.problem(v, repr(v)))]
             found.extend(f"{spec.flag}: {p}" for p in bad)
             machine = spec.meta["on_machine"]
-            if not bad and machine is not None:
-                found.extend(f"{spec.flag} {v}: {p}" for v in values if (p := machine(v)))
+            if not bad and machine is not None:  # named as the user wrote it: `--model ./x: ...`, `runs/a: ...`
+                said = "" if spec.meta["positional"] else f"{spec.flag} "
+                found.extend(f"{said}{v}: {p}" for v in values if (p := machine(v)))
         return found + self.rules()
 
     def rules(self) -> list[str]:

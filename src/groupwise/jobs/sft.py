@@ -31,9 +31,25 @@ SFT_BATCH_SIZE = 4
 ENV_DEMONSTRATIONS = 64  # `groupwise sft <env>` without -n
 
 
+def _data_problem(data: str) -> str | None:
+    """A file of demonstrations, or the name of an env that has a scripted demonstrator."""
+    if Path(data).is_file():
+        return None
+    if Path(data).suffix == ".jsonl" or Path(data).exists():
+        return "no such file (a JSONL file of demonstrations, one {\"messages\": [...]} per line)"
+    from groupwise.envs import ENVS
+
+    have = ", ".join(sorted(name for name, spec in ENVS.items() if spec.demonstrate is not None))
+    if data not in ENVS:
+        return f"neither a JSONL file nor an env with a scripted demonstrator ({have})"
+    if ENVS[data].demonstrate is None:
+        return f"env {data!r} has no scripted demonstrator; these have one: {have}. Or pass a JSONL file"
+    return None
+
+
 @dataclass
 class SFTJob(Job):
-    data: str = arg(positional=True, help="a JSONL file in ART's SFT format ({\"messages\": [...], \"tools\": [...]} "
+    data: str = arg(positional=True, on_machine=_data_problem, help="a JSONL file in ART's SFT format ({\"messages\": [...], \"tools\": [...]} "
                                           "per line), or an env with a scripted demonstrator (email)")
     n: int | None = arg(None, low=1, help=f"how many demonstrations (default: the file's all; env: {ENV_DEMONSTRATIONS})")
     epochs: int = arg(SFT_EPOCHS, low=1, help="passes over the demonstrations, one step each")
