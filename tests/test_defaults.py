@@ -47,3 +47,16 @@ def test_the_backends_engine_batch_size_has_one_owner():
     found = [f for f in _defaults("max_batch_size") if f[0].startswith("backend/")]
     assert len(found) >= 3  # BackendOptions (every worker backend's), WorkerOptions, Replica
     assert [f for f in found if f[1] != "DEFAULT_MAX_BATCH_SIZE"] == []
+
+
+def test_the_base_model_and_run_store_have_one_owner():
+    """TrainableModel's signature and every job that names a model or a run store share config.py's."""
+    from groupwise.cli import COMMANDS
+    from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_RUN_STORE
+    from groupwise.jobs.fields import flags
+
+    assert [f for f in _defaults("base_model") if f[1] != "DEFAULT_BASE_MODEL"] == []
+    assert [f for f in _defaults("base_path") if f[1] != "DEFAULT_RUN_STORE"] == []
+    shared = {(c.name, s.name): s.default for c in COMMANDS for s in flags(c.job) if s.name in ("model", "path")}
+    assert shared[("train", "model")] == shared[("sft", "model")] == DEFAULT_BASE_MODEL
+    assert shared[("train", "path")] == shared[("sft", "path")] == shared[("dashboard", "path")] == DEFAULT_RUN_STORE

@@ -167,8 +167,8 @@ def _plural(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else many or one + 's'}"
 
 
-def inspect_run(run_dir: str | Path, *, split: str | None = None, step: int | None = None,
-                order: str = "file", n: int = 3, out: Any = None, skip_corrupt: bool = False) -> int:
+def inspect_run(run_dir: str | Path, *, split: str | None, step: int | None, order: str, n: int, out: Any = None,
+                skip_corrupt: bool = False) -> int:
     """Print trajectories of a run; the body of `groupwise inspect`. Returns the exit code."""
     out = out or sys.stdout
     p = Palette(_use_colour(out))

@@ -121,7 +121,7 @@ def test_report_on_a_folder_without_history(tmp_path, capsys):
 
 def test_compare_base_and_best_side_by_side(run_dir, capsys):
     # best is step 2 (val 1.0 at 0 and 2, 0.0 at 4: the latest of equal bests); compare 2 and latest (4)
-    text = compare(run_dir, "2,latest", n=2, width=100)
+    text = compare(run_dir, "2,latest", split="val", n=2, width=100)
     assert "val answers of step 2 (left) and step 4 (right)" in text
     assert "scenario 0: question 8" in text and "scenario 1: question 9" in text
     pair = [line for line in text.splitlines() if line.startswith("answer 8 ")][0]

@@ -71,8 +71,7 @@ def side_by_side(left: str, right: str, width: int) -> list[str]:
     return [f"{x:<{col}} | {y}" for x, y in zip(a, b)]
 
 
-def compare(run_dir: str | Path, steps: str = "0,best", *, split: str = "val", n: int = 5,
-            width: int | None = None) -> str:
+def compare(run_dir: str | Path, steps: str, *, split: str, n: int, width: int | None = None) -> str:
     """The side-by-side text of two steps' answers on `split` (see the module docstring)."""
     from groupwise.loop.report import load_run
     from groupwise.store import load_trajectories, trajectory_files
