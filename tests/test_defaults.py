@@ -45,7 +45,7 @@ def test_the_best_checkpoint_metric_has_one_owner():
 
 def test_the_backends_engine_batch_size_has_one_owner():
     found = [f for f in _defaults("max_batch_size") if f[0].startswith("backend/")]
-    assert len(found) >= 3  # BackendOptions (every worker backend's), WorkerOptions, Replica
+    assert len(found) >= 3  # BackendOptions (every worker backend's), Replica, the local judge
     assert [f for f in found if f[1] != "DEFAULT_MAX_BATCH_SIZE"] == []
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from groupwise.errors import ConfigError
 from groupwise.memory import release_freed_memory
-from groupwise.backend.replica import DEFAULT_MAX_BATCH_SIZE, Replica
+from groupwise.backend.replica import Replica
 from groupwise.compute import compute_thread
 from groupwise.config import LoraConfig
 
@@ -66,16 +66,17 @@ class ModelSpec:
 
 @dataclass
 class WorkerOptions:
-    """Settings shared by every rank (the backend's constructor arguments)."""
+    """Settings shared by every rank. The first five are the backend's `BackendOptions` (which owns their
+    defaults: the driver passes every one); the rest say how this placement reaches its workers."""
 
-    dtype: str | None = None
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
-    engine_kwargs: dict[str, Any] | None = None
-    verify_adapter: bool = True
+    dtype: str | None
+    max_batch_size: int
+    engine_kwargs: dict[str, Any] | None
+    verify_adapter: bool
+    load_model: Any  # (name, device=, dtype=) -> (model, tokenizer); None: groupwise.loading.load_base_model
     serve_http: bool = False  # serve each replica's app over HTTP (a worker outside the driver's process)
     http_host: str = "127.0.0.1"  # the address its servers listen on
     api_key: str | None = None  # the key requests to those servers must carry
-    load_model: Any = None  # (name, device=, dtype=) -> (model, tokenizer); None: groupwise.loading.load_base_model
     scratch_root: str | None = None  # where ranks > 0 keep their adapter copies; None: the system's temp folder
 
 
