@@ -13,12 +13,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from groupwise.config import TrainConfig
+from groupwise.config import LoraConfig, TrainConfig
 from groupwise.errors import ArtCompatWarning, ConfigError, warn_ignored
 
 # ArtCompatWarning and warn_ignored live in errors.py, which config.py imports too (no cycle).
 __all__ = ["ArtCompatWarning", "IGNORED_TRAIN_OPTIONS", "INTERNAL_TRAIN_FIELDS", "KNOWN_TRAIN_OPTIONS", "internal_config_settings",
-           "train_config_from_art", "warn_ignored"]
+           "merge_lora", "train_config_from_art", "warn_ignored"]
 
 
 # ART's training options (`backend.train(model, groups, **options)`, `model.train(..., _config={...})`,
@@ -133,6 +133,25 @@ def internal_config_settings(internal: Mapping[str, Any] | None, *, where: str) 
     for hint, names in by_hint.items():
         warn_ignored(where, names, hint, stacklevel=4)
     return peft, train
+
+
+def merge_lora(default: LoraConfig, config: Any, lora_config: Any, peft_args: Mapping[str, Any] | None) -> LoraConfig:
+    """A trainable model's adapter settings: `default` (the backend's) overridden by its ``config`` (a
+    LoraConfig), ART's ``lora_config`` (a dict or LoraConfig) and ``_internal_config["peft_args"]``, in
+    that order. A key of ``lora_config`` with no LoraConfig counterpart is named in a warning
+    (``peft_args``' were named by `internal_config_settings`)."""
+    lora = config if isinstance(config, LoraConfig) else default
+    updates: dict[str, Any] = {}
+    for source, names in ((lora_config, LORA_CONFIG_FIELDS), (peft_args, PEFT_ARGS_FIELDS)):
+        if isinstance(source, LoraConfig):
+            lora = source
+            continue
+        for key, value in dict(source or {}).items():
+            if key in names:
+                updates[names[key]] = tuple(value) if key == "target_modules" else value
+            elif names is LORA_CONFIG_FIELDS:
+                warn_ignored("TrainableModel LoRA settings", [key])
+    return dataclasses.replace(lora, **updates) if updates else lora
 
 
 def train_config_from_art(config: Any, options: dict[str, Any], *, where: str,

@@ -16,14 +16,16 @@ is); or when the latest validation of a `validate` metric (ground truth, bounded
 
 This module is the one home of that policy: `assess` gives the verdict as a value, `loop_action` says
 what `gw.fit` does with it (resample, stop as converged, or train), `skip_action` what a backend's
-`train` does (train, skip as ART does, or raise). Pure Python, so the loop, the backends and the trainer
-read the same rule and the same tolerance.
+`train` does (train, skip as ART does, or raise), and `step_verdict` is that decision as a value with
+the sentence that explains it (the backend acts on it: no policy or wording of its own). Pure Python,
+so the loop, the backends and the trainer read the same rule and the same tolerance.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 # Rewards closer than this are "equal": float noise from a judge must not create a fake signal.
 ZERO_VARIANCE_TOL = 1e-9
@@ -99,3 +101,41 @@ def skip_action(signal: Signal, skipped_in_a_row: int, max_skipped_steps: int) -
     if signal.trainable:
         return "train"
     return "raise" if skipped_in_a_row >= max_skipped_steps else "skip"
+
+
+FIX = ("Make rewards differ within a group: more rollouts per group, a graded reward instead of pass/fail, "
+       "harder or easier scenarios, or a judge (RULER).")
+
+
+@dataclass(frozen=True)
+class StepVerdict:
+    """What a backend's `train` does with one step (`step_verdict`)."""
+
+    action: str  # 'train', 'skip' or 'raise' (`skip_action`)
+    message: str = ""  # the warning of a skip, the error of a raise
+    skipped_in_a_row: int = 0  # consecutive skipped steps once this step is done
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def alert_row(self, step: int) -> dict[str, Any]:
+        """The history row that records a skipped step (split ``alert``, name ``no_signal``)."""
+        return {"step": step, "split": "alert", "name": "no_signal", "severity": "warning", "message": self.message,
+                "action": "skip", "evidence": self.evidence}
+
+
+def step_verdict(rewards: Sequence[Sequence[float]], *, step: int, skipped_in_a_row: int,
+                 max_skipped_steps: int) -> StepVerdict:
+    """The backend's decision on step `step`, whose group g has rewards ``rewards[g]``, after
+    `skipped_in_a_row` skipped steps (`TrainConfig.max_skipped_steps` bounds them)."""
+    action = skip_action(assess(rewards), skipped_in_a_row, max_skipped_steps)
+    if action == "train":
+        return StepVerdict("train")
+    why = f"no learning signal: {describe(rewards)}"
+    if action == "raise":
+        return StepVerdict("raise", f"step {step}: {why}. {skipped_in_a_row} step(s) in a row were already skipped "
+                           f"for this and TrainConfig.max_skipped_steps={max_skipped_steps} allows no more. {FIX}",
+                           skipped_in_a_row)
+    n = skipped_in_a_row + 1
+    message = (f"step {step} skipped: {why}. No gradient step was taken; the adapter of step {step} is served "
+               f"unchanged as step {step + 1}. {n} of at most {max_skipped_steps} consecutive skipped step(s) "
+               f"(TrainConfig.max_skipped_steps). {FIX}")
+    return StepVerdict("skip", message, n, {"rewards": [list(r[:8]) for r in rewards[:8]], "skipped_in_a_row": n})

@@ -34,11 +34,10 @@ from typing_extensions import TypeVar
 
 from groupwise.adapter_names import served_name
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC
-from groupwise.compat import (LORA_CONFIG_FIELDS, PEFT_ARGS_FIELDS, internal_config_settings, train_config_from_art,
-                              warn_ignored)
+from groupwise.compat import internal_config_settings, merge_lora, train_config_from_art, warn_ignored
 from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_RUN_STORE
 from groupwise.errors import ArgumentTypeError, ConfigError, GroupwiseError
-from groupwise.store import RunStore, as_groups, history_row, train_metrics
+from groupwise.store import RunStore, as_groups, history_row, metrics_row, train_metrics
 from groupwise.types import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -298,17 +297,12 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         for key, value in (metrics or {}).items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ArgumentTypeError(f"log(): metrics[{key!r}]={value!r} must be a number")
-        row = history_row(groups, step=step, split=split, metrics=metrics)
-        if trajectories is None:  # metrics only: no trajectories, so no reward fields
-            row = {k: v for k, v in row.items() if k in ("step", "split", "recorded_at") or k in metrics}
+        row = (metrics_row(step=step, split=split, metrics=metrics) if trajectories is None
+               else history_row(groups, step=step, split=split, metrics=metrics))
         store = self.store
-
-        def write() -> None:  # file IO off the event loop: rollouts keep running meanwhile
-            if groups:
-                store.write_trajectories(split, step, groups)
-            store.append_history(row)
-
-        await asyncio.to_thread(write)
+        if groups:  # file IO off the event loop: rollouts keep running meanwhile
+            await asyncio.to_thread(store.write_trajectories, split, step, groups)
+        await store.run_history.write(row)
         return row
 
 
@@ -360,24 +354,8 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
 
     def lora_for(self, default: "LoraConfig") -> "LoraConfig":
         """This model's adapter settings: `default` (the backend's) overridden by ``config`` (a
-        LoraConfig), ``lora_config`` and ``_internal_config["peft_args"]``, in that order."""
-        import dataclasses
-
-        from groupwise.config import LoraConfig
-
-        lora = self.config if isinstance(self.config, LoraConfig) else default
-        peft, _ = self._internal_settings()
-        updates: dict[str, Any] = {}
-        for source, names in ((self.lora_config, LORA_CONFIG_FIELDS), (peft, PEFT_ARGS_FIELDS)):
-            if isinstance(source, LoraConfig):
-                lora = source
-                continue
-            for key, value in dict(source or {}).items():
-                if key in names:
-                    updates[names[key]] = tuple(value) if key == "target_modules" else value
-                elif names is LORA_CONFIG_FIELDS:  # peft_args' other keys were named by _internal_settings
-                    warn_ignored("TrainableModel LoRA settings", [key])
-        return dataclasses.replace(lora, **updates) if updates else lora
+        LoraConfig), ``lora_config`` and ``_internal_config["peft_args"]`` (`groupwise.compat.merge_lora`)."""
+        return merge_lora(default, self.config, self.lora_config, self._internal_settings()[0])
 
     async def register(self, backend: "Backend", _openai_client_config: dict[str, Any] | None = None) -> None:
         """Attach to `backend` and let it load (or resume) the model; fills `inference_base_url` and
@@ -448,7 +426,8 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         step_before = await self.get_step()
         extra = {} if cursor is None else {"cursor": cursor}  # a backend written before cursors still works
         result = await self.backend.train(self, groups, config, **extra)
-        await self.log(groups, split="train", step=step_before, metrics=train_metrics(result.metrics))
+        if not self.backend.stores_steps:  # else the backend wrote them, with the checkpoint: once
+            await self.log(groups, split="train", step=step_before, metrics=train_metrics(result.metrics))
         return result
 
     async def train_sft(
@@ -476,7 +455,8 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         config = config if config is not None else TrainSFTConfig()
         step_before = await self.get_step()
         result = await self.backend.train_sft(self, trajectories, config)
-        await self.log(None, split="sft", step=step_before, metrics=train_metrics(result.metrics))
+        if not self.backend.stores_steps:
+            await self.log(None, split="sft", step=step_before, metrics=train_metrics(result.metrics))
         if verbose:
             print(f"[sft] step {step_before} -> {result.step}: loss {result.metrics.get('loss', float('nan')):.4f} "
                   f"over {int(result.metrics.get('trainable_tokens', 0))} target tokens, "

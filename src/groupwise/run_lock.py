@@ -6,6 +6,8 @@ import json
 import os
 import socket
 from datetime import datetime, timezone
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ try:  # POSIX only; elsewhere there is no lock (RunLock's doc)
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["RunLock"]
+__all__ = ["RunLock", "RunLocks"]
 
 
 class RunLock:
@@ -91,3 +93,27 @@ class RunLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+class RunLocks:
+    """The writer locks a backend holds: one per registered run, taken before the run loads anything
+    and held until the backend closes (`release_all`), so another process may train the runs then."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, RunLock] = {}  # model name -> its run folder's lock
+
+    @contextmanager
+    def holding(self, name: str, run_dir: str | os.PathLike) -> Iterator[RunLock]:
+        """Take the lock of `run_dir` for model `name`: kept when the block succeeds, released again when
+        it raises (a registration that failed leaves the folder free)."""
+        self._held[name] = lock = RunLock(run_dir).acquire()
+        try:
+            yield lock
+        except BaseException:
+            self._held.pop(name).release()
+            raise
+
+    def release_all(self) -> None:
+        for lock in self._held.values():
+            lock.release()
+        self._held.clear()

@@ -18,7 +18,7 @@ additional histories, reward, metrics, metadata, logs, policy versions), the gro
 metadata, metrics and logs come back equal (``==``) from `load_trajectories`. Python's json writes
 floats with repr (exact) and keeps inf/nan logprobs as ``Infinity``/``NaN``. Any string a model can
 produce is storable: a lone surrogate is written as its escape ``\\ud800`` and read back as itself
-(`_dumps` names the two cases that do not round-trip).
+(`groupwise.history.dumps` names the two cases that do not round-trip).
 
 History row schema (`history_row` builds it; the loop, plots and reports read it)::
 
@@ -44,15 +44,12 @@ silent overwrite.
 Writes are atomic: a file is written to a temp file in the same folder, fsynced, then `os.replace`d
 over the target, so a crash leaves the old file or the new one, never half of one.
 
-History appends are idempotent. A row is identified by its step, split and, where it has them, its
-``kind``, ``name`` and ``message`` (`history_key`: a baseline's name, an alert's name and message);
-appending a row whose key is already in the file replaces that row in place (an atomic rewrite), so
-a step that is redone after a crash, or a row replayed from a checkpoint on resume, is never
-counted twice, and the row that stays describes the step as it was finally taken (the same as
-its trajectory file, which a redo rewrites too). A new key is one `os.write` of a whole line
-under O_APPEND. Writers hold an exclusive `flock` on ``.history.lock`` (when the platform has it).
-A torn line (a crash mid-append leaves a line that is not a whole JSON object) is skipped with a
-warning naming the file and line, and the next append starts on a fresh line.
+History appends are idempotent: a row is identified by its step, split and, where it has them, its
+``kind``, ``name`` and ``message`` (`history_key`); appending a row whose key is already there
+replaces that row in place, so a step redone after a crash, or a row replayed from a checkpoint on
+resume, is never counted twice. One object writes a run's history.jsonl, `RunHistory`
+(groupwise/history.py): the rows in memory, appended in time independent of the run's length, the file
+written on one writer thread; `RunStore.run_history` is it, `RunStore.append_history` appends through it.
 """
 
 from __future__ import annotations
@@ -63,28 +60,23 @@ import math
 import os
 import re
 import statistics
-import tempfile
 import warnings
-from contextlib import contextmanager
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from groupwise.errors import ArgumentTypeError, CorruptRecordError, GroupwiseWarning, StoreError
+from groupwise.history import RunHistory, atomic_write_text, dumps, history_key, load_history, read_jsonl
 from groupwise.run_lock import RunLock
 from groupwise.step_summary import summary_of, summary_path
 from groupwise.types import Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
-try:  # POSIX only; on other platforms appends rely on O_APPEND alone.
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
-
 __all__ = [
     "RunStore",
+    "RunHistory",
     "RunLock",
     "folder_name_problem",
     "as_groups",
@@ -94,6 +86,7 @@ __all__ = [
     "load_trajectories",
     "load_history",
     "history_row",
+    "metrics_row",
     "trajectory_files",
     "read_groups",
     "read_group_dicts",
@@ -123,83 +116,6 @@ def _check_name(kind: str, value: Any) -> str:
     if problem:
         raise StoreError(f"{kind}={value!r} {problem}")
     return value
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` atomically: temp file in the same folder, fsync, os.replace."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-# A lone UTF-16 surrogate (U+D800..U+DFFF) is a valid Python str character but has no UTF-8 encoding.
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _dumps(obj: Any) -> str:
-    """One JSON line. allow_nan: a -inf logprob must survive; ensure_ascii=False keeps text readable.
-
-    Text a model produced may hold lone surrogates (a JSON reply with ``"\\ud800"``, parsed by the
-    rollout or the openai client, yields one). Such a character is written as its JSON escape
-    ``\\ud800``, which `json.loads` reads back as the same character: the record stays valid UTF-8 and
-    round-trips, instead of failing the step's write. Two cases do not come back as they were: a high
-    surrogate directly followed by a low one (two code points UTF-16 would pair; JSON cannot keep them
-    apart) reads back as the single character they pair to, and one in a dict KEY of a pydantic model
-    (say a metadata name) is already U+FFFD in pydantic's JSON dump."""
-    text = json.dumps(obj, ensure_ascii=False, allow_nan=True, separators=(",", ":"))
-    if _SURROGATE.search(text):
-        # Outside strings json.dumps writes ASCII only, so every surrogate here is inside a string.
-        text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
-    return text
-
-
-@contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    """An exclusive lock for the read-modify-write of an append (a file beside the data: the data
-    file itself is replaced by rewrites, and a lock on a replaced inode would guard nothing)."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the flock
-
-
-def _append_line(path: Path, line: str) -> None:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        size = os.fstat(fd).st_size
-        prefix = ""
-        if size:
-            # A crash mid-append leaves a line without its newline: start ours on a fresh line.
-            last = os.pread(fd, 1, size - 1)
-            prefix = "" if last == b"\n" else "\n"
-        os.write(fd, (prefix + line + "\n").encode("utf-8"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-HISTORY_KEY_FIELDS = ("step", "split", "kind", "name", "message")
-
-
-def history_key(row: dict[str, Any]) -> tuple[str, ...]:
-    """What identifies a history row (module doc): appending a row with the same key replaces it."""
-    return tuple(json.dumps(row.get(k), sort_keys=True) for k in HISTORY_KEY_FIELDS)
 
 
 def numeric_metrics(metrics: dict[str, Any], prefix: str = "train_") -> dict[str, Any]:
@@ -268,6 +184,13 @@ def history_row(
     return row
 
 
+def metrics_row(*, step: int, split: str, metrics: dict[str, Any]) -> dict[str, Any]:
+    """A history row of `metrics` alone (no trajectories, so no reward fields): an SFT step's, or
+    ART's ``model.log(metrics=..., step=...)``."""
+    row = history_row([], step=step, split=split, metrics=metrics)
+    return {k: v for k, v in row.items() if k in ("step", "split", "recorded_at") or k in metrics}
+
+
 def trajectory_files(run_dir: str | os.PathLike, split: str | None = None,
                      step: int | None = None) -> list[tuple[str, int, Path]]:
     """(split, step, path) of every trajectory file, sorted by split then step."""
@@ -286,29 +209,11 @@ def trajectory_files(run_dir: str | os.PathLike, split: str | None = None,
     return out
 
 
-def _read_jsonl(path: Path, skip_corrupt: bool, *, skip_torn: bool = False) -> Iterator[tuple[int, Any]]:
-    """(line number, object) of each line. A line that does not parse raises, unless `skip_corrupt`;
-    with `skip_torn`, a torn line (the start of a line a crash cut short: it cannot end with ``}``)
-    is skipped too. Every skipped line is warned about, by file and line."""
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield n, json.loads(line)
-            except json.JSONDecodeError as exc:
-                torn = not line.rstrip().endswith("}")
-                if not (skip_corrupt or (skip_torn and torn)):
-                    raise CorruptRecordError(str(path), n, f"not valid JSON: {exc.msg}") from exc
-                what = "a line cut short by a crash mid-write" if torn else f"not valid JSON: {exc.msg}"
-                warnings.warn(f"{path}:{n}: skipped ({what})", GroupwiseWarning, stacklevel=3)
-
-
 def read_groups(path: str | os.PathLike, *, skip_corrupt: bool = False) -> list[TrajectoryGroup]:
     """The groups of one trajectory file, in line order."""
     path = Path(path)
     groups: list[TrajectoryGroup] = []
-    for n, obj in _read_jsonl(path, skip_corrupt):
+    for n, obj in read_jsonl(path, skip_corrupt):
         try:
             groups.append(TrajectoryGroup.model_validate(obj))
         except Exception as exc:  # pydantic ValidationError, or a non-dict line
@@ -331,7 +236,7 @@ def read_group_dicts(path: str | os.PathLike, *, skip_corrupt: bool = False) -> 
     such an object raises `CorruptRecordError`, or with `skip_corrupt` is skipped with a warning."""
     path = Path(path)
     out: list[dict[str, Any]] = []
-    for n, obj in _read_jsonl(path, skip_corrupt):
+    for n, obj in read_jsonl(path, skip_corrupt):
         trajs = obj.get("trajectories", []) if isinstance(obj, dict) else None
         if not isinstance(trajs, list) or not all(isinstance(t, dict) for t in trajs):
             if not skip_corrupt:
@@ -346,7 +251,7 @@ def read_group_dicts(path: str | os.PathLike, *, skip_corrupt: bool = False) -> 
 def write_step_summary(step_file: Path, rows: list[dict[str, Any]]) -> None:
     """The step's summary beside its file (what a search over many steps reads instead of the tokens;
     `groupwise.step_summary` says how a reader tells a stale one)."""
-    atomic_write_text(summary_path(step_file), _dumps(summary_of(step_file, rows)) + "\n")
+    atomic_write_text(summary_path(step_file), dumps(summary_of(step_file, rows)) + "\n")
 
 
 def load_trajectories(run_dir: str | os.PathLike, split: str | None = None, step: int | None = None,
@@ -361,27 +266,6 @@ def load_trajectories(run_dir: str | os.PathLike, split: str | None = None, step
     return [g for _, _, path in trajectory_files(run_dir, split, step) for g in read_groups(path, skip_corrupt=skip_corrupt)]
 
 
-def load_history(run_dir: str | os.PathLike, *, skip_corrupt: bool = False) -> list[dict[str, Any]]:
-    """The rows of `run_dir/history.jsonl` in the order they were written ([] when there is none).
-
-    A torn line (a crash mid-append) is skipped with a warning naming the file and line; any other
-    corrupt line raises `CorruptRecordError`, unless `skip_corrupt` (then it is skipped, with a warning).
-    """
-    path = Path(run_dir) / "history.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for n, obj in _read_jsonl(path, skip_corrupt, skip_torn=True):
-        if not isinstance(obj, dict) or "step" not in obj or "split" not in obj:
-            if not skip_corrupt:
-                raise CorruptRecordError(str(path), n, "a history row must be an object with 'step' and 'split'")
-            warnings.warn(f"{path}:{n}: skipped (a history row must be an object with 'step' and 'split')",
-                          GroupwiseWarning, stacklevel=2)
-            continue
-        rows.append(obj)
-    return rows
-
-
 class RunStore:
     """One run's folder, ``<base_path>/<project>/<model>``: trajectories, history, state, checkpoints."""
 
@@ -390,6 +274,7 @@ class RunStore:
         self.project = _check_name("project", project)
         self.model = _check_name("model name", model)
         self.run_dir = self.base_path / project / model
+        self._history: RunHistory | None = None
 
     def __repr__(self) -> str:
         return f"RunStore({str(self.run_dir)!r})"
@@ -430,39 +315,28 @@ class RunStore:
                     "await it (or gather_trajectory_groups) before storing it"
                 )
             rows.append(g.model_dump(mode="json"))
-            lines.append(_dumps(rows[-1]) + "\n")
+            lines.append(dumps(rows[-1]) + "\n")
         atomic_write_text(path, "".join(lines))
         write_step_summary(path, rows)
         return path
 
+    @property
+    def run_history(self) -> RunHistory:
+        """The run's history in memory and its one writer (`groupwise.history.RunHistory`): what the
+        process that trains the run reads and appends (one per folder per process)."""
+        if self._history is None:
+            self._history = RunHistory.of(self.run_dir)
+        return self._history
+
     def append_history(self, row: dict[str, Any], *, if_missing: bool = False) -> bool:
         """Append `row`, or replace the row with its key (`history_key`) in place: idempotent (module
         doc). With `if_missing`, a row whose key is already there is left as it is. Returns whether
-        the file changed."""
-        if "step" not in row or "split" not in row:
-            raise StoreError(f"a history row needs 'step' and 'split'; got keys {sorted(row)}")
-        key, line = history_key(row), _dumps(row)
-        path = self.history_path
-        with _locked(self.run_dir / ".history.lock"):
-            lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.exists() else []
-            at = None
-            for i, old in enumerate(lines):
-                try:
-                    obj = json.loads(old)
-                except json.JSONDecodeError:
-                    continue  # a torn line: never the row being written
-                if isinstance(obj, dict) and history_key(obj) == key:
-                    at = i
-            if at is None:
-                _append_line(path, line)
-                return True
-            if if_missing:
-                return False
-            lines[at] = line + "\n"
-            atomic_write_text(path, "".join(x if x.endswith("\n") else x + "\n" for x in lines))
-            return True
+        the history changed, once the row is on disk. Async code awaits ``run_history.write(row)``."""
+        return self.run_history.append(row, if_missing=if_missing)
 
     def history(self, *, skip_corrupt: bool = False) -> list[dict[str, Any]]:
+        """history.jsonl as the file holds it, parsed anew (`load_history`); a training process reads
+        `run_history` instead."""
         return load_history(self.run_dir, skip_corrupt=skip_corrupt)
 
     def load_trajectories(self, split: str | None = None, step: int | None = None,

@@ -134,3 +134,20 @@ async def test_no_probe_config_reaches_the_backend(tmp_path, resamples):
                         train_config=gw.TrainConfig(max_skipped_steps=5))
     await gw.fit(model, make_rollout(answer, spread=0.0), SCENARIOS[:8], config=cfg)
     assert [c.max_skipped_steps for c in configs] == [5, 5]
+
+
+def test_the_backend_decision_is_a_value_with_its_words():
+    # the backend acts on step_verdict: it holds no rule or wording of its own
+    from groupwise.learning_signal import step_verdict
+
+    assert step_verdict([[0.0, 1.0]], step=4, skipped_in_a_row=2, max_skipped_steps=3).action == "train"
+    skip = step_verdict([[1.0, 1.0], [0.5, 0.5]], step=4, skipped_in_a_row=1, max_skipped_steps=3)
+    assert (skip.action, skip.skipped_in_a_row) == ("skip", 2)
+    assert skip.message.startswith("step 4 skipped: no learning signal: in every one of the 2 group(s)")
+    assert "2 of at most 3 consecutive skipped step(s)" in skip.message
+    row = skip.alert_row(4)
+    assert (row["split"], row["name"], row["action"], row["evidence"]) == (
+        "alert", "no_signal", "skip", {"rewards": [[1.0, 1.0], [0.5, 0.5]], "skipped_in_a_row": 2})
+    stop = step_verdict([[1.0, 1.0]], step=9, skipped_in_a_row=3, max_skipped_steps=3)
+    assert stop.action == "raise" and "3 step(s) in a row were already skipped" in stop.message
+    assert "TrainConfig.max_skipped_steps=3 allows no more" in stop.message

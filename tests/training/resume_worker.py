@@ -82,17 +82,17 @@ async def main(store: str, model_dir: str, steps: int, hang_at: int | None, hang
         return real_step(batch, config, step=step, **kwargs)
 
     served.trainer.train_step = train_step
-    if hang_before_history is not None:  # patched on the class: whoever holds the run store appends through it
-        from groupwise.store import RunStore
+    if hang_before_history is not None:  # patched on the class: the run's one history writer
+        from groupwise.history import RunHistory
 
-        real_append = RunStore.append_history
+        real_write = RunHistory.write
 
-        def append_history(self, row, **kwargs):
+        async def write(self, row, **kwargs):
             if row.get("split") == "train" and row.get("step") == hang_before_history - 1:
                 hang(store, "before_history", hang_before_history)
-            return real_append(self, row, **kwargs)
+            return await real_write(self, row, **kwargs)
 
-        RunStore.append_history = append_history
+        RunHistory.write = write
     client = model.openai_client()
     for step in range(start, steps):
         groups = []

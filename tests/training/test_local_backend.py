@@ -216,3 +216,33 @@ async def test_lora_config_of_the_model_overrides_the_backend(model_dir, tmp_pat
         assert model.run_dir == tmp_path / "p" / "small"  # the backend's path holds a default model's run
     finally:
         await backend.close()
+
+
+async def test_each_step_is_written_once_with_its_checkpoint(model_dir, tmp_path, monkeypatch):
+    # The backend stores a step's trajectories and train row with its checkpoint; model.train used to
+    # write both again (the trajectories rewritten, the row replaced by a rewrite of the whole history).
+    from groupwise.store import RunStore
+
+    written: list[tuple[str, int]] = []
+    real_write = RunStore.write_trajectories
+
+    def write_trajectories(self, split, step, groups):
+        written.append((split, step))
+        return real_write(self, split, step, groups)
+
+    monkeypatch.setattr(RunStore, "write_trajectories", write_trajectories)
+    model = gw.TrainableModel(name="once", project="p", base_model=model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    await model.register(backend)
+    try:
+        await model.train(await _groups(model), config=gw.TrainConfig(learning_rate=1e-3))
+        inode = model.store.history_path.stat().st_ino
+        await model.train_sft([g.trajectories[0] for g in await _groups(model, step=1)])
+    finally:
+        await backend.close()
+    assert written == [("train", 0), ("sft", 1)]
+    assert model.store.history_path.stat().st_ino == inode  # appended to, never rewritten
+    rows = gw.load_history(model.run_dir)
+    assert [(r["step"], r["split"]) for r in rows] == [(0, "train"), (1, "sft")]
+    assert rows[0]["n_trajectories"] == 8 and rows[0]["loss"] == rows[0]["loss"]  # the row has the trainer's metrics
+    assert "reward" not in rows[1] and rows[1]["updates"] == 1.0  # an SFT row: its metrics, no rollouts

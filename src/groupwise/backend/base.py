@@ -13,7 +13,8 @@ What a backend promises:
 * `inference_endpoint` is an OpenAI-compatible API serving ``name`` (the latest step), ``name@k`` for
   recent steps and ``name@0`` (the base model).
 * `train` runs one GRPO step, saves a checkpoint holding the caller's data `cursor`, and returns once
-  the new adapter is served and verified.
+  the new adapter is served and verified. A backend that stores the step's trajectories and history
+  row itself says so (`stores_steps`); `TrainableModel.train` stores them otherwise.
 * `serve_step` serves an earlier step again (the loop evaluates the best checkpoint at the end).
 * `keep_best` names the checkpoint that retention must keep besides the latest.
 * `checkpoint_cursor` returns the data cursor saved with the latest checkpoint, so a restarted loop
@@ -70,6 +71,12 @@ LocalTrainResult = TrainResult  # ART 0.5's name for LocalBackend's result
 
 class Backend(ABC):
     """Serves and trains `TrainableModel`s. Every method is async (or cheap); none blocks the event loop."""
+
+    # Whether `train` and `train_sft` store the step in the model's run store themselves (its
+    # trajectories and its history row: `WorkerBackend` writes them inside the step, so that a
+    # checkpoint and its row are one unit). When False, `TrainableModel.train` logs them after the step
+    # returns. Either way each step is written once.
+    stores_steps: bool = False
 
     @abstractmethod
     async def register(self, model: "TrainableModel") -> None:

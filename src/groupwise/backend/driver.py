@@ -50,8 +50,8 @@ from groupwise.backend.worker import ModelSpec, WorkerOptions
 from groupwise.compute import compute_thread
 from groupwise.config import TrainConfig
 from groupwise.errors import GroupwiseError, NotTrainableError
-from groupwise.learning_signal import assess, skip_action
-from groupwise.learning_signal import describe as describe_rewards
+from groupwise.learning_signal import step_verdict
+from groupwise.run_lock import RunLocks
 
 if TYPE_CHECKING:
     from groupwise.config import TrainSFTConfig
@@ -130,12 +130,14 @@ class WorkerBackend(Backend):
             them as keywords too.
     """
 
+    stores_steps = True  # a step's trajectories and train row are written here, once (the order above)
+
     def __init__(self, path: str = DEFAULT_PATH, options: BackendOptions | None = None) -> None:
         self.path = str(path)
         self.options = options if options is not None else BackendOptions()
         self.options.check()
         self._runs: dict[str, _Run] = {}
-        self._locks: dict[str, Any] = {}  # model name -> its run folder's RunLock, held until close()
+        self._run_locks = RunLocks()  # one writer per run folder (run_lock.py says why)
         self._started = False
 
     # ------------------------------------------------------------------------------ placement
@@ -186,13 +188,8 @@ class WorkerBackend(Backend):
             return
         if model.base_path == DEFAULT_PATH and self.path != DEFAULT_PATH:
             model.base_path = self.path  # the backend's path is where a default-configured model's run lives
-        # One writer per run folder, refused before anything loads (store.RunLock says why).
-        self._locks[model.name] = model.store.lock().acquire()
-        try:
+        with self._run_locks.holding(model.name, model.store.run_dir):  # refused before anything loads
             await self._register(model)
-        except BaseException:
-            self._locks.pop(model.name).release()
-            raise
 
     async def _register(self, model: "TrainableModel") -> None:
         if not self._started:
@@ -265,7 +262,8 @@ class WorkerBackend(Backend):
 
         ART 0.5's form works too: ``await backend.train(model, groups, learning_rate=1e-5, ...)``; its
         options map onto `TrainConfig` fields or are named once in a warning (docs/porting-from-art.md).
-        Unlike `model.train`, this does not log the groups to the history (as in ART)."""
+        The step's trajectories and train row are stored here, with its checkpoint (`stores_steps`):
+        `model.train` does not write them again."""
         from groupwise.compat import train_config_from_art
         from groupwise.store import history_row, numeric_metrics
         from groupwise.training.tokenize import tokenize_groups
@@ -281,7 +279,7 @@ class WorkerBackend(Backend):
             groups = list(trajectory_groups)
             # 1. trajectories first: a crash in the step loses nothing.
             await asyncio.to_thread(run.store.write_trajectories, "train", step, groups)
-            metrics = await asyncio.to_thread(self._no_signal, run, groups, step, config)
+            metrics = await self._no_signal(run, groups, step, config)
             if metrics is None:
                 # 2. token-in/token-out batch, rendered as the server rendered the prompts; one share per rank.
                 batch = await compute_thread().run(
@@ -308,36 +306,22 @@ class WorkerBackend(Backend):
             metrics["step_time"] = time.perf_counter() - t0
             return TrainResult(step=run.step, metrics=metrics, checkpoint_path=run.checkpoint_path)
 
-    def _no_signal(self, run: _Run, groups: "list[TrajectoryGroup]", step: int,
-                   config: TrainConfig) -> dict[str, float] | None:
-        """None when some group's rewards differ; else the skipped step's metrics, after the warning
-        and the history record. Raises NotTrainableError past `config.max_skipped_steps`
-        (the rule: `groupwise.learning_signal.skip_action`)."""
-        rewards = [g.rewards() for g in groups]
-        signal = assess(rewards)
-        action = skip_action(signal, run.skipped_in_a_row, config.max_skipped_steps)
-        if action == "train":
+    async def _no_signal(self, run: _Run, groups: "list[TrajectoryGroup]", step: int,
+                         config: TrainConfig) -> dict[str, float] | None:
+        """None when the step trains; else the skipped step's metrics, after its warning and alert row.
+        Raises NotTrainableError past `config.max_skipped_steps` (the rule and its words:
+        `groupwise.learning_signal.step_verdict`)."""
+        verdict = step_verdict([g.rewards() for g in groups], step=step, skipped_in_a_row=run.skipped_in_a_row,
+                               max_skipped_steps=config.max_skipped_steps)
+        if verdict.action == "raise":
+            raise NotTrainableError(verdict.message)
+        if verdict.action == "train":
             return None
-        why = f"no learning signal: {describe_rewards(rewards)}"
-        fix = ("Make rewards differ within a group: more rollouts per group, a graded reward instead of "
-               "pass/fail, harder or easier scenarios, or a judge (RULER).")
-        if action == "raise":
-            raise NotTrainableError(
-                f"step {step}: {why}. {run.skipped_in_a_row} step(s) in a row were already skipped for this "
-                f"and TrainConfig.max_skipped_steps={config.max_skipped_steps} allows no more. {fix}"
-            )
-        run.skipped_in_a_row += 1
-        message = (f"step {step} skipped: {why}. No gradient step was taken; the adapter of step {step} is "
-                   f"served unchanged as step {step + 1}. {run.skipped_in_a_row} of at most "
-                   f"{config.max_skipped_steps} consecutive skipped step(s) (TrainConfig.max_skipped_steps). {fix}")
-        log.warning("%s", message)
-        run.store.append_history({
-            "step": step, "split": "alert", "recorded_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-            "name": "no_signal", "severity": "warning", "message": message, "action": "skip",
-            "evidence": {"rewards": [r[:8] for r in rewards[:8]], "skipped_in_a_row": run.skipped_in_a_row},
-        })
-        return {"skipped": 1.0, "skipped_in_a_row": float(run.skipped_in_a_row),
-                "no_signal_groups": float(len(groups))}
+        run.skipped_in_a_row = verdict.skipped_in_a_row
+        log.warning("%s", verdict.message)
+        now = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+        await run.store.run_history.write({**verdict.alert_row(step), "recorded_at": now})
+        return {"skipped": 1.0, "skipped_in_a_row": float(run.skipped_in_a_row), "no_signal_groups": float(len(groups))}
 
     async def train_sft(
         self, model: "TrainableModel", trajectories: "list[Trajectory]", config: "TrainSFTConfig | None" = None
@@ -347,7 +331,7 @@ class WorkerBackend(Backend):
         `config.batch_size` trajectories (training/sft.py's loss on their assistant turns). The data
         cursor of the last GRPO step is kept in its checkpoint."""
         from groupwise.config import TrainSFTConfig
-        from groupwise.store import history_row, numeric_metrics
+        from groupwise.store import metrics_row, numeric_metrics
         from groupwise.training.sft import tokenize_sft
         from groupwise.types import TrajectoryGroup
 
@@ -397,7 +381,7 @@ class WorkerBackend(Backend):
                 "learning_rate": rates[-1],
             }
             # 4-6. checkpoint, serve and verify, retention: an SFT step is a step like any other.
-            row = history_row([], step=step, split="sft", metrics=numeric_metrics(metrics))
+            row = metrics_row(step=step, split="sft", metrics=numeric_metrics(metrics))  # no rollouts, no reward
             await self._publish(run, step + 1, metrics, dict(run.cursor), row)
             metrics["step_time"] = time.perf_counter() - t0
             return TrainResult(step=run.step, metrics=metrics, checkpoint_path=run.checkpoint_path)
@@ -409,7 +393,7 @@ class WorkerBackend(Backend):
         6. retention."""
         results = await self._call_all("publish", name=run.spec.name, step=new_step, metrics=metrics, cursor=cursor,
                                        history=[row])
-        await asyncio.to_thread(run.store.append_history, row)
+        await run.store.run_history.write(row)
         self._check_identical(run.spec.name, new_step, results)
         run.step = new_step
         run.checkpoint_path = results[0]["checkpoint_path"]
@@ -434,8 +418,8 @@ class WorkerBackend(Backend):
         by_step: dict[int, float] = {}
         split, _, key = metric.partition("/")
         if key:
-            for row in run.store.history(skip_corrupt=True):
-                if row.get("split") == split and isinstance(row.get(key), (int, float)):
+            for row in run.store.run_history.rows(split):
+                if isinstance(row.get(key), (int, float)):
                     by_step[int(row["step"])] = float(row[key])
         return by_step
 
@@ -443,7 +427,7 @@ class WorkerBackend(Backend):
         """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (ART's
         `model.delete_checkpoints()`); steps still served keep being served from memory."""
         run = self._run(model)
-        by_step = await asyncio.to_thread(self._metric_by_step, run, best_checkpoint_metric)
+        by_step = self._metric_by_step(run, best_checkpoint_metric)
         await self._call_all("prune", name=model.name, best_metric=best_checkpoint_metric, metrics_by_step=by_step,
                              keep=self._in_use(run))
 
@@ -451,7 +435,7 @@ class WorkerBackend(Backend):
         metric = self.options.best_checkpoint_metric
         by_step: dict[int, float] = {}
         if run.best_step is None and metric is not None:
-            by_step = await asyncio.to_thread(self._metric_by_step, run, metric)
+            by_step = self._metric_by_step(run, metric)
         keep = [run.best_step] if run.best_step is not None else []
         await self._call_all("retain", name=run.spec.name, step=run.step, served_steps=self.options.served_steps, keep=keep,
                              best_metric=metric, metrics_by_step=by_step, maximize=True, in_use=self._in_use(run))
@@ -475,12 +459,7 @@ class WorkerBackend(Backend):
                     self._started = False
                     await self._stop()
         finally:
-            self._release_locks()  # another process may train the runs now
-
-    def _release_locks(self) -> None:
-        for lock in self._locks.values():
-            lock.release()
-        self._locks.clear()
+            self._run_locks.release_all()  # another process may train the runs now
 
     def describe(self) -> dict[str, Any]:
         return {

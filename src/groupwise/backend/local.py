@@ -275,7 +275,7 @@ class LocalBackend(WorkerBackend):
             self._processes.kill()
         self._runs.clear()
         self._started, self._worker, self._processes = False, None, None
-        self._release_locks()
+        self._run_locks.release_all()
 
     async def close(self) -> None:
         await super().close()

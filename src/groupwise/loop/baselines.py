@@ -38,5 +38,5 @@ async def score_baselines(
     val = list(val_scenarios)
     check_fit_args(rollout, [None], val, [], None, validate, list(baselines), config)
     loop = Loop(model, rollout, [], val, [], None, validate, list(baselines), config)
-    await loop.ensure_baselines(loop.store.history())
-    return baseline_values(loop.store.history(), config.metric)
+    await loop.ensure_baselines()
+    return baseline_values(loop.history, config.metric)

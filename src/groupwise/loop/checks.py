@@ -1,4 +1,7 @@
-"""The checks of `gw.fit`'s arguments (all problems at once, one ConfigError), and how `validate` is called."""
+"""What `gw.fit` does with its arguments before the run: checks them (all problems at once, one
+ConfigError), and lets `score_group` prepare itself (`before_training`: `gw.JudgeSelection` picks its
+judge there, or raises `JudgeSelectionError`, before any rollout is paid for); and how the user's
+functions are called (sync or async; `validate` with or without the scenario)."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from typing import Any
 from groupwise.config import LoopConfig
 from groupwise.errors import ConfigError
 
-__all__ = ["check_fit_args", "takes_scenario"]
+__all__ = ["before_training", "check_fit_args", "maybe_await", "takes_scenario"]
 
 
 def check_fit_args(rollout, train_scenarios, val_scenarios, test_scenarios, score_group, validate, baselines,
@@ -42,3 +45,14 @@ def takes_scenario(validate: Any) -> bool:
     except (TypeError, ValueError):
         return True
     return len(params) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+async def maybe_await(value: Any) -> Any:
+    """`value`, awaited when a user's function returned an awaitable (sync and async both work)."""
+    return await value if inspect.isawaitable(value) else value
+
+
+async def before_training(score_group: Any) -> None:
+    """Run `score_group`'s ``before_training()`` hook, if it has one (sync or async)."""
+    if callable(prepare := getattr(score_group, "before_training", None)):
+        await maybe_await(prepare())

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import inspect
 import logging
 import math
 import time
@@ -55,13 +54,13 @@ from groupwise.config import LoopConfig
 from groupwise.errors import ConfigError, NotTrainableError
 from groupwise.learning_signal import assess, loop_action
 from groupwise.loop.cursor import DataCursor, batches, resume_cursor
-from groupwise.loop.checks import check_fit_args, takes_scenario
+from groupwise.loop.checks import before_training, check_fit_args, maybe_await, takes_scenario
 from groupwise.loop.detectors import Alert, answer_text, run_detectors
 from groupwise.loop.intervals import mean_interval
 from groupwise.loop.pipeline import Gathered, hold_for_resume, run_pipelined
 from groupwise.loop.policy import action_for, classify, decide, pending_stop, stop_now, stop_reason_once
 from groupwise.loop.progress import eta_seconds, step_line
-from groupwise.loop.series import events, rows, series
+from groupwise.loop.series import rows, series
 from groupwise.loop.stopping import StopDecision, baseline_values, check_stopping, reward_range_of, val_at_ceiling
 from groupwise.types import Trajectory, TrajectoryGroup
 
@@ -149,10 +148,6 @@ def seeded_scenario(scenario: Any, run_seed: int, step: int, index: int, rollout
     return scenario.model_copy(update={"sampling_seed": int.from_bytes(digest, "little")})
 
 
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
-
-
 class Loop:
     """The state of one `fit` call (kept in an object so the steps read as a list of calls).
 
@@ -162,6 +157,7 @@ class Loop:
         self.model, self.rollout, self.score_group, self.validate = model, rollout, score_group, validate
         self.train, self.val, self.test, self.baselines, self.c = train, val, test, baselines, config
         self.store = model.store
+        self.history = model.store.run_history  # read here in memory, written once per row (groupwise.history)
         self.alerts: list[Alert] = []
         self.dropped_groups = 0  # groups score_group dropped (counted per step in the loop row)
         self._firing: set[str] = set()  # names of the alerts the previous step raised
@@ -197,7 +193,7 @@ class Loop:
         """Run `score_group` on every group concurrently; a None result drops the group."""
         if self.score_group is None:
             return groups
-        judged = await asyncio.gather(*(_maybe_await(self.score_group(g)) for g in groups))
+        judged = await asyncio.gather(*(maybe_await(self.score_group(g)) for g in groups))
         out = []
         for before, after in zip(groups, judged):
             if after is None:  # e.g. RULER with swallow_exceptions=True after a judge failure
@@ -220,7 +216,7 @@ class Loop:
                 if self.validate is None:
                     v = t.reward
                 else:
-                    v = await _maybe_await(self.validate(t, scenario) if takes else self.validate(t))
+                    v = await maybe_await(self.validate(t, scenario) if takes else self.validate(t))
                 v = float(v)
                 if not math.isfinite(v):
                     raise ConfigError(f"validate returned {v} for scenario {g.metadata['scenario_index']}; it must be finite",
@@ -254,21 +250,20 @@ class Loop:
         groups, judged = await self.evaluate(model, self.val, f"val step {step}")
         await self.model.log(groups, split="val", step=step,
                              metrics={"time/val_s": time.perf_counter() - t0, **self.interval_fields(groups)})
-        history = self.store.history()
-        await self.keep_best(self.best(history, step)[1], history)  # before retention can drop it
+        await self.keep_best(self.best(self.history, step)[1], self.history)  # before retention can drop it
         return judged
 
-    async def ensure_baselines(self, history: list[dict]) -> None:
+    async def ensure_baselines(self) -> None:
         """Score the base (name@0) and each baseline model once; skip those already in the history."""
-        have = {r.get("name") for r in events(history, "baseline")}
-        val0 = [r for r in rows(history, "val") if r["step"] == 0]
+        have = {r.get("name") for r in self.history.events("baseline")}
+        val0 = [r for r in self.history.rows("val") if r["step"] == 0]
         if not val0:
             await self.validate_at(0)
-            val0 = [r for r in rows(self.store.history(), "val") if r["step"] == 0]
+            val0 = [r for r in self.history.rows("val") if r["step"] == 0]
         base = f"{self.model.name}@0"
         if base not in have:
             row = {k: v for k, v in val0[-1].items() if k not in ("split", "recorded_at")}
-            self.store.append_history({**row, "split": "baseline", "step": 0, "name": base, "kind": "base"})
+            await self.history.write({**row, "split": "baseline", "step": 0, "name": base, "kind": "base"})
         for other in self.baselines:
             name = getattr(other, "name", repr(other))
             if name in have:
@@ -279,7 +274,7 @@ class Loop:
             safe = "".join(ch if ch.isalnum() or ch in "_.-" else "-" for ch in name)
             await asyncio.to_thread(self.store.write_trajectories, f"baseline-{safe}", 0, groups)
             row = history_row(groups, step=0, split="baseline", metrics=self.interval_fields(groups))
-            self.store.append_history({**row, "name": name, "kind": "model"})
+            await self.history.write({**row, "name": name, "kind": "model"})
 
     # -- one step ------------------------------------------------------------------------------------
     def see_rewards(self, groups: list[TrajectoryGroup]) -> tuple[float, float] | None:
@@ -313,7 +308,7 @@ class Loop:
                 for t in g.trajectories:
                     t.metrics["answer_chars"] = len(answer_text(t))  # read by the length-drift detector
             # Only a ground-truth metric (validate) has a known ceiling; a reward's maximum is the run's to find.
-            ceiling = bool(self.val) and self.validate is not None and val_at_ceiling(self.store.history(), self.c)
+            ceiling = bool(self.val) and self.validate is not None and val_at_ceiling(self.history, self.c)
             signal = assess([g.rewards() for g in groups], reward_range=self.see_rewards(groups), val_at_ceiling=ceiling)
             action = loop_action(signal, attempt, self.c.resample_no_signal)
             if action != "resample":
@@ -323,7 +318,7 @@ class Loop:
                        f"{self.c.resample_no_signal + 1}, LoopConfig.resample_no_signal={self.c.resample_no_signal})")
             alert = Alert("no_signal", "warning", step, message,
                           {"attempt": attempt + 1, "kind": signal.kind, "rewards": [g.rewards()[:8] for g in groups[:4]]})
-            self.store.append_history(alert.to_row("resample"))
+            await self.history.write(alert.to_row("resample"))
             self.alerts.append(alert)
             log.warning("step %d: %s", step, message)
         if action == "converged":
@@ -336,7 +331,7 @@ class Loop:
         result = await self.model.train(groups, config=self.c.step_config(), cursor=cursor.to_dict())
         t3 = time.perf_counter()
         cost = sum(float(g.metrics.get("judge/cost_usd", 0.0)) for g in groups)
-        self.store.append_history({
+        await self.history.write({
             "step": step, "split": "loop", "time/gather_s": got.gather_s, "time/reward_s": got.reward_s,
             "time/train_s": t3 - t2, "judge/cost_usd": cost, "scenarios": indices,
             "reward/dropped_groups": self.dropped_groups - dropped_before, **got.fields,
@@ -347,29 +342,27 @@ class Loop:
             judged = await self.validate_at(new_step)
         return new_step, groups, judged, None
 
-    def decide(self, step: int, groups: list[TrajectoryGroup], judged: list[TrajectoryGroup]) -> StopDecision:
-        history = self.store.history()
-        alerts = run_detectors(history, groups, step=step, config=self.c, val_groups=judged, groups_step=step - 1)
+    async def decide(self, step: int, groups: list[TrajectoryGroup], judged: list[TrajectoryGroup]) -> StopDecision:
+        alerts = run_detectors(self.history, groups, step=step, config=self.c, val_groups=judged, groups_step=step - 1)
         decision = decide(alerts, self.c)
         # An alert still firing since the previous step is recorded again but not printed again: a
         # person watching reads each finding once (its history rows keep every step).
         before, self._firing = self._firing, {a.name for a in decision.alerts}
         for a in decision.alerts:
             action = action_for(a, self.c)
-            self.store.append_history(a.to_row(action))
+            await self.history.write(a.to_row(action))
             self.alerts.append(a)
             if a.name not in before or action == "stop":
                 log.warning("step %d: [%s] %s: %s -> %s", a.step, a.severity, a.name, a.message, action)
         if decision.action == "stop":
             return stop_now(decision, step)
-        history = self.store.history()
-        return pending_stop(history, step, self.c) or check_stopping(history, step, self.c)
+        return pending_stop(self.history, step, self.c) or check_stopping(self.history, step, self.c)
 
     def log_progress(self, step: int, start_step: int, elapsed_s: float) -> None:
         """The step's line (`groupwise.loop.progress`) at INFO: reward, seconds, validation, ETA."""
         if not log.isEnabledFor(logging.INFO):
             return
-        history = self.store.history()
+        history = self.history
         val = rows(history, "val")
         val_s = val[-1].get("time/val_s", 0.0) if val else 0.0
         test_s = (val_s or 0.0) * len(self.test) / max(1, len(self.val)) if self.test else 0.0
@@ -421,7 +414,7 @@ async def run_steps(loop: Loop, cursor: DataCursor, step: int) -> tuple[int, Sto
     start, t_steps = step, time.perf_counter()
     for indices, after in batches(cursor, loop.c.groups_per_step, loop.c.num_epochs):
         step, groups, judged, solved = await loop.step(step, indices, after)
-        decision = solved or loop.decide(step, groups, judged)
+        decision = solved or await loop.decide(step, groups, judged)
         loop.log_progress(step, start, time.perf_counter() - t_steps)
         if decision:
             return step, decision
@@ -465,21 +458,21 @@ async def fit(
     val = list(val_scenarios or [])
     test = list(test_scenarios or [])
     check_fit_args(rollout, train, val, test, score_group, validate, baselines, config)
-    if callable(prepare := getattr(score_group, "before_training", None)):  # e.g. gw.JudgeSelection
-        await _maybe_await(prepare())
+    await before_training(score_group)  # e.g. gw.JudgeSelection picks its judge here
     loop = Loop(model, rollout, train, val, test, score_group, validate, list(baselines), config)
     start = step = await model.get_step()
     if config.max_steps_off_policy > 0:  # first: the keep_best below runs retention
         await hold_for_resume(model, step, config.max_steps_off_policy)
-    history = loop.store.history()
+    history = loop.history
+    await asyncio.to_thread(len, history)  # the one read of history.jsonl, off the event loop
     loop.reward_range = reward_range_of(history)
     if step > 0 and val:  # a resumed run: retention keeps the best so far, not only the backend's own pick
         await loop.keep_best(loop.best(history, step)[1], history)
     if val:
-        await loop.ensure_baselines(history)
-        if step % config.eval_every == 0 and not any(r["step"] == step for r in rows(loop.store.history(), "val")):
+        await loop.ensure_baselines()
+        if step % config.eval_every == 0 and not any(r["step"] == step for r in history.rows("val")):
             await loop.validate_at(step)  # resumed right after a crash between train and validation
-    decision = check_stopping(loop.store.history(), step, config) if step > 0 else StopDecision(False)
+    decision = check_stopping(history, step, config) if step > 0 else StopDecision(False)
     if not decision and config.max_steps == 0:
         decision = StopDecision(True, "max_steps", "max_steps=0: nothing to train", 0)
     if not decision:
@@ -491,9 +484,8 @@ async def fit(
             step, decision = await run_steps(loop, cursor, step)
         decision = decision or StopDecision(
             True, "data_exhausted", f"used every training scenario for {config.num_epochs} epoch(s) (step {step})", step)
-    history = loop.store.history()
     metric, best_step, best_value = loop.best(history, step)
-    loop.store.append_history({"step": step, "split": "stop", "rule": decision.rule, "reason": decision.reason,
+    await history.write({"step": step, "split": "stop", "rule": decision.rule, "reason": decision.reason,
                                "best_step": best_step, "best_metric": metric, "evidence": decision.evidence})
     log.info("stopped at step %d (%s): %s; best %s at step %s", step, decision.rule, stop_reason_once(decision),
              metric, best_step)

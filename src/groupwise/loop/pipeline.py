@@ -117,7 +117,7 @@ class Pipeline:
         ages = staleness(got.groups, step, version)
         late = [i for i, a in enumerate(ages) if a and max(a) > self.d]
         if late:
-            self.record_late(step, got.groups, late, ages)
+            await self.record_late(step, got.groups, late, ages)
             keep = [i for i in range(len(got.groups)) if i not in late]
             if keep:
                 got.groups, ages = [got.groups[i] for i in keep], [ages[i] for i in keep]
@@ -132,7 +132,7 @@ class Pipeline:
         })
         return got
 
-    def record_late(self, step: int, groups: list[TrajectoryGroup], late: list[int], ages: list[list[int]]) -> None:
+    async def record_late(self, step: int, groups: list[TrajectoryGroup], late: list[int], ages: list[list[int]]) -> None:
         message = (f"{len(late)} of {len(groups)} groups of step {step} hold tokens more than "
                    f"max_steps_off_policy={self.d} policy versions old (oldest {max(max(ages[i]) for i in late)} "
                    "behind): left out of the batch. Their rollouts asked for another policy than the one they "
@@ -140,7 +140,7 @@ class Pipeline:
         alert = Alert("late_groups", "warning", step, message,
                       {"groups": [groups[i].metadata.get("scenario_index") for i in late],
                        "staleness_max": [max(ages[i]) for i in late]})
-        self.loop.store.append_history(alert.to_row("drop"))
+        await self.loop.history.write(alert.to_row("drop"))
         self.loop.alerts.append(alert)
         log.warning("step %d: %s", step, message)
 
@@ -155,7 +155,7 @@ class Pipeline:
             alert = Alert("pipeline_abandoned", "info", step,
                           f"the run stopped with the batches of steps {pending} gathered ahead; they were not trained",
                           {"steps": pending})
-            self.loop.store.append_history(alert.to_row("ignore"))
+            await self.loop.history.write(alert.to_row("ignore"))
 
 
 async def hold_for_resume(model: Any, step: int, d: int) -> None:
@@ -195,7 +195,7 @@ async def run_pipelined(loop: Any, cursor: DataCursor, step: int) -> tuple[int, 
             step, groups, judged, solved = await loop.step(s, indices, after, source=pipe.gathered)
             pipe.step = step
             await fill()
-            decision = solved or loop.decide(step, groups, judged)
+            decision = solved or await loop.decide(step, groups, judged)
             loop.log_progress(step, start, time.perf_counter() - t_steps)
             if decision:
                 break

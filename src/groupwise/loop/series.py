@@ -1,6 +1,7 @@
 """Reading curves out of a run's history (pure; no I/O).
 
-A history is the list of flat rows of `history.jsonl` (see `groupwise.store`): each row has a `step`
+A history is the list of flat rows of `history.jsonl` (see `groupwise.store`), or the training process's
+`groupwise.history.RunHistory` (the same rows in memory, indexed by split): each row has a `step`
 and a `split` (``train``, ``val``, ``test``) plus numbers such as ``reward``, ``reward_std`` and metric
 means. The loop adds rows of its own splits:
 
@@ -23,6 +24,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
+from groupwise.history import RunHistory
 from groupwise.loop.intervals import z_score
 
 Row = dict[str, Any]
@@ -41,6 +43,8 @@ def value(row: Row, split: str, key: str) -> float | None:
 
 def rows(history: Iterable[Row], split: str) -> list[Row]:
     """Rows of one split, one per step (the last written wins: a resumed step overwrites), by step."""
+    if isinstance(history, RunHistory):  # the training process's history: from its index, no scan
+        return history.rows(split)
     by_step: dict[int, Row] = {}
     for row in history:
         if row.get("split") == split and isinstance(row.get("step"), int):
@@ -108,6 +112,8 @@ def points(history: Iterable[Row], split: str, key: str, *, up_to: int | None = 
 
 def events(history: Iterable[Row], split: str) -> list[Row]:
     """All rows of an event split (``alert``, ``baseline``, ``stop``) in written order."""
+    if isinstance(history, RunHistory):
+        return history.events(split)
     return [row for row in history if row.get("split") == split]
 
 

@@ -24,10 +24,9 @@ A non-finite adapter is never written (`NonFiniteError`), and a save that fails 
 
 A completed step is one unit: its history rows travel in its checkpoint's state.json, and a run
 that resumes from it appends any of them that history.jsonl lacks (a crash between the checkpoint
-and the history append lost none: `replay_history`).
+and the history append lost none: the backend's `register` replays them).
 
-Optimizer tensors are stored by parameter name, not by position, so a resumed optimizer matches each
-moment estimate to its parameter even if peft orders parameters differently.
+Optimizer tensors are stored by parameter name, not by position (training/optimizer_state.py).
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ from safetensors.torch import load_file, save_file
 from groupwise.errors import CheckpointError, CheckpointMismatchError, DiskFullError, GroupwiseWarning, NonFiniteError
 from groupwise.training.checkpoint_contents import contents_problem, state_problem
 from groupwise.training.finite import non_finite_names
+from groupwise.training.optimizer_state import optimizer_from_tensors, optimizer_to_tensors
 
 STATE_FILE = "state.json"
 FORMAT_VERSION = 1
@@ -90,57 +90,6 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-# ----------------------------------------------------------------------------- optimizer state
-
-
-def optimizer_to_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> tuple[dict[str, torch.Tensor], dict]:
-    """(tensors keyed "<param name>::<key>", JSON-able param groups and scalar state)."""
-    sd = optimizer.state_dict()
-    tensors: dict[str, torch.Tensor] = {}
-    scalars: dict[str, dict[str, Any]] = {}
-    for index, state in sd["state"].items():
-        name = names[index]
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"{name}::{key}"] = value.detach().to("cpu").contiguous()
-            else:
-                scalars.setdefault(name, {})[key] = value
-    groups = []
-    for group in sd["param_groups"]:
-        g = {k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items() if k != "params"}
-        g["params"] = [names[i] for i in group["params"]]
-        groups.append(g)
-    return tensors, {"param_groups": groups, "scalars": scalars, "type": type(optimizer).__name__}
-
-
-def optimizer_from_tensors(
-    optimizer: torch.optim.Optimizer, names: list[str], tensors: dict[str, torch.Tensor], meta: dict
-) -> None:
-    """Load what `optimizer_to_tensors` produced into `optimizer` (built over params named `names`)."""
-    index = {n: i for i, n in enumerate(names)}
-    missing = sorted({k.split("::")[0] for k in tensors} - set(index))
-    if missing:
-        raise CheckpointMismatchError(
-            f"the checkpoint's optimizer has state for {len(missing)} parameter(s) the model lacks "
-            f"(e.g. {missing[:3]}): it was saved with another LoRA config (rank, target modules). "
-            "Use the same LoraConfig as the run that saved it, or start a new model name."
-        )
-    state: dict[int, dict[str, Any]] = {}
-    for key, value in tensors.items():
-        name, sub = key.split("::", 1)
-        state.setdefault(index[name], {})[sub] = value
-    for name, subs in meta.get("scalars", {}).items():
-        state.setdefault(index[name], {}).update(subs)
-    groups = []
-    for g in meta["param_groups"]:
-        g = dict(g)
-        g["params"] = [index[n] for n in g["params"]]
-        if "betas" in g:
-            g["betas"] = tuple(g["betas"])
-        groups.append(g)
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
 # ----------------------------------------------------------------------------- RNG state
@@ -383,11 +332,6 @@ def latest_checkpoint(checkpoints_dir: str | Path, *, verify: bool = True) -> Ch
             GroupwiseWarning, stacklevel=2,
         )
     return None
-
-
-def replay_history(state: CheckpointState, store: Any) -> int:
-    """Append to the run store the history rows of `state` that it lacks (module doc); how many."""
-    return sum(bool(store.append_history(row, if_missing=True)) for row in state.history)
 
 
 def load_checkpoint(

@@ -1,0 +1,400 @@
+"""A run's history: ``history.jsonl`` on disk, and `RunHistory`, its one writer and in-memory mirror.
+
+The file holds one JSON object per line (the row schema is in `groupwise.store`'s docstring). Readers
+outside the training process (`groupwise report`, `inspect`, `compare`, the dashboard) parse it with
+`load_history`. The process that trains a run keeps the rows in memory instead (`RunHistory`), because
+the loop reads the history several times per step (detectors, stopping rules, the policy, the progress
+line) and parsing the whole file each time grows with the run: quadratic over a run.
+
+`RunHistory` is the only code that writes the file, and there is one per run folder per process
+(`RunHistory.of`; the backend, the model and the loop reach the same one through `RunStore`), so:
+
+- an append costs one line, whatever the run's length: the row goes into memory (an index from its
+  key to its place answers "is it there already?" without reading the file), and its line is written
+  with one ``os.write`` under O_APPEND;
+- appends are idempotent as the file always was: a row whose key (`history_key`: step, split, kind,
+  name, message) is there already replaces that row in place (an atomic rewrite of the file from
+  memory: a step redone after a crash, rare), or with ``if_missing`` is left alone (a resume's replay);
+- the disk work runs on one writer thread (`write`, awaited by async code: the event loop never waits on
+  an fsync), in the order the rows entered memory, so the file is always a prefix of what the mirror
+  holds, and every write is on disk (fsynced) when `append`/`write` returns: crash-safe as a synchronous
+  append;
+- readers see a row as soon as it is appended; the mirror rereads the file only when someone else
+  changed it (its size, inode or mtime differ from what its own last write left, checked with one
+  ``stat``), e.g. a person who truncated it, or a second `RunHistory` after `RunHistory.of` forgot the
+  first.
+
+A torn line (a crash mid-append leaves a line that is not a whole JSON object) is skipped with a
+warning naming the file and line, and the next append starts on a fresh line. Writers hold an
+exclusive ``flock`` on ``.history.lock`` beside the file (when the platform has it), for the
+read-modify-write of a rewrite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import re
+import threading
+import warnings
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, overload
+
+from groupwise.errors import CorruptRecordError, GroupwiseWarning, StoreError
+
+try:  # POSIX only; on other platforms appends rely on O_APPEND alone.
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["HISTORY_FILE", "HISTORY_KEY_FIELDS", "RunHistory", "history_key", "load_history", "read_jsonl",
+           "dumps", "atomic_write_text"]
+
+Row = dict[str, Any]
+HISTORY_FILE = "history.jsonl"
+HISTORY_KEY_FIELDS = ("step", "split", "kind", "name", "message")
+
+
+def history_key(row: Row) -> tuple[str, ...]:
+    """What identifies a history row (module doc): appending a row with the same key replaces it."""
+    return tuple(json.dumps(row.get(k), sort_keys=True) for k in HISTORY_KEY_FIELDS)
+
+
+# ------------------------------------------------------------------------------------ the file
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` atomically: temp file in the same folder, fsync, os.replace."""
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+# A lone UTF-16 surrogate (U+D800..U+DFFF) is a valid Python str character but has no UTF-8 encoding.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def dumps(obj: Any) -> str:
+    """One JSON line. allow_nan: a -inf logprob must survive; ensure_ascii=False keeps text readable.
+
+    Text a model produced may hold lone surrogates (a JSON reply with ``"\\ud800"``, parsed by the
+    rollout or the openai client, yields one). Such a character is written as its JSON escape
+    ``\\ud800``, which `json.loads` reads back as the same character: the record stays valid UTF-8 and
+    round-trips, instead of failing the step's write. Two cases do not come back as they were: a high
+    surrogate directly followed by a low one (two code points UTF-16 would pair; JSON cannot keep them
+    apart) reads back as the single character they pair to, and one in a dict KEY of a pydantic model
+    (say a metadata name) is already U+FFFD in pydantic's JSON dump."""
+    text = json.dumps(obj, ensure_ascii=False, allow_nan=True, separators=(",", ":"))
+    if _SURROGATE.search(text):
+        # Outside strings json.dumps writes ASCII only, so every surrogate here is inside a string.
+        text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return text
+
+
+def read_jsonl(path: Path, skip_corrupt: bool, *, skip_torn: bool = False) -> Iterator[tuple[int, Any]]:
+    """(line number, object) of each line. A line that does not parse raises, unless `skip_corrupt`;
+    with `skip_torn`, a torn line (the start of a line a crash cut short: it cannot end with ``}``)
+    is skipped too. Every skipped line is warned about, by file and line."""
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield n, json.loads(line)
+            except json.JSONDecodeError as exc:
+                torn = not line.rstrip().endswith("}")
+                if not (skip_corrupt or (skip_torn and torn)):
+                    raise CorruptRecordError(str(path), n, f"not valid JSON: {exc.msg}") from exc
+                what = "a line cut short by a crash mid-write" if torn else f"not valid JSON: {exc.msg}"
+                warnings.warn(f"{path}:{n}: skipped ({what})", GroupwiseWarning, stacklevel=3)
+
+
+def load_history(run_dir: str | os.PathLike, *, skip_corrupt: bool = False) -> list[Row]:
+    """The rows of `run_dir/history.jsonl` in the order they were written ([] when there is none).
+
+    A torn line (a crash mid-append) is skipped with a warning naming the file and line; any other
+    corrupt line raises `CorruptRecordError`, unless `skip_corrupt` (then it is skipped, with a warning).
+    """
+    path = Path(run_dir) / HISTORY_FILE
+    if not path.exists():
+        return []
+    rows = []
+    for n, obj in read_jsonl(path, skip_corrupt, skip_torn=True):
+        if not _is_row(obj):
+            if not skip_corrupt:
+                raise CorruptRecordError(str(path), n, "a history row must be an object with 'step' and 'split'")
+            warnings.warn(f"{path}:{n}: skipped (a history row must be an object with 'step' and 'split')",
+                          GroupwiseWarning, stacklevel=2)
+            continue
+        rows.append(obj)
+    return rows
+
+
+def _is_row(obj: Any) -> bool:
+    return isinstance(obj, dict) and "step" in obj and "split" in obj
+
+
+@contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """An exclusive lock for a write (a file beside the data: the data file itself is replaced by
+    rewrites, and a lock on a replaced inode would guard nothing)."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _append_line(path: Path, line: str) -> os.stat_result:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        prefix = ""
+        if size:
+            # A crash mid-append leaves a line without its newline: start ours on a fresh line.
+            last = os.pread(fd, 1, size - 1)
+            prefix = "" if last == b"\n" else "\n"
+        os.write(fd, (prefix + line + "\n").encode("utf-8"))
+        os.fsync(fd)
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def _signature(st: os.stat_result | None) -> tuple[int, int, int] | None:
+    return None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+
+
+# One thread does every history write of the process, in submission order (module doc). Not the
+# compute thread: an fsync there would stall the engines' decoding.
+_writer: concurrent.futures.ThreadPoolExecutor | None = None
+_writer_lock = threading.Lock()
+
+
+def _writer_thread() -> concurrent.futures.ThreadPoolExecutor:
+    global _writer
+    with _writer_lock:
+        if _writer is None:
+            _writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="groupwise-history")
+        return _writer
+
+
+# ------------------------------------------------------------------------------------ the mirror
+
+
+class RunHistory(Sequence[Row]):
+    """The rows of one run's ``history.jsonl``, in memory, and the one writer of that file (module doc).
+
+    A `Sequence` of row dicts in written order (what `load_history` returns), so every reader of a
+    history list (`groupwise.loop.series`, the detectors, the stopping rules) reads it as it is; plus
+    `rows` and `events`, which answer from an index by split instead of a scan. Rows are shared, not
+    copied: readers must not modify them. Thread-safe.
+
+    Obtain it with ``RunHistory.of(run_dir)`` (or ``store.run_history``): one per folder per process."""
+
+    _open: "weakref.WeakValueDictionary[str, RunHistory]" = weakref.WeakValueDictionary()
+    _open_lock = threading.Lock()
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / HISTORY_FILE
+        self._lock = threading.RLock()
+        self._lines: list[str] = []  # every line of the file, torn and corrupt ones too (a rewrite keeps them)
+        self._rows: list[Row] = []  # the parsed rows, in line order
+        self._row_line: list[int] = []  # self._lines index of each row
+        self._by_key: dict[tuple[str, ...], int] = {}  # key -> index into self._rows
+        self._by_split: dict[str, list[int]] = {}  # split -> indices into self._rows, in written order
+        self._signature: tuple[int, int, int] | None | bool = False  # False: never loaded
+        self._pending = 0  # writes submitted to the writer thread and not yet done
+        self.loads = 0  # how many times the file was parsed (tests hold the loop to one per run)
+        self.writes = 0  # how many lines were appended, and how many rewrites (`rewrites`)
+        self.rewrites = 0
+
+    @classmethod
+    def of(cls, run_dir: str | os.PathLike) -> "RunHistory":
+        """The process's `RunHistory` of `run_dir` (created on first use, kept while anyone holds it)."""
+        key = os.path.realpath(run_dir)
+        with cls._open_lock:
+            history = cls._open.get(key)
+            if history is None:
+                history = cls._open[key] = cls(run_dir)
+            return history
+
+    def __repr__(self) -> str:
+        return f"RunHistory({str(self.path)!r}, rows={len(self)})"
+
+    # -- reading -----------------------------------------------------------------------------------
+    def _sync(self) -> None:
+        """Load the file the first time, and again when someone else changed it (module doc)."""
+        if self._pending:
+            return  # our own writes are ahead of the file: memory is the truth
+        signature = _signature(_stat(self.path))
+        if signature != self._signature:
+            self._load(signature)
+
+    def _load(self, signature: tuple[int, int, int] | None) -> None:
+        self._lines, self._rows, self._row_line, self._by_key, self._by_split = [], [], [], {}, {}
+        if signature is not None:
+            with open(self.path, encoding="utf-8") as f:
+                self._lines = f.read().splitlines(keepends=True)
+            self.loads += 1
+        for n, line in enumerate(self._lines):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                torn = not line.rstrip().endswith("}")
+                what = "a line cut short by a crash mid-write" if torn else f"not valid JSON: {exc.msg}"
+                warnings.warn(f"{self.path}:{n + 1}: skipped ({what})", GroupwiseWarning, stacklevel=4)
+                continue
+            if not _is_row(obj):
+                warnings.warn(f"{self.path}:{n + 1}: skipped (a history row must be an object with 'step' and "
+                              "'split')", GroupwiseWarning, stacklevel=4)
+                continue
+            self._index(obj, n)
+        self._signature = signature
+
+    def _index(self, row: Row, line: int) -> None:
+        key = history_key(row)
+        at = self._by_key.get(key)
+        if at is not None:  # a file written before appends were idempotent: the last row wins
+            self._rows[at], self._row_line[at] = row, line
+            return
+        self._by_key[key] = len(self._rows)
+        self._by_split.setdefault(row["split"], []).append(len(self._rows))
+        self._rows.append(row)
+        self._row_line.append(line)
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._sync()
+            return len(self._rows)
+
+    @overload
+    def __getitem__(self, i: int) -> Row: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Row]: ...
+
+    def __getitem__(self, i: int | slice) -> Row | list[Row]:
+        with self._lock:
+            self._sync()
+            return self._rows[i]
+
+    def __iter__(self) -> Iterator[Row]:
+        return iter(self.snapshot())
+
+    def snapshot(self) -> list[Row]:
+        """The rows now, as a list (later appends do not change it)."""
+        with self._lock:
+            self._sync()
+            return list(self._rows)
+
+    def events(self, split: str) -> list[Row]:
+        """Every row of `split`, in written order."""
+        with self._lock:
+            self._sync()
+            return [self._rows[i] for i in self._by_split.get(split, ())]
+
+    def rows(self, split: str) -> list[Row]:
+        """The rows of `split`, one per step (the last written wins), by step."""
+        by_step = {r["step"]: r for r in self.events(split) if isinstance(r.get("step"), int)}
+        return [by_step[s] for s in sorted(by_step)]
+
+    def has(self, row: Row) -> bool:
+        """Whether a row with `row`'s key (`history_key`) is there."""
+        with self._lock:
+            self._sync()
+            return history_key(row) in self._by_key
+
+    # -- writing -----------------------------------------------------------------------------------
+    def append(self, row: Row, *, if_missing: bool = False) -> bool:
+        """Add `row` (or replace the row with its key; with `if_missing`, leave that one) and return once
+        it is on disk. Returns whether the history changed. For async code: `write`."""
+        changed, job = self._enter(row, if_missing)
+        if job is not None:
+            job.result()
+        return changed
+
+    async def write(self, row: Row, *, if_missing: bool = False) -> bool:
+        """`append` for async code: the row is in memory at once, the event loop awaits its disk write."""
+        changed, job = self._enter(row, if_missing)
+        if job is not None:
+            await asyncio.wrap_future(job)
+        return changed
+
+    def _enter(self, row: Row, if_missing: bool) -> tuple[bool, concurrent.futures.Future | None]:
+        """Put `row` in memory and queue its disk write, in one critical section: the writer thread
+        writes in the order rows entered memory."""
+        if not isinstance(row, dict) or "step" not in row or "split" not in row:
+            got = f"keys {sorted(row)}" if isinstance(row, dict) else type(row).__name__
+            raise StoreError(f"a history row needs 'step' and 'split'; got {got}")
+        line = dumps(row)
+        with self._lock:
+            self._sync()
+            at = self._by_key.get(history_key(row))
+            if at is not None and if_missing:
+                return False, None
+            if at is None:
+                self._lines.append(line + "\n")
+                self._index(row, len(self._lines) - 1)
+                job = (self._write_line, line)
+            else:
+                self._rows[at] = row
+                self._lines[self._row_line[at]] = line + "\n"
+                job = (self._rewrite, "".join(x if x.endswith("\n") else x + "\n" for x in self._lines))
+            self._pending += 1
+            return True, _writer_thread().submit(self._run, *job)
+
+    def _run(self, fn: Any, arg: str) -> None:
+        try:
+            with _locked(self.run_dir / ".history.lock"):
+                st = fn(arg)
+        except BaseException:
+            with self._lock:
+                self._pending -= 1
+                self._signature = False  # the file is not what memory holds: reload it at the next read
+            raise
+        with self._lock:
+            self._pending -= 1
+            self._signature = _signature(st)
+
+    def _write_line(self, line: str) -> os.stat_result:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.writes += 1
+        return _append_line(self.path, line)
+
+    def _rewrite(self, text: str) -> os.stat_result | None:
+        self.rewrites += 1
+        atomic_write_text(self.path, text)
+        return _stat(self.path)

@@ -1,0 +1,89 @@
+"""RunHistory: a run's history in memory and the one writer of history.jsonl (groupwise/history.py).
+
+Appends cost one line whatever the run's length and never reread the file; the file is written on one
+writer thread, in order; what memory holds is what the file holds; a change made behind its back is
+seen."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+
+import pytest
+
+import groupwise.history as history_module
+from groupwise import load_history
+from groupwise.history import RunHistory
+from groupwise.store import RunStore
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Every open of a history.jsonl for reading, counted (builtins.open and Path.open both end in io.open)."""
+    opened: list[str] = []
+    real_open = io.open
+
+    def counting_open(file, mode="r", *args, **kwargs):
+        if str(file).endswith("history.jsonl") and not any(c in mode for c in "wax+"):
+            opened.append(str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", counting_open)
+    monkeypatch.setattr("builtins.open", counting_open)
+    return opened
+
+
+def test_appends_write_one_line_each_and_read_the_file_once(tmp_path, reads):
+    store = RunStore(tmp_path, "p", "m")
+    store.append_history({"step": 0, "split": "val", "reward": 0.0})  # the file exists from here on
+    history = store.run_history
+    for step in range(60):
+        store.append_history({"step": step, "split": "train", "reward": step / 100})
+        assert history.rows("train")[-1]["step"] == step  # read back from memory, at once
+    # 61 rows, 61 one-line appends, no rewrite, and the file was never read to append or to read
+    assert (history.writes, history.rewrites, len(reads)) == (61, 0, 0)
+    assert history.snapshot() == load_history(store.run_dir)
+    assert len(reads) == 1  # (load_history's own read)
+
+
+def test_a_replaced_row_rewrites_the_file_from_memory_and_keeps_foreign_lines(tmp_path):
+    store = RunStore(tmp_path, "p", "m")
+    store.append_history({"step": 0, "split": "train", "reward": 0.1})
+    with open(store.history_path, "a") as f:
+        f.write('{"step": 1, "split": "val", oops}\n')  # whole but broken: a person's edit, not ours
+    with pytest.warns(UserWarning, match=r"history.jsonl:2: skipped \(not valid JSON"):
+        assert store.append_history({"step": 0, "split": "train", "reward": 0.2})  # seen, then replaced
+    assert store.history_path.read_text().splitlines()[1] == '{"step": 1, "split": "val", oops}'
+    assert [r["reward"] for r in store.run_history] == [0.2]
+    assert store.run_history.rewrites == 1
+
+
+def test_one_history_per_folder_and_a_change_behind_its_back_is_reread(tmp_path):
+    a, b = RunStore(tmp_path, "p", "m"), RunStore(tmp_path, "p", "m")
+    assert a.run_history is b.run_history  # the backend's store and the loop's store share it
+    a.append_history({"step": 0, "split": "train"})
+    a.append_history({"step": 1, "split": "train"})
+    loads = a.run_history.loads
+    lines = a.history_path.read_text().splitlines()
+    a.history_path.write_text(lines[0] + "\n")  # a person truncates the file
+    assert [r["step"] for r in a.run_history] == [0]
+    assert a.run_history.loads == loads + 1
+    fresh = RunHistory(a.run_dir)  # another process's view: the same rows
+    assert fresh.snapshot() == a.run_history.snapshot()
+
+
+async def test_async_writes_happen_on_the_writer_thread_in_order(tmp_path, monkeypatch):
+    threads: list[str] = []
+    real = history_module._append_line
+
+    def spy(path, line):
+        threads.append(threading.current_thread().name)
+        return real(path, line)
+
+    monkeypatch.setattr(history_module, "_append_line", spy)
+    history = RunStore(tmp_path, "p", "m").run_history
+    await asyncio.gather(*(history.write({"step": s, "split": "train"}) for s in range(50)))
+    assert threads and all(name.startswith("groupwise-history") for name in threads)  # never the event loop
+    assert [r["step"] for r in load_history(history.run_dir)] == list(range(50))  # the order they entered memory
+    assert await history.write({"step": 3, "split": "train"}, if_missing=True) is False
