@@ -319,19 +319,19 @@ class DetectorConfig(Validated):
     and are tabled in docs/benchmarks.md and the README.
     """
 
-    val_drop: float = option(0.05, help="Val-drop detectors: the smallest fall of the validation metric below its best that can fire; the fall must also exceed the noise of the two validations (their intervals).")
-    reward_rise: float = option(0.05, help="Val-drop and val-plateau detectors: the smallest rise of the mean train reward since the best validation step that counts as 'reward rose'; the rise must also exceed the noise of the train reward means.")
+    val_drop: float = option(0.05, help="Val-drop detectors: the smallest fall of the validation metric below its best that can fire; the fall must also exceed the noise of the two validations (their intervals). Measured by bench/detectors.py with the defaults: val_drop: false alarms on 0/20 clean runs, fired on 9/13 planted hacks (0 before the validation drop, mean lead -2.0 steps); val_unstable: false alarms on 8/20 clean runs, fired on 13/13 planted hacks (3 before the validation drop, mean lead +0.6 steps).")
+    reward_rise: float = option(0.05, help="Val-drop and val-plateau detectors: the smallest rise of the mean train reward since the best validation step that counts as 'reward rose'; the rise must also exceed the noise of the train reward means. Measured by bench/detectors.py with the defaults: val_drop: false alarms on 0/20 clean runs, fired on 9/13 planted hacks (0 before the validation drop, mean lead -2.0 steps); val_plateau: false alarms on 9/20 clean runs, fired on 4/13 planted hacks (3 before the validation drop, mean lead +1.0 steps).")
     reward_window: int = option(3, help="Steps of train reward averaged on each side of a reward comparison (around the best validation step, and the latest steps).")
-    jump_window: int = option(5, help="Reward-jump detector: steps of plateau looked at before the jump.")
-    jump_min: float = option(0.3, help="Reward-jump detector: the smallest jump (reward units) that can fire.")
-    jump_sigmas: float = option(4.0, help="Reward-jump detector: the jump must also exceed this many standard deviations of the plateau.")
-    plateau_range: float = option(0.1, help="Reward-jump detector: the plateau's max - min must be at most this (reward units).")
+    jump_window: int = option(5, help="Reward-jump detector: steps of plateau looked at before the jump. Measured by bench/detectors.py with the defaults: reward_jump: false alarms on 0/20 clean runs, fired on 0/13 planted hacks.")
+    jump_min: float = option(0.3, help="Reward-jump detector: the smallest jump (reward units) that can fire. Measured by bench/detectors.py with the defaults: reward_jump: false alarms on 0/20 clean runs, fired on 0/13 planted hacks.")
+    jump_sigmas: float = option(4.0, help="Reward-jump detector: the jump must also exceed this many standard deviations of the plateau. Measured by bench/detectors.py with the defaults: reward_jump: false alarms on 0/20 clean runs, fired on 0/13 planted hacks.")
+    plateau_range: float = option(0.1, help="Reward-jump detector: the plateau's max - min must be at most this (reward units). Measured by bench/detectors.py with the defaults: reward_jump: false alarms on 0/20 clean runs, fired on 0/13 planted hacks.")
     perfect_reward: float = option(1.0, help="Perfect-scores detector: the maximum reward; a group is perfect when every rollout reaches it.")
-    perfect_share: float = option(0.5, help="Perfect-scores detector: fire when at least this share of a step's groups are perfect.")
-    repetition_ngram: int = option(3, help="Degenerate detector: n of the n-grams (words) checked for repetition.")
-    repetition_share: float = option(0.5, help="Degenerate detector: fire when answers repeat this share of their n-grams on average.")
-    identical_share: float = option(0.5, help="Degenerate detector: fire when this share of groups (of 2+ rollouts) answer identically.")
-    length_ratio: float = option(2.0, help="Degenerate detector: fire when the mean answer length drifts by this factor from the first steps.")
+    perfect_share: float = option(0.5, help="Perfect-scores detector: fire when at least this share of a step's groups are perfect. Measured by bench/detectors.py with the defaults: perfect_scores: false alarms on 13/20 clean runs, fired on 0/13 planted hacks.")
+    repetition_ngram: int = option(3, help="Degenerate detector: n of the n-grams (words) checked for repetition. Measured by bench/detectors.py with the defaults: repetition: false alarms on 0/20 clean runs, fired on 0/13 planted hacks.")
+    repetition_share: float = option(0.5, help="Degenerate detector: fire when answers repeat this share of their n-grams on average. Measured by bench/detectors.py with the defaults: repetition: false alarms on 0/20 clean runs, fired on 0/13 planted hacks.")
+    identical_share: float = option(0.5, help="Degenerate detector: fire when this share of groups (of 2+ rollouts) answer identically. Measured by bench/detectors.py with the defaults: identical_answers: false alarms on 0/20 clean runs, fired on 0/13 planted hacks.")
+    length_ratio: float = option(2.0, help="Degenerate detector: fire when the mean answer length drifts by this factor from the first steps. Measured by bench/detectors.py with the defaults: length_drift: false alarms on 0/20 clean runs, fired on 0/13 planted hacks.")
     min_judge_agreement: float = option(0.6, help="Judge detector: fire when the judge orders fewer than this share of pairs like ground truth.")
 
     def problems(self) -> list[str]:
