@@ -20,10 +20,12 @@ import results_block  # noqa: E402
 import seeds_2048  # noqa: E402
 
 
-def _summary(seed: int, base: float, best: float, test: float, wall_s: float, peak: float = 3.1) -> dict:
-    return {"seed": seed, "learning_rate": 1e-3, "base": base, "base_interval": [base - 0.1, base + 0.1],
-            "trained_best": best, "best_interval": [best - 0.05, best + 0.05], "best_step": 8,
-            "test": {"valid_move_rate": test, "valid_move_rate_lo": test - 0.1, "valid_move_rate_hi": test + 0.1},
+def _summary(seed: int, base: float, best: float, test: float, wall_s: float, peak: float = 3.1,
+             metric: str = "valid_move_rate") -> dict:
+    return {"seed": seed, "learning_rate": 1e-3, "metric": f"val/{metric}", "base": base,
+            "base_interval": [base - 0.1, base + 0.1], "trained_best": best,
+            "best_interval": [best - 0.05, best + 0.05], "best_step": 8,
+            "test": {metric: test, f"{metric}_lo": test - 0.1, f"{metric}_hi": test + 0.1},
             "wall_s": wall_s, "peak_rss_gb": peak, "val_by_step": {"0": base, "4": (base + best) / 2, "8": best}}
 
 
@@ -78,6 +80,28 @@ def test_the_docs_table_has_intervals_and_one_row_per_rate_when_several_were_run
         seeds_2048.readme_block(_measurement(runs, ROW))
 
 
+def test_the_other_envs_table_has_an_env_column_with_each_envs_metric_and_a_sentence_each():
+    runs = [{"env": "tictactoe", "lr": None, "seed": 0, "rc": 0, "wall_s": 500.0,
+             "summary": _summary(0, 0.0, 0.208, 0.125, 504.0, metric="win_rate")},
+            {"env": "tictactoe", "lr": None, "seed": 1, "rc": 0, "wall_s": 550.0,
+             "summary": _summary(1, 0.0, 0.0, 0.083, 552.0, metric="win_rate")},
+            {"env": "math", "lr": None, "seed": 0, "rc": 0, "wall_s": 420.0,
+             "summary": _summary(0, 0.146, 0.146, 0.140, 426.0, metric="correct")}]
+    m = _measurement(runs, "OMP_NUM_THREADS=2 groupwise train ENV --seed S --device cpu --batch-invariant")
+    block = seeds_2048.docs_block(m)
+    assert "(ENV the row's env, S the row's seed)" in block
+    rows = [line for line in block.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| env (metric) | seed |")
+    assert [r.split(" | ")[:3] for r in rows[1:]] == [["| tictactoe (win_rate)", "0", "0.000"], ["| ", "1", "0.000"],
+                                                       ["| math (correct)", "0", "0.146"]]
+    assert "| 0.125 [0.025, 0.225] |" in rows[1]  # the test under the env's own metric
+    sentences = block.splitlines()[-2:]
+    assert sentences[0].startswith("tictactoe: 1 of 2 seeds beat their base by at least +0.15")
+    assert sentences[1].startswith("math: 0 of 1 seeds beat their base")
+    with pytest.raises(SystemExit, match="writes the 2048 table"):
+        seeds_2048.readme_block(m)
+
+
 def test_writing_a_block_replaces_only_what_lies_between_its_markers(tmp_path):
     doc = tmp_path / "README.md"
     doc.write_text("intro\n<!-- bench:seeds_2048 -->\nold table\n<!-- /bench:seeds_2048 -->\nafter\n")
@@ -104,11 +128,12 @@ def test_the_script_writes_both_files_from_a_saved_measurement(tmp_path, monkeyp
     assert docs.read_text().startswith("before\n") and docs.read_text().endswith("after\n")
 
 
-def test_the_repository_docs_have_the_markers_the_script_writes_between():
-    for doc in (results_block.README, results_block.BENCHMARKS):
-        assert results_block.blocks(doc).count(seeds_2048.NAME) == 1, doc
-        text = doc.read_text()
-        assert text.count(f"<!-- /bench:{seeds_2048.NAME} -->") == 1, doc
+def test_the_repository_docs_have_the_markers_the_scripts_write_between():
+    for doc, names in ((results_block.README, ["seeds_2048"]),
+                       (results_block.BENCHMARKS, ["seeds_2048", "seeds_other_envs", "gather"])):
+        for name in names:
+            assert results_block.blocks(doc).count(name) == 1, (doc, name)
+            assert doc.read_text().count(f"<!-- /bench:{name} -->") == 1, (doc, name)
 
 
 def test_a_rows_command_is_one_the_cli_accepts():
