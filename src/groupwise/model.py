@@ -215,6 +215,12 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         """ART's name for `inference_name`."""
         return self.inference_name(step)
 
+    @property
+    def cost_calculator(self) -> Any:
+        """ART's per-request cost hook, ``(prompt_tokens, completion_tokens, context) -> metrics``: groupwise
+        prices no GPU or API time (a judge's cost is in the `judge/*` metrics), so it returns none."""
+        return lambda prompt_tokens, completion_tokens, context: {}
+
     def _make_client(self) -> "openai.AsyncOpenAI":
         import openai
 

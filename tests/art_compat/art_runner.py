@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import importlib
 import inspect
 import os
 import re
@@ -72,6 +73,11 @@ class Program:
     hub: dict[tuple[str, str], list[dict]] = field(default_factory=dict)  # (repo id, split) -> rows
     # environment variable -> handler of the JSON a program POSTs to the URL that variable names
     services: dict[str, Callable[[dict], dict]] = field(default_factory=dict)
+    # the package a module of ART's own package runs in (its `from . import` then reaches groupwise's
+    # counterpart), as `python -m art.<package>.<module>` runs it; None: a script
+    package: str | None = None
+    # module -> seam standing in for it: an ART module of an external service (e.g. Tinker's backend)
+    modules: dict[str, str] = field(default_factory=dict)
     # a program that fails in ART as well, before or at its first step: (exception class, message part)
     fails_in_art: tuple[str, str] | None = None
     # a program that fails here by a deliberate difference (docs/porting-from-art.md says which)
@@ -216,8 +222,13 @@ def run_program(program: Program, root: Path, tiny_model_dir: str) -> None:
 
             assert Path(datasets.__file__).parent == SEAMS, f"not the hub stand-in: {datasets.__file__}"
             datasets.HUB.update(program.hub)
+        for name, seam in program.modules.items():
+            sys.modules[name] = importlib.import_module(seam)
         if program.notebook:
             asyncio.run(_run_cells(_cells(entry.read_text(), program.skip_cells), str(entry)))
+        elif program.package:
+            code = compile(entry.read_text(), str(entry), "exec")
+            exec(code, {"__name__": "__main__", "__file__": str(entry), "__package__": program.package})  # noqa: S102
         else:
             runpy.run_path(str(entry), run_name="__main__")
     finally:
@@ -229,6 +240,8 @@ def run_program(program: Program, root: Path, tiny_model_dir: str) -> None:
         os.environ.update(saved[4])
         for backend in opened:
             backend.__exit__(None, None, None)
+        for name in program.modules:
+            sys.modules.pop(name, None)
         os.chdir(saved[0])
         sys.path[:], sys.argv[:] = saved[1], saved[2]
         for name in set(sys.modules) - saved[3]:

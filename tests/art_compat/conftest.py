@@ -35,6 +35,42 @@ def art_model_dir(tmp_path_factory, tiny_model_dir):
     return str(path)
 
 
+def answering_model_dir(path, words: dict[str, float]) -> str:
+    """A tiny random model that answers with `words` (text -> logit; the other ~49k tokens sit near 0),
+    in any context: the stand-in for a real model on a task whose reward a random model never earns
+    (ART's yes/no/maybe pipeline example). Every token's embedding carries one constant feature through
+    the residual stream; the (untied) LM head reads only that feature, and only for `words`."""
+    import torch
+
+    from groupwise.loading import load_tokenizer, tiny_random_model
+
+    model, tokenizer = tiny_random_model(seed=0, tokenizer=load_tokenizer("smollm2-135m"))
+    with torch.no_grad():
+        embeddings = model.model.embed_tokens.weight
+        head = torch.zeros_like(embeddings)
+        embeddings[:, 0] = 50.0  # dominates the residual stream: after the final norm, ~sqrt(hidden) * w_0
+        for word, logit in words.items():
+            (token,) = tokenizer.encode(word, add_special_tokens=False)
+            head[token, 0] = logit / model.config.hidden_size ** 0.5
+        model.config.tie_word_embeddings = False
+        model.lm_head.weight = torch.nn.Parameter(head)
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, *range(0, len(tokenizer), 40)]
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def yes_no_maybe_model_dir(tmp_path_factory):
+    return answering_model_dir(tmp_path_factory.mktemp("tiny-yes-no-maybe"), {" maybe": 12.0, " no": 12.0, " yes": 12.0})
+
+
+@pytest.fixture(scope="session")
+def binary_guess_model_dir(tmp_path_factory):
+    # bits, the opening quote (with its space) of the JSON string, a closing quote now and then
+    return answering_model_dir(tmp_path_factory.mktemp("tiny-bits"), {"0": 15.0, "1": 15.0, '"': 13.0, ' "': 15.0})
+
+
 @pytest.fixture
 def backup_bucket(tmp_path, monkeypatch):
     bucket = tmp_path / "bucket"

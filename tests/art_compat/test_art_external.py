@@ -148,3 +148,48 @@ def test_litellm_choice_keeps_the_sampled_token_ids():
     plain = convert_litellm_choice_to_openai(Choices(finish_reason="stop", index=0,
                                                      message=Message(content="hi", role="assistant")))
     assert (plain.message.content, gw.types.choice_token_ids(plain)) == ("hi", None)
+
+
+PIPELINE = "src/art/pipeline_trainer/"  # ART 0.5.18's pipeline examples: modules of ART's package
+
+
+def test_pipeline_trainer_yes_no_maybe(yes_no_maybe_model_dir, tmp_path):
+    # ART's PipelineTrainer example, run as `python -m art.pipeline_trainer.yes_no_maybe_pipeline` runs
+    # it (its `from . import PipelineTrainer` reaches groupwise.pipeline_trainer); Tinker's hosted backend
+    # (an external service) is a LocalBackend here; the base model answers yes, no or maybe at random
+    program = Program(
+        PIPELINE + "yes_no_maybe_pipeline.py",
+        shrink={PIPELINE + "yes_no_maybe_pipeline.py": [
+            ("ROLLOUTS_PER_SCENARIO = 32", "ROLLOUTS_PER_SCENARIO = 4", 1), ("MAX_STEPS = 20", "MAX_STEPS = 2", 1),
+            ("EVAL_TRAJECTORY_COUNT = 30", "EVAL_TRAJECTORY_COUNT = 2", 1)]},
+        base_models=("Qwen/Qwen3-30B-A3B-Instruct-2507",), env={"TINKER_API_KEY": "stand-in"},
+        package="groupwise.pipeline_trainer", modules={"groupwise.tinker_native": "tinker_native"},
+    )
+    run_program(program, tmp_path, yes_no_maybe_model_dir)
+    (run,) = [p.parent for p in tmp_path.rglob("history.jsonl")]
+    history = gw.load_history(run)
+    train = [r for r in history if r["split"] == "train"]
+    assert [r["step"] for r in train] == [0, 1]
+    assert all(r["n_groups"] >= 4 and 0 < r["reward"] < 1 for r in train)  # ART's min_batch_size, graded answers
+    assert sorted(r["step"] for r in history if r["split"] == "val") == [2]  # EVAL_EVERY_N_STEPS = 2, not at start
+
+
+def test_pipeline_trainer_binary_prefix_tool(binary_guess_model_dir, tmp_path):
+    # ART's second PipelineTrainer example: a forced tool call whose argument is a guess of a secret bit
+    # string, rewarded by the shared prefix; every size comes from the environment, as the program reads
+    # it (no shrink); the base model writes bits
+    program = Program(
+        PIPELINE + "binary_prefix_tool_pipeline.py", base_models=("Qwen/Qwen3-4B-Instruct-2507",),
+        env={"MAX_STEPS": "2", "MIN_BATCH_SIZE": "2", "NUM_ROLLOUT_WORKERS": "4", "ROLLOUTS_PER_SCENARIO": "4",
+             "MAX_BATCH_SIZE": "2", "MAX_TOKENS": "64", "SCENARIO_COUNT": "40", "EVAL_AT_START": "0",
+             "RUN_SUFFIX": "test"},
+        package="groupwise.pipeline_trainer", modules={"groupwise.tinker_native": "tinker_native"},
+    )
+    run_program(program, tmp_path, binary_guess_model_dir)
+    (run,) = [p.parent for p in tmp_path.rglob("history.jsonl")]
+    history = gw.load_history(run)
+    train = [r for r in history if r["split"] == "train"]
+    assert [r["step"] for r in train] == [0, 1]
+    # the program's own metrics: the forced tool call was found and parsed, and guesses scored
+    assert all(r["tool_call_found"] == 1.0 and r["reward"] > 0 for r in train), train
+    assert sorted(r["step"] for r in history if r["split"] == "val") == [2]
