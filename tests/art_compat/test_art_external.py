@@ -93,7 +93,7 @@ def test_art_e(art_model_dir, tmp_path, backup_bucket):
             art_e + "train.py": [("max_turns=10", "max_turns=2", 1), ("trajectories_per_group=6", "trajectories_per_group=2", 1),
                                  ("groups_per_step=8", "groups_per_step=1", 1), ("val_set_size=100", "val_set_size=1", 1),
                                  ("training_dataset_size=4000", "training_dataset_size=1", 1)],
-            art_e + "project_types.py": [("max_tokens: int = 2048", "max_tokens: int = 48", 1)],
+            art_e + "project_types.py": [("max_tokens: int = 2048", "max_tokens: int = 16", 1)],
             art_e + "evaluate/benchmark.py": [("limit: int = 100", "limit: int = 1", 1)],
         },
         package_roots=("examples/art-e",),
