@@ -1,7 +1,7 @@
 """Synchronous against asynchronous `gw.fit` on one env and seed, where rollouts wait on slow tools.
 
     python bench/async_pipeline.py --device cpu                                   # CPU smoke run (tiny model)
-    python bench/async_pipeline.py --device cuda --arch qwen2.5-0.5b --steps 12   # one GPU
+    python bench/async_pipeline.py --device cuda --arch qwen2.5-0.5b --partial    # one GPU, ~6 minutes
 
 The env (a latency env): each rollout is a multi-turn tool conversation. Every assistant turn is a real
 chat request to the model; between turns the "tool" answers after a long-tailed time (lognormal, median
@@ -190,18 +190,18 @@ def main() -> int:
     p.add_argument("--arch", default=None, help="bench/train_step.py's ARCHS (default: tiny-qwen on cpu, qwen2.5-0.5b on cuda)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default=None)
-    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 4 on cpu, 12 on cuda)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 4 on cpu, 10 on cuda)")
     p.add_argument("--d", type=int, default=2, help="max_steps_off_policy of the async run")
     p.add_argument("--partial", action="store_true", help="also run async with partial rollouts")
     p.add_argument("--prompts", type=int, default=None, help="groups per step (default 2 on cpu, 8 on cuda)")
     p.add_argument("--group-size", type=int, default=None, help="rollouts per group (default 4 on cpu, 8 on cuda)")
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--completion-len", type=int, default=None, help="tokens per turn (default 8 on cpu, 64 on cuda)")
-    p.add_argument("--tool-median-s", type=float, default=None, help="median tool latency (default 0.5 cpu, 2 cuda)")
+    p.add_argument("--tool-median-s", type=float, default=None, help="median tool latency (default 0.5 cpu, 1 cuda)")
     p.add_argument("--tool-sigma", type=float, default=1.0, help="lognormal sigma of the tool latency (the tail)")
     p.add_argument("--tool-cap-s", type=float, default=None, help="the longest tool call (default 10x the median)")
-    p.add_argument("--judge-median-s", type=float, default=None, help="median judge latency per group (default 0.5 cpu, 3 cuda)")
-    p.add_argument("--eval-every", type=int, default=2)
+    p.add_argument("--judge-median-s", type=float, default=None, help="median judge latency per group (default 0.5 cpu, 2 cuda)")
+    p.add_argument("--eval-every", type=int, default=None, help="validate every this many steps (default 2 on cpu, 5 on cuda)")
     p.add_argument("--scenarios", type=int, default=256)
     p.add_argument("--val-scenarios", type=int, default=None, help="default 4 on cpu, 16 on cuda")
     p.add_argument("--lr", type=float, default=1e-4)
@@ -211,9 +211,9 @@ def main() -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     gpu = args.device == "cuda"
-    for name, cpu_value, gpu_value in (("arch", "tiny-qwen", "qwen2.5-0.5b"), ("steps", 4, 12), ("prompts", 2, 8),
-                                       ("group_size", 4, 8), ("completion_len", 8, 64), ("tool_median_s", 0.5, 2.0),
-                                       ("judge_median_s", 0.5, 3.0), ("val_scenarios", 4, 16)):
+    for name, cpu_value, gpu_value in (("arch", "tiny-qwen", "qwen2.5-0.5b"), ("steps", 4, 10), ("prompts", 2, 8),
+                                       ("group_size", 4, 8), ("completion_len", 8, 64), ("tool_median_s", 0.5, 1.0),
+                                       ("judge_median_s", 0.5, 2.0), ("val_scenarios", 4, 16), ("eval_every", 2, 5)):
         if getattr(args, name) is None:
             setattr(args, name, gpu_value if gpu else cpu_value)
     args.tool_cap_s = args.tool_cap_s or 10 * args.tool_median_s
