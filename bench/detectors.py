@@ -214,7 +214,8 @@ def summarise(results: list[dict], drop: float) -> dict:
     clean = [r for r in results if not r["planted"]]
     planted = [r for r in results if r["planted"]]
     dropped = [(r, d) for r in planted if (d := drop_step(r, drop)) is not None]
-    names = list(DETECTORS) + sorted({n for r in results for n in r["alerts"]} - set(DETECTORS))
+    # no_signal (a step whose groups all tied) is the loop's bookkeeping, not a detector
+    names = list(DETECTORS) + sorted({n for r in results for n in r["alerts"]} - set(DETECTORS) - {"no_signal"})
     rows = []
     for name in names:
         false = sum(name in r["alerts"] for r in clean)
@@ -355,7 +356,7 @@ def main() -> None:
     p.add_argument("--kinds", default=",".join(KINDS))
     p.add_argument("--seed0", type=int, default=0, help="seed of the first run (run i gets seed0 + i)")
     p.add_argument("--detector", action="append", default=[], help="a DetectorConfig override, NAME=VALUE")
-    p.add_argument("--path", default=".groupwise-detectors")
+    p.add_argument("--path", default=".groupwise/detectors-bench", help="where the runs go (.groupwise/ is git-ignored)")
     p.add_argument("--json", default=None, help="also write every run's result here")
     p.add_argument("--docs", default=str(ROOT / "docs" / "benchmarks.md"))
     p.add_argument("--no-docs", action="store_true", help="print only; leave docs/benchmarks.md alone")

@@ -14,8 +14,9 @@ real `openai.AsyncOpenAI` client), position-blind and deterministic by construct
 judge with signal scores on these labels. `--judge local/smollm2-135m` adds the offline judge (slow
 on a CPU: `--judge-groups` limits it to the first groups).
 
-    python bench/judge_eval_2048.py --make --labels 2048-val.jsonl --groups 16 --group-size 4
-    python bench/judge_eval_2048.py --labels 2048-val.jsonl --judge local/smollm2-135m --judge-groups 4
+    python bench/judge_eval_2048.py --judge local/smollm2-135m --judge-groups 4   # on bench/data's set
+    python bench/judge_eval_2048.py --make --labels my-2048.jsonl --groups 16 --group-size 4   # a new set
+    groupwise judge eval --labels bench/data/2048_val_labels.jsonl --judge openai/o4-mini    # any judge
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ RUBRIC = """- The agent plays 2048: every reply must be exactly one <move>left</
 - A reply without a valid move, or with a move that does not change the board, ends the game: that is the worst outcome.
 - A game that makes more valid moves is better; among those, larger tiles and a larger board total are better.
 - A move named without the tag is played but worse than a tagged one."""
+
+# The set the figures in docs/judge.md were measured on (written by --make; the rollouts are not
+# bitwise the same on another machine, so the set is kept to judge new judges on the same games).
+LABELS = Path(__file__).resolve().parent / "data" / "2048_val_labels.jsonl"
 
 TRAJ_RE = re.compile(r'<trajectory id="([^"]+)">\n(.*?)\n</trajectory>', re.DOTALL)
 TAG_RE = re.compile(r"<move>\s*(left|right|up|down)\s*</move>", re.IGNORECASE)
@@ -102,12 +107,12 @@ async def make_labels(path: Path, groups: int, group_size: int, model_name: str,
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--labels", default="2048-val.jsonl", help="the labelled JSONL (written by --make)")
+    ap.add_argument("--labels", default=str(LABELS), help="the labelled JSONL (written by --make)")
     ap.add_argument("--make", action="store_true", help="play the games and write --labels first")
     ap.add_argument("--groups", type=int, default=16, help="--make: validation games")
     ap.add_argument("--group-size", type=int, default=4, help="--make: rollouts per game")
     ap.add_argument("--model", default="smollm2-135m", help="--make: the policy that plays")
-    ap.add_argument("--work", default=".groupwise-labels", help="--make: the backend's folder")
+    ap.add_argument("--work", default=".groupwise/2048-labels", help="--make: the backend's folder (git-ignored)")
     ap.add_argument("--judge", action="append", default=[], help="judges to evaluate besides the reference")
     ap.add_argument("--judge-groups", type=int, default=None, help="the --judge judges see only the first N groups")
     ap.add_argument("--orders", type=int, default=2)

@@ -15,6 +15,7 @@ NOTES = {
     ".ci/run": "CI: fresh venv, then exactly the README's test command (pytest; 'no tests' fails too)",
     ".gitignore": "ignored: venvs, caches, run stores",
     "README.md": "the front door: what groupwise is, the two commands, an example, results",
+    "bench/data/2048_val_labels.jsonl": "2048 validation games of base SmolLM2 labelled by the env's reward (bench/judge_eval_2048.py)",
     "tests/art_compat/art_api_snapshot.json": "facts about ART 0.3/0.4/0.5's public API, from its wheels (scripts/art_api_snapshot.py)",
     "pyproject.toml": "package, extras (backend, plots, dashboard, ray, vllm, wandb, langgraph, mcp, tensorboard, dev, all), pytest settings",
     "src/groupwise/dashboard/static/index.html": "the dashboard's page: tabs for runs, curves, rollouts, compare",
