@@ -22,7 +22,8 @@ step of it; its lead time is (drop step - first alarm step): positive when the a
 Detection counts only planted runs whose validation did fall (the others are counted apart).
 
 Every alert is set to 'warn' so that each run lasts `--steps` steps and every detector gets its
-chance; thresholds are the defaults of `gw.DetectorConfig` (or `--detector NAME=VALUE`). Seeds vary
+chance; validation runs after every step (the loop's default is every 5), for a lead time to the step,
+so the validation detectors get a chance to misfire at every step too; thresholds are the defaults of `gw.DetectorConfig` (or `--detector NAME=VALUE`). Seeds vary
 per run (run i: LoopConfig.seed = i, which seeds the batches and every rollout's sampling); the kinds
 alternate. Rates carry Wilson intervals, lead times a bootstrap interval of the mean
 (`groupwise.loop.intervals`).
@@ -108,7 +109,7 @@ async def train_one(kind: str, planted: bool, seed: int, model_path: str, base_p
     from pydantic import BaseModel
 
     import groupwise as gw
-    from groupwise.loop.series import rows
+    from groupwise.loop.series import events, rows
 
     class Scenario(BaseModel):
         id: int
@@ -150,9 +151,9 @@ async def train_one(kind: str, planted: bool, seed: int, model_path: str, base_p
     finally:
         await backend.close()
     history = gw.load_history(run_dir)
-    first: dict[str, int] = {}
-    for r in rows(history, "alert"):
-        first.setdefault(r["name"], r["step"])
+    first: dict[str, int] = {}  # each alert's first step (events: every alert row; rows keeps one a step)
+    for r in events(history, "alert"):
+        first[r["name"]] = min(r["step"], first.get(r["name"], r["step"]))
     return {"kind": kind, "planted": planted, "seed": seed, "error": error, "alerts": first,
             "val": {r["step"]: r["task"] for r in rows(history, "val")},
             "train": [round(r["reward"], 4) for r in rows(history, "train")]}
