@@ -133,6 +133,9 @@ def test_the_page_renders_every_view_and_a_new_step_appears_while_it_is_open(das
     for chart in ("loss", "kl", "grad", "tokens", "phases", "judge"):  # the judge's comes a moment later
         wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, f"#chart-{chart} canvas"))
     assert js(d, "return gw.charts.judge.u.data") == [[0, 2], [1, 1]]
+    # the trainer's curves of both runs on one step axis too (the second seed has no step 2: a gap)
+    labels, data = js(d, "const u = gw.charts.kl.u; return [u.series.map(s => s.label), u.data]")
+    assert labels == ["step", "2048/agent kl", "2048/agent-s1 kl"] and data == [[0, 1, 2], [0, 0.001, 0.002], [0, 0.001, None]]
     marker = wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, '#chart-reward .alert-marker[data-step="2"]'))[0]
     assert marker.get_attribute("data-name") == "identical_answers"
     assert "identical_answers" in d.find_element(By.ID, "alerts-list").text

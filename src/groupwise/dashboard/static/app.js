@@ -165,7 +165,16 @@ async function refreshCurves() {
                   ["spread", "reward spread within groups; zero-variance share", ["reward_std_within_group", "zero_variance_fraction"]]];
   for (const [id, title, keys] of groups) {
     const present = keys.filter(k => m[k]);
-    if (present.length) chart(id, title, present.map((k, i) => line(k, COLOURS[i])), [m.step, ...present.map(k => m[k])]);
+    if (!present.length) continue;
+    // the other ticked runs' same curves beside these (dashed), on the shared step axis
+    const pairs = present.map(k => [m.step, m[k]]);
+    const series = present.map((k, i) => line(multi ? `${ids[0]} ${k}` : k, COLOURS[i]));
+    all.slice(1).forEach((c, r) => present.forEach((k, i) => {
+      if (!c.metrics[k]) return;
+      pairs.push([c.metrics.step, c.metrics[k]]);
+      series.push(line(`${ids[r + 1]} ${k}`, COLOURS[(present.length + r * present.length + i) % COLOURS.length], { dash: [4, 3] }));
+    }));
+    chart(id, title + (multi ? " — runs on shared axes" : ""), series, align(pairs));
   }
   const ph = cv.phases;
   if (ph.step.length)
