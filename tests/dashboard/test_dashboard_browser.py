@@ -97,8 +97,23 @@ def shot(driver, name: str) -> None:
         driver.save_screenshot(str(Path(SHOTS) / f"dashboard-{name}.png"))
 
 
-def js(driver, code: str):
-    return driver.execute_script(code)
+def js(driver, code: str, *args):
+    return driver.execute_script(code, *args)
+
+
+# The page re-renders the runs table, a step's groups, the open trajectory and the chart markers on every
+# 2 s poll, so an element selenium found can be replaced before it is used: these read and click through
+# the DOM in one script call instead.
+def click(driver, css: str) -> None:
+    wait(driver, lambda d: js(d, "const e = document.querySelector(arguments[0]); if (e) e.click(); return !!e", css))
+
+
+def attrs(driver, css: str, name: str) -> list:
+    return js(driver, "return [...document.querySelectorAll(arguments[0])].map(e => e.getAttribute(arguments[1]))", css, name)
+
+
+def text(driver, css: str) -> str | None:
+    return js(driver, "const e = document.querySelector(arguments[0]); return e ? e.innerText : null", css)
 
 
 def test_the_page_renders_every_view_and_a_new_step_appears_while_it_is_open(dashboard, browser):
@@ -106,17 +121,16 @@ def test_the_page_renders_every_view_and_a_new_step_appears_while_it_is_open(das
     d = browser
     d.get(url)
     # runs: one row, training (its history was just written), latest step 2, its base and best validations
-    row = wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, 'tr.run-row[data-run="2048/agent"]'))[0]
-    assert row.get_attribute("data-state") == "training"
-    assert row.find_element(By.CSS_SELECTOR, ".latest-step").text == "2"
-    assert "training" in row.text and "[" in row.text  # a validation with its interval
-    assert len(d.find_elements(By.CSS_SELECTOR, "tr.run-row")) == 2
+    row = 'tr.run-row[data-run="2048/agent"]'
+    wait(d, lambda d: attrs(d, row, "data-state") == ["training"])
+    assert text(d, f"{row} .latest-step") == "2"
+    assert "training" in text(d, row) and "[" in text(d, row)  # a validation with its interval
+    assert len(attrs(d, "tr.run-row", "data-run")) == 2
     shot(d, "runs")
 
     # the second seed on the shared axes
-    d.find_element(By.CSS_SELECTOR, 'tr.run-row[data-run="2048/agent-s1"] input[type=checkbox]').click()
-    row = d.find_element(By.CSS_SELECTOR, 'tr.run-row[data-run="2048/agent"]')
-    row.click()
+    click(d, 'tr.run-row[data-run="2048/agent-s1"] input[type=checkbox]')
+    click(d, row)
     wait(d, lambda d: js(d, "return gw.charts.reward && gw.charts.val && gw.charts.reward.u.data[0].length") == 3)
     assert d.find_elements(By.CSS_SELECTOR, "#chart-reward canvas") and d.find_elements(By.CSS_SELECTOR, "#chart-val canvas")
     # the reward band is drawn between mean+std and mean-std, around the mean
@@ -136,8 +150,8 @@ def test_the_page_renders_every_view_and_a_new_step_appears_while_it_is_open(das
     # the trainer's curves of both runs on one step axis too (the second seed has no step 2: a gap)
     labels, data = js(d, "const u = gw.charts.kl.u; return [u.series.map(s => s.label), u.data]")
     assert labels == ["step", "2048/agent kl", "2048/agent-s1 kl"] and data == [[0, 1, 2], [0, 0.001, 0.002], [0, 0.001, None]]
-    marker = wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, '#chart-reward .alert-marker[data-step="2"]'))[0]
-    assert marker.get_attribute("data-name") == "identical_answers"
+    marker = '#chart-reward .alert-marker[data-step="2"]'
+    wait(d, lambda d: attrs(d, marker, "data-name") == ["identical_answers"])
     assert "identical_answers" in d.find_element(By.ID, "alerts-list").text
     shot(d, "curves")
 
@@ -146,21 +160,21 @@ def test_the_page_renders_every_view_and_a_new_step_appears_while_it_is_open(das
     wait(d, lambda d: js(d, "return gw.charts.reward.u.data[0]") == [0, 1, 2, 3], timeout=20)
 
     # the alert's marker opens its evidence: the group it names, at its step
-    marker = d.find_element(By.CSS_SELECTOR, '#chart-reward .alert-marker[data-step="2"]')
-    d.execute_script("arguments[0].click()", marker)
-    group = wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, '.group.highlight[data-group="1"]'))[0]
-    rewards = [float(c.get_attribute("data-reward")) for c in group.find_elements(By.CSS_SELECTOR, ".traj-card")]
-    assert len(rewards) == 4 and rewards == sorted(rewards, reverse=True)
+    click(d, marker)
+    cards = '.group.highlight[data-group="1"] .traj-card'
+    wait(d, lambda d: len(attrs(d, cards, "data-reward")) == 4)
+    rewards = [float(r) for r in attrs(d, cards, "data-reward")]
+    assert rewards == sorted(rewards, reverse=True)
     assert d.find_element(By.CSS_SELECTOR, "#filters select[name=step]").get_attribute("value") == "2"
-    group.find_elements(By.CSS_SELECTOR, ".traj-card")[0].click()
-    tokens = wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#trajectory .tok[data-loss]"))
-    assert [t.get_attribute("data-loss") for t in tokens] == ["forced"] + ["trained"] * 4 + ["forced"]
-    text = d.find_element(By.ID, "trajectory").text.lower()  # roles are upper-cased by the style
-    assert "make_move(" in text and "judge: trajectory 3 scored 0.41" in text and "result of call_2_1_3" in text
+    click(d, cards)
+    wait(d, lambda d: attrs(d, "#trajectory .tok[data-loss]", "data-loss"))
+    assert attrs(d, "#trajectory .tok[data-loss]", "data-loss") == ["forced"] + ["trained"] * 4 + ["forced"]
+    shown = text(d, "#trajectory").lower()  # roles are upper-cased by the style
+    assert "make_move(" in shown and "judge: trajectory 3 scored 0.41" in shown and "result of call_2_1_3" in shown
     shot(d, "rollouts")
-    d.find_element(By.CSS_SELECTOR, "#trajectory input[value=logprob]").click()  # coloured by logprob
+    click(d, "#trajectory input[value=logprob]")  # coloured by logprob
     wait(d, lambda d: all(js(d, "return [...document.querySelectorAll('#trajectory .tok[data-loss]')].map(t => t.style.background)")))
-    d.find_element(By.CSS_SELECTOR, "#trajectory input[value=advantage]").click()  # by advantage: the trained ones only
+    click(d, "#trajectory input[value=advantage]")  # by advantage: the trained ones only
     wait(d, lambda d: js(d, "return [...document.querySelectorAll('#trajectory .tok[data-loss]')].map(t => t.style.background !== '')")
          == [False] + [True] * 4 + [False])
 
@@ -188,12 +202,12 @@ def test_the_page_renders_every_view_and_a_new_step_appears_while_it_is_open(das
     assert "stopped at step 3 (max_steps)" in d.find_element(By.ID, "stop-line").text
     # the stop opens its evidence: the validation scenarios at step 0 against the best step it kept
     d.execute_script("document.getElementById('compare').replaceChildren()")  # the compare drawn before
-    d.execute_script("arguments[0].click()", d.find_element(By.CSS_SELECTOR, "#chart-reward .stop-marker"))
+    click(d, "#chart-reward .stop-marker")
     assert d.find_element(By.CSS_SELECTOR, "#compare-form input[name=b]").get_attribute("value") == "best"
     wait(d, lambda d: [th.text for th in d.find_elements(By.CSS_SELECTOR, "#compare th")] == ["scenario", "step 0", "step 2"])
     assert len(d.find_elements(By.CSS_SELECTOR, "#compare tr.cmp-row")) == 3
     d.find_element(By.CSS_SELECTOR, '#tabs button[data-view="runs"]').click()
-    wait(d, lambda d: d.find_element(By.CSS_SELECTOR, 'tr.run-row[data-run="2048/agent"]').get_attribute("data-state") == "stopped")
+    wait(d, lambda d: attrs(d, row, "data-state") == ["stopped"])
 
     errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
     assert errors == [], errors
