@@ -59,13 +59,16 @@ def trajectory(step: int, group: int, index: int, split: str = "train", n_tokens
     )
 
 
-def groups_at(step: int, n_groups: int, per_group: int, split: str = "train", n_tokens: int = 6) -> list[TrajectoryGroup]:
-    return [TrajectoryGroup([trajectory(step, g, i, split, n_tokens) for i in range(per_group)], metadata={"scenario_index": g})
+def groups_at(step: int, n_groups: int, per_group: int, split: str = "train", n_tokens: int = 6,
+              exception_group: int | None = None) -> list[TrajectoryGroup]:
+    """The groups of a step; `exception_group`'s has one more rollout, which raised (kept as data)."""
+    return [TrajectoryGroup([trajectory(step, g, i, split, n_tokens) for i in range(per_group)], metadata={"scenario_index": g},
+                            exceptions=[TimeoutError(f"rollout {per_group} of group {g} timed out")] if g == exception_group else [])
             for g in range(n_groups)]
 
 
 def write_step(store: RunStore, step: int, *, n_groups: int = 3, per_group: int = 4, val_every: int = 2,
-               alert_at: int | None = 2, n_tokens: int = 6) -> None:
+               alert_at: int | None = 2, n_tokens: int = 6, exception_group: int | None = None) -> None:
     """Step `step` as the loop writes it: validation of policy `step` (every `val_every`), then its
     train rollouts, their history row with the trainer's metrics, the loop's timing row, and an alert."""
     if step % val_every == 0:
@@ -79,7 +82,7 @@ def write_step(store: RunStore, step: int, *, n_groups: int = 3, per_group: int 
         store.append_history(row)
         if step == 0:
             store.append_history({**row, "split": "baseline", "name": "base", "kind": "base"})
-    train = groups_at(step, n_groups, per_group, n_tokens=n_tokens)
+    train = groups_at(step, n_groups, per_group, n_tokens=n_tokens, exception_group=exception_group)
     store.write_trajectories("train", step, train)
     store.append_history(history_row(train, step=step, split="train", metrics={
         "loss": 0.5 / (step + 1), "policy_loss": 0.4 / (step + 1), "kl": 0.001 * step, "grad_norm": 1.0 + 0.1 * step,

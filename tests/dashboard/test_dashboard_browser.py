@@ -47,7 +47,7 @@ def free_port() -> int:
 def dashboard(tmp_path):
     store = RunStore(tmp_path / "runs", "2048", "agent")
     for step in range(3):
-        write_step(store, step)
+        write_step(store, step, exception_group=1 if step == 2 else None)
     seed1 = RunStore(tmp_path / "runs", "2048", "agent-s1")  # a second seed, drawn beside it
     for step in range(2):
         write_step(seed1, step, n_groups=2)
@@ -165,6 +165,9 @@ def test_the_page_renders_every_view_and_a_new_step_appears_while_it_is_open(das
     wait(d, lambda d: len(attrs(d, cards, "data-reward")) == 4)
     rewards = [float(r) for r in attrs(d, cards, "data-reward")]
     assert rewards == sorted(rewards, reverse=True)
+    assert "1 exception(s)" in text(d, '.group.highlight[data-group="1"] .group-head')
+    assert js(d, "return document.querySelector('.group.highlight .group-exceptions').textContent").endswith(
+        "TimeoutError: rollout 4 of group 1 timed out")
     assert d.find_element(By.CSS_SELECTOR, "#filters select[name=step]").get_attribute("value") == "2"
     click(d, cards)
     wait(d, lambda d: attrs(d, "#trajectory .tok[data-loss]", "data-loss"))

@@ -231,6 +231,8 @@ async function refreshRollouts() {
     ...data.groups.map(g => el("div", { class: "group" + (g.group === R.group ? " highlight" : ""), "data-group": g.group },
       el("div", { class: "group-head" }, el("b", {}, `group ${g.group}`), ` · scenario ${g.scenario} · mean reward ${fmt(g.mean_reward)} · ${g.prompt}`,
         g.exceptions.length ? el("span", { class: "sev-critical" }, ` · ${g.exceptions.length} exception(s)`) : null),
+      g.exceptions.length ? el("details", { class: "group-exceptions" }, el("summary", {}, "the rollouts that raised (counted, not trained)"),
+        g.exceptions.join("\n")) : null,
       el("div", { class: "group-trajs" }, ...g.trajectories.map(t => trajCard(t))))));
   const hl = gdiv.querySelector(".group.highlight");
   if (hl && !R.scrolled) { hl.scrollIntoView({ block: "center" }); R.scrolled = true; }
