@@ -6,6 +6,7 @@ art_runner's seams), each through at least one training step on the tiny random 
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 
 import groupwise as gw
@@ -79,6 +80,16 @@ def enron_question(i: int) -> dict:
             "query_date": "2001-04-01"}
 
 
+async def train_one_step(base_model: str, path, trajectories: list) -> dict:
+    from groupwise.local import LocalBackend
+
+    with LocalBackend(path=str(path)) as backend:
+        model = gw.TrainableModel(name="retrain", project="email_agent", base_model=base_model)
+        await model.register(backend)
+        result = await backend.train(model, [gw.TrajectoryGroup(trajectories)], learning_rate=1e-3)
+    return result.metrics
+
+
 def test_art_e(art_model_dir, tmp_path, backup_bucket):
     """ART's email agent (ART-E): its own script builds the SQLite full-text email database from the
     hub data set, and its rollout samples through LiteLLM against the model's HTTP endpoint."""
@@ -122,6 +133,22 @@ def test_art_e(art_model_dir, tmp_path, backup_bucket):
     trajectories = [t for group in gw.load_trajectories(run, step=0, split="train") for t in group]
     assert len(trajectories) == 2
     assert all(isinstance(t.messages_and_choices[2], gw.types.Choice) for t in trajectories)
+    # LiteLLM 1.65 keeps a choice's logprobs but drops the server's `token_ids` field: the sampled ids
+    # come back through the logprob entries, named "token_id:<id>" (the server's default, as ART's vLLM)
+    for t in trajectories:
+        choice = t.messages_and_choices[2]
+        ids = gw.types.choice_token_ids(choice)
+        assert ids and [e.token for e in choice.logprobs.content] == [f"token_id:{i}" for i in ids]
+    # The program's own step has no signal: a random model never writes a tool call, so every rollout
+    # earns the same reward (bad_tool_call_args, -1.7). The same stored turns with distinct rewards
+    # train on every sampled token, so a model that calls tools learns from ART-E's rollouts
+    assert [t.reward for t in trajectories] == [-1.7, -1.7]
+    sampled = sum(len(gw.types.choice_token_ids(c)) for t in trajectories for c in t.choices())
+    for i, t in enumerate(trajectories):
+        t.reward = float(i)
+    metrics = asyncio.run(train_one_step(art_model_dir, tmp_path / "retrain", trajectories))
+    assert metrics["skipped"] == 0.0 and metrics["sequences"] == 2
+    assert metrics["trainable_tokens"] + metrics["forced_tokens"] == sampled > 0
     # pushed to the backup bucket after training, as ART lays it out
     assert (backup_bucket / "email_agent" / "models" / "email-agent-002").is_dir()
 

@@ -200,3 +200,28 @@ async def test_streaming_with_stop_and_n_matches_plain(client):
             finishes[c.index] = c.finish_reason or finishes[c.index]
     assert texts == [c.message.content for c in plain.choices]  # the stop string never leaks out
     assert finishes == [c.finish_reason for c in plain.choices] and finishes[0] == "stop"
+
+
+async def test_tokens_as_token_ids_by_default_as_arts_vllm_and_text_on_request(client, tiny):
+    """Each logprob entry names its token "token_id:<id>" unless the request turns vLLM's
+    `return_tokens_as_token_ids` off: a client layer that keeps logprobs but drops the `token_ids` field
+    (LiteLLM 1.65) still hands the trainer the sampled ids."""
+    _, tok = tiny
+    kwargs = dict(model="agent@0", messages=USER, max_tokens=8, seed=3, top_logprobs=2)
+    by_id = (await client.chat.completions.create(**kwargs)).choices[0]
+    ids = by_id.model_extra["token_ids"]
+    assert [e.token for e in by_id.logprobs.content] == [f"token_id:{i}" for i in ids]
+    assert all(t.token.startswith("token_id:") for e in by_id.logprobs.content for t in e.top_logprobs)
+    # the text stays in each entry's bytes
+    assert [bytes(e.bytes).decode() for e in by_id.logprobs.content] == [tok.decode([i]) for i in ids]
+    # the ids are recovered from the logprobs alone, as after LiteLLM's conversion
+    without_field = by_id.model_copy()
+    without_field.__pydantic_extra__ = {}
+    assert choice_token_ids(without_field) == ids
+    as_text = (await client.chat.completions.create(
+        **kwargs, extra_body={"return_tokens_as_token_ids": False})).choices[0]
+    assert as_text.model_extra["token_ids"] == ids  # the same seed samples the same tokens
+    assert [e.token for e in as_text.logprobs.content] == [tok.decode([i]) for i in ids]
+    assert choice_token_ids(as_text) == ids
+    done = await client.completions.create(model="tiny", prompt="Once", max_tokens=4, temperature=0)
+    assert done.choices[0].logprobs.tokens == [f"token_id:{i}" for i in done.choices[0].model_extra["token_ids"]]

@@ -257,7 +257,11 @@ def tokens(item: Choice, advantage: float | None) -> list[dict[str, Any]] | None
     if ids is None:
         return None
     lps = choice_logprobs(item) or []
-    texts = [e.token for e in item.logprobs.content] if item.logprobs is not None and item.logprobs.content else []
+    entries = item.logprobs.content if item.logprobs is not None and item.logprobs.content else []
+    # a server returning tokens as ids ("token_id:<id>", vLLM's return_tokens_as_token_ids) keeps the
+    # text in the entry's bytes
+    texts = [bytes(e.bytes).decode("utf-8", errors="replace") if e.token.startswith("token_id:") and e.bytes
+             else e.token for e in entries]
     forced = set(choice_forced_indices(item))
     out = []
     for i, tid in enumerate(ids):

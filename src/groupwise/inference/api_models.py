@@ -22,10 +22,11 @@ from groupwise.inference.request_limits import MAX_MODEL_NAME_CHARS, MAX_TOOLS, 
 from groupwise.inference.requests import GenerationRequest
 from groupwise.inference.sampling import SEED_MAX, SEED_MIN, SamplingParams
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "Message", "Tool", "describe_validation_error",
+__all__ = ["DEFAULT_RETURN_TOKENS_AS_TOKEN_IDS", "ChatCompletionRequest", "CompletionRequest", "Message", "Tool", "describe_validation_error",
            "limits_context"]
 
 MAX_STOP = 8
+DEFAULT_RETURN_TOKENS_AS_TOKEN_IDS = True
 
 
 class _Strict(BaseModel):
@@ -178,6 +179,8 @@ class _Sampling(_Strict):
     repetition_penalty: float | None = Field(None, gt=0.0)
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    # vLLM's: write each logprob entry's token as "token_id:<id>" (None: this server's default, on)
+    return_tokens_as_token_ids: bool | None = None
 
     @field_validator("stop")
     @classmethod
@@ -186,6 +189,16 @@ class _Sampling(_Strict):
         if len(stops) > MAX_STOP or not all(stops):
             raise ValueError(f"stop must be a non-empty string or a list of at most {MAX_STOP} of them")
         return stops
+
+    @property
+    def tokens_as_ids(self) -> bool:
+        """Whether logprob entries name their token by id (``"token_id:<id>"``). On unless the request
+        says no, as on ART's vLLM server: a client layer that keeps a choice's logprobs but drops the
+        fields it does not know (LiteLLM 1.65 keeps no ``token_ids``) still hands the trainer the
+        sampled ids (`groupwise.types.choice_token_ids` reads them back), where re-tokenizing the text
+        would not always give the tokens sampled."""
+        return DEFAULT_RETURN_TOKENS_AS_TOKEN_IDS if self.return_tokens_as_token_ids is None \
+            else self.return_tokens_as_token_ids
 
     def generation_request(self, prompt_ids: list[int], *, max_new_tokens: int | None, top_logprobs: int,
                            adapter: str | None, constraint: Any) -> GenerationRequest:

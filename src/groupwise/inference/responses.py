@@ -13,16 +13,23 @@ from groupwise.chat.tool_calls import parse_tool_calls
 __all__ = ["chat_response", "completion_response", "token_entries", "usage"]
 
 
-def token_entries(tokenizer: Any, ids: list[int], logprobs: list[float], tops: list) -> list[dict]:
-    """``logprobs.content`` of a chat choice: each sampled token, its logprob and alternatives."""
+def token_entries(tokenizer: Any, ids: list[int], logprobs: list[float], tops: list, as_ids: bool) -> list[dict]:
+    """``logprobs.content`` of a chat choice: each sampled token, its logprob and alternatives. With
+    `as_ids` (vLLM's ``return_tokens_as_token_ids``) a token is named ``"token_id:<id>"``; its
+    ``bytes`` stay its text's, so the text is still there for a reader that shows it."""
     texts = tokenizer.batch_decode([[i] for i in ids])
+
+    def name(token_id: int, text: str) -> str:
+        return f"token_id:{token_id}" if as_ids else text
+
     out = []
-    for j, (t, lp) in enumerate(zip(texts, logprobs)):
+    for j, (tid, t, lp) in enumerate(zip(ids, texts, logprobs)):
         top = []
         if tops:
             alt_texts = tokenizer.batch_decode([[i] for i, _ in tops[j]])
-            top = [{"token": s, "logprob": v, "bytes": list(s.encode())} for s, (_, v) in zip(alt_texts, tops[j])]
-        out.append({"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": top})
+            top = [{"token": name(i, s), "logprob": v, "bytes": list(s.encode())}
+                   for s, (i, v) in zip(alt_texts, tops[j])]
+        out.append({"token": name(tid, t), "logprob": lp, "bytes": list(t.encode()), "top_logprobs": top})
     return out
 
 
@@ -45,7 +52,8 @@ def usage(result: GenerationResult) -> dict[str, int]:
             "total_tokens": result.prompt_tokens + completion_tokens}
 
 
-def chat_response(tokenizer: Any, result: GenerationResult, header: dict[str, Any], parse_tools: bool) -> dict:
+def chat_response(tokenizer: Any, result: GenerationResult, header: dict[str, Any], parse_tools: bool,
+                  tokens_as_ids: bool) -> dict:
     choices = []
     for c in result.completions:
         content, calls = parse_tool_calls(c.text) if parse_tools else (c.text, None)
@@ -56,7 +64,8 @@ def chat_response(tokenizer: Any, result: GenerationResult, header: dict[str, An
             "index": c.index,
             "message": message,
             "finish_reason": "tool_calls" if calls and c.finish_reason == "stop" else c.finish_reason,
-            "logprobs": {"content": token_entries(tokenizer, c.token_ids, c.logprobs, c.top_logprobs)},
+            "logprobs": {"content": token_entries(tokenizer, c.token_ids, c.logprobs, c.top_logprobs,
+                                                        tokens_as_ids)},
             "token_ids": c.token_ids,
             "forced_token_indices": c.forced_indices,
             **policy_versions(c),
@@ -64,7 +73,7 @@ def chat_response(tokenizer: Any, result: GenerationResult, header: dict[str, An
     return {**header, "object": "chat.completion", "choices": choices, "usage": usage(result)}
 
 
-def completion_response(tokenizer: Any, result: GenerationResult, served_as: str) -> dict:
+def completion_response(tokenizer: Any, result: GenerationResult, served_as: str, tokens_as_ids: bool) -> dict:
     choices = []
     for c in result.completions:
         texts = tokenizer.batch_decode([[i] for i in c.token_ids])
@@ -75,9 +84,11 @@ def completion_response(tokenizer: Any, result: GenerationResult, served_as: str
         choices.append({
             "index": c.index, "text": c.text, "finish_reason": c.finish_reason, "token_ids": c.token_ids,
             "forced_token_indices": c.forced_indices, **policy_versions(c),
-            "logprobs": {"tokens": texts, "token_logprobs": c.logprobs, "text_offset": offsets,
+            "logprobs": {"tokens": [f"token_id:{i}" for i in c.token_ids] if tokens_as_ids else texts,
+                         "token_logprobs": c.logprobs, "text_offset": offsets,
                          "top_logprobs": [
-                             {tokenizer.decode([i]): v for i, v in top} for top in c.top_logprobs
+                             {(f"token_id:{i}" if tokens_as_ids else tokenizer.decode([i])): v for i, v in top}
+                             for top in c.top_logprobs
                          ] if c.top_logprobs else None},
         })
     return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),

@@ -377,10 +377,11 @@ async def chat_completions(request: Request, body: ChatCompletionRequest = Depen
             queue.put_nowait, (index, token, logprob))
         # submitted before the stream starts: a bad request is a 400, not an in-band error
         future = submit(state, req, "messages")
-        return EngineStream(stream_chat(state.tokenizer, future, queue, req, header, parse_tools, include_usage),
+        return EngineStream(stream_chat(state.tokenizer, future, queue, req, header, parse_tools, include_usage,
+                                        body.tokens_as_ids),
                             future)
     result = await result_of(request, submit(state, req, "messages"))
-    return chat_response(state.tokenizer, result, header, parse_tools)
+    return chat_response(state.tokenizer, result, header, parse_tools, body.tokens_as_ids)
 
 
 async def prepare(state: ServerState, tools: list[dict] | None, tool_choice: Any,
@@ -447,7 +448,7 @@ async def completions(request: Request, body: CompletionRequest = Depends(parsed
                                   adapter=target.adapter, constraint=constraint)
     req.follow = target.follow
     result = await result_of(request, submit(state, req, "prompt"))
-    return completion_response(state.tokenizer, result, target.served_as)
+    return completion_response(state.tokenizer, result, target.served_as, body.tokens_as_ids)
 
 
 def _render_completion(tokenizer: Any, prompt: str | list[int]) -> list[int]:

@@ -45,7 +45,8 @@ def _event(payload: dict[str, Any]) -> str:
 
 
 async def stream_chat(tokenizer: Any, future: concurrent.futures.Future, queue: asyncio.Queue, req: GenerationRequest,
-                      header: dict[str, Any], parse_tools: bool, include_usage: bool) -> AsyncIterator[str]:
+                      header: dict[str, Any], parse_tools: bool, include_usage: bool,
+                      tokens_as_ids: bool) -> AsyncIterator[str]:
     """SSE chunks: a role delta, text deltas with their logprobs and token ids, a finish chunk (with
     each choice's ``forced_token_indices``).
 
@@ -86,7 +87,7 @@ async def stream_chat(tokenizer: Any, future: concurrent.futures.Future, queue: 
                 if safe > sent[index]:
                     delta["content"] = text[sent[index]:safe]
                     sent[index] = safe
-            entry = token_entries(tokenizer, [token], [logprob], [])
+            entry = token_entries(tokenizer, [token], [logprob], [], tokens_as_ids)
             yield chunk([{"index": index, "delta": delta, "logprobs": {"content": entry},
                           "token_ids": [token], "finish_reason": None}])
         result = await task

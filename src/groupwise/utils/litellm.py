@@ -5,7 +5,9 @@ appends the `openai` `Choice` this returns, as ART's email agent does.
 Beyond ART's conversion (message, tool calls, logprobs), the sampled token ids that groupwise's server
 returns with every choice are carried over: LiteLLM keeps a choice's fields it does not know in
 `provider_specific_fields`, and without the ids the turn would be context only, never trained (the
-tokens a text re-rendering gives are not always the tokens sampled). LiteLLM itself is not imported:
+tokens a text re-rendering gives are not always the tokens sampled). LiteLLM versions that drop that
+field (1.65) keep the logprobs, whose tokens the server names by id (``"token_id:<id>"``, vLLM's
+``return_tokens_as_token_ids``, on by default), so the ids survive there. LiteLLM itself is not imported:
 the choice is read by its attributes, so this module costs nothing to import.
 """
 
