@@ -45,6 +45,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, overload
 
+from groupwise.curves import AlertRecord, Point, baseline_points, points_of
 from groupwise.errors import CorruptRecordError, GroupwiseWarning, StoreError
 
 try:  # POSIX only; on other platforms appends rely on O_APPEND alone.
@@ -216,8 +217,9 @@ class RunHistory(Sequence[Row]):
 
     A `Sequence` of row dicts in written order (what `load_history` returns), so every reader of a
     history list (`groupwise.loop.series`, the detectors, the stopping rules) reads it as it is; plus
-    `rows` and `events`, which answer from an index by split instead of a scan. Rows are shared, not
-    copied: readers must not modify them. Thread-safe.
+    `rows` and `events`, which answer from an index by split instead of a scan, and the typed views
+    (`groupwise.curves`): `train_curve`, `validations` (with their intervals), `alerts`, `baselines`.
+    Rows are shared, not copied: readers must not modify them. Thread-safe.
 
     Obtain it with ``RunHistory.of(run_dir)`` (or ``store.run_history``): one per folder per process."""
 
@@ -330,6 +332,27 @@ class RunHistory(Sequence[Row]):
         """The rows of `split`, one per step (the last written wins), by step."""
         by_step = {r["step"]: r for r in self.events(split) if isinstance(r.get("step"), int)}
         return [by_step[s] for s in sorted(by_step)]
+
+    # -- typed views (groupwise.curves) --------------------------------------------------------------
+    def curve(self, split: str, key: str, *, up_to: int | None = None, confidence: float = 0.95) -> list[Point]:
+        """`key` of `split` by step, each point with its confidence interval where known."""
+        return points_of(self.rows(split), split, key, up_to=up_to, confidence=confidence)
+
+    def train_curve(self, key: str = "reward", *, up_to: int | None = None, confidence: float = 0.95) -> list[Point]:
+        """The train rows' `key` by step (the mean reward with its interval from its spread and count)."""
+        return self.curve("train", key, up_to=up_to, confidence=confidence)
+
+    def validations(self, metric: str, *, up_to: int | None = None) -> list[Point]:
+        """Every validation's `metric` by step, with the interval it was logged with."""
+        return self.curve("val", metric, up_to=up_to)
+
+    def alerts(self) -> list[AlertRecord]:
+        """Every alert, in the order raised."""
+        return [AlertRecord.from_row(r) for r in self.events("alert")]
+
+    def baselines(self, metric: str) -> dict[str, Point]:
+        """{baseline name: its validation `metric` with its interval}."""
+        return baseline_points(self.events("baseline"), metric)
 
     def has(self, row: Row) -> bool:
         """Whether a row with `row`'s key (`history_key`) is there."""

@@ -87,3 +87,30 @@ async def test_async_writes_happen_on_the_writer_thread_in_order(tmp_path, monke
     assert threads and all(name.startswith("groupwise-history") for name in threads)  # never the event loop
     assert [r["step"] for r in load_history(history.run_dir)] == list(range(50))  # the order they entered memory
     assert await history.write({"step": 3, "split": "train"}, if_missing=True) is False
+
+
+def test_the_typed_views_read_what_the_series_readers_read(tmp_path):
+    from groupwise.curves import AlertRecord, Point
+    from groupwise.loop.series import events, points
+    from groupwise.loop.stopping import baseline_values
+
+    store = RunStore(tmp_path, "p", "m")
+    for step, reward in enumerate([0.1, 0.3, 0.2]):
+        store.append_history({"step": step, "split": "train", "reward": reward, "reward_std": 0.2, "n_trajectories": 16})
+    store.append_history({"step": 0, "split": "val", "accuracy": 0.5, "accuracy_lo": 0.3, "accuracy_hi": 0.7})
+    store.append_history({"step": 2, "split": "val", "accuracy": 0.75})
+    store.append_history({"step": 0, "split": "baseline", "name": "m@0", "kind": "base", "accuracy": 0.5,
+                          "accuracy_lo": 0.3, "accuracy_hi": 0.7})
+    store.append_history({"step": 2, "split": "alert", "name": "val_drop", "severity": "critical", "message": "fell",
+                          "action": "stop", "evidence": {"drop": 0.2}})
+    history, rows = store.run_history, load_history(store.run_dir)
+    train = history.train_curve()
+    assert train == points(rows, "train", "reward")
+    half = 1.959964 * 0.2 / 4  # z(0.95) x std / sqrt(n)
+    assert train[1].step == 1 and train[1].value == 0.3 and train[1].lo == pytest.approx(0.3 - half, abs=1e-6)
+    assert history.validations("accuracy") == [Point(0, 0.5, 0.3, 0.7), Point(2, 0.75)]
+    assert history.validations("accuracy", up_to=1) == points(rows, "val", "accuracy", up_to=1)
+    assert history.baselines("accuracy") == {"m@0": Point(0, 0.5, 0.3, 0.7)}
+    assert baseline_values(history, "accuracy") == baseline_values(rows, "accuracy") == {"m@0": 0.5}
+    assert history.alerts() == [AlertRecord(2, "val_drop", "critical", "fell", "stop", {"drop": 0.2})]
+    assert [AlertRecord.from_row(r) for r in events(rows, "alert")] == history.alerts()

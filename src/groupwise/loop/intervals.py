@@ -19,7 +19,8 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
+
+from groupwise.curves import z_score
 
 __all__ = ["Interval", "bootstrap_mean", "combined_noise", "mean_interval", "wilson", "z_score"]
 
@@ -38,11 +39,6 @@ class Interval:
 
     def __str__(self) -> str:
         return f"{self.mean:.3f} [{self.lo:.3f}, {self.hi:.3f}]"
-
-
-def z_score(confidence: float) -> float:
-    """The two-sided normal quantile of `confidence` (1.96 for 0.95)."""
-    return NormalDist().inv_cdf(0.5 + confidence / 2)
 
 
 def wilson(successes: float, n: int, confidence: float = 0.95) -> tuple[float, float]:

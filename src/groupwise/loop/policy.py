@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from groupwise.curves import AlertRecord
 from groupwise.loop.detectors import Alert, reward_change
 from groupwise.loop.series import Row, events, points
 from groupwise.loop.stopping import StopDecision, last_improvement, significant_gap
@@ -92,22 +93,23 @@ def stop_reason_once(decision: StopDecision) -> str:
 def pending_stop(history: list[Row], step: int, config: "LoopConfig") -> StopDecision:
     """Stop once a recorded 'stop_soon' alert is `stop_soon_steps` old and validation has not improved
     since it was raised (an improvement cancels it)."""
-    soon = [r for r in events(history, "alert") if r.get("action") == "stop_soon" and r["step"] <= step]
+    alerts = [AlertRecord.from_row(r) for r in events(history, "alert")]
+    soon = [a for a in alerts if a.action == "stop_soon" and a.step <= step]
     if not soon:
         return StopDecision(False, step=step)
     val = points(history, "val", config.metric, up_to=step)
     improved_at = last_improvement(val, config.min_delta, config.higher_is_better)[0] if val else -1
-    live = [r for r in soon if r["step"] >= improved_at]
+    live = [a for a in soon if a.step >= improved_at]
     if not live:
         return StopDecision(False, step=step)
-    first = min(live, key=lambda r: r["step"])
-    if step - first["step"] < config.stop_soon_steps:
+    first = min(live, key=lambda a: a.step)
+    if step - first.step < config.stop_soon_steps:
         return StopDecision(False, step=step)
     return StopDecision(
-        True, f"alert:{first['name']}",
-        f"{first['name']} at step {first['step']} asked to stop soon and validation has not improved in "
-        f"the {step - first['step']} steps since: {first.get('message', '')}",
-        step, {"alert": first["name"], "raised_at": first["step"]},
+        True, f"alert:{first.name}",
+        f"{first.name} at step {first.step} asked to stop soon and validation has not improved in "
+        f"the {step - first.step} steps since: {first.message}",
+        step, {"alert": first.name, "raised_at": first.step},
     )
 
 

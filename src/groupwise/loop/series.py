@@ -22,23 +22,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
+from groupwise.curves import Point, interval, points_of, value
 from groupwise.history import RunHistory
-from groupwise.loop.intervals import z_score
+
+__all__ = ["Point", "Row", "events", "interval", "latest_step", "mean", "points", "rows", "series", "std", "value"]
 
 Row = dict[str, Any]
-
-
-def value(row: Row, split: str, key: str) -> float | None:
-    """``row[split/key]`` or ``row[key]`` as a finite float, else None."""
-    for k in (f"{split}/{key}", key):
-        v = row.get(k)
-        if isinstance(v, bool):
-            v = float(v)
-        if isinstance(v, (int, float)) and math.isfinite(v):
-            return float(v)
-    return None
 
 
 def rows(history: Iterable[Row], split: str) -> list[Row]:
@@ -64,50 +55,10 @@ def series(history: Iterable[Row], split: str, key: str, *, up_to: int | None = 
     return out
 
 
-class Point(NamedTuple):
-    """One measurement of a curve: its step, its value, and its confidence interval where known."""
-
-    step: int
-    value: float
-    lo: float | None = None
-    hi: float | None = None
-
-    @property
-    def below(self) -> float | None:
-        """How far the interval reaches below the value (None without an interval)."""
-        return None if self.lo is None else max(0.0, self.value - self.lo)
-
-    @property
-    def above(self) -> float | None:
-        """How far the interval reaches above the value (None without an interval)."""
-        return None if self.hi is None else max(0.0, self.hi - self.value)
-
-
-def interval(row: Row, split: str, key: str) -> tuple[float, float] | None:
-    """``(row[key_lo], row[key_hi])`` where the row carries the interval of `key`, else None."""
-    lo, hi = value(row, split, f"{key}_lo"), value(row, split, f"{key}_hi")
-    return None if lo is None or hi is None else (lo, hi)
-
-
 def points(history: Iterable[Row], split: str, key: str, *, up_to: int | None = None,
            confidence: float = 0.95) -> list[Point]:
-    """Like `series`, with each point's interval: the row's ``<key>_lo/_hi`` when logged; for the mean
-    train reward, mean +- z x reward_std / sqrt(n_trajectories) when the row has both."""
-    out = []
-    for row in rows(history, split):
-        if up_to is not None and row["step"] > up_to:
-            continue
-        v = value(row, split, key)
-        if v is None:
-            continue
-        bounds = interval(row, split, key)
-        if bounds is None and key == "reward":
-            sd, n = value(row, split, "reward_std"), value(row, split, "n_trajectories")
-            if sd is not None and n:
-                half = z_score(confidence) * sd / math.sqrt(n)
-                bounds = (v - half, v + half)
-        out.append(Point(row["step"], v, *(bounds or (None, None))))
-    return out
+    """Like `series`, with each point's interval (`groupwise.curves.points_of`)."""
+    return points_of(rows(history, split), split, key, up_to=up_to, confidence=confidence)
 
 
 def events(history: Iterable[Row], split: str) -> list[Row]:

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from groupwise.learning_signal import ZERO_VARIANCE_TOL
 from groupwise.loop.intervals import combined_noise
-from groupwise.loop.series import Point, Row, events, interval, points, value
+from groupwise.curves import baseline_points
+from groupwise.loop.series import Point, Row, events, points
 
 if TYPE_CHECKING:
     from groupwise.config import LoopConfig
@@ -134,21 +135,7 @@ def target_reached(
 
 def baseline_values(history: list[Row], metric: str) -> dict[str, float]:
     """{baseline name: its validation metric} from the history's baseline rows."""
-    out: dict[str, float] = {}
-    for row in events(history, "baseline"):
-        v = value(row, "val", metric)
-        if v is not None:
-            out[str(row.get("name"))] = v
-    return out
-
-
-def _baseline_points(history: list[Row], metric: str) -> dict[str, Point]:
-    out: dict[str, Point] = {}
-    for row in events(history, "baseline"):
-        v = value(row, "val", metric)
-        if v is not None:
-            out[str(row.get("name"))] = Point(0, v, *(interval(row, "val", metric) or (None, None)))
-    return out
+    return {name: p.value for name, p in baseline_points(events(history, "baseline"), metric).items()}
 
 
 def baseline_beaten(
@@ -162,7 +149,7 @@ def baseline_beaten(
     """
     if margin is None:
         return StopDecision(False, step=step)
-    base = _baseline_points(history, metric) if baselines is None else {k: Point(0, v) for k, v in baselines.items()}
+    base = baseline_points(events(history, "baseline"), metric) if baselines is None else {k: Point(0, v) for k, v in baselines.items()}
     curve = points(history, "val", metric, up_to=step)
     if not base or not curve:
         return StopDecision(False, step=step)
