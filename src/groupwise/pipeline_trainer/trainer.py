@@ -348,7 +348,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
         folder = self.model.store.checkpoints_dir
         metrics: dict[int, dict[str, float]] = {}
-        for row in self.model.store.history(skip_corrupt=True):
+        for row in self.model.store.run_history:  # in memory: no reparse of history.jsonl per step
             for key, value in row.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
                     metrics.setdefault(int(row["step"]), {})[f"{row.get('split')}/{key}"] = float(value)
