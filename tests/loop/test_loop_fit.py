@@ -130,6 +130,9 @@ def test_killed_run_resumes_at_the_same_step_and_data_position(tmp_path):
     # 2. resume it here; 3. an uninterrupted run for reference
     import asyncio
 
+    from groupwise.history import RunHistory
+
+    memory = RunHistory.of(crashed / "loop" / "scripted")  # the resumed run's, held to look at after it
     summary, _ = asyncio.run(run_scripted(str(crashed), log_path=log_crash))
     assert summary.start_step == 3 and summary.final_step == 6
     asyncio.run(run_scripted(str(clean), log_path=log_clean))
@@ -144,6 +147,7 @@ def test_killed_run_resumes_at_the_same_step_and_data_position(tmp_path):
     assert [r["step"] for r in rows(h, "train")] == [0, 1, 2, 3, 4, 5]
     assert [r["step"] for r in rows(h, "val")] == [0, 2, 4, 6]
     assert len(events(h, "baseline")) == 1  # the base is not scored twice
+    assert memory.snapshot() == h and memory.loads == 1  # read once at the resume, then kept equal to the file
 
 
 async def test_hybrid_run_judges_val_groups_and_flags_a_judge_that_disagrees_with_ground_truth(tmp_path):
