@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -278,6 +279,19 @@ def test_the_command_refuses_a_public_address_without_a_key_and_a_file_for_a_fol
     (tmp_path / "history.jsonl").write_text("")
     assert main(["dashboard", str(tmp_path / "history.jsonl")]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_refused_before_the_address_is_printed(tmp_path, capsys):
+    from groupwise.dashboard.app import serve_dashboard
+    from groupwise.errors import ConfigError
+
+    with socket.socket() as taken:  # another dashboard left running holds the port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"cannot serve on 127.0.0.1:{port}.*--port {port + 1}"):
+            serve_dashboard(str(tmp_path), host="127.0.0.1", port=port, api_key=None)
+    assert capsys.readouterr().out == ""
 
 
 def test_before_the_first_run_the_folder_lists_nothing_then_the_run_as_soon_as_it_takes_its_lock(tmp_path):

@@ -12,6 +12,7 @@ address and sends it). The static files carry no run data and are served without
 from __future__ import annotations
 
 import hmac
+import socket
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -133,11 +134,31 @@ def _json_error(status: int, message: str) -> Response:
     return Response(rs.dumps({"detail": message}), status_code=status, media_type="application/json")
 
 
+def port_problem(host: str, port: int) -> str | None:
+    """Why the page cannot be served at host:port, checked before anything is printed: uvicorn would
+    print the address as served, then fail to bind and exit, which reads like a dashboard that runs
+    (most often a dashboard left running in another terminal holds the port)."""
+    if port == 0:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return (f"cannot serve on {host}:{port} ({exc.strerror}); another program holds the port (a dashboard "
+                    f"still running in another terminal?): stop it, or pass --port {port + 1}")
+    return None
+
+
 def serve_dashboard(path: str, *, host: str, port: int, api_key: str | None) -> None:
     """Serve the page over the runs under `path` with uvicorn until stopped (the dashboard job checks the
     settings first: off loopback it requires `api_key`)."""
     import uvicorn
 
+    problem = port_problem(host, port)
+    if problem:
+        raise ConfigError([problem], what="dashboard address")
     app = create_app(path, api_key=api_key)
     key = f"#key={api_key}" if api_key else ""
     print(f"groupwise dashboard: {Path(path).resolve()} on http://{host}:{port}/{key}", flush=True)
