@@ -9,8 +9,10 @@ best checkpoint (by validation) is kept, served, and evaluated on the test split
 The tiny Llama's final norm is scaled x10 so its next-token distribution is peaked (entropy ~7 nats
 instead of ~10.8, i.e. near uniform over 49k tokens): a random model's logits are so flat that GRPO
 has no competing alternatives to learn from in a few steps (measured: no learning at lr 1e-2..2e-1).
-Requests carry seeds and the engine is batch-invariant (engine.py), so every run on a machine is the
-same run: which rollouts the engine happened to batch together changes no logprob, hence no update.
+Requests carry seeds and the engine is batch-invariant (engine.py): which rollouts the engine happened
+to batch together changes no logprob, hence no update, so two runs in one process are one run
+(test_loop_reproducible.py). Not promised across processes on a loaded machine: 20 runs of this test
+started at once on 16 cores agreed for two steps, then their train rewards parted (cause not found).
 
 Measured on CPU (lr 1e-2, 4 groups x 16 rollouts): train reward 0.10 -> 0.30 by step 2, validation
 (one-line answers) 0.72 (base) -> 0.44-0.50 (step 2). Before the engine was batch-invariant, runs

@@ -9,7 +9,8 @@ trainer needs it; the trainer waits only for what the pipeline could not hide (`
 
 Why a fixed schedule rather than "whichever policy is newest when a rollout starts" (ART's
 PipelineTrainer): the policy of each batch is a function of the step, not of timing. A run is then
-reproducible like a synchronous one (with seeded rollouts and the batch-invariant engine, bitwise), and a
+reproducible like a synchronous one (with seeded rollouts and the batch-invariant engine, bitwise in one
+process: LoopConfig.seed_rollouts says what holds across processes), and a
 run resumed after kill -9 gathers again exactly the batches an uninterrupted run had in flight: the
 policies they need are held by the backend (`Backend.hold_steps`: retention keeps their checkpoints and
 keeps serving them) until no batch samples them any more.
