@@ -13,7 +13,8 @@ What a run changes, and nothing else:
   stood in for by local ones with the same interface: a Hugging Face hub data set by the `datasets`
   stand-in in `seams/` (the test registers shrunk rows in the hub's columns), an HTTP service whose
   URL the program reads from an environment variable (ART's Modal-hosted reward model) by a local
-  HTTP server answering the same JSON.
+  HTTP server answering the same JSON, a hosted model an `openai` client is pointed at (o4-mini at
+  api.openai.com) by a groupwise server of the tiny model under the hosted model's name.
 
 Scripts run as `python path/to/script.py` does (`__main__`, their folder on sys.path) from the root of
 a copy of ART's repository; notebooks run their code cells in order in one event loop with top-level
@@ -78,6 +79,9 @@ class Program:
     package: str | None = None
     # module -> seam standing in for it: an ART module of an external service (e.g. Tinker's backend)
     modules: dict[str, str] = field(default_factory=dict)
+    # base URL an `openai` client is given (a hosted model, e.g. o4-mini at api.openai.com) -> the
+    # local OpenAI-compatible endpoint standing in for it
+    endpoints: dict[str, str] = field(default_factory=dict)
     # a program that fails in ART as well, before or at its first step: (exception class, message part)
     fails_in_art: tuple[str, str] | None = None
     # a program that fails here by a deliberate difference (docs/porting-from-art.md says which)
@@ -188,6 +192,25 @@ def _serve_json(handler: Callable[[dict], dict]) -> tuple[str, Callable[[], None
     return f"http://127.0.0.1:{server.server_address[1]}/score", stop
 
 
+def _redirect_endpoints(endpoints: dict[str, str]) -> list[Callable[[], None]]:
+    """`openai` clients built for a hosted endpoint reach its local stand-in instead."""
+    import openai
+
+    undo = []
+    for cls in (openai.OpenAI, openai.AsyncOpenAI) if endpoints else ():
+        original = cls.__init__
+
+        def init(self, *args, _original=original, **kwargs):
+            url = str(kwargs.get("base_url") or "").rstrip("/")
+            if url in endpoints:
+                kwargs["base_url"] = endpoints[url]
+            _original(self, *args, **kwargs)
+
+        cls.__init__ = init
+        undo.append(lambda cls=cls, original=original: setattr(cls, "__init__", original))
+    return undo
+
+
 def run_program(program: Program, root: Path, tiny_model_dir: str) -> None:
     """Runs one ART program in root (a fresh folder) on the tiny model."""
     from groupwise.backend.local import LocalBackend
@@ -224,6 +247,7 @@ def run_program(program: Program, root: Path, tiny_model_dir: str) -> None:
             datasets.HUB.update(program.hub)
         for name, seam in program.modules.items():
             sys.modules[name] = importlib.import_module(seam)
+        stops.extend(_redirect_endpoints(program.endpoints))
         if program.notebook:
             asyncio.run(_run_cells(_cells(entry.read_text(), program.skip_cells), str(entry)))
         elif program.package:

@@ -154,16 +154,6 @@ PROGRAMS = {
         # trained models' rollouts parse the answer with int(), which a random model's text is not
         fails_in_art=("GatherError", "invalid literal for int()"),
     ),
-    **{f"self_play/{entry}": Program(
-        f"examples/tic_tac_toe_self_play/{entry}",
-        helpers=tuple(f"examples/tic_tac_toe_self_play/{f}" for f in
-                      ("rollout.py", "game_utils.py", "gather_trajectory_groups_by_index.py")),
-        base_models=("meta-llama/Meta-Llama-3.1-8B-Instruct",),
-        # its own gather helper is built on ART's gather internals (GatherContext, set_gather_context,
-        # wrap_group_awaitable), which groupwise does not provide: a rollout returning both players'
-        # trajectories is gathered by gather_trajectory_groups itself
-        fails_here=("ModuleNotFoundError", "No module named 'groupwise.gather'"),
-    ) for entry in ("train.py", "train_o4_mini.py")},
 }
 
 

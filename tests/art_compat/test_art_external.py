@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime
 
+import pytest
+
 import groupwise as gw
 from art_runner import Program, run_program
 
@@ -220,3 +222,39 @@ def test_pipeline_trainer_binary_prefix_tool(binary_guess_model_dir, tmp_path):
     # the program's own metrics: the forced tool call was found and parsed, and guesses scored
     assert all(r["tool_call_found"] == 1.0 and r["reward"] > 0 for r in train), train
     assert sorted(r["step"] for r in history if r["split"] == "val") == [2]
+
+
+SELF_PLAY = "examples/tic_tac_toe_self_play/"
+
+
+@pytest.mark.parametrize("entry, steps", [("train.py", "300"), ("train_o4_mini.py", "200")])
+def test_tic_tac_toe_self_play(entry, steps, art_model_dir, tmp_path, backup_bucket):
+    """ART's self-play programs: their own gather helper, built on `art.gather`'s context, groups each
+    game's two trajectories by player; o4-mini (at api.openai.com, a teacher in train.py, an opponent
+    in train_o4_mini.py and in both programs' validation games) is a groupwise server of the tiny
+    model serving it under the name "o4-mini"."""
+    from groupwise.local import LocalBackend
+
+    with LocalBackend(path=str(tmp_path / "openai")) as hosted:
+        o4_mini = gw.TrainableModel(name="o4-mini", project="openai", base_model=art_model_dir)
+        asyncio.run(o4_mini.register(hosted))
+        program = Program(
+            SELF_PLAY + entry,
+            helpers=tuple(SELF_PLAY + f for f in ("rollout.py", "game_utils.py", "gather_trajectory_groups_by_index.py")),
+            shrink={SELF_PLAY + entry: [(f"STEP = {steps}", "STEP = 1", 1), ("range(96)", "range(2)", 1),
+                                        ("range(10)", "range(2)", 1)]},
+            base_models=("meta-llama/Meta-Llama-3.1-8B-Instruct",),
+            env={"OPENAI_API_KEY": o4_mini.inference_api_key},
+            endpoints={"https://api.openai.com/v1": o4_mini.inference_base_url},
+        )
+        run_program(program, tmp_path, art_model_dir)
+    name = "llama-8b-student-001" if entry == "train.py" else "llama-8b-o4-mini-001"
+    rows = gw.load_history(tmp_path / ".groupwise" / "tic-tac-toe" / name)
+    (train,) = [r for r in rows if r["split"] == "train"]
+    # two groups (x's and o's trajectories, grouped by position in each game's pair); in train.py the
+    # student plays both sides of both games, in train_o4_mini.py o4-mini takes one side of each
+    assert (train["step"], train["n_groups"]) == (0, 2)
+    assert train["n_trajectories"] == (4 if entry == "train.py" else 2)
+    # the validation games against o4-mini were played (the program logs the student's side)
+    (val,) = [r for r in rows if r["split"] == "val"]
+    assert val["n_trajectories"] == 2

@@ -225,3 +225,25 @@ async def test_tokens_as_token_ids_by_default_as_arts_vllm_and_text_on_request(c
     assert choice_token_ids(as_text) == ids
     done = await client.completions.create(model="tiny", prompt="Once", max_tokens=4, temperature=0)
     assert done.choices[0].logprobs.tokens == [f"token_id:{i}" for i in done.choices[0].model_extra["token_ids"]]
+
+
+async def test_guided_choice_answers_one_of_the_texts_exactly(client, tiny):
+    """vLLM's `guided_choice` (ART's teacher guidance): the answer is one of the texts, then it ends;
+    where only one text remains possible its tokens are forced. OpenAI's `reasoning_effort` is accepted."""
+    _, tok = tiny
+    moves = ["<move>A1</move>", "<move>B2</move>", 'say "C3"\n']
+    for seed in range(6):
+        r = await client.chat.completions.create(model="agent@0", messages=USER, max_tokens=40, seed=seed,
+                                                 reasoning_effort="low", extra_body={"guided_choice": moves})
+        choice = r.choices[0]
+        assert choice.message.content in moves and choice.finish_reason == "stop"
+        ids = choice_token_ids(choice)
+        assert tok.decode(ids, skip_special_tokens=True) == choice.message.content
+        assert choice.model_extra["forced_token_indices"]  # past the first tokens, one text is left
+    only = await client.chat.completions.create(model="agent@0", messages=USER, max_tokens=40,
+                                                extra_body={"guided_choice": [moves[2]]})
+    assert only.choices[0].message.content == moves[2]
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(model="agent@0", messages=USER, response_format={"type": "json_object"},
+                                             extra_body={"guided_choice": moves})
+    assert "one constraint" in info.value.body["message"]

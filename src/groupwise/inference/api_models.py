@@ -26,6 +26,7 @@ __all__ = ["DEFAULT_RETURN_TOKENS_AS_TOKEN_IDS", "ChatCompletionRequest", "Compl
            "limits_context"]
 
 MAX_STOP = 8
+MAX_GUIDED_CHOICES = 256
 DEFAULT_RETURN_TOKENS_AS_TOKEN_IDS = True
 
 
@@ -236,6 +237,11 @@ class ChatCompletionRequest(_Sampling):
     service_tier: str | None = None  # accepted, unused
     # vLLM's: variables for the chat template (Qwen3's `enable_thinking`); a template ignores the rest
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: the answer is one of these texts, exactly (a grammar; ART's teacher guidance sends it)
+    guided_choice: list[str] | None = Field(None, min_length=1, max_length=MAX_GUIDED_CHOICES)
+    # OpenAI's setting of its reasoning models: accepted, no effect (a chat template that thinks
+    # takes `chat_template_kwargs`, e.g. Qwen3's enable_thinking)
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
 
     @field_validator("tools", mode="before")
     @classmethod
@@ -256,6 +262,17 @@ class ChatCompletionRequest(_Sampling):
             if value.function.name not in names:
                 raise ValueError(f"tool_choice names function {value.function.name!r}, which is not among the "
                                  f"tools {names}")
+        return value
+
+    @field_validator("guided_choice")
+    @classmethod
+    def _one_constraint(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and (info.data.get("tool_choice") not in (None, "auto", "none")
+                                  or info.data.get("response_format") is not None):
+            raise ValueError("guided_choice cannot be combined with a forced tool_choice or a response_format: "
+                             "send one constraint")
+        if value is not None and not all(value):
+            raise ValueError("guided_choice must list non-empty texts")
         return value
 
     @property

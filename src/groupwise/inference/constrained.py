@@ -1,4 +1,5 @@
-"""Constrained decoding: `response_format` (json_schema, json_object) and forced tool calls.
+"""Constrained decoding: `response_format` (json_schema, json_object), forced tool calls and vLLM's
+`guided_choice` (one of a list of texts).
 
 The grammar library is llguidance (guidance-ai, MIT). Checked with ``pip install --dry-run`` beside
 torch 2.13.0 CPU on this machine:
@@ -185,10 +186,16 @@ def constraint_for(
     response_format: dict[str, Any] | None = None,
     tools: list[dict[str, Any]] | None = None,
     tool_choice: Any = None,
+    guided_choice: list[str] | None = None,
 ) -> Constraint | None:
     """The constraint an OpenAI request asks for, or None. Raises ConstraintError on a bad spec.
 
     llguidance is imported only when a request asks for a constraint, so plain requests never need it."""
+    if guided_choice:
+        # one of the texts, exactly, then only EOS; JSON string escapes are Lark's string escapes
+        lark = "start: " + " | ".join(json.dumps(text) for text in guided_choice) + "\n"
+        return Constraint(_llguidance().LLMatcher.grammar_from_lark(lark), tokenizer,
+                          f"guided_choice of {len(guided_choice)}", lark=lark)
     forced_name: str | None = None
     force_tool = False
     if isinstance(tool_choice, dict):

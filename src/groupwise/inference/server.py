@@ -361,7 +361,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest = Depen
     if (error := too_long(state, chars)) is not None:
         raise error
     response_format = body.response_format.as_dict() if body.response_format else None
-    constraint = await prepare(state, tools, tool_choice, response_format)
+    constraint = await prepare(state, tools, tool_choice, response_format, body.guided_choice)
     prompt_ids = await compute_thread().run(_render_chat, state.tokenizer, messages, tools, body.chat_template_kwargs)
     parse_tools = bool(tools) and tool_choice != "none"
     header = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": target.served_as,
@@ -385,13 +385,14 @@ async def chat_completions(request: Request, body: ChatCompletionRequest = Depen
 
 
 async def prepare(state: ServerState, tools: list[dict] | None, tool_choice: Any,
-                  response_format: dict | None) -> Any:
+                  response_format: dict | None, guided_choice: list[str] | None = None) -> Any:
     """The request's schemas checked and its grammar (None without one), on the schema workers
     under their time budget (prepare.py); a request without schemas never waits for them."""
-    if not tools and (response_format or {}).get("type") in (None, "text"):
+    if not tools and not guided_choice and (response_format or {}).get("type") in (None, "text"):
         return None
     try:
-        return await state.preparer.run(_build_constraint, state.tokenizer, tools, tool_choice, response_format)
+        return await state.preparer.run(_build_constraint, state.tokenizer, tools, tool_choice, response_format,
+                                        guided_choice)
     except OverBudget:
         raise ApiError(400, f"checking this request's schemas and building its grammar took longer than this "
                        f"server's budget of {state.preparer.budget_s:g} s; send smaller schemas (fewer "
@@ -400,16 +401,17 @@ async def prepare(state: ServerState, tools: list[dict] | None, tool_choice: Any
 
 
 def _build_constraint(tokenizer: Any, tools: list[dict] | None, tool_choice: Any,
-                      response_format: dict | None) -> Any:
+                      response_format: dict | None, guided_choice: list[str] | None) -> Any:
     try:
         check_request_schemas(tools, response_format)
     except SchemaProblem as exc:
         raise ApiError(400, str(exc), param=exc.param) from None
     try:
-        return constraint_for(tokenizer, response_format=response_format, tools=tools, tool_choice=tool_choice)
+        return constraint_for(tokenizer, response_format=response_format, tools=tools, tool_choice=tool_choice,
+                              guided_choice=guided_choice)
     except ConstraintError as exc:
-        raise ApiError(400, str(exc), param="tool_choice" if tool_choice not in (None, "auto", "none")
-                       else "response_format") from None
+        raise ApiError(400, str(exc), param="guided_choice" if guided_choice else "tool_choice"
+                       if tool_choice not in (None, "auto", "none") else "response_format") from None
 
 
 def _render_chat(tokenizer: Any, messages: list[dict], tools: list[dict] | None,

@@ -1,0 +1,74 @@
+"""`groupwise.gather` (ART's `art.gather` context) and `groupwise.guided_completion` (ART's
+`art.guided_completion`), with ART's semantics: what ART's self-play examples build their own
+gathering on (they run in test_art_external.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from openai.types.chat import ChatCompletion
+
+import groupwise as gw
+from groupwise.gather import GatherContext, get_gather_context, set_gather_context, wrap_group_awaitable, \
+    wrap_trajectories_awaitable
+from groupwise.guided_completion import get_guided_completion_params
+
+
+async def game(reward_x: float, reward_o: float) -> list[gw.Trajectory]:
+    return [gw.Trajectory(messages_and_choices=[], reward=reward_x, metrics={"win": 1.0}),
+            gw.Trajectory(messages_and_choices=[], reward=reward_o, metrics={"win": 0.0})]
+
+
+async def lost() -> list[gw.Trajectory]:
+    raise ValueError("no move returned")
+
+
+def test_a_context_sums_rewards_and_counts_failures_within_its_budget():
+    async def main():
+        context = GatherContext(max_exceptions=1)
+        with set_gather_context(context):
+            assert get_gather_context() is context
+            results = await asyncio.gather(*(wrap_group_awaitable(g) for g in (game(1.0, 0.0), lost(), game(0.5, 0.5))))
+        assert results[1] is None and [t.reward for t in results[0] + results[2]] == [1.0, 0.0, 0.5, 0.5]
+        assert context.metric_sums["reward"] / context.metric_divisors["reward"] == 0.5
+        assert (context.metric_sums["win"], context.metric_divisors["win"], context.metric_sums["exceptions"]) == (2.0, 4, 1)
+        # one failure past the budget propagates
+        with set_gather_context(GatherContext(max_exceptions=0)):
+            with pytest.raises(ValueError, match="no move"):
+                await asyncio.gather(wrap_group_awaitable(lost()))
+        # a trajectory awaitable within budget returns its exception, as ART's
+        with set_gather_context(GatherContext(max_exceptions=1)):
+            assert isinstance(await wrap_trajectories_awaitable(lost()), ValueError)
+        assert get_gather_context() is not context  # the block restored the outer context
+
+    asyncio.run(main())
+
+
+def test_a_group_given_as_a_trajectory_group_gathers_itself():
+    async def main():
+        with set_gather_context(GatherContext()):
+            group = await wrap_group_awaitable(gw.TrajectoryGroup([game(1.0, 0.0)]))
+        assert [t.reward for t in group] == [1.0, 0.0]
+
+    asyncio.run(main())
+
+
+def completion(message: dict) -> ChatCompletion:
+    return ChatCompletion.model_validate({
+        "id": "c", "object": "chat.completion", "created": 0, "model": "teacher",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", **message}}]})
+
+
+def test_guided_completion_params_from_a_teachers_answer_or_tool_call():
+    assert get_guided_completion_params(completion({"content": "<move>B2</move>"})) == (["<move>B2</move>"], None, None)
+    tool = {"type": "function", "function": {"name": "move", "parameters": {
+        "type": "object", "properties": {"square": {"type": "string"}}, "required": ["square"]}}}
+    call = {"content": None, "tool_calls": [{"id": "1", "type": "function",
+                                             "function": {"name": "move", "arguments": '{"square": "C3"}'}}]}
+    guided, tool_choice, tools = get_guided_completion_params(completion(call), [tool])
+    assert guided is None and tool_choice == {"type": "function", "function": {"name": "move"}}
+    assert tools[0]["function"]["parameters"]["properties"]["square"]["const"] == "C3"
+    assert tool["function"]["parameters"]["properties"]["square"] == {"type": "string"}  # not mutated
+    with pytest.raises(gw.GroupwiseError, match="base_tools"):
+        get_guided_completion_params(completion(call))
