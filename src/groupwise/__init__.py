@@ -74,6 +74,8 @@ _EXPORTS: dict[str, str] = {
     "select_judge": "groupwise.judge",
     # loop
     "fit": "groupwise.loop",
+    "fit_runs": "groupwise.loop",
+    "FitRun": "groupwise.loop",
     "FitSummary": "groupwise.loop",
 }
 

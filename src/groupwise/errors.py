@@ -151,6 +151,11 @@ class EnvError(GroupwiseError, RuntimeError):
     usable, a corpus that no longer fits its scenarios)."""
 
 
+class MemoryBudgetError(GroupwiseError, MemoryError):
+    """A device has less free memory than a backend's budget for a base model (backend/budget.py): the
+    backend refused before its engine and trainers allocated, instead of crashing another run."""
+
+
 class AdapterMismatchError(GroupwiseError):
     """The inference engine answered with a different step than the trainer just saved."""
 

@@ -113,6 +113,12 @@ class RunLocks:
             self._held.pop(name).release()
             raise
 
+    def release(self, name: str) -> None:
+        """Release the lock of model `name` (a run that left the backend), if held."""
+        lock = self._held.pop(name, None)
+        if lock is not None:
+            lock.release()
+
     def release_all(self) -> None:
         for lock in self._held.values():
             lock.release()

@@ -103,6 +103,22 @@ def _merge_ranks(metrics: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+async def run_to_end(step: Any) -> Any:
+    """Await the coroutine `step` (a train step); a cancelled caller does not cancel it. A step cut off
+    between its update and its checkpoint would leave the trainer holding an adapter that no checkpoint
+    has and the engine does not serve, and on a backend shared by several runs an update cut off inside
+    its pause would release the shared model while the trainer still runs on it. So the step finishes
+    (or fails) on its own, holding the run's lock, and the next step of the run starts from it."""
+    task = asyncio.ensure_future(step)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        # the step's own failure, if it fails, is logged rather than lost (nobody awaits it now)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception() is None
+                               or log.error("a train step whose caller was cancelled failed: %r", t.exception()))
+        raise
+
+
 def shard_batch(batch: Any, ranks: int) -> list[Any]:
     """Split a `TokenizedBatch`'s sequences over `ranks`: longest first, each to the rank with the fewest
     tokens so far (padding and compute follow length). Every shard carries the step's counts (groups,
@@ -151,7 +167,8 @@ class WorkerBackend(Backend):
         o = self.options
         return WorkerOptions(dtype=o.dtype, max_batch_size=o.max_batch_size, engine_kwargs=o.engine_kwargs,
                              verify_adapter=o.verify_adapter, serve_http=serve_http, http_host=http_host,
-                             api_key=api_key, load_model=o.load_model)
+                             api_key=api_key, load_model=o.load_model,
+                             memory_budget_gb=o.memory_budget_gb)
 
     @abstractmethod
     async def _start(self) -> None:
@@ -190,6 +207,20 @@ class WorkerBackend(Backend):
             model.base_path = self.path  # the backend's path is where a default-configured model's run lives
         with self._run_locks.holding(model.name, model.store.run_dir):  # refused before anything loads
             await self._register(model)
+
+    async def unregister(self, model: "TrainableModel") -> None:
+        """Drop a registered model: its adapter, optimizer and served steps leave the workers (the base
+        weights and engine stay while another model of the same base uses them) and its run folder is
+        free for another process. Its run folder and checkpoints stay; `register` resumes it."""
+        run = self._runs.get(model.name)
+        if run is None:
+            return
+        async with run.lock:  # not in the middle of its own step
+            try:
+                await self._call_all("unload", name=model.name)
+            finally:
+                del self._runs[model.name]
+                self._run_locks.release(model.name)
 
     async def _register(self, model: "TrainableModel") -> None:
         if not self._started:
@@ -263,7 +294,15 @@ class WorkerBackend(Backend):
         ART 0.5's form works too: ``await backend.train(model, groups, learning_rate=1e-5, ...)``; its
         options map onto `TrainConfig` fields or are named once in a warning (docs/porting-from-art.md).
         The step's trajectories and train row are stored here, with its checkpoint (`stores_steps`):
-        `model.train` does not write them again."""
+        `model.train` does not write them again.
+
+        A caller cancelled during the step does not cut it short (`run_to_end`)."""
+        return await run_to_end(self._train(model, trajectory_groups, config, cursor=cursor, **options))
+
+    async def _train(
+        self, model: "TrainableModel", trajectory_groups: "list[TrajectoryGroup]", config: TrainConfig | None = None, *,
+        cursor: dict[str, Any] | None = None, **options: Any,
+    ) -> TrainResult:
         from groupwise.compat import train_config_from_art
         from groupwise.store import history_row, numeric_metrics
         from groupwise.training.tokenize import tokenize_groups
@@ -324,6 +363,12 @@ class WorkerBackend(Backend):
         return {"skipped": 1.0, "skipped_in_a_row": float(run.skipped_in_a_row), "no_signal_groups": float(len(groups))}
 
     async def train_sft(
+        self, model: "TrainableModel", trajectories: "list[Trajectory]", config: "TrainSFTConfig | None" = None
+    ) -> TrainResult:
+        """`_train_sft`, run to its end even when the caller is cancelled (`run_to_end`)."""
+        return await run_to_end(self._train_sft(model, trajectories, config))
+
+    async def _train_sft(
         self, model: "TrainableModel", trajectories: "list[Trajectory]", config: "TrainSFTConfig | None" = None
     ) -> TrainResult:
         """One supervised step: the same order as `train` (store first, tokenise, exclusive use of the
@@ -450,6 +495,9 @@ class WorkerBackend(Backend):
     async def close(self) -> None:
         try:
             if self._started:
+                for run in list(self._runs.values()):
+                    async with run.lock:  # a step whose caller was cancelled ends first (run_to_end)
+                        pass
                 try:
                     await self._call_all("close")
                 except WorkerError:

@@ -169,6 +169,12 @@ class LocalBackend(WorkerBackend):
             registry = self._worker.replicas[model.name].registry
             self._http[model.name] = await asyncio.to_thread(_HttpServer.start, create_app, registry, model.name)
 
+    async def unregister(self, model: "TrainableModel") -> None:
+        http = self._http.pop(model.name, None)
+        if http is not None:
+            await asyncio.to_thread(http.stop)
+        await super().unregister(model)
+
     def http_endpoint(self, model: "TrainableModel") -> InferenceEndpoint | None:
         """The model's loopback HTTP endpoint (base URL and API key): with one device its own server
         (None with serve_http=False), with several rank 0's (`model.openai_client()` spreads requests
@@ -269,8 +275,8 @@ class LocalBackend(WorkerBackend):
         """Close without an event loop (ART's ``with LocalBackend() as backend:``)."""
         self._stop_local()
         if self._worker is not None:
-            for replica in self._worker.replicas.values():
-                replica.close()
+            for base in self._worker.bases.values():
+                base.close()
         if self._processes is not None:
             self._processes.kill()
         self._runs.clear()

@@ -47,6 +47,11 @@ class BackendOptions(Validated):
         None, help="`(base_model, device=, dtype=) -> (model, tokenizer)` in place of "
         "`groupwise.loading.load_base_model`. Workers in other processes receive it pickled: a module-level "
         "function of a module they can import.")
+    memory_budget_gb: float | None = option(
+        None, help="The memory each base model and its runs may use on a device (GB). It is checked against the "
+        "device's free memory when the base loads (a MemoryBudgetError, not an out-of-memory crash of another "
+        "run on the device) and, on CUDA, caps this process's allocations. None: the estimated least a run "
+        "needs (backend/budget.py) is checked, nothing is capped.")
     collective_timeout_s: float = option(
         600.0, help="With several workers: how long a rank waits in a collective (the gradient all-reduce) "
         "for a rank that stopped before raising, and how long the driver waits for a silent worker; a "
@@ -63,6 +68,8 @@ class BackendOptions(Validated):
         check_positive(p, "max_batch_size", self.max_batch_size, integer=True)
         check_positive(p, "served_steps", self.served_steps, integer=True)
         check_positive(p, "collective_timeout_s", self.collective_timeout_s)
+        if self.memory_budget_gb is not None:
+            check_positive(p, "memory_budget_gb", self.memory_budget_gb)
         # The engine's numeric settings are all counts of tokens, sequences or bytes.
         for key, value in self.engine_kwargs.items():  # type: ignore[union-attr]
             if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -1,10 +1,15 @@
 """`Replica`: one model on one device, the unit every backend places (in process, in a worker process,
-or in a Ray actor).
+or in a Ray actor), and `SharedBase`: the base model its replicas share.
 
-It holds the base model wrapped with peft (one trainable adapter, peft's "default"), an inference `Engine`
-over that same object (one copy of the base weights serves and trains), a `ModelRegistry` with its
-FastAPI app, and a `Trainer` with the AdamW state (a data-parallel rank's trainer sums its gradients
-over the process group). After step k the adapter is served as ``name@k`` and as ``name`` (latest).
+A `SharedBase` holds the base model wrapped with peft, an inference `Engine` over that same object (one
+copy of the base weights serves and trains), and a `ModelRegistry` with its FastAPI app. Every model of
+that base registered on the worker is a `Replica` of it: its own trainable LoRA adapter in the one peft
+model (peft's "default" for the first, ``gw-train-<k>`` for the others), its own `Trainer` with its own
+AdamW state, and its names in the one registry. So several runs on one base cost one copy of the base
+weights and one engine: their rollouts share its batches (each request names its adapter), and their
+updates take turns on the base weights, each moving only its own adapter (the trainer activates it
+and trains its parameters only). After step k a replica's adapter is served as ``name@k`` and as
+``name`` (latest).
 
 Its methods are synchronous torch work: callers run them on the process's compute thread
 (groupwise/compute.py), except `check_answers`, which sends a request through the app.
@@ -12,6 +17,7 @@ Its methods are synchronous torch work: callers run them on the process's comput
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
@@ -40,25 +46,42 @@ def fingerprint(tensors: Any) -> list[int]:
     return [plain, weighted]
 
 
-class Replica:
-    """A model served and trained on one device (module doc).
+def _check_memory(model: Any, base_model: str, lora: LoraConfig, max_batch_size: int,
+                  engine_kwargs: dict[str, Any] | None, memory_budget_gb: float | None) -> Any:
+    """The base's memory budget (backend/budget.py), checked against the device's free memory now that
+    its weights are loaded and before the engine and trainers allocate; the weights go on a refusal."""
+    from groupwise.backend.budget import check_budget, estimate_budget
+
+    params = list(model.parameters())
+    weights = sum(p.numel() * p.element_size() for p in params)
+    budget = estimate_budget(parameters=sum(p.numel() for p in params), config=model.config,
+                             dtype_bytes=params[0].element_size(),
+                             max_batch_size=max_batch_size, lora_rank=lora.rank,
+                             lora_targets=len(lora.target_modules), stated_gb=memory_budget_gb)
+    if (engine_kwargs or {}).get("max_kv_bytes") is not None:  # the engine's own bound on its KV cache
+        budget.kv_cache = min(budget.kv_cache, int(engine_kwargs["max_kv_bytes"]))  # type: ignore[index]
+    check_budget(budget, params[0].device, base_model=base_model, held=weights)
+    return budget
+
+
+class SharedBase:
+    """A base model on one device, served by one engine and shared by the replicas of its models (module doc).
 
     Args:
-        name: the served model name (``name``, ``name@k``).
         base_model: short name, local folder or Hugging Face id of the base.
-        lora: the adapter's settings.
+        lora: the first adapter's settings (the first replica's).
         device, dtype: where and in what precision the base weights live (None: the defaults of
             `groupwise.loading.load_base_model`).
         max_batch_size, engine_kwargs: the engine's settings.
-        process_group: torch.distributed group of the data-parallel trainer ranks, or None.
         api_key: the key the app asks of every request (None: any; an app reached only in process).
         load_model: ``(base_model, device=, dtype=) -> (model, tokenizer)`` in place of
             `groupwise.loading.load_base_model` (e.g. a custom architecture or a random-init benchmark model).
+        memory_budget_gb: the memory this base and its runs may use on the device, in place of the
+            estimate (backend/budget.py); either is checked against the device's free memory.
     """
 
     def __init__(
         self,
-        name: str,
         base_model: str,
         lora: LoraConfig,
         *,
@@ -66,27 +89,113 @@ class Replica:
         dtype: str | None = None,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         engine_kwargs: dict[str, Any] | None = None,
-        process_group: Any = None,
         api_key: str | None = None,
         load_model: Any = None,
+        memory_budget_gb: float | None = None,
     ) -> None:
         from groupwise.inference.engine import Engine
         from groupwise.inference.registry import ModelRegistry
         from groupwise.inference.server import create_app
         from groupwise.loading import load_base_model
-        from groupwise.training.trainer import Trainer, wrap_with_lora
+        from groupwise.training.trainer import TRAIN_ADAPTER, wrap_with_lora
 
-        self.name = name
+        self.base_model = base_model
         base, self.tokenizer = (load_model or load_base_model)(base_model, device=device, dtype=dtype)
+        self.budget = _check_memory(base, base_model, lora, max_batch_size, engine_kwargs, memory_budget_gb)
         self.peft_model = wrap_with_lora(base, lora)
         self.peft_model.eval()
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.trainer = Trainer(self.peft_model, pad_token_id=pad, process_group=process_group)
         self.engine = Engine(self.peft_model, self.tokenizer, max_batch_size=max_batch_size, **(engine_kwargs or {}))
         self.registry = ModelRegistry(self.engine, base_name=base_model)
-        self.registry.register_model(name)
         self.api_key = api_key
         self.app = create_app(self.registry, api_key=api_key)
+        # Trainable adapters made but never trained, with their settings: the one made with the model.
+        self._fresh: dict[str, LoraConfig] = {TRAIN_ADAPTER: lora}
+        self._held: dict[str, str] = {}  # model name -> its trainable adapter
+        self._serial = 0
+
+    def hold_adapter(self, name: str, lora: LoraConfig) -> str:
+        """A fresh trainable adapter for model `name`: the one made with the model while it is free, else a
+        new one, initialised from `lora.seed` as `wrap_with_lora` initialises the first (the same
+        tensors a run training alone starts from)."""
+        from groupwise.training.trainer import add_lora_adapter
+
+        if name in self._held:
+            raise GroupwiseError(f"model {name!r} already holds an adapter of base {self.base_model!r}")
+        adapter = next((a for a, made_with in self._fresh.items() if made_with == lora), None)
+        if adapter is None:
+            self._serial += 1
+            adapter = f"gw-train-{self._serial}"
+            add_lora_adapter(self.peft_model, lora, adapter)
+        else:
+            del self._fresh[adapter]
+        self._held[name] = adapter
+        return adapter
+
+    def release_adapter(self, name: str) -> bool:
+        """Model `name` is gone: its adapter and served steps go. True when no model is left (close the base)."""
+        adapter = self._held.pop(name, None)
+        self.registry.unregister_model(name)
+        if self._held and adapter is not None:  # the last model's adapter goes with the base
+            with warnings.catch_warnings():  # peft warns that the active adapter changes: each trainer activates its own
+                warnings.filterwarnings("ignore", message=r"Adapter .* was active which is now deleted")
+                self.peft_model.delete_adapter(adapter)
+        return not self._held
+
+    @property
+    def models(self) -> list[str]:
+        return sorted(self._held)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class Replica:
+    """A model served and trained on one device (module doc): its adapter in `base`'s peft model.
+
+    Args:
+        name: the served model name (``name``, ``name@k``).
+        base: the `SharedBase` of its base model on this device.
+        lora: the adapter's settings.
+        process_group: torch.distributed group of the data-parallel trainer ranks, or None.
+    """
+
+    def __init__(self, name: str, base: SharedBase, lora: LoraConfig, *, process_group: Any = None) -> None:
+        from groupwise.training.trainer import Trainer
+
+        self.name = name
+        self.base = base
+        adapter = base.hold_adapter(name, lora)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        try:
+            self.trainer = Trainer(self.peft_model, pad_token_id=pad, adapter_name=adapter, process_group=process_group)
+            self.registry.register_model(name)
+        except BaseException:
+            base.release_adapter(name)
+            raise
+
+    @property
+    def peft_model(self) -> Any:
+        return self.base.peft_model
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.base.tokenizer
+
+    @property
+    def engine(self) -> Any:
+        return self.base.engine
+
+    @property
+    def registry(self) -> Any:
+        return self.base.registry
+
+    @property
+    def app(self) -> Any:
+        return self.base.app
+
+    @property
+    def api_key(self) -> str | None:
+        return self.base.api_key
 
     @property
     def device(self) -> Any:
@@ -106,7 +215,8 @@ class Replica:
             return None
         self.serve(state.step, str(state.path))  # first: loading an adapter into the engine draws random numbers
         self.trainer.ensure_optimizer(TrainConfig())  # lr and weight decay are reset by each step's config
-        load_checkpoint(state, model=self.peft_model, optimizer=self.trainer.optimizer, param_names=self._param_names())
+        load_checkpoint(state, model=self.peft_model, optimizer=self.trainer.optimizer, param_names=self._param_names(),
+                        adapter_name=self.trainer.adapter_name)
         return state
 
     def use_kl_reference(self, checkpoints_dir: str | Path, step: int | None) -> None:
@@ -154,10 +264,11 @@ class Replica:
 
     def save_adapter(self, folder: str | Path) -> Path:
         """Only the adapter, in peft's format: what a data-parallel rank > 0 loads into its own engine."""
+        from groupwise.training.checkpoint import save_adapter_folder
+
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        self.peft_model.save_pretrained(str(folder), selected_adapters=[self.trainer.adapter_name],
-                                        safe_serialization=True)
+        save_adapter_folder(self.peft_model, folder, self.trainer.adapter_name)
         return folder
 
     # ------------------------------------------------------------------------------ serving
@@ -233,5 +344,7 @@ class Replica:
         """`fingerprint` of the trainable adapter: equal on two ranks means bitwise equal adapters."""
         return fingerprint(p for _, p in self.trainer.trainable_named_parameters())
 
-    def close(self) -> None:
-        self.engine.close()
+    def close(self) -> bool:
+        """Drop this model's adapter and served steps from the shared base. True when the base serves no
+        model any more (the caller closes it)."""
+        return self.base.release_adapter(self.name)

@@ -1,5 +1,10 @@
 """`Worker`: one rank of a backend, holding a `Replica` per registered model on its device.
 
+Models of one base model share its `SharedBase` (backend/replica.py): one copy of the base weights,
+one engine, one registry and app. Their updates take turns (one lock per base): an update pauses the
+shared engine, and a pause's end resets the model's train/eval state, which must not happen in the
+middle of another model's update.
+
 The same class runs in the driver's own process (one device), in a process of its own per device
 (data-parallel on one host, backend/processes.py) and as a Ray actor (backend/ray.py). Its methods are
 coroutines the driver awaits (in process), sends through a pipe, or calls as actor methods; the torch
@@ -28,7 +33,7 @@ from typing import Any
 
 from groupwise.errors import ConfigError
 from groupwise.memory import release_freed_memory
-from groupwise.backend.replica import Replica
+from groupwise.backend.replica import Replica, SharedBase
 from groupwise.compute import compute_thread
 from groupwise.config import LoraConfig
 
@@ -66,7 +71,7 @@ class ModelSpec:
 
 @dataclass
 class WorkerOptions:
-    """Settings shared by every rank. The first five are the backend's `BackendOptions` (which owns their
+    """Settings shared by every rank. The first six are the backend's `BackendOptions` (which owns their
     defaults: the driver passes every one); the rest say how this placement reaches its workers."""
 
     dtype: str | None
@@ -74,6 +79,7 @@ class WorkerOptions:
     engine_kwargs: dict[str, Any] | None
     verify_adapter: bool
     load_model: Any  # (name, device=, dtype=) -> (model, tokenizer); None: groupwise.loading.load_base_model
+    memory_budget_gb: float | None  # each base's budget on the device; None: estimated (backend/budget.py)
     serve_http: bool = False  # serve each replica's app over HTTP (a worker outside the driver's process)
     http_host: str = "127.0.0.1"  # the address its servers listen on
     api_key: str | None = None  # the key requests to those servers must carry
@@ -87,8 +93,11 @@ class Worker:
         self.rank, self.world_size, self.device, self.options = rank, world_size, device, options
         self.replicas: dict[str, Replica] = {}
         self.specs: dict[str, ModelSpec] = {}
+        self.bases: dict[str, SharedBase] = {}  # base model -> what its models share on this device
+        self._update_locks: dict[str, asyncio.Lock] = {}  # base model -> one update at a time
         self.process_group: Any = None
-        self._servers: dict[str, Any] = {}
+        self._servers: dict[str, Any] = {}  # base model -> the uvicorn server of its app
+        self._server_urls: dict[str, str] = {}
         self._server_tasks: list[asyncio.Task] = []
         self._scratch = (Path(tempfile.mkdtemp(prefix=f"groupwise-rank{rank}-", dir=options.scratch_root))
                          if rank > 0 else None)
@@ -124,14 +133,28 @@ class Worker:
             raise ConfigError(f"model {spec.name!r} is already loaded on rank {self.rank}", what="model name")
         o = self.options
         compute = compute_thread()
-        replica = await compute.run(
-            Replica, spec.name, spec.base_model, spec.lora, device=self.device, dtype=o.dtype,
-            max_batch_size=o.max_batch_size, engine_kwargs=o.engine_kwargs, process_group=self.process_group,
-            api_key=o.api_key, load_model=o.load_model,
-        )
+        base = self.bases.get(spec.base_model)
+        if base is None:
+            base = await compute.run(
+                SharedBase, spec.base_model, spec.lora, device=self.device, dtype=o.dtype,
+                max_batch_size=o.max_batch_size, engine_kwargs=o.engine_kwargs, api_key=o.api_key,
+                load_model=o.load_model, memory_budget_gb=o.memory_budget_gb,
+            )
+            self.bases[spec.base_model] = base
+            self._update_locks[spec.base_model] = asyncio.Lock()
+        try:
+            replica = await compute.run(Replica, spec.name, base, spec.lora, process_group=self.process_group)
+        except BaseException:
+            if not base.models:
+                await self._close_base(spec.base_model)
+            raise
         self.replicas[spec.name], self.specs[spec.name] = replica, spec
         # Every rank loads the same checkpoint files: the same adapter, optimizer and RNG everywhere.
-        state = await compute.run(replica.resume, spec.checkpoints_dir)
+        try:
+            state = await compute.run(replica.resume, spec.checkpoints_dir)
+        except BaseException:
+            await self.unload(spec.name)
+            raise
         info: dict[str, Any] = {
             "rank": self.rank, "step": state.step if state else 0, "cursor": dict(state.cursor) if state else {},
             "checkpoint_path": str(state.path) if state else None,
@@ -141,23 +164,48 @@ class Worker:
             "tokenizer": replica.tokenizer if self.rank == 0 else None,
         }
         if o.serve_http:
-            info["url"] = await self._serve_http(spec.name, replica.app)
+            info["url"] = await self._serve_http(spec.base_model, replica.app)
         return info
 
-    async def _serve_http(self, name: str, app: Any) -> str:
-        """Serve `app` with uvicorn on a free port of `http_host`; returns its ``/v1`` base URL."""
+    async def unload(self, name: str) -> None:
+        """Drop model `name` (its adapter, served steps and optimizer); the base, its engine and its server
+        stay while another model uses them."""
+        replica = self.replicas.pop(name, None)
+        self.specs.pop(name, None)
+        if replica is None:
+            return
+        async with self._update_locks[replica.base.base_model]:  # not in the middle of another model's update
+            empty = await compute_thread().run(replica.close)
+        if empty:
+            await self._close_base(replica.base.base_model)
+
+    async def _close_base(self, base_model: str) -> None:
+        base = self.bases.pop(base_model)
+        self._update_locks.pop(base_model, None)
+        server = self._servers.pop(base_model, None)
+        if server is not None:
+            server.should_exit = True
+        base.close()
+
+    async def _serve_http(self, base_model: str, app: Any) -> str:
+        """Serve `app` (one per base model: it serves every model of that base) with uvicorn on a free port
+        of `http_host`, once; returns its ``/v1`` base URL."""
         import uvicorn
+
+        if base_model in self._servers:
+            return self._server_urls[base_model]
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.options.http_host, 0))
         port = sock.getsockname()[1]
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=30))
-        self._servers[name] = server
+        self._servers[base_model] = server
         self._server_tasks.append(asyncio.create_task(server.serve(sockets=[sock])))
         while not server.started:
             await asyncio.sleep(0.01)
-        return f"http://{self.options.http_host}:{port}/v1"
+        self._server_urls[base_model] = f"http://{self.options.http_host}:{port}/v1"
+        return self._server_urls[base_model]
 
     def app(self, name: str) -> Any:
         """The replica's app (in-process use: the driver reaches it through an ASGI transport)."""
@@ -180,7 +228,8 @@ class Worker:
         if len(updates) > 1:
             before = await compute.run(lambda: snapshot([p for _, p in trainer.trainable_named_parameters()],
                                                         trainer.optimizer))
-        async with replica.engine.paused():  # no forward pass of the engine while the trainer runs
+        # One update at a time on the shared base; no forward pass of the engine while the trainer runs.
+        async with self._update_locks[replica.base.base_model], replica.engine.paused():
             try:
                 for u in updates:
                     if u.get("objective", "grpo") == "grpo" and u["config"].kl_coef > 0:  # the anchor it names
@@ -273,9 +322,11 @@ class Worker:
             server.should_exit = True
         if self._server_tasks:
             await asyncio.wait(self._server_tasks, timeout=5)
-        for replica in self.replicas.values():
-            replica.close()
         self.replicas.clear()
+        self.specs.clear()
+        for base in self.bases.values():
+            base.close()
+        self.bases.clear()
         if self.process_group is not None:
             import torch.distributed as dist
 

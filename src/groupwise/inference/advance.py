@@ -37,6 +37,7 @@ def sample_isolated(state: StepState, seqs: list[SeqState], logits_BV: torch.Ten
 def stepped(state: StepState, seqs: list[SeqState]) -> None:
     """A decode pass ran for `seqs`: each wrote one more K/V column."""
     state.stats.decode_passes += 1
+    state.stats.max_decode_batch = max(state.stats.max_decode_batch, len(seqs))
     for s in seqs:
         s.length += 1
 

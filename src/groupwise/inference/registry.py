@@ -52,6 +52,14 @@ class ModelRegistry:
         with self._lock:
             self._steps.setdefault(name, {0: None})
 
+    def unregister_model(self, name: str) -> None:
+        """Stop serving `name` at all (a run that ended on a shared engine); its adapters are freed as in
+        `remove_step`."""
+        with self._lock:
+            steps = self._steps.pop(name, {})
+            self._to_free.extend(a for a in steps.values() if a is not None)
+        self._free_unused()
+
     def add_step(self, name: str, step: int, adapter_path: str) -> str:
         """Load the adapter of `step` and serve it as `name@step` (and as `name` if it is the latest)."""
         self.register_model(name)

@@ -30,6 +30,7 @@ class EngineStats:
     forward_passes: int = 0  # model forwards, graph replays included
     prefill_passes: int = 0
     decode_passes: int = 0
+    max_decode_batch: int = 0  # the most sequences one decode pass ran (several runs' requests share passes)
     warm_passes: int = 0  # prefills of prefixes shared inside one admitted batch (prefill.py)
     prefill_tokens: int = 0  # prompt tokens run through the model (pads excluded)
     prefix_hit_tokens: int = 0  # prompt tokens copied from the prefix cache instead

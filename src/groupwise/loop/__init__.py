@@ -3,6 +3,7 @@
 Files, in the order data flows through them::
 
     fit.py         gw.fit(model, rollout, train, val_scenarios=..., ...) -> FitSummary
+    sweep.py       several runs at once: gw.fit([model, ...], config=[...]), gw.fit_runs([gw.FitRun(...)])
     detectors.py   pure functions: history / groups -> Alert | None
     policy.py      alerts -> action (the "when metrics diverge" table)
     stopping.py    pure functions: history -> StopDecision (plateau, target, baseline, max steps)
@@ -27,8 +28,9 @@ from groupwise.loop.detectors import (
     val_drop,
     val_plateau_reward_rising,
 )
-from groupwise.loop.fit import AtStep, FitSummary, fit
+from groupwise.loop.fit import AtStep, FitSummary
 from groupwise.loop.policy import PolicyDecision, classify, decide
+from groupwise.loop.sweep import FitRun, fit, fit_runs  # fit: one model, or several at once
 from groupwise.loop.stopping import (
     StopDecision,
     baseline_beaten,
@@ -39,8 +41,8 @@ from groupwise.loop.stopping import (
 )
 
 __all__ = [
-    "Alert", "AtStep", "FitSummary", "PolicyDecision", "StopDecision", "baseline_beaten", "check_stopping",
-    "classify", "decide", "fit", "identical_answers", "judge_disagreement", "length_drift",
+    "Alert", "AtStep", "FitRun", "FitSummary", "PolicyDecision", "StopDecision", "baseline_beaten", "check_stopping",
+    "classify", "decide", "fit", "fit_runs", "identical_answers", "judge_disagreement", "length_drift",
     "max_steps_reached", "ngram_repetition", "perfect_scores", "plateau", "reward_jump", "run_detectors",
     "target_reached", "val_drop", "val_plateau_reward_rising",
 ]

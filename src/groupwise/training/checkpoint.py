@@ -179,6 +179,27 @@ def _disk_full(exc: BaseException) -> bool:
     return any(s in text for s in ("No space left on device", "StorageFull", "Disk quota exceeded"))
 
 
+def save_adapter_folder(model: Any, folder: Path, adapter_name: str) -> None:
+    """The adapter `adapter_name` in peft's format, its files at the top of `folder` (peft nests a
+    non-default adapter in a subfolder; the engine and a resume read the top)."""
+    model.save_pretrained(str(folder), selected_adapters=[adapter_name], safe_serialization=True)
+    if adapter_name != "default" and (folder / adapter_name).is_dir():
+        for p in (folder / adapter_name).iterdir():
+            os.replace(p, folder / p.name)
+        (folder / adapter_name).rmdir()
+
+
+def stored_names(param_names: list[str], adapter_name: str) -> list[str]:
+    """The names a checkpoint stores the optimizer state under: peft's adapter key replaced by "default".
+    Several runs on one base model train adapters of other names in one peft model (backend/replica.py),
+    and a run's checkpoint must not depend on which adapter held it: the same files as training alone,
+    resumable into any adapter of the same LoRA shape."""
+    if adapter_name == "default":
+        return list(param_names)
+    tag = f".{adapter_name}."
+    return [n.replace(tag, ".default.") for n in param_names]
+
+
 def _save(root: Path, tmp: Path, step: int, model: Any, optimizer: torch.optim.Optimizer | None,
           param_names: list[str], adapter_name: str, cursor: dict[str, Any] | None,
           metrics: dict[str, float] | None, history: list[dict[str, Any]] | None) -> Path:
@@ -187,15 +208,10 @@ def _save(root: Path, tmp: Path, step: int, model: Any, optimizer: torch.optim.O
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    model.save_pretrained(str(tmp), selected_adapters=[adapter_name], safe_serialization=True)
-    if adapter_name != "default" and (tmp / adapter_name).is_dir():
-        # peft nests non-default adapters in a subfolder; the engine expects the files at the top.
-        for p in (tmp / adapter_name).iterdir():
-            os.replace(p, tmp / p.name)
-        (tmp / adapter_name).rmdir()
+    save_adapter_folder(model, tmp, adapter_name)
     files = ["adapter_model.safetensors", "adapter_config.json"]
     if optimizer is not None:
-        tensors, meta = optimizer_to_tensors(optimizer, param_names)
+        tensors, meta = optimizer_to_tensors(optimizer, stored_names(param_names, adapter_name))
         save_file(tensors, str(tmp / "optimizer.safetensors"))
         _write_json(tmp / "optimizer.json", meta)
         files += ["optimizer.safetensors", "optimizer.json"]
@@ -374,7 +390,7 @@ def _load(state: CheckpointState, model: Any, optimizer: torch.optim.Optimizer |
     if optimizer is not None and (path / "optimizer.safetensors").is_file():
         tensors = load_file(str(path / "optimizer.safetensors"), device=str(device))
         meta = json.loads((path / "optimizer.json").read_text())
-        optimizer_from_tensors(optimizer, param_names, tensors, meta)
+        optimizer_from_tensors(optimizer, stored_names(param_names, adapter_name), tensors, meta)
     if restore_rng and (path / "rng.safetensors").is_file():
         try:
             _set_rng_state(load_file(str(path / "rng.safetensors")), json.loads((path / "rng.json").read_text()))

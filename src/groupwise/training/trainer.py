@@ -47,12 +47,10 @@ from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
 TRAIN_ADAPTER = "default"  # peft's name of the adapter created by get_peft_model
 
 
-def wrap_with_lora(model: Any, lora: LoraConfig, *, adapter_name: str = TRAIN_ADAPTER) -> Any:
-    """Wrap a causal LM with a fresh LoRA adapter (peft). The base weights stay frozen and shared."""
+def _peft_lora_config(lora: LoraConfig) -> Any:
     from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
 
-    config = PeftLoraConfig(
+    return PeftLoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
@@ -60,14 +58,32 @@ def wrap_with_lora(model: Any, lora: LoraConfig, *, adapter_name: str = TRAIN_AD
         bias="none",
         task_type="CAUSAL_LM",
     )
-    # peft draws lora_A from the global RNG; a private seeded stream makes runs reproducible
-    # (a restarted run and an uninterrupted one must start from the same adapter).
+
+
+@contextlib.contextmanager
+def _seeded(model: Any, seed: int) -> Any:
+    """peft draws lora_A from the global RNG; a private seeded stream makes runs reproducible (a
+    restarted run and an uninterrupted one must start from the same adapter)."""
     device = next(model.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(lora.seed)  # seeds the CUDA generators too
-        with quiet_peft():
-            return get_peft_model(model, config, adapter_name=adapter_name)
+        torch.manual_seed(seed)  # seeds the CUDA generators too
+        yield
 
+
+def wrap_with_lora(model: Any, lora: LoraConfig, *, adapter_name: str = TRAIN_ADAPTER) -> Any:
+    """Wrap a causal LM with a fresh LoRA adapter (peft). The base weights stay frozen and shared."""
+    from peft import get_peft_model
+
+    with _seeded(model, lora.seed), quiet_peft():
+        return get_peft_model(model, _peft_lora_config(lora), adapter_name=adapter_name)
+
+
+def add_lora_adapter(peft_model: Any, lora: LoraConfig, adapter_name: str) -> None:
+    """Add another fresh trainable adapter to a peft model (another run on the same base weights). It
+    starts from the tensors `wrap_with_lora` gives a model of its own with the same `lora`: peft visits
+    the layers in the same order and draws from the same seeded stream."""
+    with _seeded(peft_model, lora.seed), quiet_peft():
+        peft_model.add_adapter(adapter_name, _peft_lora_config(lora))
 
 
 def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:

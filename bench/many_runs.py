@@ -1,0 +1,221 @@
+"""N runs of one base model at once on one backend, against the same N runs one after another.
+
+    python bench/many_runs.py --device cuda --arch qwen2.5-0.5b           # one GPU, random Qwen2.5-0.5B shape
+    python bench/many_runs.py --device cpu --arch smollm2 --workload 2048  # 2 CPU cores, the main job's env
+    python bench/many_runs.py --device cpu --arch tiny-qwen --steps 1      # a smoke test (numbers mean nothing)
+
+Each case runs in a process of its own (its peak memory is its own):
+- ``sequence``: for each of --runs runs, a fresh `LocalBackend` loads the base, the run trains --warmup
+  untimed and --steps timed GRPO steps, the backend closes (what a sweep costs today);
+- ``together``: one `LocalBackend`, the --runs models registered on it (one base, one engine: backend/replica.py),
+  every run's steps at once (asyncio tasks; the timed steps start together, after every run's warm-up).
+
+A step is a user's loop: --prompts groups of --group-size rollouts, then `model.train`. Workload ``chat``
+(bench/scaling.py's): one chat request per rollout, --completion-len tokens, a reward of the text. Workload
+``2048``: the built-in 2048 env's rollouts (multi-turn, the main job's) on scenarios of the run's seed.
+Runs differ by seed (rollouts) and learning rate (1e-3 x (1 + run / 2)), as a sweep's do.
+
+Printed: per case the timed wall time, rollout + trainable tokens, tokens/s and peak memory (CUDA: the
+allocator's peak; CPU: peak RSS), then the ratios together / sequence: tokens/s (higher is better) and
+peak memory (against one run alone, i.e. the sequence's peak).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def random_model(name: str, device: str | None = None, dtype: str | None = None) -> tuple[Any, Any]:
+    """`load_model` for the backend: ``random:<arch>`` builds bench/train_step.py's shape on `device`."""
+    from train_step import build_model
+
+    return build_model(name.removeprefix("random:"), device or "cuda", dtype, seed=0)
+
+
+def _tokens(groups: list[Any]) -> int:
+    """Generated tokens of the groups' rollouts (every sampled choice)."""
+    from groupwise.types import choice_token_ids
+
+    n = 0
+    for g in groups:
+        for t in g.trajectories:
+            for m in t.messages_and_choices:
+                ids = choice_token_ids(m) if not isinstance(m, dict) else None
+                n += len(ids or [])
+    return n
+
+
+async def _gather(model: Any, args: Any, run: int, step: int, scenarios: list[Any]) -> list[Any]:
+    import groupwise as gw
+
+    if args.workload == "2048":
+        from groupwise.envs import get_env
+        from groupwise.loop.fit import seeded_scenario
+
+        rollout = get_env("2048").rollout
+        picks = [(step * args.prompts + g) % len(scenarios) for g in range(args.prompts)]
+        groups = [gw.TrajectoryGroup(rollout(model, seeded_scenario(scenarios[i], run, step, i, j))
+                                     for j in range(args.group_size)) for i in picks]
+        return await gw.gather_trajectory_groups(groups, pbar_desc=None, max_exceptions=0.5)
+    from train_step import QUESTIONS, reward_fn
+
+    client = model.openai_client()
+
+    async def ask(g: int, i: int) -> Any:
+        messages = [{"role": "user", "content": f"{QUESTIONS[(g + run) % len(QUESTIONS)]} (step {step})"}]
+        r = await client.chat.completions.create(model=model.inference_name(), messages=messages,
+                                                 max_tokens=args.completion_len, temperature=1.0,
+                                                 seed=1_000_000 * run + 1000 * step + args.group_size * g + i)
+        c = r.choices[0]
+        return gw.Trajectory(messages_and_choices=[*messages, c], reward=reward_fn(c.message.content or ""))
+
+    flat = await asyncio.gather(*(ask(g, i) for g in range(args.prompts) for i in range(args.group_size)))
+    return [gw.TrajectoryGroup(flat[g * args.group_size:(g + 1) * args.group_size]) for g in range(args.prompts)]
+
+
+async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier | None, totals: dict[str, float]) -> None:
+    import groupwise as gw
+
+    scenarios: list[Any] = []
+    if args.workload == "2048":
+        from groupwise.envs import get_env
+
+        scenarios = list(get_env("2048").scenarios(run)[0])
+    micro = 512 if args.device == "cpu" else args.micro_batch_tokens
+    config = gw.TrainConfig(learning_rate=1e-3 * (1 + run / 2), micro_batch_tokens=micro)
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            if barrier is not None:
+                await barrier.wait()  # every run's timed steps start together
+            totals.setdefault("t0", time.perf_counter())
+        groups = await _gather(model, args, run, step, scenarios)
+        result = await model.train(groups, config=config)
+        if step >= args.warmup:
+            totals["rollout_tokens"] = totals.get("rollout_tokens", 0) + _tokens(groups)
+            totals["trainable_tokens"] = totals.get("trainable_tokens", 0) + result.metrics.get("trainable_tokens", 0)
+
+
+def _backend(args: Any, path: str) -> Any:
+    import groupwise as gw
+
+    random_arch = args.arch not in ("smollm2",)
+    runs = args.runs if args.case == "together" else 1  # the engine batches every run's rollouts of a step
+    return gw.LocalBackend(path=path, device=args.device, dtype=args.dtype, best_checkpoint_metric=None,
+                           served_steps=1, serve_http=False, max_batch_size=runs * args.prompts * args.group_size,
+                           lora=gw.LoraConfig(rank=args.rank, alpha=2 * args.rank),
+                           load_model=random_model if random_arch else None)
+
+
+def _base(args: Any) -> str:
+    return "smollm2-135m" if args.arch == "smollm2" else f"random:{args.arch}"
+
+
+async def case(args: Any) -> dict[str, Any]:
+    import groupwise as gw
+
+    path = tempfile.mkdtemp(prefix=f"gw-many-{args.case}-")
+    totals: dict[str, float] = {}
+    timed = 0.0
+    if args.case == "together":
+        backend = _backend(args, path)
+        models = [gw.TrainableModel(f"run{r}", project="bench", base_model=_base(args)) for r in range(args.runs)]
+        try:
+            for m in models:
+                await m.register(backend)
+            barrier = asyncio.Barrier(args.runs)
+            await asyncio.gather(*(_train_run(m, args, r, barrier, totals) for r, m in enumerate(models)))
+            timed = time.perf_counter() - totals["t0"]
+        finally:
+            await backend.close()
+    else:
+        for r in range(args.runs):
+            backend = _backend(args, path)
+            model = gw.TrainableModel(f"run{r}", project="bench", base_model=_base(args))
+            one: dict[str, float] = {}
+            try:
+                await model.register(backend)
+                await _train_run(model, args, r, None, one)
+                timed += time.perf_counter() - one["t0"]
+            finally:
+                await backend.close()
+            for k in ("rollout_tokens", "trainable_tokens"):
+                totals[k] = totals.get(k, 0) + one.get(k, 0)
+    return {"case": args.case, "timed_s": timed, "rollout_tokens": totals.get("rollout_tokens", 0),
+            "trainable_tokens": totals.get("trainable_tokens", 0), "peak_gb": _peak_gb(args.device)}
+
+
+def _peak_gb(device: str) -> float:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KB
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--arch", default="qwen2.5-0.5b", help="a shape of bench/train_step.py's ARCHS (random weights) "
+                                                          "or smollm2 (SmolLM2-135M's real weights)")
+    p.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--workload", default="chat", choices=["chat", "2048"])
+    p.add_argument("--runs", type=int, default=4)
+    p.add_argument("--prompts", type=int, default=8, help="groups per step of each run")
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--completion-len", type=int, default=128, help="chat workload: tokens per rollout")
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--micro-batch-tokens", type=int, default=16384, help="GPU; the CPU uses 512 (the main job's)")
+    p.add_argument("--case", choices=["together", "sequence"], default=None, help="(internal) run one case")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    sys.path.insert(0, str(HERE))  # train_step's builder
+    if args.case is not None:
+        print("RESULT " + json.dumps(asyncio.run(case(args))), flush=True)
+        return 0
+
+    card = "cpu"
+    if args.device.startswith("cuda"):
+        import torch
+
+        card = torch.cuda.get_device_name(0)
+    results = {}
+    for name in ("sequence", "together"):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--case", name], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=None)
+        line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if out.returncode != 0 or line is None:
+            print(out.stdout[-3000:])
+            print(f"case {name} failed (exit {out.returncode})")
+            return 1
+        r = json.loads(line.removeprefix("RESULT "))
+        r["tok_s"] = (r["rollout_tokens"] + r["trainable_tokens"]) / r["timed_s"]
+        results[name] = r
+        print(f"{name:>9}: {r['timed_s']:.1f} s timed, {r['rollout_tokens']:.0f} rollout + {r['trainable_tokens']:.0f} "
+              f"trainable tokens, {r['tok_s']:.0f} tok/s, peak {r['peak_gb']:.2f} GB", flush=True)
+    seq, tog = results["sequence"], results["together"]
+    print(f"\n{args.runs} runs of {_base(args)} on {card} ({args.workload}: {args.prompts} x {args.group_size} rollouts "
+          f"a step, {args.steps} timed steps each): together / sequence = "
+          f"{tog['tok_s'] / seq['tok_s']:.2f}x tokens/s, peak memory {tog['peak_gb'] / seq['peak_gb']:.2f}x one run's")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "card": card, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""gw.fit of several runs at once (loop/sweep.py), against the scripted backend: each run's history is the
+one it writes alone; a run whose rollouts crash or whose detector stops it ends alone; each step line
+names its run. (The shared engine and base weights are tested with real models in
+tests/backend/test_many_runs.py.)"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from loop_helpers import SCENARIOS, ScriptedBackend, make_rollout, steady_validate
+
+import groupwise as gw
+from groupwise.errors import ConfigError, GatherError
+
+
+def steady(step, scenario):
+    return f"answer {scenario['answer']} after {step} steps", min(1.0, 0.1 * step)
+
+
+def gamed(step, scenario):
+    """From step 3 the answer pads itself and loses the number: val_drop stops the run at step 4."""
+    if step <= 2:
+        return f"answer {scenario['answer']}", 0.1 * step
+    return "very long answer " * step, 0.1 * step + 0.5
+
+
+def exact(trajectory, scenario) -> float:
+    return float(trajectory.messages()[-1]["content"] == f"answer {scenario['answer']}")
+
+
+def crashing(step, scenario):
+    if step == 2:
+        raise RuntimeError("the environment crashed")
+    return steady(step, scenario)
+
+
+CONFIG = gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, eval_every=2, max_steps=6, patience=100,
+                       num_epochs=2, max_exceptions=0)
+PLANS = {"healthy": (steady, steady_validate), "gamed": (gamed, exact), "crashes": (crashing, steady_validate)}
+
+
+def _run(name: str, path) -> gw.FitRun:
+    model = gw.TrainableModel(name, project="sweep", base_model="none", base_path=str(path))
+    answer, validate = PLANS[name]
+    return gw.FitRun(model, make_rollout(answer), SCENARIOS[:8], val_scenarios=SCENARIOS[8:10], validate=validate,
+                     config=CONFIG)
+
+
+def _rows(run_dir) -> list[dict]:
+    """The history without what two identical runs write differently (timestamps, durations)."""
+    return [{k: v for k, v in r.items() if k != "recorded_at" and "time" not in k} for r in gw.load_history(run_dir)]
+
+
+async def test_runs_at_once_each_write_the_history_they_write_alone_and_a_broken_one_ends_alone(tmp_path, caplog):
+    backend = ScriptedBackend()
+    runs = [_run(name, tmp_path / "together") for name in PLANS]
+    for r in runs:
+        await r.model.register(backend)
+    with caplog.at_level(logging.INFO, logger="groupwise.loop"):
+        results = dict(zip(PLANS, await gw.fit_runs(runs)))
+    assert results["healthy"].stop.rule == "max_steps" and results["healthy"].final_step == 6
+    assert results["gamed"].stop.rule == "alert:val_drop" and results["gamed"].final_step == 4
+    assert isinstance(results["crashes"], GatherError)
+    # every line the loop logged names its run, and each run logged its own steps
+    lines = [r.getMessage() for r in caplog.records if r.name == "groupwise.loop"]
+    assert lines and all(line.startswith(("[healthy] ", "[gamed] ", "[crashes] ")) for line in lines)
+    assert [line.split(" · ")[0] for line in lines if line.startswith("[healthy] step") and "/" in line] == \
+        [f"[healthy] step {s}/6" for s in range(1, 7)]
+    assert any(line.startswith("[gamed] step 4/6") for line in lines)
+    # each run's history is what it writes alone: the others neither stopped it nor wrote into it
+    for name in PLANS:
+        alone = ScriptedBackend()
+        run = _run(name, tmp_path / "alone")
+        await run.model.register(alone)
+        try:
+            await gw.fit(run.model, run.rollout, run.train_scenarios, val_scenarios=run.val_scenarios,
+                         validate=run.validate, config=run.config)
+        except GatherError:
+            assert name == "crashes"
+        assert _rows(tmp_path / "together" / "sweep" / name) == _rows(tmp_path / "alone" / "sweep" / name), name
+
+
+async def test_fit_takes_several_models_with_one_config_each(tmp_path):
+    backend = ScriptedBackend()
+    models = [gw.TrainableModel(f"lr{i}", project="sweep", base_model="none", base_path=str(tmp_path)) for i in range(2)]
+    for m in models:
+        await m.register(backend)
+    configs = [gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, max_steps=steps, eval_every=2, patience=100)
+               for steps in (2, 4)]
+    summaries = await gw.fit(models, make_rollout(steady), SCENARIOS[:8], val_scenarios=SCENARIOS[8:10],
+                             validate=steady_validate, config=configs)
+    assert [(s.run_dir.rsplit("/", 1)[1], s.final_step) for s in summaries] == [("lr0", 2), ("lr1", 4)]
+    with pytest.raises(ConfigError, match="3 configs for 2 models"):
+        await gw.fit(models, make_rollout(steady), SCENARIOS[:8], config=configs + configs[:1])
+    with pytest.raises(ConfigError, match="appear in several runs"):
+        await gw.fit([models[0], models[0]], make_rollout(steady), SCENARIOS[:8])
