@@ -149,7 +149,7 @@ def test_a_rows_command_is_one_the_cli_accepts():
     parsed = build_parser().parse_args(words[2:])
     job = parsed._command.job(**{k: v for k, v in vars(parsed).items() if not k.startswith("_")})
     assert (job.env, job.seed, job.device, job.lr, job.dtype, job.steps, job.batch_invariant) == (
-        "2048", 7, "cpu", 1e-3, "float32", 16, True)
+        "2048", 7, "cpu", [1e-3], "float32", 16, True)
 
 
 def test_provenance_names_the_commit_and_says_when_the_code_had_uncommitted_changes(tmp_path):

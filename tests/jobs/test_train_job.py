@@ -5,7 +5,8 @@ import json
 import groupwise as gw
 from groupwise.envs import get_env
 from groupwise.loop.series import Point
-from groupwise.jobs.train import PRESETS, TrainJob, _train_config, advice
+from groupwise.jobs.train import PRESETS, TrainJob, advice
+from groupwise.jobs.train_setup import train_config
 
 RUN = ".groupwise/2048/2048-s3"
 
@@ -35,16 +36,16 @@ def test_advice_fits_how_the_run_went():
 
 
 def test_cpu_micro_batches_are_small_and_keep_the_gradient():
-    config = _train_config(get_env("2048"), 1e-3, "cpu")
+    config = train_config(get_env("2048"), 1e-3, "cpu")
     assert isinstance(config, gw.TrainConfig) and config.micro_batch_tokens == 512
     assert config.learning_rate == 1e-3  # the TrainConfig owns the rate (the loop's is left unset)
-    email = _train_config(get_env("email"), 5e-5, "cpu")
+    email = train_config(get_env("email"), 5e-5, "cpu")
     assert email.gradient_checkpointing and email.micro_batch_tokens == 2048
 
 
 def test_an_envs_preset_fills_what_the_job_leaves_out():
     assert TrainJob("2048").preset() == PRESETS["2048"]
-    job = TrainJob("2048", lr=2e-3, steps=3, groups_per_step=5)
+    job = TrainJob("2048", lr=[2e-3], steps=3, groups_per_step=5)
     assert (job.preset().learning_rate, job.preset().steps, job.preset().groups_per_step) == (2e-3, 3, 5)
     assert job.preset().rollouts_per_group == PRESETS["2048"].rollouts_per_group
     assert set(PRESETS) == set(__import__("groupwise.envs", fromlist=["ENVS"]).ENVS)  # one preset per env

@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from groupwise.config import DEFAULT_MARGIN
-from groupwise.backend.replica import DEFAULT_MAX_BATCH_SIZE
 from groupwise.jobs.common import Dtype, device_field, dtype_field, model_field, run_name_problem, store_field
 from groupwise.jobs.fields import Command, Job, arg
 from groupwise.jobs.sft import SFT_EPOCHS, SFT_LEARNING_RATE
+from groupwise.jobs.train_setup import job_backend, judge_target, loop_config, peak_rss_gb, score_group_of, with_ci
 
 if TYPE_CHECKING:
     from groupwise.envs import EnvSpec
@@ -113,8 +113,12 @@ class TrainJob(Job):
     steps: int | None = arg(None, low=1, help=f"train until this many steps are done in total (default: the env's "
                                               f"preset: {_presets_of('steps')}; a resumed run continues from where "
                                               "it stopped)")
-    seed: int = arg(0, help="seed of the training scenarios, their order and the run's name; the validation and "
-                            "test scenarios are the same for every seed")
+    seed: int = arg(0, exclusive="seed", help="seed of the training scenarios, their order and the run's name; the "
+                                              "validation and test scenarios are the same for every seed")
+    seeds: list[int] | None = arg(None, exclusive="seed", low=0,
+                                  help="several seeds trained at once in this process, one run each (e.g. 0-3 or "
+                                       "0,2,5): one copy of the model, one engine batching every run's rollouts, a "
+                                       "line per step per run and a table at the end")
     path: str = store_field()
     name: str | None = arg(None, check=run_name_problem,
                            help="model name (default: <env>-s<seed>; an existing name resumes)")
@@ -122,8 +126,9 @@ class TrainJob(Job):
                                  "small agent is never correct, and the gate would zero every reward (no signal)")
     device: str | None = device_field()
     dtype: Dtype | None = dtype_field()
-    lr: float | None = arg(None, low=0, low_open=True,
-                           help=f"GRPO learning rate (default: the env's preset: {_presets_of('learning_rate')})")
+    lr: list[float] | None = arg(None, low=0, low_open=True,
+                                 help=f"GRPO learning rate; several (5e-4,1e-3) train one run per rate at once, as "
+                                      f"--seeds does (default: the env's preset: {_presets_of('learning_rate')})")
     rollouts_per_group: int | None = arg(None, low=2, help=f"rollouts of each scenario, compared with each other "
                                                            f"(default: the env's preset: "
                                                            f"{_presets_of('rollouts_per_group')})")
@@ -139,48 +144,30 @@ class TrainJob(Job):
                                             "machine match exactly (slower: no prefix cache)")
 
     def rules(self) -> list[str]:
+        found = []
         if self.judge and len(self.judge) > 1 and not self.judge_labels:
-            return [f"{len(self.judge)} --judge candidates need --judge-labels to choose between them (titles, "
-                    "'env', a JSONL file or a run folder)"]
-        return []
+            found.append(f"{len(self.judge)} --judge candidates need --judge-labels to choose between them (titles, "
+                         "'env', a JSONL file or a run folder)")
+        if len(self.runs()) > 1:
+            many = f"{len(self.runs())} runs (--seeds x --lr)"
+            found.extend(f"{many}: {flag} {why}" for flag, given, why in (
+                ("--name", self.name, "names one run (each run of a sweep is <env>-s<seed>[-lr<rate>])"),
+                ("--sft", self.sft, "warm-starts one run: give one seed and one --lr"),
+                ("--judge-labels", self.judge_labels, "chooses a judge for one run: choose it first, then sweep "
+                                                      "with --judge NAME")) if given)
+        return found
 
-    def preset(self) -> Preset:
-        """The env's preset, with the values this job sets in place of its own."""
+    def runs(self) -> list[tuple[int, float | None]]:
+        """The (seed, learning rate) of each run the job trains: every seed with every rate (None: the preset's)."""
+        return [(seed, lr) for seed in (self.seeds or [self.seed]) for lr in (self.lr or [None])]
+
+    def preset(self, learning_rate: float | None = None) -> Preset:
+        """The env's preset, with the values this job sets in place of its own (`learning_rate`: a run's, else
+        the job's first)."""
         given = {"steps": self.steps, "rollouts_per_group": self.rollouts_per_group,
-                 "groups_per_step": self.groups_per_step, "learning_rate": self.lr}
+                 "groups_per_step": self.groups_per_step,
+                 "learning_rate": learning_rate if learning_rate is not None else (self.lr or [None])[0]}
         return dataclasses.replace(PRESETS[self.env], **{k: v for k, v in given.items() if v is not None})
-
-
-def _train_config(spec: EnvSpec, learning_rate: float, device: str | None) -> Any:
-    """The GRPO step settings of the job.
-
-    Tool-using transcripts (email) run to thousands of tokens: recompute layers in the backward pass
-    instead of holding their activations, which would not fit a small machine. Otherwise, on the CPU,
-    micro-batches of 512 tokens: an fp32 SmolLM2 holds ~1.5 MB of activations per token for the
-    backward, so a 4096-token micro-batch alone takes ~6 GB; 512 tokens give the same gradient (the
-    loss normalises over the whole step) and keep the whole 2048 job under 4 GB, for a slightly
-    slower update than 1024 (docs/benchmarks.md, the main job).
-    """
-    import groupwise as gw
-    from groupwise.loading import resolve_device
-
-    if spec.reward != "verifiable":
-        return gw.TrainConfig(learning_rate=learning_rate, gradient_checkpointing=True, micro_batch_tokens=2048)
-    if resolve_device(device).type == "cpu":
-        return gw.TrainConfig(learning_rate=learning_rate, micro_batch_tokens=512)
-    return gw.TrainConfig(learning_rate=learning_rate)
-
-
-def _judge_target(judge: str, model: Any, base_model: str) -> tuple[str, dict[str, Any]]:
-    """(the model name RULER sends, its keyword arguments) of a `--judge` name."""
-    if judge == f"local/{base_model}":
-        # Same weights as the policy's base: ask the policy's own engine for the base (adapter off).
-        return model.inference_name(0), {"client": model.openai_client()}
-    if judge.startswith("local/"):
-        # Another local model: the backend serves it in process (the judge only receives a client).
-        name = judge.removeprefix("local/")
-        return name, {"client": model.backend.judge_client(name)}
-    return judge, {}
 
 
 async def _select_judge(spec: EnvSpec, judges: list[str], labels: str, model: Any, base_model: str,
@@ -195,31 +182,12 @@ async def _select_judge(spec: EnvSpec, judges: list[str], labels: str, model: An
     rubric = spec.rubric or rubric or DEFAULT_RUBRIC
     specs = []
     for j in judges:
-        judge_model, kwargs = _judge_target(j, model, base_model)
+        judge_model, kwargs = judge_target(j, model, base_model)
         specs.append(JudgeSpec(judge_model, rubric=rubric, name=j, client=kwargs.get("client")))
     chosen, _, table = await select_judge(labelled, specs, margin=margin, repeats=1)
     print(f"[groupwise train] judge check on {len(labelled)} labelled groups ({labels}):\n{table}")
     print(f"[groupwise train] judging with {chosen.label}")
     return chosen.label
-
-
-def _score_group(spec: EnvSpec, judge: str | None, model: Any, base_model: str, gate_correct: bool = False):
-    """fit's score_group: None for verifiable envs, else a RULER call (gated by correctness for hybrid)."""
-    if spec.reward == "verifiable" and judge is None:
-        return None
-    from groupwise.judge import apply_hybrid, gate, ruler_score_group
-
-    judge_model, kwargs = _judge_target(judge or f"local/{base_model}", model, base_model)
-    rubric_kwargs = {"rubric": spec.rubric} if spec.rubric else {}
-
-    async def score_group(group):
-        judged = await ruler_score_group(group, judge_model, swallow_exceptions=True, **rubric_kwargs, **kwargs)
-        if judged is not None and gate_correct and spec.gate_metric:
-            # Correctness gate: a wrong answer keeps at most the judge's floor (judge/hybrid.py says why).
-            judged = apply_hybrid(judged, gate, verifiable_key=spec.gate_metric)
-        return judged
-
-    return score_group
 
 
 async def train(job: TrainJob) -> dict[str, Any]:
@@ -233,7 +201,11 @@ async def train(job: TrainJob) -> dict[str, Any]:
     from groupwise.loop.report import load_run, plot_run
     from groupwise.loop.series import points
 
-    spec, preset, seed, model_name, path = get_env(job.env), job.preset(), job.seed, job.model, job.path
+    if len(job.runs()) > 1:
+        from groupwise.jobs.train_sweep import sweep
+
+        return await sweep(job)
+    spec, preset, seed, model_name, path = get_env(job.env), job.preset(), job.runs()[0][0], job.model, job.path
     train_s, val_s, test_s = spec.scenarios(seed)
     if preset.val_size is not None:
         val_s = val_s[: preset.val_size]
@@ -251,9 +223,7 @@ async def train(job: TrainJob) -> dict[str, Any]:
 
     t0 = time.monotonic()
     model = gw.TrainableModel(name=name, project=spec.name, base_model=model_name, base_path=path)
-    backend = gw.LocalBackend(path, device=job.device, dtype=job.dtype, best_checkpoint_metric=f"val/{metric}",
-                              max_batch_size=max(DEFAULT_MAX_BATCH_SIZE, preset.rollouts_per_group * preset.groups_per_step),
-                              engine_kwargs={"batch_invariant": True} if job.batch_invariant else None)
+    backend = job_backend(job, preset)
     await model.register(backend)
     load_s = time.monotonic() - t0
     resumed = await model.get_step()
@@ -270,20 +240,7 @@ async def train(job: TrainJob) -> dict[str, Any]:
         baselines = [AtStep(model, sft_steps)]
         max_steps += sft_steps  # --steps counts the GRPO steps
 
-    config = gw.LoopConfig(
-        rollouts_per_group=preset.rollouts_per_group,
-        groups_per_step=preset.groups_per_step,
-        max_steps=max_steps,
-        num_epochs=100,  # the step budget, not the data, ends the job
-        train_config=_train_config(spec, preset.learning_rate, job.device),  # it owns the learning rate
-        eval_every=max(1, max_steps // 2),  # the base, the midpoint, the end
-        # An env without a validation metric (titles) runs no validation; the loop's metric is then unused,
-        # and "reward" would clash with the history row's own reward field.
-        **({"metric": metric} if spec.val_metric else {}),
-        patience=max(max_steps, 10),  # the job is short: let max_steps or the detectors end it
-        seed=seed,
-        max_exceptions=0.1,
-    )
+    config = loop_config(spec, preset, max_steps, seed, job.device)
     judges = list(job.judge or [])
     try:
         if job.judge_labels:
@@ -293,7 +250,7 @@ async def train(job: TrainJob) -> dict[str, Any]:
             model, spec.rollout, train_s,
             val_scenarios=val_s if spec.val_metric else None,
             test_scenarios=test_s if spec.val_metric else None,
-            score_group=_score_group(spec, judges[0] if judges else None, model, model_name, job.gate),
+            score_group=score_group_of(spec, judges[0] if judges else None, model, model_name, job.gate),
             validate=spec.validate if spec.val_metric else None,
             baselines=baselines if spec.val_metric else (),
             config=config,
@@ -323,7 +280,7 @@ async def train(job: TrainJob) -> dict[str, Any]:
     print()
     say(f"done in {wall / 60:.1f} min (model load {load_s:.0f}s), peak memory {result['peak_rss_gb']:.1f} GB")
     if base is not None:
-        say(f"validation {metric}: base {_with_ci(base)} -> best {_with_ci(best)} at step {summary.best_step}")
+        say(f"validation {metric}: base {with_ci(base)} -> best {with_ci(best)} at step {summary.best_step}")
     if summary.test:
         t = summary.test
         ci = f" [{t[f'{metric}_lo']:.3f}, {t[f'{metric}_hi']:.3f}]" if f"{metric}_lo" in t else ""
@@ -334,20 +291,6 @@ async def train(job: TrainJob) -> dict[str, Any]:
                        run_dir=str(model.run_dir)):
         say(line)
     return result
-
-
-def peak_rss_gb() -> float:
-    """This process's peak resident memory in GB (Linux reports KB, macOS bytes)."""
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
-
-
-def _with_ci(p: Any) -> str:
-    if p is None:
-        return "n/a"
-    return f"{p.value:.3f}" if p.lo is None else f"{p.value:.3f} [{p.lo:.3f}, {p.hi:.3f}]"
 
 
 def advice(base: Any, best: Any, final_step: int, rule: str, *, env: str, seed: int, steps: int,

@@ -1,0 +1,44 @@
+"""`groupwise train <env> --seeds 0-1 --lr ...`: a sweep trains its runs at once in one process, one copy of
+the model, a line per step per run and a table at the end (jobs/train_sweep.py)."""
+
+import json
+
+import pytest
+
+from groupwise.errors import ConfigError
+from groupwise.jobs.train import TrainJob
+
+
+def test_a_sweep_is_every_seed_with_every_rate_and_refuses_what_names_one_run():
+    job = TrainJob("2048", seeds=[0, 1], lr=[5e-4, 1e-3])
+    assert job.runs() == [(0, 5e-4), (0, 1e-3), (1, 5e-4), (1, 1e-3)]
+    assert job.preset(1e-3).learning_rate == 1e-3 and TrainJob("2048", seed=3).runs() == [(3, None)]
+    with pytest.raises(ConfigError, match="(?s)--name names one run.*--sft warm-starts one run"):
+        TrainJob("2048", seeds=[0, 1], name="mine", sft=4)
+
+
+def test_the_cli_trains_two_seeds_at_once_and_prints_a_line_per_step_per_run_and_a_table(tmp_path, capsys, monkeypatch):
+    from groupwise.cli import main
+    from groupwise.loading import load_tokenizer, tiny_random_model
+
+    model, tok = tiny_random_model(seed=0, tokenizer=load_tokenizer("smollm2-135m"))
+    model.save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit:
+        main(["train", "2048", "--seed", "1", "--seeds", "0-1"])
+    assert exit.value.code == 2 and "--seeds: not allowed with argument --seed" in capsys.readouterr().err
+    code = main(["train", "2048", "--model", str(tmp_path / "tiny"), "--steps", "1", "--path", "runs",
+                 "--device", "cpu", "--seeds", "0-1", "--lr", "2e-3", "--groups-per-step", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "2 runs at once on one copy of" in out
+    for seed in (0, 1):
+        assert f"[groupwise train] [2048-s{seed}] step 1/1 · reward" in out
+        summary = json.loads((tmp_path / "runs" / "2048" / f"2048-s{seed}" / "summary.json").read_text())
+        assert summary["seed"] == seed and summary["learning_rate"] == 2e-3 and summary["final_step"] == 1
+        row = next(line for line in out.splitlines() if line.startswith(f"| 2048-s{seed} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1] == "0.002" and cells[5] == "max_steps"
+        assert cells[2].startswith(f"{summary['base']:.3f} [") and cells[4].count("[") == 1  # intervals
+    assert "| run | lr | val valid_move_rate base | best (step) | test | stopped | minutes |" in out
