@@ -327,7 +327,10 @@ def _show_progress() -> None:
     logger = logging.getLogger("groupwise.loop")
     if any(getattr(h, "_groupwise_train", False) for h in logger.handlers):
         return
-    handler = logging.StreamHandler(sys.stdout)
+    class Stdout(logging.StreamHandler):  # the stdout of the moment (a redirect made after this one), not the first
+        stream = property(lambda self: sys.stdout, lambda self, value: None)
+
+    handler = Stdout()
     handler.setFormatter(logging.Formatter("[groupwise train] %(message)s"))
     handler._groupwise_train = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
