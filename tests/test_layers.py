@@ -48,14 +48,20 @@ def test_the_scan_sees_the_tree(tree):
 
 def test_the_cli_is_the_top_floor_over_the_jobs(tree):
     """The house as the imports draw it: the CLI imports every command's job module by name when it loads
-    (no importlib strings, so the graph shows them), and no module outside jobs/ but the CLI imports one."""
-    jobs = {m for m in tree if within(m, f"{PACKAGE}.jobs") and m.rsplit(".", 1)[1] not in ("jobs", "fields", "common")}
+    (no importlib strings, so the graph shows them), and no module outside jobs/ but the CLI imports one.
+    A command's parts (``jobs/train_sweep.py``: ``<command>_<part>``) are its own: only jobs import them."""
+    leaves = {m.rsplit(".", 1)[1] for m in tree if within(m, f"{PACKAGE}.jobs")}
+    parts = {f"{PACKAGE}.jobs.{leaf}" for leaf in leaves if "_" in leaf and leaf.split("_", 1)[0] in leaves}
+    jobs = {m for m in tree if within(m, f"{PACKAGE}.jobs") and m.rsplit(".", 1)[1] not in ("jobs", "fields", "common")
+            and m not in parts}
     assert {f"{PACKAGE}.jobs.{name}" for name in ("train", "sft", "serve", "report", "inspect", "compare",
                                                    "dashboard", "judge_eval")} <= jobs
     cli = tree[f"{PACKAGE}.cli"]
     assert jobs <= {imp.target for imp in cli.imports if imp.at_load}, sorted(jobs)
     importers = {mod.name for mod in tree.values() for imp in mod.imports if within(imp.target, f"{PACKAGE}.jobs")}
     assert {m for m in importers if not within(m, f"{PACKAGE}.jobs")} == {f"{PACKAGE}.cli"}
+    part_importers = {mod.name for mod in tree.values() for imp in mod.imports if imp.target in parts}
+    assert all(within(m, f"{PACKAGE}.jobs") for m in part_importers), sorted(part_importers)
 
 
 def test_client_side_loads_no_heavy_library(tree):
