@@ -86,3 +86,32 @@ def test_tokens_and_logprobs_do_not_depend_on_arrival_times(tiny, adapter_dirs):
     for key, got in runs.items():
         for i, (a, b) in enumerate(zip(first, got)):
             assert a == b, f"request {i} ({ADAPTERS[i % 3]}) differs in arrival pattern {key}"
+
+
+def test_a_row_s_logprobs_do_not_depend_on_the_other_rows_sampling_settings(tiny):
+    """Rows that need the full log-softmax (top_logprobs, a temperature other than 1, greedy, top-p)
+    must not change how the logprobs of the other rows in their batch are computed: a training rollout
+    shares decode steps with judge calls, evaluations at temperature 0 and requests asking for
+    alternatives, and which of them it meets depends on timing."""
+    model, tok = peaked(tiny[1])
+    engine = Engine(model, tok, max_batch_size=8, batch_invariant=True)
+
+    def req(i: int, **sampling) -> GenerationRequest:
+        prompt = tok.apply_chat_template([{"role": "user", "content": f"Question {i}."}],
+                                         add_generation_prompt=True, tokenize=True, return_dict=False)
+        return GenerationRequest(prompt_ids=prompt, max_new_tokens=6, sampling=SamplingParams(**sampling))
+
+    def with_others(others: list[dict]) -> tuple:
+        async def run():
+            main = req(0, temperature=1.0, seed=5)
+            got = await asyncio.gather(engine.generate(main), *(engine.generate(req(1 + k, **o)) for k, o in enumerate(others)))
+            return got[0].completions[0].token_ids, got[0].completions[0].logprobs
+        return asyncio.run(run())
+
+    try:
+        alone = with_others([])
+        for others in ([{"temperature": 0.0}], [{"temperature": 1.0, "seed": 1, "top_logprobs": 3}],
+                       [{"temperature": 0.7, "seed": 2}], [{"temperature": 1.0, "seed": 3, "top_p": 0.9}]):
+            assert with_others(others) == alone, f"beside {others}"
+    finally:
+        engine.close()

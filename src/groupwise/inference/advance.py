@@ -59,9 +59,13 @@ def sample_and_advance(state: StepState, seqs: list[SeqState], logits_BV: torch.
     if any(p.penalized for p in params):  # token histories only where a penalty reads them
         history = ([s.req.prompt_ids if s.req.sampling.penalized else [] for s in seqs],
                    [s.tokens if s.req.sampling.penalized else [] for s in seqs])
+    # sample_next computes the logprobs of a batch of plain rows by a shortcut (logit - lse from the
+    # max prob) and of any other batch by the full log-softmax: equal up to the last bits, so a row's
+    # logprob would depend on whether a greedy, top-p or top_logprobs row shared its step (timing).
+    # The batch-invariant engine always takes the full log-softmax.
     tokens_B, logprobs_B, raw_BV = sample_next(
         logits_BV, params, [s.seed for s in seqs], [len(s.tokens) for s in seqs], allowed,
-        state.generator, want_raw_BV=tops_needed > 0, history=history,
+        state.generator, want_raw_BV=tops_needed > 0 or state.batch_invariant, history=history,
     )
     top_vals = top_ids = None
     if tops_needed:

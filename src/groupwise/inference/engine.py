@@ -45,13 +45,14 @@ Logprobs are the model's raw log-softmax (sampling.py says why).
 Batch invariance. A seeded row's sample is a function of its own logits (sampling.py), but on the CPU
 those logits change by ulps with the rows beside it: attention sums over as many columns as the
 batch's longest row, a one-row linear takes another kernel than two rows, a prompt's KV may come from
-the prefix cache (computed in another batch), and a one-adapter batch runs from merged weights. So the
-logprobs the trainer takes as its old policy differed between two runs of one seed, the adapters
-drifted apart by ulps, and after a few steps a sample flipped and the runs diverged.
+the prefix cache (computed in another batch), a one-adapter batch runs from merged weights, and a
+row's logprob takes a shortcut unless a row beside it (greedy, top-p, top_logprobs) needs the full
+log-softmax. So the logprobs the trainer takes as its old policy differed between two runs of one
+seed, the adapters drifted apart by ulps, and after a few steps a sample flipped and the runs diverged.
 ``batch_invariant=True`` (CPU, fp32, oneDNN) removes each cause: decode attention per row over its own
 columns (attention.py), a one-row linear computed as two rows (cpu_linear.py), one prefill pass per
-request, no prefix cache, adapters unmerged. A request's tokens and logprobs are then bitwise the same
-whatever runs with it (for one thread count: CPU kernels split work by it). It costs the prefix cache's
+request, no prefix cache, adapters unmerged, every logprob from the full log-softmax (advance.py). A
+request's tokens and logprobs are then bitwise the same whatever runs with it (for one thread count: CPU kernels split work by it). It costs the prefix cache's
 savings and a small call per row and layer in decode, so it is opt-in: tests that train, and
 ``groupwise train --batch-invariant``.
 
@@ -173,7 +174,7 @@ class Engine:
             # KV of prompt prefixes seen before (prefix_cache.py); allocated at the first prefill.
             prefix_cache=PrefixCache(buffers, prefix_cache_tokens, prefix_block_size) if prefix_cache_tokens else None,
             max_batch_size=max_batch_size, max_prefill_tokens=max_prefill_tokens, context_length=self.context_length,
-            eos_token_ids=eos, device=device, stats=stats,
+            eos_token_ids=eos, device=device, stats=stats, batch_invariant=batch_invariant,
             cv=self._compute.cv)  # guards the queues; submit() wakes the compute thread through it
         self._adapters: dict[str, str] = {}
         # Held by the loop for one step, and by add/remove_adapter. A pause does not hold it: it

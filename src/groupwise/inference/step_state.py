@@ -48,7 +48,7 @@ class StepState:
 
     def __init__(self, *, tokenizer: Any, buffers: SlotBuffers, prefix_cache: PrefixCache | None,
                  max_batch_size: int, max_prefill_tokens: int, context_length: int, eos_token_ids: set[int],
-                 device: torch.device, cv: threading.Condition, stats: EngineStats) -> None:
+                 device: torch.device, cv: threading.Condition, stats: EngineStats, batch_invariant: bool = False) -> None:
         self.tokenizer = tokenizer
         self.buffers = buffers
         self.prefix_cache = prefix_cache
@@ -64,6 +64,7 @@ class StepState:
         self.closed = False
         self.cancel_pending = False  # a caller cancelled since the last sweep (Engine sweeps at each step)
         self.stats = stats
+        self.batch_invariant = batch_invariant  # engine.py: a row's numbers never depend on its batch (advance.py)
         self.generator = torch.Generator(device=device)  # unseeded rows of eager sampling
         self.generator.manual_seed(0)
         self.cpu_generator = torch.Generator().manual_seed(0)  # seeds of unseeded rows in graph sampling
