@@ -12,7 +12,10 @@ Always returned, because RL needs them (token-in/token-out): every choice's logp
 (`groupwise.types.choice_token_ids` reads it), and in ``choice.forced_token_indices`` the indices
 into token_ids of the tokens a grammar forced (tool_choice / response_format allowed only that one
 token; `choice_forced_indices`), empty when none. ``response.model`` and ``system_fingerprint``
-name the step that produced the answer (``name@step``).
+name the step that produced the answer (``name@step``). Each logprob entry names its token
+``"token_id:<id>"`` unless the request sends ``return_tokens_as_token_ids: false`` (vLLM's field; on
+by default as on ART's vLLM server), so a client layer that keeps logprobs but drops unknown fields
+(LiteLLM 1.65) still carries the sampled ids.
 
 How a request runs: the key is checked, the body read up to a limit (413 past it) within a deadline
 (408) and validated, its schemas against the bounds of request_limits.py (a 400 naming the bound);
