@@ -45,6 +45,7 @@ _EXPORTS: dict[str, str] = {
     "gather_trajectory_groups": "groupwise.rollout.gather",
     "gather_trajectories": "groupwise.rollout.gather",
     "trajectory_group": "groupwise.rollout.gather",
+    "trajectory_group_batches": "groupwise.batches",
     # store
     "load_trajectories": "groupwise.store",
     "load_history": "groupwise.store",

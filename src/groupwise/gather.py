@@ -108,10 +108,10 @@ def record_metrics(context: GatherContext, trajectory: Trajectory) -> None:
 
 
 async def wrap_group_awaitable(awaitable: Awaitable[Any]) -> Any:
-    """Await a group (a `TrajectoryGroup`, which gathers itself, or an awaitable of a group or of a
-    rollout's trajectories), recording its trajectories; None when it failed within the budget."""
-    if isinstance(awaitable, TrajectoryGroup):
-        return await awaitable
+    """Await a group (a `TrajectoryGroup`, which runs its rollouts, or an awaitable of a group or of
+    a rollout's trajectories), recording its trajectories; None when it failed within the budget. A
+    `TrajectoryGroup` fails as a whole at its first failed rollout (ART records a failed rollout on
+    its group instead); `gather_trajectory_groups` budgets rollout by rollout."""
     context = get_gather_context()
     try:
         group = await awaitable

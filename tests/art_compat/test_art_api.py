@@ -105,7 +105,9 @@ class Differences:
                 self.add(f"{path}({p.name})", "extra required", "groupwise requires a parameter ART does not have", version)
 
     def function(self, path: str, fact: dict[str, Any], obj: Any, version: str, *, bound: bool = False) -> None:
-        if fact.get("async") is not None and inspect.iscoroutinefunction(obj) != fact["async"]:
+        # `async def` with `yield` (an async generator, e.g. trajectory_group_batches) is async too
+        is_async = inspect.iscoroutinefunction(obj) or inspect.isasyncgenfunction(obj)
+        if fact.get("async") is not None and is_async != fact["async"]:
             self.add(path, "async", f"ART's is {'' if fact['async'] else 'not '}async", version)
         self.params(path, fact["params"], obj, version, bound=bound)
 

@@ -72,3 +72,28 @@ def test_guided_completion_params_from_a_teachers_answer_or_tool_call():
     assert tool["function"]["parameters"]["properties"]["square"] == {"type": "string"}  # not mutated
     with pytest.raises(gw.GroupwiseError, match="base_tools"):
         get_guided_completion_params(completion(call))
+
+
+def test_trajectory_group_batches_yields_the_first_groups_to_finish_in_batches():
+    """ART's `trajectory_group_batches`: batches of `batch_size` finished groups (fastest first), the
+    shorter last batch, `skip_batches` groups dropped, and a failed group left out within budget."""
+    async def played(delay: float, reward: float) -> list[gw.Trajectory]:
+        await asyncio.sleep(delay)
+        return [gw.Trajectory(messages_and_choices=[], reward=reward)]
+
+    async def main():
+        delays = [0.05, 0.0, 0.03, 0.01, 0.02]  # reward i finishes in order 1, 3, 4, 2, 0
+        batches = [[g[0].reward for g in b] async for b in gw.trajectory_group_batches(
+            (played(d, float(i)) for i, d in enumerate(delays)), batch_size=2, pbar_desc=None)]
+        assert batches == [[1.0, 3.0], [4.0, 2.0], [0.0]]
+        skipped = [[g[0].reward for g in b] async for b in gw.trajectory_group_batches(
+            (played(0.0, float(i)) for i in range(5)), batch_size=2, skip_batches=2, pbar_desc=None)]
+        assert skipped == [[4.0]]
+        kept = [[g[0].reward for g in b] async for b in gw.trajectory_group_batches(
+            [played(0.0, 1.0), lost(), played(0.01, 2.0)], batch_size=2, max_batch_exceptions=1, pbar_desc=None)]
+        assert kept == [[1.0, 2.0]]
+        with pytest.raises(ValueError, match="no move"):
+            async for _ in gw.trajectory_group_batches([lost(), played(0.0, 1.0)], batch_size=2, pbar_desc=None):
+                pass
+
+    asyncio.run(main())

@@ -241,7 +241,7 @@ class ChatCompletionRequest(_Sampling):
     guided_choice: list[str] | None = Field(None, min_length=1, max_length=MAX_GUIDED_CHOICES)
     # OpenAI's setting of its reasoning models: accepted, no effect (a chat template that thinks
     # takes `chat_template_kwargs`, e.g. Qwen3's enable_thinking)
-    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
 
     @field_validator("tools", mode="before")
     @classmethod
