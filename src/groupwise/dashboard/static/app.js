@@ -106,17 +106,30 @@ function markersPlugin(name) {
   } } };
 }
 
+// A flat curve (KL 0 before any drift) gets a band around its value rather than 0..100.
+function yRange(u, min, max) {
+  if (min === null || max === null) return [0, 1];
+  return min === max ? [min - Math.max(1, Math.abs(min)) / 2, max + Math.max(1, Math.abs(max)) / 2] : uPlot.rangeNum(min, max, 0.1, true);
+}
+
 function chart(id, title, series, data, opts) {
   const width = Math.max(480, Math.min(760, document.getElementById("charts").clientWidth / 2 - 30));
   const existing = S.charts[id];
-  if (existing && existing.n === series.length) { existing.u.setData(data); return; }
+  if (existing && existing.n === series.length) { existing.u.setData(data); spanOne(existing.u, data); return; }
   if (existing) { existing.u.destroy(); existing.box.remove(); }
   const box = el("div", { class: "chart", id: `chart-${id}` }, el("h4", {}, title));
   document.getElementById("charts").append(box);
   const u = new uPlot({ width, height: 220, series: [{ label: "step" }, ...series], bands: (opts && opts.bands) || [],
-                        scales: Object.assign({ x: { time: false } }, opts && opts.y ? { y: { range: opts.y } } : {}),
+                        scales: { x: { time: false }, y: { range: opts && opts.y ? opts.y : yRange } },
                         axes: [{ label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] }, {}], plugins: [markersPlugin(id)] }, data, box);
   S.charts[id] = { u, n: series.length, box };
+  spanOne(u, data);
+}
+
+// uPlot draws a lone x value on 0..100 whatever the range function says: span the run's steps instead
+function spanOne(u, data) {
+  const [a, b] = S.stepSpan || [0, 0];
+  if (data[0].length === 1 && a < b) u.setScale("x", { min: Math.min(a, data[0][0]), max: Math.max(b, data[0][0]) });
 }
 
 const line = (label, stroke, extra) => Object.assign({ label, stroke, width: 1.5, spanGaps: true, points: { size: 4 } }, extra || {});
@@ -129,6 +142,8 @@ async function refreshCurves() {
   ids.forEach((r, i) => { S.curves[r] = all[i]; });
   const cv = all[0];
   const multi = ids.length > 1;
+  const steps = all.flatMap(c => [...c.train.step, ...c.val.step]);
+  S.stepSpan = steps.length ? [Math.min(...steps), Math.max(...steps)] : null;
   // train reward: the mean with +-1 std over the step's rollouts (a band); other runs' means beside it
   const tr = [[cv.train.step, cv.train.reward], [cv.train.step, cv.train.hi], [cv.train.step, cv.train.lo],
               ...all.slice(1).map(c => [c.train.step, c.train.reward])];
