@@ -44,7 +44,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -61,6 +60,9 @@ DETECTORS = ("val_drop", "val_unstable", "val_plateau", "reward_jump", "length_d
              "repetition", "identical_answers")
 BEGIN, END = "<!-- DETECTORS:BEGIN -->", "<!-- DETECTORS:END -->"
 ROOT = Path(__file__).resolve().parent.parent
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_block import commit, machine  # noqa: E402  (one provenance line for every bench table)
 
 
 # ---------------------------------------------------------------- the tasks and their rewards
@@ -239,26 +241,6 @@ def table(s: dict) -> str:
                      f"{rate(r['detected'], r['dropped'])} | {lead(r['leads'])} | "
                      f"{r['early']}/{r['dropped']} |")
     return "\n".join(lines)
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()}"
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def docs_block(s: dict, args: argparse.Namespace, wall_s: float) -> str:
