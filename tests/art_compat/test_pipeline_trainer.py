@@ -116,18 +116,7 @@ async def test_resume_continues_at_the_scenario_offset_saved_with_the_checkpoint
     assert seen[0] == offset and await model.get_step() == 3
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from groupwise.loading import load_tokenizer, tiny_random_model
-
-    path = tmp_path_factory.mktemp("tiny")
-    model, tok = tiny_random_model(seed=0, tokenizer=load_tokenizer("smollm2-135m"))
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
-
-
-async def test_a_pipelined_run_on_a_tiny_model(model_dir, tmp_path):
+async def test_a_pipelined_run_on_a_tiny_model(tiny_model_dir, tmp_path):
     # ART's yes/no/maybe example's shape: one request of n completions per group, an eval every step
     async def rollout_fn(model, scenario, config):
         messages = [{"role": "user", "content": scenario["prompt"]}]
@@ -142,7 +131,7 @@ async def test_a_pipelined_run_on_a_tiny_model(model_dir, tmp_path):
                                                                 max_tokens=4)
         return [gw.Trajectory(messages_and_choices=[*messages, r.choices[0]], reward=1.0)]
 
-    model = gw.TrainableModel("yes-no", project="art", base_model=model_dir, base_path=str(tmp_path))
+    model = gw.TrainableModel("yes-no", project="art", base_model=tiny_model_dir, base_path=str(tmp_path))
     backend = gw.LocalBackend(path=str(tmp_path), device="cpu")
     await model.register(backend)
     try:
