@@ -12,7 +12,7 @@ import torch
 from backend_helpers import make_backend, sample_groups
 
 import groupwise as gw
-from groupwise.backend.driver import shard_batch
+from groupwise.backend.ranks import merge_ranks, sft_step_metrics, shard_batch
 from groupwise.backend.routing import ReplicaRouter
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
 
@@ -77,6 +77,26 @@ def test_shards_balance_tokens_and_keep_the_steps_counts():
     assert [sum(len(s) for s in shard.sequences) for shard in shards] == [15, 17]
     assert all(shard.num_groups == 2 and shard.zero_variance_fraction == 0.5 for shard in shards)
     assert [len(s.sequences) for s in shard_batch(TokenizedBatch([_seq(3)]), 2)] == [1, 0]  # a rank may idle
+
+
+def test_rank_metrics_merge_per_rank_counts_and_keep_the_summed_loss():
+    a = {"loss": 0.5, "trainable_tokens": 30.0, "micro_batches": 2.0, "padded_tokens": 40.0, "update_time": 2.0,
+         "trainable_tokens_per_s": 15.0}
+    b = {**a, "micro_batches": 3.0, "padded_tokens": 10.0, "update_time": 3.0}
+    merged = merge_ranks([a, b])
+    # the loss and token count are already sums over the ranks; micro-batches and padding are each rank's
+    assert merged == {**a, "micro_batches": 5.0, "padded_tokens": 50.0, "update_time": 3.0, "trainable_tokens_per_s": 10.0}
+    assert merge_ranks([a]) == a
+
+
+def test_a_supervised_steps_loss_weights_each_update_by_its_tokens():
+    one = {"loss": 1.0, "trainable_tokens": 10.0, "grad_norm": 2.0, "sequences": 1.0, "dropped_too_long": 0.0,
+           "update_time": 1.0}
+    two = {**one, "loss": 4.0, "trainable_tokens": 30.0, "grad_norm": 4.0, "dropped_too_long": 1.0}
+    m = sft_step_metrics([one, two], 1e-4)
+    assert m["loss"] == (1.0 * 10 + 4.0 * 30) / 40 and (m["first_loss"], m["last_loss"]) == (1.0, 4.0)
+    assert (m["grad_norm"], m["trainable_tokens"], m["updates"], m["dropped_too_long"]) == (3.0, 40.0, 2.0, 1.0)
+    assert sft_step_metrics([], 0.0) == {"updates": 0.0, "trainable_tokens": 0.0, "learning_rate": 0.0}
 
 
 def _chat(model: str, user: str, *, system: str = "be brief", turns: int = 0) -> httpx.Request:

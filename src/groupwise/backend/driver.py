@@ -12,9 +12,8 @@ A train step, in order (each step of the order is there for a failure seen in AR
    no gradient step, a warning naming the groups, an ``alert`` row ``no_signal`` in the history, and
    the unchanged adapter checkpointed and served as the next step, as ART does;
 2. tokenise once, here (token-in/token-out; raises `NotTrainableError` saying why when nothing is
-   trainable), and split the sequences over the ranks, balanced by length: the advantages are already
-   computed per group, and the trainers sum their normalisers and gradients, so any split of the
-   sequences gives the gradient of the whole batch;
+   trainable), and split the sequences over the ranks, balanced by length (backend/ranks.py says why
+   any split gives the gradient of the whole batch);
 3. each rank pauses its engine (no forward pass runs), runs the GRPO step, resumes;
 4. rank 0 saves the checkpoint atomically (adapter, optimizer, RNG, step, the caller's data cursor,
    the step's history row; state.json last), then the driver appends that row to history.jsonl;
@@ -46,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC, Backend, InferenceEndpoint, TrainResult
 from groupwise.backend.options import BackendOptions
+from groupwise.backend.ranks import merge_ranks, shard_batch, sft_step_metrics
 from groupwise.backend.worker import ModelSpec, WorkerOptions
 from groupwise.compute import compute_thread
 from groupwise.config import TrainConfig
@@ -89,20 +89,6 @@ class _Run:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-def _merge_ranks(metrics: list[dict[str, float]]) -> dict[str, float]:
-    """One update's metrics from every rank's: the loss terms and counts are already sums over the
-    ranks (the trainer reduces them); the micro-batches and padding are per rank, the time the slowest."""
-    out = dict(metrics[0])
-    if len(metrics) > 1:
-        for key in ("micro_batches", "padded_tokens"):
-            if key in out:
-                out[key] = float(sum(m.get(key, 0.0) for m in metrics))
-        out["update_time"] = max(m["update_time"] for m in metrics)
-        if "trainable_tokens_per_s" in out:
-            out["trainable_tokens_per_s"] = out["trainable_tokens"] / max(out["update_time"], 1e-9)
-    return out
-
-
 async def run_to_end(step: Any) -> Any:
     """Await the coroutine `step` (a train step); a cancelled caller does not cancel it. A step cut off
     between its update and its checkpoint would leave the trainer holding an adapter that no checkpoint
@@ -117,22 +103,6 @@ async def run_to_end(step: Any) -> Any:
         task.add_done_callback(lambda t: t.cancelled() or t.exception() is None
                                or log.error("a train step whose caller was cancelled failed: %r", t.exception()))
         raise
-
-
-def shard_batch(batch: Any, ranks: int) -> list[Any]:
-    """Split a `TokenizedBatch`'s sequences over `ranks`: longest first, each to the rank with the fewest
-    tokens so far (padding and compute follow length). Every shard carries the step's counts (groups,
-    zero-variance groups, dropped), so each rank reports the step's metrics."""
-    from dataclasses import replace
-
-    order = sorted(range(len(batch.sequences)), key=lambda i: (-len(batch.sequences[i]), i))
-    load = [0] * ranks
-    parts: list[list[int]] = [[] for _ in range(ranks)]
-    for i in order:
-        r = min(range(ranks), key=lambda k: (load[k], k))
-        parts[r].append(i)
-        load[r] += len(batch.sequences[i])
-    return [replace(batch, sequences=[batch.sequences[i] for i in sorted(p)]) for p in parts]
 
 
 class WorkerBackend(Backend):
@@ -334,7 +304,7 @@ class WorkerBackend(Backend):
                      "step": step} for shard in shards
                 ])
                 del shards
-                metrics = _merge_ranks([updates[0] for updates in per_rank])
+                metrics = merge_ranks([updates[0] for updates in per_rank])
                 run.skipped_in_a_row = 0
                 metrics.update(skipped=0.0, skipped_in_a_row=0.0)
             if run.kl_reference_step is not None:  # saved with the checkpoint: a resumed run keeps the anchor
@@ -412,19 +382,8 @@ class WorkerBackend(Backend):
                 for r in range(self.world_size)
             ]) if live else []
             del shards, live
-            per_update = [_merge_ranks(list(ranks)) for ranks in zip(*per_rank)]
-            tokens = sum(m["trainable_tokens"] for m in per_update)
-            metrics = {"updates": 0.0, "trainable_tokens": 0.0, "learning_rate": rates[-1]} if not per_update else {
-                "loss": sum(m["loss"] * m["trainable_tokens"] for m in per_update) / max(tokens, 1.0),
-                "first_loss": per_update[0]["loss"], "last_loss": per_update[-1]["loss"],
-                "grad_norm": sum(m["grad_norm"] for m in per_update) / len(per_update),
-                "trainable_tokens": tokens,
-                "sequences": sum(m["sequences"] for m in per_update),
-                "updates": float(len(per_update)),
-                "dropped_too_long": sum(m["dropped_too_long"] for m in per_update),
-                "update_time": sum(m["update_time"] for m in per_update),
-                "learning_rate": rates[-1],
-            }
+            per_update = [merge_ranks(list(ranks)) for ranks in zip(*per_rank)]
+            metrics = sft_step_metrics(per_update, rates[-1])
             # 4-6. checkpoint, serve and verify, retention: an SFT step is a step like any other.
             row = metrics_row(step=step, split="sft", metrics=numeric_metrics(metrics))  # no rollouts, no reward
             await self._publish(run, step + 1, metrics, dict(run.cursor), row)
