@@ -129,7 +129,8 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
     from groupwise.inference.sampling import SamplingParams
     from groupwise.training.checkpoint import save_checkpoint
     from groupwise.training.tokenize import tokenize_groups
-    from groupwise.training.trainer import Trainer, wrap_with_lora
+    from groupwise.training.adapters import wrap_with_lora
+    from groupwise.training.trainer import Trainer
     from groupwise.types import Trajectory, TrajectoryGroup
 
     from groupwise.compute import compute_thread

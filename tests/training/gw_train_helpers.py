@@ -13,7 +13,7 @@ def lora_model(tokenizer, *, dtype=None, seed: int = 0, dropout: float = 0.0):
 
     from groupwise.config import LoraConfig
     from groupwise.loading import tiny_random_model
-    from groupwise.training.trainer import wrap_with_lora
+    from groupwise.training.adapters import wrap_with_lora
 
     model, _ = tiny_random_model(seed=seed, tokenizer=tokenizer, dtype=dtype or torch.float64)
     peft_model = wrap_with_lora(model, LoraConfig(rank=4, alpha=8, dropout=dropout))

@@ -19,7 +19,8 @@ import torch
 from groupwise.config import LoraConfig, TrainConfig
 from groupwise.training.lora_forward import _ADAPTER_ATTR, AdapterForwards
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
-from groupwise.training.trainer import Trainer, wrap_with_lora
+from groupwise.training.adapters import wrap_with_lora
+from groupwise.training.trainer import Trainer
 
 VOCAB = 100
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

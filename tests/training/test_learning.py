@@ -10,7 +10,8 @@ from gw_train_helpers import sample_choices
 
 from groupwise.config import LoraConfig, TrainConfig
 from groupwise.training.tokenize import tokenize_groups
-from groupwise.training.trainer import Trainer, wrap_with_lora
+from groupwise.training.adapters import wrap_with_lora
+from groupwise.training.trainer import Trainer
 from groupwise.types import Trajectory, TrajectoryGroup
 
 

@@ -4,7 +4,7 @@ import torch
 
 from groupwise.config import LoraConfig
 from groupwise.training.lora_forward import TrainingForward, fast_lora_ok
-from groupwise.training.trainer import wrap_with_lora
+from groupwise.training.adapters import wrap_with_lora
 
 
 def _model(tokenizer, dropout=0.0):

@@ -141,7 +141,8 @@ def test_config_checks_the_rate_list_against_the_batches():
 # ---------------------------------------------------------------------------------------------- trainer
 def test_sft_step_loss_is_the_nll_of_the_targets_and_falls(tiny_model, tokenizer):
     from groupwise.config import LoraConfig, TrainConfig
-    from groupwise.training.trainer import Trainer, wrap_with_lora
+    from groupwise.training.adapters import wrap_with_lora
+    from groupwise.training.trainer import Trainer
 
     model = wrap_with_lora(tiny_model, LoraConfig(rank=4))
     trainer = Trainer(model, pad_token_id=tokenizer.pad_token_id)

@@ -19,7 +19,8 @@ from groupwise.training.checkpoint import (
 )
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
 from groupwise.training.logprobs import token_logprobs
-from groupwise.training.trainer import Trainer, plan_micro_batches, wrap_with_lora
+from groupwise.training.adapters import wrap_with_lora
+from groupwise.training.trainer import Trainer, plan_micro_batches
 
 
 def _batch(lengths=(20, 18, 16, 14), vocab=1000):

@@ -97,7 +97,7 @@ class SharedBase:
         from groupwise.inference.registry import ModelRegistry
         from groupwise.inference.server import create_app
         from groupwise.loading import load_base_model
-        from groupwise.training.trainer import TRAIN_ADAPTER, wrap_with_lora
+        from groupwise.training.adapters import TRAIN_ADAPTER, wrap_with_lora
 
         self.base_model = base_model
         base, self.tokenizer = (load_model or load_base_model)(base_model, device=device, dtype=dtype)
@@ -117,7 +117,7 @@ class SharedBase:
         """A fresh trainable adapter for model `name`: the one made with the model while it is free, else a
         new one, initialised from `lora.seed` as `wrap_with_lora` initialises the first (the same
         tensors a run training alone starts from)."""
-        from groupwise.training.trainer import add_lora_adapter
+        from groupwise.training.adapters import add_lora_adapter
 
         if name in self._held:
             raise GroupwiseError(f"model {name!r} already holds an adapter of base {self.base_model!r}")

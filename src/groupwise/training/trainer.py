@@ -33,58 +33,16 @@ from typing import Any
 
 import torch
 
-from groupwise.config import LoraConfig, TrainConfig
+from groupwise.config import TrainConfig
 from groupwise.errors import CheckpointMismatchError, ConfigError, GroupwiseError
-from groupwise.loading import quiet_peft
 from groupwise.module_walk import ModuleWalk
+from groupwise.training.adapters import TRAIN_ADAPTER
 from groupwise.training.finite import check_finite, guarded_step
 from groupwise.training.logprobs import base_and_decoder, token_logprobs
 from groupwise.training.lora_forward import AdapterForwards, TrainingForward, holding_values
 from groupwise.training.loss import grpo_loss
 from groupwise.training.sft import sft_loss
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
-
-TRAIN_ADAPTER = "default"  # peft's name of the adapter created by get_peft_model
-
-
-def _peft_lora_config(lora: LoraConfig) -> Any:
-    from peft import LoraConfig as PeftLoraConfig
-
-    return PeftLoraConfig(
-        r=lora.rank,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-
-
-@contextlib.contextmanager
-def _seeded(model: Any, seed: int) -> Any:
-    """peft draws lora_A from the global RNG; a private seeded stream makes runs reproducible (a
-    restarted run and an uninterrupted one must start from the same adapter)."""
-    device = next(model.parameters()).device
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)  # seeds the CUDA generators too
-        yield
-
-
-def wrap_with_lora(model: Any, lora: LoraConfig, *, adapter_name: str = TRAIN_ADAPTER) -> Any:
-    """Wrap a causal LM with a fresh LoRA adapter (peft). The base weights stay frozen and shared."""
-    from peft import get_peft_model
-
-    with _seeded(model, lora.seed), quiet_peft():
-        return get_peft_model(model, _peft_lora_config(lora), adapter_name=adapter_name)
-
-
-def add_lora_adapter(peft_model: Any, lora: LoraConfig, adapter_name: str) -> None:
-    """Add another fresh trainable adapter to a peft model (another run on the same base weights). It
-    starts from the tensors `wrap_with_lora` gives a model of its own with the same `lora`: peft visits
-    the layers in the same order and draws from the same seeded stream."""
-    with _seeded(peft_model, lora.seed), quiet_peft():
-        peft_model.add_adapter(adapter_name, _peft_lora_config(lora))
-
 
 def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     """Indices of sequences per micro-batch: longest first, each batch's n * max_len <= budget.
@@ -177,7 +135,7 @@ class Trainer:
         if not named:
             raise GroupwiseError(
                 f"the model has no LoRA parameters of adapter {self.adapter_name!r}; wrap it with "
-                "training.trainer.wrap_with_lora first"
+                "training.adapters.wrap_with_lora first"
             )
         return named
 

@@ -1,0 +1,60 @@
+"""Creating LoRA adapters on a model with peft: the first one (`wrap_with_lora`) and another run's on the
+same base weights (`add_lora_adapter`), both from a seeded stream.
+
+Apart from the trainer (training/trainer.py) because creating an adapter and training one happen in
+different places: a replica (backend/replica.py) wraps the shared base model and adds a run's adapter
+when the run registers, long before any step, and the tests and benches wrap models without a trainer.
+What the two share is the rule that makes runs reproducible: a fresh adapter is a function of its
+`LoraConfig` (seed included) alone, whichever other adapters the model already holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from groupwise.config import LoraConfig
+from groupwise.loading import quiet_peft
+
+TRAIN_ADAPTER = "default"  # peft's name of the adapter created by get_peft_model
+
+
+def _peft_lora_config(lora: LoraConfig) -> Any:
+    from peft import LoraConfig as PeftLoraConfig
+
+    return PeftLoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+@contextlib.contextmanager
+def _seeded(model: Any, seed: int) -> Any:
+    """peft draws lora_A from the global RNG; a private seeded stream makes runs reproducible (a
+    restarted run and an uninterrupted one must start from the same adapter)."""
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)  # seeds the CUDA generators too
+        yield
+
+
+def wrap_with_lora(model: Any, lora: LoraConfig, *, adapter_name: str = TRAIN_ADAPTER) -> Any:
+    """Wrap a causal LM with a fresh LoRA adapter (peft). The base weights stay frozen and shared."""
+    from peft import get_peft_model
+
+    with _seeded(model, lora.seed), quiet_peft():
+        return get_peft_model(model, _peft_lora_config(lora), adapter_name=adapter_name)
+
+
+def add_lora_adapter(peft_model: Any, lora: LoraConfig, adapter_name: str) -> None:
+    """Add another fresh trainable adapter to a peft model (another run on the same base weights). It
+    starts from the tensors `wrap_with_lora` gives a model of its own with the same `lora`: peft visits
+    the layers in the same order and draws from the same seeded stream."""
+    with _seeded(peft_model, lora.seed), quiet_peft():
+        peft_model.add_adapter(adapter_name, _peft_lora_config(lora))
