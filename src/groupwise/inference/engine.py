@@ -42,19 +42,8 @@ for the engine's passes (cpu_linear.py): the same products as MKL's sgemm, faste
 
 Logprobs are the model's raw log-softmax (sampling.py says why).
 
-Batch invariance. A seeded row's sample is a function of its own logits (sampling.py), but on the CPU
-those logits change by ulps with the rows beside it: attention sums over as many columns as the
-batch's longest row, a one-row linear takes another kernel than two rows, a prompt's KV may come from
-the prefix cache (computed in another batch), a one-adapter batch runs from merged weights, and a
-row's logprob takes a shortcut unless a row beside it (greedy, top-p, top_logprobs) needs the full
-log-softmax. So the logprobs the trainer takes as its old policy differed between two runs of one
-seed, the adapters drifted apart by ulps, and after a few steps a sample flipped and the runs diverged.
-``batch_invariant=True`` (CPU, fp32, oneDNN) removes each cause: decode attention per row over its own
-columns (attention.py), a one-row linear computed as two rows (cpu_linear.py), one prefill pass per
-request, no prefix cache, adapters unmerged, every logprob from the full log-softmax (advance.py). A
-request's tokens and logprobs are then bitwise the same whatever runs with it (for one thread count: CPU kernels split work by it). It costs the prefix cache's
-savings and a small call per row and layer in decode, so it is opt-in: tests that train, and
-``groupwise train --batch-invariant``.
+Batch invariance (``batch_invariant=True``, opt-in): a request's tokens and logprobs do not depend on
+what runs beside it; batch_invariance.py says why that takes more than a seed, and what it costs.
 
 Why not transformers' own continuous batching (``generate_batch`` / ``init_continuous_batching``,
 paged attention, in transformers 5): it returns logprobs and takes per-request
@@ -77,6 +66,7 @@ from groupwise.compute import compute_thread
 from groupwise.errors import ConfigError
 from groupwise.inference.adapter_slots import SLOT_PREFIX
 from groupwise.inference.advance import retire
+from groupwise.inference.batch_invariance import check_batch_invariant
 from groupwise.inference.cpu_linear import onednn_linear_available
 from groupwise.inference.decode import decode
 from groupwise.inference.kv_cache import SlotBuffers
@@ -111,7 +101,7 @@ class Engine:
         merge_adapters: bool | None = None,  # serve a one-adapter batch from merged weights (merged.py); default: on CPU
         onednn_linear: bool | None = None,  # fp32 CPU linears through oneDNN (cpu_linear.py); default: where available
         max_kv_bytes: int | None = None,  # the slot cache's largest size: the context shrinks to what fits
-        batch_invariant: bool = False,  # a request's numbers never depend on the others (CPU; see the module doc)
+        batch_invariant: bool = False,  # a request's numbers never depend on the others (CPU; batch_invariance.py)
     ):
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -125,7 +115,7 @@ class Engine:
         device, dtype = param.device, param.dtype
         onednn = onednn_linear_available() if onednn_linear is None else onednn_linear
         if batch_invariant:
-            _check_batch_invariant(device, dtype, onednn, merge_adapters)
+            check_batch_invariant(device, dtype, onednn, merge_adapters)
             prefix_cache_tokens, merge_adapters = 0, False
         stats = EngineStats()
         self.runner = ModelRunner(
@@ -469,21 +459,6 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _check_batch_invariant(device: torch.device, dtype: torch.dtype, onednn: bool, merge_adapters: bool | None) -> None:
-    from groupwise.errors import ConfigError
-
-    problems = []
-    if device.type != "cpu" or dtype != torch.float32:
-        problems.append(f"batch_invariant=True runs on the CPU in float32 (the model is on {device.type} in {dtype})")
-    if not onednn:
-        problems.append("batch_invariant=True needs the oneDNN linears (onednn_linear; MKL's sgemm sums a row "
-                        "differently at 1, 2-3 and 4+ rows)")
-    if merge_adapters:
-        problems.append("batch_invariant=True serves adapters unmerged: leave merge_adapters None")
-    if problems:
-        raise ConfigError(problems, what="engine")
 
 
 class _Paused:

@@ -42,7 +42,7 @@ class ModelRunner:
         self.graph_pool = None
         self.slots = AdapterSlots()
         self.merged = MergedAdapter() if merge_adapters else None
-        self.batch_invariant = batch_invariant  # engine.py: a row's numbers never depend on its batch
+        self.batch_invariant = batch_invariant  # batch_invariance.py: a row's numbers never depend on its batch
         self.onednn = OneDNNLinears(rows_invariant=batch_invariant) if onednn_linears else None
         self.walk = ModuleWalk()
 

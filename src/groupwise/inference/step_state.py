@@ -64,7 +64,7 @@ class StepState:
         self.closed = False
         self.cancel_pending = False  # a caller cancelled since the last sweep (Engine sweeps at each step)
         self.stats = stats
-        self.batch_invariant = batch_invariant  # engine.py: a row's numbers never depend on its batch (advance.py)
+        self.batch_invariant = batch_invariant  # batch_invariance.py: a row's numbers never depend on its batch (advance.py)
         self.generator = torch.Generator(device=device)  # unseeded rows of eager sampling
         self.generator.manual_seed(0)
         self.cpu_generator = torch.Generator().manual_seed(0)  # seeds of unseeded rows in graph sampling

@@ -36,7 +36,7 @@ Reproducible rollouts: a training scenario with a free ``sampling_seed`` (the bu
 to each rollout as a copy seeded from (seed, step, scenario, rollout) (`seeded_scenario`), so which
 requests the engine batched together, which depends on timing, does not decide what is sampled. Their
 logits still change by ulps with the batch (so do the logprobs the update uses, and after a few steps
-a sample): two runs match exactly only with the engine's ``batch_invariant`` mode (inference/engine.py),
+a sample): two runs match exactly only with the engine's ``batch_invariant`` mode (inference/batch_invariance.py),
 checked bitwise for two runs in one process with different arrival times (tests/loop/test_loop_reproducible.py).
 Separate processes under heavy CPU load (20 runs at once on 16 cores) were measured to part after two steps, for
 a cause not yet found: treat bitwise equality across processes on a loaded machine as not promised.
