@@ -61,7 +61,7 @@ async def _gather(model: Any, args: Any, run: int, step: int, scenarios: list[An
 
     if args.workload == "2048":
         from groupwise.envs import get_env
-        from groupwise.loop.fit import seeded_scenario
+        from groupwise.loop.rollout_inputs import seeded_scenario
 
         rollout = get_env("2048").rollout
         picks = [(step * args.prompts + g) % len(scenarios) for g in range(args.prompts)]

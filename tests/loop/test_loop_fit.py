@@ -229,3 +229,23 @@ async def test_fit_refuses_to_train_when_no_candidate_judge_clears_the_bar(tmp_p
     assert [r.accuracy[0] for r in err.value.reports] == [0.5, 0.5]
     assert all(r.failed_calls == r.calls == 6 for r in err.value.reports)
     assert "a " in err.value.table and "b " in err.value.table
+
+
+def test_a_rollouts_scenario_seed_is_a_function_of_its_place_in_the_run():
+    from pydantic import BaseModel
+
+    from groupwise.loop.rollout_inputs import seeded_scenario
+
+    class Question(BaseModel):
+        text: str
+        sampling_seed: int | None = None
+
+    q = Question(text="2+2")
+    seed = seeded_scenario(q, 7, 3, 1, 0).sampling_seed
+    assert isinstance(seed, int) and seeded_scenario(q, 7, 3, 1, 0).sampling_seed == seed  # same place, same seed
+    others = {seeded_scenario(q, *place).sampling_seed for place in
+              [(8, 3, 1, 0), (7, 4, 1, 0), (7, 3, 2, 0), (7, 3, 1, 1), (7, 3, 1, 0, 1)]}
+    assert seed not in others and len(others) == 5  # run seed, step, scenario, rollout, attempt each draw anew
+    assert q.sampling_seed is None  # a copy: the caller's scenario is untouched
+    fixed = Question(text="2+2", sampling_seed=5)
+    assert seeded_scenario(fixed, 7, 3, 1, 0) is fixed and seeded_scenario("plain", 7, 3, 1, 0) == "plain"

@@ -233,7 +233,7 @@ async def train(job: TrainJob) -> dict[str, Any]:
     if job.sft:
         # Supervised warm start (jobs/sft.py): its last step is scored as a baseline GRPO has to beat.
         from groupwise.jobs.sft import env_demonstrations, warm_start
-        from groupwise.loop.fit import AtStep
+        from groupwise.loop.rollout_inputs import AtStep
 
         demos = env_demonstrations(spec, job.sft, seed=seed)
         sft_steps = await warm_start(model, demos, epochs=job.sft_epochs, learning_rate=job.sft_lr, seed=seed)

@@ -3,6 +3,7 @@
 Files, in the order data flows through them::
 
     fit.py         gw.fit(model, rollout, train, val_scenarios=..., ...) -> FitSummary
+    rollout_inputs.py  what a rollout is handed: AtStep (the model at a fixed step), seeded scenarios
     sweep.py       several runs at once: gw.fit([model, ...], config=[...]), gw.fit_runs([gw.FitRun(...)])
     detectors.py   pure functions: history / groups -> Alert | None
     policy.py      alerts -> action (the "when metrics diverge" table)
@@ -28,8 +29,9 @@ from groupwise.loop.detectors import (
     val_drop,
     val_plateau_reward_rising,
 )
-from groupwise.loop.fit import AtStep, FitSummary
+from groupwise.loop.fit import FitSummary
 from groupwise.loop.policy import PolicyDecision, classify, decide
+from groupwise.loop.rollout_inputs import AtStep
 from groupwise.loop.sweep import FitRun, fit, fit_runs  # fit: one model, or several at once
 from groupwise.loop.stopping import (
     StopDecision,

@@ -32,20 +32,14 @@ crash continues at the step that did not complete, with the scenarios an uninter
 used (`backend.checkpoint_cursor`). A validation missing at a resumed step (the crash came between the
 train step and its validation) is run first.
 
-Reproducible rollouts: a training scenario with a free ``sampling_seed`` (the built-in envs') is handed
-to each rollout as a copy seeded from (seed, step, scenario, rollout) (`seeded_scenario`), so which
-requests the engine batched together, which depends on timing, does not decide what is sampled. Their
-logits still change by ulps with the batch (so do the logprobs the update uses, and after a few steps
-a sample): two runs match exactly only with the engine's ``batch_invariant`` mode (inference/batch_invariance.py),
-checked bitwise for two runs in one process with different arrival times (tests/loop/test_loop_reproducible.py).
-Separate processes under heavy CPU load (20 runs at once on 16 cores) were measured to part after two steps, for
-a cause not yet found: treat bitwise equality across processes on a loaded machine as not promised.
+Reproducible rollouts: each training rollout gets its scenario seeded from (seed, step, scenario,
+rollout) where the scenario has a free ``sampling_seed`` (`groupwise.loop.rollout_inputs` says how far
+that goes).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import math
 import time
@@ -63,6 +57,7 @@ from groupwise.loop.intervals import mean_interval
 from groupwise.loop.pipeline import Gathered, hold_for_resume, run_pipelined
 from groupwise.loop.policy import action_for, classify, decide, pending_stop, stop_now, stop_reason_once
 from groupwise.loop.progress import eta_seconds, step_line
+from groupwise.loop.rollout_inputs import AtStep, seeded_scenario
 from groupwise.loop.series import rows, series
 from groupwise.loop.stopping import StopDecision, baseline_values, check_stopping, reward_range_of, val_at_ceiling
 from groupwise.types import Trajectory, TrajectoryGroup
@@ -108,47 +103,6 @@ class FitSummary:
         for a in self.alerts:
             lines.append(f"alert [{a.severity}] step {a.step} {a.name}: {a.message}")
         return "\n".join(lines)
-
-
-class AtStep:
-    """A view of a trainable model whose requests go to ``name@step`` (a fixed checkpoint).
-
-    Rollouts should ask for ``model.inference_name()`` (or ``model.name``); both answer ``name@step``.
-    Everything else is the wrapped model's.
-    """
-
-    def __init__(self, model: Any, step: int) -> None:
-        self._model, self._step = model, step
-
-    def __getattr__(self, item: str) -> Any:
-        return getattr(self._model, item)
-
-    @property
-    def name(self) -> str:
-        return self._model.inference_name(self._step)
-
-    def inference_name(self, step: int | None = None) -> str:
-        return self._model.inference_name(self._step if step is None else step)
-
-    def __repr__(self) -> str:
-        return f"AtStep({self._model!r}, step={self._step})"
-
-
-def seeded_scenario(scenario: Any, run_seed: int, step: int, index: int, rollout: int, attempt: int = 0) -> Any:
-    """The scenario rollout `rollout` of group `index` sees at `step`: a copy whose free `sampling_seed`
-    is a pure function of (run seed, step, scenario, rollout, attempt: a resampled batch draws anew),
-    for scenarios that have such a field
-    (pydantic models with ``sampling_seed=None``, as the built-in envs' `Sampling`); others unchanged.
-
-    Why: unseeded rows draw from the engine's one generator in the order the engine happens to batch
-    requests, which follows their arrival times, so the same seed gave different rollouts (and a
-    different run) on a busy and on a quiet machine. A seeded row's sample depends only on its own
-    logits (`inference/sampling.py`)."""
-    if getattr(scenario, "sampling_seed", 0) is not None or not hasattr(scenario, "model_copy"):
-        return scenario
-    key = f"rollout:{run_seed}:{step}:{index}:{rollout}:{attempt}"
-    digest = hashlib.blake2b(key.encode(), digest_size=4).digest()
-    return scenario.model_copy(update={"sampling_seed": int.from_bytes(digest, "little")})
 
 
 class Loop:
