@@ -25,6 +25,12 @@ A train step, in order (each step of the order is there for a failure seen in AR
    `best_checkpoint_metric`) and the KL reference of the last GRPO step (`TrainConfig.kl_reference_step`:
    each rank loads it before the update); serve only the last `served_steps` steps.
 
+With a placement (`BackendOptions.train_workers`), steps 2-3 run on the trainer ranks only (the
+sequences are split over them), and in step 5 the trainers serve and check first; then every generator
+loads the adapter of rank 0's checkpoint into its engine, answers a real request as ``name@k``, and the
+driver checks that each serves rank 0's bits (`served_fingerprint`). Rollouts reach the generators only,
+and they keep serving while the trainers update.
+
 `train_sft()` (supervised steps on demonstrations) follows the same order, with one optimizer update
 per batch of trajectories; it is a step like any other (checkpoint, history row, served adapter).
 
@@ -130,7 +136,17 @@ class WorkerBackend(Backend):
     @property
     @abstractmethod
     def world_size(self) -> int:
-        """Number of workers (data-parallel ranks)."""
+        """Number of workers (data-parallel ranks, or trainers and generators with `train_workers`)."""
+
+    @property
+    def train_ranks(self) -> list[int]:
+        """The ranks that train: the first `options.train_workers`, or every rank without a placement."""
+        return list(range(self.options.train_workers or self.world_size))
+
+    @property
+    def generator_ranks(self) -> list[int]:
+        """The ranks that only generate (none without a placement)."""
+        return list(range(len(self.train_ranks), self.world_size)) if self.options.train_workers else []
 
     def _worker_options(self, *, serve_http: bool, http_host: str = "127.0.0.1",
                         api_key: str | None = None) -> WorkerOptions:
@@ -138,16 +154,16 @@ class WorkerBackend(Backend):
         return WorkerOptions(dtype=o.dtype, max_batch_size=o.max_batch_size, engine_kwargs=o.engine_kwargs,
                              verify_adapter=o.verify_adapter, serve_http=serve_http, http_host=http_host,
                              api_key=api_key, load_model=o.load_model,
-                             memory_budget_gb=o.memory_budget_gb)
+                             memory_budget_gb=o.memory_budget_gb, train_workers=o.train_workers)
 
     @abstractmethod
     async def _start(self) -> None:
         """Start the workers (and their process group)."""
 
     @abstractmethod
-    async def _call(self, method: str, kwargs: list[dict[str, Any]]) -> list[Any]:
-        """Call `Worker.<method>(**kwargs[r])` on every rank r at once; the results by rank. Raises
-        `WorkerError` when a worker dies or fails."""
+    async def _call(self, method: str, kwargs: "list[dict[str, Any] | None]") -> list[Any]:
+        """Call `Worker.<method>(**kwargs[r])` on every rank r at once; the results by rank. A rank whose
+        kwargs are None is not called (its result is None). Raises `WorkerError` when a worker dies or fails."""
 
     @abstractmethod
     def _endpoint(self, name: str, urls: list[str | None]) -> InferenceEndpoint:
@@ -159,6 +175,11 @@ class WorkerBackend(Backend):
 
     async def _call_all(self, method: str, **kwargs: Any) -> list[Any]:
         return await self._call(method, [kwargs] * self.world_size)
+
+    async def _call_ranks(self, method: str, kwargs_by_rank: dict[int, dict[str, Any]]) -> dict[int, Any]:
+        """`Worker.<method>` on the ranks of `kwargs_by_rank` only (trainers, or generators), at once."""
+        results = await self._call(method, [kwargs_by_rank.get(r) for r in range(self.world_size)])
+        return {r: results[r] for r in kwargs_by_rank}
 
     # ------------------------------------------------------------------------------ register
     def _run(self, model: "TrainableModel") -> _Run:
@@ -202,8 +223,10 @@ class WorkerBackend(Backend):
         spec = ModelSpec(model.name, model.base_model, lora, str(store.checkpoints_dir))
         infos = await self._call_all("load", spec=spec)
         steps = {info["step"] for info in infos}
-        prints = {tuple(info["fingerprint"]) for info in infos}
-        if len(steps) > 1 or len(prints) > 1:
+        prints = {tuple(infos[r]["fingerprint"]) for r in self.train_ranks}
+        # generators hold no trainable adapter: they must serve what the trainers serve
+        prints_served = {tuple(i["served_fingerprint"]) for i in infos if i.get("served_fingerprint") is not None}
+        if len(steps) > 1 or len(prints) > 1 or len(prints_served) > 1:
             raise ReplicaDivergenceError(
                 f"the ranks resumed {model.name!r} differently (steps {sorted(steps)}, {len(prints)} distinct "
                 f"adapters) from {spec.checkpoints_dir}: every rank must read the same checkpoint folder "
@@ -249,10 +272,18 @@ class WorkerBackend(Backend):
         return (await self._call_all("served_steps", name=model.name))[0]
 
     async def rank_states(self, model: "TrainableModel") -> list[dict[str, Any]]:
-        """Each rank's adapter tensors, optimizer tensors and torch RNG state (CPU copies), by rank: to
-        check that the ranks hold the same model, e.g. after a resume."""
+        """Each trainer rank's adapter tensors, optimizer tensors and torch RNG state (CPU copies), by rank:
+        to check that the ranks hold the same model, e.g. after a resume. (Generators train nothing:
+        `served_adapters` reads what they serve.)"""
         self._run(model)
-        return await self._call_all("state_tensors", name=model.name)
+        states = await self._call_ranks("state_tensors", {r: {"name": model.name} for r in self.train_ranks})
+        return [states[r] for r in self.train_ranks]
+
+    async def served_adapters(self, model: "TrainableModel", step: int) -> list[dict[str, Any]]:
+        """The adapter tensors each rank's engine serves as ``name@step`` (CPU copies, by the trainer's
+        parameter names), by rank: with generators, to see that they serve the trained adapter."""
+        self._run(model)
+        return await self._call_all("served_tensors", name=model.name, step=step)
 
     # ------------------------------------------------------------------------------ train
     async def train(
@@ -296,15 +327,16 @@ class WorkerBackend(Backend):
                     scale_rewards=config.scale_rewards,
                     train_forced_tokens=config.train_forced_tokens,
                 )
-                shards = shard_batch(batch, self.world_size)
+                trainers = self.train_ranks
+                shards = shard_batch(batch, len(trainers))
                 del batch
-                # 3. the update on every rank (gradients summed over the ranks).
-                per_rank = await self._call("update", [
-                    {"name": model.name, "updates": [{"batch": shard, "config": config, "objective": "grpo"}],
-                     "step": step} for shard in shards
-                ])
+                # 3. the update on every trainer rank (gradients summed over them).
+                per_rank = await self._call_ranks("update", {
+                    r: {"name": model.name, "updates": [{"batch": shard, "config": config, "objective": "grpo"}],
+                        "step": step} for r, shard in zip(trainers, shards)
+                })
                 del shards
-                metrics = merge_ranks([updates[0] for updates in per_rank])
+                metrics = merge_ranks([per_rank[r][0] for r in trainers])
                 run.skipped_in_a_row = 0
                 metrics.update(skipped=0.0, skipped_in_a_row=0.0)
             if run.kl_reference_step is not None:  # saved with the checkpoint: a resumed run keeps the anchor
@@ -367,7 +399,7 @@ class WorkerBackend(Backend):
             # 2. token-in/token-out, rendered as the server renders requests; each batch split over the ranks.
             shards = [shard_batch(await compute_thread().run(
                 tokenize_sft, c, run.tokenizer, max_seq_len=config.max_seq_len,
-                assistant_turns=config.assistant_turns), self.world_size) for c in chunks]
+                assistant_turns=config.assistant_turns), len(self.train_ranks)) for c in chunks]
             # 3. one update per batch, with exclusive use of the shared model; none for a batch at rate 0
             # (where ART's decaying schedules end): AdamW scales both its step and its decay by the rate.
             live = [(parts, rate) for parts, rate in zip(shards, rates) if rate > 0]
@@ -376,11 +408,12 @@ class WorkerBackend(Backend):
                 micro_batch_tokens=config.micro_batch_tokens, max_seq_len=config.max_seq_len,
                 logprob_chunk_size=config.logprob_chunk_size, seed=config.seed,
                 gradient_checkpointing=config.gradient_checkpointing) for _, rate in live]
-            per_rank = await self._call("update", [
-                {"name": model.name, "step": step,
-                 "updates": [{"batch": parts[r], "config": u, "objective": "sft"} for (parts, _), u in zip(live, updates)]}
-                for r in range(self.world_size)
-            ]) if live else []
+            by_rank = await self._call_ranks("update", {
+                r: {"name": model.name, "step": step,
+                    "updates": [{"batch": parts[i], "config": u, "objective": "sft"} for (parts, _), u in zip(live, updates)]}
+                for i, r in enumerate(self.train_ranks)
+            }) if live else {}
+            per_rank = list(by_rank.values())
             del shards, live
             per_update = [merge_ranks(list(ranks)) for ranks in zip(*per_rank)]
             metrics = sft_step_metrics(per_update, rates[-1])
@@ -395,10 +428,16 @@ class WorkerBackend(Backend):
         """4. rank 0 saves the checkpoint with the step's history row, the row is appended, 5. every
         rank serves its copy of the new adapter and checks it, the ranks' adapters are compared,
         6. retention."""
-        results = await self._call_all("publish", name=run.spec.name, step=new_step, metrics=metrics, cursor=cursor,
-                                       history=[row])
+        args = {"name": run.spec.name, "step": new_step, "metrics": metrics, "cursor": cursor, "history": [row]}
+        trained = await self._call_ranks("publish", {r: args for r in self.train_ranks})
+        results = [trained[r] for r in self.train_ranks]
         await run.store.run_history.write(row)
         self._check_identical(run.spec.name, new_step, results)
+        if self.generator_ranks:  # they serve rank 0's checkpoint, once it is complete (module doc)
+            path = results[0]["checkpoint_path"]
+            served = await self._call_ranks("publish", {r: {**args, "checkpoint_path": path}
+                                                        for r in self.generator_ranks})
+            self._check_served(run.spec.name, new_step, [*results, *(served[r] for r in self.generator_ranks)])
         run.step = new_step
         run.checkpoint_path = results[0]["checkpoint_path"]
         run.cursor = cursor
@@ -414,6 +453,16 @@ class WorkerBackend(Backend):
                 "gradient all-reduce). Their rollouts would sample different policies; resume from the last "
                 "checkpoint."
             )
+
+    def _check_served(self, name: str, step: int, results: list[dict[str, Any]]) -> None:
+        prints = [tuple(r["served_fingerprint"]) for r in results]
+        odd = [r["rank"] for r in results if tuple(r["served_fingerprint"]) != prints[0]]
+        if odd:
+            raise ReplicaDivergenceError(
+                f"after step {step} of {name!r} the engines of rank(s) {odd} serve another adapter than rank 0's: a "
+                "generator loaded a different file than the trainers checkpointed (a base_path the workers do not "
+                "all see the same, or a checkpoint changed under it). Its rollouts would sample another policy; "
+                "resume from the last checkpoint.")
 
     @staticmethod
     def _metric_by_step(run: _Run, metric: str) -> dict[int, float]:
@@ -471,5 +520,5 @@ class WorkerBackend(Backend):
     def describe(self) -> dict[str, Any]:
         return {
             "backend": type(self).__name__, "path": self.path, "dtype": self.options.dtype,
-            "world_size": self.world_size, "lora": self.options.lora.to_dict(), "models": {k: v.step for k, v in self._runs.items()},
+            "world_size": self.world_size, "train_workers": self.options.train_workers, "lora": self.options.lora.to_dict(), "models": {k: v.step for k, v in self._runs.items()},
         }

@@ -21,6 +21,9 @@ client spread over the replicas, a group's requests on one replica (backend/rout
 script does not change beyond the `devices` argument. Every worker serves its replica over loopback HTTP
 behind a per-run API key; `model.inference_base_url` is rank 0's server.
 
+``devices=4, train_workers=1``: the first device only trains, the other three only generate, loading
+each new adapter from the checkpoint (backend/worker.py); rollouts go to those three.
+
 The steps of a train step, retention and resume are the driver's (backend/driver.py).
 """
 
@@ -73,13 +76,14 @@ class LocalBackend(WorkerBackend):
         devices: data-parallel over these devices, one worker process each: a list (``["cuda:0",
             "cuda:1"]``; ``["cpu", "cpu"]`` runs two gloo ranks on the CPU) or a number of GPUs (``4`` =
             cuda:0..3). A one-element list runs the model in one worker process. Give `device` or
-            `devices`, not both.
+            `devices`, not both. With `train_workers=k` (an option below) the first k devices only
+            train and the others only generate (docs/scaling.md).
         serve_http: also serve each model over HTTP on 127.0.0.1 (a free port and a generated API key,
             in `model.inference_base_url` / `model.inference_api_key`); False serves in process only
             (with `devices`, the workers serve over loopback HTTP anyway: the router needs it).
         options: the settings every worker backend shares (`gw.BackendOptions`: dtype, lora,
             max_batch_size, served_steps, best_checkpoint_metric, verify_adapter, engine_kwargs,
-            load_model, collective_timeout_s; backend/options.py says what each does); pass them as
+            load_model, collective_timeout_s, train_workers; backend/options.py says what each does); pass them as
             keywords (``LocalBackend(dtype="float32")``) or whole (``options=``), not both. With
             `devices`, `load_model` must be a module-level function of an importable module.
         in_process, gpu_cost_per_hour_usd, enable_expert_replay: ART's; accepted (GPU cost and MoE
@@ -107,10 +111,12 @@ class LocalBackend(WorkerBackend):
         problems: list[str] = []
         if device is not None and devices is not None:
             problems.append(f"device={device!r} and devices={devices!r}: give one (devices for several)")
+        parsed = _devices(devices)
         options = BackendOptions.from_arguments(options, option_values, what="LocalBackend arguments",
-                                                problems=problems)
+                                                problems=problems, workers=len(parsed) if parsed else None,
+                                                workers_arg="devices")
         super().__init__(path if path is not None else DEFAULT_PATH, options)
-        self.devices = _devices(devices)
+        self.devices = parsed
         self.device = device if self.devices is None else None
         self._worker: Worker | None = None  # one device: the worker lives in this process
         self._processes: Any = None  # several: backend/processes.py's WorkerProcesses
@@ -177,11 +183,13 @@ class LocalBackend(WorkerBackend):
 
     def http_endpoint(self, model: "TrainableModel") -> InferenceEndpoint | None:
         """The model's loopback HTTP endpoint (base URL and API key): with one device its own server
-        (None with serve_http=False), with several rank 0's (`model.openai_client()` spreads requests
-        over every replica; another client through this URL reaches rank 0 only)."""
+        (None with serve_http=False), with several the first serving rank's: rank 0's, or the first
+        generator's with `train_workers` (`model.openai_client()` spreads requests over every replica;
+        another client through this URL reaches that one only)."""
         run = self._run(model)
         if self._processes is not None:
-            return InferenceEndpoint(base_url=run.urls[0], api_key=self._api_key) if run.urls[0] else None
+            url = next((u for u in run.urls if u), None)
+            return InferenceEndpoint(base_url=url, api_key=self._api_key) if url else None
         http = self._http.get(model.name)
         return None if http is None else InferenceEndpoint(base_url=http.base_url, api_key=http.api_key)
 

@@ -20,7 +20,7 @@ from groupwise.backend.replica import DEFAULT_MAX_BATCH_SIZE
 from groupwise.config import LoraConfig, Validated, check_positive, option
 from groupwise.errors import ConfigError
 
-__all__ = ["BackendOptions"]
+__all__ = ["BackendOptions", "placement_problems"]
 
 
 @dataclass
@@ -56,6 +56,12 @@ class BackendOptions(Validated):
         600.0, help="With several workers: how long a rank waits in a collective (the gradient all-reduce) "
         "for a rank that stopped before raising, and how long the driver waits for a silent worker; a "
         "worker that dies is reported at once.")
+    train_workers: int | None = option(
+        None, help="Placement over several workers (devices): the first `train_workers` workers only train "
+        "(trainer ranks, gradients summed between them) and the others only generate (engine replicas, no "
+        "optimizer), each loading the new adapter from the trainers' checkpoint after every step; rollouts go "
+        "to the generators alone. None: every worker does both (data-parallel replicas). docs/scaling.md says "
+        "when to split.")
 
     def __post_init__(self) -> None:
         if self.lora is None:
@@ -70,6 +76,12 @@ class BackendOptions(Validated):
         check_positive(p, "collective_timeout_s", self.collective_timeout_s)
         if self.memory_budget_gb is not None:
             check_positive(p, "memory_budget_gb", self.memory_budget_gb)
+        if self.train_workers is not None:
+            if isinstance(self.train_workers, int) and not isinstance(self.train_workers, bool) and self.train_workers < 1:
+                p.append(f"train_workers={self.train_workers} leaves no trainer: give 1 or more workers that train "
+                         "(the rest generate), or None for every worker to do both")
+            else:
+                check_positive(p, "train_workers", self.train_workers, integer=True)
         # The engine's numeric settings are all counts of tokens, sequences or bytes.
         for key, value in self.engine_kwargs.items():  # type: ignore[union-attr]
             if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -80,9 +92,11 @@ class BackendOptions(Validated):
 
     @classmethod
     def from_arguments(cls, options: "BackendOptions | None", values: dict[str, Any], *, what: str,
-                       problems: list[str] | None = None) -> "BackendOptions":
+                       problems: list[str] | None = None, workers: int | None = None,
+                       workers_arg: str = "devices") -> "BackendOptions":
         """The options a backend was given (`options=`, or its fields as keywords), checked together with
-        the backend's own `problems`: one `ConfigError` lists every invalid argument."""
+        the backend's own `problems` and with its number of `workers` (None: one device in process;
+        `workers_arg` is the argument that sets it): one `ConfigError` lists every invalid argument."""
         found = list(problems or [])
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(values) - set(names))
@@ -100,10 +114,29 @@ class BackendOptions(Validated):
             found.append(f"options={result!r} must be a gw.BackendOptions")
         else:
             found = result.problems() + found
+        if isinstance(result, cls):
+            found += placement_problems(result.train_workers, workers, workers_arg=workers_arg)
         if found:
             raise ConfigError(found, what=what)
         assert result is not None
         return result
+
+
+def placement_problems(train_workers: int | None, workers: int | None, *, workers_arg: str) -> list[str]:
+    """What is wrong with splitting `workers` workers (None: one device, in process) into `train_workers`
+    trainers and the rest generators (`BackendOptions.train_workers`); `workers_arg` names the backend's
+    argument that sets the number of workers, so the message says what to change."""
+    if train_workers is None or isinstance(train_workers, bool) or not isinstance(train_workers, int) or train_workers < 1:
+        return []  # no placement, or an invalid count that BackendOptions.problems reports
+    if workers is None:
+        return [f"train_workers={train_workers} splits several workers into trainers and generators, but this "
+                f"backend runs one device in process: pass {workers_arg} with train_workers + 1 or more workers "
+                "(e.g. devices=2, train_workers=1), or leave train_workers None"]
+    if train_workers >= workers:
+        return [f"train_workers={train_workers} with {workers} worker(s) leaves no generator: rollouts need at "
+                f"least one worker that only generates, so use train_workers <= {workers - 1} or more workers "
+                f"({workers_arg}), or leave train_workers None (every worker trains and generates)"]
+    return []
 
 
 def spell_out_options(init: Callable[..., Any]) -> Callable[..., Any]:

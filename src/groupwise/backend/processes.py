@@ -197,16 +197,17 @@ class WorkerProcesses:
         except subprocess.TimeoutExpired:
             return None
 
-    def _collect(self, method: str) -> list[Any]:
-        """Wait for every rank's answer. A worker that dies fails the call at once (its pipe closes).
-        The ranks do the same work, so once one has answered the others get `timeout_s` (30 s at most
-        after an error: they may wait in a collective for the rank that failed); a rank that stays
-        silent longer is stuck, and every worker is stopped."""
-        pending = dict(enumerate(self._conns))
+    def _collect(self, method: str, ranks: list[int]) -> list[Any]:
+        """Wait for the answer of every rank of `ranks` (the others were not called: None). A worker that
+        dies fails the call at once (its pipe closes). The ranks called do the same work, so once one
+        has answered the others get `timeout_s` (30 s at most after an error: they may wait in a
+        collective for the rank that failed); a rank that stays silent longer is stuck, and every
+        worker is stopped."""
+        pending = {r: self._conns[r] for r in ranks}
         results: list[Any] = [None] * len(self._conns)
         errors: list[tuple[int, BaseException, str]] = []
         while pending:
-            answered = len(pending) < len(self._conns)
+            answered = len(pending) < len(ranks)
             timeout = min(self.timeout_s, 30.0) if errors else (self.timeout_s if answered else None)
             ready = wait(list(pending.values()), timeout=timeout)
             if not ready:
@@ -235,16 +236,18 @@ class WorkerProcesses:
             raise exc from WorkerError(f"rank {rank} failed {method!r}:\n{tb}")
         return results
 
-    async def call(self, method: str, kwargs: list[dict[str, Any]]) -> list[Any]:
-        """`Worker.<method>(**kwargs[r])` on every rank r; the answers by rank (module doc)."""
+    async def call(self, method: str, kwargs: "list[dict[str, Any] | None]") -> list[Any]:
+        """`Worker.<method>(**kwargs[r])` on every rank r whose kwargs are not None; the answers by rank
+        (None for a rank not called) (module doc)."""
         async with self._lock:  # one command at a time per pipe
             self.check_alive()
-            for rank, (conn, kw) in enumerate(zip(self._conns, kwargs)):
+            ranks = [r for r, kw in enumerate(kwargs) if kw is not None]
+            for rank in ranks:
                 try:
-                    _send(conn, (method, kw))
+                    _send(self._conns[rank], (method, kwargs[rank]))
                 except OSError:  # its end is closed: the worker died
                     self._fail(rank, method, self._exit_code(rank))
-            return await asyncio.to_thread(self._collect, method)
+            return await asyncio.to_thread(self._collect, method, ranks)
 
     async def stop(self) -> None:
         for rank in range(len(self._procs)):

@@ -62,7 +62,8 @@ class RayBackend(WorkerBackend):
 
     Args:
         path: as for `LocalBackend`.
-        num_workers: data-parallel ranks (one engine replica and trainer rank each).
+        num_workers: data-parallel ranks (one engine replica and trainer rank each), or trainers and
+            generators together with `train_workers`.
         use_gpu: one GPU per worker (NCCL); False runs the workers on CPUs (gloo).
         cpus_per_worker: CPUs each worker's bundle reserves.
         placement_strategy: Ray's placement group strategy: "PACK" (few nodes), "SPREAD",
@@ -72,7 +73,8 @@ class RayBackend(WorkerBackend):
         ready_timeout_s: how long to wait for the cluster to grant the placement group.
         options: the settings every worker backend shares (`gw.BackendOptions`: dtype, lora,
             max_batch_size, served_steps, best_checkpoint_metric, verify_adapter, engine_kwargs,
-            load_model, collective_timeout_s), as keywords or whole (``options=``), as for `LocalBackend`.
+            load_model, collective_timeout_s, train_workers), as keywords or whole (``options=``), as for
+            `LocalBackend`. With `train_workers=k` the first k workers only train, the others only generate.
     """
 
     @spell_out_options
@@ -95,7 +97,9 @@ class RayBackend(WorkerBackend):
             problems.append(f"num_workers={num_workers!r} must be an int >= 1")
         if placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
             problems.append(f"placement_strategy={placement_strategy!r} must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD")
-        options = BackendOptions.from_arguments(options, option_values, what="RayBackend arguments", problems=problems)
+        options = BackendOptions.from_arguments(
+            options, option_values, what="RayBackend arguments", problems=problems, workers_arg="num_workers",
+            workers=num_workers if isinstance(num_workers, int) and not isinstance(num_workers, bool) else 1)
         super().__init__(path, options)
         self.num_workers = num_workers
         self.use_gpu = use_gpu
@@ -146,8 +150,8 @@ class RayBackend(WorkerBackend):
         init = f"tcp://{hosts[0]}:{port}"  # the rendezvous: rank 0's node
         await self._call_all("init_process_group", init_method=init, timeout_s=self.options.collective_timeout_s)
 
-    async def _call(self, method: str, kwargs: list[dict[str, Any]]) -> list[Any]:
-        """Every rank's actor method at once. An actor that dies fails the call at once; after one rank
+    async def _call(self, method: str, kwargs: "list[dict[str, Any] | None]") -> list[Any]:
+        """Every rank's actor method at once (a rank whose kwargs are None is not called). An actor that dies fails the call at once; after one rank
         raised, the others get a grace of `collective_timeout_s` (30 s at most; they may wait in a
         collective for the rank that failed), then every worker is stopped."""
         import ray
@@ -159,8 +163,8 @@ class RayBackend(WorkerBackend):
             return await ref
 
         tasks = {asyncio.ensure_future(result(getattr(actor, method).remote(**kw))): rank
-                 for rank, (actor, kw) in enumerate(zip(self._actors, kwargs))}
-        results: list[Any] = [None] * len(tasks)
+                 for rank, (actor, kw) in enumerate(zip(self._actors, kwargs)) if kw is not None}
+        results: list[Any] = [None] * len(self._actors)
         errors: list[BaseException] = []
         pending = set(tasks)
         while pending:

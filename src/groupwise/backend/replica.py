@@ -157,17 +157,23 @@ class Replica:
         base: the `SharedBase` of its base model on this device.
         lora: the adapter's settings.
         process_group: torch.distributed group of the data-parallel trainer ranks, or None.
+        trains: False for a replica that only generates: no `Trainer` (``trainer`` is None), no optimizer;
+            it serves the adapters the trainer ranks checkpoint (`serve`, `resume`).
     """
 
-    def __init__(self, name: str, base: SharedBase, lora: LoraConfig, *, process_group: Any = None) -> None:
+    def __init__(self, name: str, base: SharedBase, lora: LoraConfig, *, process_group: Any = None,
+                 trains: bool = True) -> None:
         from groupwise.training.trainer import Trainer
 
         self.name = name
         self.base = base
-        adapter = base.hold_adapter(name, lora)
+        # A replica that only generates (BackendOptions.train_workers) still holds a trainable adapter of
+        # the lora settings: the served adapters' names and shapes are those of the trained one.
+        self.adapter = adapter = base.hold_adapter(name, lora)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         try:
-            self.trainer = Trainer(self.peft_model, pad_token_id=pad, adapter_name=adapter, process_group=process_group)
+            self.trainer: Any = (Trainer(self.peft_model, pad_token_id=pad, adapter_name=adapter,
+                                         process_group=process_group) if trains else None)
             self.registry.register_model(name)
         except BaseException:
             base.release_adapter(name)
@@ -199,7 +205,7 @@ class Replica:
 
     @property
     def device(self) -> Any:
-        return self.trainer.device
+        return self.trainer.device if self.trainer is not None else self.engine.device
 
     def _param_names(self) -> list[str]:
         return [n for n, _ in self.trainer.trainable_named_parameters()]
@@ -214,6 +220,8 @@ class Replica:
         if state is None:
             return None
         self.serve(state.step, str(state.path))  # first: loading an adapter into the engine draws random numbers
+        if self.trainer is None:  # a generator serves the checkpoint; it has no adapter or optimizer to train
+            return state
         self.trainer.ensure_optimizer(TrainConfig())  # lr and weight decay are reset by each step's config
         load_checkpoint(state, model=self.peft_model, optimizer=self.trainer.optimizer, param_names=self._param_names(),
                         adapter_name=self.trainer.adapter_name)
@@ -340,9 +348,29 @@ class Replica:
                 f"expected {expected!r}: the new adapter is not the one served. Rollouts would sample a stale policy."
             )
 
-    def adapter_fingerprint(self) -> list[int]:
-        """`fingerprint` of the trainable adapter: equal on two ranks means bitwise equal adapters."""
+    def adapter_fingerprint(self) -> list[int] | None:
+        """`fingerprint` of the trainable adapter: equal on two ranks means bitwise equal adapters (None on
+        a replica that only generates: it trains nothing)."""
+        if self.trainer is None:
+            return None
         return fingerprint(p for _, p in self.trainer.trainable_named_parameters())
+
+    def _served_parameters(self, step: int) -> list[tuple[str, Any]]:
+        """The LoRA tensors the engine serves as ``name@step``, named as the trainable adapter's (peft's
+        slot name replaced by the adapter's), in the model's order."""
+        slot = f".{self.engine.peft_adapter_name(self.registry.adapter_name(self.name, step))}."
+        return [(n.replace(slot, f".{self.adapter}."), p) for n, p in self.peft_model.named_parameters()
+                if "lora_" in n and slot in n]
+
+    def served_fingerprint(self, step: int) -> list[int]:
+        """`fingerprint` of what the engine serves as ``name@step``: equal on a trainer rank and a generator
+        means the generator serves the trained adapter bit for bit (rank 0's `check_adapter` ties its
+        served copy to the trainer's tensors)."""
+        return fingerprint(p for _, p in self._served_parameters(step))
+
+    def served_tensors(self, step: int) -> dict[str, Any]:
+        """CPU copies of the tensors served as ``name@step``, by the trainable adapter's parameter names."""
+        return {n: p.detach().cpu().clone() for n, p in self._served_parameters(step)}
 
     def close(self) -> bool:
         """Drop this model's adapter and served steps from the shared base. True when the base serves no

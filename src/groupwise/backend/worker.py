@@ -16,6 +16,14 @@ on CPUs) whose collectives sum the trainer's gradients, and serves each replica'
 over HTTP (uvicorn), where the driver's router sends rollout requests. Rank 0 writes the checkpoints;
 every other rank saves its own copy of the new adapter to a scratch folder and loads that into its
 own engine, so no weights travel between ranks beyond the gradient all-reduce.
+
+With a placement (`WorkerOptions.train_workers`), ranks below it only train: they form the
+torch.distributed group among themselves, and their apps are not served over HTTP (no rollout reaches
+them). The other ranks only generate: no trainer, no optimizer, no process group; after each step they
+load the adapter from rank 0's checkpoint folder (the run's base_path, which every worker sees), the
+same file rank 0's own engine loaded, so the engines serve the same bits. A LoRA adapter is megabytes:
+reading it from disk costs less than a broadcast would need in setup (a group spanning generators that
+must then join every collective), and the checkpoint is written anyway.
 """
 
 from __future__ import annotations
@@ -71,7 +79,7 @@ class ModelSpec:
 
 @dataclass
 class WorkerOptions:
-    """Settings shared by every rank. The first six are the backend's `BackendOptions` (which owns their
+    """Settings shared by every rank. The first seven are the backend's `BackendOptions` (which owns their
     defaults: the driver passes every one); the rest say how this placement reaches its workers."""
 
     dtype: str | None
@@ -80,6 +88,7 @@ class WorkerOptions:
     verify_adapter: bool
     load_model: Any  # (name, device=, dtype=) -> (model, tokenizer); None: groupwise.loading.load_base_model
     memory_budget_gb: float | None  # each base's budget on the device; None: estimated (backend/budget.py)
+    train_workers: int | None = None  # ranks below it only train, the others only generate; None: all do both
     serve_http: bool = False  # serve each replica's app over HTTP (a worker outside the driver's process)
     http_host: str = "127.0.0.1"  # the address its servers listen on
     api_key: str | None = None  # the key requests to those servers must carry
@@ -96,11 +105,15 @@ class Worker:
         self.bases: dict[str, SharedBase] = {}  # base model -> what its models share on this device
         self._update_locks: dict[str, asyncio.Lock] = {}  # base model -> one update at a time
         self.process_group: Any = None
+        split = options.train_workers
+        self.trains = split is None or rank < split  # module doc: a placement's trainer ranks come first
+        self.generates = split is None or not self.trains
+        self.train_world = split or world_size  # the ranks of the gradient all-reduce
         self._servers: dict[str, Any] = {}  # base model -> the uvicorn server of its app
         self._server_urls: dict[str, str] = {}
         self._server_tasks: list[asyncio.Task] = []
         self._scratch = (Path(tempfile.mkdtemp(prefix=f"groupwise-rank{rank}-", dir=options.scratch_root))
-                         if rank > 0 else None)
+                         if rank > 0 and self.trains else None)
 
     # ------------------------------------------------------------------------------ setup
     async def init_process_group(self, init_method: str, timeout_s: float) -> dict[str, Any]:
@@ -109,15 +122,15 @@ class Worker:
         import torch
         import torch.distributed as dist
 
-        if self.world_size == 1:
-            return {"rank": 0, "backend": None, "host": socket.gethostname()}  # nothing to sum over
+        if self.train_world == 1 or not self.trains:  # nothing to sum over, or a generator (it sums nothing)
+            return {"rank": self.rank, "backend": None, "host": socket.gethostname()}
         device = torch.device(self.device) if self.device else torch.device("cpu")
         backend = "nccl" if device.type == "cuda" else "gloo"
 
         def init() -> None:
             if device.type == "cuda":
                 torch.cuda.set_device(device)  # on the compute thread, where the CUDA work runs
-            dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world_size,
+            dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.train_world,
                                     timeout=timedelta(seconds=timeout_s),
                                     device_id=device if device.type == "cuda" else None)
 
@@ -143,7 +156,8 @@ class Worker:
             self.bases[spec.base_model] = base
             self._update_locks[spec.base_model] = asyncio.Lock()
         try:
-            replica = await compute.run(Replica, spec.name, base, spec.lora, process_group=self.process_group)
+            replica = await compute.run(Replica, spec.name, base, spec.lora, process_group=self.process_group,
+                                        trains=self.trains)
         except BaseException:
             if not base.models:
                 await self._close_base(spec.base_model)
@@ -160,10 +174,12 @@ class Worker:
             "checkpoint_path": str(state.path) if state else None,
             "metrics": dict(state.metrics) if state else {}, "history": list(state.history) if state else [],
             "fingerprint": await compute.run(replica.adapter_fingerprint), "url": None,
+            "served_fingerprint": (await compute.run(replica.served_fingerprint, state.step)
+                                   if state is not None and state.step > 0 else None),
             # the driver tokenises the steps' batches with the same tokenizer (it may not reach the model files)
             "tokenizer": replica.tokenizer if self.rank == 0 else None,
         }
-        if o.serve_http:
+        if o.serve_http and self.generates:  # a trainer of a placement gets no rollouts
             info["url"] = await self._serve_http(spec.base_model, replica.app)
         return info
 
@@ -247,12 +263,25 @@ class Worker:
         return out
 
     async def publish(self, name: str, step: int, metrics: dict[str, float], cursor: dict[str, Any],
-                      history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                      history: list[dict[str, Any]] | None = None, checkpoint_path: str | None = None
+                      ) -> dict[str, Any]:
         """After the updates of `step`: rank 0 checkpoints (with the step's `history` rows), every rank
-        serves its own copy of the new adapter and checks it. Returns the checkpoint path (rank 0) and
-        the adapter's fingerprint (the driver compares them across ranks)."""
+        serves its own copy of the new adapter and checks it. Returns the checkpoint path (rank 0), the
+        adapter's fingerprint and that of the served copy (the driver compares them across ranks).
+
+        A rank that only generates is called after the trainers, with rank 0's `checkpoint_path`: it
+        serves that folder's adapter (module doc)."""
         replica, spec = self.replicas[name], self.specs[name]
         compute = compute_thread()
+        if not self.trains:
+            if checkpoint_path is None:
+                raise ConfigError(f"rank {self.rank} only generates: publish it with the trainers' checkpoint_path",
+                                  what="publish arguments")
+            await compute.run(replica.serve, step, checkpoint_path)
+            if self.options.verify_adapter:
+                await replica.check_answers(step)
+            return {"rank": self.rank, "checkpoint_path": None, "fingerprint": None,
+                    "served_fingerprint": await compute.run(replica.served_fingerprint, step)}
         if self.rank == 0:
             path = await compute.run(replica.save, spec.checkpoints_dir, step, metrics, cursor, history)
             await compute.run(replica.serve, step, str(path))
@@ -265,7 +294,10 @@ class Worker:
             await compute.run(replica.check_adapter, step, str(path))
             await replica.check_answers(step)
         return {"rank": self.rank, "checkpoint_path": str(path) if self.rank == 0 else None,
-                "fingerprint": await compute.run(replica.adapter_fingerprint)}
+                "fingerprint": await compute.run(replica.adapter_fingerprint),
+                # with generators, the driver checks they serve the bits rank 0 serves
+                "served_fingerprint": (await compute.run(replica.served_fingerprint, step)
+                                       if self.options.train_workers is not None else None)}
 
     # ------------------------------------------------------------------------------ serving and retention
     async def serve_step(self, name: str, step: int) -> None:
@@ -300,6 +332,10 @@ class Worker:
 
     async def served_steps(self, name: str) -> list[int]:
         return self.replicas[name].served_steps()
+
+    async def served_tensors(self, name: str, step: int) -> dict[str, Any]:
+        """CPU copies of the adapter this rank's engine serves as ``name@step``, by the trainer's names."""
+        return await compute_thread().run(self.replicas[name].served_tensors, step)
 
     async def state_tensors(self, name: str) -> dict[str, Any]:
         """What a resume must restore, as CPU tensors: the adapter, the optimizer state, the torch RNG."""
