@@ -51,7 +51,8 @@ from typing import TYPE_CHECKING, Any
 
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC, Backend, InferenceEndpoint, TrainResult
 from groupwise.backend.options import BackendOptions
-from groupwise.backend.ranks import merge_ranks, shard_batch, sft_step_metrics
+from groupwise.backend.ranks import (ReplicaDivergenceError, check_identical, check_served, merge_ranks,
+                                     shard_batch, sft_step_metrics)
 from groupwise.backend.worker import ModelSpec, WorkerOptions
 from groupwise.compute import compute_thread
 from groupwise.config import TrainConfig
@@ -67,10 +68,6 @@ if TYPE_CHECKING:
 DEFAULT_PATH = ".groupwise"
 
 log = logging.getLogger("groupwise.backend")
-
-
-class ReplicaDivergenceError(GroupwiseError):
-    """Data-parallel ranks hold different adapters after a step (they must be bitwise equal)."""
 
 
 class WorkerError(GroupwiseError):
@@ -432,37 +429,16 @@ class WorkerBackend(Backend):
         trained = await self._call_ranks("publish", {r: args for r in self.train_ranks})
         results = [trained[r] for r in self.train_ranks]
         await run.store.run_history.write(row)
-        self._check_identical(run.spec.name, new_step, results)
+        check_identical(run.spec.name, new_step, results)
         if self.generator_ranks:  # they serve rank 0's checkpoint, once it is complete (module doc)
             path = results[0]["checkpoint_path"]
             served = await self._call_ranks("publish", {r: {**args, "checkpoint_path": path}
                                                         for r in self.generator_ranks})
-            self._check_served(run.spec.name, new_step, [*results, *(served[r] for r in self.generator_ranks)])
+            check_served(run.spec.name, new_step, [*results, *(served[r] for r in self.generator_ranks)])
         run.step = new_step
         run.checkpoint_path = results[0]["checkpoint_path"]
         run.cursor = cursor
         await self._retain(run)
-
-    def _check_identical(self, name: str, step: int, results: list[dict[str, Any]]) -> None:
-        prints = [tuple(r["fingerprint"]) for r in results]
-        if len(set(prints)) > 1:
-            odd = [r["rank"] for r in results if tuple(r["fingerprint"]) != prints[0]]
-            raise ReplicaDivergenceError(
-                f"after step {step} of {name!r} the adapters of rank(s) {odd} differ from rank 0's: the data-parallel "
-                "ranks no longer train the same model (a non-deterministic optimizer or a rank that skipped the "
-                "gradient all-reduce). Their rollouts would sample different policies; resume from the last "
-                "checkpoint."
-            )
-
-    def _check_served(self, name: str, step: int, results: list[dict[str, Any]]) -> None:
-        prints = [tuple(r["served_fingerprint"]) for r in results]
-        odd = [r["rank"] for r in results if tuple(r["served_fingerprint"]) != prints[0]]
-        if odd:
-            raise ReplicaDivergenceError(
-                f"after step {step} of {name!r} the engines of rank(s) {odd} serve another adapter than rank 0's: a "
-                "generator loaded a different file than the trainers checkpointed (a base_path the workers do not "
-                "all see the same, or a checkpoint changed under it). Its rollouts would sample another policy; "
-                "resume from the last checkpoint.")
 
     @staticmethod
     def _metric_by_step(run: _Run, metric: str) -> dict[int, float]:
@@ -520,5 +496,6 @@ class WorkerBackend(Backend):
     def describe(self) -> dict[str, Any]:
         return {
             "backend": type(self).__name__, "path": self.path, "dtype": self.options.dtype,
-            "world_size": self.world_size, "train_workers": self.options.train_workers, "lora": self.options.lora.to_dict(), "models": {k: v.step for k, v in self._runs.items()},
+            "world_size": self.world_size, "train_workers": self.options.train_workers,
+            "lora": self.options.lora.to_dict(), "models": {k: v.step for k, v in self._runs.items()},
         }

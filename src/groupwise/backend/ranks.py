@@ -5,13 +5,20 @@ ranks' metrics, with rules of their own that the tests pin without any worker: a
 sequences gives the gradient of the whole batch (the advantages are computed per group before the
 split, and the trainers sum their normalisers and gradients over the ranks), so the split only
 balances the work; the loss terms the trainers report are already sums over the ranks, while
-micro-batches, padding and time are each rank's own.
+micro-batches, padding and time are each rank's own. After the step the ranks must hold (and serve)
+the same adapter, bit for bit: `check_identical` and `check_served` compare their fingerprints.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
+
+from groupwise.errors import GroupwiseError
+
+
+class ReplicaDivergenceError(GroupwiseError):
+    """Ranks hold or serve different adapters after a step (they must be bitwise equal)."""
 
 
 def shard_batch(batch: Any, ranks: int) -> list[Any]:
@@ -60,3 +67,29 @@ def sft_step_metrics(per_update: list[dict[str, float]], last_rate: float) -> di
         "update_time": sum(m["update_time"] for m in per_update),
         "learning_rate": last_rate,
     }
+
+
+def check_identical(name: str, step: int, results: list[dict[str, Any]]) -> None:
+    """The trainer ranks' adapter fingerprints after `step` are equal (`Replica.adapter_fingerprint`)."""
+    prints = [tuple(r["fingerprint"]) for r in results]
+    if len(set(prints)) > 1:
+        odd = [r["rank"] for r in results if tuple(r["fingerprint"]) != prints[0]]
+        raise ReplicaDivergenceError(
+            f"after step {step} of {name!r} the adapters of rank(s) {odd} differ from rank 0's: the data-parallel "
+            "ranks no longer train the same model (a non-deterministic optimizer or a rank that skipped the "
+            "gradient all-reduce). Their rollouts would sample different policies; resume from the last "
+            "checkpoint."
+        )
+
+
+def check_served(name: str, step: int, results: list[dict[str, Any]]) -> None:
+    """Every rank's engine serves rank 0's bits as ``name@step`` (`Replica.served_fingerprint`): with
+    generators (`BackendOptions.train_workers`), the adapter they loaded is the one trained."""
+    prints = [tuple(r["served_fingerprint"]) for r in results]
+    odd = [r["rank"] for r in results if tuple(r["served_fingerprint"]) != prints[0]]
+    if odd:
+        raise ReplicaDivergenceError(
+            f"after step {step} of {name!r} the engines of rank(s) {odd} serve another adapter than rank 0's: a "
+            "generator loaded a different file than the trainers checkpointed (a base_path the workers do not "
+            "all see the same, or a checkpoint changed under it). Its rollouts would sample another policy; "
+            "resume from the last checkpoint.")
