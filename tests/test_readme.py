@@ -29,18 +29,6 @@ def replace_once(code: str, old: str, new: str) -> str:
     return code.replace(old, new)
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    pytest.importorskip("torch")
-    from groupwise.loading import tiny_random_model
-
-    path = tmp_path_factory.mktemp("tiny-readme")
-    model, tok = tiny_random_model(seed=0)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
-
-
 @pytest.mark.slow
 def test_the_readme_example_trains_and_the_commands_after_it_read_the_run(tiny_model_dir, tmp_path):
     code = replace_once(example(), 'base_model="smollm2-135m"', f"base_model={tiny_model_dir!r}")

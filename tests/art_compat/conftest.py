@@ -1,5 +1,5 @@
-"""Fixtures of the ART drop-in tests: a tiny random Llama saved as a folder (LocalBackend loads it as it
-would a Hugging Face id), and a folder standing in for ART's BACKUP_BUCKET."""
+"""Fixtures of the ART drop-in tests: the tiny random Llama with end tokens that make its answers end
+(LocalBackend loads it as it would a Hugging Face id), and a folder standing in for ART's BACKUP_BUCKET."""
 
 from __future__ import annotations
 
@@ -8,18 +8,7 @@ from fastapi import FastAPI, Request
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    from groupwise.loading import load_tokenizer, tiny_random_model
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model, tokenizer = tiny_random_model(seed=0, tokenizer=load_tokenizer("smollm2-135m"))
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="session")
-def art_model_dir(tmp_path_factory, tiny_model_dir):
+def art_model_dir(tmp_path_factory):
     """The stand-in for every base model of ART's example programs: the tiny random model, whose
     generation config also ends an answer at one token id in 40. A random model otherwise writes until
     the context is full whenever a program sets no `max_tokens`, which no real model does on these

@@ -1,23 +1,11 @@
-"""Fixtures of the backend tests: a tiny random Llama on disk and a local two-node Ray cluster
-(backend_helpers.py builds the backends)."""
+"""Fixtures of the backend tests: a local two-node Ray cluster (backend_helpers.py builds the backends;
+the tiny model's folder is tests/conftest.py's `tiny_model_dir`)."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """A tiny random Llama saved as a folder: every backend (and every worker process) loads it."""
-    from groupwise.loading import tiny_random_model
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model, tok = tiny_random_model(seed=0)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
-"""A scripted OpenAI-compatible endpoint for rollout tests: the real `openai.AsyncOpenAI`, with an
-httpx MockTransport at the HTTP seam, answering each request with the next scripted reply."""
+"""Fixtures of the env tests: the email env's inbox database, and a scripted OpenAI-compatible endpoint
+for rollout tests (the real `openai.AsyncOpenAI`, with an httpx MockTransport at the HTTP seam,
+answering each request with the next scripted reply)."""
 
 from __future__ import annotations
 
@@ -73,3 +74,11 @@ class ScriptedModel:
 @pytest.fixture
 def scripted():
     return ScriptedModel
+
+
+@pytest.fixture(scope="session")
+def db(tmp_path_factory) -> str:
+    """The email env's SQLite inbox database of corpus 0 (the tools only read it)."""
+    from groupwise.envs.email_search.inbox import build_database, generate_corpus
+
+    return str(build_database(tmp_path_factory.mktemp("email") / "inbox.sqlite", generate_corpus(0)))

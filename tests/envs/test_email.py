@@ -10,13 +10,8 @@ import pytest
 from groupwise.envs.email_search import ScenarioEmail, email_reward, is_correct, rollout, scenarios, validate
 from groupwise.envs.email_search import tools as T
 from groupwise.envs.email_search.env import parse_text_tool_calls
-from groupwise.envs.email_search.inbox import build_database, check_fts5, generate_corpus
+from groupwise.envs.email_search.inbox import check_fts5, generate_corpus
 from groupwise.envs.email_search.questions import questions_from_corpus, split_questions
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory):
-    return str(build_database(tmp_path_factory.mktemp("email") / "inbox.sqlite", generate_corpus(0)))
 
 
 @pytest.fixture(scope="module")

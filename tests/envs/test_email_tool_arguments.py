@@ -9,13 +9,8 @@ import pytest
 
 from groupwise.envs.email_search import ScenarioEmail, rollout
 from groupwise.envs.email_search import tools as T
-from groupwise.envs.email_search.inbox import build_database, generate_corpus
+from groupwise.envs.email_search.inbox import generate_corpus
 from groupwise.envs.email_search.questions import questions_from_corpus
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory):
-    return str(build_database(tmp_path_factory.mktemp("email") / "inbox.sqlite", generate_corpus(0)))
 
 
 @pytest.fixture(scope="module")

@@ -13,17 +13,6 @@ from groupwise.envs import get_env
 from groupwise.jobs.sft import env_demonstrations, read_jsonl
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from groupwise.loading import load_tokenizer, tiny_random_model
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model, tok = tiny_random_model(seed=0, tokenizer=load_tokenizer("smollm2-135m"))
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
-
-
 def test_jsonl_rows_become_trajectories_and_bad_rows_say_where(tmp_path):
     good = tmp_path / "demos.jsonl"
     good.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]})
@@ -45,11 +34,11 @@ def test_env_demonstrations_come_from_the_scripted_agent():
         env_demonstrations(get_env("2048"), 3, seed=0)
 
 
-def test_groupwise_sft_makes_steps_and_resumes_without_repeating_them(model_dir, tmp_path, capsys):
+def test_groupwise_sft_makes_steps_and_resumes_without_repeating_them(tiny_model_dir, tmp_path, capsys):
     data = tmp_path / "greet.jsonl"
     data.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"hi {i}"},
                                                       {"role": "assistant", "content": "hello"}]}) for i in range(6)))
-    args = ["sft", str(data), "--model", model_dir, "--path", str(tmp_path / "runs"), "--epochs", "2",
+    args = ["sft", str(data), "--model", tiny_model_dir, "--path", str(tmp_path / "runs"), "--epochs", "2",
             "--batch-size", "3", "--name", "greeter", "--device", "cpu"]
     assert main(args) == 0
     run = tmp_path / "runs" / "sft" / "greeter"
@@ -59,15 +48,15 @@ def test_groupwise_sft_makes_steps_and_resumes_without_repeating_them(model_dir,
     assert main(args) == 0  # a second call finds its SFT steps done
     assert len([r for r in gw.load_history(run) if r["split"] == "sft"]) == 2
     assert "done: step 2 (2 SFT step(s))" in capsys.readouterr().out
-    assert main(["sft", "2048", "--model", model_dir, "--path", str(tmp_path / "runs")]) == 2
+    assert main(["sft", "2048", "--model", tiny_model_dir, "--path", str(tmp_path / "runs")]) == 2
     assert "no scripted demonstrator" in capsys.readouterr().err
 
 
 @pytest.mark.slow
-def test_train_email_with_sft_scores_the_warm_start_as_a_baseline(model_dir, tmp_path):
+def test_train_email_with_sft_scores_the_warm_start_as_a_baseline(tiny_model_dir, tmp_path):
     from groupwise.jobs.train import TrainJob, train
 
-    job = TrainJob("email", model=model_dir, seed=0, path=str(tmp_path), device="cpu", sft=2, sft_epochs=1, sft_lr=1e-3)
+    job = TrainJob("email", model=tiny_model_dir, seed=0, path=str(tmp_path), device="cpu", sft=2, sft_epochs=1, sft_lr=1e-3)
     job.steps = 0  # no GRPO step after the warm start (the CLI asks for one at least; this test only needs its baseline)
     result = _run(train(job))
     assert result["sft_steps"] == 1 and result["final_step"] == 1

@@ -7,7 +7,6 @@ seen."""
 from __future__ import annotations
 
 import asyncio
-import io
 import threading
 
 import pytest
@@ -16,22 +15,6 @@ import groupwise.history as history_module
 from groupwise import load_history
 from groupwise.history import RunHistory
 from groupwise.store import RunStore
-
-
-@pytest.fixture
-def reads(monkeypatch):
-    """Every open of a history.jsonl for reading, counted (builtins.open and Path.open both end in io.open)."""
-    opened: list[str] = []
-    real_open = io.open
-
-    def counting_open(file, mode="r", *args, **kwargs):
-        if str(file).endswith("history.jsonl") and not any(c in mode for c in "wax+"):
-            opened.append(str(file))
-        return real_open(file, mode, *args, **kwargs)
-
-    monkeypatch.setattr(io, "open", counting_open)
-    monkeypatch.setattr("builtins.open", counting_open)
-    return opened
 
 
 def test_appends_write_one_line_each_and_read_the_file_once(tmp_path, reads):

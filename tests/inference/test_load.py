@@ -27,23 +27,12 @@ KV_GB = 0.01  # its --max-kv-gb: 1308 tokens a sequence for the tiny model at 16
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tiny):
-    from groupwise.loading import tiny_random_model
-
-    path = tmp_path_factory.mktemp("tiny-serve")
-    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def server(model_dir):
+def server(tiny_model_dir):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "groupwise.cli", "serve", "--model", model_dir, "--name", "agent",
+    proc = subprocess.Popen([sys.executable, "-m", "groupwise.cli", "serve", "--model", tiny_model_dir, "--name", "agent",
                              "--port", str(port), "--max-batch-size", "16", "--max-body-bytes", str(LIMIT),
                              "--max-kv-gb", str(KV_GB)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

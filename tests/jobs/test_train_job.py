@@ -51,17 +51,13 @@ def test_an_envs_preset_fills_what_the_job_leaves_out():
     assert set(PRESETS) == set(__import__("groupwise.envs", fromlist=["ENVS"]).ENVS)  # one preset per env
 
 
-def test_the_job_says_each_step_and_its_stop_once(tmp_path, capsys, monkeypatch):
+def test_the_job_says_each_step_and_its_stop_once(tmp_path, capsys, monkeypatch, tiny_model_dir):
     # The whole main job on a tiny random model for one step: the per-step line, the summary, and the stop
     # reason printed once (it used to come from the loop and again from the summary).
     from groupwise.cli import main
-    from groupwise.loading import load_tokenizer, tiny_random_model
 
-    model, tok = tiny_random_model(seed=0, tokenizer=load_tokenizer("smollm2-135m"))
-    model.save_pretrained(tmp_path / "tiny")
-    tok.save_pretrained(tmp_path / "tiny")
     monkeypatch.chdir(tmp_path)  # --path relative, as the default .groupwise is
-    code = main(["train", "2048", "--model", str(tmp_path / "tiny"), "--steps", "1", "--path", "runs",
+    code = main(["train", "2048", "--model", tiny_model_dir, "--steps", "1", "--path", "runs",
                  "--device", "cpu", "--lr", "2e-3"])
     out = capsys.readouterr().out
     assert code == 0
@@ -76,22 +72,19 @@ def test_the_job_says_each_step_and_its_stop_once(tmp_path, capsys, monkeypatch)
     assert summary["learning_rate"] == 2e-3
 
 
-def test_a_judge_that_fails_the_labelled_check_stops_the_job_before_training(tmp_path, capsys, monkeypatch):
+def test_a_judge_that_fails_the_labelled_check_stops_the_job_before_training(tmp_path, capsys, monkeypatch,
+                                                                              tiny_model_dir):
     # `groupwise train titles --judge ollama/a --judge-labels FILE`: the judge is evaluated on a labelled
     # title pair first. It cannot answer (an Ollama host on a closed port), so it orders the pair no
     # better than chance; the job stops with the table (exit 1) before any step is trained.
     from groupwise.cli import main
-    from groupwise.loading import load_tokenizer, tiny_random_model
 
     monkeypatch.setenv("OLLAMA_HOST", "http://127.0.0.1:9")
-    model, tok = tiny_random_model(seed=0, tokenizer=load_tokenizer("smollm2-135m"))
-    model.save_pretrained(tmp_path / "tiny")
-    tok.save_pretrained(tmp_path / "tiny")
     labels = tmp_path / "labels.jsonl"
     labels.write_text(json.dumps({"messages": [{"role": "user", "content": "A library now lends tools."}],
                                   "chosen": "Borrow a Drill: The Library That Lends Tools",
                                   "rejected": "YOU WON'T BELIEVE WHAT HAPPENED NEXT!!!"}) + "\n")
-    code = main(["train", "titles", "--model", str(tmp_path / "tiny"), "--steps", "1", "--path", str(tmp_path / "runs"),
+    code = main(["train", "titles", "--model", tiny_model_dir, "--steps", "1", "--path", str(tmp_path / "runs"),
                  "--device", "cpu", "--judge", "ollama/a", "--judge-labels", str(labels)])
     out, err = capsys.readouterr()
     assert code == 1, out + err

@@ -17,18 +17,15 @@ def test_a_sweep_is_every_seed_with_every_rate_and_refuses_what_names_one_run():
         TrainJob("2048", seeds=[0, 1], name="mine", sft=4)
 
 
-def test_the_cli_trains_two_seeds_at_once_and_prints_a_line_per_step_per_run_and_a_table(tmp_path, capsys, monkeypatch):
+def test_the_cli_trains_two_seeds_at_once_and_prints_a_line_per_step_per_run_and_a_table(tmp_path, capsys, monkeypatch,
+                                                                                          tiny_model_dir):
     from groupwise.cli import main
-    from groupwise.loading import load_tokenizer, tiny_random_model
 
-    model, tok = tiny_random_model(seed=0, tokenizer=load_tokenizer("smollm2-135m"))
-    model.save_pretrained(tmp_path / "tiny")
-    tok.save_pretrained(tmp_path / "tiny")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit:
         main(["train", "2048", "--seed", "1", "--seeds", "0-1"])
     assert exit.value.code == 2 and "--seeds: not allowed with argument --seed" in capsys.readouterr().err
-    code = main(["train", "2048", "--model", str(tmp_path / "tiny"), "--steps", "1", "--path", "runs",
+    code = main(["train", "2048", "--model", tiny_model_dir, "--steps", "1", "--path", "runs",
                  "--device", "cpu", "--seeds", "0-1", "--lr", "2e-3", "--groups-per-step", "2"])
     out = capsys.readouterr().out
     assert code == 0, out

@@ -66,19 +66,15 @@ async def test_local_smollm2_judges_a_group_end_to_end(capsys):
     assert "last: 6 x 7 = 42" in out and "last: I think it is 13." in out and out.count("why: ") == 2
 
 
-def test_a_local_judge_by_name_on_the_tiny_model(tmp_path):
+def test_a_local_judge_by_name_on_the_tiny_model(tiny_model_dir):
     # "local/<model>" (docs/judge.md) resolves through the judge's registry of client factories to the
     # backend's in-process engine; the judge imports no engine itself (tests/test_layers.py)
     pytest.importorskip("torch")
     from groupwise.judge.providers import resolve
-    from groupwise.loading import tiny_random_model
 
-    model, tok = tiny_random_model(seed=0)
-    model.save_pretrained(tmp_path)
-    tok.save_pretrained(tmp_path)
-    name = f"local/{tmp_path}"
+    name = f"local/{tiny_model_dir}"
     endpoint = resolve(name)
-    assert endpoint.local and endpoint.model == str(tmp_path) and endpoint.label == name and not endpoint.paid
+    assert endpoint.local and endpoint.model == tiny_model_dir and endpoint.label == name and not endpoint.paid
     assert resolve(name).client is endpoint.client  # one engine per model per process
 
     async def ask():
@@ -91,7 +87,7 @@ def test_a_local_judge_by_name_on_the_tiny_model(tmp_path):
 
     served, reply = asyncio.run(ask())
     # the engine in this process serves the model under the name the judge sends (a real completion)
-    assert str(tmp_path) in served and reply.usage.completion_tokens >= 1
+    assert tiny_model_dir in served and reply.usage.completion_tokens >= 1
 
 
 def test_an_unknown_prefix_lists_the_local_one():

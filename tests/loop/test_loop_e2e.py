@@ -6,10 +6,10 @@ answers break into lines, validation falls: a critical validation alert fires (v
 had risen by the validation that shows the fall, val_unstable when not yet), the loop stops, and the
 best checkpoint (by validation) is kept, served, and evaluated on the test split.
 
-The tiny Llama's final norm is scaled x10 so its next-token distribution is peaked (entropy ~7 nats
+The tiny Llama's final norm is scaled x10 (tests/conftest.py's `peaked_tiny_model`) so its next-token distribution is peaked (entropy ~7 nats
 instead of ~10.8, i.e. near uniform over 49k tokens): a random model's logits are so flat that GRPO
 has no competing alternatives to learn from in a few steps (measured: no learning at lr 1e-2..2e-1).
-Requests carry seeds and the engine is batch-invariant (engine.py): which rollouts the engine happened
+Requests carry seeds and the engine is batch-invariant (inference/batch_invariance.py): which rollouts the engine happened
 to batch together changes no logprob, hence no update, so two runs in one process are one run
 (test_loop_reproducible.py). Not promised across processes on a loaded machine: 20 runs of this test
 started at once on 16 cores agreed for two steps, then their train rewards parted (cause not found).
@@ -36,21 +36,6 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 SCENARIOS = [{"id": i, "q": f"Say something short about topic {i}."} for i in range(40)]
-
-
-@pytest.fixture(scope="module")
-def peaked_tiny_model(tmp_path_factory):
-    import torch
-
-    from groupwise.loading import tiny_random_model
-
-    path = tmp_path_factory.mktemp("tiny-peaked")
-    model, tok = tiny_random_model(seed=0)
-    with torch.no_grad():
-        model.model.norm.weight.mul_(10.0)  # logits x10: a peaked distribution (see module docstring)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
 
 
 def make_rollout():

@@ -5,7 +5,6 @@ synchronously inside the event loop."""
 
 from __future__ import annotations
 
-import io
 import threading
 
 import pytest
@@ -14,22 +13,6 @@ from loop_helpers import run_scripted
 import groupwise as gw
 import groupwise.history as history_module
 from groupwise.history import RunHistory
-
-
-@pytest.fixture
-def reads(monkeypatch):
-    """Every open of a history.jsonl for reading, counted (builtins.open and Path.open both end in io.open)."""
-    opened: list[str] = []
-    real_open = io.open
-
-    def counting_open(file, mode="r", *args, **kwargs):
-        if str(file).endswith("history.jsonl") and not any(c in mode for c in "wax+"):
-            opened.append(str(file))
-        return real_open(file, mode, *args, **kwargs)
-
-    monkeypatch.setattr(io, "open", counting_open)
-    monkeypatch.setattr("builtins.open", counting_open)
-    return opened
 
 
 @pytest.mark.parametrize("steps", [4, 12])

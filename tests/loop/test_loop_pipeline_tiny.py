@@ -30,17 +30,6 @@ TRAIN = [Question(id=i) for i in range(8)]
 VAL = [Question(id=100 + i, sampling_seed=i) for i in range(2)]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from groupwise.loading import load_tokenizer, tiny_random_model
-
-    path = tmp_path_factory.mktemp("tiny")
-    model, tok = tiny_random_model(seed=0, tokenizer=load_tokenizer("smollm2-135m"))
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
-
-
 def make_rollout(crash_at: str | None = None):
     async def rollout(model, q: Question):
         if crash_at is not None and model.inference_name() == crash_at:
@@ -54,8 +43,8 @@ def make_rollout(crash_at: str | None = None):
     return rollout
 
 
-async def fit(model_dir: str, path: str, crash_at: str | None = None):
-    model = gw.TrainableModel("piped", project="tiny", base_model=model_dir, base_path=path)
+async def fit(tiny_model_dir: str, path: str, crash_at: str | None = None):
+    model = gw.TrainableModel("piped", project="tiny", base_model=tiny_model_dir, base_path=path)
     backend = gw.LocalBackend(path=path, device="cpu", engine_kwargs={"batch_invariant": True})
     await model.register(backend)
     config = gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, max_steps=3, eval_every=2, patience=100,
@@ -81,8 +70,8 @@ def stable(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in history]
 
 
-async def test_a_pipelined_run_resumed_after_a_crash_equals_an_uninterrupted_one(model_dir, tmp_path):
-    clean = await fit(model_dir, str(tmp_path / "clean"))
+async def test_a_pipelined_run_resumed_after_a_crash_equals_an_uninterrupted_one(tiny_model_dir, tmp_path):
+    clean = await fit(tiny_model_dir, str(tmp_path / "clean"))
     assert clean.final_step == 3
     h = gw.load_history(clean.run_dir)
     # provenance: step k trained on tokens sampled by policy max(0, k - 1), as each token says
@@ -96,8 +85,8 @@ async def test_a_pipelined_run_resumed_after_a_crash_equals_an_uninterrupted_one
 
     # crashed in step 2's validation (steps 0 and 1 trained, the batch of step 2 gathered ahead)
     with pytest.raises(gw.GatherError, match="Crash"):
-        await fit(model_dir, str(tmp_path / "crashed"), crash_at="piped@2")
-    resumed = await fit(model_dir, str(tmp_path / "crashed"))
+        await fit(tiny_model_dir, str(tmp_path / "crashed"), crash_at="piped@2")
+    resumed = await fit(tiny_model_dir, str(tmp_path / "crashed"))
     assert resumed.start_step == 2 and resumed.final_step == 3
     assert stable(gw.load_history(resumed.run_dir)) == stable(h)
     assert trained(resumed.run_dir) == trained(clean.run_dir)

@@ -30,21 +30,6 @@ SCENARIOS = [{"id": i, "q": f"Say something short about topic {i}."} for i in ra
 VOLATILE = ("recorded_at", "time/", "update_time", "step_time", "tokens_per_s", "_s")
 
 
-@pytest.fixture(scope="module")
-def peaked_tiny_model(tmp_path_factory):
-    import torch
-
-    from groupwise.loading import tiny_random_model
-
-    path = tmp_path_factory.mktemp("tiny-peaked")
-    model, tok = tiny_random_model(seed=0)
-    with torch.no_grad():
-        model.model.norm.weight.mul_(10.0)  # a peaked distribution (test_loop_e2e.py says why)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
-
-
 def make_rollout(jitter: random.Random | None):
     seeds = itertools.count()
 

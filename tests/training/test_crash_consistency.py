@@ -27,21 +27,10 @@ HERE = Path(__file__).parent
 STEPS = 3
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tokenizer):
-    from groupwise.loading import tiny_random_model
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model, tok = tiny_random_model(seed=0, tokenizer=tokenizer)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
-
-
-def _worker(store: Path, model_dir: str, *extra: str) -> subprocess.Popen:
+def _worker(store: Path, tiny_model_dir: str, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, str(HERE / "resume_worker.py"), str(store), model_dir, str(STEPS), *extra],
+    return subprocess.Popen([sys.executable, str(HERE / "resume_worker.py"), str(store), tiny_model_dir, str(STEPS), *extra],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -84,21 +73,21 @@ def _assert_same_run(run: Path, ref: Path) -> None:
     assert _same_tensors(run / last / "adapter_model.safetensors", ref / last / "adapter_model.safetensors")
 
 
-def test_killed_during_a_checkpoint_and_before_its_history_row_resumes_bit_identical(model_dir, tmp_path):
+def test_killed_during_a_checkpoint_and_before_its_history_row_resumes_bit_identical(tiny_model_dir, tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    _finish(_worker(straight, model_dir))
+    _finish(_worker(straight, tiny_model_dir))
     ref, run = straight / "resume" / "agent", killed / "resume" / "agent"
     assert [(r["step"], r["split"]) for r in gw.load_history(ref)] == [(0, "train"), (1, "train"), (2, "train")]
 
     # 1. Killed while checkpoint 2 is being written (adapter and optimizer on disk, state.json not).
-    proc = _worker(killed, model_dir, "--hang-in-save", "2")
+    proc = _worker(killed, tiny_model_dir, "--hang-in-save", "2")
     _kill_at(proc, killed / "in_save")
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [".tmp-2-" + str(proc.pid), "0001"]
     assert [(r["step"], r["split"]) for r in gw.load_history(run)] == [(0, "train")]
 
     # 2. Resumed from checkpoint 1 (the unfinished one is named in a warning), then killed after
     #    checkpoint 3 is in place but before step 2's history row reached history.jsonl.
-    proc = _worker(killed, model_dir, "--hang-before-history", "3")
+    proc = _worker(killed, tiny_model_dir, "--hang-before-history", "3")
     _kill_at(proc, killed / "before_history")
     out = proc.stdout.read()
     assert "is an unfinished checkpoint" in out and ".tmp-2-" in out
@@ -108,14 +97,14 @@ def test_killed_during_a_checkpoint_and_before_its_history_row_resumes_bit_ident
 
     # 3. Resumed at step 3: nothing left to train; the row is replayed from the checkpoint, and the
     #    run is the uninterrupted one, bit for bit (timings aside).
-    _finish(_worker(killed, model_dir))
+    _finish(_worker(killed, tiny_model_dir))
     _assert_same_run(run, ref)
 
     # 4. The latest checkpoint gets corrupted on disk: the resume skips it with a warning naming the
     #    folder and the file, redoes step 2 -> 3 from checkpoint 2, and still writes one "2 train" row.
     adapter = run / "checkpoints" / "0003" / "adapter_model.safetensors"
     adapter.write_bytes(adapter.read_bytes()[:1000])
-    out = _finish(_worker(killed, model_dir))
+    out = _finish(_worker(killed, tiny_model_dir))
     assert f"checkpoint {run / 'checkpoints' / '0003'} is corrupt (adapter_model.safetensors has 1000 bytes" in out
     assert "resumes from step 2" in out
     _assert_same_run(run, ref)
@@ -124,6 +113,6 @@ def test_killed_during_a_checkpoint_and_before_its_history_row_resumes_bit_ident
     # 5. An incomplete latest checkpoint (no state.json) is ignored the same way: step 2 is redone,
     #    and its history row is replaced, not duplicated.
     (run / "checkpoints" / "0003" / "state.json").unlink()
-    out = _finish(_worker(killed, model_dir))
+    out = _finish(_worker(killed, tiny_model_dir))
     assert "0003 is incomplete" in out
     _assert_same_run(run, ref)

@@ -15,17 +15,6 @@ import groupwise as gw
 from groupwise.errors import ConfigError, NonFiniteError
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tokenizer):
-    from groupwise.loading import tiny_random_model
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model, tok = tiny_random_model(seed=0, tokenizer=tokenizer)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
-
-
 async def _groups(model):
     client = model.openai_client()
     groups = []
@@ -50,8 +39,8 @@ def _same(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-async def test_a_diverging_step_fails_loudly_checkpoints_nothing_and_the_run_goes_on(model_dir, tmp_path):
-    model = gw.TrainableModel(name="agent", project="p", base_model=model_dir)
+async def test_a_diverging_step_fails_loudly_checkpoints_nothing_and_the_run_goes_on(tiny_model_dir, tmp_path):
+    model = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
     backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
     await model.register(backend)
     checkpoints = tmp_path / "p" / "agent" / "checkpoints"
@@ -96,7 +85,7 @@ async def test_a_diverging_step_fails_loudly_checkpoints_nothing_and_the_run_goe
         await backend.close()
 
 
-async def test_a_restart_skips_a_nan_checkpoint_and_resumes_the_one_before(model_dir, tmp_path):
+async def test_a_restart_skips_a_nan_checkpoint_and_resumes_the_one_before(tiny_model_dir, tmp_path):
     import hashlib
     import json
 
@@ -104,7 +93,7 @@ async def test_a_restart_skips_a_nan_checkpoint_and_resumes_the_one_before(model
 
     from groupwise.errors import GroupwiseWarning
 
-    model = gw.TrainableModel(name="agent", project="p", base_model=model_dir)
+    model = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
     backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
     await model.register(backend)
     try:
@@ -123,7 +112,7 @@ async def test_a_restart_skips_a_nan_checkpoint_and_resumes_the_one_before(model
     (folder / "state.json").write_text(json.dumps(state))
 
     again = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
-    clone = gw.TrainableModel(name="agent", project="p", base_model=model_dir)
+    clone = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
     try:
         with pytest.warns(GroupwiseWarning, match="0002 is corrupt \\(its adapter holds nan or inf"):
             await clone.register(again)

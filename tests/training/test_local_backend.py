@@ -20,18 +20,6 @@ from groupwise.errors import AdapterMismatchError, RunLockedError
 HERE = Path(__file__).parent
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tokenizer):
-    """A tiny random Llama saved as a local folder: LocalBackend loads it through from_pretrained."""
-    from groupwise.loading import tiny_random_model
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model, tok = tiny_random_model(seed=0, tokenizer=tokenizer)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
-
-
 async def _groups(model, n_groups=2, n=4, step=0):
     client = model.openai_client()
     groups = []
@@ -46,8 +34,8 @@ async def _groups(model, n_groups=2, n=4, step=0):
     return groups
 
 
-async def test_train_serves_and_verifies_the_new_adapter(model_dir, tmp_path):
-    model = gw.TrainableModel(name="agent", project="p", base_model=model_dir)
+async def test_train_serves_and_verifies_the_new_adapter(tiny_model_dir, tmp_path):
+    model = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
     backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
     await model.register(backend)
     assert await model.get_step() == 0
@@ -79,7 +67,7 @@ async def test_train_serves_and_verifies_the_new_adapter(model_dir, tmp_path):
         assert (run / "checkpoints" / "0001" / "state.json").is_file()
         # a second backend on this run folder is refused while this one writes it (before it loads) ...
         again = gw.LocalBackend(path=str(tmp_path))
-        clone = gw.TrainableModel(name="agent", project="p", base_model=model_dir)
+        clone = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
         with pytest.raises(RunLockedError, match="another backend of this same process"):
             await clone.register(again)
         # ... and once it is closed, a new backend (a restarted process) resumes step 1 and its cursor
@@ -101,13 +89,13 @@ async def test_train_serves_and_verifies_the_new_adapter(model_dir, tmp_path):
         await backend.close()
 
 
-async def test_rollouts_and_training_run_their_torch_work_on_one_thread(model_dir, tmp_path):
+async def test_rollouts_and_training_run_their_torch_work_on_one_thread(tiny_model_dir, tmp_path):
     # groupwise/compute.py: a second thread running torch ops slowed every CPU op (OpenMP teams).
     import threading
 
     from groupwise.compute import compute_thread
 
-    model = gw.TrainableModel(name="agent", project="p", base_model=model_dir)
+    model = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
     backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
     await model.register(backend)
     threads = set()
@@ -122,10 +110,10 @@ async def test_rollouts_and_training_run_their_torch_work_on_one_thread(model_di
     assert threads == {compute_thread()._thread}
 
 
-def _worker(store, model_dir, steps, *extra):
+def _worker(store, tiny_model_dir, steps, *extra):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
                OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, str(HERE / "resume_worker.py"), str(store), model_dir, str(steps), *extra],
+    return subprocess.Popen([sys.executable, str(HERE / "resume_worker.py"), str(store), tiny_model_dir, str(steps), *extra],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -134,12 +122,12 @@ def _wait(proc, timeout=240):
     assert proc.returncode == 0, out.decode()[-3000:]
 
 
-def test_sigkill_mid_step_resumes_with_identical_optimizer(model_dir, tmp_path):
+def test_sigkill_mid_step_resumes_with_identical_optimizer(tiny_model_dir, tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     # The reference: 2 uninterrupted steps.
-    _wait(_worker(straight, model_dir, 2))
+    _wait(_worker(straight, tiny_model_dir, 2))
     # The same run, killed in the middle of the step 1 -> 2.
-    proc = _worker(killed, model_dir, 2, "--hang-at-step", "1")
+    proc = _worker(killed, tiny_model_dir, 2, "--hang-at-step", "1")
     deadline = time.time() + 240
     while not (killed / "in_step").exists():
         assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
@@ -155,7 +143,7 @@ def test_sigkill_mid_step_resumes_with_identical_optimizer(model_dir, tmp_path):
     # step 1 is complete; step 2 never started saving
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == ["0001"]
     # Restart: resumes at step 1 with the optimizer the killed process held after step 1, bit for bit.
-    _wait(_worker(killed, model_dir, 2))
+    _wait(_worker(killed, tiny_model_dir, 2))
     held = load_file(str(killed / "ref" / "1.safetensors"))
     resumed = load_file(str(killed / "ref" / "resumed-1.safetensors"))
     assert held.keys() == resumed.keys() and len(held) > 0
@@ -169,13 +157,13 @@ def test_sigkill_mid_step_resumes_with_identical_optimizer(model_dir, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-async def test_tools_and_multi_turn_train_on_what_was_sampled(model_dir, tmp_path):
+async def test_tools_and_multi_turn_train_on_what_was_sampled(tiny_model_dir, tmp_path):
     # SmolLM2's template has no tool support, so the server writes the tools into the system prompt;
     # the trainer renders the context the same way (the chat layer), so on a single turn the sampler's
     # logprobs equal the trainer's before the update: ratio 1.
     tools = [{"type": "function", "function": {"name": "lookup", "description": "look a word up",
                                                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
-    model = gw.TrainableModel(name="agent", project="tools", base_model=model_dir)
+    model = gw.TrainableModel(name="agent", project="tools", base_model=tiny_model_dir)
     backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
     await model.register(backend)
     client = model.openai_client()
@@ -206,8 +194,8 @@ async def test_tools_and_multi_turn_train_on_what_was_sampled(model_dir, tmp_pat
         await backend.close()
 
 
-async def test_lora_config_of_the_model_overrides_the_backend(model_dir, tmp_path):
-    model = gw.TrainableModel(name="small", project="p", base_model=model_dir, config=gw.LoraConfig(rank=2, alpha=4))
+async def test_lora_config_of_the_model_overrides_the_backend(tiny_model_dir, tmp_path):
+    model = gw.TrainableModel(name="small", project="p", base_model=tiny_model_dir, config=gw.LoraConfig(rank=2, alpha=4))
     backend = gw.LocalBackend(path=str(tmp_path), lora=gw.LoraConfig(rank=16))
     await model.register(backend)
     try:
@@ -218,7 +206,7 @@ async def test_lora_config_of_the_model_overrides_the_backend(model_dir, tmp_pat
         await backend.close()
 
 
-async def test_each_step_is_written_once_with_its_checkpoint(model_dir, tmp_path, monkeypatch):
+async def test_each_step_is_written_once_with_its_checkpoint(tiny_model_dir, tmp_path, monkeypatch):
     # The backend stores a step's trajectories and train row with its checkpoint; model.train used to
     # write both again (the trajectories rewritten, the row replaced by a rewrite of the whole history).
     from groupwise.store import RunStore
@@ -231,7 +219,7 @@ async def test_each_step_is_written_once_with_its_checkpoint(model_dir, tmp_path
         return real_write(self, split, step, groups)
 
     monkeypatch.setattr(RunStore, "write_trajectories", write_trajectories)
-    model = gw.TrainableModel(name="once", project="p", base_model=model_dir)
+    model = gw.TrainableModel(name="once", project="p", base_model=tiny_model_dir)
     backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
     await model.register(backend)
     try:

@@ -168,21 +168,10 @@ def test_sft_step_loss_is_the_nll_of_the_targets_and_falls(tiny_model, tokenizer
 
 
 # ---------------------------------------------------------------------------------------------- backend
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tokenizer):
-    from groupwise.loading import tiny_random_model
-
-    path = tmp_path_factory.mktemp("tiny-llama-sft")
-    model, tok = tiny_random_model(seed=0, tokenizer=tokenizer)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
-
-
-async def test_train_sft_is_a_step_then_grpo_continues(model_dir, tmp_path):
+async def test_train_sft_is_a_step_then_grpo_continues(tiny_model_dir, tmp_path):
     import groupwise as gw
 
-    model = gw.TrainableModel(name="agent", project="p", base_model=model_dir)
+    model = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
     backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
     await model.register(backend)
     client = model.openai_client()
@@ -218,7 +207,7 @@ async def test_train_sft_is_a_step_then_grpo_continues(model_dir, tmp_path):
         await backend.close()
     # A restarted process resumes at step 2 (the SFT step's checkpoint was an ordinary one).
     again = gw.LocalBackend(path=str(tmp_path))
-    clone = gw.TrainableModel(name="agent", project="p", base_model=model_dir)
+    clone = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
     await clone.register(again)
     try:
         assert await clone.get_step() == 2

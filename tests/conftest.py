@@ -1,0 +1,60 @@
+"""Fixtures every test folder shares: the tiny random model saved as a folder (built once per session),
+and a counter of the reads of a run's history file.
+
+One home for them: each folder used to build the same model (`tiny_random_model(seed=0)`: a 2-layer
+Llama with SmolLM2's tokenizer) into its own folder. Tests only read the folder (backends load it as
+they would a Hugging Face id, worker processes load it again), so one copy serves them all.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """The tiny random Llama (seed 0, SmolLM2's tokenizer) saved as a folder; never write into it."""
+    from groupwise.loading import tiny_random_model
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model, tok = tiny_random_model(seed=0)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def peaked_tiny_model(tmp_path_factory) -> str:
+    """The tiny random model with its final norm scaled x10, saved as a folder: its next-token
+    distribution is peaked (entropy ~7 nats instead of ~10.8, near uniform over 49k tokens). A random
+    model's logits are so flat that GRPO has no competing alternatives to learn from in a few steps."""
+    import torch
+
+    from groupwise.loading import tiny_random_model
+
+    path = tmp_path_factory.mktemp("tiny-peaked")
+    model, tok = tiny_random_model(seed=0)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(10.0)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture
+def reads(monkeypatch) -> list[str]:
+    """Every open of a history.jsonl for reading, counted (builtins.open and Path.open both end in io.open):
+    what the run history's tests count to show a run never rereads its file."""
+    opened: list[str] = []
+    real_open = io.open
+
+    def counting_open(file, mode="r", *args, **kwargs):
+        if str(file).endswith("history.jsonl") and not any(c in mode for c in "wax+"):
+            opened.append(str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", counting_open)
+    monkeypatch.setattr("builtins.open", counting_open)
+    return opened
