@@ -1,7 +1,8 @@
 """Placement (`BackendOptions.train_workers`): one worker process only trains, the other only generates.
-After each step the generator serves the trainer's adapter bit for bit (loaded from rank 0's checkpoint),
-rollouts reach the generator alone, and the run equals the one-process run on the same batches. Bad
-placements fail at construction, saying what to change."""
+After each step (GRPO or SFT) the generator serves the trainer's adapter bit for bit (loaded from rank
+0's checkpoint), rollouts reach the generator alone, the run equals the one-process run on the same
+batches, and a generator resumes the last checkpoint. Bad placements fail at construction, saying what
+to change."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from backend_helpers import sample_groups
 
 import groupwise as gw
 from groupwise.backend.ray import RayBackend
+from groupwise.backend.worker import ModelSpec, Worker, WorkerOptions
 from groupwise.errors import ConfigError, GroupwiseError
 
 
@@ -46,7 +48,12 @@ async def test_a_generator_serves_each_trained_adapter_and_the_run_equals_one_pr
             trained.append(state["adapter"])
             served.append(await backend.served_adapters(model, result.step))  # what each engine serves as @k
             logprobs.append(await _greedy_logprobs(model))
-        assert await backend.served_steps(model) == [0, 1, 2]
+        # a supervised step takes the same way to the generator
+        sft = await model.train_sft([t for g in batches[0] for t in g], gw.TrainSFTConfig(learning_rate=5e-2))
+        [state] = await backend.rank_states(model)
+        trained.append(state["adapter"])
+        served.append(await backend.served_adapters(model, sft.step))
+        assert await backend.served_steps(model) == [0, 2, 3]  # served_steps=2 keeps the last two
         sent = sum(router.sent)
     finally:
         await backend.close()
@@ -57,7 +64,9 @@ async def test_a_generator_serves_each_trained_adapter_and_the_run_equals_one_pr
         for tensors in by_rank:  # the trainer's own engine and the generator serve the trained bits
             assert tensors.keys() == adapter.keys()
             assert all(torch.equal(tensors[k], adapter[k]) for k in adapter)
-    assert not all(torch.equal(trained[0][k], trained[1][k]) for k in trained[0])  # step 2 moved it again
+    assert len(trained) == 3
+    for before, after in zip(trained, trained[1:]):  # every step moved the adapter
+        assert not all(torch.equal(before[k], after[k]) for k in before)
     # the served policy changed after each step: the same greedy request answers with other logprobs
     assert logprobs[0] != pytest.approx(logprobs[1], abs=1e-6)
     assert logprobs[1] != pytest.approx(logprobs[2], abs=1e-6)
@@ -71,12 +80,26 @@ async def test_a_generator_serves_each_trained_adapter_and_the_run_equals_one_pr
     try:
         for groups in batches:
             await one.train(groups, config=config)
+        await one.train_sft([t for g in batches[0] for t in g], gw.TrainSFTConfig(learning_rate=5e-2))
         [reference] = await single.rank_states(one)
     finally:
         await single.close()
     assert all(torch.equal(reference["adapter"][k], trained[-1][k]) for k in reference["adapter"])
-    train_rows = [[r["loss"] for r in m.store.history() if r.get("split") == "train"] for m in (model, one)]
-    assert train_rows[0] == train_rows[1] and len(train_rows[0]) == 2
+    losses = [[(r["split"], r["loss"]) for r in m.store.history() if r.get("split") in ("train", "sft")]
+              for m in (model, one)]
+    assert losses[0] == losses[1] and len(losses[0]) == 3
+
+    # A generator resuming the run (a new backend over the same folder) serves its last checkpoint and
+    # holds no trainer: the worker of rank 1, here in this process.
+    generator = Worker(1, 2, "cpu", WorkerOptions(dtype=None, max_batch_size=4, engine_kwargs={}, verify_adapter=True,
+                                                  load_model=None, memory_budget_gb=None, train_workers=1))
+    try:
+        info = await generator.load(ModelSpec("split", tiny_model_dir, gw.LoraConfig(), str(model.store.checkpoints_dir)))
+        assert (info["step"], info["fingerprint"], generator.replicas["split"].trainer) == (3, None, None)
+        resumed = await generator.served_tensors("split", 3)
+    finally:
+        await generator.close()
+    assert all(torch.equal(resumed[k], trained[-1][k]) for k in trained[-1])
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
