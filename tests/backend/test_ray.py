@@ -1,5 +1,6 @@
 """`gw.fit` on a `RayBackend`: two CPU workers on a two-node local Ray cluster (one per node, gloo),
-the driver (this process) on no GPU, rollouts through the workers' OpenAI servers, two GRPO steps."""
+the driver (this process) on no GPU, rollouts through the workers' OpenAI servers, two GRPO steps; and
+the same with a placement (`train_workers=1`): one node trains, the other generates."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import json
 
 import pytest
+import torch
 
 import groupwise as gw
 
@@ -23,13 +25,12 @@ async def rollout(model, scenario):
 
 
 @pytest.mark.slow
-async def test_fit_runs_two_steps_on_a_two_node_ray_cluster(ray_cluster, tiny_model_dir, tmp_path):
-    import ray
-
+@pytest.mark.parametrize("train_workers", [None, 1], ids=["data_parallel", "1_trainer_1_generator"])
+async def test_fit_runs_two_steps_on_a_two_node_ray_cluster(ray_cluster, tiny_model_dir, tmp_path, train_workers):
     from groupwise.backend.ray import RayBackend
 
     backend = RayBackend(path=str(tmp_path), num_workers=2, use_gpu=False, cpus_per_worker=1,
-                         placement_strategy="STRICT_SPREAD", collective_timeout_s=60)
+                         placement_strategy="STRICT_SPREAD", collective_timeout_s=60, train_workers=train_workers)
     model = gw.TrainableModel("ray-agent", project="ray", base_model=tiny_model_dir)
     await model.register(backend)
     try:
@@ -48,6 +49,11 @@ async def test_fit_runs_two_steps_on_a_two_node_ray_cluster(ray_cluster, tiny_mo
         state = json.loads((model.store.checkpoints_dir / "0002" / "state.json").read_text())
         assert state["step"] == 2 and state["cursor"] == {"epoch": 0, "offset": 4, "seed": 0, "num_scenarios": 8}
         ranks = await backend.rank_states(model)
+        assert len(ranks) == (train_workers or 2)  # the trainer ranks
         assert all(r["adapter"].keys() == ranks[0]["adapter"].keys() for r in ranks)
+        # rollouts reach the generators only; each serves the trained adapter (checked in every step)
+        assert len(model.openai_client()._client._transport.urls) == (1 if train_workers else 2)
+        served = await backend.served_adapters(model, 2)
+        assert all(torch.equal(s[k], ranks[0]["adapter"][k]) for s in served for k in ranks[0]["adapter"])
     finally:
         await backend.close()
