@@ -11,9 +11,17 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "groupwise"
 
 
-def _defaults(name: str) -> list[tuple[str, object]]:
-    """(file:line, default) of every parameter or dataclass field called `name` that has a default."""
-    found = []
+WRAPPERS = ("option", "arg", "Field")  # calls whose first argument is a field's default
+
+
+class Code(str):
+    """A default written as an expression (a constant's name, a call), not as a literal."""
+
+
+def _defaults(name: str | None = None) -> list[tuple[str, object]] | dict[str, list[tuple[str, object]]]:
+    """(file:line, default) of every parameter or field called `name` that has a default; without a name,
+    every such list by name."""
+    by_name: dict[str, list[tuple[str, object]]] = {}
     for path in sorted(SRC.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             pairs = []
@@ -26,12 +34,62 @@ def _defaults(name: str) -> list[tuple[str, object]]:
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
                 pairs = [(node.target.id, node.value)]
             for arg, default in pairs:
-                if isinstance(default, ast.Call) and ast.unparse(default.func) == "option" and default.args:
-                    default = default.args[0]  # a config field: option(default, help=...)
-                if arg == name:
-                    value = default.value if isinstance(default, ast.Constant) else ast.unparse(default)
-                    found.append((f"{path.relative_to(SRC)}:{default.lineno}", value))
-    return found
+                if isinstance(default, ast.Call) and ast.unparse(default.func) in WRAPPERS and default.args:
+                    default = default.args[0]  # a config field: option(default, help=...), a job's arg, a Field
+                value = default.value if isinstance(default, ast.Constant) else Code(ast.unparse(default))
+                by_name.setdefault(arg, []).append((f"{path.relative_to(SRC)}:{default.lineno}", value))
+    return by_name.get(name, []) if name is not None else by_name
+
+
+# Equal literal defaults that are separate settings, or no setting at all, each with why.
+SEPARATE = {
+    "n_train": "each env's own split sizes (2048 and tic-tac-toe happen to agree)",
+    "n_val": "each env's own split sizes",
+    "n_test": "each env's own split sizes",
+    "n": "different counts: `groupwise compare`'s answers shown, MCP's scenarios generated",
+    "split": "'val' is a split's name in the history rows, which each reader shows first",
+    "pbar_desc": "ART's two gather functions' progress labels, each ART's own",
+    "off_policy": "the loss function's neutral value (no correction); TrainConfig owns the setting",
+    "judge_key": "the metric the judge writes, named where it is read (the loop must not load the judge)",
+    "models": "one run: the neutral count of a memory budget",
+    "epochs": "one pass over the data, in ART's signatures, each its own",
+    "num_epochs": "one pass over the data: LoopConfig's and ART's iterate_dataset's own",
+    "temperature": "OpenAI's default for a request that names none; the envs' rollouts sample at 1.0 by choice",
+    "max_tokens": "OpenAI's default for completions; the 2048 env's reply budget (a move tag is ~6 tokens)",
+    "max_turns": "each env's own episode length",
+}
+
+
+def test_no_literal_default_is_written_twice():
+    """A literal (number or string) default shared by two parameters or fields of the same name is one
+    setting written twice, unless SEPARATE says why not: give it one owner (a constant, or the config
+    field's default) and reference it."""
+    twice = {}
+    for name, found in _defaults().items():
+        literal = [(where, v) for where, v in found if isinstance(v, (int, float, str))
+                   and not isinstance(v, (bool, Code)) and v not in (0, "")]
+        values = [v for _, v in literal]
+        repeated = [(where, v) for where, v in literal if values.count(v) > 1]
+        if repeated and name not in SEPARATE:
+            twice[name] = repeated
+    assert twice == {}
+
+
+def test_the_detectors_thresholds_are_the_detector_configs():
+    """Each detector called alone takes DetectorConfig's defaults: the signatures reference them."""
+    import inspect
+
+    from groupwise.config import DetectorConfig
+    from groupwise.loop import detectors
+
+    d = DetectorConfig()
+    params = inspect.signature(detectors.val_drop).parameters
+    assert (params["min_drop"].default, params["min_rise"].default, params["window"].default) == (
+        d.val_drop, d.reward_rise, d.reward_window)
+    params = inspect.signature(detectors.reward_jump).parameters
+    assert (params["window"].default, params["min_jump"].default, params["sigmas"].default,
+            params["plateau_range"].default) == (d.jump_window, d.jump_min, d.jump_sigmas, d.plateau_range)
+    assert inspect.signature(detectors.identical_answers).parameters["share"].default == d.identical_share
 
 
 def test_the_best_checkpoint_metric_has_one_owner():
@@ -43,9 +101,10 @@ def test_the_best_checkpoint_metric_has_one_owner():
     assert BEST_CHECKPOINT_METRIC == "val/reward"  # ART's default
 
 
-def test_the_backends_engine_batch_size_has_one_owner():
-    found = [f for f in _defaults("max_batch_size") if f[0].startswith("backend/")]
-    assert len(found) >= 3  # BackendOptions (every worker backend's), Replica, the local judge
+def test_the_engines_batch_size_has_one_owner():
+    # (vLLM's engine batches far more, and ART's PipelineTrainer's max_batch_size counts groups)
+    found = [f for f in _defaults("max_batch_size") if not f[0].startswith(("inference/vllm", "pipeline_trainer/"))]
+    assert len(found) >= 4  # the Engine, BackendOptions (every worker backend's), Replica, the local judge
     assert [f for f in found if f[1] != "DEFAULT_MAX_BATCH_SIZE"] == []
 
 

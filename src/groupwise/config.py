@@ -17,6 +17,15 @@ from groupwise.errors import ConfigError, warn_ignored
 
 DEFAULT_BASE_MODEL = "smollm2-135m"  # what a TrainableModel and the CLI's jobs start from when none is named
 DEFAULT_RUN_STORE = ".groupwise"  # the run store folder, relative to the working directory
+DEFAULT_PROJECT = "default"  # the project a model belongs to when none is named (ART's)
+DEFAULT_MAX_BATCH_SIZE = 32  # sequences an engine decodes together (the engine's, every backend's, `groupwise serve`'s)
+DEFAULT_MICRO_BATCH_TOKENS = 4096  # padded tokens of one micro-batch, of a GRPO step and of an SFT update
+CPU_MICRO_BATCH_TOKENS = 512  # the CPU job's micro-batch (jobs/train_setup.py says why), which budget.py counts on
+DEFAULT_MAX_GRAD_NORM = 1.0  # the global gradient norm an update is clipped to, GRPO and SFT alike
+DEFAULT_LOGPROB_CHUNK_SIZE = 1024  # positions per log-softmax chunk, of a GRPO step and of an SFT update
+DEFAULT_ASSISTANT_TURNS = "all"  # the assistant turns SFT trains on: every one ('last': only the last)
+DEFAULT_VAL_METRIC = "accuracy"  # the validation metric a loop, its detectors and stopping rules read
+DEFAULT_CONFIDENCE = 0.95  # the confidence level of every interval: validations, curves, judge evaluations
 
 # Judge evaluation (`groupwise judge eval`, `gw.judge.evaluate_judges`, `select_judge`): here, not in
 # groupwise.judge, so the CLI shows them without importing the judge (and its clients).
@@ -24,6 +33,7 @@ DEFAULT_MARGIN = 0.05  # a judge clears the bar when its pairwise accuracy's low
 DEFAULT_ORDERS = 2  # orders each group is judged in: seeded, reversed, then further seeds
 DEFAULT_REPEATS = 2  # identical requests per group, for self-consistency
 DEFAULT_MAX_CONCURRENT = 4  # requests in flight per judge
+DEFAULT_JUDGE_TIMEOUT_S = 120.0  # seconds one judge request may take before it counts as a timeout
 
 
 def option(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING) -> Any:
@@ -178,12 +188,12 @@ class TrainConfig(Validated):
     normalize: str = option("token", help="'token': average the loss over all trainable tokens of the batch (DAPO); 'sequence': average per sequence, then over sequences (GRPO); 'constant': sum / (number of sequences x max_seq_len), each sequence divided by the same constant, then averaged (Dr. GRPO).")
     off_policy: str = option("none", help="Correction for rollouts sampled by another policy than the trainer's (an asynchronous run: LoopConfig.max_steps_off_policy > 0, or partial rollouts): 'none' takes the sampler's logprobs as PPO's old policy (right for synchronous runs); 'tis' weighs each token by the importance weight pi/mu between the trainer's policy and the one that sampled it, truncated at importance_cap (TIS); 'mis' drops the tokens whose weight passes importance_cap instead (MIS). Both take the PPO/CISPO ratio against the trainer's own policy (decoupled PPO; training/loss.py).")
     importance_cap: float = option(2.0, help="C of off_policy='tis' / 'mis': the largest importance weight pi/mu a token keeps (TIS caps it there, MIS drops the token). Must be > 1.")
-    max_grad_norm: float = option(1.0, help="Clip the global gradient norm to this value (0 disables clipping).")
+    max_grad_norm: float = option(DEFAULT_MAX_GRAD_NORM, help="Clip the global gradient norm to this value (0 disables clipping).")
     weight_decay: float = option(0.0, help="AdamW weight decay.")
-    micro_batch_tokens: int = option(4096, help="Token budget of one micro-batch (padded tokens); the step accumulates gradients over micro-batches.")
+    micro_batch_tokens: int = option(DEFAULT_MICRO_BATCH_TOKENS, help="Token budget of one micro-batch (padded tokens); the step accumulates gradients over micro-batches.")
     max_seq_len: int = option(2048, help="Sequences longer than this are dropped from the step (counted in the metrics).")
     train_forced_tokens: bool = option(False, help="Train the tokens a grammar forced (tool_choice / response_format allowed only that token; the server reports them). False leaves them out of the loss: tokens a grammar forced carry no decision of the policy (its constrained distribution there is a point mass, with zero gradient), so training them with the trajectory's advantage only adds noise.")
-    logprob_chunk_size: int = option(1024, help="Positions per chunk when computing log-softmax, so a 150k vocabulary does not hold [T, V] at once.")
+    logprob_chunk_size: int = option(DEFAULT_LOGPROB_CHUNK_SIZE, help="Positions per chunk when computing log-softmax, so a 150k vocabulary does not hold [T, V] at once.")
     gradient_checkpointing: bool = option(False, help="Recompute each decoder layer in the backward instead of storing its activations: about 1/3 more compute, far less memory (long sequences, big micro-batches).")
     seed: int = option(0, help="Seed of the step's RNG (dropout); micro-batches are not shuffled (sorted by length), so a step is reproducible on resume.")
     compile: bool = option(False, help="torch.compile the decoder layers and the LM head's log-prob chunks for the update: fewer, fused kernels. Compiling costs seconds at the first step and pays off over runs of tens of steps (docs/benchmarks.md); falls back to eager with a warning if compilation fails.")
@@ -251,14 +261,12 @@ class TrainSFTConfig(Validated):
 
     learning_rate: float | list[float] = option(5e-5, help="AdamW learning rate; a list gives one rate per batch (its length must be the number of batches), as ART's schedules produce.")
     batch_size: int | str = option("auto", help="Trajectories per optimizer update; 'auto' is 2 (ART's LocalBackend default).")
-    assistant_turns: str = option("all", help="'all': every assistant turn is a target; 'last': only the last one (earlier turns are context).")
-    off_policy: str = option("none", help="Correction for rollouts sampled by another policy than the trainer's (an asynchronous run: LoopConfig.max_steps_off_policy > 0, or partial rollouts): 'none' takes the sampler's logprobs as PPO's old policy (right for synchronous runs); 'tis' weighs each token by the importance weight pi/mu between the trainer's policy and the one that sampled it, truncated at importance_cap (TIS); 'mis' drops the tokens whose weight passes importance_cap instead (MIS). Both take the PPO/CISPO ratio against the trainer's own policy (decoupled PPO; training/loss.py).")
-    importance_cap: float = option(2.0, help="C of off_policy='tis' / 'mis': the largest importance weight pi/mu a token keeps (TIS caps it there, MIS drops the token). Must be > 1.")
-    max_grad_norm: float = option(1.0, help="Clip the global gradient norm of each update to this value (0 disables clipping).")
+    assistant_turns: str = option(DEFAULT_ASSISTANT_TURNS, help="'all': every assistant turn is a target; 'last': only the last one (earlier turns are context).")
+    max_grad_norm: float = option(DEFAULT_MAX_GRAD_NORM, help="Clip the global gradient norm of each update to this value (0 disables clipping).")
     weight_decay: float = option(0.0, help="AdamW weight decay.")
-    micro_batch_tokens: int = option(4096, help="Token budget of one micro-batch (padded tokens); an update accumulates gradients over micro-batches.")
+    micro_batch_tokens: int = option(DEFAULT_MICRO_BATCH_TOKENS, help="Token budget of one micro-batch (padded tokens); an update accumulates gradients over micro-batches.")
     max_seq_len: int = option(4096, help="Conversations longer than this many tokens are dropped (counted in the metrics).")
-    logprob_chunk_size: int = option(1024, help="Positions per chunk when computing log-softmax, so a large vocabulary does not hold [T, V] at once.")
+    logprob_chunk_size: int = option(DEFAULT_LOGPROB_CHUNK_SIZE, help="Positions per chunk when computing log-softmax, so a large vocabulary does not hold [T, V] at once.")
     gradient_checkpointing: bool = option(False, help="Recompute each decoder layer in the backward instead of storing its activations (long tool-using transcripts).")
     seed: int = option(0, help="Seed of the step's RNG (dropout).")
 
@@ -374,13 +382,13 @@ class LoopConfig(Validated):
     groups_per_step: int = option(4, help="Scenarios (groups) gathered per training step.")
     num_epochs: int = option(1, help="Passes over the training scenarios; the loop also ends when they run out.")
     max_steps: int | None = option(None, help="Stop after this many completed training steps (None: only the other rules and the data end the run).")
-    learning_rate: float | None = option(None, help="Shorthand for train_config.learning_rate, which owns the rate (None: the TrainConfig's, 1e-5 by default). Setting both to different values is a ConfigError, never a silent override.")
+    learning_rate: float | None = option(None, help=f"Shorthand for train_config.learning_rate, which owns the rate (None: the TrainConfig's, {TRAIN_LEARNING_RATE_DEFAULT:g} by default). Setting both to different values is a ConfigError, never a silent override.")
     train_config: TrainConfig | None = option(None, help="Full GRPO step settings, the learning rate included (None: TrainConfig defaults, with learning_rate above when set).")
     eval_every: int = option(5, help="Validate every this many steps (and at step 0, the untrained base).")
     val_rollouts_per_group: int = option(1, help="Rollouts per validation scenario; the validation metric is their mean.")
-    metric: str = option("accuracy", help="Name of the validation metric that validate(trajectory, scenario) returns; logged as val/<metric>.")
+    metric: str = option(DEFAULT_VAL_METRIC, help="Name of the validation metric that validate(trajectory, scenario) returns; logged as val/<metric>.")
     higher_is_better: bool = option(True, help="Whether a larger validation metric is better (False for e.g. an error rate).")
-    confidence: float = option(0.95, help="Confidence level of each validation's interval (Wilson for 0/1 metrics, else a bootstrap over scenarios), logged as <metric>_lo / <metric>_hi; detectors and stopping rules count a change only when it is larger than this noise.")
+    confidence: float = option(DEFAULT_CONFIDENCE, help="Confidence level of each validation's interval (Wilson for 0/1 metrics, else a bootstrap over scenarios), logged as <metric>_lo / <metric>_hi; detectors and stopping rules count a change only when it is larger than this noise.")
     judge_val: bool = option(True, help="Also apply fit's score_group (e.g. RULER) to validation groups of 2+ rollouts, so the judge is checked against ground truth (hybrid runs).")
     patience: int = option(10, help="Plateau stop: steps without an improvement larger than min_delta and than the validation noise (on the validation metric where there is one, else on the mean train reward).")
     min_delta: float = option(0.0, help="Smallest change that counts as an improvement for the plateau rule (the noise of the validation counts too).")

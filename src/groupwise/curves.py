@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any, NamedTuple
 
+from groupwise.config import DEFAULT_CONFIDENCE
+
 __all__ = ["AlertRecord", "Point", "baseline_points", "interval", "points_of", "value", "z_score"]
 
 Row = dict[str, Any]
@@ -78,7 +80,7 @@ def interval(row: Row, split: str, key: str) -> tuple[float, float] | None:
 
 
 def points_of(split_rows: Iterable[Row], split: str, key: str, *, up_to: int | None = None,
-              confidence: float = 0.95) -> list[Point]:
+              confidence: float = DEFAULT_CONFIDENCE) -> list[Point]:
     """The curve of `key` over `split_rows` (one split's rows, one per step, by step), each point with its
     interval: the row's ``<key>_lo/_hi`` when logged; for the mean train reward, mean +- z x reward_std /
     sqrt(n_trajectories) when the row has both."""

@@ -45,6 +45,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, overload
 
+from groupwise.config import DEFAULT_CONFIDENCE
 from groupwise.curves import AlertRecord, Point, baseline_points, points_of
 from groupwise.errors import CorruptRecordError, GroupwiseWarning, StoreError
 
@@ -334,11 +335,11 @@ class RunHistory(Sequence[Row]):
         return [by_step[s] for s in sorted(by_step)]
 
     # -- typed views (groupwise.curves) --------------------------------------------------------------
-    def curve(self, split: str, key: str, *, up_to: int | None = None, confidence: float = 0.95) -> list[Point]:
+    def curve(self, split: str, key: str, *, up_to: int | None = None, confidence: float = DEFAULT_CONFIDENCE) -> list[Point]:
         """`key` of `split` by step, each point with its confidence interval where known."""
         return points_of(self.rows(split), split, key, up_to=up_to, confidence=confidence)
 
-    def train_curve(self, key: str = "reward", *, up_to: int | None = None, confidence: float = 0.95) -> list[Point]:
+    def train_curve(self, key: str = "reward", *, up_to: int | None = None, confidence: float = DEFAULT_CONFIDENCE) -> list[Point]:
         """The train rows' `key` by step (the mean reward with its interval from its spread and count)."""
         return self.curve("train", key, up_to=up_to, confidence=confidence)
 

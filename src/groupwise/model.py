@@ -35,7 +35,7 @@ from typing_extensions import TypeVar
 from groupwise.adapter_names import served_name
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC
 from groupwise.compat import internal_config_settings, merge_lora, train_config_from_art, warn_ignored
-from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_RUN_STORE
+from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_PROJECT, DEFAULT_RUN_STORE
 from groupwise.errors import ArgumentTypeError, ConfigError, GroupwiseError
 from groupwise.store import RunStore, as_groups, history_row, metrics_row, train_metrics
 from groupwise.types import Trajectory, TrajectoryGroup
@@ -80,7 +80,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
     name: str
-    project: str = "default"
+    project: str = DEFAULT_PROJECT
     entity: str | None = None
     id: str | None = None
     run_id: str | None = None
@@ -97,7 +97,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     _client: Any = PrivateAttr(default=None)
     _client_loop: Any = PrivateAttr(default=None)
 
-    def __init__(self, name: str, project: str = "default", base_path: str = DEFAULT_RUN_STORE,
+    def __init__(self, name: str, project: str = DEFAULT_PROJECT, base_path: str = DEFAULT_RUN_STORE,
                  inference_base_url: str | None = None, inference_api_key: str | None = None,
                  inference_model_name: str | None = None, **fields: Any) -> None:
         try:
@@ -336,7 +336,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
 
     _internal_config: Any = PrivateAttr(default=None)
 
-    def __init__(self, name: str, project: str = "default", base_model: str = DEFAULT_BASE_MODEL,
+    def __init__(self, name: str, project: str = DEFAULT_PROJECT, base_model: str = DEFAULT_BASE_MODEL,
                  base_path: str = DEFAULT_RUN_STORE, *, _internal_config: dict[str, Any] | None = None,
                  **fields: Any) -> None:
         super().__init__(name, project, base_path, base_model=base_model, **fields)

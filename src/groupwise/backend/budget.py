@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from groupwise.config import CPU_MICRO_BATCH_TOKENS
 from groupwise.errors import MemoryBudgetError
 
 __all__ = ["MemoryBudget", "MemoryBudgetError", "available_bytes", "check_budget", "estimate_budget"]
 
 KV_TOKENS = 512  # columns of the engine's KV cache the estimate counts per sequence (it grows with use)
-ACTIVATION_TOKENS = 512  # tokens of one micro-batch (the CPU job's micro_batch_tokens)
+ACTIVATION_TOKENS = CPU_MICRO_BATCH_TOKENS  # tokens of one micro-batch: the CPU job's
 # Bytes of activations a decoder layer keeps for the backward, per token and hidden unit, in units of the
 # activation dtype's size: measured ~1.5 MB a token for fp32 SmolLM2 (30 layers x 576), i.e. ~22.
 ACTIVATION_FACTOR = 24

@@ -53,7 +53,7 @@ from groupwise.backend.base import BEST_CHECKPOINT_METRIC, Backend, InferenceEnd
 from groupwise.backend.options import BackendOptions
 from groupwise.backend.ranks import (ReplicaDivergenceError, check_identical, check_served, merge_ranks,
                                      shard_batch, sft_step_metrics)
-from groupwise.backend.worker import ModelSpec, WorkerOptions
+from groupwise.backend.worker import LOOPBACK, ModelSpec, WorkerOptions
 from groupwise.compute import compute_thread
 from groupwise.config import TrainConfig
 from groupwise.errors import GroupwiseError, NotTrainableError
@@ -145,7 +145,7 @@ class WorkerBackend(Backend):
         """The ranks that only generate (none without a placement)."""
         return list(range(len(self.train_ranks), self.world_size)) if self.options.train_workers else []
 
-    def _worker_options(self, *, serve_http: bool, http_host: str = "127.0.0.1",
+    def _worker_options(self, *, serve_http: bool, http_host: str = LOOPBACK,
                         api_key: str | None = None) -> WorkerOptions:
         o = self.options
         return WorkerOptions(dtype=o.dtype, max_batch_size=o.max_batch_size, engine_kwargs=o.engine_kwargs,

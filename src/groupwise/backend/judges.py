@@ -14,7 +14,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from groupwise.backend.replica import API_KEY, DEFAULT_MAX_BATCH_SIZE
+from groupwise.backend.replica import API_KEY
+from groupwise.config import DEFAULT_MAX_BATCH_SIZE
 from groupwise.compute import compute_thread
 
 __all__ = ["build_local_judge", "local_judge_client"]

@@ -23,12 +23,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from groupwise.adapter_names import served_name
-from groupwise.config import LoraConfig, TrainConfig
+from groupwise.config import DEFAULT_MAX_BATCH_SIZE, LoraConfig, TrainConfig
 from groupwise.errors import AdapterMismatchError, CheckpointError, GroupwiseError
 
 API_KEY = "groupwise-local"
 # Sequences an engine decodes together: the default of every backend, worker, replica and local judge.
-DEFAULT_MAX_BATCH_SIZE = 32
 
 
 def fingerprint(tensors: Any) -> list[int]:

@@ -24,6 +24,7 @@ import httpx
 
 from groupwise.backend.base import InferenceEndpoint
 from groupwise.errors import ConfigError
+from groupwise.inference.client import REQUEST_TIMEOUT_S
 
 ROUTED_BASE_URL = "http://groupwise-replicas/v1"
 LANE_REQUESTS = 8  # requests in flight per connection pool (module doc)
@@ -150,7 +151,7 @@ class ReplicaRouter(httpx.AsyncBaseTransport):
 
 
 def routed_endpoint(urls: list[str], *, api_key: str, alive: Callable[[], None] | None = None,
-                    timeout: float = 600.0) -> InferenceEndpoint:
+                    timeout: float = REQUEST_TIMEOUT_S) -> InferenceEndpoint:
     """An endpoint whose client spreads requests over the replica servers at `urls`."""
     client = httpx.AsyncClient(transport=ReplicaRouter(urls, alive=alive), base_url=ROUTED_BASE_URL, timeout=timeout)
     return InferenceEndpoint(base_url=ROUTED_BASE_URL, api_key=api_key, http_client=client)

@@ -45,6 +45,8 @@ from groupwise.backend.replica import Replica, SharedBase
 from groupwise.compute import compute_thread
 from groupwise.config import LoraConfig
 
+LOOPBACK = "127.0.0.1"  # where a worker's servers listen unless told otherwise: this host only
+
 
 @contextlib.contextmanager
 def update_bar(step: int, *, enabled: bool = True) -> Iterator[Callable[[int, int], None] | None]:
@@ -90,7 +92,7 @@ class WorkerOptions:
     memory_budget_gb: float | None  # each base's budget on the device; None: estimated (backend/budget.py)
     train_workers: int | None = None  # ranks below it only train, the others only generate; None: all do both
     serve_http: bool = False  # serve each replica's app over HTTP (a worker outside the driver's process)
-    http_host: str = "127.0.0.1"  # the address its servers listen on
+    http_host: str = LOOPBACK  # the address its servers listen on
     api_key: str | None = None  # the key requests to those servers must carry
     scratch_root: str | None = None  # where ranks > 0 keep their adapter copies; None: the system's temp folder
 

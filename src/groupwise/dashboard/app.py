@@ -104,7 +104,7 @@ def create_app(root: str | Path, *, api_key: str | None = None) -> FastAPI:
     @app.get("/api/rollouts")
     def api_rollouts(run: str, split: str | None = None, step_min: int | None = None, step_max: int | None = None,
                      reward_min: float | None = None, reward_max: float | None = None, q: str | None = None,
-                     order: str = "best", limit: int = 50) -> Response:
+                     order: str = ro.ORDER, limit: int = ro.LIMIT) -> Response:
         return _json(ro.rollouts(cache, run_dir(run), split=split or None, step_min=step_min, step_max=step_max,
                                  reward_min=reward_min, reward_max=reward_max, text=q, order=order,
                                  limit=max(1, min(limit, 1000))))

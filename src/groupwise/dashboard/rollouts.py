@@ -43,6 +43,8 @@ from groupwise.types import Choice, TrajectoryGroup, choice_forced_indices, choi
 
 
 # Parsed files kept whole (the views of one step); every file keeps only its light index (`FileIndex`).
+ORDER = "best"  # the rollouts list's default order: best first
+LIMIT = 50  # and how many it shows at once
 KEEP_PARSED = 16
 
 
@@ -221,7 +223,7 @@ def groups_view(cache: GroupCache, run_dir: Path, split: str, step: int) -> dict
 
 def rollouts(cache: GroupCache, run_dir: Path, *, split: str | None = None, step_min: int | None = None,
              step_max: int | None = None, reward_min: float | None = None, reward_max: float | None = None,
-             text: str | None = None, order: str = "best", limit: int = 50) -> dict[str, Any]:
+             text: str | None = None, order: str = ORDER, limit: int = LIMIT) -> dict[str, Any]:
     """Trajectories across steps that pass the filters, best (or worst) first."""
     needle = text.lower() if text else None
     found = []

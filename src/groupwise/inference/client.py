@@ -8,12 +8,15 @@ from typing import Any
 import httpx
 import openai
 
-__all__ = ["BASE_URL", "in_process_client", "in_process_http_client"]
+__all__ = ["BASE_URL", "REQUEST_TIMEOUT_S", "in_process_client", "in_process_http_client"]
 
 BASE_URL = "http://groupwise.local/v1"
+# Seconds a request to an engine may take: a long completion queued behind a full batch on a CPU is
+# minutes, and a request must not fail for waiting its turn.
+REQUEST_TIMEOUT_S = 600.0
 
 
-def in_process_http_client(app: Any, *, timeout: float = 600.0) -> httpx.AsyncClient:
+def in_process_http_client(app: Any, *, timeout: float = REQUEST_TIMEOUT_S) -> httpx.AsyncClient:
     # raise_app_exceptions=False: an unexpected server error reaches the caller as the app's 500
     # JSON error (as over HTTP), not as a raw exception from inside the app.
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
@@ -21,7 +24,7 @@ def in_process_http_client(app: Any, *, timeout: float = 600.0) -> httpx.AsyncCl
 
 
 def in_process_client(app: Any, *, api_key: str = "groupwise-local", max_retries: int = 0,
-                      timeout: float = 600.0) -> openai.AsyncOpenAI:
+                      timeout: float = REQUEST_TIMEOUT_S) -> openai.AsyncOpenAI:
     """An `openai.AsyncOpenAI` bound to `app` (a `create_app(...)` FastAPI app)."""
     return openai.AsyncOpenAI(base_url=BASE_URL, api_key=api_key, max_retries=max_retries,
                               http_client=in_process_http_client(app, timeout=timeout))

@@ -63,6 +63,7 @@ from typing import Any
 import torch
 
 from groupwise.compute import compute_thread
+from groupwise.config import DEFAULT_MAX_BATCH_SIZE
 from groupwise.errors import ConfigError
 from groupwise.inference.adapter_slots import SLOT_PREFIX
 from groupwise.inference.advance import retire
@@ -72,8 +73,9 @@ from groupwise.inference.decode import decode
 from groupwise.inference.kv_cache import SlotBuffers
 from groupwise.inference.prefill import admit, prefill_isolated
 from groupwise.inference.prefix_cache import PrefixCache
-from groupwise.inference.requests import (BASE, Completion, EngineError, GenerationRequest, GenerationResult,
-                                          PromptTooLongError, RequestFailedError, RequestState, SeqState)
+from groupwise.inference.requests import (BASE, DEFAULT_MAX_NEW_TOKENS, Completion, EngineError, GenerationRequest,
+                                          GenerationResult, PromptTooLongError, RequestFailedError, RequestState,
+                                          SeqState)
 from groupwise.inference.runner import ModelRunner
 from groupwise.inference.step_state import EngineStats, StepState
 from groupwise.special_tokens import special_tokens
@@ -90,8 +92,8 @@ class Engine:
         model: Any,
         tokenizer: Any,
         *,
-        max_batch_size: int = 32,
-        max_new_tokens_default: int = 256,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        max_new_tokens_default: int = DEFAULT_MAX_NEW_TOKENS,
         max_seq_len: int | None = None,
         max_prefill_tokens: int = 8192,
         initial_capacity: int = 256,

@@ -14,10 +14,13 @@ from typing import Any, Callable
 from groupwise.errors import GroupwiseError
 from groupwise.inference.sampling import SamplingParams
 
-__all__ = ["BASE", "Completion", "EngineError", "GenerationRequest", "GenerationResult", "PromptTooLongError",
+__all__ = ["BASE", "DEFAULT_MAX_NEW_TOKENS", "Completion", "EngineError", "GenerationRequest", "GenerationResult", "PromptTooLongError",
            "RequestFailedError", "RequestState", "SeqState"]
 
 BASE = "__base__"  # the adapter name of the base model in peft's mixed-batch ``adapter_names``
+
+# The completion length of a request that names none (its `max_new_tokens` is None), on every engine.
+DEFAULT_MAX_NEW_TOKENS = 256
 
 
 class EngineError(GroupwiseError, RuntimeError):

@@ -28,6 +28,7 @@ from typing import Any
 from groupwise.errors import MissingDependencyError
 from groupwise.inference.engine import (BASE, Completion, EngineError, EngineStats, GenerationRequest, GenerationResult,
                                         PromptTooLongError)
+from groupwise.inference.requests import DEFAULT_MAX_NEW_TOKENS
 
 __all__ = ["VLLMEngine", "vllm_available"]
 
@@ -41,7 +42,7 @@ def vllm_available() -> bool:
 class VLLMEngine:
     """The vLLM engine with per-request LoRA adapters (``enable_lora``)."""
 
-    def __init__(self, model: str, *, max_batch_size: int = 256, max_new_tokens_default: int = 256,
+    def __init__(self, model: str, *, max_batch_size: int = 256, max_new_tokens_default: int = DEFAULT_MAX_NEW_TOKENS,
                  max_loras: int = 4, max_lora_rank: int = 64, max_seq_len: int | None = None,
                  gpu_memory_utilization: float = 0.8, enable_sleep_mode: bool = True, **engine_kwargs: Any):
         try:

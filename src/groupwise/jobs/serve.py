@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from groupwise.backend.replica import DEFAULT_MAX_BATCH_SIZE
+from groupwise.config import DEFAULT_MAX_BATCH_SIZE
 from groupwise.inference.request_limits import DEFAULT_MAX_BODY_BYTES
 from groupwise.jobs.common import (Dtype, api_key_field, device_field, dtype_field, host_field, local_model_problem,
                                    loopback_problem, port_field, served_name_problem)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from groupwise.backend.replica import DEFAULT_MAX_BATCH_SIZE
+from groupwise.config import CPU_MICRO_BATCH_TOKENS, DEFAULT_MAX_BATCH_SIZE
 
 __all__ = ["judge_target", "job_backend", "loop_config", "peak_rss_gb", "score_group_of", "train_config", "with_ci"]
 
@@ -68,7 +68,7 @@ def train_config(spec: Any, learning_rate: float, device: str | None) -> Any:
     if spec.reward != "verifiable":
         return gw.TrainConfig(learning_rate=learning_rate, gradient_checkpointing=True, micro_batch_tokens=2048)
     if resolve_device(device).type == "cpu":
-        return gw.TrainConfig(learning_rate=learning_rate, micro_batch_tokens=512)
+        return gw.TrainConfig(learning_rate=learning_rate, micro_batch_tokens=CPU_MICRO_BATCH_TOKENS)
     return gw.TrainConfig(learning_rate=learning_rate)
 
 

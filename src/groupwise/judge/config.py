@@ -11,7 +11,7 @@ from typing import Any
 
 import math
 
-from groupwise.config import Validated, check_choice, check_positive, check_seed, option
+from groupwise.config import DEFAULT_JUDGE_TIMEOUT_S, Validated, check_choice, check_positive, check_seed, option
 
 RESPONSE_FORMATS = ("auto", "json_schema", "json_object", "none")
 
@@ -26,7 +26,7 @@ class JudgeConfig(Validated):
     anchors: int = option(3, help="Anchor trajectories shared by every chunk of a large group (the best, worst and middle of the first chunk), used to align chunk scales. Must be < max_group_size - 1.")
     retries: int = option(3, help="Retries after a bad answer, timeout, connection error, 429 or 5xx (so retries+1 attempts); then JudgeError.")
     backoff_s: float = option(1.0, help="Wait before retry i is backoff_s * 2**i seconds.")
-    timeout_s: float = option(120.0, help="Seconds one judge request may take before it counts as a timeout (and is retried).")
+    timeout_s: float = option(DEFAULT_JUDGE_TIMEOUT_S, help="Seconds one judge request may take before it counts as a timeout (and is retried).")
     temperature: float | None = option(None, help="Sampling temperature sent to the judge; None sends none (o-series models reject it), except to judges served in process (a backend's judge_client), which then decode greedily (0.0).")
     max_tokens: int | None = option(None, help="max_tokens of the judge's answer; None lets the endpoint decide (judges served in process default to 96 tokens per trajectory + 32, with explanations capped at 80 characters).")
     share_continuations: bool = option(False, help="Also send shared continuations once: a trajectory whose first turns after the common context equal an earlier-shown one's says so in one line instead of repeating them. With share_outputs on, this saves only the short call lines of those turns; off by default (the judge must rebuild a trajectory from another's).")

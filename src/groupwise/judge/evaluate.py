@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from groupwise.config import DEFAULT_MAX_CONCURRENT, DEFAULT_ORDERS, DEFAULT_REPEATS
+from groupwise.config import DEFAULT_CONFIDENCE, DEFAULT_MAX_CONCURRENT, DEFAULT_ORDERS, DEFAULT_REPEATS
 from groupwise.errors import ConfigError, JudgeError
 from groupwise.judge.config import make_config
 from groupwise.judge.prompt import DEFAULT_RUBRIC
@@ -204,7 +204,7 @@ def flips(a: Sequence[float], b: Sequence[float]) -> tuple[float, int]:
     return f, n
 
 
-def bootstrap_ratio(nums: Sequence[float], dens: Sequence[float], confidence: float = 0.95, *,
+def bootstrap_ratio(nums: Sequence[float], dens: Sequence[float], confidence: float = DEFAULT_CONFIDENCE, *,
                     resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float, float]:
     """(sum(nums) / sum(dens), lo, hi): the ratio with its percentile bootstrap interval, resampling the
     units (groups) with replacement, seeded so the same data give the same interval."""
@@ -370,7 +370,7 @@ async def evaluate_judges(
     *,
     orders: int = DEFAULT_ORDERS,
     repeats: int = DEFAULT_REPEATS,
-    confidence: float = 0.95,
+    confidence: float = DEFAULT_CONFIDENCE,
     seed: int = 0,
     max_concurrent: int = DEFAULT_MAX_CONCURRENT,
 ) -> list[JudgeReport]:

@@ -30,11 +30,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from groupwise.config import DEFAULT_JUDGE_TIMEOUT_S
 from groupwise.errors import ConfigError, JudgeError, MissingDependencyError
 
 __all__ = ["CLIENT_FACTORIES", "PROVIDERS", "Endpoint", "Provider", "register_client_factory", "resolve"]
 
 IN_PROCESS_HOST = "groupwise.local"  # the host of groupwise.inference.client.BASE_URL (no socket behind it)
+
+# What response_format="auto" sends where the provider is not known to want less: OpenAI's strict JSON schema.
+JSON_SCHEMA = "json_schema"
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ class Provider:
     key_required: bool = True
     paid: bool = True  # bills per token: an unknown price is flagged
     url_var: str | None = None  # environment variable that sets (or overrides) the URL
-    response_format: str = "json_schema"  # what response_format="auto" sends to this provider
+    response_format: str = JSON_SCHEMA  # what response_format="auto" sends to this provider
 
 
 PROVIDERS: dict[str, Provider] = {
@@ -103,7 +107,7 @@ class Endpoint:
     base_url: str
     local: bool = False
     paid: bool = False  # a provider that bills per token: an unknown price is flagged
-    response_format: str = "json_schema"  # what response_format="auto" means here
+    response_format: str = JSON_SCHEMA  # what response_format="auto" means here
 
 
 def _accepted() -> str:
@@ -144,7 +148,7 @@ def resolve(
     *,
     base_url: str | None = None,
     api_key: str | None = None,
-    timeout_s: float = 120.0,
+    timeout_s: float = DEFAULT_JUDGE_TIMEOUT_S,
     client: Any = None,
 ) -> Endpoint:
     """Turn a judge name (and optional endpoint) into an `Endpoint`; errors name what to fix."""
@@ -168,7 +172,7 @@ def resolve(
         # A server of your own: the prefix's key is sent when set, but none is required.
         key = api_key or next((os.environ[v] for v in (provider.key_vars if provider else ()) if os.environ.get(v)), None)
         return Endpoint(_client(base_url, key or "EMPTY", timeout_s), model, judge_model, base_url,
-                        response_format=provider.response_format if provider else "json_schema")
+                        response_format=provider.response_format if provider else JSON_SCHEMA)
     if provider is None:
         prefix = judge_model.partition("/")[0] if "/" in judge_model else None
         what = f"unknown judge provider {prefix!r} in {judge_model!r}" if prefix else f"judge_model={judge_model!r} names no provider"

@@ -54,6 +54,8 @@ from groupwise.utils.retry import retry
 
 __all__ = ["JudgeStats", "RulerResult", "TrajectoryScore", "judge_stats", "ruler", "ruler_detailed", "ruler_score_group"]
 
+DEFAULT_JUDGE_MODEL = "openai/o4-mini"  # ART's RULER default; any provider/model name works (judge/providers.py)
+
 
 @dataclass
 class TrajectoryScore:
@@ -356,7 +358,7 @@ async def ruler_detailed(
 
 async def ruler(
     message_lists: Sequence[Sequence[Any]],
-    judge_model: str = "openai/o4-mini",
+    judge_model: str = DEFAULT_JUDGE_MODEL,
     extra_litellm_params: dict[str, Any] | None = None,
     rubric: str | None = DEFAULT_RUBRIC,
     tools: Any = None,
@@ -380,7 +382,7 @@ async def ruler(
 
 async def ruler_score_group(
     group: TrajectoryGroup,
-    judge_model: str = "openai/o4-mini",
+    judge_model: str = DEFAULT_JUDGE_MODEL,
     extra_litellm_params: dict[str, Any] | None = None,
     rubric: str | None = DEFAULT_RUBRIC,
     *,

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from groupwise.config import DEFAULT_CONFIDENCE, DEFAULT_VAL_METRIC, DetectorConfig
 from groupwise.loop.series import Point, Row, mean, points, series, std
 from groupwise.loop.stopping import gap_noise, last_improvement, significant_gap
 
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from groupwise.types import Trajectory, TrajectoryGroup
 
 SEVERITIES = ("info", "warning", "critical")
+# The thresholds each detector takes when called alone: DetectorConfig's defaults, its one owner.
+THRESHOLDS = DetectorConfig()
 
 
 @dataclass(frozen=True)
@@ -113,8 +116,8 @@ def _window(curve: list[Point], end_step: int, width: int) -> tuple[float, float
     return mean([p.value for p in pts]), math.sqrt(sum(h * h for h in halves)) / len(pts)
 
 
-def reward_change(history: list[Row], since_step: int, step: int, window: int = 3,
-                  confidence: float = 0.95) -> RewardChange | None:
+def reward_change(history: list[Row], since_step: int, step: int, window: int = THRESHOLDS.reward_window,
+                  confidence: float = DEFAULT_CONFIDENCE) -> RewardChange | None:
     """The mean train reward of the `window` steps up to `since_step` against the last `window` steps,
     None without train rows. Each step's mean reward has the noise of its rollouts (reward_std / sqrt(n))."""
     curve = points(history, "train", "reward", up_to=step, confidence=confidence)
@@ -129,8 +132,9 @@ def reward_change(history: list[Row], since_step: int, step: int, window: int = 
 
 
 def val_drop(
-    history: list[Row], *, step: int, metric: str = "accuracy", min_drop: float = 0.05,
-    min_rise: float = 0.05, higher_is_better: bool = True, window: int = 3, confidence: float = 0.95,
+    history: list[Row], *, step: int, metric: str = DEFAULT_VAL_METRIC, min_drop: float = THRESHOLDS.val_drop,
+    min_rise: float = THRESHOLDS.reward_rise, higher_is_better: bool = True, window: int = THRESHOLDS.reward_window,
+    confidence: float = DEFAULT_CONFIDENCE,
 ) -> Alert | None:
     """Validation fell below its best by more than `min_drop` and than the noise of the two validations.
 
@@ -186,9 +190,10 @@ def _with_interval(p: Point) -> str:
 
 
 def val_plateau_reward_rising(
-    history: list[Row], *, step: int, metric: str = "accuracy", min_delta: float = 0.0,
-    min_rise: float = 0.05, evals: int = 2, higher_is_better: bool = True, window: int = 3,
-    confidence: float = 0.95,
+    history: list[Row], *, step: int, metric: str = DEFAULT_VAL_METRIC, min_delta: float = 0.0,
+    min_rise: float = THRESHOLDS.reward_rise, evals: int = 2, higher_is_better: bool = True,
+    window: int = THRESHOLDS.reward_window,
+    confidence: float = DEFAULT_CONFIDENCE,
 ) -> Alert | None:
     """`evals` validations in a row without an improvement beyond min_delta and the noise, while the
     train reward rose beyond its own noise."""
@@ -213,8 +218,8 @@ def val_plateau_reward_rising(
 
 
 def reward_jump(
-    history: list[Row], *, step: int, window: int = 5, min_jump: float = 0.3, sigmas: float = 4.0,
-    plateau_range: float = 0.1,
+    history: list[Row], *, step: int, window: int = THRESHOLDS.jump_window, min_jump: float = THRESHOLDS.jump_min,
+    sigmas: float = THRESHOLDS.jump_sigmas, plateau_range: float = THRESHOLDS.plateau_range,
 ) -> Alert | None:
     """The latest train reward jumped above a flat stretch of `window` steps (seed: "sudden jump after
     plateau"): the stretch's max - min <= plateau_range, and the jump over its mean is at least
@@ -239,8 +244,8 @@ def reward_jump(
 
 
 def length_drift(
-    history: list[Row], *, step: int, ratio: float = 2.0, key: str = "answer_chars", window: int = 3,
-    metric: str = "accuracy", higher_is_better: bool = True, min_delta: float = 0.0,
+    history: list[Row], *, step: int, ratio: float = THRESHOLDS.length_ratio, key: str = "answer_chars", window: int = 3,
+    metric: str = DEFAULT_VAL_METRIC, higher_is_better: bool = True, min_delta: float = 0.0,
 ) -> Alert | None:
     """Mean answer length of the last `window` steps is `ratio` times longer (or shorter) than the first,
     while validation did not improve beyond its noise over the same span.
@@ -293,7 +298,8 @@ def length_drift(
 
 
 def perfect_scores(
-    groups: Sequence["TrajectoryGroup"], *, step: int, max_reward: float = 1.0, share: float = 0.5,
+    groups: Sequence["TrajectoryGroup"], *, step: int, max_reward: float = THRESHOLDS.perfect_reward,
+    share: float = THRESHOLDS.perfect_share,
 ) -> Alert | None:
     """At least `share` of the groups have every rollout at `max_reward` (seed: "suspiciously perfect")."""
     scored = [g for g in groups if len(g.trajectories) > 0]
@@ -321,7 +327,8 @@ def _ngram_repetition(text: str, n: int) -> float | None:
 
 
 def ngram_repetition(
-    groups: Sequence["TrajectoryGroup"], *, step: int, n: int = 3, share: float = 0.5,
+    groups: Sequence["TrajectoryGroup"], *, step: int, n: int = THRESHOLDS.repetition_ngram,
+    share: float = THRESHOLDS.repetition_share,
 ) -> Alert | None:
     """Answers repeat on average at least `share` of their word n-grams (1 - unique/total)."""
     reps: list[tuple[float, str]] = []
@@ -345,7 +352,8 @@ def ngram_repetition(
     )
 
 
-def identical_answers(groups: Sequence["TrajectoryGroup"], *, step: int, share: float = 0.5) -> Alert | None:
+def identical_answers(groups: Sequence["TrajectoryGroup"], *, step: int,
+                      share: float = THRESHOLDS.identical_share) -> Alert | None:
     """At least `share` of the groups (of 2+ rollouts) gave one identical answer on every rollout."""
     multi = [g for g in groups if len(g.trajectories) >= 2]
     if not multi:
@@ -364,7 +372,8 @@ def identical_answers(groups: Sequence["TrajectoryGroup"], *, step: int, share: 
 
 
 def judge_disagreement(
-    groups: Sequence["TrajectoryGroup"], *, step: int, truth_key: str, min_agreement: float = 0.6,
+    groups: Sequence["TrajectoryGroup"], *, step: int, truth_key: str,
+    min_agreement: float = THRESHOLDS.min_judge_agreement,
     min_pairs: int = 3, judge_key: str = "ruler_score",
 ) -> Alert | None:
     """The judge orders pairs of rollouts unlike ground truth (hybrid runs).

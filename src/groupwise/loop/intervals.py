@@ -20,6 +20,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from groupwise.config import DEFAULT_CONFIDENCE
 from groupwise.curves import z_score
 
 __all__ = ["Interval", "bootstrap_mean", "combined_noise", "mean_interval", "wilson", "z_score"]
@@ -41,7 +42,7 @@ class Interval:
         return f"{self.mean:.3f} [{self.lo:.3f}, {self.hi:.3f}]"
 
 
-def wilson(successes: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
+def wilson(successes: float, n: int, confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float]:
     """Wilson score interval of a proportion successes / n."""
     if n <= 0:
         return (math.nan, math.nan)
@@ -52,7 +53,7 @@ def wilson(successes: float, n: int, confidence: float = 0.95) -> tuple[float, f
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def bootstrap_mean(values: Sequence[float], confidence: float = 0.95, *, resamples: int = BOOTSTRAP_RESAMPLES,
+def bootstrap_mean(values: Sequence[float], confidence: float = DEFAULT_CONFIDENCE, *, resamples: int = BOOTSTRAP_RESAMPLES,
                    seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean of `values` (seeded, so it is reproducible)."""
     n = len(values)
@@ -68,7 +69,7 @@ def bootstrap_mean(values: Sequence[float], confidence: float = 0.95, *, resampl
     return (lo, hi)
 
 
-def mean_interval(per_scenario: Sequence[Sequence[float]], confidence: float = 0.95) -> Interval | None:
+def mean_interval(per_scenario: Sequence[Sequence[float]], confidence: float = DEFAULT_CONFIDENCE) -> Interval | None:
     """The mean of a metric over scenarios (each a list of its rollouts' values) with its interval.
 
     Wilson when every value is 0 or 1, else the bootstrap over scenario means. None without values.

@@ -24,6 +24,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from groupwise.config import DEFAULT_CONFIDENCE
 from groupwise.curves import Point, interval, points_of, value
 from groupwise.history import RunHistory
 
@@ -56,7 +57,7 @@ def series(history: Iterable[Row], split: str, key: str, *, up_to: int | None = 
 
 
 def points(history: Iterable[Row], split: str, key: str, *, up_to: int | None = None,
-           confidence: float = 0.95) -> list[Point]:
+           confidence: float = DEFAULT_CONFIDENCE) -> list[Point]:
     """Like `series`, with each point's interval (`groupwise.curves.points_of`)."""
     return points_of(rows(history, split), split, key, up_to=up_to, confidence=confidence)
 

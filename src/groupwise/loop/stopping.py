@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from groupwise.config import DEFAULT_CONFIDENCE, DEFAULT_VAL_METRIC
 from groupwise.learning_signal import ZERO_VARIANCE_TOL
 from groupwise.loop.intervals import combined_noise
 from groupwise.curves import baseline_points
@@ -47,7 +48,7 @@ class StopDecision:
 
 
 def primary_curve(history: list[Row], metric: str, *, up_to: int | None = None,
-                  confidence: float = 0.95) -> tuple[str, list[Point]]:
+                  confidence: float = DEFAULT_CONFIDENCE) -> tuple[str, list[Point]]:
     """(name, points) of the curve stopping watches: val/<metric> if logged, else train/reward."""
     val = points(history, "val", metric, up_to=up_to, confidence=confidence)
     if val:
@@ -96,7 +97,7 @@ def last_improvement(curve: list[Point] | list[tuple[int, float]], min_delta: fl
 
 def plateau(
     history: list[Row], *, step: int, patience: int, min_delta: float = 0.0,
-    metric: str = "accuracy", higher_is_better: bool = True, confidence: float = 0.95,
+    metric: str = DEFAULT_VAL_METRIC, higher_is_better: bool = True, confidence: float = DEFAULT_CONFIDENCE,
 ) -> StopDecision:
     """Stop when the primary curve has not improved beyond min_delta and its noise for `patience` steps."""
     name, curve = primary_curve(history, metric, up_to=step, confidence=confidence)
@@ -117,7 +118,7 @@ def plateau(
 
 
 def target_reached(
-    history: list[Row], *, step: int, target: float | None, metric: str = "accuracy", higher_is_better: bool = True,
+    history: list[Row], *, step: int, target: float | None, metric: str = DEFAULT_VAL_METRIC, higher_is_better: bool = True,
 ) -> StopDecision:
     """Stop when the latest value of the primary curve reaches `target` (None disables)."""
     if target is None:
@@ -139,7 +140,7 @@ def baseline_values(history: list[Row], metric: str) -> dict[str, float]:
 
 
 def baseline_beaten(
-    history: list[Row], *, step: int, margin: float | None, metric: str = "accuracy",
+    history: list[Row], *, step: int, margin: float | None, metric: str = DEFAULT_VAL_METRIC,
     higher_is_better: bool = True, baselines: dict[str, float] | None = None,
 ) -> StopDecision:
     """Stop when the latest validation value beats the best baseline by `margin` and by more than the

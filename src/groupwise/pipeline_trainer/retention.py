@@ -8,6 +8,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
+from groupwise.backend.base import BEST_CHECKPOINT_METRIC
 from groupwise.errors import ConfigError
 
 __all__ = ["CHECKPOINT_CREATED_AT_METRIC", "CHECKPOINT_EVAL_COMPLETED_METRIC", "CHECKPOINT_SAVED_METRIC",
@@ -39,7 +40,7 @@ class CheckpointRetentionContext(BaseModel):
 CheckpointRetentionStrategy = Callable[[CheckpointRetentionContext], Iterable[int]]
 
 
-def keep_recent_and_top(*, recent: int = 5, top: int = 2, metric: str = "val/reward") -> CheckpointRetentionStrategy:
+def keep_recent_and_top(*, recent: int = 5, top: int = 2, metric: str = BEST_CHECKPOINT_METRIC) -> CheckpointRetentionStrategy:
     """Keep the `recent` newest checkpoints and the `top` best by `metric` (a history metric such as
     ``val/reward``, higher is better; ties go to the later step)."""
     problems = [f"{name}={value!r} must be an integer >= 0" for name, value in (("recent", recent), ("top", top))

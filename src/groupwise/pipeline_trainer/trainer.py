@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
-from groupwise.config import TrainConfig
+from groupwise.config import TRAIN_LEARNING_RATE_DEFAULT, TrainConfig
 from groupwise.errors import ConfigError, GroupwiseError, NotTrainableError, warn_ignored
 from groupwise.learning_signal import tied
 from groupwise.pipeline_trainer.retention import CheckpointInfo, CheckpointRetentionContext, CheckpointRetentionStrategy
@@ -93,7 +93,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         config: Any, eval_fn: EvalFn | None = None, *,
         num_rollout_workers: int = 16, min_batch_size: int = 4, max_batch_size: int | None = None,
         max_steps_off_policy: int = 4, queue_maxsize: int | None = None,
-        learning_rate: float = 1e-5, loss_fn: str = "cispo", loss_fn_config: dict | None = None,
+        learning_rate: float = TRAIN_LEARNING_RATE_DEFAULT, loss_fn: str = "cispo", loss_fn_config: dict | None = None,
         normalize_advantages: bool = True, adam_params: object | None = None,
         packed_sequence_length: int | None = None, max_steps: int | None = None,
         discard_queue_multiplier: int = 100, log_interval_seconds: float = 60.0, status_ewa_alpha: float = 0.2,

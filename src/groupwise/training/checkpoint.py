@@ -48,6 +48,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from groupwise.errors import CheckpointError, CheckpointMismatchError, DiskFullError, GroupwiseWarning, NonFiniteError
+from groupwise.training.adapters import TRAIN_ADAPTER
 from groupwise.training.checkpoint_contents import contents_problem, state_problem
 from groupwise.training.finite import non_finite_names
 from groupwise.training.optimizer_state import optimizer_from_tensors, optimizer_to_tensors
@@ -136,7 +137,7 @@ def save_checkpoint(
     model: Any,
     optimizer: torch.optim.Optimizer | None,
     param_names: list[str],
-    adapter_name: str = "default",
+    adapter_name: str = TRAIN_ADAPTER,
     cursor: dict[str, Any] | None = None,
     metrics: dict[str, float] | None = None,
     history: list[dict[str, Any]] | None = None,
@@ -183,7 +184,7 @@ def save_adapter_folder(model: Any, folder: Path, adapter_name: str) -> None:
     """The adapter `adapter_name` in peft's format, its files at the top of `folder` (peft nests a
     non-default adapter in a subfolder; the engine and a resume read the top)."""
     model.save_pretrained(str(folder), selected_adapters=[adapter_name], safe_serialization=True)
-    if adapter_name != "default" and (folder / adapter_name).is_dir():
+    if adapter_name != TRAIN_ADAPTER and (folder / adapter_name).is_dir():
         for p in (folder / adapter_name).iterdir():
             os.replace(p, folder / p.name)
         (folder / adapter_name).rmdir()
@@ -194,7 +195,7 @@ def stored_names(param_names: list[str], adapter_name: str) -> list[str]:
     Several runs on one base model train adapters of other names in one peft model (backend/replica.py),
     and a run's checkpoint must not depend on which adapter held it: the same files as training alone,
     resumable into any adapter of the same LoRA shape."""
-    if adapter_name == "default":
+    if adapter_name == TRAIN_ADAPTER:
         return list(param_names)
     tag = f".{adapter_name}."
     return [n.replace(tag, ".default.") for n in param_names]
@@ -356,7 +357,7 @@ def load_checkpoint(
     model: Any,
     optimizer: torch.optim.Optimizer | None,
     param_names: list[str],
-    adapter_name: str = "default",
+    adapter_name: str = TRAIN_ADAPTER,
     restore_rng: bool = True,
 ) -> CheckpointState:
     """Load adapter weights (into `adapter_name`), optimizer state and RNG of a complete checkpoint.
@@ -401,7 +402,7 @@ def _load(state: CheckpointState, model: Any, optimizer: torch.optim.Optimizer |
 
 
 def adapter_tensors(state: CheckpointState, *, model: Any, param_names: list[str],
-                    adapter_name: str = "default") -> dict[str, torch.Tensor]:
+                    adapter_name: str = TRAIN_ADAPTER) -> dict[str, torch.Tensor]:
     """A complete checkpoint's adapter, keyed by the model's parameter names (`param_names`), on the
     model's device and not loaded into it: e.g. the anchor of the KL term (TrainConfig.kl_reference_step).
     peft's own `get_peft_model_state_dict` names the file's key of each parameter, so the two namings

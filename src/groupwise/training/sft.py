@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from groupwise.errors import ArgumentTypeError, InvalidDataError, NotTrainableError
 from groupwise.chat import render_text
+from groupwise.config import DEFAULT_ASSISTANT_TURNS
+from groupwise.errors import ArgumentTypeError, InvalidDataError, NotTrainableError
 from groupwise.training.tokenize import (
     TokenizedBatch,
     TokenizedSequence,
@@ -115,7 +116,7 @@ def sft_sequence(
     tokenizer: Any,
     *,
     tools: list[dict] | None = None,
-    assistant_turns: str = "all",
+    assistant_turns: str = DEFAULT_ASSISTANT_TURNS,
 ) -> tuple[list[int], list[bool]] | None:
     """(input_ids [T], mask [T]) of one conversation, the mask on its assistant turns; None without any."""
     items = list(messages_and_choices)
@@ -142,7 +143,7 @@ def tokenize_sft(
     tokenizer: Any,
     *,
     max_seq_len: int,
-    assistant_turns: str = "all",
+    assistant_turns: str = DEFAULT_ASSISTANT_TURNS,
 ) -> TokenizedBatch:
     """The target sequences of one update: each trajectory and each of its additional histories.
 

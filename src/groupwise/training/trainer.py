@@ -44,6 +44,9 @@ from groupwise.training.loss import grpo_loss
 from groupwise.training.sft import sft_loss
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
 
+GRPO = "grpo"  # the objective of a step that names none (the other: "sft")
+
+
 def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     """Indices of sequences per micro-batch: longest first, each batch's n * max_len <= budget.
 
@@ -308,7 +311,7 @@ class Trainer:
             offset += n
 
     def forward_backward(
-        self, batch: TokenizedBatch, config: TrainConfig, *, objective: str = "grpo",
+        self, batch: TokenizedBatch, config: TrainConfig, *, objective: str = GRPO,
         totals: tuple[int, int] | None = None, progress: Callable[[int, int], None] | None = None,
     ) -> tuple[StepStats, list[list[int]]]:
         """Accumulate the step's gradient into `.grad` of the adapter parameters (no optimizer step).
@@ -392,7 +395,7 @@ class Trainer:
             self._set_mode(training)
 
     def train_step(self, batch: TokenizedBatch, config: TrainConfig, *, step: int = 0,
-                   objective: str = "grpo", progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
+                   objective: str = GRPO, progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
         """One optimizer step on `batch` (objective "grpo" or "sft", `progress` as in `forward_backward`);
         returns its metrics."""
         t0 = time.perf_counter()

@@ -20,7 +20,7 @@ import math
 import random
 from typing import TYPE_CHECKING, Any, Iterator, Literal, NamedTuple
 
-from groupwise.config import TrainSFTConfig
+from groupwise.config import DEFAULT_ASSISTANT_TURNS, TrainSFTConfig
 from groupwise.errors import ConfigError
 from groupwise.types import Trajectory
 
@@ -31,6 +31,13 @@ __all__ = ["SFTChunk", "create_lr_schedule", "create_sft_dataset_iterator", "get
            "resolve_sft_batch_size", "train_sft_from_file"]
 
 Schedule = Literal["cosine", "linear", "constant"]
+
+# ART's defaults of these functions, each written once (two entry points share them).
+PEAK_LR = 2e-4
+SCHEDULE: Schedule = "linear"
+WARMUP_RATIO = 0.1
+SEED = 42
+SHUFFLE_BUFFER_SIZE = 10000
 
 
 class SFTChunk(NamedTuple):
@@ -88,12 +95,12 @@ def create_sft_dataset_iterator(
     trajectories: list[Trajectory],
     chunk_size: int = 10,
     epochs: int = 1,
-    batch_size: int = 2,
-    peak_lr: float = 2e-4,
-    schedule_type: Schedule = "linear",
-    warmup_ratio: float = 0.1,
+    batch_size: int = TrainSFTConfig.DEFAULT_BATCH_SIZE,
+    peak_lr: float = PEAK_LR,
+    schedule_type: Schedule = SCHEDULE,
+    warmup_ratio: float = WARMUP_RATIO,
     shuffle: bool = True,
-    seed: int = 42,
+    seed: int = SEED,
     initial_step: int = 0,
     show_progress: bool = True,
 ) -> Iterator[SFTChunk]:
@@ -136,7 +143,7 @@ def _trajectory_of_row(line: str) -> Trajectory:
     return Trajectory(messages_and_choices=row.get("messages", []), tools=row.get("tools"))
 
 
-def iterate_file(file_path: str, epochs: int = 1, shuffle_buffer_size: int = 10000, seed: int = 42,
+def iterate_file(file_path: str, epochs: int = 1, shuffle_buffer_size: int = SHUFFLE_BUFFER_SIZE, seed: int = SEED,
                  initial_skip: int = 0) -> Iterator[Trajectory]:
     """The rows of a JSONL file as trajectories, `epochs` times, shuffled through a buffer of
     `shuffle_buffer_size` rows (seeded ``seed + epoch``) so a large file is never held whole;
@@ -170,16 +177,16 @@ async def train_sft_from_file(
     model: "TrainableModel",
     file_path: str,
     epochs: int = 1,
-    batch_size: int = 2,
-    peak_lr: float = 2e-4,
-    schedule_type: Schedule = "linear",
-    warmup_ratio: float = 0.1,
+    batch_size: int = TrainSFTConfig.DEFAULT_BATCH_SIZE,
+    peak_lr: float = PEAK_LR,
+    schedule_type: Schedule = SCHEDULE,
+    warmup_ratio: float = WARMUP_RATIO,
     initial_step: int = 0,
     final_step: int | None = None,
     _config: Any = None,
     verbose: bool = False,
-    shuffle_buffer_size: int = 10000,
-    assistant_turns: Literal["all", "last"] = "all",
+    shuffle_buffer_size: int = SHUFFLE_BUFFER_SIZE,
+    assistant_turns: Literal["all", "last"] = DEFAULT_ASSISTANT_TURNS,
 ) -> None:
     """Supervised fine-tuning on a JSONL file of chat examples: one `model.train_sft` step whose
     batches (`batch_size` rows each, over `epochs` passes) follow one schedule; `initial_step` /

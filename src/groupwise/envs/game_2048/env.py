@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import Field
 
 from groupwise.envs._chat import Sampling, choice_text, complete, new_trajectory, split_seeds
-from groupwise.envs.game_2048.game import DIRECTIONS, Board, Game, board_sum, max_tile, render
+from groupwise.envs.game_2048.game import DIRECTIONS, WIN_TILE, Board, Game, board_sum, max_tile, render
 from groupwise.types import Trajectory
 
 # Short on purpose: with a 135M model, a longer rules-first prompt made well-formed replies rarer.
@@ -51,7 +51,7 @@ class Scenario2048(Sampling):
     max_turns: int = Field(4, gt=0, description="Most moves the agent makes before the episode stops.")
     lenient: bool = Field(True, description="Play an untagged reply that names exactly one direction "
                           "(with FORMAT_PENALTY); False: only the exact tag counts (ART's rule).")
-    win_tile: int = Field(2048, ge=4, description="Reaching this tile wins (reward 2).")
+    win_tile: int = Field(WIN_TILE, ge=4, description="Reaching this tile wins (reward 2).")
     max_tokens: int = Field(16, gt=0, description="Most tokens per reply; a move tag is ~6 tokens.")
 
 
@@ -76,7 +76,7 @@ def parse_move_loose(text: str) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
-def reward_2048(board: Board, *, invalid: bool, win_tile: int = 2048) -> float:
+def reward_2048(board: Board, *, invalid: bool, win_tile: int = WIN_TILE) -> float:
     """ART-style reward: -1 for an invalid move, 2 for a win, else max-tile score + 0.2 x board score.
 
     max-tile score = (log2(max tile) - 1) / (log2(win_tile) - 1): a lone 2 gives 0, win_tile gives 1.

@@ -21,9 +21,11 @@ Board = tuple[Row, ...]
 
 DIRECTIONS: tuple[str, ...] = ("left", "right", "up", "down")
 SPAWN_FOUR_PROBABILITY = 0.1  # the original game spawns a 4 one time in ten
+SIZE = 4  # the original game's board: 4 x 4
+WIN_TILE = 2048  # the tile that wins, as the game's name says
 
 
-def empty_board(size: int = 4) -> Board:
+def empty_board(size: int = SIZE) -> Board:
     return tuple(tuple(0 for _ in range(size)) for _ in range(size))
 
 
@@ -109,11 +111,11 @@ def board_sum(board: Board) -> int:
     return sum(sum(row) for row in board)
 
 
-def has_won(board: Board, win_tile: int = 2048) -> bool:
+def has_won(board: Board, win_tile: int = WIN_TILE) -> bool:
     return max_tile(board) >= win_tile
 
 
-def is_terminal(board: Board, win_tile: int = 2048) -> bool:
+def is_terminal(board: Board, win_tile: int = WIN_TILE) -> bool:
     """The game ends when a tile reaches `win_tile` or no move changes the board."""
     return has_won(board, win_tile) or not valid_moves(board)
 
@@ -123,8 +125,8 @@ class Game:
     """One seeded game: the board, its RNG and the running score. `step` applies one move."""
 
     seed: int
-    size: int = 4
-    win_tile: int = 2048
+    size: int = SIZE
+    win_tile: int = WIN_TILE
     board: Board = field(init=False)
     score: int = field(init=False, default=0)
     moves: int = field(init=False, default=0)

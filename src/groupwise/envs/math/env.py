@@ -14,7 +14,7 @@ from pydantic import Field
 
 from groupwise.envs._chat import Sampling, choice_text, complete, new_trajectory, split_seeds
 from groupwise.envs.math.grader import parse_answer
-from groupwise.envs.math.problems import make_problem
+from groupwise.envs.math.problems import EASIEST, HARDEST, make_problem
 from groupwise.types import Trajectory
 
 SYSTEM_PROMPT = (
@@ -25,7 +25,7 @@ SYSTEM_PROMPT = (
 
 class ScenarioMath(Sampling):
     seed: int = Field(description="Which problem (with `level`, it determines question and answer).")
-    level: int = Field(1, ge=1, le=3, description="Difficulty 1..3 (see problems.py).")
+    level: int = Field(EASIEST, ge=EASIEST, le=HARDEST, description="Difficulty 1..3 (see problems.py).")
     strict: bool = Field(False, description="Only accept boxed or 'Answer:' answers (no last-number fallback).")
     max_tokens: int = Field(48, gt=0, description="Most tokens of the reply.")
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from groupwise.errors import ConfigError
 
+EASIEST, HARDEST = 1, 3  # the levels (module doc); a scenario that names none is the easiest
 NAMES = ("Ana", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Iris", "Jonas", "Kemi", "Liam")
 ITEMS = ("apples", "stickers", "marbles", "books", "pencils", "shells", "cards", "coins", "buttons", "stamps")
 
@@ -78,9 +79,9 @@ def _word(rng: random.Random, level: int) -> tuple[str, int]:
     )
 
 
-def make_problem(seed: int, level: int = 1) -> Problem:
+def make_problem(seed: int, level: int = EASIEST) -> Problem:
     """One problem, fully determined by (seed, level). About half arithmetic, half word problems."""
-    if level not in (1, 2, 3):
+    if level not in range(EASIEST, HARDEST + 1):
         raise ConfigError(f"level={level!r}; levels are 1, 2 and 3 (see the module docstring)",
                           what="math problem level")
     rng = random.Random(f"math:{seed}:{level}")
