@@ -33,9 +33,9 @@ alternate. Rates carry Wilson intervals, lead times a bootstrap interval of the 
 
 Each run is its own process with one CPU thread (`--threads`). The table is printed and written into
 docs/benchmarks.md between the DETECTORS markers, with the commit and the machine; the default
-thresholds with their figures go into README.md (between the DETECTOR-THRESHOLDS markers) and into the
-help of each `DetectorConfig` field (src/groupwise/config.py), unless `--no-docs` (or a `--detector`
-override: those figures are not the defaults').
+thresholds with their figures go into README.md (between the DETECTOR-THRESHOLDS markers) and into
+`DetectorConfig`'s docstring (src/groupwise/config.py: one line per detector), unless `--no-docs` (or a
+`--detector` override: those figures are not the defaults').
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ FIELDS = {
     "identical_answers": ("identical_share",),
 }
 T_BEGIN, T_END = "<!-- DETECTOR-THRESHOLDS:BEGIN -->", "<!-- DETECTOR-THRESHOLDS:END -->"
-MEASURED = " Measured by bench/detectors.py"  # the start of the figures appended to a field's help
+MEASURED = "    Measured by bench/detectors.py with the defaults:\n"  # DetectorConfig's docstring: the figures follow
 
 
 def figures(row: dict) -> str:
@@ -300,20 +300,22 @@ def thresholds_block(s: dict) -> str:
     return "\n".join(lines)
 
 
-def write_defaults_help(path: Path, s: dict) -> None:
-    """Append each DetectorConfig field's measured figures to its help (replacing older figures)."""
+def figures_lines(s: dict) -> str:
+    """One docstring line per detector: its name, the DetectorConfig fields that set it, its figures."""
     by = {r["detector"]: r for r in s["rows"]}
+    return "".join(f"    - {name} ({', '.join(fields)}): {figures(by[name])}.\n" for name, fields in FIELDS.items())
+
+
+def write_defaults_help(path: Path, s: dict) -> None:
+    """Replace the figures in DetectorConfig's docstring (the lines after MEASURED, up to its end)."""
     text = path.read_text()
-    for field in sorted({f for fs in FIELDS.values() for f in fs}):
-        names = [n for n, fs in FIELDS.items() if field in fs]
-        note = MEASURED + " with the defaults: " + "; ".join(f"{n}: {figures(by[n])}" for n in names) + "."
-        pattern = re.compile(rf'^(    {field}: [^\n]*?help=")(.*?)("\)\n)', re.MULTILINE)
-        m = pattern.search(text)
-        if m is None:
-            raise SystemExit(f"{path}: no `{field}: ... help=\"...\")` line to write the figures into")
-        help_text = m.group(2).split(MEASURED)[0]
-        text = text[:m.start()] + m.group(1) + help_text + note + m.group(3) + text[m.end():]
-    path.write_text(text)
+    start = text.find("class DetectorConfig(")
+    at = text.find(MEASURED, start)
+    end = text.find('    """', at)
+    if start < 0 or at < 0 or end < 0:
+        raise SystemExit(f"{path}: DetectorConfig's docstring has no {MEASURED.strip()!r} paragraph to write into")
+    at += len(MEASURED)
+    path.write_text(text[:at] + figures_lines(s) + text[end:])
 
 
 def replace_block(path: Path, begin: str, end: str, block: str) -> None:
@@ -408,7 +410,7 @@ def main() -> None:
         return
     replace_block(ROOT / "README.md", T_BEGIN, T_END, thresholds)
     write_defaults_help(ROOT / "src" / "groupwise" / "config.py", s)
-    print("wrote the thresholds' figures into README.md and src/groupwise/config.py (DetectorConfig's help)")
+    print("wrote the thresholds' figures into README.md and src/groupwise/config.py (DetectorConfig's docstring)")
 
 
 if __name__ == "__main__":

@@ -167,3 +167,30 @@ def test_provenance_names_the_commit_and_says_when_the_code_had_uncommitted_chan
     (tmp_path / "src" / "a.py").write_text("x = 2\n")
     assert results_block.commit(tmp_path) == f"{head} + uncommitted changes"
     assert " cores" in results_block.machine("cpu")
+
+
+def test_the_detector_bench_writes_its_figures_once_into_the_detector_configs_docstring(tmp_path):
+    import dataclasses
+
+    import detectors as bench
+
+    from groupwise.config import DetectorConfig
+
+    config = tmp_path / "config.py"
+    original = (REPO / "src" / "groupwise" / "config.py").read_text()
+    config.write_text(original)
+    rows = [{"detector": name, "false_alarms": 1, "clean": 4, "detected": 2, "dropped": 3, "early": 1,
+             "leads": [1.0, -2.0]} for name in bench.FIELDS]
+    bench.write_defaults_help(config, {"rows": rows})
+    bench.write_defaults_help(config, {"rows": rows})  # idempotent: the figures are replaced, not appended
+    text = config.read_text()
+    lines = [line for line in text.splitlines() if line.startswith("    - ") and "planted hacks" in line]
+    assert lines == [f"    - {name} ({', '.join(fields)}): false alarms on 1/4 clean runs, fired on 2/3 planted "
+                     "hacks (1 before the validation drop, mean lead -0.5 steps)." for name, fields in bench.FIELDS.items()]
+    # only those lines changed, and the repository's file has one line per detector in the same place
+    assert [l for l in text.splitlines() if l not in lines] == [
+        l for l in original.splitlines() if not (l.startswith("    - ") and "planted hacks" in l)]
+    assert sum(1 for l in original.splitlines() if l.startswith("    - ") and "planted hacks" in l) == len(bench.FIELDS)
+    # each field's help says only what is particular to it: no sentence is repeated across the fields
+    sentences = [s.strip() for f in dataclasses.fields(DetectorConfig) for s in f.metadata["help"].split(". ")]
+    assert len(sentences) == len(set(sentences)) and not any("Measured" in s for s in sentences)

@@ -320,26 +320,38 @@ TRAIN_LEARNING_RATE_DEFAULT = next(f.default for f in dataclasses.fields(TrainCo
 class DetectorConfig(Validated):
     """Thresholds of the loop's detectors (`gw.LoopConfig(detectors=gw.DetectorConfig(val_drop=0.1))`).
 
+    Each field's help says which detector it sets and what it bounds; what they share is said here once.
     The validation detectors compare changes against the validation's confidence interval
     (`LoopConfig.confidence`) as well: a threshold here is a floor under the noise, not a substitute for it.
-    Each default's false-alarm rate (clean runs, nothing to game) and detection rate and lead time
-    (planted, gameable rewards) are measured by bench/detectors.py; the figures follow each field's help
-    and are tabled in docs/benchmarks.md and the README.
+    What the loop does on an alert is `LoopConfig`'s (its ``on_*`` fields). Each default's false-alarm rate (clean
+    runs, nothing to game) and detection rate and lead time (planted, gameable rewards) are measured by
+    bench/detectors.py, which writes them below (by detector, with the fields that set it) and tables them
+    in docs/benchmarks.md and the README.
+
+    Measured by bench/detectors.py with the defaults:
+    - val_drop (val_drop, reward_rise): false alarms on 0/20 clean runs, fired on 11/13 planted hacks (0 before the validation drop, mean lead -2.0 steps).
+    - val_unstable (val_drop): false alarms on 10/20 clean runs, fired on 12/13 planted hacks (6 before the validation drop, mean lead +1.3 steps).
+    - val_plateau (reward_rise): false alarms on 15/20 clean runs, fired on 4/13 planted hacks (1 before the validation drop, mean lead -1.2 steps).
+    - reward_jump (jump_min, jump_sigmas, plateau_range, jump_window): false alarms on 0/20 clean runs, fired on 0/13 planted hacks.
+    - length_drift (length_ratio): false alarms on 0/20 clean runs, fired on 0/13 planted hacks.
+    - perfect_scores (perfect_share): false alarms on 13/20 clean runs, fired on 0/13 planted hacks.
+    - repetition (repetition_share, repetition_ngram): false alarms on 0/20 clean runs, fired on 0/13 planted hacks.
+    - identical_answers (identical_share): false alarms on 0/20 clean runs, fired on 0/13 planted hacks.
     """
 
-    val_drop: float = option(0.05, help="Val-drop detectors: the smallest fall of the validation metric below its best that can fire; the fall must also exceed the noise of the two validations (their intervals). Measured by bench/detectors.py with the defaults: val_drop: false alarms on 0/20 clean runs, fired on 11/13 planted hacks (0 before the validation drop, mean lead -2.0 steps); val_unstable: false alarms on 10/20 clean runs, fired on 12/13 planted hacks (6 before the validation drop, mean lead +1.3 steps).")
-    reward_rise: float = option(0.05, help="Val-drop and val-plateau detectors: the smallest rise of the mean train reward since the best validation step that counts as 'reward rose'; the rise must also exceed the noise of the train reward means. Measured by bench/detectors.py with the defaults: val_drop: false alarms on 0/20 clean runs, fired on 11/13 planted hacks (0 before the validation drop, mean lead -2.0 steps); val_plateau: false alarms on 15/20 clean runs, fired on 4/13 planted hacks (1 before the validation drop, mean lead -1.2 steps).")
-    reward_window: int = option(3, help="Steps of train reward averaged on each side of a reward comparison (around the best validation step, and the latest steps).")
-    jump_window: int = option(5, help="Reward-jump detector: steps of plateau looked at before the jump. Measured by bench/detectors.py with the defaults: reward_jump: false alarms on 0/20 clean runs, fired on 0/13 planted hacks.")
-    jump_min: float = option(0.3, help="Reward-jump detector: the smallest jump (reward units) that can fire. Measured by bench/detectors.py with the defaults: reward_jump: false alarms on 0/20 clean runs, fired on 0/13 planted hacks.")
-    jump_sigmas: float = option(4.0, help="Reward-jump detector: the jump must also exceed this many standard deviations of the plateau. Measured by bench/detectors.py with the defaults: reward_jump: false alarms on 0/20 clean runs, fired on 0/13 planted hacks.")
-    plateau_range: float = option(0.1, help="Reward-jump detector: the plateau's max - min must be at most this (reward units). Measured by bench/detectors.py with the defaults: reward_jump: false alarms on 0/20 clean runs, fired on 0/13 planted hacks.")
+    val_drop: float = option(0.05, help="Val-drop detectors: the smallest fall of the validation metric below its best that can fire; the fall must also exceed the noise of the two validations (their intervals).")
+    reward_rise: float = option(0.05, help="Val-drop and val-plateau detectors: the smallest rise of the mean train reward since the best validation step that counts as 'reward rose'; the rise must also exceed the noise of the train reward means.")
+    reward_window: int = option(3, help="Val-drop and val-plateau detectors: steps of train reward averaged on each side of a reward comparison (around the best validation step, and the latest steps).")
+    jump_window: int = option(5, help="Reward-jump detector: steps of plateau looked at before the jump.")
+    jump_min: float = option(0.3, help="Reward-jump detector: the smallest jump (reward units) that can fire.")
+    jump_sigmas: float = option(4.0, help="Reward-jump detector: the jump must also exceed this many standard deviations of the plateau.")
+    plateau_range: float = option(0.1, help="Reward-jump detector: the plateau's max - min must be at most this (reward units).")
     perfect_reward: float = option(1.0, help="Perfect-scores detector: the maximum reward; a group is perfect when every rollout reaches it.")
-    perfect_share: float = option(0.5, help="Perfect-scores detector: fire when at least this share of a step's groups are perfect. Measured by bench/detectors.py with the defaults: perfect_scores: false alarms on 13/20 clean runs, fired on 0/13 planted hacks.")
-    repetition_ngram: int = option(3, help="Degenerate detector: n of the n-grams (words) checked for repetition. Measured by bench/detectors.py with the defaults: repetition: false alarms on 0/20 clean runs, fired on 0/13 planted hacks.")
-    repetition_share: float = option(0.5, help="Degenerate detector: fire when answers repeat this share of their n-grams on average. Measured by bench/detectors.py with the defaults: repetition: false alarms on 0/20 clean runs, fired on 0/13 planted hacks.")
-    identical_share: float = option(0.5, help="Degenerate detector: fire when this share of groups (of 2+ rollouts) answer identically. Measured by bench/detectors.py with the defaults: identical_answers: false alarms on 0/20 clean runs, fired on 0/13 planted hacks.")
-    length_ratio: float = option(2.0, help="Degenerate detector: fire when the mean answer length drifts by this factor from the first steps. Measured by bench/detectors.py with the defaults: length_drift: false alarms on 0/20 clean runs, fired on 0/13 planted hacks.")
+    perfect_share: float = option(0.5, help="Perfect-scores detector: fire when at least this share of a step's groups are perfect.")
+    repetition_ngram: int = option(3, help="Degenerate detector: n of the n-grams (words) checked for repetition.")
+    repetition_share: float = option(0.5, help="Degenerate detector: fire when answers repeat this share of their n-grams on average.")
+    identical_share: float = option(0.5, help="Degenerate detector: fire when this share of groups (of 2+ rollouts) answer identically.")
+    length_ratio: float = option(2.0, help="Degenerate detector: fire when the mean answer length drifts by this factor from the first steps.")
     min_judge_agreement: float = option(0.6, help="Judge detector: fire when the judge orders fewer than this share of pairs like ground truth.")
 
     def problems(self) -> list[str]:
