@@ -231,8 +231,8 @@ def main() -> int:
         print(f"== {label} (max_steps_off_policy={d}{', partial rollouts' if partial else ''})", flush=True)
         results.append(asyncio.run(run_one(args, label, d, partial)))
         print_report(results, card, args)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "card": card, "results": results}, indent=1))
+        if args.json:  # after every run: a call that runs out of time keeps the runs it finished
+            Path(args.json).write_text(json.dumps({"args": vars(args), "card": card, "results": results}, indent=1))
     return 0
 
 

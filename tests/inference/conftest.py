@@ -1,4 +1,4 @@
-"""Fixtures of the inference tests: one tiny random Llama (SmolLM2's tokenizer), two random LoRA
+"""Fixtures of the inference tests: one tiny random Llama (SmolLM2's tokenizer), three random LoRA
 adapters saved as peft folders, one engine + registry + app shared by the module's tests."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def tiny():
 @pytest.fixture(scope="session")
 def adapter_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("adapters")
-    return {1: make_adapter(root / "step1", seed=1), 2: make_adapter(root / "step2", seed=2)}
+    return {k: make_adapter(root / f"step{k}", seed=k) for k in (1, 2, 3)}
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +48,8 @@ def served(tiny, adapter_dirs):
     engine = Engine(model, tok, max_batch_size=32, max_new_tokens_default=32)
     registry = ModelRegistry(engine, base_name="tiny")
     registry.register_model("agent")
-    for step, path in adapter_dirs.items():
+    for step in (1, 2):
+        path = adapter_dirs[step]
         registry.add_step("agent", step, path)
     yield engine, registry, create_app(registry)
     engine.close()

@@ -16,7 +16,7 @@ import torch
 from groupwise.inference.advance import advance, retire, sample_isolated, stepped
 from groupwise.inference.decode_graphs import decode_with_graph, graph_sampling, run_decode_steps
 from groupwise.inference.kv_cache import SlotCache
-from groupwise.inference.runner import ModelRunner
+from groupwise.inference.runner import MIXED, ModelRunner
 from groupwise.inference.step_state import StepState
 
 __all__ = ["decode", "forward_rows"]
@@ -33,14 +33,16 @@ def decode(state: StepState, runner: ModelRunner) -> None:
     positions = [s.length for s in seqs]
     names = runner.peft_names(seqs)
     logits = sampled = None
-    if runner.cuda_graphs and (names is None or len(set(names)) == 1):
+    one = names is None or len(set(names)) == 1
+    if runner.cuda_graphs and (one or runner.mixed_ready(names)):
         try:
-            adapter = names[0] if names else None
+            # A mixed batch replays the stacked-adapter graph with each row's slot as an input.
+            adapter, slots = (names[0] if names else None, None) if one else (MIXED, runner.mixed_rows(names))
             sampling = graph_sampling(state, seqs)
             if sampling is not None and runner.device.type == "cuda":
-                run_decode_steps(state, runner, list(seqs), last, positions, need, adapter, sampling)
+                run_decode_steps(state, runner, list(seqs), last, positions, need, adapter, sampling, slots)
                 return
-            out = decode_with_graph(state, runner, last, positions, need, adapter, sampling)
+            out = decode_with_graph(state, runner, last, positions, need, adapter, sampling, slots)
             sampled, logits = (out, None) if sampling is not None else (None, out)
         except Exception as exc:  # fail loud but keep serving: eager decode is correct, only slower
             warnings.warn(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); decoding eagerly from now on")

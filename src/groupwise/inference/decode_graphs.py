@@ -4,8 +4,9 @@ The engine keeps running sequences in slots 0..k-1 of a slot cache whose buffers
 decode step for k rows can replay a graph captured for B >= k rows (B a power of two; rows k..B-1
 are padding that write to the trash column and attend to column 0 only) over the first Lb columns
 (Lb a power of two >= the longest sequence + 1). Inputs are copied into static tensors before
-each replay. peft picks the adapter in Python, so it is baked in at capture: graphs serve batches
-whose rows all use one adapter (mixed batches run eagerly with ``adapter_names``).
+each replay. peft picks the adapter in Python, so it is baked in at capture: a graph serves batches
+whose rows all use one adapter, or (adapter ``MIXED``) rows of any slot adapters through the stacked
+slots (stacked_lora.py), each row's slot index one more static input; other mixes run eagerly.
 
 Where no row needs a penalty, a grammar or top_logprobs, the graph samples too (`graph_sampling`,
 sampling.sample_fixed: temperature, seed, and top_k/top_p/min_p through the same `truncate` as the
@@ -19,6 +20,7 @@ bucketing, padding rows and adapter selection are tested on CPU (tests/inference
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -28,28 +30,32 @@ from groupwise.inference.advance import advance, stepped
 from groupwise.inference.attention import engine_attention
 from groupwise.inference.kv_cache import SlotCache
 from groupwise.inference.requests import BASE, SeqState
-from groupwise.inference.runner import ModelRunner
+from groupwise.inference.runner import MIXED, ModelRunner
 from groupwise.inference.sampling import sample_fixed
 from groupwise.inference.step_state import StepState
+
+SLOT_ROW = 6  # the row of g["inputs"] holding each row's slot index (MIXED graphs)
 
 __all__ = ["EagerReplay", "GraphSampling", "capture", "decode_with_graph", "graph_sampling", "run_decode_steps"]
 
 
 def decode_with_graph(state: StepState, runner: ModelRunner, ids: list[int], pos: list[int], need: int,
-                      adapter: str | None, sampling: "GraphSampling | None" = None) -> torch.Tensor:
+                      adapter: str | None, sampling: "GraphSampling | None" = None,
+                      slots: list[int] | None = None) -> torch.Tensor:
     """One decode step for k rows (last tokens `ids`, positions `pos`) by replaying (capturing first
     if new) the graph of its bucket.
 
     Without `sampling`: returns the logits [k, V]. With `sampling` (`graph_sampling`): the graph
     samples too (sampling.sample_fixed) and this returns [2, k] float64 (row 0: the tokens, exact in
-    fp64; row 1: their logprobs) on the device, one copy to read back. The inputs go up in two copies
-    (an int64 [6, B] block and a float32 [3, B] one): per-tensor copies and mask updates would be ~10
+    fp64; row 1: their logprobs) on the device, one copy to read back. `slots`: each row's slot index
+    for the ``MIXED`` graph. The inputs go up in two copies (an int64 [7, B] block and a float32 [3, B] one): per-tensor copies and mask updates would be ~10
     launches, a large part of the CPU time of a big step.
     """
     k = len(ids)
     filtered = sampling is not None and sampling.top_k is not None
     g = graph_for(state, runner, k, need, adapter, sampled=sampling is not None, filtered=filtered)
-    pad = g["B"] - k
+    B = g["B"]
+    pad = B - k
     # Padding rows: token 0 at position 0, K/V written to the trash column, attending to column 0;
     # greedy (temperature 0), nothing truncated.
     rows = [ids + [0] * pad, pos + [0] * pad, pos + [state.buffers.trash_col] * pad]
@@ -60,6 +66,8 @@ def decode_with_graph(state: StepState, runner: ModelRunner, ids: list[int], pos
             rows.append(sampling.top_k + [0] * pad)
             floats += [sampling.top_p + [1.0] * pad, sampling.min_p + [0.0] * pad]
         g["floats"][: len(floats)].copy_(torch.tensor(floats, dtype=torch.float32), non_blocking=True)
+    if slots is not None:  # padding rows: no adapter
+        rows += [[0] * B for _ in range(SLOT_ROW - len(rows))] + [slots + [-1] * pad]
     g["inputs"][: len(rows)].copy_(torch.tensor(rows, dtype=torch.long), non_blocking=True)
     g["graph"].replay()
     runner.stats.forward_passes += 1
@@ -114,7 +122,7 @@ def graph_sampling(state: StepState, seqs: list[SeqState]) -> GraphSampling | No
 
 
 def run_decode_steps(state: StepState, runner: ModelRunner, seqs: list[SeqState], ids: list[int], pos: list[int],
-                     need: int, adapter: str | None, sampling: GraphSampling) -> None:
+                     need: int, adapter: str | None, sampling: GraphSampling, slots: list[int] | None = None) -> None:
     """Decode steps for the running rows, each next step launched BEFORE the CPU reads this one's
     tokens (CUDA, graph sampling only).
 
@@ -128,7 +136,7 @@ def run_decode_steps(state: StepState, runner: ModelRunner, seqs: list[SeqState]
     rows' slots are refilled after it in stream order.
     """
     k = len(seqs)
-    out = decode_with_graph(state, runner, ids, pos, need, adapter, sampling)  # a view of g["out"]: replays refill it
+    out = decode_with_graph(state, runner, ids, pos, need, adapter, sampling, slots)  # a view of g["out"]: replays refill it
     g = graph_for(state, runner, k, need, adapter, sampled=True, filtered=sampling.top_k is not None)
     while True:
         g["host"][:, :k].copy_(out, non_blocking=True)
@@ -152,12 +160,12 @@ def run_decode_steps(state: StepState, runner: ModelRunner, seqs: list[SeqState]
 
 def capture(state: StepState, runner: ModelRunner, B: int, Lb: int, adapter: str | None, sampled: bool = False,
             filtered: bool = False) -> dict[str, Any]:
-    """Static input tensors and the captured graph for one bucket. Inputs: g["inputs"] [6, B] int64
-    (last token, position, cache column, seed, token index, top_k), g["floats"] [3, B] float32
+    """Static input tensors and the captured graph for one bucket. Inputs: g["inputs"] [7, B] int64
+    (last token, position, cache column, seed, token index, top_k, slot index of a ``MIXED`` row), g["floats"] [3, B] float32
     (temperature, top_p, min_p); output: g["logits"], or with `sampled` g["out"] [2, B] (tokens,
     logprobs). With `filtered` the sampling truncates (sampling.truncate)."""
     dev = runner.device
-    inputs = torch.zeros((6, B), dtype=torch.long, device=dev)
+    inputs = torch.zeros((SLOT_ROW + 1, B), dtype=torch.long, device=dev)
     trash = state.buffers.trash_col  # fixed while the graph lives: growing the cache drops all graphs
     inputs[2] = trash
     floats = torch.zeros((3, B), dtype=torch.float32, device=dev)
@@ -176,7 +184,8 @@ def capture(state: StepState, runner: ModelRunner, B: int, Lb: int, adapter: str
         kwargs = {runner.cache_kwarg: cache, "use_cache": True}
         # row b attends to columns 0..pos[b] (a padding row, at position 0, to column 0 only)
         mask = g["arange"][None, None, None, :] <= g["pos"][:, None, :, None]  # [B, 1, 1, Lb]
-        logits = runner.model(input_ids=g["ids"], position_ids=g["pos"], attention_mask=mask, **kwargs).logits
+        with runner.mixed_ctx(inputs[SLOT_ROW]) if adapter == MIXED else contextlib.nullcontext():
+            logits = runner.model(input_ids=g["ids"], position_ids=g["pos"], attention_mask=mask, **kwargs).logits
         if not sampled:
             return {"logits": logits}
         filters = (inputs[5], floats[1], floats[2]) if filtered else None
@@ -184,14 +193,15 @@ def capture(state: StepState, runner: ModelRunner, B: int, Lb: int, adapter: str
         # the next step's inputs (run_decode_steps): padding rows (cache column = trash) stay as they are
         real, nxt = inputs[2] != trash, inputs[1] + 1
         g["next"] = torch.stack([torch.where(real, tokens, 0), torch.where(real, nxt, 0),
-                                 torch.where(real, nxt, trash), inputs[3], inputs[4] + 1, inputs[5]])
+                                 torch.where(real, nxt, trash), inputs[3], inputs[4] + 1, inputs[5], inputs[SLOT_ROW]])
         return {"out": torch.stack([tokens.double(), logprobs.double()])}
 
     if dev.type != "cuda":
         # Stand-in for tests on CPU: same static buffers, buckets and padding rows, run eagerly.
         g["graph"] = EagerReplay(runner, run, adapter, g)
         return g
-    with runner.adapter_ctx(adapter), torch.inference_mode(), engine_attention(runner.base_model().config):
+    with runner.adapter_ctx(BASE if adapter == MIXED else adapter), torch.inference_mode(), \
+            engine_attention(runner.base_model().config):
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -218,6 +228,7 @@ class EagerReplay:
         self._runner, self._run, self._adapter, self._g = runner, run, adapter, g
 
     def replay(self) -> None:
-        with (self._runner.one_adapter(self._adapter), torch.inference_mode(),
+        adapter = BASE if self._adapter == MIXED else self._adapter  # run() applies the stacked slots
+        with (self._runner.one_adapter(adapter), torch.inference_mode(),
               engine_attention(self._runner.base_model().config)):
             self._g.update(self._run())

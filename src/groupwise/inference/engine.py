@@ -282,10 +282,13 @@ class Engine:
         return name in self._adapters or self.runner.has_adapter(name)
 
     def _weights_changed(self) -> None:
-        """Adapter weights may differ now: cached prefixes and a merged adapter (merged.py) go."""
+        """Adapter weights may differ now: cached prefixes and a merged adapter (merged.py) go, and the
+        stacked slot adapters (stacked_lora.py) are refilled before their next pass."""
         self.state.forget_prefixes()
         if self.runner.merged is not None:
             self.runner.merged.invalidate()
+        if self.runner.stacked is not None:
+            self.runner.stacked.invalidate()
 
     def _pause_begin(self) -> None:
         with self.state.cv:

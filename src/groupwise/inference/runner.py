@@ -1,7 +1,7 @@
 """The engine's model and how one forward pass runs it.
 
-A pass chooses how its adapter is applied (merged weights, peft's active adapter, or peft's
-mixed-batch ``adapter_names``), installs the engine's attention and, on the CPU, the oneDNN
+A pass chooses how its adapter is applied (merged weights, peft's active adapter, the stacked slot
+adapters of a mixed batch (stacked_lora.py), or peft's mixed-batch ``adapter_names``), installs the engine's attention and, on the CPU, the oneDNN
 linears. The CUDA graphs captured over the model (decode_graphs.py) live here too: they are only
 valid for this model object and its adapter slots.
 """
@@ -19,10 +19,13 @@ from groupwise.inference.attention import engine_attention
 from groupwise.inference.cpu_linear import OneDNNLinears
 from groupwise.inference.merged import MergedAdapter
 from groupwise.inference.requests import BASE, SeqState
+from groupwise.inference.stacked_lora import StackedLora
 from groupwise.inference.step_state import EngineStats
 from groupwise.module_walk import ModuleWalk
 
-__all__ = ["ModelRunner"]
+__all__ = ["MIXED", "ModelRunner"]
+
+MIXED = "__mixed__"  # the graph key of mixed-adapter batches (each row's slot is a graph input)
 
 
 class ModelRunner:
@@ -42,6 +45,8 @@ class ModelRunner:
         self.graph_pool = None
         self.slots = AdapterSlots()
         self.merged = MergedAdapter() if merge_adapters else None
+        # Mixed-adapter batches in one fixed pass; not where a row's numbers must not depend on its mates.
+        self.stacked = None if batch_invariant else StackedLora()
         self.batch_invariant = batch_invariant  # batch_invariance.py: a row's numbers never depend on its batch
         self.onednn = OneDNNLinears(rows_invariant=batch_invariant) if onednn_linears else None
         self.walk = ModuleWalk()
@@ -79,6 +84,9 @@ class ModelRunner:
                 # of peft's mixed-batch path, which splits and re-scatters the batch in every adapted
                 # layer (on CPU nearly doubling a decode step).
                 one_adapter = self.one_adapter(adapter_names[0])
+            elif self.mixed_ready(adapter_names):
+                rows = torch.tensor(self.mixed_rows(adapter_names), dtype=torch.long, device=self.device)
+                one_adapter = self.mixed_ctx(rows)
             else:
                 kwargs["adapter_names"] = adapter_names
         if logits_to_keep is not None:
@@ -88,6 +96,34 @@ class ModelRunner:
         with torch.inference_mode(), one_adapter, engine_attention(self.base_model().config, self.batch_invariant), linears:
             out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **kwargs)
         return out.logits
+
+    def mixed_ready(self, names: list[str]) -> bool:
+        """Whether the stacked slot adapters (stacked_lora.py) can serve a batch of these peft names
+        (slots and the base only); makes the stack current, dropping mixed graphs if it moved."""
+        if self.stacked is None or not self.is_peft() or any(n != BASE and not n.startswith(SLOT_PREFIX) for n in names):
+            return False
+        # Every slot, not only this batch's: the stack (and its graphs) must not depend on the mix.
+        slots = sorted((n for n in self.model.peft_config if n.startswith(SLOT_PREFIX)), key=lambda n: int(n[len(SLOT_PREFIX):]))
+        moved = self.stacked.prepare(self.tuner_layers(), slots)
+        if moved is None:
+            return False
+        if moved:
+            for key in [k for k in self.graphs if k[2] == MIXED]:
+                del self.graphs[key]
+        return True
+
+    def mixed_rows(self, names: list[str]) -> list[int]:
+        """Each row's slot index in the stack (-1: the base); `mixed_ready` first."""
+        assert self.stacked is not None
+        return [self.stacked.index(n) for n in names]
+
+    @contextlib.contextmanager
+    def mixed_ctx(self, row_slot_N: torch.Tensor):
+        """The context of a mixed pass: peft's adapters off (a layer outside the stack applies none),
+        the stacked layers computing each row's own slot."""
+        assert self.stacked is not None
+        with self.adapter_ctx(BASE), self.stacked.serving(row_slot_N):
+            yield
 
     def one_adapter(self, name: str | None) -> Any:
         """The context in which the model computes adapter `name` (None/BASE: the base) for every row:
