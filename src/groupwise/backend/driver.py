@@ -23,7 +23,8 @@ A train step, in order (each step of the order is there for a failure seen in AR
    rank holds the same adapter, bit for bit -- else `ReplicaDivergenceError`;
 6. retention: keep the latest checkpoint, the best (named by `keep_best`, else by
    `best_checkpoint_metric`) and the KL reference of the last GRPO step (`TrainConfig.kl_reference_step`:
-   each rank loads it before the update); serve only the last `served_steps` steps.
+   each rank loads it before the update); serve only the last `served_steps` steps (backend/retention.py
+   decides, the workers apply it).
 
 With a placement (`BackendOptions.train_workers`), steps 2-3 run on the trainer ranks only (the
 sequences are split over them), and in step 5 the trainers serve and check first; then every generator
@@ -53,6 +54,7 @@ from groupwise.backend.base import BEST_CHECKPOINT_METRIC, Backend, InferenceEnd
 from groupwise.backend.options import BackendOptions
 from groupwise.backend.ranks import (ReplicaDivergenceError, check_identical, check_served, merge_ranks,
                                      shard_batch, sft_step_metrics)
+from groupwise.backend.retention import prune_args, retain_args
 from groupwise.backend.worker import LOOPBACK, ModelSpec, WorkerOptions
 from groupwise.compute import compute_thread
 from groupwise.config import TrainConfig
@@ -440,40 +442,15 @@ class WorkerBackend(Backend):
         run.cursor = cursor
         await self._retain(run)
 
-    @staticmethod
-    def _metric_by_step(run: _Run, metric: str) -> dict[int, float]:
-        """``split/key`` (e.g. "val/reward") read from the history: a val row at step k evaluates checkpoint k.
-        A metric without a split is read from each checkpoint's own metrics instead (empty here)."""
-        by_step: dict[int, float] = {}
-        split, _, key = metric.partition("/")
-        if key:
-            for row in run.store.run_history.rows(split):
-                if isinstance(row.get(key), (int, float)):
-                    by_step[int(row["step"])] = float(row[key])
-        return by_step
-
     async def delete_checkpoints(self, model: "TrainableModel", best_checkpoint_metric: str = BEST_CHECKPOINT_METRIC) -> None:
         """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (ART's
         `model.delete_checkpoints()`); steps still served keep being served from memory."""
         run = self._run(model)
-        by_step = self._metric_by_step(run, best_checkpoint_metric)
-        await self._call_all("prune", name=model.name, best_metric=best_checkpoint_metric, metrics_by_step=by_step,
-                             keep=self._in_use(run))
+        await self._call_all("prune", name=model.name, **prune_args(run, best_checkpoint_metric))
 
     async def _retain(self, run: _Run) -> None:
-        metric = self.options.best_checkpoint_metric
-        by_step: dict[int, float] = {}
-        if run.best_step is None and metric is not None:
-            by_step = self._metric_by_step(run, metric)
-        keep = [run.best_step] if run.best_step is not None else []
-        await self._call_all("retain", name=run.spec.name, step=run.step, served_steps=self.options.served_steps, keep=keep,
-                             best_metric=metric, metrics_by_step=by_step, maximize=True, in_use=self._in_use(run))
-
-    @staticmethod
-    def _in_use(run: _Run) -> list[int]:
-        """Checkpoints retention must keep whatever the metric says: the KL anchor of the last GRPO step,
-        and the steps an asynchronous loop still samples from (`hold_steps`; kept served too)."""
-        return [*([run.kl_reference_step] if run.kl_reference_step is not None else []), *run.held_steps]
+        """6. retention (backend/retention.py decides what stays)."""
+        await self._call_all("retain", name=run.spec.name, **retain_args(run, self.options))
 
     # ------------------------------------------------------------------------------ close
     async def close(self) -> None:

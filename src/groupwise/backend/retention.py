@@ -1,0 +1,71 @@
+"""Checkpoint retention: which checkpoints a run keeps, and which of its steps the engines go on serving.
+
+What a run keeps:
+- the latest checkpoint, always (the run resumes from it);
+- the best: the step the caller named (`Backend.keep_best`: a loop that validated it), else the best by
+  `BackendOptions.best_checkpoint_metric` (``split/key`` read from the run's history; None keeps every
+  checkpoint);
+- the steps still in use, whatever the metric says (`in_use`): the KL anchor of the last GRPO step
+  (`TrainConfig.kl_reference_step`: a rank loads it before each update) and the steps an asynchronous
+  loop still samples from (`Backend.hold_steps`), which stay served too;
+and the engines serve only the last `BackendOptions.served_steps` steps besides those in use.
+
+It is apart from the driver (backend/driver.py) because it is one decision joined from three sources the
+train order does not otherwise meet: the history (the best by a metric), the caller (the named best, the
+held steps) and the run's own state (the KL anchor). The driver asks it after every step and on
+`keep_best`, `hold_steps` and `delete_checkpoints`, and sends the answer to the workers in one call
+(`Worker.retain` or `Worker.prune`: every rank unserves, rank 0 deletes), so every worker backend decides
+alike and a new reason to keep a checkpoint has one place to go.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from groupwise.backend.options import BackendOptions
+
+
+class RetainedRun(Protocol):
+    """What retention reads of a run (the driver's record of a registered model)."""
+
+    store: Any  # the run store: its history holds the metric by step
+    step: int  # the latest checkpoint
+    best_step: int | None  # named by keep_best()
+    kl_reference_step: int | None  # the KL anchor of the last GRPO step
+    held_steps: list[int]  # hold_steps(): an asynchronous loop still samples them
+
+
+def metric_by_step(run: RetainedRun, metric: str) -> dict[int, float]:
+    """``split/key`` (e.g. "val/reward") read from the history: a val row at step k evaluates checkpoint k.
+    A metric without a split is read from each checkpoint's own metrics instead (empty here)."""
+    by_step: dict[int, float] = {}
+    split, _, key = metric.partition("/")
+    if key:
+        for row in run.store.run_history.rows(split):
+            if isinstance(row.get(key), (int, float)):
+                by_step[int(row["step"])] = float(row[key])
+    return by_step
+
+
+def in_use(run: RetainedRun) -> list[int]:
+    """Checkpoints retention must keep whatever the metric says: the KL anchor of the last GRPO step,
+    and the steps an asynchronous loop still samples from (`hold_steps`; kept served too)."""
+    return [*([run.kl_reference_step] if run.kl_reference_step is not None else []), *run.held_steps]
+
+
+def retain_args(run: RetainedRun, options: "BackendOptions") -> dict[str, Any]:
+    """The arguments of `Worker.retain` after a step, `keep_best` or `hold_steps`: a step named by
+    `keep_best` is the best, so the history is read only when none is named."""
+    metric = options.best_checkpoint_metric
+    by_step = metric_by_step(run, metric) if run.best_step is None and metric is not None else {}
+    keep = [run.best_step] if run.best_step is not None else []
+    return {"step": run.step, "served_steps": options.served_steps, "keep": keep, "best_metric": metric,
+            "metrics_by_step": by_step, "maximize": True, "in_use": in_use(run)}
+
+
+def prune_args(run: RetainedRun, best_checkpoint_metric: str) -> dict[str, Any]:
+    """The arguments of `Worker.prune` for ART's `model.delete_checkpoints()`: every checkpoint but the
+    latest, the best by `best_checkpoint_metric` and those in use goes."""
+    return {"best_metric": best_checkpoint_metric, "metrics_by_step": metric_by_step(run, best_checkpoint_metric),
+            "keep": in_use(run)}
