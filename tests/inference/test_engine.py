@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 
@@ -28,16 +29,20 @@ def prompts(tok, k):
 
 
 async def test_forward_passes_pinned(engine, tiny):
-    # 8 requests x 10 tokens, ignoring EOS, submitted together: 1 prefill pass (gives token 1)
-    # + 9 decode passes = 10 passes, where one-at-a-time generation needs 8 x 10 = 80.
+    # 8 requests x 10 tokens, ignoring EOS, admitted together: 1 prefill pass (gives token 1) + 9 decode
+    # passes, where one-at-a-time generation needs 8 x 10 = 80. Submitted inside a pause, so the engine
+    # sees all 8 at once (submitted while it runs, the first few could be prefilled alone).
     ps = prompts(tiny[1], 8)
-    futures = [engine.submit(GenerationRequest(p, max_new_tokens=10, ignore_eos=True, sampling=SamplingParams(seed=i)))
-               for i, p in enumerate(ps)]
-    before = engine.stats.forward_passes
-    # The loop may already be running a prefill for the first few; either way <= 2 prefills.
+    before = dataclasses.replace(engine.stats)
+    async with engine.paused():
+        futures = [engine.submit(GenerationRequest(p, max_new_tokens=10, ignore_eos=True, sampling=SamplingParams(seed=i)))
+                   for i, p in enumerate(ps)]
     results = await asyncio.gather(*[asyncio.wrap_future(f) for f in futures])
     assert all(len(r.completions[0].token_ids) == 10 for r in results)
-    assert engine.stats.forward_passes - before <= 11
+    after = engine.stats
+    assert (after.prefill_passes - before.prefill_passes, after.decode_passes - before.decode_passes) == (1, 9)
+    # a warm pass prefills the prompts' shared prefix once (prefix cache); nothing else runs
+    assert after.forward_passes - before.forward_passes == 10 + after.warm_passes - before.warm_passes <= 11
 
 
 async def test_requests_join_and_leave_at_token_granularity(engine, tiny):
