@@ -48,8 +48,9 @@ def decode_with_graph(state: StepState, runner: ModelRunner, ids: list[int], pos
     Without `sampling`: returns the logits [k, V]. With `sampling` (`graph_sampling`): the graph
     samples too (sampling.sample_fixed) and this returns [2, k] float64 (row 0: the tokens, exact in
     fp64; row 1: their logprobs) on the device, one copy to read back. `slots`: each row's slot index
-    for the ``MIXED`` graph. The inputs go up in two copies (an int64 [7, B] block and a float32 [3, B] one): per-tensor copies and mask updates would be ~10
-    launches, a large part of the CPU time of a big step.
+    for the ``MIXED`` graph. The inputs go up in two copies (an int64 [7, B] block and a float32 [3, B]
+    one): per-tensor copies and mask updates would be ~10 launches, a large part of the CPU time of a
+    big step.
     """
     k = len(ids)
     filtered = sampling is not None and sampling.top_k is not None
@@ -161,8 +162,8 @@ def run_decode_steps(state: StepState, runner: ModelRunner, seqs: list[SeqState]
 def capture(state: StepState, runner: ModelRunner, B: int, Lb: int, adapter: str | None, sampled: bool = False,
             filtered: bool = False) -> dict[str, Any]:
     """Static input tensors and the captured graph for one bucket. Inputs: g["inputs"] [7, B] int64
-    (last token, position, cache column, seed, token index, top_k, slot index of a ``MIXED`` row), g["floats"] [3, B] float32
-    (temperature, top_p, min_p); output: g["logits"], or with `sampled` g["out"] [2, B] (tokens,
+    (last token, position, cache column, seed, token index, top_k, slot index of a ``MIXED`` row),
+    g["floats"] [3, B] float32 (temperature, top_p, min_p); output: g["logits"], or with `sampled` g["out"] [2, B] (tokens,
     logprobs). With `filtered` the sampling truncates (sampling.truncate)."""
     dev = runner.device
     inputs = torch.zeros((SLOT_ROW + 1, B), dtype=torch.long, device=dev)

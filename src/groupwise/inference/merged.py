@@ -24,20 +24,21 @@ from typing import Any, Iterator
 
 import torch
 
-__all__ = ["DEFAULT_MAX_BYTES", "MergedAdapter"]
+__all__ = ["DEFAULT_MAX_BYTES", "MergedAdapter", "plain_lora"]
 
 DEFAULT_MAX_BYTES = 2 << 30
 
 
-def _mergeable(layer: Any, adapter: str) -> bool:
-    """A plain Linear base with a vanilla LoRA of `adapter` (what W + s B A computes exactly)."""
+def plain_lora(layer: Any, adapter: str) -> bool:
+    """A plain Linear base with a vanilla LoRA of `adapter`: what W x + s B A x computes exactly, so
+    both a merged copy (here) and the stacked slots of a mixed batch (stacked_lora.py) can serve it."""
     try:
         from peft.tuners.lora.layer import Linear as LoraLinear
     except ImportError:  # pragma: no cover - peft comes with the backend extra
         return False
     return (type(layer) is LoraLinear and type(layer.base_layer) is torch.nn.Linear and not layer.merged
             and not getattr(layer, "fan_in_fan_out", False) and adapter not in getattr(layer, "lora_variant", {})
-            and layer.lora_B[adapter].bias is None)
+            and type(layer.lora_A[adapter]) is torch.nn.Linear and layer.lora_B[adapter].bias is None)
 
 
 class MergedAdapter:
@@ -63,7 +64,7 @@ class MergedAdapter:
 
     def _check(self, layers: list[Any], adapter: str) -> bool:
         with_adapter = [m for m in layers if adapter in getattr(m, "lora_A", {})]
-        if not with_adapter or not all(_mergeable(m, adapter) for m in with_adapter):
+        if not with_adapter or not all(plain_lora(m, adapter) for m in with_adapter):
             return False
         w = with_adapter[0].base_layer.weight
         return sum(m.base_layer.weight.numel() for m in with_adapter) * w.element_size() <= self.max_bytes

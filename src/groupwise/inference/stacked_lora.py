@@ -32,18 +32,9 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
+from groupwise.inference.merged import plain_lora
+
 __all__ = ["StackedLora"]
-
-
-def _vanilla(layer: Any, slot: str) -> bool:
-    """A plain Linear base with a plain LoRA of `slot` (what W x + s B A x computes exactly)."""
-    try:
-        from peft.tuners.lora.layer import Linear as LoraLinear
-    except ImportError:  # pragma: no cover - peft comes with the backend extra
-        return False
-    return (type(layer) is LoraLinear and type(layer.base_layer) is torch.nn.Linear and not layer.merged
-            and not getattr(layer, "fan_in_fan_out", False) and slot not in getattr(layer, "lora_variant", {})
-            and type(layer.lora_A[slot]) is torch.nn.Linear and layer.lora_B[slot].bias is None)
 
 
 class _Layer:
@@ -92,7 +83,7 @@ class StackedLora:
         is not a plain LoRA), True when the buffers were reallocated (graphs captured on the old ones
         must go), False when refreshed in place or already current."""
         if slots != self.slots or self._usable is None:
-            self._usable = bool(slots) and all(_vanilla(m, s) for m in layers for s in slots if s in m.lora_A)
+            self._usable = bool(slots) and all(plain_lora(m, s) for m in layers for s in slots if s in m.lora_A)
             if not self._usable:
                 self.slots, self._layers = list(slots), []
                 return None
@@ -135,7 +126,6 @@ def _forward(entry: _Layer, mask_NC: torch.Tensor) -> Any:
     layer, A, B = entry.layer, entry.A, entry.B
 
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        kwargs.pop("adapter_names", None)
         y = layer.base_layer(x, *args, **kwargs)
         h = F.linear(x.to(A.dtype), A)  # [N, ..., S*r]
         h = h * mask_NC.view(mask_NC.shape[0], *([1] * (h.dim() - 2)), mask_NC.shape[1])
