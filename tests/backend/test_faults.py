@@ -53,7 +53,7 @@ async def resumed_identically(backend, model, step: int, cursor: dict) -> None:
 async def test_dead_or_stuck_worker_raises_and_every_rank_resumes_identically(tiny_model_dir, tmp_path, request,
                                                                                monkeypatch):
     config = gw.TrainConfig(learning_rate=1e-2)
-    scratch = tmp_path / "tmp"  # the driver's temp folder, where the ranks' scratch folders go
+    scratch = tmp_path / "tmp"  # the temp folder of the driver and of the ranks it starts
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
 
@@ -68,7 +68,6 @@ async def test_dead_or_stuck_worker_raises_and_every_rank_resumes_identically(ti
     backend, model = await start()
     await model.train(await sample_groups(model), config=config, cursor={"offset": 1})
     pids = backend.worker_pids
-    assert len(list(scratch.glob("groupwise-workers-*/groupwise-rank1-*"))) == 1
     groups = await sample_groups(model, step=1)
     # rank 1 is held (SIGSTOP) so the step is surely under way when it dies: rank 0 trains its share and
     # waits in the gradient all-reduce, rank 1's command sits unread in its pipe
@@ -80,7 +79,7 @@ async def test_dead_or_stuck_worker_raises_and_every_rank_resumes_identically(ti
     with pytest.raises(WorkerError, match=r"rank 1 .* was killed by SIGKILL during 'update'"):
         await asyncio.wait_for(step, timeout=120)  # the guard against a hang; the error comes at once
     assert not any(alive(pid) for pid in pids)  # the other rank was stopped too
-    assert list(scratch.iterdir()) == []  # and the killed rank's scratch folder was removed by the driver
+    assert list(scratch.iterdir()) == []  # and no rank left a temporary folder behind
     with pytest.raises(WorkerError, match="SIGKILL"):  # the backend stays failed, loudly
         await model.train(groups, config=config)
     await backend.close()

@@ -62,3 +62,36 @@ async def test_a_freed_slot_is_refilled_in_place_and_serves_the_new_weights(tiny
             eng.submit(greedy(p, slot))  # slots are not served under their own names
     finally:
         eng.close()
+
+
+async def test_an_adapter_handed_over_in_memory_serves_as_its_folder_does(tiny, adapter_dirs):
+    # What a trainer in the same process does after each step (backend/worker.py's publish): its
+    # tensors and config, no files read back; into a new slot and into a freed one.
+    from peft import PeftConfig
+    from peft.utils import load_peft_weights
+
+    p = [1, 5, 9, 13, 17]
+    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
+    eng = Engine(model, tok, max_batch_size=4)
+    try:
+        eng.add_adapter("folder", adapter_dirs[2])
+        expected = (await eng.generate(greedy(p, "folder"))).completions[0]
+        weights = load_peft_weights(adapter_dirs[2], device="cpu")
+        config = PeftConfig.from_pretrained(adapter_dirs[2])
+        eng.add_adapter("new-slot", weights=weights, config=config)
+        assert eng.peft_adapter_name("new-slot") != eng.peft_adapter_name("folder")
+        eng.add_adapter("one", adapter_dirs[1])
+        slot = eng.peft_adapter_name("one")
+        eng.remove_adapter("one")
+        eng.add_adapter("refilled", weights=weights, config=config)
+        assert eng.peft_adapter_name("refilled") == slot
+        for name in ("new-slot", "refilled"):
+            got = (await eng.generate(greedy(p, name))).completions[0]
+            assert got.token_ids == expected.token_ids
+            assert max(abs(a - b) for a, b in zip(got.logprobs, expected.logprobs)) < 1e-5
+        with pytest.raises(EngineError, match="a folder path, or weights with their config"):
+            eng.add_adapter("both", adapter_dirs[1], weights=weights, config=config)
+        with pytest.raises(EngineError, match="a folder path, or weights with their config"):
+            eng.add_adapter("no-config", weights=weights)
+    finally:
+        eng.close()

@@ -45,22 +45,23 @@ def hang(store: str, marker: str, step: int) -> None:
 
 
 def hang_in_checkpoint_write(store: str, at_step: int) -> None:
-    """Hang inside save_checkpoint of step `at_step`, after its adapter and optimizer files are written."""
+    """Hang inside the checkpoint write of step `at_step`, after its adapter and optimizer files are
+    written (at rng.json, before state.json)."""
     import groupwise.training.checkpoint as ckpt
 
-    real_save, real_rng = ckpt.save_checkpoint, ckpt._rng_state
-    saving: list[int] = []
+    real_write, real_json = ckpt.write_checkpoint, ckpt._write_json
+    writing: list[int] = []
 
-    def save_checkpoint(checkpoints_dir, step, **kwargs):
-        saving.append(step)
-        return real_save(checkpoints_dir, step, **kwargs)
+    def write_checkpoint(checkpoints_dir, snap, **kwargs):
+        writing.append(snap.step)
+        return real_write(checkpoints_dir, snap, **kwargs)
 
-    def rng_state():
-        if saving and saving[-1] == at_step:
+    def write_json(path, obj):
+        if writing and writing[-1] == at_step and Path(path).name == "rng.json":
             hang(store, "in_save", at_step)
-        return real_rng()
+        return real_json(path, obj)
 
-    ckpt.save_checkpoint, ckpt._rng_state = save_checkpoint, rng_state
+    ckpt.write_checkpoint, ckpt._write_json = write_checkpoint, write_json
 
 
 async def main(store: str, model_dir: str, steps: int, hang_at: int | None, hang_in_save: int | None = None,

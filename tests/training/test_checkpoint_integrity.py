@@ -63,3 +63,33 @@ def test_a_failing_load_names_the_checkpoint(tmp_path, peft_and_optimizer):
     (path / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(CheckpointError, match=f"checkpoint {path} cannot be loaded"):
         load_checkpoint(latest_checkpoint(tmp_path, verify=False), model=model, optimizer=opt, param_names=names)
+
+
+def test_a_snapshot_is_written_as_taken_even_after_the_model_moves_on(tmp_path, peft_and_optimizer):
+    # The backend writes a step's files on another thread from a snapshot (backend/worker.py): an
+    # update after the snapshot, on a CPU model whose tensors are not copied by a device move, must
+    # not reach the files; they equal save_checkpoint's and peft's own save_pretrained's.
+    import torch
+    from safetensors.torch import load_file
+
+    from groupwise.training.checkpoint import snapshot_checkpoint, write_checkpoint
+
+    model, opt, names = peft_and_optimizer
+    reference = _save(tmp_path / "ref", 1, peft_and_optimizer)
+    model.save_pretrained(str(tmp_path / "peft"))
+    snap = snapshot_checkpoint(1, model=model, optimizer=opt, param_names=names)
+    model(torch.tensor([[4, 5, 6]])).logits.sum().backward()
+    opt.step()  # the adapter and the optimizer state move on
+    written = write_checkpoint(tmp_path / "snap", snap)
+    for name in ("adapter_model.safetensors", "optimizer.safetensors"):
+        got, want = load_file(str(written / name)), load_file(str(reference / name))
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    peft_saved = load_file(str(tmp_path / "peft" / "adapter_model.safetensors"))
+    got = load_file(str(written / "adapter_model.safetensors"))
+    assert got.keys() == peft_saved.keys() and all(torch.equal(got[k], peft_saved[k]) for k in got)
+    model.save_pretrained(str(tmp_path / "moved"))
+    moved = load_file(str(tmp_path / "moved" / "adapter_model.safetensors"))
+    assert not all(torch.equal(got[k], moved[k]) for k in got)  # the update did change the adapter
+    config = json.loads((written / "adapter_config.json").read_text())
+    assert config == {**json.loads((tmp_path / "peft" / "adapter_config.json").read_text()), "inference_mode": True}
+    assert verify_checkpoint(latest_checkpoint(tmp_path / "snap")) is None

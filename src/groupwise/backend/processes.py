@@ -21,16 +21,13 @@ Why these pieces:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import multiprocessing
 import os
 import pickle
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import traceback
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -120,7 +117,6 @@ class WorkerProcesses:
         self._conns: list[Any] = []
         self._lock = asyncio.Lock()
         self._failure: WorkerError | None = None
-        self.scratch_root: str | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -134,10 +130,7 @@ class WorkerProcesses:
         here = str(Path(__file__).resolve().parents[2])
         path = os.pathsep.join([here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
         visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
-        # The ranks' scratch folders live in one folder that the driver removes when it stops them: a
-        # worker killed by a signal cannot clean up after itself.
-        self.scratch_root = tempfile.mkdtemp(prefix="groupwise-workers-", dir=self.options.scratch_root)
-        options = dataclasses.replace(self.options, scratch_root=self.scratch_root)
+        options = self.options
         for rank, device in enumerate(self.devices):
             parent, child = multiprocessing.Pipe()
             env = dict(os.environ, PYTHONPATH=path, **{_FD_VAR: str(child.fileno())})
@@ -187,9 +180,6 @@ class WorkerProcesses:
                 proc.kill()
         for proc in self._procs:
             proc.wait(timeout=30)
-        if self.scratch_root is not None:
-            shutil.rmtree(self.scratch_root, ignore_errors=True)
-            self.scratch_root = None
 
     def _exit_code(self, rank: int) -> int | None:
         try:

@@ -33,16 +33,20 @@ API_KEY = "groupwise-local"
 def fingerprint(tensors: Any) -> list[int]:
     """Two integer sums over the raw bits of `tensors` (plain, and weighted by position): a flipped bit
     anywhere changes them, so equal fingerprints mean bitwise-equal tensors (short of a contrived
-    collision). Cheap enough to compare the ranks' adapters after every step."""
+    collision). Cheap enough to compare the ranks' adapters after every step: the sums stay on the
+    tensors' device until one read at the end (a read per tensor waited on the GPU hundreds of times)."""
     import torch
 
-    plain = weighted = 0
+    sums = []
     for t in tensors:
         bits = t.detach().contiguous().view(-1).view(torch.int32 if t.element_size() == 4 else torch.int16)
         bits = bits.to(torch.int64)
-        plain += int(bits.sum())
-        weighted += int((bits * torch.arange(1, bits.numel() + 1, device=bits.device) % 1_000_003).sum())
-    return [plain, weighted]
+        sums.append(torch.stack([bits.sum(),
+                                 (bits * torch.arange(1, bits.numel() + 1, device=bits.device) % 1_000_003).sum()]))
+    if not sums:
+        return [0, 0]
+    plain, weighted = torch.stack([s.to(sums[0].device) for s in sums]).sum(dim=0).tolist()  # int64: no overflow at LoRA sizes
+    return [int(plain), int(weighted)]
 
 
 def _check_memory(model: Any, base_model: str, lora: LoraConfig, max_batch_size: int,
@@ -260,28 +264,38 @@ class Replica:
     def save(self, checkpoints_dir: str | Path, step: int, metrics: dict[str, float], cursor: dict[str, Any],
              history: list[dict[str, Any]] | None = None) -> Path:
         """Write checkpoint `step` atomically (adapter, optimizer, RNG, cursor, metrics, and the step's
-        history rows, which a resume replays if the run store lacks them)."""
-        from groupwise.training.checkpoint import save_checkpoint
+        history rows, which a resume replays if the run store lacks them): `snapshot`, then `write`."""
+        return self.write(checkpoints_dir, self.snapshot(step), metrics, cursor, history)
 
-        return save_checkpoint(
-            checkpoints_dir, step, model=self.peft_model, optimizer=self.trainer.optimizer,
-            param_names=self._param_names(), adapter_name=self.trainer.adapter_name, cursor=cursor, metrics=metrics,
-            history=history,
-        )
+    def snapshot(self, step: int) -> Any:
+        """The checkpoint of `step` as CPU copies (training/checkpoint.py's `CheckpointSnapshot`): on the
+        compute thread, between updates."""
+        from groupwise.training.checkpoint import snapshot_checkpoint
 
-    def save_adapter(self, folder: str | Path) -> Path:
-        """Only the adapter, in peft's format: what a data-parallel rank > 0 loads into its own engine."""
-        from groupwise.training.checkpoint import save_adapter_folder
+        return snapshot_checkpoint(step, model=self.peft_model, optimizer=self.trainer.optimizer,
+                                   param_names=self._param_names(), adapter_name=self.trainer.adapter_name)
 
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        save_adapter_folder(self.peft_model, folder, self.trainer.adapter_name)
-        return folder
+    @staticmethod
+    def write(checkpoints_dir: str | Path, snap: Any, metrics: dict[str, float], cursor: dict[str, Any],
+              history: list[dict[str, Any]] | None = None) -> Path:
+        """Write a `snapshot` as its step's checkpoint folder; needs no model, so any thread."""
+        from groupwise.training.checkpoint import write_checkpoint
+
+        return write_checkpoint(checkpoints_dir, snap, cursor=cursor, metrics=metrics, history=history)
+
+    def adapter_snapshot(self) -> tuple[dict[str, Any], Any]:
+        """(CPU copies of the trained adapter's tensors, its peft config): what a data-parallel rank > 0
+        serves, without a checkpoint of its own."""
+        from groupwise.training.checkpoint import adapter_snapshot
+
+        return adapter_snapshot(self.peft_model, self.trainer.adapter_name)
 
     # ------------------------------------------------------------------------------ serving
-    def serve(self, step: int, adapter_path: str) -> None:
-        """Load the adapter folder of `step` into the engine, served as ``name@step``."""
-        self.registry.add_step(self.name, step, adapter_path)
+    def serve(self, step: int, adapter_path: str | None, weights: dict[str, Any] | None = None,
+              config: Any = None) -> None:
+        """Serve the adapter of `step` as ``name@step``: its folder, or its `weights` and peft `config`
+        (a snapshot of the trainer's, handed over in memory)."""
+        self.registry.add_step(self.name, step, adapter_path, weights=weights, config=config)
 
     def serve_checkpoint(self, checkpoints_dir: str | Path, step: int) -> None:
         """Serve ``name@step`` from its kept checkpoint unless it is served already."""

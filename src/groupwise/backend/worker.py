@@ -14,8 +14,8 @@ meanwhile.
 A worker of a data-parallel group joins the torch.distributed process group (NCCL between GPUs, gloo
 on CPUs) whose collectives sum the trainer's gradients, and serves each replica's OpenAI-compatible app
 over HTTP (uvicorn), where the driver's router sends rollout requests. Rank 0 writes the checkpoints;
-every other rank saves its own copy of the new adapter to a scratch folder and loads that into its
-own engine, so no weights travel between ranks beyond the gradient all-reduce.
+every other rank serves its own copy of the new adapter from memory (its trainer's tensors, which the
+all-reduce kept equal to rank 0's), so no weights travel between ranks beyond the gradient all-reduce.
 
 With a placement (`WorkerOptions.train_workers`), ranks below it only train: they form the
 torch.distributed group among themselves, and their apps are not served over HTTP (no rollout reaches
@@ -30,13 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import socket
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from groupwise.errors import ConfigError
@@ -94,7 +91,6 @@ class WorkerOptions:
     serve_http: bool = False  # serve each replica's app over HTTP (a worker outside the driver's process)
     http_host: str = LOOPBACK  # the address its servers listen on
     api_key: str | None = None  # the key requests to those servers must carry
-    scratch_root: str | None = None  # where ranks > 0 keep their adapter copies; None: the system's temp folder
 
 
 class Worker:
@@ -114,8 +110,6 @@ class Worker:
         self._servers: dict[str, Any] = {}  # base model -> the uvicorn server of its app
         self._server_urls: dict[str, str] = {}
         self._server_tasks: list[asyncio.Task] = []
-        self._scratch = (Path(tempfile.mkdtemp(prefix=f"groupwise-rank{rank}-", dir=options.scratch_root))
-                         if rank > 0 and self.trains else None)
 
     # ------------------------------------------------------------------------------ setup
     async def init_process_group(self, init_method: str, timeout_s: float) -> dict[str, Any]:
@@ -284,14 +278,17 @@ class Worker:
                 await replica.check_answers(step)
             return {"rank": self.rank, "checkpoint_path": None, "fingerprint": None,
                     "served_fingerprint": await compute.run(replica.served_fingerprint, step)}
+        path = None
         if self.rank == 0:
-            path = await compute.run(replica.save, spec.checkpoints_dir, step, metrics, cursor, history)
-            await compute.run(replica.serve, step, str(path))
-        else:
-            assert self._scratch is not None
-            path = await compute.run(replica.save_adapter, self._scratch / f"{name}-{step}")
-            await compute.run(replica.serve, step, str(path))
-            shutil.rmtree(path, ignore_errors=True)  # the engine holds the weights now
+            snap = await compute.run(replica.snapshot, step)
+            # The files are serialised, hashed and written on another thread: meanwhile the compute
+            # thread steps the engine for the other runs' rollouts (compute.py).
+            path = await asyncio.to_thread(replica.write, spec.checkpoints_dir, snap, metrics, cursor, history)
+            tensors, config = snap.adapter, snap.adapter_config
+        else:  # a rank > 0 serves its own copy of the same adapter (the ranks' fingerprints are compared)
+            tensors, config = await compute.run(replica.adapter_snapshot)
+        # served from the snapshot the checkpoint was written from, without reading the files back
+        await compute.run(replica.serve, step, None, tensors, config)
         if self.options.verify_adapter:
             await compute.run(replica.check_adapter, step, str(path))
             await replica.check_answers(step)
@@ -371,8 +368,6 @@ class Worker:
             if dist.is_initialized():
                 dist.destroy_process_group()
             self.process_group = None
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
 
     def ping(self) -> int:
         return self.rank

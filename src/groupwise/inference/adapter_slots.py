@@ -15,6 +15,7 @@ never deleted (it is reused), so memory stays at the most adapters ever served a
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any
 
 from groupwise.inference.requests import EngineError
@@ -48,43 +49,55 @@ class AdapterSlots:
         """The slot of a served name; any other name (the base, a caller's own peft adapter) is itself."""
         return self.slot_of.get(name, name)
 
-    def load(self, runner: Any, name: str, path: str) -> None:
-        """Put the adapter folder `path` in a slot (a free one of its shape, else a new one) of the
-        engine's model runner (runner.py)."""
+    def load(self, runner: Any, name: str, path: str | None = None, *, weights: dict[str, Any] | None = None,
+             config: Any = None) -> None:
+        """Put an adapter in a slot (a free one of its shape, else a new one) of the engine's model runner
+        (runner.py): the folder `path`, or `weights` (peft's state dict of it) with its peft `config`,
+        which a trainer in the same process hands over without a round trip through files."""
         from peft import PeftConfig
 
-        shape = _shape(PeftConfig.from_pretrained(path))
+        if (weights is None) != (config is None) or (path is None) == (weights is None):
+            raise EngineError(f"adapter {name!r}: pass a folder path, or weights with their config (not both)")
+        shape = _shape(config if config is not None else PeftConfig.from_pretrained(path))
         slot = next((s for s in self.free if _shape(runner.model.peft_config[s]) == shape), None)
         if slot is not None:
-            self._copy_into(runner.model, slot, name, path)
+            self._copy_into(runner.model, slot, name, path, weights)
             self.free.remove(slot)
         else:
             slot = f"{SLOT_PREFIX}{self._serial}"
             self._serial += 1
-            with quiet_peft():
-                if runner.is_peft():
-                    runner.model.load_adapter(path, adapter_name=slot)
-                else:
-                    from peft import PeftModel
+            with tempfile.TemporaryDirectory(prefix="gw-adapter-") as scratch:
+                if path is None:  # peft adds an adapter from a folder: write one (only when a slot is new)
+                    from safetensors.torch import save_file
 
-                    runner.model = PeftModel.from_pretrained(runner.model, path, adapter_name=slot)
-                    runner.graphs.clear()  # captured on the unwrapped model
+                    save_file(weights, f"{scratch}/adapter_model.safetensors", metadata={"format": "pt"})
+                    config.save_pretrained(scratch)
+                    path = scratch
+                with quiet_peft():
+                    if runner.is_peft():
+                        runner.model.load_adapter(path, adapter_name=slot)
+                    else:
+                        from peft import PeftModel
+
+                        runner.model = PeftModel.from_pretrained(runner.model, path, adapter_name=slot)
+                        runner.graphs.clear()  # captured on the unwrapped model
         self.slot_of[name] = slot
 
     def release(self, name: str) -> None:
         self.free.append(self.slot_of.pop(name))
 
     @staticmethod
-    def _copy_into(model: Any, slot: str, name: str, path: str) -> None:
+    def _copy_into(model: Any, slot: str, name: str, path: str | None, weights: dict[str, Any] | None) -> None:
         import torch
         from peft.utils import load_peft_weights, set_peft_model_state_dict
 
-        device = next(model.parameters()).device
-        weights = load_peft_weights(path, device=str(device))
+        if weights is None:
+            device = next(model.parameters()).device
+            weights = load_peft_weights(path, device=str(device))
         with torch.no_grad():
             result = set_peft_model_state_dict(model, weights, adapter_name=slot)
         # load_state_dict copies into the existing tensors (their addresses stay: graphs hold them).
         unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
         if unexpected:
-            raise EngineError(f"adapter {name!r} ({path}) does not have the LoRA shape its config says: "
+            raise EngineError(f"adapter {name!r} ({path or 'from memory'}) does not have the LoRA shape its config says: "
                                f"unexpected tensors {unexpected[:3]}")

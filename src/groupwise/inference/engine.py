@@ -212,21 +212,24 @@ class Engine:
         return self.state.stats
 
     # ---------------------------------------------------------------- adapters and the model lock
-    def add_adapter(self, name: str, path: str) -> None:
-        """Load a peft LoRA adapter folder as `name` (a trained step's is its served name ``agent@3``,
-        adapter_names.py); several stay resident; requests choose per call. Its weights go to a free
-        slot of the same LoRA shape when there is one (adapter_slots.py)."""
+    def add_adapter(self, name: str, path: str | None = None, *, weights: dict[str, Any] | None = None,
+                    config: Any = None) -> None:
+        """Load a peft LoRA adapter as `name` (a trained step's is its served name ``agent@3``,
+        adapter_names.py): the folder `path`, or `weights` (peft's state dict of the adapter) with its
+        peft `config`. Several stay resident; requests choose per call. Its weights go to a free slot of
+        the same LoRA shape when there is one (adapter_slots.py)."""
         if name == BASE or name.startswith(SLOT_PREFIX):
             raise EngineError(f"adapter name {name!r} is reserved; pick another")
-        self._compute.call(self._add_adapter, name, path)
+        self._compute.call(self._add_adapter, name, path, weights, config)
 
-    def _add_adapter(self, name: str, path: str) -> None:
+    def _add_adapter(self, name: str, path: str | None, weights: dict[str, Any] | None, config: Any) -> None:
         with self._step_lock:
             if name in self._adapters or (self.runner.is_peft() and name in self.model.peft_config):
                 raise EngineError(f"adapter {name!r} is already loaded; remove_adapter({name!r}) first")
-            self.runner.slots.load(self.runner, name, str(path))
+            self.runner.slots.load(self.runner, name, None if path is None else str(path), weights=weights,
+                                   config=config)
             self.model.eval()
-            self._adapters[name] = str(path)
+            self._adapters[name] = str(path) if path is not None else "<memory>"
             self._weights_changed()  # a reused name (or slot) must not find the old weights' KV
 
     def remove_adapter(self, name: str) -> None:

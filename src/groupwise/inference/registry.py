@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from groupwise.adapter_names import served_name, split_served_name
 from groupwise.errors import ConfigError, ModelNotFoundError
@@ -60,8 +61,10 @@ class ModelRegistry:
             self._to_free.extend(a for a in steps.values() if a is not None)
         self._free_unused()
 
-    def add_step(self, name: str, step: int, adapter_path: str) -> str:
-        """Load the adapter of `step` and serve it as `name@step` (and as `name` if it is the latest)."""
+    def add_step(self, name: str, step: int, adapter_path: str | None, *, weights: dict[str, Any] | None = None,
+                 config: Any = None) -> str:
+        """Load the adapter of `step` (its folder, or its `weights` and peft `config`: Engine.add_adapter)
+        and serve it as `name@step` (and as `name` if it is the latest)."""
         self.register_model(name)
         self._free_unused()
         adapter = self.adapter_name(name, step)
@@ -70,7 +73,7 @@ class ModelRegistry:
                 self._to_free.remove(adapter)
         if adapter in self.engine.adapters():
             self.engine.remove_adapter(adapter)
-        self.engine.add_adapter(adapter, adapter_path)
+        self.engine.add_adapter(adapter, adapter_path, weights=weights, config=config)
         with self._lock:
             self._steps[name][step] = adapter
             latest = step == max(self._steps[name])

@@ -144,6 +144,57 @@ def save_checkpoint(
 ) -> Path:
     """Save step `step` atomically into ``checkpoints_dir/<step:04d>/``; returns that folder.
     `history`: the rows of the step (the store appends them; a resume replays any it lacks)."""
+    snap = snapshot_checkpoint(step, model=model, optimizer=optimizer, param_names=param_names,
+                               adapter_name=adapter_name)
+    return write_checkpoint(checkpoints_dir, snap, cursor=cursor, metrics=metrics, history=history)
+
+
+@dataclass
+class CheckpointSnapshot:
+    """A step's checkpoint as CPU tensors, taken where the model lives. Why two halves: the snapshot
+    needs the model (on the backend's compute thread, between updates); `write_checkpoint` needs only
+    the snapshot, so serialising, hashing and writing the files run on another thread while the compute
+    thread goes on stepping the engine (other runs' rollouts, compute.py)."""
+
+    step: int
+    adapter: dict[str, torch.Tensor]  # peft's state dict of the adapter (keys without the adapter's name)
+    adapter_config: Any  # its peft config, as peft saves it (inference_mode=True)
+    optimizer: tuple[dict[str, torch.Tensor], dict] | None
+    rng: tuple[dict[str, torch.Tensor], dict]
+
+
+def adapter_snapshot(model: Any, adapter_name: str) -> tuple[dict[str, torch.Tensor], Any]:
+    """(CPU copies of the adapter's tensors, its config) as peft's `save_pretrained` writes them: its
+    state dict and config functions, without the model card it rewrites on every save. The config
+    carries peft's ``auto_mapping`` (set for a config without a task type) as `auto_mapping_dict`."""
+    import copy
+
+    from peft import get_peft_model_state_dict
+
+    tensors = get_peft_model_state_dict(model, adapter_name=adapter_name, save_embedding_layers="auto")
+    # a copy of its own each (no aliasing, which safetensors refuses); on a CPU model too, so the
+    # snapshot does not change under a later update
+    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}
+    config = copy.deepcopy(model.peft_config[adapter_name])
+    if config.base_model_name_or_path is None:
+        config.base_model_name_or_path = getattr(model.base_model.model, "name_or_path", None) or None
+    config.inference_mode = True
+    if config.task_type is None:
+        base = model._get_base_model_class(is_prompt_tuning=config.is_prompt_learning)
+        config.auto_mapping_dict = {"base_model_class": base.__name__, "parent_library": base.__module__}
+    return tensors, config
+
+
+def write_adapter_folder(folder: Path, tensors: dict[str, torch.Tensor], config: Any) -> None:
+    """peft's adapter format at the top of `folder`: adapter_model.safetensors and adapter_config.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(str(folder), auto_mapping_dict=getattr(config, "auto_mapping_dict", None))
+
+
+def snapshot_checkpoint(step: int, *, model: Any, optimizer: torch.optim.Optimizer | None, param_names: list[str],
+                        adapter_name: str = TRAIN_ADAPTER) -> CheckpointSnapshot:
+    """The checkpoint of `step` as CPU copies (`CheckpointSnapshot`); refuses a non-finite adapter."""
     params = dict(model.named_parameters())
     bad = non_finite_names([(n, params[n]) for n in param_names if n in params])
     if bad:
@@ -151,10 +202,21 @@ def save_checkpoint(
             f"step {step} was not checkpointed: {len(bad)} of the adapter's {len(param_names)} tensors hold nan or "
             f"inf (e.g. {bad[:2]}); a resume must never start from a diverged adapter. Lower the learning rate."
         )
+    tensors, config = adapter_snapshot(model, adapter_name)
+    opt = None
+    if optimizer is not None:
+        opt = optimizer_to_tensors(optimizer, stored_names(param_names, adapter_name))
+    return CheckpointSnapshot(step, tensors, config, opt, _rng_state())
+
+
+def write_checkpoint(checkpoints_dir: str | Path, snap: CheckpointSnapshot, *, cursor: dict[str, Any] | None = None,
+                     metrics: dict[str, float] | None = None, history: list[dict[str, Any]] | None = None) -> Path:
+    """Write `snap` atomically into ``checkpoints_dir/<step:04d>/`` (module doc); any thread."""
     root = Path(checkpoints_dir)
+    step = snap.step
     tmp = root / f".tmp-{step}-{os.getpid()}"
     try:
-        return _save(root, tmp, step, model, optimizer, param_names, adapter_name, cursor, metrics, history)
+        return _save(root, tmp, snap, cursor, metrics, history)
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-written folder behind
         if _disk_full(exc):
@@ -183,11 +245,7 @@ def _disk_full(exc: BaseException) -> bool:
 def save_adapter_folder(model: Any, folder: Path, adapter_name: str) -> None:
     """The adapter `adapter_name` in peft's format, its files at the top of `folder` (peft nests a
     non-default adapter in a subfolder; the engine and a resume read the top)."""
-    model.save_pretrained(str(folder), selected_adapters=[adapter_name], safe_serialization=True)
-    if adapter_name != TRAIN_ADAPTER and (folder / adapter_name).is_dir():
-        for p in (folder / adapter_name).iterdir():
-            os.replace(p, folder / p.name)
-        (folder / adapter_name).rmdir()
+    write_adapter_folder(Path(folder), *adapter_snapshot(model, adapter_name))
 
 
 def stored_names(param_names: list[str], adapter_name: str) -> list[str]:
@@ -201,22 +259,22 @@ def stored_names(param_names: list[str], adapter_name: str) -> list[str]:
     return [n.replace(tag, ".default.") for n in param_names]
 
 
-def _save(root: Path, tmp: Path, step: int, model: Any, optimizer: torch.optim.Optimizer | None,
-          param_names: list[str], adapter_name: str, cursor: dict[str, Any] | None,
+def _save(root: Path, tmp: Path, snap: CheckpointSnapshot, cursor: dict[str, Any] | None,
           metrics: dict[str, float] | None, history: list[dict[str, Any]] | None) -> Path:
+    step = snap.step
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_dir_name(step)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    save_adapter_folder(model, tmp, adapter_name)
+    write_adapter_folder(tmp, snap.adapter, snap.adapter_config)
     files = ["adapter_model.safetensors", "adapter_config.json"]
-    if optimizer is not None:
-        tensors, meta = optimizer_to_tensors(optimizer, stored_names(param_names, adapter_name))
+    if snap.optimizer is not None:
+        tensors, meta = snap.optimizer
         save_file(tensors, str(tmp / "optimizer.safetensors"))
         _write_json(tmp / "optimizer.json", meta)
         files += ["optimizer.safetensors", "optimizer.json"]
-    rng_tensors, rng_meta = _rng_state()
+    rng_tensors, rng_meta = snap.rng
     save_file(rng_tensors, str(tmp / "rng.safetensors"))
     _write_json(tmp / "rng.json", rng_meta)
     files += ["rng.safetensors", "rng.json"]

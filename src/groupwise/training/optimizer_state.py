@@ -18,7 +18,8 @@ __all__ = ["optimizer_from_tensors", "optimizer_to_tensors"]
 
 
 def optimizer_to_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> tuple[dict[str, torch.Tensor], dict]:
-    """(tensors keyed "<param name>::<key>", JSON-able param groups and scalar state)."""
+    """(tensors keyed "<param name>::<key>", JSON-able param groups and scalar state). The tensors are CPU
+    copies, also of a CPU optimizer's: a checkpoint is written from them while training goes on."""
     sd = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
@@ -26,7 +27,7 @@ def optimizer_to_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> 
         name = names[index]
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
-                tensors[f"{name}::{key}"] = value.detach().to("cpu").contiguous()
+                tensors[f"{name}::{key}"] = value.detach().to("cpu", copy=True).contiguous()
             else:
                 scalars.setdefault(name, {})[key] = value
     groups = []
