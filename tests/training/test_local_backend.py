@@ -234,3 +234,21 @@ async def test_each_step_is_written_once_with_its_checkpoint(tiny_model_dir, tmp
     assert [(r["step"], r["split"]) for r in rows] == [(0, "train"), (1, "sft")]
     assert rows[0]["n_trajectories"] == 8 and rows[0]["loss"] == rows[0]["loss"]  # the row has the trainer's metrics
     assert "reward" not in rows[1] and rows[1]["updates"] == 1.0  # an SFT row: its metrics, no rollouts
+
+
+async def test_a_runs_adapter_slots_are_made_when_it_registers(tiny_model_dir, tmp_path):
+    # Adding a peft adapter walks every module and recaptures graphs on the thread every run's
+    # rollouts step on: a run's slots (served_steps + 1) are made at register, and its steps add none.
+    model = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None, served_steps=1)
+    try:
+        await model.register(backend)
+        engine = backend._worker.replicas["agent"].engine
+        adapters = sorted(engine.model.peft_config)
+        assert sum(a.startswith("gw-slot-") for a in adapters) == 2 == len(engine.runner.slots.free)
+        for step in range(3):
+            await model.train(await _groups(model, step=step), config=gw.TrainConfig(learning_rate=1e-3))
+            assert sorted(engine.model.peft_config) == adapters  # served from the reserved slots
+        assert await backend.served_steps(model) == [0, 3]
+    finally:
+        await backend.close()

@@ -219,7 +219,8 @@ class WorkerBackend(Backend):
         # The model's own LoRA settings (config=, ART's lora_config= / peft_args) override the backend's.
         lora = model.lora_for(self.options.lora)
         store = model.store
-        spec = ModelSpec(model.name, model.base_model, lora, str(store.checkpoints_dir))
+        spec = ModelSpec(model.name, model.base_model, lora, str(store.checkpoints_dir),
+                         reserve_slots=self.options.served_steps + 1)
         infos = await self._call_all("load", spec=spec)
         steps = {info["step"] for info in infos}
         prints = {tuple(infos[r]["fingerprint"]) for r in self.train_ranks}

@@ -288,7 +288,13 @@ class Replica:
         serves, without a checkpoint of its own."""
         from groupwise.training.checkpoint import adapter_snapshot
 
-        return adapter_snapshot(self.peft_model, self.trainer.adapter_name)
+        return adapter_snapshot(self.peft_model, self.adapter)
+
+    def reserve_slots(self, n: int) -> None:
+        """Make the engine's `n` adapter slots for this model's served steps now (Engine.reserve_slots)."""
+        if n > 0:
+            tensors, config = self.adapter_snapshot()
+            self.engine.reserve_slots(n, weights=tensors, config=config)
 
     # ------------------------------------------------------------------------------ serving
     def serve(self, step: int, adapter_path: str | None, weights: dict[str, Any] | None = None,

@@ -74,6 +74,9 @@ class ModelSpec:
     base_model: str
     lora: LoraConfig
     checkpoints_dir: str
+    # adapter slots made for it when it loads: the steps it serves at once in its steady state
+    # (BackendOptions.served_steps + 1 while a new step is swapped in; inference/adapter_slots.py)
+    reserve_slots: int = 0
 
 
 @dataclass
@@ -161,6 +164,7 @@ class Worker:
         self.replicas[spec.name], self.specs[spec.name] = replica, spec
         # Every rank loads the same checkpoint files: the same adapter, optimizer and RNG everywhere.
         try:
+            await compute.run(replica.reserve_slots, spec.reserve_slots)
             state = await compute.run(replica.resume, spec.checkpoints_dir)
         except BaseException:
             await self.unload(spec.name)

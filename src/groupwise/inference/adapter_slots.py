@@ -15,7 +15,9 @@ never deleted (it is reused), so memory stays at the most adapters ever served a
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 from groupwise.inference.requests import EngineError
@@ -35,6 +37,17 @@ def _shape(config: Any) -> tuple:
     targets = d.get("target_modules")
     targets = sorted(targets) if isinstance(targets, (list, set, tuple)) else targets
     return tuple(str(d.get(k)) for k in _SHAPE_KEYS) + (str(targets),)
+
+
+@contextlib.contextmanager
+def _folder(weights: dict[str, Any], config: Any) -> Iterator[str]:
+    """A temporary adapter folder of `weights` and `config` (peft loads a new adapter from a folder)."""
+    from safetensors.torch import save_file
+
+    with tempfile.TemporaryDirectory(prefix="gw-adapter-") as folder:
+        save_file(weights, f"{folder}/adapter_model.safetensors", metadata={"format": "pt"})
+        config.save_pretrained(folder)
+        yield folder
 
 
 class AdapterSlots:
@@ -63,25 +76,33 @@ class AdapterSlots:
         if slot is not None:
             self._copy_into(runner.model, slot, name, path, weights)
             self.free.remove(slot)
-        else:
-            slot = f"{SLOT_PREFIX}{self._serial}"
-            self._serial += 1
-            with tempfile.TemporaryDirectory(prefix="gw-adapter-") as scratch:
-                if path is None:  # peft adds an adapter from a folder: write one (only when a slot is new)
-                    from safetensors.torch import save_file
-
-                    save_file(weights, f"{scratch}/adapter_model.safetensors", metadata={"format": "pt"})
-                    config.save_pretrained(scratch)
-                    path = scratch
-                with quiet_peft():
-                    if runner.is_peft():
-                        runner.model.load_adapter(path, adapter_name=slot)
-                    else:
-                        from peft import PeftModel
-
-                        runner.model = PeftModel.from_pretrained(runner.model, path, adapter_name=slot)
-                        runner.graphs.clear()  # captured on the unwrapped model
+        elif path is not None:
+            slot = self._new_slot(runner, path)
+        else:  # peft adds an adapter from a folder: write one (only when a slot is new)
+            with _folder(weights, config) as folder:
+                slot = self._new_slot(runner, folder)
         self.slot_of[name] = slot
+
+    def reserve(self, runner: Any, n: int, *, weights: dict[str, Any], config: Any) -> None:
+        """Make `n` more free slots of this adapter's shape now (holding `weights` until refilled): what a
+        run will use in its steady state, so its first steps add no peft adapter (a walk over every
+        module, slower with each adapter the model holds) and recapture no graphs while other runs'
+        rollouts wait on this thread."""
+        with _folder(weights, config) as folder:
+            self.free.extend(self._new_slot(runner, folder) for _ in range(n))
+
+    def _new_slot(self, runner: Any, path: str) -> str:
+        slot = f"{SLOT_PREFIX}{self._serial}"
+        self._serial += 1
+        with quiet_peft():
+            if runner.is_peft():
+                runner.model.load_adapter(path, adapter_name=slot)
+            else:
+                from peft import PeftModel
+
+                runner.model = PeftModel.from_pretrained(runner.model, path, adapter_name=slot)
+                runner.graphs.clear()  # captured on the unwrapped model
+        return slot
 
     def release(self, name: str) -> None:
         self.free.append(self.slot_of.pop(name))

@@ -232,6 +232,17 @@ class Engine:
             self._adapters[name] = str(path) if path is not None else "<memory>"
             self._weights_changed()  # a reused name (or slot) must not find the old weights' KV
 
+    def reserve_slots(self, n: int, *, weights: dict[str, Any], config: Any) -> None:
+        """Make `n` free adapter slots of the shape of `weights` / `config` (adapter_slots.py) now, before
+        the adapters that will fill them are trained."""
+        self._compute.call(self._reserve_slots, n, weights, config)
+
+    def _reserve_slots(self, n: int, weights: dict[str, Any], config: Any) -> None:
+        with self._step_lock:
+            self.runner.slots.reserve(self.runner, n, weights=weights, config=config)
+            self.model.eval()
+            self._weights_changed()
+
     def remove_adapter(self, name: str) -> None:
         self._compute.call(self._remove_adapter, name)
 

@@ -130,11 +130,18 @@ class Trainer:
         self._base_dtype = next((p.dtype for n, p in model.named_parameters() if "lora_" not in n), torch.float32)
         self._reference: dict[str, torch.Tensor] | None = None  # the KL anchor's adapter values (set_reference)
         self.reference_step: int | None = None  # the checkpoint step they are; None: the base model
+        self._trainable: tuple[tuple[str, ...], list[tuple[str, torch.nn.Parameter]]] | None = None
 
     def trainable_named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
-        """The adapter's parameters, in a fixed order (the optimizer state is saved by these names)."""
+        """The adapter's parameters, in a fixed order (the optimizer state is saved by these names). Kept
+        while the model's set of adapters is the same: on a base shared by several runs and their served
+        slots, a walk over every parameter costs more with each adapter, and a step asks several times."""
+        adapters = tuple(getattr(self.model, "peft_config", {}))
+        if self._trainable is not None and self._trainable[0] == adapters:
+            return list(self._trainable[1])
         tag = f".{self.adapter_name}."
         named = [(n, p) for n, p in self.model.named_parameters() if "lora_" in n and tag in n]
+        self._trainable = (adapters, named) if named else None
         if not named:
             raise GroupwiseError(
                 f"the model has no LoRA parameters of adapter {self.adapter_name!r}; wrap it with "
