@@ -99,6 +99,8 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
             if barrier is not None:
                 await barrier.wait()  # every run's timed steps start together
             totals.setdefault("t0", time.perf_counter())
+        if args.lockstep and barrier is not None and step > args.warmup:
+            await barrier.wait()  # every run's rollouts of this step start together: one batch
         groups = await _gather(model, args, run, step, scenarios)
         result = await model.train(groups, config=config)
         if step >= args.warmup:
@@ -180,6 +182,8 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--micro-batch-tokens", type=int, default=16384, help="GPU; the CPU uses 512 (the main job's)")
+    p.add_argument("--lockstep", action="store_true", help="together: every run starts a step's rollouts when all "
+                   "runs have trained the last one (their rollouts batch together), instead of free-running")
     p.add_argument("--case", choices=["together", "sequence"], default=None, help="(internal) run one case")
     p.add_argument("--json", default=None)
     args = p.parse_args()
