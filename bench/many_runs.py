@@ -8,7 +8,9 @@ Each case runs in a process of its own (its peak memory is its own):
 - ``sequence``: for each of --runs runs, a fresh `LocalBackend` loads the base, the run trains --warmup
   untimed and --steps timed GRPO steps, the backend closes (what a sweep costs today);
 - ``together``: one `LocalBackend`, the --runs models registered on it (one base, one engine: backend/replica.py),
-  every run's steps at once (asyncio tasks; the timed steps start together, after every run's warm-up).
+  every run's steps at once (asyncio tasks; the timed steps start together, after every run's warm-up);
+  with --lockstep every step's rollouts start together, as `gw.fit([...])` runs them by default
+  (`LoopConfig.lockstep`), else each run goes at its own pace.
 
 A step is a user's loop: --prompts groups of --group-size rollouts, then `model.train`. Workload ``chat``
 (bench/scaling.py's): one chat request per rollout, --completion-len tokens, a reward of the text. Workload

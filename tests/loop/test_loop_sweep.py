@@ -95,3 +95,55 @@ async def test_fit_takes_several_models_with_one_config_each(tmp_path):
         await gw.fit(models, make_rollout(steady), SCENARIOS[:8], config=configs + configs[:1])
     with pytest.raises(ConfigError, match="appear in several runs"):
         await gw.fit([models[0], models[0]], make_rollout(steady), SCENARIOS[:8])
+
+
+async def _order(tmp_path, lockstep: bool) -> list[tuple[str, str, int]]:
+    """(event, run, step) in the order they happened: a run's first rollout of each step ("gather") and its
+    updates ("train"); the run "slow" takes longer for every rollout than "fast"."""
+    import asyncio
+    import dataclasses
+
+    from loop_helpers import policy_step
+
+    events: list[tuple[str, str, int]] = []
+
+    class Recording(ScriptedBackend):
+        async def train(self, model, groups, config, *, cursor=None):
+            result = await super().train(model, groups, config, cursor=cursor)
+            events.append(("train", model.name, result.step - 1))
+            return result
+
+    def timed(name: str, delay: float):
+        inner = make_rollout(steady)
+
+        async def rollout(model, scenario):
+            step = policy_step(model)
+            if "@" not in model.inference_name() and ("gather", name, step) not in events:
+                events.append(("gather", name, step))
+            await asyncio.sleep(delay)
+            return await inner(model, scenario)
+
+        return rollout
+
+    backend = Recording()
+    config = dataclasses.replace(CONFIG, lockstep=lockstep, max_steps=4)
+    runs = []
+    for name, delay in (("fast", 0.0), ("slow", 0.02)):
+        model = gw.TrainableModel(name, project="lockstep", base_model="none", base_path=str(tmp_path / str(lockstep)))
+        await model.register(backend)
+        runs.append(gw.FitRun(model, timed(name, delay), SCENARIOS[:8], config=config))
+    results = await gw.fit_runs(runs)
+    assert all(r.final_step == 4 for r in results)
+    return events
+
+
+async def test_a_sweeps_runs_start_each_steps_rollouts_together_unless_told_not_to(tmp_path):
+    # LoopConfig.lockstep (loop/lockstep.py): the engine the runs share then samples their rollouts in one batch.
+    events = await _order(tmp_path, lockstep=True)
+    for step in range(1, 4):
+        starts = [events.index(("gather", run, step)) for run in ("fast", "slow")]
+        trained = [events.index(("train", run, step - 1)) for run in ("fast", "slow")]
+        assert min(starts) > max(trained), events  # no run begins step k before every run has trained step k-1
+    # free-running, the fast run is steps ahead of the slow one
+    events = await _order(tmp_path, lockstep=False)
+    assert events.index(("gather", "fast", 3)) < events.index(("train", "slow", 1)), events

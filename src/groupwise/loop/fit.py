@@ -54,6 +54,7 @@ from groupwise.loop.cursor import DataCursor, batches, resume_cursor
 from groupwise.loop.checks import before_training, check_fit_args, maybe_await, takes_scenario
 from groupwise.loop.detectors import Alert, answer_text, run_detectors
 from groupwise.loop.intervals import mean_interval
+from groupwise.loop import lockstep
 from groupwise.loop.pipeline import Gathered, hold_for_resume, run_pipelined
 from groupwise.loop.policy import action_for, classify, decide, pending_stop, stop_now, stop_reason_once
 from groupwise.loop.progress import eta_seconds, step_line
@@ -369,13 +370,20 @@ async def run_steps(loop: Loop, cursor: DataCursor, step: int) -> tuple[int, Sto
     """The synchronous loop: each step gathers its batch from the latest policy, then trains on it.
     Returns the last step and the stop (None when the data ran out)."""
     start, t_steps = step, time.perf_counter()
-    for indices, after in batches(cursor, loop.c.groups_per_step, loop.c.num_epochs):
-        step, groups, judged, solved = await loop.step(step, indices, after)
-        decision = solved or await loop.decide(step, groups, judged)
-        loop.log_progress(step, start, time.perf_counter() - t_steps)
-        if decision:
-            return step, decision
-    return step, None
+    gate = lockstep.current()  # a sweep's runs start each step's rollouts together (loop/lockstep.py)
+    try:
+        for indices, after in batches(cursor, loop.c.groups_per_step, loop.c.num_epochs):
+            if gate is not None:
+                await gate[0].arrive(gate[1])
+            step, groups, judged, solved = await loop.step(step, indices, after)
+            decision = solved or await loop.decide(step, groups, judged)
+            loop.log_progress(step, start, time.perf_counter() - t_steps)
+            if decision:
+                return step, decision
+        return step, None
+    finally:
+        if gate is not None:  # no other run waits for this one's final test or its failure
+            await gate[0].leave(gate[1])
 
 
 async def fit(

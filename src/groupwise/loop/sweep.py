@@ -36,6 +36,7 @@ from groupwise.config import LoopConfig
 from groupwise.errors import ConfigError
 from groupwise.loop.fit import FitSummary, Rollout, ScoreGroup, Validate
 from groupwise.loop.fit import fit as fit_one
+from groupwise.loop.lockstep import Lockstep
 
 __all__ = ["FitRun", "fit", "fit_runs"]
 
@@ -89,11 +90,22 @@ def _run_names() -> Iterator[None]:
                 logging.getLogger(name).removeFilter(_filter)
 
 
-async def _named(name: str, run: FitRun) -> FitSummary:
+def _in_lockstep(run: FitRun) -> bool:
+    config = run.config if run.config is not None else LoopConfig()
+    return config.lockstep and config.max_steps_off_policy == 0
+
+
+async def _named(name: str, run: FitRun, gate: Lockstep | None) -> FitSummary:
     _RUN.set(name)  # this task's own context: the other runs' lines keep their names
-    return await fit_one(run.model, run.rollout, run.train_scenarios, val_scenarios=run.val_scenarios,
-                     test_scenarios=run.test_scenarios, score_group=run.score_group, validate=run.validate,
-                     baselines=run.baselines, config=run.config)
+    if gate is not None:
+        gate.enter(name)
+    try:
+        return await fit_one(run.model, run.rollout, run.train_scenarios, val_scenarios=run.val_scenarios,
+                             test_scenarios=run.test_scenarios, score_group=run.score_group, validate=run.validate,
+                             baselines=run.baselines, config=run.config)
+    finally:
+        if gate is not None:  # a run that ended before its loop (a failed start, max_steps=0) leaves too
+            await gate.leave(name)
 
 
 async def fit_runs(runs: Sequence[FitRun]) -> list[FitSummary | BaseException]:
@@ -110,8 +122,11 @@ async def fit_runs(runs: Sequence[FitRun]) -> list[FitSummary | BaseException]:
         problems.append(f"model name(s) {twice} appear in several runs; each run needs a model of its own")
     if problems:
         raise ConfigError(problems, what="fit_runs() arguments")
+    members = [str(r.model.name) for r in runs if _in_lockstep(r)]
+    gate = Lockstep(members) if len(members) > 1 else None
     with _run_names():
-        tasks = [asyncio.create_task(_named(str(r.model.name), r)) for r in runs]
+        tasks = [asyncio.create_task(_named(str(r.model.name), r, gate if _in_lockstep(r) else None))
+                 for r in runs]
         try:
             return list(await asyncio.gather(*tasks, return_exceptions=True))
         finally:

@@ -1,0 +1,62 @@
+"""Runs of one `gw.fit([...])` call start each step's rollouts together (`LoopConfig.lockstep`).
+
+Why. Runs on one backend share one engine, and one thread steps it and runs every update (compute.py).
+Free-running, the runs drift apart: each run's update stalls the others in the middle of their rollouts,
+and their rollouts then decode in several smaller batches instead of one. A decode step costs about the
+same for 64 rows as for 256 on a GPU, so the drift costs decode steps; four runs of a 0.5B model on one
+H100 trained 1.37x the tokens per second of four runs alone when free-running, 1.64x in lockstep.
+
+How. Each synchronous run that takes part is a member; before gathering a step's batch it `arrive`s and
+waits until every member still training has arrived (a barrier whose size shrinks as runs end). A run
+that stops, fails or finishes training `leave`s, so no run ever waits for one that will not come back.
+Runs with `max_steps_off_policy > 0` are not members: their gathers are already ahead of their updates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+
+__all__ = ["Lockstep", "current"]
+
+_MEMBER: contextvars.ContextVar[tuple[Lockstep, str] | None] = contextvars.ContextVar("groupwise_lockstep", default=None)
+
+
+class Lockstep:
+    """A barrier over the member runs still training (module doc)."""
+
+    def __init__(self, members: list[str]) -> None:
+        self.live = set(members)
+        self.arrived: set[str] = set()
+        self.round = 0
+        self.cv = asyncio.Condition()
+
+    def enter(self, member: str) -> None:
+        """Make the current task (a run's) this barrier's `member`: `current()` finds it there."""
+        _MEMBER.set((self, member))
+
+    async def arrive(self, member: str) -> None:
+        """Wait until every live member has arrived (this round), then go on together."""
+        async with self.cv:
+            self.arrived.add(member)
+            this_round = self.round
+            self._release_if_complete()
+            await self.cv.wait_for(lambda: self.round != this_round)
+
+    async def leave(self, member: str) -> None:
+        """`member` trains no more: the others stop waiting for it (idempotent)."""
+        async with self.cv:
+            self.live.discard(member)
+            self.arrived.discard(member)
+            self._release_if_complete()
+
+    def _release_if_complete(self) -> None:
+        if self.arrived and self.arrived >= self.live:
+            self.arrived.clear()
+            self.round += 1
+            self.cv.notify_all()
+
+
+def current() -> tuple[Lockstep, str] | None:
+    """The barrier and member name of the run whose task this is; None outside a lockstep sweep."""
+    return _MEMBER.get()
