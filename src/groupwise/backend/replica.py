@@ -261,15 +261,10 @@ class Replica:
                                   adapter_name=self.trainer.adapter_name)
         self.trainer.set_reference(tensors, step=step)
 
-    def save(self, checkpoints_dir: str | Path, step: int, metrics: dict[str, float], cursor: dict[str, Any],
-             history: list[dict[str, Any]] | None = None) -> Path:
-        """Write checkpoint `step` atomically (adapter, optimizer, RNG, cursor, metrics, and the step's
-        history rows, which a resume replays if the run store lacks them): `snapshot`, then `write`."""
-        return self.write(checkpoints_dir, self.snapshot(step), metrics, cursor, history)
-
     def snapshot(self, step: int) -> Any:
-        """The checkpoint of `step` as CPU copies (training/checkpoint.py's `CheckpointSnapshot`): on the
-        compute thread, between updates."""
+        """The checkpoint of `step` (adapter, optimizer, RNG) as CPU copies (training/checkpoint.py's
+        `CheckpointSnapshot`): on the compute thread, between updates; `write` puts it on disk with the
+        cursor, metrics and the step's history rows (which a resume replays if the run store lacks them)."""
         from groupwise.training.checkpoint import snapshot_checkpoint
 
         return snapshot_checkpoint(step, model=self.peft_model, optimizer=self.trainer.optimizer,
