@@ -67,6 +67,17 @@ def quiet_peft() -> Iterator[None]:
         yield
 
 
+def write_adapter_folder(folder: Path, tensors: "dict[str, torch.Tensor]", config: Any) -> None:
+    """An adapter in peft's format at the top of `folder` (adapter_model.safetensors and
+    adapter_config.json) from its state dict and peft config (`training.adapters.adapter_snapshot`):
+    a checkpoint's adapter, and the folder peft adds an engine's new adapter slot from."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(str(folder), auto_mapping_dict=getattr(config, "auto_mapping_dict", None))
+
+
 def cache_root() -> Path:
     """Where converted models are cached: ``$GROUPWISE_CACHE`` or ``~/.cache/groupwise``."""
     root = os.environ.get("GROUPWISE_CACHE")

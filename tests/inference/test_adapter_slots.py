@@ -18,6 +18,12 @@ def _rank8_adapter(path) -> str:
     return str(path)
 
 
+def _engine(tiny) -> Engine:
+    """A fresh engine on the tiny model with tiny's tokenizer."""
+    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
+    return Engine(model, tok, max_batch_size=4)
+
+
 def greedy(p, adapter):
     return GenerationRequest(p, max_new_tokens=8, ignore_eos=True, adapter=adapter, sampling=SamplingParams(temperature=0))
 
@@ -25,16 +31,14 @@ def greedy(p, adapter):
 async def test_a_freed_slot_is_refilled_in_place_and_serves_the_new_weights(tiny, adapter_dirs, tmp_path):
     p = [1, 5, 9, 13, 17]
     # Reference: a fresh engine that only ever saw adapter 2.
-    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
-    ref = Engine(model, tok, max_batch_size=4)
+    ref = _engine(tiny)
     try:
         ref.add_adapter("two", adapter_dirs[2])
         expected = (await ref.generate(greedy(p, "two"))).completions[0]
     finally:
         ref.close()
 
-    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
-    eng = Engine(model, tok, max_batch_size=4)
+    eng = _engine(tiny)
     try:
         eng.add_adapter("one", adapter_dirs[1])
         first = (await eng.generate(greedy(p, "one"))).completions[0]
@@ -71,8 +75,7 @@ async def test_an_adapter_handed_over_in_memory_serves_as_its_folder_does(tiny, 
     from peft.utils import load_peft_weights
 
     p = [1, 5, 9, 13, 17]
-    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
-    eng = Engine(model, tok, max_batch_size=4)
+    eng = _engine(tiny)
     try:
         eng.add_adapter("folder", adapter_dirs[2])
         expected = (await eng.generate(greedy(p, "folder"))).completions[0]

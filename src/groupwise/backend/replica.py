@@ -281,7 +281,7 @@ class Replica:
     def adapter_snapshot(self) -> tuple[dict[str, Any], Any]:
         """(CPU copies of the trained adapter's tensors, its peft config): what a data-parallel rank > 0
         serves, without a checkpoint of its own."""
-        from groupwise.training.checkpoint import adapter_snapshot
+        from groupwise.training.adapters import adapter_snapshot
 
         return adapter_snapshot(self.peft_model, self.adapter)
 
@@ -322,7 +322,7 @@ class Replica:
         return self.registry.steps(self.name)
 
     # ------------------------------------------------------------------------------ checks
-    def check_adapter(self, step: int, checkpoint_path: str | None = None) -> None:
+    def check_adapter(self, step: int) -> None:
         """The engine's adapter for `step` holds the trainer's weights, tensor for tensor."""
         import torch
 
@@ -340,8 +340,8 @@ class Replica:
         if mismatched or not found:
             raise AdapterMismatchError(
                 f"after step {step} the engine's {served!r} does not hold the trained weights "
-                f"({len(mismatched)} tensor(s) differ, e.g. {mismatched[:2]}). The adapter at "
-                f"{checkpoint_path} was not what the engine loaded; the rollouts would sample a stale policy."
+                f"({len(mismatched)} tensor(s) differ, e.g. {mismatched[:2]}): the new adapter was not what the "
+                "engine loaded; the rollouts would sample a stale policy."
             )
 
     async def check_answers(self, step: int) -> None:

@@ -294,7 +294,7 @@ class Worker:
         # served from the snapshot the checkpoint was written from, without reading the files back
         await compute.run(replica.serve, step, None, tensors, config)
         if self.options.verify_adapter:
-            await compute.run(replica.check_adapter, step, str(path))
+            await compute.run(replica.check_adapter, step)
             await replica.check_answers(step)
         return {"rank": self.rank, "checkpoint_path": str(path) if self.rank == 0 else None,
                 "fingerprint": await compute.run(replica.adapter_fingerprint),

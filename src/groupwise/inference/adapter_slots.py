@@ -18,10 +18,11 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from groupwise.inference.requests import EngineError
-from groupwise.loading import quiet_peft
+from groupwise.loading import quiet_peft, write_adapter_folder
 
 __all__ = ["SLOT_PREFIX", "AdapterSlots"]
 
@@ -42,11 +43,8 @@ def _shape(config: Any) -> tuple:
 @contextlib.contextmanager
 def _folder(weights: dict[str, Any], config: Any) -> Iterator[str]:
     """A temporary adapter folder of `weights` and `config` (peft loads a new adapter from a folder)."""
-    from safetensors.torch import save_file
-
     with tempfile.TemporaryDirectory(prefix="gw-adapter-") as folder:
-        save_file(weights, f"{folder}/adapter_model.safetensors", metadata={"format": "pt"})
-        config.save_pretrained(folder)
+        write_adapter_folder(Path(folder), weights, config)
         yield folder
 
 

@@ -374,7 +374,7 @@ async def run_steps(loop: Loop, cursor: DataCursor, step: int) -> tuple[int, Sto
     try:
         for indices, after in batches(cursor, loop.c.groups_per_step, loop.c.num_epochs):
             if gate is not None:
-                await gate[0].arrive(gate[1])
+                await gate.arrive()
             step, groups, judged, solved = await loop.step(step, indices, after)
             decision = solved or await loop.decide(step, groups, judged)
             loop.log_progress(step, start, time.perf_counter() - t_steps)
@@ -383,7 +383,7 @@ async def run_steps(loop: Loop, cursor: DataCursor, step: int) -> tuple[int, Sto
         return step, None
     finally:
         if gate is not None:  # no other run waits for this one's final test or its failure
-            await gate[0].leave(gate[1])
+            await gate.leave()
 
 
 async def fit(

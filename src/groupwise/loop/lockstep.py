@@ -16,10 +16,26 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from dataclasses import dataclass
 
-__all__ = ["Lockstep", "current"]
+__all__ = ["Lockstep", "Member", "current"]
 
-_MEMBER: contextvars.ContextVar[tuple[Lockstep, str] | None] = contextvars.ContextVar("groupwise_lockstep", default=None)
+
+@dataclass(frozen=True)
+class Member:
+    """One run's place in a `Lockstep`: what its loop calls."""
+
+    gate: Lockstep
+    name: str
+
+    async def arrive(self) -> None:
+        await self.gate.arrive(self.name)
+
+    async def leave(self) -> None:
+        await self.gate.leave(self.name)
+
+
+_MEMBER: contextvars.ContextVar[Member | None] = contextvars.ContextVar("groupwise_lockstep", default=None)
 
 
 class Lockstep:
@@ -33,7 +49,7 @@ class Lockstep:
 
     def enter(self, member: str) -> None:
         """Make the current task (a run's) this barrier's `member`: `current()` finds it there."""
-        _MEMBER.set((self, member))
+        _MEMBER.set(Member(self, member))
 
     async def arrive(self, member: str) -> None:
         """Wait until every live member has arrived (this round), then go on together."""
@@ -57,6 +73,6 @@ class Lockstep:
             self.cv.notify_all()
 
 
-def current() -> tuple[Lockstep, str] | None:
-    """The barrier and member name of the run whose task this is; None outside a lockstep sweep."""
+def current() -> Member | None:
+    """The place in a barrier of the run whose task this is; None outside a lockstep sweep."""
     return _MEMBER.get()

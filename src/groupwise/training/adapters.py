@@ -1,5 +1,6 @@
 """Creating LoRA adapters on a model with peft: the first one (`wrap_with_lora`) and another run's on the
-same base weights (`add_lora_adapter`), both from a seeded stream.
+same base weights (`add_lora_adapter`), both from a seeded stream; and copying one out (`adapter_snapshot`)
+for a checkpoint or an engine.
 
 Apart from the trainer (training/trainer.py) because creating an adapter and training one happen in
 different places: a replica (backend/replica.py) wraps the shared base model and adds a run's adapter
@@ -58,3 +59,25 @@ def add_lora_adapter(peft_model: Any, lora: LoraConfig, adapter_name: str) -> No
     the layers in the same order and draws from the same seeded stream."""
     with _seeded(peft_model, lora.seed), quiet_peft():
         peft_model.add_adapter(adapter_name, _peft_lora_config(lora))
+
+
+def adapter_snapshot(model: Any, adapter_name: str) -> tuple[dict[str, torch.Tensor], Any]:
+    """(CPU copies of the adapter's tensors, its config) as peft's `save_pretrained` writes them: its
+    state dict and config functions, without the model card it rewrites on every save. The config
+    carries peft's ``auto_mapping`` (set for a config without a task type) as `auto_mapping_dict`."""
+    import copy
+
+    from peft import get_peft_model_state_dict
+
+    tensors = get_peft_model_state_dict(model, adapter_name=adapter_name, save_embedding_layers="auto")
+    # a copy of its own each (no aliasing, which safetensors refuses); on a CPU model too, so the
+    # snapshot does not change under a later update
+    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}
+    config = copy.deepcopy(model.peft_config[adapter_name])
+    if config.base_model_name_or_path is None:
+        config.base_model_name_or_path = getattr(model.base_model.model, "name_or_path", None) or None
+    config.inference_mode = True
+    if config.task_type is None:
+        base = model._get_base_model_class(is_prompt_tuning=config.is_prompt_learning)
+        config.auto_mapping_dict = {"base_model_class": base.__name__, "parent_library": base.__module__}
+    return tensors, config

@@ -48,7 +48,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from groupwise.errors import CheckpointError, CheckpointMismatchError, DiskFullError, GroupwiseWarning, NonFiniteError
-from groupwise.training.adapters import TRAIN_ADAPTER
+from groupwise.loading import write_adapter_folder
+from groupwise.training.adapters import TRAIN_ADAPTER, adapter_snapshot
 from groupwise.training.checkpoint_contents import contents_problem, state_problem
 from groupwise.training.finite import non_finite_names
 from groupwise.training.optimizer_state import optimizer_from_tensors, optimizer_to_tensors
@@ -163,35 +164,6 @@ class CheckpointSnapshot:
     rng: tuple[dict[str, torch.Tensor], dict]
 
 
-def adapter_snapshot(model: Any, adapter_name: str) -> tuple[dict[str, torch.Tensor], Any]:
-    """(CPU copies of the adapter's tensors, its config) as peft's `save_pretrained` writes them: its
-    state dict and config functions, without the model card it rewrites on every save. The config
-    carries peft's ``auto_mapping`` (set for a config without a task type) as `auto_mapping_dict`."""
-    import copy
-
-    from peft import get_peft_model_state_dict
-
-    tensors = get_peft_model_state_dict(model, adapter_name=adapter_name, save_embedding_layers="auto")
-    # a copy of its own each (no aliasing, which safetensors refuses); on a CPU model too, so the
-    # snapshot does not change under a later update
-    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}
-    config = copy.deepcopy(model.peft_config[adapter_name])
-    if config.base_model_name_or_path is None:
-        config.base_model_name_or_path = getattr(model.base_model.model, "name_or_path", None) or None
-    config.inference_mode = True
-    if config.task_type is None:
-        base = model._get_base_model_class(is_prompt_tuning=config.is_prompt_learning)
-        config.auto_mapping_dict = {"base_model_class": base.__name__, "parent_library": base.__module__}
-    return tensors, config
-
-
-def write_adapter_folder(folder: Path, tensors: dict[str, torch.Tensor], config: Any) -> None:
-    """peft's adapter format at the top of `folder`: adapter_model.safetensors and adapter_config.json."""
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
-    config.save_pretrained(str(folder), auto_mapping_dict=getattr(config, "auto_mapping_dict", None))
-
-
 def snapshot_checkpoint(step: int, *, model: Any, optimizer: torch.optim.Optimizer | None, param_names: list[str],
                         adapter_name: str = TRAIN_ADAPTER) -> CheckpointSnapshot:
     """The checkpoint of `step` as CPU copies (`CheckpointSnapshot`); refuses a non-finite adapter."""
@@ -240,12 +212,6 @@ def _disk_full(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return any(s in text for s in ("No space left on device", "StorageFull", "Disk quota exceeded"))
-
-
-def save_adapter_folder(model: Any, folder: Path, adapter_name: str) -> None:
-    """The adapter `adapter_name` in peft's format, its files at the top of `folder` (peft nests a
-    non-default adapter in a subfolder; the engine and a resume read the top)."""
-    write_adapter_folder(Path(folder), *adapter_snapshot(model, adapter_name))
 
 
 def stored_names(param_names: list[str], adapter_name: str) -> list[str]:
