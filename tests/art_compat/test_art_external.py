@@ -206,11 +206,12 @@ def test_pipeline_trainer_yes_no_maybe(yes_no_maybe_model_dir, tmp_path):
 def test_pipeline_trainer_binary_prefix_tool(binary_guess_model_dir, tmp_path):
     # ART's second PipelineTrainer example: a forced tool call whose argument is a guess of a secret bit
     # string, rewarded by the shared prefix; every size comes from the environment, as the program reads
-    # it (no shrink); the base model writes bits
+    # it (no shrink); the base model writes bits, and most groups tie at a prefix of 0 (the program stops
+    # at MAX_STEPS, so ample scenarios cost nothing and keep two trainable groups a step within reach)
     program = Program(
         PIPELINE + "binary_prefix_tool_pipeline.py", base_models=("Qwen/Qwen3-4B-Instruct-2507",),
         env={"MAX_STEPS": "2", "MIN_BATCH_SIZE": "2", "NUM_ROLLOUT_WORKERS": "4", "ROLLOUTS_PER_SCENARIO": "4",
-             "MAX_BATCH_SIZE": "2", "MAX_TOKENS": "64", "SCENARIO_COUNT": "40", "EVAL_AT_START": "0",
+             "MAX_BATCH_SIZE": "2", "MAX_TOKENS": "64", "SCENARIO_COUNT": "400", "EVAL_AT_START": "0",
              "RUN_SUFFIX": "test"},
         package="groupwise.pipeline_trainer", modules={"groupwise.tinker_native": "tinker_native"},
     )

@@ -116,6 +116,27 @@ async def test_resume_continues_at_the_scenario_offset_saved_with_the_checkpoint
     assert seen[0] == offset and await model.get_step() == 3
 
 
+async def test_scenarios_running_out_before_max_steps_are_named(tmp_path, caplog):
+    # every other group ties (no learning signal): 10 scenarios give 5 trainable groups, 2 steps of 2,
+    # not the 5 steps asked for; the program goes on as if done, so the trainer says why it stopped
+    async def rollout(model, scenario, config):
+        rewards = [0.0, 1.0] if scenario["i"] % 2 else [1.0, 1.0]
+        return gw.TrajectoryGroup([gw.Trajectory(messages_and_choices=[{"role": "user", "content": "q"},
+                                                                       sampled("a", [0])], reward=r) for r in rewards])
+
+    model = gw.TrainableModel("out", project="art", base_model="none", base_path=str(tmp_path))
+    await model.register(ScriptedBackend())
+    trainer = PipelineTrainer(model, model.backend, rollout, [{"i": i} for i in range(10)], None,
+                              num_rollout_workers=1, min_batch_size=2, max_batch_size=2, max_steps_off_policy=9,
+                              max_steps=5, eval_at_start=False)
+    with caplog.at_level("WARNING", logger="groupwise.pipeline_trainer"):
+        await trainer.train(handle_signals=False)
+    trained = await model.get_step()
+    assert trained == 3  # groups 1+3, 5+7, then 9 alone when the scenarios end
+    (warning,) = [r.getMessage() for r in caplog.records if "ran out" in r.getMessage()]
+    assert f"after {trained} of max_steps=5" in warning and "5 groups without reward variance" in warning
+
+
 async def test_a_pipelined_run_on_a_tiny_model(tiny_model_dir, tmp_path):
     # ART's yes/no/maybe example's shape: one request of n completions per group, an eval every step
     async def rollout_fn(model, scenario, config):

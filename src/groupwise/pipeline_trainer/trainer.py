@@ -273,6 +273,13 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             await self._retain(step)
             if ended:
                 break
+        if not self._done and stop_at is not None and step < stop_at:
+            # the scenarios ran out first: say so, since the program goes on as if max_steps were reached
+            log.warning("the scenarios ran out after %d of max_steps=%d steps (%d scenarios; %d groups without "
+                        "reward variance, %d stale, %d failed rollouts were left out): give more scenarios, or "
+                        "make the reward graded so fewer groups tie", step - (stop_at - self.max_steps),
+                        self.max_steps, self.scenario_offset, self.zero_variance_groups,
+                        self.discarded_stale_groups, self.failed_rollouts)
 
     async def _collect(self, step: int) -> tuple[list[TrajectoryGroup], bool]:
         """Between min_batch_size and max_batch_size admitted groups (fewer only when the scenarios end)."""
