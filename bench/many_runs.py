@@ -17,8 +17,8 @@ A step is a user's loop: --prompts groups of --group-size rollouts, then `model.
 ``2048``: the built-in 2048 env's rollouts (multi-turn, the main job's) on scenarios of the run's seed.
 Runs differ by seed (rollouts) and learning rate (1e-3 x (1 + run / 2)), as a sweep's do.
 
-Printed: per case the timed wall time, rollout + trainable tokens, tokens/s and peak memory (CUDA: the
-allocator's peak; CPU: peak RSS), then the ratios together / sequence: tokens/s (higher is better) and
+Printed: per case the timed wall time, rollout + trainable tokens, tokens/s, peak memory (CUDA: the
+allocator's peak; CPU: peak RSS) and the time in rollout and in train phases, then the ratios together / sequence: tokens/s (higher is better) and
 peak memory (against one run alone, i.e. the sequence's peak).
 """
 
@@ -103,9 +103,12 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
             totals.setdefault("t0", time.perf_counter())
         if args.lockstep and barrier is not None and step > args.warmup:
             await barrier.wait()  # every run's rollouts of this step start together: one batch
+        t0 = time.perf_counter()
         groups = await _gather(model, args, run, step, scenarios)
+        t1 = time.perf_counter()
         result = await model.train(groups, config=config)
         if step >= args.warmup:
+            totals.setdefault("events", []).append((step, t0, t1, time.perf_counter()))
             totals["rollout_tokens"] = totals.get("rollout_tokens", 0) + _tokens(groups)
             totals["trainable_tokens"] = totals.get("trainable_tokens", 0) + result.metrics.get("trainable_tokens", 0)
 
@@ -155,7 +158,18 @@ async def case(args: Any) -> dict[str, Any]:
                 await backend.close()
             for k in ("rollout_tokens", "trainable_tokens"):
                 totals[k] = totals.get(k, 0) + one.get(k, 0)
-    return {"case": args.case, "timed_s": timed, "rollout_tokens": totals.get("rollout_tokens", 0),
+            totals.setdefault("events", []).extend(one.get("events", []))
+    # where the time went: the rollout phase (first rollout started -> last group gathered) and the train
+    # phase (-> last update served), per step of the case, summed over the timed steps; in sequence each
+    # run's steps are their own
+    phases = {"rollout_s": 0.0, "train_s": 0.0}
+    by_step: dict[tuple, list] = {}
+    for i, (step, *ts) in enumerate(totals.get("events", [])):
+        by_step.setdefault(i if args.case == "sequence" else step, []).append(ts)
+    for ts in by_step.values():
+        phases["rollout_s"] += max(t[1] for t in ts) - min(t[0] for t in ts)
+        phases["train_s"] += max(t[2] for t in ts) - max(t[1] for t in ts)
+    return {"case": args.case, "timed_s": timed, **phases, "rollout_tokens": totals.get("rollout_tokens", 0),
             "trainable_tokens": totals.get("trainable_tokens", 0), "peak_gb": _peak_gb(args.device)}
 
 
@@ -213,7 +227,8 @@ def main() -> int:
         r["tok_s"] = (r["rollout_tokens"] + r["trainable_tokens"]) / r["timed_s"]
         results[name] = r
         print(f"{name:>9}: {r['timed_s']:.1f} s timed, {r['rollout_tokens']:.0f} rollout + {r['trainable_tokens']:.0f} "
-              f"trainable tokens, {r['tok_s']:.0f} tok/s, peak {r['peak_gb']:.2f} GB", flush=True)
+              f"trainable tokens, {r['tok_s']:.0f} tok/s, peak {r['peak_gb']:.2f} GB; rollout phases "
+              f"{r['rollout_s']:.1f} s, train phases {r['train_s']:.1f} s", flush=True)
     seq, tog = results["sequence"], results["together"]
     print(f"\n{args.runs} runs of {_base(args)} on {card} ({args.workload}: {args.prompts} x {args.group_size} rollouts "
           f"a step, {args.steps} timed steps each): together / sequence = "
