@@ -127,7 +127,8 @@ def bench_sizes(args, model, tok, device):
         engine = Engine(model, tok, max_batch_size=max(k, 1), max_new_tokens_default=args.tokens,
                         cuda_graphs=False if args.no_cuda_graphs else None,
                         initial_capacity=max(len(p) for p in prompts) + args.tokens + 8,
-                        prefix_cache_tokens=0 if args.no_prefix_cache else 4096)
+                        prefix_cache_tokens=0 if args.no_prefix_cache else 4096,
+                        batch_invariant=args.batch_invariant)
         seq_n = min(k, args.sequential_subset)
         try:
             run_engine(engine, prompts[: min(k, 4)], 4)  # warm-up (on CUDA: captures a few graphs)
@@ -245,6 +246,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly on CUDA (to isolate graph issues)")
     ap.add_argument("--no-prefix-cache", action="store_true", help="engine without its prefix cache (prefix_cache.py)")
+    ap.add_argument("--batch-invariant", action="store_true", help="CPU: the engine in batch-invariant mode (a "
+                    "request's numbers do not depend on its batch; what `groupwise train --batch-invariant` runs)")
     ap.add_argument("--repeats", type=int, default=2, help="timed engine / generate-batch pairs per size, alternated")
     args = ap.parse_args(argv)
     if args.threads:

@@ -185,3 +185,31 @@ async def test_a_reply_with_a_lone_surrogate_is_played_on_and_stored(scripted, t
     store = RunStore(tmp_path, "tictactoe", "agent")
     store.write_trajectories("train", 0, [TrajectoryGroup([traj])])
     assert store.load_trajectories("train", 0)[0].trajectories == [traj]
+
+
+async def test_demonstration_is_what_the_rollout_records_and_never_loses(scripted):
+    """The scripted demonstrator (`--sft N`'s): tagged minimax moves. Replayed as a model's replies, its
+    moves make the rollout record the same game (the opponent's seed is the scenario's), with the same
+    reward and metrics; against a random opponent minimax wins or draws every game, never an invalid one."""
+    from groupwise.envs import get_env
+    from groupwise.envs.tictactoe import demonstration
+
+    train = get_env("tictactoe").scenarios(3)[0][:40]
+    outcomes = set()
+    for s in train:
+        demo = demonstration(s)
+        replies = [m["content"] for m in demo.messages_and_choices if m.get("role") == "assistant"]
+        assert all(parse_cell(r) is not None for r in replies)
+        traj = await rollout(scripted(replies), s)
+        assert traj.messages() == demo.messages()
+        timing = ("duration",)  # each trajectory's own wall time
+        assert traj.reward == demo.reward
+        assert {k: v for k, v in traj.metrics.items() if k not in timing} == \
+            {k: v for k, v in demo.metrics.items() if k not in timing}
+        assert demo.metrics["invalid_move"] == 0.0 and demo.metrics["loss"] == 0.0
+        outcomes.add(demo.reward)
+    assert outcomes <= {REWARD_WIN, REWARD_DRAW} and REWARD_WIN in outcomes
+    # the minimax env's demonstrations draw against minimax (its best)
+    spec = get_env("tictactoe-minimax")
+    assert spec.demonstrate is not None
+    assert all(spec.validate(spec.demonstrate(s)) == 1.0 for s in spec.scenarios(3)[0][:6])

@@ -60,6 +60,7 @@ _TICTACTOE = EnvSpec(
     validate=tictactoe.validate,
     val_metric="win_rate",
     reward="verifiable",
+    demonstrate=tictactoe.demonstration,
 )
 
 ENVS: dict[str, EnvSpec] = {

@@ -140,7 +140,8 @@ class TrainJob(Job):
                                                         f"{_presets_of('groups_per_step')})")
     sft: int = arg(0, low=0, metavar="N",
                    help="first a supervised warm start on N demonstrations of the env's scripted agent (email: "
-                        "search, read, answer with the ground truth), then GRPO from there; 0 is none")
+                        "search, read, answer with the ground truth; tic-tac-toe: minimax's move in the tag), then "
+                        "GRPO from there; 0 is none")
     sft_epochs: int = arg(SFT_EPOCHS, low=1, help="SFT epochs, one step each")
     sft_lr: float = arg(SFT_LEARNING_RATE, low=0, low_open=True, help="SFT learning rate")
     batch_invariant: bool = arg(False, help="CPU only: each rollout's tokens and logprobs do not depend on which "

@@ -2,6 +2,7 @@
 
 from groupwise.envs.tictactoe.env import (
     ScenarioTicTacToe,
+    demonstration,
     parse_cell,
     rollout,
     scenarios,
@@ -10,5 +11,5 @@ from groupwise.envs.tictactoe.env import (
     validate_not_lost,
 )
 
-__all__ = ["ScenarioTicTacToe", "parse_cell", "rollout", "scenarios", "scenarios_minimax", "validate",
+__all__ = ["ScenarioTicTacToe", "demonstration", "parse_cell", "rollout", "scenarios", "scenarios_minimax", "validate",
            "validate_not_lost"]

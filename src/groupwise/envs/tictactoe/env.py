@@ -124,6 +124,37 @@ async def rollout(model: Any, scenario: ScenarioTicTacToe) -> Trajectory:
         moves += 1
         if not is_over(board):
             board = play(board, _opponent_move(board, scenario.opponent, rng))
+    return _scored(traj, board, mark, invalid=invalid, moves=moves, tagged=tagged, loose=loose)
+
+
+def demonstration(scenario: ScenarioTicTacToe) -> Trajectory:
+    """The game of a scripted agent that plays minimax's move in the exact tag, against the scenario's
+    opponent, graded like a rollout: the demonstrations of a supervised warm start (`--sft N`). What it
+    teaches first is what an untrained 135M model lacks: one tag naming a free cell, every turn."""
+    rng = random.Random(scenario.seed)  # the opponent's, as in the rollout: the same game for the same moves
+    own = random.Random(f"demonstrator {scenario.seed}")  # among equally good moves
+    mark = scenario.agent_mark
+    board = " " * 9
+    if to_move(board) != mark:
+        board = play(board, _opponent_move(board, scenario.opponent, rng))
+    traj = new_trajectory(SYSTEM_PROMPT.format(mark=mark), user_prompt(board, mark))
+    traj.metadata.update({"env": "tictactoe", "seed": scenario.seed, "opponent": scenario.opponent, "mark": mark,
+                          "policy": "scripted"})
+    moves = 0
+    while not is_over(board):
+        if moves:
+            traj.messages_and_choices.append({"role": "user", "content": user_prompt(board, mark)})
+        cell = minimax_move(board, own) + 1
+        traj.messages_and_choices.append({"role": "assistant", "content": f"<move>{cell}</move>"})
+        board = play(board, cell - 1)
+        moves += 1
+        if not is_over(board):
+            board = play(board, _opponent_move(board, scenario.opponent, rng))
+    return _scored(traj, board, mark, invalid=False, moves=moves, tagged=moves, loose=0)
+
+
+def _scored(traj: Trajectory, board: str, mark: str, *, invalid: bool, moves: int, tagged: int, loose: int) -> Trajectory:
+    """The game's reward and metrics on `traj` (a rollout's or a demonstration's)."""
     won = not invalid and winner(board) == mark
     draw = not invalid and winner(board) is None
     if invalid:
@@ -139,7 +170,7 @@ async def rollout(model: Any, scenario: ScenarioTicTacToe) -> Trajectory:
             "loss": float(not won and not draw),
             "invalid_move": float(invalid),
             "moves": moves,
-            "format_rate": tagged / len(traj.choices()) if traj.choices() else 0.0,
+            "format_rate": tagged / max(len(traj.choices()), moves, 1),
         }
     )
     return traj.finish()
