@@ -67,6 +67,24 @@ def test_train_email_with_sft_scores_the_warm_start_as_a_baseline(tiny_model_dir
     assert result["sft"] is not None
 
 
+def test_grpo_after_a_warm_start_begins_at_the_first_scenarios(tiny_model_dir, tmp_path, caplog):
+    # the SFT steps used demonstrations, not scenarios: the first GRPO step takes the head of epoch 0's
+    # order, and no "holds no data cursor" warning is printed
+    from groupwise.envs import get_env
+    from groupwise.jobs.train import TrainJob, train
+    from groupwise.utils import epoch_order
+
+    job = TrainJob("tictactoe", model=tiny_model_dir, seed=0, path=str(tmp_path), device="cpu", sft=2, sft_epochs=1,
+                   sft_lr=1e-3, steps=1, groups_per_step=2, rollouts_per_group=2)
+    with caplog.at_level("WARNING", logger="groupwise.loop"):
+        result = _run(train(job))
+    assert result["sft_steps"] == 1
+    assert not [r for r in caplog.records if "data cursor" in r.getMessage()]
+    (first,) = [r for r in gw.load_history(result["run_dir"]) if r["split"] == "loop"]
+    n = len(get_env("tictactoe").scenarios(0)[0])
+    assert first["step"] == 1 and first["scenarios"] == epoch_order(n, 0, 0)[:2]
+
+
 def _run(coro):
     import asyncio
 

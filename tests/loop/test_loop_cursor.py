@@ -34,6 +34,16 @@ def test_resume_cursor_checks_the_dataset_and_derives_old_checkpoints():
         resume_cursor(saved, step=6, num_scenarios=9, groups_per_step=2, seed=0)
 
 
+def test_a_warm_start_used_no_scenario(caplog):
+    # after 2 SFT steps (demonstrations, no cursor) GRPO begins at the start, without the warning; after 2
+    # SFT steps and 5 GRPO steps without a cursor, the position is what the 5 reach
+    with caplog.at_level("WARNING", logger="groupwise.loop"):
+        assert resume_cursor({}, step=2, num_scenarios=8, groups_per_step=2, seed=3, sft_steps=2) == DataCursor(0, 0, 3, 8)
+    assert not caplog.records
+    assert resume_cursor({}, step=7, num_scenarios=8, groups_per_step=2, seed=0, sft_steps=2) == DataCursor(1, 2, 0, 8)
+    assert "continuing at the position 5 steps" in caplog.records[-1].getMessage()
+
+
 def test_fit_saves_the_cursor_with_each_step_and_resumes_from_it(tmp_path):
     async def run(max_steps: int, groups_per_step: int):
         model = gw.TrainableModel("cursor", project="loop", base_model="none", base_path=str(tmp_path))

@@ -44,20 +44,23 @@ class DataCursor:
             return None
 
 
-def resume_cursor(saved: dict[str, Any], *, step: int, num_scenarios: int, groups_per_step: int, seed: int) -> DataCursor:
+def resume_cursor(saved: dict[str, Any], *, step: int, num_scenarios: int, groups_per_step: int, seed: int,
+                  sft_steps: int = 0) -> DataCursor:
     """Where a `fit` call starts: the beginning at step 0, else the checkpoint's cursor.
 
     A checkpoint without a cursor (steps trained by calling `model.train` directly) gets the position
-    `step` batches of `groups_per_step` would reach, with a warning. A cursor saved for another dataset
-    size or seed cannot be continued and raises."""
-    if step == 0:
+    `step` batches of `groups_per_step` would reach, with a warning; steps that were all supervised
+    (`sft_steps` of them: a warm start from demonstrations) used no scenario, so the loop begins at the
+    start. A cursor saved for another dataset size or seed cannot be continued and raises."""
+    cursor = DataCursor.from_dict(saved) if step else None
+    if step == 0 or (cursor is None and step <= sft_steps):
         return DataCursor(0, 0, seed, num_scenarios)
-    cursor = DataCursor.from_dict(saved)
     if cursor is None:
+        used = step - sft_steps  # the steps that took scenarios
         per_epoch = math.ceil(num_scenarios / groups_per_step)
-        epoch, within = divmod(step, per_epoch)
+        epoch, within = divmod(used, per_epoch)
         log.warning("the checkpoint of step %d holds no data cursor; continuing at the position %d steps of %d "
-                    "scenarios reach (epoch %d)", step, step, groups_per_step, epoch)
+                    "scenarios reach (epoch %d)", step, used, groups_per_step, epoch)
         return DataCursor(epoch, min(within * groups_per_step, num_scenarios), seed, num_scenarios)
     if (cursor.num_scenarios, cursor.seed) != (num_scenarios, seed):
         raise ConfigError([

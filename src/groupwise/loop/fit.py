@@ -442,7 +442,8 @@ async def fit(
         decision = StopDecision(True, "max_steps", "max_steps=0: nothing to train", 0)
     if not decision:
         cursor = resume_cursor(await model.backend.checkpoint_cursor(model), step=step, num_scenarios=len(train),
-                               groups_per_step=config.groups_per_step, seed=config.seed)
+                               groups_per_step=config.groups_per_step, seed=config.seed,
+                               sft_steps=len({r["step"] for r in history.rows("sft")}))
         if config.max_steps_off_policy > 0:
             step, decision = await run_pipelined(loop, cursor, step)
         else:
