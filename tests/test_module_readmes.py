@@ -50,10 +50,12 @@ def test_the_env_table_gives_each_envs_defaults():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 4 and (m := re.fullmatch(r"(\d+) x (\d+) x (\d+), (\d+), ([\d.e-]+).*", cells[3])):
             rows[cells[0]] = tuple(float(g) for g in m.groups())
-    assert set(rows) == set(ENVS), "every env has one row in envs/README.md's table"
+            rows[cells[0], "sft"] = int(s.group(1)) if (s := re.search(r"after (\d+) demonstrations", cells[3])) else 0
+    assert {k for k in rows if isinstance(k, str)} == set(ENVS), "every env has one row in envs/README.md's table"
     from groupwise.jobs.train import PRESETS
 
     for name, spec in ENVS.items():
         p, max_tokens = PRESETS[name], spec.scenarios(0)[0][0].max_tokens  # the job's preset; the env's answer length
         code = (p.steps, p.groups_per_step, p.rollouts_per_group, max_tokens, p.learning_rate)
         assert rows[name] == tuple(float(v) for v in code), name
+        assert rows[name, "sft"] == p.sft, f"{name}: the table names the warm start of its preset"  # e.g. tictactoe

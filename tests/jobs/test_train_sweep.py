@@ -13,8 +13,31 @@ def test_a_sweep_is_every_seed_with_every_rate_and_refuses_what_names_one_run():
     job = TrainJob("2048", seeds=[0, 1], lr=[5e-4, 1e-3])
     assert job.runs() == [(0, 5e-4), (0, 1e-3), (1, 5e-4), (1, 1e-3)]
     assert job.preset(1e-3).learning_rate == 1e-3 and TrainJob("2048", seed=3).runs() == [(3, None)]
-    with pytest.raises(ConfigError, match="(?s)--name names one run.*--sft warm-starts one run"):
-        TrainJob("2048", seeds=[0, 1], name="mine", sft=4)
+    with pytest.raises(ConfigError, match="--name names one run"):
+        TrainJob("2048", seeds=[0, 1], name="mine")
+    # the warm start is each run's: a sweep may ask for it, and tic-tac-toe's preset does
+    assert TrainJob("2048", seeds=[0, 1], sft=4).preset().sft == 4
+    assert TrainJob("tictactoe").preset().sft == 64 and TrainJob("tictactoe", sft=0).preset().sft == 0
+    assert TrainJob("2048").preset().sft == 0 and TrainJob("tictactoe-minimax").preset().sft == 0
+
+
+def test_a_sweep_warm_starts_each_run_then_trains_it(tmp_path, capsys, tiny_model_dir):
+    import asyncio
+
+    import groupwise as gw
+    from groupwise.jobs.train import train
+
+    job = TrainJob("tictactoe", model=tiny_model_dir, seeds=[0, 1], path=str(tmp_path), device="cpu", sft=2,
+                   sft_epochs=1, sft_lr=1e-3, steps=1, groups_per_step=2, rollouts_per_group=2)
+    result = asyncio.run(train(job))
+    out = capsys.readouterr().out
+    assert "first a warm start on 2 demonstrations each" in out
+    for seed, row in zip((0, 1), result["runs"]):
+        assert row["sft_steps"] == 1 and row["final_step"] == 2 and row["sft"] is not None, row
+        history = gw.load_history(row["run_dir"])
+        assert [r["step"] for r in history if r["split"] == "sft"] == [0]
+        assert [r["step"] for r in history if r["split"] == "train"] == [1]
+        assert [r["name"] for r in history if r["split"] == "baseline"] == [f"tictactoe-s{seed}@0", f"tictactoe-s{seed}@1"]
 
 
 def test_the_cli_trains_two_seeds_at_once_and_prints_a_line_per_step_per_run_and_a_table(tmp_path, capsys, monkeypatch,

@@ -1,7 +1,8 @@
 """`groupwise train <env> --seeds 0-3` / `--lr 5e-4,1e-3`: a sweep, every run at once in this process.
 
 One `LocalBackend` holds the base model once; each run (a seed and a learning rate) is a model of its own
-on it, with its own run folder ``<env>/<env>-s<seed>[-lr<rate>]`` (resumed like a single run's), and
+on it, with its own run folder ``<env>/<env>-s<seed>[-lr<rate>]`` (resumed like a single run's), warm-started
+first when the preset or ``--sft`` asks (one run after another), and
 `gw.fit_runs` trains them together (loop/sweep.py): the engine batches every run's rollouts, the updates
 take turns on the shared weights, and each run trains as it would alone. The loop's line of each step
 starts with its run's name; a run that fails ends alone and the table says why. At the end, one row per
@@ -30,6 +31,7 @@ async def sweep(job: Any) -> dict[str, Any]:
     """Train every run of `job` (a `TrainJob`) at once; returns {"runs": [each run's summary]} (JSON-able)."""
     import groupwise as gw
     from groupwise.envs import get_env
+    from groupwise.jobs.train import warm_started
     from groupwise.loop.series import points
 
     spec = get_env(job.env)
@@ -40,7 +42,8 @@ async def sweep(job: Any) -> dict[str, Any]:
     print(f"[groupwise train] env={spec.name} ({spec.description})")
     print(f"[groupwise train] {len(runs)} runs at once on one copy of {job.model}: seeds "
           f"{sorted({s for s, _ in runs})}, lr {sorted({job.preset(lr).learning_rate for _, lr in runs})}; "
-          f"steps<={first.steps} groups/step={first.groups_per_step} rollouts/group={first.rollouts_per_group}")
+          f"steps<={first.steps} groups/step={first.groups_per_step} rollouts/group={first.rollouts_per_group}"
+          + (f"; first a warm start on {first.sft} demonstrations each" if first.sft else ""))
     t0 = time.monotonic()
     backend = job_backend(job, first, runs=len(runs))
     plans, models = [], []
@@ -53,6 +56,7 @@ async def sweep(job: Any) -> dict[str, Any]:
             model = gw.TrainableModel(name=run_name(spec.name, seed, lr, rates), project=spec.name,
                                       base_model=job.model, base_path=job.path)
             await model.register(backend)
+            sft_steps, baselines = await warm_started(job, spec, preset, model, seed)
             judge = (job.judge or [None])[0]
             plans.append(gw.FitRun(
                 model, spec.rollout, train_s,
@@ -60,8 +64,9 @@ async def sweep(job: Any) -> dict[str, Any]:
                 test_scenarios=test_s if spec.val_metric else None,
                 score_group=score_group_of(spec, judge, model, job.model, job.gate),
                 validate=spec.validate if spec.val_metric else None,
-                config=loop_config(spec, preset, preset.steps, seed, job.device)))
-            models.append((model, seed, preset))
+                baselines=baselines if spec.val_metric else (),
+                config=loop_config(spec, preset, preset.steps + sft_steps, seed, job.device)))
+            models.append((model, seed, preset, sft_steps))
         load_s = time.monotonic() - t0
         print(f"[groupwise train] loaded in {load_s:.1f}s; run folders under {Path(job.path) / spec.name}")
         results = await gw.fit_runs(plans)
@@ -69,7 +74,7 @@ async def sweep(job: Any) -> dict[str, Any]:
         await backend.close()
     minutes = (time.monotonic() - t0) / 60
     out = []
-    for (model, seed, preset), result in zip(models, results):
+    for (model, seed, preset, sft_steps), result in zip(models, results):
         history = gw.load_history(model.run_dir)
         base = next((p for p in points(history, "val", metric) if p.step == 0), None)
         row: dict[str, Any] = {"run": model.name, "seed": seed, "learning_rate": preset.learning_rate,
@@ -82,7 +87,8 @@ async def sweep(job: Any) -> dict[str, Any]:
             best = next((p for p in points(history, "val", metric) if p.step == result.best_step), None)
             row.update(best=result.best_value, best_interval=[best.lo, best.hi] if best else None,
                        best_step=result.best_step, final_step=result.final_step, test=result.test,
-                       stop_rule=result.stop.rule)
+                       stop_rule=result.stop.rule, sft_steps=sft_steps,
+                       sft=result.baselines.get(model.inference_name(sft_steps)) if sft_steps else None)
             Path(model.run_dir, "summary.json").write_text(json.dumps(row, indent=2))
         row["_points"] = (base, best if not isinstance(result, BaseException) else None)
         out.append(row)
