@@ -209,7 +209,8 @@ async def warm_started(job: TrainJob, spec: "EnvSpec", preset: Preset, model: An
 
     demos = env_demonstrations(spec, preset.sft, seed=seed)
     sft_steps = await warm_start(model, demos, epochs=job.sft_epochs, learning_rate=job.sft_lr, seed=seed)
-    return sft_steps, [AtStep(model, sft_steps)]
+    # 0 for a run that had trained GRPO steps before it was asked for a warm start: it has none to score
+    return sft_steps, [AtStep(model, sft_steps)] if sft_steps else []
 
 
 async def train(job: TrainJob) -> dict[str, Any]:
