@@ -68,7 +68,8 @@ async def sweep(job: Any) -> dict[str, Any]:
                 config=loop_config(spec, preset, preset.steps + sft_steps, seed, job.device)))
             models.append((model, seed, preset, sft_steps))
         load_s = time.monotonic() - t0
-        print(f"[groupwise train] loaded in {load_s:.1f}s; run folders under {Path(job.path) / spec.name}")
+        done = "loaded and warm-started" if any(m[3] for m in models) else "loaded"
+        print(f"[groupwise train] {done} in {load_s:.1f}s; run folders under {Path(job.path) / spec.name}")
         results = await gw.fit_runs(plans)
     finally:
         await backend.close()
