@@ -65,7 +65,7 @@ def test_argument_errors_are_one_line_and_exit_2_before_loading(args, needle):
     (["sft", "email", "--path", "{file}/runs"], "is a file, not a folder"),
     (["sft", "{file}.jsonl"], "{file}.jsonl: no such file"),
     (["sft", "2048"], "2048: env '2048' has no scripted demonstrator; these have one: email"),
-    (["sft", "chess"], "chess: neither a JSONL file nor an env with a scripted demonstrator (email)"),
+    (["sft", "chess"], "chess: neither a JSONL file nor an env with a scripted demonstrator (email, tictactoe, tictactoe-minimax)"),
 ])
 def test_caller_errors_found_by_the_hostile_test_are_one_line_before_loading(tmp_path, args, needle):
     """Each of these used to print a traceback, several after the model had loaded."""

@@ -50,5 +50,5 @@ async def test_a_resumed_run_continues_the_history_the_file_holds(tmp_path):
     assert memory.snapshot() == on_disk and memory.loads == 0  # memory is the file, never read back
     assert RunHistory(summary.run_dir).snapshot() == on_disk  # and a fresh reader sees the same
     assert [(r["step"], r["split"]) for r in on_disk if r["split"] in ("train", "val", "stop")] == [
-        (0, "val"), (0, "train"), (1, "train"), (2, "val"), (2, "train"), (3, "stop"),
+        (0, "val"), (0, "train"), (1, "train"), (2, "val"), (2, "train"), (3, "val"), (3, "stop"),
         (3, "train"), (4, "val"), (4, "train"), (5, "train"), (6, "val"), (6, "stop")]

@@ -78,6 +78,24 @@ async def test_a_solved_task_stops_as_converged_with_its_summary(tmp_path):
     assert stop[0]["evidence"]["reward_range"] == [0.0, 1.2]
 
 
+async def test_a_run_that_stops_between_validations_validates_its_last_checkpoint(tmp_path):
+    # solved at step 3 while validation comes every 5 steps: the stop scores step 3, which is then the best
+    # (the base, scored at step 0, answers wrong half the time); the test runs on it, not on the base
+    model = gw.TrainableModel("solved-early", project="loop", base_model="none", base_path=str(tmp_path))
+    await model.register(ScriptedBackend())
+    cfg = gw.LoopConfig(rollouts_per_group=4, groups_per_step=2, max_steps=20, eval_every=5, num_epochs=10,
+                        patience=100)
+    right = lambda t, s: float(s["answer"] in (t.messages_and_choices[-1]["content"] or ""))  # noqa: E731
+    summary = await gw.fit(model, learns_by_step(3), SCENARIOS[:8], val_scenarios=SCENARIOS[8:11],
+                           test_scenarios=SCENARIOS[11:13], validate=right, config=cfg)
+    assert summary.stop.rule == "converged" and summary.final_step == 3
+    h = gw.load_history(summary.run_dir)
+    assert [r["step"] for r in h if r["split"] == "val"] == [0, 3]
+    assert summary.best_step == 3 and summary.best_value == 1.0 and summary.test is not None
+    stop = events(h, "stop")
+    assert stop[0]["best_step"] == 3
+
+
 async def test_a_task_solved_at_the_base_stops_when_validation_is_at_its_ceiling(tmp_path):
     model = gw.TrainableModel("easy", project="loop", base_model="none", base_path=str(tmp_path))
     backend = ScriptedBackend()

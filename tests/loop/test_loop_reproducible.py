@@ -76,7 +76,8 @@ async def run(base: str, path: Path, jitter: random.Random | None) -> dict:
 async def test_two_seeded_runs_with_different_arrival_times_are_bitwise_one_run(peaked_tiny_model, tmp_path):
     first = await run(peaked_tiny_model, tmp_path / "a", None)
     second = await run(peaked_tiny_model, tmp_path / "b", random.Random(1))
-    assert [len(g) for g in first["trained"][2]] == [8, 8] and len(first["history"]["val"]) == 2
+    # validated at steps 0 and 2 (eval_every) and at the stop, step 3
+    assert [len(g) for g in first["trained"][2]] == [8, 8] and [r["step"] for r in first["history"]["val"]] == [0, 2, 3]
     assert first["adapters"], "no checkpoint kept"
     for step in range(3):
         assert first["trained"][step] == second["trained"][step], f"train step {step}: tokens, logprobs or rewards differ"

@@ -130,6 +130,20 @@ async def warm_start(model: Any, trajectories: list[Any], *, epochs: int, learni
     return epochs
 
 
+async def warm_started(spec: EnvSpec, n: int, model: Any, *, seed: int, epochs: int,
+                       learning_rate: float) -> tuple[int, list[Any]]:
+    """`groupwise train`'s warm start of `n` demonstrations (the preset's or ``--sft``), if any: (the run's SFT
+    steps, the baselines for `fit`: its last SFT step, scored as a baseline GRPO has to beat)."""
+    if not n:
+        return 0, []
+    from groupwise.loop.rollout_inputs import AtStep
+
+    sft_steps = await warm_start(model, env_demonstrations(spec, n, seed=seed), epochs=epochs,
+                                 learning_rate=learning_rate, seed=seed)
+    # 0 for a run that had trained GRPO steps before it was asked for a warm start: it has none to score
+    return sft_steps, [AtStep(model, sft_steps)] if sft_steps else []
+
+
 async def sft(job: SFTJob) -> dict[str, Any]:
     """`groupwise sft`: warm-start a run from demonstrations; GRPO can continue it under the same name."""
     import groupwise as gw

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from groupwise.config import DEFAULT_MARGIN
 from groupwise.jobs.common import Dtype, device_field, dtype_field, model_field, run_name_problem, store_field
 from groupwise.jobs.fields import Command, Job, arg
-from groupwise.jobs.sft import SFT_EPOCHS, SFT_LEARNING_RATE
+from groupwise.jobs.sft import SFT_EPOCHS, SFT_LEARNING_RATE, warm_started
 from groupwise.jobs.train_setup import job_backend, judge_target, loop_config, peak_rss_gb, score_group_of, with_ci
 
 if TYPE_CHECKING:
@@ -199,20 +199,6 @@ async def _select_judge(spec: EnvSpec, judges: list[str], labels: str, model: An
     return chosen.label
 
 
-async def warm_started(job: TrainJob, spec: "EnvSpec", preset: Preset, model: Any, seed: int) -> tuple[int, list[Any]]:
-    """The supervised warm start of `preset.sft` demonstrations (jobs/sft.py), if any: (the run's SFT steps,
-    the baselines for `fit`: its last SFT step, scored as a baseline GRPO has to beat)."""
-    if not preset.sft:
-        return 0, []
-    from groupwise.jobs.sft import env_demonstrations, warm_start
-    from groupwise.loop.rollout_inputs import AtStep
-
-    demos = env_demonstrations(spec, preset.sft, seed=seed)
-    sft_steps = await warm_start(model, demos, epochs=job.sft_epochs, learning_rate=job.sft_lr, seed=seed)
-    # 0 for a run that had trained GRPO steps before it was asked for a warm start: it has none to score
-    return sft_steps, [AtStep(model, sft_steps)] if sft_steps else []
-
-
 async def train(job: TrainJob) -> dict[str, Any]:
     """Run the main job; returns a JSON-able summary (also written to <run_dir>/summary.json).
 
@@ -253,7 +239,8 @@ async def train(job: TrainJob) -> dict[str, Any]:
     resumed = await model.get_step()
     print(f"[groupwise train] loaded {model_name} in {load_s:.1f}s; run folder {model.run_dir}"
           + (f" (resuming at step {resumed})" if resumed else ""))
-    sft_steps, baselines = await warm_started(job, spec, preset, model, seed)
+    sft_steps, baselines = await warm_started(spec, preset.sft, model, seed=seed, epochs=job.sft_epochs,
+                                              learning_rate=job.sft_lr)
     max_steps += sft_steps  # --steps counts the GRPO steps
 
     config = loop_config(spec, preset, max_steps, seed, job.device)

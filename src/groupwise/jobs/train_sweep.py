@@ -31,7 +31,7 @@ async def sweep(job: Any) -> dict[str, Any]:
     """Train every run of `job` (a `TrainJob`) at once; returns {"runs": [each run's summary]} (JSON-able)."""
     import groupwise as gw
     from groupwise.envs import get_env
-    from groupwise.jobs.train import warm_started
+    from groupwise.jobs.sft import warm_started
     from groupwise.loop.series import points
 
     spec = get_env(job.env)
@@ -56,7 +56,8 @@ async def sweep(job: Any) -> dict[str, Any]:
             model = gw.TrainableModel(name=run_name(spec.name, seed, lr, rates), project=spec.name,
                                       base_model=job.model, base_path=job.path)
             await model.register(backend)
-            sft_steps, baselines = await warm_started(job, spec, preset, model, seed)
+            sft_steps, baselines = await warm_started(spec, preset.sft, model, seed=seed, epochs=job.sft_epochs,
+                                                      learning_rate=job.sft_lr)
             judge = (job.judge or [None])[0]
             plans.append(gw.FitRun(
                 model, spec.rollout, train_s,

@@ -450,6 +450,10 @@ async def fit(
             step, decision = await run_steps(loop, cursor, step)
         decision = decision or StopDecision(
             True, "data_exhausted", f"used every training scenario for {config.num_epochs} epoch(s) (step {step})", step)
+    if loop.val and step > 0 and not any(r["step"] == step for r in history.rows("val")):
+        # a run that stopped between validations (solved, a detector, the data) still offers its last
+        # checkpoint: unscored, the best would be an older step, the base itself when none was scored
+        await loop.validate_at(step)
     metric, best_step, best_value = loop.best(history, step)
     await history.write({"step": step, "split": "stop", "rule": decision.rule, "reason": decision.reason,
                                "best_step": best_step, "best_metric": metric, "evidence": decision.evidence})
