@@ -396,7 +396,8 @@ class LoopConfig(Validated):
     max_steps: int | None = option(None, help="Stop after this many completed training steps (None: only the other rules and the data end the run).")
     learning_rate: float | None = option(None, help=f"Shorthand for train_config.learning_rate, which owns the rate (None: the TrainConfig's, {TRAIN_LEARNING_RATE_DEFAULT:g} by default). Setting both to different values is a ConfigError, never a silent override.")
     train_config: TrainConfig | None = option(None, help="Full GRPO step settings, the learning rate included (None: TrainConfig defaults, with learning_rate above when set).")
-    eval_every: int = option(5, help="Validate every this many steps (and at step 0, the untrained base).")
+    eval_every: int = option(5, help="Validate every this many steps (and at step 0, the untrained base, and at "
+                                     "the step the run stops on).")
     val_rollouts_per_group: int = option(1, help="Rollouts per validation scenario; the validation metric is their mean.")
     metric: str = option(DEFAULT_VAL_METRIC, help="Name of the validation metric that validate(trajectory, scenario) returns; logged as val/<metric>.")
     higher_is_better: bool = option(True, help="Whether a larger validation metric is better (False for e.g. an error rate).")

@@ -8,7 +8,8 @@ One step::
     truth, logged as the val row ─► detectors ─► policy + stopping rules ─► next step or stop.
 
 At the start the untrained base (``name@0``) and every baseline model are scored once on the validation
-split; at the end the best checkpoint (by the validation metric) is evaluated once on the test split
+split; at the end the step the run stopped on is validated if it was not, and the best checkpoint (by
+the validation metric) is evaluated once on the test split
 (requests to ``name@<best step>``). Everything the loop decides (alerts, baselines, the stop) is
 appended to the run's history (rows of splits ``alert``, ``baseline``, ``loop``, ``stop``; see
 `groupwise.loop.series`), so `groupwise report` can draw it and a resumed run can read it.
