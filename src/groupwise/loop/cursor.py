@@ -52,9 +52,12 @@ def resume_cursor(saved: dict[str, Any], *, step: int, num_scenarios: int, group
     `step` batches of `groups_per_step` would reach, with a warning; steps that were all supervised
     (`sft_steps` of them: a warm start from demonstrations) used no scenario, so the loop begins at the
     start. A cursor saved for another dataset size or seed cannot be continued and raises."""
-    cursor = DataCursor.from_dict(saved) if step else None
-    if step == 0 or (cursor is None and step <= sft_steps):
-        return DataCursor(0, 0, seed, num_scenarios)
+    start = DataCursor(0, 0, seed, num_scenarios)
+    if step == 0:
+        return start
+    cursor = DataCursor.from_dict(saved)
+    if cursor is None and step <= sft_steps:
+        return start
     if cursor is None:
         used = step - sft_steps  # the steps that took scenarios
         per_epoch = math.ceil(num_scenarios / groups_per_step)

@@ -203,6 +203,9 @@ class Loop:
         return AtStep(self.model, step)
 
     # -- validation and baselines --------------------------------------------------------------------
+    def validated(self, step: int) -> bool:
+        return any(r["step"] == step for r in self.history.rows("val"))
+
     async def validate_at(self, step: int) -> list[TrajectoryGroup]:
         t0 = time.perf_counter()
         model = AtStep(self.model, step)
@@ -436,7 +439,7 @@ async def fit(
         await loop.keep_best(loop.best(history, step)[1], history)
     if val:
         await loop.ensure_baselines()
-        if step % config.eval_every == 0 and not any(r["step"] == step for r in history.rows("val")):
+        if step % config.eval_every == 0 and not loop.validated(step):
             await loop.validate_at(step)  # resumed right after a crash between train and validation
     decision = check_stopping(history, step, config) if step > 0 else StopDecision(False)
     if not decision and config.max_steps == 0:
@@ -444,14 +447,14 @@ async def fit(
     if not decision:
         cursor = resume_cursor(await model.backend.checkpoint_cursor(model), step=step, num_scenarios=len(train),
                                groups_per_step=config.groups_per_step, seed=config.seed,
-                               sft_steps=len({r["step"] for r in history.rows("sft")}))
+                               sft_steps=len(history.rows("sft")))  # rows(): one per step
         if config.max_steps_off_policy > 0:
             step, decision = await run_pipelined(loop, cursor, step)
         else:
             step, decision = await run_steps(loop, cursor, step)
         decision = decision or StopDecision(
             True, "data_exhausted", f"used every training scenario for {config.num_epochs} epoch(s) (step {step})", step)
-    if loop.val and step > 0 and not any(r["step"] == step for r in history.rows("val")):
+    if loop.val and step > 0 and not loop.validated(step):
         # a run that stopped between validations (solved, a detector, the data) still offers its last
         # checkpoint: unscored, the best would be an older step, the base itself when none was scored
         await loop.validate_at(step)

@@ -97,13 +97,8 @@ def _opponent_move(board: str, opponent: str, rng: random.Random) -> int:
 
 async def rollout(model: Any, scenario: ScenarioTicTacToe) -> Trajectory:
     """Play one game; returns the trajectory with reward, metrics and every Choice kept."""
-    rng = random.Random(scenario.seed)
+    rng, board, traj = _opening(scenario)
     mark = scenario.agent_mark
-    board = " " * 9
-    if to_move(board) != mark:
-        board = play(board, _opponent_move(board, scenario.opponent, rng))
-    traj = new_trajectory(SYSTEM_PROMPT.format(mark=mark), user_prompt(board, mark))
-    traj.metadata.update({"env": "tictactoe", "seed": scenario.seed, "opponent": scenario.opponent, "mark": mark})
     invalid = False
     moves = tagged = loose = 0
     while not is_over(board):
@@ -120,10 +115,8 @@ async def rollout(model: Any, scenario: ScenarioTicTacToe) -> Trajectory:
             invalid = True
             traj.log(f"invalid reply {choice_text(choice)[:80]!r} on board {board!r}")
             break
-        board = play(board, cell - 1)
+        board = _answered(board, cell, scenario, rng)
         moves += 1
-        if not is_over(board):
-            board = play(board, _opponent_move(board, scenario.opponent, rng))
     return _scored(traj, board, mark, invalid=invalid, moves=moves, tagged=tagged, loose=loose)
 
 
@@ -131,26 +124,38 @@ def demonstration(scenario: ScenarioTicTacToe) -> Trajectory:
     """The game of a scripted agent that plays minimax's move in the exact tag, against the scenario's
     opponent, graded like a rollout: the demonstrations of a supervised warm start (`--sft N`). What it
     teaches first is what an untrained 135M model lacks: one tag naming a free cell, every turn."""
-    rng = random.Random(scenario.seed)  # the opponent's, as in the rollout: the same game for the same moves
+    rng, board, traj = _opening(scenario)  # the opponent's rng, as in the rollout: the same game for the same moves
     own = random.Random(f"demonstrator {scenario.seed}")  # among equally good moves
     mark = scenario.agent_mark
-    board = " " * 9
-    if to_move(board) != mark:
-        board = play(board, _opponent_move(board, scenario.opponent, rng))
-    traj = new_trajectory(SYSTEM_PROMPT.format(mark=mark), user_prompt(board, mark))
-    traj.metadata.update({"env": "tictactoe", "seed": scenario.seed, "opponent": scenario.opponent, "mark": mark,
-                          "policy": "scripted"})
+    traj.metadata["policy"] = "scripted"
     moves = 0
     while not is_over(board):
         if moves:
             traj.messages_and_choices.append({"role": "user", "content": user_prompt(board, mark)})
         cell = minimax_move(board, own) + 1
         traj.messages_and_choices.append({"role": "assistant", "content": f"<move>{cell}</move>"})
-        board = play(board, cell - 1)
+        board = _answered(board, cell, scenario, rng)
         moves += 1
-        if not is_over(board):
-            board = play(board, _opponent_move(board, scenario.opponent, rng))
     return _scored(traj, board, mark, invalid=False, moves=moves, tagged=moves, loose=0)
+
+
+def _opening(scenario: ScenarioTicTacToe) -> tuple[random.Random, str, Trajectory]:
+    """(the opponent's rng, the board the agent first sees, the trajectory up to its first question): the
+    opponent moves first when the agent plays O."""
+    rng = random.Random(scenario.seed)
+    mark = scenario.agent_mark
+    board = " " * 9
+    if to_move(board) != mark:
+        board = play(board, _opponent_move(board, scenario.opponent, rng))
+    traj = new_trajectory(SYSTEM_PROMPT.format(mark=mark), user_prompt(board, mark))
+    traj.metadata.update({"env": "tictactoe", "seed": scenario.seed, "opponent": scenario.opponent, "mark": mark})
+    return rng, board, traj
+
+
+def _answered(board: str, cell: int, scenario: ScenarioTicTacToe, rng: random.Random) -> str:
+    """The board after the agent takes `cell` (1-9, free) and the opponent replies, unless that ended the game."""
+    board = play(board, cell - 1)
+    return board if is_over(board) else play(board, _opponent_move(board, scenario.opponent, rng))
 
 
 def _scored(traj: Trajectory, board: str, mark: str, *, invalid: bool, moves: int, tagged: int, loose: int) -> Trajectory:
