@@ -18,7 +18,8 @@ A step is a user's loop: --prompts groups of --group-size rollouts, then `model.
 Runs differ by seed (rollouts) and learning rate (1e-3 x (1 + run / 2)), as a sweep's do.
 
 Printed: per case the timed wall time, rollout + trainable tokens, tokens/s, peak memory (CUDA: the
-allocator's peak; CPU: peak RSS) and the time in rollout and in train phases, then the ratios together / sequence: tokens/s (higher is better) and
+allocator's peak; CPU: peak RSS) and the time in rollout and in train phases (and in the train phases,
+the trainer's own steps: forward, backward, optimizer), then the ratios together / sequence: tokens/s (higher is better) and
 peak memory (against one run alone, i.e. the sequence's peak).
 """
 
@@ -101,6 +102,7 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
             if barrier is not None:
                 await barrier.wait()  # every run's timed steps start together
             totals.setdefault("t0", time.perf_counter())
+            totals.setdefault("engine0", _engine_counters(model.backend()))
         if args.lockstep and barrier is not None and step > args.warmup:
             await barrier.wait()  # every run's rollouts of this step start together: one batch
         t0 = time.perf_counter()
@@ -111,6 +113,18 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
             totals.setdefault("events", []).append((step, t0, t1, time.perf_counter()))
             totals["rollout_tokens"] = totals.get("rollout_tokens", 0) + _tokens(groups)
             totals["trainable_tokens"] = totals.get("trainable_tokens", 0) + result.metrics.get("trainable_tokens", 0)
+            totals["update_s"] = totals.get("update_s", 0) + result.metrics.get("update_time", 0)
+
+
+COUNTERS = ("prefill_passes", "warm_passes", "decode_passes", "graph_captures")
+
+
+def _engine_counters(backend: Any) -> dict[str, int]:
+    """The engine's pass counters (inference/step_state.py's EngineStats), for where a rollout phase's time
+    goes; read from the in-process worker (a bench's look inside, not an API), so 0 if it is elsewhere."""
+    worker = getattr(backend, "_worker", None)
+    engines = [b.engine for b in getattr(worker, "bases", {}).values()]
+    return {k: sum(getattr(e.stats, k, 0) for e in engines) for k in COUNTERS}
 
 
 def _backend(args: Any, path: str) -> Any:
@@ -119,7 +133,7 @@ def _backend(args: Any, path: str) -> Any:
     random_arch = args.arch not in ("smollm2",)
     runs = args.runs if args.case == "together" else 1  # the engine batches every run's rollouts of a step
     return gw.LocalBackend(path=path, device=args.device, dtype=args.dtype, best_checkpoint_metric=None,
-                           served_steps=1, serve_http=False, max_batch_size=runs * args.prompts * args.group_size,
+                           served_steps=1, serve_http=False, verify_adapter=not args.no_verify, max_batch_size=runs * args.prompts * args.group_size,
                            lora=gw.LoraConfig(rank=args.rank, alpha=2 * args.rank),
                            load_model=random_model if random_arch else None)
 
@@ -143,6 +157,8 @@ async def case(args: Any) -> dict[str, Any]:
             barrier = asyncio.Barrier(args.runs)
             await asyncio.gather(*(_train_run(m, args, r, barrier, totals) for r, m in enumerate(models)))
             timed = time.perf_counter() - totals["t0"]
+            end = _engine_counters(backend)
+            totals.update({k: end[k] - totals["engine0"][k] for k in COUNTERS})
         finally:
             await backend.close()
     else:
@@ -154,9 +170,12 @@ async def case(args: Any) -> dict[str, Any]:
                 await model.register(backend)
                 await _train_run(model, args, r, None, one)
                 timed += time.perf_counter() - one["t0"]
+                end = _engine_counters(backend)
+                for k in COUNTERS:
+                    totals[k] = totals.get(k, 0) + end[k] - one["engine0"][k]
             finally:
                 await backend.close()
-            for k in ("rollout_tokens", "trainable_tokens"):
+            for k in ("rollout_tokens", "trainable_tokens", "update_s"):
                 totals[k] = totals.get(k, 0) + one.get(k, 0)
             totals.setdefault("events", []).extend(one.get("events", []))
     # where the time went: the rollout phase (first rollout started -> last group gathered) and the train
@@ -170,7 +189,9 @@ async def case(args: Any) -> dict[str, Any]:
         phases["rollout_s"] += max(t[1] for t in ts) - min(t[0] for t in ts)
         phases["train_s"] += max(t[2] for t in ts) - max(t[1] for t in ts)
     return {"case": args.case, "timed_s": timed, **phases, "rollout_tokens": totals.get("rollout_tokens", 0),
-            "trainable_tokens": totals.get("trainable_tokens", 0), "peak_gb": _peak_gb(args.device)}
+            "trainable_tokens": totals.get("trainable_tokens", 0), "update_s": totals.get("update_s", 0),
+            **{k: totals.get(k, 0) for k in COUNTERS},
+            "peak_gb": _peak_gb(args.device)}
 
 
 def _peak_gb(device: str) -> float:
@@ -200,6 +221,8 @@ def main() -> int:
     p.add_argument("--micro-batch-tokens", type=int, default=16384, help="GPU; the CPU uses 512 (the main job's)")
     p.add_argument("--lockstep", action="store_true", help="together: every run starts a step's rollouts when all "
                    "runs have trained the last one (their rollouts batch together), instead of free-running")
+    p.add_argument("--no-verify", action="store_true", help="skip the check after each step that the engine "
+                   "serves the new adapter (BackendOptions.verify_adapter): what the check costs")
     p.add_argument("--case", choices=["together", "sequence"], default=None, help="(internal) run one case")
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -228,7 +251,9 @@ def main() -> int:
         results[name] = r
         print(f"{name:>9}: {r['timed_s']:.1f} s timed, {r['rollout_tokens']:.0f} rollout + {r['trainable_tokens']:.0f} "
               f"trainable tokens, {r['tok_s']:.0f} tok/s, peak {r['peak_gb']:.2f} GB; rollout phases "
-              f"{r['rollout_s']:.1f} s, train phases {r['train_s']:.1f} s", flush=True)
+              f"{r['rollout_s']:.1f} s, train phases {r['train_s']:.1f} s "
+              f"(of which optimizer steps {r['update_s']:.1f} s); engine passes: "
+              + ", ".join(f"{k} {r.get(k, 0)}" for k in COUNTERS), flush=True)
     seq, tog = results["sequence"], results["together"]
     print(f"\n{args.runs} runs of {_base(args)} on {card} ({args.workload}: {args.prompts} x {args.group_size} rollouts "
           f"a step, {args.steps} timed steps each): together / sequence = "

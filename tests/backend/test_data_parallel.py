@@ -141,3 +141,19 @@ def test_a_flipped_bit_changes_the_adapter_fingerprint():
     swapped = [t.clone() for t in tensors]
     swapped[0].view(-1)[[0, 1]] = swapped[0].view(-1)[[1, 0]]  # same values, other places
     assert fingerprint(tensors) != fingerprint(swapped)
+
+
+def test_the_fingerprint_is_the_sum_of_each_tensors_bit_sums():
+    # Computed here tensor by tensor; the function sums tensors of one shape together (fewer launches):
+    # the two must agree, whatever the order and the mix of shapes and dtypes.
+    from groupwise.backend.replica import fingerprint
+
+    tensors = [torch.randn(8, 16), torch.randn(16, 4), torch.randn(8, 16), torch.randn(3).bfloat16()]
+    plain = weighted = 0
+    for t in tensors:
+        bits = t.view(-1).view(torch.int32 if t.element_size() == 4 else torch.int16).to(torch.int64)
+        plain += int(bits.sum())
+        weighted += int((bits * torch.arange(1, bits.numel() + 1) % 1_000_003).sum())
+    assert fingerprint(tensors) == [plain, weighted]
+    assert fingerprint(tensors[::-1]) == [plain, weighted]
+    assert fingerprint([]) == [0, 0]

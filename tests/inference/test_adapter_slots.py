@@ -98,3 +98,29 @@ async def test_an_adapter_handed_over_in_memory_serves_as_its_folder_does(tiny, 
             eng.add_adapter("no-config", weights=weights)
     finally:
         eng.close()
+
+
+def test_a_refilled_slot_holds_the_weights_by_peft_keys_and_refuses_other_keys(tiny, adapter_dirs):
+    # The refill copies into the slot's tensors by peft's state-dict keys without peft's walk over the
+    # model; weights of other keys (another shape that the config hides) go through peft and are refused.
+    from peft import PeftConfig
+    from peft.utils import load_peft_weights
+
+    eng = _engine(tiny)
+    try:
+        eng.add_adapter("one", adapter_dirs[1])
+        slot_tensors = eng.adapter_parameters("one")
+        eng.remove_adapter("one")
+        weights = load_peft_weights(adapter_dirs[2], device="cpu")
+        config = PeftConfig.from_pretrained(adapter_dirs[2])
+        eng.add_adapter("two", weights=weights, config=config)
+        served = eng.adapter_parameters("two")
+        assert served.keys() == weights.keys() and len(served) > 0
+        assert all(served[k] is slot_tensors[k] for k in served)  # the same tensors, refilled in place
+        assert all(torch.equal(served[k].cpu(), weights[k]) for k in weights)
+        eng.remove_adapter("two")
+        renamed = {k.replace("lora_A", "lora_X"): v for k, v in weights.items()}
+        with pytest.raises(EngineError, match="does not have the LoRA shape its config says"):
+            eng.add_adapter("bad", weights=renamed, config=config)
+    finally:
+        eng.close()

@@ -93,3 +93,42 @@ def test_a_snapshot_is_written_as_taken_even_after_the_model_moves_on(tmp_path, 
     config = json.loads((written / "adapter_config.json").read_text())
     assert config == {**json.loads((tmp_path / "peft" / "adapter_config.json").read_text()), "inference_mode": True}
     assert verify_checkpoint(latest_checkpoint(tmp_path / "snap")) is None
+
+
+def test_the_trainers_kept_adapter_state_is_peft_state_dict_across_adapter_sets(tmp_path, tiny_model):
+    # Trainer.adapter_state keeps peft's key -> parameter map instead of peft's walk each step: it must
+    # give peft's keys and the live values after an update, follow a change of the model's adapters
+    # (another run's adapter added), and a snapshot taken with it must write the same files.
+    import torch
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from groupwise.config import LoraConfig
+    from groupwise.training.adapters import add_lora_adapter, wrap_with_lora
+    from groupwise.training.checkpoint import snapshot_checkpoint, write_checkpoint
+    from groupwise.training.trainer import Trainer
+
+    model = wrap_with_lora(tiny_model, LoraConfig(rank=4, alpha=8))
+    trainer = Trainer(model)
+
+    def check() -> None:
+        want = get_peft_model_state_dict(model, adapter_name=trainer.adapter_name)
+        got = trainer.adapter_state()
+        assert got.keys() == want.keys()
+        assert all(got[k].data_ptr() == want[k].data_ptr() and torch.equal(got[k], want[k]) for k in want)
+
+    check()
+    first = trainer.adapter_state()
+    with torch.no_grad():
+        for _, p in trainer.trainable_named_parameters():
+            p.add_(0.5)  # an update writes into the same tensors
+    check()
+    add_lora_adapter(model, LoraConfig(rank=4, alpha=8, seed=1), "other-run")
+    check()
+    assert trainer.adapter_state().keys() == first.keys()
+    names = [n for n, _ in trainer.trainable_named_parameters()]
+    kept = write_checkpoint(tmp_path / "kept", snapshot_checkpoint(1, model=model, optimizer=None, param_names=names,
+                                                                   state=trainer.adapter_state()))
+    walked = write_checkpoint(tmp_path / "walked", snapshot_checkpoint(1, model=model, optimizer=None, param_names=names))
+    a, b = (load_file(str(p / "adapter_model.safetensors")) for p in (kept, walked))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -37,12 +37,16 @@ def fingerprint(tensors: Any) -> list[int]:
     tensors' device until one read at the end (a read per tensor waited on the GPU hundreds of times)."""
     import torch
 
-    sums = []
+    # Tensors of one shape are summed in one pass: a few launches per shape, not per tensor (hundreds).
+    groups: dict[tuple, list[Any]] = {}
     for t in tensors:
-        bits = t.detach().contiguous().view(-1).view(torch.int32 if t.element_size() == 4 else torch.int16)
-        bits = bits.to(torch.int64)
-        sums.append(torch.stack([bits.sum(),
-                                 (bits * torch.arange(1, bits.numel() + 1, device=bits.device) % 1_000_003).sum()]))
+        groups.setdefault((tuple(t.shape), t.dtype, t.device), []).append(t.detach())
+    sums = []
+    for (_, _, device), ts in groups.items():
+        flat = torch.stack(ts).contiguous().view(len(ts), -1)
+        bits = flat.view(torch.int32 if flat.element_size() == 4 else torch.int16).to(torch.int64)
+        position = torch.arange(1, bits.shape[1] + 1, device=device)
+        sums.append(torch.stack([bits.sum(), (bits * position % 1_000_003).sum()]))
     if not sums:
         return [0, 0]
     plain, weighted = torch.stack([s.to(sums[0].device) for s in sums]).sum(dim=0).tolist()  # int64: no overflow at LoRA sizes
@@ -268,7 +272,8 @@ class Replica:
         from groupwise.training.checkpoint import snapshot_checkpoint
 
         return snapshot_checkpoint(step, model=self.peft_model, optimizer=self.trainer.optimizer,
-                                   param_names=self._param_names(), adapter_name=self.trainer.adapter_name)
+                                   param_names=self._param_names(), adapter_name=self.trainer.adapter_name,
+                                   state=self.trainer.adapter_state())
 
     @staticmethod
     def write(checkpoints_dir: str | Path, snap: Any, metrics: dict[str, float], cursor: dict[str, Any],
@@ -283,7 +288,8 @@ class Replica:
         serves, without a checkpoint of its own."""
         from groupwise.training.adapters import adapter_snapshot
 
-        return adapter_snapshot(self.peft_model, self.adapter)
+        return adapter_snapshot(self.peft_model, self.adapter,
+                                self.trainer.adapter_state() if self.trainer is not None else None)
 
     def reserve_slots(self, n: int) -> None:
         """Make the engine's `n` adapter slots for this model's served steps now (Engine.reserve_slots)."""
@@ -323,21 +329,19 @@ class Replica:
 
     # ------------------------------------------------------------------------------ checks
     def check_adapter(self, step: int) -> None:
-        """The engine's adapter for `step` holds the trainer's weights, tensor for tensor."""
+        """The engine's adapter for `step` holds the trainer's weights, tensor for tensor (one device sync)."""
         import torch
 
         served = served_name(self.name, step)
-        slot = self.engine.peft_adapter_name(self.registry.adapter_name(self.name, step))  # peft's name of it
-        trained = dict(self.trainer.trainable_named_parameters())
-        tag = f".{self.trainer.adapter_name}."
-        mismatched, found = [], False
-        for name, param in self.peft_model.named_parameters():
-            if f".{slot}." in name:
-                found = True
-                ref = trained.get(name.replace(f".{slot}.", tag))
-                if ref is None or not torch.equal(ref.detach().to(param.dtype), param.detach()):
-                    mismatched.append(name.replace(f".{slot}.", "."))  # the tensor, without peft's adapter key
-        if mismatched or not found:
+        engine_has = self.engine.adapter_parameters(self.registry.adapter_name(self.name, step))
+        trained = self.trainer.adapter_state()
+        keys = sorted(k for k in engine_has.keys() & trained.keys() if engine_has[k].shape == trained[k].shape)
+        equal = torch.stack([(trained[k].detach().to(engine_has[k].dtype) == engine_has[k].detach()).all()
+                             for k in keys]).tolist() if keys else []
+        keys += sorted(k for k in engine_has.keys() & trained.keys() if engine_has[k].shape != trained[k].shape)
+        equal += [False] * (len(keys) - len(equal))
+        mismatched = sorted(engine_has.keys() ^ trained.keys()) + [k for k, ok in zip(keys, equal) if not ok]
+        if mismatched or not engine_has:
             raise AdapterMismatchError(
                 f"after step {step} the engine's {served!r} does not hold the trained weights "
                 f"({len(mismatched)} tensor(s) differ, e.g. {mismatched[:2]}): the new adapter was not what the "

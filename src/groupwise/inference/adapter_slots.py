@@ -55,24 +55,39 @@ class AdapterSlots:
         self.slot_of: dict[str, str] = {}
         self.free: list[str] = []
         self._serial = 0
+        self._params: dict[str, dict[str, Any]] = {}  # slot -> its tensors by peft's state-dict keys
+
+    def parameters(self, model: Any, slot: str) -> dict[str, Any]:
+        """The LoRA tensors of peft adapter `slot` under the keys of peft's state dict (no adapter name),
+        found by one walk over the model's parameters and kept: a slot's tensors keep their addresses
+        (the module doc), and walking a base that holds many adapters costs more with each."""
+        params = self._params.get(slot)
+        if params is None:
+            tag = f".{slot}."
+            params = {n.replace(tag, "."): p for n, p in model.named_parameters() if tag in n and "lora_" in n}
+            if slot.startswith(SLOT_PREFIX):  # a caller's own peft adapter may be deleted: not kept
+                self._params[slot] = params
+        return params
 
     def peft_name(self, name: str) -> str:
         """The slot of a served name; any other name (the base, a caller's own peft adapter) is itself."""
         return self.slot_of.get(name, name)
 
     def load(self, runner: Any, name: str, path: str | None = None, *, weights: dict[str, Any] | None = None,
-             config: Any = None) -> None:
+             config: Any = None) -> bool:
         """Put an adapter in a slot (a free one of its shape, else a new one) of the engine's model runner
         (runner.py): the folder `path`, or `weights` (peft's state dict of it) with its peft `config`,
-        which a trainer in the same process hands over without a round trip through files."""
+        which a trainer in the same process hands over without a round trip through files. True when
+        it made a new slot (new modules, which peft adds in training mode)."""
         from peft import PeftConfig
 
         if (weights is None) != (config is None) or (path is None) == (weights is None):
             raise EngineError(f"adapter {name!r}: pass a folder path, or weights with their config (not both)")
         shape = _shape(config if config is not None else PeftConfig.from_pretrained(path))
         slot = next((s for s in self.free if _shape(runner.model.peft_config[s]) == shape), None)
+        created = slot is None
         if slot is not None:
-            self._copy_into(runner.model, slot, name, path, weights)
+            self._copy_into(runner.model, slot, name, path, weights, self.parameters(runner.model, slot))
             self.free.remove(slot)
         elif path is not None:
             slot = self._new_slot(runner, path)
@@ -80,6 +95,7 @@ class AdapterSlots:
             with _folder(weights, config) as folder:
                 slot = self._new_slot(runner, folder)
         self.slot_of[name] = slot
+        return created
 
     def reserve(self, runner: Any, n: int, *, weights: dict[str, Any], config: Any) -> None:
         """Make `n` more free slots of this adapter's shape now (holding `weights` until refilled): what a
@@ -106,13 +122,21 @@ class AdapterSlots:
         self.free.append(self.slot_of.pop(name))
 
     @staticmethod
-    def _copy_into(model: Any, slot: str, name: str, path: str | None, weights: dict[str, Any] | None) -> None:
+    def _copy_into(model: Any, slot: str, name: str, path: str | None, weights: dict[str, Any] | None,
+                   params: dict[str, Any]) -> None:
         import torch
         from peft.utils import load_peft_weights, set_peft_model_state_dict
 
         if weights is None:
             device = next(model.parameters()).device
             weights = load_peft_weights(path, device=str(device))
+        if weights.keys() == params.keys():
+            # The slot's own tensors under the same keys: copied directly, without peft's walk over the
+            # model's state dict (most of the time an adapter swap took on a base of many adapters).
+            with torch.no_grad():
+                for key, param in params.items():
+                    param.copy_(weights[key])
+            return
         with torch.no_grad():
             result = set_peft_model_state_dict(model, weights, adapter_name=slot)
         # load_state_dict copies into the existing tensors (their addresses stay: graphs hold them).

@@ -36,7 +36,8 @@ from groupwise.inference.step_state import StepState
 
 SLOT_ROW = 6  # the row of g["inputs"] holding each row's slot index (MIXED graphs)
 
-__all__ = ["EagerReplay", "GraphSampling", "capture", "decode_with_graph", "graph_sampling", "run_decode_steps"]
+__all__ = ["EagerReplay", "GraphSampling", "capture", "captured", "decode_with_graph", "graph_sampling",
+           "run_decode_steps"]
 
 
 def decode_with_graph(state: StepState, runner: ModelRunner, ids: list[int], pos: list[int], need: int,
@@ -77,17 +78,28 @@ def decode_with_graph(state: StepState, runner: ModelRunner, ids: list[int], pos
     return g["logits"][:k, -1]
 
 
+def _key(state: StepState, k: int, need: int, adapter: str | None, sampled: bool, filtered: bool) -> tuple:
+    B = min(max(1 << (k - 1).bit_length(), 1), state.max_batch_size)
+    Lb = min(max(64, 1 << (need - 1).bit_length()), state.buffers.capacity - 1)
+    return (B, Lb, adapter or BASE, sampled, filtered)
+
+
 def graph_for(state: StepState, runner: ModelRunner, k: int, need: int, adapter: str | None, sampled: bool,
               filtered: bool = False) -> dict[str, Any]:
     """The graph of k rows attending to `need` columns (captured on first use). `filtered`: its
     sampling truncates (top_k/top_p/min_p); graphs without it skip the sort over the vocabulary."""
-    B = min(max(1 << (k - 1).bit_length(), 1), state.max_batch_size)
-    Lb = min(max(64, 1 << (need - 1).bit_length()), state.buffers.capacity - 1)
-    key = (B, Lb, adapter or BASE, sampled, filtered)
+    key = _key(state, k, need, adapter, sampled, filtered)
     g = runner.graphs.get(key)
     if g is None:
-        g = runner.graphs[key] = capture(state, runner, B, Lb, adapter, sampled=sampled, filtered=filtered)
+        g = runner.graphs[key] = capture(state, runner, key[0], key[1], adapter, sampled=sampled, filtered=filtered)
+        state.stats.graph_captures += 1
     return g
+
+
+def captured(state: StepState, runner: ModelRunner, k: int, need: int, adapter: str | None, sampled: bool,
+             filtered: bool = False) -> bool:
+    """Whether `graph_for` has this graph already (no capture)."""
+    return _key(state, k, need, adapter, sampled, filtered) in runner.graphs
 
 
 @dataclass

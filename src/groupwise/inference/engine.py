@@ -226,9 +226,9 @@ class Engine:
         with self._step_lock:
             if name in self._adapters or (self.runner.is_peft() and name in self.model.peft_config):
                 raise EngineError(f"adapter {name!r} is already loaded; remove_adapter({name!r}) first")
-            self.runner.slots.load(self.runner, name, None if path is None else str(path), weights=weights,
-                                   config=config)
-            self.model.eval()
+            if self.runner.slots.load(self.runner, name, None if path is None else str(path), weights=weights,
+                                      config=config):
+                self.model.eval()  # a new slot's modules (a walk over every module: not for a refilled slot)
             self._adapters[name] = str(path) if path is not None else "<memory>"
             self._weights_changed()  # a reused name (or slot) must not find the old weights' KV
 
@@ -287,6 +287,10 @@ class Engine:
     def peft_adapter_name(self, name: str) -> str:
         """The peft adapter (slot) holding the weights served as `name`."""
         return self.runner.peft_name(name)
+
+    def adapter_parameters(self, name: str) -> dict[str, Any]:
+        """The tensors served as `name`, by the keys of peft's state dict (adapter_slots.py)."""
+        return self.runner.slots.parameters(self.model, self.peft_adapter_name(name))
 
     def adapters(self) -> list[str]:
         """Adapters the engine loaded (peft adapters the caller made itself are usable too)."""

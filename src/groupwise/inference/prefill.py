@@ -19,6 +19,8 @@ the first token).
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from groupwise.inference.advance import sample_and_advance
@@ -37,11 +39,14 @@ MIN_WARM_GAIN = 32
 
 def admit(state: StepState) -> list[RequestState]:
     """Take waiting requests, in order, while their choices fit the free slots and the padded
-    prompts fit `max_prefill_tokens` (the first always goes: a long prompt is chunked)."""
+    prompts fit `max_prefill_tokens` (the first always goes: a long prompt is chunked); none before
+    they are due (`StepState.admission_due`)."""
     out: list[RequestState] = []
     free = state.max_batch_size - len(state.running)
     longest = 0
     with state.cv:
+        if not state.admission_due():
+            return out
         while state.waiting:
             st = state.waiting[0]
             longest2 = max(longest, len(st.req.prompt_ids))
@@ -60,8 +65,10 @@ def prefill_isolated(state: StepState, runner: ModelRunner, states: list[Request
     run. Nothing a caller sees happened before the error (tokens reach callers in advance(), which
     isolates its own errors), and the rows' slots are scratch until placed, so a retry is clean."""
     k = len(state.running)
+    start = time.perf_counter()
     try:
         prefill(state, runner, states)
+        state.prefill_s = time.perf_counter() - start  # it ends reading the first tokens back: the pass's time
     except Exception as exc:
         for s in state.running[k:]:  # placed but never sampled: forget them
             s.slot, s.length = -1, 0

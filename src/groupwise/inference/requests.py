@@ -8,6 +8,7 @@ are the engine's bookkeeping, shared by its step modules (step_state.py), not pa
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -108,6 +109,7 @@ class RequestState:
     future: concurrent.futures.Future
     max_new: int
     seqs: list[SeqState] = field(default_factory=list)
+    arrived: float = field(default_factory=time.monotonic)  # when it joined the queue (StepState.admission_due)
 
     def settle(self, result: GenerationResult | None = None, error: BaseException | None = None) -> bool:
         """Answer the caller once; a caller that cancelled (went away) is not answered. True if answered."""

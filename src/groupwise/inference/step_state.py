@@ -10,6 +10,7 @@ here, as a public field, rather than reached through the engine's private attrib
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ class EngineStats:
     decode_passes: int = 0
     max_decode_batch: int = 0  # the most sequences one decode pass ran (several runs' requests share passes)
     warm_passes: int = 0  # prefills of prefixes shared inside one admitted batch (prefill.py)
+    graph_captures: int = 0  # decode graphs captured (decode_graphs.py): each costs a few eager passes
     prefill_tokens: int = 0  # prompt tokens run through the model (pads excluded)
     prefix_hit_tokens: int = 0  # prompt tokens copied from the prefix cache instead
     cancelled_requests: int = 0  # dropped because their caller cancelled (a client went away)
@@ -68,6 +70,7 @@ class StepState:
         self.generator = torch.Generator(device=device)  # unseeded rows of eager sampling
         self.generator.manual_seed(0)
         self.cpu_generator = torch.Generator().manual_seed(0)  # seeds of unseeded rows in graph sampling
+        self.prefill_s = 0.0  # how long the last prefill pass took (admission_due)
 
     def fail_request(self, st: RequestState, exc: BaseException) -> None:
         """Fail one request whose error was traced to it; its running rows are retired by the caller."""
@@ -79,7 +82,27 @@ class StepState:
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
 
+    def admission_due(self) -> bool:
+        """Should the waiting requests be admitted (prefilled) now? At once when no row is running, or
+        when they take every free slot; else once the oldest has waited as long as the last prefill
+        pass took.
+
+        Why wait at all: a prefill is a forward pass of its own, whose fixed cost (an eager pass over
+        every layer) is the same for one prompt as for a hundred, and while it runs no row decodes.
+        Requests come in a trickle (a rollout batch's requests are sent one after another; turns of
+        multi-turn rollouts end at different steps), so admitting each arrival at the next step runs
+        a pass per arrival. Holding them for one prefill's duration bounds the time spent in prefill
+        passes to about half of the wall time under any arrival rate (vLLM's scheduler delay, with a
+        factor of 1), and delays a request by at most that one pass."""
+        with self.cv:  # other threads append to `waiting`
+            if not self.waiting:
+                return False
+            if not self.running or sum(st.req.n for st in self.waiting) >= self.max_batch_size - len(self.running):
+                return True
+            return time.monotonic() - self.waiting[0].arrived >= self.prefill_s
+
     def wanted_elsewhere(self, rows: int) -> bool:
         """Should a run of decode steps over `rows` rows hand control back (decode_graphs.py)? Yes when
-        a pause, a close or a cancellation waits, or a waiting request could take a free slot."""
-        return bool(self.pauses or self.closed or self.cancel_pending or (self.waiting and rows < self.max_batch_size))
+        a pause, a close or a cancellation waits, or waiting requests are due a free slot."""
+        return bool(self.pauses or self.closed or self.cancel_pending
+                    or (self.waiting and rows < self.max_batch_size and self.admission_due()))

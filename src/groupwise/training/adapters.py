@@ -61,15 +61,57 @@ def add_lora_adapter(peft_model: Any, lora: LoraConfig, adapter_name: str) -> No
         peft_model.add_adapter(adapter_name, _peft_lora_config(lora))
 
 
-def adapter_snapshot(model: Any, adapter_name: str) -> tuple[dict[str, torch.Tensor], Any]:
-    """(CPU copies of the adapter's tensors, its config) as peft's `save_pretrained` writes them: its
-    state dict and config functions, without the model card it rewrites on every save. The config
-    carries peft's ``auto_mapping`` (set for a config without a task type) as `auto_mapping_dict`."""
-    import copy
-
+def peft_state(model: Any, adapter_name: str,
+               named: list[tuple[str, torch.nn.Parameter]] | None = None) -> tuple[dict[str, torch.Tensor], bool]:
+    """peft's state dict of the adapter (what `save_pretrained` writes: keys without the adapter's name),
+    and whether every entry is one of `named`'s live parameters, whole (then a caller may keep the key
+    -> parameter map while those parameters live: `AdapterState`)."""
     from peft import get_peft_model_state_dict
 
-    tensors = get_peft_model_state_dict(model, adapter_name=adapter_name, save_embedding_layers="auto")
+    saved = get_peft_model_state_dict(model, adapter_name=adapter_name, save_embedding_layers="auto")
+    if named is None:
+        return saved, False
+    live = {(p.data_ptr(), tuple(p.shape), p.dtype): p for _, p in named}
+    mapped = {k: live.get((v.data_ptr(), tuple(v.shape), v.dtype)) for k, v in saved.items()}
+    if len(mapped) != len(named) or any(p is None for p in mapped.values()):
+        return saved, False
+    return mapped, True  # type: ignore[return-value]
+
+
+class AdapterState:
+    """`peft_state` of one adapter, kept while its parameters are the same objects.
+
+    peft builds its state dict by walking every module and every parameter of the model: on a base
+    shared by several runs, each with its served slots, that walk is most of what a checkpoint
+    snapshot or an adapter check costs, every step. The keys and the parameters they name do not
+    change while the parameters live (optimizer steps and loads write into them), so the map is taken
+    from peft once and reused; a changed parameter list (another adapter set) takes it again, and an
+    adapter whose state dict holds anything but its own parameters (saved embedding layers) is taken
+    from peft every time."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, ...] | None = None
+        self._state: dict[str, torch.Tensor] = {}
+
+    def get(self, model: Any, adapter_name: str, named: list[tuple[str, torch.nn.Parameter]]) -> dict[str, torch.Tensor]:
+        key = tuple(id(p) for _, p in named)
+        if key != self._key:
+            state, whole = peft_state(model, adapter_name, named)
+            if not whole:
+                return state
+            self._key, self._state = key, state
+        return dict(self._state)
+
+
+def adapter_snapshot(model: Any, adapter_name: str,
+                     state: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], Any]:
+    """(CPU copies of the adapter's tensors, its config) as peft's `save_pretrained` writes them: its
+    state dict and config functions, without the model card it rewrites on every save. `state`: that
+    state dict when the caller has it (`AdapterState`). The config carries peft's ``auto_mapping`` (set
+    for a config without a task type) as `auto_mapping_dict`."""
+    import copy
+
+    tensors = state if state is not None else peft_state(model, adapter_name)[0]
     # a copy of its own each (no aliasing, which safetensors refuses); on a CPU model too, so the
     # snapshot does not change under a later update
     tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}

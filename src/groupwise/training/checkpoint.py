@@ -165,16 +165,23 @@ class CheckpointSnapshot:
 
 
 def snapshot_checkpoint(step: int, *, model: Any, optimizer: torch.optim.Optimizer | None, param_names: list[str],
-                        adapter_name: str = TRAIN_ADAPTER) -> CheckpointSnapshot:
-    """The checkpoint of `step` as CPU copies (`CheckpointSnapshot`); refuses a non-finite adapter."""
-    params = dict(model.named_parameters())
-    bad = non_finite_names([(n, params[n]) for n in param_names if n in params])
+                        adapter_name: str = TRAIN_ADAPTER, state: dict[str, torch.Tensor] | None = None
+                        ) -> CheckpointSnapshot:
+    """The checkpoint of `step` as CPU copies (`CheckpointSnapshot`); refuses a non-finite adapter.
+    `state`: the adapter's live parameters by peft's keys, when the caller keeps them
+    (`Trainer.adapter_state`): then no walk over the model's parameters."""
+    if state is not None:
+        named = list(state.items())
+    else:
+        params = dict(model.named_parameters())
+        named = [(n, params[n]) for n in param_names if n in params]
+    bad = non_finite_names(named)
     if bad:
         raise NonFiniteError(
             f"step {step} was not checkpointed: {len(bad)} of the adapter's {len(param_names)} tensors hold nan or "
             f"inf (e.g. {bad[:2]}); a resume must never start from a diverged adapter. Lower the learning rate."
         )
-    tensors, config = adapter_snapshot(model, adapter_name)
+    tensors, config = adapter_snapshot(model, adapter_name, state)
     opt = None
     if optimizer is not None:
         opt = optimizer_to_tensors(optimizer, stored_names(param_names, adapter_name))

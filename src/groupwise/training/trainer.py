@@ -36,7 +36,7 @@ import torch
 from groupwise.config import TrainConfig
 from groupwise.errors import CheckpointMismatchError, ConfigError, GroupwiseError
 from groupwise.module_walk import ModuleWalk
-from groupwise.training.adapters import TRAIN_ADAPTER
+from groupwise.training.adapters import TRAIN_ADAPTER, AdapterState
 from groupwise.training.finite import check_finite, guarded_step
 from groupwise.training.logprobs import base_and_decoder, token_logprobs
 from groupwise.training.lora_forward import AdapterForwards, TrainingForward, holding_values
@@ -131,6 +131,12 @@ class Trainer:
         self._reference: dict[str, torch.Tensor] | None = None  # the KL anchor's adapter values (set_reference)
         self.reference_step: int | None = None  # the checkpoint step they are; None: the base model
         self._trainable: tuple[tuple[str, ...], list[tuple[str, torch.nn.Parameter]]] | None = None
+        self._state = AdapterState()
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """The adapter's live parameters under the keys of peft's state dict (the checkpoint's and the
+        engine's names for them: no adapter name), without a walk over the model each step (`AdapterState`)."""
+        return self._state.get(self.model, self.adapter_name, self.trainable_named_parameters())
 
     def trainable_named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """The adapter's parameters, in a fixed order (the optimizer state is saved by these names). Kept
