@@ -16,6 +16,7 @@ import torch
 from groupwise.inference.advance import advance, retire, sample_isolated, stepped
 from groupwise.inference.decode_graphs import captured, decode_with_graph, graph_sampling, run_decode_steps
 from groupwise.inference.kv_cache import SlotCache
+from groupwise.inference.requests import BASE
 from groupwise.inference.runner import MIXED, ModelRunner
 from groupwise.inference.step_state import StepState
 
@@ -38,12 +39,13 @@ def decode(state: StepState, runner: ModelRunner) -> None:
         try:
             sampling = graph_sampling(state, seqs)
             in_graph, filtered = sampling is not None, sampling is not None and sampling.top_k is not None
-            # A mixed batch replays the stacked-adapter graph with each row's slot as an input. So may
-            # one adapter's batch, when that graph is captured and its own is not: several runs' slots
-            # each meet every batch size as their rows come and go, and a capture costs more passes
-            # than a graph saves (captures are counted: EngineStats.graph_captures).
-            if one and names and not captured(state, runner, k, need, names[0], in_graph, filtered) and \
-                    runner.mixed_ready(names) and captured(state, runner, k, need, MIXED, in_graph, filtered):
+            # A mixed batch replays the stacked-adapter graph with each row's slot as an input. So does
+            # one slot adapter's batch, unless its own graph is captured already: a run's served steps
+            # move between slots, and each slot's own graphs would be captured again for every batch
+            # and length bucket its rows meet, each capture costing several passes (counted:
+            # EngineStats.graph_captures); one set of stacked graphs serves every slot.
+            if one and names and names[0] != BASE and not captured(state, runner, k, need, names[0], in_graph,
+                                                                   filtered) and runner.mixed_ready(names):
                 one = False
             adapter, slots = (names[0] if names else None, None) if one else (MIXED, runner.mixed_rows(names))
             if sampling is not None and runner.device.type == "cuda":
