@@ -5,10 +5,10 @@ How it runs. Rollouts are asyncio coroutines; the engine is stepped by the proce
 speed) and answers through futures (`await engine.generate(request)` works from any event loop).
 Each step, under the model lock:
 
-1. prefill (prefill.py): waiting requests are admitted while slots are free; their prompts' known
-   prefixes are copied from the prefix cache (prefix_cache.py), the rest (left-padded, one row per
-   request even when n > 1) runs in ONE forward pass, and each choice samples its first token; the
-   prompt's KV is copied to the slots of the other choices of the same request.
+1. prefill (prefill.py): waiting requests are admitted while slots are free (while rows decode, once
+   the oldest has waited one prefill's time: `StepState.admission_due`); known prompt prefixes come
+   from the prefix cache (prefix_cache.py), the rest runs in ONE forward pass, each choice samples
+   its first token, and the prompt's KV is copied to the slots of the request's other choices.
 2. decode (decode.py): every running sequence feeds its last token in ONE forward pass ([k, 1]
    inputs); tokens are sampled, stops checked, finished rows retired and their callers answered
    (advance.py).
@@ -23,18 +23,15 @@ preallocated slot cache (kv_cache.py): slot i holds sequence i's keys/values at 
 moving the last one down), and attention reads columns [0, length) through a 4-D mask.
 
 Adapters. The model is a transformers causal LM or a peft `PeftModel` (the backend shares one base
-model between engine and trainer). Each request names an adapter or the base (None); a batch mixing
-several is served in one forward through peft's ``adapter_names=[...]`` kwarg (``"__base__"`` for
-the base model). That kwarg only changes the Linear layers, so it composes with the KV cache
-(tests/inference check a mixed batch against separate runs).
+model between engine and trainer). Each request names an adapter or the base (None). Served adapters
+live in slots (adapter_slots.py); a batch mixing them runs through the slots' stacked weights
+(stacked_lora.py), other mixes through peft's ``adapter_names=[...]`` (``"__base__"``: the base).
 
-CUDA. The decode step on CUDA replays CUDA graphs captured per (batch bucket, attention-length
-bucket, adapter) when every row of the batch uses the same adapter (peft's mixed-batch path
-indexes with Python lists, which graphs cannot capture; mixed batches run eagerly). The slot
-buffers never move, so graphs stay valid until the cache grows or an adapter is removed. Where no
-row needs top-p, a grammar or top_logprobs, the graph samples too and computes its next inputs,
-so the next step is launched before the CPU reads this one's tokens (decode_graphs.py). Decode
-attention reads each K/V head once for its group of query heads (attention.py).
+CUDA. The decode step replays CUDA graphs captured per (batch bucket, attention-length bucket,
+adapter or the stacked slots); the slot buffers never move, so graphs stay valid until the cache
+grows. Where no row needs top-p, a grammar or top_logprobs, the graph samples too and computes its
+next inputs, so the next step is launched before the CPU reads this one's tokens (decode_graphs.py).
+Decode attention reads each K/V head once for its group of query heads (attention.py).
 
 CPU. A batch whose rows share one adapter runs from merged weights (merged.py): on the CPU a
 LoRA layer's tiny matmuls cost their overhead, not their FLOPs. fp32 linears run through oneDNN
@@ -140,8 +137,6 @@ class Engine:
         if max_kv_bytes is not None:
             fits = max_kv_bytes // self.kv_bytes_per_token - 2  # the columns past the context: trash and growth
             if fits < 64:
-                from groupwise.errors import ConfigError
-
                 raise ConfigError(f"max_kv_bytes={max_kv_bytes} holds {max(fits, 0)} tokens per sequence at "
                                   f"max_batch_size={max_batch_size} ({self.kv_bytes_per_token} bytes a token); "
                                   "raise it or lower max_batch_size", what="engine")
