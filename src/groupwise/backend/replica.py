@@ -335,12 +335,14 @@ class Replica:
         served = served_name(self.name, step)
         engine_has = self.engine.adapter_parameters(self.registry.adapter_name(self.name, step))
         trained = self.trainer.adapter_state()
-        keys = sorted(k for k in engine_has.keys() & trained.keys() if engine_has[k].shape == trained[k].shape)
-        equal = torch.stack([(trained[k].detach().to(engine_has[k].dtype) == engine_has[k].detach()).all()
-                             for k in keys]).tolist() if keys else []
-        keys += sorted(k for k in engine_has.keys() & trained.keys() if engine_has[k].shape != trained[k].shape)
-        equal += [False] * (len(keys) - len(equal))
-        mismatched = sorted(engine_has.keys() ^ trained.keys()) + [k for k, ok in zip(keys, equal) if not ok]
+        both = sorted(engine_has.keys() & trained.keys())
+        mismatched = sorted(engine_has.keys() ^ trained.keys()) + [
+            k for k in both if engine_has[k].shape != trained[k].shape]
+        comparable = [k for k in both if engine_has[k].shape == trained[k].shape]
+        if comparable:
+            equal = torch.stack([(trained[k].detach().to(engine_has[k].dtype) == engine_has[k].detach()).all()
+                                 for k in comparable]).tolist()
+            mismatched += [k for k, ok in zip(comparable, equal) if not ok]
         if mismatched or not engine_has:
             raise AdapterMismatchError(
                 f"after step {step} the engine's {served!r} does not hold the trained weights "
