@@ -375,22 +375,19 @@ class Replica:
             return None
         return fingerprint(p for _, p in self.trainer.trainable_named_parameters())
 
-    def _served_parameters(self, step: int) -> list[tuple[str, Any]]:
-        """The LoRA tensors the engine serves as ``name@step``, named as the trainable adapter's (peft's
-        slot name replaced by the adapter's), in the model's order."""
-        slot = f".{self.engine.peft_adapter_name(self.registry.adapter_name(self.name, step))}."
-        return [(n.replace(slot, f".{self.adapter}."), p) for n, p in self.peft_model.named_parameters()
-                if "lora_" in n and slot in n]
-
     def served_fingerprint(self, step: int) -> list[int]:
         """`fingerprint` of what the engine serves as ``name@step``: equal on a trainer rank and a generator
         means the generator serves the trained adapter bit for bit (rank 0's `check_adapter` ties its
-        served copy to the trainer's tensors)."""
-        return fingerprint(p for _, p in self._served_parameters(step))
+        served copy to the trainer's tensors). Read from the slot's kept tensors, without a walk over
+        the model each step (the fingerprint does not depend on their order or names)."""
+        return fingerprint(self.engine.adapter_parameters(self.registry.adapter_name(self.name, step)).values())
 
     def served_tensors(self, step: int) -> dict[str, Any]:
-        """CPU copies of the tensors served as ``name@step``, by the trainable adapter's parameter names."""
-        return {n: p.detach().cpu().clone() for n, p in self._served_parameters(step)}
+        """CPU copies of the tensors served as ``name@step``, by the trainable adapter's parameter names
+        (peft's slot name replaced by the adapter's)."""
+        slot = f".{self.engine.peft_adapter_name(self.registry.adapter_name(self.name, step))}."
+        return {n.replace(slot, f".{self.adapter}."): p.detach().cpu().clone()
+                for n, p in self.peft_model.named_parameters() if "lora_" in n and slot in n}
 
     def close(self) -> bool:
         """Drop this model's adapter and served steps from the shared base. True when the base serves no

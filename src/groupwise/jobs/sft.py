@@ -144,6 +144,12 @@ async def warm_started(spec: EnvSpec, n: int, model: Any, *, seed: int, epochs: 
     return sft_steps, [AtStep(model, sft_steps)] if sft_steps else []
 
 
+def warm_start_fields(model: Any, sft_steps: int, baselines: dict[str, float]) -> dict[str, Any]:
+    """What a run's summary.json says of its warm start: its SFT steps and the validation score of the
+    last one (from `fit`'s baselines; None without a warm start)."""
+    return {"sft_steps": sft_steps, "sft": baselines.get(model.inference_name(sft_steps)) if sft_steps else None}
+
+
 async def sft(job: SFTJob) -> dict[str, Any]:
     """`groupwise sft`: warm-start a run from demonstrations; GRPO can continue it under the same name."""
     import groupwise as gw

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from groupwise.config import DEFAULT_MARGIN
 from groupwise.jobs.common import Dtype, device_field, dtype_field, model_field, run_name_problem, store_field
 from groupwise.jobs.fields import Command, Job, arg
-from groupwise.jobs.sft import SFT_EPOCHS, SFT_LEARNING_RATE, warm_started
+from groupwise.jobs.sft import SFT_EPOCHS, SFT_LEARNING_RATE, warm_start_fields, warm_started
 from groupwise.jobs.train_setup import job_backend, judge_target, loop_config, peak_rss_gb, score_group_of, with_ci
 
 if TYPE_CHECKING:
@@ -276,7 +276,7 @@ async def train(job: TrainJob) -> dict[str, Any]:
         "stop_rule": summary.stop.rule, "stop_reason": summary.stop_reason, "status": summary.status,
         "wall_s": round(wall, 1), "load_s": round(load_s, 1), "peak_rss_gb": round(peak_rss_gb(), 2),
         "plots": [str(p) for p in plots], "alerts": [f"{a.name}@{a.step}" for a in summary.alerts],
-        "sft_steps": sft_steps, "sft": summary.baselines.get(model.inference_name(sft_steps)) if sft_steps else None,
+        **warm_start_fields(model, sft_steps, summary.baselines),
     }
     Path(model.run_dir, "summary.json").write_text(json.dumps(result, indent=2))
     say = lambda text: print(f"[groupwise train] {text}")  # noqa: E731

@@ -31,7 +31,7 @@ async def sweep(job: Any) -> dict[str, Any]:
     """Train every run of `job` (a `TrainJob`) at once; returns {"runs": [each run's summary]} (JSON-able)."""
     import groupwise as gw
     from groupwise.envs import get_env
-    from groupwise.jobs.sft import warm_started
+    from groupwise.jobs.sft import warm_start_fields, warm_started
     from groupwise.loop.series import points
 
     spec = get_env(job.env)
@@ -89,8 +89,7 @@ async def sweep(job: Any) -> dict[str, Any]:
             best = next((p for p in points(history, "val", metric) if p.step == result.best_step), None)
             row.update(best=result.best_value, best_interval=[best.lo, best.hi] if best else None,
                        best_step=result.best_step, final_step=result.final_step, test=result.test,
-                       stop_rule=result.stop.rule, sft_steps=sft_steps,
-                       sft=result.baselines.get(model.inference_name(sft_steps)) if sft_steps else None)
+                       stop_rule=result.stop.rule, **warm_start_fields(model, sft_steps, result.baselines))
             Path(model.run_dir, "summary.json").write_text(json.dumps(row, indent=2))
         row["_points"] = (base, best if not isinstance(result, BaseException) else None)
         out.append(row)
