@@ -67,3 +67,29 @@ def test_engine_attention_switches_sdpa_configs_only_and_restores():
     with engine_attention(config):
         assert config._attn_implementation == "eager"
     assert config._attn_implementation == "eager"
+
+
+async def test_engine_passes_run_without_cudnn_attention(tiny, monkeypatch):
+    """cuDNN's SDPA builds a graph per new shape, and prefill shapes change every pass
+    (groupwise/attention_backends.py): every attention call of an engine pass sees it off, and the
+    process's switch is back on afterwards."""
+    from groupwise.inference.engine import Engine
+    from groupwise.inference.requests import GenerationRequest
+
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    model, tok = tiny
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    with Engine(model, tok, max_batch_size=4) as engine:
+        ids = tok("hello there", add_special_tokens=False)["input_ids"]
+        result = await engine.generate(GenerationRequest(ids, max_new_tokens=3, ignore_eos=True))
+    assert len(result.completions[0].token_ids) == 3
+    layers = model.config.num_hidden_layers
+    assert len(seen) >= 3 * layers and not any(seen)  # the prefill pass and two decode passes, every layer
+    assert torch.backends.cuda.cudnn_sdp_enabled()

@@ -63,3 +63,22 @@ def test_dropout_and_disabled_adapters_take_peft_own_path(tokenizer):
         adapted = model(input_ids=ids).logits
     assert torch.equal(fused_disabled, base)  # the reference pass of the KL term: base model only
     assert not torch.allclose(adapted, base)  # ... and the adapter does change the output
+
+
+def test_training_forward_and_backward_run_without_cudnn_attention(tokenizer, monkeypatch):
+    """Micro-batches differ in rows and padded length, and cuDNN's SDPA builds a graph per new shape
+    (groupwise/attention_backends.py): the trainer's forward context switches it off and back."""
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    model = _model(tokenizer)
+    ids = torch.randint(3, 500, (2, 5), generator=torch.Generator().manual_seed(5))
+    with TrainingForward(_tuners(model), "cpu", None):
+        _loss_and_grads(model, ids)
+    assert seen and not any(seen)
+    assert torch.backends.cuda.cudnn_sdp_enabled()

@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from groupwise.attention_backends import varying_shape_attention
+
 __all__ = ["AdapterForwards", "TrainingForward", "fast_lora_ok", "holding_values"]
 
 
@@ -182,6 +184,9 @@ class TrainingForward:
                 m.cast_input_dtype_enabled = False  # what peft.helpers.disable_input_dtype_casting sets
         if self.adapter_forwards is not None:
             self.adapter_forwards.install(self.tuners)  # after the cast switch: install checks it
+        # micro-batches differ in rows and padded length: no cuDNN attention (attention_backends.py)
+        self.attention = varying_shape_attention()
+        self.attention.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -194,6 +199,7 @@ class TrainingForward:
             m.__dict__.pop("forward", None)
         for layer, _ in self.layer_forwards:
             layer.__dict__.pop("forward", None)
+        self.attention.__exit__(*exc)
 
 
 @contextlib.contextmanager
