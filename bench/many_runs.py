@@ -129,13 +129,15 @@ def _engine_counters(backend: Any) -> dict[str, int]:
 
 def _backend(args: Any, path: str) -> Any:
     import groupwise as gw
+    from many_runs import random_model as load_model  # importable by a worker process (this file runs as __main__)
 
     random_arch = args.arch not in ("smollm2",)
     runs = args.runs if args.case == "together" else 1  # the engine batches every run's rollouts of a step
-    return gw.LocalBackend(path=path, device=args.device, dtype=args.dtype, best_checkpoint_metric=None,
+    where = {"devices": [args.device]} if args.processes else {"device": args.device}
+    return gw.LocalBackend(path=path, **where, dtype=args.dtype, best_checkpoint_metric=None,
                            served_steps=1, serve_http=False, verify_adapter=not args.no_verify, max_batch_size=runs * args.prompts * args.group_size,
                            lora=gw.LoraConfig(rank=args.rank, alpha=2 * args.rank),
-                           load_model=random_model if random_arch else None)
+                           load_model=load_model if random_arch else None)
 
 
 def _base(args: Any) -> str:
@@ -191,7 +193,7 @@ async def case(args: Any) -> dict[str, Any]:
     return {"case": args.case, "timed_s": timed, **phases, "rollout_tokens": totals.get("rollout_tokens", 0),
             "trainable_tokens": totals.get("trainable_tokens", 0), "update_s": totals.get("update_s", 0),
             **{k: totals.get(k, 0) for k in COUNTERS},
-            "peak_gb": _peak_gb(args.device)}
+            "peak_gb": float("nan") if args.processes else _peak_gb(args.device)}
 
 
 def _peak_gb(device: str) -> float:
@@ -223,6 +225,9 @@ def main() -> int:
                    "runs have trained the last one (their rollouts batch together), instead of free-running")
     p.add_argument("--no-verify", action="store_true", help="skip the check after each step that the engine "
                    "serves the new adapter (BackendOptions.verify_adapter): what the check costs")
+    p.add_argument("--processes", action="store_true", help="run each backend's engine and trainer in a worker "
+                   "process (LocalBackend(devices=[device])): the client's work (requests, parsing responses, "
+                   "writing trajectories) stays in this process; peak memory is then not measured")
     p.add_argument("--case", choices=["together", "sequence"], default=None, help="(internal) run one case")
     p.add_argument("--json", default=None)
     args = p.parse_args()
