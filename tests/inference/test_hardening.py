@@ -89,6 +89,7 @@ async def test_one_bad_request_fails_alone_among_valid_ones(live, served, monkey
     ({"messages": USER + [{"role": "assistant", "tool_calls": [{"id": "c1", "type": "function"}]}]},
      "messages[1].tool_calls[0].function"),
     ({"seed": 2**70}, "seed"),
+    ({"top_k": 2**63}, "top_k"),  # past int64: it once reached the sampler's tensor and failed as a 500
     ({"temperature": "hot"}, "temperature"),
     ({"n": 0}, "n"),
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [TOOL]}, "tool_choice"),
@@ -385,3 +386,38 @@ async def test_chat_template_kwargs_reach_the_template(live, served, monkeypatch
     status, error = await _status(client.chat.completions.create(
         model="agent", messages=USER, max_tokens=1, extra_body={"chat_template_kwargs": ["enable_thinking"]}))
     assert (status, error["param"]) == (400, "chat_template_kwargs")
+
+
+# ------------------------------------------------------------------------------- 3. every field, hostile
+
+HOSTILE = [None, -1, 0, 2**63, -(2**63) - 1, 1e308, "", "x" * 5000, "\ud800", "\x00", [], [None], {}, {"a": [1]}, True,
+           [[[]]], ["a"] * 50, {"type": "json_object"}, "required"]
+CHAT_FIELDS = ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stop", "seed",
+               "logprobs", "top_logprobs", "stream", "stream_options", "tools", "tool_choice", "response_format",
+               "presence_penalty", "frequency_penalty", "top_k", "min_p", "repetition_penalty", "ignore_eos",
+               "stop_token_ids", "chat_template_kwargs", "guided_choice", "return_tokens_as_token_ids"]
+COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "echo", "logprobs", "n", "stop", "stream", "seed", "top_k"]
+
+
+async def test_every_field_set_to_a_hostile_value_is_never_a_server_error(live):
+    """Each field of a valid request replaced by each hostile value (wrong types, int64 edges, lone
+    surrogates, huge strings): the answer is a 200 or a 4xx, never a 5xx or a hang, and the server serves
+    a plain request after every batch. (A top_k past int64 once reached the sampler's tensor: a 500.)"""
+    chat = {"model": "agent", "messages": USER, "max_tokens": 3}
+    completion = {"model": "agent", "prompt": "Hello", "max_tokens": 3}
+    cases = [("/v1/chat/completions", {**chat, f: v}) for f in CHAT_FIELDS for v in HOSTILE]
+    cases += [("/v1/completions", {**completion, f: v}) for f in COMPLETION_FIELDS for v in HOSTILE]
+    cases += [("/v1/completions", {**completion, "prompt": [5, v]}) for v in (2**63, -1, 10**9)]
+    server_errors = []
+    async with httpx.AsyncClient(base_url=live.url, timeout=60) as http:
+        async def send(path: str, payload: dict) -> int:
+            body = json.dumps(payload).encode("utf-8", "surrogatepass")  # a lone surrogate, as a client may send it
+            r = await asyncio.wait_for(http.post(path, content=body, headers={"content-type": "application/json"}), 60)
+            if r.status_code >= 500:
+                server_errors.append((path, payload, r.status_code, r.text[:200]))
+            return r.status_code
+
+        for i in range(0, len(cases), 16):
+            await asyncio.gather(*(send(p, c) for p, c in cases[i:i + 16]))
+            assert await send("/v1/chat/completions", chat) == 200, cases[i:i + 16]
+    assert not server_errors, server_errors[:5]

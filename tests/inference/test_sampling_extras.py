@@ -137,3 +137,16 @@ def test_sampling_params_problems_name_each_field():
         assert field in text, field
     assert SamplingParams(seed=2**63 - 1).problems(n=1) == []
     assert SamplingParams(seed=2**63 - 1).problems(n=2)  # seed + 1 would overflow int64
+    # top_k goes into an int64 tensor: past int64 is refused; anything up to it (past the vocabulary: keep all) is fine
+    assert SamplingParams(top_k=2**63).problems() and SamplingParams(top_k=2**63 - 1).problems() == []
+
+
+async def test_a_top_k_past_the_vocabulary_keeps_every_token(tiny):
+    """A top_k of the vocabulary's size or more truncates nothing: seeded, it samples what no top_k does."""
+    model, tok = tiny
+    ids = tok("hello there", add_special_tokens=False)["input_ids"]
+    with Engine(model, tok, max_batch_size=4) as engine:
+        outs = [await engine.generate(GenerationRequest(ids, max_new_tokens=6, ignore_eos=True,
+                                                        sampling=SamplingParams(seed=3, top_k=k)))
+                for k in (0, 2**63 - 1, len(tok) + 7)]
+    assert [o.completions[0].token_ids for o in outs[1:]] == [outs[0].completions[0].token_ids] * 2

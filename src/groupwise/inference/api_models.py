@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from groupwise.inference.request_limits import MAX_MODEL_NAME_CHARS, MAX_TOOLS, SchemaBudget
 from groupwise.inference.requests import GenerationRequest
-from groupwise.inference.sampling import SEED_MAX, SEED_MIN, SamplingParams
+from groupwise.inference.sampling import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
 
 __all__ = ["DEFAULT_RETURN_TOKENS_AS_TOKEN_IDS", "ChatCompletionRequest", "CompletionRequest", "Message", "Tool", "describe_validation_error",
            "limits_context"]
@@ -175,7 +175,7 @@ class _Sampling(_Strict):
     stream: bool = False
     user: str | None = None  # accepted, unused
     # vLLM's extras
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=TOP_K_MAX)
     min_p: Probability | None = None
     repetition_penalty: float | None = Field(None, gt=0.0)
     stop_token_ids: list[int] | None = None

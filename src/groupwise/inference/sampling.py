@@ -34,11 +34,14 @@ import torch
 
 from groupwise.errors import ConfigError
 
-__all__ = ["SEED_MAX", "SEED_MIN", "SamplingParams", "apply_penalties", "inverse_cdf", "sample_fixed", "sample_next",
+__all__ = ["SEED_MAX", "SEED_MIN", "TOP_K_MAX", "SamplingParams", "apply_penalties", "inverse_cdf", "sample_fixed", "sample_next",
            "seeded_uniform", "top_p_filter", "truncate"]
 
 # A seed is an int64, as in OpenAI's API; choice i of a request uses seed + i, which must fit too.
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+# top_k goes into an int64 tensor with the batch's other rows; any k from the vocabulary's size up keeps
+# every token, so the bound refuses nothing a caller could mean.
+TOP_K_MAX = 2**63 - 1
 
 
 @dataclass
@@ -72,8 +75,9 @@ class SamplingParams:
             p.append(f"top_p={self.top_p!r} must be in (0, 1]")
         if not (0 <= self.top_logprobs <= 20):
             p.append(f"top_logprobs={self.top_logprobs!r} must be in [0, 20]")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
-            p.append(f"top_k={self.top_k!r} must be an integer >= 1 (0 or -1 turn it off)")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not -1 <= self.top_k <= TOP_K_MAX:
+            p.append(f"top_k={self.top_k!r} must be an integer in [1, 2**63 - 1] (0 or -1 turn it off; "
+                     "one at least the vocabulary's size keeps every token)")
         if not (0.0 <= self.min_p <= 1.0):
             p.append(f"min_p={self.min_p!r} must be in [0, 1]")
         if not (0.0 < self.repetition_penalty < float("inf")):
