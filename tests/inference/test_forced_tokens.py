@@ -84,3 +84,39 @@ async def test_forced_indices_over_http(live, tiny):
     # unconstrained: none
     plain = await client.chat.completions.create(model="agent@0", messages=USER, max_tokens=8, seed=5)
     assert choice_forced_indices(plain.choices[0]) == [] and plain.choices[0].model_extra["forced_token_indices"] == []
+
+
+async def test_a_forced_call_of_tools_whose_schemas_hold_defs_and_refs(live):
+    """pydantic writes a nested model as "$defs" with "$ref": "#/$defs/Address" (and a recursive one as a
+    reference back to itself): pointers from the parameters' root, which the forced call's grammar must
+    keep meaning the same (they once pointed at nothing there: a 400). Every forced call parses as
+    its tool's model."""
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Address(BaseModel):
+        city: str = Field(max_length=4)
+
+    class Person(BaseModel):
+        name: Literal["Ann", "Bob"]
+        home: Address
+
+    class Node(BaseModel):
+        v: int = Field(ge=0, le=9)
+        kids: list["Node"] = Field(max_length=1)
+
+    models = {"person": Person, "node": Node}
+    tools = [{"type": "function", "function": {"name": n, "parameters": m.model_json_schema()}} for n, m in models.items()]
+    assert "$defs" in tools[0]["function"]["parameters"] and "$ref" in str(tools[1]["function"]["parameters"])
+    client = live.client()
+    calls = []
+    for seed, choice in [(1, "required"), (2, "required"), (3, {"type": "function", "function": {"name": "node"}}),
+                         (4, {"type": "function", "function": {"name": "person"}})]:
+        r = await client.chat.completions.create(model="agent@0", messages=USER, tools=tools, tool_choice=choice,
+                                                 max_tokens=400, seed=seed)
+        assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
+        calls += r.choices[0].message.tool_calls
+    for call in calls:
+        models[call.function.name].model_validate_json(call.function.arguments)
+    assert {c.function.name for c in calls[2:]} == {"node", "person"}

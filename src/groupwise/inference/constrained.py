@@ -126,11 +126,24 @@ _SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "con
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 
 
-def bound_numbers(schema: Any) -> Any:
-    """A copy of `schema` where every integer or number without a bound gets +-NUMBER_BOUND."""
+def _map_schemas(schema: Any, fn: Any) -> Any:
+    """A copy of `schema` with `fn` (dict -> dict) applied to it and to every schema nested in it."""
     if not isinstance(schema, dict):
         return schema
-    out = dict(schema)
+    out = fn(dict(schema))
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: _map_schemas(v, fn) for k, v in out[key].items()}
+    for key in _SUBSCHEMA:
+        if key in out:
+            out[key] = _map_schemas(out[key], fn)
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_map_schemas(v, fn) for v in out[key]]
+    return out
+
+
+def _bounded(out: dict[str, Any]) -> dict[str, Any]:
     types = out.get("type")
     types = types if isinstance(types, list) else [types]
     if "integer" in types or "number" in types:
@@ -138,15 +151,17 @@ def bound_numbers(schema: Any) -> Any:
             out["minimum"] = -NUMBER_BOUND
         if "maximum" not in out and "exclusiveMaximum" not in out:
             out["maximum"] = NUMBER_BOUND
-    for key in _SUBSCHEMAS:
-        if isinstance(out.get(key), dict):
-            out[key] = {k: bound_numbers(v) for k, v in out[key].items()}
-    for key in _SUBSCHEMA:
-        if key in out:
-            out[key] = bound_numbers(out[key])
-    for key in _SUBSCHEMA_LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [bound_numbers(v) for v in out[key]]
+    return out
+
+
+def bound_numbers(schema: Any) -> Any:
+    """A copy of `schema` where every integer or number without a bound gets +-NUMBER_BOUND."""
+    return _map_schemas(schema, _bounded)
+
+
+def _closed(out: dict[str, Any]) -> dict[str, Any]:
+    if out.get("type") == "object" and "properties" in out:
+        out.setdefault("additionalProperties", False)
     return out
 
 
@@ -158,26 +173,55 @@ def _token_literal(tokenizer: Any, text: str) -> str:
     return json.dumps(text)
 
 
+# Keywords whose values are data, not schemas: a "$ref" key inside them is not a reference.
+_DATA_KEYWORDS = ("const", "enum", "default", "examples")
+
+
+def _rebase_refs(schema: Any, base: str) -> Any:
+    """A copy of `schema` whose local references ("#", "#/$defs/Item", any "#/..." pointer) point into
+    the document at `base` (a pointer such as "#/$defs/tool0") instead of at the root."""
+    if isinstance(schema, list):
+        return [_rebase_refs(v, base) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            out[key] = base + value[1:]
+        elif key in _DATA_KEYWORDS:
+            out[key] = value
+        else:
+            out[key] = _rebase_refs(value, base)
+    return out
+
+
 def _tool_call_schema(tools: list[dict[str, Any]], name: str | None) -> dict[str, Any]:
-    options = []
+    """The schema of one call of a tool: {"name": ..., "arguments": <its parameters>}. Each tool's
+    parameters are a document of their own: pydantic writes nested models as "$defs" and "$ref":
+    "#/$defs/Item", pointers from the parameters' root. Placed under "arguments" those would point at
+    nothing, so each tool's parameters sit whole in the call schema's "$defs" and their references
+    are rebased there."""
+    options, documents = [], {}
     for t in tools:
         fn = t.get("function", t)
         if name is not None and fn.get("name") != name:
             continue
-        params = bound_numbers(dict(fn.get("parameters") or {"type": "object"}))
-        if params.get("type") == "object" and "properties" in params:
-            # Undeclared arguments are useless to the tool; without this a small model invents keys.
-            params.setdefault("additionalProperties", False)
+        # Undeclared arguments are useless to the tool, at any depth: an object that lists its properties
+        # takes no others unless it says so (else a small model invents keys).
+        params = _map_schemas(bound_numbers(dict(fn.get("parameters") or {"type": "object"})), _closed)
+        key = f"tool{len(documents)}"
+        documents[key] = _rebase_refs(params, f"#/$defs/{key}")
         options.append({
             "type": "object",
-            "properties": {"name": {"const": fn["name"]}, "arguments": params},
+            "properties": {"name": {"const": fn["name"]}, "arguments": {"$ref": f"#/$defs/{key}"}},
             "required": ["name", "arguments"],
             "additionalProperties": False,
         })
     if not options:
         known = [t.get("function", t).get("name") for t in tools]
         raise ConstraintError(f"tool_choice names function {name!r}, which is not among the tools {known}")
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    call = options[0] if len(options) == 1 else {"anyOf": options}
+    return {**call, "$defs": documents}
 
 
 def constraint_for(
