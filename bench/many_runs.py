@@ -11,6 +11,9 @@ Each case runs in a process of its own (its peak memory is its own):
   every run's steps at once (asyncio tasks; the timed steps start together, after every run's warm-up);
   with --lockstep every step's rollouts start together, as `gw.fit([...])` runs them by default
   (`LoopConfig.lockstep`), else each run goes at its own pace.
+With --processes each case's backend runs its engine and trainer in a worker process
+(`LocalBackend(devices=[device])`), so the bench's process only sends requests, parses responses and
+writes trajectories.
 
 A step is a user's loop: --prompts groups of --group-size rollouts, then `model.train`. Workload ``chat``
 (bench/scaling.py's): one chat request per rollout, --completion-len tokens, a reward of the text. Workload
