@@ -22,6 +22,19 @@ def test_group_advantages_scaled_and_unscaled():
     assert group_advantages([0.0, 1.0]) == pytest.approx([-1.0, 1.0], abs=1e-5)
 
 
+def test_rewards_too_large_to_square_keep_their_signal():
+    """n rewards of 1e154 or more overflow a float when squared and summed: the group's advantages came
+    out nan ([1e308, 1e308, 0, 0]) or silently zero ([1e308, -1e308], [1e200, 0, 0, 0]). They are the
+    same function of rewards scaled by a power of two. By hand: two rewards +-x have mean 0 and std x,
+    so +-1; [x, 0, 0, 0] has mean x/4 and std x*sqrt(3)/4, so [sqrt(3), -1/sqrt(3) x 3]."""
+    assert group_advantages([1e308, -1e308]) == pytest.approx([1.0, -1.0], rel=1e-12)
+    assert group_advantages([1e308, 1e308, 0.0, 0.0]) == pytest.approx([1.0, 1.0, -1.0, -1.0], rel=1e-12)
+    r3 = 3 ** 0.5
+    assert group_advantages([1e200, 0.0, 0.0, 0.0]) == pytest.approx([r3, -1 / r3, -1 / r3, -1 / r3], rel=1e-12)
+    assert group_advantages([-1e300, 0.0], scale=False) == pytest.approx([-5e299, 5e299], rel=1e-12)
+    assert group_advantages([1e308, 1e308]) is None  # still a tie
+
+
 def test_zero_variance_groups_are_skipped_and_counted():
     adv = compute_advantages([[1.0, 1.0, 1.0], [0.0, 1.0], [0.5], [2.0, 2.0]])
     assert adv.advantages[0] is None and adv.advantages[2] is None and adv.advantages[3] is None

@@ -39,14 +39,29 @@ class GroupAdvantages:
         return self.zero_variance_groups / self.num_groups if self.num_groups else 0.0
 
 
+# Rewards above this in size are scaled down first: n of them, squared and summed, would overflow a
+# float (to inf, and the advantages to nan or to zeros: a group's signal lost without a word).
+_LARGE_REWARD = 1e150
+
+
 def group_advantages(rewards_G: Sequence[float], *, scale: bool = True, eps: float = 1e-6) -> list[float] | None:
     """Advantages of one group, or None when the group has zero reward variance (nothing to learn)."""
+    if not rewards_G or tied(rewards_G):  # the same tolerance as the loop's and the backend's no-signal rule
+        return None
+    peak = max(abs(r) for r in rewards_G)
+    if peak <= _LARGE_REWARD:
+        return _advantages(rewards_G, scale, eps)
+    # Dividing by a power of two is exact: (r - mean) / (std + eps) is the same function of r / unit with
+    # eps / unit; without `scale` the centred rewards are scaled back (inf only where they truly exceed
+    # a float, which the step's finite-loss check then reports).
+    e = math.frexp(peak)[1]  # peak < 2**e; up to 2**1024, which is itself past a float: ldexp, not 2.0**e
+    scaled_G = _advantages([math.ldexp(r, -e) for r in rewards_G], scale, math.ldexp(eps, -e))
+    return scaled_G if scale else [a * 2.0 ** (e - 1) * 2.0 for a in scaled_G]
+
+
+def _advantages(rewards_G: Sequence[float], scale: bool, eps: float) -> list[float]:
     n = len(rewards_G)
-    if n == 0:
-        return None
     mean = sum(rewards_G) / n
-    if tied(rewards_G):  # the same tolerance as the loop's and the backend's no-signal rule
-        return None
     centred_G = [r - mean for r in rewards_G]
     if not scale:
         return centred_G
