@@ -174,3 +174,22 @@ def test_backend_options_errors_list_every_problem_and_say_what_to_do():
 def test_defaults_are_valid():
     for cls in (TrainConfig, LoopConfig, LoraConfig, TrainSFTConfig, DetectorConfig, JudgeConfig):
         cls()
+
+
+HOSTILE = [NAN, INF, -1, 0, 10**30, "", "x", None, [], {}, True, 1e-300, 2**63, (1, 2)]
+
+
+@pytest.mark.parametrize("cls", [TrainConfig, LoopConfig, LoraConfig, TrainSFTConfig, DetectorConfig, JudgeConfig,
+                                 gw.BackendOptions])
+def test_any_field_set_to_any_value_is_accepted_or_a_config_error(cls):
+    """Field by field, each hostile value (wrong types included): the config is built, or it raises a
+    ConfigError naming the field; never a bare TypeError from inside (engine_kwargs=5 and prices=3.0
+    once raised one)."""
+    import dataclasses
+
+    for field in dataclasses.fields(cls):
+        for value in HOSTILE:
+            try:
+                cls(**{field.name: value})
+            except ConfigError as exc:
+                assert field.name in str(exc), (field.name, value, str(exc))

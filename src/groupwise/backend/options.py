@@ -65,7 +65,8 @@ class BackendOptions(Validated):
     def __post_init__(self) -> None:
         if self.lora is None:
             self.lora = LoraConfig()
-        self.engine_kwargs = dict(self.engine_kwargs or {})
+        if self.engine_kwargs is None or isinstance(self.engine_kwargs, dict):
+            self.engine_kwargs = dict(self.engine_kwargs or {})  # else problems() names it
         super().__post_init__()
 
     def problems(self) -> list[str]:
@@ -82,7 +83,10 @@ class BackendOptions(Validated):
             else:
                 check_positive(p, "train_workers", self.train_workers, integer=True)
         # The engine's numeric settings are all counts of tokens, sequences or bytes.
-        for key, value in self.engine_kwargs.items():  # type: ignore[union-attr]
+        if not isinstance(self.engine_kwargs, dict):
+            p.append(f"engine_kwargs={self.engine_kwargs!r} must be a dict of Engine settings, e.g. "
+                     "{'max_seq_len': 2048} (or None for the defaults)")
+        for key, value in (self.engine_kwargs if isinstance(self.engine_kwargs, dict) else {}).items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 check_positive(p, f"engine_kwargs[{key!r}]", value, allow_zero=True, integer=True)
         if not isinstance(self.lora, LoraConfig):
