@@ -103,11 +103,17 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+=-]*$")
 _STEP_FILE = re.compile(r"^(\d+)\.jsonl$")
 
 
+# Far below a file system's 255 bytes a name, and a model's served name (name@step) stays a model id
+# the server takes.
+MAX_FOLDER_NAME_CHARS = 128
+
+
 def folder_name_problem(value: Any) -> str | None:
     """Why `value` cannot name a folder of the run store (a project, a model, a split), or None."""
-    if not isinstance(value, str) or not _NAME.match(value) or value in (".", ".."):
+    if (not isinstance(value, str) or not _NAME.match(value) or value in (".", "..")
+            or len(value) > MAX_FOLDER_NAME_CHARS):
         return ("cannot be a folder name of the run store; use letters, digits and _ . @ + = - "
-                "(no slashes, not starting with a dot)")
+                f"(no slashes, not starting with a dot, at most {MAX_FOLDER_NAME_CHARS} characters)")
     return None
 
 

@@ -177,6 +177,10 @@ def test_names_that_cannot_be_folders_are_rejected(tmp_path):
         RunStore(tmp_path, "..", "m")
     with pytest.raises(StoreError, match="split='../x'"):
         RunStore(tmp_path, "p", "m").write_trajectories("../x", 0, [])
+    # a file system takes 255 bytes a name: a longer one failed later, as an OSError from mkdir
+    RunStore(tmp_path, "p", "m" * 128).run_dir.mkdir(parents=True)
+    with pytest.raises(StoreError, match="at most 128 characters"):
+        RunStore(tmp_path, "p", "m" * 300)
 
 
 def test_missing_run_dir_is_a_clear_error(tmp_path):
