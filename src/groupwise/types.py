@@ -62,6 +62,7 @@ __all__ = [
     "choice_logprobs",
     "choice_policy_versions",
     "choice_to_message",
+    "item_kind_problem",
 ]
 
 VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -101,6 +102,34 @@ MessageOrChoice = Annotated[
     Discriminator(_message_or_choice_kind),
 ]
 MessagesAndChoices = list[MessageOrChoice]
+
+
+def item_kind_problem(item: Any) -> str | None:
+    """What to append instead of `item`, when it is neither a message dict nor a Choice; else None."""
+    if isinstance(item, (dict, Choice)):
+        return None
+    kind = type(item).__name__
+    if kind == "ChatCompletionMessage":
+        fix = ("append the Choice, response.choices[0]: its sampled tokens are what training reads "
+               "(a message dict, .model_dump(), would be context only, never trained)")
+    elif kind in ("ChatCompletion", "ModelResponse"):
+        fix = "append its Choice, response.choices[0]"
+    elif kind == "Choices":  # LiteLLM's
+        fix = "convert LiteLLM's choice with groupwise.utils.litellm.convert_litellm_choice_to_openai"
+    else:
+        fix = "append a message dict ({'role': ..., 'content': ...}) or the Choice a chat completion returned"
+    return f"is a {kind}; {fix}"
+
+
+def _item_kinds(items: Any, field: str) -> Any:
+    """Before validation: an item that is neither a message dict nor a Choice gets a message that says
+    what to append instead (pydantic's own says only "Input should be a valid dictionary")."""
+    if isinstance(items, list):
+        for i, item in enumerate(items):
+            problem = item_kind_problem(item)
+            if problem:
+                raise ValueError(f"{field}[{i}] {problem}")
+    return items
 
 
 def _check_messages(items: list[Any], field: str) -> list[Any]:
@@ -184,6 +213,11 @@ class History(BaseModel):
     def _roles(cls, v: list[Any]) -> list[Any]:
         return _check_messages(v, "messages_and_choices")
 
+    @field_validator("messages_and_choices", mode="before")
+    @classmethod
+    def _kinds(cls, v: Any) -> Any:
+        return _item_kinds(v, "messages_and_choices")
+
     def messages(self) -> list[Message]:
         return [choice_to_message(m) if isinstance(m, Choice) else m for m in self.messages_and_choices]
 
@@ -208,6 +242,11 @@ class Trajectory(BaseModel):
     @classmethod
     def _roles(cls, v: list[Any]) -> list[Any]:
         return _check_messages(v, "messages_and_choices")
+
+    @field_validator("messages_and_choices", mode="before")
+    @classmethod
+    def _kinds(cls, v: Any) -> Any:
+        return _item_kinds(v, "messages_and_choices")
 
     @field_validator("metrics", "metadata", mode="before")
     @classmethod

@@ -53,6 +53,33 @@ def test_unknown_role_names_the_index_and_role():
     assert "messages_and_choices[1]" in text and "'robot'" in text
 
 
+def _completion():
+    from openai.types.chat import ChatCompletion
+
+    return ChatCompletion.model_validate({
+        "id": "x", "created": 0, "model": "m", "object": "chat.completion",
+        "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                     "message": {"role": "assistant", "content": "yo"}}]})
+
+
+@pytest.mark.parametrize("item, says", [
+    ("message", "is a ChatCompletionMessage; append the Choice, response.choices[0]"),
+    ("completion", "is a ChatCompletion; append its Choice, response.choices[0]"),
+    ("hello", "is a str; append a message dict"),
+    (None, "is a NoneType; append a message dict"),
+])
+def test_an_item_that_is_no_message_says_what_to_append(item, says):
+    """pydantic's own words were "Input should be a valid dictionary"; appending choice.message (a
+    common slip) is named, with why the Choice is what trains. The error stays pydantic's
+    ValidationError, as in ART."""
+    completion = _completion()
+    item = {"message": completion.choices[0].message, "completion": completion}.get(item, item)
+    with pytest.raises(ValidationError) as err:
+        Trajectory(messages_and_choices=[*MSG, item])
+    assert "messages_and_choices[1] " + says in str(err.value)
+    assert Trajectory(messages_and_choices=[*MSG, completion.choices[0]]).messages_and_choices[1].message.content == "yo"
+
+
 def test_empty_group_and_trajectory_without_messages_are_valid_as_in_art():
     # ART accepts both (its defaults are []); an empty group is a record with no learning signal.
     assert TrajectoryGroup([]).trajectories == []

@@ -59,6 +59,22 @@ def _traj(reward, ids=(5, 6, 7), histories=()):
     )
 
 
+def test_an_appended_item_that_is_no_message_fails_loudly(tokenizer):
+    """`traj.messages_and_choices.append(choice.message)` skips the Trajectory's validation; such a turn
+    rendered as context and never trained, beside turns that did. It now fails the step, saying what to
+    append."""
+    from openai.types.chat import ChatCompletionMessage
+
+    from groupwise.errors import InvalidDataError
+
+    traj = Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}, make_choice([5, 6], [-0.1, -0.2], "ab")],
+                      reward=1.0)
+    traj.messages_and_choices.append({"role": "user", "content": "more"})
+    traj.messages_and_choices.append(ChatCompletionMessage(role="assistant", content="yo"))
+    with pytest.raises(InvalidDataError, match="is a ChatCompletionMessage; append the Choice"):
+        tokenize_conversation(traj.messages_and_choices, tokenizer)
+
+
 def test_histories_are_trained_with_the_trajectory_advantage(tokenizer):
     side = History(messages_and_choices=[{"role": "user", "content": "summarise"}, make_choice([8, 9], [-0.2, -0.3])])
     group = TrajectoryGroup([_traj(1.0, histories=[side]), _traj(0.0)])

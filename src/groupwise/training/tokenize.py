@@ -33,7 +33,7 @@ from groupwise.chat import render_text
 from groupwise.errors import InvalidDataError, NotTrainableError
 from groupwise.training.advantages import compute_advantages
 from groupwise.types import (Choice, TrajectoryGroup, choice_forced_indices, choice_logprobs, choice_to_message,
-                             choice_token_ids)
+                             choice_token_ids, item_kind_problem)
 
 _SENTINEL = "\u2063GWCHOICE{}\u2063"  # invisible separator: never produced by a chat template
 _SENTINEL_RE = re.compile("\u2063GWCHOICE(\\d+)\u2063")
@@ -128,6 +128,11 @@ def tokenize_conversation(
             messages.append({"role": "assistant", "content": _SENTINEL.format(len(spliced))})
             spliced.append((ids, logprobs if logprobs is not None else [math.nan] * len(ids), trained))
         else:
+            # `traj.messages_and_choices.append(x)` skips the Trajectory's validation: an x that is no
+            # message (say choice.message) would render as context and silently never train
+            problem = item_kind_problem(item)
+            if problem:
+                raise InvalidDataError(f"an item of messages_and_choices {problem}")
             messages.append(item)
     text = render_text(tokenizer, messages, tools)
     pieces = _SENTINEL_RE.split(text)  # text, k, text, k, ..., text
