@@ -252,3 +252,42 @@ async def test_a_runs_adapter_slots_are_made_when_it_registers(tiny_model_dir, t
         assert await backend.served_steps(model) == [0, 3]
     finally:
         await backend.close()
+
+
+async def test_steps_trained_on_the_base_models_samples_are_named_once(tiny_model_dir, tmp_path):
+    """Rollouts that ask for the base (here ``agent@0``) instead of the model train on the base's samples
+    every step, learning little with nothing saying why: from step 2 on, one warning names it. Rollouts
+    that ask for the model (its latest step) never warn."""
+    import warnings
+
+    from groupwise.errors import GroupwiseWarning
+
+    async def groups_from(model, name, step):
+        client = model.openai_client()
+        out = []
+        for g in range(2):
+            trajs = []
+            for i in range(4):
+                messages = [{"role": "user", "content": f"scenario {g}"}]
+                r = await client.chat.completions.create(model=name, messages=messages, max_tokens=5,
+                                                         seed=100 * step + 10 * g + i)
+                trajs.append(gw.Trajectory(messages_and_choices=[*messages, r.choices[0]], reward=float(i)))
+            out.append(gw.TrajectoryGroup(trajs))
+        return out
+
+    config = gw.TrainConfig(learning_rate=1e-3)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    good = gw.TrainableModel(name="good", project="p", base_model=tiny_model_dir)
+    stuck = gw.TrainableModel(name="stuck", project="p", base_model=tiny_model_dir)
+    try:
+        for model in (good, stuck):
+            await model.register(backend)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in range(4):
+                await good.train(await groups_from(good, good.inference_name(), step), config=config)
+                await stuck.train(await groups_from(stuck, "stuck@0", step), config=config)
+    finally:
+        await backend.close()
+    named = [str(w.message) for w in caught if issubclass(w.category, GroupwiseWarning) and "base model" in str(w.message)]
+    assert len(named) == 1 and named[0].startswith("stuck: step 2 trains on tokens the base model sampled"), named

@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import warnings
 from abc import abstractmethod
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -58,7 +59,7 @@ from groupwise.backend.retention import prune_args, retain_args
 from groupwise.backend.worker import LOOPBACK, ModelSpec, WorkerOptions
 from groupwise.compute import compute_thread
 from groupwise.config import TrainConfig
-from groupwise.errors import GroupwiseError, NotTrainableError
+from groupwise.errors import GroupwiseError, GroupwiseWarning, NotTrainableError
 from groupwise.learning_signal import step_verdict
 from groupwise.run_lock import RunLocks
 
@@ -90,6 +91,7 @@ class _Run:
     kl_reference_step: int | None = None  # the KL anchor of the last GRPO step: retention keeps it (restored on resume)
     held_steps: list[int] = field(default_factory=list)  # hold_steps(): an asynchronous loop still samples them
     skipped_in_a_row: int = 0  # consecutive steps skipped for lack of signal (restored on resume)
+    warned_base_samples: bool = False  # `_base_samples_warning` said it once
     urls: list[str | None] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -320,6 +322,7 @@ class WorkerBackend(Backend):
             # 1. trajectories first: a crash in the step loses nothing.
             await asyncio.to_thread(run.store.write_trajectories, "train", step, groups)
             metrics = await self._no_signal(run, groups, step, config)
+            self._base_samples_warning(run, groups, step)
             if metrics is None:
                 # 2. token-in/token-out batch, rendered as the server rendered the prompts; one share per rank.
                 batch = await compute_thread().run(
@@ -346,6 +349,22 @@ class WorkerBackend(Backend):
             await self._publish(run, step + 1, metrics, dict(cursor or {}), row)
             metrics["step_time"] = time.perf_counter() - t0
             return TrainResult(step=run.step, metrics=metrics, checkpoint_path=run.checkpoint_path)
+
+    def _base_samples_warning(self, run: _Run, groups: "list[TrajectoryGroup]", step: int) -> None:
+        """Once a run: a step past the first two whose every sampled token came from the base model (policy
+        version 0), with no asynchronous loop holding older steps. Rollouts whose requests name the base
+        model (or ``name@0``) instead of the model train it on the base's samples step after step: it
+        learns little and nothing says why."""
+        if step < 2 or run.held_steps or run.warned_base_samples:
+            return
+        versions = [v for g in groups for t in g.trajectories for v in t.policy_versions()]
+        if versions and not any(versions):
+            run.warned_base_samples = True
+            warnings.warn(GroupwiseWarning(
+                f"{run.spec.name}: step {step} trains on tokens the base model sampled (policy version 0 on every "
+                f"token), not the adapter of step {step}: the rollouts' requests name the base model or "
+                f"{run.spec.name}@0. Pass model=model.name (or model.get_inference_name()) to the client so each "
+                "step samples from the adapter trained last."), stacklevel=2)
 
     async def _no_signal(self, run: _Run, groups: "list[TrajectoryGroup]", step: int,
                          config: TrainConfig) -> dict[str, float] | None:
