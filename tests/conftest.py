@@ -1,5 +1,6 @@
 """Fixtures every test folder shares: the tiny random model saved as a folder (built once per session),
-and a counter of the reads of a run's history file.
+a counter of the reads of a run's history file, and a record of torch's cuDNN attention switch at
+each attention call.
 
 One home for them: each folder used to build the same model (`tiny_random_model(seed=0)`: a 2-layer
 Llama with SmolLM2's tokenizer) into its own folder. Tests only read the folder (backends load it as
@@ -58,3 +59,20 @@ def reads(monkeypatch) -> list[str]:
     monkeypatch.setattr(io, "open", counting_open)
     monkeypatch.setattr("builtins.open", counting_open)
     return opened
+
+
+@pytest.fixture
+def cudnn_attention_at_each_call(monkeypatch) -> list[bool]:
+    """Whether cuDNN's SDPA kernel was switched on at each `scaled_dot_product_attention` call (the
+    engine's and the trainer's passes switch it off: groupwise/attention_backends.py)."""
+    import torch
+
+    seen: list[bool] = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    return seen

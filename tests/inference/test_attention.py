@@ -69,21 +69,14 @@ def test_engine_attention_switches_sdpa_configs_only_and_restores():
     assert config._attn_implementation == "eager"
 
 
-async def test_engine_passes_run_without_cudnn_attention(tiny, monkeypatch):
+async def test_engine_passes_run_without_cudnn_attention(tiny, cudnn_attention_at_each_call):
     """cuDNN's SDPA builds a graph per new shape, and prefill shapes change every pass
     (groupwise/attention_backends.py): every attention call of an engine pass sees it off, and the
     process's switch is back on afterwards."""
     from groupwise.inference.engine import Engine
     from groupwise.inference.requests import GenerationRequest
 
-    seen = []
-    real = torch.nn.functional.scaled_dot_product_attention
-
-    def recording(*args, **kwargs):
-        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    seen = cudnn_attention_at_each_call
     model, tok = tiny
     assert torch.backends.cuda.cudnn_sdp_enabled()
     with Engine(model, tok, max_batch_size=4) as engine:

@@ -20,15 +20,16 @@ from groupwise.errors import AdapterMismatchError, RunLockedError
 HERE = Path(__file__).parent
 
 
-async def _groups(model, n_groups=2, n=4, step=0):
+async def _groups(model, n_groups=2, n=4, step=0, name=None):
+    """Groups of rollouts sampled through the model's client, asking for `name` (default: the model)."""
     client = model.openai_client()
     groups = []
     for g in range(n_groups):
         trajs = []
         for i in range(n):
             messages = [{"role": "user", "content": f"scenario {g}"}]
-            r = await client.chat.completions.create(model=model.inference_name(), messages=messages, max_tokens=5,
-                                                     seed=100 * step + 10 * g + i)
+            r = await client.chat.completions.create(model=name or model.inference_name(), messages=messages,
+                                                     max_tokens=5, seed=100 * step + 10 * g + i)
             trajs.append(gw.Trajectory(messages_and_choices=[*messages, r.choices[0]], reward=float(i)))
         groups.append(gw.TrajectoryGroup(trajs))
     return groups
@@ -262,19 +263,6 @@ async def test_steps_trained_on_the_base_models_samples_are_named_once(tiny_mode
 
     from groupwise.errors import GroupwiseWarning
 
-    async def groups_from(model, name, step):
-        client = model.openai_client()
-        out = []
-        for g in range(2):
-            trajs = []
-            for i in range(4):
-                messages = [{"role": "user", "content": f"scenario {g}"}]
-                r = await client.chat.completions.create(model=name, messages=messages, max_tokens=5,
-                                                         seed=100 * step + 10 * g + i)
-                trajs.append(gw.Trajectory(messages_and_choices=[*messages, r.choices[0]], reward=float(i)))
-            out.append(gw.TrajectoryGroup(trajs))
-        return out
-
     config = gw.TrainConfig(learning_rate=1e-3)
     backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
     good = gw.TrainableModel(name="good", project="p", base_model=tiny_model_dir)
@@ -285,8 +273,8 @@ async def test_steps_trained_on_the_base_models_samples_are_named_once(tiny_mode
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for step in range(4):
-                await good.train(await groups_from(good, good.inference_name(), step), config=config)
-                await stuck.train(await groups_from(stuck, "stuck@0", step), config=config)
+                await good.train(await _groups(good, step=step), config=config)
+                await stuck.train(await _groups(stuck, step=step, name="stuck@0"), config=config)
     finally:
         await backend.close()
     named = [str(w.message) for w in caught if issubclass(w.category, GroupwiseWarning) and "base model" in str(w.message)]

@@ -65,17 +65,10 @@ def test_dropout_and_disabled_adapters_take_peft_own_path(tokenizer):
     assert not torch.allclose(adapted, base)  # ... and the adapter does change the output
 
 
-def test_training_forward_and_backward_run_without_cudnn_attention(tokenizer, monkeypatch):
+def test_training_forward_and_backward_run_without_cudnn_attention(tokenizer, cudnn_attention_at_each_call):
     """Micro-batches differ in rows and padded length, and cuDNN's SDPA builds a graph per new shape
     (groupwise/attention_backends.py): the trainer's forward context switches it off and back."""
-    seen = []
-    real = torch.nn.functional.scaled_dot_product_attention
-
-    def recording(*args, **kwargs):
-        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    seen = cudnn_attention_at_each_call
     model = _model(tokenizer)
     ids = torch.randint(3, 500, (2, 5), generator=torch.Generator().manual_seed(5))
     with TrainingForward(_tuners(model), "cpu", None):

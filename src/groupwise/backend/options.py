@@ -83,10 +83,12 @@ class BackendOptions(Validated):
             else:
                 check_positive(p, "train_workers", self.train_workers, integer=True)
         # The engine's numeric settings are all counts of tokens, sequences or bytes.
-        if not isinstance(self.engine_kwargs, dict):
-            p.append(f"engine_kwargs={self.engine_kwargs!r} must be a dict of Engine settings, e.g. "
+        engine_kwargs = self.engine_kwargs
+        if not isinstance(engine_kwargs, dict):
+            p.append(f"engine_kwargs={engine_kwargs!r} must be a dict of Engine settings, e.g. "
                      "{'max_seq_len': 2048} (or None for the defaults)")
-        for key, value in (self.engine_kwargs if isinstance(self.engine_kwargs, dict) else {}).items():
+            engine_kwargs = {}
+        for key, value in engine_kwargs.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 check_positive(p, f"engine_kwargs[{key!r}]", value, allow_zero=True, integer=True)
         if not isinstance(self.lora, LoraConfig):

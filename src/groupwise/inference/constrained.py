@@ -208,7 +208,7 @@ def _tool_call_schema(tools: list[dict[str, Any]], name: str | None) -> dict[str
             continue
         # Undeclared arguments are useless to the tool, at any depth: an object that lists its properties
         # takes no others unless it says so (else a small model invents keys).
-        params = _map_schemas(bound_numbers(dict(fn.get("parameters") or {"type": "object"})), _closed)
+        params = _map_schemas(dict(fn.get("parameters") or {"type": "object"}), lambda s: _closed(_bounded(s)))
         key = f"tool{len(documents)}"
         documents[key] = _rebase_refs(params, f"#/$defs/{key}")
         options.append({

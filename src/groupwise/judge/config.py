@@ -68,9 +68,11 @@ class JudgeConfig(Validated):
             check_positive(p, "temperature", self.temperature, allow_zero=True)
         if self.max_tokens is not None:
             check_positive(p, "max_tokens", self.max_tokens, integer=True)
-        if self.prices is not None and not isinstance(self.prices, dict):
-            p.append(f"prices={self.prices!r} must be a dict {{model: (usd_per_M_prompt, usd_per_M_completion)}}")
-        for model, price in (self.prices if isinstance(self.prices, dict) else {}).items():
+        prices = {} if self.prices is None else self.prices
+        if not isinstance(prices, dict):
+            p.append(f"prices={prices!r} must be a dict {{model: (usd_per_M_prompt, usd_per_M_completion)}}")
+            prices = {}
+        for model, price in prices.items():
             ok = isinstance(price, (tuple, list)) and len(price) == 2 and all(
                 isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in price
             )
