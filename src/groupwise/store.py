@@ -307,11 +307,11 @@ class RunStore:
             raise StoreError(f"step={step!r} must be an int >= 0")
         return self.run_dir / "trajectories" / split / f"{step:04d}.jsonl"
 
-    def write_trajectories(self, split: str, step: int, groups: Iterable[TrajectoryGroup]) -> Path:
-        """Write the groups of (split, step) to their file, atomically; rewrites it if it exists
-        (a resumed run re-logs the step it crashed in)."""
-        path = self.trajectories_path(split, step)
-        rows, lines = [], []
+    @staticmethod
+    def check_storable(groups: Iterable[TrajectoryGroup]) -> list[TrajectoryGroup]:
+        """The groups as a list, or the error `write_trajectories` would raise for them (cheap: a caller
+        that writes them on another thread meanwhile checks here first)."""
+        groups = list(groups)
         for n, g in enumerate(groups):
             if not isinstance(g, TrajectoryGroup):
                 raise ArgumentTypeError(f"groups[{n}] is {type(g).__name__}; write_trajectories takes TrajectoryGroups")
@@ -320,6 +320,14 @@ class RunStore:
                     f"groups[{n}] still has {len(g.pending)} rollouts that were never run; "
                     "await it (or gather_trajectory_groups) before storing it"
                 )
+        return groups
+
+    def write_trajectories(self, split: str, step: int, groups: Iterable[TrajectoryGroup]) -> Path:
+        """Write the groups of (split, step) to their file, atomically; rewrites it if it exists
+        (a resumed run re-logs the step it crashed in)."""
+        path = self.trajectories_path(split, step)
+        rows, lines = [], []
+        for g in self.check_storable(groups):
             rows.append(g.model_dump(mode="json"))
             lines.append(dumps(rows[-1]) + "\n")
         atomic_write_text(path, "".join(lines))

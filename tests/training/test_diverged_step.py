@@ -124,3 +124,40 @@ async def test_a_restart_skips_a_nan_checkpoint_and_resumes_the_one_before(tiny_
         assert r.model == "agent@1"
     finally:
         await again.close()
+
+
+async def test_a_steps_trajectories_are_on_disk_before_it_fails_or_checkpoints(tiny_model_dir, tmp_path, monkeypatch):
+    """The step's trajectories are written on another thread while it updates. Slowed down here (the real
+    write, after a pause), they must still be on disk when a failed update's error leaves `train`, and
+    before the step's checkpoint exists."""
+    import threading
+
+    from groupwise.store import RunStore
+
+    real_write = RunStore.write_trajectories
+    checkpoints = tmp_path / "p" / "agent" / "checkpoints"
+    seen: list[tuple[int, bool]] = []  # (step, whether the step's checkpoint existed once its write ended)
+    never = threading.Event()
+
+    def slow_write(self, split, step, groups):
+        never.wait(timeout=1.0)  # the write ends a second after the update began
+        path = real_write(self, split, step, groups)
+        seen.append((step, (checkpoints / f"{step + 1:04d}").exists()))
+        return path
+
+    monkeypatch.setattr(RunStore, "write_trajectories", slow_write)
+    model = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    await model.register(backend)
+    try:
+        groups = await _groups(model)
+        await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
+        stored = model.store.load_trajectories("train", 0)
+        assert [t.reward for g in stored for t in g.trajectories] == [t.reward for g in groups for t in g.trajectories]
+        with pytest.raises(NonFiniteError):
+            await model.train(groups, config=gw.TrainConfig(learning_rate=1e39))
+        assert [len(g.trajectories) for g in model.store.load_trajectories("train", 1)] == [3, 3]
+        assert seen == [(0, False), (1, False)]
+        assert sorted(p.name for p in checkpoints.iterdir()) == ["0001"]
+    finally:
+        await backend.close()

@@ -308,7 +308,6 @@ class WorkerBackend(Backend):
     ) -> TrainResult:
         from groupwise.compat import train_config_from_art
         from groupwise.store import history_row, numeric_metrics
-        from groupwise.training.tokenize import tokenize_groups
 
         # the model's own settings (ART's _internal_config trainer_args, ...) apply on every path in
         config = train_config_from_art(config, options, where=f"{type(self).__name__}.train",
@@ -318,30 +317,21 @@ class WorkerBackend(Backend):
             t0 = time.perf_counter()
             step = run.step
             run.kl_reference_step = config.kl_reference_step or None  # kept from now on (retention)
-            groups = list(trajectory_groups)
-            # 1. trajectories first: a crash in the step loses nothing.
-            await asyncio.to_thread(run.store.write_trajectories, "train", step, groups)
-            metrics = await self._no_signal(run, groups, step, config)
-            self._base_samples_warning(run, groups, step)
-            if metrics is None:
-                # 2. token-in/token-out batch, rendered as the server rendered the prompts; one share per rank.
-                batch = await compute_thread().run(
-                    tokenize_groups, groups, run.tokenizer, max_seq_len=config.max_seq_len,
-                    scale_rewards=config.scale_rewards,
-                    train_forced_tokens=config.train_forced_tokens,
-                )
-                trainers = self.train_ranks
-                shards = shard_batch(batch, len(trainers))
-                del batch
-                # 3. the update on every trainer rank (gradients summed over them).
-                per_rank = await self._call_ranks("update", {
-                    r: {"name": model.name, "updates": [{"batch": shard, "config": config, "objective": "grpo"}],
-                        "step": step} for r, shard in zip(trainers, shards)
-                })
-                del shards
-                metrics = merge_ranks([per_rank[r][0] for r in trainers])
-                run.skipped_in_a_row = 0
-                metrics.update(skipped=0.0, skipped_in_a_row=0.0)
+            groups = run.store.check_storable(trajectory_groups)  # a group the store refuses fails here
+            # 1. trajectories first: a crash in the step loses nothing. They are written on another thread
+            # while the step tokenises and updates (the driver's CPU is idle while the ranks update, and
+            # 4 GPUs' rollouts take it ~0.3 s to dump); nothing is checkpointed, and no error leaves the
+            # step, before they are on disk.
+            written = asyncio.ensure_future(asyncio.to_thread(run.store.write_trajectories, "train", step, groups))
+            try:
+                metrics = await self._update(run, model, groups, step, config)
+            except BaseException:
+                await asyncio.wait([written])
+                if not written.cancelled() and written.exception() is not None:
+                    log.error("%s: step %d's trajectories were not written either: %r", model.name, step,
+                              written.exception())
+                raise
+            await written
             if run.kl_reference_step is not None:  # saved with the checkpoint: a resumed run keeps the anchor
                 metrics["kl_reference_step"] = float(run.kl_reference_step)
             # 4.-6. checkpoint (with the step's history row), serve and verify, retention.
@@ -349,6 +339,35 @@ class WorkerBackend(Backend):
             await self._publish(run, step + 1, metrics, dict(cursor or {}), row)
             metrics["step_time"] = time.perf_counter() - t0
             return TrainResult(step=run.step, metrics=metrics, checkpoint_path=run.checkpoint_path)
+
+    async def _update(self, run: _Run, model: "TrainableModel", groups: "list[TrajectoryGroup]", step: int,
+                      config: TrainConfig) -> dict[str, float]:
+        """2.-3. of a GRPO step: its metrics, those of a skipped step where no group has a signal."""
+        from groupwise.training.tokenize import tokenize_groups
+
+        metrics = await self._no_signal(run, groups, step, config)
+        self._base_samples_warning(run, groups, step)
+        if metrics is not None:
+            return metrics
+        # 2. token-in/token-out batch, rendered as the server rendered the prompts; one share per rank.
+        batch = await compute_thread().run(
+            tokenize_groups, groups, run.tokenizer, max_seq_len=config.max_seq_len,
+            scale_rewards=config.scale_rewards,
+            train_forced_tokens=config.train_forced_tokens,
+        )
+        trainers = self.train_ranks
+        shards = shard_batch(batch, len(trainers))
+        del batch
+        # 3. the update on every trainer rank (gradients summed over them).
+        per_rank = await self._call_ranks("update", {
+            r: {"name": model.name, "updates": [{"batch": shard, "config": config, "objective": "grpo"}],
+                "step": step} for r, shard in zip(trainers, shards)
+        })
+        del shards
+        metrics = merge_ranks([per_rank[r][0] for r in trainers])
+        run.skipped_in_a_row = 0
+        metrics.update(skipped=0.0, skipped_in_a_row=0.0)
+        return metrics
 
     def _base_samples_warning(self, run: _Run, groups: "list[TrajectoryGroup]", step: int) -> None:
         """Once a run: a step past the first two whose every sampled token came from the base model (policy
