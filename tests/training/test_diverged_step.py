@@ -161,3 +161,49 @@ async def test_a_steps_trajectories_are_on_disk_before_it_fails_or_checkpoints(t
         assert sorted(p.name for p in checkpoints.iterdir()) == ["0001"]
     finally:
         await backend.close()
+
+
+async def test_a_step_that_fails_after_its_update_blocks_the_next_until_the_run_is_loaded_again(
+        tiny_model_dir, tmp_path, monkeypatch):
+    """The disk fills while step 1 checkpoints: its update ran, no checkpoint has it. Training on would
+    build on weights no history explains, so the next step is refused, with what to do; loading the run
+    again restores the adapter and optimizer of the last checkpoint, and the step trains from there."""
+    import errno
+
+    from groupwise.errors import DiskFullError, StoreError
+    from groupwise.training import checkpoint
+
+    model = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    await model.register(backend)
+    try:
+        groups = await _groups(model)
+        await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
+        saved = await _state(backend)
+        real_write = checkpoint.write_checkpoint
+
+        def disk_full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(checkpoint, "_save", disk_full)
+        with pytest.raises(DiskFullError, match="load the run again"):
+            await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
+        monkeypatch.undo()
+        assert checkpoint.write_checkpoint is real_write
+        moved = await _state(backend)
+        assert not _same(saved["adapter"], moved["adapter"])  # the update ran
+        with pytest.raises(StoreError, match=r"step 1's update ran, .*DiskFullError.*unregister\(model\)"):
+            await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
+        demo = gw.Trajectory(messages_and_choices=[{"role": "user", "content": "Say it."},
+                                                   {"role": "assistant", "content": "it"}])
+        with pytest.raises(StoreError, match="step 1's update ran"):
+            await model.train_sft([demo], gw.TrainSFTConfig(learning_rate=1e-3))
+
+        await backend.unregister(model)
+        await model.register(backend)
+        assert await model.get_step() == 1
+        reloaded = await _state(backend)
+        assert _same(saved["adapter"], reloaded["adapter"]) and _same(saved["optimizer"], reloaded["optimizer"])
+        assert (await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))).step == 2
+    finally:
+        await backend.close()

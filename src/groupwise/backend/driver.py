@@ -43,6 +43,7 @@ the same adapter, optimizer state and RNG, and the driver gets the step and data
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import warnings
@@ -59,7 +60,7 @@ from groupwise.backend.retention import prune_args, retain_args
 from groupwise.backend.worker import LOOPBACK, ModelSpec, WorkerOptions
 from groupwise.compute import compute_thread
 from groupwise.config import TrainConfig
-from groupwise.errors import GroupwiseError, GroupwiseWarning, NotTrainableError
+from groupwise.errors import GroupwiseError, GroupwiseWarning, NotTrainableError, StoreError
 from groupwise.learning_signal import step_verdict
 from groupwise.run_lock import RunLocks
 
@@ -92,6 +93,9 @@ class _Run:
     held_steps: list[int] = field(default_factory=list)  # hold_steps(): an asynchronous loop still samples them
     skipped_in_a_row: int = 0  # consecutive steps skipped for lack of signal (restored on resume)
     warned_base_samples: bool = False  # `_base_samples_warning` said it once
+    # Why the trainer holds an update that no checkpoint has (its step's write or publish failed after
+    # it): every later step would build on it and checkpoint weights that no history explains.
+    unsaved_update: str | None = None
     urls: list[str | None] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -314,6 +318,7 @@ class WorkerBackend(Backend):
                                        model_settings=model.train_defaults())  # a new TrainConfig: checked again
         run = self._run(model)
         async with run.lock:  # one step at a time per model
+            self._check_saved(run)
             t0 = time.perf_counter()
             step = run.step
             run.kl_reference_step = config.kl_reference_step or None  # kept from now on (retention)
@@ -331,14 +336,37 @@ class WorkerBackend(Backend):
                     log.error("%s: step %d's trajectories were not written either: %r", model.name, step,
                               written.exception())
                 raise
-            await written
-            if run.kl_reference_step is not None:  # saved with the checkpoint: a resumed run keeps the anchor
-                metrics["kl_reference_step"] = float(run.kl_reference_step)
-            # 4.-6. checkpoint (with the step's history row), serve and verify, retention.
-            row = history_row(groups, step=step, split="train", metrics=numeric_metrics(metrics))
-            await self._publish(run, step + 1, metrics, dict(cursor or {}), row)
+            with self._saving(run, step, updated=not metrics.get("skipped")):
+                await written
+                if run.kl_reference_step is not None:  # saved with the checkpoint: a resumed run keeps the anchor
+                    metrics["kl_reference_step"] = float(run.kl_reference_step)
+                # 4.-6. checkpoint (with the step's history row), serve and verify, retention.
+                row = history_row(groups, step=step, split="train", metrics=numeric_metrics(metrics))
+                await self._publish(run, step + 1, metrics, dict(cursor or {}), row)
             metrics["step_time"] = time.perf_counter() - t0
             return TrainResult(step=run.step, metrics=metrics, checkpoint_path=run.checkpoint_path)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _saving(run: _Run, step: int, *, updated: bool):
+        """Around what follows a step's update: if it fails, the trainer holds weights that no checkpoint
+        has, and the run takes no further step (`_check_saved`) until it is loaded again."""
+        try:
+            yield
+        except BaseException as exc:
+            if updated:
+                run.unsaved_update = (f"step {step}'s update ran, but the step failed before its checkpoint was "
+                                      f"complete ({type(exc).__name__}: {exc})")
+            raise
+
+    @staticmethod
+    def _check_saved(run: _Run) -> None:
+        if run.unsaved_update is not None:
+            raise StoreError(
+                f"{run.spec.name}: {run.unsaved_update}. The trainer still holds that update, and a step on top "
+                f"of it would checkpoint weights no history explains. Load the run again from its last complete "
+                "checkpoint first: `await backend.unregister(model)` then `await model.register(backend)` (or "
+                "restart the program), then train the step again.")
 
     async def _update(self, run: _Run, model: "TrainableModel", groups: "list[TrajectoryGroup]", step: int,
                       config: TrainConfig) -> dict[str, float]:
@@ -430,6 +458,7 @@ class WorkerBackend(Backend):
         chunks = [trajectories[i:i + size] for i in range(0, len(trajectories), size)]
         rates = config.rates(len(chunks))
         async with run.lock:
+            self._check_saved(run)
             t0 = time.perf_counter()
             step = run.step
             # 1. demonstrations first (one group per batch): a crash in the step loses nothing.
@@ -457,7 +486,8 @@ class WorkerBackend(Backend):
             metrics = sft_step_metrics(per_update, rates[-1])
             # 4-6. checkpoint, serve and verify, retention: an SFT step is a step like any other.
             row = metrics_row(step=step, split="sft", metrics=numeric_metrics(metrics))  # no rollouts, no reward
-            await self._publish(run, step + 1, metrics, dict(run.cursor), row)
+            with self._saving(run, step, updated=bool(per_update)):
+                await self._publish(run, step + 1, metrics, dict(run.cursor), row)
             metrics["step_time"] = time.perf_counter() - t0
             return TrainResult(step=run.step, metrics=metrics, checkpoint_path=run.checkpoint_path)
 

@@ -204,7 +204,7 @@ def write_checkpoint(checkpoints_dir: str | Path, snap: CheckpointSnapshot, *, c
                 f"checkpoint of step {step} could not be written to {root}: the disk is full "
                 f"({'%d bytes free' % free if free is not None else 'no space left'}). The partial folder was "
                 "removed and earlier checkpoints are untouched; free space there (or point the run's base_path "
-                "at a larger disk) and train again."
+                "at a larger disk), then load the run again: it resumes from the last complete checkpoint."
             ) from exc
         if isinstance(exc, OSError) or type(exc).__name__ == "SafetensorError":
             raise CheckpointError(f"checkpoint of step {step} could not be written to {root} ({type(exc).__name__}: "
