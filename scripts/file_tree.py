@@ -32,7 +32,7 @@ NOTES = {
 
 # Folders listed as one line: third-party files kept verbatim (their own docstrings say nothing here).
 FOLDERS = {
-    "tests/art_compat/art_repo/": "ART's example programs and notebook code cells, byte for byte (see art_runner.py)",
+    "tests/art_compat/art_repo/": "ART's example programs and notebook code cells, as ART wrote them (NOTICE.md; art_runner.py)",
 }
 
 

@@ -57,6 +57,8 @@ _EXPORTS: dict[str, str] = {
     "LocalTrainResult": "groupwise.backend.base",
     "BackendOptions": "groupwise.backend.options",
     "LocalBackend": "groupwise.backend.local",
+    "ServerlessBackend": "groupwise.serverless",
+    "ServerlessTrainResult": "groupwise.backend.base",
     "RayBackend": "groupwise.backend.ray",
     # helpers
     "retry": "groupwise.utils",
@@ -81,7 +83,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 # ART's subpackages, reachable as attributes (`art.dev.InternalModelConfig`, `art.rewards.ruler`).
-_SUBPACKAGES = ("dev", "local", "rewards", "utils")
+_SUBPACKAGES = ("dev", "local", "rewards", "serverless", "utils")
 
 __all__ = sorted([*_EXPORTS, *_SUBPACKAGES]) + ["__version__"]
 

@@ -36,10 +36,12 @@ History row schema (`history_row` builds it; the loop, plots and reports read it
     <metric>        float  mean of a trajectory metric over the trajectories that report it
     group_<metric>  float  mean of a group metric over the groups that report it
     <key>           any    each key of ``metrics=`` passed to `Model.log` (e.g. the trainer's
-                           ``loss``, ``grad_norm``), as given
+                           ``loss``, ``grad_norm``), as given; one named like a field above
+                           replaces it, as in ART (``metrics={"reward": score}`` for a validation
+                           that scores its groups itself)
 
-Names of the fixed fields are reserved: a metric called ``reward`` or ``step`` is an error, not a
-silent overwrite.
+A trajectory or group metric named like a fixed field is an error, not a silent overwrite, and so is
+a ``metrics=`` key named ``step``, ``split`` or ``recorded_at``.
 
 Writes are atomic: a file is written to a temp file in the same folder, fsynced, then `os.replace`d
 over the target, so a crash leaves the old file or the new one, never half of one.
@@ -99,6 +101,7 @@ RESERVED_HISTORY_KEYS = frozenset({
     "n_groups", "n_trajectories", "n_exceptions", "exception_rate",
 })
 
+_ROW_IDENTITY = frozenset({"step", "split", "recorded_at"})
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+=-]*$")
 _STEP_FILE = re.compile(r"^(\d+)\.jsonl$")
 
@@ -179,14 +182,20 @@ def history_row(
     for source in (traj_values, group_values):
         for name, values in source.items():
             extra[name] = _mean(values)
-    extra.update(metrics or {})
     clashes = sorted(set(extra) & RESERVED_HISTORY_KEYS)
     if clashes:
         raise StoreError(
             f"metric name(s) {clashes} clash with the history row's own fields "
             f"{sorted(RESERVED_HISTORY_KEYS)}; rename the metric (e.g. 'task_{clashes[0]}')"
         )
+    # The caller's own metrics come last and replace what the row computed (ART's model.log: a validation
+    # that scores its groups itself logs ``metrics={"reward": score}``), except the row's identity.
+    fixed = sorted(set(metrics or {}) & _ROW_IDENTITY)
+    if fixed:
+        raise StoreError(f"metric name(s) {fixed} name the history row itself; pass them as log()'s own "
+                         "arguments (step=, split=) or rename the metric")
     row.update(extra)
+    row.update(metrics or {})
     return row
 
 

@@ -129,7 +129,7 @@ def _cells(source: str, skip: dict[int, str]) -> list[str]:
 async def _run_cells(cells: list[str], filename: str) -> dict:
     namespace: dict = {"__name__": "__main__"}
     for cell in cells:
-        code = compile(cell, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        code = compile(cell, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
         result = eval(code, namespace)  # noqa: S307 - the notebook's own code, as Jupyter runs it
         if inspect.iscoroutine(result):
             await result
@@ -251,7 +251,7 @@ def run_program(program: Program, root: Path, tiny_model_dir: str) -> None:
         if program.notebook:
             asyncio.run(_run_cells(_cells(entry.read_text(), program.skip_cells), str(entry)))
         elif program.package:
-            code = compile(entry.read_text(), str(entry), "exec")
+            code = compile(entry.read_text(), str(entry), "exec", dont_inherit=True)
             exec(code, {"__name__": "__main__", "__file__": str(entry), "__package__": program.package})  # noqa: S102
         else:
             runpy.run_path(str(entry), run_name="__main__")

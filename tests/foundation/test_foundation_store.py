@@ -8,7 +8,7 @@ import math
 import pytest
 
 from groupwise import CorruptRecordError, StoreError, Trajectory, TrajectoryGroup, load_history, load_trajectories
-from groupwise.store import RunStore, history_row, read_group_dicts
+from groupwise.store import RunStore, history_row, metrics_row, read_group_dicts
 from groupwise.types import Choice, choice_forced_indices, choice_logprobs, choice_token_ids
 
 
@@ -139,6 +139,20 @@ def test_reserved_metric_name_is_an_error():
     g = TrajectoryGroup([Trajectory(messages_and_choices=[{"role": "user", "content": "x"}], metrics={"reward": 1})])
     with pytest.raises(StoreError, match=r"\['reward'\] clash"):
         history_row([g], step=0, split="val")
+
+
+def test_the_callers_metrics_replace_the_rows_computed_fields_as_in_art():
+    """ART's model.log merges the caller's `metrics` last: its train-rl skill logs a validation it scored
+    itself as ``model.log(val_groups, metrics={"reward": score}, split="val")``, and delete_checkpoints
+    reads that val/reward. The row's identity (step, split, recorded_at) stays its own."""
+    g = TrajectoryGroup([Trajectory(messages_and_choices=[{"role": "user", "content": "x"}], reward=r) for r in (0, 1)])
+    row = history_row([g], step=2, split="val", metrics={"reward": 0.9, "exception_rate": 0.25, "acc": 1.0})
+    assert (row["reward"], row["exception_rate"], row["acc"]) == (0.9, 0.25, 1.0)
+    assert (row["step"], row["split"], row["n_trajectories"], row["reward_std"]) == (2, "val", 2, 0.5)
+    assert metrics_row(step=1, split="val", metrics={"reward": 0.5})["reward"] == 0.5
+    for name in ("step", "split", "recorded_at"):
+        with pytest.raises(StoreError, match=rf"\['{name}'\] name the history row itself"):
+            history_row([g], step=2, split="val", metrics={name: 1})
 
 
 def test_a_reward_metric_equal_to_the_reward_is_the_rows_own():

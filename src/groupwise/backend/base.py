@@ -69,6 +69,17 @@ class TrainResult:
 LocalTrainResult = TrainResult  # ART 0.5's name for LocalBackend's result
 
 
+@dataclass
+class ServerlessTrainResult:
+    """ART's result of `ServerlessBackend.train`, its fields in ART's order (serverless/backend.py: a
+    LocalBackend here, so no W&B artifact names the checkpoint: `checkpoint_path` does)."""
+
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    artifact_name: str | None = None
+    checkpoint_path: str | None = None
+
+
 class Backend(ABC):
     """Serves and trains `TrainableModel`s. Every method is async (or cheap); none blocks the event loop."""
 

@@ -17,9 +17,10 @@ import os
 from typing import Any
 
 from groupwise.errors import ConfigError, ScenarioGenerationError
-from groupwise.mcp.types import GeneratedScenarioCollection, MCPResource, MCPTool
+from groupwise.mcp.types import GeneratedScenario, GeneratedScenarioCollection, MCPResource, MCPTool
 
-__all__ = ["MAX_TASK_CHARS", "generate_scenarios", "scenario_prompt", "scenario_schema", "parse_scenarios"]
+__all__ = ["MAX_TASK_CHARS", "generate_scenarios", "parse_scenarios", "preview_scenarios", "scenario_prompt",
+           "scenario_schema"]
 
 MAX_TASK_CHARS = 600  # a task is a paragraph at most: the schema's default cap (see the module docstring)
 MAX_COMPLETION_TOKENS = 8000  # as ART asks: room for every scenario of a large request
@@ -33,6 +34,17 @@ def _tools_info(tools: Any) -> list[dict[str, Any]]:
 def _resources_info(resources: Any) -> list[dict[str, Any]]:
     resources = getattr(resources, "resources", resources)
     return [(r if isinstance(r, MCPResource) else MCPResource.from_dict(r)).to_dict() for r in resources or []]
+
+
+def preview_scenarios(scenarios: Any, n: int = 5) -> None:
+    """Print the first `n` tasks with their difficulty (ART's helper, which its MCP notebook calls on the
+    scenarios as dicts): a list of dicts or `GeneratedScenario`s, or a collection."""
+    for i, s in enumerate(list(getattr(scenarios, "scenarios", scenarios))[:max(n, 0)]):
+        if isinstance(s, GeneratedScenario):
+            task, difficulty = s.task, s.difficulty
+        else:  # a dict, as ART takes them: its difficulty may be missing
+            task, difficulty = str(s["task"]), s.get("difficulty", "N/A")
+        print(f"   {i + 1}. {task if len(task) <= 120 else task[:120].strip() + '…'}  (difficulty {difficulty}/5)")
 
 
 def scenario_schema(num_scenarios: int, max_task_chars: int = MAX_TASK_CHARS) -> dict[str, Any]:

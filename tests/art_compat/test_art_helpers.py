@@ -1,0 +1,92 @@
+"""ART's small helpers at ART's paths, which its notebooks import: `art.utils.strip_logprobs`,
+`art.utils.logging`, `art.mcp.generate_scenarios.preview_scenarios`, and `art.serverless`'s
+`ServerlessBackend` (a LocalBackend here) with its `train` result and `delete`."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from openai.types.chat import ChatCompletionMessage, ChatCompletionTokenLogprob
+from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+
+import groupwise as art
+from groupwise.errors import ArtCompatWarning, GroupwiseError
+
+
+def _choice() -> Choice:
+    entry = ChatCompletionTokenLogprob(token="hi", logprob=-0.5, bytes=[104, 105], top_logprobs=[])
+    return Choice(index=0, finish_reason="stop", message=ChatCompletionMessage(role="assistant", content="hi"),
+                  logprobs=ChoiceLogprobs(content=[entry]))
+
+
+def test_strip_logprobs_copies_without_any_logprobs():
+    from groupwise.utils.strip_logprobs import strip_logprobs
+
+    choice = _choice()
+    traced = {"messages": [{"role": "user", "content": "x"}, choice],
+              "raw": ({"logprobs": [1, 2], "text": "t"},)}
+    out = strip_logprobs(traced)
+    assert out["messages"][1].logprobs is None and out["messages"][1].message.content == "hi"
+    assert out["raw"] == ({"text": "t"},) and out["messages"][0] == {"role": "user", "content": "x"}
+    assert choice.logprobs is not None and traced["raw"][0]["logprobs"] == [1, 2]  # the input is untouched
+
+    class Uncopyable:
+        def __deepcopy__(self, memo):
+            raise TypeError("no")
+
+    thing = Uncopyable()
+    assert strip_logprobs(thing) is thing  # a tracer's hook must not fail the rollout
+
+
+def test_the_logging_helpers_print_one_labelled_line(capsys):
+    from groupwise.utils import logging as art_logging
+
+    for name in ("info", "step", "ok", "warn", "err"):
+        getattr(art_logging, name)(f"{name} message")
+    art_logging.dim("quiet")
+    lines = capsys.readouterr().out.splitlines()
+    assert [re.sub(r"^\[\d\d:\d\d:\d\d\] ", "", line) for line in lines] == [
+        "INFO  info message", "STEP  step message", "OK    ok message", "WARN  warn message", "ERR   err message",
+        "quiet"]  # no colour codes: stdout is no terminal here
+
+
+def test_preview_scenarios_prints_the_first_tasks(capsys):
+    from groupwise.mcp.generate_scenarios import preview_scenarios
+    from groupwise.mcp.types import GeneratedScenario
+
+    preview_scenarios([{"task": "Find the price of AAPL.", "difficulty": 2}, {"task": "x" * 130},
+                       GeneratedScenario(task="Third", difficulty=5)], n=2)
+    assert capsys.readouterr().out.splitlines() == [
+        "   1. Find the price of AAPL.  (difficulty 2/5)", f"   2. {'x' * 120}…  (difficulty N/A/5)"]
+
+
+async def test_serverless_backend_trains_here_and_deletes_the_run(tiny_model_dir, tmp_path):
+    from groupwise.serverless.backend import ServerlessBackend as AtArtsPath
+
+    assert art.ServerlessBackend is AtArtsPath is art.serverless.ServerlessBackend
+    with pytest.warns(ArtCompatWarning, match=r"no hosted training service.*\(api_key ignored\)"):
+        backend = art.ServerlessBackend(api_key="wandb-key")
+    model = art.TrainableModel(name="agent", project="p", base_model=tiny_model_dir, base_path=str(tmp_path))
+    await model.register(backend)
+    try:
+        client = model.openai_client()
+        groups = []
+        for g in range(2):
+            trajectories = []
+            for i in range(2):
+                messages = [{"role": "user", "content": f"task {g}"}]
+                r = await client.chat.completions.create(model=model.name, messages=messages, max_tokens=3, seed=i)
+                trajectories.append(art.Trajectory(messages_and_choices=[*messages, r.choices[0]], reward=float(i)))
+            groups.append(art.TrajectoryGroup(trajectories))
+        result = await backend.train(model, groups, learning_rate=1e-4)
+        assert isinstance(result, art.ServerlessTrainResult)
+        assert (result.step, result.artifact_name) == (1, None) and result.checkpoint_path.endswith("0001")
+        run_dir = model.store.run_dir
+        assert (run_dir / "checkpoints" / "0001").is_dir()
+        await backend.delete(model)
+        assert not run_dir.exists()
+        with pytest.raises(GroupwiseError, match="not registered"):
+            await model.get_step()
+    finally:
+        await backend.close()
