@@ -180,7 +180,6 @@ async def test_a_step_that_fails_after_its_update_blocks_the_next_until_the_run_
         groups = await _groups(model)
         await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
         saved = await _state(backend)
-        real_write = checkpoint.write_checkpoint
 
         def disk_full(*args, **kwargs):
             raise OSError(errno.ENOSPC, "No space left on device")
@@ -189,7 +188,6 @@ async def test_a_step_that_fails_after_its_update_blocks_the_next_until_the_run_
         with pytest.raises(DiskFullError, match="load the run again"):
             await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
         monkeypatch.undo()
-        assert checkpoint.write_checkpoint is real_write
         moved = await _state(backend)
         assert not _same(saved["adapter"], moved["adapter"])  # the update ran
         with pytest.raises(StoreError, match=r"step 1's update ran, .*DiskFullError.*unregister\(model\)"):

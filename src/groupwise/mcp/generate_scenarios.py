@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from groupwise.errors import ConfigError, ScenarioGenerationError
-from groupwise.mcp.types import GeneratedScenario, GeneratedScenarioCollection, MCPResource, MCPTool
+from groupwise.mcp.types import GeneratedScenario, GeneratedScenarioCollection, MCPResource, MCPTool, preview_line
 
 __all__ = ["MAX_TASK_CHARS", "generate_scenarios", "parse_scenarios", "preview_scenarios", "scenario_prompt",
            "scenario_schema"]
@@ -44,7 +44,7 @@ def preview_scenarios(scenarios: Any, n: int = 5) -> None:
             task, difficulty = s.task, s.difficulty
         else:  # a dict, as ART takes them: its difficulty may be missing
             task, difficulty = str(s["task"]), s.get("difficulty", "N/A")
-        print(f"   {i + 1}. {task if len(task) <= 120 else task[:120].strip() + '…'}  (difficulty {difficulty}/5)")
+        print(preview_line(i + 1, task, difficulty))
 
 
 def scenario_schema(num_scenarios: int, max_task_chars: int = MAX_TASK_CHARS) -> dict[str, Any]:

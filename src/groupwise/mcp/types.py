@@ -17,7 +17,7 @@ from typing import Any
 
 from groupwise.errors import ArgumentTypeError, ConfigError
 
-__all__ = ["GeneratedScenario", "GeneratedScenarioCollection", "MCPResource", "MCPTool"]
+__all__ = ["GeneratedScenario", "GeneratedScenarioCollection", "MCPResource", "MCPTool", "preview_line"]
 
 
 def _as_dict(data: Any) -> dict[str, Any]:
@@ -80,6 +80,15 @@ class MCPResource:
         return out
 
 
+def _cut(task: str, max_length: int) -> str:
+    return task if len(task) <= max_length else task[:max_length].strip() + "…"
+
+
+def preview_line(number: int, task: str, difficulty: Any, max_length: int = 120) -> str:
+    """One line of a scenario preview, as ART prints it (a collection's `preview`, `preview_scenarios`)."""
+    return f"   {number}. {_cut(task, max_length)}  (difficulty {difficulty}/5)"
+
+
 @dataclass
 class GeneratedScenario:
     """A task for an agent on an MCP server, with a difficulty from 1 (one call) to 5."""
@@ -102,7 +111,7 @@ class GeneratedScenario:
 
     def preview(self, max_length: int = 120) -> str:
         """The task, cut to `max_length` characters with an ellipsis."""
-        return self.task if len(self.task) <= max_length else self.task[:max_length].strip() + "…"
+        return _cut(self.task, max_length)
 
 
 class GeneratedScenarioCollection:
@@ -162,7 +171,7 @@ class GeneratedScenarioCollection:
     def preview(self, n: int = 5, max_task_length: int = 120) -> None:
         """Print the first `n` tasks with their difficulty."""
         for i, s in enumerate(self.scenarios[:n]):
-            print(f"   {i + 1}. {s.preview(max_task_length)}  (difficulty {s.difficulty}/5)")
+            print(preview_line(i + 1, s.task, s.difficulty, max_task_length))
 
     def print_difficulty_distribution(self) -> None:
         counts = self.get_difficulty_distribution()

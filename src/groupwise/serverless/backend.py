@@ -4,18 +4,17 @@ ART's serverless backend sends each step to W&B's training service; groupwise ha
 and trains on this machine. Half of ART's official notebooks start with ``ServerlessBackend()``, and
 its API is LocalBackend's (`register`, `train` with ART 0.5's options, `model.log`,
 `delete_checkpoints`), so such a program runs here with only the import changed: on this machine's
-GPU (or CPU), its run under ``.art/<project>/<model>/``. The service's own arguments (`api_key`,
-`base_url`) are accepted and named once in an `ArtCompatWarning`, so nobody believes their program
-trained remotely.
+GPU (or CPU), its run under LocalBackend's ``<path>/<project>/<model>/``. Each construction warns
+(`ArtCompatWarning`) that it trains here and names the service's own arguments it ignores (`api_key`,
+`base_url`), so nobody believes their program trained remotely.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import asyncio
 import shutil
 import warnings
+from typing import Any
 
 from groupwise.backend.base import ServerlessTrainResult
 from groupwise.backend.local import LocalBackend
