@@ -80,11 +80,14 @@ class MCPResource:
         return out
 
 
+PREVIEW_CHARS = 120  # a previewed task is cut here, as ART's previews cut it
+
+
 def _cut(task: str, max_length: int) -> str:
     return task if len(task) <= max_length else task[:max_length].strip() + "…"
 
 
-def preview_line(number: int, task: str, difficulty: Any, max_length: int = 120) -> str:
+def preview_line(number: int, task: str, difficulty: Any, max_length: int = PREVIEW_CHARS) -> str:
     """One line of a scenario preview, as ART prints it (a collection's `preview`, `preview_scenarios`)."""
     return f"   {number}. {_cut(task, max_length)}  (difficulty {difficulty}/5)"
 
@@ -109,7 +112,7 @@ class GeneratedScenario:
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, "difficulty": self.difficulty}
 
-    def preview(self, max_length: int = 120) -> str:
+    def preview(self, max_length: int = PREVIEW_CHARS) -> str:
         """The task, cut to `max_length` characters with an ellipsis."""
         return _cut(self.task, max_length)
 
@@ -168,7 +171,7 @@ class GeneratedScenarioCollection:
     def get_difficulty_distribution(self) -> Counter:
         return Counter(s.difficulty for s in self.scenarios)
 
-    def preview(self, n: int = 5, max_task_length: int = 120) -> None:
+    def preview(self, n: int = 5, max_task_length: int = PREVIEW_CHARS) -> None:
         """Print the first `n` tasks with their difficulty."""
         for i, s in enumerate(self.scenarios[:n]):
             print(preview_line(i + 1, s.task, s.difficulty, max_task_length))
