@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import time
 import uuid
 from typing import Any
@@ -10,26 +12,71 @@ from groupwise.adapter_names import split_served_name
 from groupwise.inference.engine import Completion, GenerationResult
 from groupwise.chat.tool_calls import parse_tool_calls
 
-__all__ = ["chat_response", "completion_response", "token_entries", "usage"]
+__all__ = ["TokenTexts", "chat_response", "completion_response", "token_entries", "usage"]
 
 
-def token_entries(tokenizer: Any, ids: list[int], logprobs: list[float], tops: list, as_ids: bool) -> list[dict]:
+class TokenTexts:
+    """Each vocabulary id's text as a token of its own (what ``tokenizer.batch_decode([[id]])`` gives),
+    and the JSON of its logprob entry but for the logprob, each computed the first time the id is
+    sampled. A chat choice names every sampled token in ``logprobs.content``; for a 128-token choice the
+    tokenizer call, the 128 dicts and their JSON dump cost ~1.5 ms of the GIL per response, on the
+    process whose compute thread steps the engine, where a rollout's requests are most of what holds
+    the GIL (docs/benchmarks.md, several runs on one GPU). A token's single decode does not depend on
+    its neighbours, so the cache gives the bytes the uncached path gave."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._text: dict[int, str] = {}
+        self._entry: dict[tuple[int, bool], tuple[str, str]] = {}
+
+    def texts(self, ids: list[int]) -> list[str]:
+        missing = [i for i in dict.fromkeys(ids) if i not in self._text]
+        if missing:
+            self._text.update(zip(missing, self.tokenizer.batch_decode([[i] for i in missing])))
+        return [self._text[i] for i in ids]
+
+    def name(self, token_id: int, as_ids: bool) -> str:
+        """The entry's ``token``: ``"token_id:<id>"`` with `as_ids` (vLLM's ``return_tokens_as_token_ids``),
+        else its text."""
+        return f"token_id:{token_id}" if as_ids else self.texts([token_id])[0]
+
+    def content_json(self, ids: list[int], logprobs: list[float], as_ids: bool) -> str:
+        """``logprobs.content`` of a choice without alternatives, as JSON text: each entry's fixed part is
+        dumped once per id and the logprob put between. A logprob that is not finite fails as the JSON
+        dump of the whole body would (``allow_nan=False``)."""
+        self.texts(ids)
+        parts = []
+        for tid, lp in zip(ids, logprobs):
+            entry = self._entry.get((tid, as_ids))
+            if entry is None:
+                text = self._text[tid]
+                token = f'"token_id:{tid}"' if as_ids else _dumps(text)
+                entry = self._entry[(tid, as_ids)] = (
+                    '{"token":' + token + ',"logprob":',
+                    ',"bytes":[' + ",".join(map(str, text.encode())) + '],"top_logprobs":[]}')
+            if not math.isfinite(lp):
+                raise ValueError(f"Out of range float values are not JSON compliant: {lp!r}")
+            parts.append(entry[0] + float.__repr__(float(lp)) + entry[1])
+        return "[" + ",".join(parts) + "]"
+
+
+def _dumps(value: Any) -> str:
+    """JSON as Starlette's `JSONResponse` writes it, so a body built in parts reads as one dumped whole."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def token_entries(texts: TokenTexts, ids: list[int], logprobs: list[float], tops: list, as_ids: bool) -> list[dict]:
     """``logprobs.content`` of a chat choice: each sampled token, its logprob and alternatives. With
     `as_ids` (vLLM's ``return_tokens_as_token_ids``) a token is named ``"token_id:<id>"``; its
     ``bytes`` stay its text's, so the text is still there for a reader that shows it."""
-    texts = tokenizer.batch_decode([[i] for i in ids])
-
-    def name(token_id: int, text: str) -> str:
-        return f"token_id:{token_id}" if as_ids else text
-
     out = []
-    for j, (tid, t, lp) in enumerate(zip(ids, texts, logprobs)):
+    for j, (tid, t, lp) in enumerate(zip(ids, texts.texts(ids), logprobs)):
         top = []
         if tops:
-            alt_texts = tokenizer.batch_decode([[i] for i, _ in tops[j]])
-            top = [{"token": name(i, s), "logprob": v, "bytes": list(s.encode())}
-                   for s, (i, v) in zip(alt_texts, tops[j])]
-        out.append({"token": name(tid, t), "logprob": lp, "bytes": list(t.encode()), "top_logprobs": top})
+            alts = [i for i, _ in tops[j]]
+            top = [{"token": texts.name(i, as_ids), "logprob": v, "bytes": list(s.encode())}
+                   for s, (i, v) in zip(texts.texts(alts), tops[j])]
+        out.append({"token": texts.name(tid, as_ids), "logprob": lp, "bytes": list(t.encode()), "top_logprobs": top})
     return out
 
 
@@ -52,42 +99,51 @@ def usage(result: GenerationResult) -> dict[str, int]:
             "total_tokens": result.prompt_tokens + completion_tokens}
 
 
-def chat_response(tokenizer: Any, result: GenerationResult, header: dict[str, Any], parse_tools: bool,
-                  tokens_as_ids: bool) -> dict:
+def chat_response(texts: TokenTexts, result: GenerationResult, header: dict[str, Any], parse_tools: bool,
+                  tokens_as_ids: bool) -> bytes:
+    """The body of a chat completion, as the UTF-8 JSON the client reads. A choice's logprob entries
+    without alternatives go in as `TokenTexts.content_json` made them (the rest is dumped as a whole):
+    the same JSON a dump of the whole dict gives, at a fraction of the GIL."""
     choices = []
     for c in result.completions:
         content, calls = parse_tool_calls(c.text) if parse_tools else (c.text, None)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = calls
-        choices.append({
+        choice = {
             "index": c.index,
             "message": message,
             "finish_reason": "tool_calls" if calls and c.finish_reason == "stop" else c.finish_reason,
-            "logprobs": {"content": token_entries(tokenizer, c.token_ids, c.logprobs, c.top_logprobs,
-                                                        tokens_as_ids)},
             "token_ids": c.token_ids,
             "forced_token_indices": c.forced_indices,
             **policy_versions(c),
-        })
-    return {**header, "object": "chat.completion", "choices": choices, "usage": usage(result)}
+        }
+        if c.top_logprobs:
+            choice["logprobs"] = {"content": token_entries(texts, c.token_ids, c.logprobs, c.top_logprobs,
+                                                           tokens_as_ids)}
+            choices.append(_dumps(choice))
+        else:  # a dumped dict ends in "}": the entries go in as its last field
+            entries = texts.content_json(c.token_ids, c.logprobs, tokens_as_ids)
+            choices.append(_dumps(choice)[:-1] + ',"logprobs":{"content":' + entries + '}}')
+    body = _dumps({**header, "object": "chat.completion", "usage": usage(result)})
+    return (body[:-1] + ',"choices":[' + ",".join(choices) + "]}").encode()
 
 
-def completion_response(tokenizer: Any, result: GenerationResult, served_as: str, tokens_as_ids: bool) -> dict:
+def completion_response(texts: TokenTexts, result: GenerationResult, served_as: str, tokens_as_ids: bool) -> dict:
     choices = []
     for c in result.completions:
-        texts = tokenizer.batch_decode([[i] for i in c.token_ids])
+        token_texts = texts.texts(c.token_ids)
         offsets, at = [], 0
-        for t in texts:
+        for t in token_texts:
             offsets.append(at)
             at += len(t)
         choices.append({
             "index": c.index, "text": c.text, "finish_reason": c.finish_reason, "token_ids": c.token_ids,
             "forced_token_indices": c.forced_indices, **policy_versions(c),
-            "logprobs": {"tokens": [f"token_id:{i}" for i in c.token_ids] if tokens_as_ids else texts,
+            "logprobs": {"tokens": [f"token_id:{i}" for i in c.token_ids] if tokens_as_ids else token_texts,
                          "token_logprobs": c.logprobs, "text_offset": offsets,
                          "top_logprobs": [
-                             {(f"token_id:{i}" if tokens_as_ids else tokenizer.decode([i])): v for i, v in top}
+                             {texts.name(i, tokens_as_ids): v for i, v in top}
                              for top in c.top_logprobs
                          ] if c.top_logprobs else None},
         })

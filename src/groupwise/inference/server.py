@@ -62,7 +62,7 @@ from groupwise.inference.prepare import (DEFAULT_PREPARE_BUDGET_S, OverBudget, P
                                          check_request_schemas)
 from groupwise.inference.registry import ModelRegistry, Resolved
 from groupwise.inference.request_limits import DEFAULT_MAX_BODY_BYTES, body_structure_problem
-from groupwise.inference.responses import chat_response, completion_response
+from groupwise.inference.responses import TokenTexts, chat_response, completion_response
 from groupwise.inference.streaming import EngineStream, stream_chat
 
 __all__ = ["DEFAULT_BODY_TIMEOUT_S", "DEFAULT_MAX_BODY_BYTES", "ApiError", "create_app"]
@@ -101,9 +101,11 @@ class ServerState:
     body_timeout_s: float
     preparer: Preparer
     max_token_chars: int = field(init=False, repr=False)  # the vocabulary's longest entry
+    token_texts: TokenTexts = field(init=False, repr=False)  # sampled tokens' texts, for the responses
 
     def __post_init__(self) -> None:
         self.max_token_chars = max(len(t) for t in self.tokenizer.get_vocab())
+        self.token_texts = TokenTexts(self.tokenizer)
 
     @property
     def engine(self) -> Any:
@@ -380,14 +382,14 @@ async def chat_completions(request: Request, body: ChatCompletionRequest = Depen
             queue.put_nowait, (index, token, logprob))
         # submitted before the stream starts: a bad request is a 400, not an in-band error
         future = submit(state, req, "messages")
-        return EngineStream(stream_chat(state.tokenizer, future, queue, req, header, parse_tools, include_usage,
+        return EngineStream(stream_chat(state.token_texts, future, queue, req, header, parse_tools, include_usage,
                                         body.tokens_as_ids),
                             future)
     result = await result_of(request, submit(state, req, "messages"))
-    # a JSONResponse, not the dict: FastAPI would walk a returned dict with jsonable_encoder first, about
-    # 2 ms of the GIL for a 128-token choice's logprobs (more than building and dumping it), on the
-    # process that steps the engine; these bodies are plain JSON already
-    return JSONResponse(chat_response(state.tokenizer, result, header, parse_tools, body.tokens_as_ids))
+    # the body's bytes, not a dict: FastAPI would walk a returned dict with jsonable_encoder first, about
+    # 2 ms of the GIL for a 128-token choice's logprobs, on the process that steps the engine
+    return Response(chat_response(state.token_texts, result, header, parse_tools, body.tokens_as_ids),
+                    media_type="application/json")
 
 
 async def prepare(state: ServerState, tools: list[dict] | None, tool_choice: Any,
@@ -456,7 +458,7 @@ async def completions(request: Request, body: CompletionRequest = Depends(parsed
                                   adapter=target.adapter, constraint=constraint)
     req.follow = target.follow
     result = await result_of(request, submit(state, req, "prompt"))
-    return JSONResponse(completion_response(state.tokenizer, result, target.served_as, body.tokens_as_ids))
+    return JSONResponse(completion_response(state.token_texts, result, target.served_as, body.tokens_as_ids))
 
 
 def _render_completion(tokenizer: Any, prompt: str | list[int]) -> list[int]:

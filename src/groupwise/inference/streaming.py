@@ -17,7 +17,7 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 from groupwise.inference.engine import GenerationRequest
-from groupwise.inference.responses import policy_versions, token_entries, usage
+from groupwise.inference.responses import TokenTexts, policy_versions, token_entries, usage
 from groupwise.chat.tool_calls import parse_tool_calls
 
 __all__ = ["EngineStream", "stream_chat"]
@@ -44,7 +44,7 @@ def _event(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
 
-async def stream_chat(tokenizer: Any, future: concurrent.futures.Future, queue: asyncio.Queue, req: GenerationRequest,
+async def stream_chat(texts: TokenTexts, future: concurrent.futures.Future, queue: asyncio.Queue, req: GenerationRequest,
                       header: dict[str, Any], parse_tools: bool, include_usage: bool,
                       tokens_as_ids: bool) -> AsyncIterator[str]:
     """SSE chunks: a role delta, text deltas with their logprobs and token ids, a finish chunk (with
@@ -77,7 +77,7 @@ async def stream_chat(tokenizer: Any, future: concurrent.futures.Future, queue: 
             ids[index].append(token)
             delta: dict[str, Any] = {}
             if not parse_tools:
-                text = tokenizer.decode(ids[index], skip_special_tokens=True)
+                text = texts.tokenizer.decode(ids[index], skip_special_tokens=True)
                 # Send only text that cannot be part of a stop string: up to a stop string found,
                 # else all but the last len(longest stop) - 1 characters.
                 cuts = [text.find(stop) for stop in req.stop if stop in text]
@@ -87,7 +87,7 @@ async def stream_chat(tokenizer: Any, future: concurrent.futures.Future, queue: 
                 if safe > sent[index]:
                     delta["content"] = text[sent[index]:safe]
                     sent[index] = safe
-            entry = token_entries(tokenizer, [token], [logprob], [], tokens_as_ids)
+            entry = token_entries(texts, [token], [logprob], [], tokens_as_ids)
             yield chunk([{"index": index, "delta": delta, "logprobs": {"content": entry},
                           "token_ids": [token], "finish_reason": None}])
         result = await task

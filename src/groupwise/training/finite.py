@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from groupwise.errors import NonFiniteError
+from groupwise.training.bulk import clones, finite_flags
 
 
 def _hint(config: Any) -> str:
@@ -33,9 +34,10 @@ def check_finite(what: str, value: float, *, step: int, config: Any) -> None:
 def snapshot(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer | None) -> tuple[list, dict, list]:
     """Copies of the parameters, of their optimizer state and of the objective its moments were estimated
     on (Trainer.ensure_optimizer), to undo optimizer steps (`restore`)."""
-    values = [p.detach().clone() for p in params]
-    state = {p: {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in s.items()}
-             for p, s in (optimizer.state.items() if optimizer is not None else ())}
+    values = clones(params)
+    items = list(optimizer.state.items()) if optimizer is not None else []
+    moments = iter(clones([v for _, s in items for v in s.values() if isinstance(v, torch.Tensor)]))
+    state = {p: {k: (next(moments) if isinstance(v, torch.Tensor) else v) for k, v in s.items()} for p, s in items}
     objectives = [g.get("objective") for g in optimizer.param_groups] if optimizer is not None else []
     return values, state, objectives
 
@@ -44,8 +46,7 @@ def non_finite_names(named: list[tuple[str, torch.Tensor]]) -> list[str]:
     """Names of the tensors holding a nan or inf (one device sync for all of them)."""
     if not named:
         return []
-    ok = torch.stack([torch.isfinite(t).all() for _, t in named]).tolist()
-    return [n for (n, _), good in zip(named, ok) if not good]
+    return [n for (n, _), good in zip(named, finite_flags([t for _, t in named])) if not good]
 
 
 def restore(named: list[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer | None,

@@ -196,8 +196,11 @@ class Trainer:
         return self._walk(self.model)
 
     def _set_mode(self, training: bool) -> None:
-        for m in self._modules()[0]:  # what model.train(training) does, without the recursion
-            m.training = training
+        # what model.train(training) does, without the recursion, and past nn.Module.__setattr__'s checks
+        # for a parameter or a submodule (10x the time of the write; thousands of modules on a base that
+        # holds several runs' adapters); object.__setattr__ still honours a property of the class
+        for m in self._modules()[0]:
+            object.__setattr__(m, "training", training)
 
     def _activate(self) -> list[torch.nn.Parameter]:
         # The engine may have activated another adapter (peft then freezes ours): take it back.

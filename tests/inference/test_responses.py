@@ -1,0 +1,64 @@
+"""Response bodies built in parts (responses.py): the JSON a dump of the whole response gives."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from groupwise.inference.engine import Completion, GenerationResult
+from groupwise.inference.responses import TokenTexts, chat_response
+
+
+def _ids(tok) -> list[int]:
+    """Sampled ids a tokenizer makes awkward: byte tokens of one UTF-8 character split across ids,
+    a special token, a space-led word, a quote and a backslash (escaped in JSON), repeats."""
+    ids = tok.encode('é 中 "q" \\ done', add_special_tokens=False)
+    return [*ids, tok.eos_token_id, ids[0], *tok.encode(" hello", add_special_tokens=False), ids[0]]
+
+
+def _expected(tok, ids, logprobs, as_ids: bool) -> list[dict]:
+    texts = [tok.decode([i]) for i in ids]
+    return [{"token": f"token_id:{i}" if as_ids else t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+            for i, t, lp in zip(ids, texts, logprobs)]
+
+
+@pytest.mark.parametrize("as_ids", [True, False])
+def test_chat_body_is_the_dump_of_the_whole_response(tiny, as_ids):
+    _, tok = tiny
+    ids = _ids(tok)
+    logprobs = [-0.1 * k - 1e-17 for k in range(len(ids))]
+    texts = TokenTexts(tok)
+    result = GenerationResult([Completion(0, ids, logprobs, [], tok.decode(ids), "length", [2], ["a@3"] * len(ids)),
+                               Completion(1, ids[:3], logprobs[:3], [], tok.decode(ids[:3]), "stop")], 7, None)
+    header = {"id": "chatcmpl-1", "created": 5, "model": "a@3", "system_fingerprint": "a@3"}
+    for _ in range(2):  # the cache empty, then full
+        body = json.loads(chat_response(texts, result, header, False, as_ids))
+        assert body == {**header, "object": "chat.completion", "usage": {"prompt_tokens": 7, "completion_tokens": len(ids) + 3,
+                                                                          "total_tokens": len(ids) + 10},
+                        "choices": [
+                            {"index": 0, "message": {"role": "assistant", "content": tok.decode(ids)},
+                             "finish_reason": "length", "token_ids": ids, "forced_token_indices": [2],
+                             "policy_versions": [3] * len(ids), "logprobs": {"content": _expected(tok, ids, logprobs, as_ids)}},
+                            {"index": 1, "message": {"role": "assistant", "content": tok.decode(ids[:3])},
+                             "finish_reason": "stop", "token_ids": ids[:3], "forced_token_indices": [],
+                             "logprobs": {"content": _expected(tok, ids[:3], logprobs[:3], as_ids)}}]}
+        # every float comes back bit for bit
+        assert [e["logprob"] for e in body["choices"][0]["logprobs"]["content"]] == logprobs
+        # the other naming from the same cache
+        other = json.loads(chat_response(texts, result, header, False, not as_ids))["choices"][0]["logprobs"]["content"]
+        assert other == _expected(tok, ids, logprobs, not as_ids)
+
+
+def test_chat_body_with_alternatives_and_a_non_finite_logprob(tiny):
+    _, tok = tiny
+    ids = _ids(tok)[:4]
+    texts = TokenTexts(tok)
+    tops = [[(i, -0.5), (ids[0], -2.0)] for i in ids]
+    result = GenerationResult([Completion(0, ids, [-0.5] * 4, tops, tok.decode(ids), "length")], 3, None)
+    entries = json.loads(chat_response(texts, result, {}, False, True))["choices"][0]["logprobs"]["content"]
+    assert [[t["token"] for t in e["top_logprobs"]] for e in entries] == [[f"token_id:{i}", f"token_id:{ids[0]}"] for i in ids]
+    assert [e["bytes"] for e in entries] == [list(tok.decode([i]).encode()) for i in ids]
+    bad = GenerationResult([Completion(0, ids, [-0.5, float("-inf"), -0.5, -0.5], [], "", "length")], 3, None)
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        chat_response(texts, bad, {}, False, True)

@@ -1,0 +1,61 @@
+"""An adapter's tensors checked, cloned and copied to the CPU in bulk (training/bulk.py): the answers
+and bits of the one-by-one operations they replace."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from groupwise.training.bulk import clones, cpu_copies, finite_flags
+from groupwise.training.finite import non_finite_names
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (the lead runs these on the GPU machine)")])]
+
+
+def _tensors(device: str) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    ts = [torch.randn(4, 3, generator=g), torch.randn(7, generator=g), torch.tensor(3.0),  # 0-dim: a step count
+          torch.randn(2, 5, generator=g).to(torch.bfloat16), torch.arange(6).reshape(2, 3),  # not floating
+          torch.empty(0), torch.tensor([-0.0, 3e38, -3e38, 1e-45])]  # signed zero, near-overflow, subnormal
+    ts.append(torch.randn(5, 4, generator=g).t())  # not contiguous
+    return [t.to(device) for t in ts]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_finite_flags_find_every_nan_and_inf(device):
+    ts = _tensors(device)
+    assert finite_flags(ts) == [True] * len(ts)
+    for bad in (math.nan, math.inf, -math.inf):
+        for k in (0, 2, 3, 6, 7):
+            broken = [t.clone() for t in ts]
+            broken[k][(-1,) * broken[k].dim()] = bad  # its last element
+            assert finite_flags(broken) == [i != k for i in range(len(ts))], (bad, k)
+    named = [(f"t{i}", t) for i, t in enumerate(ts)]
+    named[1][1][0] = math.nan
+    named[6][1][1] = math.inf
+    assert non_finite_names(named) == ["t1", "t6"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_clones_and_cpu_copies_keep_every_bit_and_share_nothing(device):
+    ts = _tensors(device)
+    ts[0][0, 0] = math.nan
+    for copies, where in ((clones(ts), device), (cpu_copies(ts), "cpu")):
+        assert len(copies) == len(ts)
+        for t, c in zip(ts, copies):
+            assert c.device.type == where and c.dtype == t.dtype and c.shape == t.shape
+            assert c.is_contiguous() or where == device  # a clone may keep the strides
+            same = c.to("cpu").reshape(-1).view(torch.uint8) if c.numel() else c
+            assert torch.equal(same, t.to("cpu").contiguous().reshape(-1).view(torch.uint8) if t.numel() else t.to("cpu"))
+        storages = {c.untyped_storage().data_ptr() for c in copies if c.numel()}
+        assert len(storages) == sum(1 for c in copies if c.numel())  # no two share memory (safetensors refuses it)
+        before = [c.clone() for c in copies]
+        for t in ts:
+            t.zero_()  # the originals change: the copies do not
+        assert all(torch.equal(b, c) for b, c in zip(before, copies) if not b.is_floating_point() or
+                   not b.isnan().any()) and torch.isnan(copies[0][0, 0])
+        ts = _tensors(device)
+        ts[0][0, 0] = math.nan
