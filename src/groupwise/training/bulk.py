@@ -1,18 +1,19 @@
-"""Copies and checks of an adapter's many small tensors in a few device operations.
+"""Checks and copies of an adapter's many small tensors in a few device operations.
 
 A LoRA adapter on every projection of a 24-layer model is 336 tensors, and its AdamW moments twice as
-many again. One by one, each copy to the CPU is a blocking transfer (a device-to-host copy into pageable
-memory waits for the device), and each check or clone is a kernel launch or two: on a GPU that is tens
-of milliseconds of a step's Python for a few megabytes, paid at every step by every run on a shared
-base (docs/benchmarks.md, several runs on one GPU). Here a check is two multi-tensor kernels and one
-sync, a clone one multi-tensor copy, and the copies to the CPU one transfer per device and dtype.
+many again. One by one, each check or clone is a kernel launch or two: on a GPU, tens of milliseconds
+of a step's Python for a few megabytes, paid at every step by every run on a shared base
+(docs/benchmarks.md, several runs on one GPU). Here a check is two multi-tensor kernels and one sync,
+and a clone one multi-tensor copy. The copies to the CPU for a checkpoint stay one per tensor: one
+flat transfer measured slower on an H200 (its large pageable buffer and the per-tensor copies out of it
+cost more than the transfers they saved).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["clones", "cpu_copies", "finite_flags"]
+__all__ = ["clones", "finite_flags"]
 
 
 def clones(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -22,23 +23,6 @@ def clones(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     out = [torch.empty_like(t) for t in tensors]
     torch._foreach_copy_(out, [t.detach() for t in tensors])
     return out
-
-
-def cpu_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """A contiguous CPU tensor of its own for each tensor (the same bits; no two share memory, which
-    safetensors refuses), made while the device goes on: one transfer per device and dtype."""
-    out: list[torch.Tensor | None] = [None] * len(tensors)
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    for i, t in enumerate(tensors):
-        if t.device.type == "cpu":
-            out[i] = t.detach().to("cpu", copy=True).contiguous()
-        else:
-            groups.setdefault((t.device, t.dtype), []).append(i)
-    for idx in groups.values():
-        flat_N = torch.cat([tensors[i].detach().reshape(-1) for i in idx]).to("cpu")
-        for i, part in zip(idx, flat_N.split([tensors[i].numel() for i in idx])):
-            out[i] = part.view(tensors[i].shape).clone()
-    return out  # type: ignore[return-value]
 
 
 def finite_flags(tensors: list[torch.Tensor]) -> list[bool]:
