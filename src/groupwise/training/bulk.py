@@ -4,17 +4,17 @@ A LoRA adapter on every projection of a 24-layer model is 336 tensors, and its A
 many again. One by one, each check or clone is a kernel launch or two: on a GPU, tens of milliseconds
 of a step's Python for a few megabytes, paid at every step by every run on a shared base
 (docs/benchmarks.md, several runs on one GPU). Here a check is two multi-tensor kernels and one sync,
-and a clone one multi-tensor copy. The copies to the CPU for a checkpoint go into pinned memory without
-waiting, with one wait for all of them: into pageable memory each waits for the device. (One flat
-transfer, a concatenation on the device split on the CPU, measured slower on an H200: its 100 MB
-pageable buffer and the copies out of it cost more than the waits it saved.)
+and a clone one multi-tensor copy. A checkpoint's copies to the CPU stay one per tensor: on an H200
+both ways of batching them measured slower (one flat transfer: its 100 MB pageable buffer and the
+copies out of it; pinned copies without waiting: a pinned allocation for each tensor at every step,
+while the last snapshots still hold theirs).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["clones", "cpu_copies", "finite_flags"]
+__all__ = ["clones", "finite_flags"]
 
 
 def clones(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -23,27 +23,6 @@ def clones(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return []
     out = [torch.empty_like(t) for t in tensors]
     torch._foreach_copy_(out, [t.detach() for t in tensors])
-    return out
-
-
-def cpu_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """A contiguous CPU tensor of its own for each tensor, with the same bits (none shares memory with
-    another, which safetensors refuses, or with its source, which training goes on changing). A CUDA
-    tensor's copy is pinned (PyTorch's caching host allocator: the memory comes back when the copy is
-    dropped, once its checkpoint is written)."""
-    out = []
-    waits = set()
-    for t in tensors:
-        t = t.detach()
-        if t.device.type == "cuda":
-            copy = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            copy.copy_(t, non_blocking=True)
-            waits.add(t.device)
-        else:
-            copy = t.to("cpu", copy=True).contiguous()
-        out.append(copy)
-    for device in waits:
-        torch.cuda.current_stream(device).synchronize()
     return out
 
 
