@@ -265,3 +265,28 @@ def test_mis_through_the_trainer_drops_the_tokens_a_stale_sampler_made_unlikely(
     assert stats[0].capped_tokens == sampled[0] + sampled[1] and stats[1].capped_tokens == 0
     metrics = trainer.train_step(stale, TrainConfig(off_policy="tis", max_seq_len=64, learning_rate=1e-12), step=0)
     assert metrics["importance_capped_fraction"] == pytest.approx(19 / 34)
+
+
+def test_taking_its_adapter_back_leaves_the_model_as_pefts_set_adapter_does(tokenizer):
+    """The trainer's own switch to its adapter (Trainer._set_adapter, no walk over every module) leaves
+    every flag peft's `set_adapter` leaves: the active adapter of the model, its tuner and each layer,
+    and which parameters train."""
+    def state(model):
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        return (model.active_adapter, model.base_model.active_adapter,
+                [(m.active_adapters, m.disable_adapters) for m in model.modules() if isinstance(m, BaseTunerLayer)],
+                [(n, p.requires_grad) for n, p in model.named_parameters()])
+
+    models = []
+    for _ in range(2):
+        model = lora_model(tokenizer)
+        for extra in ("run1", "run2"):
+            model.add_adapter(extra, model.peft_config["default"])
+        model.set_adapter("run2")  # the engine served another adapter meanwhile
+        models.append(model)
+    trainer = Trainer(models[0], adapter_name="run1")
+    trainer._activate()
+    models[1].set_adapter("run1")
+    assert state(models[0]) == state(models[1])
+    assert state(models[0])[0] == "run1" and any(g for n, g in state(models[0])[3] if ".run1." in n)

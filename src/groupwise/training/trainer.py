@@ -205,15 +205,37 @@ class Trainer:
     def _activate(self) -> list[torch.nn.Parameter]:
         # The engine may have activated another adapter (peft then freezes ours): take it back.
         # set_adapter walks every layer, so only when a layer says another adapter is active.
-        tuners = self._modules()[1]
+        modules, tuners = self._modules()
         if hasattr(self.model, "set_adapter") and any(
             m.active_adapters != [self.adapter_name] or m.disable_adapters for m in tuners
         ):
-            self.model.set_adapter(self.adapter_name)
+            self._set_adapter(modules, tuners)
         params = [p for _, p in self.trainable_named_parameters()]
         for p in params:
             p.requires_grad_(True)
         return params
+
+    def _set_adapter(self, modules: list[torch.nn.Module], tuners: list[Any]) -> None:
+        """peft's ``PeftModel.set_adapter(name)``: the same calls, on the lists of modules the trainer keeps,
+        without peft's two walks over every module (a base holding four runs' adapters and their served
+        slots has 5,500 modules: the walks were half of a switch). What those calls do not cover (a prompt
+        adapter, a merged layer, an auxiliary wrapper such as modules_to_save) goes to peft's own."""
+        model, name = self.model, self.adapter_name
+        try:
+            from peft.utils.other import AuxiliaryTrainingWrapper
+        except ImportError:  # another peft: its own walk
+            AuxiliaryTrainingWrapper = None
+        config = getattr(model, "peft_config", {}).get(name)
+        tuner = getattr(model, "base_model", None)
+        if (AuxiliaryTrainingWrapper is None or config is None or config.is_prompt_learning
+                or not hasattr(tuner, "active_adapter") or any(m.merged for m in tuners)
+                or any(isinstance(m, AuxiliaryTrainingWrapper) for m in modules)):
+            model.set_adapter(name)
+            return
+        model.active_adapter = name
+        for m in tuners:
+            m.set_adapter(name)
+        tuner.active_adapter = name
 
     def _set_layer_checkpointing(self, on: bool) -> None:
         if self._layer_checkpointing == on:
