@@ -22,7 +22,8 @@ class TokenTexts:
     tokenizer call, the 128 dicts and their JSON dump cost ~1.5 ms of the GIL per response, on the
     process whose compute thread steps the engine, where a rollout's requests are most of what holds
     the GIL (docs/benchmarks.md, several runs on one GPU). A token's single decode does not depend on
-    its neighbours, so the cache gives the bytes the uncached path gave."""
+    its neighbours, so the cache gives the bytes the uncached path gave. It holds at most two entries per
+    id of the vocabulary (one per naming of the token)."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer

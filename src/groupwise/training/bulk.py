@@ -27,11 +27,12 @@ def clones(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def finite_flags(tensors: list[torch.Tensor]) -> list[bool]:
-    """Whether each tensor holds only finite values, with one device sync for all of them."""
+    """Whether each tensor holds only finite values (an integer tensor always does), with one device sync
+    per device and dtype: one for an adapter."""
     flags = [True] * len(tensors)
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for i, t in enumerate(tensors):
-        if t.is_floating_point() and t.numel():
+        if (t.is_floating_point() or t.is_complex()) and t.numel():
             groups.setdefault((t.device, t.dtype), []).append(i)
     if not groups:
         return flags
