@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from groupwise.errors import NonFiniteError
 from groupwise.inference.engine import Completion, GenerationResult
 from groupwise.inference.responses import TokenTexts, chat_response
 
@@ -60,5 +61,5 @@ def test_chat_body_with_alternatives_and_a_non_finite_logprob(tiny):
     assert [[t["token"] for t in e["top_logprobs"]] for e in entries] == [[f"token_id:{i}", f"token_id:{ids[0]}"] for i in ids]
     assert [e["bytes"] for e in entries] == [list(tok.decode([i]).encode()) for i in ids]
     bad = GenerationResult([Completion(0, ids, [-0.5, float("-inf"), -0.5, -0.5], [], "", "length")], 3, None)
-    with pytest.raises(ValueError, match="not JSON compliant"):
+    with pytest.raises(NonFiniteError, match="logprob -inf for sampled token"):
         chat_response(texts, bad, {}, False, True)

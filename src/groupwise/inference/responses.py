@@ -11,6 +11,7 @@ from typing import Any
 from groupwise.adapter_names import split_served_name
 from groupwise.inference.engine import Completion, GenerationResult
 from groupwise.chat.tool_calls import parse_tool_calls
+from groupwise.errors import NonFiniteError
 
 __all__ = ["TokenTexts", "chat_response", "completion_response", "token_entries", "usage"]
 
@@ -43,8 +44,8 @@ class TokenTexts:
 
     def content_json(self, ids: list[int], logprobs: list[float], as_ids: bool) -> str:
         """``logprobs.content`` of a choice without alternatives, as JSON text: each entry's fixed part is
-        dumped once per id and the logprob put between. A logprob that is not finite fails as the JSON
-        dump of the whole body would (``allow_nan=False``)."""
+        dumped once per id and the logprob put between. A logprob that is not finite fails, as the JSON
+        dump of the whole body did (``allow_nan=False``), and the server answers 500."""
         self.texts(ids)
         parts = []
         for tid, lp in zip(ids, logprobs):
@@ -56,7 +57,8 @@ class TokenTexts:
                     '{"token":' + token + ',"logprob":',
                     ',"bytes":[' + ",".join(map(str, text.encode())) + '],"top_logprobs":[]}')
             if not math.isfinite(lp):
-                raise ValueError(f"Out of range float values are not JSON compliant: {lp!r}")
+                raise NonFiniteError(f"the engine reported logprob {lp!r} for sampled token {tid}; JSON cannot "
+                                     "carry it, so the response fails instead of sending invalid JSON")
             parts.append(entry[0] + float.__repr__(float(lp)) + entry[1])
         return "[" + ",".join(parts) + "]"
 
