@@ -268,9 +268,9 @@ def test_mis_through_the_trainer_drops_the_tokens_a_stale_sampler_made_unlikely(
 
 
 def test_taking_its_adapter_back_leaves_the_model_as_pefts_set_adapter_does(tokenizer):
-    """The trainer's own switch to its adapter (Trainer._set_adapter, no walk over every module) leaves
-    every flag peft's `set_adapter` leaves: the active adapter of the model, its tuner and each layer,
-    and which parameters train."""
+    """The trainer's own switch to its adapter (training.adapters.set_active_adapter, no walk over every
+    module) leaves every flag peft's `set_adapter` leaves: the active adapter of the model, its tuner and
+    each layer, and which parameters train."""
     def state(model):
         from peft.tuners.tuners_utils import BaseTunerLayer
 

@@ -1,6 +1,6 @@
 """Creating LoRA adapters on a model with peft: the first one (`wrap_with_lora`) and another run's on the
-same base weights (`add_lora_adapter`), both from a seeded stream; and copying one out (`adapter_snapshot`)
-for a checkpoint or an engine.
+same base weights (`add_lora_adapter`), both from a seeded stream; making one the active one again
+(`set_active_adapter`); and copying one out (`adapter_snapshot`) for a checkpoint or an engine.
 
 Apart from the trainer (training/trainer.py) because creating an adapter and training one happen in
 different places: a replica (backend/replica.py) wraps the shared base model and adds a run's adapter
@@ -101,6 +101,29 @@ class AdapterState:
                 return state
             self._key, self._state = key, state
         return dict(self._state)
+
+
+def set_active_adapter(model: Any, name: str, modules: list[torch.nn.Module], tuners: list[Any]) -> None:
+    """peft's ``PeftModel.set_adapter(name)``: the same calls, on lists of the model's modules and of its
+    tuner layers the caller keeps (module_walk.py), without peft's two walks over every module (a base
+    holding four runs' adapters and their served slots has 5,500 modules: the walks were half of a
+    switch). What those calls do not cover (a prompt adapter, a merged layer, an auxiliary wrapper such
+    as modules_to_save) goes to peft's own."""
+    try:
+        from peft.utils.other import AuxiliaryTrainingWrapper
+    except ImportError:  # another peft: its own walk
+        AuxiliaryTrainingWrapper = None
+    config = getattr(model, "peft_config", {}).get(name)
+    tuner = getattr(model, "base_model", None)
+    if (AuxiliaryTrainingWrapper is None or config is None or config.is_prompt_learning
+            or not hasattr(tuner, "active_adapter") or any(m.merged for m in tuners)
+            or any(isinstance(m, AuxiliaryTrainingWrapper) for m in modules)):
+        model.set_adapter(name)
+        return
+    model.active_adapter = name
+    for m in tuners:
+        m.set_adapter(name)
+    tuner.active_adapter = name
 
 
 def adapter_snapshot(model: Any, adapter_name: str,

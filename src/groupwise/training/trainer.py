@@ -36,7 +36,7 @@ import torch
 from groupwise.config import TrainConfig
 from groupwise.errors import CheckpointMismatchError, ConfigError, GroupwiseError
 from groupwise.module_walk import ModuleWalk
-from groupwise.training.adapters import TRAIN_ADAPTER, AdapterState
+from groupwise.training.adapters import TRAIN_ADAPTER, AdapterState, set_active_adapter
 from groupwise.training.finite import check_finite, guarded_step
 from groupwise.training.logprobs import base_and_decoder, token_logprobs
 from groupwise.training.lora_forward import AdapterForwards, TrainingForward, holding_values
@@ -209,33 +209,11 @@ class Trainer:
         if hasattr(self.model, "set_adapter") and any(
             m.active_adapters != [self.adapter_name] or m.disable_adapters for m in tuners
         ):
-            self._set_adapter(modules, tuners)
+            set_active_adapter(self.model, self.adapter_name, modules, tuners)
         params = [p for _, p in self.trainable_named_parameters()]
         for p in params:
             p.requires_grad_(True)
         return params
-
-    def _set_adapter(self, modules: list[torch.nn.Module], tuners: list[Any]) -> None:
-        """peft's ``PeftModel.set_adapter(name)``: the same calls, on the lists of modules the trainer keeps,
-        without peft's two walks over every module (a base holding four runs' adapters and their served
-        slots has 5,500 modules: the walks were half of a switch). What those calls do not cover (a prompt
-        adapter, a merged layer, an auxiliary wrapper such as modules_to_save) goes to peft's own."""
-        model, name = self.model, self.adapter_name
-        try:
-            from peft.utils.other import AuxiliaryTrainingWrapper
-        except ImportError:  # another peft: its own walk
-            AuxiliaryTrainingWrapper = None
-        config = getattr(model, "peft_config", {}).get(name)
-        tuner = getattr(model, "base_model", None)
-        if (AuxiliaryTrainingWrapper is None or config is None or config.is_prompt_learning
-                or not hasattr(tuner, "active_adapter") or any(m.merged for m in tuners)
-                or any(isinstance(m, AuxiliaryTrainingWrapper) for m in modules)):
-            model.set_adapter(name)
-            return
-        model.active_adapter = name
-        for m in tuners:
-            m.set_adapter(name)
-        tuner.active_adapter = name
 
     def _set_layer_checkpointing(self, on: bool) -> None:
         if self._layer_checkpointing == on:
