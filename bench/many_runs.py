@@ -74,6 +74,15 @@ async def _gather(model: Any, args: Any, run: int, step: int, scenarios: list[An
         groups = [gw.TrajectoryGroup(rollout(model, seeded_scenario(scenarios[i], run, step, i, j))
                                      for j in range(args.group_size)) for i in picks]
         return await gw.gather_trajectory_groups(groups, pbar_desc=None, max_exceptions=0.5)
+    return await chat_groups(model, run, step, prompts=args.prompts, group_size=args.group_size,
+                             completion_len=args.completion_len)
+
+
+async def chat_groups(model: Any, run: int, step: int, *, prompts: int, group_size: int,
+                      completion_len: int) -> list[Any]:
+    """The chat workload's step (bench/scaling.py's): `prompts` groups of `group_size` rollouts, each one
+    chat request of `completion_len` tokens seeded by (run, step, group, rollout), rewarded on its text."""
+    import groupwise as gw
     from train_step import QUESTIONS, reward_fn
 
     client = model.openai_client()
@@ -81,13 +90,13 @@ async def _gather(model: Any, args: Any, run: int, step: int, scenarios: list[An
     async def ask(g: int, i: int) -> Any:
         messages = [{"role": "user", "content": f"{QUESTIONS[(g + run) % len(QUESTIONS)]} (step {step})"}]
         r = await client.chat.completions.create(model=model.inference_name(), messages=messages,
-                                                 max_tokens=args.completion_len, temperature=1.0,
-                                                 seed=1_000_000 * run + 1000 * step + args.group_size * g + i)
+                                                 max_tokens=completion_len, temperature=1.0,
+                                                 seed=1_000_000 * run + 1000 * step + group_size * g + i)
         c = r.choices[0]
         return gw.Trajectory(messages_and_choices=[*messages, c], reward=reward_fn(c.message.content or ""))
 
-    flat = await asyncio.gather(*(ask(g, i) for g in range(args.prompts) for i in range(args.group_size)))
-    return [gw.TrajectoryGroup(flat[g * args.group_size:(g + 1) * args.group_size]) for g in range(args.prompts)]
+    flat = await asyncio.gather(*(ask(g, i) for g in range(prompts) for i in range(group_size)))
+    return [gw.TrajectoryGroup(flat[g * group_size:(g + 1) * group_size]) for g in range(prompts)]
 
 
 async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier | None, totals: dict[str, float]) -> None:

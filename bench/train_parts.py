@@ -4,8 +4,8 @@ in each part of `model.train`, for N runs registered on one `LocalBackend`.
     python bench/train_parts.py                                   # one GPU, 4 runs of the Qwen2.5-0.5B shape
     python bench/train_parts.py --device cpu --arch tiny-qwen --completion-len 8   # a smoke test
 
-A step: each run gathers --prompts x --group-size rollouts of one chat request (bench/many_runs.py's chat
-workload, --completion-len tokens), then every run's `model.train` starts at once. After --warmup steps,
+A step: each run gathers --prompts x --group-size rollouts of one chat request (bench/many_runs.py's
+`chat_groups`, --completion-len tokens), then every run's `model.train` starts at once. After --warmup steps,
 timers wrap the parts below (a bench's look inside, not an API: it rebinds module functions), and the
 timed steps print the train phase's wall time and each part's, in milliseconds per run and step. Parts
 nest (the train step holds the toggle, the adapter switch and the guarded optimizer step) and the
@@ -68,37 +68,24 @@ def install_timers(totals: collections.Counter) -> None:
 
 async def run(args: Any) -> None:
     import groupwise as gw
-    from many_runs import random_model
-    from train_step import QUESTIONS, reward_fn
+    from many_runs import chat_groups, random_model
 
-    backend = gw.LocalBackend(path=tempfile.mkdtemp(prefix="gw-parts-"), device=args.device, best_checkpoint_metric=None,
-                              served_steps=1, serve_http=False, load_model=random_model,
+    backend = gw.LocalBackend(path=tempfile.mkdtemp(prefix="gw-parts-"), device=args.device,
+                              best_checkpoint_metric=None, served_steps=1, serve_http=False, load_model=random_model,
                               lora=gw.LoraConfig(rank=args.rank, alpha=2 * args.rank),
                               max_batch_size=args.runs * args.prompts * args.group_size)
     models = [gw.TrainableModel(f"run{r}", project="bench", base_model=f"random:{args.arch}") for r in range(args.runs)]
     for m in models:
         await m.register(backend)
 
-    async def gather(model: Any, run: int, step: int) -> list[Any]:
-        client = model.openai_client()
-
-        async def ask(g: int, i: int) -> Any:
-            messages = [{"role": "user", "content": f"{QUESTIONS[(g + run) % len(QUESTIONS)]} (step {step})"}]
-            r = await client.chat.completions.create(model=model.inference_name(), messages=messages,
-                                                     max_tokens=args.completion_len, temperature=1.0,
-                                                     seed=1_000_000 * run + 1000 * step + args.group_size * g + i)
-            c = r.choices[0]
-            return gw.Trajectory(messages_and_choices=[*messages, c], reward=reward_fn(c.message.content or ""))
-
-        flat = await asyncio.gather(*(ask(g, i) for g in range(args.prompts) for i in range(args.group_size)))
-        return [gw.TrajectoryGroup(flat[g * args.group_size:(g + 1) * args.group_size]) for g in range(args.prompts)]
-
     totals: collections.Counter = collections.Counter()
     try:
         for step in range(args.warmup + args.steps):
             if step == args.warmup:
                 install_timers(totals)
-            groups = await asyncio.gather(*(gather(m, r, step) for r, m in enumerate(models)))
+            groups = await asyncio.gather(*(chat_groups(m, r, step, prompts=args.prompts, group_size=args.group_size,
+                                                        completion_len=args.completion_len)
+                                            for r, m in enumerate(models)))
             t0 = time.perf_counter()
             await asyncio.gather(*(m.train(g, config=gw.TrainConfig(learning_rate=1e-3 * (1 + r / 2),
                                                                      micro_batch_tokens=args.micro_batch_tokens))
