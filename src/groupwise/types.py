@@ -17,8 +17,17 @@ The pipeline, with the module that owns each arrow::
 
 A `Trajectory` is one episode: the chat messages the agent saw and the `Choice`s it sampled.
 Choices are kept exactly as the `openai` SDK returned them, extra fields included, so the
-token ids and logprobs our server attaches (`choice.token_ids`, `choice.logprobs`, and
-`choice.forced_token_indices`) survive to the trainer (token-in/token-out) and to the store (lossless).
+token ids and logprobs our server attaches (`choice.token_ids`, `choice.logprobs` or
+`choice.token_logprobs`, and `choice.forced_token_indices`) survive to the trainer (token-in/token-out)
+and to the store (lossless).
+
+groupwise's own clients (`model.openai_client()`) send the header `TOKEN_DATA_HEADER`: a request of
+theirs that does not ask for logprobs gets ``logprobs: null``, as from OpenAI, and the sampled tokens'
+logprobs and texts as two plain lists, ``choice.token_logprobs`` and ``choice.token_texts``. The SDK validates every field of every
+``logprobs.content`` entry it parses (a pydantic model per token): for a 128-token choice that was half
+of a request's cost on the client, on the process that also steps the engine (docs/benchmarks.md).
+Any other client (LiteLLM, LangChain, a plain `openai` client) gets the entries, which carry the ids
+through layers that drop unknown fields.
 """
 
 from __future__ import annotations
@@ -61,9 +70,15 @@ __all__ = [
     "choice_forced_indices",
     "choice_logprobs",
     "choice_policy_versions",
+    "choice_token_texts",
     "choice_to_message",
     "item_kind_problem",
+    "TOKEN_DATA_HEADER",
 ]
+
+# A request header of groupwise's clients: with the value "compact", a choice's logprobs come as
+# ``choice.token_logprobs`` (a list of numbers) unless the request asks for logprobs (module doc).
+TOKEN_DATA_HEADER = "x-groupwise-token-data"
 
 VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -192,12 +207,30 @@ def choice_policy_versions(choice: Choice) -> list[int] | None:
     return None if versions is None else [int(v) for v in versions]
 
 
-def choice_logprobs(choice: Choice) -> list[float] | None:
-    """The logprob of each sampled token of a Choice, or None when absent."""
+def choice_token_texts(choice: Choice) -> list[str] | None:
+    """Each sampled token's own text (what a reader shows per token), or None when the server did not
+    say: from ``logprobs.content`` (an entry named ``"token_id:<id>"`` keeps its text in its bytes) or
+    from groupwise's extra field ``choice.token_texts`` (the compact form, module doc)."""
     content = choice.logprobs.content if choice.logprobs is not None else None
-    if not content:
-        return None
-    return [float(entry.logprob) for entry in content]
+    if content:
+        return [bytes(e.bytes).decode("utf-8", errors="replace") if e.token.startswith("token_id:") and e.bytes
+                else e.token for e in content]
+    texts = getattr(choice, "token_texts", None)
+    if texts is None and choice.model_extra:
+        texts = choice.model_extra.get("token_texts")
+    return None if texts is None else [str(t) for t in texts]
+
+
+def choice_logprobs(choice: Choice) -> list[float] | None:
+    """The logprob of each sampled token of a Choice, or None when absent: from ``logprobs.content``, or
+    from groupwise's extra field ``choice.token_logprobs`` (the compact form, module doc)."""
+    content = choice.logprobs.content if choice.logprobs is not None else None
+    if content:
+        return [float(entry.logprob) for entry in content]
+    values = getattr(choice, "token_logprobs", None)
+    if values is None and choice.model_extra:
+        values = choice.model_extra.get("token_logprobs")
+    return None if values is None else [float(v) for v in values]
 
 
 class History(BaseModel):

@@ -326,3 +326,18 @@ def test_the_dashboard_loads_no_torch_and_ships_its_chart_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ}, check=True).stdout
     for name in ("index.html", "app.js", "style.css", "uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE"):
         assert name in out
+
+
+def test_a_choice_with_logprobs_as_lists_shows_its_tokens_texts():
+    """Choices sampled by groupwise's own client carry logprobs and texts as plain lists
+    (groupwise.types.TOKEN_DATA_HEADER): the token view shows them as it does per-token entries."""
+    from openai.types.chat.chat_completion import Choice
+
+    from groupwise.dashboard.rollouts import tokens
+
+    c = Choice.model_validate({"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi there"},
+                               "logprobs": None, "token_ids": [5, 6, 2], "token_logprobs": [-0.5, -1.0, -0.1],
+                               "token_texts": ["hi", " there", "<|im_end|>"], "forced_token_indices": [2]})
+    assert tokens(c, 0.5) == [{"id": 5, "text": "hi", "logprob": -0.5, "loss": "trained"},
+                              {"id": 6, "text": " there", "logprob": -1.0, "loss": "trained"},
+                              {"id": 2, "text": "<|im_end|>", "logprob": -0.1, "loss": "forced"}]

@@ -267,3 +267,28 @@ async def test_trajectory_group_function_of_art_0_5():
     assert g.rewards() == [0.0, 2.0] and len(g.exceptions) == 1 and g.metadata == {"s": 1}
     with pytest.raises(GatherError):
         await trajectory_group([rollout(0), rollout(1, fail=True)])
+
+
+def test_completion_tokens_metric_counts_sampled_tokens_in_either_logprobs_form():
+    """A trajectory's `completion_tokens` is the mean number of tokens its choices sampled: from their
+    token ids (groupwise's server, logprobs as one list or as entries) or, without ids, from the entries."""
+    from openai.types.chat.chat_completion import Choice
+
+    from groupwise.gather import GatherContext, record_metrics
+
+    def choice(n: int, *, ids: bool, entries: bool) -> Choice:
+        data = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "x"},
+                "logprobs": {"content": [{"token": "x", "logprob": -1.0, "bytes": None, "top_logprobs": []}] * n}
+                if entries else None}
+        if ids:
+            data.update(token_ids=list(range(n)), token_logprobs=None if entries else [-1.0] * n)
+        return Choice.model_validate(data)
+
+    user = {"role": "user", "content": "hi"}
+    t = Trajectory(messages_and_choices=[user, choice(3, ids=True, entries=False), user,
+                                         choice(5, ids=False, entries=True), user, choice(7, ids=True, entries=True)])
+    record_metrics(GatherContext(), t)
+    assert t.metrics["completion_tokens"] == 5.0
+    plain = Trajectory(messages_and_choices=[user, choice(0, ids=False, entries=False)])
+    record_metrics(GatherContext(), plain)
+    assert "completion_tokens" not in plain.metrics

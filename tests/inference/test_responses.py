@@ -63,3 +63,26 @@ def test_chat_body_with_alternatives_and_a_non_finite_logprob(tiny):
     bad = GenerationResult([Completion(0, ids, [-0.5, float("-inf"), -0.5, -0.5], [], "", "length")], 3, None)
     with pytest.raises(NonFiniteError, match="logprob -inf for sampled token"):
         chat_response(texts, bad, {}, False, True)
+
+
+def test_compact_body_carries_the_same_logprobs_as_one_list(tiny):
+    """A groupwise client's request without logprobs (compact): ``logprobs`` null, the sampled tokens'
+    logprobs bit for bit in ``token_logprobs`` and their texts in ``token_texts``; a choice with alternatives keeps its entries (they were asked
+    for), and a non-finite logprob fails as in the full body."""
+    _, tok = tiny
+    ids = _ids(tok)
+    logprobs = [-0.1 * k - 1e-17 for k in range(len(ids))]
+    texts = TokenTexts(tok)
+    result = GenerationResult([Completion(0, ids, logprobs, [], tok.decode(ids), "length", [1])], 7, None)
+    full = json.loads(chat_response(texts, result, {}, False, True))["choices"][0]
+    compact = json.loads(chat_response(texts, result, {}, False, True, compact=True))["choices"][0]
+    assert compact.pop("logprobs") is None and compact.pop("token_logprobs") == logprobs
+    assert compact.pop("token_texts") == [tok.decode([i]) for i in ids]
+    assert [e["logprob"] for e in full.pop("logprobs")["content"]] == logprobs
+    assert compact == full  # token ids, forced indices, message: the same
+    tops = GenerationResult([Completion(0, ids[:2], logprobs[:2], [[(ids[0], -0.5)]] * 2, "", "length")], 3, None)
+    kept = json.loads(chat_response(texts, tops, {}, False, True, compact=True))["choices"][0]
+    assert "token_logprobs" not in kept and [e["logprob"] for e in kept["logprobs"]["content"]] == logprobs[:2]
+    bad = GenerationResult([Completion(0, ids[:2], [-0.5, float("nan")], [], "", "length")], 3, None)
+    with pytest.raises(NonFiniteError, match="logprob nan for sampled token"):
+        chat_response(texts, bad, {}, False, True, compact=True)

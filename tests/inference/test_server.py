@@ -10,7 +10,7 @@ import openai
 import pytest
 import torch
 
-from groupwise.types import choice_logprobs, choice_token_ids
+from groupwise.types import choice_logprobs, choice_token_ids, choice_token_texts
 
 USER = [{"role": "user", "content": "Say something."}]
 
@@ -247,3 +247,26 @@ async def test_guided_choice_answers_one_of_the_texts_exactly(client, tiny):
         await client.chat.completions.create(model="agent@0", messages=USER, response_format={"type": "json_object"},
                                              extra_body={"guided_choice": moves})
     assert "one constraint" in info.value.body["message"]
+
+
+async def test_groupwise_clients_get_logprobs_as_one_list_unless_they_ask(client):
+    """`TOKEN_DATA_HEADER`: the same seeded request, from a plain client and from groupwise's (the header),
+    samples the same tokens; groupwise's gets ``logprobs`` null and the same logprobs as one list, which
+    `choice_logprobs` reads; asking for logprobs gives the entries to either client."""
+    from groupwise.types import TOKEN_DATA_HEADER
+
+    ours = client.with_options(default_headers={TOKEN_DATA_HEADER: "compact"})
+    args = dict(model="agent@1", messages=USER, max_tokens=12, seed=11)
+    plain, compact, asked = await asyncio.gather(client.chat.completions.create(**args),
+                                                 ours.chat.completions.create(**args),
+                                                 ours.chat.completions.create(**args, logprobs=True))
+    full = plain.choices[0]
+    assert full.logprobs is not None and len(full.logprobs.content) == len(choice_token_ids(full))
+    c = compact.choices[0]
+    assert c.logprobs is None and c.model_extra["token_logprobs"] == choice_logprobs(full)
+    assert choice_token_ids(c) == choice_token_ids(full) and choice_logprobs(c) == choice_logprobs(full)
+    assert choice_token_texts(c) == choice_token_texts(full) and "".join(choice_token_texts(c)).startswith(
+        c.message.content)
+    assert c.message.content == full.message.content
+    a = asked.choices[0]
+    assert [e.logprob for e in a.logprobs.content] == choice_logprobs(full) and "token_logprobs" not in a.model_extra

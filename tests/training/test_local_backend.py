@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 import groupwise as gw
 from groupwise.errors import AdapterMismatchError, RunLockedError
+from groupwise.types import choice_logprobs
 
 HERE = Path(__file__).parent
 
@@ -54,6 +55,10 @@ async def test_train_serves_and_verifies_the_new_adapter(tiny_model_dir, tmp_pat
         finally:
             half_open.close()
         groups = await _groups(model)
+        # the model's client gets logprobs as one list (groupwise.types.TOKEN_DATA_HEADER), which the
+        # trainer reads (test_tokenize.py) and the store keeps (the lossless check below)
+        choices = [t.messages_and_choices[-1] for g in groups for t in g.trajectories]
+        assert all(c.logprobs is None and len(choice_logprobs(c)) == len(c.token_ids) for c in choices)
         result = await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3), cursor={"scenario_index": 8})
         assert await backend.checkpoint_cursor(model) == {"scenario_index": 8}
         assert result.step == 1 and await model.get_step() == 1

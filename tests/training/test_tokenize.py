@@ -16,6 +16,21 @@ def _ids(tokenizer, text):
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def test_compact_logprobs_are_spliced_like_entries(tokenizer):
+    """A choice whose logprobs came as one list (``token_logprobs``, groupwise.types.TOKEN_DATA_HEADER)
+    tokenises exactly like the same choice with per-token entries, through the store's JSON too."""
+    turn = _ids(tokenizer, " fine thanks") + [tokenizer.eos_token_id]
+    lps = [-0.25 * (k + 1) for k in range(len(turn))]
+    compact = Choice.model_validate({"index": 0, "finish_reason": "stop", "logprobs": None, "token_ids": turn,
+                                     "token_logprobs": lps, "message": {"role": "assistant", "content": " fine thanks"}})
+    user = {"role": "user", "content": "how are you?"}
+    full = tokenize_conversation([user, make_choice(turn, lps, " fine thanks")], tokenizer)
+    assert tokenize_conversation([user, compact], tokenizer) == full
+    assert [x for x, m in zip(full[2], full[1]) if m] == lps
+    stored = Trajectory.model_validate_json(Trajectory(messages_and_choices=[user, compact]).model_dump_json())
+    assert tokenize_conversation(stored.messages_and_choices, tokenizer) == full
+
+
 def test_multi_turn_choices_are_spliced_exactly(tokenizer):
     eos = tokenizer.eos_token_id  # <|im_end|>, sampled at the end of each turn
     # A NON-canonical tokenisation of "hello": one id per character. Re-tokenising the text would give

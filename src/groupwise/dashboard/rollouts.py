@@ -39,7 +39,8 @@ from groupwise.loop.report import val_metric_name
 from groupwise.step_summary import content_text, message_dict, read_summary, summarize, tool_calls
 from groupwise.store import read_group_dicts, trajectory_files
 from groupwise.training.advantages import group_advantages
-from groupwise.types import Choice, TrajectoryGroup, choice_forced_indices, choice_logprobs, choice_token_ids
+from groupwise.types import (Choice, TrajectoryGroup, choice_forced_indices, choice_logprobs, choice_token_ids,
+                             choice_token_texts)
 
 
 # Parsed files kept whole (the views of one step); every file keeps only its light index (`FileIndex`).
@@ -259,11 +260,7 @@ def tokens(item: Choice, advantage: float | None) -> list[dict[str, Any]] | None
     if ids is None:
         return None
     lps = choice_logprobs(item) or []
-    entries = item.logprobs.content if item.logprobs is not None and item.logprobs.content else []
-    # a server returning tokens as ids ("token_id:<id>", vLLM's return_tokens_as_token_ids) keeps the
-    # text in the entry's bytes
-    texts = [bytes(e.bytes).decode("utf-8", errors="replace") if e.token.startswith("token_id:") and e.bytes
-             else e.token for e in entries]
+    texts = choice_token_texts(item) or []
     forced = set(choice_forced_indices(item))
     out = []
     for i, tid in enumerate(ids):

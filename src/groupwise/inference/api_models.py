@@ -3,8 +3,9 @@ extras), so that every malformed field is refused with a 400 naming it before an
 
 Unknown top-level fields are refused (``extra_body={"tpo_k": 5}`` is a typo the caller must hear
 about, not a silently ignored setting). Fields of OpenAI's API that change nothing here (``user``,
-``metadata``, ``store``, ``parallel_tool_calls``, ``service_tier``, ``logprobs``: logprobs are always
-returned) are accepted and ignored. Numbers are strict (no ``"5"`` for 5, no NaN or Infinity).
+``metadata``, ``store``, ``parallel_tool_calls``, ``service_tier``) are accepted and ignored. Logprobs
+are always returned; ``logprobs`` only picks their form for groupwise's own clients (server.py).
+Numbers are strict (no ``"5"`` for 5, no NaN or Infinity).
 Tool schemas are checked as JSON Schema whenever tools are given, not only when a call is forced:
 here only against the bounds of request_limits.py (one cheap pass, while the body is parsed), and
 against the meta-schema later, off the event loop (prepare.py). Validate with
@@ -229,7 +230,7 @@ class ChatCompletionRequest(_Sampling):
     response_format: ResponseFormat | None = None
     stream_options: StreamOptions | None = None
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool | None = None  # accepted: logprobs are always returned
+    logprobs: bool | None = None  # logprobs are always returned; this picks their form (server.py)
     top_logprobs: int = Field(0, ge=0, le=20)
     metadata: dict[str, str] | None = None  # accepted, unused
     store: bool | None = None  # accepted, unused

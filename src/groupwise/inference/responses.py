@@ -13,7 +13,7 @@ from groupwise.inference.engine import Completion, GenerationResult
 from groupwise.chat.tool_calls import parse_tool_calls
 from groupwise.errors import NonFiniteError
 
-__all__ = ["TokenTexts", "chat_response", "completion_response", "token_entries", "usage"]
+__all__ = ["TokenTexts", "chat_response", "completion_response", "finite_logprobs", "token_entries", "usage"]
 
 
 class TokenTexts:
@@ -57,8 +57,7 @@ class TokenTexts:
                     '{"token":' + token + ',"logprob":',
                     ',"bytes":[' + ",".join(map(str, text.encode())) + '],"top_logprobs":[]}')
             if not math.isfinite(lp):
-                raise NonFiniteError(f"the engine reported logprob {lp!r} for sampled token {tid}; JSON cannot "
-                                     "carry it, so the response fails instead of sending invalid JSON")
+                finite_logprobs([tid], [lp])
             parts.append(entry[0] + float.__repr__(float(lp)) + entry[1])
         return "[" + ",".join(parts) + "]"
 
@@ -102,11 +101,22 @@ def usage(result: GenerationResult) -> dict[str, int]:
             "total_tokens": result.prompt_tokens + completion_tokens}
 
 
+def finite_logprobs(token_ids: list[int], logprobs: list[float]) -> list[float]:
+    """`logprobs`, or NonFiniteError naming the first that JSON cannot carry (the server answers 500)."""
+    for tid, lp in zip(token_ids, logprobs):
+        if not math.isfinite(lp):
+            raise NonFiniteError(f"the engine reported logprob {lp!r} for sampled token {tid}; JSON cannot "
+                                 "carry it, so the response fails instead of sending invalid JSON")
+    return logprobs
+
+
 def chat_response(texts: TokenTexts, result: GenerationResult, header: dict[str, Any], parse_tools: bool,
-                  tokens_as_ids: bool) -> bytes:
+                  tokens_as_ids: bool, compact: bool = False) -> bytes:
     """The body of a chat completion, as the UTF-8 JSON the client reads. A choice's logprob entries
     without alternatives go in as `TokenTexts.content_json` made them (the rest is dumped as a whole):
-    the same JSON a dump of the whole dict gives, at a fraction of the GIL."""
+    the same JSON a dump of the whole dict gives, at a fraction of the GIL. `compact` (a groupwise
+    client's request that asked for no logprobs; groupwise.types.TOKEN_DATA_HEADER): ``logprobs`` is
+    null, and the sampled tokens' logprobs and texts are the lists ``token_logprobs`` and ``token_texts``."""
     choices = []
     for c in result.completions:
         content, calls = parse_tool_calls(c.text) if parse_tools else (c.text, None)
@@ -121,7 +131,11 @@ def chat_response(texts: TokenTexts, result: GenerationResult, header: dict[str,
             "forced_token_indices": c.forced_indices,
             **policy_versions(c),
         }
-        if c.top_logprobs:
+        if compact and not c.top_logprobs:
+            choice.update(logprobs=None, token_logprobs=finite_logprobs(c.token_ids, c.logprobs),
+                          token_texts=texts.texts(c.token_ids))
+            choices.append(_dumps(choice))
+        elif c.top_logprobs:
             choice["logprobs"] = {"content": token_entries(texts, c.token_ids, c.logprobs, c.top_logprobs,
                                                            tokens_as_ids)}
             choices.append(_dumps(choice))

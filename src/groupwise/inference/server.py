@@ -8,7 +8,9 @@ field, the model, the length), and the server keeps serving. What the server pro
 limits, logging) is written down in docs/security.md.
 
 Always returned, because RL needs them (token-in/token-out): every choice's logprobs
-(``choice.logprobs.content``) and its sampled token ids in the extra field ``choice.token_ids``
+(``choice.logprobs.content``; for a groupwise client's request that asks for none, the list
+``choice.token_logprobs`` with ``logprobs`` null: `groupwise.types.TOKEN_DATA_HEADER`) and its sampled
+token ids in the extra field ``choice.token_ids``
 (`groupwise.types.choice_token_ids` reads it), and in ``choice.forced_token_indices`` the indices
 into token_ids of the tokens a grammar forced (tool_choice / response_format allowed only that one
 token; `choice_forced_indices`), empty when none. ``response.model`` and ``system_fingerprint``
@@ -64,6 +66,7 @@ from groupwise.inference.registry import ModelRegistry, Resolved
 from groupwise.inference.request_limits import DEFAULT_MAX_BODY_BYTES, body_structure_problem
 from groupwise.inference.responses import TokenTexts, chat_response, completion_response
 from groupwise.inference.streaming import EngineStream, stream_chat
+from groupwise.types import TOKEN_DATA_HEADER
 
 __all__ = ["DEFAULT_BODY_TIMEOUT_S", "DEFAULT_MAX_BODY_BYTES", "ApiError", "create_app"]
 
@@ -388,7 +391,9 @@ async def chat_completions(request: Request, body: ChatCompletionRequest = Depen
     result = await result_of(request, submit(state, req, "messages"))
     # the body's bytes, not a dict: FastAPI would walk a returned dict with jsonable_encoder first, about
     # 2 ms of the GIL for a 128-token choice's logprobs, on the process that steps the engine
-    return Response(chat_response(state.token_texts, result, header, parse_tools, body.tokens_as_ids),
+    # a groupwise client that asked for no logprobs reads them from one list (groupwise.types says why)
+    compact = request.headers.get(TOKEN_DATA_HEADER) == "compact" and not body.logprobs and not body.top_logprobs
+    return Response(chat_response(state.token_texts, result, header, parse_tools, body.tokens_as_ids, compact),
                     media_type="application/json")
 
 
