@@ -262,11 +262,14 @@ async def test_groupwise_clients_get_logprobs_as_one_list_unless_they_ask(client
                                                  ours.chat.completions.create(**args, logprobs=True))
     full = plain.choices[0]
     assert full.logprobs is not None and len(full.logprobs.content) == len(choice_token_ids(full))
+    # the same tokens; their logprobs equal up to rounding (requests batched differently compute them in
+    # other shapes; test_responses.py pins that both forms carry the engine's floats bit for bit)
     c = compact.choices[0]
-    assert c.logprobs is None and c.model_extra["token_logprobs"] == choice_logprobs(full)
-    assert choice_token_ids(c) == choice_token_ids(full) and choice_logprobs(c) == choice_logprobs(full)
+    assert c.logprobs is None and c.model_extra["token_logprobs"] == pytest.approx(choice_logprobs(full), abs=1e-4)
+    assert choice_token_ids(c) == choice_token_ids(full) and choice_logprobs(c) == c.model_extra["token_logprobs"]
     assert choice_token_texts(c) == choice_token_texts(full) and "".join(choice_token_texts(c)).startswith(
         c.message.content)
     assert c.message.content == full.message.content
     a = asked.choices[0]
-    assert [e.logprob for e in a.logprobs.content] == choice_logprobs(full) and "token_logprobs" not in a.model_extra
+    assert [e.logprob for e in a.logprobs.content] == pytest.approx(choice_logprobs(full), abs=1e-4)
+    assert choice_token_ids(a) == choice_token_ids(full) and "token_logprobs" not in a.model_extra
