@@ -180,6 +180,18 @@ async def test_rollout_against_scripted_endpoint(scripted):
     assert len(model.requests[2]["messages"]) == 6  # the third request carries the whole game so far
 
 
+async def test_a_groupwise_client_gets_logprobs_without_asking(scripted):
+    """A client that sends groupwise.types.TOKEN_DATA_HEADER (a trainable model's own) gets the logprobs as
+    plain lists unasked: the env does not ask, which would have them sent as per-token entries."""
+    from groupwise.types import TOKEN_DATA_HEADER
+
+    model = scripted([f"<move>{_scripted_valid_moves(11, 1)[0]}</move>"])
+    plain = model.openai_client
+    model.openai_client = lambda: plain().with_options(default_headers={TOKEN_DATA_HEADER: "compact"})
+    await rollout(model, Scenario2048(seed=11, max_turns=1))
+    assert "logprobs" not in model.requests[0] and model.requests[0]["max_tokens"] == 16
+
+
 async def test_rollout_ends_on_a_malformed_reply(scripted):
     move1 = _scripted_valid_moves(11, 1)[0]
     model = scripted([f"<move>{move1}</move>", "I would go somewhere"])

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from groupwise.errors import ArgumentTypeError, EnvError
-from groupwise.types import Choice, Message, Tools, Trajectory
+from groupwise.types import TOKEN_DATA_HEADER, Choice, Message, Tools, Trajectory
 
 
 class Sampling(BaseModel):
@@ -34,7 +34,9 @@ class Sampling(BaseModel):
         description="Passed as the request's `seed` (servers that honour it sample reproducibly). "
         "None for training: the N rollouts of a group must differ, or GRPO sees no advantage.",
     )
-    logprobs: bool = Field(True, description="Ask for logprobs (the trainer needs them; some APIs refuse them with tools).")
+    logprobs: bool = Field(True, description="Get the sampled tokens' logprobs (the trainer needs them; some APIs "
+                           "refuse them with tools): asked for, unless the model's client gets them anyway "
+                           "(groupwise's, as plain lists: groupwise.types.TOKEN_DATA_HEADER).")
 
 
 def inference_name(model: Any) -> str:
@@ -67,7 +69,7 @@ async def complete(
         "max_tokens": sampling.max_tokens,
         "temperature": sampling.temperature,
     }
-    if sampling.logprobs:
+    if sampling.logprobs and not _gets_logprobs_unasked(client):
         kwargs["logprobs"] = True
     if sampling.sampling_seed is not None:
         kwargs["seed"] = sampling.sampling_seed
@@ -82,6 +84,14 @@ async def complete(
             "serves this model name and returned a well-formed chat completion."
         )
     return response.choices[0]
+
+
+def _gets_logprobs_unasked(client: Any) -> bool:
+    """Whether `client` is groupwise's own (`model.openai_client()` of a trainable model): its requests get
+    the logprobs as plain lists without asking, and asking would have them sent as one pydantic-validated
+    entry per token, half of a request's cost on the client (groupwise.types.TOKEN_DATA_HEADER)."""
+    headers = getattr(client, "default_headers", None) or {}
+    return headers.get(TOKEN_DATA_HEADER) == "compact"
 
 
 def turn_sampling(sampling: Sampling, turn: int) -> Sampling:
