@@ -37,6 +37,12 @@ def test_strip_logprobs_copies_without_any_logprobs():
 
     thing = Uncopyable()
     assert strip_logprobs(thing) is thing  # a tracer's hook must not fail the rollout
+    # the list form groupwise's own client gets: the logprobs go, the sampled ids and texts stay
+    compact = Choice.model_validate({"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"},
+                                     "logprobs": None, "token_ids": [5], "token_logprobs": [-0.5], "token_texts": ["hi"]})
+    out = strip_logprobs({"choice": compact})["choice"]
+    assert "token_logprobs" not in out.model_extra and out.model_extra["token_ids"] == [5]
+    assert compact.model_extra["token_logprobs"] == [-0.5]  # the input is untouched
 
 
 def test_the_logging_helpers_print_one_labelled_line(capsys):
