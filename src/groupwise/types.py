@@ -23,9 +23,10 @@ and to the store (lossless).
 
 groupwise's own clients (`model.openai_client()`) send the header `TOKEN_DATA_HEADER`: a request of
 theirs that does not ask for logprobs gets ``logprobs: null``, as from OpenAI, and the sampled tokens'
-logprobs and texts as two plain lists, ``choice.token_logprobs`` and ``choice.token_texts``. The SDK validates every field of every
-``logprobs.content`` entry it parses (a pydantic model per token): for a 128-token choice that was half
-of a request's cost on the client, on the process that also steps the engine (docs/benchmarks.md).
+logprobs and texts as two plain lists, ``choice.token_logprobs`` and ``choice.token_texts``. The SDK
+validates every field of every ``logprobs.content`` entry it parses (a pydantic model per token): for a
+128-token choice that was half of a request's cost on the client, on the process that also steps the
+engine (docs/benchmarks.md).
 Any other client (LiteLLM, LangChain, a plain `openai` client) gets the entries, which carry the ids
 through layers that drop unknown fields.
 """
@@ -73,12 +74,20 @@ __all__ = [
     "choice_token_texts",
     "choice_to_message",
     "item_kind_problem",
+    "COMPACT_TOKEN_DATA",
     "TOKEN_DATA_HEADER",
+    "wants_compact_token_data",
 ]
 
 # A request header of groupwise's clients: with the value "compact", a choice's logprobs come as
 # ``choice.token_logprobs`` (a list of numbers) unless the request asks for logprobs (module doc).
 TOKEN_DATA_HEADER = "x-groupwise-token-data"
+COMPACT_TOKEN_DATA = {TOKEN_DATA_HEADER: "compact"}  # the headers groupwise's clients send
+
+
+def wants_compact_token_data(headers: Any) -> bool:
+    """Whether request headers (or a client's default headers) ask for the compact form."""
+    return headers.get(TOKEN_DATA_HEADER) == COMPACT_TOKEN_DATA[TOKEN_DATA_HEADER]
 
 VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -169,15 +178,22 @@ def choice_to_message(choice: Choice) -> Message:
     return out
 
 
+def _choice_extra(choice: Choice, name: str) -> Any:
+    """One of the extra fields groupwise's server adds to a choice (None when absent): an attribute, or
+    kept in pydantic's `model_extra`."""
+    value = getattr(choice, name, None)
+    if value is None and choice.model_extra:
+        value = choice.model_extra.get(name)
+    return value
+
+
 def choice_token_ids(choice: Choice) -> list[int] | None:
     """The sampled token ids of a Choice, or None when the server did not return them.
 
     groupwise's server puts them in the extra field ``choice.token_ids``. vLLM's server, with
     ``return_tokens_as_token_ids``, writes each logprob entry's token as ``"token_id:123"``.
     """
-    ids = getattr(choice, "token_ids", None)
-    if ids is None and choice.model_extra:
-        ids = choice.model_extra.get("token_ids")
+    ids = _choice_extra(choice, "token_ids")
     if ids is not None:
         return [int(t) for t in ids]
     content = choice.logprobs.content if choice.logprobs is not None else None
@@ -190,9 +206,7 @@ def choice_forced_indices(choice: Choice) -> list[int]:
     """Indices into `choice_token_ids` of the tokens a grammar forced (the only token it allowed, so
     no decision of the policy); empty when none or when the server did not say (it is groupwise's
     extra field ``choice.forced_token_indices``)."""
-    idx = getattr(choice, "forced_token_indices", None)
-    if idx is None and choice.model_extra:
-        idx = choice.model_extra.get("forced_token_indices")
+    idx = _choice_extra(choice, "forced_token_indices")
     return [int(i) for i in idx or []]
 
 
@@ -201,9 +215,7 @@ def choice_policy_versions(choice: Choice) -> list[int] | None:
     a Choice, or None when the server did not say. groupwise's server puts it in the extra field
     ``choice.policy_versions``; its values differ within one choice when a newer step was swapped in
     while the choice was being sampled (partial rollouts of an asynchronous run)."""
-    versions = getattr(choice, "policy_versions", None)
-    if versions is None and choice.model_extra:
-        versions = choice.model_extra.get("policy_versions")
+    versions = _choice_extra(choice, "policy_versions")
     return None if versions is None else [int(v) for v in versions]
 
 
@@ -215,9 +227,7 @@ def choice_token_texts(choice: Choice) -> list[str] | None:
     if content:
         return [bytes(e.bytes).decode("utf-8", errors="replace") if e.token.startswith("token_id:") and e.bytes
                 else e.token for e in content]
-    texts = getattr(choice, "token_texts", None)
-    if texts is None and choice.model_extra:
-        texts = choice.model_extra.get("token_texts")
+    texts = _choice_extra(choice, "token_texts")
     return None if texts is None else [str(t) for t in texts]
 
 
@@ -227,9 +237,7 @@ def choice_logprobs(choice: Choice) -> list[float] | None:
     content = choice.logprobs.content if choice.logprobs is not None else None
     if content:
         return [float(entry.logprob) for entry in content]
-    values = getattr(choice, "token_logprobs", None)
-    if values is None and choice.model_extra:
-        values = choice.model_extra.get("token_logprobs")
+    values = _choice_extra(choice, "token_logprobs")
     return None if values is None else [float(v) for v in values]
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from groupwise.errors import ArgumentTypeError, EnvError
-from groupwise.types import TOKEN_DATA_HEADER, Choice, Message, Tools, Trajectory
+from groupwise.types import Choice, Message, Tools, Trajectory, wants_compact_token_data
 
 
 class Sampling(BaseModel):
@@ -90,8 +90,7 @@ def _gets_logprobs_unasked(client: Any) -> bool:
     """Whether `client` is groupwise's own (`model.openai_client()` of a trainable model): its requests get
     the logprobs as plain lists without asking, and asking would have them sent as one pydantic-validated
     entry per token, half of a request's cost on the client (groupwise.types.TOKEN_DATA_HEADER)."""
-    headers = getattr(client, "default_headers", None) or {}
-    return headers.get(TOKEN_DATA_HEADER) == "compact"
+    return wants_compact_token_data(getattr(client, "default_headers", None) or {})
 
 
 def turn_sampling(sampling: Sampling, turn: int) -> Sampling:

@@ -66,7 +66,7 @@ from groupwise.inference.registry import ModelRegistry, Resolved
 from groupwise.inference.request_limits import DEFAULT_MAX_BODY_BYTES, body_structure_problem
 from groupwise.inference.responses import TokenTexts, chat_response, completion_response
 from groupwise.inference.streaming import EngineStream, stream_chat
-from groupwise.types import TOKEN_DATA_HEADER
+from groupwise.types import wants_compact_token_data
 
 __all__ = ["DEFAULT_BODY_TIMEOUT_S", "DEFAULT_MAX_BODY_BYTES", "ApiError", "create_app"]
 
@@ -392,7 +392,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest = Depen
     # the body's bytes, not a dict: FastAPI would walk a returned dict with jsonable_encoder first, about
     # 2 ms of the GIL for a 128-token choice's logprobs, on the process that steps the engine
     # a groupwise client that asked for no logprobs reads them from one list (groupwise.types says why)
-    compact = request.headers.get(TOKEN_DATA_HEADER) == "compact" and not body.logprobs and not body.top_logprobs
+    compact = wants_compact_token_data(request.headers) and not body.logprobs and not body.top_logprobs
     return Response(chat_response(state.token_texts, result, header, parse_tools, body.tokens_as_ids, compact),
                     media_type="application/json")
 
