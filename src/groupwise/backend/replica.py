@@ -351,21 +351,25 @@ class Replica:
             )
 
     async def check_answers(self, step: int) -> None:
-        """A real chat request for ``name`` through the app is answered by ``name@step``."""
-        from groupwise.inference.client import in_process_client
-
-        client = in_process_client(self.app, api_key=self.api_key or API_KEY)
-        try:
-            response = await client.chat.completions.create(
-                model=self.name, messages=[{"role": "user", "content": "ping"}], max_tokens=1, temperature=0.0
-            )
-        finally:
-            await client.close()
+        """A request for ``name`` is answered by ``name@step``: the app's registry (what its routes
+        resolve a request's model with, before the engine sees it) maps ``name`` to this step's adapter,
+        and the engine holds that adapter. Without generating: a real request cost a prefill pass per
+        run and step on the thread that steps the engine, and the step's first rollout runs one anyway;
+        that the adapter holds the trained weights is `check_adapter`'s."""
         expected = served_name(self.name, step)
-        if response.model != expected:
+        try:
+            target = self.registry.resolve(self.name)
+            known = target.adapter in self.engine.adapters()
+        except GroupwiseError as exc:
+            target, known = None, False
+            problem = str(exc)
+        else:
+            problem = f"as {target.served_as!r} with adapter {target.adapter!r}"
+        if target is None or target.served_as != expected or not known:
             raise AdapterMismatchError(
-                f"after step {step} the server answers requests for {self.name!r} as {response.model!r}, "
-                f"expected {expected!r}: the new adapter is not the one served. Rollouts would sample a stale policy."
+                f"after step {step} the server answers requests for {self.name!r} {problem}, expected "
+                f"{expected!r} (an adapter the engine holds): the new adapter is not the one served. Rollouts "
+                "would sample a stale policy."
             )
 
     def adapter_fingerprint(self) -> list[int] | None:

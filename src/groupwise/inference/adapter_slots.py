@@ -133,9 +133,8 @@ class AdapterSlots:
         if weights.keys() == params.keys():
             # The slot's own tensors under the same keys: copied directly, without peft's walk over the
             # model's state dict (most of the time an adapter swap took on a base of many adapters).
-            with torch.no_grad():
-                for key, param in params.items():
-                    param.copy_(weights[key])
+            with torch.no_grad():  # one multi-tensor copy, not a launch per tensor on the engine's thread
+                torch._foreach_copy_(list(params.values()), [weights[key] for key in params])
             return
         with torch.no_grad():
             result = set_peft_model_state_dict(model, weights, adapter_name=slot)
