@@ -18,7 +18,7 @@ A train step, in order (each step of the order is there for a failure seen in AR
 4. rank 0 saves the checkpoint atomically (adapter, optimizer, RNG, step, the caller's data cursor,
    the step's history row; state.json last), then the driver appends that row to history.jsonl;
 5. every rank loads its own copy of the new adapter into its engine and checks it: its LoRA tensors
-   must equal the trainer's, and a real chat request must answer as ``name@k`` -- else
+   must equal the trainer's, and the app's registry must resolve a request for ``name`` to ``name@k`` -- else
    `AdapterMismatchError` (ART once served a stale adapter silently); the driver checks that every
    rank holds the same adapter, bit for bit -- else `ReplicaDivergenceError`;
 6. retention: keep the latest checkpoint, the best (named by `keep_best`, else by

@@ -39,7 +39,7 @@ class BackendOptions(Validated):
         "`keep_best` (the loop names it), else the best by this metric (read from the step metrics or from "
         "history.jsonl's val rows); None keeps every checkpoint.")
     verify_adapter: bool = option(True, help="After each step, check every engine serves the new adapter (its LoRA "
-                                  "tensors equal the trainer's and a chat request answers as name@k).")
+                                  "tensors equal the trainer's and a request for the model resolves to name@k).")
     engine_kwargs: dict[str, Any] | None = option(default_factory=dict, help="More `Engine` settings (e.g. "
                                                   "prefix_cache_tokens, batch_invariant); counts are integers >= 0.")
     load_model: Callable[..., Any] | None = option(
