@@ -12,7 +12,7 @@ and trains its parameters only). After step k a replica's adapter is served as `
 ``name`` (latest).
 
 Its methods are synchronous torch work: callers run them on the process's compute thread
-(groupwise/compute.py), except `check_answers`, which sends a request through the app.
+(groupwise/compute.py), except `check_answers`, which reads only the registry and the engine's names.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 from groupwise.adapter_names import served_name
 from groupwise.config import DEFAULT_MAX_BATCH_SIZE, LoraConfig, TrainConfig
-from groupwise.errors import AdapterMismatchError, CheckpointError, GroupwiseError
+from groupwise.errors import AdapterMismatchError, CheckpointError, GroupwiseError, ModelNotFoundError
 
 API_KEY = "groupwise-local"
 # Sequences an engine decodes together: the default of every backend, worker, replica and local judge.
@@ -207,10 +207,6 @@ class Replica:
         return self.base.app
 
     @property
-    def api_key(self) -> str | None:
-        return self.base.api_key
-
-    @property
     def device(self) -> Any:
         return self.trainer.device if self.trainer is not None else self.engine.device
 
@@ -350,7 +346,7 @@ class Replica:
                 "engine loaded; the rollouts would sample a stale policy."
             )
 
-    async def check_answers(self, step: int) -> None:
+    def check_answers(self, step: int) -> None:
         """A request for ``name`` is answered by ``name@step``: the app's registry (what its routes
         resolve a request's model with, before the engine sees it) maps ``name`` to this step's adapter,
         and the engine holds that adapter. Without generating: a real request cost a prefill pass per
@@ -359,18 +355,17 @@ class Replica:
         expected = served_name(self.name, step)
         try:
             target = self.registry.resolve(self.name)
-            known = target.adapter in self.engine.adapters()
-        except GroupwiseError as exc:
-            target, known = None, False
-            problem = str(exc)
+        except ModelNotFoundError as exc:
+            answered = f"with an error ({exc})"
         else:
-            problem = f"as {target.served_as!r} with adapter {target.adapter!r}"
-        if target is None or target.served_as != expected or not known:
-            raise AdapterMismatchError(
-                f"after step {step} the server answers requests for {self.name!r} {problem}, expected "
-                f"{expected!r} (an adapter the engine holds): the new adapter is not the one served. Rollouts "
-                "would sample a stale policy."
-            )
+            if target.served_as == expected and target.adapter in self.engine.adapters():
+                return
+            answered = f"as {target.served_as!r} with adapter {target.adapter!r}"
+        raise AdapterMismatchError(
+            f"after step {step} the server answers requests for {self.name!r} {answered}, expected "
+            f"{expected!r} (an adapter the engine holds): the new adapter is not the one served. Rollouts "
+            "would sample a stale policy."
+        )
 
     def adapter_fingerprint(self) -> list[int] | None:
         """`fingerprint` of the trainable adapter: equal on two ranks means bitwise equal adapters (None on

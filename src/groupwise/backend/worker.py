@@ -279,7 +279,7 @@ class Worker:
                                   what="publish arguments")
             await compute.run(replica.serve, step, checkpoint_path)
             if self.options.verify_adapter:
-                await replica.check_answers(step)
+                replica.check_answers(step)
             return {"rank": self.rank, "checkpoint_path": None, "fingerprint": None,
                     "served_fingerprint": await compute.run(replica.served_fingerprint, step)}
         path = None
@@ -295,7 +295,7 @@ class Worker:
         await compute.run(replica.serve, step, None, tensors, config)
         if self.options.verify_adapter:
             await compute.run(replica.check_adapter, step)
-            await replica.check_answers(step)
+            replica.check_answers(step)
         return {"rank": self.rank, "checkpoint_path": str(path) if self.rank == 0 else None,
                 "fingerprint": await compute.run(replica.adapter_fingerprint),
                 # with generators, the driver checks they serve the bits rank 0 serves
