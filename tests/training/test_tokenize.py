@@ -158,3 +158,36 @@ def test_a_sequence_with_every_token_forced_is_dropped(tokenizer):
     assert len(everything.sequences) == 2 and everything.trainable_tokens == 6 and everything.dropped_all_forced == 0
     with pytest.raises(NotTrainableError, match="a grammar forced every sampled token"):
         tokenize_groups([TrajectoryGroup([traj(1.0, [0, 1, 2]), traj(0.0, [0, 1, 2])])], tokenizer, max_seq_len=512)
+
+
+def test_a_step_tokenises_each_conversation_as_it_would_alone(tokenizer):
+    """tokenize_groups renders a context and encodes a text piece once per step (a group's rollouts
+    share their scenario's messages): every sequence still equals its conversation tokenised alone,
+    with shared contexts, and contexts that differ by one message, by their tools, or by the form of
+    a message's content."""
+    eos = tokenizer.eos_token_id
+    tool = {"type": "function", "function": {"name": "look", "description": "look", "parameters": {"type": "object"}}}
+    turns = [_ids(tokenizer, text) + [eos] for text in (" yes", " no", " maybe", " yes")]
+    contexts = [
+        ([{"role": "user", "content": "a?"}], None),
+        ([{"role": "user", "content": "a?"}], None),  # the same context again
+        ([{"role": "system", "content": "be brief"}, {"role": "user", "content": "a?"}], None),
+        ([{"role": "user", "content": "a?"}], [tool]),  # the same messages, other tools
+        ([{"role": "user", "content": [{"type": "text", "text": "a?"}]}], None),  # content as parts
+    ]
+    groups, alone = [], []
+    for g in range(2):
+        trajectories = []
+        for i, (messages, tools) in enumerate(contexts):
+            turn = turns[(g + i) % len(turns)]
+            items = [*messages, make_choice(turn, [-0.1 * (k + 1) for k in range(len(turn))], "x")]
+            trajectories.append(Trajectory(messages_and_choices=items, tools=tools, reward=float(i)))
+            alone.append(tokenize_conversation(items, tokenizer, tools=tools))
+        groups.append(TrajectoryGroup(trajectories))
+    batch = tokenize_groups(groups, tokenizer, max_seq_len=4096)
+    got = [(s.input_ids, s.mask, s.old_logprobs) for s in batch.sequences]
+    assert len(got) == len(alone) == 10
+    for (ids, mask, old), (ids_a, mask_a, old_a) in zip(got, alone):
+        assert (ids, mask) == (ids_a, mask_a)
+        assert [x for x, m in zip(old, mask) if m] == [x for x, m in zip(old_a, mask_a) if m]
+    assert len({tuple(s.input_ids) for s in batch.sequences}) > 4  # the contexts did differ

@@ -13,6 +13,9 @@ token (the end-of-turn token, e.g. ``<|im_end|>``) that the template also writes
 the template's copy is dropped so it is not doubled, and the sampled one is trained (the model learns
 to stop).
 
+A step renders each distinct context and encodes each distinct text piece once (`_Memo`): a group's
+rollouts usually share their scenario's messages.
+
 One sequence per trajectory plus one per `additional_histories` entry; all carry the trajectory's
 advantage. The loss mask covers every trainable Choice of every turn, except the tokens a grammar
 forced (`types.choice_forced_indices`: the only token it allowed, so the sampling distribution there
@@ -91,15 +94,69 @@ def _has_token_ids(items: Sequence[Any]) -> bool:
     return any(isinstance(m, Choice) and choice_token_ids(m) for m in items)
 
 
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _plain_key(value: Any) -> str | None:
+    """A key that tells `value` apart from any other plain value (the repr of dicts, lists, strings and
+    numbers, subclasses excluded, is faithful), or None when it holds anything else (an object's repr
+    may not show its state)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if type(v) is dict:
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif type(v) in (list, tuple):
+            stack.extend(v)
+        elif type(v) not in _PLAIN:
+            return None
+    return repr(value)
+
+
+@dataclass
+class _Memo:
+    """What repeats across one step's conversations, computed once: a group's rollouts usually share
+    their context (the same scenario's messages), so the same text is rendered and the same pieces are
+    encoded up to eight times a group. Only pure functions of their arguments are kept (a chat
+    template's text for the same messages and tools, the tokenizer's ids for the same text), so a
+    memoised step tokenises exactly as an unmemoised one."""
+
+    rendered: dict[str, str] = field(default_factory=dict)
+    encoded: dict[str, list[int]] = field(default_factory=dict)
+    special: set[int] | None = None
+
+    def render(self, tokenizer: Any, messages: list[Any], tools: list[dict] | None) -> str:
+        key = _plain_key((messages, tools))
+        if key is None:
+            return render_text(tokenizer, messages, tools)
+        if key not in self.rendered:
+            self.rendered[key] = render_text(tokenizer, messages, tools)
+        return self.rendered[key]
+
+    def encode(self, tokenizer: Any, text: str) -> list[int]:
+        if text not in self.encoded:
+            self.encoded[text] = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return self.encoded[text]
+
+    def special_ids(self, tokenizer: Any) -> set[int]:
+        if self.special is None:
+            self.special = _special_ids(tokenizer)
+        return self.special
+
+
 def tokenize_conversation(
     messages_and_choices: Sequence[Any],
     tokenizer: Any,
     *,
     tools: list[dict] | None = None,
     train_forced_tokens: bool = False,
+    memo: _Memo | None = None,
 ) -> tuple[list[int], list[bool], list[float]]:
     """(input_ids [T], mask [T], old_logprobs [T]) of one conversation; see the module docstring.
-    The mask is False at grammar-forced tokens unless `train_forced_tokens`."""
+    The mask is False at grammar-forced tokens unless `train_forced_tokens`. `memo` shares rendering
+    and encoding across the conversations of one step (`tokenize_groups`)."""
+    memo = memo if memo is not None else _Memo()
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidDataError(
             "the tokenizer has no chat_template, so the context messages cannot be rendered. "
@@ -134,7 +191,7 @@ def tokenize_conversation(
             if problem:
                 raise InvalidDataError(f"an item of messages_and_choices {problem}")
             messages.append(item)
-    text = render_text(tokenizer, messages, tools)
+    text = memo.render(tokenizer, messages, tools)
     pieces = _SENTINEL_RE.split(text)  # text, k, text, k, ..., text
     found = [int(k) for k in pieces[1::2]]
     if found != list(range(len(spliced))):
@@ -143,7 +200,7 @@ def tokenize_conversation(
             "it drops or reorders assistant messages (some templates drop earlier turns' reasoning). "
             "Use a template that renders every assistant turn, or train on the last turn only."
         )
-    special = _special_ids(tokenizer)
+    special = memo.special_ids(tokenizer)
     input_ids: list[int] = []
     mask: list[bool] = []
     old: list[float] = []
@@ -160,7 +217,7 @@ def tokenize_conversation(
             mask += trained
             old += [float(x) for x in logprobs]
         if piece:
-            ids_ctx = tokenizer(piece, add_special_tokens=False)["input_ids"]
+            ids_ctx = memo.encode(tokenizer, piece)
             input_ids += ids_ctx
             mask += [False] * len(ids_ctx)
             old += [math.nan] * len(ids_ctx)
@@ -201,6 +258,7 @@ def tokenize_groups(
             "or a judge (RULER)."
         )
     over_limit = 0
+    memo = _Memo()
     for g, (group, adv_G) in enumerate(zip(groups, adv.advantages)):
         if adv_G is None:
             continue
@@ -211,7 +269,7 @@ def tokenize_groups(
                 if not _has_token_ids(items):
                     continue
                 ids, mask, old = tokenize_conversation(items, tokenizer, tools=tools,
-                                                       train_forced_tokens=train_forced_tokens)
+                                                       train_forced_tokens=train_forced_tokens, memo=memo)
                 if not any(mask):
                     batch.dropped_all_forced += 1
                     continue
