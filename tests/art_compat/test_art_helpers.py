@@ -1,6 +1,6 @@
 """ART's small helpers at ART's paths, which its notebooks import: `art.utils.strip_logprobs`,
-`art.utils.logging`, `art.mcp.generate_scenarios.preview_scenarios`, and `art.serverless`'s
-`ServerlessBackend` (a LocalBackend here) with its `train` result and `delete`."""
+`art.utils.logging`, `art.utils.output_dirs`, `art.backend.Backend`, `art.mcp.generate_scenarios.preview_scenarios`,
+and `art.serverless`'s `ServerlessBackend` (a LocalBackend here) with its `train` result and `delete`."""
 
 from __future__ import annotations
 
@@ -96,3 +96,24 @@ async def test_serverless_backend_trains_here_and_deletes_the_run(tiny_model_dir
             await model.get_step()
     finally:
         await backend.close()
+
+
+def test_output_dirs_name_the_folders_a_run_writes(tmp_path, monkeypatch):
+    """ART's path helpers (third-party trainers import them at the top) give the folders groupwise's
+    run store writes: the run, its step checkpoints, its trajectories by split; by default under the
+    backend's default folder in the working directory."""
+    from groupwise.backend import Backend
+    from groupwise.store import RunStore
+    from groupwise.utils import output_dirs as od
+
+    assert Backend is art.Backend
+    store = RunStore(tmp_path, "proj", "run1")
+    model = art.TrainableModel(name="run1", project="proj", base_model="smollm2-135m")
+    run_dir = od.get_model_dir(model, str(tmp_path))
+    assert run_dir == od.get_output_dir_from_model_properties("proj", "run1", str(tmp_path)) == str(store.run_dir)
+    assert od.get_step_checkpoint_dir(run_dir, 7) == str(store.checkpoints_dir / "0007")
+    assert od.get_trajectories_split_dir(run_dir, "val") == str(store.trajectories_path("val", 3).parent)
+    assert od.get_trajectories_dir(run_dir) == str(store.run_dir / "trajectories")
+    assert od.get_models_dir("proj", str(tmp_path)) == str(tmp_path / "proj")
+    monkeypatch.chdir(tmp_path)
+    assert od.get_model_dir(model) == str(tmp_path / art.LocalBackend().path / "proj" / "run1")

@@ -331,3 +331,19 @@ async def test_chunks_and_passes_together_keep_the_ranking(judge_server):
     assert all(0.0 <= x <= 1.0 for x in r)
     assert r == sorted(r)  # each pass maps quality monotonically, so their mean does too
     assert judged.metrics["judge/pass_spearman"] > 0.9
+
+
+async def test_openai_judge_follows_litellms_base_url_variable(judge_server, monkeypatch):
+    """ART's RULER went through LiteLLM, which reads ``OPENAI_API_BASE`` for the openai provider: an ART
+    program that points its judge there reaches the same server here (``OPENAI_BASE_URL`` wins when both
+    are set, as the openai SDK's own variable)."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.setenv("OPENAI_API_BASE", judge_server.url)
+    judged = await ruler_score_group(make_group([0.2, 0.8]), "openai/o3", backoff_s=0.0)
+    assert len(judge_server.requests) == 1 and judge_server.requests[0]["model"] == "o3"
+    assert judged.rewards() == [0.2, 0.8]
+    monkeypatch.setenv("OPENAI_BASE_URL", judge_server.url)
+    monkeypatch.setenv("OPENAI_API_BASE", "http://127.0.0.1:9/v1")  # nothing listens there
+    await ruler_score_group(make_group([0.2, 0.8]), "openai/o3", backoff_s=0.0)
+    assert len(judge_server.requests) == 2

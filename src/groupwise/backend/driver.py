@@ -59,7 +59,7 @@ from groupwise.backend.ranks import (ReplicaDivergenceError, check_identical, ch
 from groupwise.backend.retention import prune_args, retain_args
 from groupwise.backend.worker import LOOPBACK, ModelSpec, WorkerOptions
 from groupwise.compute import compute_thread
-from groupwise.config import TrainConfig
+from groupwise.config import DEFAULT_RUN_STORE, TrainConfig
 from groupwise.errors import GroupwiseError, GroupwiseWarning, NotTrainableError, StoreError
 from groupwise.learning_signal import step_verdict
 from groupwise.run_lock import RunLocks
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from groupwise.model import TrainableModel
     from groupwise.types import Trajectory, TrajectoryGroup
 
-DEFAULT_PATH = ".groupwise"
+DEFAULT_PATH = DEFAULT_RUN_STORE
 
 log = logging.getLogger("groupwise.backend")
 

@@ -45,16 +45,18 @@ JSON_SCHEMA = "json_schema"
 class Provider:
     """An OpenAI-compatible judge endpoint: its URL, where its key is, and how it bills and answers."""
 
-    base_url: str | None  # None: from `url_var` or base_url= (self-hosted servers)
+    base_url: str | None  # None: from `url_vars` or base_url= (self-hosted servers)
     key_vars: tuple[str, ...] = ()  # environment variables holding the key, first set wins
     key_required: bool = True
     paid: bool = True  # bills per token: an unknown price is flagged
-    url_var: str | None = None  # environment variable that sets (or overrides) the URL
+    # environment variables that set (or override) the URL, first set wins: LiteLLM's name besides the
+    # SDK's, so an ART program's judge, which LiteLLM routed, goes where it went there
+    url_vars: tuple[str, ...] = ()
     response_format: str = JSON_SCHEMA  # what response_format="auto" sends to this provider
 
 
 PROVIDERS: dict[str, Provider] = {
-    "openai": Provider("https://api.openai.com/v1", ("OPENAI_API_KEY",), url_var="OPENAI_BASE_URL"),
+    "openai": Provider("https://api.openai.com/v1", ("OPENAI_API_KEY",), url_vars=("OPENAI_BASE_URL", "OPENAI_API_BASE")),
     # Anthropic's OpenAI compatibility ignores response_format: answers are parsed strictly, with repair.
     "anthropic": Provider("https://api.anthropic.com/v1/", ("ANTHROPIC_API_KEY",), response_format="none"),
     "gemini": Provider("https://generativelanguage.googleapis.com/v1beta/openai/", ("GEMINI_API_KEY", "GOOGLE_API_KEY")),
@@ -65,7 +67,7 @@ PROVIDERS: dict[str, Provider] = {
     "deepseek": Provider("https://api.deepseek.com/v1", ("DEEPSEEK_API_KEY",), response_format="json_object"),
     "xai": Provider("https://api.x.ai/v1", ("XAI_API_KEY",)),
     "mistral": Provider("https://api.mistral.ai/v1", ("MISTRAL_API_KEY",)),
-    "hosted_vllm": Provider(None, ("HOSTED_VLLM_API_KEY",), key_required=False, paid=False, url_var="HOSTED_VLLM_API_BASE"),
+    "hosted_vllm": Provider(None, ("HOSTED_VLLM_API_KEY",), key_required=False, paid=False, url_vars=("HOSTED_VLLM_API_BASE",)),
     "ollama": Provider(None, key_required=False, paid=False),
 }
 # Judges that another layer of groupwise serves, by prefix: a factory ``model name -> AsyncOpenAI client``,
@@ -179,13 +181,14 @@ def resolve(
         raise ConfigError(f"{what}. Accepted prefixes: {_accepted()}; or pass base_url= (ART: "
                           f"extra_litellm_params={{'api_base': ...}}) for any OpenAI-compatible server.",
                           what="judge")
-    url = (os.environ.get(provider.url_var) if provider.url_var else None) or provider.base_url
+    url = next((os.environ[v] for v in provider.url_vars if os.environ.get(v)), None) or provider.base_url
     if name == "ollama":
         host = os.environ.get("OLLAMA_HOST", "http://localhost:11434").rstrip("/")
         url = (host if host.startswith("http") else "http://" + host) + "/v1"
     if url is None:
         raise ConfigError(f"judge {judge_model!r} is self-hosted: pass base_url= (ART: extra_litellm_params="
-                          f"{{'api_base': 'http://host:8000/v1'}}) or set {provider.url_var}", what="judge")
+                          f"{{'api_base': 'http://host:8000/v1'}}) or set {' or '.join(provider.url_vars)}",
+                          what="judge")
     key = _key(provider, judge_model, api_key)
     return Endpoint(_client(url, key or "EMPTY", timeout_s), model, judge_model, url, paid=provider.paid,
                     response_format=provider.response_format)

@@ -1,0 +1,48 @@
+"""ART's path helpers (`art.utils.output_dirs`), giving groupwise's layout: a run's folder is
+``<path>/<project>/<name>`` (`groupwise.store.RunStore`), its checkpoints ``checkpoints/<step:04d>``
+and its trajectories ``trajectories/<split>/`` under it. ART's own layout differs
+(``.art/<project>/models/<name>/<step:04d>``), so code that builds ART's paths by hand finds nothing
+here; code that builds them with these helpers finds the files, which is what they are for.
+
+`art_path` is the backend's folder (`LocalBackend(path=...)`); by default groupwise's, ``.groupwise`` in
+the working directory (ART's was ``.art`` at the root of the git repository)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from groupwise.config import DEFAULT_RUN_STORE
+
+__all__ = ["get_default_art_path", "get_model_dir", "get_models_dir", "get_output_dir_from_model_properties",
+           "get_step_checkpoint_dir", "get_trajectories_dir", "get_trajectories_split_dir"]
+
+def get_default_art_path() -> str:
+    return os.path.abspath(DEFAULT_RUN_STORE)
+
+
+def get_models_dir(project_name: str, art_path: str | None = None) -> str:
+    """The folder holding a project's runs."""
+    return os.path.join(art_path or get_default_art_path(), project_name)
+
+
+def get_output_dir_from_model_properties(project: str, name: str, art_path: str | None = None) -> str:
+    """A run's folder."""
+    return os.path.join(get_models_dir(project, art_path), name)
+
+
+def get_model_dir(model: Any, art_path: str | None = None) -> str:
+    """`model`'s run folder."""
+    return get_output_dir_from_model_properties(model.project, model.name, art_path)
+
+
+def get_step_checkpoint_dir(model_output_dir: str, step: int) -> str:
+    return os.path.join(model_output_dir, "checkpoints", f"{step:04d}")
+
+
+def get_trajectories_dir(model_output_dir: str) -> str:
+    return os.path.join(model_output_dir, "trajectories")
+
+
+def get_trajectories_split_dir(model_output_dir: str, split: str) -> str:
+    return os.path.join(get_trajectories_dir(model_output_dir), split)
