@@ -115,6 +115,11 @@ class CheckpointError(StoreError):
     """A checkpoint cannot be used (a file missing, truncated or changed since it was saved). Names the file."""
 
 
+class NotRegisteredError(GroupwiseError, ValueError):
+    """A model was used (its backend, its client) before `await model.register(backend)`. A ValueError
+    too, as ART raises there, so a ported ``except ValueError`` still catches it."""
+
+
 class ModelNotFoundError(GroupwiseError):
     """A base model or a served model name (`name@step`) does not exist."""
 

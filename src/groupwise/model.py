@@ -36,7 +36,7 @@ from groupwise.adapter_names import served_name
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC
 from groupwise.compat import internal_config_settings, merge_lora, train_config_from_art, warn_ignored
 from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_PROJECT, DEFAULT_RUN_STORE
-from groupwise.errors import ArgumentTypeError, ConfigError, GroupwiseError
+from groupwise.errors import ArgumentTypeError, ConfigError, GroupwiseError, NotRegisteredError
 from groupwise.store import RunStore, as_groups, history_row, metrics_row, train_metrics
 from groupwise.types import COMPACT_TOKEN_DATA, Trajectory, TrajectoryGroup
 
@@ -181,7 +181,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         """The backend this model is registered with. `model.backend()` (ART's method) works too:
         a `Backend` called with no arguments returns itself."""
         if self._backend is None:
-            raise GroupwiseError(
+            raise NotRegisteredError(
                 f"model {self.name!r} is not registered with a backend; call `await model.register(backend)` "
                 "first (e.g. groupwise.LocalBackend())"
             )

@@ -117,3 +117,15 @@ def test_output_dirs_name_the_folders_a_run_writes(tmp_path, monkeypatch):
     assert od.get_models_dir("proj", str(tmp_path)) == str(tmp_path / "proj")
     monkeypatch.chdir(tmp_path)
     assert od.get_model_dir(model) == str(tmp_path / art.LocalBackend().path / "proj" / "run1")
+
+
+def test_a_model_used_before_register_raises_valueerror_as_in_art():
+    """ART raises ValueError for a trainable model's client before `register`; a ported
+    ``except ValueError`` keeps catching it (a GroupwiseError too)."""
+    from groupwise.errors import NotRegisteredError
+
+    model = art.TrainableModel(name="early", project="proj", base_model="smollm2-135m")
+    for use in (model.openai_client, lambda: model.backend):
+        with pytest.raises(ValueError, match="await model.register") as caught:
+            use()
+        assert isinstance(caught.value, NotRegisteredError) and isinstance(caught.value, GroupwiseError)
