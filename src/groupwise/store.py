@@ -104,6 +104,14 @@ RESERVED_HISTORY_KEYS = frozenset({
 _ROW_IDENTITY = frozenset({"step", "split", "recorded_at"})
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+=-]*$")
 _STEP_FILE = re.compile(r"^(\d+)\.jsonl$")
+# a run folder's layout (module doc); the names code outside the store builds paths with
+TRAJECTORIES_DIR = "trajectories"
+CHECKPOINTS_DIR = "checkpoints"
+
+
+def step_dir_name(step: int) -> str:
+    """A step's name in the run folder: its checkpoint folder, and its trajectory files' stem."""
+    return f"{step:04d}"
 
 
 # Far below a file system's 255 bytes a name, and a model's served name (name@step) stays a model id
@@ -209,7 +217,7 @@ def metrics_row(*, step: int, split: str, metrics: dict[str, Any]) -> dict[str, 
 def trajectory_files(run_dir: str | os.PathLike, split: str | None = None,
                      step: int | None = None) -> list[tuple[str, int, Path]]:
     """(split, step, path) of every trajectory file, sorted by split then step."""
-    root = Path(run_dir) / "trajectories"
+    root = Path(run_dir) / TRAJECTORIES_DIR
     if not root.is_dir():
         return []
     out: list[tuple[str, int, Path]] = []
@@ -300,7 +308,7 @@ class RunStore:
 
     @property
     def checkpoints_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return self.run_dir / CHECKPOINTS_DIR
 
     @property
     def history_path(self) -> Path:
@@ -314,7 +322,7 @@ class RunStore:
         _check_name("split", split)
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise StoreError(f"step={step!r} must be an int >= 0")
-        return self.run_dir / "trajectories" / split / f"{step:04d}.jsonl"
+        return self.run_dir / TRAJECTORIES_DIR / split / f"{step_dir_name(step)}.jsonl"
 
     @staticmethod
     def check_storable(groups: Iterable[TrajectoryGroup]) -> list[TrajectoryGroup]:

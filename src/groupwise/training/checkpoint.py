@@ -49,6 +49,7 @@ from safetensors.torch import load_file, save_file
 
 from groupwise.errors import CheckpointError, CheckpointMismatchError, DiskFullError, GroupwiseWarning, NonFiniteError
 from groupwise.loading import write_adapter_folder
+from groupwise.store import step_dir_name
 from groupwise.training.adapters import TRAIN_ADAPTER, adapter_snapshot
 from groupwise.training.checkpoint_contents import contents_problem, state_problem
 from groupwise.training.finite import non_finite_names
@@ -68,10 +69,6 @@ class CheckpointState:
     path: Path | None = None
     history: list[dict[str, Any]] = field(default_factory=list)  # the step's history rows
     files: dict[str, dict[str, Any]] | list[str] = field(default_factory=dict)  # name -> {bytes, sha256}
-
-
-def step_dir_name(step: int) -> str:
-    return f"{step:04d}"
 
 
 def _write_json(path: Path, obj: Any) -> None:

@@ -10,12 +10,15 @@ the working directory (ART's was ``.art`` at the root of the git repository)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from groupwise.config import DEFAULT_RUN_STORE
+from groupwise.store import CHECKPOINTS_DIR, TRAJECTORIES_DIR, RunStore, step_dir_name
 
 __all__ = ["get_default_art_path", "get_model_dir", "get_models_dir", "get_output_dir_from_model_properties",
            "get_step_checkpoint_dir", "get_trajectories_dir", "get_trajectories_split_dir"]
+
 
 def get_default_art_path() -> str:
     return os.path.abspath(DEFAULT_RUN_STORE)
@@ -27,22 +30,25 @@ def get_models_dir(project_name: str, art_path: str | None = None) -> str:
 
 
 def get_output_dir_from_model_properties(project: str, name: str, art_path: str | None = None) -> str:
-    """A run's folder."""
-    return os.path.join(get_models_dir(project, art_path), name)
+    """A run's folder, as the run store names it."""
+    return str(RunStore(art_path or get_default_art_path(), project, name).run_dir)
 
 
 def get_model_dir(model: Any, art_path: str | None = None) -> str:
-    """`model`'s run folder."""
-    return get_output_dir_from_model_properties(model.project, model.name, art_path)
+    """`model`'s run folder: the one its store writes (its run name, its backend's folder), or the
+    same run's folder under `art_path`."""
+    if art_path is None:
+        return os.path.abspath(model.store.run_dir)
+    return get_output_dir_from_model_properties(model.project, model.storage_name, art_path)
 
 
 def get_step_checkpoint_dir(model_output_dir: str, step: int) -> str:
-    return os.path.join(model_output_dir, "checkpoints", f"{step:04d}")
+    return str(Path(model_output_dir) / CHECKPOINTS_DIR / step_dir_name(step))
 
 
 def get_trajectories_dir(model_output_dir: str) -> str:
-    return os.path.join(model_output_dir, "trajectories")
+    return str(Path(model_output_dir) / TRAJECTORIES_DIR)
 
 
 def get_trajectories_split_dir(model_output_dir: str, split: str) -> str:
-    return os.path.join(get_trajectories_dir(model_output_dir), split)
+    return str(Path(model_output_dir) / TRAJECTORIES_DIR / split)
