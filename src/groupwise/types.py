@@ -53,6 +53,7 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     Tag,
+    ValidationInfo,
     field_validator,
 )
 
@@ -104,12 +105,19 @@ MetricValue = Union[StrictBool, StrictInt, StrictFloat]
 MetadataValue = Union[StrictBool, StrictInt, StrictFloat, str, None]
 
 
-def _plain_scalars(values: Any) -> Any:
+def _plain_scalars(values: Any, field: str) -> Any:
     """numpy scalars (np.float32(0.5), np.int64(3), np.bool_(True)) as the Python scalars they hold;
-    a metric computed with numpy is a number like any other. Checked by module name: no numpy import."""
+    a metric computed with numpy is a number like any other. Checked by module name: no numpy import.
+    A metric given as text is refused with what to do (pydantic's own error lists three union members):
+    it is averaged and charted, and "0.8" parsed leniently would be a bug in the rollout hidden."""
     if not isinstance(values, dict):
         return values
-    return {k: v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v for k, v in values.items()}
+    plain = {k: v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v for k, v in values.items()}
+    text = {k: v for k, v in plain.items() if isinstance(v, (str, bytes)) and field == "metrics"}
+    if text:
+        raise ValueError(f"metrics {text!r} are text; a metric must be a number or a bool. Convert it in the "
+                         "rollout (e.g. float(value)), or keep text in metadata.")
+    return plain
 
 
 def _message_or_choice_kind(value: Any) -> str:
@@ -291,8 +299,8 @@ class Trajectory(BaseModel):
 
     @field_validator("metrics", "metadata", mode="before")
     @classmethod
-    def _numpy_scalars(cls, v: Any) -> Any:
-        return _plain_scalars(v)
+    def _numpy_scalars(cls, v: Any, info: ValidationInfo) -> Any:
+        return _plain_scalars(v, info.field_name)
 
     @field_validator("reward", mode="before")
     @classmethod
@@ -337,6 +345,17 @@ class Trajectory(BaseModel):
         finally:
             key = f"{metric_name}_duration"
             self.metrics[key] = float(self.metrics.get(key, 0.0)) + time.monotonic() - start
+
+    def __str__(self) -> str:  # ART's: a printed trajectory is its scores, not its whole conversation
+        return f"Trajectory(reward={self.reward}, metrics={self.metrics}, metadata={self.metadata})"
+
+    def for_logging(self) -> dict[str, Any]:
+        """ART's console view: the scores, logs and tools, and each message with ``trainable`` (sampled)."""
+        messages = [{**m.message.to_dict(), "trainable": True} if isinstance(m, Choice) else {**m, "trainable": False}
+                    for m in self.messages_and_choices]
+        return {"reward": self.reward, "initial_policy_version": self.initial_policy_version,
+                "final_policy_version": self.final_policy_version, "metrics": self.metrics,
+                "metadata": self.metadata, "messages": messages, "tools": self.tools, "logs": self.logs}
 
     def __eq__(self, other: object) -> bool:
         # Equal when every stored field is equal; the private start time is not part of the record.
@@ -456,8 +475,8 @@ class TrajectoryGroup(BaseModel):
 
     @field_validator("metrics", "metadata", mode="before")
     @classmethod
-    def _numpy_scalars(cls, v: Any) -> Any:
-        return _plain_scalars(v)
+    def _numpy_scalars(cls, v: Any, info: ValidationInfo) -> Any:
+        return _plain_scalars(v, info.field_name)
 
     @property
     def pending(self) -> list[Awaitable[Trajectory]]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 
+import random
+
 import pytest
 
 from groupwise import ConfigError, iterate_dataset, retry, split_dataset
@@ -122,11 +124,27 @@ def test_iterate_dataset_past_the_end_yields_nothing():
 
 
 def test_iterate_dataset_seed_0_is_arts_order():
-    # ART's iterate_dataset shuffles range(n) with random.Random(epoch) (0.5.x; 0.3 seeded the global
-    # random with the epoch, the same sequence). The permutations below are what that gives for n=10.
+    # ART's iterate_dataset (0.3 to 0.5.18) seeds the global random with the epoch and shuffles range(n)
+    # with it. The permutations below are what that gives for n=10.
     batches = list(iterate_dataset(list(range(10)), 3, num_epochs=2, use_tqdm=False))
     assert [b.items for b in batches] == [[7, 8, 1], [5, 3, 4], [2, 0, 9], [6],
                                           [6, 8, 9], [7, 5, 3], [0, 4, 1], [2]]
+
+
+def test_iterate_dataset_seed_0_leaves_the_global_random_as_art_does():
+    # A ported rollout drawing from `random` (a game's random tiles) must see ART's numbers: after each
+    # epoch's first batch the global generator is where ART's random.seed(epoch) and shuffle left it.
+    for epoch, batch in enumerate(iterate_dataset(list(range(10)), 10, num_epochs=2, use_tqdm=False)):
+        drawn = [random.random() for _ in range(3)]
+        random.seed(epoch)
+        random.shuffle(list(range(10)))
+        assert drawn == [random.random() for _ in range(3)]
+    # Any other seed orders by its own generator and leaves the global one alone.
+    random.seed(123)
+    expected = random.random()
+    random.seed(123)
+    list(iterate_dataset(list(range(10)), 3, seed=5, use_tqdm=False))
+    assert random.random() == expected
 
 
 def test_iterate_dataset_at_arts_path_and_as_arts_tuple():

@@ -3,7 +3,10 @@
 Each epoch's order is a pure function of (seed, epoch), not of a random generator's history, so a run
 resumed at step k (``initial_step=k``) sees exactly the batches the uninterrupted run saw from step k
 on. With ``seed=0`` (the default) the order is ART's: ``random.Random(epoch)`` shuffles
-``range(len(items))``, so a ported ART run trains on the same batches in the same order.
+``range(len(items))``, so a ported ART run trains on the same batches in the same order. With seed 0
+`iterate_dataset` also leaves the global `random` as ART's does: ART reseeds it with the epoch and
+shuffles with it, so a ported rollout that draws from `random` (a game's random tiles, a sampled
+opponent) sees the numbers it saw under ART. The run loop orders by `epoch_order` and touches no global.
 """
 
 from __future__ import annotations
@@ -50,6 +53,12 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
+def _leave_global_random_as_art(n: int, epoch: int) -> None:
+    """ART's side effect: ``random.seed(epoch)`` then a shuffle of n indices with the global generator."""
+    random.seed(epoch)
+    random.shuffle(list(range(n)))
+
+
 def iterate_dataset(
     dataset: Iterable[T],
     groups_per_step: int = 1,
@@ -86,6 +95,8 @@ def iterate_dataset(
     try:
         for epoch in range(initial_step // steps_per_epoch, num_epochs):
             order = epoch_order(len(items), seed, epoch)
+            if seed == 0:
+                _leave_global_random_as_art(len(items), epoch)
             for epoch_step in range(steps_per_epoch):
                 step = epoch * steps_per_epoch + epoch_step
                 if step < initial_step:
