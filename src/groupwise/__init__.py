@@ -46,6 +46,10 @@ _EXPORTS: dict[str, str] = {
     "gather_trajectories": "groupwise.rollout.gather",
     "trajectory_group": "groupwise.rollout.gather",
     "trajectory_group_batches": "groupwise.batches",
+    "auto_trajectory": "groupwise.captures",
+    "capture_auto_trajectory": "groupwise.captures",
+    "yield_trajectory": "groupwise.captures",
+    "capture_yielded_trajectory": "groupwise.captures",
     # store
     "load_trajectories": "groupwise.store",
     "load_history": "groupwise.store",

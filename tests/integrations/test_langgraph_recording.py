@@ -10,7 +10,8 @@ import pytest
 pytest.importorskip("langchain_openai")
 
 from groupwise.errors import GroupwiseError  # noqa: E402
-from groupwise.langgraph.recording import ChatCall, call_from_bodies, conversations, fill_trajectory  # noqa: E402
+from groupwise.langgraph.recording import fill_trajectory  # noqa: E402
+from groupwise.recording import ChatCall, call_from_bodies, conversations  # noqa: E402
 from groupwise.types import Choice, Trajectory  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from groupwise.errors import GroupwiseError, warn_ignored
-from groupwise.langgraph.recording import ChatCall, RecordingTransport, call_from_bodies, fill_trajectory
+from groupwise.langgraph.recording import RecordingTransport, fill_trajectory
+from groupwise.recording import ChatCall, call_from_bodies
 from groupwise.types import Trajectory
 
 __all__ = ["init_chat_model", "wrap_rollout"]

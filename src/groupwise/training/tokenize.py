@@ -13,7 +13,7 @@ token (the end-of-turn token, e.g. ``<|im_end|>``) that the template also writes
 the template's copy is dropped so it is not doubled, and the sampled one is trained (the model learns
 to stop).
 
-A step renders each distinct context and encodes each distinct text piece once (`_Memo`): a group's
+A step renders each distinct context and encodes each distinct text piece once (`StepMemo`): a group's
 rollouts usually share their scenario's messages.
 
 One sequence per trajectory plus one per `additional_histories` entry; all carry the trajectory's
@@ -115,7 +115,7 @@ def _plain_key(value: Any) -> str | None:
 
 
 @dataclass
-class _Memo:
+class StepMemo:
     """What repeats across one step's conversations, computed once: a group's rollouts usually share
     their context (the same scenario's messages), so the same text is rendered and the same pieces are
     encoded up to eight times a group. Only pure functions of their arguments are kept (a chat
@@ -151,12 +151,12 @@ def tokenize_conversation(
     *,
     tools: list[dict] | None = None,
     train_forced_tokens: bool = False,
-    memo: _Memo | None = None,
+    memo: StepMemo | None = None,
 ) -> tuple[list[int], list[bool], list[float]]:
     """(input_ids [T], mask [T], old_logprobs [T]) of one conversation; see the module docstring.
     The mask is False at grammar-forced tokens unless `train_forced_tokens`. `memo` shares rendering
     and encoding across the conversations of one step (`tokenize_groups`)."""
-    memo = memo if memo is not None else _Memo()
+    memo = memo if memo is not None else StepMemo()
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidDataError(
             "the tokenizer has no chat_template, so the context messages cannot be rendered. "
@@ -258,7 +258,7 @@ def tokenize_groups(
             "or a judge (RULER)."
         )
     over_limit = 0
-    memo = _Memo()
+    memo = StepMemo()
     for g, (group, adv_G) in enumerate(zip(groups, adv.advantages)):
         if adv_G is None:
             continue
