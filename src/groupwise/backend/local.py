@@ -30,9 +30,7 @@ The steps of a train step, retention and resume are the driver's (backend/driver
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
-import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +41,7 @@ from groupwise.backend.options import BackendOptions, spell_out_options
 from groupwise.backend.replica import API_KEY
 from groupwise.compat import warn_ignored
 from groupwise.errors import ConfigError, GroupwiseError
+from groupwise.utils.s3 import mirror, mirror_dir
 
 if TYPE_CHECKING:
     from groupwise.backend.worker import Worker
@@ -209,20 +208,6 @@ class LocalBackend(WorkerBackend):
         return self._judges[base_model][1]
 
     # ------------------------------------------------------------------------------------ S3 (ART)
-    def _mirror_dir(self, model: "TrainableModel", s3_bucket: str | None, prefix: str | None) -> Path:
-        bucket = s3_bucket or os.environ.get("BACKUP_BUCKET")
-        if not bucket:
-            raise ConfigError("no bucket: pass s3_bucket= or set BACKUP_BUCKET (as ART reads it)",
-                              what="S3 backup arguments")
-        if bucket.startswith("s3://"):
-            raise GroupwiseError(
-                f"{bucket!r}: groupwise does not talk to S3. Its backup methods copy the run folder to a local "
-                "folder: pass s3_bucket='/path/to/folder' (or file:///path), e.g. a bucket mounted with "
-                "mountpoint-s3 or s3fs, or sync the run folder yourself with `aws s3 sync`."
-            )
-        root = Path(bucket.removeprefix("file://"))
-        return root.joinpath(*([prefix.strip("/")] if prefix else []), model.project, "models", model.storage_name)
-
     def _run_dir(self, model: "TrainableModel") -> Path:
         base = self.path if model.base_path == DEFAULT_PATH else model.base_path
         return Path(base) / model.project / model.storage_name
@@ -231,13 +216,13 @@ class LocalBackend(WorkerBackend):
                                        prefix: str | None = None, verbose: bool = False, delete: bool = False,
                                        **ignored: Any) -> None:
         """ART's backup: copy the model's run folder to ``<bucket>/[prefix/]<project>/models/<run>``,
-        where the bucket is a local folder (see `_mirror_dir`); `delete` first removes the copy's
+        where the bucket is a local folder (`groupwise.utils.s3`); `delete` first removes the copy's
         files that the run no longer has. Before the run wrote anything there is nothing to copy."""
         if ignored:
             warn_ignored("LocalBackend._experimental_push_to_s3", ignored)
-        source, target = self._run_dir(model), self._mirror_dir(model, s3_bucket, prefix)
+        source, target = self._run_dir(model), mirror_dir(s3_bucket, prefix, model.project, model.storage_name)
         if source.is_dir():
-            await asyncio.to_thread(_mirror, source, target, delete)
+            await asyncio.to_thread(mirror, source, target, delete)
         if verbose:
             print(f"[groupwise] pushed {source} -> {target}" if source.is_dir() else f"[groupwise] nothing yet at {source}")
 
@@ -248,11 +233,11 @@ class LocalBackend(WorkerBackend):
         folder before `register`, which then resumes from its latest checkpoint. Nothing there: a no-op."""
         if ignored:
             warn_ignored("LocalBackend._experimental_pull_from_s3", ignored)
-        source, target = self._mirror_dir(model, s3_bucket, prefix), self._run_dir(model)
+        source, target = mirror_dir(s3_bucket, prefix, model.project, model.storage_name), self._run_dir(model)
         if model.name in self._runs:
             raise GroupwiseError(f"pull before register: model {model.name!r} is already loaded from {target}")
         if source.is_dir():
-            await asyncio.to_thread(_mirror, source, target, delete)
+            await asyncio.to_thread(mirror, source, target, delete)
         if verbose:
             print(f"[groupwise] pulled {source} -> {target}" if source.is_dir() else f"[groupwise] nothing at {source}")
 
@@ -309,13 +294,6 @@ class LocalBackend(WorkerBackend):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "backend": "LocalBackend", "device": self.device, "devices": self.devices}
-
-
-def _mirror(source: Path, target: Path, delete: bool) -> None:
-    """Copy the tree `source` over `target`; with `delete`, first drop what `source` does not have."""
-    if delete and target.exists():
-        shutil.rmtree(target)
-    shutil.copytree(source, target, dirs_exist_ok=True)
 
 
 class _HttpServer:
