@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import numbers
 import time
 import traceback as traceback_module
 from collections.abc import AsyncIterator, Awaitable, Iterable
@@ -56,6 +57,8 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+
+from groupwise.errors import InvalidDataError
 
 __all__ = [
     "Choice",
@@ -203,6 +206,11 @@ def choice_token_ids(choice: Choice) -> list[int] | None:
     """
     ids = _choice_extra(choice, "token_ids")
     if ids is not None:
+        if not isinstance(ids, (list, tuple)) or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
+                                                         for t in ids):
+            raise InvalidDataError(
+                f"a Choice's token_ids must be a list of ints, got {str(ids)[:80]}: the server that sampled it "
+                "returned something else, or the rollout edited them. Append the Choice as the server returned it.")
         return [int(t) for t in ids]
     content = choice.logprobs.content if choice.logprobs is not None else None
     if content and all(entry.token.startswith("token_id:") for entry in content):

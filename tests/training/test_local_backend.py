@@ -288,3 +288,25 @@ async def test_steps_trained_on_the_base_models_samples_are_named_once(tiny_mode
         await backend.close()
     named = [str(w.message) for w in caught if issubclass(w.category, GroupwiseWarning) and "base model" in str(w.message)]
     assert len(named) == 1 and named[0].startswith("stuck: step 2 trains on tokens the base model sampled"), named
+
+
+async def test_a_step_with_ids_the_model_cannot_embed_is_refused_and_the_run_goes_on(tiny_model_dir, tmp_path):
+    """One rollout's Choice from another model's server (an id past this model's embedding) is refused
+    with the group and trajectory named, before anything reaches the model (on CUDA it would be a
+    device-side assert that ends every run of the process); the run's next step trains as step 1."""
+    model = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    await model.register(backend)
+    try:
+        groups = await _groups(model)
+        vocab = backend._worker.replicas["agent"].peft_model.get_input_embeddings().num_embeddings
+        forged = groups[1].trajectories[2].messages_and_choices[-1]
+        forged.token_ids = [*forged.token_ids[:-1], vocab + 7]
+        with pytest.raises(gw.GroupwiseError, match=rf"group 1, trajectory 2: a Choice has the token id {vocab + 7}, "
+                                                    "outside the model's vocabulary"):
+            await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
+        assert await model.get_step() == 0 and not (tmp_path / "p" / "agent" / "checkpoints" / "0001").exists()
+        result = await model.train(await _groups(model, step=1), config=gw.TrainConfig(learning_rate=1e-3))
+        assert result.step == 1 and await model.get_step() == 1
+    finally:
+        await backend.close()

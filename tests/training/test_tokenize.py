@@ -191,3 +191,31 @@ def test_a_step_tokenises_each_conversation_as_it_would_alone(tokenizer):
         assert (ids, mask) == (ids_a, mask_a)
         assert [x for x, m in zip(old, mask) if m] == [x for x, m in zip(old_a, mask_a) if m]
     assert len({tuple(s.input_ids) for s in batch.sequences}) > 4  # the contexts did differ
+
+
+def test_sampled_ids_the_model_cannot_embed_are_refused_naming_the_trajectory(tokenizer):
+    """A Choice sampled by another model (a larger vocabulary) or edited by the rollout must never reach
+    the embedding: on CUDA an id past it is a device-side assert that leaves the GPU unusable for every
+    run of the process. The step is refused before the update, naming where the bad data is."""
+    from groupwise.errors import InvalidDataError
+
+    vocab = len(tokenizer)
+
+    def group(bad_ids):
+        good = Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, make_choice([5, 6], [-1.0] * 2)],
+                          reward=1.0)
+        bad = Trajectory(messages_and_choices=[{"role": "user", "content": "q"}], reward=0.0, additional_histories=[
+            History(messages_and_choices=[{"role": "user", "content": "sub"},
+                                          Choice.model_validate({**make_choice([5, 6], [-1.0] * 2).model_dump(),
+                                                                 "token_ids": bad_ids})])])
+        return [TrajectoryGroup([good, good]), TrajectoryGroup([good, bad])]
+
+    for bad_ids, match in (([5, vocab], rf"token id {vocab}, outside the model's vocabulary \(0 to {vocab - 1}\)"),
+                           ([-1, 6], r"token id -1, outside"),
+                           ([True, 6], r"token_ids must be a list of ints, got \[True, 6\]"),
+                           (["5", 6], r"token_ids must be a list of ints")):
+        with pytest.raises(InvalidDataError, match=rf"^group 1, trajectory 1(, additional history 0)?: .*{match}"):
+            tokenize_groups(group(bad_ids), tokenizer, max_seq_len=512, vocab_size=vocab)
+    # in range: trained, the last id of the vocabulary included
+    batch = tokenize_groups(group([5, vocab - 1]), tokenizer, max_seq_len=512, vocab_size=vocab)
+    assert any(vocab - 1 in s.input_ids for s in batch.sequences)

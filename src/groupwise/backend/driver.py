@@ -85,6 +85,7 @@ class _Run:
     spec: ModelSpec
     store: Any
     tokenizer: Any
+    vocab_size: int | None = None  # the embedding's rows: sampled ids past them are refused before the update
     step: int = 0
     checkpoint_path: str | None = None
     cursor: dict[str, Any] = field(default_factory=dict)
@@ -241,7 +242,7 @@ class WorkerBackend(Backend):
         head = infos[0]
         for row in head["history"]:  # a crash between the checkpoint and the history append lost none
             await asyncio.to_thread(store.append_history, row, if_missing=True)
-        self._runs[model.name] = _Run(spec, store, head["tokenizer"], step=head["step"],
+        self._runs[model.name] = _Run(spec, store, head["tokenizer"], head.get("vocab_size"), step=head["step"],
                                       checkpoint_path=head["checkpoint_path"], cursor=head["cursor"],
                                       urls=[info["url"] for info in infos],
                                       skipped_in_a_row=int(head["metrics"].get("skipped_in_a_row", 0)),
@@ -379,7 +380,7 @@ class WorkerBackend(Backend):
             return metrics
         # 2. token-in/token-out batch, rendered as the server rendered the prompts; one share per rank.
         batch = await compute_thread().run(
-            tokenize_groups, groups, run.tokenizer, max_seq_len=config.max_seq_len,
+            tokenize_groups, groups, run.tokenizer, max_seq_len=config.max_seq_len, vocab_size=run.vocab_size,
             scale_rewards=config.scale_rewards,
             train_forced_tokens=config.train_forced_tokens,
         )
@@ -465,7 +466,7 @@ class WorkerBackend(Backend):
             await asyncio.to_thread(run.store.write_trajectories, "sft", step, [TrajectoryGroup(c) for c in chunks])
             # 2. token-in/token-out, rendered as the server renders requests; each batch split over the ranks.
             shards = [shard_batch(await compute_thread().run(
-                tokenize_sft, c, run.tokenizer, max_seq_len=config.max_seq_len,
+                tokenize_sft, c, run.tokenizer, max_seq_len=config.max_seq_len, vocab_size=run.vocab_size,
                 assistant_turns=config.assistant_turns), len(self.train_ranks)) for c in chunks]
             # 3. one update per batch, with exclusive use of the shared model; none for a batch at rate 0
             # (where ART's decaying schedules end): AdamW scales both its step and its decay by the rate.

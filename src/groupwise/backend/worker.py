@@ -178,6 +178,8 @@ class Worker:
                                    if state is not None and state.step > 0 else None),
             # the driver tokenises the steps' batches with the same tokenizer (it may not reach the model files)
             "tokenizer": replica.tokenizer if self.rank == 0 else None,
+            # the rows of the embedding: a sampled id at or past it cannot be trained (tokenize.py)
+            "vocab_size": replica.peft_model.get_input_embeddings().num_embeddings,
         }
         if o.serve_http and self.generates:  # a trainer of a placement gets no rollouts
             info["url"] = await self._serve_http(spec.base_model, replica.app)

@@ -117,6 +117,7 @@ def sft_sequence(
     *,
     tools: list[dict] | None = None,
     assistant_turns: str = DEFAULT_ASSISTANT_TURNS,
+    vocab_size: int | None = None,
 ) -> tuple[list[int], list[bool]] | None:
     """(input_ids [T], mask [T]) of one conversation, the mask on its assistant turns; None without any."""
     items = list(messages_and_choices)
@@ -134,7 +135,8 @@ def sft_sequence(
         else:
             prepared.append(_as_target(rendered_turn_ids(messages, k, tokenizer, tools=tools)))
     # Imitation trains every token of a target turn, grammar-forced ones too: the model learns the format.
-    ids, mask, _ = tokenize_conversation(prepared, tokenizer, tools=tools, train_forced_tokens=True)
+    ids, mask, _ = tokenize_conversation(prepared, tokenizer, tools=tools, train_forced_tokens=True,
+                                         vocab_size=vocab_size)
     return ids, mask
 
 
@@ -144,10 +146,12 @@ def tokenize_sft(
     *,
     max_seq_len: int,
     assistant_turns: str = DEFAULT_ASSISTANT_TURNS,
+    vocab_size: int | None = None,
 ) -> TokenizedBatch:
     """The target sequences of one update: each trajectory and each of its additional histories.
 
-    Raises `NotTrainableError` saying why when nothing is left to train on.
+    Raises `NotTrainableError` saying why when nothing is left to train on, and `InvalidDataError`
+    naming the trajectory whose data cannot be trained (a sampled id past `vocab_size`, say).
     """
     batch = TokenizedBatch(num_groups=1)
     without = 0
@@ -159,7 +163,11 @@ def tokenize_sft(
         convs += [(h, hist.messages_and_choices, hist.tools) for h, hist in enumerate(traj.additional_histories)]
         found = False
         for h, items, tools in convs:
-            seq = sft_sequence(items, tokenizer, tools=tools, assistant_turns=assistant_turns)
+            try:
+                seq = sft_sequence(items, tokenizer, tools=tools, assistant_turns=assistant_turns,
+                                   vocab_size=vocab_size)
+            except InvalidDataError as exc:
+                raise InvalidDataError(f"trajectory {i}{f', additional history {h}' if h >= 0 else ''}: {exc}") from exc
             if seq is None:
                 continue
             found = True

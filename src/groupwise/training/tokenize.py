@@ -152,10 +152,13 @@ def tokenize_conversation(
     tools: list[dict] | None = None,
     train_forced_tokens: bool = False,
     memo: StepMemo | None = None,
+    vocab_size: int | None = None,
 ) -> tuple[list[int], list[bool], list[float]]:
     """(input_ids [T], mask [T], old_logprobs [T]) of one conversation; see the module docstring.
     The mask is False at grammar-forced tokens unless `train_forced_tokens`. `memo` shares rendering
-    and encoding across the conversations of one step (`tokenize_groups`)."""
+    and encoding across the conversations of one step (`tokenize_groups`). A sampled id outside
+    ``[0, vocab_size)`` is refused here: in the embedding lookup it would be an IndexError on the CPU
+    and a device-side assert on CUDA, which leaves the GPU unusable for every run the process holds."""
     memo = memo if memo is not None else StepMemo()
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidDataError(
@@ -170,6 +173,12 @@ def tokenize_conversation(
             if not ids:
                 messages.append(choice_to_message(item))  # no ids: context, rendered as text
                 continue
+            if vocab_size is not None and not all(0 <= t < vocab_size for t in ids):
+                bad = next(t for t in ids if not 0 <= t < vocab_size)
+                raise InvalidDataError(
+                    f"a Choice has the token id {bad}, outside the model's vocabulary (0 to {vocab_size - 1}): it was "
+                    "sampled by another model (a server of another base, a tokenizer with other ids), or its ids "
+                    "were edited. Sample the rollouts from this model's endpoint (model.openai_client()).")
             logprobs = choice_logprobs(item)
             if logprobs is not None and len(logprobs) != len(ids):
                 raise InvalidDataError(
@@ -231,14 +240,21 @@ def tokenize_groups(
     max_seq_len: int,
     scale_rewards: bool = True,
     train_forced_tokens: bool = False,
+    vocab_size: int | None = None,
 ) -> TokenizedBatch:
-    """The trainable sequences of a step. Raises `NotTrainableError` naming why nothing is trainable."""
+    """The trainable sequences of a step. Raises `NotTrainableError` naming why nothing is trainable,
+    and `InvalidDataError` naming the group and trajectory whose data cannot be trained."""
     groups = list(groups)
     trajectories = [t for g in groups for t in g.trajectories]
-    with_ids = [
-        t for t in trajectories
-        if _has_token_ids(t.messages_and_choices) or any(_has_token_ids(h.messages_and_choices) for h in t.additional_histories)
-    ]
+    with_ids = []
+    for g, group in enumerate(groups):
+        for i, t in enumerate(group.trajectories):
+            try:
+                if _has_token_ids(t.messages_and_choices) or any(_has_token_ids(h.messages_and_choices)
+                                                                 for h in t.additional_histories):
+                    with_ids.append(t)
+            except InvalidDataError as exc:
+                raise InvalidDataError(f"group {g}, trajectory {i}: {exc}") from exc
     batch = TokenizedBatch(num_groups=len(groups), trajectories_without_token_ids=len(trajectories) - len(with_ids))
     if not with_ids:
         raise NotTrainableError(
@@ -268,8 +284,12 @@ def tokenize_groups(
             for h, items, tools in convs:
                 if not _has_token_ids(items):
                     continue
-                ids, mask, old = tokenize_conversation(items, tokenizer, tools=tools,
-                                                       train_forced_tokens=train_forced_tokens, memo=memo)
+                try:
+                    ids, mask, old = tokenize_conversation(items, tokenizer, tools=tools, vocab_size=vocab_size,
+                                                           train_forced_tokens=train_forced_tokens, memo=memo)
+                except InvalidDataError as exc:
+                    where = f"group {g}, trajectory {i}" + (f", additional history {h}" if h >= 0 else "")
+                    raise InvalidDataError(f"{where}: {exc}") from exc
                 if not any(mask):
                     batch.dropped_all_forced += 1
                     continue
