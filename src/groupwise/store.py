@@ -147,7 +147,12 @@ def numeric_metrics(metrics: dict[str, Any], prefix: str = "train_") -> dict[str
 
 
 def _mean(values: list[float]) -> float:
-    return math.fsum(values) / len(values) if values else float("nan")
+    if not values:
+        return float("nan")
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:  # finite values whose sum leaves float's range (rewards near 1e308): scale first
+        return math.fsum(v / len(values) for v in values)
 
 
 def history_row(

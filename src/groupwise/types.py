@@ -254,7 +254,13 @@ def choice_logprobs(choice: Choice) -> list[float] | None:
     if content:
         return [float(entry.logprob) for entry in content]
     values = _choice_extra(choice, "token_logprobs")
-    return None if values is None else [float(v) for v in values]
+    if values is None:
+        return None
+    if not isinstance(values, (list, tuple)) or not all(isinstance(v, numbers.Real) and not isinstance(v, bool)
+                                                        for v in values):
+        raise InvalidDataError(f"a Choice's token_logprobs must be a list of numbers, got {str(values)[:80]}: the "
+                               "server that sampled it returned something else, or the rollout edited them.")
+    return [float(v) for v in values]
 
 
 class History(BaseModel):

@@ -115,6 +115,16 @@ def test_group_dicts_are_the_stored_rows_unvalidated_with_the_same_lines_skipped
     assert kept == [rows[0], rows[2]]
 
 
+def test_history_row_of_rewards_near_the_float_limit_is_finite():
+    # Finite rewards whose sum leaves float's range: the row is written after the update, so an overflow
+    # there would fail the step between its update and its checkpoint and wedge the run.
+    big = 1.7e308
+    g = TrajectoryGroup([Trajectory(messages_and_choices=[{"role": "user", "content": "q"}], reward=r)
+                         for r in (big, big, -big / 2)])
+    row = history_row([g], step=0, split="train")
+    assert row["reward"] == pytest.approx(big / 2) and math.isfinite(row["reward_std"])
+
+
 def test_history_row_schema_and_numbers():
     def traj(r, **m):
         return Trajectory(messages_and_choices=[{"role": "user", "content": "x"}], reward=r, metrics=m)

@@ -216,6 +216,22 @@ def test_sampled_ids_the_model_cannot_embed_are_refused_naming_the_trajectory(to
                            (["5", 6], r"token_ids must be a list of ints")):
         with pytest.raises(InvalidDataError, match=rf"^group 1, trajectory 1(, additional history 0)?: .*{match}"):
             tokenize_groups(group(bad_ids), tokenizer, max_seq_len=512, vocab_size=vocab)
+    # impossible logprobs (the importance ratio is exp(new - old)) are refused the same way; NaN is "unknown"
+    def with_logprobs(lps):
+        choice = Choice.model_validate({**make_choice([5, 6], [-1.0] * 2).model_dump(), "logprobs": None,
+                                        "token_logprobs": lps})
+        bad = Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, choice], reward=0.0)
+        good = Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, make_choice([5, 6], [-1.0] * 2)],
+                          reward=1.0)
+        return [TrajectoryGroup([good, bad])]
+
+    for lps, match in (([-0.5, 3.0], r"logprob 3.0: a log-probability is finite and at most 0"),
+                       ([-math.inf, -1.0], r"logprob -inf"),
+                       (["-1", -1.0], r"token_logprobs must be a list of numbers")):
+        with pytest.raises(InvalidDataError, match=rf"^group 0, trajectory 1: .*{match}"):
+            tokenize_groups(with_logprobs(lps), tokenizer, max_seq_len=512, vocab_size=vocab)
+    batch = tokenize_groups(with_logprobs([math.nan, 0.001]), tokenizer, max_seq_len=512, vocab_size=vocab)
+    assert len(batch.sequences) == 2
     # in range: trained, the last id of the vocabulary included
     batch = tokenize_groups(group([5, vocab - 1]), tokenizer, max_seq_len=512, vocab_size=vocab)
     assert any(vocab - 1 in s.input_ids for s in batch.sequences)

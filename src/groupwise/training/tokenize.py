@@ -90,6 +90,11 @@ def _special_ids(tokenizer: Any) -> set[int]:
     return ids
 
 
+# How far above 0 a sampled token's logprob may be: a sampler's log-softmax in low precision can round
+# a near-certain token's logprob a little past 0, never by this much.
+LOGPROB_SLACK = 1e-2
+
+
 def _has_token_ids(items: Sequence[Any]) -> bool:
     return any(isinstance(m, Choice) and choice_token_ids(m) for m in items)
 
@@ -180,6 +185,14 @@ def tokenize_conversation(
                     "sampled by another model (a server of another base, a tokenizer with other ids), or its ids "
                     "were edited. Sample the rollouts from this model's endpoint (model.openai_client()).")
             logprobs = choice_logprobs(item)
+            impossible = next((x for x in logprobs or () if not (math.isnan(x) or -math.inf < x <= LOGPROB_SLACK)),
+                              None)
+            if impossible is not None:
+                raise InvalidDataError(
+                    f"a Choice has the sampled-token logprob {impossible}: a log-probability is finite and at most "
+                    "0, and the trainer's importance ratio is exp(its own logprob - this one). The server that "
+                    "sampled it returned an impossible value, or it was edited; sample from this model's endpoint "
+                    "(NaN marks a logprob as unknown: the trainer then takes its own).")
             if logprobs is not None and len(logprobs) != len(ids):
                 raise InvalidDataError(
                     f"a Choice has {len(ids)} token ids but {len(logprobs)} logprobs; they must pair up "
