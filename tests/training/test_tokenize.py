@@ -235,3 +235,14 @@ def test_sampled_ids_the_model_cannot_embed_are_refused_naming_the_trajectory(to
     # in range: trained, the last id of the vocabulary included
     batch = tokenize_groups(group([5, vocab - 1]), tokenizer, max_seq_len=512, vocab_size=vocab)
     assert any(vocab - 1 in s.input_ids for s in batch.sequences)
+
+
+def test_a_lone_surrogate_in_context_is_tokenised_as_the_replacement_character(tokenizer):
+    """A tool's output decoded with surrogateescape can hold lone surrogates, which the tokenizer refuses
+    (a TypeError that failed the whole step). The model never saw such text (its server refuses them),
+    so they are context after its last turn: tokenised as U+FFFD, the sampled ids unchanged."""
+    turn = [5, 6, tokenizer.eos_token_id]
+    items = [{"role": "user", "content": "q"}, make_choice(turn, [-1.0] * 3),
+             {"role": "tool", "content": "bytes \udcff\udcfe here", "tool_call_id": "a"}]
+    replaced = [*items[:2], {**items[2], "content": "bytes \ufffd\ufffd here"}]
+    assert tokenize_conversation(items, tokenizer) == tokenize_conversation(replaced, tokenizer)

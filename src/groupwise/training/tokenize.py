@@ -119,6 +119,20 @@ def _plain_key(value: Any) -> str | None:
     return repr(value)
 
 
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")  # in a str, a surrogate code point is always a lone one
+
+
+def _encodable(text: str) -> str:
+    """`text` with each lone surrogate (a tool's output decoded with surrogateescape, say) as U+FFFD: the
+    tokenizer refuses them. No such text reached the model: its server refuses them in a request, so
+    they stand only in context the model never saw (after its last turn), and trained ids are unchanged."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return _SURROGATE_RE.sub("\ufffd", text)
+
+
 @dataclass
 class StepMemo:
     """What repeats across one step's conversations, computed once: a group's rollouts usually share
@@ -141,7 +155,7 @@ class StepMemo:
 
     def encode(self, tokenizer: Any, text: str) -> list[int]:
         if text not in self.encoded:
-            self.encoded[text] = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+            self.encoded[text] = list(tokenizer(_encodable(text), add_special_tokens=False)["input_ids"])
         return self.encoded[text]
 
     def special_ids(self, tokenizer: Any) -> set[int]:
