@@ -34,8 +34,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "art_compat" / "art_api_snapshot.json"
-# The last release of each minor version on PyPI when the snapshot was taken.
-VERSIONS = ("0.3.13", "0.4.12", "0.5.18")
+# The last release of each minor version on PyPI when the snapshot was taken (0.1-0.2: the LocalAPI era,
+# whose programs are still about).
+VERSIONS = ("0.1.25", "0.2.0", "0.3.13", "0.4.12", "0.5.18")
 PUBLIC_MODULES = ("art", "art.dev", "art.local", "art.local.backend", "art.rewards", "art.types", "art.utils",
                   "art.utils.iterate_dataset", "art.utils.litellm", "art.utils.sft", "art.langgraph", "art.mcp")
 PARAM_KINDS = {"posonly": "positional_only", "args": "positional_or_keyword", "kwonly": "keyword_only"}

@@ -58,6 +58,13 @@ StateType = TypeVar("StateType", bound=dict[str, Any], default=dict[str, Any])
 _RUNTIME = ("_backend", "_store", "_client", "_client_loop")
 
 
+def _one_backend(backend: Any, api: Any) -> Any:
+    if (backend is None) == (api is None):
+        raise ArgumentTypeError("register() takes one backend: `await model.register(backend)`"
+                                + (" (api= is ART 0.1's name of the same argument)" if api is not None else ""))
+    return backend if backend is not None else api
+
+
 class Model(BaseModel, Generic[ModelConfig, StateType]):
     """A prompted model: anything behind an OpenAI-compatible endpoint (a baseline, a judge, ...).
 
@@ -99,7 +106,17 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
 
     def __init__(self, name: str, project: str = DEFAULT_PROJECT, base_path: str = DEFAULT_RUN_STORE,
                  inference_base_url: str | None = None, inference_api_key: str | None = None,
-                 inference_model_name: str | None = None, **fields: Any) -> None:
+                 inference_model_name: str | None = None, *, base_url: str | None = None,
+                 api_key: str | None = None, **fields: Any) -> None:
+        # base_url= and api_key=: ART 0.1's names of the endpoint's fields
+        clashes = [f"{old}={given!r} and {new}={current!r} name the same setting; pass one"
+                   for old, given, new, current in (("base_url", base_url, "inference_base_url", inference_base_url),
+                                                    ("api_key", api_key, "inference_api_key", inference_api_key))
+                   if given is not None and current is not None and given != current]
+        if clashes:
+            raise ConfigError(clashes, what=f"{type(self).__name__} arguments")
+        inference_base_url = inference_base_url if inference_base_url is not None else base_url
+        inference_api_key = inference_api_key if inference_api_key is not None else api_key
         try:
             super().__init__(name=name, project=project, base_path=base_path, inference_base_url=inference_base_url,
                              inference_api_key=inference_api_key, inference_model_name=inference_model_name, **fields)
@@ -175,7 +192,29 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     def run_dir(self):
         return self.store.run_dir
 
+    # ART 0.1's names of the endpoint's fields, read and written through
+    @property
+    def base_url(self) -> str | None:
+        return self.inference_base_url
+
+    @base_url.setter
+    def base_url(self, value: str | None) -> None:
+        self.inference_base_url = value
+
+    @property
+    def api_key(self) -> str | None:
+        return self.inference_api_key
+
+    @api_key.setter
+    def api_key(self, value: str | None) -> None:
+        self.inference_api_key = value
+
     # -- backend --------------------------------------------------------------------------------
+    @property
+    def api(self) -> "Backend":
+        """ART 0.1-0.2's name of `backend` (``model.api()`` works: a backend called returns itself)."""
+        return self.backend
+
     @property
     def backend(self) -> "Backend":
         """The backend this model is registered with. `model.backend()` (ART's method) works too:
@@ -187,11 +226,13 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
             )
         return self._backend
 
-    async def register(self, backend: "Backend") -> None:
+    async def register(self, backend: "Backend | None" = None, *, api: "Backend | None" = None) -> None:
         """Attach a prompted model to `backend` (as ART does for comparison models): its logs go to the
-        backend's run store, beside the trained models'. Its endpoint stays its own."""
+        backend's run store, beside the trained models'. Its endpoint stays its own. (`api`: ART
+        0.1-0.2's name of the argument.)"""
         from groupwise.backend.base import Backend
 
+        backend = _one_backend(backend, api)
         if not isinstance(backend, Backend):
             raise ArgumentTypeError(f"register() takes a groupwise Backend, got {type(backend).__name__}")
         path = getattr(backend, "path", None)
@@ -338,8 +379,9 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
 
     def __init__(self, name: str, project: str = DEFAULT_PROJECT, base_model: str = DEFAULT_BASE_MODEL,
                  base_path: str = DEFAULT_RUN_STORE, *, _internal_config: dict[str, Any] | None = None,
-                 **fields: Any) -> None:
-        super().__init__(name, project, base_path, base_model=base_model, **fields)
+                 base_url: str | None = None, api_key: str | None = None, **fields: Any) -> None:
+        super().__init__(name, project, base_path, base_model=base_model, base_url=base_url, api_key=api_key,
+                         **fields)
         self._internal_config = _internal_config
         self.store  # fail now, not after minutes of training, when the name cannot be a folder
 
@@ -363,12 +405,15 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         LoraConfig), ``lora_config`` and ``_internal_config["peft_args"]`` (`groupwise.compat.merge_lora`)."""
         return merge_lora(default, self.config, self.lora_config, self._internal_settings()[0])
 
-    async def register(self, backend: "Backend", _openai_client_config: dict[str, Any] | None = None) -> None:
+    async def register(self, backend: "Backend | None" = None, _openai_client_config: dict[str, Any] | None = None,
+                       *, api: "Backend | None" = None) -> None:
         """Attach to `backend` and let it load (or resume) the model; fills `inference_base_url` and
         `inference_api_key` when the backend serves over HTTP too. `_openai_client_config` (ART's vLLM
-        server settings) is named in a warning: the backend's loopback server picks its port and key."""
+        server settings) is named in a warning: the backend's loopback server picks its port and key.
+        (`api`: ART 0.1-0.2's name of `backend`.)"""
         from groupwise.backend.base import Backend
 
+        backend = _one_backend(backend, api)
         if _openai_client_config:
             warn_ignored("TrainableModel.register", ["_openai_client_config"],
                          "vLLM server settings; the backend's server picks a free port and a generated key")

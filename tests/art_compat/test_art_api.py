@@ -1,6 +1,6 @@
 """groupwise's API against ART's released API, name by name and parameter by parameter.
 
-art_api_snapshot.json holds facts about the public API of ART 0.3, 0.4 and 0.5 (written from the wheels by
+art_api_snapshot.json holds facts about the public API of ART 0.1 to 0.5 (written from the wheels by
 scripts/art_api_snapshot.py; ART is never imported). This test imports groupwise's counterpart of each
 public module and name, inspects its signatures, and lists every difference an ART program could trip
 on: a module or name that is missing, a parameter that is missing, not at ART's position or required,
@@ -176,7 +176,7 @@ def documented() -> dict[tuple[str, str], str]:
 
 
 def test_the_snapshot_covers_every_minor_version_and_the_public_modules():
-    assert list(SNAPSHOT["versions"]) == ["0.3.13", "0.4.12", "0.5.18"]
+    assert list(SNAPSHOT["versions"]) == ["0.1.25", "0.2.0", "0.3.13", "0.4.12", "0.5.18"]
     latest = SNAPSHOT["versions"]["0.5.18"]
     assert {"art", "art.dev", "art.local", "art.rewards", "art.utils", "art.langgraph", "art.mcp"} <= set(latest)
     assert latest["art"]["Model"]["flavour"] == "pydantic" and "log" in latest["art"]["Model"]["methods"]
@@ -208,7 +208,8 @@ def test_arts_training_options_are_all_known_and_arts_defaults_change_nothing():
     for version, modules in SNAPSHOT["versions"].items():
         # `_config` keys (art.dev.TrainConfig) and ART 0.5's `backend.train` keywords: each maps or is named
         options = set(modules["art.dev"]["TrainConfig"]["fields"])
-        train = modules["art.local"]["LocalBackend"]["methods"].get("train")
+        local = modules["art.local"].get("LocalBackend") or modules["art.local"]["LocalAPI"]  # ART 0.1-0.2's name
+        train = local["methods"].get("train")
         spelled = {p["name"]: literal(p["default"]) for p in (train or {}).get("params", []) if p["kind"] == "keyword_only"}
         assert not (options | set(spelled)) - KNOWN_TRAIN_OPTIONS - ours, version
         if not spelled:

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from groupwise.model import TrainableModel
     from groupwise.types import Trajectory, TrajectoryGroup
 
-__all__ = ["BEST_CHECKPOINT_METRIC", "Backend", "InferenceEndpoint", "TrainResult"]
+__all__ = ["API", "BEST_CHECKPOINT_METRIC", "Backend", "InferenceEndpoint", "TrainResult"]
 
 # The history metric that names the best checkpoint when nothing else does (ART's default): retention
 # keeps that checkpoint, `delete_checkpoints` spares it. `gw.fit` names the best itself (`keep_best`).
@@ -178,3 +178,6 @@ class Backend(ABC):
 
     def describe(self) -> dict[str, Any]:
         return {"backend": type(self).__name__}
+
+
+API = Backend  # ART 0.2's name of the base class of backends (``art.API``)

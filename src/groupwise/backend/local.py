@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from groupwise.backend.worker import Worker
     from groupwise.model import TrainableModel
 
-__all__ = ["LocalBackend", "ReplicaDivergenceError", "WorkerError", "API_KEY", "DEFAULT_PATH"]
+__all__ = ["LocalAPI", "LocalBackend", "ReplicaDivergenceError", "WorkerError", "API_KEY", "DEFAULT_PATH"]
 
 
 def _devices(devices: "int | list[str] | tuple[str, ...] | None") -> list[str] | None:
@@ -341,3 +341,6 @@ class _HttpServer:
         self.server.should_exit = True
         self.thread.join(timeout_s)
         self.sock.close()
+
+
+LocalAPI = LocalBackend  # ART 0.1-0.2's name (``art.LocalAPI(in_process=..., path=...)``)

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["LocalBackend"]
+__all__ = ["LocalAPI", "LocalBackend"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "LocalBackend":
-        from groupwise.backend.local import LocalBackend
+    if name in ("LocalBackend", "LocalAPI"):  # LocalAPI: ART 0.1-0.2's name
+        from groupwise.backend import local
 
-        return LocalBackend
+        return getattr(local, name)
     raise AttributeError(f"module 'groupwise.local' has no attribute {name!r}")
 
 
 if TYPE_CHECKING:
-    from groupwise.backend.local import LocalBackend
+    from groupwise.backend.local import LocalAPI, LocalBackend

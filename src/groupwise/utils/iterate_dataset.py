@@ -66,15 +66,23 @@ def iterate_dataset(
     initial_step: int = 0,
     use_tqdm: bool = True,
     seed: int = 0,
+    *,
+    batch_size: int | None = None,
 ) -> Iterator[DatasetBatch[T]]:
     """Yield batches of `groups_per_step` items, shuffled per epoch, starting at global `initial_step`.
 
     Each epoch has ceil(len(items) / groups_per_step) steps (the last batch may be smaller); step s
     is epoch s // steps_per_epoch. Resuming with initial_step=k yields exactly the batches k, k+1, ...
-    of a run started at 0 with the same arguments. The arguments are ART's, by name and position.
+    of a run started at 0 with the same arguments. The arguments are ART's, by name and position
+    (`batch_size` is ART 0.1's name of `groups_per_step`).
     """
     items = list(dataset)
     problems = []
+    if batch_size is not None:  # ART 0.1's name of groups_per_step
+        if groups_per_step not in (1, batch_size):
+            problems.append(f"batch_size={batch_size!r} and groups_per_step={groups_per_step!r} name the same "
+                            "setting; pass one")
+        groups_per_step = batch_size
     if not items:
         problems.append("dataset is empty; there is nothing to iterate over")
     for name, value, low in (("groups_per_step", groups_per_step, 1), ("num_epochs", num_epochs, 1),
