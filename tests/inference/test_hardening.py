@@ -314,6 +314,20 @@ async def test_the_key_guards_every_route_the_docs_too(served):
                 assert r.status_code == 200, path
         r = await keyed.client(api_key="s3cret-key").chat.completions.create(model="tiny", messages=USER, max_tokens=2)
         assert r.usage.completion_tokens >= 1
+        # vLLM's liveness probe answers without the key, and says nothing but whether the engine takes requests
+        async with httpx.AsyncClient(base_url=keyed.url) as http:
+            r = await http.get("/health")
+            assert (r.status_code, r.content) == (200, b"")
+            assert (await http.post("/health")).status_code == 405
+    # an engine that was closed (its backend shutting down) is reported unhealthy
+    from types import SimpleNamespace
+
+    from groupwise.inference.server import create_app
+
+    closed = SimpleNamespace(engine=SimpleNamespace(state=SimpleNamespace(closed=True), tokenizer=served[0].tokenizer))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(closed)), base_url="http://x") as http:
+        r = await http.get("/health")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "engine_closed"
 
 
 # ---------------------------------------------------------------------------------------- sampling extras

@@ -131,7 +131,7 @@ def create_app(registry: ModelRegistry, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
                prepare_budget_s: float = DEFAULT_PREPARE_BUDGET_S) -> FastAPI:
     """The FastAPI app serving `registry` (one engine). `api_key`: require ``Bearer <key>`` on every
-    route, the docs included. `max_body_bytes`: larger request bodies get 413; `body_timeout_s`:
+    route, the docs included, but the liveness probe ``GET /health``. `max_body_bytes`: larger request bodies get 413; `body_timeout_s`:
     one that takes longer to arrive gets 408. `prepare_budget_s`: a request whose schema checks and
     grammar building run longer gets 400 (prepare.py)."""
     app = FastAPI(title="groupwise", version="0.1", docs_url=None, redoc_url=None, openapi_url=None)
@@ -143,6 +143,7 @@ def create_app(registry: ModelRegistry, *, api_key: str | None = None,
     app.add_middleware(ReleaseAfterLargeBodies)  # a large body's heap goes back to the OS once answered
     app.include_router(api)
     app.include_router(docs)
+    app.include_router(probes)
     return app
 
 
@@ -153,7 +154,7 @@ async def _api_error(request: Request, exc: ApiError) -> Response:
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
     if exc.status_code in (404, 405):
         message = (f"no route {request.method} {request.url.path}; this server answers POST /v1/chat/completions, "
-                   "POST /v1/completions, GET /v1/models and GET /v1/models/{id}")
+                   "POST /v1/completions, GET /v1/models, GET /v1/models/{id} and GET /health")
         return ApiError(exc.status_code, message, code="unknown_url" if exc.status_code == 404 else None).response()
     return ApiError(exc.status_code, str(exc.detail)).response()
 
@@ -329,6 +330,16 @@ async def _client_gone(request: Request) -> None:
 
 api = APIRouter(prefix="/v1", dependencies=[Depends(require_key)])
 docs = APIRouter(dependencies=[Depends(require_key)], include_in_schema=False)
+# vLLM's liveness route, without the key as there: what orchestrators' probes and ART-era scripts that
+# wait for their server poll. It says only whether the engine still takes requests.
+probes = APIRouter(include_in_schema=False)
+
+
+@probes.get("/health")
+async def health(state: ServerState = Depends(server_state)) -> Response:
+    if state.engine.state.closed:
+        return ApiError(503, "the engine is closed", type="server_error", code="engine_closed").response()
+    return Response(status_code=200)
 
 
 @docs.get("/openapi.json")
