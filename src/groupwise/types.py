@@ -41,7 +41,7 @@ import time
 import traceback as traceback_module
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Literal, Union
 
 from openai.types.chat.chat_completion import Choice
 from pydantic import (
@@ -82,6 +82,23 @@ __all__ = [
     "TOKEN_DATA_HEADER",
     "wants_compact_token_data",
 ]
+
+# ART's `art.types` also holds the step's configs and results; a ported ``from art.types import
+# TrainConfig`` finds them here, resolved on first use so that this module loads neither.
+_ART_TYPES_ELSEWHERE = {"TrainConfig": "groupwise.config", "TrainSFTConfig": "groupwise.config",
+                        "TrainResult": "groupwise.backend.base", "LocalTrainResult": "groupwise.backend.base",
+                        "ServerlessTrainResult": "groupwise.backend.base"}
+Verbosity = Literal[0, 1, 2]  # ART's type of `verbose=` (groupwise reads it as a bool)
+
+
+def __getattr__(name: str) -> Any:
+    module = _ART_TYPES_ELSEWHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'groupwise.types' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
 
 # A request header of groupwise's clients: with the value "compact", a choice's logprobs come as
 # ``choice.token_logprobs`` (a list of numbers) unless the request asks for logprobs (module doc).

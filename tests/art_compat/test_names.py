@@ -27,6 +27,7 @@ def test_art_import_paths_resolve_without_importing_torch():
         "from groupwise.trajectories import Trajectory, TrajectoryGroup, History, PydanticException, LegacyHistory\n"
         "from groupwise.utils.litellm import convert_litellm_choice_to_openai\n"
         "from groupwise.utils.litellm_utils import convert_litellm_choice_to_openai as c02\n"
+        "from groupwise.types import TrainConfig, TrainSFTConfig, TrainResult, LocalTrainResult, Verbosity\n"
         "from groupwise.utils.sft import train_sft_from_file, create_sft_dataset_iterator\n"
         "from groupwise.utils.get_trajectory_messages import get_trajectory_messages\n"
         "assert Trajectory is art.Trajectory and TrajectoryGroup is art.TrajectoryGroup\n"
