@@ -131,3 +131,54 @@ def test_a_model_used_before_register_raises_valueerror_as_in_art():
         with pytest.raises(ValueError, match="await model.register") as caught:
             use()
         assert isinstance(caught.value, NotRegisteredError) and isinstance(caught.value, GroupwiseError)
+
+
+def test_format_message_prints_the_role_content_and_tool_calls():
+    from groupwise.utils import format_message
+    from groupwise.utils.format_message import format_message as at_arts_path
+
+    assert format_message is at_arts_path
+    assert format_message({"role": "user", "content": "Move left."}) == "User:\nMove left."
+    call = {"id": "c1", "type": "function", "function": {"name": "move", "arguments": '{"to": "left"}'}}
+    assert format_message({"role": "assistant", "content": "Sure.", "tool_calls": [call, call]}) == (
+        'Assistant:\nSure.\nmove({"to": "left"})\nmove({"to": "left"})')
+    assert format_message({"role": "assistant", "content": None, "tool_calls": [call]}) == 'Assistant:\nmove({"to": "left"})'
+    assert format_message({"role": "assistant", "refusal": "No."}) == "Assistant:\nNo."
+
+
+def test_get_model_step_reads_the_latest_checkpoint_of_the_run_folder(tmp_path):
+    from groupwise.utils import get_model_step
+    from groupwise.utils.get_model_step import get_step_from_dir
+
+    model = art.TrainableModel(name="agent", project="p", base_model="x", base_path=str(tmp_path))
+    assert get_model_step(model) == 0  # nothing trained yet
+    for step in ("0001", "0012", "0003"):
+        (model.store.run_dir / "checkpoints" / step).mkdir(parents=True)
+    (model.store.run_dir / "checkpoints" / "0099.tmp").mkdir()  # a checkpoint being written is no step
+    assert get_model_step(model) == 12 == get_step_from_dir(str(model.store.run_dir))
+    assert get_model_step(model, str(tmp_path / "elsewhere")) == 0
+
+
+async def test_log_http_errors_says_what_the_server_answered():
+    import httpx
+
+    from groupwise.utils import log_http_errors
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/fastapi":
+            return httpx.Response(422, json={"detail": "bad field"})
+        if request.url.path == "/openai":
+            return httpx.Response(404, json={"error": {"message": "no such model"}})
+        return httpx.Response(500, text="<html>oops</html>")
+
+    @log_http_errors
+    async def get(path: str) -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer), base_url="http://server") as http:
+            return (await http.get(path)).raise_for_status()
+
+    with pytest.raises(GroupwiseError, match=r"^\[HTTP 422\] http://server/fastapi bad field$"):
+        await get("/fastapi")
+    with pytest.raises(GroupwiseError, match=r"^\[HTTP 404\] http://server/openai no such model$"):
+        await get("/openai")
+    with pytest.raises(httpx.HTTPStatusError):  # not JSON: the original error
+        await get("/html")

@@ -1,11 +1,15 @@
 """Helpers users of ART expect, at ART's paths: `retry`, `iterate_dataset`, `limit_concurrency`,
-`get_trajectory_messages`, and `split_dataset`. `from groupwise.utils.iterate_dataset import iterate_dataset` works as ART's does.
+`get_trajectory_messages`, `format_message`, `get_model_step`, `log_http_errors`, and `split_dataset`. `from groupwise.utils.iterate_dataset import iterate_dataset` works as ART's does.
 """
 
+from groupwise.utils.format_message import format_message
+from groupwise.utils.get_model_step import get_model_step
 from groupwise.utils.get_trajectory_messages import get_trajectory_messages
 from groupwise.utils.iterate_dataset import DatasetBatch, epoch_order, iterate_dataset
 from groupwise.utils.limit_concurrency import limit_concurrency
+from groupwise.utils.log_http_errors import log_http_errors
 from groupwise.utils.retry import retry
 from groupwise.utils.split_dataset import split_dataset
 
-__all__ = ["DatasetBatch", "epoch_order", "get_trajectory_messages", "iterate_dataset", "limit_concurrency", "retry", "split_dataset"]
+__all__ = ["DatasetBatch", "epoch_order", "format_message", "get_model_step", "get_trajectory_messages",
+           "iterate_dataset", "limit_concurrency", "log_http_errors", "retry", "split_dataset"]
