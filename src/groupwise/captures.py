@@ -223,12 +223,17 @@ async def capture_auto_trajectory(coroutine: Coroutine[Any, Any, Any]) -> Trajec
     what it set through `auto_trajectory()`; ``metrics["duration"]`` is the rollout's seconds."""
     _install()
     capture = _Capture()
-    token = _current.set(capture)
+    await _run_as(_current, capture, coroutine)
+    return capture.trajectory.finish()
+
+
+async def _run_as(var: contextvars.ContextVar, value: Any, coroutine: Coroutine[Any, Any, Any]) -> None:
+    """Await `coroutine` with `var` set to `value` (the tasks it starts inherit it), then unset it."""
+    token = var.set(value)
     try:
         await coroutine
     finally:
-        _current.reset(token)
-    return capture.trajectory.finish()
+        var.reset(token)
 
 
 class _Slot:
@@ -250,11 +255,7 @@ def yield_trajectory(trajectory: Trajectory) -> None:
 async def capture_yielded_trajectory(coroutine: Coroutine[Any, Any, Any]) -> Trajectory:
     """Run `coroutine` and return the last Trajectory it passed to `yield_trajectory`."""
     slot = _Slot()
-    token = _yielded.set(slot)
-    try:
-        await coroutine
-    finally:
-        _yielded.reset(token)
+    await _run_as(_yielded, slot, coroutine)
     if slot.trajectory is None:
         raise GroupwiseError("the rollout ended without calling yield_trajectory(trajectory): yield the "
                              "Trajectory it built, or return it and await the rollout directly")
