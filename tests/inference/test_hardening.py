@@ -108,6 +108,21 @@ async def test_malformed_fields_are_400s_naming_the_field(live, body, param):
     assert param.split("[")[0].split(".")[0] in error["message"]
 
 
+async def test_text_that_is_not_utf8_is_a_400_that_says_so(live):
+    # json.dumps writes a lone surrogate (a tool output decoded with surrogateescape) as an escape the
+    # server's parser refuses; the message says what it is and what to do, not only the parser's words
+    import json
+
+    lone = json.dumps({"model": "agent", "messages": [{"role": "user", "content": "a \ud800 b"}], "max_tokens": 2})
+    assert "\\ud800" in lone
+    not_utf8 = b'{"model": "agent", "messages": [{"role": "user", "content": "\xff\xfe"}], "max_tokens": 2}'
+    async with httpx.AsyncClient(base_url=live.url) as http:
+        for body in (lone.encode(), not_utf8):
+            r = await http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 400, r.text
+            assert "strings must be UTF-8 text: a lone surrogate escape" in r.json()["error"]["message"]
+
+
 async def test_out_of_vocabulary_ids_and_unknown_extras_through_the_sdk(live):
     client = live.client(max_retries=0)
     status, error = await _status(client.completions.create(model="tiny", prompt=[5, -1], max_tokens=2))

@@ -339,7 +339,11 @@ def describe_validation_error(exc: ValidationError) -> tuple[str, str | None]:
         if err["type"] == "extra_forbidden":
             msg = "unknown field: this server does not accept it (check its spelling)"
         elif err["type"] == "json_invalid":
-            msg = f"the request body is not valid JSON: {err.get('ctx', {}).get('error', msg)}"
+            why = str(err.get("ctx", {}).get("error", msg))
+            msg = f"the request body is not valid JSON: {why}"
+            if "hex escape" in why or "unicode code point" in why:  # what the parser says of both
+                msg += (" (strings must be UTF-8 text: a lone surrogate escape such as \\ud800, or bytes that are "
+                        "not UTF-8, is no text; replace it before sending, e.g. with U+FFFD)")
         elif err["type"] == "model_type" and not param:
             msg = "the request body must be a JSON object"
         found.setdefault(param, []).append((err["type"], msg))
