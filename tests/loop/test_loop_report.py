@@ -133,3 +133,19 @@ def test_compare_base_and_best_side_by_side(run_dir, capsys):
     assert "step 0 (left) and step 2 (right)" in out  # best resolved from the stop row
     assert main(["compare", run_dir, "--steps", "0,7"]) == 2
     assert "stored steps: [0, 2, 4]" in capsys.readouterr().err
+
+
+def test_report_of_rewards_near_the_float_limit_draws_and_prints(tmp_path, capsys):
+    # finite rewards are accepted however large; near 1e308 matplotlib's ticks overflowed and the report
+    # died with a traceback, and the table printed a 300-digit number
+    from groupwise.store import RunStore, history_row
+
+    big = 1.7e308
+    group = gw.TrajectoryGroup([gw.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}], reward=r)
+                                for r in (big, -big, 0.0)])
+    store = RunStore(tmp_path, "p", "huge")
+    store.append_history(history_row([group], step=0, split="train"))
+    assert main(["report", str(store.run_dir), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    row = [line for line in capsys.readouterr().out.splitlines() if line.split()[:1] == ["0"]][0]
+    assert row.split()[:4] == ["0", "0.000", "+-", "1.388e+308"]

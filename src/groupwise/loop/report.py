@@ -58,6 +58,12 @@ def val_metric_name(history: list[Row]) -> str | None:
     return None
 
 
+def _drawable(v: float | None) -> float:
+    """`v`, or NaN (a gap in the curve) where matplotlib cannot place it: near float's limit an axis's
+    range overflows and the tick computation raises (a reward of 1e308 is finite, and accepted)."""
+    return v if v is not None and math.isfinite(v) and abs(v) <= 1e300 else math.nan
+
+
 def plot_run(history: list[Row], out_dir: str | Path, *, title: str = "") -> list[Path]:
     """Write curves.png and cost.png; returns their paths."""
     import matplotlib
@@ -70,7 +76,7 @@ def plot_run(history: list[Row], out_dir: str | Path, *, title: str = "") -> lis
     metric = val_metric_name(history)
     train = rows(history, "train")
     val = [(r["step"], value(r, "val", metric)) for r in rows(history, "val")] if metric else []
-    val = [(s, v) for s, v in val if v is not None]
+    val = [(s, _drawable(v)) for s, v in val if v is not None]
     alerts = events(history, "alert")
     stops = events(history, "stop")
     baselines = [(str(r.get("name")), value(r, "val", metric)) for r in events(history, "baseline")] if metric else []
@@ -80,12 +86,12 @@ def plot_run(history: list[Row], out_dir: str | Path, *, title: str = "") -> lis
                              gridspec_kw={"height_ratios": [3, 3, 0.4 + 0.35 * len(names)] if names else [3, 3]})
     ax_r, ax_v = axes[0], axes[1]
     steps = [r["step"] for r in train]
-    mean_r = [value(r, "train", "reward") for r in train]
-    std_r = [value(r, "train", "reward_std") or 0.0 for r in train]
+    mean_r = [_drawable(value(r, "train", "reward")) for r in train]
+    std_r = [_drawable(value(r, "train", "reward_std") or 0.0) for r in train]
     if steps:
         ax_r.plot(steps, mean_r, "-o", ms=3, color="tab:blue", label="train reward (mean)")
-        lo = [m - s for m, s in zip(mean_r, std_r)]
-        hi = [m + s for m, s in zip(mean_r, std_r)]
+        lo = [_drawable(m - s) for m, s in zip(mean_r, std_r)]
+        hi = [_drawable(m + s) for m, s in zip(mean_r, std_r)]
         ax_r.fill_between(steps, lo, hi, color="tab:blue", alpha=0.2, label="+-1 std over rollouts")
     ax_r.set_ylabel("reward")
     ax_r.set_title(title or "training run")
@@ -177,7 +183,11 @@ def plot_run(history: list[Row], out_dir: str | Path, *, title: str = "") -> lis
 
 
 def _fmt(v: Any, spec: str = ".3f") -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if spec.endswith("f") and isinstance(v, (int, float)) and abs(v) >= 1e9:
+        return format(v, ".4g")  # a fixed-point 1e300 is 300 digits wide
+    return format(v, spec)
 
 
 def _val_cell(row: Row | None, metric: str | None, split: str = "val") -> str:
