@@ -60,7 +60,7 @@ def make_env(args: Any) -> tuple[Any, Any, Any, Any]:
     from pydantic import BaseModel
 
     import groupwise as gw
-    from groupwise.types import choice_to_message
+    from groupwise.choices import choice_to_message
 
     class Task(BaseModel):
         id: int

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from groupwise.rollout.gather import gather_trajectories, gather_trajectory_groups
-from groupwise.types import Choice, Trajectory, TrajectoryGroup, choice_token_ids, rollout_trajectories
+from groupwise.choices import choice_token_ids
+from groupwise.types import Choice, Trajectory, TrajectoryGroup, rollout_trajectories
 
 __all__ = ["GatherContext", "gather_trajectories", "gather_trajectory_groups", "get_gather_context",
            "record_metrics", "set_gather_context", "wrap_group_awaitable", "wrap_trajectories_awaitable"]

@@ -38,7 +38,8 @@ from groupwise.compat import internal_config_settings, merge_lora, train_config_
 from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_PROJECT, DEFAULT_RUN_STORE
 from groupwise.errors import ArgumentTypeError, ConfigError, GroupwiseError, NotRegisteredError
 from groupwise.store import RunStore, as_groups, history_row, metrics_row, train_metrics
-from groupwise.types import COMPACT_TOKEN_DATA, Trajectory, TrajectoryGroup
+from groupwise.choices import COMPACT_TOKEN_DATA
+from groupwise.types import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     import openai
@@ -432,7 +433,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         import openai
 
         endpoint = self.backend.inference_endpoint(self)
-        # a request that asks for no logprobs gets them as plain lists (groupwise.types.TOKEN_DATA_HEADER)
+        # a request that asks for no logprobs gets them as plain lists (groupwise.choices.TOKEN_DATA_HEADER)
         return openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key,
                                   http_client=endpoint.http_client, default_headers=dict(COMPACT_TOKEN_DATA))
 

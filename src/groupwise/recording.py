@@ -15,7 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from groupwise.types import Choice, History, choice_to_message
+from groupwise.choices import choice_to_message
+from groupwise.types import Choice, History
 
 __all__ = ["ChatCall", "call_from_bodies", "conversations"]
 

@@ -20,15 +20,7 @@ Choices are kept exactly as the `openai` SDK returned them, extra fields include
 token ids and logprobs our server attaches (`choice.token_ids`, `choice.logprobs` or
 `choice.token_logprobs`, and `choice.forced_token_indices`) survive to the trainer (token-in/token-out)
 and to the store (lossless).
-
-groupwise's own clients (`model.openai_client()`) send the header `TOKEN_DATA_HEADER`: a request of
-theirs that does not ask for logprobs gets ``logprobs: null``, as from OpenAI, and the sampled tokens'
-logprobs and texts as two plain lists, ``choice.token_logprobs`` and ``choice.token_texts``. The SDK
-validates every field of every ``logprobs.content`` entry it parses (a pydantic model per token): for a
-128-token choice that was half of a request's cost on the client, on the process that also steps the
-engine (docs/benchmarks.md).
-Any other client (LiteLLM, LangChain, a plain `openai` client) gets the entries, which carry the ids
-through layers that drop unknown fields.
+(`groupwise.choices` reads them, and says how groupwise's own clients receive them).
 """
 
 from __future__ import annotations
@@ -36,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-import numbers
 import time
 import traceback as traceback_module
 from collections.abc import AsyncIterator, Awaitable, Iterable
@@ -58,7 +49,7 @@ from pydantic import (
     field_validator,
 )
 
-from groupwise.errors import InvalidDataError
+from groupwise.choices import choice_policy_versions, choice_to_message
 
 __all__ = [
     "Choice",
@@ -71,16 +62,7 @@ __all__ = [
     "Tools",
     "Trajectory",
     "TrajectoryGroup",
-    "choice_token_ids",
-    "choice_forced_indices",
-    "choice_logprobs",
-    "choice_policy_versions",
-    "choice_token_texts",
-    "choice_to_message",
     "item_kind_problem",
-    "COMPACT_TOKEN_DATA",
-    "TOKEN_DATA_HEADER",
-    "wants_compact_token_data",
 ]
 
 # ART's `art.types` also holds the step's configs and results; a ported ``from art.types import
@@ -99,16 +81,6 @@ def __getattr__(name: str) -> Any:
 
     return getattr(importlib.import_module(module), name)
 
-
-# A request header of groupwise's clients: with the value "compact", a choice's logprobs come as
-# ``choice.token_logprobs`` (a list of numbers) unless the request asks for logprobs (module doc).
-TOKEN_DATA_HEADER = "x-groupwise-token-data"
-COMPACT_TOKEN_DATA = {TOKEN_DATA_HEADER: "compact"}  # the headers groupwise's clients send
-
-
-def wants_compact_token_data(headers: Any) -> bool:
-    """Whether request headers (or a client's default headers) ask for the compact form."""
-    return headers.get(TOKEN_DATA_HEADER) == COMPACT_TOKEN_DATA[TOKEN_DATA_HEADER]
 
 VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -194,90 +166,6 @@ def _check_messages(items: list[Any], field: str) -> list[Any]:
                 f"{field}[{i}] has role {role!r}; expected one of {sorted(VALID_ROLES)}"
             )
     return items
-
-
-def choice_to_message(choice: Choice) -> Message:
-    """The assistant message of a Choice, as a plain dict the `openai` SDK accepts back."""
-    message = choice.message.model_dump(exclude_none=True, exclude_unset=False)
-    # The SDK adds fields that are None or empty for plain chat; keep what a request needs.
-    out: Message = {"role": "assistant", "content": message.get("content")}
-    if message.get("tool_calls"):
-        out["tool_calls"] = message["tool_calls"]
-    return out
-
-
-def _choice_extra(choice: Choice, name: str) -> Any:
-    """One of the extra fields groupwise's server adds to a choice (None when absent): an attribute, or
-    kept in pydantic's `model_extra`."""
-    value = getattr(choice, name, None)
-    if value is None and choice.model_extra:
-        value = choice.model_extra.get(name)
-    return value
-
-
-def choice_token_ids(choice: Choice) -> list[int] | None:
-    """The sampled token ids of a Choice, or None when the server did not return them.
-
-    groupwise's server puts them in the extra field ``choice.token_ids``. vLLM's server, with
-    ``return_tokens_as_token_ids``, writes each logprob entry's token as ``"token_id:123"``.
-    """
-    ids = _choice_extra(choice, "token_ids")
-    if ids is not None:
-        if not isinstance(ids, (list, tuple)) or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
-                                                         for t in ids):
-            raise InvalidDataError(
-                f"a Choice's token_ids must be a list of ints, got {str(ids)[:80]}: the server that sampled it "
-                "returned something else, or the rollout edited them. Append the Choice as the server returned it.")
-        return [int(t) for t in ids]
-    content = choice.logprobs.content if choice.logprobs is not None else None
-    if content and all(entry.token.startswith("token_id:") for entry in content):
-        return [int(entry.token.split(":", 1)[1]) for entry in content]
-    return None
-
-
-def choice_forced_indices(choice: Choice) -> list[int]:
-    """Indices into `choice_token_ids` of the tokens a grammar forced (the only token it allowed, so
-    no decision of the policy); empty when none or when the server did not say (it is groupwise's
-    extra field ``choice.forced_token_indices``)."""
-    idx = _choice_extra(choice, "forced_token_indices")
-    return [int(i) for i in idx or []]
-
-
-def choice_policy_versions(choice: Choice) -> list[int] | None:
-    """The policy version (the training step of the adapter; 0 is the base) that sampled each token of
-    a Choice, or None when the server did not say. groupwise's server puts it in the extra field
-    ``choice.policy_versions``; its values differ within one choice when a newer step was swapped in
-    while the choice was being sampled (partial rollouts of an asynchronous run)."""
-    versions = _choice_extra(choice, "policy_versions")
-    return None if versions is None else [int(v) for v in versions]
-
-
-def choice_token_texts(choice: Choice) -> list[str] | None:
-    """Each sampled token's own text (what a reader shows per token), or None when the server did not
-    say: from ``logprobs.content`` (an entry named ``"token_id:<id>"`` keeps its text in its bytes) or
-    from groupwise's extra field ``choice.token_texts`` (the compact form, module doc)."""
-    content = choice.logprobs.content if choice.logprobs is not None else None
-    if content:
-        return [bytes(e.bytes).decode("utf-8", errors="replace") if e.token.startswith("token_id:") and e.bytes
-                else e.token for e in content]
-    texts = _choice_extra(choice, "token_texts")
-    return None if texts is None else [str(t) for t in texts]
-
-
-def choice_logprobs(choice: Choice) -> list[float] | None:
-    """The logprob of each sampled token of a Choice, or None when absent: from ``logprobs.content``, or
-    from groupwise's extra field ``choice.token_logprobs`` (the compact form, module doc)."""
-    content = choice.logprobs.content if choice.logprobs is not None else None
-    if content:
-        return [float(entry.logprob) for entry in content]
-    values = _choice_extra(choice, "token_logprobs")
-    if values is None:
-        return None
-    if not isinstance(values, (list, tuple)) or not all(isinstance(v, numbers.Real) and not isinstance(v, bool)
-                                                        for v in values):
-        raise InvalidDataError(f"a Choice's token_logprobs must be a list of numbers, got {str(values)[:80]}: the "
-                               "server that sampled it returned something else, or the rollout edited them.")
-    return [float(v) for v in values]
 
 
 class History(BaseModel):

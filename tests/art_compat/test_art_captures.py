@@ -13,7 +13,8 @@ import groupwise as art
 from groupwise import GroupwiseError
 from groupwise.errors import InvalidDataError
 from groupwise.openai import consume_chat_completion_stream
-from groupwise.types import Choice, choice_token_ids
+from groupwise.choices import choice_token_ids
+from groupwise.types import Choice
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
                                            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]

@@ -139,13 +139,13 @@ def test_art_e(art_model_dir, tmp_path, backup_bucket):
     # come back through the logprob entries, named "token_id:<id>" (the server's default, as ART's vLLM)
     for t in trajectories:
         choice = t.messages_and_choices[2]
-        ids = gw.types.choice_token_ids(choice)
+        ids = gw.choices.choice_token_ids(choice)
         assert ids and [e.token for e in choice.logprobs.content] == [f"token_id:{i}" for i in ids]
     # The program's own step has no signal: a random model never writes a tool call, so every rollout
     # earns the same reward (bad_tool_call_args, -1.7). The same stored turns with distinct rewards
     # train on every sampled token, so a model that calls tools learns from ART-E's rollouts
     assert [t.reward for t in trajectories] == [-1.7, -1.7]
-    sampled = sum(len(gw.types.choice_token_ids(c)) for t in trajectories for c in t.choices())
+    sampled = sum(len(gw.choices.choice_token_ids(c)) for t in trajectories for c in t.choices())
     for i, t in enumerate(trajectories):
         t.reward = float(i)
     metrics = asyncio.run(train_one_step(art_model_dir, tmp_path / "retrain", trajectories))
@@ -172,11 +172,11 @@ def test_litellm_choice_keeps_the_sampled_token_ids():
     assert isinstance(choice, gw.types.Choice)
     assert choice.message.tool_calls[0].function.name == "read_email"
     assert choice.message.tool_calls[0].function.arguments == '{"message_id": "m"}'
-    assert (choice.finish_reason, gw.types.choice_token_ids(choice), gw.types.choice_forced_indices(choice)) == (
+    assert (choice.finish_reason, gw.choices.choice_token_ids(choice), gw.choices.choice_forced_indices(choice)) == (
         "tool_calls", [5, 6, 7], [1])
     plain = convert_litellm_choice_to_openai(Choices(finish_reason="stop", index=0,
                                                      message=Message(content="hi", role="assistant")))
-    assert (plain.message.content, gw.types.choice_token_ids(plain)) == ("hi", None)
+    assert (plain.message.content, gw.choices.choice_token_ids(plain)) == ("hi", None)
 
 
 PIPELINE = "src/art/pipeline_trainer/"  # ART 0.5.18's pipeline examples: modules of ART's package

@@ -101,8 +101,8 @@ def assert_same_run(shared, alone) -> None:
     trained = sorted({r["step"] for r in gw.load_history(alone) if r["split"] == "train"})
     for step in trained:
         mine, theirs = gw.load_trajectories(shared, "train", step), gw.load_trajectories(alone, "train", step)
-        assert [[gw.types.choice_token_ids(t.messages_and_choices[-1]) for t in g] for g in mine] == \
-            [[gw.types.choice_token_ids(t.messages_and_choices[-1]) for t in g] for g in theirs]
+        assert [[gw.choices.choice_token_ids(t.messages_and_choices[-1]) for t in g] for g in mine] == \
+            [[gw.choices.choice_token_ids(t.messages_and_choices[-1]) for t in g] for g in theirs]
         assert [g.rewards() for g in mine] == [g.rewards() for g in theirs]
     rows = [_numbers(r) for r in gw.load_history(shared) if r["split"] == "train"]
     solo = [_numbers(r) for r in gw.load_history(alone) if r["split"] == "train"]

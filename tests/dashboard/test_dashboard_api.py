@@ -330,7 +330,7 @@ def test_the_dashboard_loads_no_torch_and_ships_its_chart_library():
 
 def test_a_choice_with_logprobs_as_lists_shows_its_tokens_texts():
     """Choices sampled by groupwise's own client carry logprobs and texts as plain lists
-    (groupwise.types.TOKEN_DATA_HEADER): the token view shows them as it does per-token entries."""
+    (groupwise.choices.TOKEN_DATA_HEADER): the token view shows them as it does per-token entries."""
     from openai.types.chat.chat_completion import Choice
 
     from groupwise.dashboard.rollouts import tokens

@@ -19,7 +19,8 @@ from groupwise.envs.game_2048.game import (
     spawn,
     valid_moves,
 )
-from groupwise.types import Choice, choice_logprobs, choice_token_ids
+from groupwise.choices import choice_logprobs, choice_token_ids
+from groupwise.types import Choice
 
 
 @pytest.mark.parametrize(
@@ -181,9 +182,9 @@ async def test_rollout_against_scripted_endpoint(scripted):
 
 
 async def test_a_groupwise_client_gets_logprobs_without_asking(scripted):
-    """A client that sends groupwise.types.TOKEN_DATA_HEADER (a trainable model's own) gets the logprobs as
+    """A client that sends groupwise.choices.TOKEN_DATA_HEADER (a trainable model's own) gets the logprobs as
     plain lists unasked: the env does not ask, which would have them sent as per-token entries."""
-    from groupwise.types import TOKEN_DATA_HEADER
+    from groupwise.choices import TOKEN_DATA_HEADER
 
     model = scripted([f"<move>{_scripted_valid_moves(11, 1)[0]}</move>"])
     plain = model.openai_client

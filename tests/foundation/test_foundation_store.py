@@ -9,7 +9,8 @@ import pytest
 
 from groupwise import CorruptRecordError, StoreError, Trajectory, TrajectoryGroup, load_history, load_trajectories
 from groupwise.store import RunStore, history_row, metrics_row, read_group_dicts
-from groupwise.types import Choice, choice_forced_indices, choice_logprobs, choice_token_ids
+from groupwise.choices import choice_forced_indices, choice_logprobs, choice_token_ids
+from groupwise.types import Choice
 
 
 def test_every_field_round_trips_exactly(tmp_path, group):

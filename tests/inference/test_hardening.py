@@ -349,7 +349,7 @@ async def test_the_key_guards_every_route_the_docs_too(served):
 
 
 async def _greedy_ids(client, **extra) -> list[int]:
-    from groupwise.types import choice_token_ids
+    from groupwise.choices import choice_token_ids
 
     r = await client.chat.completions.create(model="agent@0", messages=USER, max_tokens=24, temperature=0,
                                              extra_body={"ignore_eos": True, **extra})
@@ -361,7 +361,7 @@ def _repeats(ids: list[int]) -> int:
 
 
 async def test_sampling_extras_through_extra_body(live):
-    from groupwise.types import choice_token_ids
+    from groupwise.choices import choice_token_ids
 
     client = live.client(max_retries=0)
     greedy = await _greedy_ids(client)

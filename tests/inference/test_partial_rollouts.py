@@ -9,7 +9,8 @@ from groupwise.inference.engine import Engine, GenerationRequest
 from groupwise.inference.registry import ModelRegistry
 from groupwise.inference.sampling import SamplingParams
 from groupwise.loading import tiny_random_model
-from groupwise.types import Trajectory, TrajectoryGroup, choice_policy_versions
+from groupwise.choices import choice_policy_versions
+from groupwise.types import Trajectory, TrajectoryGroup
 
 PROMPT = [1, 5, 9, 13, 17]
 SWAP_AFTER = 4  # tokens sampled before the newer step arrives

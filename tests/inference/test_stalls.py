@@ -322,7 +322,7 @@ async def test_any_model_name_is_a_4xx_in_openai_shape(live, name, status):
 
 
 async def test_a_stop_string_longer_than_32_tokens_stops_generation(live, tiny):
-    from groupwise.types import choice_token_ids
+    from groupwise.choices import choice_token_ids
 
     tok = tiny[1]
     client = live.client(max_retries=0)

@@ -21,7 +21,7 @@ import groupwise as art  # noqa: E402
 from groupwise.local import LocalBackend  # noqa: E402
 from groupwise.mcp import (GeneratedScenario, GeneratedScenarioCollection, MCPResource, MCPTool,  # noqa: E402
                            complete_task_tool, generate_scenarios)
-from groupwise.types import choice_token_ids  # noqa: E402
+from groupwise.choices import choice_token_ids  # noqa: E402
 
 SERVER = Path(__file__).with_name("weather_mcp_server.py")
 FORECASTS = {"paris": "rain, 12C", "rome": "sun, 24C", "oslo": "snow, -3C"}  # what the server answers
@@ -50,7 +50,7 @@ async def rollout(model: art.Model, session: ClientSession, tools: list[MCPTool]
         max_tokens=40, seed=seed)
     choice = response.choices[0]
     trajectory.messages_and_choices.append(choice)
-    messages.append(art.types.choice_to_message(choice))
+    messages.append(art.choices.choice_to_message(choice))
     asked = []
     for call in choice.message.tool_calls or []:
         arguments = json.loads(call.function.arguments)

@@ -49,7 +49,7 @@ def make_rollout():
         text = choice.message.content or ""
         # newline share (the exploit) + a small length term (< 0.1): every group keeps some reward spread,
         # so a step where no rollout wrote a newline still trains instead of stalling the run
-        reward = text.count("\n") / max(1, len(gw.types.choice_token_ids(choice) or [1])) + len(text) / 1000
+        reward = text.count("\n") / max(1, len(gw.choices.choice_token_ids(choice) or [1])) + len(text) / 1000
         traj = gw.Trajectory(messages_and_choices=[*messages, choice], reward=reward)
         traj.metadata["served_as"] = r.model
         return traj

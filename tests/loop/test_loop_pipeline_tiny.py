@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 import groupwise as gw
 from groupwise.loop.series import rows
-from groupwise.types import choice_policy_versions, choice_token_ids
+from groupwise.choices import choice_policy_versions, choice_token_ids
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")

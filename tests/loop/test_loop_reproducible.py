@@ -21,7 +21,7 @@ import pytest
 
 import groupwise as gw
 from groupwise.loop.series import rows
-from groupwise.types import choice_token_ids
+from groupwise.choices import choice_token_ids
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")

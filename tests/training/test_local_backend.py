@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 import groupwise as gw
 from groupwise.errors import AdapterMismatchError, RunLockedError
-from groupwise.types import choice_logprobs
+from groupwise.choices import choice_logprobs
 
 HERE = Path(__file__).parent
 
@@ -55,7 +55,7 @@ async def test_train_serves_and_verifies_the_new_adapter(tiny_model_dir, tmp_pat
         finally:
             half_open.close()
         groups = await _groups(model)
-        # the model's client gets logprobs as one list (groupwise.types.TOKEN_DATA_HEADER), which the
+        # the model's client gets logprobs as one list (groupwise.choices.TOKEN_DATA_HEADER), which the
         # trainer reads (test_tokenize.py) and the store keeps (the lossless check below)
         choices = [t.messages_and_choices[-1] for g in groups for t in g.trajectories]
         assert all(c.logprobs is None and len(choice_logprobs(c)) == len(c.token_ids) for c in choices)

@@ -17,7 +17,7 @@ def _ids(tokenizer, text):
 
 
 def test_compact_logprobs_are_spliced_like_entries(tokenizer):
-    """A choice whose logprobs came as one list (``token_logprobs``, groupwise.types.TOKEN_DATA_HEADER)
+    """A choice whose logprobs came as one list (``token_logprobs``, groupwise.choices.TOKEN_DATA_HEADER)
     tokenises exactly like the same choice with per-token entries, through the store's JSON too."""
     turn = _ids(tokenizer, " fine thanks") + [tokenizer.eos_token_id]
     lps = [-0.25 * (k + 1) for k in range(len(turn))]

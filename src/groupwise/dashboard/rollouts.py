@@ -39,8 +39,8 @@ from groupwise.loop.report import val_metric_name
 from groupwise.step_summary import content_text, message_dict, read_summary, summarize, tool_calls
 from groupwise.store import read_group_dicts, trajectory_files
 from groupwise.training.advantages import group_advantages
-from groupwise.types import (Choice, TrajectoryGroup, choice_forced_indices, choice_logprobs, choice_token_ids,
-                             choice_token_texts)
+from groupwise.choices import choice_forced_indices, choice_logprobs, choice_token_ids, choice_token_texts
+from groupwise.types import Choice, TrajectoryGroup
 
 
 # Parsed files kept whole (the views of one step); every file keeps only its light index (`FileIndex`).

@@ -197,7 +197,7 @@ class _Sampling(_Strict):
         """Whether logprob entries name their token by id (``"token_id:<id>"``). On unless the request
         says no, as on ART's vLLM server: a client layer that keeps a choice's logprobs but drops the
         fields it does not know (LiteLLM 1.65 keeps no ``token_ids``) still hands the trainer the
-        sampled ids (`groupwise.types.choice_token_ids` reads them back), where re-tokenizing the text
+        sampled ids (`groupwise.choices.choice_token_ids` reads them back), where re-tokenizing the text
         would not always give the tokens sampled."""
         return DEFAULT_RETURN_TOKENS_AS_TOKEN_IDS if self.return_tokens_as_token_ids is None \
             else self.return_tokens_as_token_ids

@@ -9,9 +9,9 @@ limits, logging) is written down in docs/security.md.
 
 Always returned, because RL needs them (token-in/token-out): every choice's logprobs
 (``choice.logprobs.content``; for a groupwise client's request that asks for none, the list
-``choice.token_logprobs`` with ``logprobs`` null: `groupwise.types.TOKEN_DATA_HEADER`) and its sampled
+``choice.token_logprobs`` with ``logprobs`` null: `groupwise.choices.TOKEN_DATA_HEADER`) and its sampled
 token ids in the extra field ``choice.token_ids``
-(`groupwise.types.choice_token_ids` reads it), and in ``choice.forced_token_indices`` the indices
+(`groupwise.choices.choice_token_ids` reads it), and in ``choice.forced_token_indices`` the indices
 into token_ids of the tokens a grammar forced (tool_choice / response_format allowed only that one
 token; `choice_forced_indices`), empty when none. ``response.model`` and ``system_fingerprint``
 name the step that produced the answer (``name@step``). Each logprob entry names its token
@@ -66,7 +66,7 @@ from groupwise.inference.registry import ModelRegistry, Resolved
 from groupwise.inference.request_limits import DEFAULT_MAX_BODY_BYTES, body_structure_problem
 from groupwise.inference.responses import TokenTexts, chat_response, completion_response
 from groupwise.inference.streaming import EngineStream, stream_chat
-from groupwise.types import wants_compact_token_data
+from groupwise.choices import wants_compact_token_data
 
 __all__ = ["DEFAULT_BODY_TIMEOUT_S", "DEFAULT_MAX_BODY_BYTES", "ApiError", "create_app"]
 

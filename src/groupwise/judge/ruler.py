@@ -49,7 +49,8 @@ from groupwise.judge.prompt import (
 )
 from groupwise.judge.providers import Endpoint, resolve
 from groupwise.judge.reconcile import align, pass_orders, pick_anchors, spearman
-from groupwise.types import Choice, Trajectory, TrajectoryGroup, choice_to_message
+from groupwise.choices import choice_to_message
+from groupwise.types import Choice, Trajectory, TrajectoryGroup
 from groupwise.utils.retry import retry
 
 __all__ = ["JudgeStats", "RulerResult", "TrajectoryScore", "judge_stats", "ruler", "ruler_detailed", "ruler_score_group"]

@@ -34,7 +34,8 @@ from groupwise.training.tokenize import (
     TokenizedSequence,
     tokenize_conversation,
 )
-from groupwise.types import Choice, Trajectory, choice_to_message, choice_token_ids
+from groupwise.choices import choice_to_message, choice_token_ids
+from groupwise.types import Choice, Trajectory
 
 __all__ = ["SFTLossTerms", "sft_loss", "sft_sequence", "tokenize_sft"]
 

@@ -1,7 +1,7 @@
 """TrajectoryGroups become token sequences for the trainer (token-in/token-out).
 
 Every assistant turn that is a `Choice` with token ids keeps its EXACT sampled ids and logprobs
-(`types.choice_token_ids` / `choice_logprobs`): the text is never re-tokenised, so what the trainer
+(`choices.choice_token_ids` / `choice_logprobs`): the text is never re-tokenised, so what the trainer
 scores is what the sampler produced. Everything else (system, user, tool messages, plain assistant
 dicts, Choices without token ids) is context, rendered with the tokenizer's chat template.
 
@@ -18,7 +18,7 @@ rollouts usually share their scenario's messages.
 
 One sequence per trajectory plus one per `additional_histories` entry; all carry the trajectory's
 advantage. The loss mask covers every trainable Choice of every turn, except the tokens a grammar
-forced (`types.choice_forced_indices`: the only token it allowed, so the sampling distribution there
+forced (`choices.choice_forced_indices`: the only token it allowed, so the sampling distribution there
 is a point mass and carries no decision of the policy; training them with the trajectory's advantage
 is noise) unless `train_forced_tokens`. Their old logprobs stay in place. A sequence left with no
 trainable token is dropped, like a conversation without token ids.
@@ -35,8 +35,8 @@ from typing import Any
 from groupwise.chat import render_text
 from groupwise.errors import InvalidDataError, NotTrainableError
 from groupwise.training.advantages import compute_advantages
-from groupwise.types import (Choice, TrajectoryGroup, choice_forced_indices, choice_logprobs, choice_to_message,
-                             choice_token_ids, item_kind_problem)
+from groupwise.choices import choice_forced_indices, choice_logprobs, choice_to_message, choice_token_ids
+from groupwise.types import Choice, TrajectoryGroup, item_kind_problem
 
 _SENTINEL = "\u2063GWCHOICE{}\u2063"  # invisible separator: never produced by a chat template
 _SENTINEL_RE = re.compile("\u2063GWCHOICE(\\d+)\u2063")

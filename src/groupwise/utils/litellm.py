@@ -24,7 +24,7 @@ from groupwise.errors import GroupwiseError
 
 __all__ = ["convert_litellm_choice_to_openai"]
 
-# groupwise's server's extra fields of a choice (groupwise.types.choice_token_ids reads them)
+# groupwise's server's extra fields of a choice (groupwise.choices.choice_token_ids reads them)
 _CARRIED = ("token_ids", "forced_token_indices")
 
 

@@ -15,7 +15,7 @@ __all__ = ["strip_logprobs"]
 log = logging.getLogger("groupwise.utils")
 
 
-# ``token_logprobs``: the list form a groupwise client gets (groupwise.types.TOKEN_DATA_HEADER)
+# ``token_logprobs``: the list form a groupwise client gets (groupwise.choices.TOKEN_DATA_HEADER)
 _KEYS = ("logprobs", "token_logprobs")
 
 
