@@ -357,9 +357,14 @@ class RunHistory(Sequence[Row]):
 
     def has(self, row: Row) -> bool:
         """Whether a row with `row`'s key (`history_key`) is there."""
+        return self.row_with_key(row) is not None
+
+    def row_with_key(self, row: Row) -> Row | None:
+        """A copy of the row with `row`'s key (`history_key`), or None."""
         with self._lock:
             self._sync()
-            return history_key(row) in self._by_key
+            at = self._by_key.get(history_key(row))
+            return None if at is None else dict(self._rows[at])
 
     # -- writing -----------------------------------------------------------------------------------
     def append(self, row: Row, *, if_missing: bool = False) -> bool:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Generic
 
@@ -36,7 +37,7 @@ from groupwise.adapter_names import served_name
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC
 from groupwise.compat import internal_config_settings, merge_lora, train_config_from_art, warn_ignored
 from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_PROJECT, DEFAULT_RUN_STORE
-from groupwise.errors import ArgumentTypeError, ConfigError, GroupwiseError, NotRegisteredError
+from groupwise.errors import ArgumentTypeError, ConfigError, GroupwiseError, GroupwiseWarning, NotRegisteredError
 from groupwise.store import RunStore, as_groups, history_row, metrics_row, train_metrics
 from groupwise.choices import COMPACT_TOKEN_DATA
 from groupwise.types import Trajectory, TrajectoryGroup
@@ -104,6 +105,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     _store: Any = PrivateAttr(default=None)  # (store key, RunStore): reopened when the key changes
     _client: Any = PrivateAttr(default=None)
     _client_loop: Any = PrivateAttr(default=None)
+    _logged: set = PrivateAttr(default_factory=set)  # (step, split) this object logged trajectories for
 
     def __init__(self, name: str, project: str = DEFAULT_PROJECT, base_path: str = DEFAULT_RUN_STORE,
                  inference_base_url: str | None = None, inference_api_key: str | None = None,
@@ -348,8 +350,19 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         row = (metrics_row(step=step, split=split, metrics=metrics) if trajectories is None
                else history_row(groups, step=step, split=split, metrics=metrics))
         store = self.store
+        earlier = store.run_history.row_with_key(row)
+        if trajectories is None and earlier is not None:
+            # metrics for a (step, split) that has its row: added to it. ART appends a second row; a
+            # replacement would drop the row's reward, which best-checkpoint choice reads.
+            row = {**earlier, **row}
+        elif groups and (step, split) in self._logged:
+            warnings.warn(GroupwiseWarning(
+                f"log(): step {step} of split {split!r} was logged already by this model; a history row and its "
+                "trajectories are one per step and split, so these replace the earlier ones (ART keeps both "
+                "rows). Log another evaluation under a split of its own (e.g. split='val_hard')."), stacklevel=2)
         if groups:  # file IO off the event loop: rollouts keep running meanwhile
             await asyncio.to_thread(store.write_trajectories, split, step, groups)
+            self._logged.add((step, split))
         await store.run_history.write(row)
         return row
 

@@ -136,6 +136,28 @@ async def test_prompted_model_registers_logs_beside_the_trained_one_and_keeps_ar
     assert [(r["step"], r.get("reward")) for r in history] == [(0, 1.0), (3, None)]
 
 
+async def test_metrics_logged_after_a_steps_trajectories_are_added_to_its_row(tmp_path):
+    """ART appends every model.log call as a row. Here a row is one per step and split (a resumed run
+    never counts one twice), so metrics logged after the step's trajectories are added to that row, not
+    put in place of it (which dropped its reward, what the best checkpoint is chosen by); logging the
+    same step's trajectories twice says so."""
+    gpt = art.Model(name="gpt", project="p", base_path=str(tmp_path))
+    t = art.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}], reward=0.5, metrics={"acc": 1.0})
+    await gpt.log([t], split="val")
+    row = await gpt.log(metrics={"judge_agreement": 0.7})
+    assert (row["reward"], row["acc"], row["judge_agreement"]) == (0.5, 1.0, 0.7)
+    assert [(r["step"], r["split"], r["reward"], r["judge_agreement"]) for r in art.load_history(gpt.store.run_dir)] == [
+        (0, "val", 0.5, 0.7)]
+    from groupwise.errors import GroupwiseWarning
+
+    with pytest.warns(GroupwiseWarning, match="step 0 of split 'val' was logged already.*split of its own"):
+        await gpt.log([t.model_copy(update={"reward": 0.25})], split="val")
+    assert [r["reward"] for r in art.load_history(gpt.store.run_dir)] == [0.25]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        await gpt.log([t], split="val_hard")  # its own split: no warning
+
+
 def test_local_backend_accepts_arts_constructor(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
