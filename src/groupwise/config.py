@@ -7,7 +7,9 @@ prints them (the CLI uses the same text). `__post_init__` runs `problems()` and 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import json
 import math
 from dataclasses import InitVar, dataclass, field
 from typing import Any
@@ -71,6 +73,27 @@ class Validated:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    # ART's configs are pydantic models: code that serialises or copies one (a remote backend's client
+    # sends ``config.model_dump(mode="json")``) finds the same calls here, on the same fields.
+    def model_dump(self, *, mode: str = "python", exclude_none: bool = False, **_: Any) -> dict[str, Any]:
+        out = self.to_dict()
+        if mode == "json":
+            out = json.loads(json.dumps(out, allow_nan=True))
+        return {k: v for k, v in out.items() if v is not None} if exclude_none else out
+
+    def model_dump_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.model_dump(mode="json", **kwargs), allow_nan=True)
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Any:
+        """A copy with `update` applied, checked as a new config is."""
+        new = dataclasses.replace(self, **(update or {}))  # type: ignore[type-var]
+        return copy.deepcopy(new) if deep else new
+
+    @classmethod
+    def model_validate(cls, obj: Any) -> Any:
+        """`obj` if it is one already, else the config its fields make (a dict, as model_dump gave)."""
+        return obj if isinstance(obj, cls) else cls(**dict(obj))
 
 
 def _is_number(value: Any) -> bool:
@@ -248,6 +271,12 @@ class TrainConfig(Validated):
         if isinstance(self.max_skipped_steps, bool) or not isinstance(self.max_skipped_steps, int) or self.max_skipped_steps < 0:
             p.append(f"max_skipped_steps={self.max_skipped_steps!r} must be an integer >= 0 (0: raise NotTrainableError at once)")
         return p
+
+
+# ART's names of kl_coef read back as ART's do (`config.beta` is the KL weight, 0.0 by default). Set after
+# the class is made: as dataclass defaults these names are the InitVars of its constructor.
+TrainConfig.beta = property(lambda self: self.kl_coef, doc="ART 0.3's name of kl_coef")  # type: ignore[assignment]
+TrainConfig.kl_penalty_coef = property(lambda self: self.kl_coef, doc="ART 0.5's name of kl_coef")  # type: ignore[assignment]
 
 
 @dataclass

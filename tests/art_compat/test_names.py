@@ -251,3 +251,34 @@ def test_additional_histories_as_arts_later_docs_write_them():
     assert isinstance(again.additional_histories[0], LegacyHistory) and LegacyHistory is art.types.History
     assert again.additional_histories[0].messages_and_choices[1]["content"] == "Find potential bugs in main.py"
     assert (again.reward, again.metrics) == (0.8, {"task_completed": 1})
+
+
+def test_configs_answer_arts_pydantic_calls_and_its_kl_names():
+    """ART's TrainConfig is a pydantic model: a program (or a remote backend's client) serialises it with
+    model_dump(mode="json") and reads `beta` back. Here the config is a dataclass that answers the same."""
+    import json
+
+    config = art.TrainConfig(learning_rate=2e-5, beta=0.01)
+    assert (config.beta, config.kl_penalty_coef, config.kl_coef) == (0.01, 0.01, 0.01)
+    assert art.TrainConfig().beta == 0.0 == art.TrainConfig().kl_penalty_coef  # ART's default
+    dumped = config.model_dump(mode="json")
+    assert json.loads(json.dumps(dumped)) == dumped and dumped["learning_rate"] == 2e-5
+    assert art.TrainConfig.model_validate(dumped) == config == art.TrainConfig.model_validate(config)
+    assert json.loads(config.model_dump_json())["kl_coef"] == 0.01
+    assert config.model_copy(update={"learning_rate": 3e-5}).learning_rate == 3e-5
+    with pytest.raises(art.ConfigError, match="learning_rate"):
+        config.model_copy(update={"learning_rate": -1.0})
+    assert art.TrainSFTConfig().model_dump()["learning_rate"] == art.TrainSFTConfig().learning_rate
+
+
+def test_arts_module_paths_of_dev_types_and_backend_aliases():
+    from groupwise.backend import AnyModel, AnyTrainableModel
+    from groupwise.dev.engine import EngineArgs
+    from groupwise.dev.model import InitArgs, InternalModelConfig, PeftArgs, TrainerArgs
+    from groupwise.dev.openai_server import OpenAIServerConfig
+    from groupwise.dev.train import TrainConfig
+
+    assert (InternalModelConfig, InitArgs, PeftArgs, TrainerArgs, EngineArgs, OpenAIServerConfig, TrainConfig) == (
+        art.dev.InternalModelConfig, art.dev.InitArgs, art.dev.PeftArgs, art.dev.TrainerArgs, art.dev.EngineArgs,
+        art.dev.OpenAIServerConfig, art.dev.TrainConfig)
+    assert (AnyModel, AnyTrainableModel) == ("Model[Any, Any]", "TrainableModel[Any, Any]")
