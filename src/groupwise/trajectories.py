@@ -2,8 +2,17 @@
 types live in `groupwise.types`. `LegacyHistory` is the name ART's later docs give `History` (an
 additional history of a trajectory: a sub-agent, a compacted earlier segment)."""
 
-from groupwise.types import History, MetadataValue, PydanticException, Trajectory, TrajectoryGroup
+from typing import Any
+
+from groupwise.types import History, Message, MetadataValue, PydanticException, Trajectory, TrajectoryGroup
 
 LegacyHistory = History
 
-__all__ = ["History", "LegacyHistory", "MetadataValue", "PydanticException", "Trajectory", "TrajectoryGroup"]
+__all__ = ["History", "LegacyHistory", "MetadataValue", "PydanticException", "Trajectory", "TrajectoryGroup",
+           "get_messages"]
+
+
+def get_messages(messages_and_choices: list[Any]) -> list[Message]:
+    """ART's helper: plain messages, each Choice as its assistant message (`Trajectory.messages`'s rule;
+    a message without content keeps None, as groupwise's server renders it, where ART 0.4+ writes "")."""
+    return History(messages_and_choices=messages_and_choices).messages()

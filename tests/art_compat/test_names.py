@@ -28,6 +28,7 @@ def test_art_import_paths_resolve_without_importing_torch():
         "from groupwise.utils.litellm import convert_litellm_choice_to_openai\n"
         "from groupwise.utils.litellm_utils import convert_litellm_choice_to_openai as c02\n"
         "from groupwise.types import TrainConfig, TrainSFTConfig, TrainResult, LocalTrainResult, Verbosity\n"
+        "from groupwise.trajectories import get_messages\n"
         "from groupwise.utils.sft import train_sft_from_file, create_sft_dataset_iterator\n"
         "from groupwise.utils.get_trajectory_messages import get_trajectory_messages\n"
         "assert Trajectory is art.Trajectory and TrajectoryGroup is art.TrajectoryGroup\n"
@@ -232,6 +233,15 @@ def test_get_trajectory_messages_at_arts_path():
     t = art.Trajectory(messages_and_choices=[{"role": "user", "content": "board"}, choice])
     assert get_trajectory_messages(t) == [{"role": "user", "content": "board"},
                                           {"role": "assistant", "content": "<move>left</move>"}]
+
+
+def test_get_messages_at_arts_path():
+    from groupwise.trajectories import get_messages
+    from groupwise.types import Choice
+
+    choice = Choice.model_validate({"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "4"}})
+    assert get_messages([{"role": "user", "content": "2+2?"}, choice]) == [
+        {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
 
 
 def test_additional_histories_as_arts_later_docs_write_them():
