@@ -224,6 +224,41 @@ async def test_a_prompt_that_cannot_fit_is_refused_before_tokenising(live, serve
     status, error = await _status(live.client(max_retries=0).chat.completions.create(
         model="agent", messages=[{"role": "user", "content": text}], max_tokens=2))
     assert status == 400 and error["code"] == "context_length_exceeded" and calls == []
+    # the same text as a tool call's arguments is counted too (it was rendered first: 13 s for 7 MB)
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": text}}
+    status, error = await _status(live.client(max_retries=0).chat.completions.create(
+        model="agent", max_tokens=2, messages=[*USER, {"role": "assistant", "content": None, "tool_calls": [call]},
+                                               {"role": "tool", "tool_call_id": "c1", "content": "ok"}]))
+    assert status == 400 and error["code"] == "context_length_exceeded" and calls == []
+
+
+async def test_a_tiny_temperature_is_greedy_and_a_tiny_repetition_penalty_is_refused(live):
+    # 1e-40 became 0 in float32: NaN probabilities sampled one fixed junk token with a 200
+    client = live.client(max_retries=0)
+    from groupwise.choices import choice_token_ids
+
+    async def ids(**sampling) -> list[int]:
+        r = await client.chat.completions.create(model="agent", messages=USER, max_tokens=8, seed=3, **sampling)
+        return choice_token_ids(r.choices[0])
+
+    greedy = await ids(temperature=0)
+    assert await ids(temperature=1e-40) == greedy == await ids(temperature=5e-324)
+    status, error = await _status(client.chat.completions.create(
+        model="agent", messages=USER, max_tokens=2, extra_body={"repetition_penalty": 1e-40}))
+    assert status == 400 and "repetition_penalty" in error["message"]
+
+
+async def test_a_body_sent_as_a_form_or_text_is_a_415(live):
+    # the types a web page may send cross-origin without a preflight: any page could make a loopback
+    # server without a key generate
+    body = json.dumps({"model": "agent", "messages": USER, "max_tokens": 2}).encode()
+    async with httpx.AsyncClient(base_url=live.url) as http:
+        for media in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+            r = await http.post("/v1/chat/completions", content=body, headers={"content-type": media})
+            assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type", media
+        for headers in ({"content-type": "application/json; charset=utf-8"}, {}):
+            r = await http.post("/v1/chat/completions", content=body, headers=headers)
+            assert r.status_code == 200, (headers, r.text)
 
 
 async def test_tokenising_runs_off_the_event_loop(live, served, monkeypatch):
@@ -415,6 +450,17 @@ async def test_chat_template_kwargs_reach_the_template(live, served, monkeypatch
     status, error = await _status(client.chat.completions.create(
         model="agent", messages=USER, max_tokens=1, extra_body={"chat_template_kwargs": ["enable_thinking"]}))
     assert (status, error["param"]) == (400, "chat_template_kwargs")
+    # the tokenizer's own arguments are not template variables: a request's own Jinja template would run on
+    # the engine's thread (a loop of 12,000 x 12,000 held every caller for 12 s), truncation or padding
+    # would sample from a prompt other than the one the trainer renders
+    for hostile in ({"chat_template": "{% for i in range(99999) %}{% endfor %}x"}, {"truncation": True, "max_length": 1},
+                    {"padding": "max_length", "max_length": 2000}, {"return_tensors": "pt"}, {"messages": []},
+                    {"tokenizer_kwargs": {"add_special_tokens": True}}):
+        status, error = await _status(client.chat.completions.create(
+            model="agent", messages=USER, max_tokens=1, extra_body={"chat_template_kwargs": hostile}))
+        assert (status, error["param"]) == (400, "chat_template_kwargs"), hostile
+        assert "only hold the chat template's own variables" in error["message"]
+    assert await prompt_tokens() == plain
 
 
 # ------------------------------------------------------------------------------- 3. every field, hostile

@@ -10,8 +10,8 @@ sampled from (token-in/token-out). It sits below both: it imports neither infere
                    text (Hermes ``<tool_call>``) and parsed back into OpenAI ``tool_calls``
 """
 
-from groupwise.chat.render import prompt_ids, render_text
+from groupwise.chat.render import prompt_ids, render_text, template_kwargs_problem
 from groupwise.chat.tool_calls import format_tool_call, parse_tool_calls, prepare_messages, template_supports_tools
 
-__all__ = ["format_tool_call", "parse_tool_calls", "prepare_messages", "prompt_ids", "render_text",
+__all__ = ["format_tool_call", "parse_tool_calls", "prepare_messages", "prompt_ids", "render_text", "template_kwargs_problem",
            "template_supports_tools"]

@@ -44,6 +44,10 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 TOP_K_MAX = 2**63 - 1
 
 
+GREEDY_BELOW_TEMPERATURE = 1e-5  # a positive temperature below this samples greedily (SamplingParams)
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
+
+
 @dataclass
 class SamplingParams:
     """How one sequence samples. temperature 0 means greedy; top_k 0 (or -1) and min_p 0 are off."""
@@ -57,6 +61,12 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # > 1 discourages tokens of the prompt and the output so far
     presence_penalty: float = 0.0  # subtracted once from each token already in the output
     frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+
+    def __post_init__(self) -> None:
+        # A temperature this small samples the argmax anyway; far smaller ones leave float32 (logits / t is
+        # inf, or t is 0) and the softmax NaN, which sampled one fixed junk token with a 200.
+        if isinstance(self.temperature, (int, float)) and 0.0 < self.temperature < GREEDY_BELOW_TEMPERATURE:
+            self.temperature = 0.0
 
     @property
     def truncates(self) -> bool:
@@ -80,8 +90,10 @@ class SamplingParams:
                      "one at least the vocabulary's size keeps every token)")
         if not (0.0 <= self.min_p <= 1.0):
             p.append(f"min_p={self.min_p!r} must be in [0, 1]")
-        if not (0.0 < self.repetition_penalty < float("inf")):
-            p.append(f"repetition_penalty={self.repetition_penalty!r} must be > 0 (1 turns it off)")
+        if not (REPETITION_PENALTY_RANGE[0] <= self.repetition_penalty <= REPETITION_PENALTY_RANGE[1]):
+            # logits divided by a penalty near 0 leave float32 (inf, then NaN): bounded as a multiplier is
+            p.append(f"repetition_penalty={self.repetition_penalty!r} must be in [{REPETITION_PENALTY_RANGE[0]}, "
+                     f"{REPETITION_PENALTY_RANGE[1]}] (1 turns it off)")
         for name in ("presence_penalty", "frequency_penalty"):
             if not (-2.0 <= getattr(self, name) <= 2.0):
                 p.append(f"{name}={getattr(self, name)!r} must be in [-2, 2]")

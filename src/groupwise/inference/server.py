@@ -52,6 +52,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from groupwise.chat import prompt_ids as chat_prompt_ids
+from groupwise.chat import template_kwargs_problem
 from groupwise.compute import compute_thread
 from groupwise.errors import ModelNotFoundError
 from groupwise.inference.api_models import (ChatCompletionRequest, CompletionRequest, describe_validation_error,
@@ -244,11 +245,25 @@ async def read_body(request: Request, limit: int, timeout_s: float = DEFAULT_BOD
     return b"".join(chunks)
 
 
+def check_content_type(request: Request) -> None:
+    """A body sent as anything but JSON is refused (415). The types a web page may send cross-origin without
+    asking first (text/plain, forms) would otherwise let any page the user opens make this server generate;
+    a request without the header is a script's and is read as JSON."""
+    given = request.headers.get("content-type")
+    if given is None:
+        return
+    media = given.split(";", 1)[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise ApiError(415, f"the request body is sent as {media!r}; this server reads JSON: send 'Content-Type: "
+                       "application/json' (curl: -H 'Content-Type: application/json')", code="unsupported_media_type")
+
+
 def parsed(model: type) -> Any:
     """A dependency: the body read (within the limit) and validated as `model`; a 400 naming the field."""
 
     async def dependency(request: Request) -> Any:
         state = server_state(request)
+        check_content_type(request)
         raw = await read_body(request, state.max_body_bytes, state.body_timeout_s)
         if (problem := body_structure_problem(raw, state.engine.context_length)) is not None:
             raise ApiError(400, problem, code="request_too_complex")
@@ -273,6 +288,18 @@ def check_n(state: ServerState, n: int) -> None:
     if limit is not None and n > limit:
         raise ApiError(400, f"n={n}: this server gives at most {limit} choices per request (its batch size)",
                        param="n")
+
+
+def _text_chars(value: Any) -> int:
+    """Characters of every string in a message (content, tool calls' names and arguments, ids): what its
+    rendering holds, counted before the template runs."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_text_chars(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_text_chars(v) for v in value)
+    return 0
 
 
 def too_long(state: ServerState, chars: int) -> ApiError | None:
@@ -376,9 +403,11 @@ async def chat_completions(request: Request, body: ChatCompletionRequest = Depen
     messages = [m.as_dict() for m in body.messages]
     tools = body.tool_dicts()
     tool_choice = body.tool_choice_value()
-    chars = sum(len(str(m.get("content") or "")) for m in messages) + len(str(tools or ""))
+    chars = sum(_text_chars(m) for m in messages) + len(str(tools or ""))  # tool-call arguments count too
     if (error := too_long(state, chars)) is not None:
         raise error
+    if (problem := template_kwargs_problem(state.tokenizer, body.chat_template_kwargs)) is not None:
+        raise ApiError(400, problem, param="chat_template_kwargs")
     response_format = body.response_format.as_dict() if body.response_format else None
     constraint = await prepare(state, tools, tool_choice, response_format, body.guided_choice)
     prompt_ids = await compute_thread().run(_render_chat, state.tokenizer, messages, tools, body.chat_template_kwargs)

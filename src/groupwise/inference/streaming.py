@@ -69,9 +69,12 @@ async def stream_chat(texts: TokenTexts, future: concurrent.futures.Future, queu
         hold = max((len(s) for s in req.stop), default=1) - 1
         while not task.done() or not queue.empty():
             get = asyncio.ensure_future(queue.get())
-            done, _ = await asyncio.wait({get, task}, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                done, _ = await asyncio.wait({get, task}, return_when=asyncio.FIRST_COMPLETED)
+            finally:  # a client gone mid-wait cancels this generator here: its get must not outlive it
+                if not get.done():
+                    get.cancel()
             if get not in done:
-                get.cancel()
                 continue
             index, token, logprob = get.result()
             ids[index].append(token)
