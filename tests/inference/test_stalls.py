@@ -307,7 +307,7 @@ async def test_a_client_gone_mid_upload_is_one_log_line(live, caplog):
 
 @pytest.mark.parametrize("name, status", [
     ("agent@²", 404), ("agent@" + "9" * 5000, 400), ("agent@" + "9" * 200, 404), ("agent@-1", 404),
-    ("agent@1.0", 404), ("agent@@1", 404), ("a\u0000b", 404), ("", 400),
+    ("agent@1.0", 404), ("agent@@1", 404), ("a\u0000b", 404), ("", 400), ("agent@01", 404), ("agent@", 404),
 ])
 async def test_any_model_name_is_a_4xx_in_openai_shape(live, name, status):
     client = live.client(max_retries=0)

@@ -135,12 +135,14 @@ class ModelRegistry:
             name, step_text = split_served_name(model)
             steps = self._steps.get(name)
             if steps is not None:
-                if not step_text:
+                if "@" not in model:
                     step = max(steps)
                     return Resolved(served_name(name, step), steps[step], step, follow=name)
                 # ASCII digits only, and few of them: "²" is a digit to str.isdigit() but not to
-                # int(), and int() refuses 4300 digits or more; either is a step nobody serves.
-                if step_text.isascii() and step_text.isdigit() and len(step_text) <= 18 and int(step_text) in steps:
+                # int(), and int() refuses 4300 digits or more; either is a step nobody serves. Written
+                # as the server writes it ("name@1", not "name@01" or "name@"): one name per adapter.
+                if (step_text.isascii() and step_text.isdigit() and len(step_text) <= 18
+                        and step_text == str(int(step_text)) and int(step_text) in steps):
                     step = int(step_text)
                     return Resolved(served_name(name, step), steps[step], step)
                 raise ModelNotFoundError(
