@@ -39,8 +39,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, Literal, overload
 
 from groupwise.errors import GroupwiseError
-from groupwise.recording import ChatCall, conversations
-from groupwise.types import Choice, History, Trajectory
+from groupwise.recording import ChatCall, call_from_bodies, conversations
+from groupwise.types import History, Trajectory
 
 __all__ = ["auto_trajectory", "capture_auto_trajectory", "capture_yielded_trajectory", "yield_trajectory"]
 
@@ -61,15 +61,13 @@ class _Capture:
             request = json.loads(request_body)
             if not isinstance(request, dict) or not isinstance(request.get("messages"), list):
                 return
-            choice = _streamed_choice(response_body) if streamed else _plain_choice(response_body)
+            call = call_from_bodies(request, _streamed_response(response_body) if streamed
+                                    else json.loads(response_body))
         except (ValueError, KeyError, IndexError, TypeError) as exc:  # not a chat completion we can read
             log.debug("capture_auto_trajectory skipped a response it could not read: %s", exc)
             return
-        if choice is None:
-            return
         with self._lock:
-            self.calls.append(ChatCall(messages=list(request["messages"]), tools=request.get("tools") or None,
-                                       choice=choice))
+            self.calls.append(call)
             found = conversations(self.calls)
             t = self.trajectory
             t.messages_and_choices = found[0].messages_and_choices
@@ -79,12 +77,8 @@ class _Capture:
             t.additional_histories = [*(h for h in t.additional_histories if id(h) not in mine), *self._histories]
 
 
-def _plain_choice(body: bytes) -> Choice | None:
-    choices = json.loads(body).get("choices") or []
-    return Choice.model_validate(choices[0]) if choices else None
-
-
-def _streamed_choice(body: bytes) -> Choice | None:
+def _streamed_response(body: bytes) -> dict[str, Any]:
+    """A streamed chat completion's SSE bytes as the JSON a plain call returns (`groupwise.openai`)."""
     from openai.types.chat.chat_completion_chunk import ChatCompletionChunk
 
     from groupwise.openai import init_chat_completion, update_chat_completion
@@ -101,9 +95,7 @@ def _streamed_choice(body: bytes) -> Choice | None:
         if completion is None:
             completion = init_chat_completion(chunk)
         update_chat_completion(completion, chunk)
-    if completion is None or not completion.choices:
-        return None
-    return Choice.model_validate(completion.choices[0].model_dump())
+    return completion.model_dump() if completion is not None else {"choices": []}
 
 
 _current: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar("groupwise_auto_trajectory", default=None)
@@ -179,23 +171,23 @@ def _install() -> None:
 def _async_send(send: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(send)
     async def wrapper(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        response = await send(self, request, *args, **kwargs)
-        capture = _current.get()
-        if capture is not None and _is_chat_completion(request):
-            _watch(capture, request, response, streamed=bool(kwargs.get("stream", False)))
-        return response
+        return _sent(request, await send(self, request, *args, **kwargs), kwargs)
     return wrapper
 
 
 def _sync_send(send: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(send)
     def wrapper(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        response = send(self, request, *args, **kwargs)
-        capture = _current.get()
-        if capture is not None and _is_chat_completion(request):
-            _watch(capture, request, response, streamed=bool(kwargs.get("stream", False)))
-        return response
+        return _sent(request, send(self, request, *args, **kwargs), kwargs)
     return wrapper
+
+
+def _sent(request: Any, response: Any, send_kwargs: dict[str, Any]) -> Any:
+    """`response`, watched for the current capture when it answers a chat completion."""
+    capture = _current.get()
+    if capture is not None and _is_chat_completion(request):
+        _watch(capture, request, response, streamed=bool(send_kwargs.get("stream", False)))
+    return response
 
 
 @overload

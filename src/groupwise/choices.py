@@ -54,6 +54,17 @@ def _choice_extra(choice: Choice, name: str) -> Any:
     return value
 
 
+def _checked_list(values: Any, kind: type, name: str, described: str) -> list[Any] | tuple[Any, ...]:
+    """`values` (an extra field of a choice) if it is a list of `kind` (bools are not numbers here: a
+    True among token ids is a bug, not id 1), else an error naming the field."""
+    if not isinstance(values, (list, tuple)) or not all(isinstance(v, kind) and not isinstance(v, bool)
+                                                        for v in values):
+        raise InvalidDataError(f"a Choice's {name} must be a list of {described}, got {str(values)[:80]}: the "
+                               "server that sampled it returned something else, or the rollout edited them. "
+                               "Append the Choice as the server returned it.")
+    return values
+
+
 def choice_token_ids(choice: Choice) -> list[int] | None:
     """The sampled token ids of a Choice, or None when the server did not return them.
 
@@ -62,12 +73,7 @@ def choice_token_ids(choice: Choice) -> list[int] | None:
     """
     ids = _choice_extra(choice, "token_ids")
     if ids is not None:
-        if not isinstance(ids, (list, tuple)) or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
-                                                         for t in ids):
-            raise InvalidDataError(
-                f"a Choice's token_ids must be a list of ints, got {str(ids)[:80]}: the server that sampled it "
-                "returned something else, or the rollout edited them. Append the Choice as the server returned it.")
-        return [int(t) for t in ids]
+        return [int(t) for t in _checked_list(ids, numbers.Integral, "token_ids", "ints")]
     content = choice.logprobs.content if choice.logprobs is not None else None
     if content and all(entry.token.startswith("token_id:") for entry in content):
         return [int(entry.token.split(":", 1)[1]) for entry in content]
@@ -110,10 +116,5 @@ def choice_logprobs(choice: Choice) -> list[float] | None:
     if content:
         return [float(entry.logprob) for entry in content]
     values = _choice_extra(choice, "token_logprobs")
-    if values is None:
-        return None
-    if not isinstance(values, (list, tuple)) or not all(isinstance(v, numbers.Real) and not isinstance(v, bool)
-                                                        for v in values):
-        raise InvalidDataError(f"a Choice's token_logprobs must be a list of numbers, got {str(values)[:80]}: the "
-                               "server that sampled it returned something else, or the rollout edited them.")
-    return [float(v) for v in values]
+    return None if values is None else [float(v) for v in _checked_list(values, numbers.Real, "token_logprobs",
+                                                                          "numbers")]

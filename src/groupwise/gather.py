@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from groupwise.rollout.gather import gather_trajectories, gather_trajectory_groups
 from groupwise.choices import choice_token_ids
+from groupwise.rollout.gather import gather_trajectories, gather_trajectory_groups
 from groupwise.types import Choice, Trajectory, TrajectoryGroup, rollout_trajectories
 
 __all__ = ["GatherContext", "gather_trajectories", "gather_trajectory_groups", "get_gather_context",

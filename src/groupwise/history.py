@@ -36,7 +36,6 @@ import asyncio
 import concurrent.futures
 import json
 import os
-import re
 import threading
 import warnings
 import weakref
@@ -45,6 +44,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, overload
 
+from groupwise.chat.text import LONE_SURROGATE
 from groupwise.config import DEFAULT_CONFIDENCE
 from groupwise.curves import AlertRecord, Point, baseline_points, points_of
 from groupwise.errors import CorruptRecordError, GroupwiseWarning, StoreError
@@ -91,10 +91,6 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         raise
 
 
-# A lone UTF-16 surrogate (U+D800..U+DFFF) is a valid Python str character but has no UTF-8 encoding.
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def dumps(obj: Any) -> str:
     """One JSON line. allow_nan: a -inf logprob must survive; ensure_ascii=False keeps text readable.
 
@@ -106,9 +102,9 @@ def dumps(obj: Any) -> str:
     apart) reads back as the single character they pair to, and one in a dict KEY of a pydantic model
     (say a metadata name) is already U+FFFD in pydantic's JSON dump."""
     text = json.dumps(obj, ensure_ascii=False, allow_nan=True, separators=(",", ":"))
-    if _SURROGATE.search(text):
+    if LONE_SURROGATE.search(text):
         # Outside strings json.dumps writes ASCII only, so every surrogate here is inside a string.
-        text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+        text = LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
     return text
 
 
@@ -357,7 +353,9 @@ class RunHistory(Sequence[Row]):
 
     def has(self, row: Row) -> bool:
         """Whether a row with `row`'s key (`history_key`) is there."""
-        return self.row_with_key(row) is not None
+        with self._lock:
+            self._sync()
+            return history_key(row) in self._by_key
 
     def row_with_key(self, row: Row) -> Row | None:
         """A copy of the row with `row`'s key (`history_key`), or None."""

@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from groupwise.choices import choice_logprobs, choice_token_ids
 from groupwise.step_summary import content_text
 from groupwise.store import read_groups, trajectory_files
-from groupwise.choices import choice_logprobs, choice_token_ids
 from groupwise.types import Choice, History, PydanticException, Trajectory, TrajectoryGroup
 
 __all__ = ["format_trajectory", "format_exception", "content_text", "Palette"]

@@ -35,11 +35,11 @@ from typing_extensions import TypeVar
 
 from groupwise.adapter_names import served_name
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC
+from groupwise.choices import COMPACT_TOKEN_DATA
 from groupwise.compat import internal_config_settings, merge_lora, train_config_from_art, warn_ignored
 from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_PROJECT, DEFAULT_RUN_STORE
 from groupwise.errors import ArgumentTypeError, ConfigError, GroupwiseError, GroupwiseWarning, NotRegisteredError
 from groupwise.store import RunStore, as_groups, history_row, metrics_row, train_metrics
-from groupwise.choices import COMPACT_TOKEN_DATA
 from groupwise.types import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -350,11 +350,10 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         row = (metrics_row(step=step, split=split, metrics=metrics) if trajectories is None
                else history_row(groups, step=step, split=split, metrics=metrics))
         store = self.store
-        earlier = store.run_history.row_with_key(row)
-        if trajectories is None and earlier is not None:
+        if trajectories is None:
             # metrics for a (step, split) that has its row: added to it. ART appends a second row; a
             # replacement would drop the row's reward, which best-checkpoint choice reads.
-            row = {**earlier, **row}
+            row = {**(store.run_history.row_with_key(row) or {}), **row}
         elif groups and (step, split) in self._logged:
             warnings.warn(GroupwiseWarning(
                 f"log(): step {step} of split {split!r} was logged already by this model; a history row and its "

@@ -11,9 +11,9 @@ import pytest
 
 import groupwise as art
 from groupwise import GroupwiseError
+from groupwise.choices import choice_token_ids
 from groupwise.errors import InvalidDataError
 from groupwise.openai import consume_chat_completion_stream
-from groupwise.choices import choice_token_ids
 from groupwise.types import Choice
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a word up.",

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from groupwise.choices import choice_logprobs, choice_token_ids
 from groupwise.envs.game_2048 import Scenario2048, parse_move, reward_2048, rollout, scenarios, validate
 from groupwise.envs.game_2048.env import FORMAT_PENALTY, parse_move_loose
 from groupwise.envs.game_2048.game import (
@@ -19,7 +20,6 @@ from groupwise.envs.game_2048.game import (
     spawn,
     valid_moves,
 )
-from groupwise.choices import choice_logprobs, choice_token_ids
 from groupwise.types import Choice
 
 

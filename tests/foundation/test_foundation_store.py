@@ -8,8 +8,8 @@ import math
 import pytest
 
 from groupwise import CorruptRecordError, StoreError, Trajectory, TrajectoryGroup, load_history, load_trajectories
-from groupwise.store import RunStore, history_row, metrics_row, read_group_dicts
 from groupwise.choices import choice_forced_indices, choice_logprobs, choice_token_ids
+from groupwise.store import RunStore, history_row, metrics_row, read_group_dicts
 from groupwise.types import Choice
 
 

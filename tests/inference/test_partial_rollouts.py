@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import openai
 
+from groupwise.choices import choice_policy_versions
 from groupwise.inference.engine import Engine, GenerationRequest
 from groupwise.inference.registry import ModelRegistry
 from groupwise.inference.sampling import SamplingParams
 from groupwise.loading import tiny_random_model
-from groupwise.choices import choice_policy_versions
 from groupwise.types import Trajectory, TrajectoryGroup
 
 PROMPT = [1, 5, 9, 13, 17]

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from groupwise.training.tokenize import tokenize_groups
 from groupwise.choices import choice_token_ids
+from groupwise.training.tokenize import tokenize_groups
 from groupwise.types import Trajectory, TrajectoryGroup
 
 # SmolLM2's template has no tool support: the tools go into the system prompt, tool calls and results

@@ -18,10 +18,10 @@ from mcp import ClientSession, StdioServerParameters  # noqa: E402
 from mcp.client.stdio import stdio_client  # noqa: E402
 
 import groupwise as art  # noqa: E402
+from groupwise.choices import choice_token_ids  # noqa: E402
 from groupwise.local import LocalBackend  # noqa: E402
 from groupwise.mcp import (GeneratedScenario, GeneratedScenarioCollection, MCPResource, MCPTool,  # noqa: E402
                            complete_task_tool, generate_scenarios)
-from groupwise.choices import choice_token_ids  # noqa: E402
 
 SERVER = Path(__file__).with_name("weather_mcp_server.py")
 FORECASTS = {"paris": "rain, 12C", "rome": "sun, 24C", "oslo": "snow, -3C"}  # what the server answers

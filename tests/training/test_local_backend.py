@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 import groupwise as gw
-from groupwise.errors import AdapterMismatchError, RunLockedError
 from groupwise.choices import choice_logprobs
+from groupwise.errors import AdapterMismatchError, RunLockedError
 
 HERE = Path(__file__).parent
 

@@ -32,6 +32,7 @@ from types import SimpleNamespace
 from pathlib import Path
 from typing import Any
 
+from groupwise.choices import choice_forced_indices, choice_logprobs, choice_token_ids, choice_token_texts
 from groupwise.errors import GroupwiseError, GroupwiseWarning, StoreError, UnknownKeyError
 from groupwise.loop.compare import resolve_step
 from groupwise.loop.detectors import judge_disagreement
@@ -39,7 +40,6 @@ from groupwise.loop.report import val_metric_name
 from groupwise.step_summary import content_text, message_dict, read_summary, summarize, tool_calls
 from groupwise.store import read_group_dicts, trajectory_files
 from groupwise.training.advantages import group_advantages
-from groupwise.choices import choice_forced_indices, choice_logprobs, choice_token_ids, choice_token_texts
 from groupwise.types import Choice, TrajectoryGroup
 
 

@@ -12,14 +12,14 @@ groupwise `TrainableModel` also has ``inference_name()`` (``"agent-001@3"``), wh
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from groupwise.errors import ArgumentTypeError, EnvError
+from groupwise.chat.text import LONE_SURROGATE
 from groupwise.choices import wants_compact_token_data
+from groupwise.errors import ArgumentTypeError, EnvError
 from groupwise.types import Choice, Message, Tools, Trajectory
 
 
@@ -128,15 +128,12 @@ def split_seeds(seed: int, n_train: int, n_val: int, n_test: int, *, offset: int
     return train, val, test
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def _sendable(value: Any) -> Any:
     """A message with `sendable_text` in place of every string that holds a lone surrogate: an earlier
     reply (from an endpoint whose JSON escaped one) goes back in the next request, which the openai
     client could not encode. Anything else, the common case, is returned as it is."""
     if isinstance(value, str):
-        return sendable_text(value) if _LONE_SURROGATE.search(value) else value
+        return sendable_text(value) if LONE_SURROGATE.search(value) else value
     if isinstance(value, dict):
         return {k: _sendable(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -53,6 +53,7 @@ from starlette.requests import ClientDisconnect
 
 from groupwise.chat import prompt_ids as chat_prompt_ids
 from groupwise.chat import template_kwargs_problem
+from groupwise.choices import wants_compact_token_data
 from groupwise.compute import compute_thread
 from groupwise.errors import ModelNotFoundError
 from groupwise.inference.api_models import (ChatCompletionRequest, CompletionRequest, describe_validation_error,
@@ -67,7 +68,6 @@ from groupwise.inference.registry import ModelRegistry, Resolved
 from groupwise.inference.request_limits import DEFAULT_MAX_BODY_BYTES, body_structure_problem
 from groupwise.inference.responses import TokenTexts, chat_response, completion_response
 from groupwise.inference.streaming import EngineStream, stream_chat
-from groupwise.choices import wants_compact_token_data
 
 __all__ = ["DEFAULT_BODY_TIMEOUT_S", "DEFAULT_MAX_BODY_BYTES", "ApiError", "create_app"]
 

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from groupwise.choices import choice_to_message
 from groupwise.errors import ConfigError, JudgeError
 from groupwise.judge.cache import JudgeCache, request_key
 from groupwise.judge.config import JudgeConfig, make_config
@@ -49,7 +50,6 @@ from groupwise.judge.prompt import (
 )
 from groupwise.judge.providers import Endpoint, resolve
 from groupwise.judge.reconcile import align, pass_orders, pick_anchors, spearman
-from groupwise.choices import choice_to_message
 from groupwise.types import Choice, Trajectory, TrajectoryGroup
 from groupwise.utils.retry import retry
 

@@ -27,14 +27,15 @@ from typing import Any
 import torch
 
 from groupwise.chat import render_text
+from groupwise.choices import choice_to_message, choice_token_ids
 from groupwise.config import DEFAULT_ASSISTANT_TURNS
 from groupwise.errors import ArgumentTypeError, InvalidDataError, NotTrainableError
 from groupwise.training.tokenize import (
     TokenizedBatch,
     TokenizedSequence,
+    data_of,
     tokenize_conversation,
 )
-from groupwise.choices import choice_to_message, choice_token_ids
 from groupwise.types import Choice, Trajectory
 
 __all__ = ["SFTLossTerms", "sft_loss", "sft_sequence", "tokenize_sft"]
@@ -164,11 +165,9 @@ def tokenize_sft(
         convs += [(h, hist.messages_and_choices, hist.tools) for h, hist in enumerate(traj.additional_histories)]
         found = False
         for h, items, tools in convs:
-            try:
+            with data_of(f"trajectory {i}" + (f", additional history {h}" if h >= 0 else "")):
                 seq = sft_sequence(items, tokenizer, tools=tools, assistant_turns=assistant_turns,
                                    vocab_size=vocab_size)
-            except InvalidDataError as exc:
-                raise InvalidDataError(f"trajectory {i}{f', additional history {h}' if h >= 0 else ''}: {exc}") from exc
             if seq is None:
                 continue
             found = True

@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from groupwise.chat import render_text
+from groupwise.chat.text import LONE_SURROGATE
+from groupwise.choices import choice_forced_indices, choice_logprobs, choice_to_message, choice_token_ids
 from groupwise.errors import InvalidDataError, NotTrainableError
 from groupwise.training.advantages import compute_advantages
-from groupwise.choices import choice_forced_indices, choice_logprobs, choice_to_message, choice_token_ids
 from groupwise.types import Choice, TrajectoryGroup, item_kind_problem
 
 _SENTINEL = "\u2063GWCHOICE{}\u2063"  # invisible separator: never produced by a chat template
@@ -95,6 +97,16 @@ def _special_ids(tokenizer: Any) -> set[int]:
 LOGPROB_SLACK = 1e-2
 
 
+@contextmanager
+def data_of(where: str) -> Iterator[None]:
+    """Put `where` (the group, trajectory and history) in front of an `InvalidDataError` the block raises:
+    the conversation's own message cannot say which of a step's rollouts it is."""
+    try:
+        yield
+    except InvalidDataError as exc:
+        raise InvalidDataError(f"{where}: {exc}") from exc
+
+
 def _has_token_ids(items: Sequence[Any]) -> bool:
     return any(isinstance(m, Choice) and choice_token_ids(m) for m in items)
 
@@ -119,9 +131,6 @@ def _plain_key(value: Any) -> str | None:
     return repr(value)
 
 
-_SURROGATE_RE = re.compile("[\ud800-\udfff]")  # in a str, a surrogate code point is always a lone one
-
-
 def _encodable(text: str) -> str:
     """`text` with each lone surrogate (a tool's output decoded with surrogateescape, say) as U+FFFD: the
     tokenizer refuses them. No such text reached the model: its server refuses them in a request, so
@@ -130,7 +139,7 @@ def _encodable(text: str) -> str:
         text.encode("utf-8")
         return text
     except UnicodeEncodeError:
-        return _SURROGATE_RE.sub("\ufffd", text)
+        return LONE_SURROGATE.sub("\ufffd", text)
 
 
 @dataclass
@@ -276,12 +285,10 @@ def tokenize_groups(
     with_ids = []
     for g, group in enumerate(groups):
         for i, t in enumerate(group.trajectories):
-            try:
+            with data_of(f"group {g}, trajectory {i}"):
                 if _has_token_ids(t.messages_and_choices) or any(_has_token_ids(h.messages_and_choices)
                                                                  for h in t.additional_histories):
                     with_ids.append(t)
-            except InvalidDataError as exc:
-                raise InvalidDataError(f"group {g}, trajectory {i}: {exc}") from exc
     batch = TokenizedBatch(num_groups=len(groups), trajectories_without_token_ids=len(trajectories) - len(with_ids))
     if not with_ids:
         raise NotTrainableError(
@@ -311,12 +318,9 @@ def tokenize_groups(
             for h, items, tools in convs:
                 if not _has_token_ids(items):
                     continue
-                try:
+                with data_of(f"group {g}, trajectory {i}" + (f", additional history {h}" if h >= 0 else "")):
                     ids, mask, old = tokenize_conversation(items, tokenizer, tools=tools, vocab_size=vocab_size,
                                                            train_forced_tokens=train_forced_tokens, memo=memo)
-                except InvalidDataError as exc:
-                    where = f"group {g}, trajectory {i}" + (f", additional history {h}" if h >= 0 else "")
-                    raise InvalidDataError(f"{where}: {exc}") from exc
                 if not any(mask):
                     batch.dropped_all_forced += 1
                     continue
