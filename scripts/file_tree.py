@@ -17,7 +17,7 @@ NOTES = {
     "README.md": "the front door: what groupwise is, the two commands, an example, results",
     "bench/data/2048_val_labels.jsonl": "2048 validation games of base SmolLM2 labelled by the env's reward (bench/judge_eval_2048.py)",
     "tests/art_compat/art_api_snapshot.json": "facts about ART 0.3/0.4/0.5's public API, from its wheels (scripts/art_api_snapshot.py)",
-    "pyproject.toml": "package, extras (backend, plots, dashboard, ray, vllm, wandb, langgraph, mcp, tensorboard, dev, all), pytest settings",
+    "pyproject.toml": "package, extras (backend, plots, benchmarking, dashboard, ray, vllm, wandb, langgraph, mcp, tensorboard, dev, all), pytest settings",
     "src/groupwise/dashboard/static/index.html": "the dashboard's page: tabs for runs, curves, rollouts, compare",
     "src/groupwise/dashboard/static/app.js": "the dashboard's script: polls the API every 2 s, draws the charts with uPlot",
     "src/groupwise/dashboard/static/style.css": "the dashboard's styles (token colours: trained, grammar-forced, masked)",
@@ -61,7 +61,7 @@ def describe(path: Path) -> str:
 def main() -> None:
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     folded = {next((d for d in FOLDERS if f.startswith(d)), f) for f in files if (ROOT / f).is_file()}
-    lines = [f"{f:<56}{FOLDERS.get(f) or describe(ROOT / f)}".rstrip() for f in sorted(folded)]
+    lines = [f"{f:<55} {FOLDERS.get(f) or describe(ROOT / f)}".rstrip() for f in sorted(folded)]
     doc = ROOT / "docs" / "architecture.md"
     text = doc.read_text()
     head, rest = text.split("## File tree", 1)

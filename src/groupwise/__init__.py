@@ -12,6 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+
+def _load_env_file() -> None:
+    """Set the variables of the nearest ``.env`` file (the working directory's, else a parent's) that are
+    not set already, as ART 0.5's ``import art`` does: ported programs keep finding the keys (a judge's
+    ``OPENAI_API_KEY``, ``BACKUP_BUCKET``, ...) they kept there. Variables already set win."""
+    from dotenv import find_dotenv, load_dotenv
+
+    load_dotenv(find_dotenv(usecwd=True), override=False)
+
+
+_load_env_file()
+
 # public name -> module that defines it. Resolved lazily so heavy modules load only when used.
 _EXPORTS: dict[str, str] = {
     # data model

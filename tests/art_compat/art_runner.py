@@ -51,8 +51,14 @@ _IMPORT_RES = [
 ]
 
 
+_SUBMODULE_IMPORT = re.compile(r"^\s*import art(\.[\w.]+)$", re.M)
+
+
 def port(text: str) -> str:
-    """The one change an ART program needs."""
+    """The one change an ART program needs: the package's name. ``import art.x.y`` binds the name
+    ``art.x.y`` the program then uses, so both become ``groupwise.x.y``."""
+    for submodule in set(_SUBMODULE_IMPORT.findall(text)):
+        text = re.sub(rf"\bart{re.escape(submodule)}\b", f"groupwise{submodule}", text)
     for pattern, repl in _IMPORT_RES:
         text = pattern.sub(repl, text)
     assert not re.search(r"^\s*(import art\b|from art\b)", text, re.M), "an ART import was left unported"

@@ -16,12 +16,25 @@ from typing import Any
 from groupwise.config import DEFAULT_RUN_STORE
 from groupwise.store import CHECKPOINTS_DIR, TRAJECTORIES_DIR, RunStore, step_dir_name
 
-__all__ = ["get_default_art_path", "get_model_dir", "get_models_dir", "get_output_dir_from_model_properties",
+__all__ = ["ART_DEFAULT_PATH", "art_path_or_default", "get_default_art_path", "get_model_dir", "get_models_dir", "get_output_dir_from_model_properties",
            "get_step_checkpoint_dir", "get_trajectories_dir", "get_trajectories_split_dir"]
+
+
+# ART's own default folder, the default of its readers' `art_path`/`api_path` arguments
+ART_DEFAULT_PATH = "./.art"
 
 
 def get_default_art_path() -> str:
     return os.path.abspath(DEFAULT_RUN_STORE)
+
+
+def art_path_or_default(art_path: str | None) -> str:
+    """The store folder an ART reader means: `art_path`, except where it is None or ART's own default
+    (``./.art``) and no such folder exists: then groupwise's default store, where this machine's runs are."""
+    if art_path is None or (os.path.normpath(art_path) == os.path.normpath(ART_DEFAULT_PATH)
+                            and not os.path.isdir(art_path)):
+        return get_default_art_path()
+    return os.path.abspath(art_path)
 
 
 def get_models_dir(project_name: str, art_path: str | None = None) -> str:

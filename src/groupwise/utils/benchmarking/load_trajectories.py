@@ -1,0 +1,111 @@
+"""ART's `load_trajectories`: every stored trajectory of a project as one polars DataFrame, a row each.
+
+ART reads the Parquet files its backend writes; groupwise reads its run store, where the same things are
+kept losslessly (``<store>/<project>/<name>/trajectories/<split>/<step>.jsonl``), into ART's columns:
+``model``, ``split``, ``step``, ``reward``, ``group_number`` (numbered from 1 over the groups read, in
+order), ``messages`` (role, content, tool_calls, trainable: True for a sampled Choice), ``logs``, and one
+column per key seen: ``metric_<k>`` (float), ``metadata_<k>`` (text), ``group_metric_<k>``,
+``group_metadata_<k>``. Prompted models logged with ``model.log(...)`` are runs of the store too, so
+charts compare them with trained runs as in ART.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from groupwise.errors import MissingDependencyError
+from groupwise.store import read_group_dicts, trajectory_files
+from groupwise.utils.output_dirs import art_path_or_default, get_models_dir
+
+__all__ = ["load_trajectories", "trajectory_rows"]
+
+
+def trajectory_rows(project_name: str, models: list[str] | None = None,
+                    art_path: str | None = None) -> list[dict[str, Any]]:
+    """The rows of `load_trajectories` as dicts (no polars needed); runs sorted by name."""
+    root = Path(get_models_dir(project_name, art_path_or_default(art_path)))
+    if not root.is_dir():
+        return []
+    wanted = None if models is None else set(models)
+    rows: list[dict[str, Any]] = []
+    numbers: dict[tuple[str, str, int, int], int] = {}
+    for run_dir in sorted(p for p in root.iterdir() if p.is_dir() and (wanted is None or p.name in wanted)):
+        for split, step, path in trajectory_files(run_dir):
+            for index, group in enumerate(read_group_dicts(path, skip_corrupt=True)):
+                number = numbers.setdefault((run_dir.name, split, step, index), len(numbers) + 1)
+                shared = {**_columns("group_metric_", group.get("metrics"), float),
+                          **_columns("group_metadata_", group.get("metadata"), str)}
+                for trajectory in group["trajectories"]:
+                    rows.append({
+                        "model": run_dir.name, "split": split, "step": step,
+                        "reward": _number(trajectory.get("reward")), "group_number": number,
+                        "messages": [_message(m) for m in trajectory.get("messages_and_choices") or []],
+                        "logs": list(trajectory.get("logs") or []) or None,
+                        **_columns("metric_", trajectory.get("metrics"), float),
+                        **_columns("metadata_", trajectory.get("metadata"), str),
+                        **shared,
+                    })
+    return rows
+
+
+async def load_trajectories(project_name: str, models: list[str] | None = None, debug: bool = False,
+                            art_path: str | None = None) -> Any:
+    """A polars DataFrame of every stored trajectory of `project_name` (of the runs named in `models`,
+    else of all); an empty frame when there is none. `art_path` is the store folder (default: this
+    machine's, as the backend's). `debug` prints how many rows were read."""
+    try:
+        import polars as pl
+    except ImportError as exc:
+        raise MissingDependencyError("load_trajectories", "benchmarking", "polars") from exc
+    rows = trajectory_rows(project_name, models, art_path)
+    if debug:
+        print(f"[groupwise] {len(rows)} trajectories of project {project_name!r}")
+    if not rows:
+        return pl.DataFrame()
+    message = pl.Struct({"role": pl.Utf8, "content": pl.Utf8, "trainable": pl.Boolean,
+                         "tool_calls": pl.List(pl.Struct({"function": pl.Struct({"name": pl.Utf8,
+                                                                                   "arguments": pl.Utf8})}))})
+    schema: dict[str, Any] = {"model": pl.Utf8, "split": pl.Utf8, "step": pl.Int64, "reward": pl.Float64,
+                              "group_number": pl.Int64, "messages": pl.List(message), "logs": pl.List(pl.Utf8)}
+    for row in rows:
+        for key in row:
+            if key not in schema:
+                schema[key] = pl.Utf8 if key.startswith(("metadata_", "group_metadata_")) else pl.Float64
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _columns(prefix: str, values: Any, kind: type) -> dict[str, Any]:
+    if not isinstance(values, dict):
+        return {}
+    if kind is str:
+        return {f"{prefix}{k}": str(v) for k, v in values.items()}
+    return {f"{prefix}{k}": _number(v) for k, v in values.items()}
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _message(item: dict[str, Any]) -> dict[str, Any]:
+    """A stored message or Choice as ART's flattened message: a Choice (it has ``finish_reason``) is its
+    message, trainable; content parts are joined as text; tool calls keep their function's name and
+    arguments."""
+    choice = isinstance(item, dict) and "finish_reason" in item
+    message = (item.get("message") or {}) if choice else item if isinstance(item, dict) else {}
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    calls = [{"function": {"name": (call.get("function") or {}).get("name"),
+                           "arguments": _text((call.get("function") or {}).get("arguments"))}}
+             for call in message.get("tool_calls") or [] if isinstance(call, dict)]
+    return {"role": message.get("role"), "content": None if content is None else _text(content),
+            "trainable": choice, "tool_calls": calls or None}
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) or value is None else json.dumps(value)
