@@ -63,6 +63,27 @@ def test_parse_rejects(answer, problem):
     assert problem in str(err.value) and err.value.raw == answer
 
 
+@pytest.mark.parametrize(
+    "answer,problem",
+    [
+        # an integer past float's range: float() raised OverflowError out of the parser
+        ('{"scores": [{"trajectory_id": "1", "score": 1%s}, {"trajectory_id": "2", "score": 0}]}' % ("0" * 400),
+         "trajectory 1: score inf is outside [0, 1]"),
+        # 5000 digits: json.loads raised ValueError (Python's int limit), not JSONDecodeError
+        ('{"scores": [{"trajectory_id": "1", "score": %s}, {"trajectory_id": "2", "score": 0}]}' % ("1" * 5000),
+         "JSON this parser refuses"),
+        # nested past the recursion limit: RecursionError
+        ("[" * 50_000 + "]" * 50_000, "JSON this parser refuses"),
+    ],
+)
+def test_parse_refuses_json_past_pythons_limits_as_a_bad_answer(answer, problem):
+    # Any other exception escaped the retry and repair loop (which catches BadAnswer only) and ended
+    # the caller's step as a crash, not a JudgeError, and swallow_exceptions counted it as a drop.
+    with pytest.raises(BadAnswer) as err:
+        parse_answer(answer, ["1", "2"])
+    assert problem in str(err.value) and err.value.raw == answer
+
+
 def test_parse_lists_every_problem_once():
     answer = '{"scores": [{"trajectory_id": "1", "explanation": "", "score": 2}]}'
     with pytest.raises(BadAnswer) as err:

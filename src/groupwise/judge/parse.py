@@ -44,7 +44,8 @@ def _strip(text: str) -> str:
 
 
 def parse_answer(raw: str | None, ids: Sequence[str]) -> dict[str, Score]:
-    """Scores by id, or BadAnswer with every problem found."""
+    """Scores by id, or BadAnswer with every problem found: whatever the judge's text, a bad answer is a
+    BadAnswer (retried, repaired, then a JudgeError), never another exception."""
     if raw is None or not raw.strip():
         raise BadAnswer(["the answer is empty (no content in the judge's message)"], raw)
     text = _strip(raw)
@@ -52,6 +53,10 @@ def parse_answer(raw: str | None, ids: Sequence[str]) -> dict[str, Score]:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise BadAnswer([f"the answer is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"], raw) from None
+    except (ValueError, RecursionError) as e:
+        # JSON that Python's reader refuses past its own limits: an integer of more than 4300 digits
+        # (ValueError), arrays or objects nested past the recursion limit. The judge's fault, not ours.
+        raise BadAnswer([f"the answer is JSON this parser refuses ({type(e).__name__}: {str(e)[:120]})"], raw) from None
     if not isinstance(obj, dict) or not isinstance(obj.get("scores"), list):
         raise BadAnswer(['the answer must be a JSON object with a "scores" list'], raw)
     wanted = list(ids)
@@ -74,7 +79,10 @@ def parse_answer(raw: str | None, ids: Sequence[str]) -> dict[str, Score]:
         if isinstance(score, bool) or not isinstance(score, (int, float)):
             problems.append(f"trajectory {tid}: score {score!r} is not a number")
             continue
-        score = float(score)
+        try:
+            score = float(score)
+        except OverflowError:  # an integer past float's range (1 followed by 400 zeros)
+            score = math.inf
         if not math.isfinite(score) or not 0.0 <= score <= 1.0:
             problems.append(f"trajectory {tid}: score {score!r} is outside [0, 1]")
             continue
