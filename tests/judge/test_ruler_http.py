@@ -150,6 +150,28 @@ async def test_cache_hit_sends_no_request(judge_server, tmp_path):
     assert len(judge_server.requests) == 2
 
 
+async def test_cache_takes_any_trajectory_text_and_misses_on_foreign_entries(judge_server, tmp_path):
+    # A lone surrogate in a trajectory (storable since the store writes its escape) failed the SDK's
+    # strict UTF-8 encoding of the request body, and with a cache the key's encoding first: the judge
+    # crashed on the group with a UnicodeEncodeError. The judge is shown U+FFFD in its place.
+    group = make_group([0.2, 0.8], prefix_marker="lone \ud800 surrogate")
+    uncached = await ruler_score_group(group, "scripted", **opts(judge_server))
+    assert "lone \ufffd surrogate" in judge_server.requests[0]["messages"][1]["content"]
+    o = opts(judge_server, cache=str(tmp_path / "cache"))
+    first = await ruler_score_group(group, "scripted", **o)
+    second = await ruler_score_group(group, "scripted", **o)
+    assert uncached.rewards() == first.rewards() == second.rewards() == [0.2, 0.8]
+    assert len(judge_server.requests) == 2
+    # An entry that is JSON but not an answer (another tool's file, an edit) was read as one:
+    # AttributeError ('list' object has no attribute 'get'). It is a miss, and the fresh answer replaces it.
+    for entry in ("[1]", '{"content": 5}', '"text"', "[" * 50_000):
+        for f in (tmp_path / "cache").glob("*/*.json"):
+            f.write_text(entry)
+        again = await ruler_score_group(group, "scripted", **o)
+        assert again.rewards() == [0.2, 0.8]
+    assert len(judge_server.requests) == 6
+
+
 async def test_cost_accounted_for_openai_provider(judge_server, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("OPENAI_BASE_URL", judge_server.url)

@@ -19,7 +19,9 @@ from typing import Any
 
 def request_key(request: dict[str, Any]) -> str:
     blob = json.dumps(request, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    # surrogatepass: a trajectory's text may hold a lone surrogate (a model's "\\ud800", parsed), which
+    # strict UTF-8 cannot encode; every other text hashes to the key it always had.
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class JudgeCache:
@@ -32,13 +34,18 @@ class JudgeCache:
         return self.path / key[:2] / f"{key}.json"
 
     def get(self, key: str) -> dict[str, Any] | None:
+        """The entry of `key`, or None: a missing, damaged or foreign entry (not ``{"content": str, ...}``)
+        is a miss, and the fresh answer overwrites it."""
         f = self._file(key)
         try:
-            return json.loads(f.read_text(encoding="utf-8"))
+            entry = json.loads(f.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return None
-        except (OSError, json.JSONDecodeError):
-            return None  # a damaged entry is a miss; the fresh answer overwrites it
+        except (OSError, ValueError, RecursionError):  # JSONDecodeError, bad UTF-8, Python's JSON limits
+            return None
+        if not isinstance(entry, dict) or not isinstance(entry.get("content"), str):
+            return None
+        return entry
 
     def put(self, key: str, value: dict[str, Any]) -> None:
         f = self._file(key)
@@ -46,7 +53,7 @@ class JudgeCache:
         fd, tmp = tempfile.mkstemp(dir=f.parent, prefix=".tmp-", suffix=".json")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as out:
-                json.dump(value, out, ensure_ascii=False)
+                json.dump(value, out)  # ASCII: a lone surrogate in an answer is written as its escape
             os.replace(tmp, f)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

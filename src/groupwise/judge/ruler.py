@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from groupwise.chat.text import LONE_SURROGATE
 from groupwise.choices import choice_to_message
 from groupwise.errors import ConfigError, JudgeError
 from groupwise.judge.cache import JudgeCache, request_key
@@ -105,6 +106,19 @@ async def _complete(endpoint: Endpoint, messages: list[dict[str, Any]], kwargs: 
     return content, (u.prompt_tokens if u else 0), (u.completion_tokens if u else 0)
 
 
+def _encodable(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with each lone surrogate in their text as U+FFFD (groupwise.chat.text): the SDK
+    encodes a request body as strict UTF-8, so one such character in a trajectory (or in a judge's
+    answer sent back for repair) failed the whole request with UnicodeEncodeError, before any retry."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str) and LONE_SURROGATE.search(content):
+            m = {**m, "content": LONE_SURROGATE.sub("\ufffd", content)}
+        out.append(m)
+    return out
+
+
 def _retryable_status(code: int) -> bool:
     return code in (408, 409, 429) or code >= 500
 
@@ -127,6 +141,7 @@ async def _request(
     backoff_s * 2**i) and, without a JSON schema, one repair request per attempt."""
     import openai
 
+    messages = _encodable(messages)
     fmt = endpoint.response_format if cfg.response_format == "auto" else cfg.response_format
     kwargs: dict[str, Any] = {}
     if fmt == "json_schema":
@@ -171,7 +186,7 @@ async def _request(
         # One judge request: its tokens are accounted and its answer kept for the error message.
         nonlocal last_raw
         try:
-            content, pt, ct = await _complete(endpoint, msgs, kwargs, cfg.timeout_s)
+            content, pt, ct = await _complete(endpoint, _encodable(msgs), kwargs, cfg.timeout_s)
         except openai.APITimeoutError as e:
             raise _Retryable(f"timeout after {cfg.timeout_s} s") from e
         except openai.APIStatusError as e:
