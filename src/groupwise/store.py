@@ -62,6 +62,7 @@ import math
 import os
 import re
 import statistics
+import sys
 import warnings
 from collections.abc import Iterable
 from datetime import datetime, timezone
@@ -94,6 +95,8 @@ __all__ = [
     "read_group_dicts",
     "atomic_write_text",
     "RESERVED_HISTORY_KEYS",
+    "MAX_NESTING",
+    "storable_problem",
 ]
 
 RESERVED_HISTORY_KEYS = frozenset({
@@ -126,6 +129,84 @@ def folder_name_problem(value: Any) -> str | None:
         return ("cannot be a folder name of the run store; use letters, digits and _ . @ + = - "
                 f"(no slashes, not starting with a dot, at most {MAX_FOLDER_NAME_CHARS} characters)")
     return None
+
+
+# Levels of nesting allowed inside one message, tool definition or additional history: far past any
+# real tool schema (the server takes 32), and far enough below the writer's own bound (pydantic's JSON
+# dump stops at about 255 levels from the group) and Python's recursion limit (the trainer's render
+# key is a repr) that what is accepted here is written and trained.
+MAX_NESTING = 100
+
+
+def _json_problem(value: Any, nesting: int = 0) -> str | None:
+    """Why `value` (a message, a tool, ...) cannot be written as JSON, or None. One walk, no recursion:
+    nesting past MAX_NESTING, an integer whose decimal text Python refuses, or a value of another type
+    that pydantic's JSON dump (the writer's) refuses."""
+    from pydantic_core import to_jsonable_python
+
+    stack = [(value, nesting)]
+    while stack:
+        v, depth = stack.pop()
+        kind = type(v)
+        if v is None or kind is str or kind is float or kind is bool:
+            continue
+        if depth > MAX_NESTING:
+            return f"nests deeper than {MAX_NESTING} levels"
+        if kind is int:
+            if v.bit_length() > 14_000:  # 4214 digits: only then may str() refuse it
+                try:
+                    str(v)
+                except ValueError:
+                    return f"holds an integer of {v.bit_length()} bits, past Python's limit on integer text"
+            continue
+        if kind is dict:
+            if not all(type(k) is str for k in v):
+                try:
+                    to_jsonable_python({k: None for k in v})
+                except Exception as exc:
+                    return f"has a key JSON cannot hold ({type(exc).__name__})"
+            stack.extend((x, depth + 1) for x in v.values())
+        elif kind is list or kind is tuple:
+            stack.extend((x, depth + 1) for x in v)
+        else:
+            try:
+                dumps(to_jsonable_python(v))
+            except Exception as exc:  # pydantic's serialization errors, bytes that are not UTF-8, ...
+                return f"holds a {kind.__name__} that cannot be written as JSON ({type(exc).__name__}: {str(exc)[:100]})"
+    return None
+
+
+def _metrics_problem(metrics: dict[str, Any]) -> str | None:
+    for name, v in metrics.items():
+        if isinstance(v, int) and not isinstance(v, bool):
+            try:
+                float(v)
+            except OverflowError:
+                return f"metric {name[:80]!r} is an integer past float's range (history rows average metrics as floats)"
+    return None
+
+
+def storable_problem(group: TrajectoryGroup) -> str | None:
+    """Why the run store could not write `group` (and its history row), or None: checked before a step
+    trains on it, so a step never updates the adapter and then fails to store what it trained on."""
+    for i, t in enumerate(group.trajectories):
+        parts: list[tuple[str, Any]] = [(f"trajectories[{i}].tools", t.tools)]
+        parts += [(f"trajectories[{i}].messages_and_choices[{j}]", m)
+                  for j, m in enumerate(t.messages_and_choices) if isinstance(m, dict)]
+        for h, history in enumerate(t.additional_histories):
+            parts.append((f"trajectories[{i}].additional_histories[{h}].tools", history.tools))
+            parts += [(f"trajectories[{i}].additional_histories[{h}].messages_and_choices[{j}]", m)
+                      for j, m in enumerate(history.messages_and_choices) if isinstance(m, dict)]
+        parts.append((f"trajectories[{i}].metadata", t.metadata))
+        for where, value in parts:
+            problem = _json_problem(value)
+            if problem:
+                return f"{where} {problem}"
+        problem = _metrics_problem(t.metrics)
+        if problem:
+            return f"trajectories[{i}]: {problem}"
+    problem = _json_problem(group.metadata) or _metrics_problem(group.metrics)
+    return f"the group's {problem}" if problem else None
 
 
 def _check_name(kind: str, value: Any) -> str:
@@ -341,6 +422,14 @@ class RunStore:
                 raise StoreError(
                     f"groups[{n}] still has {len(g.pending)} rollouts that were never run; "
                     "await it (or gather_trajectory_groups) before storing it"
+                )
+            problem = storable_problem(g)
+            if problem:
+                raise StoreError(
+                    f"groups[{n}].{problem}: the run store could not write it, so it is refused before any "
+                    "step trains on it. Keep messages, tools and metadata plain JSON (str, numbers, lists, "
+                    "dicts) nested at most {MAX_NESTING} levels; convert other values in the rollout"
+                    .replace("{MAX_NESTING}", str(MAX_NESTING))
                 )
         return groups
 

@@ -259,3 +259,60 @@ def test_lone_surrogates_anywhere_are_stored_and_round_trip(tmp_path, group):
     keyed = TrajectoryGroup([t.model_copy(update={"metadata": {"k\udc80": "\ud800"}})])
     store.write_trajectories("train", 1, [keyed])
     assert store.load_trajectories("train", 1)[0].trajectories[0].metadata == {"k\ufffd\ufffd\ufffd": "\ud800"}
+
+
+def _nested(levels: int) -> dict:
+    d: dict = {"type": "string"}
+    for _ in range(levels):
+        d = {"type": "object", "properties": {"a": d}}
+    return d
+
+
+@pytest.mark.parametrize("where,hostile", [
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": _nested(300)}}]),
+    ("message", {"role": "user", "content": "x", "extra": _nested(300)}),
+    ("message", {"role": "user", "content": "x", "extra": b"\xff\xfe"}),
+    ("message", {"role": "user", "content": "x", "extra": object()}),
+    ("message", {"role": "user", "content": "x", "extra": 10**5000}),
+    ("metadata", 10**5000),
+    ("metric", 10**400),
+], ids=["deep-tool-schema", "deep-message", "bad-utf8-bytes", "object", "int-5000-digits", "metadata-int", "metric-int"])
+def test_a_group_the_writer_would_refuse_is_refused_before_the_step(tmp_path, where, hostile):
+    # Each of these was accepted by check_storable, which the trainer calls before its update; the write
+    # then failed (pydantic's depth limit, bad UTF-8, an unknown type, Python's int-to-text limit, a
+    # metric's float()) after the adapter had been updated, and the run refused every further step until
+    # it was loaded again. Now the check refuses them, naming where, and nothing is written.
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    kwargs: dict = {}
+    if where == "tools":
+        kwargs["tools"] = hostile
+    elif where == "message":
+        messages[0] = hostile
+    elif where == "metadata":
+        kwargs["metadata"] = {"m": hostile}
+    else:
+        kwargs["metrics"] = {"m": hostile}
+    group = TrajectoryGroup([Trajectory(messages_and_choices=messages, reward=1.0, **kwargs)])
+    store = RunStore(tmp_path, "p", "agent")
+    with pytest.raises(StoreError, match=r"groups\[0\]\.trajectories\[0\]"):
+        store.check_storable([group])
+    with pytest.raises(StoreError):
+        store.write_trajectories("train", 0, [group])
+    assert not store.trajectories_path("train", 0).exists()
+
+
+def test_values_pydantic_writes_are_storable(tmp_path, group):
+    import datetime
+
+    from groupwise.store import MAX_NESTING
+
+    odd = {"role": "user", "content": "x", "when": datetime.date(2024, 1, 2), "ids": {1, 2}, "keys": {3: "three"},
+           "deep": _nested(MAX_NESTING // 2 - 1), "big": 10**4000, "nan": math.nan}
+    g = TrajectoryGroup([Trajectory(messages_and_choices=[odd, {"role": "assistant", "content": "a"}], reward=1.0,
+                                    metrics={"m": 10**300})])
+    store = RunStore(tmp_path, "p", "agent")
+    assert store.check_storable([g, group]) == [g, group]
+    store.write_trajectories("train", 0, [g, group])
+    [back, _] = load_trajectories(store.run_dir)
+    assert back.trajectories[0].messages_and_choices[0]["keys"] == {"3": "three"}
+    assert history_row([g], step=0, split="train")["m"] == 1e300
