@@ -68,8 +68,13 @@ def value(row: Row, split: str, key: str) -> float | None:
         v = row.get(k)
         if isinstance(v, bool):
             v = float(v)
-        if isinstance(v, (int, float)) and math.isfinite(v):
-            return float(v)
+        if isinstance(v, (int, float)):
+            try:
+                v = float(v)
+            except OverflowError:  # an integer past float's range, in a file written by hand or by an old version
+                continue
+            if math.isfinite(v):
+                return v
     return None
 
 

@@ -244,6 +244,20 @@ def history_row(
     metrics: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The history row (schema in this module's docstring) summarising `groups` at `step`."""
+    if type(step).__module__ == "numpy" and hasattr(step, "item"):
+        step = step.item()  # a step counted with numpy is an int like any other
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        # int(step) took "5", 5.7 (as 5) and -1: a row at a step no checkpoint or trajectory file can have
+        raise StoreError(f"step={step!r} must be an int >= 0 (a policy version: a run's steps count from 0)")
+    for key, value in (metrics or {}).items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                float(value)
+            except OverflowError:
+                # written, it made every reader of the history that charts numbers (report, curves) crash
+                raise StoreError(f"metric {str(key)[:80]!r} is an integer past float's range ({value.bit_length()} "
+                                 "bits); history rows hold numbers a float can hold. Log it as a float or a "
+                                 "smaller unit") from None
     groups = list(groups)
     trajectories = [t for g in groups for t in g.trajectories]
     rewards = [t.reward for t in trajectories]

@@ -185,3 +185,18 @@ async def test_train_takes_groups_as_lists_of_trajectories_by_arts_keyword(tmp_p
     with pytest.raises(TypeError, match=r"groups\[1\] is dict"):
         await model.train([groups()[0], {"trajectories": []}])
     await model.close()
+
+
+async def test_log_refuses_a_step_or_metric_no_reader_can_use(tmp_path):
+    # A metrics-only log took step="5", 5.7 (as 5) and -1 (int(step)); a metric of 10**400 was written
+    # and made `groupwise report` and the dashboard crash on the run (OverflowError in float()).
+    model = Model(name="m", project="p", base_path=str(tmp_path))
+    for step in (-1, "5", 5.7, True):
+        with pytest.raises(GroupwiseError, match="must be an int >= 0"):
+            await model.log(None, metrics={"acc": 1.0}, step=step)
+    with pytest.raises(GroupwiseError, match="past float's range"):
+        await model.log(None, metrics={"acc": 10**400}, step=1)
+    import numpy as np
+
+    row = await model.log(None, metrics={"acc": 10**300}, step=np.int64(2))
+    assert row["step"] == 2 and load_history(model.run_dir) == [row]

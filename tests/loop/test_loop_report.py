@@ -149,3 +149,21 @@ def test_report_of_rewards_near_the_float_limit_draws_and_prints(tmp_path, capsy
     assert (tmp_path / "out" / "curves.png").read_bytes()[:4] == b"\x89PNG"
     row = [line for line in capsys.readouterr().out.splitlines() if line.split()[:1] == ["0"]][0]
     assert row.split()[:4] == ["0", "0.000", "+-", "1.388e+308"]
+
+
+def test_report_reads_an_integer_past_floats_range_as_no_number(tmp_path, capsys):
+    # history_row now refuses such a metric; a file written before (or by hand) made `groupwise report`
+    # die with OverflowError in math.isfinite (curves.value), and the dashboard's reader too.
+    import json
+
+    from groupwise.dashboard.runs import _finite
+    from groupwise.store import RunStore, history_row
+
+    store = RunStore(tmp_path, "p", "bigint")
+    group = gw.TrajectoryGroup([gw.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}], reward=r)
+                                for r in (0.0, 1.0)])
+    row = history_row([group], step=0, split="train")
+    store.history_path.parent.mkdir(parents=True)
+    store.history_path.write_text(json.dumps({**row, "reward": 10**400, "x": 10**400}) + "\n")
+    assert main(["report", str(store.run_dir), "--out", str(tmp_path / "out")]) == 0
+    assert _finite(10**400) is None and _finite(3) == 3.0

@@ -182,9 +182,13 @@ def run_summary(root: Path, run_dir: Path) -> dict[str, Any]:
 
 
 def _finite(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    return float(v)
+    try:
+        v = float(v)
+    except OverflowError:  # an integer past float's range (a hand-edited or old history)
+        return None
+    return v if math.isfinite(v) else None
 
 
 def _columns(rs: list[Row], keys: list[str], split: str) -> dict[str, list[float | None]]:

@@ -58,6 +58,17 @@ def val_metric_name(history: list[Row]) -> str | None:
     return None
 
 
+def _float(v: Any) -> float | None:
+    """`v` as a finite float, or None: not a number, non-finite, or an integer past float's range."""
+    if not isinstance(v, (int, float)):
+        return None
+    try:
+        v = float(v)
+    except OverflowError:
+        return None
+    return v if math.isfinite(v) else None
+
+
 def _drawable(v: float | None) -> float:
     """`v`, or NaN (a gap in the curve) where matplotlib cannot place it: near float's limit an axis's
     range overflows and the tick computation raises (a reward of 1e308 is finite, and accepted)."""
@@ -233,9 +244,9 @@ def log_external(history: list[Row], *, wandb_project: str | None = None, tensor
     numeric = []
     for r in history:
         if r.get("split") in ("train", "val", "test", "loop", "baseline"):
-            vals = {f"{r['split']}/{k.split('/', 1)[-1] if k.startswith(r['split'] + '/') else k}": float(v)
+            vals = {f"{r['split']}/{k.split('/', 1)[-1] if k.startswith(r['split'] + '/') else k}": f
                     for k, v in r.items()
-                    if k not in _SKIP and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+                    if k not in _SKIP and not isinstance(v, bool) and (f := _float(v)) is not None}
             numeric.append((r["step"], vals))
     if wandb_project:
         try:
