@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import reprlib
 import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Generic
@@ -346,7 +347,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
                 )
         for key, value in (metrics or {}).items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ArgumentTypeError(f"log(): metrics[{key!r}]={value!r} must be a number")
+                raise ArgumentTypeError(f"log(): metrics[{reprlib.repr(key)}]={reprlib.repr(value)} must be a number")
         row = (metrics_row(step=step, split=split, metrics=metrics) if trajectories is None
                else history_row(groups, step=step, split=split, metrics=metrics))
         store = self.store

@@ -441,9 +441,8 @@ class RunStore:
             if problem:
                 raise StoreError(
                     f"groups[{n}].{problem}: the run store could not write it, so it is refused before any "
-                    "step trains on it. Keep messages, tools and metadata plain JSON (str, numbers, lists, "
-                    "dicts) nested at most {MAX_NESTING} levels; convert other values in the rollout"
-                    .replace("{MAX_NESTING}", str(MAX_NESTING))
+                    f"step trains on it. Keep messages, tools and metadata plain JSON (str, numbers, lists, "
+                    f"dicts) nested at most {MAX_NESTING} levels; convert other values in the rollout"
                 )
         return groups
 

@@ -200,3 +200,8 @@ async def test_log_refuses_a_step_or_metric_no_reader_can_use(tmp_path):
 
     row = await model.log(None, metrics={"acc": 10**300}, step=np.int64(2))
     assert row["step"] == 2 and load_history(model.run_dir) == [row]
+    deep: dict = {}
+    for _ in range(5000):  # its repr in the error message recursed past the limit (RecursionError)
+        deep = {"a": deep}
+    with pytest.raises(GroupwiseError, match="must be a number"):
+        await model.log(None, metrics={"acc": deep}, step=3)

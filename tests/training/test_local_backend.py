@@ -310,3 +310,41 @@ async def test_a_step_with_ids_the_model_cannot_embed_is_refused_and_the_run_goe
         assert result.step == 1 and await model.get_step() == 1
     finally:
         await backend.close()
+
+
+async def test_a_run_resumed_on_other_base_weights_is_refused(tiny_model_dir, tmp_path):
+    """A checkpoint records which base it was trained on; a run loaded on another base of the same shape
+    (another seed, another fine-tune) would train its adapter and optimizer on on the wrong weights, silently."""
+    from groupwise.errors import CheckpointMismatchError
+    from groupwise.loading import tiny_random_model
+    from groupwise.training.checkpoint import base_fingerprint
+
+    other_dir = tmp_path / "tiny-seed-1"
+    other, tok = tiny_random_model(seed=1)
+    other.save_pretrained(other_dir)
+    tok.save_pretrained(other_dir)
+    same, _ = tiny_random_model(seed=0)
+    assert base_fingerprint(same) == base_fingerprint(same.to(torch.bfloat16))  # any dtype of the same weights
+    assert base_fingerprint(same) != base_fingerprint(other)
+
+    model = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path / "runs"), best_checkpoint_metric=None)
+    await model.register(backend)
+    try:
+        await model.train(await _groups(model), config=gw.TrainConfig(learning_rate=1e-3))
+    finally:
+        await backend.close()
+    moved = gw.TrainableModel(name="agent", project="p", base_model=str(other_dir))
+    backend = gw.LocalBackend(path=str(tmp_path / "runs"))
+    try:
+        with pytest.raises(CheckpointMismatchError, match=r"was trained on base model .*tiny-llama.*run_name"):
+            await moved.register(backend)
+    finally:
+        await backend.close()
+    again = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)  # the same base resumes
+    backend = gw.LocalBackend(path=str(tmp_path / "runs"))
+    try:
+        await again.register(backend)
+        assert await again.get_step() == 1
+    finally:
+        await backend.close()

@@ -24,7 +24,7 @@ from typing import Any
 
 from groupwise.adapter_names import served_name
 from groupwise.config import DEFAULT_MAX_BATCH_SIZE, LoraConfig, TrainConfig
-from groupwise.errors import AdapterMismatchError, CheckpointError, GroupwiseError, ModelNotFoundError
+from groupwise.errors import AdapterMismatchError, CheckpointError, CheckpointMismatchError, GroupwiseError, ModelNotFoundError
 
 API_KEY = "groupwise-local"
 # Sequences an engine decodes together: the default of every backend, worker, replica and local judge.
@@ -105,9 +105,12 @@ class SharedBase:
         from groupwise.inference.server import create_app
         from groupwise.loading import load_base_model
         from groupwise.training.adapters import TRAIN_ADAPTER, wrap_with_lora
+        from groupwise.training.checkpoint import base_fingerprint
 
         self.base_model = base_model
         base, self.tokenizer = (load_model or load_base_model)(base_model, device=device, dtype=dtype)
+        # what its checkpoints record and a resume checks: before any adapter exists or is merged in
+        self.identity = {"name": base_model, "fingerprint": base_fingerprint(base)}
         self.budget = _check_memory(base, base_model, lora, max_batch_size, engine_kwargs, memory_budget_gb)
         self.peft_model = wrap_with_lora(base, lora)
         self.peft_model.eval()
@@ -217,11 +220,14 @@ class Replica:
     def resume(self, checkpoints_dir: str | Path) -> Any:
         """Load the latest complete checkpoint (adapter, optimizer, RNG) and serve it; returns its
         `CheckpointState`, or None when there is none."""
-        from groupwise.training.checkpoint import latest_checkpoint, load_checkpoint
+        from groupwise.training.checkpoint import base_problem, latest_checkpoint, load_checkpoint
 
         state = latest_checkpoint(checkpoints_dir)
         if state is None:
             return None
+        problem = base_problem(state, self.base.identity)
+        if problem:
+            raise CheckpointMismatchError(problem)
         self.serve(state.step, str(state.path))  # first: loading an adapter into the engine draws random numbers
         if self.trainer is None:  # a generator serves the checkpoint; it has no adapter or optimizer to train
             return state
@@ -269,7 +275,7 @@ class Replica:
 
         return snapshot_checkpoint(step, model=self.peft_model, optimizer=self.trainer.optimizer,
                                    param_names=self._param_names(), adapter_name=self.trainer.adapter_name,
-                                   state=self.trainer.adapter_state())
+                                   state=self.trainer.adapter_state(), base=self.base.identity)
 
     @staticmethod
     def write(checkpoints_dir: str | Path, snap: Any, metrics: dict[str, float], cursor: dict[str, Any],

@@ -7,7 +7,8 @@ Layout of ``checkpoints/<step:04d>/``::
     optimizer.json                                   param groups (lr, betas, ...) with param NAMES
     rng.safetensors, rng.json                        torch CPU/CUDA RNG states; Python and NumPy RNG
     state.json                                       step, data cursor, metrics, the step's history
-                                                     rows, each file's size and sha256: written LAST
+                                                     rows, each file's size and sha256, the base
+                                                     model's name and weights digest: written LAST
 
 A checkpoint is written into ``checkpoints/.tmp-<step>-<pid>/`` and renamed into place; `state.json`
 is the completeness marker, so a folder without it (a process killed mid-save on a filesystem where
@@ -25,6 +26,11 @@ A non-finite adapter is never written (`NonFiniteError`), and a save that fails 
 A completed step is one unit: its history rows travel in its checkpoint's state.json, and a run
 that resumes from it appends any of them that history.jsonl lacks (a crash between the checkpoint
 and the history append lost none: the backend's `register` replays them).
+
+A checkpoint belongs to the base weights it was trained on: a run loaded on other weights of the same
+shape (another seed or fine-tune of the architecture) is refused at resume (`base_problem`), where
+loading would have gone on training the adapter and its optimizer on the wrong base, silently. The
+digest (`base_fingerprint`) does not depend on the dtype the weights are loaded in.
 
 Optimizer tensors are stored by parameter name, not by position (training/optimizer_state.py).
 """
@@ -69,6 +75,38 @@ class CheckpointState:
     path: Path | None = None
     history: list[dict[str, Any]] = field(default_factory=list)  # the step's history rows
     files: dict[str, dict[str, Any]] | list[str] = field(default_factory=dict)  # name -> {bytes, sha256}
+    base: dict[str, Any] | None = None  # the base model it was trained on: {"name", "fingerprint"} (`base_fingerprint`)
+
+
+def base_fingerprint(model: Any) -> str | None:
+    """A digest of a base model's weights that a resume compares with its checkpoint's: the same weights
+    give the same digest in any dtype they are loaded in (each sampled value is rounded to bfloat16
+    first), another checkpoint of the same shape (another seed, another fine-tune) a different one.
+    Samples up to 4096 evenly spaced values of the first, middle and last weight tensors by name, on
+    their device; takes milliseconds. Call it before any adapter is merged into the weights. None for
+    weights not loaded yet (meta tensors): then nothing is checked."""
+    named = sorted((n, p) for n, p in model.named_parameters() if "lora_" not in n)
+    if not named or any(p.is_meta for _, p in named):
+        return None
+    digest = hashlib.sha256()
+    for name, param in {named[i][0]: named[i][1] for i in (0, len(named) // 2, len(named) - 1)}.items():
+        flat = param.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // 4096)][:4096]
+        digest.update(f"{name}:{tuple(param.shape)}:".encode())
+        digest.update(sample.to(torch.bfloat16).view(torch.int16).cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def base_problem(state: CheckpointState, base: dict[str, Any] | None) -> str | None:
+    """Why `state` must not be resumed on `base` ({"name", "fingerprint"} of the loaded base), or None.
+    A checkpoint that records no base (written before bases were recorded) is not checked."""
+    saved = state.base
+    if not saved or not base or saved.get("fingerprint") in (None, base.get("fingerprint")):
+        return None
+    return (f"checkpoint {state.path} was trained on base model {saved.get('name')!r} (weights "
+            f"{saved.get('fingerprint')}), but this run loaded {base.get('name')!r} (weights {base.get('fingerprint')}): "
+            "its adapter and optimizer belong to other weights, and would train on silently. Register the model "
+            "with the base it was trained on, or give the new run its own name (TrainableModel(run_name=...)).")
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -159,11 +197,12 @@ class CheckpointSnapshot:
     adapter_config: Any  # its peft config, as peft saves it (inference_mode=True)
     optimizer: tuple[dict[str, torch.Tensor], dict] | None
     rng: tuple[dict[str, torch.Tensor], dict]
+    base: dict[str, Any] | None = None  # {"name", "fingerprint"} of the base model (`base_fingerprint`)
 
 
 def snapshot_checkpoint(step: int, *, model: Any, optimizer: torch.optim.Optimizer | None, param_names: list[str],
-                        adapter_name: str = TRAIN_ADAPTER, state: dict[str, torch.Tensor] | None = None
-                        ) -> CheckpointSnapshot:
+                        adapter_name: str = TRAIN_ADAPTER, state: dict[str, torch.Tensor] | None = None,
+                        base: dict[str, Any] | None = None) -> CheckpointSnapshot:
     """The checkpoint of `step` as CPU copies (`CheckpointSnapshot`); refuses a non-finite adapter.
     `state`: the adapter's live parameters by peft's keys, when the caller keeps them
     (`Trainer.adapter_state`): then no walk over the model's parameters."""
@@ -182,7 +221,7 @@ def snapshot_checkpoint(step: int, *, model: Any, optimizer: torch.optim.Optimiz
     opt = None
     if optimizer is not None:
         opt = optimizer_to_tensors(optimizer, stored_names(param_names, adapter_name))
-    return CheckpointSnapshot(step, tensors, config, opt, _rng_state())
+    return CheckpointSnapshot(step, tensors, config, opt, _rng_state(), base)
 
 
 def write_checkpoint(checkpoints_dir: str | Path, snap: CheckpointSnapshot, *, cursor: dict[str, Any] | None = None,
@@ -256,6 +295,7 @@ def _save(root: Path, tmp: Path, snap: CheckpointSnapshot, cursor: dict[str, Any
         "saved_at": time.time(),
         "files": {name: _fingerprint(tmp / name) for name in files},
         "history": list(history or []),
+        "base": snap.base,
     }
     _write_json(tmp / STATE_FILE, state)  # last: the completeness marker
     _fsync_dir(tmp)
@@ -281,8 +321,10 @@ def _fingerprint(path: Path) -> dict[str, Any]:
 def read_state(path: Path) -> CheckpointState | None:
     try:
         raw = json.loads((path / STATE_FILE).read_text())
+        base = raw.get("base")
         return CheckpointState(int(raw["step"]), raw.get("cursor", {}), raw.get("metrics", {}), path,
-                               list(raw.get("history", [])), raw.get("files", {}))
+                               list(raw.get("history", [])), raw.get("files", {}),
+                               base if isinstance(base, dict) else None)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
