@@ -496,3 +496,20 @@ async def test_every_field_set_to_a_hostile_value_is_never_a_server_error(live):
             await asyncio.gather(*(send(p, c) for p, c in cases[i:i + 16]))
             assert await send("/v1/chat/completions", chat) == 200, cases[i:i + 16]
     assert not server_errors, server_errors[:5]
+
+
+async def test_a_grammar_out_of_fuel_ends_its_choice_and_says_so_in_the_log(live, caplog, capfd):
+    # a 2M-character const: the grammar compiles, then a step's mask runs past llguidance's fuel. The
+    # choice ends ('stop', docs/security.md), the engine's log says why, and nothing is printed.
+    schema = {"type": "object", "properties": {"a": {"const": "x" * 2_000_000}}, "required": ["a"]}
+    with caplog.at_level("WARNING", logger="groupwise.inference.advance"):
+        r = await live.client().chat.completions.create(
+            model="agent", messages=USER, max_tokens=20,
+            response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop" and len(choice.message.content) < 100
+    assert any("ended before its grammar was complete" in rec.getMessage() and "too many" in rec.getMessage()
+               for rec in caplog.records)
+    assert "too many" not in capfd.readouterr().out
+    ok = await live.client().chat.completions.create(model="agent", messages=USER, max_tokens=3)
+    assert ok.choices[0].finish_reason in ("stop", "length")

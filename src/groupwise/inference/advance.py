@@ -7,6 +7,7 @@ decode_graphs.py); these functions read and change only the step state (step_sta
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -14,6 +15,8 @@ import torch
 from groupwise.inference.requests import Completion, GenerationResult, RequestState, SeqState
 from groupwise.inference.sampling import sample_next
 from groupwise.inference.step_state import StepState
+
+log = logging.getLogger(__name__)
 
 __all__ = ["advance", "finish_reason", "maybe_resolve", "retire", "sample_and_advance", "sample_isolated", "stepped"]
 
@@ -111,6 +114,9 @@ def finish_reason(state: StepState, s: SeqState, t: int) -> str | None:
     if (t in state.eos_token_ids and not r.ignore_eos) or t in r.stop_token_ids:
         return "stop"
     if s.matcher is not None and (s.matcher.is_stopped() or s.matcher.is_error()):
+        if s.matcher.is_error():  # past llguidance's fuel (docs/security.md): the answer is cut short
+            log.warning("a constrained choice ended before its grammar was complete (finish_reason 'stop'): %s",
+                        str(s.matcher.get_error())[:300])
         return "stop"
     if r.stop:
         tail = _stop_window(state.tokenizer, s.tokens, max(len(stop) for stop in r.stop))

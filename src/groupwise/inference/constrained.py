@@ -82,7 +82,10 @@ class Constraint:
         # server builds constraints (off the event loop and off the compute thread, under a time
         # budget), and never again: every choice's matcher is a copy of this one, which shares its
         # compiled grammar and lexer states. Later masks are bounded by llguidance's per-step fuel.
-        probe = llg.LLMatcher(self._tok, grammar, limits=_limits(llg))
+        # log_level 0: llguidance prints none of its own messages (level 1 prints warnings); what went
+        # wrong is read with get_error(): the schema's 400 here, the engine's log line when a step
+        # runs out of fuel (advance.finish_reason)
+        probe = llg.LLMatcher(self._tok, grammar, log_level=0, limits=_limits(llg))
         if not probe.is_error():
             probe.compute_bitmask()
         if probe.is_error():
