@@ -160,3 +160,15 @@ def test_apply_hybrid_on_judged_group():
 def test_judge_config_describe_has_help_on_every_field():
     text = JudgeConfig.describe()
     assert "max_group_size = 12" in text and text.count("\n      ") == len(JudgeConfig.__dataclass_fields__)
+
+
+def test_a_long_explanation_is_kept_short_in_every_trajectory():
+    # an explanation goes into each judged trajectory's logs; a judge writing 3 MB copied them into each
+    from groupwise.judge.parse import MAX_EXPLANATION_CHARS
+
+    long = "x" * 3_000_000
+    answer = json.dumps({"scores": [{"trajectory_id": "1", "explanation": long, "score": 0.5},
+                                    {"trajectory_id": "2", "explanation": "fine", "score": 1}]})
+    scores = parse_answer(answer, ["1", "2"])
+    assert scores["1"].explanation == "x" * MAX_EXPLANATION_CHARS + f"... [{3_000_000 - MAX_EXPLANATION_CHARS} more characters cut]"
+    assert scores["2"].explanation == "fine" and scores["1"].score == 0.5

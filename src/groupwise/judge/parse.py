@@ -43,6 +43,17 @@ def _strip(text: str) -> str:
     return m.group(1).strip() if m else text
 
 
+# An explanation is kept in every judged trajectory's logs (and so in the run store): the prompt asks
+# for one or two sentences, and a judge that writes megabytes must not copy them into every rollout.
+MAX_EXPLANATION_CHARS = 2000
+
+
+def _bounded(explanation: str) -> str:
+    if len(explanation) <= MAX_EXPLANATION_CHARS:
+        return explanation
+    return f"{explanation[:MAX_EXPLANATION_CHARS]}... [{len(explanation) - MAX_EXPLANATION_CHARS} more characters cut]"
+
+
 def parse_answer(raw: str | None, ids: Sequence[str]) -> dict[str, Score]:
     """Scores by id, or BadAnswer with every problem found: whatever the judge's text, a bad answer is a
     BadAnswer (retried, repaired, then a JudgeError), never another exception."""
@@ -93,7 +104,7 @@ def parse_answer(raw: str | None, ids: Sequence[str]) -> dict[str, Score]:
         if tid in found:
             seen_twice.append(tid)
             continue
-        found[tid] = Score(score=score, explanation=explanation.strip())
+        found[tid] = Score(score=score, explanation=_bounded(explanation.strip()))
     if seen_twice:
         problems.append(f"trajectory ids scored more than once: {sorted(set(seen_twice))}")
     missing = [t for t in wanted if t not in found and t not in _ids_with_problems(problems)]
