@@ -13,6 +13,6 @@ __all__ = ["History", "LegacyHistory", "MetadataValue", "PydanticException", "Tr
 
 
 def get_messages(messages_and_choices: list[Any]) -> list[Message]:
-    """ART's helper: plain messages, each Choice as its assistant message (`Trajectory.messages`'s rule;
-    a message without content keeps None, as groupwise's server renders it, where ART 0.4+ writes "")."""
+    """ART's helper: plain messages, each Choice as its assistant message and content None as ""
+    (`Trajectory.messages`'s rule, ART 0.4+'s)."""
     return History(messages_and_choices=messages_and_choices).messages()

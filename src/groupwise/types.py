@@ -168,6 +168,19 @@ def _check_messages(items: list[Any], field: str) -> list[Any]:
     return items
 
 
+def plain_messages(messages_and_choices: list[Any]) -> list[Message]:
+    """Every Choice as its assistant message (its tool calls kept), and content that is None as "", as
+    ART 0.4+'s ``messages()`` writes it (code written for ART calls string methods on it). The server
+    and the trainer render None and "" alike (chat/tool_calls.py), so the tokens do not change."""
+    out: list[Message] = []
+    for m in messages_and_choices:
+        message = choice_to_message(m) if isinstance(m, Choice) else m
+        if isinstance(message, dict) and message.get("content") is None:
+            message = {**message, "content": ""}
+        out.append(message)
+    return out
+
+
 class History(BaseModel):
     """A side conversation of a trajectory: a sub-agent, a summariser, a tool's own LLM call."""
 
@@ -187,7 +200,8 @@ class History(BaseModel):
         return _item_kinds(v, "messages_and_choices")
 
     def messages(self) -> list[Message]:
-        return [choice_to_message(m) if isinstance(m, Choice) else m for m in self.messages_and_choices]
+        """Plain chat messages (`plain_messages`)."""
+        return plain_messages(self.messages_and_choices)
 
 
 class Trajectory(BaseModel):
@@ -243,8 +257,8 @@ class Trajectory(BaseModel):
         return v
 
     def messages(self) -> list[Message]:
-        """Plain chat messages: every Choice replaced by its assistant message."""
-        return [choice_to_message(m) if isinstance(m, Choice) else m for m in self.messages_and_choices]
+        """Plain chat messages (`plain_messages`): what to send on as the next turn's context."""
+        return plain_messages(self.messages_and_choices)
 
     def log(self, message: str) -> None:
         """Append a line to this trajectory's logs (stored with it, shown by `groupwise inspect`)."""

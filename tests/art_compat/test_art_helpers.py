@@ -182,3 +182,23 @@ async def test_log_http_errors_says_what_the_server_answered():
         await get("/openai")
     with pytest.raises(httpx.HTTPStatusError):  # not JSON: the original error
         await get("/html")
+
+
+def test_messages_write_no_content_as_an_empty_string_as_art_does():
+    # ART 0.4+'s messages(): content None becomes "" (programs call str methods on it); a Choice that only
+    # calls a tool is an assistant message with content "" and its tool calls
+    from openai.types.chat import ChatCompletionMessageToolCall
+    from openai.types.chat.chat_completion_message_tool_call import Function
+
+    from groupwise.trajectories import get_messages
+
+    call = ChatCompletionMessageToolCall(id="c1", type="function", function=Function(name="f", arguments="{}"))
+    choice = Choice(index=0, finish_reason="tool_calls",
+                    message=ChatCompletionMessage(role="assistant", content=None, tool_calls=[call]))
+    items = [{"role": "user", "content": "x"}, choice, {"role": "tool", "tool_call_id": "c1", "content": None}]
+    trajectory = art.Trajectory(messages_and_choices=items)
+    messages = trajectory.messages()
+    assert [m["content"] for m in messages] == ["x", "", ""]
+    assert messages[1]["tool_calls"][0]["function"]["name"] == "f"
+    assert items[2]["content"] is None  # the trajectory's own messages are not changed
+    assert get_messages(items) == messages
