@@ -20,7 +20,7 @@ from openai.types.chat.chat_completion import Choice
 
 from groupwise.errors import InvalidDataError
 
-__all__ = ["COMPACT_TOKEN_DATA", "TOKEN_DATA_HEADER", "choice_forced_indices", "choice_logprobs",
+__all__ = ["COMPACT_TOKEN_DATA", "TOKEN_DATA_HEADER", "choice_forced_indices", "choice_logprobs", "completion_tokens",
            "choice_policy_versions", "choice_to_message", "choice_token_ids", "choice_token_texts",
            "wants_compact_token_data"]
 
@@ -118,3 +118,18 @@ def choice_logprobs(choice: Choice) -> list[float] | None:
     values = _choice_extra(choice, "token_logprobs")
     return None if values is None else [float(v) for v in _checked_list(values, numbers.Real, "token_logprobs",
                                                                           "numbers")]
+
+
+def completion_tokens(messages_and_choices: list[Any]) -> float | None:
+    """The mean number of tokens the choices among `messages_and_choices` sampled (from their token ids,
+    else their logprobs), or None when none says: ART's ``completion_tokens`` trajectory metric, which
+    its gather sets on every trajectory it collects."""
+    counts = []
+    for item in messages_and_choices:
+        if isinstance(item, Choice):
+            ids = choice_token_ids(item)
+            lp = item.logprobs
+            n = len(ids) if ids is not None else len(lp.content or lp.refusal or []) if lp is not None else 0
+            if n:
+                counts.append(n)
+    return sum(counts) / len(counts) if counts else None

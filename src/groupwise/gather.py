@@ -20,9 +20,9 @@ from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from groupwise.choices import choice_token_ids
+from groupwise.choices import completion_tokens
 from groupwise.rollout.gather import gather_trajectories, gather_trajectory_groups
-from groupwise.types import Choice, Trajectory, TrajectoryGroup, rollout_trajectories
+from groupwise.types import Trajectory, TrajectoryGroup, rollout_trajectories
 
 __all__ = ["GatherContext", "gather_trajectories", "gather_trajectory_groups", "get_gather_context",
            "record_metrics", "set_gather_context", "wrap_group_awaitable", "wrap_trajectories_awaitable"]
@@ -96,25 +96,14 @@ def get_gather_context() -> GatherContext:
 
 def record_metrics(context: GatherContext, trajectory: Trajectory) -> None:
     """Add a finished trajectory's reward and metrics to the running sums; its `completion_tokens`
-    metric becomes the mean number of sampled tokens per choice (from the choices' token ids, else their
-    logprobs)."""
-    counts = [n for item in trajectory.messages_and_choices if isinstance(item, Choice)
-              and (n := _sampled_tokens(item))]
-    if counts:
-        trajectory.metrics["completion_tokens"] = sum(counts) / len(counts)
+    metric becomes the mean number of sampled tokens per choice (`groupwise.choices.completion_tokens`)."""
+    tokens = completion_tokens(trajectory.messages_and_choices)
+    if tokens is not None:
+        trajectory.metrics["completion_tokens"] = tokens
     context.metric_sums["reward"] += trajectory.reward
     context.metric_divisors["reward"] += 1
     context.metric_sums.update(trajectory.metrics)
     context.metric_divisors.update(trajectory.metrics.keys())
-
-
-def _sampled_tokens(choice: Choice) -> int:
-    """How many tokens a choice sampled, as far as the server said (0: it did not)."""
-    ids = choice_token_ids(choice)
-    if ids is not None:
-        return len(ids)
-    lp = choice.logprobs
-    return len(lp.content or lp.refusal or []) if lp is not None else 0
 
 
 async def wrap_group_awaitable(awaitable: Awaitable[Any]) -> Any:

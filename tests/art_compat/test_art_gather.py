@@ -97,3 +97,28 @@ def test_trajectory_group_batches_yields_the_first_groups_to_finish_in_batches()
                 pass
 
     asyncio.run(main())
+
+
+async def test_gathering_sets_completion_tokens_as_arts_gather_does():
+    # ART's gather sets each trajectory's completion_tokens: the mean sampled tokens per choice
+    from openai.types.chat.chat_completion import Choice
+
+    def choice(n: int) -> Choice:
+        return Choice.model_validate({"index": 0, "finish_reason": "stop", "token_ids": list(range(n)),
+                                      "message": {"role": "assistant", "content": "x" * n}})
+
+    async def rollout(lengths: list[int]) -> gw.Trajectory:
+        items: list = [{"role": "user", "content": "go"}]
+        for n in lengths:
+            items += [choice(n), {"role": "user", "content": "again"}]
+        return gw.Trajectory(messages_and_choices=items[:-1], reward=1.0)
+
+    async def awaited_group() -> gw.TrajectoryGroup:
+        return gw.TrajectoryGroup([await rollout([6])])
+
+    groups = await gw.gather_trajectory_groups([gw.TrajectoryGroup([rollout([2, 4]), rollout([3])]), awaited_group()],
+                                               pbar_desc=None)
+    assert [t.metrics["completion_tokens"] for g in groups for t in g.trajectories] == [3.0, 3.0, 6.0]
+    plain = await gw.gather_trajectory_groups([gw.TrajectoryGroup([gw.Trajectory(messages_and_choices=[], reward=0.0)])],
+                                              pbar_desc=None)
+    assert "completion_tokens" not in plain[0].trajectories[0].metrics  # no choice, no count (as ART)

@@ -48,6 +48,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Union
 
+from groupwise.choices import completion_tokens
 from groupwise.compat import warn_ignored
 from groupwise.config import ROLLOUT_TIMEOUT_S
 from groupwise.errors import ArgumentTypeError, GatherError, RolloutResultError, RolloutTimeoutError
@@ -194,6 +195,7 @@ class _Gathering:
                     ))
                     return
                 self.groups[g] = result
+                _count_tokens(result.trajectories)
                 self.progress.done(result.trajectories)
             else:
                 try:
@@ -204,8 +206,10 @@ class _Gathering:
                 except Exception as exc:  # a generator it returned raised while read: the rollout failed
                     self._fail(g, i, exc)
                     return
+                finished = [checked] if isinstance(checked, Trajectory) else checked
+                _count_tokens(finished)
                 self.slots[g][i] = checked
-                self.progress.done([checked] if isinstance(checked, Trajectory) else checked)
+                self.progress.done(finished)
             self._finish_one(g)
 
         return on_done
@@ -275,6 +279,14 @@ class _Gathering:
         if stuck:
             log.warning("timed-out rollouts %s (group/rollout) ignored their cancellation and still run in "
                         "the background; a rollout should let asyncio.CancelledError propagate", ", ".join(stuck))
+
+
+def _count_tokens(trajectories: Iterable[Trajectory]) -> None:
+    """ART's gather sets each collected trajectory's ``completion_tokens`` metric (groupwise.choices)."""
+    for trajectory in trajectories:
+        tokens = completion_tokens(trajectory.messages_and_choices)
+        if tokens is not None:
+            trajectory.metrics["completion_tokens"] = tokens
 
 
 async def _as_coroutine(awaitable: Awaitable[Trajectory]) -> Trajectory:
