@@ -54,6 +54,27 @@ __all__ = ["Model", "TrainableModel"]
 # As ART's: `Model[MyConfig]` validates `config` as MyConfig (a dict becomes one). Unparameterized, any
 # value is kept as given. StateType is ART 0.5's second parameter (the type of its run state dict).
 ModelConfig = TypeVar("ModelConfig", default=Any)
+
+_client_class: type | None = None
+
+
+def _openai_client_class() -> type:
+    """`openai.AsyncOpenAI`, awaitable: ART 0.1.1-0.1.22's `openai_client()` was a coroutine
+    (``client = await model.openai_client()``); awaiting this client gives the client itself."""
+    global _client_class
+    if _client_class is None:
+        import openai
+
+        class AsyncOpenAI(openai.AsyncOpenAI):
+            def __await__(self):  # type: ignore[no-untyped-def]
+                return _itself(self).__await__()
+
+        _client_class = AsyncOpenAI
+    return _client_class
+
+
+async def _itself(client: Any) -> Any:
+    return client
 StateType = TypeVar("StateType", bound=dict[str, Any], default=dict[str, Any])
 
 # Private state that belongs to this process, not to the model's description: a copy shares the
@@ -267,13 +288,15 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         return lambda prompt_tokens, completion_tokens, context: {}
 
     def _make_client(self) -> "openai.AsyncOpenAI":
-        import openai
+        return _openai_client_class()(base_url=self.inference_base_url, api_key=self.inference_api_key)
 
-        return openai.AsyncOpenAI(base_url=self.inference_base_url, api_key=self.inference_api_key)
-
-    def openai_client(self) -> "openai.AsyncOpenAI":
+    def openai_client(self, _config: Any = None) -> "openai.AsyncOpenAI":
         """An `openai.AsyncOpenAI` for this model's endpoint, cached per event loop (an httpx pool
-        cannot be shared across loops, and each `asyncio.run` or test has its own)."""
+        cannot be shared across loops, and each `asyncio.run` or test has its own). ART 0.1.1-0.1.22
+        awaited it (``await model.openai_client()``), which gives the same client; their `_config`
+        (vLLM server settings) is named in a warning."""
+        if _config is not None:
+            warn_ignored("Model.openai_client", ["_config"], "vLLM server settings of ART's backend")
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -443,11 +466,9 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
             self.inference_model_name = self.name  # the served name of the latest step
 
     def _make_client(self) -> "openai.AsyncOpenAI":
-        import openai
-
         endpoint = self.backend.inference_endpoint(self)
         # a request that asks for no logprobs gets them as plain lists (groupwise.choices.TOKEN_DATA_HEADER)
-        return openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key,
+        return _openai_client_class()(base_url=endpoint.base_url, api_key=endpoint.api_key,
                                   http_client=endpoint.http_client, default_headers=dict(COMPACT_TOKEN_DATA))
 
     def inference_name(self, step: int | None = None) -> str:

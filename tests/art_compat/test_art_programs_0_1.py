@@ -59,3 +59,34 @@ async def test_a_prompted_model_takes_arts_0_1_endpoint_fields(tmp_path):
         list(iterate_dataset(SCENARIOS, 3, batch_size=2, use_tqdm=False))
     with pytest.raises(art.GroupwiseError, match="takes one backend"):
         await gpt.register()
+
+
+async def test_an_art_0_1_1x_program_gets_its_model_from_the_api(tiny_model_dir, tmp_path):
+    """ART 0.1.1-0.1.22 (e.g. dev/yes-no-maybe.ipynb and examples/2048/2048.ipynb before 1daf4a9): no
+    TrainableModel yet; ``await api.get_or_create_model(name=, project=, base_model=, _config=
+    art.dev.ModelConfig(...))`` gives the registered model, and ``await model.openai_client()`` its
+    client. 0.1.1-0.1.9 took no project: ``(name, base_model)``."""
+    api = art.LocalAPI(path=str(tmp_path))
+    model = await api.get_or_create_model(
+        name="001", project="yes-no-maybe", base_model=tiny_model_dir,
+        _config=art.dev.ModelConfig(init_args=art.dev.InitArgs(max_seq_length=2048)))
+    try:
+        openai_client = await model.openai_client()
+        assert openai_client is model.openai_client()
+
+        async def rollout(client, prompt: str) -> art.Trajectory:
+            messages = [{"role": "user", "content": prompt}]
+            completion = await client.chat.completions.create(messages=messages, model=model.name, max_tokens=4)
+            choice = completion.choices[0]
+            return art.Trajectory(messages_and_choices=[*messages, choice],
+                                  reward=float(len(choice.message.content or "") % 3))
+
+        groups = await art.gather_trajectory_groups(
+            art.TrajectoryGroup(rollout(openai_client, p) for _ in range(4)) for p in ("yes or no?", "maybe?"))
+        await model.train(groups, config=art.TrainConfig(learning_rate=1e-4))
+        assert await model.get_step() == 1
+        assert (tmp_path / "yes-no-maybe" / "001" / "checkpoints").is_dir()
+        old = await api.get_or_create_model("002", tiny_model_dir)  # ART 0.1.1-0.1.9's (name, base_model)
+        assert (old.base_model, old.project, await old.get_step()) == (tiny_model_dir, "default", 0)
+    finally:
+        await api.close()

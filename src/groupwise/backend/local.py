@@ -180,6 +180,29 @@ class LocalBackend(WorkerBackend):
             await asyncio.to_thread(http.stop)
         await super().unregister(model)
 
+    async def get_or_create_model(self, name: str, project: str | None = None, base_model: str | None = None,
+                                  _config: dict[str, Any] | None = None) -> "TrainableModel":
+        """ART 0.1.1-0.1.22's way to get a model (before ``TrainableModel(...)`` and ``register``):
+        ``model = await api.get_or_create_model(name=..., project=..., base_model=..., _config=...)``
+        gives the registered `TrainableModel`, resumed from its latest checkpoint if the run has one.
+        ``_config`` is ART's model config (``init_args``, ``peft_args``, ...), read as `_internal_config`.
+        ART 0.1.1-0.1.9 took no project (``(name, base_model, _config)``): the second argument is
+        the base model when `base_model` is not given."""
+        from groupwise.config import DEFAULT_PROJECT
+        from groupwise.model import TrainableModel
+
+        if base_model is None:
+            if project is None:
+                raise ConfigError(f"get_or_create_model({name!r}): pass base_model=, the Hugging Face id or "
+                                  "local path of the model to train")
+            project, base_model = None, project
+        model = TrainableModel(name=name, project=project or DEFAULT_PROJECT, base_model=base_model,
+                               _internal_config=_config)
+        await model.register(self)
+        return model
+
+    _get_or_create_model = get_or_create_model
+
     def http_endpoint(self, model: "TrainableModel") -> InferenceEndpoint | None:
         """The model's loopback HTTP endpoint (base URL and API key): with one device its own server
         (None with serve_http=False), with several the first serving rank's: rank 0's, or the first

@@ -15,7 +15,8 @@ from typing import Any
 from typing_extensions import TypedDict
 
 __all__ = [
-    "BackendModelConfig", "EngineArgs", "InitArgs", "InternalModelConfig", "LoRAConfig", "OpenAIServerConfig",
+    "BackendModelConfig", "EngineArgs", "InitArgs", "InternalModelConfig", "LoRAConfig", "ModelConfig",
+    "OpenAIServerConfig",
     "PeftArgs", "ServerArgs", "TinkerArgs", "TinkerNativeArgs", "TinkerTrainingClientArgs", "TrainConfig",
     "TrainSFTConfig", "TrainerArgs", "VllmRuntimeArgs",
 ]
@@ -96,6 +97,7 @@ class InternalModelConfig(TypedDict, total=False):
 
 
 BackendModelConfig = InternalModelConfig
+ModelConfig = InternalModelConfig  # ART 0.1.1-0.1.22's name (`api.get_or_create_model(_config=...)`)
 
 
 class TrainConfig(TypedDict, total=False):
