@@ -142,3 +142,46 @@ async def test_ruler_docs_training_loop(tiny_model_dir, tmp_path, stub_judge):
     assert steps[1][2] == [0.5] * 4
     assert {r["model"] for r in stub_judge.requests} == {"o3"}  # the provider prefix is not sent
     assert {r["auth"] for r in stub_judge.requests} == {"Bearer sk-test"}
+
+
+# ---------------------------------------------------------------- ART's checkpoint-forking docs
+
+
+async def test_checkpoint_forking_docs_fork_then_register(tiny_model_dir, tmp_path, backup_bucket):
+    """docs/features/checkpoint-forking.mdx: `backend._experimental_fork_checkpoint(model, from_model=,
+    not_after_step=, verbose=True)` before `register` copies the source run's checkpoint at or before the
+    step; the new model resumes there. `from_s3_bucket=` reads the bucket's copy (a folder here)."""
+    import pytest
+
+    async def rollout(model, prompt: str) -> art.Trajectory:
+        completion = await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(), messages=[{"role": "user", "content": prompt}], max_tokens=6)
+        choice = completion.choices[0]
+        return art.Trajectory(messages_and_choices=[{"role": "user", "content": prompt}, choice],
+                              reward=float(len(choice.message.content or "") % 3))
+
+    async with LocalBackend(path=str(tmp_path / "art")) as backend:
+        v1 = art.TrainableModel(name="my-model-v1", project="my-project", base_model=tiny_model_dir)
+        await v1.register(backend)
+        groups = await art.gather_trajectory_groups([art.TrajectoryGroup(rollout(v1, "hi") for _ in range(4))])
+        result = await backend.train(v1, groups, learning_rate=1e-4)
+        await backend._experimental_push_to_s3(v1)
+
+        v2 = art.TrainableModel(name="my-model-v2", project="my-project", base_model=tiny_model_dir)
+        with pytest.raises(art.GroupwiseError, match=r"at or before step 0; its checkpoints are steps \[1\]"):
+            await backend._experimental_fork_checkpoint(v2, from_model="my-model-v1", not_after_step=0)
+        with pytest.raises(art.GroupwiseError, match="no checkpoints of model 'nope'"):
+            await backend._experimental_fork_checkpoint(v2, from_model="nope")
+        await backend._experimental_fork_checkpoint(v2, from_model="my-model-v1", not_after_step=500, verbose=True)
+        await v2.register(backend)
+        assert await v2.get_step() == result.step == 1
+        with pytest.raises(art.GroupwiseError, match="fork before register"):
+            await backend._experimental_fork_checkpoint(v2, from_model="my-model-v1")
+
+        v3 = art.TrainableModel(name="my-model-v3", project="other", base_model=tiny_model_dir)
+        await backend._experimental_fork_checkpoint(v3, from_model="my-model-v1", from_project="my-project",
+                                                    from_s3_bucket=str(backup_bucket))
+        await v3.register(backend)
+        assert await v3.get_step() == 1
+        groups = await art.gather_trajectory_groups([art.TrajectoryGroup(rollout(v3, "hi") for _ in range(4))])
+        assert (await backend.train(v3, groups, learning_rate=1e-4)).step == 2

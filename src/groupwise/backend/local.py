@@ -264,9 +264,43 @@ class LocalBackend(WorkerBackend):
         if verbose:
             print(f"[groupwise] pulled {source} -> {target}" if source.is_dir() else f"[groupwise] nothing at {source}")
 
-    async def _experimental_fork_checkpoint(self, *args: Any, **kwargs: Any) -> None:
-        raise GroupwiseError("_experimental_fork_checkpoint is not supported: copy a checkpoint folder "
-                             "(checkpoints/<step>/) into a new run's folder and register the new model")
+    async def _experimental_fork_checkpoint(self, model: "TrainableModel", from_model: str,
+                                            from_project: str | None = None, from_s3_bucket: str | None = None,
+                                            not_after_step: int | None = None, verbose: bool = False,
+                                            prefix: str | None = None) -> None:
+        """ART's fork, before `register`: copy the latest checkpoint of run `from_model` (of
+        `from_project`, default the model's project) at or before `not_after_step` into this model's run
+        folder under the same step; `register` then resumes from it. With `from_s3_bucket` the
+        checkpoint is read from the bucket's copy of that run (a local folder, `groupwise.utils.s3`).
+        Only the checkpoint is copied (no history, no trajectories), as in ART."""
+        import shutil
+
+        from_project = from_project or model.project
+        if model.name in self._runs:
+            raise GroupwiseError(f"fork before register: model {model.name!r} is already loaded; fork into a "
+                                 "new TrainableModel, then register it")
+        if from_s3_bucket is not None:
+            source = mirror_dir(from_s3_bucket, prefix, from_project, from_model) / "checkpoints"
+        else:
+            base = self.path if model.base_path == DEFAULT_PATH else model.base_path
+            source = Path(base) / from_project / from_model / "checkpoints"
+        steps = sorted((int(d.name), d) for d in source.iterdir() if d.is_dir() and d.name.isdigit()) \
+            if source.is_dir() else []
+        if not steps:
+            raise GroupwiseError(f"no checkpoints of model {from_model!r} (project {from_project!r}) in {source}: "
+                                 "train it first, or pass from_project= / from_s3_bucket= where it was saved")
+        chosen = [s for s in steps if not_after_step is None or s[0] <= not_after_step]
+        if not chosen:
+            raise GroupwiseError(f"no checkpoint of model {from_model!r} at or before step {not_after_step}; "
+                                 f"its checkpoints are steps {[s for s, _ in steps]} (the backend keeps the "
+                                 "latest and best ones: set not_after_step= to one of these)")
+        step, folder = chosen[-1]
+        target = self._run_dir(model) / "checkpoints" / folder.name
+        if target.exists():
+            await asyncio.to_thread(shutil.rmtree, target)
+        await asyncio.to_thread(shutil.copytree, folder, target)
+        if verbose:
+            print(f"[groupwise] forked {from_project}/{from_model} step {step}: {folder} -> {target}")
 
     async def _experimental_deploy(self, *args: Any, **kwargs: Any) -> Any:
         raise GroupwiseError("_experimental_deploy is not supported: serve a checkpoint with "
