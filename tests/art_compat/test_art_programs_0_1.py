@@ -90,3 +90,11 @@ async def test_an_art_0_1_1x_program_gets_its_model_from_the_api(tiny_model_dir,
         assert (old.base_model, old.project, await old.get_step()) == (tiny_model_dir, "default", 0)
     finally:
         await api.close()
+
+
+def test_art_0_1_1_to_0_1_9s_local_api_takes_its_wandb_settings(tmp_path):
+    """ART 0.1.1-0.1.9: ``art.LocalAPI(wandb_entity=..., wandb_project=...)`` (tic-tac-toe-unsloth.ipynb):
+    W&B settings, accepted and named in a warning (it was an unknown-argument ConfigError)."""
+    with pytest.warns(art.ArtCompatWarning, match="wandb_entity, wandb_project"):
+        api = art.LocalAPI(path=str(tmp_path), wandb_entity="me", wandb_project="agent-reinforcement-training")
+    assert api.path == str(tmp_path)

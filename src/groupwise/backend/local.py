@@ -101,12 +101,18 @@ class LocalBackend(WorkerBackend):
         devices: "int | list[str] | tuple[str, ...] | None" = None,
         serve_http: bool = True,
         options: BackendOptions | None = None,
+        wandb_entity: str | None = None,
+        wandb_project: str | None = None,
         **option_values: Any,
     ) -> None:
         ignored = [k for k, v in (("in_process", in_process is False), ("gpu_cost_per_hour_usd", gpu_cost_per_hour_usd),
                                   ("enable_expert_replay", enable_expert_replay)) if v]
         if ignored:
             warn_ignored("LocalBackend()", ignored, "the engine and trainer run on this machine")
+        wandb = [k for k, v in (("wandb_entity", wandb_entity), ("wandb_project", wandb_project)) if v is not None]
+        if wandb:  # ART 0.1.1-0.1.9's LocalAPI(wandb_entity=, wandb_project=)
+            warn_ignored("LocalBackend()", wandb, "W&B run settings; the run's history is local: "
+                         "`groupwise report <run_dir> --wandb PROJECT` replays it into W&B")
         problems: list[str] = []
         if device is not None and devices is not None:
             problems.append(f"device={device!r} and devices={devices!r}: give one (devices for several)")
