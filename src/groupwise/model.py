@@ -54,6 +54,7 @@ __all__ = ["Model", "TrainableModel"]
 # As ART's: `Model[MyConfig]` validates `config` as MyConfig (a dict becomes one). Unparameterized, any
 # value is kept as given. StateType is ART 0.5's second parameter (the type of its run state dict).
 ModelConfig = TypeVar("ModelConfig", default=Any)
+StateType = TypeVar("StateType", bound=dict[str, Any], default=dict[str, Any])
 
 _client_class: type | None = None
 
@@ -75,7 +76,7 @@ def _openai_client_class() -> type:
 
 async def _itself(client: Any) -> Any:
     return client
-StateType = TypeVar("StateType", bound=dict[str, Any], default=dict[str, Any])
+
 
 # Private state that belongs to this process, not to the model's description: a copy shares the
 # backend registration, and opens its own store handle and client (an httpx pool cannot be copied).

@@ -470,7 +470,7 @@ HOSTILE = [None, -1, 0, 2**63, -(2**63) - 1, 1e308, "", "x" * 5000, "\ud800", "\
 CHAT_FIELDS = ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stop", "seed",
                "logprobs", "top_logprobs", "stream", "stream_options", "tools", "tool_choice", "response_format",
                "presence_penalty", "frequency_penalty", "top_k", "min_p", "repetition_penalty", "ignore_eos",
-               "stop_token_ids", "chat_template_kwargs", "guided_choice", "return_tokens_as_token_ids"]
+               "stop_token_ids", "chat_template_kwargs", "guided_choice", "guided_json", "return_tokens_as_token_ids"]
 COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "echo", "logprobs", "n", "stop", "stream", "seed", "top_k"]
 
 

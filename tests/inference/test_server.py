@@ -249,6 +249,26 @@ async def test_guided_choice_answers_one_of_the_texts_exactly(client, tiny):
     assert "one constraint" in info.value.body["message"]
 
 
+async def test_guided_json_answers_in_the_schema(client):
+    """vLLM's `guided_json` (a schema, or its JSON text), which programs of ART's vLLM days send in
+    extra_body: the answer is JSON of the schema, as with response_format json_schema (whose name a
+    schema's error gives)."""
+    schema = {"type": "object", "properties": {"square": {"enum": ["A1", "B2", "C3"]}}, "required": ["square"]}
+    for guided in (schema, json.dumps(schema)):
+        r = await client.chat.completions.create(model="agent@0", messages=USER, max_tokens=40, seed=1,
+                                                 extra_body={"guided_json": guided})
+        assert json.loads(r.choices[0].message.content)["square"] in ("A1", "B2", "C3")
+    for bad, says in ((["not", "a", "schema"], "must be a JSON schema"), ("{oops", "not JSON"),
+                      ({"type": "nope"}, "not a valid JSON schema")):
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.chat.completions.create(model="agent@0", messages=USER, extra_body={"guided_json": bad})
+        assert says in info.value.body["message"], info.value.body
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(model="agent@0", messages=USER, response_format={"type": "json_object"},
+                                             extra_body={"guided_json": schema})
+    assert "one constraint" in info.value.body["message"]
+
+
 async def test_groupwise_clients_get_logprobs_as_one_list_unless_they_ask(client):
     """`TOKEN_DATA_HEADER`: the same seeded request, from a plain client and from groupwise's (the header),
     samples the same tokens; groupwise's gets ``logprobs`` null and the same logprobs as one list, which

@@ -15,6 +15,7 @@ budget of nodes.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -243,6 +244,28 @@ class ChatCompletionRequest(_Sampling):
     # OpenAI's setting of its reasoning models: accepted, no effect (a chat template that thinks
     # takes `chat_template_kwargs`, e.g. Qwen3's enable_thinking)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _guided_json(cls, data: Any) -> Any:
+        """vLLM's ``guided_json`` (a JSON schema, or its JSON text; ART's vLLM server took it, and programs
+        of its time send it in ``extra_body``) is this request's ``response_format`` json_schema, checked
+        and compiled as one."""
+        if not isinstance(data, dict) or data.get("guided_json") is None:
+            return data
+        data = dict(data)
+        schema = data.pop("guided_json")
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError:
+                raise ValueError("guided_json is text that is not JSON: send a JSON schema (an object)") from None
+        if not isinstance(schema, dict):
+            raise ValueError("guided_json must be a JSON schema (an object)")
+        if data.get("response_format") is not None or data.get("guided_choice") is not None:
+            raise ValueError("guided_json cannot be combined with response_format or guided_choice: send one constraint")
+        data["response_format"] = {"type": "json_schema", "json_schema": {"name": "guided_json", "schema": schema}}
+        return data
 
     @field_validator("tools", mode="before")
     @classmethod
