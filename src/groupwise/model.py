@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
     from groupwise.backend.base import Backend, TrainResult
     from groupwise.config import LoraConfig, TrainConfig, TrainSFTConfig
+    from groupwise.metrics import MetricsBuilder
 
 __all__ = ["Model", "TrainableModel"]
 
@@ -80,7 +81,9 @@ async def _itself(client: Any) -> Any:
 
 # Private state that belongs to this process, not to the model's description: a copy shares the
 # backend registration, and opens its own store handle and client (an httpx pool cannot be copied).
-_RUNTIME = ("_backend", "_store", "_client", "_client_loop")
+_RUNTIME = ("_backend", "_store", "_client", "_client_loop", "_metrics")
+# where the metrics builder's running totals live in the run's state (Model.read_state), as ART's
+METRICS_STATE_KEY = "_metrics_builder_state"
 
 
 def _one_backend(backend: Any, api: Any) -> Any:
@@ -129,6 +132,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     _client: Any = PrivateAttr(default=None)
     _client_loop: Any = PrivateAttr(default=None)
     _logged: set = PrivateAttr(default_factory=set)  # (step, split) this object logged trajectories for
+    _metrics: Any = PrivateAttr(default=None)  # the run's MetricsBuilder (groupwise.metrics), made on first use
 
     def __init__(self, name: str, project: str = DEFAULT_PROJECT, base_path: str = DEFAULT_RUN_STORE,
                  inference_base_url: str | None = None, inference_api_key: str | None = None,
@@ -334,6 +338,39 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     write_state = overwrite_state  # ART's older name
 
     # -- steps and logging ----------------------------------------------------------------------
+    def metrics_builder(self, cost_context: str | None = None) -> "MetricsBuilder":
+        """ART 0.5's step-metrics builder of this run (`groupwise.metrics`): the ``train`` one, or that of
+        `cost_context` (``eval`` for val and test); `log` writes what it holds into its split's next row."""
+        from groupwise.metrics import MetricsBuilder
+
+        if self._metrics is None:
+            self._metrics = MetricsBuilder("train")
+            saved = (self.read_state() or {}).get(METRICS_STATE_KEY)
+            if isinstance(saved, dict):
+                self._metrics.load_state_dict(saved)
+        return self._metrics if cost_context is None else self._metrics.for_cost_context(cost_context)
+
+    def activate_metrics_context(self, cost_context: str) -> Any:
+        """Make `cost_context`'s builder the one `track_api_cost` adds to; returns the token to reset."""
+        return self.metrics_builder(cost_context).activate()
+
+    def _with_builder_metrics(self, split: str, metrics: dict[str, Any]) -> dict[str, Any]:
+        """`metrics` with the builder-managed keys (costs/, time/step_, ...) added to the split's builder,
+        and what that builder holds (with its rollups and totals) in their place (ART's flush at log)."""
+        from groupwise.metrics import is_builder_managed_metric
+
+        managed = {k: v for k, v in metrics.items() if is_builder_managed_metric(k)}
+        if self._metrics is None and not managed:
+            return metrics
+        scope = "train" if split == "train" else "eval" if split in ("val", "test") else split
+        builder = self.metrics_builder().for_cost_context(scope, buffer_scope=scope)
+        for key, value in managed.items():
+            builder.add_metric(key, value)
+        flushed = builder.take()
+        if flushed:
+            self.merge_state({METRICS_STATE_KEY: builder.state_dict()})
+        return {**{k: v for k, v in metrics.items() if k not in managed}, **flushed}
+
     async def get_step(self) -> int:
         """A prompted model never trains: always step 0."""
         return 0
@@ -372,6 +409,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         for key, value in (metrics or {}).items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ArgumentTypeError(f"log(): metrics[{reprlib.repr(key)}]={reprlib.repr(value)} must be a number")
+        metrics = self._with_builder_metrics(split, metrics)
         row = (metrics_row(step=step, split=split, metrics=metrics) if trajectories is None
                else history_row(groups, step=step, split=split, metrics=metrics))
         store = self.store
