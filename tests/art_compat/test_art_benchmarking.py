@@ -242,3 +242,35 @@ async def test_deployment_names_import_and_say_how_to_serve(tmp_path):
     with pytest.raises(GroupwiseError, match=r"groupwise serve --model smollm2-135m --adapter .*agent/checkpoints/3"):
         await deploy_model(model=model, checkpoint_path="x", step=3, provider="together",
                            config=TogetherDeploymentConfig())
+
+
+def test_arts_parquet_trajectory_logs_round_trip(tmp_path):
+    from openai.types.chat import ChatCompletionMessageToolCall
+    from openai.types.chat.chat_completion_message_tool_call import Function
+
+    from groupwise.utils.trajectory_logging import read_trajectory_groups_parquet, write_trajectory_groups_parquet
+
+    call = ChatCompletionMessageToolCall(id="c1", type="function", function=Function(name="look", arguments='{"q": 1}'))
+    choice = Choice(index=0, finish_reason="tool_calls",
+                    message=ChatCompletionMessage(role="assistant", content=None, tool_calls=[call]))
+    tools = [{"type": "function", "function": {"name": "look", "parameters": {"type": "object"}}}]
+    first = art.Trajectory(messages_and_choices=[{"role": "user", "content": "find"}, choice,
+                                                 {"role": "tool", "tool_call_id": "c1", "content": "found"}],
+                           tools=tools, reward=0.5, metrics={"win": 1.0}, metadata={"game": "g"}, logs=["l"])
+    groups = [art.TrajectoryGroup([first, _trajectory(0.0, 0.0)], metadata={"scenario": "s1"}, metrics={"m": 2.0},
+                                  logs=["group log"]),
+              art.TrajectoryGroup([_trajectory(1.0, 1.0)])]
+    path = tmp_path / "0000.parquet"
+    write_trajectory_groups_parquet(groups, path)
+    back = read_trajectory_groups_parquet(path)
+    assert [len(g.trajectories) for g in back] == [2, 1]
+    assert back[0].metadata == {"scenario": "s1"} and back[0].metrics == {"m": 2.0} and back[0].logs == ["group log"]
+    t = back[0].trajectories[0]
+    assert (t.reward, t.metrics, t.metadata, t.logs, t.tools) == (0.5, {"win": 1.0}, {"game": "g"}, ["l"], tools)
+    # the Choice comes back as its assistant message, tool calls kept (ART's reader does the same)
+    assert t.messages_and_choices[1] == {"role": "assistant", "content": None,
+                                         "tool_calls": [call.model_dump(mode="json")]}
+    assert t.messages_and_choices[2] == {"role": "tool", "content": "found", "tool_call_id": "c1"}
+    import polars as pl
+
+    assert pl.read_parquet(path)["messages"].to_list()[0][1]["trainable"] is True
