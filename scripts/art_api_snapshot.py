@@ -13,9 +13,10 @@ Public modules (PUBLIC_MODULES): `art` and the subpackages ART's docs and exampl
 (dev, local, rewards, utils, langgraph, mcp), `art.types` (imported directly in ART's examples),
 the deep paths the porting doc promises (`art.local.backend`, `art.utils.iterate_dataset`), and the
 helper modules ART's examples and docs import by path (`art.utils.litellm` in ART-E, `art.utils.sft`
-in the SFT docs).
-ART's backends for other machinery (serverless, tinker, skypilot, megatron, vllm) are not: groupwise
-does not provide them, and their top-level names (`art.ServerlessBackend`) are facts of `art`.
+in the SFT docs, the benchmarking helpers and charts in its benchmark notebooks, `art.skypilot` in its
+cluster examples, `art.metrics` in the metrics docs, `art.utils.trajectory_logging`, `art.utils.deployment`).
+ART's backends for other machinery (serverless, tinker, megatron, vllm) are not: groupwise does not
+provide them, and their top-level names (`art.ServerlessBackend`) are facts of `art`.
 A package's names are its ``__all__`` (else what its ``__init__`` imports); a plain module's are the
 public names it defines.
 """
@@ -38,7 +39,12 @@ OUT = ROOT / "tests" / "art_compat" / "art_api_snapshot.json"
 # whose programs are still about).
 VERSIONS = ("0.1.25", "0.2.0", "0.3.13", "0.4.12", "0.5.18")
 PUBLIC_MODULES = ("art", "art.dev", "art.local", "art.local.backend", "art.rewards", "art.types", "art.utils",
-                  "art.utils.iterate_dataset", "art.utils.litellm", "art.utils.sft", "art.langgraph", "art.mcp")
+                  "art.utils.iterate_dataset", "art.utils.litellm", "art.utils.sft", "art.langgraph", "art.mcp",
+                  # imported by path in ART's notebooks, docs and examples (counted over its history)
+                  "art.metrics", "art.skypilot", "art.utils.get_repo_root_path", "art.utils.benchmark_rollout",
+                  "art.utils.benchmarking.types", "art.utils.benchmarking.load_trajectories",
+                  "art.utils.benchmarking.charts", "art.utils.benchmarking.filter_model_split",
+                  "art.utils.old_benchmarking.types", "art.utils.trajectory_logging", "art.utils.deployment")
 PARAM_KINDS = {"posonly": "positional_only", "args": "positional_or_keyword", "kwonly": "keyword_only"}
 
 

@@ -16,7 +16,7 @@ NOTES = {
     ".gitignore": "ignored: venvs, caches, run stores",
     "README.md": "the front door: what groupwise is, the two commands, an example, results",
     "bench/data/2048_val_labels.jsonl": "2048 validation games of base SmolLM2 labelled by the env's reward (bench/judge_eval_2048.py)",
-    "tests/art_compat/art_api_snapshot.json": "facts about ART 0.3/0.4/0.5's public API, from its wheels (scripts/art_api_snapshot.py)",
+    "tests/art_compat/art_api_snapshot.json": "facts about ART 0.1-0.5's public API, from its wheels (scripts/art_api_snapshot.py)",
     "pyproject.toml": "package, extras (backend, plots, benchmarking, dashboard, ray, vllm, wandb, langgraph, mcp, tensorboard, dev, all), pytest settings",
     "src/groupwise/dashboard/static/index.html": "the dashboard's page: tabs for runs, curves, rollouts, compare",
     "src/groupwise/dashboard/static/app.js": "the dashboard's script: polls the API every 2 s, draws the charts with uPlot",

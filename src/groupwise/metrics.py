@@ -35,7 +35,8 @@ from typing import Any
 
 from groupwise.errors import ConfigError, GroupwiseWarning
 
-__all__ = ["MetricsBuilder", "TokenPricing", "is_builder_managed_metric", "track_api_cost"]
+__all__ = ["MetricsBuilder", "TokenPricing", "is_builder_managed_metric", "is_cumulative_metric_key",
+           "to_cumulative_metric_key", "track_api_cost"]
 
 _active: ContextVar["MetricsBuilder"] = ContextVar("groupwise_active_metrics_builder")
 _TOTALLED_SECTIONS = ("costs", "time", "data")
@@ -49,12 +50,16 @@ def is_builder_managed_metric(key: str) -> bool:
     return key.startswith(("costs/", "time/step_", "data/step_", "throughput/step_"))
 
 
-def _is_total(key: str) -> bool:
+def is_cumulative_metric_key(key: str) -> bool:
+    """A running total's key: ``<section>/cum/...``."""
     parts = key.split("/", 2)
     return len(parts) >= 2 and parts[1] == "cum"
 
 
-def _total_key(key: str) -> str:
+def to_cumulative_metric_key(key: str) -> str:
+    """The running total of a step key: ``time/step_actor_s`` -> ``time/cum/actor_s``."""
+    if is_cumulative_metric_key(key):
+        raise ConfigError([f"metric key {key!r} is a running total already"], what="to_cumulative_metric_key")
     section, rest = key.split("/", 1)
     return f"{section}/cum/{rest.removeprefix('step_')}"
 
@@ -85,12 +90,12 @@ class _Shared:
 class MetricsBuilder:
     """Step metrics of one cost context (``train``, ``eval``, ...); see the module doc."""
 
-    def __init__(self, cost_context: str, *, _shared: _Shared | None = None, _scope: str | None = None) -> None:
+    def __init__(self, cost_context: str, *, _shared_state: _Shared | None = None, _buffer_scope: str | None = None) -> None:
         if not cost_context or not cost_context.strip():
             raise ConfigError(["cost_context must be a non-empty name (e.g. 'train' or 'eval')"], what="MetricsBuilder")
         self.cost_context = cost_context.strip()
-        self._scope = _scope or self.cost_context
-        self._shared = _shared or _Shared()
+        self._scope = _buffer_scope or self.cost_context
+        self._shared = _shared_state or _Shared()
 
     # ------------------------------------------------------------------ adding
     def add_metric(self, key: str, value: float) -> None:
@@ -98,7 +103,7 @@ class MetricsBuilder:
         if not isinstance(key, str) or "/" not in key:
             raise ConfigError([f"metric key {key!r} needs a section: 'costs/...', 'time/...', 'data/...'"],
                               what="MetricsBuilder.add_metric")
-        if _is_total(key):
+        if is_cumulative_metric_key(key):
             raise ConfigError([f"metric key {key!r} is in the running totals' namespace ('<section>/cum/...'), "
                                "which the builder writes"], what="MetricsBuilder.add_metric")
         buffer = self._shared.buffers.setdefault(self._scope, {})
@@ -183,7 +188,7 @@ class MetricsBuilder:
         row.update(rollups)
         for key, value in list(row.items()):
             if key.split("/", 1)[0] in _TOTALLED_SECTIONS:
-                total = _total_key(key)
+                total = to_cumulative_metric_key(key)
                 shared.totals[total] = shared.totals.get(total, 0.0) + value
                 row[total] = shared.totals[total]
         for name in ("trainer", "actor"):
@@ -225,7 +230,7 @@ class MetricsBuilder:
         scope = (buffer_scope or context).strip()
         if context == self.cost_context and scope == self._scope:
             return self
-        return MetricsBuilder(context, _shared=self._shared, _scope=scope)
+        return MetricsBuilder(context, _shared_state=self._shared, _buffer_scope=scope)
 
     # ------------------------------------------------------------------ pricing
     def register_cost_extractor(self, provider: str, extractor: Callable[[Any], float | None]) -> None:

@@ -274,3 +274,23 @@ def test_arts_parquet_trajectory_logs_round_trip(tmp_path):
     import polars as pl
 
     assert pl.read_parquet(path)["messages"].to_list()[0][1]["trainable"] is True
+
+
+def test_art_0_1_to_0_4s_json_line_logs_round_trip(tmp_path):
+    from groupwise.store import RunStore
+    from groupwise.utils.trajectory_logging import deserialize_trajectory_groups, serialize_trajectory_groups
+
+    logprob = {"content": [{"token": "ok", "logprob": -0.1, "bytes": [111, 107], "top_logprobs": []}]}
+    choice = Choice.model_validate({"index": 0, "finish_reason": "stop", "logprobs": logprob,
+                                    "message": {"role": "assistant", "content": "ok"}})
+    groups = [art.TrajectoryGroup([art.Trajectory(messages_and_choices=[{"role": "user", "content": "x"}, choice],
+                                                  reward=1.0, metrics={"win": 1.0}, logs=["l"])])]
+    text = serialize_trajectory_groups(groups)
+    assert "logprobs" not in text  # ART wrote its Choices without them
+    back = deserialize_trajectory_groups(text)
+    got = back[0].trajectories[0]
+    assert isinstance(got.messages_and_choices[1], Choice) and got.messages_and_choices[1].message.content == "ok"
+    assert (got.reward, got.metrics, got.logs) == (1.0, {"win": 1.0}, ["l"])
+    # groupwise's own store lines read the same way (they hold ART's keys and more)
+    path = RunStore(str(tmp_path), "p", "m").write_trajectories("train", 0, groups)
+    assert deserialize_trajectory_groups(path.read_text())[0].trajectories[0].reward == 1.0

@@ -1,5 +1,9 @@
-"""ART's Parquet trajectory logs (`art.utils.trajectory_logging`): write groups as ART's backend writes
-them, and read ART's files (or these) back as `TrajectoryGroup`s.
+"""ART's trajectory logs (`art.utils.trajectory_logging`): ART 0.5's Parquet files, and ART 0.1-0.4's JSON
+lines (`serialize_trajectory_groups` / `deserialize_trajectory_groups` and their dict converters), written
+as ART wrote them and read back as `TrajectoryGroup`s.
+
+ART 0.1-0.4's lines are ``{"trajectories": [...]}`` per group, each Choice a dict without its logprobs;
+groupwise's own store lines (`groupwise.store`) hold the same keys and more, so either reads the other's.
 
 groupwise's own store keeps trajectories losslessly as JSON lines (`groupwise.store`); this format is
 ART's: one row per trajectory (``group_index``, the group's metadata, metrics and logs, ``reward``,
@@ -16,10 +20,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from groupwise.errors import MissingDependencyError
-from groupwise.types import Choice, Trajectory, TrajectoryGroup
+from groupwise.errors import InvalidDataError, MissingDependencyError
+from groupwise.types import Choice, History, Trajectory, TrajectoryGroup
 
-__all__ = ["read_trajectory_groups_parquet", "write_trajectory_groups_parquet"]
+__all__ = ["deserialize_trajectory_groups", "dict_to_message_or_choice", "dict_to_trajectory", "dict_to_trajectory_group",
+           "history_to_dict", "message_or_choice_to_dict", "read_trajectory_groups_parquet",
+           "serialize_trajectory_groups", "trajectory_group_to_dict", "trajectory_to_dict",
+           "write_trajectory_groups_parquet"]
 
 
 def _polars() -> Any:
@@ -97,3 +104,63 @@ def _loads(text: Any) -> dict[str, Any]:
     except (TypeError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+# ------------------------------------------------------------------ ART 0.1-0.4's JSON lines
+def message_or_choice_to_dict(message_or_choice: Any) -> dict[str, Any]:
+    """A message as it is; a Choice as its dict without logprobs."""
+    item = dict(message_or_choice) if isinstance(message_or_choice, dict) else message_or_choice.to_dict()
+    item.pop("logprobs", None)
+    return item
+
+
+def history_to_dict(history: History) -> dict[str, Any]:
+    return {"messages_and_choices": [message_or_choice_to_dict(m) for m in history.messages_and_choices],
+            "tools": history.tools}
+
+
+def trajectory_to_dict(trajectory: Trajectory) -> dict[str, Any]:
+    return {"reward": trajectory.reward, "metrics": trajectory.metrics, "metadata": trajectory.metadata,
+            "messages_and_choices": [message_or_choice_to_dict(m) for m in trajectory.messages_and_choices],
+            "tools": trajectory.tools,
+            "additional_histories": [history_to_dict(h) for h in trajectory.additional_histories],
+            "logs": trajectory.logs}
+
+
+def trajectory_group_to_dict(trajectory_group: TrajectoryGroup) -> dict[str, Any]:
+    return {"trajectories": [trajectory_to_dict(t) for t in trajectory_group.trajectories if isinstance(t, Trajectory)]}
+
+
+def serialize_trajectory_groups(trajectory_groups: list[TrajectoryGroup]) -> str:
+    """One JSON line per group (ART 0.1-0.4's trajectory files)."""
+    return "\n".join(json.dumps(trajectory_group_to_dict(g)) for g in trajectory_groups)
+
+
+# The three readers' parameter is named `dict`, as ART's, so that a call by keyword works the same.
+def dict_to_message_or_choice(dict: dict[str, Any]) -> Any:  # noqa: A002
+    return Choice(**dict) if "message" in dict else dict
+
+
+def dict_to_trajectory(dict: dict[str, Any]) -> Trajectory:  # noqa: A002
+    return Trajectory(messages_and_choices=[dict_to_message_or_choice(m) for m in dict["messages_and_choices"]],
+                      reward=dict["reward"], metrics=dict.get("metrics") or {}, metadata=dict.get("metadata") or {},
+                      tools=dict.get("tools"), logs=dict.get("logs") or [])
+
+
+def dict_to_trajectory_group(dict: dict[str, Any]) -> TrajectoryGroup:  # noqa: A002
+    return TrajectoryGroup([dict_to_trajectory(t) for t in dict["trajectories"]])
+
+
+def deserialize_trajectory_groups(serialized: str) -> list[TrajectoryGroup]:
+    """The groups of ART 0.1-0.4's JSON lines (or groupwise's store lines); ART's oldest YAML files too,
+    where PyYAML is installed."""
+    try:
+        loaded = [json.loads(line) for line in serialized.strip().split("\n") if line.strip()]
+    except json.JSONDecodeError:
+        try:
+            import yaml
+        except ImportError as exc:
+            raise InvalidDataError("these trajectory groups are neither JSON lines nor readable YAML (PyYAML is "
+                                   "not installed: pip install pyyaml for ART's oldest YAML files)") from exc
+        loaded = yaml.safe_load(serialized) or []
+    return [dict_to_trajectory_group(group) for group in loaded]

@@ -17,9 +17,10 @@ from typing import Any
 
 from groupwise.errors import MissingDependencyError
 from groupwise.store import read_group_dicts, trajectory_files
+from groupwise.utils.benchmarking.pull_model_trajectories import pull_model_trajectories
 from groupwise.utils.output_dirs import art_path_or_default, get_models_dir
 
-__all__ = ["load_trajectories", "trajectory_rows"]
+__all__ = ["load_trajectories", "pull_model_trajectories", "trajectory_rows"]  # ART 0.3 defined the pull here
 
 
 def trajectory_rows(project_name: str, models: list[str] | None = None,
