@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
+import functools
 import json
 import math
 from dataclasses import InitVar, dataclass, field
@@ -197,6 +199,30 @@ class LoraConfig(Validated):
         return p
 
 
+def _ignoring_unknown_keywords(cls: type) -> type:
+    """ART's TrainConfig and TrainSFTConfig are pydantic models, which drop a keyword they do not know
+    (``TrainConfig(batch_size=1)`` runs on ART): here such a keyword is dropped too, named in a warning
+    with the setting it may have meant, instead of a TypeError that stopped the ported program."""
+    init = cls.__init__
+    known = set(cls.__dataclass_fields__)  # the fields and the InitVars (ART's other names)
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        unknown = sorted(k for k in kwargs if k not in known)
+        for name in unknown:
+            kwargs.pop(name)
+        if unknown:
+            close = {n: difflib.get_close_matches(n, sorted(known), n=1) for n in unknown}
+            hints = "; ".join(f"{n}: did you mean {m[0]}?" for n, m in close.items() if m)
+            warn_ignored(cls.__name__, unknown, "not one of its settings; ART's pydantic config drops unknown "
+                         "keywords silently" + (f"; {hints}" if hints else ""))
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+@_ignoring_unknown_keywords
 @dataclass
 class TrainConfig(Validated):
     """Settings of one GRPO step (`await model.train(groups, config=TrainConfig(...))`)."""
@@ -279,6 +305,7 @@ TrainConfig.beta = property(lambda self: self.kl_coef, doc="ART 0.3's name of kl
 TrainConfig.kl_penalty_coef = property(lambda self: self.kl_coef, doc="ART 0.5's name of kl_coef")  # type: ignore[assignment]
 
 
+@_ignoring_unknown_keywords
 @dataclass
 class TrainSFTConfig(Validated):
     """Settings of one supervised step (`await model.train_sft(trajectories, config=TrainSFTConfig(...))`).

@@ -195,6 +195,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
 
     def _share_runtime(self, original: "Model") -> None:
         self._backend, self._store, self._client, self._client_loop = original._backend, None, None, None
+        self._metrics = original._metrics  # one run, one set of metric totals
 
     @property
     def storage_name(self) -> str:

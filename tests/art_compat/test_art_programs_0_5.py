@@ -6,6 +6,8 @@ agent that reaches the model only through `inference_base_url` / `inference_api_
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import openai
 
 import groupwise as art  # the only change an ART program needs
@@ -185,3 +187,17 @@ async def test_checkpoint_forking_docs_fork_then_register(tiny_model_dir, tmp_pa
         assert await v3.get_step() == 1
         groups = await art.gather_trajectory_groups([art.TrajectoryGroup(rollout(v3, "hi") for _ in range(4))])
         assert (await backend.train(v3, groups, learning_rate=1e-4)).step == 2
+
+        # ART 0.5's _experimental_pull_model_checkpoint: the latest checkpoint's folder (here, or in the
+        # bucket folder when only it has the step), copied to local_path when given
+        latest = await backend._experimental_pull_model_checkpoint(v3, step="latest")
+        assert latest.endswith("checkpoints/0002") and (Path(latest) / "adapter_model.safetensors").is_file()
+        copied = await backend._experimental_pull_model_checkpoint(v1, step=1, local_path=str(tmp_path / "ckpt"),
+                                                                   verbose=True)
+        assert copied == str(tmp_path / "ckpt") and (tmp_path / "ckpt" / "adapter_config.json").is_file()
+        gone = art.TrainableModel(name="my-model-v1", project="my-project", base_model=tiny_model_dir,
+                                  base_path=str(tmp_path / "elsewhere"))  # the run exists only in the bucket folder
+        pulled = await backend._experimental_pull_model_checkpoint(gone, s3_bucket=str(backup_bucket))
+        assert pulled.endswith("checkpoints/0001") and (Path(pulled) / "adapter_model.safetensors").is_file()
+        with pytest.raises(art.GroupwiseError, match=r"no checkpoint of step 7 .*here: \[2\]"):
+            await backend._experimental_pull_model_checkpoint(v3, step=7)

@@ -175,7 +175,7 @@ async def test_s3_backup_is_a_local_folder_and_says_so_for_s3_urls(tmp_path, mon
         await backend._experimental_push_to_s3(model)
     with pytest.raises(art.GroupwiseError, match="does not talk to S3"):
         await backend._experimental_push_to_s3(model, s3_bucket="s3://my-bucket")
-    with pytest.raises(art.GroupwiseError, match="not supported"):
+    with pytest.raises(art.GroupwiseError, match="no checkpoints of model 'other'"):  # a fork needs a source run
         await backend._experimental_fork_checkpoint(model, from_model="other")
 
 
@@ -292,3 +292,22 @@ def test_arts_module_paths_of_dev_types_and_backend_aliases():
         art.dev.InternalModelConfig, art.dev.InitArgs, art.dev.PeftArgs, art.dev.TrainerArgs, art.dev.EngineArgs,
         art.dev.OpenAIServerConfig, art.dev.TrainConfig)
     assert (AnyModel, AnyTrainableModel) == ("Model[Any, Any]", "TrainableModel[Any, Any]")
+
+
+def test_art_configs_drop_a_keyword_they_do_not_know_with_a_warning():
+    # ART's TrainConfig and TrainSFTConfig are pydantic models: TrainConfig(batch_size=1) runs there
+    import warnings
+
+    import groupwise as art
+    from groupwise.errors import ArtCompatWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = art.TrainConfig(learning_rate=2e-5, batch_size=1, learnig_rate_typo=3)
+        sft = art.TrainSFTConfig(batch_size=4, num_epochs=2)
+    assert config.learning_rate == 2e-5 and sft.batch_size == 4
+    texts = [str(w.message) for w in caught if issubclass(w.category, ArtCompatWarning)]
+    assert any("batch_size" in t and "learnig_rate_typo: did you mean learning_rate?" in t for t in texts), texts
+    assert any("TrainSFTConfig" in t and "num_epochs" in t for t in texts), texts
+    with pytest.raises(art.ConfigError):  # a known setting's bad value is still an error
+        art.TrainConfig(learning_rate=-1.0, batch_size=1)

@@ -116,3 +116,24 @@ def test_client_factories_serve_their_prefix_and_name_the_missing_extra(monkeypa
     providers.register_client_factory("local", "groupwise_no_such_module:client")
     with pytest.raises(MissingDependencyError, match=r"pip install 'groupwise\[backend\]'"):
         providers.resolve("local/smollm2-135m")
+
+
+async def test_litellm_names_art_programs_use_ollama_by_host_and_bare_openai_names(judge_server, monkeypatch):
+    # ART hands these to LiteLLM: Ollama's api_base is the host (LiteLLM adds the route), and OpenAI's and
+    # Anthropic's own model names need no prefix
+    host = judge_server.url.removesuffix("/v1")
+    await ruler_score_group(make_group([0.3, 0.6]), "ollama/qwen3:30b-a3b", backoff_s=0.0,
+                            extra_litellm_params={"api_base": host})
+    assert judge_server.requests[-1]["model"] == "qwen3:30b-a3b"
+    monkeypatch.setenv("OPENAI_BASE_URL", judge_server.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
+    for name in ("o4-mini", "gpt-4.1", "o3"):
+        judged = await ruler_score_group(make_group([0.2, 0.9]), name, backoff_s=0.0)
+        assert [t.reward for t in judged.trajectories] == [0.2, 0.9] and judge_server.requests[-1]["model"] == name
+    monkeypatch.setitem(providers.PROVIDERS, "anthropic",
+                        dataclasses.replace(providers.PROVIDERS["anthropic"], base_url=judge_server.url))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-anthropic")
+    await ruler_score_group(make_group([0.2, 0.9]), "claude-sonnet-4-5", backoff_s=0.0)
+    assert judge_server.headers[-1]["authorization"] == "Bearer sk-anthropic"
+    with pytest.raises(gw.ConfigError, match="names no provider"):
+        await ruler_score_group(make_group([0.3, 0.6]), "my-own-model")

@@ -40,7 +40,9 @@ from groupwise.backend.driver import DEFAULT_PATH, ReplicaDivergenceError, Worke
 from groupwise.backend.options import BackendOptions, spell_out_options
 from groupwise.backend.replica import API_KEY
 from groupwise.compat import warn_ignored
+from groupwise.config import DEFAULT_BASE_MODEL
 from groupwise.errors import ConfigError, GroupwiseError
+from groupwise.store import step_dir_name
 from groupwise.utils.s3 import mirror, mirror_dir
 
 if TYPE_CHECKING:
@@ -186,21 +188,18 @@ class LocalBackend(WorkerBackend):
             await asyncio.to_thread(http.stop)
         await super().unregister(model)
 
-    async def get_or_create_model(self, name: str, project: str | None = None, base_model: str | None = None,
+    async def get_or_create_model(self, name: str, project: str | None = None, base_model: str = DEFAULT_BASE_MODEL,
                                   _config: dict[str, Any] | None = None) -> "TrainableModel":
         """ART 0.1.1-0.1.22's way to get a model (before ``TrainableModel(...)`` and ``register``):
         ``model = await api.get_or_create_model(name=..., project=..., base_model=..., _config=...)``
         gives the registered `TrainableModel`, resumed from its latest checkpoint if the run has one.
         ``_config`` is ART's model config (``init_args``, ``peft_args``, ...), read as `_internal_config`.
-        ART 0.1.1-0.1.9 took no project (``(name, base_model, _config)``): the second argument is
-        the base model when `base_model` is not given."""
+        ART 0.1.1-0.1.9 took no project (``(name, base_model, _config)``): a second argument with a
+        "/" (a Hugging Face id or a path, which no project name has) is the base model."""
         from groupwise.config import DEFAULT_PROJECT
         from groupwise.model import TrainableModel
 
-        if base_model is None:
-            if project is None:
-                raise ConfigError(f"get_or_create_model({name!r}): pass base_model=, the Hugging Face id or "
-                                  "local path of the model to train")
+        if project is not None and "/" in project and base_model == DEFAULT_BASE_MODEL:
             project, base_model = None, project
         model = TrainableModel(name=name, project=project or DEFAULT_PROJECT, base_model=base_model,
                                _internal_config=_config)
@@ -307,6 +306,51 @@ class LocalBackend(WorkerBackend):
         await asyncio.to_thread(shutil.copytree, folder, target)
         if verbose:
             print(f"[groupwise] forked {from_project}/{from_model} step {step}: {folder} -> {target}")
+
+    async def _experimental_pull_model_checkpoint(self, model: "TrainableModel", *, step: "int | str | None" = None,
+                                                  local_path: str | None = None, s3_bucket: str | None = None,
+                                                  prefix: str | None = None, verbose: bool = False) -> str:
+        """ART 0.5's way to get a checkpoint's folder (a PEFT adapter, with its optimizer state): the path
+        of step `step` (an int, or None / "latest": the latest, here or in the bucket folder `s3_bucket`,
+        here when they tie), copied from the bucket first when only it has the step, and copied into
+        `local_path` when given (then that path is returned)."""
+        import shutil
+
+        checkpoints = self._run_dir(model) / "checkpoints"
+        backup = mirror_dir(s3_bucket, prefix, model.project, model.storage_name) / "checkpoints" \
+            if s3_bucket is not None else None
+
+        def steps(folder: "Path | None") -> list[int]:
+            return sorted(int(d.name) for d in folder.iterdir() if d.is_dir() and d.name.isdigit()) \
+                if folder is not None and folder.is_dir() else []
+
+        here, there = steps(checkpoints), steps(backup)
+        if step is None or step == "latest":
+            if not here and not there:
+                raise GroupwiseError(f"no checkpoint of {model.project}/{model.name} in {checkpoints}"
+                                     + (f" or in {backup}" if backup is not None else "") + ": train it first")
+            chosen = max(here + there)
+        elif isinstance(step, int) and not isinstance(step, bool):
+            chosen = step
+        else:
+            raise ConfigError([f"step={step!r}: give a step number, 'latest' or None"],
+                              what="_experimental_pull_model_checkpoint")
+        folder = checkpoints / step_dir_name(chosen)
+        if not folder.is_dir():
+            if chosen not in there:
+                raise GroupwiseError(f"no checkpoint of step {chosen} of {model.project}/{model.name} (here: {here}"
+                                     + (f", in the bucket folder: {there}" if backup is not None else "") + ")")
+            await asyncio.to_thread(shutil.copytree, backup / step_dir_name(chosen), folder)
+            if verbose:
+                print(f"[groupwise] pulled step {chosen} from {backup}")
+        if local_path is None:
+            if verbose:
+                print(f"[groupwise] checkpoint of step {chosen}: {folder}")
+            return str(folder)
+        await asyncio.to_thread(shutil.copytree, folder, local_path, dirs_exist_ok=True)
+        if verbose:
+            print(f"[groupwise] copied the checkpoint of step {chosen} to {local_path}")
+        return local_path
 
     async def _experimental_deploy(self, *args: Any, **kwargs: Any) -> Any:
         raise GroupwiseError("_experimental_deploy is not supported: serve a checkpoint with "

@@ -13,12 +13,13 @@ backend (``local/<model>`` through `CLIENT_FACTORIES`, or ``client=LocalBackend.
 | ``fireworks_ai/``             | api.fireworks.ai/inference/v1                         | $FIREWORKS_API_KEY or $FIREWORKS_AI_API_KEY |
 | ``deepseek/``, ``xai/``, ``mistral/`` | their /v1 endpoints                           | $DEEPSEEK_API_KEY, $XAI_API_KEY, $MISTRAL_API_KEY |
 | ``hosted_vllm/`` (vllm/, sglang/) | $HOSTED_VLLM_API_BASE or base_url= (a vLLM/sglang server) | $HOSTED_VLLM_API_KEY or none |
-| ``ollama/`` (ollama_chat/)    | localhost:11434/v1 (or $OLLAMA_HOST)                  | none                             |
+| ``ollama/`` (ollama_chat/)    | localhost:11434/v1 (or $OLLAMA_HOST; base_url= the host, as LiteLLM's api_base) | none |
 | ``local/``                    | groupwise's engine in this process (the backend extra), loaded once per model | none     |
 | any name + base_url=          | that OpenAI-compatible server                         | api_key=, the prefix's key, or none |
 
 The prefixes are LiteLLM's, which ART's judge names use. The model name sent is the part after the
-prefix. With base_url= (ART: ``extra_litellm_params={"api_base": ...}``) a known prefix is still
+prefix. As in LiteLLM, OpenAI's and Anthropic's own model names need no prefix (``o4-mini``,
+``gpt-4.1``, ``claude-sonnet-4-5``: ``openai/`` and ``anthropic/``). With base_url= (ART: ``extra_litellm_params={"api_base": ...}``) a known prefix is still
 stripped and its key variable still read when set.
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -117,12 +119,20 @@ def _accepted() -> str:
     return ", ".join(names)
 
 
+# Model names LiteLLM routes without a prefix (its model list): OpenAI's and Anthropic's own.
+_BARE_NAMES = ((re.compile(r"^(gpt-|chatgpt-|ft:gpt-|o\d+(-|$))"), "openai"), (re.compile(r"^claude-"), "anthropic"))
+
+
 def _provider(judge_model: str) -> tuple[str | None, str]:
     """(provider name, model name to send); (None, judge_model) when there is no known prefix."""
     prefix, sep, rest = judge_model.partition("/")
     name = ALIASES.get(prefix, prefix)
     if sep and rest and name in PROVIDERS:
         return name, rest
+    if not sep:
+        for pattern, provider in _BARE_NAMES:
+            if pattern.match(judge_model):
+                return provider, judge_model
     return None, judge_model
 
 
@@ -170,6 +180,9 @@ def resolve(
                         local=client.base_url.host == IN_PROCESS_HOST)
     name, model = _provider(judge_model)
     provider = PROVIDERS.get(name) if name else None
+    if base_url is not None and name == "ollama" and not base_url.rstrip("/").endswith("/v1"):
+        # LiteLLM's api_base for Ollama is the host; its OpenAI-compatible routes are under /v1
+        base_url = base_url.rstrip("/") + "/v1"
     if base_url is not None:
         # A server of your own: the prefix's key is sent when set, but none is required.
         key = api_key or next((os.environ[v] for v in (provider.key_vars if provider else ()) if os.environ.get(v)), None)
