@@ -202,3 +202,32 @@ async def test_init_chat_model_is_langchains_chat_model_on_the_in_process_endpoi
     with pytest.raises(GroupwiseError, match="must return a groupwise Trajectory"):
         await wrap_rollout(model, not_a_trajectory)(model)
     await backend.close()
+
+
+async def test_arts_llm_wrapper_pieces_called_by_hand(tiny_model_dir, tmp_path):
+    # programs that do wrap_rollout's work themselves: add_thread before building the model, the agent,
+    # then create_messages_from_logs; LoggingLLM wrapping the chat model (ART's class of it)
+    import uuid
+
+    from groupwise.langgraph.llm_wrapper import LoggingLLM, add_thread, create_messages_from_logs
+
+    model = art.TrainableModel(name="agent", project="langgraph", base_model=tiny_model_dir)
+    backend = LocalBackend(path=str(tmp_path))
+    await model.register(backend)
+    try:
+        async def by_hand(city: str, seed: int) -> art.Trajectory:
+            log_path = add_thread(str(uuid.uuid4()), model.inference_base_url, model.inference_api_key,
+                                  model.inference_model_name)
+            llm = LoggingLLM(init_chat_model(temperature=1.0, seed=seed), logger=None)
+            await build_agent(llm).ainvoke({"messages": [SystemMessage("Answer with the population of the city."),
+                                                         HumanMessage(f"How many live in {city}?")]},
+                                           config={"recursion_limit": 8})
+            return create_messages_from_logs(log_path, art.Trajectory(reward=1.0))
+
+        first, second = await asyncio.gather(by_hand("paris", 1), by_hand("oslo", 2))  # concurrent threads stay apart
+        assert check_trajectory(first) > 0 and check_trajectory(second) > 0
+        assert first.messages_and_choices[1] != second.messages_and_choices[1]
+        with pytest.raises(GroupwiseError, match="each thread's calls are read once"):
+            create_messages_from_logs(".art/langgraph/unknown", art.Trajectory())
+    finally:
+        await backend.close()

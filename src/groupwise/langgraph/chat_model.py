@@ -26,7 +26,7 @@ from groupwise.langgraph.recording import RecordingTransport, fill_trajectory
 from groupwise.recording import ChatCall, call_from_bodies
 from groupwise.types import Trajectory
 
-__all__ = ["init_chat_model", "wrap_rollout"]
+__all__ = ["init_chat_model", "start_recording", "wrap_rollout"]
 
 
 @dataclass
@@ -58,6 +58,16 @@ def wrap_rollout(model: Any, fn: Callable[..., Awaitable[Trajectory]]) -> Callab
         return fill_trajectory(result, rollout.calls)
 
     return wrapper
+
+
+def start_recording(model: Any, loop: asyncio.AbstractEventLoop) -> _Rollout:
+    """Record the calls of the chat models `init_chat_model()` builds from now on in this context (and
+    the tasks it starts) for `model` (anything with `openai_client()` and `inference_name()`); the
+    returned record's `calls` fill a trajectory (`fill_trajectory`). ART's `add_thread`, which programs
+    call by hand (llm_wrapper.py); `wrap_rollout` scopes the same to one rollout."""
+    rollout = _Rollout(model, loop)
+    _CURRENT.set(rollout)
+    return rollout
 
 
 def init_chat_model(model: Any = None, *, model_provider: str | None = None, configurable_fields: Any = None,
