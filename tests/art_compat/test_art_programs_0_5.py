@@ -201,3 +201,11 @@ async def test_checkpoint_forking_docs_fork_then_register(tiny_model_dir, tmp_pa
         assert pulled.endswith("checkpoints/0001") and (Path(pulled) / "adapter_model.safetensors").is_file()
         with pytest.raises(art.GroupwiseError, match=r"no checkpoint of step 7 .*here: \[2\]"):
             await backend._experimental_pull_model_checkpoint(v3, step=7)
+
+        from groupwise.utils.s3_checkpoint_utils import (get_checkpoint_step_not_after_from_s3,
+                                                         get_latest_checkpoint_step_from_s3)
+
+        bucket = str(backup_bucket)
+        assert await get_latest_checkpoint_step_from_s3("my-model-v1", "my-project", s3_bucket=bucket) == 1
+        assert await get_checkpoint_step_not_after_from_s3("my-model-v1", "my-project", 0, s3_bucket=bucket) is None
+        assert await get_latest_checkpoint_step_from_s3("never-pushed", "my-project", s3_bucket=bucket) is None
