@@ -20,8 +20,7 @@ from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from groupwise.choices import completion_tokens
-from groupwise.rollout.gather import gather_trajectories, gather_trajectory_groups
+from groupwise.rollout.gather import count_completion_tokens, gather_trajectories, gather_trajectory_groups
 from groupwise.types import Trajectory, TrajectoryGroup, rollout_trajectories
 
 __all__ = ["GatherContext", "gather_trajectories", "gather_trajectory_groups", "get_gather_context",
@@ -96,10 +95,8 @@ def get_gather_context() -> GatherContext:
 
 def record_metrics(context: GatherContext, trajectory: Trajectory) -> None:
     """Add a finished trajectory's reward and metrics to the running sums; its `completion_tokens`
-    metric becomes the mean number of sampled tokens per choice (`groupwise.choices.completion_tokens`)."""
-    tokens = completion_tokens(trajectory.messages_and_choices)
-    if tokens is not None:
-        trajectory.metrics["completion_tokens"] = tokens
+    metric becomes the mean number of sampled tokens per choice (`count_completion_tokens`)."""
+    count_completion_tokens([trajectory])
     context.metric_sums["reward"] += trajectory.reward
     context.metric_divisors["reward"] += 1
     context.metric_sums.update(trajectory.metrics)

@@ -62,7 +62,6 @@ import math
 import os
 import re
 import statistics
-import sys
 import warnings
 from collections.abc import Iterable
 from datetime import datetime, timezone
@@ -97,6 +96,7 @@ __all__ = [
     "RESERVED_HISTORY_KEYS",
     "MAX_NESTING",
     "storable_problem",
+    "checkpoint_folders",
 ]
 
 RESERVED_HISTORY_KEYS = frozenset({
@@ -115,6 +115,15 @@ CHECKPOINTS_DIR = "checkpoints"
 def step_dir_name(step: int) -> str:
     """A step's name in the run folder: its checkpoint folder, and its trajectory files' stem."""
     return f"{step:04d}"
+
+
+def checkpoint_folders(checkpoints_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(step, folder) of every numbered folder of a checkpoints folder, by step ([] when it does not
+    exist). Complete or not: readers that need a complete checkpoint check its state.json."""
+    root = Path(checkpoints_dir)
+    if not root.is_dir():
+        return []
+    return sorted((int(d.name), d) for d in root.iterdir() if d.is_dir() and d.name.isdigit())
 
 
 # Far below a file system's 255 bytes a name, and a model's served name (name@step) stays a model id
@@ -182,7 +191,9 @@ def _metrics_problem(metrics: dict[str, Any]) -> str | None:
             try:
                 float(v)
             except OverflowError:
-                return f"metric {name[:80]!r} is an integer past float's range (history rows average metrics as floats)"
+                # written, it made every reader of the history that charts numbers (report, curves) crash
+                return (f"metric {str(name)[:80]!r} is an integer past float's range ({v.bit_length()} bits); "
+                        "history rows hold numbers a float can hold")
     return None
 
 
@@ -249,15 +260,9 @@ def history_row(
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         # int(step) took "5", 5.7 (as 5) and -1: a row at a step no checkpoint or trajectory file can have
         raise StoreError(f"step={step!r} must be an int >= 0 (a policy version: a run's steps count from 0)")
-    for key, value in (metrics or {}).items():
-        if isinstance(value, int) and not isinstance(value, bool):
-            try:
-                float(value)
-            except OverflowError:
-                # written, it made every reader of the history that charts numbers (report, curves) crash
-                raise StoreError(f"metric {str(key)[:80]!r} is an integer past float's range ({value.bit_length()} "
-                                 "bits); history rows hold numbers a float can hold. Log it as a float or a "
-                                 "smaller unit") from None
+    problem = _metrics_problem(metrics or {})
+    if problem:
+        raise StoreError(f"{problem}. Log it as a float or a smaller unit")
     groups = list(groups)
     trajectories = [t for g in groups for t in g.trajectories]
     rewards = [t.reward for t in trajectories]

@@ -42,7 +42,7 @@ from groupwise.backend.replica import API_KEY
 from groupwise.compat import warn_ignored
 from groupwise.config import DEFAULT_BASE_MODEL
 from groupwise.errors import ConfigError, GroupwiseError
-from groupwise.store import step_dir_name
+from groupwise.store import CHECKPOINTS_DIR, checkpoint_folders, step_dir_name
 from groupwise.utils.s3 import mirror, mirror_dir
 
 if TYPE_CHECKING:
@@ -236,9 +236,12 @@ class LocalBackend(WorkerBackend):
         return self._judges[base_model][1]
 
     # ------------------------------------------------------------------------------------ S3 (ART)
+    def _store_root(self, model: "TrainableModel") -> Path:
+        """The run store `model`'s runs are in: the backend's folder, unless the model names its own."""
+        return Path(self.path if model.base_path == DEFAULT_PATH else model.base_path)
+
     def _run_dir(self, model: "TrainableModel") -> Path:
-        base = self.path if model.base_path == DEFAULT_PATH else model.base_path
-        return Path(base) / model.project / model.storage_name
+        return self._store_root(model) / model.project / model.storage_name
 
     async def _experimental_push_to_s3(self, model: "TrainableModel", *, s3_bucket: str | None = None,
                                        prefix: str | None = None, verbose: bool = False, delete: bool = False,
@@ -285,12 +288,10 @@ class LocalBackend(WorkerBackend):
             raise GroupwiseError(f"fork before register: model {model.name!r} is already loaded; fork into a "
                                  "new TrainableModel, then register it")
         if from_s3_bucket is not None:
-            source = mirror_dir(from_s3_bucket, prefix, from_project, from_model) / "checkpoints"
+            source = mirror_dir(from_s3_bucket, prefix, from_project, from_model) / CHECKPOINTS_DIR
         else:
-            base = self.path if model.base_path == DEFAULT_PATH else model.base_path
-            source = Path(base) / from_project / from_model / "checkpoints"
-        steps = sorted((int(d.name), d) for d in source.iterdir() if d.is_dir() and d.name.isdigit()) \
-            if source.is_dir() else []
+            source = self._store_root(model) / from_project / from_model / CHECKPOINTS_DIR
+        steps = checkpoint_folders(source)
         if not steps:
             raise GroupwiseError(f"no checkpoints of model {from_model!r} (project {from_project!r}) in {source}: "
                                  "train it first, or pass from_project= / from_s3_bucket= where it was saved")
@@ -300,7 +301,7 @@ class LocalBackend(WorkerBackend):
                                  f"its checkpoints are steps {[s for s, _ in steps]} (the backend keeps the "
                                  "latest and best ones: set not_after_step= to one of these)")
         step, folder = chosen[-1]
-        target = self._run_dir(model) / "checkpoints" / folder.name
+        target = self._run_dir(model) / CHECKPOINTS_DIR / folder.name
         if target.exists():
             await asyncio.to_thread(shutil.rmtree, target)
         await asyncio.to_thread(shutil.copytree, folder, target)
@@ -316,15 +317,11 @@ class LocalBackend(WorkerBackend):
         `local_path` when given (then that path is returned)."""
         import shutil
 
-        checkpoints = self._run_dir(model) / "checkpoints"
-        backup = mirror_dir(s3_bucket, prefix, model.project, model.storage_name) / "checkpoints" \
+        checkpoints = self._run_dir(model) / CHECKPOINTS_DIR
+        backup = mirror_dir(s3_bucket, prefix, model.project, model.storage_name) / CHECKPOINTS_DIR \
             if s3_bucket is not None else None
-
-        def steps(folder: "Path | None") -> list[int]:
-            return sorted(int(d.name) for d in folder.iterdir() if d.is_dir() and d.name.isdigit()) \
-                if folder is not None and folder.is_dir() else []
-
-        here, there = steps(checkpoints), steps(backup)
+        here = [s for s, _ in checkpoint_folders(checkpoints)]
+        there = [s for s, _ in checkpoint_folders(backup)] if backup is not None else []
         if step is None or step == "latest":
             if not here and not there:
                 raise GroupwiseError(f"no checkpoint of {model.project}/{model.name} in {checkpoints}"

@@ -56,8 +56,8 @@ from groupwise.rollout.limits import CANCEL_GRACE_S, check_gather_args, exceptio
 from groupwise.rollout.progress import GatherProgress
 from groupwise.types import PydanticException, Trajectory, TrajectoryGroup, rollout_trajectories
 
-__all__ = ["gather_trajectory_groups", "gather_trajectories", "exception_budget", "trajectory_group",
-           "ROLLOUT_TIMEOUT_S"]
+__all__ = ["gather_trajectory_groups", "gather_trajectories", "count_completion_tokens", "exception_budget",
+           "trajectory_group", "ROLLOUT_TIMEOUT_S"]
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ class _Gathering:
                     ))
                     return
                 self.groups[g] = result
-                _count_tokens(result.trajectories)
+                count_completion_tokens(result.trajectories)
                 self.progress.done(result.trajectories)
             else:
                 try:
@@ -207,7 +207,7 @@ class _Gathering:
                     self._fail(g, i, exc)
                     return
                 finished = [checked] if isinstance(checked, Trajectory) else checked
-                _count_tokens(finished)
+                count_completion_tokens(finished)
                 self.slots[g][i] = checked
                 self.progress.done(finished)
             self._finish_one(g)
@@ -281,8 +281,9 @@ class _Gathering:
                         "the background; a rollout should let asyncio.CancelledError propagate", ", ".join(stuck))
 
 
-def _count_tokens(trajectories: Iterable[Trajectory]) -> None:
-    """ART's gather sets each collected trajectory's ``completion_tokens`` metric (groupwise.choices)."""
+def count_completion_tokens(trajectories: Iterable[Trajectory]) -> None:
+    """Set each trajectory's ``completion_tokens`` metric (`groupwise.choices.completion_tokens`), as ART's
+    gather does on every trajectory it collects."""
     for trajectory in trajectories:
         tokens = completion_tokens(trajectory.messages_and_choices)
         if tokens is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from groupwise.store import CHECKPOINTS_DIR
+from groupwise.store import CHECKPOINTS_DIR, checkpoint_folders
 from groupwise.utils.output_dirs import get_model_dir
 
 __all__ = ["get_model_step", "get_step_from_dir"]
@@ -14,11 +14,7 @@ __all__ = ["get_model_step", "get_step_from_dir"]
 
 def get_step_from_dir(output_dir: str) -> int:
     """The largest step with a checkpoint folder under `output_dir` (a run's folder); 0 without any."""
-    checkpoints = os.path.join(output_dir, CHECKPOINTS_DIR)
-    if not os.path.isdir(checkpoints):
-        return 0
-    return max((int(d) for d in os.listdir(checkpoints)
-                if d.isdigit() and os.path.isdir(os.path.join(checkpoints, d))), default=0)
+    return max((step for step, _ in checkpoint_folders(os.path.join(output_dir, CHECKPOINTS_DIR))), default=0)
 
 
 def get_model_step(model: Any, art_path: str | None = None) -> int:

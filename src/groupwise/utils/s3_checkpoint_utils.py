@@ -3,16 +3,14 @@ them. The backup is a local folder here (`groupwise.utils.s3`), ``<bucket>/[pref
 
 from __future__ import annotations
 
+from groupwise.store import checkpoint_folders
 from groupwise.utils.s3 import mirror_dir
 
 __all__ = ["get_checkpoint_step_not_after_from_s3", "get_latest_checkpoint_step_from_s3"]
 
 
 def _steps(model_name: str, project: str, s3_bucket: str | None, prefix: str | None) -> list[int]:
-    folder = mirror_dir(s3_bucket, prefix, project, model_name) / "checkpoints"
-    if not folder.is_dir():
-        return []
-    return sorted(int(d.name) for d in folder.iterdir() if d.is_dir() and d.name.isdigit())
+    return [step for step, _ in checkpoint_folders(mirror_dir(s3_bucket, prefix, project, model_name) / "checkpoints")]
 
 
 async def get_latest_checkpoint_step_from_s3(model_name: str, project: str, s3_bucket: str | None = None,

@@ -11,11 +11,11 @@ charts compare them with trained runs as in ART.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from groupwise.errors import MissingDependencyError
+from groupwise.step_summary import message_dict
 from groupwise.store import read_group_dicts, trajectory_files
 from groupwise.utils.benchmarking.pull_model_trajectories import pull_model_trajectories
 from groupwise.utils.output_dirs import art_path_or_default, get_models_dir
@@ -92,21 +92,13 @@ def _number(value: Any) -> float | None:
         return None
 
 
-def _message(item: dict[str, Any]) -> dict[str, Any]:
-    """A stored message or Choice as ART's flattened message: a Choice (it has ``finish_reason``) is its
-    message, trainable; content parts are joined as text; tool calls keep their function's name and
-    arguments."""
-    choice = isinstance(item, dict) and "finish_reason" in item
-    message = (item.get("message") or {}) if choice else item if isinstance(item, dict) else {}
-    content = message.get("content")
-    if isinstance(content, list):
-        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    calls = [{"function": {"name": (call.get("function") or {}).get("name"),
-                           "arguments": _text((call.get("function") or {}).get("arguments"))}}
-             for call in message.get("tool_calls") or [] if isinstance(call, dict)]
-    return {"role": message.get("role"), "content": None if content is None else _text(content),
-            "trainable": choice, "tool_calls": calls or None}
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) or value is None else json.dumps(value)
+def _message(item: Any) -> dict[str, Any]:
+    """A stored message or Choice as ART's flattened message: `groupwise.step_summary.message_dict`'s
+    reading (a Choice is its assistant message, trainable), with content None kept as None, as ART's."""
+    if not isinstance(item, dict):
+        return {"role": None, "content": None, "trainable": False, "tool_calls": None}
+    message = message_dict(item)
+    raw = (item.get("message") or {}) if message["sampled"] else item
+    calls = [{"function": {"name": c["name"], "arguments": c["arguments"]}} for c in message["tool_calls"]]
+    return {"role": message["role"], "content": None if raw.get("content") is None else message["content"],
+            "trainable": message["sampled"], "tool_calls": calls or None}
