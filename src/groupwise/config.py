@@ -7,16 +7,17 @@ prints them (the CLI uses the same text). `__post_init__` runs `problems()` and 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import difflib
 import functools
-import json
 import math
-from dataclasses import InitVar, dataclass, field
+from dataclasses import InitVar, dataclass
 from typing import Any
 
 from groupwise.errors import ConfigError, warn_ignored
+from groupwise.validated import (
+    Validated, check_choice, check_fraction, check_number, check_positive, check_seed, is_number, option,
+)
 
 
 DEFAULT_BASE_MODEL = "smollm2-135m"  # what a TrainableModel and the CLI's jobs start from when none is named
@@ -38,141 +39,6 @@ DEFAULT_ORDERS = 2  # orders each group is judged in: seeded, reversed, then fur
 DEFAULT_REPEATS = 2  # identical requests per group, for self-consistency
 DEFAULT_MAX_CONCURRENT = 4  # requests in flight per judge
 DEFAULT_JUDGE_TIMEOUT_S = 120.0  # seconds one judge request may take before it counts as a timeout
-
-
-def option(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field with help text (shown by `describe()` and the CLI)."""
-    if default_factory is not dataclasses.MISSING:
-        return field(default_factory=default_factory, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
-
-class Validated:
-    """Mixin: subclasses list their problems; construction fails with all of them together."""
-
-    def problems(self) -> list[str]:  # pragma: no cover - overridden
-        return []
-
-    def __post_init__(self) -> None:
-        self.check()
-
-    def check(self) -> None:
-        """Raise one ConfigError listing every problem. Run when the config is built, and again by a
-        backend before a step uses it: a field assigned after construction is checked too."""
-        problems = self.problems()
-        if problems:
-            raise ConfigError(problems, what=type(self).__name__)
-
-    @classmethod
-    def describe(cls) -> str:
-        lines = [f"{cls.__name__}:"]
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            default = f.default if f.default is not dataclasses.MISSING else (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else "required"  # type: ignore[misc]
-            )
-            lines.append(f"  {f.name} = {default!r}\n      {f.metadata.get('help', '')}")
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
-
-    # ART's configs are pydantic models: code that serialises or copies one (a remote backend's client
-    # sends ``config.model_dump(mode="json")``) finds the same calls here, on the same fields.
-    def model_dump(self, *, mode: str = "python", exclude_none: bool = False, **_: Any) -> dict[str, Any]:
-        out = self.to_dict()
-        if mode == "json":
-            out = json.loads(json.dumps(out, allow_nan=True))
-        return {k: v for k, v in out.items() if v is not None} if exclude_none else out
-
-    def model_dump_json(self, **kwargs: Any) -> str:
-        return json.dumps(self.model_dump(mode="json", **kwargs), allow_nan=True)
-
-    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Any:
-        """A copy with `update` applied, checked as a new config is."""
-        new = dataclasses.replace(self, **(update or {}))  # type: ignore[type-var]
-        return copy.deepcopy(new) if deep else new
-
-    @classmethod
-    def model_validate(cls, obj: Any) -> Any:
-        """`obj` if it is one already, else the config its fields make (a dict, as model_dump gave)."""
-        return obj if isinstance(obj, cls) else cls(**dict(obj))
-
-
-def _is_number(value: Any) -> bool:
-    # bool is an int to Python, but True as a learning rate is a typo, not a setting.
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def check_number(problems: list[str], name: str, value: Any, *, low: float | None = None,
-                 high: float | None = None, low_open: bool = False, high_open: bool = False,
-                 integer: bool = False) -> None:
-    """Append a problem unless `value` is a finite number (an int when `integer`) in the range.
-
-    nan and inf fail every setting: nan compares False with every bound, so an unchecked nan passes
-    ``value < 0`` and poisons the first step (an inf learning rate writes a NaN adapter).
-    None is a missing optional value and is not checked here.
-    """
-    if value is None:
-        return
-    bounds = dict(low=low, high=high, low_open=low_open, high_open=high_open, integer=integer)
-    if not number_fits(value, **bounds):
-        problems.append(f"{name}={value!r} must be {number_requirement(**bounds)}")
-
-
-def number_requirement(*, low: float | None = None, high: float | None = None, low_open: bool = False,
-                       high_open: bool = False, integer: bool = False) -> str:
-    """What `check_number` asks of a value, in words: ``an integer >= 1``, ``a finite number in (0, 1]``."""
-    bounds = []
-    if low is not None:
-        bounds.append(f"{'>' if low_open else '>='} {low:g}")
-    if high is not None:
-        bounds.append(f"{'<' if high_open else '<='} {high:g}")
-    if low is not None and high is not None:
-        allowed = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    else:
-        allowed = " and ".join(bounds)
-    kind = "an integer" if integer else "a finite number"
-    return f"{kind} {allowed}".strip()
-
-
-def number_fits(value: Any, *, low: float | None = None, high: float | None = None, low_open: bool = False,
-                high_open: bool = False, integer: bool = False) -> bool:
-    """Whether `value` is what `number_requirement` describes (bool is no number: True as a rate is a typo)."""
-    if integer:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = _is_number(value) and math.isfinite(value)
-    return ok and not ((low is not None and (value < low or (low_open and value == low)))
-                       or (high is not None and (value > high or (high_open and value == high))))
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` is this machine only (``localhost`` or a loopback address): the rule `groupwise serve`
-    and `groupwise dashboard` share, since anything else lets the network in and needs an API key."""
-    import ipaddress
-
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_positive(problems: list[str], name: str, value: Any, *, allow_zero: bool = False,
-                   integer: bool = False) -> None:
-    check_number(problems, name, value, low=0, low_open=not allow_zero, integer=integer)
-
-
-def check_fraction(problems: list[str], name: str, value: Any, *, closed: bool = True) -> None:
-    check_number(problems, name, value, low=0, high=1, low_open=not closed, high_open=not closed)
-
-
-def check_seed(problems: list[str], name: str, value: Any) -> None:
-    check_number(problems, name, value, low=0, integer=True)
-
-
-def check_choice(problems: list[str], name: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        problems.append(f"{name}={value!r} must be one of {list(choices)}")
 
 
 @dataclass
@@ -519,7 +385,7 @@ class LoopConfig(Validated):
             check_choice(p, name, getattr(self, name), LOOP_ACTIONS)
         check_positive(p, "rollout_timeout_s", self.rollout_timeout_s)  # None: no limit
         m = self.max_exceptions
-        if not (_is_number(m) and math.isfinite(m) and m >= 0 and (m < 1 or m == int(m))):
+        if not (is_number(m) and math.isfinite(m) and m >= 0 and (m < 1 or m == int(m))):
             p.append(f"max_exceptions={m!r} must be a count (an integer >= 0) or a fraction in (0, 1)")
         return p
 

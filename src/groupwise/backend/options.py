@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC
-from groupwise.config import DEFAULT_MAX_BATCH_SIZE, LoraConfig, Validated, check_positive, option
+from groupwise.config import DEFAULT_MAX_BATCH_SIZE, LoraConfig
+from groupwise.validated import Validated, check_positive, option
 from groupwise.errors import ConfigError
 
 __all__ = ["BackendOptions", "placement_problems"]

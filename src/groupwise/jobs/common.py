@@ -85,7 +85,7 @@ def run_name_problem(value: Any) -> str | None:
 
 def loopback_problem(host: str, api_key: str | None, *, exposes: str) -> str | None:
     """The rule `serve` and `dashboard` share: off loopback, anyone on the network could reach `exposes`."""
-    from groupwise.config import is_loopback
+    from groupwise.validated import is_loopback
 
     if is_loopback(host) or api_key:
         return None

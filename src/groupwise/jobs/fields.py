@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field
 from typing import Any, Literal
 
-from groupwise.config import Validated, number_fits, number_requirement
+from groupwise.validated import Validated, number_fits, number_requirement
 from groupwise.errors import ArgumentTypeError
 
 __all__ = ["Command", "Flag", "Job", "arg", "flags", "parse_text"]
