@@ -1,6 +1,7 @@
 """ART's small helpers at ART's paths, which its notebooks import: `art.utils.strip_logprobs`,
 `art.utils.logging`, `art.utils.output_dirs`, `art.backend.Backend`, `art.mcp.generate_scenarios.preview_scenarios`,
-and `art.serverless`'s `ServerlessBackend` (a LocalBackend here) with its `train` result and `delete`."""
+and `art.serverless`'s `ServerlessBackend` (a LocalBackend here) with its `train` result and `delete`,
+and a second `ServerlessBackend()` that evaluates the model the first one trains."""
 
 from __future__ import annotations
 
@@ -96,6 +97,52 @@ async def test_serverless_backend_trains_here_and_deletes_the_run(tiny_model_dir
             await model.get_step()
     finally:
         await backend.close()
+
+
+async def _one_step(model, backend, rewards=(0.0, 1.0)):
+    client = model.openai_client()
+    trajectories = []
+    for i, reward in enumerate(rewards):
+        messages = [{"role": "user", "content": "guess"}]
+        r = await client.chat.completions.create(model=model.get_inference_name(), messages=messages,
+                                                 max_tokens=3, seed=i)
+        trajectories.append(art.Trajectory(messages_and_choices=[*messages, r.choices[0]], reward=reward))
+    return await backend.train(model, [art.TrajectoryGroup(trajectories)], learning_rate=1e-4)
+
+
+async def test_a_second_serverless_backend_evaluates_the_model_the_first_trains(tiny_model_dir, tmp_path):
+    """A public program (a 20-questions agent, W&B serverless) trains with one `ServerlessBackend()` and,
+    every few steps, evaluates in a helper that builds a new `TrainableModel` of the same name and
+    registers it with a new `ServerlessBackend()`; in ART both talk to the one hosted service. Here the
+    second registration found the run held by the first backend (RunLockedError); now the second
+    construction is the same backend, which sees the trained step and trains on after the evaluation."""
+    path = str(tmp_path / "art")
+    with pytest.warns(ArtCompatWarning):
+        backend = art.ServerlessBackend(path=path)
+    model = art.TrainableModel(name="20q", project="p", base_model=tiny_model_dir)
+    await model.register(backend)
+    try:
+        assert (await _one_step(model, backend)).step == 1
+        with pytest.warns(ArtCompatWarning):
+            eval_backend = art.ServerlessBackend(path=path)
+        eval_model = art.TrainableModel(name="20q", project="p", base_model=tiny_model_dir)
+        await eval_model.register(eval_backend)
+        assert eval_backend is backend and await eval_model.get_step() == 1
+        r = await eval_model.openai_client().chat.completions.create(
+            model=eval_model.get_inference_name(), messages=[{"role": "user", "content": "guess"}], max_tokens=3)
+        assert r.choices[0].message.content is not None
+        with pytest.warns(ArtCompatWarning):
+            elsewhere = art.ServerlessBackend(path=str(tmp_path / "other"))  # other arguments: another backend
+        assert elsewhere is not backend
+        await elsewhere.close()
+        await eval_backend.close()  # one client leaves; the service stays open for the other
+        assert (await _one_step(model, backend)).step == 2
+    finally:
+        await backend.close()
+    with pytest.raises(GroupwiseError, match="not registered"):  # the last client closed the service
+        await model.get_step()
+    with pytest.warns(ArtCompatWarning):
+        assert art.ServerlessBackend(path=path) is not backend
 
 
 def test_output_dirs_name_the_folders_a_run_writes(tmp_path, monkeypatch):
