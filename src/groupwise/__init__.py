@@ -24,6 +24,17 @@ def _load_env_file() -> None:
 
 _load_env_file()
 
+
+def _install_art_internals() -> None:
+    """ART's internal modules (`art.unsloth`, `art.local.service`, ...) raise an error saying what to use
+    instead (groupwise.art_internals)."""
+    from groupwise.art_internals import install
+
+    install()
+
+
+_install_art_internals()
+
 # public name -> module that defines it. Resolved lazily so heavy modules load only when used.
 _EXPORTS: dict[str, str] = {
     # data model

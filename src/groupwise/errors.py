@@ -192,6 +192,12 @@ class MissingDependencyError(GroupwiseError, ImportError):
         )
 
 
+class ArtInternalModuleError(GroupwiseError, ModuleNotFoundError):
+    """An import of one of ART's internal modules (its Unsloth, vLLM, Megatron or Tinker machinery,
+    LocalBackend's internals), which groupwise has no counterpart of. Says what the module was and what
+    to use instead; a ModuleNotFoundError, so ``try: ... except ImportError`` fallbacks still apply."""
+
+
 class ScenarioGenerationError(GroupwiseError, ValueError):
     """An LLM asked to write scenarios (`groupwise.mcp.generate_scenarios`) answered with something that
     is not the scenarios asked for. A ValueError too, as ART raises."""
