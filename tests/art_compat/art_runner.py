@@ -61,7 +61,11 @@ def port(text: str) -> str:
         text = re.sub(rf"\bart{re.escape(submodule)}\b", f"groupwise{submodule}", text)
     for pattern, repl in _IMPORT_RES:
         text = pattern.sub(repl, text)
-    assert not re.search(r"^\s*(import art\b|from art\b)", text, re.M), "an ART import was left unported"
+    # `import asyncio, art`: the one name among others
+    text = re.sub(r"^(\s*import (?:[\w.]+ *, *)+)art\b(?!\.)|^(\s*import )art( *,)", lambda m: (m[1] or m[2])
+                  + "groupwise as art" + (m[3] or ""), text, flags=re.M)
+    assert not re.search(r"^\s*(import art\b|from art\b|import [\w., ]*(?<!as )\bart\b(?!\.| as))", text, re.M), \
+        "an ART import was left unported"
     return text
 
 

@@ -311,3 +311,16 @@ def test_art_configs_drop_a_keyword_they_do_not_know_with_a_warning():
     assert any("TrainSFTConfig" in t and "num_epochs" in t for t in texts), texts
     with pytest.raises(art.ConfigError):  # a known setting's bad value is still an error
         art.TrainConfig(learning_rate=-1.0, batch_size=1)
+
+
+def test_the_runner_ports_an_art_import_among_other_names():
+    """`import asyncio, art` (a public program's first line) becomes `import asyncio, groupwise as art`; the
+    runner's port used to leave it, and the program failed with `No module named 'art'`."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        from art_runner import port
+    finally:
+        sys.path.pop(0)
+    assert port("import asyncio, art\nimport art, os\nimport os, art, re\nimport artistic, os\nimport art\n") == (
+        "import asyncio, groupwise as art\nimport groupwise as art, os\nimport os, groupwise as art, re\n"
+        "import artistic, os\nimport groupwise as art\n")
