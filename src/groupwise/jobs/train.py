@@ -330,8 +330,16 @@ def _show_progress() -> None:
     logger = logging.getLogger("groupwise.loop")
     if any(getattr(h, "_groupwise_train", False) for h in logger.handlers):
         return
+    from tqdm import tqdm
+
     class Stdout(logging.StreamHandler):  # the stdout of the moment (a redirect made after this one), not the first
         stream = property(lambda self: sys.stdout, lambda self, value: None)
+
+        def emit(self, record: logging.LogRecord) -> None:
+            # The rollout bars (stderr) stop mid-line; a step line printed then would follow a bar on the
+            # same terminal line. tqdm clears its bars around the write and draws them again after.
+            with tqdm.external_write_mode(file=sys.stdout):
+                super().emit(record)
 
     handler = Stdout()
     handler.setFormatter(logging.Formatter("[groupwise train] %(message)s"))
