@@ -187,3 +187,58 @@ async def test_a_wrongly_typed_result_fails_loudly_whatever_the_budget(bad, said
         await TrajectoryGroup([wrong()])
     with pytest.raises(RolloutResultError, match="returned TrajectoryGroup"):
         await gather_trajectory_groups([TrajectoryGroup([trajectory_group([quick(1.0)])])], pbar_desc=None)
+
+
+# ------------------------------------------------------------------ the clock stands still in a stall
+def test_the_stall_clock_counts_the_union_of_its_sources_stalls():
+    from groupwise.rollout.stalls import StallClock
+
+    t = [0.0]
+    clock = StallClock(now=lambda: t[0])
+    a, b = object(), object()
+    clock.set_stalled(a, True)       # 0: a stalls
+    t[0] = 2.0
+    clock.set_stalled(b, True)       # 2: b too (the union stays one interval)
+    t[0] = 3.0
+    clock.set_stalled(a, False)      # 3: a serves again, b still stalled
+    t[0] = 5.0
+    assert clock.seconds() == 5.0    # open interval counted up to now
+    clock.set_stalled(b, False)      # 5: nobody stalled
+    t[0] = 9.0
+    clock.set_stalled(b, False)      # saying it twice changes nothing
+    assert clock.seconds() == 5.0
+    assert clock.rollout_time() == 4.0  # 9 s of wall time, 5 of them stalled
+
+
+async def test_a_rollout_waiting_on_a_stalled_engine_does_not_time_out():
+    # A shared engine paused for another run's update (or full) makes a rollout wait through no fault
+    # of its own: its timeout does not count that time. The same rollout without the stall times out.
+    from groupwise.rollout.stalls import STALLS
+
+    engine = object()
+    STALLS.set_stalled(engine, True)
+    try:
+        out = await gather_trajectory_groups([TrajectoryGroup([quick(1.0, delay=0.6)])], pbar_desc=None,
+                                             rollout_timeout_s=0.2)
+    finally:
+        STALLS.set_stalled(engine, False)
+    assert out[0].rewards() == [1.0] and out[0].exceptions == []
+    out = await gather_trajectory_groups([TrajectoryGroup([quick(1.0, delay=0.6), quick(2.0)])], pbar_desc=None,
+                                         max_exceptions=1, rollout_timeout_s=0.2)
+    assert out[0].rewards() == [2.0] and [e.type for e in out[0].exceptions] == ["RolloutTimeoutError"]
+
+
+async def test_a_hung_rollout_still_times_out_once_the_stall_ends():
+    from groupwise.rollout.stalls import STALLS
+
+    engine = object()
+    STALLS.set_stalled(engine, True)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.3, STALLS.set_stalled, engine, False)  # the update ends
+    try:
+        out = await gather_trajectory_groups([TrajectoryGroup([never_returns(), quick(1.0)])], pbar_desc=None,
+                                             max_exceptions=1, rollout_timeout_s=0.2)
+    finally:
+        STALLS.set_stalled(engine, False)
+    assert out[0].rewards() == [1.0] and [e.type for e in out[0].exceptions] == ["RolloutTimeoutError"]
+    assert no_tasks_left()

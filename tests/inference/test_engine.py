@@ -291,3 +291,22 @@ async def test_a_failing_prefill_answers_its_callers(tiny):
             await asyncio.wait_for(eng.generate(GenerationRequest([1, 2, 3], max_new_tokens=2)), 60)
     finally:
         eng.close()
+
+
+async def test_a_paused_engine_with_requests_stops_its_callers_rollout_clock(engine, tiny):
+    # rollout/stalls.py: while a trainer holds the model, requests in flight wait through no fault of
+    # their rollouts; the engine says so, and the rollout clock stands still. Idle or serving, it runs.
+    from groupwise.rollout.stalls import STALLS
+
+    before = STALLS.seconds()
+    async with engine.paused():
+        await asyncio.sleep(0.05)
+        assert STALLS.seconds() == before  # paused, nothing asked of it: no caller waits
+        future = engine.submit(GenerationRequest(prompts(tiny[1], 1)[0], max_new_tokens=2,
+                                                 sampling=SamplingParams(seed=0)))
+        await asyncio.sleep(0.2)
+        assert STALLS.seconds() - before >= 0.15  # a request waits on the pause (0.2 s)
+    await asyncio.wrap_future(future)
+    settled = STALLS.seconds()
+    await asyncio.sleep(0.1)
+    assert STALLS.seconds() == settled  # served: the clock runs again

@@ -75,6 +75,7 @@ from groupwise.inference.requests import (BASE, DEFAULT_MAX_NEW_TOKENS, Completi
                                           SeqState)
 from groupwise.inference.runner import ModelRunner
 from groupwise.inference.step_state import EngineStats, StepState
+from groupwise.rollout.stalls import STALLS
 from groupwise.special_tokens import special_tokens
 
 __all__ = ["Completion", "Engine", "EngineError", "EngineStats", "GenerationRequest", "GenerationResult",
@@ -306,6 +307,7 @@ class Engine:
     def _pause_begin(self) -> None:
         with self.state.cv:
             self.state.pauses += 1
+        self._note_stall()
         with self._step_lock:  # wait for a step in progress; later steps see the pause
             self._release_idle_memory()
 
@@ -338,6 +340,7 @@ class Engine:
         with self.state.cv:
             self.state.pauses -= 1
             self.state.cv.notify_all()
+        self._note_stall()
 
     def paused(self) -> "_Paused":
         """``with engine.paused():`` or ``async with``: no forward pass runs until released, so the
@@ -367,6 +370,7 @@ class Engine:
         with self.state.cv:
             self.state.waiting.append(state)
             self.state.cv.notify_all()
+        self._note_stall()
         return future
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -431,6 +435,7 @@ class Engine:
             st.running = []
         for request in states:
             request.settle(error=EngineError(f"generation failed: {type(exc).__name__}: {exc}"))
+        self._note_stall()
 
     def _sweep_cancelled(self) -> None:
         """Drop requests whose callers cancelled: waiting ones leave the queue, running rows retire."""
@@ -461,6 +466,18 @@ class Engine:
             self.state.admitted = []
         if self.state.running:
             decode(self.state, self.runner)
+        self._note_stall()
+
+    def _note_stall(self) -> None:
+        """Tell the rollout clock (rollout/stalls.py) whether this engine's callers wait through no fault
+        of their own: paused (a trainer has the model) with requests in flight, or holding a request
+        that the free slots cannot take. Their rollouts' timeouts do not count that time."""
+        st = self.state
+        with st.cv:
+            in_flight = bool(st.waiting or st.running or st.admitted)
+            full = bool(st.waiting) and st.waiting[0].req.n > st.max_batch_size - len(st.running)
+            stalled = not st.closed and ((st.pauses > 0 and in_flight) or full)
+        STALLS.set_stalled(self, stalled)
 
     # ---------------------------------------------------------------- shutdown
     def close(self) -> None:

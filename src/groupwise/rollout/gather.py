@@ -23,7 +23,8 @@ How it works, and why:
   Anything else is a bug in the rollout: `RolloutResultError` at once, whatever the budget, since
   recording it on the group would silently drop the episode.
 - Every rollout has a timeout (`rollout_timeout_s`, default `ROLLOUT_TIMEOUT_S` = 10 minutes, None
-  for none), counted from when it starts (after `max_concurrency` lets it). Past it the rollout is
+  for none), counted from when it starts (after `max_concurrency` lets it), less the time an engine of
+  this process could not serve (paused for an update, or full: rollout/stalls.py). Past it the rollout is
   cancelled and a `RolloutTimeoutError` naming the setting and where the rollout was waiting counts
   against the budget like any exception: one hung request can no longer hang a run silently. The
   slot is decided at the deadline, so a rollout that ignores its cancellation cannot hang the gather
@@ -54,6 +55,7 @@ from groupwise.config import ROLLOUT_TIMEOUT_S
 from groupwise.errors import ArgumentTypeError, GatherError, RolloutResultError, RolloutTimeoutError
 from groupwise.rollout.limits import CANCEL_GRACE_S, check_gather_args, exception_budget, waiting_at
 from groupwise.rollout.progress import GatherProgress
+from groupwise.rollout.stalls import STALLS
 from groupwise.types import PydanticException, Trajectory, TrajectoryGroup, rollout_trajectories
 
 __all__ = ["gather_trajectory_groups", "gather_trajectories", "count_completion_tokens", "exception_budget",
@@ -93,7 +95,8 @@ class _Gathering:
         self.semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         self.tasks: list[asyncio.Task] = []
         # (deadline, task, g, i) in start order, which is deadline order (one timeout for all): one timer
-        # for the earliest deadline costs less per rollout than a timer each.
+        # for the earliest deadline costs less per rollout than a timer each. Deadlines are on the
+        # rollout clock (rollout/stalls.py), which stands still while a shared engine cannot serve.
         self.deadlines: collections.deque[tuple[float, asyncio.Task, int, int]] = collections.deque()
         self.watchdog: asyncio.TimerHandle | None = None
         self.expired: dict[asyncio.Task, tuple[int, int]] = {}  # timed-out tasks, maybe still running
@@ -120,18 +123,23 @@ class _Gathering:
 
     def _start_timer(self, task: asyncio.Task, g: int, i: int) -> None:
         if self.timeout is not None:
-            self.deadlines.append((asyncio.get_running_loop().time() + self.timeout, task, g, i))
+            self.deadlines.append((STALLS.rollout_time() + self.timeout, task, g, i))
             if self.watchdog is None:
                 self._arm()
 
     def _arm(self) -> None:
         while self.deadlines and self.deadlines[0][1].done():
             self.deadlines.popleft()
-        self.watchdog = (asyncio.get_running_loop().call_at(self.deadlines[0][0], self._check)
-                         if self.deadlines else None)
+        if not self.deadlines:
+            self.watchdog = None
+            return
+        # While an engine stalls the rollout clock stands still, and a deadline just ahead stays just
+        # ahead: look again at most four times per timeout (and once a second), not in a busy loop.
+        wait = max(self.deadlines[0][0] - STALLS.rollout_time(), min(1.0, self.timeout / 4))
+        self.watchdog = asyncio.get_running_loop().call_later(wait, self._check)
 
     def _check(self) -> None:
-        now = asyncio.get_running_loop().time()
+        now = STALLS.rollout_time()
         while self.deadlines and (self.deadlines[0][1].done() or self.deadlines[0][0] <= now):
             _, task, g, i = self.deadlines.popleft()
             if not task.done():
