@@ -20,8 +20,14 @@ from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from groupwise.rollout.gather import count_completion_tokens, gather_trajectories, gather_trajectory_groups
-from groupwise.types import Trajectory, TrajectoryGroup, rollout_trajectories
+from groupwise.rollout.gather import gather_trajectories, gather_trajectory_groups
+from groupwise.types import (
+    Trajectory,
+    TrajectoryGroup,
+    enclosing_gather_budget,
+    rollout_trajectories,
+    set_completion_tokens,
+)
 
 __all__ = ["GatherContext", "gather_trajectories", "gather_trajectory_groups", "get_gather_context",
            "record_metrics", "set_gather_context", "wrap_group_awaitable", "wrap_trajectories_awaitable"]
@@ -75,11 +81,21 @@ _context: contextvars.ContextVar[GatherContext] = contextvars.ContextVar("gather
 
 @contextlib.contextmanager
 def set_gather_context(context: GatherContext) -> Iterator[None]:
-    """Make `context` current for the awaitables wrapped (and tasks made) inside the block."""
+    """Make `context` current for the awaitables wrapped (and tasks made) inside the block. A
+    `TrajectoryGroup` awaited there charges its failed rollouts to the context's budget and, within it,
+    records them on the group (`groupwise.types.enclosing_gather_budget`), as ART's groups do."""
+
+    def charge(exc: BaseException) -> bool:
+        context.metric_sums["exceptions"] += 1
+        context.update_pbar(n=0)
+        return not context.too_many_exceptions()
+
     token = _context.set(context)
+    budget_token = enclosing_gather_budget.set(charge)
     try:
         yield
     finally:
+        enclosing_gather_budget.reset(budget_token)
         _context.reset(token)
 
 
@@ -95,8 +111,8 @@ def get_gather_context() -> GatherContext:
 
 def record_metrics(context: GatherContext, trajectory: Trajectory) -> None:
     """Add a finished trajectory's reward and metrics to the running sums; its `completion_tokens`
-    metric becomes the mean number of sampled tokens per choice (`count_completion_tokens`)."""
-    count_completion_tokens([trajectory])
+    metric becomes the mean number of sampled tokens per choice (`set_completion_tokens`)."""
+    set_completion_tokens([trajectory])
     context.metric_sums["reward"] += trajectory.reward
     context.metric_divisors["reward"] += 1
     context.metric_sums.update(trajectory.metrics)
@@ -106,9 +122,15 @@ def record_metrics(context: GatherContext, trajectory: Trajectory) -> None:
 async def wrap_group_awaitable(awaitable: Awaitable[Any]) -> Any:
     """Await a group (a `TrajectoryGroup`, which runs its rollouts, or an awaitable of a group or of
     a rollout's trajectories), recording its trajectories; None when it failed within the budget. A
-    `TrajectoryGroup` fails as a whole at its first failed rollout (ART records a failed rollout on
-    its group instead); `gather_trajectory_groups` budgets rollout by rollout."""
+    `TrajectoryGroup` counts its own failed rollouts against the budget (see `set_gather_context`), as
+    ART's: within it they are on the group, past it the failure propagates."""
     context = get_gather_context()
+    if isinstance(awaitable, TrajectoryGroup):
+        group = await awaitable
+        for trajectory in group.trajectories:
+            record_metrics(context, trajectory)
+        context.update_pbar(n=len(group.trajectories))
+        return group
     try:
         group = await awaitable
         trajectories = group.trajectories if isinstance(group, TrajectoryGroup) else \

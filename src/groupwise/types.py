@@ -26,11 +26,12 @@ and to the store (lossless).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import math
 import time
 import traceback as traceback_module
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal, Union
 
@@ -49,7 +50,7 @@ from pydantic import (
     field_validator,
 )
 
-from groupwise.choices import choice_policy_versions, choice_to_message
+from groupwise.choices import choice_policy_versions, choice_to_message, completion_tokens
 
 __all__ = [
     "Choice",
@@ -62,7 +63,9 @@ __all__ = [
     "Tools",
     "Trajectory",
     "TrajectoryGroup",
+    "enclosing_gather_budget",
     "item_kind_problem",
+    "set_completion_tokens",
 ]
 
 # ART's `art.types` also holds the step's configs and results; a ported ``from art.types import
@@ -351,6 +354,24 @@ def rollout_trajectories(result: Any, where: str) -> "Trajectory | list[Trajecto
     )
 
 
+enclosing_gather_budget: contextvars.ContextVar[Callable[[BaseException], bool] | None] = contextvars.ContextVar(
+    "groupwise_enclosing_gather_budget", default=None)
+"""The exception budget of the gather a rollout runs in (`gather_trajectory_groups`, or ART's
+`set_gather_context`), seen by a `TrajectoryGroup` awaited inside that rollout: called with a failed
+rollout's exception, it counts the failure and says whether the gather's budget still allows it. ART's
+groups read their gather's context the same way, so a coroutine that awaits its own group inside a
+gather with ``max_exceptions=2`` keeps the group's other rollouts, as on ART. None outside a gather."""
+
+
+def set_completion_tokens(trajectories: Iterable["Trajectory"]) -> None:
+    """Set each trajectory's ``completion_tokens`` metric (`groupwise.choices.completion_tokens`), as ART's
+    gather does on every trajectory it collects (also those of a group awaited on its own)."""
+    for trajectory in trajectories:
+        tokens = completion_tokens(trajectory.messages_and_choices)
+        if tokens is not None:
+            trajectory.metrics["completion_tokens"] = tokens
+
+
 class TrajectoryGroup(BaseModel):
     """N rollouts of one scenario: the unit GRPO compares within.
 
@@ -421,24 +442,36 @@ class TrajectoryGroup(BaseModel):
         return pending
 
     def __await__(self):
-        # Awaiting a group runs its rollouts concurrently with no exception budget (fail loud): the
-        # first error cancels the others and propagates. `gather_trajectory_groups` adds budgets,
-        # progress and after_each.
+        # Awaiting a group runs its rollouts concurrently. Outside a gather there is no exception budget
+        # (fail loud): the first error cancels the others and propagates. Inside a rollout of a gather
+        # (`enclosing_gather_budget`), each failure is charged to that gather's budget and, while it
+        # allows, recorded on this group, the other rollouts finishing: ART's group does this with its
+        # gather's context. Either way the trajectories get ART's `completion_tokens` metric.
         async def run() -> "TrajectoryGroup":
+            charge = enclosing_gather_budget.get()
             tasks = [asyncio.ensure_future(a) for a in self.take_pending()]
+            failed: list[BaseException] = []
             try:
-                results = await asyncio.gather(*tasks)
+                for next_done in asyncio.as_completed(tasks):
+                    try:
+                        await next_done
+                    except Exception as exc:
+                        if charge is None or not charge(exc):
+                            raise
+                        failed.append(exc)
             except BaseException:
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
-            for n, result in enumerate(results):
-                checked = rollout_trajectories(result, f"rollout {n} of the group")
-                if isinstance(checked, Trajectory):
-                    self.trajectories.append(checked)
-                else:
-                    self.trajectories.extend(checked)  # a self-play rollout's trajectories, in order
+            for n, task in enumerate(tasks):
+                if task.exception() is not None:
+                    continue
+                checked = rollout_trajectories(task.result(), f"rollout {n} of the group")
+                finished = [checked] if isinstance(checked, Trajectory) else checked  # self-play: in order
+                set_completion_tokens(finished)
+                self.trajectories.extend(finished)
+            self.exceptions.extend(PydanticException.from_exception(e) for e in failed)
             return self
 
         return run().__await__()

@@ -15,7 +15,7 @@ How it works, and why:
 - Trajectories keep the order in which their rollouts were given, not the order they finished in,
   so a run is reproducible.
 - The exception budget (`max_exceptions`) is a count, or a fraction in (0, 1) of the rollouts this
-  call runs. Within budget, an exception is recorded on its group (`PydanticException`: type,
+  call runs (ART's test: failures / rollouts <= the fraction). Within budget, an exception is recorded on its group (`PydanticException`: type,
   message, traceback) and counted; one more and every unfinished rollout is cancelled and
   `GatherError` says how many failed of how many, with the first traceback.
 - A rollout returns a `Trajectory`, or an iterable of them (ART's ``Awaitable[Iterable[Trajectory]]``:
@@ -32,6 +32,9 @@ How it works, and why:
 - A group may also be given as an awaitable that returns a `TrajectoryGroup` (ART's declared type,
   e.g. a coroutine that builds and awaits its own group). It runs as one task; if it raises, the
   exception counts against the budget like a rollout's and is recorded on an empty group in its place.
+  A group such a coroutine awaits shares this gather's budget (`enclosing_gather_budget`, as ART's
+  context): its failed rollouts are counted here and, within the budget, recorded on it, its other
+  rollouts kept.
 - `after_each(group)` runs as soon as that group's rollouts are done (while others still run), so a
   judge scores early groups while late ones play. It may return the group, a replacement, None (drop)
   or a list of groups. Its own errors are not budgeted: they cancel the rest and propagate.
@@ -49,16 +52,22 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Union
 
-from groupwise.choices import completion_tokens
 from groupwise.compat import warn_ignored
 from groupwise.config import ROLLOUT_TIMEOUT_S
 from groupwise.errors import ArgumentTypeError, GatherError, RolloutResultError, RolloutTimeoutError
 from groupwise.rollout.limits import CANCEL_GRACE_S, check_gather_args, exception_budget, waiting_at
 from groupwise.rollout.progress import GatherProgress
 from groupwise.rollout.stalls import STALLS
-from groupwise.types import PydanticException, Trajectory, TrajectoryGroup, rollout_trajectories
+from groupwise.types import (
+    PydanticException,
+    Trajectory,
+    TrajectoryGroup,
+    enclosing_gather_budget,
+    rollout_trajectories,
+    set_completion_tokens,
+)
 
-__all__ = ["gather_trajectory_groups", "gather_trajectories", "count_completion_tokens", "exception_budget",
+__all__ = ["gather_trajectory_groups", "gather_trajectories", "exception_budget",
            "trajectory_group", "ROLLOUT_TIMEOUT_S"]
 
 log = logging.getLogger(__name__)
@@ -106,6 +115,16 @@ class _Gathering:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
+        # every task copies this context when created: a group a rollout awaits charges this budget
+        token = enclosing_gather_budget.set(self.charge)
+        try:
+            self._start_tasks(loop)
+        finally:
+            enclosing_gather_budget.reset(token)
+        if self.ready:
+            self.wake.set()
+
+    def _start_tasks(self, loop: asyncio.AbstractEventLoop) -> None:
         for g, awaitables in enumerate(self.pending):
             if not awaitables:
                 self.ready.append(g)
@@ -118,8 +137,21 @@ class _Gathering:
                     self._start_timer(task, g, i)
                 task.add_done_callback(self._callback(g, i))
                 self.tasks.append(task)
-        if self.ready:
+
+    def charge(self, exc: BaseException) -> bool:
+        """A rollout of a group that one of this gather's rollouts awaits itself failed
+        (`enclosing_gather_budget`): count it against the budget. True while the budget allows it (the
+        group records it); False once past it, and the gather fails as for any rollout."""
+        if self.over_budget or self.fatal is not None:
+            return False
+        self.n_failed += 1
+        if self.first_failure is None:
+            self.first_failure = exc
+        if self.n_failed > self.budget:
+            self.over_budget = True
             self.wake.set()
+            return False
+        return True
 
     def _start_timer(self, task: asyncio.Task, g: int, i: int) -> None:
         if self.timeout is not None:
@@ -203,7 +235,7 @@ class _Gathering:
                     ))
                     return
                 self.groups[g] = result
-                count_completion_tokens(result.trajectories)
+                set_completion_tokens(result.trajectories)
                 self.progress.done(result.trajectories)
             else:
                 try:
@@ -215,7 +247,7 @@ class _Gathering:
                     self._fail(g, i, exc)
                     return
                 finished = [checked] if isinstance(checked, Trajectory) else checked
-                count_completion_tokens(finished)
+                set_completion_tokens(finished)
                 self.slots[g][i] = checked
                 self.progress.done(finished)
             self._finish_one(g)
@@ -287,15 +319,6 @@ class _Gathering:
         if stuck:
             log.warning("timed-out rollouts %s (group/rollout) ignored their cancellation and still run in "
                         "the background; a rollout should let asyncio.CancelledError propagate", ", ".join(stuck))
-
-
-def count_completion_tokens(trajectories: Iterable[Trajectory]) -> None:
-    """Set each trajectory's ``completion_tokens`` metric (`groupwise.choices.completion_tokens`), as ART's
-    gather does on every trajectory it collects."""
-    for trajectory in trajectories:
-        tokens = completion_tokens(trajectory.messages_and_choices)
-        if tokens is not None:
-            trajectory.metrics["completion_tokens"] = tokens
 
 
 async def _as_coroutine(awaitable: Awaitable[Trajectory]) -> Trajectory:

@@ -17,12 +17,19 @@ CANCEL_GRACE_S = 1.0
 
 
 def exception_budget(max_exceptions: int | float, n_rollouts: int) -> int:
-    """How many rollouts may raise: a count as is, a fraction x in (0, 1) as floor(x * n_rollouts).
-
-    floor, so that 0.05 of 18 rollouts allows 0 (not 1): the budget never exceeds the fraction asked.
+    """How many rollouts may raise: a count as is; a fraction x in (0, 1) allows the largest k with
+    k / n_rollouts <= x, ART's test (``exceptions / total <= max_exceptions``), so that 0.05 of 18
+    rollouts allows 0 and 0.57 of 100 allows 57 (``floor(0.57 * 100)`` is 56: the product rounds down).
     """
     if isinstance(max_exceptions, float) and 0 < max_exceptions < 1:
-        return math.floor(max_exceptions * n_rollouts)
+        if n_rollouts <= 0:
+            return 0
+        k = math.floor(max_exceptions * n_rollouts)
+        while (k + 1) / n_rollouts <= max_exceptions:
+            k += 1
+        while k > 0 and k / n_rollouts > max_exceptions:
+            k -= 1
+        return k
     return int(max_exceptions)
 
 

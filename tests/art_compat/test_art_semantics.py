@@ -1,0 +1,93 @@
+"""Same input, ART's result: behaviour a ported program relies on without seeing it.
+
+Each expectation below is what ART's own code returns for the same input, found by running the
+function from the released wheel (pure Python, no GPU) or, where it needs ART's services, by reading
+it; the comment names the ART version. Differences groupwise keeps on purpose are in
+docs/porting-from-art.md ("Names" and "Checked differences") and are not repeated here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from openai.types.chat.chat_completion import Choice
+
+import groupwise as gw
+from groupwise.gather import GatherContext, set_gather_context
+from groupwise.rollout.limits import exception_budget
+
+
+def sampled(n: int) -> Choice:
+    """A Choice whose logprobs name n sampled tokens (ART counts these)."""
+    return Choice.model_validate({
+        "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "x" * n},
+        "logprobs": {"content": [{"token": "x", "logprob": -1.0, "bytes": None, "top_logprobs": []}] * n}})
+
+
+async def rollout(g: int, i: int, fail: bool = False) -> gw.Trajectory:
+    await asyncio.sleep(0.001 * (g * 10 + i))
+    if fail:
+        raise ValueError(f"fail {g}/{i}")
+    return gw.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, sampled(3 + i), sampled(1)],
+                         reward=g + i / 10)
+
+
+async def test_a_group_awaited_on_its_own_gets_completion_tokens():
+    # ART 0.5.18: `await art.TrajectoryGroup(...)` records each trajectory's completion_tokens (the mean
+    # sampled tokens per choice), as its gather does: here (3+1)/2, (4+1)/2, (5+1)/2
+    group = await gw.TrajectoryGroup(rollout(0, i) for i in range(3))
+    assert [t.metrics["completion_tokens"] for t in group] == [2.0, 2.5, 3.0]
+
+
+async def test_a_group_awaited_inside_a_gathered_coroutine_shares_the_gathers_budget():
+    async def own_group(g: int, failing: int | None = None) -> gw.TrajectoryGroup:
+        return await gw.TrajectoryGroup([rollout(g, i, fail=i == failing) for i in range(3)])
+
+    # ART 0.5.18, max_exceptions=1: the failed rollout is on its group, the group's other two are kept
+    groups = await gw.gather_trajectory_groups([own_group(0, failing=1), own_group(1)], max_exceptions=1,
+                                               pbar_desc=None)
+    assert [[t.reward for t in g] for g in groups] == [[0.0, 0.2], [1.0, 1.1, 1.2]]
+    assert [[e.message for e in g.exceptions] for g in groups] == [["fail 0/1"], []]
+    assert [t.metrics["completion_tokens"] for t in groups[0]] == [2.0, 3.0]
+    # ART 0.5.18, max_exceptions=0: the gather fails (ART raises the rollout's ValueError; here the
+    # GatherError caused by it, see docs/porting-from-art.md)
+    with pytest.raises(gw.GatherError) as failed:
+        await gw.gather_trajectory_groups([own_group(0, failing=1), own_group(1)], pbar_desc=None)
+    assert isinstance(failed.value.__cause__, ValueError)
+
+
+async def test_a_group_awaited_under_arts_gather_context_records_failures_within_its_budget():
+    # ART 0.5.18's art.gather: a group awaited inside set_gather_context counts its failed rollouts there
+    context = GatherContext(max_exceptions=1)
+    with set_gather_context(context):
+        group = await gw.TrajectoryGroup([rollout(0, 0), rollout(0, 1, fail=True), rollout(0, 2)])
+        assert [t.reward for t in group] == [0.0, 0.2] and [e.message for e in group.exceptions] == ["fail 0/1"]
+        assert context.metric_sums["exceptions"] == 1
+        with pytest.raises(ValueError, match="fail 1/0"):  # the second failure is past the budget
+            await gw.TrajectoryGroup([rollout(1, 0, fail=True), rollout(1, 1)])
+    with pytest.raises(ValueError, match="fail 2/0"):  # outside any gather: no budget, as ART's default context
+        await gw.TrajectoryGroup([rollout(2, 0, fail=True), rollout(2, 1)])
+
+
+def test_a_fractional_exception_budget_is_arts_comparison():
+    # ART (0.3.13 to 0.5.18) fails a gather once failures / rollouts > max_exceptions for 0 < it < 1.
+    # floor(0.57 * 100) is 56 (the product is 56.99999999999999), but 57 / 100 <= 0.57 holds.
+    assert exception_budget(0.57, 100) == 57
+    assert exception_budget(0.05, 18) == 0 and exception_budget(0.1, 30) == 3 and exception_budget(0.5, 0) == 0
+    for n in range(1, 120):
+        for fraction in (0.01, 0.05, 0.1, 0.15, 0.2, 0.25, 0.29, 0.3, 0.33, 0.5, 0.57, 0.7, 0.9, 0.99):
+            k = exception_budget(fraction, n)
+            assert k / n <= fraction and (k + 1) / n > fraction, (n, fraction, k)
+
+
+async def test_a_gather_allows_exactly_arts_fraction_of_failures():
+    async def run(failures: int) -> list[gw.TrajectoryGroup]:
+        group = gw.TrajectoryGroup(rollout(0, 0, fail=i < failures) for i in range(100))
+        return await gw.gather_trajectory_groups([group], max_exceptions=0.57, pbar_desc=None)
+
+    # ART 0.5.18: 57 of 100 failures pass max_exceptions=0.57, 58 do not
+    [group] = await run(57)
+    assert (len(group.trajectories), len(group.exceptions)) == (43, 57)
+    with pytest.raises(gw.GatherError):
+        await run(58)
