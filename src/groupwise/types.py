@@ -184,6 +184,18 @@ def plain_messages(messages_and_choices: list[Any]) -> list[Message]:
     return out
 
 
+def _same_data(a: Any, b: Any) -> bool:
+    """Whether `a` (validated) holds exactly what `b` (given) holds: equal, with the same types all the
+    way down (a numpy scalar that validation made a float is a change)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same_data(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_data(a[k], b[k]) for k in a)
+    return a is b or a == b
+
+
 class History(BaseModel):
     """A side conversation of a trajectory: a sub-agent, a summariser, a tool's own LLM call."""
 
@@ -258,6 +270,18 @@ class Trajectory(BaseModel):
                 "(a division by zero or a log of 0 gives inf/nan)."
             )
         return v
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Assignments are validated (a text reward or an inf is refused), and pydantic's validation
+        # stores a copy of a list or dict. ART's Trajectory stores the object itself, so a program that
+        # assigns `messages` and then appends its turns to `messages` trains on them there; here the
+        # turns went to a copy the trajectory never saw. When validation changed nothing but the
+        # object's identity, the caller's object is kept, as in ART.
+        super().__setattr__(name, value)
+        if isinstance(value, (list, dict)) and name in type(self).model_fields:
+            stored = self.__dict__.get(name)
+            if stored is not value and _same_data(stored, value):
+                self.__dict__[name] = value
 
     def messages(self) -> list[Message]:
         """Plain chat messages (`plain_messages`): what to send on as the next turn's context."""

@@ -91,3 +91,22 @@ async def test_a_gather_allows_exactly_arts_fraction_of_failures():
     assert (len(group.trajectories), len(group.exceptions)) == (43, 57)
     with pytest.raises(gw.GatherError):
         await run(58)
+
+
+def test_a_list_or_dict_assigned_to_a_trajectory_is_the_trajectorys():
+    # ART 0.5.18 stores an assigned object itself: turns appended to `messages` after
+    # `trajectory.messages_and_choices = messages` are the trajectory's (here they went to a copy)
+    trajectory = gw.Trajectory(reward=0.0)
+    messages: list = [{"role": "user", "content": "q"}]
+    trajectory.messages_and_choices = messages
+    messages.append(sampled(2))
+    metrics: dict = {}
+    trajectory.metrics = metrics
+    metrics["turns"] = 1
+    assert len(trajectory.messages_and_choices) == 2 and trajectory.metrics == {"turns": 1}
+    # what validation changes is still validated (a numpy scalar becomes a float) and refused
+    numpy = pytest.importorskip("numpy")
+    trajectory.metrics = {"score": numpy.float32(0.5)}
+    assert type(trajectory.metrics["score"]) is float
+    with pytest.raises(ValueError, match="must be a finite number"):
+        trajectory.reward = float("inf")
