@@ -110,3 +110,46 @@ def test_a_list_or_dict_assigned_to_a_trajectory_is_the_trajectorys():
     assert type(trajectory.metrics["score"]) is float
     with pytest.raises(ValueError, match="must be a finite number"):
         trajectory.reward = float("inf")
+
+
+def test_iterate_dataset_resumed_past_the_end_leaves_the_global_random_as_art():
+    # ART 0.3.13 - 0.5.18 walk every epoch before skipping its steps, reseeding `random` with each:
+    # a run resumed after its last step yields nothing and leaves the generator seeded by the last epoch
+    import random
+
+    random.seed(123)
+    assert list(gw.iterate_dataset(list(range(4)), 2, 2, 9, False)) == []
+    assert random.random() == 0.2550690257394217  # ART 0.5.18's next draw
+
+
+def test_a_dataset_batch_is_a_plain_dataclass_as_arts():
+    # ART 0.5.18's DatasetBatch is a mutable dataclass: a program may narrow a batch in place
+    batch = next(iter(gw.iterate_dataset(list(range(4)), 2, use_tqdm=False)))
+    batch.items = batch.items[:1]
+    assert (len(batch.items), batch.step, batch.epoch, batch.epoch_step) == (1, 0, 0, 0)
+
+
+def test_retry_warns_on_each_retry_and_takes_a_shrinking_backoff(monkeypatch, caplog):
+    # ART 0.3.13 - 0.5.18: without on_retry each retry is a logging warning "Retry 1/3 for <name> after
+    # error: <error>"; any backoff_factor multiplies the delay (0.5 shrinks it)
+    import importlib
+    import logging
+
+    retry_module = importlib.import_module("groupwise.utils.retry")
+    sleeps: list[float] = []
+    monkeypatch.setattr(retry_module.time, "sleep", sleeps.append)
+    calls = 0
+
+    @gw.retry(max_attempts=3, delay=1.0, backoff_factor=0.5)
+    def ask() -> str:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise ConnectionError("down")
+        return "ok"
+
+    with caplog.at_level(logging.WARNING):
+        assert ask() == "ok"
+    assert sleeps == [1.0, 0.5]
+    assert [r.getMessage().split(" (next")[0] for r in caplog.records if r.levelno == logging.WARNING] == [
+        "Retry 1/3 for ask after error: down", "Retry 2/3 for ask after error: down"]

@@ -86,7 +86,7 @@ def test_retry_bare_and_bad_args():
 
     assert f() == 1
     with pytest.raises(ConfigError) as err:
-        retry(max_attempts=0, delay=-1, backoff_factor=0.5)
+        retry(max_attempts=0, delay=-1, backoff_factor=-2)
     assert len(err.value.problems) == 3
 
 

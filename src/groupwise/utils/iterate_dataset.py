@@ -24,7 +24,7 @@ __all__ = ["DatasetBatch", "epoch_order", "iterate_dataset"]
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@dataclass
 class DatasetBatch(Generic[T]):
     """One step's scenarios. `step` is global (across epochs); `epoch_step` restarts each epoch.
 
@@ -100,8 +100,12 @@ def iterate_dataset(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, initial=initial_step, desc="steps", unit="step", dynamic_ncols=True)
+    first_epoch = initial_step // steps_per_epoch
+    if first_epoch >= num_epochs and seed == 0:
+        # resumed past the end: nothing to yield, but ART walked (and reseeded) every epoch
+        _leave_global_random_as_art(len(items), num_epochs - 1)
     try:
-        for epoch in range(initial_step // steps_per_epoch, num_epochs):
+        for epoch in range(first_epoch, num_epochs):
             order = epoch_order(len(items), seed, epoch)
             if seed == 0:
                 _leave_global_random_as_art(len(items), epoch)

@@ -17,6 +17,11 @@ __all__ = ["retry"]
 log = logging.getLogger(__name__)
 
 
+def _log_retry(func: Callable, attempt: int, max_attempts: int, exc: BaseException, wait: float) -> None:
+    log.warning("Retry %d/%d for %s after error: %s (next try in %.2fs)", attempt, max_attempts,
+                getattr(func, "__name__", func), exc, wait)
+
+
 def retry(
     max_attempts: int | Callable = 3,
     delay: float = 0.25,
@@ -30,7 +35,9 @@ def retry(
         async def ask(...): ...
 
     `on_retry(exception, attempt)` (sync, or async for async functions) runs before each new try;
-    `attempt` is the number of the try that failed (1-based). The last failure is re-raised as is.
+    `attempt` is the number of the try that failed (1-based). Without it each retry is logged as a
+    warning, as ART's (``Retry 1/3 for ask after error: ...``): a retried failure is not silent. The
+    last failure is re-raised as is.
     Also usable bare: ``@retry``.
     """
     if callable(max_attempts) and not isinstance(max_attempts, int):  # used as bare @retry
@@ -40,8 +47,8 @@ def retry(
         problems.append(f"max_attempts={max_attempts!r} must be an int >= 1")
     if not isinstance(delay, (int, float)) or delay < 0:
         problems.append(f"delay={delay!r} must be a number >= 0 (seconds)")
-    if not isinstance(backoff_factor, (int, float)) or backoff_factor < 1:
-        problems.append(f"backoff_factor={backoff_factor!r} must be >= 1")
+    if not isinstance(backoff_factor, (int, float)) or backoff_factor < 0:
+        problems.append(f"backoff_factor={backoff_factor!r} must be a number >= 0 (each wait is the last times it)")
     if problems:
         raise ConfigError(problems, what="retry arguments")
     if isinstance(exceptions, type):
@@ -63,8 +70,8 @@ def retry(
                             out = on_retry(exc, attempt)
                             if inspect.isawaitable(out):
                                 await out
-                        log.debug("%s failed (try %d/%d): %r; retrying in %.2fs",
-                                  func.__qualname__, attempt, max_attempts, exc, wait)
+                        else:
+                            _log_retry(func, attempt, max_attempts, exc, wait)
                         await asyncio.sleep(wait)
                         wait *= backoff_factor
 
@@ -81,8 +88,8 @@ def retry(
                         raise
                     if on_retry is not None:
                         on_retry(exc, attempt)
-                    log.debug("%s failed (try %d/%d): %r; retrying in %.2fs",
-                              func.__qualname__, attempt, max_attempts, exc, wait)
+                    else:
+                        _log_retry(func, attempt, max_attempts, exc, wait)
                     time.sleep(wait)
                     wait *= backoff_factor
 
