@@ -153,3 +153,10 @@ def test_retry_warns_on_each_retry_and_takes_a_shrinking_backoff(monkeypatch, ca
     assert sleeps == [1.0, 0.5]
     assert [r.getMessage().split(" (next")[0] for r in caplog.records if r.levelno == logging.WARNING] == [
         "Retry 1/3 for ask after error: down", "Retry 2/3 for ask after error: down"]
+
+
+async def test_ruler_of_no_trajectories_is_no_scores():
+    # ART 0.5.18's ruler([]) returns [] before any request (no judge, no key needed)
+    from groupwise.rewards import ruler
+
+    assert await ruler([], "openai/o3") == []

@@ -56,7 +56,7 @@ async def test_local_smollm2_judges_a_group_end_to_end(capsys):
     for t, old in zip(judged.trajectories, [1.0, 0.0]):
         assert 0.0 <= t.reward <= 1.0 and t.metrics["ruler_score"] == t.reward
         assert t.metrics["independent_reward"] == old
-        assert t.logs[-1].startswith("RULER (smollm2-135m) score")
+        assert t.logs[-1].startswith("RULER explanation: ")
     m = judged.metrics
     assert m["judge/requests"] == 1 and m["judge/retries"] == 0  # constrained decoding: valid the first time
     assert m["judge/prompt_tokens"] > 0 and m["judge/completion_tokens"] > 0 and m["judge/cost_usd"] == 0.0

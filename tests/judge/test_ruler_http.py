@@ -75,7 +75,7 @@ async def test_group_fields_survive(judge_server):
         assert t.metrics["ruler_score"] == t.reward == [0.3, 0.6][i]
         assert t.metrics["turns"] == 1 and t.metadata == {"attempt": i}
         assert (t.initial_policy_version, t.final_policy_version) == (3, 4)
-        assert t.logs[-1].startswith("RULER (scripted) score") and "looks like" in t.logs[-1]
+        assert t.logs[-1].startswith("RULER explanation: ") and "looks like" in t.logs[-1]
     assert group.trajectories[0].reward == 0.0  # the input group is not modified
 
 

@@ -388,6 +388,8 @@ async def ruler(
     mapped by `make_config`). Options are `JudgeConfig` fields (passes, seed, max_group_size, retries,
     timeout_s, cache, ...), plus `additional_histories=`, `config=` and `client=` (an AsyncOpenAI to use as is).
     """
+    if not message_lists:  # ART's answer to nothing to judge (ruler_detailed, with its metrics, refuses it)
+        return []
     if extra_litellm_params is not None:
         options["extra_litellm_params"] = extra_litellm_params
     result = await ruler_detailed(message_lists, judge_model, rubric, tools, **options)
@@ -409,7 +411,7 @@ async def ruler_score_group(
     """A new group whose rewards are the judge's relative scores (best ~1, worst ~0).
 
     Per trajectory: the old reward goes to ``metrics["independent_reward"]``, the score to `reward`
-    and ``metrics["ruler_score"]``, the explanation to `logs`. Group metadata, metrics (plus the
+    and ``metrics["ruler_score"]``, the explanation to `logs` (``RULER explanation: ...``, as ART's). Group metadata, metrics (plus the
     judge/* metrics of this call), exceptions, logs and the trajectories' policy versions are kept.
     With swallow_exceptions=True every judge failure (an unknown provider, a missing API key, a
     refused or failed request, answers that never parse) returns None, as ART's does, and is counted
@@ -455,7 +457,7 @@ async def ruler_score_group(
         new.metrics["independent_reward"] = t.reward
         new.metrics["ruler_score"] = s.score
         new.reward = s.score
-        new.logs.append(f"RULER ({judge_model}) score {s.score:.3f}: {s.explanation}")
+        new.logs.append(f"RULER explanation: {s.explanation}")  # ART's line (the score is in metrics)
         new_trajs.append(new)
     return TrajectoryGroup(
         new_trajs,
