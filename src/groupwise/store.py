@@ -31,10 +31,13 @@ History row schema (`history_row` builds it; the loop, plots and reports read it
     reward_std      float  population std (ddof=0) of those rewards
     reward_std_within_group  float  mean over groups of each group's own reward std: near 0 means
                            GRPO sees no signal (every rollout of a scenario scored the same)
+    reward_std_dev  float  ART's name and measure of the same: the mean population std of the rewards
+                           of the groups with more than one trajectory (0 when there is none)
     n_groups, n_trajectories, n_exceptions   int
     exception_rate  float  n_exceptions / (n_trajectories + n_exceptions)
     <metric>        float  mean of a trajectory metric over the trajectories that report it
-    group_<metric>  float  mean of a group metric over the groups that report it
+    group_<metric>  float  mean of a group metric over the groups that report it and hold trajectories
+                           (as ART's: a group of exceptions only is left out)
     <key>           any    each key of ``metrics=`` passed to `Model.log` (e.g. the trainer's
                            ``loss``, ``grad_norm``), as given; one named like a field above
                            replaces it, as in ART (``metrics={"reward": score}`` for a validation
@@ -100,7 +103,7 @@ __all__ = [
 ]
 
 RESERVED_HISTORY_KEYS = frozenset({
-    "step", "split", "recorded_at", "reward", "reward_std", "reward_std_within_group",
+    "step", "split", "recorded_at", "reward", "reward_std", "reward_std_within_group", "reward_std_dev",
     "n_groups", "n_trajectories", "n_exceptions", "exception_rate",
 })
 
@@ -269,6 +272,8 @@ def history_row(
     n_exc = sum(len(g.exceptions) for g in groups)
     n_total = len(trajectories) + n_exc
     within = [statistics.pstdev(g.rewards()) for g in groups if len(g.trajectories) >= 1]
+    # ART's reward_std_dev (calculate_step_std_dev, ART 0.3 - 0.5): groups of one are left out
+    spread = [statistics.pstdev(g.rewards()) for g in groups if len(g.trajectories) > 1]
     row: dict[str, Any] = {
         "step": int(step),
         "split": split,
@@ -276,6 +281,7 @@ def history_row(
         "reward": _mean(rewards),
         "reward_std": statistics.pstdev(rewards) if rewards else float("nan"),
         "reward_std_within_group": _mean(within),
+        "reward_std_dev": _mean(spread) if spread else 0.0,
         "n_groups": len(groups),
         "n_trajectories": len(trajectories),
         "n_exceptions": n_exc,
@@ -290,6 +296,8 @@ def history_row(
             traj_values.setdefault(name, []).append(float(value))
     group_values: dict[str, list[float]] = {}
     for g in groups:
+        if not g.trajectories:  # ART 0.5 averages a group metric over the groups that hold trajectories
+            continue
         for name, value in g.metrics.items():
             group_values.setdefault(f"group_{name}", []).append(float(value))
     for source in (traj_values, group_values):

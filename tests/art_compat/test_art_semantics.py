@@ -160,3 +160,21 @@ async def test_ruler_of_no_trajectories_is_no_scores():
     from groupwise.rewards import ruler
 
     assert await ruler([], "openai/o3") == []
+
+
+def test_a_history_row_has_arts_reward_std_dev_and_group_metrics():
+    from groupwise.store import history_row
+
+    def group(*rewards: float, **metrics: float) -> gw.TrajectoryGroup:
+        return gw.TrajectoryGroup([gw.Trajectory(reward=r) for r in rewards], metrics=metrics)
+
+    failed = gw.TrajectoryGroup([], exceptions=[ValueError("x")], metrics={"judge_s": 9.0})
+    row = history_row([group(1.0, 0.0, judge_s=1.0), group(1.0, 1.0, judge_s=2.0), group(0.3), failed],
+                      step=0, split="train")
+    # ART 0.5.18's calculate_step_std_dev on these groups: (pstdev(1, 0) + pstdev(1, 1)) / 2, a group of one
+    # left out; 0 (not NaN) when no group has two trajectories
+    assert row["reward_std_dev"] == 0.25
+    assert history_row([group(0.3)], step=0, split="train")["reward_std_dev"] == 0
+    # ART 0.5.18's model.log averages a group metric over the groups holding trajectories: (1 + 2) / 2
+    assert row["group_judge_s"] == 1.5
+    assert row["exception_rate"] == 1 / 6  # ART 0.5.18: 1 exception among 5 trajectories and it

@@ -134,7 +134,7 @@ def test_history_row_schema_and_numbers():
     g2 = TrajectoryGroup([traj(1.0), traj(1.0, moves=6)], exceptions=[RuntimeError("x")])
     row = history_row([g1, g2], step=7, split="val", metrics={"loss": 0.25})
     assert set(row) == {"step", "split", "recorded_at", "reward", "reward_std", "reward_std_within_group",
-                        "n_groups", "n_trajectories", "n_exceptions", "exception_rate", "moves",
+                        "reward_std_dev", "n_groups", "n_trajectories", "n_exceptions", "exception_rate", "moves",
                         "group_judge_cost", "loss"}
     assert (row["step"], row["split"]) == (7, "val")
     assert row["reward"] == 0.75                       # (1 + 0 + 1 + 1) / 4
