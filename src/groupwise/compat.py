@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from groupwise.config import LoraConfig, TrainConfig
-from groupwise.errors import ArtCompatWarning, ConfigError, warn_ignored
+from groupwise.errors import ArtCompatWarning, ConfigError, warn_art_difference, warn_ignored
 
 # ArtCompatWarning and warn_ignored live in errors.py, which config.py imports too (no cycle).
 __all__ = ["ArtCompatWarning", "IGNORED_TRAIN_OPTIONS", "INTERNAL_TRAIN_FIELDS", "KNOWN_TRAIN_OPTIONS", "internal_config_settings",
@@ -38,6 +38,10 @@ _TRAIN_OPTION_FIELDS: dict[str, tuple[str, Any]] = {
     "ppo": ("loss", lambda v: "ppo" if v else "cispo"),
     "max_seq_length": ("max_seq_len", int),
 }
+# ART's default rate of a GRPO step (art.TrainConfig, backend.train; 0.3.13 - 0.5.18): named when a step
+# runs on groupwise's own default instead.
+ART_LEARNING_RATE = 5e-6
+
 IGNORED_TRAIN_OPTIONS = frozenset({
     "advantage_balance", "allow_training_without_logprobs", "importance_sampling_level", "kimi_k2_tau",
     "mask_prob_ratio", "max_negative_advantage_importance_sampling_weight", "plot_tensors",
@@ -197,4 +201,13 @@ def train_config_from_art(config: Any, options: dict[str, Any], *, where: str,
     for field, value in (model_settings or {}).items():
         if field not in given and values.get(field, defaults[field]) == defaults[field]:
             values[field] = value
+    rate_set = ("learning_rate" in given or "learning_rate" in (model_settings or {})
+                or (isinstance(config, TrainConfig) and "learning_rate" in getattr(config, "given_fields", ("learning_rate",)))
+                or (config is not None and not isinstance(config, TrainConfig) and "learning_rate" in values))
+    if not rate_set:
+        warn_art_difference(
+            where, "learning_rate",
+            f"no learning_rate was given, so groupwise's default {defaults['learning_rate']:g} applies; ART's "
+            f"default is {ART_LEARNING_RATE:g}, half of it. Pass learning_rate= (TrainConfig(learning_rate=...), or "
+            "backend.train(..., learning_rate=...)) to choose the rate", stacklevel=4)
     return TrainConfig(**values)

@@ -83,6 +83,8 @@ def _ignoring_unknown_keywords(cls: type) -> type:
             warn_ignored(cls.__name__, unknown, "not one of its settings; ART's pydantic config drops unknown "
                          "keywords silently" + (f"; {hints}" if hints else ""))
         init(self, *args, **kwargs)
+        # the fields the caller set (a default ART's config differs on is named when a step uses it)
+        object.__setattr__(self, "given_fields", frozenset(kwargs) | {f.name for f in dataclasses.fields(cls)[:len(args)]})
 
     cls.__init__ = __init__
     return cls

@@ -53,6 +53,16 @@ def warn_ignored(where: str, names: Iterable[str], why: str = "", *, stacklevel:
         )
 
 
+def warn_art_difference(where: str, key: str, message: str, *, stacklevel: int) -> None:
+    """Warn once per process (per `where` and `key`) that a ported ART program gets groupwise's behaviour
+    where ART's differs (a default, a measure): `message` says what differs and how to get ART's."""
+    with _warned_lock:
+        if (where, key) in _warned:
+            return
+        _warned.add((where, key))
+    warnings.warn(f"{where}: {message} (docs/porting-from-art.md)", ArtCompatWarning, stacklevel=stacklevel)
+
+
 class ConfigError(GroupwiseError, ValueError):
     """A config or argument is invalid. Lists every problem found, not just the first."""
 

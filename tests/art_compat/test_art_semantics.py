@@ -178,3 +178,23 @@ def test_a_history_row_has_arts_reward_std_dev_and_group_metrics():
     # ART 0.5.18's model.log averages a group metric over the groups holding trajectories: (1 + 2) / 2
     assert row["group_judge_s"] == 1.5
     assert row["exception_rate"] == 1 / 6  # ART 0.5.18: 1 exception among 5 trajectories and it
+
+
+def test_a_step_on_the_default_learning_rate_says_arts_differs():
+    # ART 0.3.13 - 0.5.18 train at 5e-6 when no rate is given (art.TrainConfig(), backend.train(model, groups));
+    # groupwise's default is 1e-5 (docs/porting-from-art.md): a step that uses it names the difference
+    import warnings
+
+    from groupwise.compat import train_config_from_art
+
+    with pytest.warns(gw.ArtCompatWarning, match="default 1e-05 applies; ART's default is 5e-06"):
+        assert train_config_from_art(None, {}, where="semantics-none").learning_rate == 1e-5
+    with pytest.warns(gw.ArtCompatWarning, match="ART's default is 5e-06"):
+        train_config_from_art(gw.TrainConfig(beta=0.1), {}, where="semantics-config")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a rate given anywhere, or gw.fit's step config, is silent
+        train_config_from_art(gw.TrainConfig(learning_rate=1e-5), {}, where="semantics-given")
+        train_config_from_art(gw.TrainConfig(1e-5), {}, where="semantics-given-positionally")
+        train_config_from_art(None, {"learning_rate": 5e-6}, where="semantics-option")
+        train_config_from_art(gw.LoopConfig().step_config(), {}, where="semantics-fit")
+        train_config_from_art(None, {}, where="semantics-none")  # once per process

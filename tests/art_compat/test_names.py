@@ -86,7 +86,7 @@ def test_train_config_accepts_arts_kl_names_and_arts_options_map_or_warn_once():
     assert len([w for w in seen if issubclass(w.category, art.ArtCompatWarning)]) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # named once per process: the second call is silent
-        train_config_from_art(None, {"precalculate_logprobs": True}, where="test-once")
+        train_config_from_art(None, {"precalculate_logprobs": True, "learning_rate": 1e-5}, where="test-once")
     with pytest.raises(art.ConfigError, match="learning_rat"):
         train_config_from_art(None, {"learning_rat": 1e-5}, where="test")
     # ART's KL anchor is a checkpoint step of the run (0: the base), as groupwise's
