@@ -18,7 +18,7 @@ from groupwise.errors import ArtCompatWarning, ConfigError, warn_art_difference,
 
 # ArtCompatWarning and warn_ignored live in errors.py, which config.py imports too (no cycle).
 __all__ = ["ArtCompatWarning", "IGNORED_TRAIN_OPTIONS", "INTERNAL_TRAIN_FIELDS", "KNOWN_TRAIN_OPTIONS", "internal_config_settings",
-           "merge_lora", "train_config_from_art", "warn_ignored"]
+           "merge_lora", "train_config_from_art", "warn_ignored", "ART_BACKEND_TRAIN_LOSS", "ART_LEARNING_RATE"]
 
 
 # ART's training options (`backend.train(model, groups, **options)`, `model.train(..., _config={...})`,
@@ -41,6 +41,8 @@ _TRAIN_OPTION_FIELDS: dict[str, tuple[str, Any]] = {
 # ART's default rate of a GRPO step (art.TrainConfig, backend.train; 0.3.13 - 0.5.18): named when a step
 # runs on groupwise's own default instead.
 ART_LEARNING_RATE = 5e-6
+# ART 0.5's backend.train(model, groups) loss (its model.train of 0.3 - 0.4 clipped a PPO ratio, as groupwise's default)
+ART_BACKEND_TRAIN_LOSS = "cispo"
 
 IGNORED_TRAIN_OPTIONS = frozenset({
     "advantage_balance", "allow_training_without_logprobs", "importance_sampling_level", "kimi_k2_tau",
@@ -159,12 +161,14 @@ def merge_lora(default: LoraConfig, config: Any, lora_config: Any, peft_args: Ma
 
 
 def train_config_from_art(config: Any, options: dict[str, Any], *, where: str,
-                          model_settings: Mapping[str, Any] | None = None) -> Any:
+                          model_settings: Mapping[str, Any] | None = None, arts_loss: str | None = None) -> Any:
     """A groupwise `TrainConfig` from an ART training call: `config` (a groupwise `TrainConfig`, an
     object with ART's `learning_rate`/`beta`/`kl_penalty_coef`, a dict, or None) updated by `options`
     (ART's keyword arguments or ``_config`` dict). Unknown names are an error; ignored ones warn once.
     `model_settings` (`TrainableModel.train_defaults()`: TrainConfig values from ART's
-    `_internal_config`) fill the fields that neither `options` nor `config` set away from the default."""
+    `_internal_config`) fill the fields that neither `options` nor `config` set away from the default.
+    A step on a default ART's differs on (the rate; with `arts_loss`, ART's default loss of this call)
+    that nobody chose is named once in an `ArtCompatWarning`."""
     if isinstance(config, TrainConfig):
         values = dataclasses.asdict(config)
     elif config is None:
@@ -210,4 +214,9 @@ def train_config_from_art(config: Any, options: dict[str, Any], *, where: str,
             f"no learning_rate was given, so groupwise's default {defaults['learning_rate']:g} applies; ART's "
             f"default is {ART_LEARNING_RATE:g}, half of it. Pass learning_rate= (TrainConfig(learning_rate=...), or "
             "backend.train(..., learning_rate=...)) to choose the rate", stacklevel=4)
+    if arts_loss is not None and config is None and "loss" not in given and values.get("loss", defaults["loss"]) != arts_loss:
+        warn_art_difference(
+            where, "loss",
+            f"no loss_fn was given, so groupwise's default loss {values.get('loss', defaults['loss'])!r} applies; "
+            f"ART's {where} defaults to {arts_loss!r}. Pass loss_fn= to choose it", stacklevel=4)
     return TrainConfig(**values)

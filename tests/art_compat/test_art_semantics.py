@@ -198,3 +198,21 @@ def test_a_step_on_the_default_learning_rate_says_arts_differs():
         train_config_from_art(None, {"learning_rate": 5e-6}, where="semantics-option")
         train_config_from_art(gw.LoopConfig().step_config(), {}, where="semantics-fit")
         train_config_from_art(None, {}, where="semantics-none")  # once per process
+
+
+def test_backend_train_without_a_loss_says_arts_default_is_cispo():
+    # ART 0.5.18's LocalBackend.train(model, groups) defaults to loss_fn="cispo"; groupwise's default is PPO's
+    # clipped ratio (ART 0.3 - 0.4's model.train loss): the backend's call names the difference once
+    import warnings
+
+    from groupwise.compat import train_config_from_art
+
+    with pytest.warns(gw.ArtCompatWarning, match="default loss 'ppo' applies; ART's LocalBackend.train defaults to 'cispo'"):
+        config = train_config_from_art(None, {"learning_rate": 1e-5}, where="LocalBackend.train", arts_loss="cispo")
+    assert config.loss == "ppo"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert train_config_from_art(None, {"learning_rate": 1e-5, "loss_fn": "cispo"}, where="semantics-loss",
+                                     arts_loss="cispo").loss == "cispo"
+        train_config_from_art(None, {"learning_rate": 1e-5, "ppo": True}, where="semantics-loss", arts_loss="cispo")
+        train_config_from_art(gw.TrainConfig(learning_rate=1e-5), {}, where="semantics-loss", arts_loss="cispo")

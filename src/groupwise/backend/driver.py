@@ -311,12 +311,13 @@ class WorkerBackend(Backend):
         self, model: "TrainableModel", trajectory_groups: "list[TrajectoryGroup]", config: TrainConfig | None = None, *,
         cursor: dict[str, Any] | None = None, **options: Any,
     ) -> TrainResult:
-        from groupwise.compat import train_config_from_art
+        from groupwise.compat import ART_BACKEND_TRAIN_LOSS, train_config_from_art
         from groupwise.store import history_row, numeric_metrics
 
         # the model's own settings (ART's _internal_config trainer_args, ...) apply on every path in
         config = train_config_from_art(config, options, where=f"{type(self).__name__}.train",
-                                       model_settings=model.train_defaults())  # a new TrainConfig: checked again
+                                       model_settings=model.train_defaults(),
+                                       arts_loss=ART_BACKEND_TRAIN_LOSS)  # a new TrainConfig: checked again
         run = self._run(model)
         async with run.lock:  # one step at a time per model
             self._check_saved(run)
