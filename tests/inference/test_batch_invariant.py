@@ -88,3 +88,36 @@ def test_batch_invariant_is_refused_where_it_cannot_hold(tiny):
         Engine(model, tok, batch_invariant=True, onednn_linear=False)
     with pytest.raises(ConfigError, match="unmerged"):
         Engine(model, tok, batch_invariant=True, merge_adapters=True)
+
+
+def test_a_decode_rows_linear_is_the_same_at_any_batch_size():
+    # Past some row count oneDNN may take another kernel (16 rows on an Intel Xeon): a decode pass's rows
+    # go in blocks of 2 to ROW_BLOCK, so a row's bits never depend on how many rows run with it.
+    from groupwise.inference.cpu_linear import ROW_BLOCK, _onednn_forward_rows_invariant
+
+    g = torch.Generator().manual_seed(0)
+    lin = torch.nn.Linear(96, 200, bias=False)
+    x = torch.randn(3 * ROW_BLOCK + 3, 1, 96, generator=g)
+    with torch.no_grad():
+        alone = [_onednn_forward_rows_invariant(lin, x[j:j + 1])[0] for j in range(len(x))]
+        for n in range(1, len(x) + 1):
+            out = _onednn_forward_rows_invariant(lin, x[:n])
+            assert out.shape == (n, 1, 200)
+            assert all(torch.equal(out[j], alone[j]) for j in range(n)), n
+
+
+def test_batch_invariant_is_refused_on_a_cpu_whose_kernels_depend_on_the_rows(tiny, monkeypatch):
+    # What a CPU whose kernel changes within a block would do: the engine checks at start, and says so.
+    from groupwise.inference import cpu_linear
+
+    honest = cpu_linear._onednn_forward
+
+    def varying(self, x):
+        y = honest(self, x)
+        return y + 1e-7 * (x.numel() // x.shape[-1] >= 5)  # other bits from 5 rows on
+
+    monkeypatch.setattr(cpu_linear, "_onednn_forward", varying)
+    monkeypatch.setattr(cpu_linear, "_CHECKED", {})
+    model, tok = tiny
+    with pytest.raises(ConfigError, match=r"other bits depending on the rows beside it .*at \[5, 6, 7, 8\] rows"):
+        Engine(model, tok, batch_invariant=True)

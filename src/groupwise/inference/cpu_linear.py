@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import torch
 
-__all__ = ["OneDNNLinears", "onednn_linear_available"]
+__all__ = ["OneDNNLinears", "ROW_BLOCK", "check_rows_invariant", "onednn_linear_available"]
 
 
 def onednn_linear_available() -> bool:
@@ -33,15 +33,61 @@ def _onednn_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, w, self.bias, "none", [], "")
 
 
+# Rows of one oneDNN call in a batch-invariant decode pass. oneDNN gives a row the same bits at 2 to 8
+# rows on every CPU measured: an AMD EPYC (AVX2) at any count from 2 up, an Intel Xeon at 2 to 15 and
+# other bits from 16 on (another kernel). `check_rows_invariant` verifies it on this CPU.
+ROW_BLOCK = 8
+
+
 def _onednn_forward_rows_invariant(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """`_onednn_forward` whose every output row is the same whatever the other rows are: oneDNN gives
-    a row the same bits at any row count >= 2 (measured on the engine's shapes up to 1100 rows), but a
-    single row takes another kernel (a matrix-vector product, another summation order). So one row is
-    computed as two copies of itself."""
-    if x.numel() != x.shape[-1] or x.numel() == 0:
+    """`_onednn_forward` whose every output row is the same whatever the other rows are.
+
+    A single row takes another kernel than two (a matrix-vector product, another summation order), so
+    one row is computed as two copies of itself; and the kernel may change again past some row count
+    (16 on an Intel Xeon), so the rows of different requests (a decode pass, ``[B, 1, in]``) go in
+    blocks of at most `ROW_BLOCK`, a lone last row again as two copies. A prefill pass holds one
+    request's tokens (a batch-invariant engine prefills one request per pass), whose rows are the
+    same whoever else is served: it runs whole."""
+    rows = x.numel() // x.shape[-1] if x.numel() else 0
+    decode = x.dim() < 2 or x.shape[-2] == 1
+    if rows == 0 or (rows > 1 and (not decode or rows <= ROW_BLOCK)):
         return _onednn_forward(self, x)
-    y = _onednn_forward(self, x.reshape(1, -1).expand(2, -1).contiguous())[:1]
+    flat = x.reshape(rows, x.shape[-1])
+    parts = []
+    for start in range(0, rows, ROW_BLOCK):
+        block = flat[start:start + ROW_BLOCK]
+        if block.shape[0] == 1:
+            parts.append(_onednn_forward(self, block.expand(2, -1).contiguous())[:1])
+        else:
+            parts.append(_onednn_forward(self, block))
+    y = parts[0] if len(parts) == 1 else torch.cat(parts)
     return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+_CHECKED: dict[tuple[int, int, int], str | None] = {}  # (out, in, threads) -> what failed, None: held
+
+
+def check_rows_invariant(linears: list[torch.nn.Linear]) -> list[str]:
+    """What `_onednn_forward_rows_invariant` relies on, checked on this CPU for each weight shape of
+    `linears`: a row's bits in a call of 2 to `ROW_BLOCK` rows equal its bits computed as two copies of
+    itself. Returns the shapes and row counts where they do not (empty: the promise holds here).
+    The kernels depend on the shape and the thread count, not the values: checked once per process."""
+    problems = []
+    threads = torch.get_num_threads()
+    g = torch.Generator().manual_seed(0)
+    for lin in linears:
+        out_f, in_f = lin.weight.shape
+        key = (out_f, in_f, threads)
+        if key not in _CHECKED:
+            x = torch.randn(ROW_BLOCK, in_f, generator=g)
+            with torch.no_grad():
+                alone = [_onednn_forward(lin, x[j:j + 1].expand(2, -1).contiguous())[0] for j in range(ROW_BLOCK)]
+                bad = [n for n in range(2, ROW_BLOCK + 1)
+                       if not all(torch.equal(row, alone[j]) for j, row in enumerate(_onednn_forward(lin, x[:n])))]
+            _CHECKED[key] = (f"a [{out_f}, {in_f}] linear at {bad} rows" if bad else None)
+        if _CHECKED[key] is not None and _CHECKED[key] not in problems:
+            problems.append(_CHECKED[key])
+    return problems
 
 
 class OneDNNLinears:

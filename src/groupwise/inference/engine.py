@@ -115,7 +115,7 @@ class Engine:
         device, dtype = param.device, param.dtype
         onednn = onednn_linear_available() if onednn_linear is None else onednn_linear
         if batch_invariant:
-            check_batch_invariant(device, dtype, onednn, merge_adapters)
+            check_batch_invariant(device, dtype, onednn, merge_adapters, model)
             prefix_cache_tokens, merge_adapters = 0, False
         stats = EngineStats()
         self.runner = ModelRunner(
