@@ -200,10 +200,70 @@ def _metrics_problem(metrics: dict[str, Any]) -> str | None:
     return None
 
 
+_JSON_ADVICE = (f": the run store could not write it. Keep messages, tools and metadata plain JSON (str, numbers, "
+                f"lists, dicts) nested at most {MAX_NESTING} levels; convert other values in the rollout")
+
+
+def _revalidation_problem(obj: Any, where: str, skip: tuple[str, ...] = ()) -> str | None:
+    """Why `obj` (a Trajectory, History or TrajectoryGroup) fails its own model's validation now, or None.
+
+    pydantic checks the values given when the object is built, not those a rollout sets into its dicts
+    and lists afterwards (``t.metrics["x"] = None``, ``t.messages_and_choices.append(...)``); written
+    as they are, those make a line that `read_groups` refuses, or none at all (a numpy scalar). A
+    metric or metadata value that validation converts (a numpy scalar, a Decimal) is put back converted,
+    as the constructor would have stored it. Fields named in `skip` are checked elsewhere (their items
+    are models of their own). Choices pass through as they are (no re-parse)."""
+    from pydantic import ValidationError
+
+    cls = type(obj)
+    try:
+        checked = cls.model_validate({name: [] if name in skip else getattr(obj, name) for name in cls.model_fields})
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        loc = errors[0]["loc"]
+        union = [e for e in errors if len(e["loc"]) > 1 and e["loc"][:-1] == loc[:-1]]
+        if len(union) > 1:  # the members of a union tried one by one (bool, int, float): name the value
+            loc, told = loc[:-1], union
+        else:
+            told = errors[:1]
+        path = (where + "".join(f"[{p}]" if isinstance(p, int) else p if p == "[key]" else f".{p}"
+                                for p in loc)).lstrip(".")
+        msgs = list(dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in told))
+        msg = " or ".join([msgs[0], *(m.removeprefix("Input should be ") for m in msgs[1:])])
+        return (f"{path}: {msg}. The value was set after the trajectory was built (pydantic checks what "
+                "Trajectory(...) or TrajectoryGroup(...) is given, not what is put into its metrics, metadata, logs "
+                "or messages later), and read back the record would fail; set a value of the field's type")
+    for name in ("metrics", "metadata"):
+        given, converted = getattr(obj, name, None), getattr(checked, name, None)
+        if given is not None:
+            for key, value in converted.items():
+                if type(given[key]) is not type(value):
+                    given[key] = value
+    return None
+
+
+def _clashing_metrics(t: Trajectory) -> list[str]:
+    """Metric names of `t` that would replace a field of the history row (a ``reward`` metric equal to
+    the reward is a copy of it, as ART's examples write, and adds nothing). `t` holds numbers only."""
+    return sorted(name for name, value in t.metrics.items() if name in RESERVED_HISTORY_KEYS
+                  and not (name == "reward" and float(value) == t.reward))
+
+
+def _clash_message(names: list[str]) -> str:
+    return (f"metric name(s) {names} clash with the history row's own fields {sorted(RESERVED_HISTORY_KEYS)}; "
+            f"rename the metric (e.g. 'task_{names[0]}')")
+
+
 def storable_problem(group: TrajectoryGroup) -> str | None:
-    """Why the run store could not write `group` (and its history row), or None: checked before a step
+    """Why the run store could not write `group` as a record it reads back (and its history row), or
+    None; the place is named from the group (``trajectories[0].metrics.x``). Checked before a step
     trains on it, so a step never updates the adapter and then fails to store what it trained on."""
     for i, t in enumerate(group.trajectories):
+        problem = _revalidation_problem(t, f"trajectories[{i}]", skip=("additional_histories",))
+        for h, history in enumerate(t.additional_histories):
+            problem = problem or _revalidation_problem(history, f"trajectories[{i}].additional_histories[{h}]")
+        if problem:
+            return problem
         parts: list[tuple[str, Any]] = [(f"trajectories[{i}].tools", t.tools)]
         parts += [(f"trajectories[{i}].messages_and_choices[{j}]", m)
                   for j, m in enumerate(t.messages_and_choices) if isinstance(m, dict)]
@@ -215,12 +275,20 @@ def storable_problem(group: TrajectoryGroup) -> str | None:
         for where, value in parts:
             problem = _json_problem(value)
             if problem:
-                return f"{where} {problem}"
+                return f"{where} {problem}{_JSON_ADVICE}"
         problem = _metrics_problem(t.metrics)
         if problem:
-            return f"trajectories[{i}]: {problem}"
-    problem = _json_problem(group.metadata) or _metrics_problem(group.metrics)
-    return f"the group's {problem}" if problem else None
+            return f"trajectories[{i}]: {problem}{_JSON_ADVICE}"
+        clashes = _clashing_metrics(t)
+        if clashes:
+            return f"trajectories[{i}]: {_clash_message(clashes)}"
+    problem = _revalidation_problem(group, "", skip=("trajectories",))
+    if problem:
+        return problem
+    if (problem := _json_problem(group.metadata)) is not None:
+        return f"metadata {problem}{_JSON_ADVICE}"
+    problem = _metrics_problem(group.metrics)
+    return f"metrics: {problem}{_JSON_ADVICE}" if problem else None
 
 
 def _check_name(kind: str, value: Any) -> str:
@@ -305,10 +373,7 @@ def history_row(
             extra[name] = _mean(values)
     clashes = sorted(set(extra) & RESERVED_HISTORY_KEYS)
     if clashes:
-        raise StoreError(
-            f"metric name(s) {clashes} clash with the history row's own fields "
-            f"{sorted(RESERVED_HISTORY_KEYS)}; rename the metric (e.g. 'task_{clashes[0]}')"
-        )
+        raise StoreError(_clash_message(clashes))
     # The caller's own metrics come last and replace what the row computed (ART's model.log: a validation
     # that scores its groups itself logs ``metrics={"reward": score}``), except the row's identity.
     fixed = sorted(set(metrics or {}) & _ROW_IDENTITY)
@@ -452,11 +517,7 @@ class RunStore:
                 )
             problem = storable_problem(g)
             if problem:
-                raise StoreError(
-                    f"groups[{n}].{problem}: the run store could not write it, so it is refused before any "
-                    f"step trains on it. Keep messages, tools and metadata plain JSON (str, numbers, lists, "
-                    f"dicts) nested at most {MAX_NESTING} levels; convert other values in the rollout"
-                )
+                raise StoreError(f"groups[{n}].{problem}. The group is refused before any step trains on it")
         return groups
 
     def write_trajectories(self, split: str, step: int, groups: Iterable[TrajectoryGroup]) -> Path:

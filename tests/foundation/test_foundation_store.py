@@ -316,3 +316,81 @@ def test_values_pydantic_writes_are_storable(tmp_path, group):
     [back, _] = load_trajectories(store.run_dir)
     assert back.trajectories[0].messages_and_choices[0]["keys"] == {"3": "three"}
     assert history_row([g], step=0, split="train")["m"] == 1e300
+
+
+def _set(path: str, value):
+    """A mutation of a built trajectory, the way a rollout makes it: ``t.metrics["x"] = value``."""
+    def mutate(t: Trajectory) -> None:
+        target = {"metrics": t.metrics, "metadata": t.metadata, "logs": t.logs, "messages": t.messages_and_choices,
+                  "history": t.additional_histories[0].messages_and_choices}[path]
+        if isinstance(target, list):
+            target.append(value)
+        else:
+            target["x"] = value
+    return mutate
+
+
+@pytest.mark.parametrize("mutate,where", [
+    (_set("metrics", None), r"metrics\.x"),
+    (_set("metrics", "0.8"), r"metrics"),
+    (_set("metrics", [1.0]), r"metrics\.x"),
+    (_set("metrics", 1j), r"metrics\.x"),
+    (_set("metadata", [1, 2]), r"metadata\.x"),
+    (_set("metadata", {"a": 1}), r"metadata\.x"),
+    (_set("logs", 5), r"logs\[2\]"),
+    (_set("messages", {"role": "robot", "content": "x"}), r"messages_and_choices"),
+    (_set("messages", "a reply"), r"messages_and_choices"),
+    (_set("history", {"content": "no role"}), r"additional_histories\[0\]\.messages_and_choices"),
+], ids=["metric-None", "metric-text", "metric-list", "metric-complex", "metadata-list", "metadata-dict", "log-int",
+        "role-robot", "message-str", "history-no-role"])
+def test_a_value_set_after_the_trajectory_was_built_is_checked_before_the_step(tmp_path, group, mutate, where):
+    # A rollout fills a trajectory in place (``t.metrics["x"] = ...``, ``t.messages_and_choices.append``),
+    # which pydantic does not see. Such a value was written as a line that load_trajectories then refused
+    # (CorruptRecordError on every later read of the step: inspect, compare, judge eval, load_trajectories),
+    # and a metric that float() refuses failed the step's history row after the update. Now the check
+    # the trainer runs before its update refuses it, naming where, and nothing is written.
+    mutate(group.trajectories[0])
+    store = RunStore(tmp_path, "p", "agent")
+    with pytest.raises(StoreError, match=rf"groups\[0\]\.trajectories\[0\]\.?{where}") as raised:
+        store.check_storable([group])
+    assert "after the trajectory was built" in str(raised.value)
+    with pytest.raises(StoreError):
+        store.write_trajectories("train", 0, [group])
+    assert not store.trajectories_path("train", 0).exists()
+
+
+@pytest.mark.parametrize("name", ["n_groups", "reward"])
+def test_a_metric_named_like_a_history_field_is_refused_before_the_step(tmp_path, name):
+    # history_row refuses such a name, but the trainer builds that row after its update: the step then
+    # failed with the adapter updated and no checkpoint, blocking the run until it was loaded again.
+    # (A "reward" metric equal to the trajectory's reward is the row's own, and accepted.)
+    t = Trajectory(messages_and_choices=[{"role": "user", "content": "x"}], reward=1.0)
+    t.metrics[name] = 0.5
+    copy = Trajectory(messages_and_choices=[{"role": "user", "content": "x"}], reward=1.0, metrics={"reward": 1})
+    store = RunStore(tmp_path, "p", "agent")
+    with pytest.raises(StoreError, match=rf"groups\[1\]\.trajectories\[0\]: metric name\(s\) \['{name}'\] clash"):
+        store.check_storable([TrajectoryGroup([copy]), TrajectoryGroup([t])])
+    assert store.check_storable([TrajectoryGroup([copy])])
+
+
+def test_numpy_and_decimal_values_set_after_the_trajectory_was_built_are_stored_as_numbers(tmp_path, group):
+    # Trajectory(metrics={"a": np.float32(0.5)}) stores 0.5, but the same value set in place afterwards
+    # (the usual ``t.metrics["acc"] = np.mean(hits)``) reached the writer as a numpy scalar, which it
+    # could not serialise: the step's trajectories were lost after its update. A Decimal was written as
+    # the text "1.5", which reading refused. Both are now stored as the constructor would store them.
+    import decimal
+
+    import numpy as np
+
+    t = group.trajectories[0]
+    t.metrics.update(acc=np.float32(0.5), n=np.int64(3), ok=np.bool_(True), cost=decimal.Decimal("1.5"))
+    t.metadata["seed"] = np.int32(7)
+    group.metrics["judge_cost"] = np.float64(0.25)
+    store = RunStore(tmp_path, "p", "agent")
+    store.write_trajectories("train", 0, [group])
+    [back] = store.load_trajectories("train", 0)
+    metrics = back.trajectories[0].metrics
+    assert [(metrics[k], type(metrics[k])) for k in ("acc", "n", "ok", "cost")] == [
+        (0.5, float), (3, int), (True, bool), (1.5, float)]
+    assert back.trajectories[0].metadata["seed"] == 7 and back.metrics["judge_cost"] == 0.25
+    assert history_row([group], step=0, split="train")["acc"] == 0.5

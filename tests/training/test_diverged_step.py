@@ -205,3 +205,39 @@ async def test_a_step_that_fails_after_its_update_blocks_the_next_until_the_run_
         assert (await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))).step == 2
     finally:
         await backend.close()
+
+
+async def test_a_group_changed_after_it_was_built_is_refused_before_the_update_or_stored(tiny_model_dir, tmp_path):
+    """Values a rollout sets into a built trajectory are not seen by pydantic. A numpy metric set so
+    (``t.metrics["acc"] = np.float32(...)``) reached the writer, which failed after the update: the
+    step's trajectories were lost and the run refused every step until it was loaded again. A None
+    metric failed the history row the same way. Now the numpy value is stored as a number, and the
+    None is refused before anything is updated or written; the run trains on."""
+    import numpy as np
+
+    from groupwise.errors import StoreError
+
+    model = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    await model.register(backend)
+    run_dir = tmp_path / "p" / "agent"
+    try:
+        groups = await _groups(model)
+        before = await _state(backend)
+        groups[1].trajectories[2].metrics["acc"] = None
+        with pytest.raises(StoreError, match=r"groups\[1\]\.trajectories\[2\]\.metrics\.acc: .*set after"):
+            await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
+        assert await model.get_step() == 0 and not (run_dir / "trajectories").exists()
+        after = await _state(backend)
+        assert _same(before["adapter"], after["adapter"]) and _same(before["optimizer"], after["optimizer"])
+
+        for n, t in enumerate(groups[1].trajectories):
+            t.metrics["acc"] = np.float32(n / 2)
+        assert (await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))).step == 1
+        [row] = [r for r in model.store.history() if r["split"] == "train"]
+        assert row["acc"] == 0.5  # (0 + 0.5 + 1) / 3
+        stored = gw.load_trajectories(run_dir, "train", 0)
+        assert [t.metrics["acc"] for t in stored[1].trajectories] == [0.0, 0.5, 1.0]
+        assert (await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))).step == 2
+    finally:
+        await backend.close()
