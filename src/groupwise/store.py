@@ -100,6 +100,7 @@ __all__ = [
     "MAX_NESTING",
     "storable_problem",
     "checkpoint_folders",
+    "dir_name_step",
 ]
 
 RESERVED_HISTORY_KEYS = frozenset({
@@ -108,8 +109,8 @@ RESERVED_HISTORY_KEYS = frozenset({
 })
 
 _ROW_IDENTITY = frozenset({"step", "split", "recorded_at"})
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+=-]*$")
-_STEP_FILE = re.compile(r"^(\d+)\.jsonl$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+=-]*")  # fullmatch: `$` would let "name\n" through
+_STEP_FILE = re.compile(r"([0-9]+)\.jsonl")
 # a run folder's layout (module doc); the names code outside the store builds paths with
 TRAJECTORIES_DIR = "trajectories"
 CHECKPOINTS_DIR = "checkpoints"
@@ -120,13 +121,21 @@ def step_dir_name(step: int) -> str:
     return f"{step:04d}"
 
 
+def dir_name_step(name: str) -> int | None:
+    """The step a folder's name gives (``"0012"`` -> 12), or None. ASCII digits only: str.isdigit() also
+    takes "²", which int() refuses (a stray folder crashed every listing), and "٣", which int() reads as 3
+    (a second step 3)."""
+    return int(name) if name.isascii() and name.isdigit() else None
+
+
 def checkpoint_folders(checkpoints_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     """(step, folder) of every numbered folder of a checkpoints folder, by step ([] when it does not
     exist). Complete or not: readers that need a complete checkpoint check its state.json."""
     root = Path(checkpoints_dir)
     if not root.is_dir():
         return []
-    return sorted((int(d.name), d) for d in root.iterdir() if d.is_dir() and d.name.isdigit())
+    found = [(dir_name_step(d.name), d) for d in root.iterdir() if d.is_dir()]
+    return sorted((step, d) for step, d in found if step is not None)
 
 
 # Far below a file system's 255 bytes a name, and a model's served name (name@step) stays a model id
@@ -136,7 +145,7 @@ MAX_FOLDER_NAME_CHARS = 128
 
 def folder_name_problem(value: Any) -> str | None:
     """Why `value` cannot name a folder of the run store (a project, a model, a split), or None."""
-    if (not isinstance(value, str) or not _NAME.match(value) or value in (".", "..")
+    if (not isinstance(value, str) or not _NAME.fullmatch(value) or value in (".", "..")
             or len(value) > MAX_FOLDER_NAME_CHARS):
         return ("cannot be a folder name of the run store; use letters, digits and _ . @ + = - "
                 f"(no slashes, not starting with a dot, at most {MAX_FOLDER_NAME_CHARS} characters)")
@@ -403,7 +412,7 @@ def trajectory_files(run_dir: str | os.PathLike, split: str | None = None,
         if split is not None and split_dir.name != split:
             continue
         for f in split_dir.iterdir():
-            m = _STEP_FILE.match(f.name)
+            m = _STEP_FILE.fullmatch(f.name)
             if m and (step is None or int(m.group(1)) == step):
                 out.append((split_dir.name, int(m.group(1)), f))
     out.sort(key=lambda x: (x[0], x[1]))

@@ -43,6 +43,15 @@ async def test_a_rollout_with_infinity_in_a_tool_call_goes_on(scripted, db, ques
 # and a stored answer holding a surrogate failed the whole step's write (the step was neither saved nor
 # trained).
 
+@pytest.mark.parametrize("day", ["2024-01-01\n", "\u0662\u0660\u0662\u0664-01-01"])
+def test_a_day_with_a_trailing_newline_or_other_digits_is_a_tool_error(db, question, day):
+    # "YYYY-MM-DD\n" passed the check (Python's `$` matches before a final newline) and "٢٠٢٤-01-01"
+    # did too (\d is any digit); SQLite then compared the text to the stored dates as it came
+    assert T.search_emails(db, question.inbox, ["budget"], sent_after="2000-01-01") != []
+    with pytest.raises(T.ToolError, match="sent_after must be a day as YYYY-MM-DD"):
+        T.search_emails(db, question.inbox, ["budget"], sent_after=day)
+
+
 @pytest.mark.parametrize("field", ["from_addr", "to_addr"])
 def test_a_lone_surrogate_in_a_filter_matches_nothing(db, question, field):
     assert T.search_emails(db, question.inbox, ["budget"]) != []

@@ -55,6 +55,7 @@ def test_argument_errors_are_one_line_and_exit_2_before_loading(args, needle):
     (["sft", "email", "--project", "/etc"], "argument --project: '/etc' cannot be a folder name"),
     (["train", "2048", "--device", "tpu"], "argument --device: must be cpu, cuda, cuda:N or mps, got 'tpu'"),
     (["train", "2048", "--device", "cuda:99"], "--device cuda:99: "),  # no CUDA here, or fewer than 100
+    (["train", "2048", "--device", "cpu\n"], "argument --device: must be cpu, cuda, cuda:N or mps, got 'cpu\\n'"),
     (["train", "2048", "--dtype", "int3"], "argument --dtype: must be one of float32, bfloat16, float16"),
     (["serve", "--dtype", "int3"], "argument --dtype: must be one of float32, bfloat16, float16"),
     (["serve", "--name", "a@b"], "argument --name: must be a non-empty name without '@' (it separates the step"),

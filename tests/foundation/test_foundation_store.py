@@ -208,6 +208,18 @@ def test_names_that_cannot_be_folders_are_rejected(tmp_path):
         RunStore(tmp_path, "p", "m" * 300)
 
 
+def test_a_name_with_a_trailing_newline_is_no_folder_name(tmp_path):
+    # Python's `$` also matches before a final newline, so "agent\n" (a name read from a file's line)
+    # passed the check: the run went into a folder "agent\n" beside "agent", listed the same way.
+    with pytest.raises(StoreError, match=r"model name='agent\\n' cannot be a folder name"):
+        RunStore(tmp_path, "p", "agent\n")
+    with pytest.raises(StoreError, match=r"project='p\\n' cannot be a folder name"):
+        RunStore(tmp_path, "p\n", "agent")
+    with pytest.raises(StoreError, match=r"split='val\\n'"):
+        RunStore(tmp_path, "p", "agent").trajectories_path("val\n", 0)
+    assert not list(tmp_path.iterdir())
+
+
 def test_missing_run_dir_is_a_clear_error(tmp_path):
     with pytest.raises(StoreError, match="does not exist"):
         load_trajectories(tmp_path / "nope")

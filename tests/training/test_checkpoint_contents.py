@@ -167,6 +167,22 @@ def test_a_state_whose_step_disagrees_with_its_folder_is_skipped(saved):
         assert latest_checkpoint(root).step == 1
 
 
+@pytest.mark.parametrize("name", ["\u00b2", "\u0663", "\uff12"])
+def test_a_checkpoint_folder_named_with_other_digits_is_not_a_step(saved, name):
+    # str.isdigit() takes "²" (which int() refuses: every resume crashed with a ValueError) and "٣" / "２"
+    # (which int() reads as 3 and 2: a folder copied under such a name counted as a second step). Only
+    # ASCII digits name a step, here and in the store's checkpoint listing.
+    import shutil
+
+    from groupwise.store import checkpoint_folders
+
+    _, _, root = saved
+    shutil.copytree(root / "0002", root / name)
+    assert [s.step for s in ckpt.list_checkpoints(root)] == [1, 2]
+    assert latest_checkpoint(root).path == root / "0002"
+    assert [step for step, _ in checkpoint_folders(root)] == [1, 2]
+
+
 def _full_disk(*args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")
 

@@ -73,7 +73,7 @@ def serve_model(model: str, *, adapters: list[str], host: str, port: int, api_ke
         registry.register_model(name)  # served as name (latest step), name@0 (base), name@<step>
     for path in adapters:
         folder = os.path.basename(os.path.normpath(path))
-        if folder.isdigit() and name != model:
+        if folder.isascii() and folder.isdigit() and name != model:  # int() refuses "²"
             served = registry.add_step(name, int(folder), path)
         else:
             registry.add_alias(folder, path)

@@ -16,11 +16,11 @@ __all__ = ["Dtype", "api_key_field", "device_field", "dtype_field",
 
 # What `groupwise.loading.resolve_dtype` accepts, as the command line spells it.
 Dtype = Literal["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"]
-_DEVICE = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
+_DEVICE = re.compile(r"cpu|mps|cuda(:[0-9]+)?")  # fullmatch: `$` would let "cpu\n" through
 
 
 def device_problem(value: Any) -> str | None:
-    if isinstance(value, str) and _DEVICE.match(value):
+    if isinstance(value, str) and _DEVICE.fullmatch(value):
         return None
     return f"must be cpu, cuda, cuda:N or mps, got {value!r}"
 

@@ -24,7 +24,7 @@ _BOOKKEEPING = ("answer_chars", "duration")
 def resolve_step(spec: str, history: list[Row], val_steps: list[int], metric: str | None = None) -> int:
     """A step number from '12', 'best' or 'latest' (validation steps only)."""
     spec = spec.strip()
-    if spec.isdigit():
+    if spec.isascii() and spec.isdigit():  # int() refuses "²"
         return int(spec)
     if spec == "latest":
         if not val_steps:

@@ -351,6 +351,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         await self.backend.hold_steps(self.model, sorted(hold))
 
     def _checkpoints(self) -> list[CheckpointInfo]:
+        from groupwise.store import dir_name_step
         from groupwise.training.checkpoint import read_state
 
         folder = self.model.store.checkpoints_dir
@@ -361,8 +362,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                     metrics.setdefault(int(row["step"]), {})[f"{row.get('split')}/{key}"] = float(value)
         out = []
         for path in sorted(folder.iterdir()) if folder.is_dir() else []:
-            if path.name.isdigit() and read_state(path) is not None:
-                step = int(path.name)
+            step = dir_name_step(path.name)
+            if step is not None and read_state(path) is not None:
                 m = metrics.get(step, {})
                 out.append(CheckpointInfo(step=step, path=str(path), metrics=m,
                                           created_at=datetime.fromtimestamp(path.stat().st_mtime, timezone.utc),

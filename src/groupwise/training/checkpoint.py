@@ -55,7 +55,7 @@ from safetensors.torch import load_file, save_file
 
 from groupwise.errors import CheckpointError, CheckpointMismatchError, DiskFullError, GroupwiseWarning, NonFiniteError
 from groupwise.loading import write_adapter_folder
-from groupwise.store import step_dir_name
+from groupwise.store import dir_name_step, step_dir_name
 from groupwise.training.adapters import TRAIN_ADAPTER, adapter_snapshot
 from groupwise.training.checkpoint_contents import contents_problem, state_problem
 from groupwise.training.finite import non_finite_names
@@ -381,7 +381,7 @@ def list_checkpoints(checkpoints_dir: str | Path, *, warn: bool = True) -> list[
     for path in sorted(root.iterdir()):
         if not path.is_dir():
             continue
-        if not path.name.isdigit():
+        if dir_name_step(path.name) is None:
             if warn and path.name.startswith(".tmp-"):
                 warnings.warn(
                     f"{path} is an unfinished checkpoint (the process stopped while saving it); it is ignored. "

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from groupwise.store import dir_name_step
+
 ADAPTER_FILE = "adapter_model.safetensors"
 
 
@@ -29,7 +31,7 @@ def _number(v: Any) -> bool:
 
 def state_problem(path: Path, step: int, cursor: Any, metrics: Any, history: Any) -> str | None:
     """What is wrong with the fields of a checkpoint's state.json (None: fine)."""
-    if path.name.isdigit() and int(path.name) != step:
+    if dir_name_step(path.name) not in (None, step):
         return (f"state.json says step {step} but the folder is {path.name} (a folder copied or renamed by hand): "
                 "resuming would restart the run at the wrong step")
     if not isinstance(cursor, dict):

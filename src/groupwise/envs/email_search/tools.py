@@ -85,7 +85,7 @@ TOOLS: list[dict[str, Any]] = [
 ]
 TOOL_NAMES = tuple(t["function"]["name"] for t in TOOLS)
 
-_DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
 
 class ToolError(ValueError):
@@ -141,7 +141,7 @@ def search_emails(
     if not 1 <= max_results <= MAX_RESULTS:
         raise ToolError(f"max_results must be between 1 and {MAX_RESULTS}, got {max_results}.")
     for name, day in (("sent_after", sent_after), ("sent_before", sent_before)):
-        if day is not None and not _DAY.match(str(day)):
+        if day is not None and not _DAY.fullmatch(str(day)):
             raise ToolError(f"{name} must be a day as YYYY-MM-DD, got {day!r}.")
     sql = [
         "SELECT e.message_id, e.subject, e.from_addr, e.date, snippet(emails_fts, 1, '', '', '...', 12) AS snippet",
