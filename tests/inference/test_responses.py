@@ -8,7 +8,7 @@ import pytest
 
 from groupwise.errors import NonFiniteError
 from groupwise.inference.engine import Completion, GenerationResult
-from groupwise.inference.responses import TokenTexts, chat_response
+from groupwise.inference.responses import TokenTexts, chat_response, token_entries
 
 
 def _ids(tok) -> list[int]:
@@ -63,6 +63,28 @@ def test_chat_body_with_alternatives_and_a_non_finite_logprob(tiny):
     bad = GenerationResult([Completion(0, ids, [-0.5, float("-inf"), -0.5, -0.5], [], "", "length")], 3, None)
     with pytest.raises(NonFiniteError, match="logprob -inf for sampled token"):
         chat_response(texts, bad, {}, False, True)
+
+
+@pytest.mark.parametrize("as_ids", [True, False])
+def test_alternatives_built_in_parts_are_the_dump_of_their_entries(tiny, as_ids):
+    """Alternatives are joined from each id's cached JSON (a 20-alternative answer was a million dicts
+    dumped at once); the text is what dumping `token_entries`' dicts gives, floats bit for bit, and an
+    alternative whose logprob JSON cannot carry fails the response as the dump did."""
+    _, tok = tiny
+    ids = _ids(tok)
+    logprobs = [-0.1 * k - 1e-17 for k in range(len(ids))]
+    tops = [[(i, lp), (ids[k - 1], -1 / 3 - k), (tok.eos_token_id, -30.000000000000004)]
+            for k, (i, lp) in enumerate(zip(ids, logprobs))]
+    texts = TokenTexts(tok)
+    result = GenerationResult([Completion(0, ids, logprobs, tops, tok.decode(ids), "length")], 3, None)
+    for _ in range(2):  # the cache empty, then full
+        body = chat_response(texts, result, {}, False, as_ids).decode()
+        expected = json.dumps(token_entries(TokenTexts(tok), ids, logprobs, tops, as_ids), ensure_ascii=False,
+                              separators=(",", ":"))
+        assert '"logprobs":{"content":' + expected + "}}" in body
+    tops[2][1] = (ids[0], float("nan"))
+    with pytest.raises(NonFiniteError, match=f"logprob nan for alternative token {ids[0]}"):
+        chat_response(texts, result, {}, False, as_ids)
 
 
 def test_compact_body_carries_the_same_logprobs_as_one_list(tiny):

@@ -42,24 +42,44 @@ class TokenTexts:
         else its text."""
         return f"token_id:{token_id}" if as_ids else self.texts([token_id])[0]
 
-    def content_json(self, ids: list[int], logprobs: list[float], as_ids: bool) -> str:
-        """``logprobs.content`` of a choice without alternatives, as JSON text: each entry's fixed part is
-        dumped once per id and the logprob put between. A logprob that is not finite fails, as the JSON
-        dump of the whole body did (``allow_nan=False``), and the server answers 500."""
+    def content_json(self, ids: list[int], logprobs: list[float], as_ids: bool,
+                     tops: list[list[tuple[int, float]]] | None = None) -> str:
+        """``logprobs.content`` of a choice as JSON text, with its alternatives (`tops`) if any: each
+        entry's fixed parts are dumped once per id and the logprobs put between, so a long choice with
+        20 alternatives a token costs string joins, not a million dicts. A logprob that is not finite
+        fails, as the JSON dump of the whole body did (``allow_nan=False``), and the server answers 500."""
         self.texts(ids)
+        if tops:
+            self.texts([i for top in tops for i, _ in top])
         parts = []
-        for tid, lp in zip(ids, logprobs):
-            entry = self._entry.get((tid, as_ids))
-            if entry is None:
-                text = self._text[tid]
-                token = f'"token_id:{tid}"' if as_ids else _dumps(text)
-                entry = self._entry[(tid, as_ids)] = (
-                    '{"token":' + token + ',"logprob":',
-                    ',"bytes":[' + ",".join(map(str, text.encode())) + '],"top_logprobs":[]}')
+        for j, (tid, lp) in enumerate(zip(ids, logprobs)):
+            head, tail = self._parts(tid, as_ids)
             if not math.isfinite(lp):
                 finite_logprobs([tid], [lp])
-            parts.append(entry[0] + float.__repr__(float(lp)) + entry[1])
+            if tops:
+                alts = []
+                for alt, value in tops[j]:
+                    alt_head, alt_tail = self._parts(alt, as_ids)
+                    if not math.isfinite(value):
+                        raise NonFiniteError(f"the engine reported logprob {value!r} for alternative token {alt}; "
+                                             "JSON cannot carry it, so the response fails instead of sending "
+                                             "invalid JSON")
+                    alts.append(alt_head + float.__repr__(float(value)) + alt_tail + "}")
+                parts.append(head + float.__repr__(float(lp)) + tail + ',"top_logprobs":[' + ",".join(alts) + "]}")
+            else:
+                parts.append(head + float.__repr__(float(lp)) + tail + ',"top_logprobs":[]}')
         return "[" + ",".join(parts) + "]"
+
+    def _parts(self, tid: int, as_ids: bool) -> tuple[str, str]:
+        """An entry's JSON before its logprob (``{"token":...,"logprob":``) and after it (``,"bytes":[...]``),
+        for an id whose text is cached."""
+        entry = self._entry.get((tid, as_ids))
+        if entry is None:
+            text = self._text[tid]
+            token = f'"token_id:{tid}"' if as_ids else _dumps(text)
+            entry = self._entry[(tid, as_ids)] = ('{"token":' + token + ',"logprob":',
+                                                  ',"bytes":[' + ",".join(map(str, text.encode())) + "]")
+        return entry
 
 
 def _dumps(value: Any) -> str:
@@ -113,8 +133,8 @@ def finite_logprobs(token_ids: list[int], logprobs: list[float]) -> list[float]:
 def chat_response(texts: TokenTexts, result: GenerationResult, header: dict[str, Any], parse_tools: bool,
                   tokens_as_ids: bool, compact: bool = False) -> bytes:
     """The body of a chat completion, as the UTF-8 JSON the client reads. A choice's logprob entries
-    without alternatives go in as `TokenTexts.content_json` made them (the rest is dumped as a whole):
-    the same JSON a dump of the whole dict gives, at a fraction of the GIL. `compact` (a groupwise
+    (and their alternatives) go in as `TokenTexts.content_json` made them (the rest is dumped as a
+    whole): the same JSON a dump of the whole dict gives, at a fraction of the GIL. `compact` (a groupwise
     client's request that asked for no logprobs; groupwise.choices.TOKEN_DATA_HEADER): ``logprobs`` is
     null, and the sampled tokens' logprobs and texts are the lists ``token_logprobs`` and ``token_texts``."""
     choices = []
@@ -135,18 +155,16 @@ def chat_response(texts: TokenTexts, result: GenerationResult, header: dict[str,
             choice.update(logprobs=None, token_logprobs=finite_logprobs(c.token_ids, c.logprobs),
                           token_texts=texts.texts(c.token_ids))
             choices.append(_dumps(choice))
-        elif c.top_logprobs:
-            choice["logprobs"] = {"content": token_entries(texts, c.token_ids, c.logprobs, c.top_logprobs,
-                                                           tokens_as_ids)}
-            choices.append(_dumps(choice))
         else:  # a dumped dict ends in "}": the entries go in as its last field
-            entries = texts.content_json(c.token_ids, c.logprobs, tokens_as_ids)
+            entries = texts.content_json(c.token_ids, c.logprobs, tokens_as_ids, c.top_logprobs)
             choices.append(_dumps(choice)[:-1] + ',"logprobs":{"content":' + entries + '}}')
     body = _dumps({**header, "object": "chat.completion", "usage": usage(result)})
     return (body[:-1] + ',"choices":[' + ",".join(choices) + "]}").encode()
 
 
-def completion_response(texts: TokenTexts, result: GenerationResult, served_as: str, tokens_as_ids: bool) -> dict:
+def completion_response(texts: TokenTexts, result: GenerationResult, served_as: str, tokens_as_ids: bool) -> bytes:
+    """The body of a text completion, as UTF-8 JSON; dumped a choice at a time, so no single dump holds
+    the GIL for the whole of a large answer (the server builds it on a worker thread)."""
     choices = []
     for c in result.completions:
         token_texts = texts.texts(c.token_ids)
@@ -154,7 +172,7 @@ def completion_response(texts: TokenTexts, result: GenerationResult, served_as: 
         for t in token_texts:
             offsets.append(at)
             at += len(t)
-        choices.append({
+        choices.append(_dumps({
             "index": c.index, "text": c.text, "finish_reason": c.finish_reason, "token_ids": c.token_ids,
             "forced_token_indices": c.forced_indices, **policy_versions(c),
             "logprobs": {"tokens": [f"token_id:{i}" for i in c.token_ids] if tokens_as_ids else token_texts,
@@ -163,6 +181,7 @@ def completion_response(texts: TokenTexts, result: GenerationResult, served_as: 
                              {texts.name(i, tokens_as_ids): v for i, v in top}
                              for top in c.top_logprobs
                          ] if c.top_logprobs else None},
-        })
-    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": served_as, "system_fingerprint": served_as, "choices": choices, "usage": usage(result)}
+        }))
+    body = _dumps({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                   "model": served_as, "system_fingerprint": served_as, "usage": usage(result)})
+    return (body[:-1] + ',"choices":[' + ",".join(choices) + "]}").encode()

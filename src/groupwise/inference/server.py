@@ -433,8 +433,11 @@ async def chat_completions(request: Request, body: ChatCompletionRequest = Depen
     # 2 ms of the GIL for a 128-token choice's logprobs, on the process that steps the engine
     # a groupwise client that asked for no logprobs reads them from one list (groupwise.types says why)
     compact = wants_compact_token_data(request.headers) and not body.logprobs and not body.top_logprobs
-    return Response(chat_response(state.token_texts, result, header, parse_tools, body.tokens_as_ids, compact),
-                    media_type="application/json")
+    # on a worker thread: n choices of the whole context with 20 alternatives a token is a body of 100+ MB,
+    # seconds of work that on the event loop held every other caller's answer
+    answer = await asyncio.to_thread(chat_response, state.token_texts, result, header, parse_tools,
+                                     body.tokens_as_ids, compact)
+    return Response(answer, media_type="application/json")
 
 
 async def prepare(state: ServerState, tools: list[dict] | None, tool_choice: Any,
@@ -503,7 +506,9 @@ async def completions(request: Request, body: CompletionRequest = Depends(parsed
                                   adapter=target.adapter, constraint=constraint)
     req.follow = target.follow
     result = await result_of(request, submit(state, req, "prompt"))
-    return JSONResponse(completion_response(state.token_texts, result, target.served_as, body.tokens_as_ids))
+    answer = await asyncio.to_thread(completion_response, state.token_texts, result, target.served_as,
+                                     body.tokens_as_ids)  # off the event loop, as a chat answer
+    return Response(answer, media_type="application/json")
 
 
 def _render_completion(tokenizer: Any, prompt: str | list[int]) -> list[int]:
