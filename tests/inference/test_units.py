@@ -61,6 +61,74 @@ def test_unterminated_tool_call_at_the_end_still_parses():
     assert content is None and calls[0]["function"]["name"] == "f"
 
 
+_TOOL_CALL_TEXTS = [
+    '<tool_call>{"name": "f", "arguments": {}}</tool_call>',
+    ' before <tool_call>\n {"name": "f", "arguments": {"a": 1}} \n</tool_call> between\n<tool_call>{"name": "g"}\n',
+    '<tool_call></tool_call><tool_call>  </tool_call>', "<tool_call>", "<tool_call>\n", "x</tool_call>",
+    '<tool_call><tool_call>{"name": "f"}</tool_call>', '\u2003<tool_call>\u2003{"name": "f"}\u2003</tool_call>\u2003',
+    '<tool_call>{"name": "f"}</tool_call></tool_call>', '<tool_call>{"name": "f"}\n\n', "no call at all",
+]
+
+
+@pytest.mark.parametrize("text", _TOOL_CALL_TEXTS)
+def test_tool_call_blocks_are_read_as_the_regex_read_them(text):
+    # the reading the server had, as a regex: the reference the linear scan must agree with
+    import re
+
+    block = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+    from groupwise.chat.tool_calls import tool_call_blocks
+
+    assert tool_call_blocks(text) == [m.group(1) for m in block.finditer(text)]
+    content, calls = parse_tool_calls(text)
+    if calls:
+        assert content == (block.sub("", text).strip() or None)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fill", [" ", "\n", "a"])
+def test_a_long_reply_with_an_open_tool_call_is_read_in_one_pass(fill):
+    # The regex backtracked over every pair of positions: "<tool_call>x" + 8,000 spaces + "x" took 0.85 s,
+    # 40,000 took 17 s, all of it holding the GIL (the server's event loop and its engine stood still).
+    # A grammar forces such a reply cheaply (guided_choice with tools: 40,000 spaces are ~500 tokens),
+    # and a small model that degenerates into whitespace writes one. 1,000,000 characters took hours.
+    from groupwise.chat.tool_calls import tool_call_blocks
+
+    text = "<tool_call>x" + fill * 1_000_000 + "x"
+    assert tool_call_blocks(text) == [text.removeprefix("<tool_call>").strip()]
+    assert parse_tool_calls(text) == (text, None)
+    assert parse_tool_calls(text + "</tool_call>") == (text + "</tool_call>", None)
+
+
+@pytest.mark.parametrize("text", [
+    '{"a": [1, {"b": "[[["}], "c": "\\\\"}', '[[["\\"]]]"]]]', '{"k": "}}}\\\\\\""}', "[1, [2, [3]]]", "{}",
+    '"just a string with ] and {"', '[["a\\\\\\\\", "b"], {"c": ["d\\"e"]}]', "\\ [ \\\"[\" [",
+])
+def test_json_depth_counts_brackets_outside_strings(text):
+    # the regex reading it replaces: strings removed, then brackets counted (texts whose strings all close)
+    import re
+
+    from groupwise.chat.tool_calls import json_depth
+
+    depth = deepest = 0
+    for bracket in re.findall(r"[\[\]{}]", re.sub(r'"(?:[^"\\]|\\.)*"', "", text, flags=re.DOTALL)):
+        depth = depth + 1 if bracket in "[{" else max(0, depth - 1)
+        deepest = max(deepest, depth)
+    assert json_depth(text) == deepest
+    assert json_depth('[["a') == 2 and json_depth('["[[[') == 1  # an unclosed string runs to the end
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("tail", ['\\"', '"\\'])
+def test_tool_call_arguments_of_many_escaped_quotes_are_read_in_one_pass(tail):
+    # An unclosed string of escaped quotes made the string regex start again at every quote: 40,000
+    # characters took 7 s of the GIL (the server reads every reply's tool calls). 1,000,000 took hours.
+    from groupwise.chat.tool_calls import json_depth
+
+    text = '{"name": "f", "arguments": "' + tail * 500_000
+    assert json_depth(text) == 1
+    assert parse_tool_calls(f"<tool_call>{text}</tool_call>") == (f"<tool_call>{text}</tool_call>", None)
+
+
 def test_tools_rendered_into_system_prompt_without_template_support(tiny):
     tok = tiny[1]
     assert not template_supports_tools(tok)  # SmolLM2's template has no tools

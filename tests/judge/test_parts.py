@@ -84,6 +84,26 @@ def test_parse_refuses_json_past_pythons_limits_as_a_bad_answer(answer, problem)
     assert problem in str(err.value) and err.value.raw == answer
 
 
+@pytest.mark.parametrize("wrapped", [
+    "```json\n{body}\n```", "```\n{body}```", "```JSON  {body}  ```", "<think>a</think>\n```{body}```",
+    "```json\n\n{body}\n\n```", "\n```json\n{body}\n```\n",
+])
+def test_a_fenced_answer_is_read_as_before(wrapped):
+    body = json.dumps({"scores": [{"trajectory_id": "1", "explanation": "e", "score": 1}]})
+    assert parse_answer(wrapped.replace("{body}", body), ["1"]) == {"1": Score(1.0, "e")}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fill", [" ", "\n"])
+def test_an_answer_that_opens_a_fence_and_rambles_is_a_bad_answer_read_in_one_pass(fill):
+    # The fence regex backtracked over every pair of positions: "```" + 20,000 newlines + "x" took 10 s,
+    # holding the GIL of the training process (its rollouts, its in-process server). A small judge that
+    # degenerates into whitespace after its fence writes that; 1,000,000 characters took hours.
+    answer = "```" + fill * 1_000_000 + "x"
+    with pytest.raises(BadAnswer, match="not valid JSON"):
+        parse_answer(answer, ["1"])
+
+
 def test_parse_lists_every_problem_once():
     answer = '{"scores": [{"trajectory_id": "1", "explanation": "", "score": 2}]}'
     with pytest.raises(BadAnswer) as err:

@@ -32,15 +32,21 @@ class Score:
     explanation: str
 
 
-_FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```$", re.DOTALL)
-_THINK = re.compile(r"^<think>.*?</think>", re.DOTALL)
+_FENCE = "```"
+_LANGUAGE = re.compile(r"[a-zA-Z]*")
 
 
 def _strip(text: str) -> str:
+    """The answer without a leading ``<think>`` block and one Markdown fence around it. With str
+    methods, not a regex: ``^```[a-zA-Z]*\\s*\\n?(.*?)\\n?```$`` backtracked over every pair of positions
+    of an unclosed fence followed by whitespace (10 s for 20,000 newlines)."""
     text = text.strip()
-    text = _THINK.sub("", text, count=1).strip()
-    m = _FENCE.match(text)
-    return m.group(1).strip() if m else text
+    if text.startswith("<think>") and (end := text.find("</think>")) != -1:
+        text = text[end + len("</think>"):].strip()
+    if len(text) >= 2 * len(_FENCE) and text.startswith(_FENCE) and text.endswith(_FENCE):
+        inner = text[len(_FENCE):-len(_FENCE)]
+        return inner[_LANGUAGE.match(inner).end():].strip()
+    return text
 
 
 # An explanation is kept in every judged trajectory's logs (and so in the run store): the prompt asks
