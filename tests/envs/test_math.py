@@ -44,6 +44,19 @@ def test_parse_answer(reply, expected):
     assert parse_answer(reply) == expected
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("reply, expected", [
+    ("\\boxed{" + " " * 1_000_000 + "x}", None), ("\\boxed{" + " " * 1_000_000 + "4 }", 4),
+    ("Answer: *" + " " * 1_000_000 + "x", None), ("Answer: **" + "\n" * 1_000_000 + "12", 12),
+])
+def test_a_reply_of_long_whitespace_is_read_in_one_pass(reply, expected):
+    # The box and marker patterns had two whitespace runs side by side (\s*\\?\$?\s*), which the regex
+    # split every way before failing: a box of 4,000 spaces and an "x" took 0.55 s, 40,000 took a minute,
+    # holding the GIL of the process whose rollouts and server this reward runs in. A small model
+    # degenerating into whitespace writes such a reply (40,000 spaces are ~500 tokens).
+    assert parse_answer(reply) == expected
+
+
 def test_strict_mode_only_reads_boxes_and_markers():
     assert parse_answer("3 + 4 makes 7", strict=True) is None
     assert parse_answer("Answer: 7", strict=True) == 7
