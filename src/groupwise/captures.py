@@ -84,7 +84,8 @@ def _streamed_response(body: bytes) -> dict[str, Any]:
     from groupwise.openai import init_chat_completion, update_chat_completion
 
     completion = None
-    for line in body.decode("utf-8", errors="replace").splitlines():
+    # SSE lines end at CR, LF or CRLF, never at U+2028 or NEL (str.splitlines), which a server's JSON may hold raw
+    for line in body.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n").split("\n"):
         line = line.strip()
         if not line.startswith("data:") or line[5:].strip() == "[DONE]":
             continue

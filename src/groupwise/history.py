@@ -108,22 +108,44 @@ def dumps(obj: Any) -> str:
     return text
 
 
+def _text_lines(path: Path) -> list[tuple[str, str | None]]:
+    """(text, problem) of each line of `path`, newline kept. A line whose bytes are not UTF-8 (a crash
+    mid-append that cut a character in two, a damaged disk) has its bad bytes as U+FFFD and a problem
+    naming the first; read as one text, the file raised UnicodeDecodeError at every later read."""
+    out: list[tuple[str, str | None]] = []
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                out.append((raw.decode("utf-8"), None))
+            except UnicodeDecodeError as exc:
+                out.append((raw.decode("utf-8", errors="replace"), f"not UTF-8 text (byte {exc.start} of the line)"))
+    return out
+
+
+def _torn(line: str) -> bool:
+    """The start of a line a crash cut short: a whole record ends with ``}``."""
+    return not line.rstrip().endswith("}")
+
+
 def read_jsonl(path: Path, skip_corrupt: bool, *, skip_torn: bool = False) -> Iterator[tuple[int, Any]]:
-    """(line number, object) of each line. A line that does not parse raises, unless `skip_corrupt`;
-    with `skip_torn`, a torn line (the start of a line a crash cut short: it cannot end with ``}``)
-    is skipped too. Every skipped line is warned about, by file and line."""
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
+    """(line number, object) of each line. A line that does not parse (or is not UTF-8) raises
+    `CorruptRecordError`, unless `skip_corrupt`; with `skip_torn`, a torn line (the start of a line a
+    crash cut short: it cannot end with ``}``) is skipped too. Every skipped line is warned about, by
+    file and line."""
+    for n, (line, problem) in enumerate(_text_lines(path), start=1):
+        if not line.strip():
+            continue
+        if problem is None:
             try:
                 yield n, json.loads(line)
+                continue
             except json.JSONDecodeError as exc:
-                torn = not line.rstrip().endswith("}")
-                if not (skip_corrupt or (skip_torn and torn)):
-                    raise CorruptRecordError(str(path), n, f"not valid JSON: {exc.msg}") from exc
-                what = "a line cut short by a crash mid-write" if torn else f"not valid JSON: {exc.msg}"
-                warnings.warn(f"{path}:{n}: skipped ({what})", GroupwiseWarning, stacklevel=3)
+                problem = f"not valid JSON: {exc.msg}"
+        torn = _torn(line)
+        if not (skip_corrupt or (skip_torn and torn)):
+            raise CorruptRecordError(str(path), n, problem)
+        what = "a line cut short by a crash mid-write" if torn else problem
+        warnings.warn(f"{path}:{n}: skipped ({what})", GroupwiseWarning, stacklevel=3)
 
 
 def load_history(run_dir: str | os.PathLike, *, skip_corrupt: bool = False) -> list[Row]:
@@ -262,18 +284,20 @@ class RunHistory(Sequence[Row]):
 
     def _load(self, signature: tuple[int, int, int] | None) -> None:
         self._lines, self._rows, self._row_line, self._by_key, self._by_split = [], [], [], {}, {}
+        lines = _text_lines(self.path) if signature is not None else []
         if signature is not None:
-            with open(self.path, encoding="utf-8") as f:
-                self._lines = f.read().splitlines(keepends=True)
             self.loads += 1
-        for n, line in enumerate(self._lines):
+        self._lines = [line for line, _ in lines]  # a line that is not UTF-8 is kept with U+FFFD: rewrites write text
+        for n, (line, problem) in enumerate(lines):
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                torn = not line.rstrip().endswith("}")
-                what = "a line cut short by a crash mid-write" if torn else f"not valid JSON: {exc.msg}"
+            if problem is None:
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    problem = f"not valid JSON: {exc.msg}"
+            if problem is not None:
+                what = "a line cut short by a crash mid-write" if _torn(line) else problem
                 warnings.warn(f"{self.path}:{n + 1}: skipped ({what})", GroupwiseWarning, stacklevel=4)
                 continue
             if not _is_row(obj):

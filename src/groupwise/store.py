@@ -574,6 +574,8 @@ class RunStore:
             state = json.loads(self.state_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise CorruptRecordError(str(self.state_path), exc.lineno, f"not valid JSON: {exc.msg}") from exc
+        except UnicodeDecodeError as exc:
+            raise CorruptRecordError(str(self.state_path), 1, f"not UTF-8 text (byte {exc.start})") from exc
         if not isinstance(state, dict):
             raise CorruptRecordError(str(self.state_path), 1, "state must be a JSON object")
         return state

@@ -166,3 +166,23 @@ async def test_a_yielded_trajectory_is_captured_and_yielding_alone_is_harmless()
         await art.capture_yielded_trajectory(forgets())
     with pytest.raises(GroupwiseError, match="takes a Trajectory"):
         art.yield_trajectory({"reward": 1.0})
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_a_streamed_reply_holding_a_unicode_line_separator_is_put_back_whole(newline):
+    # A server that writes its SSE JSON as UTF-8 (vLLM, OpenAI) keeps U+2028 or NEL raw in a chunk; the
+    # capture split the stream with str.splitlines, which breaks there, and json.loads failed on half
+    # an event. SSE lines end at CR, LF or CRLF only.
+    import json
+
+    from groupwise.captures import _streamed_response
+
+    def event(delta: dict, finish=None) -> str:
+        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return "data: " + json.dumps(chunk, ensure_ascii=False) + newline + newline
+
+    body = (event({"role": "assistant", "content": "a\u2028b"}) + event({"content": "c\x85d\u2029"}, "stop")
+            + "data: [DONE]" + newline + newline).encode()
+    [choice] = _streamed_response(body)["choices"]
+    assert choice["message"]["content"] == "a\u2028bc\x85d\u2029" and choice["finish_reason"] == "stop"

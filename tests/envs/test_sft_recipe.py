@@ -9,6 +9,7 @@ import pytest
 
 import groupwise as gw
 from groupwise.cli import main
+from groupwise.errors import InvalidDataError
 from groupwise.envs import get_env
 from groupwise.jobs.sft import env_demonstrations, read_jsonl
 
@@ -23,6 +24,21 @@ def test_jsonl_rows_become_trajectories_and_bad_rows_say_where(tmp_path):
     bad.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n{\"text\": 1}\n")
     with pytest.raises(ValueError, match="bad.jsonl:2: not an SFT row"):
         read_jsonl(bad)
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85"])
+def test_a_demonstration_holding_a_unicode_line_separator_is_one_row(tmp_path, separator):
+    # JSONL written with ensure_ascii=False (most datasets) keeps U+2028 or NEL raw inside its strings;
+    # the file was split with str.splitlines, which breaks lines there, so a valid file was refused
+    # ("demos.jsonl:1: not an SFT row"). Files are read as UTF-8 whatever the locale, too.
+    row = {"messages": [{"role": "user", "content": f"a{separator}b"}, {"role": "assistant", "content": "ok"}]}
+    path = tmp_path / "demos.jsonl"
+    path.write_bytes((json.dumps(row, ensure_ascii=False) + "\n").encode())
+    [t] = read_jsonl(path)
+    assert t.messages_and_choices[0]["content"] == f"a{separator}b"
+    path.write_bytes(b'{"messages": [{"role": "user", "content": "\xff"}]}\n')
+    with pytest.raises(InvalidDataError, match="demos.jsonl: not UTF-8 text"):
+        read_jsonl(path)
 
 
 def test_env_demonstrations_come_from_the_scripted_agent():

@@ -195,6 +195,54 @@ def test_history_append_and_torn_last_line(tmp_path):
     assert json.loads(store.history_path.read_text().splitlines()[0]) == {"step": 0, "split": "val", "reward": 0.5}
 
 
+def test_a_line_torn_inside_a_character_is_skipped_and_the_history_goes_on(tmp_path, group):
+    # Rows are written as UTF-8 with their text as is (a metric "précision", an alert "reward ≥ 0.9"). A
+    # crash mid-append that cut a character in two left bytes that are not UTF-8, and every later read
+    # raised UnicodeDecodeError, skip_corrupt or not: the run could not log, resume or be charted again.
+    store = RunStore(tmp_path, "p", "m")
+    store.append_history({"step": 0, "split": "val", "précision": 0.5})
+    whole = store.history_path.read_bytes()
+    store.history_path.write_bytes(whole + '{"step": 1, "split": "val", "message": "reward ≥'.encode()[:-2])
+    with pytest.warns(UserWarning, match=r"history.jsonl:2: skipped \(a line cut short by a crash"):
+        assert load_history(store.run_dir) == [{"step": 0, "split": "val", "précision": 0.5}]
+    with pytest.warns(UserWarning, match=r"history.jsonl:2: skipped \(a line cut short by a crash"):
+        RunStore(tmp_path, "p", "m").append_history({"step": 1, "split": "val", "reward": 1.0})
+    with pytest.warns(UserWarning, match=r"history.jsonl:2: skipped"):
+        assert [r["step"] for r in load_history(store.run_dir)] == [0, 1]
+
+    # a byte that is not UTF-8 inside a whole line is a corrupt record, named, or skipped when asked
+    store.history_path.write_bytes(whole.replace("é".encode(), b"\xff"))
+    with pytest.raises(CorruptRecordError, match=r"history.jsonl:1: corrupt record \(not UTF-8 text"):
+        load_history(store.run_dir)
+    with pytest.warns(UserWarning, match=r"history.jsonl:1: skipped \(not UTF-8 text"):
+        assert load_history(store.run_dir, skip_corrupt=True) == []
+    path = store.write_trajectories("val", 0, [group])
+    path.write_bytes(path.read_bytes().replace("ü".encode(), b"\xfc", 1))
+    with pytest.raises(CorruptRecordError, match=r"0000.jsonl:1: corrupt record \(not UTF-8 text"):
+        store.load_trajectories("val")
+    store.state_path.write_bytes(b'{"a": "\xff"}')
+    with pytest.raises(CorruptRecordError, match=r"state.json:1: corrupt record \(not UTF-8 text"):
+        store.read_state()
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85"])  # JSON escapes the others
+def test_a_row_holding_a_unicode_line_separator_survives_a_reload_and_a_rewrite(tmp_path, separator):
+    # Rows are written as UTF-8 with their text as is, so U+2028 or NEL stays raw in the line; the
+    # history's writer split the file with str.splitlines, which breaks lines there too. A process that
+    # loaded the history again (a resumed run) lost such a row, and its next rewrite (a row replaced by
+    # key) wrote the two halves back as two corrupt lines: the row was gone, and every read failed.
+    from groupwise.history import RunHistory
+
+    store = RunStore(tmp_path, "p", "m")
+    alert = {"step": 0, "split": "val", "kind": "alert", "message": f"the reply said a{separator}b"}
+    store.append_history(alert)
+    store.append_history({"step": 1, "split": "val", "reward": 0.5})
+    resumed = RunHistory(store.run_dir)  # what a new process reads
+    assert list(resumed) == [alert, {"step": 1, "split": "val", "reward": 0.5}]
+    resumed.append({"step": 1, "split": "val", "reward": 0.75})  # replaces its row: a rewrite
+    assert load_history(store.run_dir) == [alert, {"step": 1, "split": "val", "reward": 0.75}]
+
+
 def test_names_that_cannot_be_folders_are_rejected(tmp_path):
     with pytest.raises(StoreError, match="model name='a/b'"):
         RunStore(tmp_path, "p", "a/b")

@@ -83,6 +83,18 @@ def test_labelled_jsonl_scores_and_preferences(tmp_path):
         load_labelled(path)
 
 
+def test_a_label_file_holding_a_unicode_line_separator_reads_one_group_a_line(tmp_path):
+    # as the SFT reader: str.splitlines broke a line at a raw U+2028 inside a string ("not JSON")
+    path = tmp_path / "labels.jsonl"
+    row = {"messages": [{"role": "user", "content": "a\u2028b"}], "chosen": "c\x85d", "rejected": "e"}
+    path.write_bytes((json.dumps(row, ensure_ascii=False) + "\n").encode())
+    [group] = load_labelled(path)
+    assert group.message_lists[0] == [{"role": "user", "content": "a\u2028b"}, {"role": "assistant", "content": "c\x85d"}]
+    path.write_bytes(b"\xff\n")
+    with pytest.raises(gw.ConfigError, match="labels.jsonl: not UTF-8 text"):
+        load_labelled(path)
+
+
 def test_saved_labelled_groups_load_back_with_their_common_prefix_written_once(tmp_path):
     system, board = {"role": "system", "content": "play"}, {"role": "user", "content": "board 1"}
     games = [[system, board, {"role": "assistant", "content": "<move>left</move>"}, {"role": "user", "content": "board 2"},

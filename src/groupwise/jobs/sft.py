@@ -70,7 +70,12 @@ def read_jsonl(path: str | Path) -> list[Any]:
     import groupwise as gw
 
     out = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidDataError(f"{path}: not UTF-8 text (byte {exc.start}); save the file as UTF-8") from None
+    # lines end at "\n" only: str.splitlines also breaks at U+2028 or NEL, which JSON keeps raw in strings
+    for n, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:

@@ -112,7 +112,13 @@ def load_labelled(path: str | Path) -> list[LabelledGroup]:
     [{"answer": "..." or "messages": [...], "label": 0.7}, ...]}`` or a pairwise preference ``{"messages":
     [...], "chosen": "..." or [...], "rejected": ...}``."""
     out = []
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); save the file as UTF-8",
+                          what="labelled groups") from None
+    # lines end at "\n" only: str.splitlines also breaks at U+2028 or NEL, which JSON keeps raw in strings
+    for i, line in enumerate(text.split("\n"), 1):
         if line.strip():
             try:
                 obj = json.loads(line)
