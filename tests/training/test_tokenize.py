@@ -246,3 +246,21 @@ def test_a_lone_surrogate_in_context_is_tokenised_as_the_replacement_character(t
              {"role": "tool", "content": "bytes \udcff\udcfe here", "tool_call_id": "a"}]
     replaced = [*items[:2], {**items[2], "content": "bytes \ufffd\ufffd here"}]
     assert tokenize_conversation(items, tokenizer) == tokenize_conversation(replaced, tokenizer)
+
+
+def test_context_that_writes_the_trainers_own_marker_is_context(tokenizer):
+    """The trainer finds each sampled turn in the rendered text by a marker it writes in its place. A
+    context message holding that marker's text (a tool result from a page that carries it, written by
+    anyone) was read as a turn: every step holding that trajectory failed, blaming the chat template.
+    The marker holds a nonce drawn per process now, so no text can name it in advance."""
+    eos = tokenizer.eos_token_id
+    turn = _ids(tokenizer, " ok") + [eos]
+    poison = "see \u2063GWCHOICE0\u2063 and \u2063GWCHOICE1\u2063"
+    items = [{"role": "user", "content": poison}, make_choice(turn, [-0.5] * len(turn), " ok"),
+             {"role": "user", "content": poison}]
+    ids, mask, _ = tokenize_conversation(items, tokenizer)
+    assert [i for i, m in zip(ids, mask) if m] == turn
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": poison},
+                                              {"role": "assistant", "content": " ok"},
+                                              {"role": "user", "content": poison}], tokenize=False)
+    assert tokenizer.decode(ids) == rendered

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import re
+import secrets
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,8 +41,12 @@ from groupwise.errors import InvalidDataError, NotTrainableError
 from groupwise.training.advantages import compute_advantages
 from groupwise.types import Choice, TrajectoryGroup, item_kind_problem
 
-_SENTINEL = "\u2063GWCHOICE{}\u2063"  # invisible separator: never produced by a chat template
-_SENTINEL_RE = re.compile("\u2063GWCHOICE(\\d+)\u2063")
+# Where each sampled turn goes in the rendered text. A chat template never writes it, and the nonce (drawn
+# per process) keeps any message's text from writing it: a tool result holding a fixed marker was read as
+# a turn, and every step holding that trajectory failed.
+_NONCE = secrets.token_hex(8)
+_SENTINEL = f"\u2063GW{_NONCE}CHOICE{{}}\u2063"
+_SENTINEL_RE = re.compile(f"\u2063GW{_NONCE}CHOICE(\\d+)\u2063")
 
 
 @dataclass
