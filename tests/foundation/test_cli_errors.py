@@ -121,3 +121,12 @@ def test_report_warns_about_a_torn_history_line(tmp_path):
     assert proc.returncode == 0, proc.stderr
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("groupwise: warning:")]
     assert warnings == [f"groupwise: warning: {store.history_path}:4: skipped (a line cut short by a crash mid-write)"]
+
+
+def test_python_dash_m_groupwise_is_the_command():
+    """`python -m groupwise` is how many run a package's command (a venv without its scripts on PATH)."""
+    proc = subprocess.run([sys.executable, "-m", "groupwise", "train", "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: groupwise train")
+
