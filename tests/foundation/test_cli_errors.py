@@ -130,3 +130,15 @@ def test_python_dash_m_groupwise_is_the_command():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: groupwise train")
 
+
+@pytest.mark.parametrize("args, needle", [
+    (["train", "2048", "--seeds", "3-1"], "argument --seeds: the range '3-1' runs backwards; write 1-3"),
+    (["train", "2048", "--seeds", "0,2-x"], "argument --seeds: must be an integer >= 0, got '2-x'"),
+])
+def test_mistakes_a_newcomer_makes_are_one_line_before_loading(args, needle):
+    proc = groupwise(*args, "--model", NO_MODEL)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert needle in lines[0] and lines[0].startswith("groupwise"), lines[0]
+    assert NO_MODEL not in proc.stderr

@@ -137,7 +137,9 @@ def parse_text(spec: Flag, text: str) -> Any:
         for part in text.split(","):
             part = part.strip()
             span = _RANGE.match(part) if spec.kind is int else None
-            if span and int(span[1]) <= int(span[2]):
+            if span and int(span[1]) > int(span[2]):  # not "an integer": say what it is and how to write it
+                raise ValueError(f"the range {part!r} runs backwards; write {span[2]}-{span[1]}")
+            if span:
                 values.extend(range(int(span[1]), int(span[2]) + 1))
             else:
                 values.append(_one(spec, part, shown=repr(part)))
