@@ -8,8 +8,10 @@ heavy when they load (their `run` imports the domain it drives), so `groupwise -
 Caller errors are one line and exit code 2, before anything is loaded: argparse refuses a value by
 itself (a field's type, bounds, choices and check), and building the job refuses what needs the machine
 (a local model path, the run store folder, a CUDA device) or several fields (`Job.rules`), as does a
-`ConfigError` the job raises while checking its inputs before loading a model. Warnings of groupwise's
-own (a skipped corrupt line, a skipped checkpoint) are printed as one line each.
+`ConfigError` the job raises while checking its inputs before loading a model. Any other error of
+groupwise's own (`GroupwiseError`: its message says what to do) is one line too, exit code 1; a traceback
+is left for what is a bug. Warnings of groupwise's own (a skipped corrupt line, a skipped checkpoint) are
+printed as one line each.
 """
 
 from __future__ import annotations
@@ -103,7 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     command: Command = args._command
     values = {k: v for k, v in vars(args).items() if not k.startswith("_")}
-    from groupwise.errors import ConfigError, JudgeSelectionError, ModelNotFoundError, RunLockedError
+    from groupwise.errors import (ConfigError, GroupwiseError, JudgeSelectionError, ModelNotFoundError,
+                                  RunFolderError, RunLockedError)
 
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
@@ -112,11 +115,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:  # the job refused its settings (before loading anything)
             print(f"groupwise {command.name}: error: {'; '.join(exc.problems)}", file=sys.stderr)
             return 2
-        except (ModelNotFoundError, RunLockedError) as exc:  # no such model; another process trains the run
+        except (ModelNotFoundError, RunLockedError, RunFolderError) as exc:  # no such model; another process
+            # trains the run; the run store cannot be written
             print(f"groupwise {command.name}: error: {' '.join(str(exc).split())}", file=sys.stderr)
             return 2
         except JudgeSelectionError as exc:  # no judge cleared the bar: the table says why, line by line
             print(f"groupwise {command.name}: error: {exc}", file=sys.stderr)
+            return 1
+        except GroupwiseError as exc:  # every error of groupwise's own says what happened and what to do
+            print(f"groupwise {command.name}: error: {' '.join(str(exc).split())}", file=sys.stderr)
             return 1
     return int(result or 0)
 

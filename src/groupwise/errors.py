@@ -121,6 +121,12 @@ class RunLockedError(StoreError):
     """Another process is writing this run folder (it holds the folder's lock); names that process."""
 
 
+class RunFolderError(StoreError, OSError):
+    """A run folder cannot be created or written (a read-only or full disk, a path under a folder that
+    takes no new entries, no permission); names the folder and the system's reason. An OSError too, so
+    code that catches the system's error still does."""
+
+
 class CheckpointError(StoreError):
     """A checkpoint cannot be used (a file missing, truncated or changed since it was saved). Names the file."""
 

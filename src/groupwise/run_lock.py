@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from groupwise.errors import RunLockedError
+from groupwise.errors import RunFolderError, RunLockedError
 
 try:  # POSIX only; elsewhere there is no lock (RunLock's doc)
     import fcntl
@@ -49,8 +49,11 @@ class RunLock:
     def acquire(self) -> "RunLock":
         if self._fd is not None or fcntl is None:
             return self
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # the first write of a run: say where it cannot write, not mkdir's traceback
+            raise self._unwritable(exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:  # BlockingIOError: another open file (another process, or backend) holds it
@@ -64,10 +67,19 @@ class RunLock:
             ) from None
         info = {"pid": os.getpid(), "host": socket.gethostname(),
                 "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(info) + "\n").encode("utf-8"), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info) + "\n").encode("utf-8"), 0)
+        except OSError as exc:  # a full disk takes the open but not the bytes
+            os.close(fd)
+            raise self._unwritable(exc) from None
         self._fd = fd
         return self
+
+    def _unwritable(self, exc: OSError) -> RunFolderError:
+        return RunFolderError(
+            f"cannot write the run folder {str(self.path.parent)!r} ({exc.strerror or exc}): choose a run store "
+            "on a writable disk with room (--path on the command line, base_path= in Python)")
 
     @staticmethod
     def _holder(fd: int) -> str:

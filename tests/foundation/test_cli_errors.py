@@ -134,6 +134,7 @@ def test_python_dash_m_groupwise_is_the_command():
 @pytest.mark.parametrize("args, needle", [
     (["train", "2048", "--seeds", "3-1"], "argument --seeds: the range '3-1' runs backwards; write 1-3"),
     (["train", "2048", "--seeds", "0,2-x"], "argument --seeds: must be an integer >= 0, got '2-x'"),
+    (["train", "2048", "--path", "/proc/groupwise-runs"], "/proc/groupwise-runs"),
 ])
 def test_mistakes_a_newcomer_makes_are_one_line_before_loading(args, needle):
     proc = groupwise(*args, "--model", NO_MODEL)
@@ -142,3 +143,14 @@ def test_mistakes_a_newcomer_makes_are_one_line_before_loading(args, needle):
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert needle in lines[0] and lines[0].startswith("groupwise"), lines[0]
     assert NO_MODEL not in proc.stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a folder of mode 0o555")
+def test_a_run_store_this_user_cannot_write_is_refused_before_loading(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    proc = groupwise("train", "2048", "--path", str(locked / "runs"), "--model", NO_MODEL)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"groupwise train: error: --path {locked / 'runs'}: {locked} cannot be written here (read-only, or not "
+        "yours); pass a writable folder"]

@@ -56,11 +56,16 @@ def local_model_problem(model: str) -> str | None:
 
 
 def store_problem(store: str) -> str | None:
-    """The run store must be a folder, or creatable as one (the nearest part of it that exists is a folder)."""
+    """The run store must be a folder, or creatable as one (the nearest part of it that exists is a folder
+    this user may write in); what only writing finds out (a full disk, /proc) the run's lock refuses."""
     at = os.path.abspath(os.path.expanduser(store))
     while not os.path.exists(at) and os.path.dirname(at) != at:
         at = os.path.dirname(at)
-    return None if os.path.isdir(at) else f"{at} is a file, not a folder; the run store is a folder of runs"
+    if not os.path.isdir(at):
+        return f"{at} is a file, not a folder; the run store is a folder of runs"
+    if not os.access(at, os.W_OK):
+        return f"{at} cannot be written here (read-only, or not yours); pass a writable folder"
+    return None
 
 
 def served_name_problem(value: Any) -> str | None:
