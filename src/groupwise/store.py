@@ -464,6 +464,56 @@ def write_step_summary(step_file: Path, rows: list[dict[str, Any]]) -> None:
     atomic_write_text(summary_path(step_file), dumps(summary_of(step_file, rows)) + "\n")
 
 
+# How deep under a folder runs are looked for (<base_path>/<project>/<model> is depth 2).
+MAX_DEPTH = 3
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run folder: it has a history or trajectories, or a writer lock (a run that is loading its model
+    or validating its base before anything is written)."""
+    return (path / "history.jsonl").is_file() or (path / TRAJECTORIES_DIR).is_dir() or (path / RunLock.FILE).is_file()
+
+
+def find_runs(root: Path) -> list[Path]:
+    """Every run folder at or under `root` (a run, a project, or a base path), sorted by path."""
+    found: list[Path] = []
+
+    def walk(d: Path, depth: int) -> None:
+        if is_run_dir(d):
+            found.append(d)
+            return
+        if depth >= MAX_DEPTH:
+            return
+        try:
+            children = sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+        except OSError:
+            return
+        for child in children:
+            walk(child, depth + 1)
+
+    if root.is_dir():
+        walk(root, 0)
+    return found
+
+
+def run_dir_problem(run_dir: str | os.PathLike) -> str | None:
+    """Why `run_dir` is not a run folder to read, with the runs it holds when it is a base path or a
+    project (what a reader was likely pointed at), or None."""
+    path = Path(run_dir).expanduser()
+    if not path.exists():
+        return "does not exist; pass a run folder <base_path>/<project>/<model>, e.g. .groupwise/2048/2048-s0"
+    if not path.is_dir():
+        return "is a file; pass a run folder <base_path>/<project>/<model>, e.g. .groupwise/2048/2048-s0"
+    if is_run_dir(path):
+        return None
+    runs = [r.relative_to(path).as_posix() for r in find_runs(path)]
+    if not runs:
+        return ("holds no run (no history.jsonl or trajectories/ at or below it); pass a run folder "
+                "<base_path>/<project>/<model>, e.g. .groupwise/2048/2048-s0")
+    shown = ", ".join(runs[:5]) + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
+    return f"is not a run folder; the runs under it: {shown}; pass one, e.g. {path / runs[0]}"
+
+
 def load_trajectories(run_dir: str | os.PathLike, split: str | None = None, step: int | None = None,
                       *, skip_corrupt: bool = False) -> list[TrajectoryGroup]:
     """Every stored group of `run_dir` (optionally of one split and/or step), by split, step, line.

@@ -27,6 +27,7 @@ from fastapi.staticfiles import StaticFiles
 from groupwise.dashboard import rollouts as ro
 from groupwise.dashboard import runs as rs
 from groupwise.errors import ConfigError, GroupwiseError, StoreError
+from groupwise.store import find_runs
 
 STATIC = Path(str(resources.files("groupwise.dashboard") / "static"))
 
@@ -44,7 +45,7 @@ def create_app(root: str | Path, *, api_key: str | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         stop = threading.Event()
-        indexer = threading.Thread(target=ro.index_in_background, args=(cache, lambda: rs.find_runs(root), stop),
+        indexer = threading.Thread(target=ro.index_in_background, args=(cache, lambda: find_runs(root), stop),
                                    name="groupwise-dashboard-index", daemon=True)
         indexer.start()
         try:
@@ -75,7 +76,7 @@ def create_app(root: str | Path, *, api_key: str | None = None) -> FastAPI:
 
     @app.get("/api/runs")
     def api_runs() -> Response:
-        return _json({"root": str(root), "runs": [rs.run_summary(root, d) for d in rs.find_runs(root)]})
+        return _json({"root": str(root), "runs": [rs.run_summary(root, d) for d in find_runs(root)]})
 
     @app.get("/api/curves")
     def api_curves(run: str) -> Response:

@@ -29,46 +29,16 @@ from groupwise.errors import GroupwiseError, GroupwiseWarning
 from groupwise.loop.report import val_metric_name
 from groupwise.loop.series import Row, events, interval, latest_step, points, rows, value
 from groupwise.run_lock import RunLock
-from groupwise.store import load_history
+from groupwise.store import is_run_dir, load_history
 
 # A run without a visible writer lock still counts as training while its history moved this recently.
 ACTIVE_WITHIN_S = 120.0
-# How deep under the dashboard's folder runs are looked for (<base_path>/<project>/<model> is depth 2).
-MAX_DEPTH = 3
 # Fields of a train row that are bookkeeping, not curves.
 _NOT_CURVES = {"step", "split", "recorded_at", "n_groups", "n_trajectories", "n_exceptions", "name", "kind",
                "message", "severity", "action", "rule", "reason", "evidence", "scenarios", "best_metric"}
 # Alerts about validation (val_*, and the judge's check on judged validation groups); the others are about
 # the train groups sampled at the alert's step (`groupwise.loop.detectors.run_detectors` dates them so).
 _VAL_ALERTS = ("val_", "judge_disagreement")
-
-
-def is_run_dir(path: Path) -> bool:
-    """A run folder: it has a history or trajectories, or a writer lock (a run that is loading its model
-    or validating its base before anything is written: it is listed, as training, from its first second)."""
-    return (path / "history.jsonl").is_file() or (path / "trajectories").is_dir() or (path / RunLock.FILE).is_file()
-
-
-def find_runs(root: Path) -> list[Path]:
-    """Every run folder at or under `root` (a run, a project, or a base path), sorted by path."""
-    found: list[Path] = []
-
-    def walk(d: Path, depth: int) -> None:
-        if is_run_dir(d):
-            found.append(d)
-            return
-        if depth >= MAX_DEPTH:
-            return
-        try:
-            children = sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
-        except OSError:
-            return
-        for child in children:
-            walk(child, depth + 1)
-
-    if root.is_dir():
-        walk(root, 0)
-    return found
 
 
 def run_id(root: Path, run_dir: Path) -> str:

@@ -127,5 +127,12 @@ def api_key_field() -> Any:
     return arg(None, help="require this bearer token (required off loopback)")
 
 
+def run_dir_problem(value: str) -> str | None:
+    """A run folder to read; a base path or a project is refused with the runs it holds."""
+    from groupwise.store import run_dir_problem as problem
+
+    return problem(value)
+
+
 def run_dir_field() -> Any:
-    return arg(help="a run folder: <base_path>/<project>/<model>", positional=True)
+    return arg(help="a run folder: <base_path>/<project>/<model>", positional=True, on_machine=run_dir_problem)
