@@ -91,3 +91,23 @@ def test_a_judge_that_fails_the_labelled_check_stops_the_job_before_training(tmp
     assert "no judge orders the labelled set better than chance" in err and "pairwise acc" in err
     assert "ollama/a" in err and "0.50 [0.50, 0.50]" in err and "acc lo > 0.55" in err
     assert not (tmp_path / "runs" / "titles" / "titles-s0" / "history.jsonl").exists()
+
+
+def test_advice_repeats_the_flags_that_name_the_run(tmp_path):
+    """`groupwise train 2048 --path P --steps 1` ended advising `groupwise train 2048 --seed 0 --steps 5`,
+    which, typed as printed, trains a new run in .groupwise instead of continuing the one in P."""
+    store = tmp_path / "my runs"
+    job = TrainJob(env="2048", path=str(store), lr=[5e-4], rollouts_per_group=4, batch_invariant=True, steps=1,
+                   seed=2)
+    flags = job.same_run_flags()
+    assert flags == f"--path '{store}' --lr 0.0005 --rollouts-per-group 4 --batch-invariant"
+    text = " ".join(advice(Point(0, 0.3, 0.2, 0.4), Point(0, 0.3, 0.2, 0.4), 1, "max_steps", env="2048", seed=2,
+                           steps=1, run_dir=RUN, flags=flags))
+    assert f"`groupwise train 2048 --seed 2 {flags} --steps 5` continues this run from step 1" in text
+    assert f"`groupwise train 2048 --seed 3 {flags}`" in text
+    named = TrainJob(env="2048", name="mine", judge=["local/a", "local/b"], judge_labels="titles")
+    assert named.same_run_flags() == "--judge local/a --judge local/b --judge-labels titles"
+    text = " ".join(advice(Point(0, 0.3, 0.2, 0.4), Point(4, 0.9, 0.8, 1.0), 4, "max_steps", env="2048", seed=0,
+                           steps=4, run_dir=RUN, flags="", name="mine"))
+    assert "`groupwise train 2048 --seed 0 --name mine --steps 8` continues this run from step 4" in text
+

@@ -170,6 +170,27 @@ class TrainJob(Job):
         """The (seed, learning rate) of each run the job trains: every seed with every rate (None: the preset's)."""
         return [(seed, lr) for seed in (self.seeds or [self.seed]) for lr in (self.lr or [None])]
 
+    def same_run_flags(self) -> str:
+        """The flags given that every command about this run must repeat (the run store, the model, the
+        training settings), as the user would type them; the seed, the steps and the name are left to the
+        command (`advice` changes them)."""
+        from groupwise.jobs.fields import flags
+
+        words = []
+        for spec in flags(type(self)):
+            value = getattr(self, spec.name)
+            if spec.meta["positional"] or spec.name in ("seed", "seeds", "steps", "name") or value == spec.default:
+                continue
+            if spec.kind is bool:
+                words.append(spec.flag)
+            elif spec.many and spec.meta["repeat"]:
+                words.extend(w for v in value for w in (spec.flag, shlex.quote(str(v))))
+            else:
+                shown = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) if spec.many else (
+                    f"{value:g}" if isinstance(value, float) else str(value))
+                words.extend((spec.flag, shlex.quote(shown)))
+        return " ".join(words)
+
     def preset(self, learning_rate: float | None = None) -> Preset:
         """The env's preset, with the values this job sets in place of its own (`learning_rate`: a run's, else
         the job's first)."""
@@ -291,17 +312,21 @@ async def train(job: TrainJob) -> dict[str, Any]:
         say(f"test ({len(test_s)} held-out scenarios, checkpoint of step {summary.best_step}): {shown}")
     rule = summary.stop.rule  # the loop printed the stop reason once, when it stopped
     for line in advice(base, best, summary.final_step, rule, env=spec.name, seed=seed, steps=max_steps - sft_steps,
-                       run_dir=str(model.run_dir)):
+                       run_dir=str(model.run_dir), flags=job.same_run_flags(), name=job.name):
         say(line)
     return result
 
 
 def advice(base: Any, best: Any, final_step: int, rule: str, *, env: str, seed: int, steps: int,
-           run_dir: str) -> list[str]:
-    """What the user of `groupwise train` can do next, given how the run went."""
+           run_dir: str, flags: str = "", name: str | None = None) -> list[str]:
+    """What the user of `groupwise train` can do next, given how the run went. `flags` are the ones the job
+    was given that name the same run store, model and settings (`TrainJob.same_run_flags`), and `name` the
+    run's --name if one was given: a command without them would train another run."""
     from groupwise.loop.stopping import significant_gap
 
-    again = f"groupwise train {env} --seed {seed}"
+    rest = f" {flags}" if flags else ""
+    again = f"groupwise train {env} --seed {seed}{rest}" + (f" --name {shlex.quote(name)}" if name else "")
+    another = f"groupwise train {env} --seed {seed + 1}{rest}"
     more = f"`{again} --steps {max(2 * steps, final_step + 4)}` continues this run from step {final_step}"
     watch = f"curves: `groupwise report {run_dir}`; answers: `groupwise compare {run_dir} --steps 0,best`"
     learned = (base is not None and best is not None and best.step != base.step
@@ -309,17 +334,17 @@ def advice(base: Any, best: Any, final_step: int, rule: str, *, env: str, seed: 
     if rule == "alert:val_drop":
         return [f"the env's reward rose while validation fell: read what the reward liked "
                 f"(`groupwise inspect {run_dir} --split train --best`). A built-in env's reward is fixed, so "
-                f"try another seed (`groupwise train {env} --seed {seed + 1}`); for your own env, fix its "
+                f"try another seed (`{another}`); for your own env, fix its "
                 f"reward and train with gw.fit.", watch]
     if rule == "alert:val_unstable":
         return [f"validation fell beyond its noise without the reward being gamed: an unlucky or too large "
-                f"step. Try another seed (`groupwise train {env} --seed {seed + 1}`); the best checkpoint "
+                f"step. Try another seed (`{another}`); the best checkpoint "
                 f"(step {best.step if best else 0}) is kept.", watch]
     if learned:
         return [f"it learned (the gain is larger than the validation noise). To train longer: {more}.", watch]
     if best is not None:
         return [f"validation did not rise beyond its noise. Try more steps ({more}) or another seed "
-                f"(`groupwise train {env} --seed {seed + 1}`).", watch]
+                f"(`{another}`).", watch]
     return [watch]
 
 
