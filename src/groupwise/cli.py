@@ -10,8 +10,8 @@ itself (a field's type, bounds, choices and check), and building the job refuses
 (a local model path, the run store folder, a CUDA device) or several fields (`Job.rules`), as does a
 `ConfigError` the job raises while checking its inputs before loading a model. Any other error of
 groupwise's own (`GroupwiseError`: its message says what to do) is one line too, exit code 1; a traceback
-is left for what is a bug. Warnings of groupwise's own (a skipped corrupt line, a skipped checkpoint) are
-printed as one line each.
+is left for what is a bug. Ctrl-C ends a command with one line saying what it kept (exit code 130).
+Warnings of groupwise's own (a skipped corrupt line, a skipped checkpoint) are printed as one line each.
 """
 
 from __future__ import annotations
@@ -125,6 +125,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except GroupwiseError as exc:  # every error of groupwise's own says what happened and what to do
             print(f"groupwise {command.name}: error: {' '.join(str(exc).split())}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:  # Ctrl-C is how a user stops a job: say what is kept, not where Python was
+            said = f": {command.interrupted}" if command.interrupted else ""
+            print(f"\ngroupwise {command.name}: interrupted{said}", file=sys.stderr)
+            return 130
     return int(result or 0)
 
 

@@ -111,3 +111,37 @@ def test_advice_repeats_the_flags_that_name_the_run(tmp_path):
                            steps=4, run_dir=RUN, flags="", name="mine"))
     assert "`groupwise train 2048 --seed 0 --name mine --steps 8` continues this run from step 4" in text
 
+
+def test_ctrl_c_is_one_line_and_the_same_command_resumes_without_repeating_a_row(tmp_path, tiny_model_dir):
+    """Ctrl-C in `groupwise train` printed two chained tracebacks (CancelledError, KeyboardInterrupt); now one
+    line says what is kept, and running the same command again finishes the run with each row once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import groupwise as gw
+
+    args = [sys.executable, "-m", "groupwise", "train", "2048", "--model", tiny_model_dir, "--path", str(tmp_path),
+            "--device", "cpu", "--steps", "3", "--groups-per-step", "2", "--rollouts-per-group", "2"]
+    # Started as a terminal starts a job: its own process group, SIGINT not ignored (a background runner's
+    # children inherit it ignored), and Ctrl-C sent to the whole group.
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    for line in proc.stdout:
+        if "step 1/3 ·" in line:  # step 1 is trained and checkpointed; step 2's rollouts have begun
+            os.killpg(proc.pid, signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.strip().splitlines()[-1] == (
+        "groupwise train: interrupted: every step finished before it is kept (history, trajectories, checkpoint); "
+        "the same command resumes from the last checkpoint")
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "(resuming at step 1)" in done.stdout or "(resuming at step 2)" in done.stdout, done.stdout
+    history = gw.load_history(tmp_path / "2048" / "2048-s0")
+    rows = [json.dumps({k: v for k, v in r.items() if k != "recorded_at"}, sort_keys=True) for r in history]
+    assert len(rows) == len(set(rows)), rows
+    assert [r["step"] for r in history if r["split"] == "train"] == [0, 1, 2]

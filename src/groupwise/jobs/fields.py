@@ -208,3 +208,4 @@ class Command:
     help: str
     description: str | None = None
     epilog: str | None = None
+    interrupted: str | None = None  # what a Ctrl-C left behind and how to go on, said after "interrupted"
