@@ -167,3 +167,14 @@ def test_report_reads_an_integer_past_floats_range_as_no_number(tmp_path, capsys
     store.history_path.write_text(json.dumps({**row, "reward": 10**400, "x": 10**400}) + "\n")
     assert main(["report", str(store.run_dir), "--out", str(tmp_path / "out")]) == 0
     assert _finite(10**400) is None and _finite(3) == 3.0
+
+
+def test_a_running_runs_metric_is_the_one_validated_with_an_interval():
+    """Before its stop row, `groupwise report` on a 2048 run plotted and named max_tile (the first number of
+    its val rows) while the job tracked valid_move_rate: the metric with an interval is the one validated."""
+    from groupwise.loop.report import val_metric_name
+
+    history = [{"step": 0, "split": "val", "reward": -0.9, "max_tile": 2.6, "board_sum": 6.3, "valid_move_rate": 0.3,
+                "valid_move_rate_lo": 0.15, "valid_move_rate_hi": 0.45, "valid_move_rate_n": 24}]
+    assert val_metric_name(history) == "valid_move_rate"
+    assert val_metric_name([{"step": 0, "split": "val", "reward": 1.0, "accuracy": 0.5}]) == "accuracy"

@@ -41,12 +41,17 @@ def load_run(run_dir: str | Path) -> list[Row]:
 
 
 def val_metric_name(history: list[Row]) -> str | None:
-    """The validation metric: the stop row's ``best_metric`` when present, else the first numeric
-    field of the val rows that is not a bookkeeping field."""
+    """The validation metric: the stop row's ``best_metric`` when present; else, while the run trains, the
+    metric its val rows give an interval for (fit computes one for the metric it selects on, and no other);
+    else the first numeric field of the val rows that is not a bookkeeping field."""
     for row in reversed(events(history, "stop")):
         m = row.get("best_metric")
         if isinstance(m, str) and m.startswith("val/"):
             return m[4:]
+    for row in rows(history, "val"):
+        for k in row:
+            if k.endswith("_lo") and f"{k[:-3]}_hi" in row and k[:-3] in row:
+                return k[:-3].split("/", 1)[1] if k.startswith("val/") else k[:-3]
     for row in rows(history, "val"):
         for k, v in row.items():
             if k in _SKIP or k.startswith(("reward", "n_", "time/", "group_", "exception")) or k == "answer_chars":
