@@ -169,3 +169,13 @@ def test_a_reader_pointed_at_a_store_or_a_project_names_the_runs_there(tmp_path,
             f"{tmp_path / '2048' / '2048-s0'}"]
     proc = groupwise(command, str(tmp_path / "nothing-here"))
     assert proc.returncode == 2 and "does not exist; pass a run folder" in proc.stderr, proc.stderr
+
+
+def test_compare_on_a_run_without_validation_names_the_splits_it_has(tmp_path, group):
+    store = RunStore(tmp_path, "titles", "titles-s0")
+    store.append_history({"step": 0, "split": "train", "reward": 0.5})
+    store.write_trajectories("train", 0, [group])
+    proc = groupwise("compare", str(store.run_dir))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "groupwise compare: error: this run stores no val trajectories; pass --split with one it has: train"]

@@ -145,3 +145,10 @@ def test_ctrl_c_is_one_line_and_the_same_command_resumes_without_repeating_a_row
     rows = [json.dumps({k: v for k, v in r.items() if k != "recorded_at"}, sort_keys=True) for r in history]
     assert len(rows) == len(set(rows)), rows
     assert [r["step"] for r in history if r["split"] == "train"] == [0, 1, 2]
+
+
+def test_a_run_without_validation_is_pointed_at_answers_it_has():
+    """titles (judged, no validation set) ended advising `groupwise compare RUN --steps 0,best`, which
+    compares validation answers: it failed with 'no val trajectories stored for step 0'."""
+    text = " ".join(advice(None, None, 1, "max_steps", env="titles", seed=0, steps=1, run_dir=RUN))
+    assert f"`groupwise inspect {RUN} --split train --best`" in text and "compare" not in text

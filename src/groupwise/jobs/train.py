@@ -328,7 +328,9 @@ def advice(base: Any, best: Any, final_step: int, rule: str, *, env: str, seed: 
     again = f"groupwise train {env} --seed {seed}{rest}" + (f" --name {shlex.quote(name)}" if name else "")
     another = f"groupwise train {env} --seed {seed + 1}{rest}"
     more = f"`{again} --steps {max(2 * steps, final_step + 4)}` continues this run from step {final_step}"
-    watch = f"curves: `groupwise report {run_dir}`; answers: `groupwise compare {run_dir} --steps 0,best`"
+    answers = (f"`groupwise compare {run_dir} --steps 0,best`" if base is not None else  # no validation stored
+               f"`groupwise inspect {run_dir} --split train --best`")
+    watch = f"curves: `groupwise report {run_dir}`; answers: {answers}"
     learned = (base is not None and best is not None and best.step != base.step
                and significant_gap(best, base))
     if rule == "alert:val_drop":

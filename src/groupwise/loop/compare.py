@@ -81,6 +81,10 @@ def compare(run_dir: str | Path, steps: str, *, split: str, n: int, width: int |
     parts = [p for p in steps.split(",") if p.strip()]
     if len(parts) != 2:
         raise ConfigError(f"--steps {steps!r} must name two steps, e.g. 0,best", what="compare --steps")
+    if not stored:  # a run without validation (a judged env) stores none: say which splits it has
+        splits = sorted({sp for sp, _, _ in trajectory_files(run_dir)})
+        raise ConfigError(f"this run stores no {split} trajectories; pass --split with one it has: "
+                          f"{', '.join(splits) or 'none yet'}", what="compare --split")
     a, b = (resolve_step(p, history, stored) for p in parts)
     for s in (a, b):
         if s not in stored:
