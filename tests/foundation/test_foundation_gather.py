@@ -46,6 +46,8 @@ async def test_over_budget_raises_naming_the_count():
     # Instant rollouts all finish in the loop's first pass, so all 5 failures are counted.
     assert text.startswith("5 of 54 rollouts raised an exception")
     assert "allows 4" in text and "rollout 0 failed" in text and "Traceback" in text
+    # a gw.fit user never called gather: the message names the setting they pass
+    assert "gw.LoopConfig(max_exceptions=0.1)" in text
     assert isinstance(err.value.__cause__, ValueError)
 
 

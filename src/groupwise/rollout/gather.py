@@ -293,8 +293,9 @@ class _Gathering:
             allowed = f"max_exceptions={self.budget} allows {self.budget}"
         message = (
             f"{self.n_failed} of {self.total} rollouts raised an exception; {allowed}. "
-            f"The unfinished rollouts were cancelled. Fix the rollout, or raise max_exceptions "
-            f"to record failures on their groups instead.\nFirst exception:\n{first.traceback}"
+            f"The unfinished rollouts were cancelled. Fix the rollout, or raise max_exceptions (in gw.fit: "
+            f"gw.LoopConfig(max_exceptions=0.1) lets a tenth fail) to record failures on their groups "
+            f"instead.\nFirst exception:\n{first.traceback}"
         )
         recorded = [e for g in self.groups for e in g.exceptions] + [first]
         err = GatherError(message, exceptions=recorded)
