@@ -179,3 +179,20 @@ def test_compare_on_a_run_without_validation_names_the_splits_it_has(tmp_path, g
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "groupwise compare: error: this run stores no val trajectories; pass --split with one it has: train"]
+
+
+def test_serve_given_a_run_folder_names_its_checkpoint(tmp_path):
+    """`groupwise serve --adapter RUN` (the folder the train job prints) said only 'no adapter_config.json'."""
+    run = RunStore(tmp_path, "2048", "2048-s0")
+    run.append_history({"step": 0, "split": "val", "reward": 0.5})
+    for step in ("0001", "0002"):
+        (run.checkpoints_dir / step).mkdir(parents=True)
+        (run.checkpoints_dir / step / "adapter_config.json").write_text("{}")
+    for given in (run.run_dir, tmp_path):
+        proc = groupwise("serve", "--model", NO_MODEL, "--adapter", str(given))
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip().splitlines() == [
+            f"groupwise serve: error: --adapter {given}: no adapter_config.json there; a run's checkpoints are its "
+            f"adapters: pass one, e.g. {run.checkpoints_dir / '0002'}"]
+    proc = groupwise("serve", "--model", NO_MODEL, "--adapter", str(tmp_path / "missing"))
+    assert proc.returncode == 2 and ": does not exist (expected a peft LoRA folder" in proc.stderr, proc.stderr

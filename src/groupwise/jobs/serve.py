@@ -13,9 +13,22 @@ from groupwise.jobs.fields import Command, Job, arg
 
 
 def _adapter_problem(path: str) -> str | None:
+    """An adapter is a peft LoRA folder; a run folder (or a store of runs) is refused naming the newest
+    checkpoint under it, the folder to pass."""
+    from pathlib import Path
+
+    from groupwise.store import CHECKPOINTS_DIR, find_runs
+
     if os.path.isfile(os.path.join(path, "adapter_config.json")):
         return None
-    return "no adapter_config.json there (expected a peft LoRA folder)"
+    if not os.path.exists(path):
+        return "does not exist (expected a peft LoRA folder, such as a run's checkpoints/NNNN)"
+    for run in find_runs(Path(path)):  # the first run with a checkpoint, its latest
+        saved = [c for c in (run / CHECKPOINTS_DIR).glob("[0-9]*") if (c / "adapter_config.json").is_file()]
+        if saved:
+            latest = max(saved, key=lambda c: int(c.name) if c.name.isdigit() else -1)
+            return f"no adapter_config.json there; a run's checkpoints are its adapters: pass one, e.g. {latest}"
+    return "no adapter_config.json there (expected a peft LoRA folder, such as a run's checkpoints/NNNN)"
 
 
 @dataclass
