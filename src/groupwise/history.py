@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import json
 import os
 import threading
@@ -47,7 +48,7 @@ from typing import Any, overload
 from groupwise.chat.text import LONE_SURROGATE
 from groupwise.config import DEFAULT_CONFIDENCE
 from groupwise.curves import AlertRecord, Point, baseline_points, points_of
-from groupwise.errors import CorruptRecordError, GroupwiseWarning, StoreError
+from groupwise.errors import CorruptRecordError, GroupwiseWarning, RunFolderError, StoreError
 
 try:  # POSIX only; on other platforms appends rely on O_APPEND alone.
     import fcntl
@@ -70,24 +71,45 @@ def history_key(row: Row) -> tuple[str, ...]:
 # ------------------------------------------------------------------------------------ the file
 
 
+# What the disk or its permissions refuse (as opposed to a path the caller got wrong): a full or read-only
+# disk, a quota (of space, or of a file's size), a folder this user may not write in. A write of the run store that fails so is a
+# RunFolderError naming the file, not the system's traceback from the writer's thread.
+_CANNOT_WRITE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def _unwritable(path: str | os.PathLike, exc: OSError) -> OSError:
+    """`exc` as a `RunFolderError` naming `path` when the disk refused the write, else `exc` itself."""
+    if exc.errno not in _CANNOT_WRITE:
+        return exc
+    return RunFolderError(
+        f"cannot write {str(path)!r} ({exc.strerror}): free space or fix permissions there (or move the run "
+        "store to a larger disk and pass it with --path on the command line, base_path= in Python); what was "
+        "written before stays, and the same command resumes from the last checkpoint")
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` atomically: temp file in the same folder, fsync, os.replace."""
     import tempfile
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _unwritable(path, exc) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError):
+            raise _unwritable(path, exc) from None
         raise
 
 
@@ -188,6 +210,13 @@ def _locked(lock_path: Path) -> Iterator[None]:
 
 
 def _append_line(path: Path, line: str) -> os.stat_result:
+    try:
+        return _append(path, line)
+    except OSError as exc:  # a torn line a full disk leaves is one the readers skip
+        raise _unwritable(path, exc) from None
+
+
+def _append(path: Path, line: str) -> os.stat_result:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         size = os.fstat(fd).st_size

@@ -152,3 +152,27 @@ def test_a_run_without_validation_is_pointed_at_answers_it_has():
     compares validation answers: it failed with 'no val trajectories stored for step 0'."""
     text = " ".join(advice(None, None, 1, "max_steps", env="titles", seed=0, steps=1, run_dir=RUN))
     assert f"`groupwise inspect {RUN} --split train --best`" in text and "compare" not in text
+
+
+def test_a_run_store_that_fills_up_mid_run_is_one_line(tmp_path, tiny_model_dir):
+    """A full disk (here: a file size limit, which the kernel enforces the same way) under the run store
+    crashed `groupwise train` with the writer thread's OSError traceback; now one line names the file."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead of killing
+        # the tiny model's adapter (~70 kB, written at load) fits; the test split's trajectories (~90 kB) do not
+        resource.setrlimit(resource.RLIMIT_FSIZE, (80_000, 80_000))
+
+    proc = subprocess.run([sys.executable, "-m", "groupwise", "train", "2048", "--model", tiny_model_dir, "--path",
+                           str(tmp_path), "--device", "cpu", "--steps", "1", "--groups-per-step", "2",
+                           "--rollouts-per-group", "2"], capture_output=True, text=True, timeout=600, preexec_fn=limit)
+    assert proc.returncode == 2, proc.stderr  # as a run store that cannot be written from the start
+    assert "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"groupwise train: error: cannot write '{tmp_path / '2048' / '2048-s0'}/"), last
+    assert "(File too large): free space or fix permissions there" in last, last
+    assert not [p for p in tmp_path.rglob("*.tmp")]  # the half-written temporary file is gone
