@@ -176,3 +176,14 @@ def test_a_run_store_that_fills_up_mid_run_is_one_line(tmp_path, tiny_model_dir)
     assert last.startswith(f"groupwise train: error: cannot write '{tmp_path / '2048' / '2048-s0'}/"), last
     assert "(File too large): free space or fix permissions there" in last, last
     assert not [p for p in tmp_path.rglob("*.tmp")]  # the half-written temporary file is gone
+
+
+def test_a_judged_env_says_which_judge_scores_it():
+    """`groupwise train titles` judged with the base model without saying so; that judge ties every pair on
+    titles' labelled set (docs/judge.md), so the user is told before loading how to check and change it."""
+    from groupwise.jobs.train import judge_line
+
+    line = judge_line("titles", None, "smollm2-135m")
+    assert line.startswith("judge=local/smollm2-135m (the default")
+    assert "`groupwise judge eval --labels titles --judge local/smollm2-135m`" in line and "--judge NAME" in line
+    assert judge_line("email", ["openai/o4-mini"], "smollm2-135m") == "judge=openai/o4-mini"

@@ -248,6 +248,8 @@ async def train(job: TrainJob) -> dict[str, Any]:
           f"groups/step={preset.groups_per_step} rollouts/group={preset.rollouts_per_group} "
           f"lr={preset.learning_rate:g} train/val/test={len(train_s)}/{len(val_s)}/{len(test_s)}"
           + (f" sft={preset.sft} demonstrations first" if preset.sft else ""))
+    if spec.reward != "verifiable" or job.judge:
+        print(f"[groupwise train] {judge_line(spec.name, job.judge, model_name)}")
     # absolute: a second terminal opens in another folder, where the relative path names no runs
     print(f"[groupwise train] watch it live: run `groupwise dashboard {shlex.quote(str(Path(path).resolve()))}` "
           "in another terminal, then open http://127.0.0.1:8100")
@@ -315,6 +317,16 @@ async def train(job: TrainJob) -> dict[str, Any]:
                        run_dir=str(model.run_dir), flags=job.same_run_flags(), name=job.name):
         say(line)
     return result
+
+
+def judge_line(env: str, judges: list[str] | None, base_model: str) -> str:
+    """Which judge scores the run's groups, said before it loads: the default (the base model judging its own
+    answers) ties every pair on titles' labelled set, and a judge without signal teaches noise."""
+    if judges:
+        return f"judge={judges[0]}" if len(judges) == 1 else f"judge: the best of {', '.join(judges)}"
+    return (f"judge=local/{base_model} (the default: the base model scores its own answers; a small one may rank "
+            f"nothing, so check it with `groupwise judge eval --labels titles --judge local/{base_model}` and "
+            "choose another with --judge NAME; docs/judge.md)")
 
 
 def advice(base: Any, best: Any, final_step: int, rule: str, *, env: str, seed: int, steps: int,
