@@ -105,3 +105,14 @@ def _run(coro):
     import asyncio
 
     return asyncio.run(coro)
+
+
+def test_the_help_names_every_env_that_has_a_demonstrator():
+    """`groupwise sft --help` named only email while tic-tac-toe had gained a scripted player."""
+    from groupwise.envs import ENVS
+    from groupwise.jobs.fields import flags
+    from groupwise.jobs.sft import SFTJob
+
+    data = next(f for f in flags(SFTJob) if f.name == "data")
+    have = ", ".join(sorted(name for name, spec in ENVS.items() if spec.demonstrate is not None))
+    assert data.help.endswith(f"an env with a scripted demonstrator ({have})")

@@ -50,7 +50,8 @@ def _data_problem(data: str) -> str | None:
 @dataclass
 class SFTJob(Job):
     data: str = arg(positional=True, on_machine=_data_problem, help="a JSONL file in ART's SFT format ({\"messages\": [...], \"tools\": [...]} "
-                                          "per line), or an env with a scripted demonstrator (email)")
+                                          "per line), or an env with a scripted demonstrator (email, tictactoe, "
+                                          "tictactoe-minimax)")
     n: int | None = arg(None, low=1, help=f"how many demonstrations (default: the file's all; env: {ENV_DEMONSTRATIONS})")
     epochs: int = arg(SFT_EPOCHS, low=1, help="passes over the demonstrations, one step each")
     lr: float = arg(SFT_LEARNING_RATE, low=0, low_open=True, help="learning rate")
