@@ -156,6 +156,29 @@ def test_a_run_store_this_user_cannot_write_is_refused_before_loading(tmp_path):
         "yours); pass a writable folder"]
 
 
+def test_a_run_store_under_a_file_is_refused_before_loading(tmp_path):
+    # what root meets too (the test above is skipped for root, who may write in any folder)
+    afile = tmp_path / "notes.txt"
+    afile.write_text("x")
+    proc = groupwise("train", "2048", "--path", str(afile / "runs"), "--model", NO_MODEL)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"groupwise train: error: --path {afile / 'runs'}: {afile} is a file, not a folder; the run store is a "
+        "folder of runs"]
+
+
+def test_a_folder_this_user_may_not_write_is_named_with_what_to_do(tmp_path, monkeypatch):
+    # the check behind the skipped test above, in this process, whoever runs it
+    from groupwise.jobs import common
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    monkeypatch.setattr(common.os, "access", lambda path, mode: str(path) != str(locked))
+    assert common.store_problem(str(locked / "runs" / "deeper")) == (
+        f"{locked} cannot be written here (read-only, or not yours); pass a writable folder")
+    assert common.store_problem(str(tmp_path / "fine")) is None
+
+
 @pytest.mark.parametrize("command", ["report", "inspect", "compare"])
 def test_a_reader_pointed_at_a_store_or_a_project_names_the_runs_there(tmp_path, command):
     """`groupwise report .groupwise` (the folder the train job names) is a natural first guess."""
