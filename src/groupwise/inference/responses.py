@@ -53,22 +53,19 @@ class TokenTexts:
             self.texts([i for top in tops for i, _ in top])
         parts = []
         for j, (tid, lp) in enumerate(zip(ids, logprobs)):
-            head, tail = self._parts(tid, as_ids)
+            alts = tops[j] if tops else ()
             if not math.isfinite(lp):
                 finite_logprobs([tid], [lp])
-            if tops:
-                alts = []
-                for alt, value in tops[j]:
-                    alt_head, alt_tail = self._parts(alt, as_ids)
-                    if not math.isfinite(value):
-                        raise NonFiniteError(f"the engine reported logprob {value!r} for alternative token {alt}; "
-                                             "JSON cannot carry it, so the response fails instead of sending "
-                                             "invalid JSON")
-                    alts.append(alt_head + float.__repr__(float(value)) + alt_tail + "}")
-                parts.append(head + float.__repr__(float(lp)) + tail + ',"top_logprobs":[' + ",".join(alts) + "]}")
-            else:
-                parts.append(head + float.__repr__(float(lp)) + tail + ',"top_logprobs":[]}')
+            if not all(math.isfinite(v) for _, v in alts):
+                finite_logprobs([i for i, _ in alts], [v for _, v in alts], what="alternative token")
+            alt_json = ",".join(self._entry_json(alt, value, as_ids) + "}" for alt, value in alts)
+            parts.append(self._entry_json(tid, lp, as_ids) + ',"top_logprobs":[' + alt_json + "]}")
         return "[" + ",".join(parts) + "]"
+
+    def _entry_json(self, tid: int, logprob: float, as_ids: bool) -> str:
+        """An entry's JSON up to its ``top_logprobs`` (not closed), for an id whose text is cached."""
+        head, tail = self._parts(tid, as_ids)
+        return head + float.__repr__(float(logprob)) + tail
 
     def _parts(self, tid: int, as_ids: bool) -> tuple[str, str]:
         """An entry's JSON before its logprob (``{"token":...,"logprob":``) and after it (``,"bytes":[...]``),
@@ -121,11 +118,11 @@ def usage(result: GenerationResult) -> dict[str, int]:
             "total_tokens": result.prompt_tokens + completion_tokens}
 
 
-def finite_logprobs(token_ids: list[int], logprobs: list[float]) -> list[float]:
+def finite_logprobs(token_ids: list[int], logprobs: list[float], *, what: str = "sampled token") -> list[float]:
     """`logprobs`, or NonFiniteError naming the first that JSON cannot carry (the server answers 500)."""
     for tid, lp in zip(token_ids, logprobs):
         if not math.isfinite(lp):
-            raise NonFiniteError(f"the engine reported logprob {lp!r} for sampled token {tid}; JSON cannot "
+            raise NonFiniteError(f"the engine reported logprob {lp!r} for {what} {tid}; JSON cannot "
                                  "carry it, so the response fails instead of sending invalid JSON")
     return logprobs
 
