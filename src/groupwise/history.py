@@ -130,18 +130,17 @@ def dumps(obj: Any) -> str:
     return text
 
 
-def _text_lines(path: Path) -> list[tuple[str, str | None]]:
-    """(text, problem) of each line of `path`, newline kept. A line whose bytes are not UTF-8 (a crash
-    mid-append that cut a character in two, a damaged disk) has its bad bytes as U+FFFD and a problem
-    naming the first; read as one text, the file raised UnicodeDecodeError at every later read."""
-    out: list[tuple[str, str | None]] = []
+def _text_lines(path: Path) -> Iterator[tuple[str, str | None]]:
+    """(text, problem) of each line of `path`, newline kept, read as the caller goes (a trajectory file
+    may be large). A line whose bytes are not UTF-8 (a crash mid-append that cut a character in two, a
+    damaged disk) has its bad bytes as U+FFFD and a problem naming the first; read as one text, the file
+    raised UnicodeDecodeError at every later read."""
     with open(path, "rb") as f:
         for raw in f:
             try:
-                out.append((raw.decode("utf-8"), None))
+                yield raw.decode("utf-8"), None
             except UnicodeDecodeError as exc:
-                out.append((raw.decode("utf-8", errors="replace"), f"not UTF-8 text (byte {exc.start} of the line)"))
-    return out
+                yield raw.decode("utf-8", errors="replace"), f"not UTF-8 text (byte {exc.start} of the line)"
 
 
 def _torn(line: str) -> bool:
@@ -313,7 +312,7 @@ class RunHistory(Sequence[Row]):
 
     def _load(self, signature: tuple[int, int, int] | None) -> None:
         self._lines, self._rows, self._row_line, self._by_key, self._by_split = [], [], [], {}, {}
-        lines = _text_lines(self.path) if signature is not None else []
+        lines = list(_text_lines(self.path)) if signature is not None else []
         if signature is not None:
             self.loads += 1
         self._lines = [line for line, _ in lines]  # a line that is not UTF-8 is kept with U+FFFD: rewrites write text
