@@ -14,7 +14,7 @@ from __future__ import annotations
 import hmac
 import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
@@ -27,6 +27,7 @@ from fastapi.staticfiles import StaticFiles
 from groupwise.dashboard import rollouts as ro
 from groupwise.dashboard import runs as rs
 from groupwise.errors import ConfigError, GroupwiseError, StoreError
+from groupwise.http_guard import HostGuard
 from groupwise.store import find_runs
 
 STATIC = Path(str(resources.files("groupwise.dashboard") / "static"))
@@ -36,9 +37,13 @@ def _json(obj: Any) -> Response:
     return Response(rs.dumps(obj), media_type="application/json", headers={"Cache-Control": "no-store"})
 
 
-def create_app(root: str | Path, *, api_key: str | None = None) -> FastAPI:
+def create_app(root: str | Path, *, api_key: str | None = None, allowed_hosts: Iterable[str] = (),
+               bound_host: str | None = None) -> FastAPI:
     """The dashboard over every run at or under `root`. While the app runs (its lifespan), a background
-    thread indexes the trajectory files (`rollouts.index_in_background`)."""
+    thread indexes the trajectory files (`rollouts.index_in_background`). Every request must name the
+    server in ``Host`` (localhost, `bound_host`, the address it arrived at, or one of `allowed_hosts`)
+    and a browser's ``Origin`` must be the page itself, else 403 (groupwise.http_guard): a page on
+    another site could otherwise read every run by pointing its own name at this machine."""
     root = Path(root).resolve()
     cache = ro.GroupCache()
 
@@ -128,6 +133,7 @@ def create_app(root: str | Path, *, api_key: str | None = None) -> FastAPI:
             raise HTTPException(400, "; ".join(exc.problems)) from None
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.add_middleware(HostGuard, allowed=tuple(allowed_hosts), bound=bound_host)  # outermost: before the key
     return app
 
 
@@ -152,7 +158,8 @@ def port_problem(host: str, port: int) -> str | None:
     return None
 
 
-def serve_dashboard(path: str, *, host: str, port: int, api_key: str | None) -> None:
+def serve_dashboard(path: str, *, host: str, port: int, api_key: str | None,
+                    allowed_hosts: Iterable[str] = ()) -> None:
     """Serve the page over the runs under `path` with uvicorn until stopped (the dashboard job checks the
     settings first: off loopback it requires `api_key`)."""
     import uvicorn
@@ -160,7 +167,7 @@ def serve_dashboard(path: str, *, host: str, port: int, api_key: str | None) -> 
     problem = port_problem(host, port)
     if problem:
         raise ConfigError([problem], what="dashboard address")
-    app = create_app(path, api_key=api_key)
+    app = create_app(path, api_key=api_key, allowed_hosts=allowed_hosts, bound_host=host)
     key = f"#key={api_key}" if api_key else ""
     print(f"groupwise dashboard: {Path(path).resolve()} on http://{host}:{port}/{key}", flush=True)
     if not Path(path).exists():  # started before the first run: the page lists runs as they appear
