@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
@@ -34,7 +35,7 @@ STATIC = Path(str(resources.files("groupwise.dashboard") / "static"))
 
 
 def _json(obj: Any) -> Response:
-    return Response(rs.dumps(obj), media_type="application/json", headers={"Cache-Control": "no-store"})
+    return Response(rs.json_bytes(obj), media_type="application/json", headers={"Cache-Control": "no-store"})
 
 
 def create_app(root: str | Path, *, api_key: str | None = None, allowed_hosts: Iterable[str] = (),
@@ -73,7 +74,23 @@ def create_app(root: str | Path, *, api_key: str | None = None, allowed_hosts: I
         try:
             return rs.resolve_run(root, run)
         except GroupwiseError as exc:
-            raise HTTPException(404, str(exc)) from None
+            raise ro.ParamError(str(exc), param="run") from None
+
+    @app.exception_handler(ro.ParamError)
+    async def param_error(request: Request, exc: ro.ParamError) -> Response:
+        return _json_error(exc.status, str(exc), param=exc.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_param(request: Request, exc: RequestValidationError) -> Response:
+        """A parameter that is missing or not of its type (a step of letters, or of 5,000 digits): 422
+        naming it, in the page's one error shape."""
+        first = exc.errors()[0] if exc.errors() else {}
+        where = [str(x) for x in first.get("loc", ()) if x not in ("query", "path")]
+        param = where[-1] if where else None
+        given = first.get("input")
+        shown = repr(given) if not isinstance(given, str) or len(given) <= 40 else \
+            f"{given[:40]!r}... ({len(given)} characters)"
+        return _json_error(422, f"parameter {param}: {first.get('msg', 'invalid')} (got {shown})", param=param)
 
     @app.get("/")
     def index() -> FileResponse:
@@ -119,26 +136,22 @@ def create_app(root: str | Path, *, api_key: str | None = None, allowed_hosts: I
     def api_trajectory(run: str, split: str, step: int, group: int, index: int) -> Response:
         try:
             return _json(ro.trajectory_view(cache, run_dir(run), split, step, group, index))
-        except LookupError as exc:
-            raise HTTPException(404, str(exc)) from None
         except StoreError as exc:  # its group does not validate: say so, the page shows the message
             raise HTTPException(422, str(exc)) from None
 
     @app.get("/api/compare")
     def api_compare(run: str, split: str = "val", a: str = "0", b: str = "latest") -> Response:
         d = run_dir(run)
-        try:
-            return _json(ro.compare_view(cache, d, rs.history_of(d), split, a, b))
-        except ConfigError as exc:
-            raise HTTPException(400, "; ".join(exc.problems)) from None
+        return _json(ro.compare_view(cache, d, rs.history_of(d), split, a, b))
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.add_middleware(HostGuard, allowed=tuple(allowed_hosts), bound=bound_host)  # outermost: before the key
     return app
 
 
-def _json_error(status: int, message: str) -> Response:
-    return Response(rs.dumps({"detail": message}), status_code=status, media_type="application/json")
+def _json_error(status: int, message: str, param: str | None = None) -> Response:
+    body = {"detail": message, "param": param} if param else {"detail": message}
+    return Response(rs.json_bytes(body), status_code=status, media_type="application/json")
 
 
 def port_problem(host: str, port: int) -> str | None:

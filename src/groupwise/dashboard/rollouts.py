@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.choices import choice_forced_indices, choice_logprobs, choice_token_ids, choice_token_texts
-from groupwise.errors import GroupwiseError, GroupwiseWarning, StoreError, UnknownKeyError
+from groupwise.errors import ConfigError, GroupwiseError, GroupwiseWarning, StoreError, UnknownKeyError
 from groupwise.loop.compare import resolve_step
 from groupwise.loop.detectors import judge_disagreement
 from groupwise.loop.report import val_metric_name
@@ -41,6 +41,15 @@ from groupwise.step_summary import content_text, message_dict, read_summary, sum
 from groupwise.store import read_group_dicts, trajectory_files
 from groupwise.training.advantages import group_advantages
 from groupwise.types import Choice, TrajectoryGroup
+
+
+class ParamError(UnknownKeyError):
+    """A request's parameter names nothing stored (`status` 404) or nothing at all (400); the page shows
+    the message, and the answer names `param`."""
+
+    def __init__(self, message: str, *, param: str, status: int = 404) -> None:
+        super().__init__(message)
+        self.param, self.status = param, status
 
 
 # Parsed files kept whole (the views of one step); every file keeps only its light index (`FileIndex`).
@@ -275,10 +284,14 @@ def trajectory_view(cache: GroupCache, run_dir: Path, split: str, step: int, gro
     judge writes its explanation), side conversations."""
     files = trajectory_files(run_dir, split, step)
     if not files:
-        raise UnknownKeyError(f"no {split} step {step} in {run_dir}")
-    g = cache.group(files[0][2], group)
+        raise ParamError(f"no {split!r} step {step} in {run_dir} (parameters split and step)", param="step")
+    try:
+        g = cache.group(files[0][2], group)
+    except UnknownKeyError as exc:
+        raise ParamError(f"{exc} (parameter group)", param="group") from None
     if not 0 <= index < len(g.trajectories):
-        raise UnknownKeyError(f"no trajectory {split}/{step}/group {group}/#{index} in {run_dir}")
+        raise ParamError(f"no trajectory {index} in {split}/{step}/group {group} of {run_dir}, which has "
+                         f"{len(g.trajectories)} (parameter index)", param="index")
     t = g.trajectories[index]
     adv = _advantages(g)[index]
     msgs = []
@@ -299,7 +312,18 @@ def compare_view(cache: GroupCache, run_dir: Path, history: list[dict[str, Any]]
     """The same scenarios at two steps ('0', 'best', 'latest' or a number): each scenario's
     trajectories at both, ranked by reward."""
     stored = steps(run_dir).get(split, [])
-    step_a, step_b = (resolve_step(x, history, stored) for x in (a, b))
+
+    def resolve(spec: str, param: str) -> int:
+        try:
+            return resolve_step(spec, history, stored)
+        except ConfigError as exc:
+            if not stored:  # 'latest' or 'best' of a split with nothing stored: the split names nothing
+                raise ParamError(f"no {split!r} trajectories are stored in {run_dir}; {param}={spec[:40]!r} names no "
+                                 "step of it (parameter split)", param="split") from None
+            raise ParamError(f"{'; '.join(exc.problems)} (parameter {param}, of split {split!r})", param=param,
+                             status=400) from None
+
+    step_a, step_b = resolve(a, "a"), resolve(b, "b")
     sides = []
     for step in (step_a, step_b):
         files = trajectory_files(run_dir, split, step)
