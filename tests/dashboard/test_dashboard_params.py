@@ -109,3 +109,26 @@ def test_any_path_is_a_page_a_file_or_a_404(app_client, path):
     assert r.status_code in (200, 404, 405), (path, r.status_code, r.text[:300])
     r = app_client.get("/static/" + quote(path.encode("utf-8", "surrogatepass"), safe="/"))
     assert r.status_code in (200, 404, 405), (path, r.status_code, r.text[:300])
+
+
+def test_a_stored_lone_surrogate_is_shown_not_a_500(tmp_path):
+    """The store keeps a lone surrogate a rollout wrote (JSON escapes it); UTF-8 cannot carry one, so the
+    answer escapes it, and the page's JSON.parse reads back the same text."""
+    import json
+
+    from dash_helpers import trajectory
+    from groupwise.types import TrajectoryGroup
+
+    store = RunStore(tmp_path, "2048", "agent")
+    t = trajectory(0, 0, 0)
+    t.messages_and_choices.append({"role": "user", "content": "odd \ud800 text \x00 end"})
+    store.write_trajectories("train", 0, [TrajectoryGroup([t, trajectory(0, 0, 1)])])
+    with TestClient(create_app(tmp_path), raise_server_exceptions=False) as client:
+        q = {"run": RUN, "split": "train", "step": 0}
+        r = client.get("/api/trajectory", params={**q, "group": 0, "index": 0})
+        assert r.status_code == 200 and r.content.isascii()
+        assert json.loads(r.content)["messages"][-1]["content"] == "odd \ud800 text \x00 end"
+        r = client.get("/api/groups", params=q)
+        assert r.status_code == 200 and len(r.json()["groups"][0]["trajectories"]) == 2
+        found = client.get("/api/rollouts", params={"run": RUN, "q": "text \x00 end"})
+        assert found.status_code == 200 and found.json()["total"] == 1

@@ -22,6 +22,7 @@ equal has no advantage (`group_advantages` returns None): its tokens trained not
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import warnings
@@ -51,6 +52,8 @@ class ParamError(UnknownKeyError):
         super().__init__(message)
         self.param, self.status = param, status
 
+
+log = logging.getLogger("groupwise.dashboard")
 
 # Parsed files kept whole (the views of one step); every file keeps only its light index (`FileIndex`).
 ORDER = "best"  # the rollouts list's default order: best first
@@ -133,9 +136,9 @@ class GroupCache:
         built = None
         summary = read_summary(path)
         if summary is not None:
-            try:
+            try:  # read_summary checked its shape: this is a second line of defence
                 built = _file_index(summary, split, step)
-            except (KeyError, TypeError, AttributeError):
+            except (LookupError, TypeError, AttributeError, ValueError, OverflowError):
                 built = None  # a summary damaged by hand: the step file is the record
         if built is None:  # a run written before summaries, or a step file rewritten since its summary
             with warnings.catch_warnings():
@@ -173,15 +176,35 @@ def index_in_background(cache: GroupCache, run_dirs: Callable[[], list[Path]], s
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     except (AttributeError, OSError):
         pass  # not Linux: the thread runs at normal priority
+    logged: set[Any] = set()  # what failed, logged once each (a damaged file fails on every pass)
+
+    def failed(what: Any, exc: BaseException) -> None:
+        if what not in logged:
+            logged.add(what)
+            log.warning("the dashboard could not index %s (%s: %s); its views read it when opened, and the "
+                        "indexer goes on with the others", what, type(exc).__name__, exc)
+
     while not stop.is_set():
-        for run_dir in run_dirs():
-            for split, step, path in reversed(trajectory_files(run_dir)):
+        try:
+            runs = run_dirs()
+        except Exception as exc:  # the thread lives as long as the app: nothing a folder holds may end it
+            failed("the run folder", exc)
+            runs = []
+        for run_dir in runs:
+            try:
+                files = list(reversed(trajectory_files(run_dir)))
+            except Exception as exc:
+                failed(run_dir, exc)
+                continue
+            for split, step, path in files:
                 if stop.is_set():
                     return
                 try:
                     cache.index(path, split, step, keep=False)
                 except (OSError, GroupwiseError):
                     continue  # replaced or removed meanwhile: the next pass reads it again
+                except Exception as exc:  # a file no reader foresaw: logged, and the others are indexed
+                    failed(path, exc)
         stop.wait(every_s)
 
 
