@@ -59,7 +59,7 @@ from groupwise.compute import compute_thread
 from groupwise.errors import ModelNotFoundError
 from groupwise.http_guard import HostGuard
 from groupwise.inference.api_models import (ChatCompletionRequest, CompletionRequest, describe_validation_error,
-                                            limits_context)
+                                            limits_context, unparsable_param)
 from groupwise.inference.constrained import ConstraintError, constraint_for
 from groupwise.inference.engine import (EngineError, GenerationRequest, GenerationResult, PromptTooLongError,
                                         RequestFailedError)
@@ -277,6 +277,10 @@ def parsed(model: type) -> Any:
             return model.model_validate_json(raw, context=limits_context())
         except ValidationError as exc:
             message, param = describe_validation_error(exc)
+            if param is None and any(e["type"] == "json_invalid" for e in exc.errors(include_input=False)):
+                param = unparsable_param(raw)  # JSON by the standard: say which field the parser refused
+                if param:
+                    message = f"{message} (in {param})"
             raise ApiError(400, message, param=param) from None
 
     return dependency
