@@ -183,8 +183,10 @@ class HostGuard:
         if problem:
             shown = host if host is not None else ""
             name = _split(shown)
+            server = scope.get("server")
+            port = server[1] if isinstance(server, (tuple, list)) and len(server) == 2 and server[1] else "PORT"
             fix = (f"If you open this server by that name, start it with {self.flag} "
-                   f"{name[0] if name else 'NAME'} (repeatable), or open it as http://127.0.0.1:PORT/.")
+                   f"{name[0] if name else 'NAME'} (repeatable), or open it as http://127.0.0.1:{port}/.")
             await self._refuse(scope, receive, send, "Host", shown, problem, fix)
             return
         origin = headers.get("origin")
