@@ -74,3 +74,15 @@ def test_no_host_two_hosts_two_origins_and_a_websocket_are_refused():
                         ("origin", "http://evil.example")])[0] == 403
     assert _ask(guard, [("host", "evil.example:8100"), ("origin", "http://evil.example:8100")], kind="websocket")[0] == 1008
     assert _ask(guard, [("host", "127.0.0.1:8100")], server=None)[0] == 200  # no address known: the port is not checked
+
+
+def test_every_web_app_the_package_builds_runs_the_guard():
+    """A server added later gets the check too: each module of src/groupwise that builds an ASGI app
+    (FastAPI or Starlette) adds `HostGuard` to it."""
+    import re
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "src" / "groupwise"
+    builders = [p for p in src.rglob("*.py") if re.search(r"\b(FastAPI|Starlette)\(", p.read_text(encoding="utf-8"))]
+    assert {p.relative_to(src).as_posix() for p in builders} >= {"inference/server.py", "dashboard/app.py"}
+    assert [p for p in builders if "add_middleware(HostGuard" not in p.read_text(encoding="utf-8")] == []
