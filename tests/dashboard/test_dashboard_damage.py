@@ -192,3 +192,28 @@ def test_a_summary_with_any_one_value_replaced_is_used_unchanged_or_not_at_all(p
     summary_path(copy).write_bytes(mutated)
     got = read_summary(copy)
     assert got is None or got == written, keys
+
+
+def test_a_step_file_that_cannot_be_read_is_named_and_the_other_steps_answer(pristine, tmp_path):
+    """A folder where a step file should be, and a link to nowhere: that step's views are a 422 naming the
+    file, every view across steps answers 200 with the other steps, and the indexer goes on."""
+    root, expected = pristine
+    damaged = _damaged_copy(root, tmp_path, lambda raw: raw)
+    train = damaged / "2048" / "agent" / "trajectories" / "train"
+    (train / "0007.jsonl").mkdir()
+    (train / "0008.jsonl").symlink_to(tmp_path / "nowhere.jsonl")
+    with TestClient(create_app(damaged)) as client:
+        for step in (7, 8):
+            r = client.get("/api/groups", params={"run": RUN, "split": "train", "step": step})
+            assert r.status_code == 422 and f"{step:04d}.jsonl" in r.json()["detail"], r.text
+            r = client.get("/api/trajectory", params={"run": RUN, "split": "train", "step": step, "group": 0, "index": 0})
+            assert r.status_code == 422, r.text
+        got = client.get("/api/rollouts", params={"run": RUN, "limit": 1000})
+        assert got.status_code == 200 and got.json() == expected[f"/api/rollouts {sorted({'limit': 1000}.items())}"]
+        assert client.get("/api/judge", params={"run": RUN}).json() == expected["/api/judge []"]
+        store = RunStore(damaged, "2048", "agent")
+        write_step(store, 4)
+        deadline = time.monotonic() + 60
+        while client.get("/api/indexed", params={"run": RUN}).json()["indexed"] < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.get("/api/indexed", params={"run": RUN}).json() == {"files": 10, "indexed": 8}

@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -80,6 +80,12 @@ def create_app(root: str | Path, *, api_key: str | None = None, allowed_hosts: I
     async def param_error(request: Request, exc: ro.ParamError) -> Response:
         return _json_error(exc.status, str(exc), param=exc.param)
 
+    @app.exception_handler(StoreError)
+    async def unreadable(request: Request, exc: StoreError) -> Response:
+        """Stored data that cannot be read (a step file that is a folder, a group that does not validate):
+        422 saying which, while the other views and steps answer."""
+        return _json_error(422, str(exc))
+
     @app.exception_handler(RequestValidationError)
     async def invalid_param(request: Request, exc: RequestValidationError) -> Response:
         """A parameter that is missing or not of its type (a step of letters, or of 5,000 digits): 422
@@ -134,10 +140,8 @@ def create_app(root: str | Path, *, api_key: str | None = None, allowed_hosts: I
 
     @app.get("/api/trajectory")
     def api_trajectory(run: str, split: str, step: int, group: int, index: int) -> Response:
-        try:
-            return _json(ro.trajectory_view(cache, run_dir(run), split, step, group, index))
-        except StoreError as exc:  # its group does not validate: say so, the page shows the message
-            raise HTTPException(422, str(exc)) from None
+        # a group that does not validate is a StoreError: 422 naming it (the page shows the message)
+        return _json(ro.trajectory_view(cache, run_dir(run), split, step, group, index))
 
     @app.get("/api/compare")
     def api_compare(run: str, split: str = "val", a: str = "0", b: str = "latest") -> Response:

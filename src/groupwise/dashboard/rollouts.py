@@ -88,7 +88,10 @@ class GroupCache:
 
     @staticmethod
     def _key(path: Path) -> tuple[int, int]:
-        st = path.stat()
+        try:
+            st = path.stat()
+        except OSError as exc:  # a link to nowhere, removed meanwhile
+            raise _unreadable(path, exc) from None
         return (st.st_size, st.st_mtime_ns)
 
     def group(self, path: Path, index: int) -> TrajectoryGroup:
@@ -103,7 +106,10 @@ class GroupCache:
         if hit is None or hit[0] != key:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", GroupwiseWarning)
-                hit = (key, read_group_dicts(path, skip_corrupt=True), {})
+                try:
+                    hit = (key, read_group_dicts(path, skip_corrupt=True), {})
+                except OSError as exc:
+                    raise _unreadable(path, exc) from None
             with self._lock:
                 self._files[path] = hit
                 self._files.move_to_end(path)
@@ -143,10 +149,18 @@ class GroupCache:
         if built is None:  # a run written before summaries, or a step file rewritten since its summary
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", GroupwiseWarning)
-                built = _file_index(summarize(read_group_dicts(path, skip_corrupt=True)), split, step)
+                try:
+                    built = _file_index(summarize(read_group_dicts(path, skip_corrupt=True)), split, step)
+                except OSError as exc:  # a folder where the step file should be, a file this user cannot read
+                    raise _unreadable(path, exc) from None
         with self._lock:
             self._index[path] = (key, built)
         return built
+
+
+def _unreadable(path: Path, exc: OSError) -> StoreError:
+    return StoreError(f"the step file {path} cannot be read ({exc.strerror or type(exc).__name__}); the views "
+                      "of the other steps still open")
 
 
 def _file_index(summary: dict[str, Any], split: str, step: int) -> FileIndex:
@@ -263,7 +277,10 @@ def rollouts(cache: GroupCache, run_dir: Path, *, split: str | None = None, step
     for s, step, path in trajectory_files(run_dir, split):
         if (step_min is not None and step < step_min) or (step_max is not None and step > step_max):
             continue
-        idx = cache.index(path, s, step)
+        try:
+            idx = cache.index(path, s, step)
+        except StoreError:  # an unreadable step: a search over the others still answers
+            continue
         for row, body in zip(idx.rows, idx.texts):
             r = row["reward"]
             if (reward_min is not None and r < reward_min) or (reward_max is not None and r > reward_max):
@@ -370,7 +387,10 @@ def judge_agreement(cache: GroupCache, run_dir: Path, history: list[dict[str, An
     if not metric:
         return out
     for split, step, path in trajectory_files(run_dir, "val"):
-        idx = cache.index(path, split, step)
+        try:
+            idx = cache.index(path, split, step)
+        except StoreError:  # an unreadable step has no agreement to draw; the others do
+            continue
         if metric not in idx.agreement:
             # the detector reads only each trajectory's reward and metrics: the index has them
             groups = [SimpleNamespace(trajectories=[SimpleNamespace(reward=r["reward"], metrics=r["metrics"])
