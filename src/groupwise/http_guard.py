@@ -130,7 +130,9 @@ class HostGuard:
         name, port = parsed
         if self.any_host:
             return None
-        if name in self.names or (port is not None and (name, port) in self.name_ports):
+        # a Host without a port is at its scheme's default one: a TLS proxy may send either
+        ports = (port,) if port is not None else (80, 443)
+        if name in self.names or any((name, p) in self.name_ports for p in ports):
             return None
         here_addr, here_port = (server[0], server[1]) if isinstance(server, (tuple, list)) and len(server) == 2 else (None, None)
         ip = _ip(name)

@@ -56,6 +56,7 @@ def test_allowed_names_by_name_by_port_and_any():
     assert _ask(guard, [("host", "my-box.lan:9999")])[0] == 200  # a name: any port (a proxy in front)
     assert _ask(guard, [("host", "proxy.example:443")])[0] == 200
     assert _ask(guard, [("host", "proxy.example:8100")])[0] == 403  # NAME:PORT: that port only
+    assert _ask(guard, [("host", "proxy.example")])[0] == 200  # a proxy that forwards the name alone
     # a TLS proxy: the page is https://proxy.example (port 443 implied), Host names the port
     assert _ask(guard, [("host", "proxy.example:443"), ("origin", "https://proxy.example")])[0] == 200
     assert _ask(guard, [("host", "proxy.example:443"), ("origin", "http://proxy.example")])[0] == 403
