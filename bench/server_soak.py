@@ -130,7 +130,7 @@ async def post_raw(port: int, body: bytes, cut: bool = False) -> str:
     """One request on its own connection; `cut`: send half the body and hang up."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n".encode() + b"content-type: application/json\r\n"
                      + f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode())
         writer.write(body[: len(body) // 2] if cut else body)
         await writer.drain()
@@ -159,7 +159,7 @@ def half_open_holder(port: int, count: int, until: float, stats: Counter) -> Non
     def one() -> socket.socket | None:
         try:
             s = socket.create_connection(("127.0.0.1", port), timeout=5)
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+            s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n".encode())
             s.setblocking(False)
             stats["opened"] += 1
             return s

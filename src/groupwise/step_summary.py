@@ -15,6 +15,12 @@ digest. `read_summary` returns None (the caller parses the step file, `summarize
 there is no summary (a run written before summaries existed), when it is of another format version,
 or when the step file changed after it (a crash between the two writes, or code that does not write
 summaries rewrote the step). A copied run folder (new modification times) is checked by its digest.
+
+A summary is also checked itself, since a reader trusts what it holds: one damaged in any way (cut
+short, not JSON, binary bytes, a field of another type, groups and trajectories that do not fit each
+other) or edited by hand is not used. Each summary names the digest of its own body (``body_blake2b``,
+over the body as `_canonical` writes it), so a value changed by hand is found too; a summary written
+before that field (version 1) is checked for its shape only.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from typing import Any
 __all__ = ["PREVIEW_CHARS", "SUMMARY_VERSION", "answer_of", "content_text", "message_dict", "prompt_of", "read_summary", "summarize",
            "summary_of", "summary_path", "tool_calls"]
 
-SUMMARY_VERSION = 1
+SUMMARY_VERSION = 2
+_READABLE_VERSIONS = (1, 2)  # version 1 has no digest of its own body: only its shape is checked
 # The answer and prompt previews are cut to this many characters (the search text is whole).
 PREVIEW_CHARS = 200
 
@@ -59,10 +66,11 @@ def content_text(content: Any) -> str:
 def tool_calls(calls: Any) -> list[dict[str, str]]:
     """Tool calls (stored dicts or openai objects) as [{id, name, arguments}]."""
     out = []
-    for call in calls or []:
+    for call in calls if isinstance(calls, (list, tuple)) else []:
         if not isinstance(call, dict):
             call = call.model_dump() if hasattr(call, "model_dump") else {}
-        fn = call.get("function") or {}
+        fn = call.get("function")
+        fn = fn if isinstance(fn, dict) else {}
         out.append({"id": str(call.get("id", "")), "name": str(fn.get("name", "?")),
                     "arguments": str(fn.get("arguments", ""))})
     return out
@@ -97,7 +105,20 @@ def prompt_of(msgs: list[dict[str, Any]]) -> str:
 
 def _reward(traj: dict[str, Any]) -> float:
     r = traj.get("reward", 0.0)
-    return float(r) if isinstance(r, (int, float)) and not isinstance(r, bool) else 0.0
+    try:
+        return float(r) if isinstance(r, (int, float)) and not isinstance(r, bool) else 0.0
+    except OverflowError:  # an integer past float's range, in a step file damaged by hand
+        return 0.0
+
+
+def _list(v: Any) -> list[Any]:
+    """A stored field that should be a list, as one (a hand-damaged step file may hold anything there)."""
+    return v if isinstance(v, list) else []
+
+
+def _metrics(v: Any) -> dict[str, Any]:
+    """A trajectory's metrics as stored, the numbers only (what a `Trajectory` holds)."""
+    return {str(k): x for k, x in v.items() if type(x) in (int, float, bool)} if isinstance(v, dict) else {}
 
 
 def _search_text(msgs: list[dict[str, Any]], logs: list[Any]) -> str:
@@ -118,22 +139,22 @@ def summarize(groups: list[dict[str, Any]]) -> dict[str, Any]:
     out_groups: list[dict[str, Any]] = []
     out_trajs: list[dict[str, Any]] = []
     for gi, g in enumerate(groups):
-        trajs = [t for t in g.get("trajectories") or [] if isinstance(t, dict)]
+        trajs = [t for t in _list(g.get("trajectories")) if isinstance(t, dict)]
         meta = g.get("metadata")
-        first = [m for m in (trajs[0].get("messages_and_choices") or []) if isinstance(m, dict)] if trajs else []
-        excs = [e for e in g.get("exceptions") or [] if isinstance(e, dict)]
+        first = [m for m in _list(trajs[0].get("messages_and_choices")) if isinstance(m, dict)] if trajs else []
+        excs = [e for e in _list(g.get("exceptions")) if isinstance(e, dict)]
         logs = g.get("logs")
-        out_groups.append({"scenario": meta.get("scenario_index", gi) if isinstance(meta, dict) else gi,
+        scenario = meta.get("scenario_index", gi) if isinstance(meta, dict) else gi
+        out_groups.append({"scenario": scenario if scenario is None or isinstance(scenario, (str, int, float, bool))
+                           else str(scenario),
                            "prompt": prompt_of(first)[:PREVIEW_CHARS], "n": len(trajs),
                            "exceptions": [f"{e.get('type', '?')}: {e.get('message', '')}" for e in excs],
                            "logs": [str(x) for x in logs] if isinstance(logs, list) else [],
                            "metadata": dict(meta) if isinstance(meta, dict) else {}})
         for ti, t in enumerate(trajs):
-            msgs = [message_dict(m) for m in t.get("messages_and_choices") or [] if isinstance(m, dict)]
-            metrics = t.get("metrics")
+            msgs = [message_dict(m) for m in _list(t.get("messages_and_choices")) if isinstance(m, dict)]
             logs = t.get("logs")
-            out_trajs.append({"group": gi, "index": ti, "reward": _reward(t),
-                              "metrics": dict(metrics) if isinstance(metrics, dict) else {},
+            out_trajs.append({"group": gi, "index": ti, "reward": _reward(t), "metrics": _metrics(t.get("metrics")),
                               "answer": answer_of(msgs)[:PREVIEW_CHARS],
                               "text": _search_text(msgs, logs if isinstance(logs, list) else []).lower()})
     return {"groups": out_groups, "trajectories": out_trajs}
@@ -153,9 +174,51 @@ def summary_of(step_file: str | os.PathLike, groups: list[dict[str, Any]]) -> di
     to `summary_path`, as JSON the way it writes the step)."""
     step_file = Path(step_file)
     st = step_file.stat()
+    body = summarize(groups)
     return {"format": "groupwise.step-summary", "version": SUMMARY_VERSION,
             "of": {"name": step_file.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "blake2b": _digest(step_file)},
-            **summarize(groups)}
+            "body_blake2b": _body_digest(body["groups"], body["trajectories"]), **body}
+
+
+def _canonical(groups: list[Any], trajectories: list[Any]) -> bytes:
+    """The summary's body as the bytes its digest covers: the same for the body as written and as read
+    back (sorted keys, ASCII: a lone surrogate is escaped, as JSON reads it back)."""
+    return json.dumps([groups, trajectories], sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _body_digest(groups: list[Any], trajectories: list[Any]) -> str:
+    return hashlib.blake2b(_canonical(groups, trajectories), digest_size=16).hexdigest()
+
+
+def _scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
+def _texts(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _sound(groups: list[Any], trajectories: list[Any]) -> bool:
+    """Whether the body has the shape `summarize` builds: each group's fields of their types, and the
+    trajectories those groups count, in order (group by group, each group's indices 0..n-1)."""
+    for g in groups:
+        if not (isinstance(g, dict) and _scalar(g.get("scenario", [])) and isinstance(g.get("prompt"), str)
+                and type(g.get("n")) is int and g["n"] >= 0 and _texts(g.get("exceptions")) and _texts(g.get("logs"))
+                and isinstance(g.get("metadata"), dict)):
+            return False
+    if len(trajectories) != sum(g["n"] for g in groups):
+        return False
+    at = iter([(gi, ti) for gi, g in enumerate(groups) for ti in range(g["n"])])
+    for t in trajectories:
+        if not isinstance(t, dict) or (t.get("group"), t.get("index")) != next(at):
+            return False
+        reward, metrics = t.get("reward"), t.get("metrics")
+        if not (type(t["group"]) is int and type(t["index"]) is int and type(reward) in (int, float)
+                and isinstance(metrics, dict)
+                and all(type(v) in (int, float, bool) for v in metrics.values())
+                and isinstance(t.get("answer"), str) and isinstance(t.get("text"), str)):
+            return False
+    return True
 
 
 def read_summary(step_file: str | os.PathLike) -> dict[str, Any] | None:
@@ -166,9 +229,9 @@ def read_summary(step_file: str | os.PathLike) -> dict[str, Any] | None:
         with open(summary_path(step_file), encoding="utf-8") as f:
             body = json.load(f)
         st = step_file.stat()
-    except (OSError, ValueError):
-        return None  # none written (older code), or unreadable: the step file is the record
-    if not isinstance(body, dict) or body.get("version") != SUMMARY_VERSION or not isinstance(body.get("of"), dict):
+    except (OSError, ValueError, RecursionError):
+        return None  # none written (older code), or unreadable (cut short, not UTF-8, not JSON): the step file is the record
+    if not isinstance(body, dict) or body.get("version") not in _READABLE_VERSIONS or not isinstance(body.get("of"), dict):
         return None
     of = body["of"]
     if of.get("name") != step_file.name or of.get("size") != st.st_size:
@@ -179,6 +242,9 @@ def read_summary(step_file: str | os.PathLike) -> dict[str, Any] | None:
                 return None
         except OSError:
             return None
-    if not isinstance(body.get("groups"), list) or not isinstance(body.get("trajectories"), list):
+    groups, trajectories = body.get("groups"), body.get("trajectories")
+    if not isinstance(groups, list) or not isinstance(trajectories, list) or not _sound(groups, trajectories):
         return None
-    return {"groups": body["groups"], "trajectories": body["trajectories"]}
+    if body["version"] >= 2 and body.get("body_blake2b") != _body_digest(groups, trajectories):
+        return None  # edited by hand, or its bytes damaged into other valid JSON
+    return {"groups": groups, "trajectories": trajectories}

@@ -297,7 +297,7 @@ async def test_a_client_that_goes_away_stops_its_generation(live, served):
         raw = json.dumps(payload).encode()
         cancelled, passes = engine.stats.cancelled_requests, engine.stats.decode_passes
         sock = socket.create_connection(("127.0.0.1", live.port))
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{live.port}\r\n".encode() + b"content-type: application/json\r\n"
                      + f"content-length: {len(raw)}\r\n\r\n".encode() + raw)
         if stream:
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # the stream is running

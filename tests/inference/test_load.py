@@ -65,7 +65,7 @@ REGEX = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 
 def half_open(port: int) -> socket.socket:
     """A connection that sends half a request head and waits (slowloris)."""
     sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+    sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n".encode())
     return sock
 
 
@@ -90,7 +90,7 @@ async def hang_up(port: int, body: dict) -> str:
     """A client that sends a long generation request and disconnects before the answer."""
     raw = json.dumps(body).encode()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n".encode() + b"content-type: application/json\r\n"
                  + f"content-length: {len(raw)}\r\n\r\n".encode() + raw)
     await writer.drain()
     await asyncio.sleep(0.5)

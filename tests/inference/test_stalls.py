@@ -214,7 +214,7 @@ async def test_schema_work_over_the_budget_is_a_400_and_the_server_serves_on(ser
 
 def _half_open(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")  # the head never ends
+    sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n".encode())  # the head never ends
     return sock
 
 
@@ -269,7 +269,7 @@ def test_the_connection_cap_stays_below_the_open_file_limit():
 async def test_a_body_that_never_arrives_is_a_408(served):
     async with LiveServer(_app(served, body_timeout_s=0.5)) as small:
         sock = socket.create_connection(("127.0.0.1", small.port))
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{small.port}\r\n".encode() + b"content-type: application/json\r\n"
                      b"content-length: 1000\r\n\r\n{\"model\": ")
         answer = await asyncio.to_thread(_read_all, sock)
         assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
@@ -291,7 +291,7 @@ def _read_all(sock: socket.socket) -> bytes:
 async def test_a_client_gone_mid_upload_is_one_log_line(live, caplog):
     caplog.set_level(logging.INFO, logger="groupwise.serve")
     sock = socket.create_connection(("127.0.0.1", live.port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{live.port}\r\n".encode() + b"content-type: application/json\r\n"
                  b"content-length: 1000\r\n\r\n{\"model\": \"agent\", ")
     await asyncio.sleep(0.2)
     sock.close()

@@ -46,7 +46,7 @@ async def test_train_serves_and_verifies_the_new_adapter(tiny_model_dir, tmp_pat
         # head never ends is closed (uvicorn alone would hold it forever)
         port = int(model.inference_base_url.rsplit(":", 1)[1].split("/")[0])
         half_open = socket.create_connection(("127.0.0.1", port))
-        half_open.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        half_open.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n".encode())
         half_open.settimeout(60)
         try:
             assert half_open.recv(1024) == b""

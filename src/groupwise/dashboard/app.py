@@ -14,31 +14,37 @@ from __future__ import annotations
 import hmac
 import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from groupwise.dashboard import rollouts as ro
 from groupwise.dashboard import runs as rs
 from groupwise.errors import ConfigError, GroupwiseError, StoreError
+from groupwise.http_guard import HostGuard
 from groupwise.store import find_runs
 
 STATIC = Path(str(resources.files("groupwise.dashboard") / "static"))
 
 
 def _json(obj: Any) -> Response:
-    return Response(rs.dumps(obj), media_type="application/json", headers={"Cache-Control": "no-store"})
+    return Response(rs.json_bytes(obj), media_type="application/json", headers={"Cache-Control": "no-store"})
 
 
-def create_app(root: str | Path, *, api_key: str | None = None) -> FastAPI:
+def create_app(root: str | Path, *, api_key: str | None = None, allowed_hosts: Iterable[str] = (),
+               bound_host: str | None = None) -> FastAPI:
     """The dashboard over every run at or under `root`. While the app runs (its lifespan), a background
-    thread indexes the trajectory files (`rollouts.index_in_background`)."""
+    thread indexes the trajectory files (`rollouts.index_in_background`). Every request must name the
+    server in ``Host`` (localhost, `bound_host`, the address it arrived at, or one of `allowed_hosts`)
+    and a browser's ``Origin`` must be the page itself, else 403 (groupwise.http_guard): a page on
+    another site could otherwise read every run by pointing its own name at this machine."""
     root = Path(root).resolve()
     cache = ro.GroupCache()
 
@@ -68,7 +74,29 @@ def create_app(root: str | Path, *, api_key: str | None = None) -> FastAPI:
         try:
             return rs.resolve_run(root, run)
         except GroupwiseError as exc:
-            raise HTTPException(404, str(exc)) from None
+            raise ro.ParamError(str(exc), param="run") from None
+
+    @app.exception_handler(ro.ParamError)
+    async def param_error(request: Request, exc: ro.ParamError) -> Response:
+        return _json_error(exc.status, str(exc), param=exc.param)
+
+    @app.exception_handler(StoreError)
+    async def unreadable(request: Request, exc: StoreError) -> Response:
+        """Stored data that cannot be read (a step file that is a folder, a group that does not validate):
+        422 saying which, while the other views and steps answer."""
+        return _json_error(422, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_param(request: Request, exc: RequestValidationError) -> Response:
+        """A parameter that is missing or not of its type (a step of letters, or of 5,000 digits): 422
+        naming it, in the page's one error shape."""
+        first = exc.errors()[0] if exc.errors() else {}
+        where = [str(x) for x in first.get("loc", ()) if x not in ("query", "path")]
+        param = where[-1] if where else None
+        given = first.get("input")
+        shown = repr(given) if not isinstance(given, str) or len(given) <= 40 else \
+            f"{given[:40]!r}... ({len(given)} characters)"
+        return _json_error(422, f"parameter {param}: {first.get('msg', 'invalid')} (got {shown})", param=param)
 
     @app.get("/")
     def index() -> FileResponse:
@@ -112,27 +140,22 @@ def create_app(root: str | Path, *, api_key: str | None = None) -> FastAPI:
 
     @app.get("/api/trajectory")
     def api_trajectory(run: str, split: str, step: int, group: int, index: int) -> Response:
-        try:
-            return _json(ro.trajectory_view(cache, run_dir(run), split, step, group, index))
-        except LookupError as exc:
-            raise HTTPException(404, str(exc)) from None
-        except StoreError as exc:  # its group does not validate: say so, the page shows the message
-            raise HTTPException(422, str(exc)) from None
+        # a group that does not validate is a StoreError: 422 naming it (the page shows the message)
+        return _json(ro.trajectory_view(cache, run_dir(run), split, step, group, index))
 
     @app.get("/api/compare")
     def api_compare(run: str, split: str = "val", a: str = "0", b: str = "latest") -> Response:
         d = run_dir(run)
-        try:
-            return _json(ro.compare_view(cache, d, rs.history_of(d), split, a, b))
-        except ConfigError as exc:
-            raise HTTPException(400, "; ".join(exc.problems)) from None
+        return _json(ro.compare_view(cache, d, rs.history_of(d), split, a, b))
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.add_middleware(HostGuard, allowed=tuple(allowed_hosts), bound=bound_host)  # outermost: before the key
     return app
 
 
-def _json_error(status: int, message: str) -> Response:
-    return Response(rs.dumps({"detail": message}), status_code=status, media_type="application/json")
+def _json_error(status: int, message: str, param: str | None = None) -> Response:
+    body = {"detail": message, "param": param} if param else {"detail": message}
+    return Response(rs.json_bytes(body), status_code=status, media_type="application/json")
 
 
 def port_problem(host: str, port: int) -> str | None:
@@ -152,7 +175,8 @@ def port_problem(host: str, port: int) -> str | None:
     return None
 
 
-def serve_dashboard(path: str, *, host: str, port: int, api_key: str | None) -> None:
+def serve_dashboard(path: str, *, host: str, port: int, api_key: str | None,
+                    allowed_hosts: Iterable[str] = ()) -> None:
     """Serve the page over the runs under `path` with uvicorn until stopped (the dashboard job checks the
     settings first: off loopback it requires `api_key`)."""
     import uvicorn
@@ -160,7 +184,7 @@ def serve_dashboard(path: str, *, host: str, port: int, api_key: str | None) -> 
     problem = port_problem(host, port)
     if problem:
         raise ConfigError([problem], what="dashboard address")
-    app = create_app(path, api_key=api_key)
+    app = create_app(path, api_key=api_key, allowed_hosts=allowed_hosts, bound_host=host)
     key = f"#key={api_key}" if api_key else ""
     print(f"groupwise dashboard: {Path(path).resolve()} on http://{host}:{port}/{key}", flush=True)
     if not Path(path).exists():  # started before the first run: the page lists runs as they appear

@@ -22,6 +22,7 @@ equal has no advantage (`group_advantages` returns None): its tokens trained not
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import warnings
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.choices import choice_forced_indices, choice_logprobs, choice_token_ids, choice_token_texts
-from groupwise.errors import GroupwiseError, GroupwiseWarning, StoreError, UnknownKeyError
+from groupwise.errors import ConfigError, GroupwiseError, GroupwiseWarning, StoreError, UnknownKeyError
 from groupwise.loop.compare import resolve_step
 from groupwise.loop.detectors import judge_disagreement
 from groupwise.loop.report import val_metric_name
@@ -42,6 +43,17 @@ from groupwise.store import read_group_dicts, trajectory_files
 from groupwise.training.advantages import group_advantages
 from groupwise.types import Choice, TrajectoryGroup
 
+
+class ParamError(UnknownKeyError):
+    """A request's parameter names nothing stored (`status` 404) or nothing at all (400); the page shows
+    the message, and the answer names `param`."""
+
+    def __init__(self, message: str, *, param: str, status: int = 404) -> None:
+        super().__init__(message)
+        self.param, self.status = param, status
+
+
+log = logging.getLogger("groupwise.dashboard")
 
 # Parsed files kept whole (the views of one step); every file keeps only its light index (`FileIndex`).
 ORDER = "best"  # the rollouts list's default order: best first
@@ -76,7 +88,10 @@ class GroupCache:
 
     @staticmethod
     def _key(path: Path) -> tuple[int, int]:
-        st = path.stat()
+        try:
+            st = path.stat()
+        except OSError as exc:  # a link to nowhere, removed meanwhile
+            raise _unreadable(path, exc) from None
         return (st.st_size, st.st_mtime_ns)
 
     def group(self, path: Path, index: int) -> TrajectoryGroup:
@@ -91,7 +106,10 @@ class GroupCache:
         if hit is None or hit[0] != key:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", GroupwiseWarning)
-                hit = (key, read_group_dicts(path, skip_corrupt=True), {})
+                try:
+                    hit = (key, read_group_dicts(path, skip_corrupt=True), {})
+                except OSError as exc:
+                    raise _unreadable(path, exc) from None
             with self._lock:
                 self._files[path] = hit
                 self._files.move_to_end(path)
@@ -124,17 +142,25 @@ class GroupCache:
         built = None
         summary = read_summary(path)
         if summary is not None:
-            try:
+            try:  # read_summary checked its shape: this is a second line of defence
                 built = _file_index(summary, split, step)
-            except (KeyError, TypeError, AttributeError):
+            except (LookupError, TypeError, AttributeError, ValueError, OverflowError):
                 built = None  # a summary damaged by hand: the step file is the record
         if built is None:  # a run written before summaries, or a step file rewritten since its summary
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", GroupwiseWarning)
-                built = _file_index(summarize(read_group_dicts(path, skip_corrupt=True)), split, step)
+                try:
+                    built = _file_index(summarize(read_group_dicts(path, skip_corrupt=True)), split, step)
+                except OSError as exc:  # a folder where the step file should be, a file this user cannot read
+                    raise _unreadable(path, exc) from None
         with self._lock:
             self._index[path] = (key, built)
         return built
+
+
+def _unreadable(path: Path, exc: OSError) -> StoreError:
+    return StoreError(f"the step file {path} cannot be read ({exc.strerror or type(exc).__name__}); the views "
+                      "of the other steps still open")
 
 
 def _file_index(summary: dict[str, Any], split: str, step: int) -> FileIndex:
@@ -164,15 +190,35 @@ def index_in_background(cache: GroupCache, run_dirs: Callable[[], list[Path]], s
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     except (AttributeError, OSError):
         pass  # not Linux: the thread runs at normal priority
+    logged: set[Any] = set()  # what failed, logged once each (a damaged file fails on every pass)
+
+    def failed(what: Any, exc: BaseException) -> None:
+        if what not in logged:
+            logged.add(what)
+            log.warning("the dashboard could not index %s (%s: %s); its views read it when opened, and the "
+                        "indexer goes on with the others", what, type(exc).__name__, exc)
+
     while not stop.is_set():
-        for run_dir in run_dirs():
-            for split, step, path in reversed(trajectory_files(run_dir)):
+        try:
+            runs = run_dirs()
+        except Exception as exc:  # the thread lives as long as the app: nothing a folder holds may end it
+            failed("the run folder", exc)
+            runs = []
+        for run_dir in runs:
+            try:
+                files = list(reversed(trajectory_files(run_dir)))
+            except Exception as exc:
+                failed(run_dir, exc)
+                continue
+            for split, step, path in files:
                 if stop.is_set():
                     return
                 try:
                     cache.index(path, split, step, keep=False)
                 except (OSError, GroupwiseError):
                     continue  # replaced or removed meanwhile: the next pass reads it again
+                except Exception as exc:  # a file no reader foresaw: logged, and the others are indexed
+                    failed(path, exc)
         stop.wait(every_s)
 
 
@@ -231,7 +277,10 @@ def rollouts(cache: GroupCache, run_dir: Path, *, split: str | None = None, step
     for s, step, path in trajectory_files(run_dir, split):
         if (step_min is not None and step < step_min) or (step_max is not None and step > step_max):
             continue
-        idx = cache.index(path, s, step)
+        try:
+            idx = cache.index(path, s, step)
+        except StoreError:  # an unreadable step: a search over the others still answers
+            continue
         for row, body in zip(idx.rows, idx.texts):
             r = row["reward"]
             if (reward_min is not None and r < reward_min) or (reward_max is not None and r > reward_max):
@@ -275,10 +324,14 @@ def trajectory_view(cache: GroupCache, run_dir: Path, split: str, step: int, gro
     judge writes its explanation), side conversations."""
     files = trajectory_files(run_dir, split, step)
     if not files:
-        raise UnknownKeyError(f"no {split} step {step} in {run_dir}")
-    g = cache.group(files[0][2], group)
+        raise ParamError(f"no {split!r} step {step} in {run_dir} (parameters split and step)", param="step")
+    try:
+        g = cache.group(files[0][2], group)
+    except UnknownKeyError as exc:
+        raise ParamError(f"{exc} (parameter group)", param="group") from None
     if not 0 <= index < len(g.trajectories):
-        raise UnknownKeyError(f"no trajectory {split}/{step}/group {group}/#{index} in {run_dir}")
+        raise ParamError(f"no trajectory {index} in {split}/{step}/group {group} of {run_dir}, which has "
+                         f"{len(g.trajectories)} (parameter index)", param="index")
     t = g.trajectories[index]
     adv = _advantages(g)[index]
     msgs = []
@@ -299,7 +352,18 @@ def compare_view(cache: GroupCache, run_dir: Path, history: list[dict[str, Any]]
     """The same scenarios at two steps ('0', 'best', 'latest' or a number): each scenario's
     trajectories at both, ranked by reward."""
     stored = steps(run_dir).get(split, [])
-    step_a, step_b = (resolve_step(x, history, stored) for x in (a, b))
+
+    def resolve(spec: str, param: str) -> int:
+        try:
+            return resolve_step(spec, history, stored)
+        except ConfigError as exc:
+            if not stored:  # 'latest' or 'best' of a split with nothing stored: the split names nothing
+                raise ParamError(f"no {split!r} trajectories are stored in {run_dir}; {param}={spec[:40]!r} names no "
+                                 "step of it (parameter split)", param="split") from None
+            raise ParamError(f"{'; '.join(exc.problems)} (parameter {param}, of split {split!r})", param=param,
+                             status=400) from None
+
+    step_a, step_b = resolve(a, "a"), resolve(b, "b")
     sides = []
     for step in (step_a, step_b):
         files = trajectory_files(run_dir, split, step)
@@ -323,7 +387,10 @@ def judge_agreement(cache: GroupCache, run_dir: Path, history: list[dict[str, An
     if not metric:
         return out
     for split, step, path in trajectory_files(run_dir, "val"):
-        idx = cache.index(path, split, step)
+        try:
+            idx = cache.index(path, split, step)
+        except StoreError:  # an unreadable step has no agreement to draw; the others do
+            continue
         if metric not in idx.agreement:
             # the detector reads only each trajectory's reward and metrics: the index has them
             groups = [SimpleNamespace(trajectories=[SimpleNamespace(reward=r["reward"], metrics=r["metrics"])

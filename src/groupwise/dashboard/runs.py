@@ -47,10 +47,16 @@ def run_id(root: Path, run_dir: Path) -> str:
 
 
 def resolve_run(root: Path, run: str) -> Path:
-    """The run folder that `run` (an id from `find_runs`) names; refuses a path outside `root`."""
-    path = (root / run).resolve()
-    if not path.is_relative_to(root.resolve()) or not is_run_dir(path):
-        raise GroupwiseError(f"no run {run!r} under {root} (the runs list names them)")
+    """The run folder that `run` (an id from `find_runs`) names; refuses a path outside `root`, and text
+    no folder can be named by (a NUL byte, a name longer than the system allows, a loop of links)."""
+    shown = run if len(run) <= 200 else f"{run[:200]}... ({len(run)} characters)"
+    refused = GroupwiseError(f"no run {shown!r} under {root} (the runs list names them; parameter run)")
+    try:
+        path = (root / run).resolve()
+        if not path.is_relative_to(root.resolve()) or not is_run_dir(path):
+            raise refused
+    except (OSError, ValueError):  # ValueError: an embedded NUL; OSError: a name too long, a link loop
+        raise refused from None
     return path
 
 
@@ -215,7 +221,7 @@ def curves(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def dumps(obj: Any) -> str:
+def dumps(obj: Any, *, ascii_only: bool = False) -> str:
     """JSON for the page: NaN and infinities (a store keeps them) become null, which JSON can carry."""
     def clean(o: Any) -> Any:
         if isinstance(o, float):
@@ -226,4 +232,14 @@ def dumps(obj: Any) -> str:
             return [clean(v) for v in o]
         return o
 
-    return json.dumps(clean(obj), ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(clean(obj), ensure_ascii=ascii_only, separators=(",", ":"))
+
+
+def json_bytes(obj: Any) -> bytes:
+    """`dumps` as the UTF-8 bytes of an answer. A stored text may hold a lone surrogate (the store keeps
+    what a rollout wrote: JSON escapes it), which UTF-8 cannot carry: such a body is sent with every
+    non-ASCII character escaped (``\\ud800``), which JSON.parse reads back as the same text."""
+    try:
+        return dumps(obj).encode("utf-8")
+    except UnicodeEncodeError:
+        return dumps(obj, ascii_only=True).encode("ascii")

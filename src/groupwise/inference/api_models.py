@@ -25,7 +25,7 @@ from groupwise.inference.requests import GenerationRequest
 from groupwise.inference.sampling import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
 
 __all__ = ["DEFAULT_RETURN_TOKENS_AS_TOKEN_IDS", "ChatCompletionRequest", "CompletionRequest", "Message", "Tool", "describe_validation_error",
-           "limits_context"]
+           "limits_context", "unparsable_param"]
 
 MAX_STOP = 8
 MAX_GUIDED_CHOICES = 256
@@ -341,6 +341,47 @@ def _model_args(annotation: Any) -> list[type[BaseModel]]:
 
 
 _FIELDS = _field_names(ChatCompletionRequest, CompletionRequest)
+
+
+_MAX_NUMBER_DIGITS = 4300  # pydantic's JSON parser refuses an integer literal longer (Python's own int limit)
+
+
+class _NumberText(str):
+    """A JSON number as written (`unparsable_param` reads numbers it cannot convert)."""
+
+
+def unparsable_param(raw: bytes) -> str | None:
+    """Where a body that is JSON by the standard, but not to pydantic's parser, holds what the parser
+    refuses: a lone surrogate escape (``"\\ud800"``) in a string or a key, or an integer of more than
+    4,300 digits. Named as `describe_validation_error` names fields (``messages[0].content``); None
+    when the body is not JSON at all (a syntax error names no field)."""
+    import json
+
+    try:
+        doc = json.loads(raw, parse_int=_NumberText, parse_float=_NumberText)
+    except (ValueError, RecursionError):
+        return None
+
+    def refused(text: str) -> bool:
+        if isinstance(text, _NumberText):
+            return len(text) > _MAX_NUMBER_DIGITS
+        return any("\ud800" <= c <= "\udfff" for c in text)
+
+    stack: list[tuple[str, Any]] = [("", doc)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if refused(value):
+                return path or None
+        elif isinstance(value, dict):
+            for key in reversed(list(value)):
+                at = f"{path}.{key}" if path else key
+                if refused(key):
+                    return at
+                stack.append((at, value[key]))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+    return None
 
 
 def describe_validation_error(exc: ValidationError) -> tuple[str, str | None]:

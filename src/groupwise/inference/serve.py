@@ -46,13 +46,14 @@ def free_memory_bytes(device: Any) -> int:
 
 def serve_model(model: str, *, adapters: list[str], host: str, port: int, api_key: str | None, name: str | None,
                 device: str | None, dtype: str | None, max_batch_size: int, max_body_bytes: int,
-                max_kv_gb: float | None) -> None:
+                max_kv_gb: float | None, allowed_hosts: list[str] | tuple[str, ...] = ()) -> None:
     """Load the base model `model` and the LoRA `adapters`, and serve them over HTTP until stopped.
 
     Served as `name` (default: `model`): ``name`` (latest step), ``name@0`` (the base), ``name@<step>``
     for an adapter folder named by its step, else by its folder name. The KV cache holds at most
     `max_kv_gb` (default: a third of the memory free after loading: growing the cache holds the old
-    buffers beside the new ones for a moment)."""
+    buffers beside the new ones for a moment). `allowed_hosts`: names besides localhost and `host` that
+    requests may call the server by (groupwise.http_guard)."""
     import os
 
     from groupwise.compute import compute_thread
@@ -80,7 +81,8 @@ def serve_model(model: str, *, adapters: list[str], host: str, port: int, api_ke
             served = folder
         print(f"serving adapter {path} as {served!r}")
     print(f"serving {registry.served_ids()} on http://{host}:{port}/v1")
-    app = create_app(registry, api_key=api_key, max_body_bytes=max_body_bytes)
+    app = create_app(registry, api_key=api_key, max_body_bytes=max_body_bytes, allowed_hosts=allowed_hosts,
+                     bound_host=host)
     try:
         serve_app(app, host, port)
     finally:

@@ -40,6 +40,7 @@ import hmac
 import logging
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,8 +57,9 @@ from groupwise.chat import template_kwargs_problem
 from groupwise.choices import wants_compact_token_data
 from groupwise.compute import compute_thread
 from groupwise.errors import ModelNotFoundError
+from groupwise.http_guard import HostGuard
 from groupwise.inference.api_models import (ChatCompletionRequest, CompletionRequest, describe_validation_error,
-                                            limits_context)
+                                            limits_context, unparsable_param)
 from groupwise.inference.constrained import ConstraintError, constraint_for
 from groupwise.inference.engine import (EngineError, GenerationRequest, GenerationResult, PromptTooLongError,
                                         RequestFailedError)
@@ -130,11 +132,14 @@ class ServerState:
 
 def create_app(registry: ModelRegistry, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
-               prepare_budget_s: float = DEFAULT_PREPARE_BUDGET_S) -> FastAPI:
+               prepare_budget_s: float = DEFAULT_PREPARE_BUDGET_S, allowed_hosts: Iterable[str] = (),
+               bound_host: str | None = None) -> FastAPI:
     """The FastAPI app serving `registry` (one engine). `api_key`: require ``Bearer <key>`` on every
     route, the docs included, but the liveness probe ``GET /health``. `max_body_bytes`: larger request bodies get 413; `body_timeout_s`:
     one that takes longer to arrive gets 408. `prepare_budget_s`: a request whose schema checks and
-    grammar building run longer gets 400 (prepare.py)."""
+    grammar building run longer gets 400 (prepare.py). Every request must name the server in ``Host``
+    (localhost, `bound_host`, the address it arrived at, or one of `allowed_hosts`) and a browser's
+    ``Origin`` must be a page of it, else 403 (groupwise.http_guard: against DNS rebinding)."""
     app = FastAPI(title="groupwise", version="0.1", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gw = ServerState(registry, api_key, max_body_bytes, body_timeout_s, Preparer(prepare_budget_s))
     app.add_exception_handler(ApiError, _api_error)
@@ -142,6 +147,7 @@ def create_app(registry: ModelRegistry, *, api_key: str | None = None,
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_middleware(_InternalErrors)
     app.add_middleware(ReleaseAfterLargeBodies)  # a large body's heap goes back to the OS once answered
+    app.add_middleware(HostGuard, allowed=tuple(allowed_hosts), bound=bound_host)  # outermost: before anything
     app.include_router(api)
     app.include_router(docs)
     app.include_router(probes)
@@ -271,6 +277,10 @@ def parsed(model: type) -> Any:
             return model.model_validate_json(raw, context=limits_context())
         except ValidationError as exc:
             message, param = describe_validation_error(exc)
+            if param is None and any(e["type"] == "json_invalid" for e in exc.errors(include_input=False)):
+                param = unparsable_param(raw)  # JSON by the standard: say which field the parser refused
+                if param:
+                    message = f"{message} (in {param})"
             raise ApiError(400, message, param=param) from None
 
     return dependency

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_RUN_STORE
 from groupwise.jobs.fields import arg
 
-__all__ = ["Dtype", "api_key_field", "device_field", "dtype_field",
+__all__ = ["Dtype", "allowed_host_field", "api_key_field", "device_field", "dtype_field",
            "folder_name_problem", "host_field", "loopback_problem", "model_field", "port_field", "run_dir_field",
            "served_name_problem", "store_field"]
 
@@ -117,6 +117,15 @@ def dtype_field() -> Any:
 
 def host_field() -> Any:
     return arg("127.0.0.1", help="bind address (any other than loopback needs --api-key)")
+
+
+def allowed_host_field() -> Any:
+    from groupwise.http_guard import allowed_host_problem
+
+    return arg(default_factory=list, repeat=True, metavar="NAME", check=allowed_host_problem,
+               help="also answer requests that name this server NAME (NAME:PORT for that port only; * for any "
+                    "name): a name other than localhost or its address is refused, against web pages that point "
+                    "their own name at it (repeatable)")
 
 
 def port_field(default: int) -> Any:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from groupwise.config import DEFAULT_RUN_STORE
-from groupwise.jobs.common import api_key_field, host_field, loopback_problem, port_field
+from groupwise.jobs.common import allowed_host_field, api_key_field, host_field, loopback_problem, port_field
 from groupwise.jobs.fields import Command, Job, arg
 
 
@@ -24,6 +24,7 @@ class DashboardJob(Job):
     host: str = host_field()
     port: int = port_field(8100)
     api_key: str | None = api_key_field()
+    allowed_host: list[str] = allowed_host_field()
 
     def rules(self) -> list[str]:
         problem = loopback_problem(self.host, self.api_key, exposes="read your runs")
@@ -33,7 +34,7 @@ class DashboardJob(Job):
 def run(job: DashboardJob) -> int:
     from groupwise.dashboard.app import serve_dashboard
 
-    serve_dashboard(job.path, host=job.host, port=job.port, api_key=job.api_key)
+    serve_dashboard(job.path, host=job.host, port=job.port, api_key=job.api_key, allowed_hosts=job.allowed_host)
     return 0
 
 

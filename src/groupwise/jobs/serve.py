@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from groupwise.config import DEFAULT_MAX_BATCH_SIZE
 from groupwise.inference.request_limits import DEFAULT_MAX_BODY_BYTES
-from groupwise.jobs.common import (Dtype, api_key_field, device_field, dtype_field, host_field, local_model_problem,
+from groupwise.jobs.common import (Dtype, allowed_host_field, api_key_field, device_field, dtype_field, host_field, local_model_problem,
                                    loopback_problem, port_field, served_name_problem)
 from groupwise.jobs.fields import Command, Job, arg
 
@@ -41,6 +41,7 @@ class ServeJob(Job):
     host: str = host_field()
     port: int = port_field(8000)
     api_key: str | None = api_key_field()
+    allowed_host: list[str] = allowed_host_field()
     name: str | None = arg(None, help="served model name (default: the --model value)", check=served_name_problem)
     device: str | None = device_field()
     dtype: Dtype | None = dtype_field()
@@ -60,6 +61,7 @@ def run(job: ServeJob) -> int:
     from groupwise.inference.serve import serve_model
 
     serve_model(job.model, adapters=job.adapter, host=job.host, port=job.port, api_key=job.api_key, name=job.name,
+                allowed_hosts=job.allowed_host,
                 device=job.device, dtype=job.dtype, max_batch_size=job.max_batch_size,
                 max_body_bytes=job.max_body_bytes, max_kv_gb=job.max_kv_gb)
     return 0

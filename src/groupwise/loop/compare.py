@@ -24,7 +24,10 @@ _BOOKKEEPING = ("answer_chars", "duration")
 def resolve_step(spec: str, history: list[Row], val_steps: list[int], metric: str | None = None) -> int:
     """A step number from '12', 'best' or 'latest' (validation steps only)."""
     spec = spec.strip()
+    shown = spec if len(spec) <= 40 else f"{spec[:40]}... ({len(spec)} characters)"
     if spec.isascii() and spec.isdigit():  # int() refuses "²"
+        if len(spec) > 18:  # past int64, and past what int() parses at all (4300 digits): no run is that long
+            raise ConfigError(f"step {shown} has {len(spec)} digits; no run has that many steps", what="compare --steps")
         return int(spec)
     if spec == "latest":
         if not val_steps:
@@ -42,7 +45,7 @@ def resolve_step(spec: str, history: list[Row], val_steps: list[int], metric: st
         if not points:
             raise ConfigError("'best' needs validation rows in the history; pass a step number", what="compare --steps")
         return max(points, key=lambda p: (p[1], p[0]))[0]  # latest of equal bests, as fit
-    raise ConfigError(f"step {spec!r} must be a number, 'best' or 'latest'", what="compare --steps")
+    raise ConfigError(f"step {shown!r} must be a number, 'best' or 'latest'", what="compare --steps")
 
 
 def _prompt(group: Any) -> str:
