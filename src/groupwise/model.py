@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Generic
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
 from typing_extensions import TypeVar
 
+from groupwise import wandb_log
 from groupwise.adapter_names import served_name
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC
 from groupwise.choices import COMPACT_TOKEN_DATA
@@ -109,7 +110,10 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         inference_model_name: the model name requests send, when it differs from `name`
             (e.g. name="baseline-4o-mini", inference_model_name="openai/gpt-4o-mini").
         config: your own settings for this model (kept as given, or validated as ``Model[Cfg]``'s Cfg).
-        entity, id, run_id, report_metrics: ART's W&B settings; accepted and ignored (one warning).
+        entity, report_metrics: ART's W&B settings: each history row goes to the W&B run of this model
+            when W&B is configured (`groupwise.wandb_log`: WANDB_API_KEY, WANDB_MODE=offline or
+            ``report_metrics=["wandb"]``); `update_wandb_config` adds to that run's config.
+        id, run_id: the ids ART's hosted (serverless) backend gives a model; kept, unused here.
     """
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
@@ -133,6 +137,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     _client_loop: Any = PrivateAttr(default=None)
     _logged: set = PrivateAttr(default_factory=set)  # (step, split) this object logged trajectories for
     _metrics: Any = PrivateAttr(default=None)  # the run's MetricsBuilder (groupwise.metrics), made on first use
+    _wandb_config: dict = PrivateAttr(default_factory=dict)  # update_wandb_config's, until the W&B run starts
 
     def __init__(self, name: str, project: str = DEFAULT_PROJECT, base_path: str = DEFAULT_RUN_STORE,
                  inference_base_url: str | None = None, inference_api_key: str | None = None,
@@ -167,10 +172,10 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         return str(path) if hasattr(path, "__fspath__") else path
 
     def model_post_init(self, context: Any) -> None:
-        given = [k for k in ("entity", "id", "run_id", "report_metrics") if getattr(self, k) is not None]
+        given = [k for k in ("id", "run_id") if getattr(self, k) is not None]
         if given:
-            warn_ignored(f"{type(self).__name__}()", given, "W&B run settings; the run's history is local: "
-                         "`groupwise report <run_dir> --wandb PROJECT` (or --tensorboard DIR) sends it to W&B")
+            warn_ignored(f"{type(self).__name__}()", given, "the ids ART's hosted (serverless) backend gives a "
+                         "model; groupwise's backends name a run by its name (the W&B run id too, as ART's)")
 
     def __copy__(self) -> "Model":
         new = super().__copy__()
@@ -270,6 +275,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         if path is not None and self.base_path == DEFAULT_RUN_STORE:
             self.base_path = str(path)
         self._backend = backend
+        wandb_log.reporter_for(self)
 
     # -- inference ------------------------------------------------------------------------------
     def inference_name(self, step: int | None = None) -> str:
@@ -315,10 +321,32 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         return self._client
 
     async def close(self) -> None:
-        """Close the cached client's connections."""
+        """Close the cached client's connections and finish this run's W&B run (if one was started)."""
         if self._client is not None:
             await self._client.close()
             self._client = None
+        wandb_log.finish(self)
+
+    # -- W&B (groupwise.wandb_log: when, which run, what is logged) ----------------------------------
+    def update_wandb_config(self, config: dict[str, Any]) -> None:
+        """Merge `config` into this model's W&B run config (ART's): kept until the run starts, sent at
+        once to a live one. A key already set to another value is a `ConfigError` (ART: immutable).
+        Without W&B configured it is kept, and it is said once where the metrics are."""
+        if not isinstance(config, dict):
+            raise ArgumentTypeError(f"update_wandb_config() takes a dict, got {type(config).__name__}")
+        self._wandb_config = wandb_log.merge_config(self._wandb_config, config)
+        reporter = wandb_log.reporter_for(self)
+        if reporter is not None:
+            reporter.update_config(config)
+        elif not wandb_log.wandb_wanted(self.report_metrics):
+            wandb_log.say_once(f"no-wandb-config:{self.store.run_dir}", (
+                "update_wandb_config(): W&B is not configured (set WANDB_API_KEY, or WANDB_MODE=offline, or pass "
+                "report_metrics=['wandb']), so no W&B run is made; this run's metrics are in "
+                f"{self.store.run_history.path}"))
+
+    def wandb_config_so_far(self) -> dict[str, Any]:
+        """What `update_wandb_config` merged so far (the config the W&B run starts with)."""
+        return copy.deepcopy(self._wandb_config)
 
     # -- run state (ART 0.5's names; the run's state.json, `store.read_state()`) ---------------------
     def read_state(self) -> dict[str, Any] | None:
@@ -414,6 +442,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         row = (metrics_row(step=step, split=split, metrics=metrics) if trajectories is None
                else history_row(groups, step=step, split=split, metrics=metrics))
         store = self.store
+        wandb_log.reporter_for(self)  # W&B gets the row as it is written (when configured)
         if trajectories is None:
             # metrics for a (step, split) that has its row: added to it. ART appends a second row; a
             # replacement would drop the row's reward, which best-checkpoint choice reads.
@@ -500,6 +529,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         await backend.register(self)
         self._backend = backend
         self._client = None  # a new endpoint
+        wandb_log.reporter_for(self, start=True)  # ART starts a trainable model's W&B run at register
         http = backend.http_endpoint(self)
         if http is not None:  # as ART fills them: for clients other than openai_client()
             self.inference_base_url, self.inference_api_key = http.base_url, http.api_key
