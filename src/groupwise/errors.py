@@ -214,6 +214,11 @@ class ArtInternalModuleError(GroupwiseError, ModuleNotFoundError):
     to use instead; a ModuleNotFoundError, so ``try: ... except ImportError`` fallbacks still apply."""
 
 
+class ArtNameNotProvided(GroupwiseError, AttributeError):
+    """A name of ART's API that groupwise does not provide; the message says why and what to use instead
+    (`groupwise.compat.NOT_PROVIDED`)."""
+
+
 class ScenarioGenerationError(GroupwiseError, ValueError):
     """An LLM asked to write scenarios (`groupwise.mcp.generate_scenarios`) answered with something that
     is not the scenarios asked for. A ValueError too, as ART raises."""

@@ -38,7 +38,8 @@ from groupwise import wandb_log
 from groupwise.adapter_names import served_name
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC
 from groupwise.choices import COMPACT_TOKEN_DATA
-from groupwise.compat import internal_config_settings, merge_lora, train_config_from_art, warn_ignored
+from groupwise.compat import (init_signature_from_fields, internal_config_settings, merge_lora, train_config_from_art,
+                              warn_ignored)
 from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_PROJECT, DEFAULT_RUN_STORE
 from groupwise.errors import ArgumentTypeError, ConfigError, GroupwiseError, GroupwiseWarning, NotRegisteredError
 from groupwise.store import RunStore, as_groups, history_row, metrics_row, train_metrics
@@ -94,6 +95,7 @@ def _one_backend(backend: Any, api: Any) -> Any:
     return backend if backend is not None else api
 
 
+@init_signature_from_fields
 class Model(BaseModel, Generic[ModelConfig, StateType]):
     """A prompted model: anything behind an OpenAI-compatible endpoint (a baseline, a judge, ...).
 
@@ -137,6 +139,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     _client_loop: Any = PrivateAttr(default=None)
     _logged: set = PrivateAttr(default_factory=set)  # (step, split) this object logged trajectories for
     _metrics: Any = PrivateAttr(default=None)  # the run's MetricsBuilder (groupwise.metrics), made on first use
+    _cost_calculator: Any = PrivateAttr(default=None)  # set_cost_calculator's
     _wandb_config: dict = PrivateAttr(default_factory=dict)  # update_wandb_config's, until the W&B run starts
 
     def __init__(self, name: str, project: str = DEFAULT_PROJECT, base_path: str = DEFAULT_RUN_STORE,
@@ -295,9 +298,16 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
 
     @property
     def cost_calculator(self) -> Any:
-        """ART's per-request cost hook, ``(prompt_tokens, completion_tokens, context) -> metrics``: groupwise
-        prices no GPU or API time (a judge's cost is in the `judge/*` metrics), so it returns none."""
+        """ART's per-request cost hook, ``(prompt_tokens, completion_tokens, context) -> metrics``: the one
+        `set_cost_calculator` gave, else none (groupwise prices no GPU or API time; a judge's cost is in
+        the `judge/*` metrics)."""
+        if self._cost_calculator is not None:
+            return self._cost_calculator
         return lambda prompt_tokens, completion_tokens, context: {}
+
+    def set_cost_calculator(self, calculator: Any) -> None:
+        """ART's: set (None: unset) the hook `cost_calculator` returns, for a program's own cost accounting."""
+        self._cost_calculator = calculator
 
     def _make_client(self) -> "openai.AsyncOpenAI":
         return _openai_client_class()(base_url=self.inference_base_url, api_key=self.inference_api_key)
@@ -459,6 +469,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         return row
 
 
+@init_signature_from_fields
 class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateType]):
     """A model a `Backend` serves and trains (GRPO on a LoRA adapter over `base_model`).
 
