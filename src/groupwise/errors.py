@@ -189,6 +189,11 @@ class JudgeError(GroupwiseError):
         self.raw = raw
 
 
+class JudgeUnreachableError(JudgeError):
+    """The judge's endpoint could not be reached on any attempt (refused, no route, DNS): a setting to fix
+    (the URL, or the server is down), not a bad answer. Names the URL and what chose it."""
+
+
 class JudgeSelectionError(GroupwiseError):
     """No candidate judge cleared the bar on the labelled set; `table` is the evaluation, `reports` its rows."""
 
