@@ -113,8 +113,9 @@ class LocalBackend(WorkerBackend):
             warn_ignored("LocalBackend()", ignored, "the engine and trainer run on this machine")
         wandb = [k for k, v in (("wandb_entity", wandb_entity), ("wandb_project", wandb_project)) if v is not None]
         if wandb:  # ART 0.1.1-0.1.9's LocalAPI(wandb_entity=, wandb_project=)
-            warn_ignored("LocalBackend()", wandb, "W&B run settings; the run's history is local: "
-                         "`groupwise report <run_dir> --wandb PROJECT` replays it into W&B")
+            warn_ignored("LocalBackend()", wandb, "W&B run settings of the backend; as in later ART, each model's "
+                         "W&B run is set on the model: Model(entity=...) with its project, logged when WANDB_API_KEY "
+                         "(or WANDB_MODE=offline) is set (groupwise.wandb_log)")
         problems: list[str] = []
         if device is not None and devices is not None:
             problems.append(f"device={device!r} and devices={devices!r}: give one (devices for several)")
