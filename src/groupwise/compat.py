@@ -295,7 +295,6 @@ _ADAPTERS = ("internals of ART's vLLM adapter management; groupwise's engine loa
 NOT_PROVIDED: dict[str, str] = {
     "groupwise.TinkerBackend": "ART 0.5.6-0.5.7's backend for Thinking Machines' hosted Tinker training; groupwise "
                                "trains on this machine: use `LocalBackend()` (or `RayBackend` for several GPUs)",
-    "groupwise.API": "ART 0.2's remote-backend base class; groupwise's backends run in process: use `LocalBackend()`",
     "groupwise.dev.TorchtuneArgs": "torchtune is not used; `_internal_config` keys without a counterpart are named "
                                    "in an ArtCompatWarning",
     "groupwise.dev.get_model_config": "ART's builder of Unsloth/vLLM settings; pass `_internal_config` to "

@@ -97,3 +97,13 @@ async def test_replacing_an_sft_helper_groupwise_calls_through_its_module_takes_
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sft.resolve_sft_batch_size = replaced
+
+
+def test_arts_remote_backend_client_says_what_to_use_instead():
+    """ART 0.2-0.4's art.API / art.Backend(base_url) talk to a remote ART server: here a clear error,
+    not Python's "Backend() takes no arguments"."""
+    for cls in (gw.Backend, gw.API):
+        with pytest.raises(gw.errors.ArgumentTypeError, match=r"remote ART server.*LocalBackend\(\)"):
+            cls(base_url="http://cluster:7999")
+        with pytest.raises(TypeError, match="LocalBackend"):
+            cls("http://cluster:7999")
