@@ -107,3 +107,7 @@ def test_arts_remote_backend_client_says_what_to_use_instead():
             cls(base_url="http://cluster:7999")
         with pytest.raises(TypeError, match="LocalBackend"):
             cls("http://cluster:7999")
+    from groupwise.skypilot import SkyPilotBackend
+
+    with pytest.raises(gw.ConfigError, match="URL of ART's remote ART server.*drop base_url"):
+        SkyPilotBackend(base_url="http://cluster:7999")
