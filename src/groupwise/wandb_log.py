@@ -10,7 +10,8 @@ ART's contract, kept here:
 
 - **When.** ``report_metrics=None`` (the default): when ``WANDB_API_KEY`` is set (ART's test); here also
   when ``WANDB_MODE`` is ``offline``/``dryrun``, which needs no key. ``report_metrics=[...]``: when it
-  names ``"wandb"``. A trainable model's run starts at ``register``, any model's at its first row.
+  names ``"wandb"`` and one of those holds (ART starts no run without the key either; one warning says
+  so). A trainable model's run starts at ``register``, any model's at its first row.
 - **Which run.** ``wandb.init(project=model.project, name=model.name, id=model.name, resume="allow")``
   (ART: a rerun of a model resumes its run), plus ``entity=model.entity`` when given (ART has the field;
   W&B's default entity otherwise). ``config`` is what ``update_wandb_config`` merged so far; later calls
@@ -174,6 +175,13 @@ def reporter_for(model: Any, *, start: bool = False) -> WandbReporter | None:
         return None
     store = model.store
     history = store.run_history
+    if "WANDB_API_KEY" not in os.environ and os.environ.get("WANDB_MODE", "").lower() not in _OFFLINE_MODES:
+        # report_metrics=["wandb"] without a key: ART starts no run then either (and W&B would ask for a
+        # login on a terminal, blocking the run)
+        say_once(f"no-wandb-key:{store.run_dir}", "report_metrics=['wandb'] but WANDB_API_KEY is not set (ART "
+                 "also logs to W&B only with it): set it, or WANDB_MODE=offline to write the W&B run locally; "
+                 f"this run's metrics are in {history.path}")
+        return None
     try:
         import wandb  # noqa: F401
     except ImportError:

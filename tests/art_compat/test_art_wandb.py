@@ -185,3 +185,16 @@ def test_when_metrics_go_to_wandb_is_arts_rule(monkeypatch):
     assert wandb_log.art_metric_names({"step": 3, "split": "val", "recorded_at": "t", "reward": 1.0, "ok": True,
                                        "time/step_s": 2.0, "train/x": 1, "n": float("nan"), "note": "a"}) == {
         "val/reward": 1.0, "time/step_s": 2.0, "train/x": 1}
+
+
+async def test_report_metrics_wandb_without_a_key_starts_no_run_and_says_where_the_metrics_are(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    model = gw.Model(name="m", project="p", base_path=str(tmp_path), report_metrics=["wandb"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        await model.log([_group([1.0])], split="val", step=0)
+        await model.log([_group([1.0])], split="val", step=1)
+    said = [str(w.message) for w in caught if issubclass(w.category, GroupwiseWarning)]
+    assert len(said) == 1 and "WANDB_API_KEY" in said[0] and "history.jsonl" in said[0]
+    assert not (tmp_path / "wandb").exists()
