@@ -2,7 +2,8 @@
 wheels, which tests/art_compat/test_art_api.py compares with groupwise's.
 
     python scripts/art_api_snapshot.py                     # downloads the wheels with pip
-    python scripts/art_api_snapshot.py --wheels DIR        # or reads openpipe_art-*.whl from DIR
+    python scripts/art_api_snapshot.py --wheels DIR        # or reads openpipe_art-*.whl from DIR (and
+                                                           # downloads there the ones it lacks)
 
 The wheels are read as text and parsed with `ast`; ART is never imported (it needs torch, vLLM,
 Unsloth). The snapshot holds facts only: which modules and names are public, and for each public
@@ -38,6 +39,13 @@ OUT = ROOT / "tests" / "art_compat" / "art_api_snapshot.json"
 # The last release of each minor version on PyPI when the snapshot was taken (0.1-0.2: the LocalAPI era,
 # whose programs are still about).
 VERSIONS = ("0.1.25", "0.2.0", "0.3.13", "0.4.12", "0.5.18")
+# Every other release from 0.3.0 (ART's LocalBackend) to the newest: a name, parameter or field that one
+# of them had and none of VERSIONS has (added, then renamed or dropped) is still in programs written
+# then. The snapshot keeps, for each, only the names whose facts differ from every one of VERSIONS'.
+BETWEEN = ("0.3.0", "0.3.1", "0.3.2", "0.3.3", "0.3.4", "0.3.5", "0.3.6", "0.3.9", "0.3.10", "0.3.11",
+           "0.3.11.post5", "0.3.12", "0.4.0", "0.4.1", "0.4.2", "0.4.3", "0.4.4", "0.4.5", "0.4.7", "0.4.8",
+           "0.4.9", "0.4.10", "0.4.11", "0.5.0", "0.5.1", "0.5.2", "0.5.3", "0.5.4", "0.5.5", "0.5.6", "0.5.7",
+           "0.5.9", "0.5.10", "0.5.11", "0.5.16", "0.5.17")
 PUBLIC_MODULES = ("art", "art.dev", "art.local", "art.local.backend", "art.rewards", "art.types", "art.utils",
                   "art.utils.iterate_dataset", "art.utils.litellm", "art.utils.sft", "art.langgraph", "art.mcp",
                   # imported by path in ART's notebooks, docs and examples (counted over its history)
@@ -215,43 +223,62 @@ class Facts:
         return facts
 
 
-def snapshot(wheels: dict[str, Path]) -> dict[str, Any]:
+def version_facts(wheel: Path) -> dict[str, Any]:
+    package = Package(wheel)
+    facts = Facts(package)
+    modules: dict[str, Any] = {}
+    for module in PUBLIC_MODULES:
+        if module not in package.trees:
+            continue
+        modules[module] = {name: facts.name(module, name) for name in package.exported(module)}
+    return modules
+
+
+def snapshot(wheels: dict[str, Path], between: dict[str, Path] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"about": "Facts about OpenPipe ART's public API, read from its released wheels by "
                                     "scripts/art_api_snapshot.py; compared with groupwise by "
-                                    "tests/art_compat/test_art_api.py.",
-                           "public_modules": list(PUBLIC_MODULES), "versions": {}}
+                                    "tests/art_compat/test_art_api.py. `versions`: every fact of the last "
+                                    "release of each minor version; `between`: of the other releases, the "
+                                    "names whose facts differ from all of those.",
+                           "public_modules": list(PUBLIC_MODULES), "newest": list(wheels)[-1], "versions": {},
+                           "between": {}}
     for version, wheel in wheels.items():
-        package = Package(wheel)
-        facts = Facts(package)
-        modules: dict[str, Any] = {}
-        for module in PUBLIC_MODULES:
-            if module not in package.trees:
-                continue
-            modules[module] = {name: facts.name(module, name) for name in package.exported(module)}
-        out["versions"][version] = modules
+        out["versions"][version] = version_facts(wheel)
+    for version, wheel in (between or {}).items():
+        differing: dict[str, Any] = {}
+        for module, names in version_facts(wheel).items():
+            for name, fact in names.items():
+                if all(modules.get(module, {}).get(name) != fact for modules in out["versions"].values()):
+                    differing.setdefault(module, {})[name] = fact
+        if differing:
+            out["between"][version] = differing
     return out
 
 
-def download(directory: Path) -> dict[str, Path]:
-    for version in VERSIONS:
-        subprocess.run([sys.executable, "-m", "pip", "download", f"openpipe-art=={version}", "--no-deps", "-q",
-                        "-d", str(directory)], check=True)
-    return {v: next(directory.glob(f"openpipe_art-{v}-*.whl")) for v in VERSIONS}
+def wheels_in(directory: Path, versions: tuple[str, ...]) -> dict[str, Path]:
+    return {v: next(directory.glob(f"openpipe_art-{v}-*.whl")) for v in versions}
+
+
+def download(directory: Path) -> None:
+    for version in (*VERSIONS, *BETWEEN):
+        if not any(directory.glob(f"openpipe_art-{version}-*.whl")):
+            subprocess.run([sys.executable, "-m", "pip", "download", f"openpipe-art=={version}", "--no-deps", "-q",
+                            "-d", str(directory)], check=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--wheels", type=Path, help="a folder holding openpipe_art-<version>-*.whl")
     args = parser.parse_args()
-    if args.wheels:
-        wheels = {v: next(args.wheels.glob(f"openpipe_art-{v}-*.whl")) for v in VERSIONS}
-        data = snapshot(wheels)
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            data = snapshot(download(Path(tmp)))
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = args.wheels or Path(tmp)
+        download(directory)  # the ones the folder lacks
+        data = snapshot(wheels_in(directory, VERSIONS), wheels_in(directory, BETWEEN))
     OUT.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     print(f"wrote {OUT.relative_to(ROOT)}: " + ", ".join(
-        f"{v} ({sum(len(m) for m in mods.values())} names)" for v, mods in data["versions"].items()))
+        f"{v} ({sum(len(m) for m in mods.values())} names)" for v, mods in data["versions"].items())
+        + "; between them: " + ", ".join(f"{v} ({sum(len(m) for m in mods.values())} differing)"
+                                         for v, mods in data["between"].items()))
 
 
 if __name__ == "__main__":

@@ -10,8 +10,15 @@ they would a Hugging Face id, worker processes load it again), so one copy serve
 from __future__ import annotations
 
 import io
+import os
 
 import pytest
+
+# A developer's W&B key must not make every test that logs a step open a W&B run (a Model logs to W&B
+# when WANDB_API_KEY is set, as ART's: groupwise.wandb_log); the W&B tests set offline mode themselves.
+os.environ.pop("WANDB_API_KEY", None)
+if os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "online", "run"):
+    os.environ["WANDB_MODE"] = "disabled"
 
 
 @pytest.fixture(scope="session")

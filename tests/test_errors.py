@@ -22,6 +22,7 @@ INTERNAL = {
     "ApiError": "inference/server.py: becomes the HTTP error response the client receives",
     "ToolError": "envs/email_search: a tool's error, returned to the agent as the tool's answer",
     "_Retryable": "judge/ruler.py: a failed judge attempt; the judge retries, then raises JudgeError",
+    "_Unreachable": "judge/ruler.py: an attempt that reached no server; the judge retries, then raises JudgeUnreachableError",
 }
 # Raising these directly says nothing about what went wrong in groupwise terms.
 GENERIC = {"Exception", "RuntimeError", "FloatingPointError"}
@@ -83,7 +84,6 @@ def test_the_errors_users_meet_are_caught_by_one_except_and_keep_their_stdlib_ba
 # The only places groupwise raises a plain built-in exception: each is a protocol where the built-in class
 # is what the caller (Python, pydantic, the code right below) expects, never what a user meets as is.
 ALLOWED_BUILTIN_RAISES = {
-    ("__init__.py", "AttributeError"): "module __getattr__: Python's protocol for a missing attribute",
     ("local/__init__.py", "AttributeError"): "module __getattr__: Python's protocol for a missing attribute",
     ("local/api.py", "AttributeError"): "module __getattr__: Python's protocol for a missing attribute",
     ("skypilot/__init__.py", "AttributeError"): "module __getattr__: Python's protocol for a missing attribute",

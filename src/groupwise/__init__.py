@@ -121,8 +121,10 @@ def __getattr__(name: str) -> Any:
     if name in _SUBPACKAGES:
         return importlib.import_module(f"groupwise.{name}")
     module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'groupwise' has no attribute {name!r}")
+    if module is None:  # one of ART's names that is not provided says why (groupwise.compat.NOT_PROVIDED)
+        from groupwise.compat import not_provided
+
+        raise not_provided("groupwise", name)
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # cache: the next access skips __getattr__
     return value

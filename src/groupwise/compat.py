@@ -18,7 +18,9 @@ from groupwise.errors import ArtCompatWarning, ConfigError, warn_art_difference,
 
 # ArtCompatWarning and warn_ignored live in errors.py, which config.py imports too (no cycle).
 __all__ = ["ArtCompatWarning", "IGNORED_TRAIN_OPTIONS", "INTERNAL_TRAIN_FIELDS", "KNOWN_TRAIN_OPTIONS", "internal_config_settings",
-           "merge_lora", "train_config_from_art", "warn_ignored", "ART_BACKEND_TRAIN_LOSS", "ART_LEARNING_RATE"]
+           "merge_lora", "train_config_from_art", "warn_ignored", "ART_BACKEND_TRAIN_LOSS", "ART_LEARNING_RATE",
+           "init_signature_from_fields", "with_art_keywords", "ART_LOCAL_TRAIN_KEYWORDS", "ART_SERVERLESS_TRAIN_KEYWORDS",
+           "NOT_PROVIDED", "not_provided"]
 
 
 # ART's training options (`backend.train(model, groups, **options)`, `model.train(..., _config={...})`,
@@ -220,3 +222,111 @@ def train_config_from_art(config: Any, options: dict[str, Any], *, where: str,
             f"no loss_fn was given, so groupwise's default loss {values.get('loss', defaults['loss'])!r} applies; "
             f"ART's {where} defaults to {arts_loss!r}. Pass loss_fn= to choose it", stacklevel=4)
     return TrainConfig(**values)
+
+
+# -- signatures as ART's ----------------------------------------------------------------------------------
+# Programs check the API they run on by introspection (``inspect.signature(art.Model.__init__)``, a test
+# that the backend's ``train`` takes ``learning_rate``). Where groupwise accepts ART's arguments through
+# ``**kwargs`` (pydantic fields, ART's training options), its signature names them too, so introspection
+# sees what a call may pass; the call itself goes through the same code as before.
+
+def init_signature_from_fields(cls: type) -> type:
+    """Give a pydantic model's own ``__init__`` (which takes the fields through ``**fields``) the class's
+    signature, where pydantic lists every field: ``inspect.signature(cls.__init__)`` names them all."""
+    import inspect
+
+    init = cls.__dict__["__init__"]
+    sig = inspect.signature(cls)
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    init.__signature__ = sig.replace(parameters=[self_param, *sig.parameters.values()])
+    return cls
+
+
+def with_art_keywords(**defaults: Any) -> Any:
+    """Decorate a function taking ART's options through ``**options``: its signature lists them as
+    keyword-only parameters (with `defaults`: ART's where groupwise's effective default is the same,
+    None where None means "not given, groupwise's default applies"), before the ``**options``."""
+    import inspect
+
+    def decorate(fn: Any) -> Any:
+        sig = inspect.signature(fn)
+        params = list(sig.parameters.values())
+        var_kw = [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD]
+        head = [p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        names = {p.name for p in head}
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=value)
+                 for name, value in defaults.items() if name not in names]
+        fn.__signature__ = sig.replace(parameters=[*head, *added, *var_kw])
+        return fn
+
+    return decorate
+
+
+# ART 0.5's `LocalBackend.train` / `ServerlessBackend.train` keywords. The defaults are ART's where they are
+# groupwise's effective ones too; None for the options whose unset default differs (learning_rate, loss_fn,
+# ppo, logprob_calculation_chunk_size: a step that sets none of them is named in a warning).
+ART_LOCAL_TRAIN_KEYWORDS: dict[str, Any] = {  # ART 0.5.9 - 0.5.17 had `beta` and `ppo` too
+    "learning_rate": None, "beta": 0.0, "ppo": None, "loss_fn": None, "loss_fn_config": None, "normalize_advantages": True,
+    "adam_params": None, "kl_penalty_coef": 0.0, "kl_penalty_reference_step": None, "kl_ref_adapter_path": None,
+    "epsilon": None, "epsilon_high": None, "advantage_balance": 0.0, "scale_rewards": True,
+    "importance_sampling_level": "token", "max_negative_advantage_importance_sampling_weight": None,
+    "mask_prob_ratio": False, "kimi_k2_tau": None, "precalculate_logprobs": False,
+    "allow_training_without_logprobs": False, "plot_tensors": False, "truncated_importance_sampling": None,
+    "scale_learning_rate_by_reward_std_dev": False, "logprob_calculation_chunk_size": None,
+    "packed_sequence_length": None, "num_trajectories_learning_rate_multiplier_power": 0.0,
+    "save_checkpoint": True, "verbose": False,
+}
+ART_SERVERLESS_TRAIN_KEYWORDS: dict[str, Any] = {
+    "learning_rate": None, "beta": 0.0, "ppo": None, "epsilon": None, "epsilon_high": None, "advantage_balance": 0.0,
+    "scale_rewards": True, "importance_sampling_level": "token",
+    "max_negative_advantage_importance_sampling_weight": None, "mask_prob_ratio": False, "kimi_k2_tau": None,
+    "precalculate_logprobs": False, "verbose": False,
+}
+
+
+# -- ART's names that groupwise does not provide ------------------------------------------------------------
+# An ART program that reaches one gets an `ArtNameNotProvided` (an AttributeError, so ``hasattr`` and
+# ``getattr(x, name, default)`` feature probes still work) that says why and what to use instead, not a
+# bare "has no attribute". Keys: ``<groupwise module or class>.<name>`` as `not_provided` is asked.
+_COSTS = ("GPU and API cost accounting of ART's backends; groupwise reports judge cost in `judge/*` metrics and a "
+          "program's own costs through `model.metrics_builder().add_cost(...)`")
+_ADAPTERS = ("internals of ART's vLLM adapter management; groupwise's engine loads and unloads adapters itself: "
+             "`backend.hold_steps(model, steps)` keeps steps served, `backend.serve_step(model, step)` serves one")
+NOT_PROVIDED: dict[str, str] = {
+    "groupwise.TinkerBackend": "ART 0.5.6-0.5.7's backend for Thinking Machines' hosted Tinker training; groupwise "
+                               "trains on this machine: use `LocalBackend()` (or `RayBackend` for several GPUs)",
+    "groupwise.dev.TorchtuneArgs": "torchtune is not used; `_internal_config` keys without a counterpart are named "
+                                   "in an ArtCompatWarning",
+    "groupwise.dev.get_model_config": "ART's builder of Unsloth/vLLM settings; pass `_internal_config` to "
+                                      "TrainableModel, groupwise reads it (`groupwise.compat.internal_config_settings`)",
+    "groupwise.dev.get_openai_server_config": "ART's builder of its vLLM server settings; the backend's server picks "
+                                              "its port and key (`model.inference_base_url`)",
+    "groupwise.dev.is_dedicated_mode": "ART's split of GPUs between vLLM and the trainer; use LocalBackend(devices=...)",
+    "groupwise.dev.validate_dedicated_config": "ART's split of GPUs between vLLM and the trainer; use "
+                                               "LocalBackend(devices=...)",
+    "groupwise.utils.record_provenance": "ART's W&B artifact provenance; groupwise's W&B run is the model's "
+                                         "(`groupwise.wandb_log`), its checkpoints are PEFT folders of the run",
+    "groupwise.utils.benchmarking.load_trajectories.cache_path": "the path of ART's DuckDB cache of Parquet reads; "
+                                                                "groupwise reads its JSON-lines store directly and "
+                                                                "keeps no cache (pass a fresh `load_trajectories` call)",
+    "LocalBackend.adapter_lease": _ADAPTERS,
+    "LocalBackend.prune_model_adapters": _ADAPTERS,
+    "LocalBackend.automatic_gpu_cost_per_hour_usd": _COSTS,
+    "LocalBackend.supports_automatic_train_step_metrics": "ART's hook for its own step metrics; groupwise's `train` "
+                                                          "returns them in `TrainResult.metrics`",
+}
+
+
+def not_provided(owner: str, name: str) -> AttributeError:
+    """The error for `owner`.`name`: an `ArtNameNotProvided` saying why when it is one of ART's names
+    (NOT_PROVIDED), else Python's own AttributeError."""
+    from groupwise.errors import ArtNameNotProvided
+
+    reason = NOT_PROVIDED.get(f"{owner}.{name}")
+    module = owner.startswith("groupwise")
+    if reason is None:
+        return AttributeError(f"module {owner!r} has no attribute {name!r}" if module
+                              else f"{owner!r} object has no attribute {name!r}")
+    art = "art" + owner[len("groupwise"):] if module else f"ART's {owner}"
+    return ArtNameNotProvided(f"{art}.{name} is not provided by groupwise: {reason} (docs/porting-from-art.md, "
+                              "Checked differences)")

@@ -189,6 +189,11 @@ class JudgeError(GroupwiseError):
         self.raw = raw
 
 
+class JudgeUnreachableError(JudgeError):
+    """The judge's endpoint could not be reached on any attempt (refused, no route, DNS): a setting to fix
+    (the URL, or the server is down), not a bad answer. Names the URL and what chose it."""
+
+
 class JudgeSelectionError(GroupwiseError):
     """No candidate judge cleared the bar on the labelled set; `table` is the evaluation, `reports` its rows."""
 
@@ -212,6 +217,11 @@ class ArtInternalModuleError(GroupwiseError, ModuleNotFoundError):
     """An import of one of ART's internal modules (its Unsloth, vLLM, Megatron or Tinker machinery,
     LocalBackend's internals), which groupwise has no counterpart of. Says what the module was and what
     to use instead; a ModuleNotFoundError, so ``try: ... except ImportError`` fallbacks still apply."""
+
+
+class ArtNameNotProvided(GroupwiseError, AttributeError):
+    """A name of ART's API that groupwise does not provide; the message says why and what to use instead
+    (`groupwise.compat.NOT_PROVIDED`)."""
 
 
 class ScenarioGenerationError(GroupwiseError, ValueError):

@@ -287,6 +287,7 @@ class RunHistory(Sequence[Row]):
         self.loads = 0  # how many times the file was parsed (tests hold the loop to one per run)
         self.writes = 0  # how many lines were appended, and how many rewrites (`rewrites`)
         self.rewrites = 0
+        self._listeners: list[Any] = []  # called with each row written (groupwise.wandb_log's reporter)
 
     @classmethod
     def of(cls, run_dir: str | os.PathLike) -> "RunHistory":
@@ -423,6 +424,7 @@ class RunHistory(Sequence[Row]):
         changed, job = self._enter(row, if_missing)
         if job is not None:
             job.result()
+        self._tell(row, changed)
         return changed
 
     async def write(self, row: Row, *, if_missing: bool = False) -> bool:
@@ -430,7 +432,27 @@ class RunHistory(Sequence[Row]):
         changed, job = self._enter(row, if_missing)
         if job is not None:
             await asyncio.wrap_future(job)
+        self._tell(row, changed)
         return changed
+
+    def add_listener(self, listener: Any) -> None:
+        """Call `listener(row)` with every row written from now on, once it is on disk (a copy)."""
+        with self._lock:
+            if listener not in self._listeners:
+                self._listeners.append(listener)
+
+    def remove_listener(self, listener: Any) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+    def _tell(self, row: Row, changed: bool) -> None:
+        if not changed:
+            return
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(dict(row))
 
     def _enter(self, row: Row, if_missing: bool) -> tuple[bool, concurrent.futures.Future | None]:
         """Put `row` in memory and queue its disk write, in one critical section: the writer thread

@@ -34,10 +34,12 @@ from typing import TYPE_CHECKING, Any, Generic
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
 from typing_extensions import TypeVar
 
+from groupwise import wandb_log
 from groupwise.adapter_names import served_name
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC
 from groupwise.choices import COMPACT_TOKEN_DATA
-from groupwise.compat import internal_config_settings, merge_lora, train_config_from_art, warn_ignored
+from groupwise.compat import (init_signature_from_fields, internal_config_settings, merge_lora, train_config_from_art,
+                              warn_ignored)
 from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_PROJECT, DEFAULT_RUN_STORE
 from groupwise.errors import ArgumentTypeError, ConfigError, GroupwiseError, GroupwiseWarning, NotRegisteredError
 from groupwise.store import RunStore, as_groups, history_row, metrics_row, train_metrics
@@ -93,6 +95,7 @@ def _one_backend(backend: Any, api: Any) -> Any:
     return backend if backend is not None else api
 
 
+@init_signature_from_fields
 class Model(BaseModel, Generic[ModelConfig, StateType]):
     """A prompted model: anything behind an OpenAI-compatible endpoint (a baseline, a judge, ...).
 
@@ -109,7 +112,10 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         inference_model_name: the model name requests send, when it differs from `name`
             (e.g. name="baseline-4o-mini", inference_model_name="openai/gpt-4o-mini").
         config: your own settings for this model (kept as given, or validated as ``Model[Cfg]``'s Cfg).
-        entity, id, run_id, report_metrics: ART's W&B settings; accepted and ignored (one warning).
+        entity, report_metrics: ART's W&B settings: each history row goes to the W&B run of this model
+            when W&B is configured (`groupwise.wandb_log`: WANDB_API_KEY, WANDB_MODE=offline or
+            ``report_metrics=["wandb"]``); `update_wandb_config` adds to that run's config.
+        id, run_id: the ids ART's hosted (serverless) backend gives a model; kept, unused here.
     """
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
@@ -133,6 +139,8 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     _client_loop: Any = PrivateAttr(default=None)
     _logged: set = PrivateAttr(default_factory=set)  # (step, split) this object logged trajectories for
     _metrics: Any = PrivateAttr(default=None)  # the run's MetricsBuilder (groupwise.metrics), made on first use
+    _cost_calculator: Any = PrivateAttr(default=None)  # set_cost_calculator's
+    _wandb_config: dict = PrivateAttr(default_factory=dict)  # update_wandb_config's, until the W&B run starts
 
     def __init__(self, name: str, project: str = DEFAULT_PROJECT, base_path: str = DEFAULT_RUN_STORE,
                  inference_base_url: str | None = None, inference_api_key: str | None = None,
@@ -167,10 +175,10 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         return str(path) if hasattr(path, "__fspath__") else path
 
     def model_post_init(self, context: Any) -> None:
-        given = [k for k in ("entity", "id", "run_id", "report_metrics") if getattr(self, k) is not None]
+        given = [k for k in ("id", "run_id") if getattr(self, k) is not None]
         if given:
-            warn_ignored(f"{type(self).__name__}()", given, "W&B run settings; the run's history is local: "
-                         "`groupwise report <run_dir> --wandb PROJECT` (or --tensorboard DIR) sends it to W&B")
+            warn_ignored(f"{type(self).__name__}()", given, "the ids ART's hosted (serverless) backend gives a "
+                         "model; groupwise's backends name a run by its name (the W&B run id too, as ART's)")
 
     def __copy__(self) -> "Model":
         new = super().__copy__()
@@ -270,6 +278,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         if path is not None and self.base_path == DEFAULT_RUN_STORE:
             self.base_path = str(path)
         self._backend = backend
+        wandb_log.reporter_for(self)
 
     # -- inference ------------------------------------------------------------------------------
     def inference_name(self, step: int | None = None) -> str:
@@ -289,9 +298,16 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
 
     @property
     def cost_calculator(self) -> Any:
-        """ART's per-request cost hook, ``(prompt_tokens, completion_tokens, context) -> metrics``: groupwise
-        prices no GPU or API time (a judge's cost is in the `judge/*` metrics), so it returns none."""
+        """ART's per-request cost hook, ``(prompt_tokens, completion_tokens, context) -> metrics``: the one
+        `set_cost_calculator` gave, else none (groupwise prices no GPU or API time; a judge's cost is in
+        the `judge/*` metrics)."""
+        if self._cost_calculator is not None:
+            return self._cost_calculator
         return lambda prompt_tokens, completion_tokens, context: {}
+
+    def set_cost_calculator(self, calculator: Any) -> None:
+        """ART's: set (None: unset) the hook `cost_calculator` returns, for a program's own cost accounting."""
+        self._cost_calculator = calculator
 
     def _make_client(self) -> "openai.AsyncOpenAI":
         return _openai_client_class()(base_url=self.inference_base_url, api_key=self.inference_api_key)
@@ -315,10 +331,32 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         return self._client
 
     async def close(self) -> None:
-        """Close the cached client's connections."""
+        """Close the cached client's connections and finish this run's W&B run (if one was started)."""
         if self._client is not None:
             await self._client.close()
             self._client = None
+        wandb_log.finish(self)
+
+    # -- W&B (groupwise.wandb_log: when, which run, what is logged) ----------------------------------
+    def update_wandb_config(self, config: dict[str, Any]) -> None:
+        """Merge `config` into this model's W&B run config (ART's): kept until the run starts, sent at
+        once to a live one. A key already set to another value is a `ConfigError` (ART: immutable).
+        Without W&B configured it is kept, and it is said once where the metrics are."""
+        if not isinstance(config, dict):
+            raise ArgumentTypeError(f"update_wandb_config() takes a dict, got {type(config).__name__}")
+        self._wandb_config = wandb_log.merge_config(self._wandb_config, config)
+        reporter = wandb_log.reporter_for(self)
+        if reporter is not None:
+            reporter.update_config(config)
+        elif not wandb_log.wandb_wanted(self.report_metrics):
+            wandb_log.say_once(f"no-wandb-config:{self.store.run_dir}", (
+                "update_wandb_config(): W&B is not configured (set WANDB_API_KEY, or WANDB_MODE=offline, or pass "
+                "report_metrics=['wandb']), so no W&B run is made; this run's metrics are in "
+                f"{self.store.run_history.path}"))
+
+    def wandb_config_so_far(self) -> dict[str, Any]:
+        """What `update_wandb_config` merged so far (the config the W&B run starts with)."""
+        return copy.deepcopy(self._wandb_config)
 
     # -- run state (ART 0.5's names; the run's state.json, `store.read_state()`) ---------------------
     def read_state(self) -> dict[str, Any] | None:
@@ -414,6 +452,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         row = (metrics_row(step=step, split=split, metrics=metrics) if trajectories is None
                else history_row(groups, step=step, split=split, metrics=metrics))
         store = self.store
+        wandb_log.reporter_for(self)  # W&B gets the row as it is written (when configured)
         if trajectories is None:
             # metrics for a (step, split) that has its row: added to it. ART appends a second row; a
             # replacement would drop the row's reward, which best-checkpoint choice reads.
@@ -430,6 +469,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         return row
 
 
+@init_signature_from_fields
 class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateType]):
     """A model a `Backend` serves and trains (GRPO on a LoRA adapter over `base_model`).
 
@@ -500,6 +540,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         await backend.register(self)
         self._backend = backend
         self._client = None  # a new endpoint
+        wandb_log.reporter_for(self, start=True)  # ART starts a trainable model's W&B run at register
         http = backend.http_endpoint(self)
         if http is not None:  # as ART fills them: for clients other than openai_client()
             self.inference_base_url, self.inference_api_key = http.base_url, http.api_key

@@ -197,6 +197,38 @@ def _json_problem(value: Any, nesting: int = 0) -> str | None:
     return None
 
 
+_unstorable_said: set[str] = set()
+
+
+def _metadata_problem(metadata: dict[str, Any], where: str) -> str | None:
+    """Why `metadata` cannot be written, or None. Metadata takes any value (ART 0.5.23's): JSON is
+    written as it is; a value JSON cannot hold (an object, a set of objects) is written as its repr(),
+    said once per type (`metadata_as_text`), rather than refusing the step. What no text can stand for
+    (nesting past MAX_NESTING, an integer past Python's limit on integer text, a key JSON cannot hold)
+    is refused."""
+    for key, value in metadata.items():
+        problem = _json_problem(value, 1)
+        if problem is None:
+            continue
+        if "cannot be written as JSON" not in problem:  # too deep, an integer past text, a key: no text form
+            return f"{where}[{key!r}] {problem}{_JSON_ADVICE}"
+        kind = type(value).__name__
+        if kind not in _unstorable_said:
+            _unstorable_said.add(kind)
+            warnings.warn(GroupwiseWarning(
+                f"{where}[{key!r}] {problem}: it is stored as its repr() (text), and read back as that text. "
+                "Store a JSON form of it (a dict, list, str or number) to read it back as a value"), stacklevel=4)
+    return None
+
+
+def metadata_as_text(value: Any) -> str:
+    """The stored form of a metadata value JSON cannot hold (pydantic's JSON dump's fallback)."""
+    try:
+        return repr(value)
+    except Exception:  # a repr that raises: the type, at least
+        return f"<{type(value).__name__}>"
+
+
 def _metrics_problem(metrics: dict[str, Any]) -> str | None:
     for name, v in metrics.items():
         if isinstance(v, int) and not isinstance(v, bool):
@@ -280,11 +312,13 @@ def storable_problem(group: TrajectoryGroup) -> str | None:
             parts.append((f"trajectories[{i}].additional_histories[{h}].tools", history.tools))
             parts += [(f"trajectories[{i}].additional_histories[{h}].messages_and_choices[{j}]", m)
                       for j, m in enumerate(history.messages_and_choices) if isinstance(m, dict)]
-        parts.append((f"trajectories[{i}].metadata", t.metadata))
         for where, value in parts:
             problem = _json_problem(value)
             if problem:
                 return f"{where} {problem}{_JSON_ADVICE}"
+        problem = _metadata_problem(t.metadata, f"trajectories[{i}].metadata")
+        if problem:
+            return problem
         problem = _metrics_problem(t.metrics)
         if problem:
             return f"trajectories[{i}]: {problem}{_JSON_ADVICE}"
@@ -294,8 +328,8 @@ def storable_problem(group: TrajectoryGroup) -> str | None:
     problem = _revalidation_problem(group, "", skip=("trajectories",))
     if problem:
         return problem
-    if (problem := _json_problem(group.metadata)) is not None:
-        return f"metadata {problem}{_JSON_ADVICE}"
+    if (problem := _metadata_problem(group.metadata, "metadata")) is not None:
+        return problem
     problem = _metrics_problem(group.metrics)
     return f"metrics: {problem}{_JSON_ADVICE}" if problem else None
 
@@ -585,7 +619,7 @@ class RunStore:
         path = self.trajectories_path(split, step)
         rows, lines = [], []
         for g in self.check_storable(groups):
-            rows.append(g.model_dump(mode="json"))
+            rows.append(g.model_dump(mode="json", fallback=metadata_as_text))  # only metadata gets here
             lines.append(dumps(rows[-1]) + "\n")
         atomic_write_text(path, "".join(lines))
         write_step_summary(path, rows)

@@ -97,7 +97,9 @@ Tools = list[dict[str, Any]]
 """OpenAI tool definitions: ``[{"type": "function", "function": {...}}]``."""
 
 MetricValue = Union[StrictBool, StrictInt, StrictFloat]
-MetadataValue = Union[StrictBool, StrictInt, StrictFloat, str, None]
+# Any value, as ART 0.5.23's metadata takes (earlier ART: scalars): nested dicts and lists are stored as the
+# JSON they are; a value JSON cannot hold is stored as its repr() with one warning (groupwise.store).
+MetadataValue = Any
 
 
 def _plain_scalars(values: Any, field: str) -> Any:

@@ -1,7 +1,8 @@
 """groupwise's API against ART's released API, name by name and parameter by parameter.
 
 art_api_snapshot.json holds facts about the public API of ART 0.1 to 0.5 (written from the wheels by
-scripts/art_api_snapshot.py; ART is never imported). This test imports groupwise's counterpart of each
+scripts/art_api_snapshot.py; ART is never imported): the last release of each minor version in full, and
+of every other release from 0.3.0 the names whose facts differ from those. This test imports groupwise's counterpart of each
 public module and name, inspects its signatures, and lists every difference an ART program could trip
 on: a module or name that is missing, a parameter that is missing, not at ART's position or required,
 a default that differs, a pydantic/dataclass field that is missing, a method that is missing or not
@@ -56,9 +57,17 @@ class Differences:
     def add(self, path: str, what: str, detail: str, version: str) -> None:
         self.found.setdefault((path, what), []).append(f"{version}: {detail}")
 
-    def params(self, path: str, art: list[dict[str, Any]], target: Any, version: str, *, bound: bool = False) -> None:
+    def params(self, path: str, art: list[dict[str, Any]], target: Any, version: str, *, bound: bool = False,
+               only: tuple[str, ...] | None = None) -> None:
         """Compare ART's parameters with `target`'s (`bound`: a method looked up on its class, whose
-        first parameter is self)."""
+        first parameter is self; `only`: record only these kinds of difference)."""
+        if only is not None:
+            sub = Differences()
+            sub.params(path, art, target, version, bound=bound)
+            for (where, what), details in sub.found.items():
+                if what in only:
+                    self.found.setdefault((where, what), []).extend(details)
+            return
         try:
             sig = inspect.signature(target)
         except (TypeError, ValueError):
@@ -86,6 +95,8 @@ class Differences:
             if ours_p is None:
                 if not var_kw:
                     self.add(f"{path}({name})", "missing", "ART's parameter is not accepted", version)
+                else:  # accepted through **kwargs, but a program that inspects the signature does not see it
+                    self.add(f"{path}({name})", "hidden", "ART's parameter is only in **kwargs", version)
                 continue
             if kind != "keyword_only":  # ART callers may pass it by position
                 index = art_positional.index(name)
@@ -117,6 +128,11 @@ class Differences:
             return
         if "init" in fact:
             self.params(path, fact["init"], obj, version)
+            init = inspect.getattr_static(obj, "__init__", None)
+            if inspect.isfunction(init) and init.__qualname__.split(".")[0] == obj.__name__:
+                # its own __init__, as `inspect.signature(art.Model.__init__)` sees it (a program's self-check)
+                # (defaults and positions are the class's, compared above)
+                self.params(f"{path}.__init__", fact["init"], init, version, bound=True, only=("hidden", "missing"))
         if fact.get("flavour") in ("pydantic", "dataclass"):
             ours = set(getattr(obj, "model_fields", {})) | (
                 {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set())
@@ -146,7 +162,8 @@ class Differences:
 
 def differences() -> dict[tuple[str, str], list[str]]:
     diff = Differences()
-    for version, modules in SNAPSHOT["versions"].items():
+    # the last release of each minor version, and of every other release the names that differ from those
+    for version, modules in [*SNAPSHOT["versions"].items(), *SNAPSHOT["between"].items()]:
         for art_module, names in modules.items():
             path = groupwise_path(art_module)
             try:
@@ -181,6 +198,9 @@ def test_the_snapshot_covers_every_minor_version_and_the_public_modules():
     assert {"art", "art.dev", "art.local", "art.rewards", "art.utils", "art.langgraph", "art.mcp"} <= set(latest)
     assert latest["art"]["Model"]["flavour"] == "pydantic" and "log" in latest["art"]["Model"]["methods"]
     assert [p["name"] for p in latest["art.utils"]["iterate_dataset"]["params"]][0] == "dataset"
+    # every release from 0.3.0 to the newest was read: the ones between the anchors keep what differs
+    assert SNAPSHOT["newest"] == "0.5.18"
+    assert {"0.3.0", "0.3.6", "0.4.0", "0.5.9", "0.5.17"} <= set(SNAPSHOT["between"])
 
 
 def test_every_difference_from_arts_api_is_documented_with_its_reason():
@@ -223,3 +243,31 @@ def test_arts_training_options_are_all_known_and_arts_defaults_change_nothing():
             spelled["learning_rate"], spelled["loss_fn"], spelled["normalize_advantages"], spelled["kl_penalty_coef"],
             spelled["logprob_calculation_chunk_size"])
         assert config.epsilon == TrainConfig().epsilon  # ART's epsilon=None: not given
+
+
+def test_every_missing_name_says_why_when_a_program_reaches_it():
+    """A name ART has and groupwise does not (a `missing` row of the table) is an `ArtNameNotProvided`
+    with the reason, not a bare AttributeError: on a module, and on an instance for a class's member."""
+    from groupwise.errors import ArtNameNotProvided
+
+    checked = 0
+    for (path, what) in documented():
+        if what not in ("missing", "missing field") or "(" in path:
+            continue  # a parameter: a call with it names it (ConfigError / TypeError)
+        module_path, _, name = path.rpartition(".")
+        try:
+            owner: Any = importlib.import_module(groupwise_path(module_path))
+        except ModuleNotFoundError:
+            owner_module, _, cls = module_path.rpartition(".")
+            klass = getattr(importlib.import_module(groupwise_path(owner_module)), cls)
+            if not hasattr(klass, "__getattr__") or issubclass(klass, __import__("pydantic").BaseModel):
+                continue  # a pydantic record's field (Trajectory.start_time): its own row says what happens
+            owner = klass.__new__(klass)
+        try:
+            getattr(owner, name)
+        except ArtNameNotProvided as err:
+            assert "groupwise" in str(err) and len(str(err)) > 60, str(err)
+            checked += 1
+        else:
+            raise AssertionError(f"{path} is documented missing but exists")
+    assert checked >= 12

@@ -151,8 +151,8 @@ async def test_ruler_docs_training_loop(tiny_model_dir, tmp_path, stub_judge):
 
 async def test_checkpoint_forking_docs_fork_then_register(tiny_model_dir, tmp_path, backup_bucket):
     """docs/features/checkpoint-forking.mdx: `backend._experimental_fork_checkpoint(model, from_model=,
-    not_after_step=, verbose=True)` before `register` copies the source run's checkpoint at or before the
-    step; the new model resumes there. `from_s3_bucket=` reads the bucket's copy (a folder here)."""
+    not_after_step=, verbose=True)` before or after `register` copies the source run's checkpoint at or
+    before the step; the new model resumes there. `from_s3_bucket=` reads the bucket's copy (a folder here)."""
     import pytest
 
     async def rollout(model, prompt: str) -> art.Trajectory:
@@ -177,8 +177,22 @@ async def test_checkpoint_forking_docs_fork_then_register(tiny_model_dir, tmp_pa
         await backend._experimental_fork_checkpoint(v2, from_model="my-model-v1", not_after_step=500, verbose=True)
         await v2.register(backend)
         assert await v2.get_step() == result.step == 1
-        with pytest.raises(art.GroupwiseError, match="fork before register"):
-            await backend._experimental_fork_checkpoint(v2, from_model="my-model-v1")
+        # ART's documented order, register then fork, works too: the model is loaded again at the fork
+        v4 = art.TrainableModel(name="my-model-v4", project="my-project", base_model=tiny_model_dir)
+        await v4.register(backend)
+        assert await v4.get_step() == 0
+        await backend._experimental_fork_checkpoint(v4, from_model="my-model-v1")
+        assert await v4.get_step() == 1
+        import re
+
+        def by_layer(tensors):  # the trainer's adapter name (each run its own) left out of the key
+            return {re.sub(r"\.(lora_[AB])\.[^.]+\.", r".\1.", k): v for k, v in tensors.items()}
+
+        forked = by_layer((await backend.served_adapters(v4, 1))[0])
+        source = by_layer((await backend.served_adapters(v1, 1))[0])
+        assert forked.keys() == source.keys() and all(forked[k].equal(source[k]) for k in source)
+        groups = await art.gather_trajectory_groups([art.TrajectoryGroup(rollout(v4, "hi") for _ in range(4))])
+        assert (await backend.train(v4, groups, learning_rate=1e-4)).step == 2
 
         v3 = art.TrainableModel(name="my-model-v3", project="other", base_model=tiny_model_dir)
         await backend._experimental_fork_checkpoint(v3, from_model="my-model-v1", from_project="my-project",

@@ -395,13 +395,11 @@ def _set(path: str, value):
     (_set("metrics", "0.8"), r"metrics"),
     (_set("metrics", [1.0]), r"metrics\.x"),
     (_set("metrics", 1j), r"metrics\.x"),
-    (_set("metadata", [1, 2]), r"metadata\.x"),
-    (_set("metadata", {"a": 1}), r"metadata\.x"),
     (_set("logs", 5), r"logs\[2\]"),
     (_set("messages", {"role": "robot", "content": "x"}), r"messages_and_choices"),
     (_set("messages", "a reply"), r"messages_and_choices"),
     (_set("history", {"content": "no role"}), r"additional_histories\[0\]\.messages_and_choices"),
-], ids=["metric-None", "metric-text", "metric-list", "metric-complex", "metadata-list", "metadata-dict", "log-int",
+], ids=["metric-None", "metric-text", "metric-list", "metric-complex", "log-int",
         "role-robot", "message-str", "history-no-role"])
 def test_a_value_set_after_the_trajectory_was_built_is_checked_before_the_step(tmp_path, group, mutate, where):
     # A rollout fills a trajectory in place (``t.metrics["x"] = ...``, ``t.messages_and_choices.append``),

@@ -357,15 +357,19 @@ async def test_chunks_and_passes_together_keep_the_ranking(judge_server):
 
 async def test_openai_judge_follows_litellms_base_url_variable(judge_server, monkeypatch):
     """ART's RULER went through LiteLLM, which reads ``OPENAI_API_BASE`` for the openai provider: an ART
-    program that points its judge there reaches the same server here (``OPENAI_BASE_URL`` wins when both
-    are set, as the openai SDK's own variable)."""
+    program that points its judge there reaches the same server here. When both are set, ``OPENAI_API_BASE``
+    wins, as in LiteLLM (which passes its own base URL to the SDK, so the SDK's ``OPENAI_BASE_URL`` is then
+    not read); ``OPENAI_BASE_URL`` alone is read too."""
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     monkeypatch.setenv("OPENAI_API_BASE", judge_server.url)
     judged = await ruler_score_group(make_group([0.2, 0.8]), "openai/o3", backoff_s=0.0)
     assert len(judge_server.requests) == 1 and judge_server.requests[0]["model"] == "o3"
     assert judged.rewards() == [0.2, 0.8]
-    monkeypatch.setenv("OPENAI_BASE_URL", judge_server.url)
-    monkeypatch.setenv("OPENAI_API_BASE", "http://127.0.0.1:9/v1")  # nothing listens there
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # nothing listens there
     await ruler_score_group(make_group([0.2, 0.8]), "openai/o3", backoff_s=0.0)
     assert len(judge_server.requests) == 2
+    monkeypatch.setenv("OPENAI_BASE_URL", judge_server.url)
+    monkeypatch.delenv("OPENAI_API_BASE")
+    await ruler_score_group(make_group([0.2, 0.8]), "openai/o3", backoff_s=0.0)
+    assert len(judge_server.requests) == 3

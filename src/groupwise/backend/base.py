@@ -89,6 +89,16 @@ class Backend(ABC):
     # returns. Either way each step is written once.
     stores_steps: bool = False
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Backend":
+        if cls is Backend and (args or kwargs):  # ART 0.2-0.4's art.API(base_url) / art.Backend(base_url)
+            from groupwise.errors import ArgumentTypeError
+
+            raise ArgumentTypeError(
+                "art.Backend(base_url) (ART 0.2's art.API) is ART's client of a remote ART server; groupwise's "
+                "backends run in this process: use LocalBackend() (RayBackend for several hosts), and "
+                "`groupwise serve` to reach a model over HTTP (docs/porting-from-art.md)")
+        return super().__new__(cls)
+
     @abstractmethod
     async def register(self, model: "TrainableModel") -> None:
         """Load (or resume) the model: base weights, latest complete checkpoint, served adapters."""

@@ -58,6 +58,7 @@ from groupwise.backend.ranks import (ReplicaDivergenceError, check_identical, ch
                                      shard_batch, sft_step_metrics)
 from groupwise.backend.retention import prune_args, retain_args
 from groupwise.backend.worker import LOOPBACK, ModelSpec, WorkerOptions
+from groupwise.compat import ART_LOCAL_TRAIN_KEYWORDS, not_provided, with_art_keywords
 from groupwise.compute import compute_thread
 from groupwise.config import DEFAULT_RUN_STORE, TrainConfig
 from groupwise.errors import GroupwiseError, GroupwiseWarning, NotTrainableError, StoreError
@@ -129,6 +130,11 @@ class WorkerBackend(Backend):
     """
 
     stores_steps = True  # a step's trajectories and train row are written here, once (the order above)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached when normal lookup fails: ART's backend methods groupwise has no counterpart of say
+        # why (groupwise.compat.NOT_PROVIDED); any other name is Python's AttributeError
+        raise not_provided("LocalBackend", name)
 
     def __init__(self, path: str = DEFAULT_PATH, options: BackendOptions | None = None) -> None:
         self.path = str(path)
@@ -293,6 +299,7 @@ class WorkerBackend(Backend):
         return await self._call_all("served_tensors", name=model.name, step=step)
 
     # ------------------------------------------------------------------------------ train
+    @with_art_keywords(**ART_LOCAL_TRAIN_KEYWORDS)
     async def train(
         self, model: "TrainableModel", trajectory_groups: "list[TrajectoryGroup]", config: TrainConfig | None = None, *,
         cursor: dict[str, Any] | None = None, **options: Any,

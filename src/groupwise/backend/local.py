@@ -113,8 +113,9 @@ class LocalBackend(WorkerBackend):
             warn_ignored("LocalBackend()", ignored, "the engine and trainer run on this machine")
         wandb = [k for k, v in (("wandb_entity", wandb_entity), ("wandb_project", wandb_project)) if v is not None]
         if wandb:  # ART 0.1.1-0.1.9's LocalAPI(wandb_entity=, wandb_project=)
-            warn_ignored("LocalBackend()", wandb, "W&B run settings; the run's history is local: "
-                         "`groupwise report <run_dir> --wandb PROJECT` replays it into W&B")
+            warn_ignored("LocalBackend()", wandb, "W&B run settings of the backend; as in later ART, each model's "
+                         "W&B run is set on the model: Model(entity=...) with its project, logged when WANDB_API_KEY "
+                         "(or WANDB_MODE=offline) is set (groupwise.wandb_log)")
         problems: list[str] = []
         if device is not None and devices is not None:
             problems.append(f"device={device!r} and devices={devices!r}: give one (devices for several)")
@@ -276,17 +277,17 @@ class LocalBackend(WorkerBackend):
                                             from_project: str | None = None, from_s3_bucket: str | None = None,
                                             not_after_step: int | None = None, verbose: bool = False,
                                             prefix: str | None = None) -> None:
-        """ART's fork, before `register`: copy the latest checkpoint of run `from_model` (of
-        `from_project`, default the model's project) at or before `not_after_step` into this model's run
-        folder under the same step; `register` then resumes from it. With `from_s3_bucket` the
-        checkpoint is read from the bucket's copy of that run (a local folder, `groupwise.utils.s3`).
-        Only the checkpoint is copied (no history, no trajectories), as in ART."""
+        """ART's fork: copy the latest checkpoint of run `from_model` (of `from_project`, default the
+        model's project) at or before `not_after_step` into this model's run folder under the same step.
+        Before `register`, register then resumes from it. After `register` (ART's documented order: ART
+        loads the model lazily, at its first use), the model is unloaded, the checkpoint copied, and the
+        model loaded again from its latest checkpoint, so its next rollouts and step use the fork. With
+        `from_s3_bucket` the checkpoint is read from the bucket's copy of that run (a local folder,
+        `groupwise.utils.s3`). Only the checkpoint is copied (no history, no trajectories), as in ART."""
         import shutil
 
         from_project = from_project or model.project
-        if model.name in self._runs:
-            raise GroupwiseError(f"fork before register: model {model.name!r} is already loaded; fork into a "
-                                 "new TrainableModel, then register it")
+        registered = model.name in self._runs
         if from_s3_bucket is not None:
             source = mirror_dir(from_s3_bucket, prefix, from_project, from_model) / CHECKPOINTS_DIR
         else:
@@ -302,11 +303,16 @@ class LocalBackend(WorkerBackend):
                                  "latest and best ones: set not_after_step= to one of these)")
         step, folder = chosen[-1]
         target = self._run_dir(model) / CHECKPOINTS_DIR / folder.name
+        if registered:  # the loaded adapter, optimizer and served steps are the old run's: load again after
+            await self.unregister(model)
         if target.exists():
             await asyncio.to_thread(shutil.rmtree, target)
         await asyncio.to_thread(shutil.copytree, folder, target)
+        if registered:
+            await model.register(self)
         if verbose:
-            print(f"[groupwise] forked {from_project}/{from_model} step {step}: {folder} -> {target}")
+            print(f"[groupwise] forked {from_project}/{from_model} step {step}: {folder} -> {target}"
+                  + (f"; {model.name} reloaded at step {await self.get_step(model)}" if registered else ""))
 
     async def _experimental_pull_model_checkpoint(self, model: "TrainableModel", *, step: "int | str | None" = None,
                                                   local_path: str | None = None, s3_bucket: str | None = None,

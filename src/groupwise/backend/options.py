@@ -106,6 +106,11 @@ class BackendOptions(Validated):
         found = list(problems or [])
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(values) - set(names))
+        if "base_url" in unknown:  # ART's SkyPilotBackend / Backend(base_url): its remote server's URL
+            unknown.remove("base_url")
+            found.append("base_url is the URL of ART's remote ART server (SkyPilotBackend.initialize_cluster sets it); "
+                         "this backend trains in this process: drop base_url, and use `groupwise serve` to reach "
+                         "a model over HTTP")
         if unknown:
             found.append(f"unknown argument(s) {', '.join(unknown)}; the backend options are {', '.join(names)}")
         if options is not None and values:

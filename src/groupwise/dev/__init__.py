@@ -128,3 +128,10 @@ class ServerArgs(TypedDict, total=False):
 class OpenAIServerConfig(TypedDict, total=False):
     server_args: ServerArgs
     engine_args: EngineArgs
+
+
+def __getattr__(name: str) -> Any:
+    # ART's names that are not provided say why and what to use instead (groupwise.compat.NOT_PROVIDED)
+    from groupwise.compat import not_provided
+
+    raise not_provided("groupwise.dev", name)

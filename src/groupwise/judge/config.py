@@ -84,7 +84,14 @@ class JudgeConfig(Validated):
 
 # ART's `extra_litellm_params` keys -> JudgeConfig fields; other keys go to the request's extra body.
 _LITELLM_KEYS = {"api_base": "base_url", "base_url": "base_url", "api_key": "api_key", "temperature": "temperature",
-                 "max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "timeout": "timeout_s"}
+                 "max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "timeout": "timeout_s",
+                 "request_timeout": "timeout_s", "num_retries": "retries", "max_retries": "retries"}
+# LiteLLM's own call settings (litellm.completion's, not the provider's): sending them in the request body
+# would make a strict server refuse the request, so they are named once in a warning instead.
+_LITELLM_ONLY = frozenset({"drop_params", "caching", "cache", "metadata", "mock_response", "custom_llm_provider",
+                           "api_version", "organization", "input_cost_per_token", "output_cost_per_token",
+                           "fallbacks", "context_window_fallback_dict", "model_list", "litellm_logging_obj",
+                           "logger_fn", "verbose", "retry_policy", "headers"})
 
 
 def make_config(config: JudgeConfig | None, overrides: dict[str, Any]) -> JudgeConfig:
@@ -103,11 +110,21 @@ def make_config(config: JudgeConfig | None, overrides: dict[str, Any]) -> JudgeC
             overrides.setdefault(name, overrides.pop(alias))
     litellm = overrides.pop("extra_litellm_params", None) or {}
     extra_body = dict(overrides.get("extra_body") or {})
+    ignored = []
     for k, v in litellm.items():
         if k in _LITELLM_KEYS:
             overrides.setdefault(_LITELLM_KEYS[k], v)
+        elif k == "extra_body" and isinstance(v, dict):
+            extra_body.update(v)
+        elif k in _LITELLM_ONLY:
+            ignored.append(k)
         else:
             extra_body[k] = v
+    if ignored:
+        from groupwise.errors import warn_ignored
+
+        warn_ignored("extra_litellm_params", ignored, "LiteLLM's own call settings; groupwise's judge calls the "
+                     "endpoint with the openai SDK (retries: num_retries=, timeout: timeout=)", stacklevel=4)
     if extra_body:
         overrides["extra_body"] = extra_body
 

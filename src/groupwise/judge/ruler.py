@@ -35,7 +35,7 @@ from typing import Any
 
 from groupwise.chat.text import LONE_SURROGATE
 from groupwise.choices import choice_to_message
-from groupwise.errors import ConfigError, JudgeError
+from groupwise.errors import ConfigError, GroupwiseWarning, JudgeError, JudgeUnreachableError
 from groupwise.judge.cache import JudgeCache, request_key
 from groupwise.judge.config import JudgeConfig, make_config
 from groupwise.judge.cost import Usage
@@ -128,6 +128,10 @@ class _Retryable(Exception):
     or an answer that does not parse."""
 
 
+class _Unreachable(_Retryable):
+    """The endpoint could not be reached (no HTTP answer at all)."""
+
+
 async def _request(
     endpoint: Endpoint,
     messages: list[dict[str, Any]],
@@ -203,7 +207,7 @@ async def _request(
                 raw=last_raw,
             ) from e
         except openai.APIConnectionError as e:
-            raise _Retryable(f"connection error ({e})") from e
+            raise _Unreachable(f"cannot reach {endpoint.base_url} (chosen by {endpoint.source}): {e}") from e
         usage.add(pt, ct, endpoint.label, paid=endpoint.paid, prices=cfg.prices)
         last_raw = content
         return content, pt, ct
@@ -233,6 +237,11 @@ async def _request(
 
     try:
         return await attempt()
+    except _Unreachable as last:
+        raise JudgeUnreachableError(
+            f"judge {endpoint.label} could not be reached in {cfg.retries + 1} attempts: {last}. Start that "
+            "server, or point the judge at a running one: base_url= (ART: extra_litellm_params={'api_base': ...}) "
+            "or the provider's variable (groupwise.judge.providers lists them).") from None
     except _Retryable as last:
         raise JudgeError(
             f"judge {endpoint.label} failed after {cfg.retries + 1} attempts; last problem: {last}. "
@@ -398,6 +407,22 @@ async def ruler(
     return result.scores
 
 
+_warned_unreachable: set[str] = set()
+
+
+def _warn_unreachable(message: str) -> None:
+    """Say once per message (its URL and what chose it) that swallow_exceptions=True is dropping every
+    group because the judge is unreachable: a run that trains on nothing must not look like one that
+    trains on a flaky judge."""
+    if message in _warned_unreachable:
+        return
+    _warned_unreachable.add(message)
+    import warnings
+
+    warnings.warn(GroupwiseWarning(f"RULER's judge is unreachable, so swallow_exceptions=True drops EVERY group it "
+                                   f"judges (none are trained on): {message}"), stacklevel=3)
+
+
 async def ruler_score_group(
     group: TrajectoryGroup,
     judge_model: str = DEFAULT_JUDGE_MODEL,
@@ -444,6 +469,8 @@ async def ruler_score_group(
             raise
         judge_stats.dropped_groups += 1
         judge_stats.last_errors.append(f"{type(e).__name__}: {e}")
+        if isinstance(e, JudgeUnreachableError):  # not one bad answer: every group will go the same way
+            _warn_unreachable(str(e))
         print(
             f"[ruler] group of {len(trajs)} dropped (swallow_exceptions=True; "
             f"{judge_stats.dropped_groups} dropped so far in groupwise.judge.judge_stats): {e}"

@@ -27,6 +27,7 @@ from typing import Any
 
 from groupwise.backend.base import ServerlessTrainResult
 from groupwise.backend.local import DEFAULT_PATH, LocalBackend
+from groupwise.compat import ART_SERVERLESS_TRAIN_KEYWORDS, with_art_keywords
 from groupwise.errors import ArtCompatWarning
 
 __all__ = ["ServerlessBackend"]
@@ -83,6 +84,7 @@ class ServerlessBackend(LocalBackend):
         if self._last_client_leaves():
             super().__exit__(*exc)
 
+    @with_art_keywords(**ART_SERVERLESS_TRAIN_KEYWORDS)
     async def train(self, model: Any, trajectory_groups: Any, config: Any = None, **options: Any) -> ServerlessTrainResult:
         """LocalBackend's step, returned as ART's `ServerlessTrainResult`."""
         result = await super().train(model, trajectory_groups, config, **options)

@@ -2,6 +2,8 @@
 `get_trajectory_messages`, `format_message`, `get_model_step`, `log_http_errors`, and `split_dataset`. `from groupwise.utils.iterate_dataset import iterate_dataset` works as ART's does.
 """
 
+from typing import Any
+
 from groupwise.utils.format_message import format_message
 from groupwise.utils.get_model_step import get_model_step
 from groupwise.utils.get_trajectory_messages import get_trajectory_messages
@@ -13,3 +15,10 @@ from groupwise.utils.split_dataset import split_dataset
 
 __all__ = ["DatasetBatch", "epoch_order", "format_message", "get_model_step", "get_trajectory_messages",
            "iterate_dataset", "limit_concurrency", "log_http_errors", "retry", "split_dataset"]
+
+
+def __getattr__(name: str) -> Any:
+    # ART's names that are not provided say why and what to use instead (groupwise.compat.NOT_PROVIDED)
+    from groupwise.compat import not_provided
+
+    raise not_provided("groupwise.utils", name)

@@ -9,6 +9,7 @@ folder, a PEFT adapter, to the provider with its own tools.
 
 from __future__ import annotations
 
+import inspect
 from enum import Enum
 from typing import Any, Literal
 
@@ -71,11 +72,21 @@ def _not_provided(what: str, model: Any, step: Any) -> GroupwiseError:
         "or upload that folder (a PEFT LoRA adapter) to the provider with its own tools.")
 
 
+_REQUIRED = inspect.Parameter.empty
+
+
 async def deploy_model(*args: Any, **kwargs: Any) -> DeploymentResult:
     """ART's ``deploy_model(model, checkpoint_path, step, provider, ...)`` (and 0.3's ``deploy_model(deploy_to,
     model, step, ...)``): raises, saying how to serve or upload the checkpoint (module doc)."""
     model = kwargs.get("model") or next((a for a in args if hasattr(a, "base_model")), None)
     raise _not_provided("deploy_model", model, kwargs.get("step", "<step>"))
+
+
+# introspection sees ART 0.5's parameters (the newest form); the call takes 0.3's order too
+deploy_model.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+    inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, **({} if default is _REQUIRED else {"default": default}))
+    for name, default in (("model", _REQUIRED), ("checkpoint_path", _REQUIRED), ("step", _REQUIRED),
+                          ("provider", _REQUIRED), ("config", None), ("verbose", False))])
 
 
 def deploy_wandb(model: Any, checkpoint_path: str, step: int, config: Any = None, verbose: bool = False) -> str:

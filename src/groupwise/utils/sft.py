@@ -209,3 +209,10 @@ async def train_sft_from_file(
         len(rates) * batch_size)
     config = TrainSFTConfig(learning_rate=rates, batch_size=batch_size, assistant_turns=assistant_turns)
     await model.train_sft(trajectories, config, _config=_config, verbose=verbose)
+
+
+# A program may replace create_lr_schedule, iterate_file, ... here, as in ART: train_sft_from_file looks
+# them up at call time, so the replacement takes effect (groupwise.hooks.EFFECTIVE)
+from groupwise.hooks import guard  # noqa: E402
+
+guard(__name__)

@@ -102,3 +102,10 @@ def _message(item: Any) -> dict[str, Any]:
     calls = [{"function": {"name": c["name"], "arguments": c["arguments"]}} for c in message["tool_calls"]]
     return {"role": message["role"], "content": None if raw.get("content") is None else message["content"],
             "trainable": message["sampled"], "tool_calls": calls or None}
+
+
+def __getattr__(name: str) -> Any:
+    # ART's names that are not provided say why (groupwise.compat.NOT_PROVIDED)
+    from groupwise.compat import not_provided
+
+    raise not_provided(__name__, name)
