@@ -189,6 +189,15 @@ class JudgeError(GroupwiseError):
         self.raw = raw
 
 
+class RewardAuditError(GroupwiseError):
+    """The reward audit found answers without content that score at or above honest answers; `report` is
+    the audit (`groupwise.loop.audit.AuditReport`)."""
+
+    def __init__(self, message: str, report: object = None):
+        super().__init__(message)
+        self.report = report
+
+
 class JudgeSelectionError(GroupwiseError):
     """No candidate judge cleared the bar on the labelled set; `table` is the evaluation, `reports` its rows."""
 
