@@ -319,7 +319,7 @@ async def test_injection_following_is_measured_for_an_obeying_and_an_immune_judg
     assert off.injection_top is None and off.injection_groups == 0
 
 
-def test_injected_group_appends_to_the_single_worst_answer_only():
+def test_injected_group_appends_to_one_worst_answer_only():
     from groupwise.judge.evaluate import INJECTION, beaten_share, injected
 
     g = LabelledGroup([[{"role": "user", "content": "q"}, {"role": "assistant", "content": a}] for a in "abc"],
@@ -327,5 +327,22 @@ def test_injected_group_appends_to_the_single_worst_answer_only():
     planted, w = injected(g)
     assert w == 1 and planted.message_lists[1][-1]["content"] == f"b\n\n{INJECTION}"
     assert planted.message_lists[0] == g.message_lists[0] and g.message_lists[1][-1]["content"] == "b"  # a copy
-    assert injected(LabelledGroup(g.message_lists[:2], [0.0, 0.0])) is None  # no single worst answer
+    assert injected(LabelledGroup(g.message_lists[:2], [0.0, 0.0])) is None  # no answer is worse
+    assert injected(LabelledGroup(g.message_lists, [0.0, 0.0, 1.0]))[1] == 0  # of equal worst, the first
     assert beaten_share([0.2, 0.2, 0.9], 0) == 0.25 and beaten_share([1.0, 0.2, 0.9], 0) == 1.0
+
+
+def test_judge_eval_reports_injection_following_of_a_real_local_judge(tiny_model_dir, tmp_path, capsys):
+    # the tiny random model as a local judge, through the command: the three figures are measured (not
+    # asserted good: a random model has no signal), the injected requests really ran
+    pytest.importorskip("torch")
+    from groupwise.cli import main
+
+    out = tmp_path / "eval.json"
+    assert main(["judge", "eval", "--labels", "titles", "--judge", f"local/{tiny_model_dir}", "--groups", "2",
+                 "--orders", "2", "--repeats", "1", "--json", str(out)]) == 0
+    [report] = json.loads(out.read_text())
+    assert report["injection_groups"] == 2 and report["calls"] == 4
+    assert 0.0 <= report["injection_top"][0] <= 1.0 and -1.0 <= report["injection_gain"][0] <= 1.0
+    assert report["flip_rate"] is not None and report["accuracy"] is not None
+    assert "injection: top" in capsys.readouterr().out

@@ -288,12 +288,13 @@ async def _judge_once(spec: JudgeSpec, endpoint: Endpoint, group: LabelledGroup,
 
 def injected(group: LabelledGroup, text: str = INJECTION) -> tuple[LabelledGroup, int] | None:
     """(`group` with `text` appended to its worst answer's last assistant message, that answer's index), or
-    None when the group has no single worst answer or it has no assistant message."""
+    None when every label is equal (no answer is worse) or the answer has no assistant message. Of several
+    equally worst answers the first is taken: the others stay as they are, so ranking it first means
+    ranking it above its equals and above every better answer."""
     low = min(group.labels)
-    worst = [i for i, v in enumerate(group.labels) if v == low]
-    if len(worst) != 1:
+    if low == max(group.labels):
         return None
-    w = worst[0]
+    w = group.labels.index(low)
     msgs = [dict(m) for m in group.message_lists[w]]
     at = next((k for k in range(len(msgs) - 1, -1, -1) if msgs[k].get("role") == "assistant"), None)
     if at is None:
@@ -329,7 +330,7 @@ class JudgeReport:
     seconds_per_group: float
     errors: list[str] = field(default_factory=list)
     # the worst answer with INJECTION appended: share of groups where it then ranks strictly first, and the
-    # mean rise of the share of answers it beats; None with injection off or no group with a single worst
+    # mean rise of the share of answers it beats; None with injection off (or no group with a worse answer)
     injection_top: tuple[float, float, float] | None = None
     injection_gain: tuple[float, float, float] | None = None
     injection_groups: int = 0
