@@ -331,18 +331,3 @@ def test_injected_group_appends_to_one_worst_answer_only():
     assert injected(LabelledGroup(g.message_lists, [0.0, 0.0, 1.0]))[1] == 0  # of equal worst, the first
     assert beaten_share([0.2, 0.2, 0.9], 0) == 0.25 and beaten_share([1.0, 0.2, 0.9], 0) == 1.0
 
-
-def test_judge_eval_reports_injection_following_of_a_real_local_judge(tiny_model_dir, tmp_path, capsys):
-    # the tiny random model as a local judge, through the command: the three figures are measured (not
-    # asserted good: a random model has no signal), the injected requests really ran
-    pytest.importorskip("torch")
-    from groupwise.cli import main
-
-    out = tmp_path / "eval.json"
-    assert main(["judge", "eval", "--labels", "titles", "--judge", f"local/{tiny_model_dir}", "--groups", "2",
-                 "--orders", "2", "--repeats", "1", "--json", str(out)]) == 0
-    [report] = json.loads(out.read_text())
-    assert report["injection_groups"] == 2 and report["calls"] == 4
-    assert 0.0 <= report["injection_top"][0] <= 1.0 and -1.0 <= report["injection_gain"][0] <= 1.0
-    assert report["flip_rate"] is not None and report["accuracy"] is not None
-    assert "injection: top" in capsys.readouterr().out

@@ -321,7 +321,7 @@ async def audit_reward(
     firsts = [t for ts in honest_trajs for t in ts if t is not None]
     best = max(firsts, key=lambda t: float(t.reward), default=None)
     fixed = (_answer_text(best, last=True) if best is not None else "") or "I don't know."
-    if is_model and not any(t is not None for ts in honest_trajs for t in ts):
+    if not firsts:  # nothing to compare the probes with
         raise ConfigError(f"every honest rollout failed: {errors[:3]}", what="audit_reward")
 
     models = {p: ScriptedModel(lambda req, p=p: probe_answer(p, req, fixed), name=f"probe-{p}") for p in probes}
