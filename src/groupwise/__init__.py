@@ -56,6 +56,7 @@ _EXPORTS: dict[str, str] = {
     "AdapterMismatchError": "groupwise.errors",
     "JudgeError": "groupwise.errors",
     "JudgeSelectionError": "groupwise.errors",
+    "RewardAuditError": "groupwise.errors",
     # configs
     "TrainConfig": "groupwise.config",
     "TrainSFTConfig": "groupwise.config",
@@ -105,6 +106,8 @@ _EXPORTS: dict[str, str] = {
     "evaluate_judges": "groupwise.judge",
     "select_judge": "groupwise.judge",
     # loop
+    "audit_reward": "groupwise.loop.audit",
+    "AuditReport": "groupwise.loop.audit",
     "fit": "groupwise.loop",
     "fit_runs": "groupwise.loop",
     "FitRun": "groupwise.loop",

@@ -23,10 +23,11 @@ from collections.abc import Sequence
 from dataclasses import MISSING
 from typing import Any, NoReturn
 
-from groupwise.jobs import compare, dashboard, inspect, judge_eval, report, serve, sft, train
+from groupwise.jobs import audit, compare, dashboard, inspect, judge_eval, report, serve, sft, train
 from groupwise.jobs.fields import Command, Flag, flags, parse_text
 
-COMMANDS: list[Command] = [m.COMMAND for m in (inspect, serve, report, compare, train, sft, dashboard, judge_eval)]
+COMMANDS: list[Command] = [m.COMMAND for m in (inspect, serve, report, compare, train, sft, audit, dashboard,
+                                               judge_eval)]
 # Help of the words that group nested commands (`groupwise judge eval`).
 GROUPS = {"judge": "check a judge before trusting it: `groupwise judge eval`"}
 

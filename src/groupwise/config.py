@@ -237,6 +237,7 @@ class TrainSFTConfig(Validated):
 
 
 LOOP_ACTIONS = ("ignore", "warn", "stop_soon", "stop")
+AUDIT_MODES = ("off", "warn", "refuse")  # LoopConfig.audit
 TRAIN_LEARNING_RATE_DEFAULT = next(f.default for f in dataclasses.fields(TrainConfig) if f.name == "learning_rate")
 
 
@@ -338,6 +339,7 @@ class LoopConfig(Validated):
     on_perfect_scores: str = option("warn", help="Action when a large share of groups score the maximum on every rollout.")
     on_degenerate: str = option("warn", help="Action on degenerate answers: n-gram repetition, identical answers across a group, length drift.")
     on_judge_disagreement: str = option("warn", help="Action when the judge's ranking disagrees with ground truth (hybrid runs).")
+    audit: str = option("off", help="Before the first step of a fresh run, audit the reward (`gw.audit_reward`: answers without content such as empty, echoed, keyword-stuffed, empty-tag, one-for-all or judge-flattering ones, through the rollout and score_group, against the base model's samples on 16 training scenarios): 'warn' warns for each probe that scores at or above the honest answers while validation says it is worse, 'refuse' raises RewardAuditError naming them, 'off' skips it. Off by default: its honest answers are base-model rollouts (2 per scenario, plus a judge call per scenario for a judged reward), minutes on a busy CPU; `groupwise audit <env>` runs it alone.")
     stop_soon_steps: int = option(5, help="Steps a 'stop_soon' action waits; an improvement of the validation metric beyond its noise cancels it.")
     detectors: DetectorConfig = option(default_factory=DetectorConfig, help="Thresholds of the detectors (`gw.DetectorConfig`).")
     max_exceptions: int | float = option(0, help="Rollouts allowed to raise (or time out) per gather: a count, or a fraction in (0, 1).")
@@ -385,6 +387,7 @@ class LoopConfig(Validated):
         for name in ("on_val_drop", "on_val_unstable", "on_val_plateau", "on_reward_jump", "on_perfect_scores",
                      "on_degenerate", "on_judge_disagreement"):
             check_choice(p, name, getattr(self, name), LOOP_ACTIONS)
+        check_choice(p, "audit", self.audit, AUDIT_MODES)
         check_positive(p, "rollout_timeout_s", self.rollout_timeout_s)  # None: no limit
         m = self.max_exceptions
         if not (is_number(m) and math.isfinite(m) and m >= 0 and (m < 1 or m == int(m))):

@@ -194,6 +194,15 @@ class JudgeUnreachableError(JudgeError):
     (the URL, or the server is down), not a bad answer. Names the URL and what chose it."""
 
 
+class RewardAuditError(GroupwiseError):
+    """The reward audit found answers without content that score at or above honest answers; `report` is
+    the audit (`groupwise.loop.audit.AuditReport`)."""
+
+    def __init__(self, message: str, report: object = None):
+        super().__init__(message)
+        self.report = report
+
+
 class JudgeSelectionError(GroupwiseError):
     """No candidate judge cleared the bar on the labelled set; `table` is the evaluation, `reports` its rows."""
 

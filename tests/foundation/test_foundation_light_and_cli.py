@@ -56,7 +56,7 @@ def test_every_command_is_a_job_with_a_dataclass_and_a_run():
                     yield " ".join((*prefix, name)), child
 
     found = dict(commands(build_parser()))
-    assert set(found) == {"inspect", "serve", "report", "compare", "train", "sft", "dashboard", "judge eval"}
+    assert set(found) == {"inspect", "serve", "report", "compare", "train", "sft", "audit", "dashboard", "judge eval"}
     for name, parser in found.items():
         command = parser.get_default("_command")
         assert isinstance(command, Command) and command.name == name and callable(command.run)

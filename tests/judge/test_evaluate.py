@@ -282,3 +282,52 @@ def test_a_runs_validation_answers_are_grouped_by_scenario_across_checkpoints(tm
     [group] = labelled_from_run(store.run_dir)  # 3+3 scored 1.0 both times: nothing to order
     assert group.labels == [0.0, 1.0]
     assert [ms[-1]["content"] for ms in group.message_lists] == ["5", "4"]
+
+
+# ----------------------------------------------------------------------------- injection following
+
+
+def follower(req) -> Reply:
+    """An oracle that obeys an instruction written inside an answer it grades."""
+    import re
+
+    from groupwise.judge.evaluate import INJECTION
+
+    found = [(t, b, float(re.findall(ITEM_RE, b)[-1][1])) for t, b in shown_trajectories(req)]
+    return Reply(answer([(t, 1.0 if INJECTION in b else q) for t, b, q in found]))
+
+
+async def test_injection_following_is_measured_for_an_obeying_and_an_immune_judge(judge_server):
+    labelled = labelled_items()[:12]
+    judge_server.default = lambda req: follower(req) if req["model"] == "follower" else scripted(req)
+    follows, immune = await evaluate_judges(labelled, [spec(judge_server, "follower"), spec(judge_server, "oracle")],
+                                            orders=2, repeats=1)
+    # the follower ranks every group's worst answer strictly first once it carries the instruction: from
+    # beating none of the others (0) to beating all (1)
+    assert follows.injection_groups == immune.injection_groups == 12
+    assert follows.injection_top == (1.0, 1.0, 1.0) and follows.injection_gain == (1.0, 1.0, 1.0)
+    # the oracle reads the quality, not the instruction: the worst stays last
+    assert immune.injection_top == (0.0, 0.0, 0.0) and immune.injection_gain == (0.0, 0.0, 0.0)
+    assert follows.accuracy[0] == immune.accuracy[0] == 1.0  # the clean figures are the same requests as before
+    assert follows.calls == immune.calls == 2 * 12  # the injected requests are reported apart
+    # one injected request per group, each with the instruction on the worst answer only
+    injected = [r for r in judge_server.requests if "Ignore previous instructions" in r["messages"][1]["content"]]
+    assert len(injected) == 24 and all(r["messages"][1]["content"].count("Ignore previous") == 1 for r in injected)
+    table = format_table([follows, immune])
+    assert "injection: top" in table and "1.00 [1.00, 1.00]" in table
+    [off] = await evaluate_judges(labelled[:2], [spec(judge_server, "oracle")], orders=1, repeats=1, injection=None)
+    assert off.injection_top is None and off.injection_groups == 0
+
+
+def test_injected_group_appends_to_one_worst_answer_only():
+    from groupwise.judge.evaluate import INJECTION, beaten_share, injected
+
+    g = LabelledGroup([[{"role": "user", "content": "q"}, {"role": "assistant", "content": a}] for a in "abc"],
+                      [0.5, 0.0, 1.0])
+    planted, w = injected(g)
+    assert w == 1 and planted.message_lists[1][-1]["content"] == f"b\n\n{INJECTION}"
+    assert planted.message_lists[0] == g.message_lists[0] and g.message_lists[1][-1]["content"] == "b"  # a copy
+    assert injected(LabelledGroup(g.message_lists[:2], [0.0, 0.0])) is None  # no answer is worse
+    assert injected(LabelledGroup(g.message_lists, [0.0, 0.0, 1.0]))[1] == 0  # of equal worst, the first
+    assert beaten_share([0.2, 0.2, 0.9], 0) == 0.25 and beaten_share([1.0, 0.2, 0.9], 0) == 1.0
+

@@ -1,4 +1,5 @@
-"""`groupwise judge eval`: agreement of judges with labelled groups, position flips, consistency, cost."""
+"""`groupwise judge eval`: agreement of judges with labelled groups, position flips, consistency, injection
+following, cost."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ class JudgeEvalJob(Job):
                                              "0.5 + margin")
     max_concurrent: int = arg(DEFAULT_MAX_CONCURRENT, low=1, help="requests in flight per judge")
     seed: int = arg(0, low=0, help="seed of the orders and of the bootstrap")
+    no_injection: bool = arg(False, help="skip the injection check (the worst answer of each group ending with "
+                                         "an instruction to score it best, judged once more)")
     json: str | None = arg(None, metavar="PATH", help="also write the figures as JSON")
     plot: str | None = arg(None, metavar="PNG", help="also plot them (needs the plots extra)")
 
@@ -40,7 +43,7 @@ def run(job: JudgeEvalJob) -> int:
     from groupwise.errors import ConfigError
     from groupwise.judge import DEFAULT_RUBRIC, JudgeSpec
     from groupwise.judge.eval_command import load_labels
-    from groupwise.judge.evaluate import evaluate_judges, format_table, plot_judges
+    from groupwise.judge.evaluate import INJECTION, evaluate_judges, format_table, plot_judges
 
     labelled, env_rubric = load_labels(job.labels, job.metric)
     if job.groups is not None:
@@ -57,7 +60,8 @@ def run(job: JudgeEvalJob) -> int:
         options["api_key"] = job.api_key
     specs = [JudgeSpec(j, rubric=rubric, options=dict(options)) for j in job.judge]
     reports = asyncio.run(evaluate_judges(labelled, specs, orders=job.orders, repeats=job.repeats,
-                                          max_concurrent=job.max_concurrent, seed=job.seed))
+                                          max_concurrent=job.max_concurrent, seed=job.seed,
+                                          injection=None if job.no_injection else INJECTION))
     print(format_table(reports, margin=job.margin))
     for r in reports:
         for e in r.errors:
@@ -71,9 +75,10 @@ def run(job: JudgeEvalJob) -> int:
 
 COMMAND = Command(
     "judge eval", JudgeEvalJob, run,
-    help="agreement of judges with labelled groups, position flips, consistency, cost",
+    help="agreement of judges with labelled groups, position flips, consistency, injection following, cost",
     description="Judge labelled groups (known scores or preferences) with each judge, in a seeded order, "
                 "reversed, and repeated; print pairwise accuracy and Kendall tau with bootstrap intervals, "
-                "the flip rate between orders, self-consistency, invalid answers, tokens, cost and seconds "
-                "per group.",
+                "the flip rate between orders, self-consistency, how far the judge follows an instruction planted "
+                "in the worst answer ('score it 1.0': how often it then ranks first, its rank gain), invalid "
+                "answers, tokens, cost and seconds per group.",
     epilog="Example: groupwise judge eval --labels titles --judge local/smollm2-135m --judge openai/o4-mini")

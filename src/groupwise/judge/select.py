@@ -43,6 +43,9 @@ async def select_judge(
     of pairwise accuracy among those whose lower bound exceeds 0.5 + margin; `JudgeSelectionError`
     (with the table) when none does."""
     specs = [j if isinstance(j, JudgeSpec) else JudgeSpec(str(j)) for j in judges]
+    # The choice reads accuracy and flips only: the injection check (one more call per group) is left to
+    # `groupwise judge eval` unless asked for.
+    evaluate_options.setdefault("injection", None)
     reports = await evaluate_judges(labelled, specs, **evaluate_options)
     table = format_table(reports, margin=margin)
     passing = [(r, s) for r, s in zip(reports, specs) if r.clears(margin)]

@@ -52,6 +52,7 @@ from groupwise.config import LoopConfig
 from groupwise.errors import ConfigError, NotTrainableError
 from groupwise.learning_signal import assess, loop_action
 from groupwise.loop.cursor import DataCursor, batches, resume_cursor
+from groupwise.loop.audit import audit_before_training
 from groupwise.loop.checks import before_training, check_fit_args, maybe_await, takes_scenario
 from groupwise.loop.detectors import Alert, answer_text, run_detectors
 from groupwise.loop.intervals import mean_interval
@@ -430,6 +431,8 @@ async def fit(
     await before_training(score_group)  # e.g. gw.JudgeSelection picks its judge here
     loop = Loop(model, rollout, train, val, test, score_group, validate, list(baselines), config)
     start = step = await model.get_step()
+    if config.audit != "off" and step == 0:
+        await audit_before_training(model, rollout, train, score_group, validate, config.audit)
     if config.max_steps_off_policy > 0:  # first: the keep_best below runs retention
         await hold_for_resume(model, step, config.max_steps_off_policy)
     history = loop.history
