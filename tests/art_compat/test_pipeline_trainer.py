@@ -170,3 +170,25 @@ async def test_a_pipelined_run_on_a_tiny_model(tiny_model_dir, tmp_path):
         versions = [v for g in gw.load_trajectories(model.store.run_dir, "train", r["step"]) for t in g
                     for v in t.policy_versions()]
         assert versions and all(r["step"] - 1 <= v <= r["step"] for v in versions)
+
+
+async def test_policy_version_0_is_a_version(tmp_path):
+    """A trajectory without token provenance counts at its initial_policy_version; version 0 (the base) was
+    read as "none" (``0 or step``), so the base's tokens trained at step k were logged 0 steps off-policy."""
+    async def from_the_base(model, scenario, config):
+        group = gw.TrajectoryGroup([
+            gw.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, {"role": "assistant", "content": f"a{i}"}],
+                          reward=float(i)) for i in range(2)])
+        for t in group.trajectories:
+            t.initial_policy_version = 0  # the rollout says which policy sampled it: the base
+        return group
+
+    model = gw.TrainableModel("zero", project="art", base_model="none", base_path=str(tmp_path))
+    await model.register(ScriptedBackend())
+    trainer = PipelineTrainer(model, model.backend, from_the_base, [{"i": i} for i in range(4)], None,
+                              num_rollout_workers=1, min_batch_size=1, max_batch_size=1, max_steps_off_policy=3,
+                              max_steps=4, eval_at_start=False)
+    await trainer.train(handle_signals=False)
+    h = gw.load_history(model.store.run_dir)
+    assert [r["steps_off_policy"] for r in rows(h, "pipeline")] == [0, 1, 2, 3]
+    assert trainer.discarded_stale_groups == 0

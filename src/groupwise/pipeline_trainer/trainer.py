@@ -252,8 +252,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             async with self._cond:  # rollouts for the next steps may start while this one trains
                 self.next_training_step = step + 1
                 self._cond.notify_all()
-            ages = [step - min(t.policy_versions() or [t.initial_policy_version or step]) for g in batch
-                    for t in g.trajectories]
+            ages = [step - min(_sampled_by(t, step)) for g in batch for t in g.trajectories]
             result = await self.model.train(batch, config=self.train_config,
                                             cursor={CURSOR_KEY: {"scenario_offset": self.scenario_offset}})
             step = int(result.step)
@@ -298,8 +297,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 first = group.exceptions[0]
                 raise GroupwiseError(f"all {len(group.exceptions)} rollouts of a group failed; the first: "
                                      f"{first.type}: {first.message}")
-            oldest = min(v for t in group.trajectories
-                         for v in (t.policy_versions() or [t.initial_policy_version if t.initial_policy_version is not None else step]))
+            oldest = min(v for t in group.trajectories for v in _sampled_by(t, step))
             if oldest < step - self.max_steps_off_policy:
                 self.discarded_stale_groups += 1
                 self._discarded.append(group)
@@ -378,3 +376,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                      "zero-variance %d, failed rollouts %d", self.policy_version, self.next_training_step,
                      self.scenario_offset, of, self._queue.qsize(), self.discarded_stale_groups,
                      self.zero_variance_groups, self.failed_rollouts)
+
+
+def _sampled_by(trajectory: Any, step: int) -> list[int]:
+    """The policy versions that sampled `trajectory`'s tokens: their provenance, else its
+    initial_policy_version (0, the base, is a version), else `step` (nothing says otherwise)."""
+    versions = trajectory.policy_versions()
+    if versions:
+        return versions
+    return [trajectory.initial_policy_version if trajectory.initial_policy_version is not None else step]
