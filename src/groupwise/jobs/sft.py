@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from groupwise.config import TrainSFTConfig
 from groupwise.errors import ConfigError, InvalidDataError
 from groupwise.jobs.common import device_field, folder_name_problem, model_field, run_name_problem, store_field
 from groupwise.jobs.fields import Command, Job, arg
@@ -54,10 +55,10 @@ class SFTJob(Job):
                                           "tictactoe-minimax)")
     n: int | None = arg(None, low=1, help=f"how many demonstrations (default: the file's all; env: {ENV_DEMONSTRATIONS})")
     epochs: int = arg(SFT_EPOCHS, low=1, help="passes over the demonstrations, one step each")
-    lr: float = arg(SFT_LEARNING_RATE, low=0, low_open=True, help="learning rate")
+    lr: float = arg(SFT_LEARNING_RATE, feeds=(TrainSFTConfig, "learning_rate"), help="learning rate")
     batch_size: int = arg(SFT_BATCH_SIZE, low=1, help="demonstrations per optimizer update")
     model: str = model_field()
-    seed: int = arg(0, help="random seed: which demonstrations and their order")
+    seed: int = arg(0, feeds=(TrainSFTConfig, "seed"), help="random seed: which demonstrations and their order")
     path: str = store_field()
     project: str | None = arg(None, check=folder_name_problem, help="project (default: the env's name, or 'sft' for "
                                                                      "a file)")

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from groupwise.config import DEFAULT_MARGIN
+from groupwise.config import DEFAULT_MARGIN, MARGIN_BOUNDS, LoopConfig, TrainConfig, TrainSFTConfig
 from groupwise.jobs.common import Dtype, device_field, dtype_field, model_field, run_name_problem, store_field
 from groupwise.jobs.fields import Command, Job, arg
 from groupwise.jobs.sft import SFT_EPOCHS, SFT_LEARNING_RATE, warm_start_fields, warm_started
@@ -117,13 +117,13 @@ class TrainJob(Job):
                                    help="check the judge(s) before training on a labelled set (an env with one: "
                                         "titles; 'env' for this env's; a JSONL file; a run folder) and train with "
                                         "the best that clears --judge-margin, or stop with the table when none does")
-    judge_margin: float = arg(DEFAULT_MARGIN, help="the bar: pairwise accuracy's lower bound must exceed 0.5 + margin")
+    judge_margin: float = arg(DEFAULT_MARGIN, **MARGIN_BOUNDS, help="the bar: pairwise accuracy's lower bound must exceed 0.5 + margin")
     steps: int | None = arg(None, low=1, help=f"train until this many steps are done in total (default: the env's "
                                               f"preset: {_presets_of('steps')}; a resumed run continues from where "
                                               "it stopped)")
-    seed: int = arg(0, exclusive="seed", help="seed of the training scenarios, their order and the run's name; the "
+    seed: int = arg(0, exclusive="seed", feeds=(LoopConfig, "seed"), help="seed of the training scenarios, their order and the run's name; the "
                                               "validation and test scenarios are the same for every seed")
-    seeds: list[int] | None = arg(None, exclusive="seed", low=0,
+    seeds: list[int] | None = arg(None, exclusive="seed", feeds=(LoopConfig, "seed"),
                                   help="several seeds trained at once in this process, one run each (e.g. 0-3 or "
                                        "0,2,5): one copy of the model, one engine batching every run's rollouts, a "
                                        "line per step per run and a table at the end")
@@ -134,7 +134,7 @@ class TrainJob(Job):
                                  "small agent is never correct, and the gate would zero every reward (no signal)")
     device: str | None = device_field()
     dtype: Dtype | None = dtype_field()
-    lr: list[float] | None = arg(None, low=0, low_open=True,
+    lr: list[float] | None = arg(None, feeds=(TrainConfig, "learning_rate"),
                                  help=f"GRPO learning rate; several (5e-4,1e-3) train one run per rate at once, as "
                                       f"--seeds does (default: the env's preset: {_presets_of('learning_rate')})")
     rollouts_per_group: int | None = arg(None, low=2, help=f"rollouts of each scenario, compared with each other "
@@ -148,7 +148,7 @@ class TrainJob(Job):
                                f"the tag), then GRPO from there; 0 is none (default: the env's preset: "
                                f"{_presets_of('sft')})")
     sft_epochs: int = arg(SFT_EPOCHS, low=1, help="SFT epochs, one step each")
-    sft_lr: float = arg(SFT_LEARNING_RATE, low=0, low_open=True, help="SFT learning rate")
+    sft_lr: float = arg(SFT_LEARNING_RATE, feeds=(TrainSFTConfig, "learning_rate"), help="SFT learning rate")
     batch_invariant: bool = arg(False, help="CPU only: each rollout's tokens and logprobs do not depend on which "
                                             "rollouts the engine batched with it, so two runs of one seed on one "
                                             "machine match exactly (slower: no prefix cache)")
