@@ -3,15 +3,14 @@
 Demonstrations come from a JSONL file in ART's SFT format (one ``{"messages": [...], "tools": [...]}`` per
 line) or from an env's scripted demonstrator (`EnvSpec.demonstrate`, e.g. the email agent that knows the
 ground truth). Each epoch is one `model.train_sft` call, so one step of the run: a checkpoint, an
-``sft`` history row and a served adapter. GRPO (`groupwise train` with the same ``--name``) continues
-from the last of them; a run that already has its SFT steps skips them (resume).
+``sft`` history row and a served adapter. GRPO (the `groupwise train` command it prints: the same
+project, name, base model and run store) continues from the last of them; a run that already has its SFT steps skips them (resume).
 """
 
 from __future__ import annotations
 
 import json
 import random
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,12 +161,13 @@ async def sft(job: SFTJob) -> dict[str, Any]:
     import groupwise as gw
     from groupwise.envs import get_env
 
+    env = None
     if Path(job.data).suffix == ".jsonl" or Path(job.data).is_file():
         trajectories = read_jsonl(job.data)[: job.n or None]
         project = job.project or "sft"
         name = job.name or f"{Path(job.data).stem}-s{job.seed}"
     else:
-        spec = get_env(job.data)
+        spec = env = get_env(job.data)
         trajectories = env_demonstrations(spec, job.n or ENV_DEMONSTRATIONS, seed=job.seed)
         project = job.project or spec.name
         name = job.name or f"{spec.name}-s{job.seed}"
@@ -184,18 +184,29 @@ async def sft(job: SFTJob) -> dict[str, Any]:
     finally:
         await backend.close()
     print(f"[groupwise sft] done: step {step} ({steps} SFT step(s)) in {(time.monotonic() - t0) / 60:.1f} min; "
-          f"continue with GRPO: groupwise train <env> --name {name} --path {job.path}")
+          f"continue with GRPO: {continuation(job, env.name if env is not None else None, project, name)}")
     return {"run_dir": str(model.run_dir), "step": step, "sft_steps": steps}
+
+
+def continuation(job: SFTJob, env: str | None, project: str, name: str) -> str:
+    """The `groupwise train` command that continues the run `job` warm-started: its project, name, base
+    model and run store (absolute: the command may be run from another folder), and for an env's
+    demonstrations that env and seed (a file's env is the user's to name: ``<env>``)."""
+    import shlex
+
+    words = ["groupwise", "train", env or "<env>", "--project", project, "--name", name, "--model", job.model,
+             "--path", str(Path(job.path).resolve())]
+    if env is not None:
+        words += ["--seed", str(job.seed)]
+    if job.device is not None:
+        words += ["--device", job.device]
+    return " ".join(w if w == "<env>" else shlex.quote(w) for w in words)
 
 
 def run(job: SFTJob) -> int:
     import asyncio
 
-    try:
-        asyncio.run(sft(job))
-    except (KeyError, ValueError) as exc:
-        print(f"groupwise sft: {exc.args[0] if exc.args else exc}", file=sys.stderr)
-        return 2
+    asyncio.run(sft(job))  # groupwise's own errors are one line (cli.main); anything else is a bug: its traceback
     return 0
 
 

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from groupwise.config import DEFAULT_MARGIN, MARGIN_BOUNDS, LoopConfig, TrainConfig, TrainSFTConfig
-from groupwise.jobs.common import Dtype, device_field, dtype_field, model_field, run_name_problem, store_field
+from groupwise.jobs.common import (Dtype, device_field, dtype_field, folder_name_problem, model_field, run_name_problem,
+                                   store_field)
 from groupwise.jobs.fields import Command, Job, arg
 from groupwise.jobs.sft import SFT_EPOCHS, SFT_LEARNING_RATE, warm_start_fields, warm_started
 from groupwise.jobs.train_setup import job_backend, judge_target, loop_config, peak_rss_gb, score_group_of, with_ci
@@ -128,6 +129,9 @@ class TrainJob(Job):
                                        "0,2,5): one copy of the model, one engine batching every run's rollouts, a "
                                        "line per step per run and a table at the end")
     path: str = store_field()
+    project: str | None = arg(None, check=folder_name_problem,
+                              help="the project of the run (default: the env's name); `groupwise sft` prints it "
+                                   "for the run it warm-started")
     name: str | None = arg(None, check=run_name_problem,
                            help="model name (default: <env>-s<seed>; an existing name resumes)")
     gate: bool = arg(False, help="hybrid envs (email): judge score x correctness. Off by default: an untrained "
@@ -190,6 +194,10 @@ class TrainJob(Job):
                     f"{value:g}" if isinstance(value, float) else str(value))
                 words.extend((spec.flag, shlex.quote(shown)))
         return " ".join(words)
+
+    def project_of(self) -> str:
+        """The project of the job's runs: the one given, else the env's name."""
+        return self.project or self.env
 
     def preset(self, learning_rate: float | None = None) -> Preset:
         """The env's preset, with the values this job sets in place of its own (`learning_rate`: a run's, else
@@ -255,7 +263,7 @@ async def train(job: TrainJob) -> dict[str, Any]:
           "in another terminal, then open http://127.0.0.1:8100")
 
     t0 = time.monotonic()
-    model = gw.TrainableModel(name=name, project=spec.name, base_model=model_name, base_path=path)
+    model = gw.TrainableModel(name=name, project=job.project_of(), base_model=model_name, base_path=path)
     backend = job_backend(job, preset)
     await model.register(backend)
     load_s = time.monotonic() - t0
