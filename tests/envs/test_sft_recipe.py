@@ -171,3 +171,23 @@ def test_the_help_names_every_env_that_has_a_demonstrator():
     data = next(f for f in flags(SFTJob) if f.name == "data")
     have = ", ".join(sorted(name for name, spec in ENVS.items() if spec.demonstrate is not None))
     assert data.help.endswith(f"an env with a scripted demonstrator ({have})")
+
+
+def test_a_resumed_warm_start_with_fewer_epochs_reports_the_sft_steps_the_run_holds():
+    """A run with 2 SFT steps resumed with --sft-epochs 1 reported 1: the GRPO step budget and the warm
+    start's baseline (its last SFT step) were then one step off."""
+    from types import SimpleNamespace
+
+    from groupwise.jobs.sft import warm_start
+
+    class Warm:  # a run whose two SFT steps are done (the seam: its history and step counter)
+        store = SimpleNamespace(history=lambda skip_corrupt: [{"split": "sft", "step": 0}, {"split": "sft", "step": 1}])
+
+        async def get_step(self):
+            return 2
+
+        async def train_sft(self, *args, **kwargs):
+            raise AssertionError("a done SFT step was trained again")
+
+    assert _run(warm_start(Warm(), [], epochs=1, learning_rate=1e-3, seed=0)) == 2
+    assert _run(warm_start(Warm(), [], epochs=2, learning_rate=1e-3, seed=0)) == 2

@@ -133,7 +133,7 @@ async def warm_start(model: Any, trajectories: list[Any], *, epochs: int, learni
         print(f"[groupwise sft] epoch {epoch + 1}/{epochs} -> step {result.step}: loss {m['loss']:.4f} "
               f"(first batch {m['first_loss']:.4f}, last {m['last_loss']:.4f}), {int(m['trainable_tokens'])} target "
               f"tokens, {int(m['updates'])} updates, {time.monotonic() - t0:.0f}s", flush=True)
-    return epochs
+    return max(done, epochs)  # a resume asking fewer epochs than were done keeps (and counts) them all
 
 
 async def warm_started(spec: EnvSpec, n: int, model: Any, *, seed: int, epochs: int,
