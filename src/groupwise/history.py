@@ -149,11 +149,12 @@ def _torn(line: str) -> bool:
     return not line.rstrip().endswith("}")
 
 
-def read_jsonl(path: Path, skip_corrupt: bool, *, skip_torn: bool = False) -> Iterator[tuple[int, Any]]:
+def read_jsonl(path: Path, skip_corrupt: bool, *, skip_torn: bool = False, warn: bool = True) -> Iterator[tuple[int, Any]]:
     """(line number, object) of each line. A line that does not parse (or is not UTF-8) raises
     `CorruptRecordError`, unless `skip_corrupt`; with `skip_torn`, a torn line (the start of a line a
     crash cut short: it cannot end with ``}``) is skipped too. Every skipped line is warned about, by
-    file and line."""
+    file and line, unless not `warn` (a server showing what it can read: silencing warnings with
+    `warnings.catch_warnings` instead changes the filters of every thread of the process)."""
     for n, (line, problem) in enumerate(_text_lines(path), start=1):
         if not line.strip():
             continue
@@ -167,25 +168,28 @@ def read_jsonl(path: Path, skip_corrupt: bool, *, skip_torn: bool = False) -> It
         if not (skip_corrupt or (skip_torn and torn)):
             raise CorruptRecordError(str(path), n, problem)
         what = "a line cut short by a crash mid-write" if torn else problem
-        warnings.warn(f"{path}:{n}: skipped ({what})", GroupwiseWarning, stacklevel=3)
+        if warn:
+            warnings.warn(f"{path}:{n}: skipped ({what})", GroupwiseWarning, stacklevel=3)
 
 
-def load_history(run_dir: str | os.PathLike, *, skip_corrupt: bool = False) -> list[Row]:
+def load_history(run_dir: str | os.PathLike, *, skip_corrupt: bool = False, warn: bool = True) -> list[Row]:
     """The rows of `run_dir/history.jsonl` in the order they were written ([] when there is none).
 
     A torn line (a crash mid-append) is skipped with a warning naming the file and line; any other
     corrupt line raises `CorruptRecordError`, unless `skip_corrupt` (then it is skipped, with a warning).
+    Not `warn`: skipped without one (`read_jsonl`).
     """
     path = Path(run_dir) / HISTORY_FILE
     if not path.exists():
         return []
     rows = []
-    for n, obj in read_jsonl(path, skip_corrupt, skip_torn=True):
+    for n, obj in read_jsonl(path, skip_corrupt, skip_torn=True, warn=warn):
         if not _is_row(obj):
             if not skip_corrupt:
                 raise CorruptRecordError(str(path), n, "a history row must be an object with 'step' and 'split'")
-            warnings.warn(f"{path}:{n}: skipped (a history row must be an object with 'step' and 'split')",
-                          GroupwiseWarning, stacklevel=2)
+            if warn:
+                warnings.warn(f"{path}:{n}: skipped (a history row must be an object with 'step' and 'split')",
+                              GroupwiseWarning, stacklevel=2)
             continue
         rows.append(obj)
     return rows

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.choices import choice_forced_indices, choice_logprobs, choice_token_ids, choice_token_texts
-from groupwise.errors import GroupwiseError, GroupwiseWarning, StoreError, UnknownKeyError
+from groupwise.errors import GroupwiseError, StoreError, UnknownKeyError
 from groupwise.loop.compare import resolve_step
 from groupwise.loop.detectors import judge_disagreement
 from groupwise.loop.report import val_metric_name
@@ -89,9 +88,7 @@ class GroupCache:
             if hit is not None and hit[0] == key:
                 self._files.move_to_end(path)
         if hit is None or hit[0] != key:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", GroupwiseWarning)
-                hit = (key, read_group_dicts(path, skip_corrupt=True), {})
+            hit = (key, read_group_dicts(path, skip_corrupt=True, warn=False), {})
             with self._lock:
                 self._files[path] = hit
                 self._files.move_to_end(path)
@@ -129,9 +126,7 @@ class GroupCache:
             except (KeyError, TypeError, AttributeError):
                 built = None  # a summary damaged by hand: the step file is the record
         if built is None:  # a run written before summaries, or a step file rewritten since its summary
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", GroupwiseWarning)
-                built = _file_index(summarize(read_group_dicts(path, skip_corrupt=True)), split, step)
+            built = _file_index(summarize(read_group_dicts(path, skip_corrupt=True, warn=False)), split, step)
         with self._lock:
             self._index[path] = (key, built)
         return built
