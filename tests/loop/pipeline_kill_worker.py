@@ -1,12 +1,13 @@
 """A pipelined run on a tiny model (LocalBackend, `max_steps_off_policy=1`) in its own process, for the
 kill -9 tests (test_loop_pipeline_kill.py).
 
-    python pipeline_kill_worker.py <store> <model_dir> [--hang-in-update K | --hang-in-save K]
+    python pipeline_kill_worker.py <store> <model_dir> [--hang-in-update K | --hang-in-save K] [--name NAME]
 
 With --hang-in-update K it writes ``<store>/hanging`` inside the GRPO update of step K (the batch of
 step K+1 being gathered meanwhile) and sleeps; with --hang-in-save K it does so inside the write of
 checkpoint K (adapter and optimizer files written, state.json not yet). The test SIGKILLs it there,
-then runs this script again without a hang: the run resumes and ends.
+then runs this script again without a hang: the run resumes and ends. --name trains another run than
+"piped" (two processes training two runs of one store at once).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ async def rollout(model, scenario):
     return gw.Trajectory(messages_and_choices=[*messages, choice], reward=len(choice.message.content or "") % 7 / 6)
 
 
-async def main(store: str, model_dir: str, hang_in_update: int | None, hang_in_save: int | None) -> None:
+async def main(store: str, model_dir: str, hang_in_update: int | None, hang_in_save: int | None,
+               name: str = "piped") -> None:
     if hang_in_save is not None:
         import groupwise.training.checkpoint as ckpt
 
@@ -53,7 +55,7 @@ async def main(store: str, model_dir: str, hang_in_update: int | None, hang_in_s
             return real_json(path, obj)
 
         ckpt.write_checkpoint, ckpt._write_json = write_checkpoint, write_json
-    model = gw.TrainableModel("piped", project="kill", base_model=model_dir, base_path=store)
+    model = gw.TrainableModel(name, project="kill", base_model=model_dir, base_path=store)
     backend = gw.LocalBackend(path=store, device="cpu", best_checkpoint_metric=None)
     await model.register(backend)
     if hang_in_update is not None:
@@ -82,4 +84,5 @@ if __name__ == "__main__":
     def option(name: str) -> int | None:
         return int(args[args.index(name) + 1]) if name in args else None
 
-    asyncio.run(main(args[0], args[1], option("--hang-in-update"), option("--hang-in-save")))
+    asyncio.run(main(args[0], args[1], option("--hang-in-update"), option("--hang-in-save"),
+                     args[args.index("--name") + 1] if "--name" in args else "piped"))

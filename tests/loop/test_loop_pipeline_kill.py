@@ -75,3 +75,22 @@ def test_a_pipelined_run_killed_mid_update_or_mid_checkpoint_resumes_whole(tiny_
         state = read_state(folder)
         assert state is not None and verify_checkpoint(state) is None, folder
     assert not [p for p in (run / "checkpoints").iterdir() if not p.name.isdigit() and not p.name.startswith(".")]
+
+
+def test_two_processes_train_two_runs_of_one_store_at_once(tiny_model_dir, tmp_path):
+    """Each process its own backend, engine and run; the store's shared parts (its folders, the base's
+    files) are shared. Both finish, each run's folder holds only its own rows and steps."""
+    store = tmp_path / "store"
+    procs = {name: worker(store, tiny_model_dir, "--name", name) for name in ("left", "right")}
+    for name, proc in procs.items():
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out[-3000:]
+        assert json.loads(out.strip().splitlines()[-1]) == {"final_step": STEPS, "start_step": 0}
+    for name in procs:
+        run = store / "kill" / name
+        history = gw.load_history(run)
+        assert sorted(r["step"] for r in history if r["split"] == "train") == list(range(STEPS))
+        assert [k for k, n in Counter(history_key(r) for r in history).items() if n > 1] == []
+        assert max(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == STEPS
+        names = {t.messages()[0]["content"] for s in range(STEPS) for g in gw.load_trajectories(run, "train", s) for t in g}
+        assert names and all(n.startswith("Count to") for n in names)
