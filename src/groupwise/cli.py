@@ -6,7 +6,7 @@ says how a field becomes a flag), so adding a flag is adding a field. The job mo
 heavy when they load (their `run` imports the domain it drives), so `groupwise --help` loads no torch.
 
 Caller errors are one line and exit code 2, before anything is loaded: argparse refuses a value by
-itself (a field's type, bounds, choices and check), and building the job refuses what needs the machine
+itself (a field's type, bounds, choices and check, and the check of the config field it feeds), and building the job refuses what needs the machine
 (a local model path, the run store folder, a CUDA device) or several fields (`Job.rules`), as does a
 `ConfigError` the job raises while checking its inputs before loading a model. Any other error of
 groupwise's own (`GroupwiseError`: its message says what to do) is one line too, exit code 1; a traceback

@@ -35,6 +35,8 @@ DEFAULT_CONFIDENCE = 0.95  # the confidence level of every interval: validations
 # Judge evaluation (`groupwise judge eval`, `gw.judge.evaluate_judges`, `select_judge`): here, not in
 # groupwise.judge, so the CLI shows them without importing the judge (and its clients).
 DEFAULT_MARGIN = 0.05  # a judge clears the bar when its pairwise accuracy's lower bound exceeds 0.5 + this
+# The margin's range: below 0 the bar is under chance, from 0.5 on no accuracy clears it.
+MARGIN_BOUNDS: dict[str, Any] = {"low": 0.0, "high": 0.5, "high_open": True}
 DEFAULT_ORDERS = 2  # orders each group is judged in: seeded, reversed, then further seeds
 DEFAULT_REPEATS = 2  # identical requests per group, for self-consistency
 DEFAULT_MAX_CONCURRENT = 4  # requests in flight per judge

@@ -18,7 +18,8 @@ line) and parsing the whole file each time grows with the run: quadratic over a 
 - the disk work runs on one writer thread (`write`, awaited by async code: the event loop never waits on
   an fsync), in the order the rows entered memory, so the file is always a prefix of what the mirror
   holds, and every write is on disk (fsynced) when `append`/`write` returns: crash-safe as a synchronous
-  append;
+  append; a write that fails (a full disk) raises, and the mirror reloads the file once no write is
+  pending, so it never keeps a row the file lacks;
 - readers see a row as soon as it is appended; the mirror rereads the file only when someone else
   changed it (its size, inode or mtime differ from what its own last write left, checked with one
   ``stat``), e.g. a person who truncated it, or a second `RunHistory` after `RunHistory.of` forgot the
@@ -148,11 +149,12 @@ def _torn(line: str) -> bool:
     return not line.rstrip().endswith("}")
 
 
-def read_jsonl(path: Path, skip_corrupt: bool, *, skip_torn: bool = False) -> Iterator[tuple[int, Any]]:
+def read_jsonl(path: Path, skip_corrupt: bool, *, skip_torn: bool = False, warn: bool = True) -> Iterator[tuple[int, Any]]:
     """(line number, object) of each line. A line that does not parse (or is not UTF-8) raises
     `CorruptRecordError`, unless `skip_corrupt`; with `skip_torn`, a torn line (the start of a line a
     crash cut short: it cannot end with ``}``) is skipped too. Every skipped line is warned about, by
-    file and line."""
+    file and line, unless not `warn` (a server showing what it can read: silencing warnings with
+    `warnings.catch_warnings` instead changes the filters of every thread of the process)."""
     for n, (line, problem) in enumerate(_text_lines(path), start=1):
         if not line.strip():
             continue
@@ -166,25 +168,28 @@ def read_jsonl(path: Path, skip_corrupt: bool, *, skip_torn: bool = False) -> It
         if not (skip_corrupt or (skip_torn and torn)):
             raise CorruptRecordError(str(path), n, problem)
         what = "a line cut short by a crash mid-write" if torn else problem
-        warnings.warn(f"{path}:{n}: skipped ({what})", GroupwiseWarning, stacklevel=3)
+        if warn:
+            warnings.warn(f"{path}:{n}: skipped ({what})", GroupwiseWarning, stacklevel=3)
 
 
-def load_history(run_dir: str | os.PathLike, *, skip_corrupt: bool = False) -> list[Row]:
+def load_history(run_dir: str | os.PathLike, *, skip_corrupt: bool = False, warn: bool = True) -> list[Row]:
     """The rows of `run_dir/history.jsonl` in the order they were written ([] when there is none).
 
     A torn line (a crash mid-append) is skipped with a warning naming the file and line; any other
     corrupt line raises `CorruptRecordError`, unless `skip_corrupt` (then it is skipped, with a warning).
+    Not `warn`: skipped without one (`read_jsonl`).
     """
     path = Path(run_dir) / HISTORY_FILE
     if not path.exists():
         return []
     rows = []
-    for n, obj in read_jsonl(path, skip_corrupt, skip_torn=True):
+    for n, obj in read_jsonl(path, skip_corrupt, skip_torn=True, warn=warn):
         if not _is_row(obj):
             if not skip_corrupt:
                 raise CorruptRecordError(str(path), n, "a history row must be an object with 'step' and 'split'")
-            warnings.warn(f"{path}:{n}: skipped (a history row must be an object with 'step' and 'split')",
-                          GroupwiseWarning, stacklevel=2)
+            if warn:
+                warnings.warn(f"{path}:{n}: skipped (a history row must be an object with 'step' and 'split')",
+                              GroupwiseWarning, stacklevel=2)
             continue
         rows.append(obj)
     return rows
@@ -284,6 +289,9 @@ class RunHistory(Sequence[Row]):
         self._by_split: dict[str, list[int]] = {}  # split -> indices into self._rows, in written order
         self._signature: tuple[int, int, int] | None | bool = False  # False: never loaded
         self._pending = 0  # writes submitted to the writer thread and not yet done
+        # A write failed since the last load: memory holds a row the file lacks, so no later write's
+        # signature may pass for the file's; the next read once no write is pending reloads it.
+        self._failed = False
         self.loads = 0  # how many times the file was parsed (tests hold the loop to one per run)
         self.writes = 0  # how many lines were appended, and how many rewrites (`rewrites`)
         self.rewrites = 0
@@ -313,6 +321,7 @@ class RunHistory(Sequence[Row]):
 
     def _load(self, signature: tuple[int, int, int] | None) -> None:
         self._lines, self._rows, self._row_line, self._by_key, self._by_split = [], [], [], {}, {}
+        self._failed = False
         lines = list(_text_lines(self.path)) if signature is not None else []
         if signature is not None:
             self.loads += 1
@@ -484,11 +493,13 @@ class RunHistory(Sequence[Row]):
         except BaseException:
             with self._lock:
                 self._pending -= 1
+                self._failed = True
                 self._signature = False  # the file is not what memory holds: reload it at the next read
             raise
         with self._lock:
             self._pending -= 1
-            self._signature = _signature(st)
+            # after a failed write, a later one that succeeded leaves a file memory still differs from
+            self._signature = False if self._failed else _signature(st)
 
     def _write_line(self, line: str) -> os.stat_result:
         self.run_dir.mkdir(parents=True, exist_ok=True)

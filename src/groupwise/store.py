@@ -470,23 +470,25 @@ def read_groups(path: str | os.PathLike, *, skip_corrupt: bool = False) -> list[
     return groups
 
 
-def read_group_dicts(path: str | os.PathLike, *, skip_corrupt: bool = False) -> list[dict[str, Any]]:
+def read_group_dicts(path: str | os.PathLike, *, skip_corrupt: bool = False, warn: bool = True) -> list[dict[str, Any]]:
     """The groups of one trajectory file as the JSON objects stored, in line order, NOT validated.
 
     For readers that need a few fields of many files (a search, a ranking): validating a group builds
     every token's logprob entry, which costs far more than the JSON itself. Only the shape is checked
     (an object whose ``trajectories`` is a list of objects), so line numbers match `read_groups`' on
     a sound file; a value that `read_groups` would refuse is returned as stored. A line that is not
-    such an object raises `CorruptRecordError`, or with `skip_corrupt` is skipped with a warning."""
+    such an object raises `CorruptRecordError`, or with `skip_corrupt` is skipped with a warning (none
+    when not `warn`: `read_jsonl`)."""
     path = Path(path)
     out: list[dict[str, Any]] = []
-    for n, obj in read_jsonl(path, skip_corrupt):
+    for n, obj in read_jsonl(path, skip_corrupt, warn=warn):
         trajs = obj.get("trajectories", []) if isinstance(obj, dict) else None
         if not isinstance(trajs, list) or not all(isinstance(t, dict) for t in trajs):
             if not skip_corrupt:
                 raise CorruptRecordError(str(path), n, "not a TrajectoryGroup: expected an object with a list "
                                          "of trajectory objects")
-            warnings.warn(f"{path}:{n}: skipped (not a TrajectoryGroup)", GroupwiseWarning, stacklevel=2)
+            if warn:
+                warnings.warn(f"{path}:{n}: skipped (not a TrajectoryGroup)", GroupwiseWarning, stacklevel=2)
             continue
         out.append(obj)
     return out

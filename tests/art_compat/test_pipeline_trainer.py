@@ -170,3 +170,81 @@ async def test_a_pipelined_run_on_a_tiny_model(tiny_model_dir, tmp_path):
         versions = [v for g in gw.load_trajectories(model.store.run_dir, "train", r["step"]) for t in g
                     for v in t.policy_versions()]
         assert versions and all(r["step"] - 1 <= v <= r["step"] for v in versions)
+
+
+async def test_policy_version_0_is_a_version(tmp_path):
+    """A trajectory without token provenance counts at its initial_policy_version; version 0 (the base) was
+    read as "none" (``0 or step``), so the base's tokens trained at step k were logged 0 steps off-policy."""
+    async def from_the_base(model, scenario, config):
+        group = gw.TrajectoryGroup([
+            gw.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, {"role": "assistant", "content": f"a{i}"}],
+                          reward=float(i)) for i in range(2)])
+        for t in group.trajectories:
+            t.initial_policy_version = 0  # the rollout says which policy sampled it: the base
+        return group
+
+    model = gw.TrainableModel("zero", project="art", base_model="none", base_path=str(tmp_path))
+    await model.register(ScriptedBackend())
+    trainer = PipelineTrainer(model, model.backend, from_the_base, [{"i": i} for i in range(4)], None,
+                              num_rollout_workers=1, min_batch_size=1, max_batch_size=1, max_steps_off_policy=3,
+                              max_steps=4, eval_at_start=False)
+    await trainer.train(handle_signals=False)
+    h = gw.load_history(model.store.run_dir)
+    assert [r["steps_off_policy"] for r in rows(h, "pipeline")] == [0, 1, 2, 3]
+    assert trainer.discarded_stale_groups == 0
+
+
+class CheckpointingBackend(ScriptedBackend):
+    """The scripted backend, leaving a checkpoint folder (its state.json) per step as a real one does."""
+
+    async def train(self, model, groups, config, *, cursor=None):
+        import json
+
+        from groupwise.store import step_dir_name
+        from groupwise.training.checkpoint import STATE_FILE
+
+        result = await super().train(model, groups, config, cursor=cursor)
+        folder = model.store.checkpoints_dir / step_dir_name(result.step)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / STATE_FILE).write_text(json.dumps({"step": result.step}))
+        return result
+
+
+async def test_arts_checkpoint_metrics_are_written_and_reach_the_retention_strategy(tmp_path):
+    """groupwise.pipeline_trainer exports ART's checkpoint metric names (CHECKPOINT_SAVED_METRIC, ...), which
+    ART writes into the history of each checkpoint's step; nothing wrote them, so a strategy keyed on them
+    (keep the evaluated checkpoints) never saw one."""
+    from groupwise.pipeline_trainer import (CHECKPOINT_CREATED_AT_METRIC, CHECKPOINT_EVAL_COMPLETED_METRIC,
+                                            CHECKPOINT_SAVED_METRIC)
+
+    async def rollout(model, scenario, config):
+        version = await model.get_step()
+        return gw.TrajectoryGroup([gw.Trajectory(messages_and_choices=[{"role": "user", "content": "q"},
+                                                                       sampled(f"a{i}", [version])], reward=float(i))
+                                   for i in range(2)])
+
+    async def evaluate(model, step, config):
+        return [gw.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, sampled("a", [step])], reward=1.0)]
+
+    seen: list[dict[int, dict[str, float]]] = []
+
+    def strategy(context):
+        seen.append({c.step: c.metrics for c in context.checkpoints})
+        return {c.step for c in context.checkpoints}
+
+    model = gw.TrainableModel("ckpt", project="art", base_model="none", base_path=str(tmp_path))
+    await model.register(CheckpointingBackend())
+    trainer = PipelineTrainer(model, model.backend, rollout, [{"i": i} for i in range(40)], None, eval_fn=evaluate,
+                              num_rollout_workers=1, min_batch_size=1, max_batch_size=1, max_steps_off_policy=0,
+                              max_steps=4, eval_every_n_steps=2, eval_at_start=False,
+                              checkpoint_retention_strategy=strategy, checkpoint_retention_interval=1)
+    await trainer.train(handle_signals=False)
+    by_step = {r["step"]: r for r in rows(gw.load_history(model.store.run_dir), "checkpoint")}
+    assert sorted(by_step) == [1, 2, 3, 4]
+    assert all(r["saved"] == 1.0 and r["created_at_unix"] > 0 for r in by_step.values())
+    assert [s for s, r in by_step.items() if r.get("eval_completed") == 1.0] == [2, 4]
+    # a strategy sees them under ART's names (the checkpoints it may delete: all but the latest)
+    last = seen[-1]
+    assert sorted(last) == [1, 2, 3]
+    assert last and all(m[CHECKPOINT_SAVED_METRIC] == 1.0 and CHECKPOINT_CREATED_AT_METRIC in m for m in last.values())
+    assert CHECKPOINT_EVAL_COMPLETED_METRIC in last.get(2, {})

@@ -46,3 +46,37 @@ async def test_a_budget_the_device_cannot_hold_is_refused_and_the_runs_on_it_go_
 def test_the_budget_option_is_checked():
     with pytest.raises(gw.errors.ConfigError, match="memory_budget_gb"):
         gw.LocalBackend(memory_budget_gb=0)
+
+
+async def test_every_run_joined_to_a_shared_base_is_counted_and_a_join_the_device_cannot_hold_is_refused(
+        tiny_model_dir, tmp_path, monkeypatch):
+    """The budget counted one adapter whatever the number of runs on the base: a run joining a base whose
+    device had no room for its adapter and AdamW state was let in, and its first step took the memory."""
+    from groupwise.backend import budget as budget_module
+
+    backend = gw.LocalBackend(path=str(tmp_path), device="cpu", best_checkpoint_metric=None)
+    first = gw.TrainableModel(name="first", project="p", base_model=tiny_model_dir)
+    await first.register(backend)
+    try:
+        base = backend._worker.bases[tiny_model_dir]
+        one = base.budget.total
+        assert base.budget.models == 1
+        # the device has room for the base's budget so far and one byte short of another adapter
+        monkeypatch.setattr(budget_module, "available_bytes", lambda device: (base.budget.adapter - 1, 64 * GB))
+        second = gw.TrainableModel(name="second", project="p", base_model=tiny_model_dir)
+        with pytest.raises(MemoryBudgetError, match=r"2 adapter\(s\)"):
+            await second.register(backend)
+        assert base.models == ["first"] and base.budget.models == 1 and base.budget.total == one
+        # with room for it, it joins and the budget counts both runs' adapters
+        monkeypatch.setattr(budget_module, "available_bytes", lambda device: (base.budget.adapter, 64 * GB))
+        await second.register(backend)
+        assert base.models == ["first", "second"]
+        assert base.budget.models == 2 and base.budget.total == one + base.budget.adapter
+        third = gw.TrainableModel(name="third", project="p", base_model=tiny_model_dir)
+        monkeypatch.setattr(budget_module, "available_bytes", lambda device: (10 * GB, 64 * GB))
+        await third.register(backend)
+        assert base.budget.models == 3
+        await backend.unregister(third)  # a run that leaves gives its share back
+        assert base.budget.models == 2 and base.models == ["first", "second"]
+    finally:
+        await backend.close()

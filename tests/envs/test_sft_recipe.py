@@ -4,6 +4,7 @@ agent become SFT steps of the run (resumed, not repeated), and GRPO continues fr
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +62,11 @@ def test_groupwise_sft_makes_steps_and_resumes_without_repeating_them(tiny_model
     rows = [r for r in gw.load_history(run) if r["split"] == "sft"]
     assert [r["step"] for r in rows] == [0, 1] and all(r["updates"] == 2 for r in rows)
     assert (run / "checkpoints" / "0002" / "state.json").is_file()
+    # the command it prints continues this run: its project, name, base model and run store
+    (said,) = [line for line in capsys.readouterr().out.splitlines() if "continue with GRPO: " in line]
+    continuation = continues(said, env="tictactoe")
+    assert continuation.model == tiny_model_dir
+    assert (Path(continuation.path) / continuation.project_of() / continuation.name).resolve() == run.resolve()
     assert main(args) == 0  # a second call finds its SFT steps done
     assert len([r for r in gw.load_history(run) if r["split"] == "sft"]) == 2
     assert "done: step 2 (2 SFT step(s))" in capsys.readouterr().out
@@ -101,6 +107,55 @@ def test_grpo_after_a_warm_start_begins_at_the_first_scenarios(tiny_model_dir, t
     assert first["step"] == 1 and first["scenarios"] == epoch_order(n, 0, 0)[:2]
 
 
+def continues(line: str, env: str):
+    """The TrainJob of the `groupwise train` command a line prints, its <env> placeholder as `env`."""
+    import shlex
+
+    from groupwise.cli import build_parser
+
+    words = shlex.split(line.split("continue with GRPO: ", 1)[1])
+    assert words[:2] == ["groupwise", "train"], line
+    args = build_parser().parse_args([w.replace("<env>", env) for w in words[1:]])
+    return args._command.job(**{k: v for k, v in vars(args).items() if not k.startswith("_")})
+
+
+def test_an_env_warm_start_prints_the_command_that_continues_it(tiny_model_dir, tmp_path, capsys):
+    # one demonstration, one epoch: the cheapest warm start; project and seed are not the defaults
+    args = ["sft", "tictactoe", "-n", "1", "--epochs", "1", "--seed", "3", "--project", "games", "--model",
+            tiny_model_dir, "--path", str(tmp_path / "runs"), "--device", "cpu"]
+    assert main(args) == 0
+    (said,) = [line for line in capsys.readouterr().out.splitlines() if "continue with GRPO: " in line]
+    job = continues(said, env="unused")
+    assert job.env == "tictactoe" and job.seed == 3 and job.model == tiny_model_dir
+    run = tmp_path / "runs" / "games" / "tictactoe-s3"
+    assert gw.load_history(run) and (Path(job.path) / job.project_of() / (job.name or "")).resolve() == run.resolve()
+
+
+def test_a_bug_in_groupwise_sft_keeps_its_traceback(tmp_path, monkeypatch, capsys):
+    """`groupwise sft` made every KeyError and ValueError one line with exit 2: a bug lost its traceback (and
+    read as the user's mistake). Only groupwise's own errors are one line."""
+    import groupwise.jobs.sft as sft_job
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}))
+
+    def buggy(path):
+        return {}["no such key"]
+
+    monkeypatch.setattr(sft_job, "read_jsonl", buggy)
+    with pytest.raises(KeyError, match="no such key"):
+        main(["sft", str(data), "--path", str(tmp_path / "runs")])
+    monkeypatch.setattr(sft_job, "read_jsonl", lambda path: int("x"))
+    with pytest.raises(ValueError, match="invalid literal"):
+        main(["sft", str(data), "--path", str(tmp_path / "runs")])
+    # a file the user got wrong is still one line naming file and line (groupwise's own error)
+    monkeypatch.undo()
+    data.write_text('{"msgs": []}\n')
+    assert main(["sft", str(data), "--path", str(tmp_path / "runs")]) in (1, 2)
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{data}:1" in err and "Traceback" not in err
+
+
 def _run(coro):
     import asyncio
 
@@ -116,3 +171,23 @@ def test_the_help_names_every_env_that_has_a_demonstrator():
     data = next(f for f in flags(SFTJob) if f.name == "data")
     have = ", ".join(sorted(name for name, spec in ENVS.items() if spec.demonstrate is not None))
     assert data.help.endswith(f"an env with a scripted demonstrator ({have})")
+
+
+def test_a_resumed_warm_start_with_fewer_epochs_reports_the_sft_steps_the_run_holds():
+    """A run with 2 SFT steps resumed with --sft-epochs 1 reported 1: the GRPO step budget and the warm
+    start's baseline (its last SFT step) were then one step off."""
+    from types import SimpleNamespace
+
+    from groupwise.jobs.sft import warm_start
+
+    class Warm:  # a run whose two SFT steps are done (the seam: its history and step counter)
+        store = SimpleNamespace(history=lambda skip_corrupt: [{"split": "sft", "step": 0}, {"split": "sft", "step": 1}])
+
+        async def get_step(self):
+            return 2
+
+        async def train_sft(self, *args, **kwargs):
+            raise AssertionError("a done SFT step was trained again")
+
+    assert _run(warm_start(Warm(), [], epochs=1, learning_rate=1e-3, seed=0)) == 2
+    assert _run(warm_start(Warm(), [], epochs=2, learning_rate=1e-3, seed=0)) == 2

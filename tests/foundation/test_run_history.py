@@ -97,3 +97,37 @@ def test_the_typed_views_read_what_the_series_readers_read(tmp_path):
     assert baseline_values(history, "accuracy") == baseline_values(rows, "accuracy") == {"m@0": 0.5}
     assert history.alerts() == [AlertRecord(2, "val_drop", "critical", "fell", "stop", {"drop": 0.2})]
     assert [AlertRecord.from_row(r) for r in events(rows, "alert")] == history.alerts()
+
+
+def test_a_row_a_failed_write_left_out_is_not_kept_in_memory(tmp_path, monkeypatch):
+    """A failed append was left in the mirror when another write queued behind it succeeded (that write's
+    file signature matched, so nothing reloaded): the loop read a row the file never got."""
+    import errno
+
+    from groupwise.errors import RunFolderError
+
+    h = RunHistory(tmp_path)
+    h.append({"step": 0, "split": "train", "reward": 0.5})
+    release = threading.Event()
+    real = history_module._append_line
+
+    def full_disk_once(path, line):
+        if '"reward":1.5' in line:  # the disk fills on this row, while the next one waits behind it
+            release.wait(10)
+            raise history_module._unwritable(path, OSError(errno.ENOSPC, "No space left on device"))
+        return real(path, line)
+
+    monkeypatch.setattr(history_module, "_append_line", full_disk_once)
+    _, failed = h._enter({"step": 1, "split": "train", "reward": 1.5}, False)
+    _, written = h._enter({"step": 1, "split": "val", "accuracy": 0.25}, False)
+    release.set()
+    with pytest.raises(RunFolderError):
+        failed.result(10)
+    written.result(10)
+    assert not h.has({"step": 1, "split": "train"})
+    assert [(r["step"], r["split"]) for r in h] == [(0, "train"), (1, "val")]
+    assert [(r["step"], r["split"]) for r in h] == [(r["step"], r["split"]) for r in load_history(tmp_path)]
+    # the same row written again (the step redone, the disk freed) goes in
+    monkeypatch.undo()
+    assert h.append({"step": 1, "split": "train", "reward": 1.5})
+    assert h.has({"step": 1, "split": "train"}) and len(load_history(tmp_path)) == 3

@@ -96,3 +96,21 @@ def test_an_unknown_prefix_lists_the_local_one():
         import asyncio
 
         asyncio.run(gw.ruler_score_group(group, "nosuch/model"))
+
+
+def test_a_group_too_large_for_the_judges_context_is_a_clear_error(tiny_model_dir):
+    """200 long trajectories judged by a local judge of a 2048-token context: each chunk of 12 is more than
+    fits. The request is refused (nothing is truncated to fit), and the error says what to change instead
+    of "check the model name and the API key"."""
+    pytest.importorskip("torch")
+    import asyncio
+
+    words = " ".join(f"word{i}" for i in range(120))
+    group = gw.TrajectoryGroup([gw.Trajectory(messages_and_choices=[
+        {"role": "user", "content": "task"}, {"role": "assistant", "content": f"attempt {i}: {words}"}])
+        for i in range(200)])
+    with pytest.raises(gw.errors.JudgeError) as e:
+        asyncio.run(gw.ruler_score_group(group, f"local/{tiny_model_dir}", swallow_exceptions=False, max_tokens=64))
+    message = str(e.value)
+    assert "context length is 2048" in message
+    assert "12 trajectories" in message and "max_group_size" in message and "API key" not in message

@@ -373,3 +373,18 @@ async def test_openai_judge_follows_litellms_base_url_variable(judge_server, mon
     monkeypatch.delenv("OPENAI_API_BASE")
     await ruler_score_group(make_group([0.2, 0.8]), "openai/o3", backoff_s=0.0)
     assert len(judge_server.requests) == 3
+
+
+async def test_a_200_trajectory_group_is_judged_whole_in_chunks(judge_server):
+    """A very large group: every trajectory is shown (in chunks of at most max_group_size) and scored;
+    none is dropped or truncated to fit one prompt."""
+    judge_server.default = honest
+    qualities = [round(0.005 * i, 3) for i in range(200)]
+    judged = await ruler_score_group(make_group(qualities), "scripted", **opts(judge_server))
+    shown = [q for r in judge_server.requests for q in shown_trajectories(r)]
+    assert all(len(shown_trajectories(r)) <= 12 for r in judge_server.requests)
+    blocks = {b for _, b in shown}
+    assert all(any(f"attempt {i}: my answer, quality={q}" in b for b in blocks) for i, q in enumerate(qualities))
+    assert judged.metrics["judge/chunks"] == 1 + -(-(200 - 12) // (12 - 3)) == len(judge_server.requests)
+    # an honest (absolute) judge: the anchor fit is the identity and each trajectory keeps its own score
+    assert judged.rewards() == pytest.approx(qualities, abs=1e-9)

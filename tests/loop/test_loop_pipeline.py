@@ -115,3 +115,52 @@ def test_a_run_killed_mid_pipeline_resumes_to_the_history_of_an_uninterrupted_on
     clean_groups = [(s, sorted(t.messages()[-1]["content"] for g in gw.load_trajectories(clean_summary.run_dir, "train", s)
                                for t in g)) for s in range(6)]
     assert crashed_groups == clean_groups
+
+
+def _claiming(version_for):
+    """A rollout whose tokens say they were sampled by `version_for(handed)` (handed: the policy version of
+    the model it was handed), rewards spread within a group."""
+    flip = iter(range(10**6))
+
+    async def rollout(model, scenario):
+        name = model.inference_name()
+        handed = int(name.rsplit("@", 1)[1]) if "@" in name else model.backend.step_of(model)
+        version = version_for(handed)
+        return gw.Trajectory(messages_and_choices=[{"role": "user", "content": scenario["q"]},
+                                                   sampled(f"answer after {version} steps", [version] * 3)],
+                             reward=float(next(flip) % 2))
+
+    return rollout
+
+
+async def test_a_regathered_batch_is_logged_with_the_policy_that_sampled_it(tmp_path):
+    """A batch whose groups were all late is gathered again from the latest policy; its loop row named the
+    scheduled policy instead, so the run's record said a batch came from a policy that never sampled it."""
+    from loop_helpers import ScriptedBackend
+
+    # the handed model is ignored for odd versions (the base answers): with d=1, step 2's batch (policy 1)
+    # and step 4's (policy 3) are all late and are gathered again from policies 2 and 4
+    model = gw.TrainableModel("regather", project="loop", base_model="none", base_path=str(tmp_path))
+    await model.register(ScriptedBackend())
+    summary = await gw.fit(model, _claiming(lambda v: 0 if v % 2 else v), TRAIN[:4],
+                           config=gw.LoopConfig(rollouts_per_group=2, groups_per_step=4, max_steps=6, patience=100,
+                                                num_epochs=6, max_steps_off_policy=1))
+    loop_rows = rows(gw.load_history(summary.run_dir), "loop")
+    assert [r["pipeline/policy"] for r in loop_rows] == [0, 0, 2, 2, 4, 4]
+    assert [r["pipeline/staleness_max"] for r in loop_rows] == [0, 1, 0, 1, 0, 1]
+    assert [r["pipeline/late_groups"] for r in loop_rows] == [0, 0, 4, 0, 4, 0]
+
+
+async def test_a_regathered_batch_is_admission_checked_too(tmp_path):
+    """The batch gathered again from the latest policy was trained without the staleness check: rollouts
+    that always ask the base trained tokens max_steps_off_policy did not allow. Now the run stops, naming why."""
+    from loop_helpers import ScriptedBackend
+
+    model = gw.TrainableModel("stubborn", project="loop", base_model="none", base_path=str(tmp_path))
+    backend = ScriptedBackend()
+    await model.register(backend)
+    with pytest.raises(gw.errors.GroupwiseError, match=r"step 2.*gathered again from policy 2.*late"):
+        await gw.fit(model, _claiming(lambda v: 0), TRAIN[:4],
+                     config=gw.LoopConfig(rollouts_per_group=2, groups_per_step=4, max_steps=6, patience=100,
+                                          num_epochs=6, max_steps_off_policy=1))
+    assert backend.step_of(model) == 2  # nothing past the first batch it could not admit was trained

@@ -7,7 +7,9 @@ step needed, and that run dies of an out-of-memory error it did nothing to cause
 loaded a base model's weights, before it builds the engine and the trainers, it states its budget (`MemoryBudget`: the base weights, the engine's
 KV cache, one update's activations, the adapters with their AdamW state) and refuses with
 `MemoryBudgetError` (the figures and what to change) when the device's free memory cannot hold the rest,
-dropping the weights again.
+dropping the weights again. Every run that joins the base later (`SharedBase.hold_adapter`) is counted
+too (`MemoryBudget.models`): a join the device has no room for is refused the same way, with the budget
+the runs already there were admitted with taken as held, and the runs on the base go on.
 
 The estimate is the least a run trains with (KV for `max_batch_size` sequences of `KV_TOKENS` tokens,
 activations of one `ACTIVATION_TOKENS`-token micro-batch), not its peak: a run with long sequences or

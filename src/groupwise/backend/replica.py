@@ -17,6 +17,7 @@ Its methods are synchronous torch work: callers run them on the process's comput
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 from collections.abc import Sequence
@@ -131,6 +132,8 @@ class SharedBase:
 
         if name in self._held:
             raise GroupwiseError(f"model {name!r} already holds an adapter of base {self.base_model!r}")
+        if self._held:
+            self._check_join()
         adapter = next((a for a, made_with in self._fresh.items() if made_with == lora), None)
         if adapter is None:
             self._serial += 1
@@ -139,11 +142,23 @@ class SharedBase:
         else:
             del self._fresh[adapter]
         self._held[name] = adapter
+        self.budget.models = max(1, len(self._held))
         return adapter
+
+    def _check_join(self) -> None:
+        """Refuse (`MemoryBudgetError`) a run joining this base when the device cannot hold one more run's
+        adapter and AdamW state: the budget counts every run on the base, and the part of it the runs
+        already here were admitted with counts as held by this process."""
+        from groupwise.backend.budget import check_budget
+
+        held = self.budget.total
+        joined = dataclasses.replace(self.budget, models=len(self._held) + 1)
+        check_budget(joined, self.engine.device, base_model=self.base_model, held=held)
 
     def release_adapter(self, name: str) -> bool:
         """Model `name` is gone: its adapter and served steps go. True when no model is left (close the base)."""
         adapter = self._held.pop(name, None)
+        self.budget.models = max(1, len(self._held))
         self.registry.unregister_model(name)
         if self._held and adapter is not None:  # the last model's adapter goes with the base
             with warnings.catch_warnings():  # peft warns that the active adapter changes: each trainer activates its own

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.choices import choice_forced_indices, choice_logprobs, choice_token_ids, choice_token_texts
-from groupwise.errors import ConfigError, GroupwiseError, GroupwiseWarning, StoreError, UnknownKeyError
+from groupwise.errors import ConfigError, GroupwiseError, StoreError, UnknownKeyError
 from groupwise.loop.compare import resolve_step
 from groupwise.loop.detectors import judge_disagreement
 from groupwise.loop.report import val_metric_name
@@ -104,12 +103,10 @@ class GroupCache:
             if hit is not None and hit[0] == key:
                 self._files.move_to_end(path)
         if hit is None or hit[0] != key:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", GroupwiseWarning)
-                try:
-                    hit = (key, read_group_dicts(path, skip_corrupt=True), {})
-                except OSError as exc:
-                    raise _unreadable(path, exc) from None
+            try:
+                hit = (key, read_group_dicts(path, skip_corrupt=True, warn=False), {})
+            except OSError as exc:
+                raise _unreadable(path, exc) from None
             with self._lock:
                 self._files[path] = hit
                 self._files.move_to_end(path)
@@ -147,12 +144,10 @@ class GroupCache:
             except (LookupError, TypeError, AttributeError, ValueError, OverflowError):
                 built = None  # a summary damaged by hand: the step file is the record
         if built is None:  # a run written before summaries, or a step file rewritten since its summary
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", GroupwiseWarning)
-                try:
-                    built = _file_index(summarize(read_group_dicts(path, skip_corrupt=True)), split, step)
-                except OSError as exc:  # a folder where the step file should be, a file this user cannot read
-                    raise _unreadable(path, exc) from None
+            try:
+                built = _file_index(summarize(read_group_dicts(path, skip_corrupt=True, warn=False)), split, step)
+            except OSError as exc:  # a folder where the step file should be, a file this user cannot read
+                raise _unreadable(path, exc) from None
         with self._lock:
             self._index[path] = (key, built)
         return built

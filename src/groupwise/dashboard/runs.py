@@ -20,12 +20,11 @@ import json
 import math
 import os
 import time
-import warnings
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from groupwise.errors import GroupwiseError, GroupwiseWarning
+from groupwise.errors import GroupwiseError
 from groupwise.loop.report import val_metric_name
 from groupwise.loop.series import Row, events, interval, latest_step, points, rows, value
 from groupwise.run_lock import RunLock
@@ -61,10 +60,9 @@ def resolve_run(root: Path, run: str) -> Path:
 
 
 def history_of(run_dir: Path) -> list[Row]:
-    """The run's history rows; corrupt lines are skipped (a dashboard shows what it can read)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", GroupwiseWarning)
-        return load_history(run_dir, skip_corrupt=True)
+    """The run's history rows; corrupt lines are skipped without a warning (a dashboard shows what it can
+    read; `warnings.catch_warnings` would change every request thread's filters)."""
+    return load_history(run_dir, skip_corrupt=True, warn=False)
 
 
 def _writer_pid(run_dir: Path) -> int | None:

@@ -4,7 +4,9 @@ The dataclass is the only place a command's setting is declared. cli.py builds t
 (`flags`): the flag's name from the field's (``batch_size`` -> ``--batch-size``, a one-letter ``n`` ->
 ``-n``), its type and choices from the annotation (``int | None``, ``Literal["a", "b"]``, ``list[int]``),
 its help, bounds and checks from the field's metadata (`arg`), and the default shown in the help from the
-field's default. Building the dataclass checks every value the same way (`Job.problems`), so a job made
+field's default. A field whose value goes into a config's field says so (``feeds=(LoopConfig, "seed")``):
+the flag then refuses what that config refuses, by the config's own check (`config_problem`), so a bound
+is written once, in the config, and an out-of-range value is one line before anything loads. Building the dataclass checks every value the same way (`Job.problems`), so a job made
 in Python is refused as the command line would refuse it, before anything loads. Adding a flag is adding
 a field.
 
@@ -34,15 +36,19 @@ Check = Callable[[Any], "str | None"]
 
 
 def arg(default: Any = MISSING, *, help: str, default_factory: Any = MISSING, positional: bool = False,
-        low: float | None = None, high: float | None = None, low_open: bool = False,
+        low: float | None = None, high: float | None = None, low_open: bool = False, high_open: bool = False,
+        feeds: tuple[type, str] | None = None,
         check: Check | None = None, on_machine: Check | None = None, repeat: bool = False,
         metavar: str | None = None, exclusive: str | None = None, flag: str | None = None) -> Any:
     """A job field. `help` says what the setting does (the default is appended by the CLI, never written
-    in the help); `low`/`high`/`low_open` bound a number (each element of a list); `check` refuses a
-    value by itself, as argparse parses it; `on_machine` refuses one this machine cannot serve (a missing
-    local model, an absent CUDA device), after parsing; `repeat` makes a list field a repeatable flag;
-    fields sharing an `exclusive` name are mutually exclusive flags; `flag` overrides the flag's name."""
+    in the help); `low`/`high`/`low_open`/`high_open` bound a number (each element of a list); `feeds`
+    names the config field the value goes into, whose own check the flag applies (module doc); `check`
+    refuses a value by itself, as argparse parses it; `on_machine` refuses one this machine cannot serve
+    (a missing local model, an absent CUDA device), after parsing; `repeat` makes a list field a
+    repeatable flag; fields sharing an `exclusive` name are mutually exclusive flags; `flag` overrides the
+    flag's name."""
     metadata = {"help": help, "positional": positional, "low": low, "high": high, "low_open": low_open,
+                "high_open": high_open, "feeds": feeds,
                 "check": check, "on_machine": on_machine, "repeat": repeat, "metavar": metavar,
                 "exclusive": exclusive, "flag": flag}
     if default_factory is not MISSING:
@@ -67,7 +73,12 @@ class Flag:
     @property
     def bounds(self) -> dict[str, Any]:
         return {"low": self.meta["low"], "high": self.meta["high"], "low_open": self.meta["low_open"],
-                "integer": self.kind is int}
+                "high_open": self.meta["high_open"], "integer": self.kind is int}
+
+    @property
+    def bounded(self) -> bool:
+        """Whether some values of the flag's type are refused by a bound (its own or its config's)."""
+        return self.meta["low"] is not None or self.meta["high"] is not None or self.meta["feeds"] is not None
 
     def problem(self, value: Any, shown: str) -> str | None:
         """What is wrong with one value (one element of a list), `shown` as the user wrote it; None if fine."""
@@ -78,7 +89,12 @@ class Flag:
         if self.kind is str and not isinstance(value, str):
             return f"must be a string, got {shown}"
         check = self.meta["check"]
-        return check(value) if check is not None else None
+        problem = check(value) if check is not None else None
+        if problem is None and self.meta["feeds"] is not None:
+            problem = config_problem(*self.meta["feeds"], value)
+            if problem is not None and problem.startswith("must "):
+                problem = f"{problem}, got {shown}"
+        return problem
 
     def help_text(self) -> str:
         shown = self.default
@@ -87,6 +103,19 @@ class Flag:
         if self.many and isinstance(shown, (list, tuple)):
             shown = ",".join(map(str, shown))
         return f"{self.help} (default: {shown})"
+
+
+def config_problem(config: type, name: str, value: Any) -> str | None:
+    """What `config`'s own check says of `value` as its field `name` (the other fields at their
+    defaults), in the flag's words (``must be an integer >= 0``); None when it takes it."""
+    from groupwise.errors import ConfigError
+
+    try:
+        config(**{name: value})
+    except ConfigError as exc:
+        said = f"{name}={value!r} "
+        return "; ".join(p.removeprefix(said) for p in exc.problems if p.startswith(said)) or None
+    return None
 
 
 def _unwrap(annotation: Any) -> tuple[type, bool, bool, tuple[Any, ...] | None]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from groupwise.config import (DEFAULT_BASE_MODEL, DEFAULT_MARGIN, DEFAULT_MAX_CONCURRENT, DEFAULT_ORDERS,
+from groupwise.config import (DEFAULT_BASE_MODEL, DEFAULT_MARGIN, MARGIN_BOUNDS, DEFAULT_MAX_CONCURRENT, DEFAULT_ORDERS,
                               DEFAULT_REPEATS)
 from groupwise.jobs.fields import Command, Job, arg
 
@@ -27,7 +27,7 @@ class JudgeEvalJob(Job):
     groups: int | None = arg(None, low=1, help="only the first N labelled groups")
     orders: int = arg(DEFAULT_ORDERS, low=1, help="orders per group: seeded, reversed, then more seeds")
     repeats: int = arg(DEFAULT_REPEATS, low=1, help="identical requests per group, for self-consistency (1 skips it)")
-    margin: float = arg(DEFAULT_MARGIN, help="a judge clears the bar when its accuracy's lower bound exceeds "
+    margin: float = arg(DEFAULT_MARGIN, **MARGIN_BOUNDS, help="a judge clears the bar when its accuracy's lower bound exceeds "
                                              "0.5 + margin")
     max_concurrent: int = arg(DEFAULT_MAX_CONCURRENT, low=1, help="requests in flight per judge")
     seed: int = arg(0, low=0, help="seed of the orders and of the bootstrap")

@@ -3,20 +3,20 @@
 Demonstrations come from a JSONL file in ART's SFT format (one ``{"messages": [...], "tools": [...]}`` per
 line) or from an env's scripted demonstrator (`EnvSpec.demonstrate`, e.g. the email agent that knows the
 ground truth). Each epoch is one `model.train_sft` call, so one step of the run: a checkpoint, an
-``sft`` history row and a served adapter. GRPO (`groupwise train` with the same ``--name``) continues
-from the last of them; a run that already has its SFT steps skips them (resume).
+``sft`` history row and a served adapter. GRPO (the `groupwise train` command it prints: the same
+project, name, base model and run store) continues from the last of them; a run that already has its SFT steps skips them (resume).
 """
 
 from __future__ import annotations
 
 import json
 import random
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from groupwise.config import TrainSFTConfig
 from groupwise.errors import ConfigError, InvalidDataError
 from groupwise.jobs.common import device_field, folder_name_problem, model_field, run_name_problem, store_field
 from groupwise.jobs.fields import Command, Job, arg
@@ -54,10 +54,10 @@ class SFTJob(Job):
                                           "tictactoe-minimax)")
     n: int | None = arg(None, low=1, help=f"how many demonstrations (default: the file's all; env: {ENV_DEMONSTRATIONS})")
     epochs: int = arg(SFT_EPOCHS, low=1, help="passes over the demonstrations, one step each")
-    lr: float = arg(SFT_LEARNING_RATE, low=0, low_open=True, help="learning rate")
+    lr: float = arg(SFT_LEARNING_RATE, feeds=(TrainSFTConfig, "learning_rate"), help="learning rate")
     batch_size: int = arg(SFT_BATCH_SIZE, low=1, help="demonstrations per optimizer update")
     model: str = model_field()
-    seed: int = arg(0, help="random seed: which demonstrations and their order")
+    seed: int = arg(0, feeds=(TrainSFTConfig, "seed"), help="random seed: which demonstrations and their order")
     path: str = store_field()
     project: str | None = arg(None, check=folder_name_problem, help="project (default: the env's name, or 'sft' for "
                                                                      "a file)")
@@ -133,7 +133,7 @@ async def warm_start(model: Any, trajectories: list[Any], *, epochs: int, learni
         print(f"[groupwise sft] epoch {epoch + 1}/{epochs} -> step {result.step}: loss {m['loss']:.4f} "
               f"(first batch {m['first_loss']:.4f}, last {m['last_loss']:.4f}), {int(m['trainable_tokens'])} target "
               f"tokens, {int(m['updates'])} updates, {time.monotonic() - t0:.0f}s", flush=True)
-    return epochs
+    return max(done, epochs)  # a resume asking fewer epochs than were done keeps (and counts) them all
 
 
 async def warm_started(spec: EnvSpec, n: int, model: Any, *, seed: int, epochs: int,
@@ -161,12 +161,13 @@ async def sft(job: SFTJob) -> dict[str, Any]:
     import groupwise as gw
     from groupwise.envs import get_env
 
+    env = None
     if Path(job.data).suffix == ".jsonl" or Path(job.data).is_file():
         trajectories = read_jsonl(job.data)[: job.n or None]
         project = job.project or "sft"
         name = job.name or f"{Path(job.data).stem}-s{job.seed}"
     else:
-        spec = get_env(job.data)
+        spec = env = get_env(job.data)
         trajectories = env_demonstrations(spec, job.n or ENV_DEMONSTRATIONS, seed=job.seed)
         project = job.project or spec.name
         name = job.name or f"{spec.name}-s{job.seed}"
@@ -183,18 +184,29 @@ async def sft(job: SFTJob) -> dict[str, Any]:
     finally:
         await backend.close()
     print(f"[groupwise sft] done: step {step} ({steps} SFT step(s)) in {(time.monotonic() - t0) / 60:.1f} min; "
-          f"continue with GRPO: groupwise train <env> --name {name} --path {job.path}")
+          f"continue with GRPO: {continuation(job, env.name if env is not None else None, project, name)}")
     return {"run_dir": str(model.run_dir), "step": step, "sft_steps": steps}
+
+
+def continuation(job: SFTJob, env: str | None, project: str, name: str) -> str:
+    """The `groupwise train` command that continues the run `job` warm-started: its project, name, base
+    model and run store (absolute: the command may be run from another folder), and for an env's
+    demonstrations that env and seed (a file's env is the user's to name: ``<env>``)."""
+    import shlex
+
+    words = ["groupwise", "train", env or "<env>", "--project", project, "--name", name, "--model", job.model,
+             "--path", str(Path(job.path).resolve())]
+    if env is not None:
+        words += ["--seed", str(job.seed)]
+    if job.device is not None:
+        words += ["--device", job.device]
+    return " ".join(w if w == "<env>" else shlex.quote(w) for w in words)
 
 
 def run(job: SFTJob) -> int:
     import asyncio
 
-    try:
-        asyncio.run(sft(job))
-    except (KeyError, ValueError) as exc:
-        print(f"groupwise sft: {exc.args[0] if exc.args else exc}", file=sys.stderr)
-        return 2
+    asyncio.run(sft(job))  # groupwise's own errors are one line (cli.main); anything else is a bug: its traceback
     return 0
 
 

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from groupwise.config import DEFAULT_MARGIN
-from groupwise.jobs.common import Dtype, device_field, dtype_field, model_field, run_name_problem, store_field
+from groupwise.config import DEFAULT_MARGIN, MARGIN_BOUNDS, LoopConfig, TrainConfig, TrainSFTConfig
+from groupwise.jobs.common import (Dtype, device_field, dtype_field, folder_name_problem, model_field, run_name_problem,
+                                   store_field)
 from groupwise.jobs.fields import Command, Job, arg
 from groupwise.jobs.sft import SFT_EPOCHS, SFT_LEARNING_RATE, warm_start_fields, warm_started
 from groupwise.jobs.train_setup import job_backend, judge_target, loop_config, peak_rss_gb, score_group_of, with_ci
@@ -117,24 +118,27 @@ class TrainJob(Job):
                                    help="check the judge(s) before training on a labelled set (an env with one: "
                                         "titles; 'env' for this env's; a JSONL file; a run folder) and train with "
                                         "the best that clears --judge-margin, or stop with the table when none does")
-    judge_margin: float = arg(DEFAULT_MARGIN, help="the bar: pairwise accuracy's lower bound must exceed 0.5 + margin")
+    judge_margin: float = arg(DEFAULT_MARGIN, **MARGIN_BOUNDS, help="the bar: pairwise accuracy's lower bound must exceed 0.5 + margin")
     steps: int | None = arg(None, low=1, help=f"train until this many steps are done in total (default: the env's "
                                               f"preset: {_presets_of('steps')}; a resumed run continues from where "
                                               "it stopped)")
-    seed: int = arg(0, exclusive="seed", help="seed of the training scenarios, their order and the run's name; the "
+    seed: int = arg(0, exclusive="seed", feeds=(LoopConfig, "seed"), help="seed of the training scenarios, their order and the run's name; the "
                                               "validation and test scenarios are the same for every seed")
-    seeds: list[int] | None = arg(None, exclusive="seed", low=0,
+    seeds: list[int] | None = arg(None, exclusive="seed", feeds=(LoopConfig, "seed"),
                                   help="several seeds trained at once in this process, one run each (e.g. 0-3 or "
                                        "0,2,5): one copy of the model, one engine batching every run's rollouts, a "
                                        "line per step per run and a table at the end")
     path: str = store_field()
+    project: str | None = arg(None, check=folder_name_problem,
+                              help="the project of the run (default: the env's name); `groupwise sft` prints it "
+                                   "for the run it warm-started")
     name: str | None = arg(None, check=run_name_problem,
                            help="model name (default: <env>-s<seed>; an existing name resumes)")
     gate: bool = arg(False, help="hybrid envs (email): judge score x correctness. Off by default: an untrained "
                                  "small agent is never correct, and the gate would zero every reward (no signal)")
     device: str | None = device_field()
     dtype: Dtype | None = dtype_field()
-    lr: list[float] | None = arg(None, low=0, low_open=True,
+    lr: list[float] | None = arg(None, feeds=(TrainConfig, "learning_rate"),
                                  help=f"GRPO learning rate; several (5e-4,1e-3) train one run per rate at once, as "
                                       f"--seeds does (default: the env's preset: {_presets_of('learning_rate')})")
     rollouts_per_group: int | None = arg(None, low=2, help=f"rollouts of each scenario, compared with each other "
@@ -148,7 +152,7 @@ class TrainJob(Job):
                                f"the tag), then GRPO from there; 0 is none (default: the env's preset: "
                                f"{_presets_of('sft')})")
     sft_epochs: int = arg(SFT_EPOCHS, low=1, help="SFT epochs, one step each")
-    sft_lr: float = arg(SFT_LEARNING_RATE, low=0, low_open=True, help="SFT learning rate")
+    sft_lr: float = arg(SFT_LEARNING_RATE, feeds=(TrainSFTConfig, "learning_rate"), help="SFT learning rate")
     batch_invariant: bool = arg(False, help="CPU only: each rollout's tokens and logprobs do not depend on which "
                                             "rollouts the engine batched with it, so two runs of one seed on one "
                                             "machine match exactly (slower: no prefix cache)")
@@ -190,6 +194,10 @@ class TrainJob(Job):
                     f"{value:g}" if isinstance(value, float) else str(value))
                 words.extend((spec.flag, shlex.quote(shown)))
         return " ".join(words)
+
+    def project_of(self) -> str:
+        """The project of the job's runs: the one given, else the env's name."""
+        return self.project or self.env
 
     def preset(self, learning_rate: float | None = None) -> Preset:
         """The env's preset, with the values this job sets in place of its own (`learning_rate`: a run's, else
@@ -255,7 +263,7 @@ async def train(job: TrainJob) -> dict[str, Any]:
           "in another terminal, then open http://127.0.0.1:8100")
 
     t0 = time.monotonic()
-    model = gw.TrainableModel(name=name, project=spec.name, base_model=model_name, base_path=path)
+    model = gw.TrainableModel(name=name, project=job.project_of(), base_model=model_name, base_path=path)
     backend = job_backend(job, preset)
     await model.register(backend)
     load_s = time.monotonic() - t0

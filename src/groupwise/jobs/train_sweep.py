@@ -53,7 +53,7 @@ async def sweep(job: Any) -> dict[str, Any]:
             train_s, val_s, test_s = spec.scenarios(seed)
             if preset.val_size is not None:
                 val_s, test_s = val_s[: preset.val_size], test_s[: preset.val_size]
-            model = gw.TrainableModel(name=run_name(spec.name, seed, lr, rates), project=spec.name,
+            model = gw.TrainableModel(name=run_name(spec.name, seed, lr, rates), project=job.project_of(),
                                       base_model=job.model, base_path=job.path)
             await model.register(backend)
             sft_steps, baselines = await warm_started(spec, preset.sft, model, seed=seed, epochs=job.sft_epochs,

@@ -197,13 +197,18 @@ async def _request(
             last_raw = e.response.text if e.response is not None else str(e)
             if _retryable_status(e.status_code):
                 raise _Retryable(f"HTTP {e.status_code} from the judge endpoint") from e
-            hint = ("; if the endpoint does not support JSON-schema output, pass response_format='json_object' "
-                    "or 'none' (strict parsing with one repair request)."
-                    if fmt == "json_schema" and e.status_code in (400, 422) else ".")
+            if _context_exceeded(last_raw):  # the prompt is too long: no setting of the request changes that
+                advice = (f"The request showed {len(ids)} trajectories, more than the judge's context holds: lower "
+                          f"max_group_size (now {cfg.max_group_size}; a larger group is judged in chunks of that "
+                          "many), shorten the trajectories, or use a judge with a longer context.")
+            else:
+                hint = ("; if the endpoint does not support JSON-schema output, pass response_format='json_object' "
+                        "or 'none' (strict parsing with one repair request)."
+                        if fmt == "json_schema" and e.status_code in (400, 422) else ".")
+                advice = f"Check the model name, the API key and the request options{hint}"
             raise JudgeError(
                 f"judge {endpoint.label} at {endpoint.base_url} refused the request with HTTP {e.status_code} "
-                f"(not retried: a 4xx other than 408/409/429 will not change on retry): {last_raw[:500]}. "
-                f"Check the model name, the API key and the request options{hint}",
+                f"(not retried: a 4xx other than 408/409/429 will not change on retry): {last_raw[:500]}. {advice}",
                 raw=last_raw,
             ) from e
         except openai.APIConnectionError as e:
@@ -249,6 +254,13 @@ async def _request(
             "(counted in groupwise.judge.judge_stats.dropped_groups). The last raw answer is in this error's .raw.",
             raw=last_raw,
         ) from None
+
+
+def _context_exceeded(body: str | None) -> bool:
+    """Whether an endpoint's error says the prompt is longer than the model's context (OpenAI's and
+    groupwise's code ``context_length_exceeded``; vLLM's "maximum context length")."""
+    text = (body or "").lower()
+    return "context_length_exceeded" in text or "maximum context length" in text
 
 
 # ----------------------------------------------------------------------------- orders, chunks, passes

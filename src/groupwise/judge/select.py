@@ -19,8 +19,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from groupwise.config import DEFAULT_MARGIN
-from groupwise.errors import JudgeSelectionError
+from groupwise.config import DEFAULT_MARGIN, MARGIN_BOUNDS
+from groupwise.errors import ConfigError, JudgeSelectionError
+from groupwise.validated import check_number
 from groupwise.judge.evaluate import JudgeReport, JudgeSpec, LabelledGroup, evaluate_judges, format_table
 
 __all__ = ["JudgeSelection", "select_judge"]
@@ -42,6 +43,10 @@ async def select_judge(
     """(the chosen judge, every judge's report, the table). The chosen one has the highest lower bound
     of pairwise accuracy among those whose lower bound exceeds 0.5 + margin; `JudgeSelectionError`
     (with the table) when none does."""
+    problems: list[str] = []
+    check_number(problems, "margin", margin, **MARGIN_BOUNDS)
+    if problems:
+        raise ConfigError(problems, what="select_judge")
     specs = [j if isinstance(j, JudgeSpec) else JudgeSpec(str(j)) for j in judges]
     # The choice reads accuracy and flips only: the injection check (one more call per group) is left to
     # `groupwise judge eval` unless asked for.

@@ -23,8 +23,9 @@ Admission. The staleness of a token is the training step minus the policy versio
 from the token's provenance (`Trajectory.policy_versions`; the scheduled version for a server that does
 not report it). A group with a token more than d versions old is late: it is left out of the batch,
 counted (``pipeline/late_groups``) and recorded as a ``late_groups`` alert, never silently dropped; a batch
-whose groups are all late is gathered again from the latest policy. With the fixed schedule this never
-happens unless a rollout asks another model than the one it is handed. Batches gathered ahead of a stop
+whose groups are all late is gathered again from the latest policy, logged as that policy and admitted
+by the same rule (a run whose batch is all late twice stops, naming why). With the fixed schedule this
+never happens unless a rollout asks another model than the one it is handed. Batches gathered ahead of a stop
 are recorded too (a ``pipeline_abandoned`` alert).
 
 Correcting for staleness is the loss's job: `TrainConfig(off_policy="tis")` weighs each token by the
@@ -43,6 +44,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from groupwise.errors import NotTrainableError
 from groupwise.loop.cursor import DataCursor, batches
 from groupwise.loop.detectors import Alert
 from groupwise.loop.stopping import StopDecision
@@ -115,23 +117,38 @@ class Pipeline:
             t0 = time.perf_counter()
             got = await self.tasks.pop(step)
             got.fields["time/wait_s"] = time.perf_counter() - t0
+        ages, late = await self.admit(got, step, version)
+        if got.groups == []:  # nothing admissible: gather again, from the latest policy, and admit that too
+            version, scheduled = self.step, version
+            got = await self.loop.gather_scored(self.model_for(version), step, indices, attempt)
+            ages, late_again = await self.admit(got, step, version)
+            if got.groups == []:
+                raise NotTrainableError(
+                    f"step {step}: every group of its batch (policy {scheduled}) and of the batch gathered again "
+                    f"from policy {version} (the latest) is late: their tokens were sampled more than "
+                    f"max_steps_off_policy={self.d} versions back. The rollouts do not sample the model they are "
+                    "handed: pass model.inference_name() (or the model itself) to the client, or raise "
+                    "max_steps_off_policy.")
+            late += late_again
+        flat = [x for a in ages for x in a]
+        got.fields.update({
+            "pipeline/policy": version, "pipeline/late_groups": late,
+            "pipeline/staleness_mean": sum(flat) / len(flat) if flat else 0.0,
+            "pipeline/staleness_max": max(flat, default=0),
+        })
+        return got
+
+    async def admit(self, got: Gathered, step: int, version: int) -> tuple[list[list[int]], int]:
+        """Leave out (and record) the groups of `got` holding a token more than d versions old at `step`,
+        `version` being the policy the batch was gathered from; (the admitted groups' staleness, how many
+        groups were late). `got.groups` is left empty when none is admissible."""
         ages = staleness(got.groups, step, version)
         late = [i for i, a in enumerate(ages) if a and max(a) > self.d]
         if late:
             await self.record_late(step, got.groups, late, ages)
             keep = [i for i in range(len(got.groups)) if i not in late]
-            if keep:
-                got.groups, ages = [got.groups[i] for i in keep], [ages[i] for i in keep]
-            else:  # nothing admissible: gather again, from the latest policy
-                got = await self.loop.gather_scored(self.loop.at_step(self.step), step, indices, attempt)
-                ages = staleness(got.groups, step, self.step)
-        flat = [x for a in ages for x in a]
-        got.fields.update({
-            "pipeline/policy": version, "pipeline/late_groups": len(late),
-            "pipeline/staleness_mean": sum(flat) / len(flat) if flat else 0.0,
-            "pipeline/staleness_max": max(flat, default=0),
-        })
-        return got
+            got.groups, ages = [got.groups[i] for i in keep], [ages[i] for i in keep]
+        return ages, len(late)
 
     async def record_late(self, step: int, groups: list[TrajectoryGroup], late: list[int], ages: list[list[int]]) -> None:
         message = (f"{len(late)} of {len(groups)} groups of step {step} hold tokens more than "

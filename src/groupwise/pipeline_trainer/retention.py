@@ -14,10 +14,13 @@ from groupwise.errors import ConfigError
 __all__ = ["CHECKPOINT_CREATED_AT_METRIC", "CHECKPOINT_EVAL_COMPLETED_METRIC", "CHECKPOINT_SAVED_METRIC",
            "CheckpointInfo", "CheckpointRetentionContext", "CheckpointRetentionStrategy", "keep_recent_and_top"]
 
-# History metrics of a checkpoint's own rows (ART's names).
-CHECKPOINT_CREATED_AT_METRIC = "checkpoint/created_at_unix"
-CHECKPOINT_EVAL_COMPLETED_METRIC = "checkpoint/eval_completed"
-CHECKPOINT_SAVED_METRIC = "checkpoint/saved"
+# History metrics of a checkpoint's own rows (ART's names): `PipelineTrainer` writes them in the history
+# row of split CHECKPOINT_SPLIT at the checkpoint's step (saved and created_at_unix once the checkpoint
+# exists, eval_completed once its evaluation ran), and a strategy finds them in `CheckpointInfo.metrics`.
+CHECKPOINT_SPLIT = "checkpoint"
+CHECKPOINT_CREATED_AT_METRIC = f"{CHECKPOINT_SPLIT}/created_at_unix"
+CHECKPOINT_EVAL_COMPLETED_METRIC = f"{CHECKPOINT_SPLIT}/eval_completed"
+CHECKPOINT_SAVED_METRIC = f"{CHECKPOINT_SPLIT}/saved"
 
 
 class CheckpointInfo(BaseModel):

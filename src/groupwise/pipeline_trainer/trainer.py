@@ -48,7 +48,10 @@ from typing import Any, Generic, TypeVar
 from groupwise.config import TRAIN_LEARNING_RATE_DEFAULT, TrainConfig
 from groupwise.errors import ConfigError, GroupwiseError, NotTrainableError, warn_ignored
 from groupwise.learning_signal import tied
-from groupwise.pipeline_trainer.retention import CheckpointInfo, CheckpointRetentionContext, CheckpointRetentionStrategy
+from groupwise.pipeline_trainer.retention import (
+    CHECKPOINT_CREATED_AT_METRIC, CHECKPOINT_EVAL_COMPLETED_METRIC, CHECKPOINT_SAVED_METRIC, CHECKPOINT_SPLIT,
+    CheckpointInfo, CheckpointRetentionContext, CheckpointRetentionStrategy,
+)
 from groupwise.types import Trajectory, TrajectoryGroup
 
 log = logging.getLogger("groupwise.pipeline_trainer")
@@ -252,11 +255,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             async with self._cond:  # rollouts for the next steps may start while this one trains
                 self.next_training_step = step + 1
                 self._cond.notify_all()
-            ages = [step - min(t.policy_versions() or [t.initial_policy_version or step]) for g in batch
-                    for t in g.trajectories]
+            ages = [step - min(_sampled_by(t, step)) for g in batch for t in g.trajectories]
             result = await self.model.train(batch, config=self.train_config,
                                             cursor={CURSOR_KEY: {"scenario_offset": self.scenario_offset}})
             step = int(result.step)
+            await self._log_checkpoint_saved(step)
             async with self._cond:
                 self.policy_version = self.next_training_step = step
                 self._cond.notify_all()
@@ -298,8 +301,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 first = group.exceptions[0]
                 raise GroupwiseError(f"all {len(group.exceptions)} rollouts of a group failed; the first: "
                                      f"{first.type}: {first.message}")
-            oldest = min(v for t in group.trajectories
-                         for v in (t.policy_versions() or [t.initial_policy_version if t.initial_policy_version is not None else step]))
+            oldest = min(v for t in group.trajectories for v in _sampled_by(t, step))
             if oldest < step - self.max_steps_off_policy:
                 self.discarded_stale_groups += 1
                 self._discarded.append(group)
@@ -334,6 +336,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 groups += [TrajectoryGroup(loose)] if loose else []
                 if groups:
                     await self.model.log(groups, split=split, step=step, metrics={"time/step_eval_s": time.perf_counter() - t0})
+            await self.model.log(None, split=CHECKPOINT_SPLIT, step=step, metrics={_key(CHECKPOINT_EVAL_COMPLETED_METRIC): 1.0})
         except Exception as exc:  # as in ART: a failed evaluation is reported, the training goes on
             log.error("evaluation of step %d failed: %s: %s", step, type(exc).__name__, exc)
         finally:
@@ -349,6 +352,17 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             eligible = [c for c in self._checkpoints() if c.step not in hold]
             hold |= set(self.retention(CheckpointRetentionContext(current_step=step, checkpoints=eligible)))
         await self.backend.hold_steps(self.model, sorted(hold))
+
+    async def _log_checkpoint_saved(self, step: int) -> None:
+        """ART's checkpoint metrics of `step` (``checkpoint/saved``, ``checkpoint/created_at_unix``), in the
+        history row of split ``checkpoint``, which `_checkpoints` hands a retention strategy by those names."""
+        from groupwise.store import step_dir_name
+
+        path = self.model.store.checkpoints_dir / step_dir_name(step)
+        if path.is_dir():
+            await self.model.log(None, split=CHECKPOINT_SPLIT, step=step,
+                                 metrics={_key(CHECKPOINT_SAVED_METRIC): 1.0,
+                                          _key(CHECKPOINT_CREATED_AT_METRIC): path.stat().st_ctime})
 
     def _checkpoints(self) -> list[CheckpointInfo]:
         from groupwise.store import dir_name_step
@@ -378,3 +392,17 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                      "zero-variance %d, failed rollouts %d", self.policy_version, self.next_training_step,
                      self.scenario_offset, of, self._queue.qsize(), self.discarded_stale_groups,
                      self.zero_variance_groups, self.failed_rollouts)
+
+
+def _sampled_by(trajectory: Any, step: int) -> list[int]:
+    """The policy versions that sampled `trajectory`'s tokens: their provenance, else its
+    initial_policy_version (0, the base, is a version), else `step` (nothing says otherwise)."""
+    versions = trajectory.policy_versions()
+    if versions:
+        return versions
+    return [trajectory.initial_policy_version if trajectory.initial_policy_version is not None else step]
+
+
+def _key(metric: str) -> str:
+    """A checkpoint metric's key in its row of split CHECKPOINT_SPLIT (``checkpoint/saved`` -> ``saved``)."""
+    return metric.partition("/")[2]
