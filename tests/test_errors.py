@@ -91,6 +91,7 @@ ALLOWED_BUILTIN_RAISES = {
     ("backend/base.py", "NotImplementedError"): "a Backend method this backend does not offer (Python's protocol)",
     ("model.py", "ValueError"): "a pydantic field validator: pydantic reports it inside its ValidationError",
     ("types.py", "ValueError"): "pydantic field validators: pydantic reports them inside its ValidationError",
+    ("readers.py", "ValueError"): "pydantic validators of a file's rows: read_rows reports them as a RowError",
     ("inference/api_models.py", "ValueError"): "pydantic validators of a request: the server answers 400 with them",
     ("inference/request_limits.py", "ValueError"): "called from api_models' validators only (as above)",
     ("inference/prepare.py", "ValueError"): "check_json_schema's; check_request_schemas turns it into SchemaProblem",

@@ -37,6 +37,7 @@ import asyncio
 import concurrent.futures
 import errno
 import json
+import math
 import os
 import threading
 import warnings
@@ -50,6 +51,7 @@ from groupwise.chat.text import LONE_SURROGATE
 from groupwise.config import DEFAULT_CONFIDENCE
 from groupwise.curves import AlertRecord, Point, baseline_points, points_of
 from groupwise.errors import CorruptRecordError, GroupwiseWarning, RunFolderError, StoreError
+from groupwise.readers import JSONProblem, parse_json
 
 try:  # POSIX only; on other platforms appends rely on O_APPEND alone.
     import fcntl
@@ -57,11 +59,30 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["HISTORY_FILE", "HISTORY_KEY_FIELDS", "RunHistory", "history_key", "load_history", "read_jsonl",
-           "dumps", "atomic_write_text"]
+           "dumps", "atomic_write_text", "non_finite_field"]
 
 Row = dict[str, Any]
 HISTORY_FILE = "history.jsonl"
 HISTORY_KEY_FIELDS = ("step", "split", "kind", "name", "message")
+
+
+def non_finite_field(obj: Any, where: str = "") -> tuple[str, float] | None:
+    """(the field's name, its value) of the first nan or inf number in `obj` (a row, its nested dicts and
+    lists), or None: the writer's check that nothing non-finite reaches history.jsonl."""
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else (where or "the value", obj)
+    if isinstance(obj, dict):
+        items: Iterator[tuple[Any, Any]] = iter(obj.items())
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    else:
+        return None
+    for key, value in items:
+        found = non_finite_field(value, f"{where}.{key}" if where else f"field {key!r}" if isinstance(key, str)
+                                 else f"field {key}")
+        if found is not None:
+            return found
+    return None
 
 
 def history_key(row: Row) -> tuple[str, ...]:
@@ -159,11 +180,11 @@ def read_jsonl(path: Path, skip_corrupt: bool, *, skip_torn: bool = False, warn:
         if not line.strip():
             continue
         if problem is None:
-            try:
-                yield n, json.loads(line)
+            try:  # groupwise.readers' parser: a line nested past reading is a problem, not a RecursionError
+                yield n, parse_json(line, allow_nan=True)
                 continue
-            except json.JSONDecodeError as exc:
-                problem = f"not valid JSON: {exc.msg}"
+            except JSONProblem as exc:
+                problem = str(exc)
         torn = _torn(line)
         if not (skip_corrupt or (skip_torn and torn)):
             raise CorruptRecordError(str(path), n, problem)
@@ -186,17 +207,24 @@ def load_history(run_dir: str | os.PathLike, *, skip_corrupt: bool = False, warn
     for n, obj in read_jsonl(path, skip_corrupt, skip_torn=True, warn=warn):
         if not _is_row(obj):
             if not skip_corrupt:
-                raise CorruptRecordError(str(path), n, "a history row must be an object with 'step' and 'split'")
+                raise CorruptRecordError(str(path), n, NOT_A_ROW)
             if warn:
-                warnings.warn(f"{path}:{n}: skipped (a history row must be an object with 'step' and 'split')",
-                              GroupwiseWarning, stacklevel=2)
+                warnings.warn(f"{path}:{n}: skipped ({NOT_A_ROW})", GroupwiseWarning, stacklevel=2)
             continue
         rows.append(obj)
     return rows
 
 
+NOT_A_ROW = "a history row must be an object with 'step' (an int >= 0) and 'split' (text)"
+
+
 def _is_row(obj: Any) -> bool:
-    return isinstance(obj, dict) and "step" in obj and "split" in obj
+    """A row every reader can index: an object whose step is an int >= 0 and whose split is text (a hand
+    edit that made the step "5" or 1.5 is skipped with the others, by file and line)."""
+    if not isinstance(obj, dict):
+        return False
+    step = obj.get("step")
+    return isinstance(step, int) and not isinstance(step, bool) and step >= 0 and isinstance(obj.get("split"), str)
 
 
 @contextmanager
@@ -331,16 +359,15 @@ class RunHistory(Sequence[Row]):
                 continue
             if problem is None:
                 try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    problem = f"not valid JSON: {exc.msg}"
+                    obj = parse_json(line, allow_nan=True)
+                except JSONProblem as exc:
+                    problem = str(exc)
             if problem is not None:
                 what = "a line cut short by a crash mid-write" if _torn(line) else problem
                 warnings.warn(f"{self.path}:{n + 1}: skipped ({what})", GroupwiseWarning, stacklevel=4)
                 continue
             if not _is_row(obj):
-                warnings.warn(f"{self.path}:{n + 1}: skipped (a history row must be an object with 'step' and "
-                              "'split')", GroupwiseWarning, stacklevel=4)
+                warnings.warn(f"{self.path}:{n + 1}: skipped ({NOT_A_ROW})", GroupwiseWarning, stacklevel=4)
                 continue
             self._index(obj, n)
         self._signature = signature
@@ -469,6 +496,12 @@ class RunHistory(Sequence[Row]):
         if not isinstance(row, dict) or "step" not in row or "split" not in row:
             got = f"keys {sorted(row)}" if isinstance(row, dict) else type(row).__name__
             raise StoreError(f"a history row needs 'step' and 'split'; got {got}")
+        bad = non_finite_field(row)
+        if bad is not None:
+            raise StoreError(f"history row of step {row['step']!r}, split {row['split']!r}: {bad[0]} is {bad[1]}; a "
+                             "history row holds finite numbers only (JSON has no NaN or Infinity, and every reader "
+                             "would guess what one meant). Nothing was written. Write None for a value that does "
+                             "not exist; a metric of groupwise's own that is not finite is a bug to report")
         line = dumps(row)
         with self._lock:
             self._sync()

@@ -41,7 +41,8 @@ from groupwise.choices import COMPACT_TOKEN_DATA
 from groupwise.compat import (init_signature_from_fields, internal_config_settings, merge_lora, train_config_from_art,
                               warn_ignored)
 from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_PROJECT, DEFAULT_RUN_STORE
-from groupwise.errors import ArgumentTypeError, ConfigError, GroupwiseError, GroupwiseWarning, NotRegisteredError
+from groupwise.errors import (ArgumentTypeError, ConfigError, CorruptRecordError, GroupwiseError, GroupwiseWarning,
+                              NotRegisteredError)
 from groupwise.store import RunStore, as_groups, history_row, metrics_row, train_metrics
 from groupwise.types import Trajectory, TrajectoryGroup
 
@@ -385,7 +386,13 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         if self._metrics is None:
             self._metrics = MetricsBuilder("train")
             saved = (self.read_state() or {}).get(METRICS_STATE_KEY)
-            if isinstance(saved, dict):
+            if saved is not None:
+                from groupwise.readers import JSONProblem, MetricsState, validate
+
+                try:  # running totals: finite numbers (a hand-edited "abc" or NaN would poison every later row)
+                    validate(MetricsState, saved)
+                except JSONProblem as exc:
+                    raise CorruptRecordError(str(self.store.state_path), 1, f"{METRICS_STATE_KEY}: {exc}") from None
                 self._metrics.load_state_dict(saved)
         return self._metrics if cost_context is None else self._metrics.for_cost_context(cost_context)
 

@@ -27,8 +27,8 @@ History row schema (`history_row` builds it; the loop, plots and reports read it
                            update's training metrics); val rows at step k evaluate policy k
     split           str    "train", "val", "test", ...
     recorded_at     str    ISO 8601 UTC time of the write
-    reward          float  mean reward over the split's trajectories (NaN when there are none)
-    reward_std      float  population std (ddof=0) of those rewards
+    reward          float  mean reward over the split's trajectories (null when there are none)
+    reward_std      float  population std (ddof=0) of those rewards (null when there are none)
     reward_std_within_group  float  mean over groups of each group's own reward std: near 0 means
                            GRPO sees no signal (every rollout of a scenario scored the same)
     reward_std_dev  float  ART's name and measure of the same: the mean population std of the rewards
@@ -45,6 +45,13 @@ History row schema (`history_row` builds it; the loop, plots and reports read it
 
 A trajectory or group metric named like a fixed field is an error, not a silent overwrite, and so is
 a ``metrics=`` key named ``step``, ``split`` or ``recorded_at``.
+
+Every number of a row is finite: JSON has no NaN or Infinity, and a reader would have to guess what one
+meant (`RunHistory` refuses such a row, naming the field). A value that does not exist (the mean of no
+trajectories) is null. A ``metrics=`` value that is nan or inf is refused with a `StoreError` naming
+it (ours are computed to be finite: one that is not is a bug to report, not a number to chart); the
+mean of a trajectory or group metric that a rollout set to nan or inf is written as null, with a
+warning naming the metric (the rollout's value, not the run's).
 
 Writes are atomic: a file is written to a temp file in the same folder, fsynced, then `os.replace`d
 over the target, so a crash leaves the old file or the new one, never half of one.
@@ -231,6 +238,9 @@ def metadata_as_text(value: Any) -> str:
 
 def _metrics_problem(metrics: dict[str, Any]) -> str | None:
     for name, v in metrics.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            return (f"metric {str(name)[:80]!r} is {v}; history rows hold finite numbers (a value that does not "
+                    "exist is None)")
         if isinstance(v, int) and not isinstance(v, bool):
             try:
                 float(v)
@@ -352,9 +362,9 @@ def numeric_metrics(metrics: dict[str, Any], prefix: str = "train_") -> dict[str
     return out
 
 
-def _mean(values: list[float]) -> float:
+def _mean(values: list[float]) -> float | None:
     if not values:
-        return float("nan")
+        return None  # no value, not a number: the schema's null
     try:
         return math.fsum(values) / len(values)
     except OverflowError:  # finite values whose sum leaves float's range (rewards near 1e308): scale first
@@ -390,7 +400,7 @@ def history_row(
         "split": split,
         "recorded_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
         "reward": _mean(rewards),
-        "reward_std": statistics.pstdev(rewards) if rewards else float("nan"),
+        "reward_std": statistics.pstdev(rewards) if rewards else None,
         "reward_std_within_group": _mean(within),
         "reward_std_dev": _mean(spread) if spread else 0.0,
         "n_groups": len(groups),
@@ -414,6 +424,12 @@ def history_row(
     for source in (traj_values, group_values):
         for name, values in source.items():
             extra[name] = _mean(values)
+            if not math.isfinite(extra[name]):  # a rollout's nan or inf (module doc): no number to chart
+                bad = sum(1 for v in values if not math.isfinite(v))
+                warnings.warn(f"step {step} ({split}): metric {name!r} is nan or inf on {bad} of {len(values)} "
+                              "trajectories or groups; its mean is written as null. Set a metric the rollout "
+                              "cannot compute to None or leave it out", GroupwiseWarning, stacklevel=2)
+                extra[name] = None
     clashes = sorted(set(extra) & RESERVED_HISTORY_KEYS)
     if clashes:
         raise StoreError(_clash_message(clashes))
@@ -656,14 +672,14 @@ class RunStore:
         """state.json as a dict ({} before the first write)."""
         if not self.state_path.exists():
             return {}
-        try:
-            state = json.loads(self.state_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise CorruptRecordError(str(self.state_path), exc.lineno, f"not valid JSON: {exc.msg}") from exc
-        except UnicodeDecodeError as exc:
-            raise CorruptRecordError(str(self.state_path), 1, f"not UTF-8 text (byte {exc.start})") from exc
+        from groupwise.readers import RowError, kind_of, read_json_file
+
+        try:  # the run's own state, any JSON a program stored (NaN included, as written): allow_nan
+            state = read_json_file(self.state_path, expected="a JSON object", allow_nan=True)
+        except RowError as exc:
+            raise CorruptRecordError(exc.path, exc.line, exc.problem) from None
         if not isinstance(state, dict):
-            raise CorruptRecordError(str(self.state_path), 1, "state must be a JSON object")
+            raise CorruptRecordError(str(self.state_path), 1, f"state must be a JSON object, not {kind_of(state)}")
         return state
 
     def write_state(self, state: dict[str, Any]) -> None:

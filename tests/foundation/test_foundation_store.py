@@ -187,11 +187,11 @@ def test_history_append_and_torn_last_line(tmp_path):
         f.write('{"step": 1, "spl')  # a crash mid-append
     with pytest.warns(UserWarning, match=r"history.jsonl:2: skipped \(a line cut short by a crash"):
         assert [r["step"] for r in load_history(store.run_dir)] == [0]
-    store.append_history({"step": 1, "split": "val", "reward": float("nan")})
+    store.append_history({"step": 1, "split": "val", "reward": None})  # no value is null, never NaN
     with pytest.warns(UserWarning, match=r"history.jsonl:2: skipped"):
         rows = store.history()
     assert [r["step"] for r in rows] == [0, 1]  # the new row started on a fresh line
-    assert math.isnan(rows[1]["reward"])
+    assert rows[1]["reward"] is None
     assert json.loads(store.history_path.read_text().splitlines()[0]) == {"step": 0, "split": "val", "reward": 0.5}
 
 

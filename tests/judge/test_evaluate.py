@@ -12,6 +12,7 @@ import pytest
 from judge_helpers import Reply, answer, shown_trajectories
 
 import groupwise as gw
+from groupwise.errors import InvalidDataError
 from groupwise.judge import (
     JudgeSpec,
     LabelledGroup,
@@ -79,7 +80,7 @@ def test_labelled_jsonl_scores_and_preferences(tmp_path):
     assert b.labels == [1.0, 0.0] and b.message_lists[1] == [{"role": "user", "content": "title?"},
                                                              {"role": "assistant", "content": "BAD!!!"}]
     path.write_text('{"messages": [], "answers": []}\n')
-    with pytest.raises(gw.ConfigError, match="labels.jsonl:1"):
+    with pytest.raises(InvalidDataError, match="labels.jsonl:1"):
         load_labelled(path)
 
 
@@ -91,7 +92,7 @@ def test_a_label_file_holding_a_unicode_line_separator_reads_one_group_a_line(tm
     [group] = load_labelled(path)
     assert group.message_lists[0] == [{"role": "user", "content": "a\u2028b"}, {"role": "assistant", "content": "c\x85d"}]
     path.write_bytes(b"\xff\n")
-    with pytest.raises(gw.ConfigError, match="labels.jsonl: not UTF-8 text"):
+    with pytest.raises(InvalidDataError, match="labels.jsonl:1: not UTF-8 text"):
         load_labelled(path)
 
 

@@ -9,7 +9,6 @@ project, name, base model and run store) continues from the last of them; a run 
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from dataclasses import dataclass
@@ -67,24 +66,11 @@ class SFTJob(Job):
 
 
 def read_jsonl(path: str | Path) -> list[Any]:
-    """Trajectories of an ART-style SFT file: each line ``{"messages": [...], "tools": [...] (optional)}``."""
-    import groupwise as gw
+    """Trajectories of an ART-style SFT file: each line ``{"messages": [...], "tools": [...] (optional)}``
+    (`groupwise.readers.read_sft_file`: a bad line is one error naming it, before a model loads)."""
+    from groupwise.readers import read_sft_file
 
-    out = []
-    try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidDataError(f"{path}: not UTF-8 text (byte {exc.start}); save the file as UTF-8") from None
-    # lines end at "\n" only: str.splitlines also breaks at U+2028 or NEL, which JSON keeps raw in strings
-    for n, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            out.append(gw.Trajectory(messages_and_choices=row["messages"], tools=row.get("tools")))
-        except (json.JSONDecodeError, KeyError, ValueError) as exc:
-            raise InvalidDataError(f"{path}:{n}: not an SFT row {{\"messages\": [...], \"tools\": [...]}} ({exc}); "
-                                   "fix or remove that line") from None
+    out = [t for _, t in read_sft_file(path)]
     if not out:
         raise InvalidDataError(f"{path} holds no demonstrations")
     return out

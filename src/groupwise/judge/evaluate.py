@@ -95,44 +95,41 @@ class JudgeSpec:
         return self.name or self.model
 
 
-def _assistant(reply: Any) -> list[dict[str, Any]]:
-    if isinstance(reply, str):
-        return [{"role": "assistant", "content": reply}]
-    return list(reply)
+def _parse_line(row: Any, where: str) -> LabelledGroup:
+    from groupwise.readers import LabelledGroupRow
 
+    prefix = [m.model_dump() for m in row.messages]
+    name = row.name if row.name is not None else where
+    if isinstance(row, LabelledGroupRow):
+        return LabelledGroup([prefix + t.reply() for t in row.trajectories], [t.label for t in row.trajectories], name)
 
-def _parse_line(obj: dict[str, Any], where: str) -> LabelledGroup:
-    name = str(obj.get("name", where))
-    prefix = list(obj.get("messages") or [])
-    if "trajectories" in obj:
-        trajs = obj["trajectories"]
-        return LabelledGroup([prefix + _assistant(t.get("messages", t.get("answer", ""))) for t in trajs],
-                             [float(t["label"]) for t in trajs], name)
-    if "chosen" in obj and "rejected" in obj:
-        return LabelledGroup([prefix + _assistant(obj["chosen"]), prefix + _assistant(obj["rejected"])], [1.0, 0.0], name)
-    raise ConfigError(f"{where}: a labelled group is {{'messages': [...], 'trajectories': [{{'messages' or 'answer', "
-                      f"'label'}}, ...]}} or {{'messages': [...], 'chosen': ..., 'rejected': ...}}; got keys "
-                      f"{sorted(obj)}", what="labelled groups")
+    def reply(r: Any) -> list[dict[str, Any]]:
+        return [{"role": "assistant", "content": r}] if isinstance(r, str) else [m.model_dump() for m in r]
+
+    return LabelledGroup([prefix + reply(row.chosen), prefix + reply(row.rejected)], [1.0, 0.0], name)
 
 
 def load_labelled(path: str | Path) -> list[LabelledGroup]:
     """Labelled groups from a JSONL file, one group a line: ``{"messages": [common prefix], "trajectories":
     [{"answer": "..." or "messages": [...], "label": 0.7}, ...]}`` or a pairwise preference ``{"messages":
-    [...], "chosen": "..." or [...], "rejected": ...}``."""
+    [...], "chosen": "..." or [...], "rejected": ...}``. A line that is neither (a label that is text,
+    null, NaN or missing, a row that is not an object) is one `groupwise.readers.RowError` naming it."""
+    from groupwise.readers import (LABEL_ROW, JSONProblem, LabelledGroupRow, PreferenceRow, RowError, json_lines,
+                                   kind_of, validate)
+
     out = []
-    try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); save the file as UTF-8",
-                          what="labelled groups") from None
-    # lines end at "\n" only: str.splitlines also breaks at U+2028 or NEL, which JSON keeps raw in strings
-    for i, line in enumerate(text.split("\n"), 1):
-        if line.strip():
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}:{i}: not JSON ({e})", what="labelled groups") from None
-            out.append(_parse_line(obj, f"{path}:{i}"))
+    for n, obj in json_lines(path, expected=LABEL_ROW):
+        try:
+            if isinstance(obj, dict) and "trajectories" in obj:
+                row: Any = validate(LabelledGroupRow, obj)
+            elif isinstance(obj, dict) and ("chosen" in obj or "rejected" in obj):
+                row = validate(PreferenceRow, obj)
+            else:
+                got = f"keys {sorted(obj)[:8]}" if isinstance(obj, dict) else kind_of(obj)
+                raise JSONProblem(f"the line holds {got}")
+        except JSONProblem as exc:
+            raise RowError(path, n, str(exc), LABEL_ROW) from None
+        out.append(_parse_line(row, f"{path}:{n}"))
     return out
 
 

@@ -187,8 +187,9 @@ class Loop:
         """``<metric>_lo``, ``<metric>_hi``, ``<metric>_n`` of scored groups: the confidence interval that
         tells the detectors how noisy this measurement is (`groupwise.loop.intervals`)."""
         m = self.c.metric
-        ci = mean_interval([[t.metrics[m] for t in g.trajectories if m in t.metrics] for g in groups],
-                           self.c.confidence)
+        # a rollout's nan or inf has no place in an interval (and none in the history: store.py's schema)
+        ci = mean_interval([[t.metrics[m] for t in g.trajectories if m in t.metrics and math.isfinite(t.metrics[m])]
+                            for g in groups], self.c.confidence)
         return {} if ci is None else {f"{m}_lo": ci.lo, f"{m}_hi": ci.hi, f"{m}_n": ci.n}
 
     async def evaluate(self, model: Any, scenarios: Sequence[Any], desc: str) -> tuple[list[TrajectoryGroup], list[TrajectoryGroup]]:
@@ -363,7 +364,7 @@ class Loop:
         await self.ensure_served(best_step)
         groups, _ = await self.evaluate(AtStep(self.model, best_step), self.test, f"test @{best_step}")
         row = await self.model.log(groups, split="test", step=best_step, metrics=self.interval_fields(groups))
-        out = {"reward": row["reward"]}
+        out = {"reward": math.nan if row["reward"] is None else row["reward"]}  # None: no trajectory finished
         m = self.c.metric
         for key in (m, f"{m}_lo", f"{m}_hi"):
             if isinstance(row.get(key), (int, float)):

@@ -96,9 +96,11 @@ def parse_scenarios(content: str | None, num_scenarios: int) -> GeneratedScenari
     """The generator's answer as a collection; a ScenarioGenerationError saying what was wrong otherwise."""
     if content is None:
         raise ScenarioGenerationError("the generator answered with no content (a refusal or only tool calls)")
+    from groupwise.readers import JSONProblem, parse_json
+
     try:
-        data = json.loads(content)
-    except ValueError as exc:
+        data = parse_json(content)
+    except JSONProblem as exc:
         raise ScenarioGenerationError(
             f"the generator's answer is not JSON ({exc}); its first 500 characters: {content[:500]!r}. "
             "Use a model or server that supports response_format json_schema, or a stronger model"

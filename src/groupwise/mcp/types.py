@@ -130,10 +130,21 @@ class GeneratedScenarioCollection:
     @classmethod
     def from_json(cls, json_str: str) -> "GeneratedScenarioCollection":
         """From ``{"scenarios": [...]}``, a bare list, or an object whose first value is the list."""
-        data = json.loads(json_str)
+        from groupwise.readers import JSONProblem, ScenarioRow, kind_of, parse_json, validate
+
+        data = parse_json(json_str)  # strict JSON (groupwise.readers): a JSONProblem saying why otherwise
         if isinstance(data, dict):
             data = data["scenarios"] if "scenarios" in data else next(iter(data.values()), [])
-        return cls.from_dicts(data)
+        if not isinstance(data, list):
+            raise JSONProblem(f'scenarios: expected {{"scenarios": [{{"task": ..., "difficulty": 1-5}}, ...]}} or a '
+                              f"list of them, got {kind_of(data)}")
+        rows = []
+        for i, item in enumerate(data):
+            try:
+                rows.append(validate(ScenarioRow, item))
+            except JSONProblem as exc:
+                raise JSONProblem(f'scenario {i}: {exc}; expected {{"task": "...", "difficulty": 1-5}}') from None
+        return cls.from_dicts([{"task": r.task, "difficulty": r.difficulty} for r in rows])
 
     def to_dicts(self) -> list[dict[str, Any]]:
         return [s.to_dict() for s in self.scenarios]

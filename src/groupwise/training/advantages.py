@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from groupwise.errors import InvalidDataError
 from groupwise.learning_signal import tied
 
 
@@ -69,6 +70,25 @@ def _advantages(rewards_G: Sequence[float], scale: bool, eps: float) -> list[flo
     return [c / (std + eps) for c in centred_G]
 
 
+# The largest advantage the trainer takes. Scaled advantages are at most sqrt(G - 1) in size; unscaled
+# ones (r - mean) are as large as the rewards' spread, and the loss multiplies them by a ratio of up to
+# e^20 (training/loss.py's LOG_RATIO_LIMIT) and sums them over a step's tokens in float32 (at most
+# 3.4e38): 1e12 keeps that sum finite for any step that fits a device, and is far past any reward scale
+# worth training on (rescale such rewards; the group-relative signal is the same).
+ADVANTAGE_LIMIT = 1e12
+
+
 def compute_advantages(rewards: Sequence[Sequence[float]], *, scale: bool = True) -> GroupAdvantages:
-    """Advantages of every group (`rewards[g][i]` is rollout i of group g)."""
-    return GroupAdvantages([group_advantages(r, scale=scale) for r in rewards])
+    """Advantages of every group (`rewards[g][i]` is rollout i of group g). An advantage past
+    `ADVANTAGE_LIMIT` (a reward spread the loss cannot multiply without overflowing) is an
+    `InvalidDataError` naming its group and trajectory, raised before anything is trained."""
+    out = GroupAdvantages([group_advantages(r, scale=scale) for r in rewards])
+    for g, adv_G in enumerate(out.advantages):
+        for i, a in enumerate(adv_G or ()):
+            if not abs(a) <= ADVANTAGE_LIMIT:
+                raise InvalidDataError(
+                    f"group {g}, trajectory {i}: its advantage is {a:.3g} (rewards {min(rewards[g]):.3g} to "
+                    f"{max(rewards[g]):.3g}, scale_rewards={scale}); the loss takes advantages up to "
+                    f"{ADVANTAGE_LIMIT:.0e} in size, past which its products overflow. Rescale the rewards "
+                    "(the group-relative signal is the same) or train with scale_rewards=True.")
+    return out

@@ -318,15 +318,28 @@ def _fingerprint(path: Path) -> dict[str, Any]:
     return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
+def read_state_or_why(path: Path) -> CheckpointState | str:
+    """The checkpoint's state.json, or what is wrong with it (missing, not JSON, nested past reading, a
+    field of another type: `groupwise.readers.CheckpointStateFile`), naming the file and line."""
+    from groupwise.readers import CheckpointStateFile, JSONProblem, RowError, read_json_file, validate
+
+    file = path / STATE_FILE
+    if not file.is_file():
+        return f"no {STATE_FILE}"
+    try:  # written by json.dump: an inf metric of an older version reads back (allow_nan)
+        raw = validate(CheckpointStateFile, read_json_file(file, expected="a checkpoint state", allow_nan=True))
+    except RowError as exc:
+        return f"{exc.path}:{exc.line}: {exc.problem}"
+    except JSONProblem as exc:
+        return f"{file}: {exc}"
+    return CheckpointState(raw.step, raw.cursor, raw.metrics, path, list(raw.history), raw.files,
+                           raw.base if isinstance(raw.base, dict) else None)
+
+
 def read_state(path: Path) -> CheckpointState | None:
-    try:
-        raw = json.loads((path / STATE_FILE).read_text())
-        base = raw.get("base")
-        return CheckpointState(int(raw["step"]), raw.get("cursor", {}), raw.get("metrics", {}), path,
-                               list(raw.get("history", [])), raw.get("files", {}),
-                               base if isinstance(base, dict) else None)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    """The checkpoint's state.json, or None when it is missing or unreadable (`read_state_or_why` says why)."""
+    state = read_state_or_why(path)
+    return None if isinstance(state, str) else state
 
 
 def verify_checkpoint(state: CheckpointState) -> str | None:
@@ -389,12 +402,12 @@ def list_checkpoints(checkpoints_dir: str | Path, *, warn: bool = True) -> list[
                     GroupwiseWarning, stacklevel=2,
                 )
             continue
-        state = read_state(path)
-        if state is None:
+        state = read_state_or_why(path)
+        if isinstance(state, str):
             if warn:
                 warnings.warn(
-                    f"checkpoint {path} is incomplete (no readable {STATE_FILE}); it is ignored and the run "
-                    "resumes from the latest complete one. Delete the folder to silence this warning.",
+                    f"checkpoint {path} is incomplete (no readable {STATE_FILE}: {state}); it is ignored and the "
+                    "run resumes from the latest complete one. Delete the folder to silence this warning.",
                     GroupwiseWarning, stacklevel=2,
                 )
             continue

@@ -71,6 +71,23 @@ Deviations from the papers, all deliberate:
 7. TIS and MIS weigh single tokens against the cap (the papers' token-level variants); MIS's mask is
    one-sided like TIS's cap: a token the behaviour policy found much likelier than pi has w < 1 and
    only a small weight, not an unbounded one. A NaN behaviour logprob has w = 1.
+8. Every ratio is formed in log space and its log is bounded before it is exponentiated:
+
+       rho_bt = exp(clamp(log pi - log pi_old, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+       w_bt   = exp(clamp(sg[log pi] - log mu, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+       q_bt   = clamp(log pi_ref - log pi, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+
+   Why: a sampler's logprob is any finite number the trainer is handed (a sampler of another model, a
+   stale adapter, float32's -3.4e38), and exp of a gap of 89 nats is already past float32: the ratio
+   was inf, its mean ``Infinity`` in the history, and with a negative advantage the loss inf, refused
+   as if the learning rate were at fault. With the bound (20 nats: e^20 ~ 4.9e8, as verl bounds its
+   log-ratios) every value here is finite for every finite or infinite gap, in float32 and bfloat16; a
+   token past the bound keeps its bounded value and no gradient (clamp's), as a clipped token does:
+   no objective above trains a token whose ratio is off by a factor of 1e8 on anything meaningful.
+   TIS and MIS compare the bounded w with C, so the cap itself never meets an inf. The loss is
+   computed in at least float32 (a float16 would overflow at e^11). The advantages it is handed are
+   bounded too (training/advantages.py, ADVANTAGE_LIMIT), so the products and the step's sums stay
+   finite: |A| e^20 C summed over a step's tokens is far below float32's 3.4e38.
 """
 
 from __future__ import annotations
@@ -83,6 +100,14 @@ from groupwise.errors import ConfigError
 
 NORMALIZE_MODES = ("token", "sequence", "constant")
 OFF_POLICY_MODES = ("none", "tis", "mis")
+# The bound on every log-ratio before it is exponentiated (module docstring, deviation 8): e^20 ~ 4.9e8.
+LOG_RATIO_LIMIT = 20.0
+
+
+def bounded_log_ratio(log_num_BT: torch.Tensor, log_den_BT: torch.Tensor) -> torch.Tensor:
+    """log(num / den) from two logprobs, clamped to +-LOG_RATIO_LIMIT: its exp is finite whatever the
+    inputs (a gap of 1e30, an infinite one); past the bound the gradient is 0, as past a clip."""
+    return torch.clamp(log_num_BT - log_den_BT, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
 
 
 @dataclass
@@ -135,35 +160,39 @@ def grpo_loss(
     if off_policy not in OFF_POLICY_MODES:
         raise ConfigError(f"off_policy={off_policy!r} must be one of {list(OFF_POLICY_MODES)}",
                           what="grpo_loss arguments")
-    if off_policy != "none" and importance_cap is None:
-        raise ConfigError(f"off_policy={off_policy!r} needs importance_cap (C, e.g. TrainConfig.importance_cap)",
-                          what="grpo_loss arguments")
+    if off_policy != "none" and not (importance_cap is not None and importance_cap > 0):
+        raise ConfigError(f"off_policy={off_policy!r} needs importance_cap > 0 (C, e.g. TrainConfig.importance_cap); "
+                          f"got {importance_cap!r}", what="grpo_loss arguments")
     if kl_coef > 0 and ref_logprobs_BT is None:
         raise ConfigError("kl_coef > 0 needs ref_logprobs_BT (log-probs under the reference policy)",
                           what="grpo_loss arguments")
     eps_low = epsilon
     eps_high = epsilon if epsilon_high is None else epsilon_high
-    mask_BT = mask_BT.to(logprobs_BT.dtype)
+    # At least float32: float16 overflows at e^11, inside the log-ratio bound.
+    dtype = torch.promote_types(logprobs_BT.dtype, torch.float32)
+    logprobs_BT = logprobs_BT.to(dtype)
+    mask_BT = mask_BT.to(dtype)
     # Padding and prompt positions may hold any value (even NaN); zero them before they meet a product.
     on_mask_BT = mask_BT > 0
     logprobs_BT = torch.where(on_mask_BT, logprobs_BT, torch.zeros_like(logprobs_BT))
-    old_BT = old_logprobs_BT.to(logprobs_BT.dtype)
+    old_BT = old_logprobs_BT.to(dtype)
     old_BT = torch.where(torch.isnan(old_BT) | ~on_mask_BT, logprobs_BT.detach(), old_BT)
-    A_BT = advantages_B.to(logprobs_BT.dtype)[:, None].expand_as(logprobs_BT)
+    A_BT = advantages_B.to(dtype)[:, None].expand_as(logprobs_BT)
 
-    behaviour_ratio_BT = torch.exp(logprobs_BT.detach() - old_BT)  # w_bt = pi / mu, [B, T]
+    log_w_BT = bounded_log_ratio(logprobs_BT.detach(), old_BT)  # log w_bt = log pi - log mu, [B, T]
+    behaviour_ratio_BT = torch.exp(log_w_BT)  # w_bt
     weight_BT = torch.ones_like(behaviour_ratio_BT)  # w~_bt
     capped_BT = torch.zeros_like(on_mask_BT)
     if off_policy == "none":
         prox_BT = old_BT  # pi_old = mu: the sampler's policy is the trust region's anchor
     else:
         prox_BT = logprobs_BT.detach()  # pi_prox = sg[pi]: rho = 1 in value, gradient of log pi kept
-        capped_BT = behaviour_ratio_BT > importance_cap
+        capped_BT = behaviour_ratio_BT > importance_cap  # w_bt is finite (bounded): the cap meets no inf
         if off_policy == "tis":
             weight_BT = torch.clamp(behaviour_ratio_BT, max=importance_cap)
         else:
             weight_BT = torch.where(capped_BT, torch.zeros_like(behaviour_ratio_BT), behaviour_ratio_BT)
-    ratio_BT = torch.exp(logprobs_BT - prox_BT)  # [B, T]
+    ratio_BT = torch.exp(bounded_log_ratio(logprobs_BT, prox_BT))  # rho_bt, [B, T]
     clipped_ratio_BT = torch.clamp(ratio_BT, 1.0 - eps_low, 1.0 + eps_high)  # [B, T]
     if cispo:
         per_token_BT = -clipped_ratio_BT.detach() * A_BT * logprobs_BT
@@ -178,7 +207,8 @@ def grpo_loss(
 
     kl_BT = torch.zeros_like(logprobs_BT)
     if ref_logprobs_BT is not None:
-        q_BT = torch.where(on_mask_BT, ref_logprobs_BT.to(logprobs_BT.dtype), logprobs_BT.detach()) - logprobs_BT
+        ref_BT = torch.where(on_mask_BT, ref_logprobs_BT.to(dtype), logprobs_BT.detach())
+        q_BT = bounded_log_ratio(ref_BT, logprobs_BT)  # q_bt = log pi_ref - log pi
         kl_BT = torch.exp(q_BT) - q_BT - 1.0  # k3 >= 0, unbiased for KL(pi || pi_ref)
         if kl_coef > 0:
             per_token_BT = per_token_BT + kl_coef * kl_BT
