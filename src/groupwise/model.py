@@ -37,7 +37,7 @@ from typing_extensions import TypeVar
 from groupwise.adapter_names import served_name
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC
 from groupwise.choices import COMPACT_TOKEN_DATA
-from groupwise.compat import internal_config_settings, merge_lora, train_config_from_art, warn_ignored
+from groupwise.compat import internal_config_settings, merge_lora, resolve_train_config, warn_ignored
 from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_PROJECT, DEFAULT_RUN_STORE
 from groupwise.errors import ArgumentTypeError, ConfigError, GroupwiseError, GroupwiseWarning, NotRegisteredError
 from groupwise.store import RunStore, as_groups, history_row, metrics_row, train_metrics
@@ -503,7 +503,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         http = backend.http_endpoint(self)
         if http is not None:  # as ART fills them: for clients other than openai_client()
             self.inference_base_url, self.inference_api_key = http.base_url, http.api_key
-            self.inference_model_name = self.name  # the served name of the latest step
+            self.inference_model_name = self.inference_name()  # the served name of the latest step
 
     def _make_client(self) -> "openai.AsyncOpenAI":
         endpoint = self.backend.inference_endpoint(self)
@@ -548,8 +548,9 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         for n, g in enumerate(groups):
             if g.pending:
                 raise GroupwiseError(f"train(): group {n} has rollouts that were never run; gather the groups first")
-        config = train_config_from_art(config, {**dict(_config or {}), "verbose": verbose}, where="model.train",
-                                       model_settings=self.train_defaults())
+        # ART's config forms resolved once, here at the API edge (the backend takes the result as it is)
+        config = resolve_train_config(config, {**dict(_config or {}), "verbose": verbose}, where="model.train",
+                                      model_settings=self.train_defaults())
         step_before = await self.get_step()
         extra = {} if cursor is None else {"cursor": cursor}  # a backend written before cursors still works
         result = await self.backend.train(self, groups, config, **extra)
