@@ -179,21 +179,23 @@ def resolve_train_config(config: Any, options: Mapping[str, Any], *, where: str,
     backend handed it does not resolve it again (`is_resolved`)."""
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     step = SetValues(f"{where} arguments")
+    given: list[tuple[str, Any, str]] = []  # (name, value, where it was set), ART's names or groupwise's
     if isinstance(config, TrainConfig):
         for name in sorted(fields_set(config)):
             step.set(name, getattr(config, name), f"config.{name}")
-    elif config is not None:  # ART's pydantic TrainConfig or a dict of its fields: read as options
+    elif config is not None:  # ART's pydantic TrainConfig or a dict of its fields: set as options are
         raw = config if isinstance(config, Mapping) else getattr(config, "__dict__", {})
-        options = {**{k: v for k, v in raw.items() if v is not None and not k.startswith("_")}, **options}
+        given += [(k, v, f"config.{k}") for k, v in raw.items() if v is not None and not k.startswith("_")]
+    given += [(k, v, k) for k, v in options.items()]
     ignored, unknown = [], []
-    for name, value in options.items():
+    for name, value, source in given:
         if name in _TRAIN_OPTION_FIELDS:
             target, convert = _TRAIN_OPTION_FIELDS[name]
             if value is None and convert in (float, int, bool, str):
                 continue  # ART's None: not given (e.g. backend.train(..., epsilon=None)), the default applies
-            step.set(target, convert(value), name)
+            step.set(target, convert(value), source)
         elif name in fields:
-            step.set(name, value, name)
+            step.set(name, value, source)
         elif name in IGNORED_TRAIN_OPTIONS:
             if value is not None and (name not in _IGNORED_OPTION_DEFAULTS or value != _IGNORED_OPTION_DEFAULTS[name]):
                 ignored.append(name)
