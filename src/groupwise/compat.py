@@ -79,7 +79,7 @@ _OPTION_INSTEAD: dict[str, str] = {
 
 # ART's `_internal_config` settings (``section.key``) that have a groupwise meaning -> `TrainConfig` fields.
 # ART's trainer reads them once per model (trainer_args are its TRL trainer's arguments); here they are the
-# model's values for those fields, used by every step whose config leaves the field at its default.
+# model's values for those fields, used by every step whose config does not set the field (`resolve_train_config`).
 # ``use_gradient_checkpointing`` is Unsloth's ("unsloth" or a bool): any true value turns it on.
 INTERNAL_TRAIN_FIELDS: dict[str, tuple[str, Any]] = {
     "trainer_args.max_grad_norm": ("max_grad_norm", float),

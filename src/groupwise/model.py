@@ -474,7 +474,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
 
     def train_defaults(self) -> dict[str, Any]:
         """This model's `TrainConfig` values from ART's `_internal_config` (e.g. ``trainer_args``'
-        ``max_grad_norm``): every step uses them where its own config leaves the field at its default."""
+        ``max_grad_norm``): every step uses them where its own config does not set the field."""
         return self._internal_settings()[1]
 
     def lora_for(self, default: "LoraConfig") -> "LoraConfig":
