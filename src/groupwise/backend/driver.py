@@ -4,7 +4,10 @@ The driver owns the run store (trajectories, history) and the decisions; the mod
 (backend/worker.py), one per device. Where the workers run is the subclass's business: in the driver's
 process (one device), in one process per device on this host (backend/processes.py), or as Ray actors
 on a cluster (backend/ray.py). The driver reaches them only through `_call` (a method of every rank)
-and `_endpoint` (where rollout requests go).
+and `_endpoint` (where rollout requests go); a step's update, publication and retention cross as typed
+commands of the step protocol (backend/protocol.py: `UpdateCommand`, `PublishCommand`, `RetainCommand`,
+sent by `_send`). Runs are keyed by their `RunId` (groupwise/run_id.py), never by the bare model name:
+the workers and engines know a run by ``<project>/<run>``.
 
 A train step, in order (each step of the order is there for a failure seen in ART):
 1. write the step's trajectories to the run store FIRST: a crash during training loses nothing;
