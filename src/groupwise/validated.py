@@ -95,13 +95,13 @@ def records_set_fields(cls: type | None = None, *, aliases: Mapping[str, str] | 
             object.__setattr__(self, "_fields_set", None)  # the constructor's own assignments are not the caller's
             init(self, *args, **kwargs)
             given = {via.get(k, k) for k, v in kwargs.items() if k in known or (k in via and v is not None)}
-            object.__setattr__(self, "_fields_set", given | set(names[:len(args)]))
+            object.__setattr__(self, "_fields_set", frozenset(given | set(names[:len(args)])))
 
         def __setattr__(self: Any, name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
             recorded = self.__dict__.get("_fields_set")
-            if recorded is not None and name in known:
-                recorded.add(name)
+            if recorded is not None and name in known:  # a new frozenset: a shallow copy keeps its own record
+                object.__setattr__(self, "_fields_set", recorded | {name})
 
         cls.__init__ = __init__  # type: ignore[misc]
         cls.__setattr__ = __setattr__  # type: ignore[assignment]
@@ -127,7 +127,7 @@ def replace_set(config: Any, **changes: Any) -> Any:
     (a plain replace passes every field to the constructor, so every field would read as set)."""
     new = dataclasses.replace(config, **changes)
     if "_fields_set" in getattr(config, "__dict__", {}):
-        object.__setattr__(new, "_fields_set", set(fields_set(config)) | set(changes))
+        object.__setattr__(new, "_fields_set", fields_set(config) | set(changes))
     return new
 
 
