@@ -169,7 +169,6 @@ class TrainConfig(UpdateSettings):
     def problems(self) -> list[str]:
         p: list[str] = []
         check_positive(p, "learning_rate", self.learning_rate)
-        p += super().problems()
         check_choice(p, "loss", self.loss, ("ppo", "cispo"))
         check_choice(p, "normalize", self.normalize, ("token", "sequence", "constant"))
         check_choice(p, "off_policy", self.off_policy, ("none", "tis", "mis"))
@@ -183,6 +182,7 @@ class TrainConfig(UpdateSettings):
                                                    or self.kl_reference_step < 0):
             p.append(f"kl_reference_step={self.kl_reference_step!r} must be a checkpoint step (an integer >= 0) "
                      "or None for the base model")
+        p += super().problems()  # the update settings every optimizer update shares
         if isinstance(self.max_skipped_steps, bool) or not isinstance(self.max_skipped_steps, int) or self.max_skipped_steps < 0:
             p.append(f"max_skipped_steps={self.max_skipped_steps!r} must be an integer >= 0 (0: raise NotTrainableError at once)")
         return p
