@@ -61,7 +61,7 @@ async def test_grpo_anchored_at_the_sft_step(kind, tiny_model_dir, tmp_path, req
 
         for missing in (2, 9):  # deleted by retention, never written
             with pytest.raises(CheckpointError, match=rf"kl_reference_step={missing}: there is no checkpoint "
-                                                      rf".*{missing:04d} of 'agent' \(kept: \[1, 3\]\)"):
+                                                      rf".*{missing:04d} of 'kl/agent' \(kept: \[1, 3\]\)"):
                 await model.train(await sample_groups(model, step=3),
                                   config=gw.TrainConfig(kl_coef=0.1, kl_reference_step=missing))
         assert await model.get_step() == 3

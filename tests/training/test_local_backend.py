@@ -89,10 +89,10 @@ async def test_train_serves_and_verifies_the_new_adapter(tiny_model_dir, tmp_pat
         served = backend._worker.replicas["p/agent"]
         served.registry.add_step = lambda *a, **k: None
         # The error names the adapter as users do (name@step), not by peft's slot.
-        with pytest.raises(AdapterMismatchError, match="the engine's 'agent@2' does not hold the trained weights"):
+        with pytest.raises(AdapterMismatchError, match="the engine's 'p/agent@2' does not hold the trained weights"):
             await clone.train(await _groups(clone, step=1), config=gw.TrainConfig(learning_rate=1e-3))
         # ... and so is a registry that still resolves the model's name to the old step
-        with pytest.raises(AdapterMismatchError, match="answers requests for 'agent' as 'agent@1'"):
+        with pytest.raises(AdapterMismatchError, match="answers requests for 'p/agent' as 'p/agent@1'"):
             served.check_answers(2)
         served.check_answers(1)
     finally:
