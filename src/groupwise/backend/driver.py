@@ -289,8 +289,8 @@ class WorkerBackend(Backend):
         """``name`` / ``name@step`` (ART's), or the run's qualified ``<project>/<run>`` / ``...@step`` while
         another run registered here has the same model name (run_id.py): either resolves to this run."""
         run = self._runs.get(RunId.of(model))
-        if run is not None and any(o is not run and o.spec.short_name == model.name for o in self._runs.values()):
-            return served_name(run.spec.name, step)
+        if run is not None:
+            return served_name(self._shown_name(run), step)
         return super().inference_name(model, step)
 
     async def get_step(self, model: "TrainableModel") -> int:
@@ -448,11 +448,20 @@ class WorkerBackend(Backend):
         versions = [v for g in groups for t in g.trajectories for v in t.policy_versions()]
         if versions and not any(versions):
             run.warned_base_samples = True
+            name = self._shown_name(run)
             warnings.warn(GroupwiseWarning(
-                f"{run.spec.name}: step {step} trains on tokens the base model sampled (policy version 0 on every "
+                f"{name}: step {step} trains on tokens the base model sampled (policy version 0 on every "
                 f"token), not the adapter of step {step}: the rollouts' requests name the base model or "
-                f"{run.spec.name}@0. Pass model=model.name (or model.get_inference_name()) to the client so each "
+                f"{name}@0. Pass model=model.name (or model.get_inference_name()) to the client so each "
                 "step samples from the adapter trained last."), stacklevel=2)
+
+    def _shown_name(self, run: _Run) -> str:
+        """The name a user's requests reach `run` by: its model's name, or its qualified name while another
+        run registered here has the same model name (run_id.py)."""
+        short = run.spec.short_name
+        if short is None or any(o is not run and o.spec.short_name == short for o in self._runs.values()):
+            return run.spec.name
+        return short
 
     async def _no_signal(self, run: _Run, groups: "list[TrajectoryGroup]", step: int,
                          config: TrainConfig) -> dict[str, float] | None:
