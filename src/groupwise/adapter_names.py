@@ -18,6 +18,10 @@ def served_name(model: str, step: int | None = None) -> str:
 
 
 def split_served_name(name: str) -> tuple[str, str]:
-    """(model, step text) of a served name: ``"agent@3"`` -> ``("agent", "3")``, ``"agent"`` -> ``("agent", "")``."""
-    model, _, step = name.partition("@")
-    return model, step
+    """(model, step text) of a served name: ``"agent@3"`` -> ``("agent", "3")``, ``"agent"`` -> ``("agent", "")``.
+
+    A run's qualified name (``<project>/<run>``, groupwise/run_id.py) is split after its last ``/``: a
+    project folder may hold an ``@`` (``"team@x/agent@3"`` -> ``("team@x/agent", "3")``)."""
+    head, slash, tail = name.rpartition("/")
+    model, _, step = tail.partition("@")
+    return head + slash + model, step

@@ -15,10 +15,11 @@ from typing import Any
 
 from groupwise.config import LoraConfig, TrainConfig
 from groupwise.errors import ArtCompatWarning, ConfigError, warn_art_difference, warn_ignored
+from groupwise.validated import SetValues, fields_set
 
 # ArtCompatWarning and warn_ignored live in errors.py, which config.py imports too (no cycle).
 __all__ = ["ArtCompatWarning", "IGNORED_TRAIN_OPTIONS", "INTERNAL_TRAIN_FIELDS", "KNOWN_TRAIN_OPTIONS", "internal_config_settings",
-           "merge_lora", "train_config_from_art", "warn_ignored", "ART_BACKEND_TRAIN_LOSS", "ART_LEARNING_RATE",
+           "merge_lora", "resolve_train_config", "is_resolved", "train_config_from_art", "warn_ignored", "ART_BACKEND_TRAIN_LOSS", "ART_LEARNING_RATE",
            "init_signature_from_fields", "with_art_keywords", "ART_LOCAL_TRAIN_KEYWORDS", "ART_SERVERLESS_TRAIN_KEYWORDS",
            "NOT_PROVIDED", "not_provided"]
 
@@ -80,7 +81,7 @@ _OPTION_INSTEAD: dict[str, str] = {
 
 # ART's `_internal_config` settings (``section.key``) that have a groupwise meaning -> `TrainConfig` fields.
 # ART's trainer reads them once per model (trainer_args are its TRL trainer's arguments); here they are the
-# model's values for those fields, used by every step whose config leaves the field at its default.
+# model's values for those fields, used by every step whose config does not set the field (`resolve_train_config`).
 # ``use_gradient_checkpointing`` is Unsloth's ("unsloth" or a bool): any true value turns it on.
 INTERNAL_TRAIN_FIELDS: dict[str, tuple[str, Any]] = {
     "trainer_args.max_grad_norm": ("max_grad_norm", float),
@@ -162,34 +163,41 @@ def merge_lora(default: LoraConfig, config: Any, lora_config: Any, peft_args: Ma
     return dataclasses.replace(lora, **updates) if updates else lora
 
 
-def train_config_from_art(config: Any, options: dict[str, Any], *, where: str,
-                          model_settings: Mapping[str, Any] | None = None, arts_loss: str | None = None) -> Any:
-    """A groupwise `TrainConfig` from an ART training call: `config` (a groupwise `TrainConfig`, an
-    object with ART's `learning_rate`/`beta`/`kl_penalty_coef`, a dict, or None) updated by `options`
-    (ART's keyword arguments or ``_config`` dict). Unknown names are an error; ignored ones warn once.
-    `model_settings` (`TrainableModel.train_defaults()`: TrainConfig values from ART's
-    `_internal_config`) fill the fields that neither `options` nor `config` set away from the default.
-    A step on a default ART's differs on (the rate; with `arts_loss`, ART's default loss of this call)
-    that nobody chose is named once in an `ArtCompatWarning`."""
-    if isinstance(config, TrainConfig):
-        values = dataclasses.asdict(config)
-    elif config is None:
-        values = {}
-    else:  # ART's pydantic TrainConfig or a dict of its fields
-        raw = config if isinstance(config, dict) else getattr(config, "__dict__", {})
-        values, options = {}, {**{k: v for k, v in raw.items() if v is not None}, **options}
+def resolve_train_config(config: Any, options: Mapping[str, Any], *, where: str,
+                         model_settings: Mapping[str, Any] | None = None, arts_loss: str | None = None) -> TrainConfig:
+    """The one resolution of a GRPO step's settings, at the API edge the caller used (`model.train`, or
+    `backend.train` called directly): every spelling of a setting meets here, once.
+
+    Layers, lowest first: groupwise's defaults; the model's own settings (`model_settings`:
+    `TrainableModel.train_defaults()`, from ART's `_internal_config`), which fill only what the step does
+    not set; what the step's caller SET: the fields of `config` its caller set (`model_fields_set`: a
+    groupwise `TrainConfig`; an ART-style object or dict sets its non-None fields) and `options` (ART's
+    keyword arguments or ``_config`` dict, by ART's or groupwise's names). Two of those setting one field
+    to different values is a ConfigError naming both, never a silent override. Unknown option names are
+    an error; ignored ones warn once. A step on a default ART's differs on (the rate; with `arts_loss`,
+    ART's default loss of this call) that nobody chose is named once in an `ArtCompatWarning`.
+
+    The result records what was set (the step's fields and the model's), and is marked resolved: a
+    backend handed it does not resolve it again (`is_resolved`)."""
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    ignored, unknown, given = [], [], set()
-    for name, value in options.items():
+    step = SetValues(f"{where} arguments")
+    given: list[tuple[str, Any, str]] = []  # (name, value, where it was set), ART's names or groupwise's
+    if isinstance(config, TrainConfig):
+        for name in sorted(fields_set(config)):
+            step.set(name, getattr(config, name), f"config.{name}")
+    elif config is not None:  # ART's pydantic TrainConfig or a dict of its fields: set as options are
+        raw = config if isinstance(config, Mapping) else getattr(config, "__dict__", {})
+        given += [(k, v, f"config.{k}") for k, v in raw.items() if v is not None and not k.startswith("_")]
+    given += [(k, v, k) for k, v in options.items()]
+    ignored, unknown = [], []
+    for name, value, source in given:
         if name in _TRAIN_OPTION_FIELDS:
             target, convert = _TRAIN_OPTION_FIELDS[name]
             if value is None and convert in (float, int, bool, str):
                 continue  # ART's None: not given (e.g. backend.train(..., epsilon=None)), the default applies
-            values[target] = convert(value)
-            given.add(target)
+            step.set(target, convert(value), source)
         elif name in fields:
-            values[name] = value
-            given.add(name)
+            step.set(name, value, source)
         elif name in IGNORED_TRAIN_OPTIONS:
             if value is not None and (name not in _IGNORED_OPTION_DEFAULTS or value != _IGNORED_OPTION_DEFAULTS[name]):
                 ignored.append(name)
@@ -203,25 +211,38 @@ def train_config_from_art(config: Any, options: dict[str, Any], *, where: str,
         by_hint.setdefault(_OPTION_INSTEAD.get(name, ""), []).append(name)
     for hint, names in by_hint.items():
         warn_ignored(where, names, hint, stacklevel=4)
+    values = {**{k: v for k, v in (model_settings or {}).items() if k not in step}, **step.values}
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-    for field, value in (model_settings or {}).items():
-        if field not in given and values.get(field, defaults[field]) == defaults[field]:
-            values[field] = value
-    rate_set = ("learning_rate" in given or "learning_rate" in (model_settings or {})
-                or (isinstance(config, TrainConfig) and "learning_rate" in getattr(config, "given_fields", ("learning_rate",)))
-                or (config is not None and not isinstance(config, TrainConfig) and "learning_rate" in values))
-    if not rate_set:
+    if "learning_rate" not in values:
         warn_art_difference(
             where, "learning_rate",
             f"no learning_rate was given, so groupwise's default {defaults['learning_rate']:g} applies; ART's "
             f"default is {ART_LEARNING_RATE:g}, half of it. Pass learning_rate= (TrainConfig(learning_rate=...), or "
             "backend.train(..., learning_rate=...)) to choose the rate", stacklevel=4)
-    if arts_loss is not None and config is None and "loss" not in given and values.get("loss", defaults["loss"]) != arts_loss:
+    if arts_loss is not None and config is None and "loss" not in step and values.get("loss", defaults["loss"]) != arts_loss:
         warn_art_difference(
             where, "loss",
             f"no loss_fn was given, so groupwise's default loss {values.get('loss', defaults['loss'])!r} applies; "
             f"ART's {where} defaults to {arts_loss!r}. Pass loss_fn= to choose it", stacklevel=4)
-    return TrainConfig(**values)
+    resolved = TrainConfig(**values)
+    object.__setattr__(resolved, _RESOLVED, _field_values(resolved))
+    return resolved
+
+
+_RESOLVED = "_resolved_as"  # the field values `resolve_train_config` gave a TrainConfig
+
+
+def _field_values(config: TrainConfig) -> tuple[Any, ...]:
+    return tuple(getattr(config, f.name) for f in dataclasses.fields(config))
+
+
+def is_resolved(config: Any) -> bool:
+    """Whether `config` is what `resolve_train_config` returned, unchanged since (a field assigned
+    afterwards makes it the caller's config again, resolved at the next edge)."""
+    return isinstance(config, TrainConfig) and config.__dict__.get(_RESOLVED) == _field_values(config)
+
+
+train_config_from_art = resolve_train_config  # the name callers used before the resolution was one function
 
 
 # -- signatures as ART's ----------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from typing import Any
 
 from groupwise.errors import ConfigError, warn_ignored
 from groupwise.validated import (
-    Validated, check_choice, check_fraction, check_number, check_positive, check_seed, is_number, option,
+    SetValues, Validated, check_choice, check_fraction, check_number, check_positive, check_seed, fields_set, is_number,
+    option, records_set_fields, replace_set,
 )
 
 
@@ -84,20 +85,52 @@ def _ignoring_unknown_keywords(cls: type) -> type:
             hints = "; ".join(f"{n}: did you mean {m[0]}?" for n, m in close.items() if m)
             warn_ignored(cls.__name__, unknown, "not one of its settings; ART's pydantic config drops unknown "
                          "keywords silently" + (f"; {hints}" if hints else ""))
-        init(self, *args, **kwargs)
-        # the fields the caller set (a default ART's config differs on is named when a step uses it)
-        object.__setattr__(self, "given_fields", frozenset(kwargs) | {f.name for f in dataclasses.fields(cls)[:len(args)]})
+        init(self, *args, **kwargs)  # records what the caller set (`records_set_fields`)
 
     cls.__init__ = __init__
     return cls
 
 
-@_ignoring_unknown_keywords
 @dataclass
-class TrainConfig(Validated):
-    """Settings of one GRPO step (`await model.train(groups, config=TrainConfig(...))`)."""
+class UpdateSettings(Validated):
+    """What every optimizer update reads, a GRPO step's (`TrainConfig`) and each of a supervised step's
+    (`TrainSFTConfig`): the learning rate and the settings below, each declared once here. The two
+    configs add their own; a supervised step hands each of its updates these settings with the batch's
+    rate (`TrainSFTConfig.update_config`), without copying them field by field."""
 
     learning_rate: float = option(1e-5, help="AdamW learning rate of the LoRA parameters.")
+    max_grad_norm: float = option(DEFAULT_MAX_GRAD_NORM, help="Clip the global gradient norm of each update to this value (0 disables clipping).")
+    weight_decay: float = option(0.0, help="AdamW weight decay.")
+    micro_batch_tokens: int = option(DEFAULT_MICRO_BATCH_TOKENS, help="Token budget of one micro-batch (padded tokens); an update accumulates gradients over its micro-batches.")
+    max_seq_len: int = option(2048, help="Sequences longer than this many tokens are dropped from the update (counted in the metrics).")
+    logprob_chunk_size: int = option(DEFAULT_LOGPROB_CHUNK_SIZE, help="Positions per chunk when computing log-softmax, so a 150k vocabulary does not hold [T, V] at once.")
+    gradient_checkpointing: bool = option(False, help="Recompute each decoder layer in the backward instead of storing its activations: about 1/3 more compute, far less memory (long sequences, long tool-using transcripts, big micro-batches).")
+    seed: int = option(0, help="Seed of the update's RNG (dropout); micro-batches are not shuffled (sorted by length), so a step is reproducible on resume.")
+
+    def problems(self) -> list[str]:
+        """The shared settings' problems (the learning rate is checked by each config: SFT takes a list)."""
+        p: list[str] = []
+        check_positive(p, "max_grad_norm", self.max_grad_norm, allow_zero=True)
+        check_positive(p, "weight_decay", self.weight_decay, allow_zero=True)
+        check_positive(p, "micro_batch_tokens", self.micro_batch_tokens, integer=True)
+        check_positive(p, "max_seq_len", self.max_seq_len, integer=True)
+        check_positive(p, "logprob_chunk_size", self.logprob_chunk_size, integer=True)
+        check_seed(p, "seed", self.seed)
+        return p
+
+
+UPDATE_SETTINGS = tuple(f.name for f in dataclasses.fields(UpdateSettings))
+
+
+@_ignoring_unknown_keywords
+@records_set_fields(aliases={"beta": "kl_coef", "kl_penalty_coef": "kl_coef"})
+@dataclass
+class TrainConfig(UpdateSettings):
+    """Settings of one GRPO step (`await model.train(groups, config=TrainConfig(...))`): the update
+    settings every optimizer update shares (`UpdateSettings`), then GRPO's own. It records which
+    fields its caller set (`model_fields_set`): a step's settings are resolved by that
+    (`groupwise.compat.resolve_train_config`), never by comparing a value with its default."""
+
     loss: str = option("ppo", help="'ppo': clipped importance ratio (GRPO/DAPO); 'cispo': clipped, stop-gradient weight on log-prob (CISPO).")
     epsilon: float = option(0.2, help="Lower clip: the ratio is clipped to [1 - epsilon, 1 + epsilon_high].")
     epsilon_high: float | None = option(0.28, help="Upper clip (DAPO's clip-higher). None means epsilon.")
@@ -107,14 +140,7 @@ class TrainConfig(Validated):
     normalize: str = option("token", help="'token': average the loss over all trainable tokens of the batch (DAPO); 'sequence': average per sequence, then over sequences (GRPO); 'constant': sum / (number of sequences x max_seq_len), each sequence divided by the same constant, then averaged (Dr. GRPO).")
     off_policy: str = option("none", help="Correction for rollouts sampled by another policy than the trainer's (an asynchronous run: LoopConfig.max_steps_off_policy > 0, or partial rollouts): 'none' takes the sampler's logprobs as PPO's old policy (right for synchronous runs); 'tis' weighs each token by the importance weight pi/mu between the trainer's policy and the one that sampled it, truncated at importance_cap (TIS); 'mis' drops the tokens whose weight passes importance_cap instead (MIS). Both take the PPO/CISPO ratio against the trainer's own policy (decoupled PPO; training/loss.py).")
     importance_cap: float = option(2.0, help="C of off_policy='tis' / 'mis': the largest importance weight pi/mu a token keeps (TIS caps it there, MIS drops the token). Must be > 1.")
-    max_grad_norm: float = option(DEFAULT_MAX_GRAD_NORM, help="Clip the global gradient norm to this value (0 disables clipping).")
-    weight_decay: float = option(0.0, help="AdamW weight decay.")
-    micro_batch_tokens: int = option(DEFAULT_MICRO_BATCH_TOKENS, help="Token budget of one micro-batch (padded tokens); the step accumulates gradients over micro-batches.")
-    max_seq_len: int = option(2048, help="Sequences longer than this are dropped from the step (counted in the metrics).")
     train_forced_tokens: bool = option(False, help="Train the tokens a grammar forced (tool_choice / response_format allowed only that token; the server reports them). False leaves them out of the loss: tokens a grammar forced carry no decision of the policy (its constrained distribution there is a point mass, with zero gradient), so training them with the trajectory's advantage only adds noise.")
-    logprob_chunk_size: int = option(DEFAULT_LOGPROB_CHUNK_SIZE, help="Positions per chunk when computing log-softmax, so a 150k vocabulary does not hold [T, V] at once.")
-    gradient_checkpointing: bool = option(False, help="Recompute each decoder layer in the backward instead of storing its activations: about 1/3 more compute, far less memory (long sequences, big micro-batches).")
-    seed: int = option(0, help="Seed of the step's RNG (dropout); micro-batches are not shuffled (sorted by length), so a step is reproducible on resume.")
     compile: bool = option(False, help="torch.compile the decoder layers and the LM head's log-prob chunks for the update: fewer, fused kernels. Compiling costs seconds at the first step and pays off over runs of tens of steps (docs/benchmarks.md); falls back to eager with a warning if compilation fails.")
 
     max_skipped_steps: int = option(3, help="A step whose groups all have equal rewards carries no learning signal: it is skipped (no gradient step; the step counter still advances, serving the unchanged adapter under the next step, as ART does), with a warning naming the groups and a record in the history. This many consecutive skipped steps are allowed; one more raises NotTrainableError. 0 is strict: raise at once.")
@@ -158,12 +184,7 @@ class TrainConfig(Validated):
                                                    or self.kl_reference_step < 0):
             p.append(f"kl_reference_step={self.kl_reference_step!r} must be a checkpoint step (an integer >= 0) "
                      "or None for the base model")
-        check_positive(p, "max_grad_norm", self.max_grad_norm, allow_zero=True)
-        check_positive(p, "weight_decay", self.weight_decay, allow_zero=True)
-        check_positive(p, "micro_batch_tokens", self.micro_batch_tokens, integer=True)
-        check_positive(p, "max_seq_len", self.max_seq_len, integer=True)
-        check_positive(p, "logprob_chunk_size", self.logprob_chunk_size, integer=True)
-        check_seed(p, "seed", self.seed)
+        p += super().problems()  # the update settings every optimizer update shares
         if isinstance(self.max_skipped_steps, bool) or not isinstance(self.max_skipped_steps, int) or self.max_skipped_steps < 0:
             p.append(f"max_skipped_steps={self.max_skipped_steps!r} must be an integer >= 0 (0: raise NotTrainableError at once)")
         return p
@@ -176,27 +197,29 @@ TrainConfig.kl_penalty_coef = property(lambda self: self.kl_coef, doc="ART 0.5's
 
 
 @_ignoring_unknown_keywords
+@records_set_fields
 @dataclass
-class TrainSFTConfig(Validated):
+class TrainSFTConfig(UpdateSettings):
     """Settings of one supervised step (`await model.train_sft(trajectories, config=TrainSFTConfig(...))`).
 
-    The first three fields are ART's `TrainSFTConfig`. One `train_sft` call is one step of the run (a
-    checkpoint, a history row, a served adapter), made of one optimizer update per batch of
+    ``learning_rate``, ``batch_size`` and ``assistant_turns`` are ART's `TrainSFTConfig`; the other
+    update settings are every optimizer update's (`UpdateSettings`). One `train_sft` call is one step of
+    the run (a checkpoint, a history row, a served adapter), made of one optimizer update per batch of
     `batch_size` trajectories.
     """
 
-    learning_rate: float | list[float] = option(5e-5, help="AdamW learning rate; a list gives one rate per batch (its length must be the number of batches), as ART's schedules produce.")
+    learning_rate: float | list[float] = option(5e-5, help="AdamW learning rate; a list gives one rate per batch (its length must be the number of batches), as ART's schedules produce.")  # type: ignore[assignment]
+    max_seq_len: int = option(4096, help="Conversations longer than this many tokens are dropped (counted in the metrics).")
     batch_size: int | str = option("auto", help="Trajectories per optimizer update; 'auto' is 2 (ART's LocalBackend default).")
     assistant_turns: str = option(DEFAULT_ASSISTANT_TURNS, help="'all': every assistant turn is a target; 'last': only the last one (earlier turns are context).")
-    max_grad_norm: float = option(DEFAULT_MAX_GRAD_NORM, help="Clip the global gradient norm of each update to this value (0 disables clipping).")
-    weight_decay: float = option(0.0, help="AdamW weight decay.")
-    micro_batch_tokens: int = option(DEFAULT_MICRO_BATCH_TOKENS, help="Token budget of one micro-batch (padded tokens); an update accumulates gradients over micro-batches.")
-    max_seq_len: int = option(4096, help="Conversations longer than this many tokens are dropped (counted in the metrics).")
-    logprob_chunk_size: int = option(DEFAULT_LOGPROB_CHUNK_SIZE, help="Positions per chunk when computing log-softmax, so a large vocabulary does not hold [T, V] at once.")
-    gradient_checkpointing: bool = option(False, help="Recompute each decoder layer in the backward instead of storing its activations (long tool-using transcripts).")
-    seed: int = option(0, help="Seed of the step's RNG (dropout).")
 
     DEFAULT_BATCH_SIZE = 2
+
+    def update_config(self, rate: float) -> TrainConfig:
+        """The settings of one of the step's updates: this config's update settings at `rate` (an SFT
+        update reads nothing of GRPO's own settings)."""
+        return TrainConfig(**{name: getattr(self, name) for name in UPDATE_SETTINGS if name != "learning_rate"},
+                           learning_rate=rate)
 
     def problems(self) -> list[str]:
         p: list[str] = []
@@ -216,13 +239,7 @@ class TrainSFTConfig(Validated):
                                           or self.batch_size < 1):
             p.append(f"batch_size={self.batch_size!r} must be 'auto' or an integer >= 1")
         check_choice(p, "assistant_turns", self.assistant_turns, ("all", "last"))
-        check_positive(p, "max_grad_norm", self.max_grad_norm, allow_zero=True)
-        check_positive(p, "weight_decay", self.weight_decay, allow_zero=True)
-        check_positive(p, "micro_batch_tokens", self.micro_batch_tokens, integer=True)
-        check_positive(p, "max_seq_len", self.max_seq_len, integer=True)
-        check_positive(p, "logprob_chunk_size", self.logprob_chunk_size, integer=True)
-        check_seed(p, "seed", self.seed)
-        return p
+        return p + super().problems()
 
     def resolved_batch_size(self) -> int:
         return self.DEFAULT_BATCH_SIZE if self.batch_size == "auto" else int(self.batch_size)
@@ -400,22 +417,29 @@ class LoopConfig(Validated):
         """The problem when learning_rate and train_config.learning_rate are both set and differ.
 
         TrainConfig owns the rate; learning_rate is a shorthand for it (ART programs and the README set
-        it here), taken only where the TrainConfig's is left at its default. A TrainConfig that names
-        its own, different rate is the user's intent too, so neither may silently win."""
-        if self.learning_rate is None or self.train_config is None:
-            return None
-        own = self.train_config.learning_rate
-        if own == self.learning_rate or own == TRAIN_LEARNING_RATE_DEFAULT:
-            return None
-        return (f"learning_rate={self.learning_rate!r} and train_config.learning_rate={own!r} disagree; "
-                "set the rate once, in train_config (or leave train_config's at its default and use learning_rate)")
+        it here). A TrainConfig whose caller set its rate (`model_fields_set`, even to the default's
+        value) is the user's intent too, so neither may silently win."""
+        try:
+            self._set_values()
+        except ConfigError as exc:
+            return "; ".join(exc.problems)
+        return None
+
+    def _set_values(self) -> SetValues:
+        """What the caller set for each step's TrainConfig, through either spelling (one owner per setting)."""
+        values = SetValues(type(self).__name__)
+        if self.learning_rate is not None:
+            values.set("learning_rate", self.learning_rate, "learning_rate")
+        if isinstance(self.train_config, TrainConfig):
+            for name in sorted(fields_set(self.train_config)):
+                values.set(name, getattr(self.train_config, name), f"train_config.{name}")
+        return values
 
     def step_config(self) -> TrainConfig:
-        """The TrainConfig of each step: train_config (or defaults), with learning_rate where it is set."""
-        conflict = self._learning_rate_conflict()  # the fields may have been reassigned since construction
-        if conflict is not None:
-            raise ConfigError([conflict], what=type(self).__name__)
-        base = self.train_config or TrainConfig()
-        if self.learning_rate is None:
-            return dataclasses.replace(base)
-        return dataclasses.replace(base, learning_rate=self.learning_rate)
+        """The TrainConfig of each step: train_config (or defaults), with learning_rate where it is set.
+        It records what was set, so a model's own settings fill only the rest (compat.resolve_train_config);
+        the rate counts as chosen (the loop's, from either spelling or TrainConfig's default: `gw.fit` is
+        groupwise's API, with no ART default to differ from)."""
+        values = self._set_values()  # the fields may have been reassigned since construction
+        base = self.train_config if self.train_config is not None else TrainConfig()
+        return replace_set(base, learning_rate=values.values.get("learning_rate", base.learning_rate))

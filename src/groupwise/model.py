@@ -38,7 +38,7 @@ from groupwise import wandb_log
 from groupwise.adapter_names import served_name
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC
 from groupwise.choices import COMPACT_TOKEN_DATA
-from groupwise.compat import (init_signature_from_fields, internal_config_settings, merge_lora, train_config_from_art,
+from groupwise.compat import (init_signature_from_fields, internal_config_settings, merge_lora, resolve_train_config,
                               warn_ignored)
 from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_PROJECT, DEFAULT_RUN_STORE
 from groupwise.errors import (ArgumentTypeError, ConfigError, CorruptRecordError, GroupwiseError, GroupwiseWarning,
@@ -521,7 +521,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
 
     def train_defaults(self) -> dict[str, Any]:
         """This model's `TrainConfig` values from ART's `_internal_config` (e.g. ``trainer_args``'
-        ``max_grad_norm``): every step uses them where its own config leaves the field at its default."""
+        ``max_grad_norm``): every step uses them where its own config does not set the field."""
         return self._internal_settings()[1]
 
     def lora_for(self, default: "LoraConfig") -> "LoraConfig":
@@ -551,7 +551,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         http = backend.http_endpoint(self)
         if http is not None:  # as ART fills them: for clients other than openai_client()
             self.inference_base_url, self.inference_api_key = http.base_url, http.api_key
-            self.inference_model_name = self.name  # the served name of the latest step
+            self.inference_model_name = self.inference_name()  # the served name of the latest step
 
     def _make_client(self) -> "openai.AsyncOpenAI":
         endpoint = self.backend.inference_endpoint(self)
@@ -596,8 +596,9 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         for n, g in enumerate(groups):
             if g.pending:
                 raise GroupwiseError(f"train(): group {n} has rollouts that were never run; gather the groups first")
-        config = train_config_from_art(config, {**dict(_config or {}), "verbose": verbose}, where="model.train",
-                                       model_settings=self.train_defaults())
+        # ART's config forms resolved once, here at the API edge (the backend takes the result as it is)
+        config = resolve_train_config(config, {**dict(_config or {}), "verbose": verbose}, where="model.train",
+                                      model_settings=self.train_defaults())
         step_before = await self.get_step()
         extra = {} if cursor is None else {"cursor": cursor}  # a backend written before cursors still works
         result = await self.backend.train(self, groups, config, **extra)

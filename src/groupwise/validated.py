@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import field
 from typing import Any
 
@@ -65,14 +67,94 @@ class Validated:
         return json.dumps(self.model_dump(mode="json", **kwargs), allow_nan=True)
 
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Any:
-        """A copy with `update` applied, checked as a new config is."""
-        new = dataclasses.replace(self, **(update or {}))  # type: ignore[type-var]
+        """A copy with `update` applied, checked as a new config is (and, for a config that records what
+        its caller set, setting what the original set plus `update`'s fields)."""
+        new = replace_set(self, **(update or {}))
         return copy.deepcopy(new) if deep else new
 
     @classmethod
     def model_validate(cls, obj: Any) -> Any:
         """`obj` if it is one already, else the config its fields make (a dict, as model_dump gave)."""
         return obj if isinstance(obj, cls) else cls(**dict(obj))
+
+
+def records_set_fields(cls: type | None = None, *, aliases: Mapping[str, str] | None = None) -> Any:
+    """Class decorator (over ``@dataclass``): the config records which fields its caller SET, at
+    construction (by keyword, by position, or through an alias: an InitVar such as ART's ``beta`` that
+    sets ``kl_coef``) or by assignment afterwards, as pydantic's ``model_fields_set`` (ART's configs are
+    pydantic models). A setting is then resolved by what was set, never by comparing a value with its
+    default: ``TrainConfig(learning_rate=1e-5)`` sets the rate even though 1e-5 is the default."""
+    def decorate(cls: type) -> type:
+        init = cls.__init__
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        known = frozenset(names)
+        via = dict(aliases or {})
+
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            object.__setattr__(self, "_fields_set", None)  # the constructor's own assignments are not the caller's
+            init(self, *args, **kwargs)
+            given = {via.get(k, k) for k, v in kwargs.items() if k in known or (k in via and v is not None)}
+            object.__setattr__(self, "_fields_set", frozenset(given | set(names[:len(args)])))
+
+        def __setattr__(self: Any, name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+            recorded = self.__dict__.get("_fields_set")
+            if recorded is not None and name in known:  # a new frozenset: a shallow copy keeps its own record
+                object.__setattr__(self, "_fields_set", recorded | {name})
+
+        cls.__init__ = __init__  # type: ignore[misc]
+        cls.__setattr__ = __setattr__  # type: ignore[assignment]
+        cls.model_fields_set = property(  # type: ignore[attr-defined]
+            lambda self: frozenset(self.__dict__.get("_fields_set") or ()),
+            doc="The fields the caller set (pydantic's name): at construction, or assigned since.")
+        return cls
+
+    return decorate(cls) if cls is not None else decorate
+
+
+def fields_set(config: Any) -> frozenset[str]:
+    """The fields `config`'s caller set (`records_set_fields`); every field for a config that does not
+    record them (nothing can say its values were not chosen)."""
+    recorded = getattr(config, "model_fields_set", None)
+    if recorded is None:
+        return frozenset(f.name for f in dataclasses.fields(config))
+    return frozenset(recorded)
+
+
+def replace_set(config: Any, **changes: Any) -> Any:
+    """`dataclasses.replace` that keeps what the caller set: the original's set fields plus `changes`'
+    (a plain replace passes every field to the constructor, so every field would read as set)."""
+    new = dataclasses.replace(config, **changes)
+    if "_fields_set" in getattr(config, "__dict__", {}):
+        object.__setattr__(new, "_fields_set", fields_set(config) | set(changes))
+    return new
+
+
+class SetValues:
+    """The values callers set for one config, by field, each with where it was set (`source`). Setting a
+    field again to another value is refused with a ConfigError naming both places: one owner per
+    setting, never a silent override."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.values: dict[str, Any] = {}
+        self.sources: dict[str, str] = {}
+
+    def set(self, name: str, value: Any, source: str) -> None:
+        if name in self.values and not _same(self.values[name], value):
+            raise ConfigError(
+                [f"{self.sources[name]}={self.values[name]!r} and {source}={value!r} disagree (two places set "
+                 f"{name}); set it once"], what=self.what)
+        self.values.setdefault(name, value)
+        self.sources.setdefault(name, source)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.values
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b and type(a) is type(b) or (is_number(a) and is_number(b) and a == b)
 
 
 def is_number(value: Any) -> bool:

@@ -122,12 +122,13 @@ def test_router_keeps_a_prompt_on_one_replica_and_spreads_new_prompts():
 
 def test_ranks_holding_different_adapters_is_a_loud_error():
     from groupwise.backend.driver import ReplicaDivergenceError
+    from groupwise.backend.protocol import Published
     from groupwise.backend.ranks import check_identical
 
-    same = [{"rank": 0, "fingerprint": [7, 11]}, {"rank": 1, "fingerprint": [7, 11]}]
+    same = [Published(0, fingerprint=[7, 11]), Published(1, fingerprint=[7, 11])]
     check_identical("m", 3, same)
     with pytest.raises(ReplicaDivergenceError, match=r"after step 3 of 'm' the adapters of rank\(s\) \[1\]"):
-        check_identical("m", 3, [same[0], {"rank": 1, "fingerprint": [7, 12]}])
+        check_identical("m", 3, [same[0], Published(1, fingerprint=[7, 12])])
 
 
 def test_a_flipped_bit_changes_the_adapter_fingerprint():

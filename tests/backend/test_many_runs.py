@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 import groupwise as gw
 from groupwise.errors import NonFiniteError
+from groupwise.run_id import RunId
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")
@@ -158,16 +159,16 @@ async def test_a_diverging_a_crashing_and_a_cancelled_run_leave_the_others_as_al
         updating = asyncio.Event()
         update = backend._worker.update
 
-        async def noticed_update(name, updates, step):
-            if (name, step) == ("cancelled", 1):
+        async def noticed_update(command):
+            if (command.run, command.step) == (f"{PROJECT}/cancelled", 1):
                 updating.set()
-            return await update(name, updates, step)
+            return await update(command)
 
         backend._worker.update = noticed_update
         tasks = {name: asyncio.create_task(_train(models[name], **plan)) for name, plan in plans.items()}
         await updating.wait()  # the update of its step 1 is under way
         tasks["cancelled"].cancel()
-        run = backend._runs["cancelled"]
+        run = backend._runs[RunId.of(models["cancelled"])]
         results = dict(zip(tasks, await asyncio.gather(*tasks.values(), return_exceptions=True)))
         assert results["healthy"] is None
         assert isinstance(results["diverges"], NonFiniteError)

@@ -12,7 +12,7 @@ from backend_helpers import sample_groups
 
 import groupwise as gw
 from groupwise.backend.ray import RayBackend
-from groupwise.backend.worker import ModelSpec, Worker, WorkerOptions
+from groupwise.backend.worker import DeviceWorker, ModelSpec, WorkerOptions
 from groupwise.errors import ConfigError, GroupwiseError
 
 
@@ -91,7 +91,7 @@ async def test_a_generator_serves_each_trained_adapter_and_the_run_equals_one_pr
 
     # A generator resuming the run (a new backend over the same folder) serves its last checkpoint and
     # holds no trainer: the worker of rank 1, here in this process.
-    generator = Worker(1, 2, "cpu", WorkerOptions(dtype=None, max_batch_size=4, engine_kwargs={}, verify_adapter=True,
+    generator = DeviceWorker(1, 2, "cpu", WorkerOptions(dtype=None, max_batch_size=4, engine_kwargs={}, verify_adapter=True,
                                                   load_model=None, memory_budget_gb=None, train_workers=1))
     try:
         info = await generator.load(ModelSpec("split", tiny_model_dir, gw.LoraConfig(), str(model.store.checkpoints_dir)))
@@ -134,9 +134,10 @@ def test_without_a_placement_every_rank_trains_and_generates():
 
 def test_a_generator_serving_other_bits_than_rank_0_is_a_loud_error():
     from groupwise.backend.driver import ReplicaDivergenceError
+    from groupwise.backend.protocol import Published
     from groupwise.backend.ranks import check_served
 
-    same = [{"rank": r, "served_fingerprint": [3, 5]} for r in range(3)]
+    same = [Published(r, served_fingerprint=[3, 5]) for r in range(3)]
     check_served("m", 2, same)
     with pytest.raises(ReplicaDivergenceError, match=r"after step 2 of 'm' the engines of rank\(s\) \[2\] serve another"):
-        check_served("m", 2, [*same[:2], {"rank": 2, "served_fingerprint": [3, 6]}])
+        check_served("m", 2, [*same[:2], Published(2, served_fingerprint=[3, 6])])

@@ -32,7 +32,7 @@ async def test_grpo_anchored_at_the_sft_step(kind, tiny_model_dir, tmp_path, req
         # The policy still is the SFT adapter: it is its own anchor.
         assert first.step == 2 and first.metrics["kl"] == pytest.approx(0.0, abs=1e-6)
         if kind == "local":  # the anchor the worker loaded is checkpoint 1's adapter, tensor for tensor
-            trainer = backend._worker.replicas["agent"].trainer
+            trainer = backend._worker.replicas["kl/agent"].trainer
             saved = load_file(str(model.store.checkpoints_dir / "0001" / "adapter_model.safetensors"))
             held = {k.replace(".default", ""): v for k, v in trainer._reference.items()}
             assert trainer.reference_step == 1 and held.keys() == saved.keys()
@@ -61,7 +61,7 @@ async def test_grpo_anchored_at_the_sft_step(kind, tiny_model_dir, tmp_path, req
 
         for missing in (2, 9):  # deleted by retention, never written
             with pytest.raises(CheckpointError, match=rf"kl_reference_step={missing}: there is no checkpoint "
-                                                      rf".*{missing:04d} of 'agent' \(kept: \[1, 3\]\)"):
+                                                      rf".*{missing:04d} of 'kl/agent' \(kept: \[1, 3\]\)"):
                 await model.train(await sample_groups(model, step=3),
                                   config=gw.TrainConfig(kl_coef=0.1, kl_reference_step=missing))
         assert await model.get_step() == 3

@@ -1,11 +1,12 @@
 """`groupwise train`'s own logic: the CPU step settings that keep memory low, and advice that fits the run."""
 
+import dataclasses
 import json
 
 import groupwise as gw
 from groupwise.envs import get_env
 from groupwise.loop.series import Point
-from groupwise.jobs.train import PRESETS, TrainJob, advice
+from groupwise.jobs.train import PRESETS, Preset, TrainJob, advice
 from groupwise.jobs.train_setup import train_config
 
 RUN = ".groupwise/2048/2048-s3"
@@ -49,6 +50,11 @@ def test_an_envs_preset_fills_what_the_job_leaves_out():
     assert (job.preset().learning_rate, job.preset().steps, job.preset().groups_per_step) == (2e-3, 3, 5)
     assert job.preset().rollouts_per_group == PRESETS["2048"].rollouts_per_group
     assert set(PRESETS) == set(__import__("groupwise.envs", fromlist=["ENVS"]).ENVS)  # one preset per env
+    # every preset setting is a flag of the same name (the rate: --lr), or the preset's own (val_size)
+    flags = {f.name for f in dataclasses.fields(TrainJob)}
+    assert {f.name for f in dataclasses.fields(Preset)} - flags == {"learning_rate", "val_size"}
+    job = TrainJob("tictactoe", sft=0)  # a flag given at 0 still replaces the preset's 64
+    assert job.preset().sft == 0 and PRESETS["tictactoe"].sft == 64
 
 
 def test_the_job_says_each_step_and_its_stop_once(tmp_path, capsys, monkeypatch, tiny_model_dir):

@@ -29,7 +29,7 @@ def dump_optimizer(backend, model, path: Path) -> None:
 
     from groupwise.training.checkpoint import optimizer_to_tensors
 
-    served = backend._worker.replicas[model.name]
+    served = backend._worker.replicas[f"{model.project}/{model.storage_name}"]
     trainer = served.trainer
     if trainer.optimizer is None:
         return
@@ -73,7 +73,7 @@ async def main(store: str, model_dir: str, steps: int, hang_at: int | None, hang
     await model.register(backend)
     start = await model.get_step()
     dump_optimizer(backend, model, Path(store) / "ref" / f"resumed-{start}.safetensors")
-    served = backend._worker.replicas[model.name]
+    served = backend._worker.replicas[f"{model.project}/{model.storage_name}"]
     real_step = served.trainer.train_step
 
     def train_step(batch, config, *, step, **kwargs):

@@ -86,13 +86,13 @@ async def test_train_serves_and_verifies_the_new_adapter(tiny_model_dir, tmp_pat
         assert row["step"] == 0 and "loss" in row and "grad_norm" in row
 
         # A stale swap is caught: the engine keeps serving the old step.
-        served = backend._worker.replicas["agent"]
+        served = backend._worker.replicas["p/agent"]
         served.registry.add_step = lambda *a, **k: None
         # The error names the adapter as users do (name@step), not by peft's slot.
-        with pytest.raises(AdapterMismatchError, match="the engine's 'agent@2' does not hold the trained weights"):
+        with pytest.raises(AdapterMismatchError, match="the engine's 'p/agent@2' does not hold the trained weights"):
             await clone.train(await _groups(clone, step=1), config=gw.TrainConfig(learning_rate=1e-3))
         # ... and so is a registry that still resolves the model's name to the old step
-        with pytest.raises(AdapterMismatchError, match="answers requests for 'agent' as 'agent@1'"):
+        with pytest.raises(AdapterMismatchError, match="answers requests for 'p/agent' as 'p/agent@1'"):
             served.check_answers(2)
         served.check_answers(1)
     finally:
@@ -109,7 +109,7 @@ async def test_rollouts_and_training_run_their_torch_work_on_one_thread(tiny_mod
     backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
     await model.register(backend)
     threads = set()
-    served = backend._worker.replicas["agent"]
+    served = backend._worker.replicas["p/agent"]
     decoder = served.peft_model.get_base_model().model  # both the engine and the trainer run it
     decoder.register_forward_pre_hook(lambda *a: threads.add(threading.current_thread()))
     try:
@@ -209,7 +209,7 @@ async def test_lora_config_of_the_model_overrides_the_backend(tiny_model_dir, tm
     backend = gw.LocalBackend(path=str(tmp_path), lora=gw.LoraConfig(rank=16))
     await model.register(backend)
     try:
-        peft_config = backend._worker.replicas["small"].peft_model.peft_config["default"]
+        peft_config = backend._worker.replicas["p/small"].peft_model.peft_config["default"]
         assert (peft_config.r, peft_config.lora_alpha) == (2, 4)
         assert model.run_dir == tmp_path / "p" / "small"  # the backend's path holds a default model's run
     finally:
@@ -253,7 +253,7 @@ async def test_a_runs_adapter_slots_are_made_when_it_registers(tiny_model_dir, t
     backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None, served_steps=1)
     try:
         await model.register(backend)
-        engine = backend._worker.replicas["agent"].engine
+        engine = backend._worker.replicas["p/agent"].engine
         adapters = sorted(engine.model.peft_config)
         assert sum(a.startswith("gw-slot-") for a in adapters) == 2 == len(engine.runner.slots.free)
         for step in range(3):
@@ -299,7 +299,7 @@ async def test_a_step_with_ids_the_model_cannot_embed_is_refused_and_the_run_goe
     await model.register(backend)
     try:
         groups = await _groups(model)
-        vocab = backend._worker.replicas["agent"].peft_model.get_input_embeddings().num_embeddings
+        vocab = backend._worker.replicas["p/agent"].peft_model.get_input_embeddings().num_embeddings
         forged = groups[1].trajectories[2].messages_and_choices[-1]
         forged.token_ids = [*forged.token_ids[:-1], vocab + 7]
         with pytest.raises(gw.GroupwiseError, match=rf"group 1, trajectory 2: a Choice has the token id {vocab + 7}, "

@@ -4,7 +4,10 @@ The driver owns the run store (trajectories, history) and the decisions; the mod
 (backend/worker.py), one per device. Where the workers run is the subclass's business: in the driver's
 process (one device), in one process per device on this host (backend/processes.py), or as Ray actors
 on a cluster (backend/ray.py). The driver reaches them only through `_call` (a method of every rank)
-and `_endpoint` (where rollout requests go).
+and `_endpoint` (where rollout requests go); a step's update, publication and retention cross as typed
+commands of the step protocol (backend/protocol.py: `UpdateCommand`, `PublishCommand`, `RetainCommand`,
+sent by `_send`). Runs are keyed by their `RunId` (groupwise/run_id.py), never by the bare model name:
+the workers and engines know a run by ``<project>/<run>``.
 
 A train step, in order (each step of the order is there for a failure seen in ART):
 1. write the step's trajectories to the run store FIRST: a crash during training loses nothing;
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import warnings
@@ -54,15 +58,18 @@ from typing import TYPE_CHECKING, Any
 
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC, Backend, InferenceEndpoint, TrainResult
 from groupwise.backend.options import BackendOptions
+from groupwise.backend.protocol import Command, Published, PublishCommand, Update, UpdateCommand
 from groupwise.backend.ranks import (ReplicaDivergenceError, check_identical, check_served, merge_ranks,
                                      shard_batch, sft_step_metrics)
-from groupwise.backend.retention import prune_args, retain_args
+from groupwise.backend.retention import prune_args, retain_command
 from groupwise.backend.worker import LOOPBACK, ModelSpec, WorkerOptions
 from groupwise.compat import ART_LOCAL_TRAIN_KEYWORDS, not_provided, with_art_keywords
 from groupwise.compute import compute_thread
 from groupwise.config import DEFAULT_RUN_STORE, TrainConfig
-from groupwise.errors import GroupwiseError, GroupwiseWarning, NotTrainableError, StoreError
+from groupwise.adapter_names import served_name
+from groupwise.errors import ConfigError, GroupwiseError, GroupwiseWarning, NotTrainableError, StoreError
 from groupwise.learning_signal import step_verdict
+from groupwise.run_id import RunId
 from groupwise.run_lock import RunLocks
 
 if TYPE_CHECKING:
@@ -83,7 +90,8 @@ class WorkerError(GroupwiseError):
 class _Run:
     """What the driver keeps for one registered model."""
 
-    spec: ModelSpec
+    id: RunId
+    spec: ModelSpec  # spec.name is id.key: the workers, the engines and the served names know the run by it
     store: Any
     tokenizer: Any
     vocab_size: int | None = None  # the embedding's rows: sampled ids past them are refused before the update
@@ -140,7 +148,7 @@ class WorkerBackend(Backend):
         self.path = str(path)
         self.options = options if options is not None else BackendOptions()
         self.options.check()
-        self._runs: dict[str, _Run] = {}
+        self._runs: dict[RunId, _Run] = {}  # one identity per run (run_id.py): never the bare model name
         self._run_locks = RunLocks()  # one writer per run folder (run_lock.py says why)
         self._started = False
 
@@ -189,13 +197,20 @@ class WorkerBackend(Backend):
         return await self._call(method, [kwargs] * self.world_size)
 
     async def _call_ranks(self, method: str, kwargs_by_rank: dict[int, dict[str, Any]]) -> dict[int, Any]:
-        """`Worker.<method>` on the ranks of `kwargs_by_rank` only (trainers, or generators), at once."""
+        """`DeviceWorker.<method>` on the ranks of `kwargs_by_rank` only (trainers, or generators), at once."""
         results = await self._call(method, [kwargs_by_rank.get(r) for r in range(self.world_size)])
         return {r: results[r] for r in kwargs_by_rank}
 
+    async def _send(self, commands: "dict[int, Command]") -> dict[int, Any]:
+        """A step's typed command (backend/protocol.py) to each rank of `commands`, at once: the
+        transports carry the command's method and the command itself. The answers by rank."""
+        methods = {c.method for c in commands.values()}
+        assert len(methods) == 1, f"one kind of command at a time, got {sorted(methods)}"
+        return await self._call_ranks(methods.pop(), {r: {"command": c} for r, c in commands.items()})
+
     # ------------------------------------------------------------------------------ register
     def _run(self, model: "TrainableModel") -> _Run:
-        run = self._runs.get(model.name)
+        run = self._runs.get(RunId.of(model))
         if run is None:
             raise GroupwiseError(
                 f"model {model.name!r} is not registered with this {type(self).__name__}; "
@@ -203,37 +218,54 @@ class WorkerBackend(Backend):
             )
         return run
 
-    async def register(self, model: "TrainableModel") -> None:
-        if model.name in self._runs:
-            return
+    def _registers(self, model: "TrainableModel") -> RunId | None:
+        """The identity `model`'s run takes on this backend, or None when that run is registered already
+        (another `TrainableModel` of the same folder is the same run). A run of another store with the
+        same project and run name is refused: its served names would be this one's (run_id.py)."""
         if model.base_path == DEFAULT_PATH and self.path != DEFAULT_PATH:
             model.base_path = self.path  # the backend's path is where a default-configured model's run lives
-        with self._run_locks.holding(model.name, model.store.run_dir):  # refused before anything loads
-            await self._register(model)
+        run_id = RunId.of(model)
+        if run_id in self._runs:
+            return None
+        taken = next((other for other in self._runs if other.key == run_id.key), None)
+        if taken is not None:
+            raise ConfigError(
+                f"cannot register {model.name!r}: its run {run_id.key!r} in {run_id.folder} has the project and "
+                f"name of a run already registered with this {type(self).__name__}, in {taken.folder}, and the two "
+                "would be served under one name. Give one of them another project or run_name, or register it "
+                "with another backend.", what="model registration")
+        return run_id
+
+    async def register(self, model: "TrainableModel") -> None:
+        run_id = self._registers(model)
+        if run_id is None:
+            return
+        with self._run_locks.holding(run_id.key, model.store.run_dir):  # refused before anything loads
+            await self._register(model, run_id)
 
     async def unregister(self, model: "TrainableModel") -> None:
         """Drop a registered model: its adapter, optimizer and served steps leave the workers (the base
         weights and engine stay while another model of the same base uses them) and its run folder is
         free for another process. Its run folder and checkpoints stay; `register` resumes it."""
-        run = self._runs.get(model.name)
+        run = self._runs.get(RunId.of(model))
         if run is None:
             return
         async with run.lock:  # not in the middle of its own step
             try:
-                await self._call_all("unload", name=model.name)
+                await self._call_all("unload", name=run.spec.name)
             finally:
-                del self._runs[model.name]
-                self._run_locks.release(model.name)
+                del self._runs[run.id]
+                self._run_locks.release(run.id.key)
 
-    async def _register(self, model: "TrainableModel") -> None:
+    async def _register(self, model: "TrainableModel", run_id: RunId) -> None:
         if not self._started:
             await self._start()
             self._started = True
         # The model's own LoRA settings (config=, ART's lora_config= / peft_args) override the backend's.
         lora = model.lora_for(self.options.lora)
         store = model.store
-        spec = ModelSpec(model.name, model.base_model, lora, str(store.checkpoints_dir),
-                         reserve_slots=self.options.served_steps + 1)
+        spec = ModelSpec(run_id.key, model.base_model, lora, str(store.checkpoints_dir),
+                         reserve_slots=self.options.served_steps + 1, short_name=model.name)
         infos = await self._call_all("load", spec=spec)
         steps = {info["step"] for info in infos}
         prints = {tuple(infos[r]["fingerprint"]) for r in self.train_ranks}
@@ -248,7 +280,7 @@ class WorkerBackend(Backend):
         head = infos[0]
         for row in head["history"]:  # a crash between the checkpoint and the history append lost none
             await asyncio.to_thread(store.append_history, row, if_missing=True)
-        self._runs[model.name] = _Run(spec, store, head["tokenizer"], head.get("vocab_size"), step=head["step"],
+        self._runs[run_id] = _Run(run_id, spec, store, head["tokenizer"], head.get("vocab_size"), step=head["step"],
                                       checkpoint_path=head["checkpoint_path"], cursor=head["cursor"],
                                       urls=[info["url"] for info in infos],
                                       skipped_in_a_row=int(head["metrics"].get("skipped_in_a_row", 0)),
@@ -257,7 +289,15 @@ class WorkerBackend(Backend):
     # ------------------------------------------------------------------------------ serve
     def inference_endpoint(self, model: "TrainableModel") -> InferenceEndpoint:
         run = self._run(model)
-        return self._endpoint(model.name, run.urls)
+        return self._endpoint(run.spec.name, run.urls)
+
+    def inference_name(self, model: "TrainableModel", step: int | None = None) -> str:
+        """``name`` / ``name@step`` (ART's), or the run's qualified ``<project>/<run>`` / ``...@step`` while
+        another run registered here has the same model name (run_id.py): either resolves to this run."""
+        run = self._runs.get(RunId.of(model))
+        if run is not None:
+            return served_name(self._shown_name(run), step)
+        return super().inference_name(model, step)
 
     async def get_step(self, model: "TrainableModel") -> int:
         return self._run(model).step
@@ -266,8 +306,8 @@ class WorkerBackend(Backend):
         return dict(self._run(model).cursor)
 
     async def serve_step(self, model: "TrainableModel", step: int) -> None:
-        self._run(model)
-        await self._call_all("serve_step", name=model.name, step=step)
+        run = self._run(model)
+        await self._call_all("serve_step", name=run.spec.name, step=step)
 
     async def keep_best(self, model: "TrainableModel", step: int, *, metrics_by_step: dict[int, float] | None = None,
                         maximize: bool = True) -> None:
@@ -282,21 +322,20 @@ class WorkerBackend(Backend):
 
     async def served_steps(self, model: "TrainableModel") -> list[int]:
         """The steps each engine serves now (the same on every rank)."""
-        return (await self._call_all("served_steps", name=model.name))[0]
+        return (await self._call_all("served_steps", name=self._run(model).spec.name))[0]
 
     async def rank_states(self, model: "TrainableModel") -> list[dict[str, Any]]:
         """Each trainer rank's adapter tensors, optimizer tensors and torch RNG state (CPU copies), by rank:
         to check that the ranks hold the same model, e.g. after a resume. (Generators train nothing:
         `served_adapters` reads what they serve.)"""
-        self._run(model)
-        states = await self._call_ranks("state_tensors", {r: {"name": model.name} for r in self.train_ranks})
+        name = self._run(model).spec.name
+        states = await self._call_ranks("state_tensors", {r: {"name": name} for r in self.train_ranks})
         return [states[r] for r in self.train_ranks]
 
     async def served_adapters(self, model: "TrainableModel", step: int) -> list[dict[str, Any]]:
         """The adapter tensors each rank's engine serves as ``name@step`` (CPU copies, by the trainer's
         parameter names), by rank: with generators, to see that they serve the trained adapter."""
-        self._run(model)
-        return await self._call_all("served_tensors", name=model.name, step=step)
+        return await self._call_all("served_tensors", name=self._run(model).spec.name, step=step)
 
     # ------------------------------------------------------------------------------ train
     @with_art_keywords(**ART_LOCAL_TRAIN_KEYWORDS)
@@ -318,13 +357,15 @@ class WorkerBackend(Backend):
         self, model: "TrainableModel", trajectory_groups: "list[TrajectoryGroup]", config: TrainConfig | None = None, *,
         cursor: dict[str, Any] | None = None, **options: Any,
     ) -> TrainResult:
-        from groupwise.compat import ART_BACKEND_TRAIN_LOSS, train_config_from_art
+        from groupwise.compat import ART_BACKEND_TRAIN_LOSS, is_resolved, resolve_train_config
         from groupwise.store import history_row, numeric_metrics
 
-        # the model's own settings (ART's _internal_config trainer_args, ...) apply on every path in
-        config = train_config_from_art(config, options, where=f"{type(self).__name__}.train",
-                                       model_settings=model.train_defaults(),
-                                       arts_loss=ART_BACKEND_TRAIN_LOSS)  # a new TrainConfig: checked again
+        # The API edge: `model.train` resolved its config already (once); a direct call (ART 0.5's
+        # backend.train(model, groups, learning_rate=...)) is resolved here, with the model's own
+        # settings (ART's _internal_config trainer_args, ...) as on every path in.
+        if options or not is_resolved(config):
+            config = resolve_train_config(config, options, where=f"{type(self).__name__}.train",
+                                          model_settings=model.train_defaults(), arts_loss=ART_BACKEND_TRAIN_LOSS)
         run = self._run(model)
         async with run.lock:  # one step at a time per model
             self._check_saved(run)
@@ -396,10 +437,8 @@ class WorkerBackend(Backend):
         shards = shard_batch(batch, len(trainers))
         del batch
         # 3. the update on every trainer rank (gradients summed over them).
-        per_rank = await self._call_ranks("update", {
-            r: {"name": model.name, "updates": [{"batch": shard, "config": config, "objective": "grpo"}],
-                "step": step} for r, shard in zip(trainers, shards)
-        })
+        per_rank = await self._send({r: UpdateCommand(run.spec.name, step, (Update(shard, config, "grpo"),))
+                                     for r, shard in zip(trainers, shards)})
         del shards
         metrics = merge_ranks([per_rank[r][0] for r in trainers])
         run.skipped_in_a_row = 0
@@ -416,11 +455,20 @@ class WorkerBackend(Backend):
         versions = [v for g in groups for t in g.trajectories for v in t.policy_versions()]
         if versions and not any(versions):
             run.warned_base_samples = True
+            name = self._shown_name(run)
             warnings.warn(GroupwiseWarning(
-                f"{run.spec.name}: step {step} trains on tokens the base model sampled (policy version 0 on every "
+                f"{name}: step {step} trains on tokens the base model sampled (policy version 0 on every "
                 f"token), not the adapter of step {step}: the rollouts' requests name the base model or "
-                f"{run.spec.name}@0. Pass model=model.name (or model.get_inference_name()) to the client so each "
+                f"{name}@0. Pass model=model.name (or model.get_inference_name()) to the client so each "
                 "step samples from the adapter trained last."), stacklevel=2)
+
+    def _shown_name(self, run: _Run) -> str:
+        """The name a user's requests reach `run` by: its model's name, or its qualified name while another
+        run registered here has the same model name (run_id.py)."""
+        short = run.spec.short_name
+        if short is None or any(o is not run and o.spec.short_name == short for o in self._runs.values()):
+            return run.spec.name
+        return short
 
     async def _no_signal(self, run: _Run, groups: "list[TrajectoryGroup]", step: int,
                          config: TrainConfig) -> dict[str, float] | None:
@@ -479,14 +527,9 @@ class WorkerBackend(Backend):
             # 3. one update per batch, with exclusive use of the shared model; none for a batch at rate 0
             # (where ART's decaying schedules end): AdamW scales both its step and its decay by the rate.
             live = [(parts, rate) for parts, rate in zip(shards, rates) if rate > 0]
-            updates = [TrainConfig(
-                learning_rate=rate, max_grad_norm=config.max_grad_norm, weight_decay=config.weight_decay,
-                micro_batch_tokens=config.micro_batch_tokens, max_seq_len=config.max_seq_len,
-                logprob_chunk_size=config.logprob_chunk_size, seed=config.seed,
-                gradient_checkpointing=config.gradient_checkpointing) for _, rate in live]
-            by_rank = await self._call_ranks("update", {
-                r: {"name": model.name, "step": step,
-                    "updates": [{"batch": parts[i], "config": u, "objective": "sft"} for (parts, _), u in zip(live, updates)]}
+            updates = [config.update_config(rate) for _, rate in live]
+            by_rank = await self._send({
+                r: UpdateCommand(run.spec.name, step, tuple(Update(parts[i], u, "sft") for (parts, _), u in zip(live, updates)))
                 for i, r in enumerate(self.train_ranks)
             }) if live else {}
             per_rank = list(by_rank.values())
@@ -505,18 +548,17 @@ class WorkerBackend(Backend):
         """4. rank 0 saves the checkpoint with the step's history row, the row is appended, 5. every
         rank serves its copy of the new adapter and checks it, the ranks' adapters are compared,
         6. retention."""
-        args = {"name": run.spec.name, "step": new_step, "metrics": metrics, "cursor": cursor, "history": [row]}
-        trained = await self._call_ranks("publish", {r: args for r in self.train_ranks})
-        results = [trained[r] for r in self.train_ranks]
+        publish = PublishCommand(run.spec.name, new_step, metrics, cursor, history=(row,))
+        trained = await self._send({r: publish for r in self.train_ranks})
+        results: list[Published] = [trained[r] for r in self.train_ranks]
         await run.store.run_history.write(row)
         check_identical(run.spec.name, new_step, results)
         if self.generator_ranks:  # they serve rank 0's checkpoint, once it is complete (module doc)
-            path = results[0]["checkpoint_path"]
-            served = await self._call_ranks("publish", {r: {**args, "checkpoint_path": path}
-                                                        for r in self.generator_ranks})
+            from_rank_0 = dataclasses.replace(publish, checkpoint_path=results[0].checkpoint_path)
+            served = await self._send({r: from_rank_0 for r in self.generator_ranks})
             check_served(run.spec.name, new_step, [*results, *(served[r] for r in self.generator_ranks)])
         run.step = new_step
-        run.checkpoint_path = results[0]["checkpoint_path"]
+        run.checkpoint_path = results[0].checkpoint_path
         run.cursor = cursor
         await self._retain(run)
 
@@ -524,11 +566,11 @@ class WorkerBackend(Backend):
         """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (ART's
         `model.delete_checkpoints()`); steps still served keep being served from memory."""
         run = self._run(model)
-        await self._call_all("prune", name=model.name, **prune_args(run, best_checkpoint_metric))
+        await self._call_all("prune", name=run.spec.name, **prune_args(run, best_checkpoint_metric))
 
     async def _retain(self, run: _Run) -> None:
         """6. retention (backend/retention.py decides what stays)."""
-        await self._call_all("retain", name=run.spec.name, **retain_args(run, self.options))
+        await self._send({r: retain_command(run, run.spec.name, self.options) for r in range(self.world_size)})
 
     # ------------------------------------------------------------------------------ close
     async def close(self) -> None:
@@ -552,5 +594,5 @@ class WorkerBackend(Backend):
         return {
             "backend": type(self).__name__, "path": self.path, "dtype": self.options.dtype,
             "world_size": self.world_size, "train_workers": self.options.train_workers,
-            "lora": self.options.lora.to_dict(), "models": {k: v.step for k, v in self._runs.items()},
+            "lora": self.options.lora.to_dict(), "models": {k.key: v.step for k, v in self._runs.items()},
         }

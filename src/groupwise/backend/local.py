@@ -5,7 +5,7 @@
     await model.register(gw.LocalBackend(devices=["cuda:0", "cuda:1", "cuda:2", "cuda:3"]))  # four GPUs
     await model.train(groups, config=gw.TrainConfig(learning_rate=1e-5))
 
-One device: the model lives in this process (a `Worker`, backend/worker.py): the base model wrapped with
+One device: the model lives in this process (a `DeviceWorker`, backend/worker.py): the base model wrapped with
 peft, an inference `Engine` over that same object (one copy of the base weights), a `ModelRegistry` +
 FastAPI app (the app `groupwise serve` exposes; reached in process through an httpx ASGI transport),
 and a `Trainer` with the AdamW state. The same registry is also served over real HTTP on loopback
@@ -42,11 +42,12 @@ from groupwise.backend.replica import API_KEY
 from groupwise.compat import warn_ignored
 from groupwise.config import DEFAULT_BASE_MODEL
 from groupwise.errors import ConfigError, GroupwiseError
+from groupwise.run_id import RunId
 from groupwise.store import CHECKPOINTS_DIR, checkpoint_folders, step_dir_name
 from groupwise.utils.s3 import mirror, mirror_dir
 
 if TYPE_CHECKING:
-    from groupwise.backend.worker import Worker
+    from groupwise.backend.worker import DeviceWorker
     from groupwise.model import TrainableModel
 
 __all__ = ["LocalAPI", "LocalBackend", "ReplicaDivergenceError", "WorkerError", "API_KEY", "DEFAULT_PATH"]
@@ -126,7 +127,7 @@ class LocalBackend(WorkerBackend):
         super().__init__(path if path is not None else DEFAULT_PATH, options)
         self.devices = parsed
         self.device = device if self.devices is None else None
-        self._worker: Worker | None = None  # one device: the worker lives in this process
+        self._worker: DeviceWorker | None = None  # one device: the worker lives in this process
         self._processes: Any = None  # several: backend/processes.py's WorkerProcesses
         self._api_key = API_KEY
         self.serve_http = serve_http
@@ -152,9 +153,9 @@ class LocalBackend(WorkerBackend):
                                               timeout_s=self.options.collective_timeout_s)
             await self._processes.start()
         else:
-            from groupwise.backend.worker import Worker
+            from groupwise.backend.worker import DeviceWorker
 
-            self._worker = Worker(0, 1, self.device, self._worker_options(serve_http=False))
+            self._worker = DeviceWorker(0, 1, self.device, self._worker_options(serve_http=False))
 
     async def _call(self, method: str, kwargs: list[dict[str, Any]]) -> list[Any]:
         if self._processes is not None:
@@ -174,17 +175,18 @@ class LocalBackend(WorkerBackend):
                                  http_client=in_process_http_client(self._worker.app(name)))
 
     async def register(self, model: "TrainableModel") -> None:
-        if model.name in self._runs:
+        if self._registers(model) is None:
             return
         await super().register(model)
         if self.serve_http and self._worker is not None:
             from groupwise.inference.server import create_app
 
-            registry = self._worker.replicas[model.name].registry
-            self._http[model.name] = await asyncio.to_thread(_HttpServer.start, create_app, registry, model.name)
+            key = RunId.of(model).key
+            registry = self._worker.replicas[key].registry
+            self._http[key] = await asyncio.to_thread(_HttpServer.start, create_app, registry, model.name)
 
     async def unregister(self, model: "TrainableModel") -> None:
-        http = self._http.pop(model.name, None)
+        http = self._http.pop(RunId.of(model).key, None)
         if http is not None:
             await asyncio.to_thread(http.stop)
         await super().unregister(model)
@@ -218,7 +220,7 @@ class LocalBackend(WorkerBackend):
         if self._processes is not None:
             url = next((u for u in run.urls if u), None)
             return InferenceEndpoint(base_url=url, api_key=self._api_key) if url else None
-        http = self._http.get(model.name)
+        http = self._http.get(run.spec.name)
         return None if http is None else InferenceEndpoint(base_url=http.base_url, api_key=http.api_key)
 
     def judge_client(self, base_model: str) -> Any:
@@ -266,7 +268,7 @@ class LocalBackend(WorkerBackend):
         if ignored:
             warn_ignored("LocalBackend._experimental_pull_from_s3", ignored)
         source, target = mirror_dir(s3_bucket, prefix, model.project, model.storage_name), self._run_dir(model)
-        if model.name in self._runs:
+        if RunId.of(model) in self._runs:
             raise GroupwiseError(f"pull before register: model {model.name!r} is already loaded from {target}")
         if source.is_dir():
             await asyncio.to_thread(mirror, source, target, delete)
@@ -287,7 +289,7 @@ class LocalBackend(WorkerBackend):
         import shutil
 
         from_project = from_project or model.project
-        registered = model.name in self._runs
+        registered = RunId.of(model) in self._runs
         if from_s3_bucket is not None:
             source = mirror_dir(from_s3_bucket, prefix, from_project, from_model) / CHECKPOINTS_DIR
         else:

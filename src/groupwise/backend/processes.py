@@ -1,4 +1,4 @@
-"""`WorkerProcesses`: one `Worker` (backend/worker.py) per device of this host, each in its own process.
+"""`WorkerProcesses`: one `DeviceWorker` (backend/worker.py) per device of this host, each in its own process.
 
 Why these pieces:
 * processes, not threads: each rank needs its own CUDA context, its own compute thread and its own
@@ -10,7 +10,8 @@ Why these pieces:
   through a TCP rendezvous on loopback; its timeout bounds how long a rank waits for a dead peer.
 * driver -> worker commands (load, train, serve a step, retention, close) go through one
   `multiprocessing` Pipe per worker (the child inherits its end): a command is (method name, keyword
-  arguments) of `Worker`, the answer its pickled result or exception. The driver waits on all pipes at
+  arguments) of `DeviceWorker` (a step's update, publish and retention: one typed command of
+  backend/protocol.py, under ``command``), the answer its pickled result or exception. The driver waits on all pipes at
   once (`multiprocessing.connection.wait`); a worker that dies, even by SIGKILL, closes its end, so it
   is reported at once, with its exit signal, instead of leaving the driver waiting. A worker whose
   driver dies reads the end of its pipe and exits.
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.backend.driver import WorkerError
-from groupwise.backend.worker import Worker, WorkerOptions
+from groupwise.backend.worker import DeviceWorker, WorkerOptions
 
 
 def _free_port() -> int:
@@ -62,7 +63,7 @@ def _recv(conn: Connection) -> Any:
     return pickle.loads(conn.recv_bytes())
 
 
-async def _serve(worker: Worker, conn: Any) -> None:
+async def _serve(worker: DeviceWorker, conn: Any) -> None:
     loop = asyncio.get_running_loop()
     while True:
         try:
@@ -92,7 +93,7 @@ def _worker_main() -> None:
         import torch
 
         torch.set_num_threads(threads)  # the ranks share the CPU's cores instead of oversubscribing them
-    asyncio.run(_serve(Worker(rank, world_size, device, options), conn))
+    asyncio.run(_serve(DeviceWorker(rank, world_size, device, options), conn))
 
 
 def _describe_exit(code: int | None) -> str:
@@ -227,7 +228,7 @@ class WorkerProcesses:
         return results
 
     async def call(self, method: str, kwargs: "list[dict[str, Any] | None]") -> list[Any]:
-        """`Worker.<method>(**kwargs[r])` on every rank r whose kwargs are not None; the answers by rank
+        """`DeviceWorker.<method>(**kwargs[r])` on every rank r whose kwargs are not None; the answers by rank
         (None for a rank not called) (module doc)."""
         async with self._lock:  # one command at a time per pipe
             self.check_alive()

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from groupwise.backend.protocol import Published
 from groupwise.errors import GroupwiseError
 
 
@@ -69,11 +70,11 @@ def sft_step_metrics(per_update: list[dict[str, float]], last_rate: float) -> di
     }
 
 
-def check_identical(name: str, step: int, results: list[dict[str, Any]]) -> None:
+def check_identical(name: str, step: int, results: "list[Published]") -> None:
     """The trainer ranks' adapter fingerprints after `step` are equal (`Replica.adapter_fingerprint`)."""
-    prints = [tuple(r["fingerprint"]) for r in results]
+    prints = [tuple(r.fingerprint or ()) for r in results]
     if len(set(prints)) > 1:
-        odd = [r["rank"] for r in results if tuple(r["fingerprint"]) != prints[0]]
+        odd = [r.rank for r in results if tuple(r.fingerprint or ()) != prints[0]]
         raise ReplicaDivergenceError(
             f"after step {step} of {name!r} the adapters of rank(s) {odd} differ from rank 0's: the data-parallel "
             "ranks no longer train the same model (a non-deterministic optimizer or a rank that skipped the "
@@ -82,11 +83,11 @@ def check_identical(name: str, step: int, results: list[dict[str, Any]]) -> None
         )
 
 
-def check_served(name: str, step: int, results: list[dict[str, Any]]) -> None:
+def check_served(name: str, step: int, results: "list[Published]") -> None:
     """Every rank's engine serves rank 0's bits as ``name@step`` (`Replica.served_fingerprint`): with
     generators (`BackendOptions.train_workers`), the adapter they loaded is the one trained."""
-    prints = [tuple(r["served_fingerprint"]) for r in results]
-    odd = [r["rank"] for r in results if tuple(r["served_fingerprint"]) != prints[0]]
+    prints = [tuple(r.served_fingerprint or ()) for r in results]
+    odd = [r.rank for r in results if tuple(r.served_fingerprint or ()) != prints[0]]
     if odd:
         raise ReplicaDivergenceError(
             f"after step {step} of {name!r} the engines of rank(s) {odd} serve another adapter than rank 0's: a "

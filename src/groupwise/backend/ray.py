@@ -6,7 +6,7 @@
     await model.register(backend)                  # the rest of the script is unchanged
 
 Ray does the placing only: a placement group reserves one bundle per worker (a GPU and some CPUs, or
-CPUs alone), each `Worker` (backend/worker.py) becomes an actor pinned to its bundle, and the actors
+CPUs alone), each `DeviceWorker` (backend/worker.py) becomes an actor pinned to its bundle, and the actors
 form a torch.distributed group (NCCL on GPUs, gloo on CPUs) whose rendezvous is rank 0's node. The
 gradient all-reduce runs in that group, not through Ray. Each actor serves its replica's OpenAI app
 over HTTP on its node's address, behind a per-run API key; the driver's client spreads rollout requests
@@ -26,15 +26,15 @@ from typing import Any
 from groupwise.backend.base import InferenceEndpoint
 from groupwise.backend.driver import DEFAULT_PATH, WorkerBackend, WorkerError
 from groupwise.backend.options import BackendOptions, spell_out_options
-from groupwise.backend.worker import Worker
+from groupwise.backend.worker import DeviceWorker
 from groupwise.validated import check_positive
 from groupwise.errors import MissingDependencyError
 
 __all__ = ["RayBackend"]
 
 
-class _RayWorker(Worker):
-    """A `Worker` that can say where its node is (for the rendezvous and its servers)."""
+class _RayWorker(DeviceWorker):
+    """A `DeviceWorker` that can say where its node is (for the rendezvous and its servers)."""
 
     async def node_address(self) -> str:
         import ray

@@ -178,16 +178,18 @@ class Replica:
     """A model served and trained on one device (module doc): its adapter in `base`'s peft model.
 
     Args:
-        name: the served model name (``name``, ``name@k``).
+        name: the run's served name (``name``, ``name@k``): its qualified name, `RunId.key`, on a backend.
         base: the `SharedBase` of its base model on this device.
         lora: the adapter's settings.
         process_group: torch.distributed group of the data-parallel trainer ranks, or None.
         trains: False for a replica that only generates: no `Trainer` (``trainer`` is None), no optimizer;
             it serves the adapters the trainer ranks checkpoint (`serve`, `resume`).
+        short_name: the model's own name, which requests may use while no other run of the base has it
+            (inference/registry.py).
     """
 
     def __init__(self, name: str, base: SharedBase, lora: LoraConfig, *, process_group: Any = None,
-                 trains: bool = True) -> None:
+                 trains: bool = True, short_name: str | None = None) -> None:
         from groupwise.training.trainer import Trainer
 
         self.name = name
@@ -199,7 +201,7 @@ class Replica:
         try:
             self.trainer: Any = (Trainer(self.peft_model, pad_token_id=pad, adapter_name=adapter,
                                          process_group=process_group) if trains else None)
-            self.registry.register_model(name)
+            self.registry.register_model(name, short=short_name)
         except BaseException:
             base.release_adapter(name)
             raise

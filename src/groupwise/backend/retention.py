@@ -14,13 +14,15 @@ It is apart from the driver (backend/driver.py) because it is one decision joine
 train order does not otherwise meet: the history (the best by a metric), the caller (the named best, the
 held steps) and the run's own state (the KL anchor). The driver asks it after every step and on
 `keep_best`, `hold_steps` and `delete_checkpoints`, and sends the answer to the workers in one call
-(`Worker.retain` or `Worker.prune`: every rank unserves, rank 0 deletes), so every worker backend decides
+(`Worker.retain`, backend/protocol.py, or `DeviceWorker.prune`: every rank unserves, rank 0 deletes), so every worker backend decides
 alike and a new reason to keep a checkpoint has one place to go.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
+
+from groupwise.backend.protocol import RetainCommand
 
 if TYPE_CHECKING:
     from groupwise.backend.options import BackendOptions
@@ -54,18 +56,18 @@ def in_use(run: RetainedRun) -> list[int]:
     return [*([run.kl_reference_step] if run.kl_reference_step is not None else []), *run.held_steps]
 
 
-def retain_args(run: RetainedRun, options: "BackendOptions") -> dict[str, Any]:
-    """The arguments of `Worker.retain` after a step, `keep_best` or `hold_steps`: a step named by
-    `keep_best` is the best, so the history is read only when none is named."""
+def retain_command(run: RetainedRun, run_key: str, options: "BackendOptions") -> RetainCommand:
+    """What every rank applies after a step, `keep_best` or `hold_steps` (`Worker.retain`): a step named
+    by `keep_best` is the best, so the history is read only when none is named."""
     metric = options.best_checkpoint_metric
     by_step = metric_by_step(run, metric) if run.best_step is None and metric is not None else {}
-    keep = [run.best_step] if run.best_step is not None else []
-    return {"step": run.step, "served_steps": options.served_steps, "keep": keep, "best_metric": metric,
-            "metrics_by_step": by_step, "maximize": True, "in_use": in_use(run)}
+    keep = (run.best_step,) if run.best_step is not None else ()
+    return RetainCommand(run=run_key, step=run.step, served_steps=options.served_steps, best_metric=metric,
+                         keep=keep, metrics_by_step=by_step, maximize=True, in_use=tuple(in_use(run)))
 
 
 def prune_args(run: RetainedRun, best_checkpoint_metric: str) -> dict[str, Any]:
-    """The arguments of `Worker.prune` for ART's `model.delete_checkpoints()`: every checkpoint but the
+    """The arguments of `DeviceWorker.prune` for ART's `model.delete_checkpoints()`: every checkpoint but the
     latest, the best by `best_checkpoint_metric` and those in use goes."""
     return {"best_metric": best_checkpoint_metric, "metrics_by_step": metric_by_step(run, best_checkpoint_metric),
             "keep": in_use(run)}

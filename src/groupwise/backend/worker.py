@@ -1,4 +1,5 @@
-"""`Worker`: one rank of a backend, holding a `Replica` per registered model on its device.
+"""`DeviceWorker`: one rank of a backend, holding a `Replica` per registered model on its device; the
+implementation of the step protocol's `Worker` (backend/protocol.py).
 
 Models of one base model share its `SharedBase` (backend/replica.py): one copy of the base weights,
 one engine, one registry and app. Their updates take turns (one lock per base): an update pauses the
@@ -38,6 +39,7 @@ from typing import Any
 
 from groupwise.errors import ConfigError
 from groupwise.memory import release_freed_memory
+from groupwise.backend.protocol import Published, PublishCommand, RetainCommand, UpdateCommand
 from groupwise.backend.replica import Replica, SharedBase
 from groupwise.compute import compute_thread
 from groupwise.config import LoraConfig
@@ -70,13 +72,15 @@ def update_bar(step: int, *, enabled: bool = True) -> Iterator[Callable[[int, in
 class ModelSpec:
     """What a worker needs to load (or resume) one model."""
 
-    name: str
+    name: str  # the run's key (`RunId.key`, ``<project>/<run>``): what the workers and engines know it by
     base_model: str
     lora: LoraConfig
     checkpoints_dir: str
     # adapter slots made for it when it loads: the steps it serves at once in its steady state
     # (BackendOptions.served_steps + 1 while a new step is swapped in; inference/adapter_slots.py)
     reserve_slots: int = 0
+    # the model's own name: requests may ask for it while no other run of the base has it (registry.py)
+    short_name: str | None = None
 
 
 @dataclass
@@ -96,8 +100,9 @@ class WorkerOptions:
     api_key: str | None = None  # the key requests to those servers must carry
 
 
-class Worker:
-    """One rank: replicas of the registered models on `device` (module doc)."""
+class DeviceWorker:
+    """One rank: replicas of the registered models on `device` (module doc). It implements the step
+    protocol (`groupwise.backend.protocol.Worker`: `update`, `publish`, `retain`), wherever it is placed."""
 
     def __init__(self, rank: int, world_size: int, device: str | None, options: WorkerOptions) -> None:
         self.rank, self.world_size, self.device, self.options = rank, world_size, device, options
@@ -156,7 +161,7 @@ class Worker:
             self._update_locks[spec.base_model] = asyncio.Lock()
         try:
             replica = await compute.run(Replica, spec.name, base, spec.lora, process_group=self.process_group,
-                                        trains=self.trains)
+                                        trains=self.trains, short_name=spec.short_name)
         except BaseException:
             if not base.models:
                 await self._close_base(spec.base_model)
@@ -230,13 +235,13 @@ class Worker:
         return self.replicas[name].app
 
     # ------------------------------------------------------------------------------ training
-    async def update(self, name: str, updates: list[dict[str, Any]], step: int) -> list[dict[str, float]]:
-        """Optimizer updates on this rank's share, with exclusive use of the shared model: each of
-        `updates` is {"batch": TokenizedBatch, "config": TrainConfig, "objective": "grpo" | "sft"}.
+    async def update(self, command: UpdateCommand) -> list[dict[str, float]]:
+        """The command's optimizer updates on this rank's share, with exclusive use of the shared model.
         Returns each update's metrics (the loss terms and counts summed over the ranks)."""
         from groupwise.training.finite import restore, snapshot
 
-        replica, spec = self.replicas[name], self.specs[name]
+        replica, spec = self.replicas[command.run], self.specs[command.run]
+        updates, step = command.updates, command.step
         trainer = replica.trainer
         compute = compute_thread()
         out = []
@@ -250,46 +255,45 @@ class Worker:
         async with self._update_locks[replica.base.base_model], replica.engine.paused():
             try:
                 for u in updates:
-                    if u.get("objective", "grpo") == "grpo" and u["config"].kl_coef > 0:  # the anchor it names
-                        await compute.run(replica.use_kl_reference, spec.checkpoints_dir, u["config"].kl_reference_step)
+                    if u.objective == "grpo" and u.config.kl_coef > 0:  # the anchor it names
+                        await compute.run(replica.use_kl_reference, spec.checkpoints_dir, u.config.kl_reference_step)
                     with update_bar(step, enabled=self.rank == 0) as progress:
-                        out.append(await compute.run(trainer.train_step, u["batch"], u["config"], step=step,
-                                                     objective=u.get("objective", "grpo"), progress=progress))
+                        out.append(await compute.run(trainer.train_step, u.batch, u.config, step=step,
+                                                     objective=u.objective, progress=progress))
             except Exception:
                 if before is not None and out:
                     await compute.run(lambda: restore(trainer.trainable_named_parameters(), trainer.optimizer, before))
                 raise
-        del updates
+        del updates, command
         if replica.device.type == "cpu":
             release_freed_memory()  # else RSS grows by GBs a step (memory.py)
         return out
 
-    async def publish(self, name: str, step: int, metrics: dict[str, float], cursor: dict[str, Any],
-                      history: list[dict[str, Any]] | None = None, checkpoint_path: str | None = None
-                      ) -> dict[str, Any]:
-        """After the updates of `step`: rank 0 checkpoints (with the step's `history` rows), every rank
-        serves its own copy of the new adapter and checks it. Returns the checkpoint path (rank 0), the
-        adapter's fingerprint and that of the served copy (the driver compares them across ranks).
+    async def publish(self, command: PublishCommand) -> Published:
+        """After the updates of the command's step: rank 0 checkpoints (with the step's `history` rows),
+        every rank serves its own copy of the new adapter and checks it. Returns the checkpoint path
+        (rank 0), the adapter's fingerprint and that of the served copy (the driver compares them).
 
         A rank that only generates is called after the trainers, with rank 0's `checkpoint_path`: it
         serves that folder's adapter (module doc)."""
-        replica, spec = self.replicas[name], self.specs[name]
+        replica, spec = self.replicas[command.run], self.specs[command.run]
+        step = command.step
         compute = compute_thread()
         if not self.trains:
-            if checkpoint_path is None:
+            if command.checkpoint_path is None:
                 raise ConfigError(f"rank {self.rank} only generates: publish it with the trainers' checkpoint_path",
                                   what="publish arguments")
-            await compute.run(replica.serve, step, checkpoint_path)
+            await compute.run(replica.serve, step, command.checkpoint_path)
             if self.options.verify_adapter:
                 replica.check_answers(step)
-            return {"rank": self.rank, "checkpoint_path": None, "fingerprint": None,
-                    "served_fingerprint": await compute.run(replica.served_fingerprint, step)}
+            return Published(self.rank, served_fingerprint=await compute.run(replica.served_fingerprint, step))
         path = None
         if self.rank == 0:
             snap = await compute.run(replica.snapshot, step)
             # The files are serialised, hashed and written on another thread: meanwhile the compute
             # thread steps the engine for the other runs' rollouts (compute.py).
-            path = await asyncio.to_thread(replica.write, spec.checkpoints_dir, snap, metrics, cursor, history)
+            path = await asyncio.to_thread(replica.write, spec.checkpoints_dir, snap, command.metrics,
+                                           command.cursor, list(command.history))
             tensors, config = snap.adapter, snap.adapter_config
         else:  # a rank > 0 serves its own copy of the same adapter (the ranks' fingerprints are compared)
             tensors, config = await compute.run(replica.adapter_snapshot)
@@ -298,32 +302,32 @@ class Worker:
         if self.options.verify_adapter:
             await compute.run(replica.check_adapter, step)
             replica.check_answers(step)
-        return {"rank": self.rank, "checkpoint_path": str(path) if self.rank == 0 else None,
-                "fingerprint": await compute.run(replica.adapter_fingerprint),
-                # with generators, the driver checks they serve the bits rank 0 serves
-                "served_fingerprint": (await compute.run(replica.served_fingerprint, step)
-                                       if self.options.train_workers is not None else None)}
+        return Published(self.rank, checkpoint_path=str(path) if self.rank == 0 else None,
+                         fingerprint=await compute.run(replica.adapter_fingerprint),
+                         # with generators, the driver checks they serve the bits rank 0 serves
+                         served_fingerprint=(await compute.run(replica.served_fingerprint, step)
+                                             if self.options.train_workers is not None else None))
 
     # ------------------------------------------------------------------------------ serving and retention
     async def serve_step(self, name: str, step: int) -> None:
         replica, spec = self.replicas[name], self.specs[name]
         await compute_thread().run(replica.serve_checkpoint, spec.checkpoints_dir, step)
 
-    async def retain(self, name: str, step: int, served_steps: int, keep: list[int], best_metric: str | None,
-                     metrics_by_step: dict[int, float], maximize: bool, in_use: Sequence[int] = ()) -> list[int]:
+    async def retain(self, command: RetainCommand) -> list[int]:
         """Serve only the last `served_steps` steps; unless `best_metric` is None, rank 0 deletes the
         checkpoints that are neither the latest nor the best (`keep` when the caller named it, else the
         best by `best_metric`) nor `in_use` (a KL reference). Returns the deleted steps."""
         from groupwise.training.checkpoint import prune_checkpoints
 
-        replica, spec = self.replicas[name], self.specs[name]
-        await compute_thread().run(replica.unserve_before, step, served_steps, in_use)
-        if self.rank != 0 or best_metric is None:  # None: every checkpoint is kept
+        c = command
+        replica, spec = self.replicas[c.run], self.specs[c.run]
+        await compute_thread().run(replica.unserve_before, c.step, c.served_steps, c.in_use)
+        if self.rank != 0 or c.best_metric is None:  # None: every checkpoint is kept
             return []
-        if keep:  # the caller named the best step: keep it and the latest, whatever the metric says
-            return prune_checkpoints(spec.checkpoints_dir, keep=[*keep, *in_use])
-        return prune_checkpoints(spec.checkpoints_dir, best_metric=best_metric, maximize=maximize,
-                                 metrics_by_step=metrics_by_step, keep=in_use)
+        if c.keep:  # the caller named the best step: keep it and the latest, whatever the metric says
+            return prune_checkpoints(spec.checkpoints_dir, keep=[*c.keep, *c.in_use])
+        return prune_checkpoints(spec.checkpoints_dir, best_metric=c.best_metric, maximize=c.maximize,
+                                 metrics_by_step=c.metrics_by_step, keep=list(c.in_use))
 
     async def prune(self, name: str, best_metric: str, metrics_by_step: dict[int, float],
                     keep: Sequence[int] = ()) -> list[int]:

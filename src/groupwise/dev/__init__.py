@@ -3,7 +3,7 @@
 They are plain dicts (as ART's TypedDicts are). What maps is applied where it is read:
 ``InternalModelConfig(peft_args=PeftArgs(r=..., lora_alpha=...))`` and ``LoRAConfig`` set the model's
 adapter (`TrainableModel.lora_for`), ``TrainConfig`` options map onto `groupwise.TrainConfig`
-(`groupwise.compat.train_config_from_art`). Settings of ART's own machinery (Unsloth init arguments,
+(`groupwise.compat.resolve_train_config`). Settings of ART's own machinery (Unsloth init arguments,
 vLLM engine and server arguments, Tinker, GPU placement) have no counterpart here; they are accepted
 and named once in an `ArtCompatWarning`. docs/porting-from-art.md lists every name.
 """

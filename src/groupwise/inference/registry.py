@@ -5,6 +5,11 @@ adapter is loaded; plain ``name`` means its latest step, and ``name@0`` the base
 adapter). Other ids (the base model's own name, adapters served by folder name) are aliases.
 Every resolved request carries its canonical ``name@step`` so the response can say which step
 produced it (the trainer checks it serves what it trained, ART bug #661).
+
+A backend registers each run under its qualified name (``<project>/<run>``, groupwise/run_id.py) with
+the model's own name as a short name: a request may use the short name (``agent``, ``agent@3``) while
+no other run here has it, and is answered under the name it asked for; a short name two runs share is
+refused naming both runs' qualified names.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class ModelRegistry:
         self.engine = engine
         self._lock = threading.Lock()
         self._steps: dict[str, dict[int, str | None]] = {}
+        self._short: dict[str, str] = {}  # a run's qualified name -> the short name requests may use
         self._aliases: dict[str, str | None] = {}
         self._to_free: list[str] = []  # adapters of dropped steps, freed once no request uses them
         if base_name:
@@ -46,17 +52,23 @@ class ModelRegistry:
         name it as users do. peft's own name for it is the engine's slot (adapter_slots.py)."""
         return served_name(name, step)
 
-    def register_model(self, name: str) -> None:
-        """Serve `name` (and `name@0` = the base model) before any step is trained."""
-        if "@" in name:
-            raise ConfigError(f"model name {name!r} must not contain '@' (it separates the step)", what="model name")
+    def register_model(self, name: str, *, short: str | None = None) -> None:
+        """Serve `name` (and `name@0` = the base model) before any step is trained; `short` is the name
+        requests may use for it too while no other model here has that short name (module doc)."""
+        for part in (name.rpartition("/")[2], short or ""):
+            if "@" in part:
+                raise ConfigError(f"model name {part!r} must not contain '@' (it separates the step)",
+                                  what="model name")
         with self._lock:
             self._steps.setdefault(name, {0: None})
+            if short is not None and short != name:
+                self._short[name] = short
 
     def unregister_model(self, name: str) -> None:
         """Stop serving `name` at all (a run that ended on a shared engine); its adapters are freed as in
         `remove_step`."""
         with self._lock:
+            self._short.pop(name, None)
             steps = self._steps.pop(name, {})
             self._to_free.extend(a for a in steps.values() if a is not None)
         self._free_unused()
@@ -120,34 +132,53 @@ class ModelRegistry:
         return self.steps(name)[-1]
 
     def served_ids(self) -> list[str]:
+        """Every name a request may use: each model by its short name while that is unambiguous, else by
+        its qualified name."""
         with self._lock:
             ids = list(self._aliases)
+            shorts = list(self._short.values())
             for name, steps in self._steps.items():
-                ids.append(name)
-                ids.extend(served_name(name, s) for s in sorted(steps))
+                short = self._short.get(name)
+                shown = short if short is not None and shorts.count(short) == 1 else name
+                ids.append(shown)
+                ids.extend(served_name(shown, s) for s in sorted(steps))
         return ids
 
+    def _model_of(self, name: str) -> str | None:
+        """The registered model a request's `name` means: itself, or the one model of that short name.
+        Two models of one short name: ModelNotFoundError naming both (a request is never guessed)."""
+        if name in self._steps:
+            return name
+        owners = sorted(k for k, short in self._short.items() if short == name)
+        if len(owners) > 1:
+            raise ModelNotFoundError(
+                f"model {_shown(name)} names {len(owners)} runs served here: {owners}. Ask for one by its "
+                "qualified name (model.inference_name() returns it while the short name is shared)")
+        return owners[0] if owners else None
+
     def resolve(self, model: str) -> Resolved:
-        """The adapter serving `model`, or ModelNotFoundError listing what exists."""
+        """The adapter serving `model`, or ModelNotFoundError listing what exists. A short name is
+        answered under the name asked for (``agent@3``); the follow target is the qualified model."""
         with self._lock:
             if model in self._aliases:
                 return Resolved(model, self._aliases[model], None)
-            name, step_text = split_served_name(model)
-            steps = self._steps.get(name)
-            if steps is not None:
-                if "@" not in model:
+            asked, step_text = split_served_name(model)
+            name = self._model_of(asked)
+            steps = self._steps.get(name) if name is not None else None
+            if name is not None and steps is not None:
+                if not step_text and not model.endswith("@"):
                     step = max(steps)
-                    return Resolved(served_name(name, step), steps[step], step, follow=name)
+                    return Resolved(served_name(asked, step), steps[step], step, follow=name)
                 # ASCII digits only, and few of them: "²" is a digit to str.isdigit() but not to
                 # int(), and int() refuses 4300 digits or more; either is a step nobody serves. Written
                 # as the server writes it ("name@1", not "name@01" or "name@"): one name per adapter.
                 if (step_text.isascii() and step_text.isdigit() and len(step_text) <= 18
                         and step_text == str(int(step_text)) and int(step_text) in steps):
                     step = int(step_text)
-                    return Resolved(served_name(name, step), steps[step], step)
+                    return Resolved(served_name(asked, step), steps[step], step)
                 raise ModelNotFoundError(
-                    f"model {_shown(model)}: step {_shown(step_text)} of {name!r} is not served; "
-                    f"served steps: {sorted(steps)} (use {name!r} for the latest)"
+                    f"model {_shown(model)}: step {_shown(step_text)} of {asked!r} is not served; "
+                    f"served steps: {sorted(steps)} (use {asked!r} for the latest)"
                 )
         raise ModelNotFoundError(
             f"model {_shown(model)} is not served here; served models: {self.served_ids()}"

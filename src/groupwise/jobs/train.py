@@ -202,9 +202,9 @@ class TrainJob(Job):
     def preset(self, learning_rate: float | None = None) -> Preset:
         """The env's preset, with the values this job sets in place of its own (`learning_rate`: a run's, else
         the job's first)."""
-        given = {"steps": self.steps, "rollouts_per_group": self.rollouts_per_group,
-                 "groups_per_step": self.groups_per_step, "sft": self.sft,
-                 "learning_rate": learning_rate if learning_rate is not None else (self.lr or [None])[0]}
+        # every preset field the job has a flag of the same name for (None: not given), and the rate
+        given = {f.name: getattr(self, f.name, None) for f in dataclasses.fields(Preset)}
+        given["learning_rate"] = learning_rate if learning_rate is not None else (self.lr or [None])[0]
         return dataclasses.replace(PRESETS[self.env], **{k: v for k, v in given.items() if v is not None})
 
 

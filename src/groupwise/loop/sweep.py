@@ -37,6 +37,7 @@ from groupwise.errors import ConfigError
 from groupwise.loop.fit import FitSummary, Rollout, ScoreGroup, Validate
 from groupwise.loop.fit import fit as fit_one
 from groupwise.loop.lockstep import Lockstep
+from groupwise.run_id import RunId
 
 __all__ = ["FitRun", "fit", "fit_runs"]
 
@@ -90,6 +91,21 @@ def _run_names() -> Iterator[None]:
                 logging.getLogger(name).removeFilter(_filter)
 
 
+def _labels(models: list[Any]) -> list[str]:
+    """Each run's name in the logs and the lockstep gate: its model's name where no other run's model has
+    it, else its run's qualified name (``<project>/<run>``, groupwise/run_id.py: a sweep across projects),
+    else its run folder. Two models of one run folder get one label, which `fit_runs` refuses."""
+    def identity(model: Any) -> RunId | str:
+        if all(hasattr(model, a) for a in ("base_path", "project", "storage_name")):
+            return RunId.of(model)
+        return str(getattr(model, "name", None))
+
+    names = [str(getattr(m, "name", None)) for m in models]
+    ids = [identity(m) for m in models]
+    keys = [i.key if isinstance(i, RunId) else i for i in ids]
+    return [n if names.count(n) == 1 else k if keys.count(k) == 1 else str(i) for n, i, k in zip(names, ids, keys)]
+
+
 def _in_lockstep(run: FitRun) -> bool:
     config = run.config if run.config is not None else LoopConfig()
     return config.lockstep and config.max_steps_off_policy == 0
@@ -116,17 +132,17 @@ async def fit_runs(runs: Sequence[FitRun]) -> list[FitSummary | BaseException]:
                 if not isinstance(r, FitRun)]
     if not runs:
         problems.append("no runs: pass at least one gw.FitRun")
-    names = [getattr(r.model, "name", None) for r in runs if isinstance(r, FitRun)]
-    twice = sorted({n for n in names if names.count(n) > 1})
+    labels = _labels([r.model for r in runs if isinstance(r, FitRun)])
+    twice = sorted({n for n in labels if labels.count(n) > 1})
     if twice:
-        problems.append(f"model name(s) {twice} appear in several runs; each run needs a model of its own")
+        problems.append(f"run(s) {twice} appear in several runs; each run needs a model of its own")
     if problems:
         raise ConfigError(problems, what="fit_runs() arguments")
-    members = [str(r.model.name) for r in runs if _in_lockstep(r)]
+    members = [label for r, label in zip(runs, labels) if _in_lockstep(r)]
     gate = Lockstep(members) if len(members) > 1 else None
     with _run_names():
-        tasks = [asyncio.create_task(_named(str(r.model.name), r, gate if _in_lockstep(r) else None))
-                 for r in runs]
+        tasks = [asyncio.create_task(_named(label, r, gate if _in_lockstep(r) else None))
+                 for r, label in zip(runs, labels)]
         try:
             return list(await asyncio.gather(*tasks, return_exceptions=True))
         finally:

@@ -1,0 +1,110 @@
+"""The step protocol between the driver and its workers: typed commands, and the `Worker` protocol.
+
+A train step crosses from the driver (backend/driver.py) to the ranks as three commands, each a frozen
+dataclass the driver builds and every rank reads the same way, whichever way it travels (awaited in
+process, pickled through a pipe to a worker process, or as a Ray actor call):
+
+1. `UpdateCommand`: the optimizer updates of the step on this rank's share of the batch (one for GRPO, one
+   per batch for SFT), each an `Update` of a batch, its settings (`TrainConfig`) and its objective;
+2. `PublishCommand`: rank 0 checkpoints the step (with its history row), every rank serves the new
+   adapter and checks it; a rank that only generates serves rank 0's checkpoint (`checkpoint_path`).
+   Each rank answers `Published`, whose fingerprints the driver compares across ranks;
+3. `RetainCommand`: retention (backend/retention.py decides): every rank unserves the steps past
+   `served_steps`, rank 0 deletes the checkpoints nobody keeps.
+
+`Worker` is the protocol the driver's step is written against: `DeviceWorker` (backend/worker.py) is the
+one implementation, placed in the driver's process, in a process per device (backend/processes.py) or as
+a Ray actor (backend/ray.py, a subclass). A command names its method (`method`), so the transports stay
+generic: they carry a method name and the command, never a dict of loose arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from groupwise.config import TrainConfig
+
+__all__ = ["Command", "Published", "PublishCommand", "RetainCommand", "Update", "UpdateCommand", "Worker"]
+
+
+@dataclass(frozen=True)
+class Update:
+    """One optimizer update: `batch` (a `TokenizedBatch`, this rank's share) under `config`."""
+
+    batch: Any
+    config: "TrainConfig"
+    objective: Literal["grpo", "sft"] = "grpo"
+
+
+@dataclass(frozen=True)
+class UpdateCommand:
+    """The updates of step `step` of run `run` (`RunId.key`), with exclusive use of the shared model.
+    Several updates (SFT's batches) are one unit: if one fails, the earlier ones are undone."""
+
+    method: ClassVar[str] = "update"
+    run: str
+    step: int
+    updates: tuple[Update, ...]
+
+
+@dataclass(frozen=True)
+class PublishCommand:
+    """After the updates: checkpoint and serve the adapter of `step` (the new step). `checkpoint_path` is
+    rank 0's checkpoint, given to the ranks that only generate (they serve it; trainers leave it None)."""
+
+    method: ClassVar[str] = "publish"
+    run: str
+    step: int
+    metrics: dict[str, float]
+    cursor: dict[str, Any]
+    history: tuple[dict[str, Any], ...] = ()
+    checkpoint_path: str | None = None
+
+
+@dataclass(frozen=True)
+class Published:
+    """A rank's answer to `PublishCommand`: rank 0's checkpoint path, the trained adapter's fingerprint
+    (None on a generator) and, with generators, the fingerprint of what its engine serves."""
+
+    rank: int
+    checkpoint_path: str | None = None
+    fingerprint: list[int] | None = None
+    served_fingerprint: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class RetainCommand:
+    """Retention after step `step` (backend/retention.py): serve only the last `served_steps` steps (and
+    `in_use`); unless `best_metric` is None, rank 0 deletes every checkpoint but the latest, the best
+    (`keep` when the caller named it, else by `best_metric` over `metrics_by_step`) and `in_use`."""
+
+    method: ClassVar[str] = "retain"
+    run: str
+    step: int
+    served_steps: int
+    best_metric: str | None
+    keep: tuple[int, ...] = ()
+    metrics_by_step: dict[int, float] = field(default_factory=dict)
+    maximize: bool = True
+    in_use: tuple[int, ...] = ()
+
+
+Command = UpdateCommand | PublishCommand | RetainCommand
+
+
+@runtime_checkable
+class Worker(Protocol):
+    """What one rank does for a step (module doc); each call answers for this rank alone."""
+
+    async def update(self, command: UpdateCommand) -> list[dict[str, float]]:
+        """Each update's metrics (the loss terms and counts already summed over the trainer ranks)."""
+        ...
+
+    async def publish(self, command: PublishCommand) -> Published:
+        ...
+
+    async def retain(self, command: RetainCommand) -> list[int]:
+        """The checkpoint steps deleted (rank 0; the others delete none)."""
+        ...

@@ -1,0 +1,60 @@
+"""The step protocol (backend/protocol.py): the step crosses to the ranks as typed commands.
+
+Every placement runs the same `DeviceWorker` (in process, a process per device, a Ray actor), so its
+methods are the protocol's: each takes one command of its type, and the commands survive the pickling a
+worker process's pipe and a Ray call put them through. The behaviour of each command on real ranks is
+covered by the backend contract tests (tests/backend/test_contract.py, test_data_parallel.py,
+test_placement.py), which train through it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+import typing
+
+import groupwise as gw
+from groupwise.backend import processes, ray
+from groupwise.backend.options import BackendOptions
+from groupwise.backend.protocol import Published, PublishCommand, RetainCommand, Update, UpdateCommand, Worker
+from groupwise.backend.retention import retain_command
+from groupwise.backend.worker import DeviceWorker, WorkerOptions
+
+
+def _options() -> WorkerOptions:
+    return WorkerOptions(dtype=None, max_batch_size=2, engine_kwargs=None, verify_adapter=True, load_model=None,
+                         memory_budget_gb=None)
+
+
+def test_every_placement_runs_a_worker_of_the_protocol():
+    assert isinstance(DeviceWorker(0, 1, "cpu", _options()), Worker)
+    assert issubclass(ray._RayWorker, DeviceWorker)
+    assert inspect.signature(processes._serve).parameters["worker"].annotation in (DeviceWorker, "DeviceWorker")
+    for name, command in (("update", UpdateCommand), ("publish", PublishCommand), ("retain", RetainCommand)):
+        assert command.method == name
+        # one parameter, `command`, of that command's type: what `WorkerBackend._send` passes
+        params = list(inspect.signature(getattr(DeviceWorker, name)).parameters.values())[1:]
+        hints = typing.get_type_hints(getattr(DeviceWorker, name))
+        assert [p.name for p in params] == ["command"] and hints["command"] is command, name
+
+
+def test_commands_survive_the_pipe_and_name_the_run_by_its_key():
+    config = gw.TrainConfig(learning_rate=3e-4)
+    commands = [UpdateCommand("p1/agent", 2, (Update([1, 2, 3], config, "grpo"),)),
+                PublishCommand("p1/agent", 3, {"loss": 0.5}, {"epoch": 1}, history=({"step": 2},)),
+                RetainCommand("p1/agent", 3, served_steps=2, best_metric=None, keep=(1,), in_use=(2,))]
+    for command in commands:
+        back = pickle.loads(pickle.dumps(command))
+        assert back == command and back.method == command.method and back.run == "p1/agent"
+    assert pickle.loads(pickle.dumps(commands[0])).updates[0].config.model_fields_set == {"learning_rate"}
+    assert pickle.loads(pickle.dumps(Published(1, fingerprint=[3, 4]))) == Published(1, fingerprint=[3, 4])
+
+
+def test_retention_is_one_command_every_rank_applies():
+    class Run:
+        store = None
+        step, best_step, kl_reference_step, held_steps = 5, 3, 2, [4]
+
+    command = retain_command(Run(), "p/agent", BackendOptions(served_steps=2, best_checkpoint_metric="val/reward"))
+    assert command == RetainCommand("p/agent", 5, served_steps=2, best_metric="val/reward", keep=(3,),
+                                    metrics_by_step={}, maximize=True, in_use=(2, 4))
