@@ -215,6 +215,6 @@ async def yes_no_maybe_main(path: str, base_model: str, prompts_per_step: list[l
 async def test_yes_no_maybe_script(tiny_model_dir, tmp_path):
     steps = [["respond with 'yes', 'no', 'maybe'"], ["just respond with yes or no"], ["respond with maybe"]]
     await yes_no_maybe_main(str(tmp_path), tiny_model_dir, steps)
-    train = [r for r in art.load_history(tmp_path / "yes-no-maybe" / "012") if r["split"] == "train"]
+    train = [r for r in art.load_history(tmp_path / "yes-no-maybe" / "models" / "012") if r["split"] == "train"]
     assert [(r["step"], r["skipped"]) for r in train] == [(0, 0.0), (1, 1.0), (2, 0.0)]
     assert all(r["loss"] == r["loss"] for r in train if not r["skipped"])  # real steps report a loss

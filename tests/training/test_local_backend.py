@@ -69,7 +69,7 @@ async def test_train_serves_and_verifies_the_new_adapter(tiny_model_dir, tmp_pat
         r = await model.openai_client().chat.completions.create(
             model="agent", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
         assert r.model == "agent@1"
-        run = tmp_path / "p" / "agent"
+        run = tmp_path / "p" / "models" / "agent"
         assert (run / "checkpoints" / "0001" / "state.json").is_file()
         # a second backend on this run folder is refused while this one writes it (before it loads) ...
         again = gw.LocalBackend(path=str(tmp_path))
@@ -211,7 +211,7 @@ async def test_lora_config_of_the_model_overrides_the_backend(tiny_model_dir, tm
     try:
         peft_config = backend._worker.replicas["small"].peft_model.peft_config["default"]
         assert (peft_config.r, peft_config.lora_alpha) == (2, 4)
-        assert model.run_dir == tmp_path / "p" / "small"  # the backend's path holds a default model's run
+        assert model.run_dir == tmp_path / "p" / "models" / "small"  # the backend's path holds a default model's run
     finally:
         await backend.close()
 
@@ -305,7 +305,7 @@ async def test_a_step_with_ids_the_model_cannot_embed_is_refused_and_the_run_goe
         with pytest.raises(gw.GroupwiseError, match=rf"group 1, trajectory 2: a Choice has the token id {vocab + 7}, "
                                                     "outside the model's vocabulary"):
             await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
-        assert await model.get_step() == 0 and not (tmp_path / "p" / "agent" / "checkpoints" / "0001").exists()
+        assert await model.get_step() == 0 and not (tmp_path / "p" / "models" / "agent" / "checkpoints" / "0001").exists()
         result = await model.train(await _groups(model, step=1), config=gw.TrainConfig(learning_rate=1e-3))
         assert result.step == 1 and await model.get_step() == 1
     finally:
