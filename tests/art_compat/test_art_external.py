@@ -250,7 +250,7 @@ def test_tic_tac_toe_self_play(entry, steps, art_model_dir, tmp_path, backup_buc
         )
         run_program(program, tmp_path, art_model_dir)
     name = "llama-8b-student-001" if entry == "train.py" else "llama-8b-o4-mini-001"
-    rows = gw.load_history(tmp_path / ".groupwise" / "tic-tac-toe" / name)
+    rows = gw.load_history(tmp_path / ".groupwise" / "tic-tac-toe" / "models" / name)
     (train,) = [r for r in rows if r["split"] == "train"]
     # two groups (x's and o's trajectories, grouped by position in each game's pair); in train.py the
     # student plays both sides of both games, in train_o4_mini.py o4-mini takes one side of each

@@ -145,7 +145,7 @@ def test_sigkill_mid_step_resumes_with_identical_optimizer(tiny_model_dir, tmp_p
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    run = killed / "resume" / "agent"
+    run = killed / "resume" / "models" / "agent"
     # Everything written before the kill is readable: step 1's trajectories were written before training.
     assert [len(g) for g in gw.load_trajectories(run, "train", 1)] == [4, 4]
     assert [len(g) for g in gw.load_trajectories(run, "train", 0)] == [4, 4]
@@ -159,10 +159,10 @@ def test_sigkill_mid_step_resumes_with_identical_optimizer(tiny_model_dir, tmp_p
     assert held.keys() == resumed.keys() and len(held) > 0
     assert all(torch.equal(held[k], resumed[k]) for k in held)
     # ... and ends where the uninterrupted run ended: same optimizer tensors and adapter after step 2.
-    a = load_file(str(straight / "resume" / "agent" / "checkpoints" / "0002" / "optimizer.safetensors"))
+    a = load_file(str(straight / "resume" / "models" / "agent" / "checkpoints" / "0002" / "optimizer.safetensors"))
     b = load_file(str(run / "checkpoints" / "0002" / "optimizer.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    wa = load_file(str(straight / "resume" / "agent" / "checkpoints" / "0002" / "adapter_model.safetensors"))
+    wa = load_file(str(straight / "resume" / "models" / "agent" / "checkpoints" / "0002" / "adapter_model.safetensors"))
     wb = load_file(str(run / "checkpoints" / "0002" / "adapter_model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
