@@ -168,7 +168,10 @@ def test_mcp_agent_with_a_deepseek_judge_applied_after_each_group(art_model_dir,
     history = gw.load_history(run)
     assert _train_steps(run) == [0]
     assert [r["step"] for r in history if r["split"] == "val"] == [0]
-    # the group was judged by the DeepSeek judge, at the base URL DeepSeek's variable names
+    # the trained group was judged (RULER keeps each rollout's own reward as independent_reward), and
+    # the only DeepSeek there is is the stand-in at the base URL DEEPSEEK_API_BASE names
+    (train,) = [r for r in history if r["split"] == "train"]
+    assert "independent_reward" in train, sorted(train)
     assert "deepseek-chat" in {r["model"] for r in stub_judge.requests}
 
 
