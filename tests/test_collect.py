@@ -20,10 +20,12 @@ TESTS = Path(__file__).resolve().parent
 # ART's own programs, kept as ART wrote them (notebook cells with `!pip` lines, module names such as
 # rollout.py that ART reuses): inputs that art_runner.py runs from a copy, never collected or imported
 VENDORED = TESTS / "art_compat" / "art_repo"
+# third-party ART programs (their own module names: train.py, rollout.py), run the same way
+CORPUS = TESTS / "art_compat" / "corpus"
 
 
 def _test_sources():
-    return [p for p in TESTS.rglob("*.py") if VENDORED not in p.parents]
+    return [p for p in TESTS.rglob("*.py") if VENDORED not in p.parents and CORPUS not in p.parents]
 
 
 def test_no_module_imports_a_conftest_by_name():

@@ -40,7 +40,7 @@ def test_the_readme_example_trains_and_the_commands_after_it_read_the_run(tiny_m
 
     import groupwise as gw
 
-    history = gw.load_history(tmp_path / ".groupwise/sentiment/critic")
+    history = gw.load_history(tmp_path / ".groupwise/sentiment/models/critic")
     assert {r["step"] for r in history if r.get("split") == "val"} == {0, 1, 2}
     assert any(r.get("split") == "test" for r in history)
     assert any(r.get("split") == "stop" for r in history)
@@ -50,7 +50,7 @@ def test_the_readme_example_trains_and_the_commands_after_it_read_the_run(tiny_m
     for command in commands:
         argv = command.split("#")[0].split()
         if argv[1] == "dashboard":  # a server: it lists the run the example trained, then is stopped
-            assert_dashboard_lists(argv, tmp_path, "sentiment/critic")
+            assert_dashboard_lists(argv, tmp_path, "sentiment/models/critic")
             continue
         ran = subprocess.run([sys.executable, "-m", "groupwise.cli", *argv[1:]], cwd=tmp_path,
                              capture_output=True, text=True, timeout=300)

@@ -1,6 +1,6 @@
 """`groupwise inspect RUN_DIR`: read stored trajectories like a transcript ("watch your rollouts").
 
-    groupwise inspect .groupwise/2048/agent-001 --split val --worst -n 2
+    groupwise inspect .groupwise/2048/models/agent-001 --split val --worst -n 2
 
 For each selected split (default: every split) it reads one step (default: the latest), prints a
 one-line summary (groups, trajectories, exceptions, mean reward) and then `n` trajectories: reward,
@@ -175,8 +175,8 @@ def inspect_run(run_dir: str | Path, *, split: str | None, step: int | None, ord
     p = Palette(_use_colour(out))
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        print(f"groupwise inspect: {run_dir} does not exist (expected <base_path>/<project>/<model>, "
-              f"e.g. .groupwise/2048/agent-001)", file=sys.stderr)
+        print(f"groupwise inspect: {run_dir} does not exist (expected <base_path>/<project>/models/<model>, "
+              f"e.g. .groupwise/2048/models/agent-001)", file=sys.stderr)
         return 2
     files = trajectory_files(run_dir, split)
     if not files:

@@ -9,7 +9,7 @@
     result = await model.train(groups, config=TrainConfig(learning_rate=1e-5))
     await model.log(val_groups, split="val")
 
-Both write to the same run store (`groupwise.store`): ``<base_path>/<project>/<name>/``, so a
+Both write to the same run store (`groupwise.store`): ``<base_path>/<project>/models/<name>/``, so a
 baseline's validation rows sit beside the trained model's and plots can compare them. Nothing here
 imports torch: a backend is handed in by the caller.
 
@@ -105,7 +105,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     is private state. Unknown arguments are an error that names them.
 
     Args:
-        name: the run's name; the store folder is ``<base_path>/<project>/<name>``.
+        name: the run's name; the store folder is ``<base_path>/<project>/models/<name>``.
         project: groups runs that are compared with each other.
         base_path: root folder of the run store.
         inference_base_url: the endpoint's ``/v1`` URL (None: the `openai` SDK's default / env).
@@ -208,7 +208,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
 
     @property
     def storage_name(self) -> str:
-        """The run's folder name under ``<base_path>/<project>/`` (`name`; a TrainableModel's `run_name`)."""
+        """The run's folder name under ``<base_path>/<project>/models/`` (`name`; a TrainableModel's `run_name`)."""
         return self.name
 
     def __repr__(self) -> str:  # not pydantic's: that would print inference_api_key
@@ -220,7 +220,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     # -- store --------------------------------------------------------------------------------
     @property
     def store(self) -> RunStore:
-        """This model's run store, ``<base_path>/<project>/<storage_name>`` (opened on first use, so a
+        """This model's run store, ``<base_path>/<project>/models/<storage_name>`` (opened on first use, so a
         name with a slash is fine for a model that is only queried, e.g. a judge). Changing
         `base_path` (a backend does, for a default-configured model) moves it: the next use reopens."""
         key = (str(self.base_path), self.project, self.storage_name)
@@ -231,6 +231,10 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     @property
     def run_dir(self):
         return self.store.run_dir
+
+    def _get_output_dir(self) -> str:
+        """ART 0.5's name for the run folder (ART's pipeline trainer and programs build paths on it)."""
+        return str(self.run_dir)
 
     # ART 0.1's names of the endpoint's fields, read and written through
     @property

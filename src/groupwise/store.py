@@ -1,6 +1,7 @@
 """The run store: everything a run produced, on disk, as JSON. No torch, no pickle.
 
-Layout (``run_dir = <base_path>/<project>/<model>``)::
+Layout (``run_dir = <base_path>/<project>/models/<model>``, ART's: a program that builds a run's paths
+as ART does, by hand or with ``art.utils.output_dirs``, finds the files)::
 
     history.jsonl                     one row per (step, split, kind, name, message), appended
     trajectories/<split>/<step:04d>.jsonl
@@ -11,6 +12,10 @@ Layout (``run_dir = <base_path>/<project>/<model>``)::
     checkpoints/<step>/               written by the trainer (adapter safetensors, optimizer, RNG, and
                                       in its own state.json the loop's data cursor of that step)
     .writer.lock                      flock'ed by the one process that trains the run (run_lock.py)
+
+A run folder of the earlier layout, ``<base_path>/<project>/<model>`` (no ``models/``), is moved into
+place the first time a `RunStore` opens that run (`run_dir_of`): one rename of the whole folder, so it
+is lossless and atomic; a run another process is still training there is read where it is until then.
 
 Trajectory files are lossless: a line is ``TrajectoryGroup.model_dump(mode="json")``, so every
 Trajectory field (messages, Choices with their extra fields ``token_ids`` and ``logprobs``, tools,
@@ -78,7 +83,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from groupwise.errors import ArgumentTypeError, CorruptRecordError, GroupwiseWarning, StoreError
+from groupwise.errors import (ArgumentTypeError, CorruptRecordError, GroupwiseWarning, RunFolderError, RunLockedError,
+                              StoreError)
 from groupwise.history import RunHistory, atomic_write_text, dumps, history_key, load_history, read_jsonl
 from groupwise.run_lock import RunLock
 from groupwise.step_summary import summary_of, summary_path
@@ -108,6 +114,8 @@ __all__ = [
     "storable_problem",
     "checkpoint_folders",
     "dir_name_step",
+    "run_dir_of",
+    "project_run_dirs",
 ]
 
 RESERVED_HISTORY_KEYS = frozenset({
@@ -121,6 +129,7 @@ _STEP_FILE = re.compile(r"([0-9]+)\.jsonl")
 # a run folder's layout (module doc); the names code outside the store builds paths with
 TRAJECTORIES_DIR = "trajectories"
 CHECKPOINTS_DIR = "checkpoints"
+MODELS_DIR = "models"  # a project's runs are in <base_path>/<project>/models/, as in ART
 
 
 def step_dir_name(step: int) -> str:
@@ -516,8 +525,9 @@ def write_step_summary(step_file: Path, rows: list[dict[str, Any]]) -> None:
     atomic_write_text(summary_path(step_file), dumps(summary_of(step_file, rows)) + "\n")
 
 
-# How deep under a folder runs are looked for (<base_path>/<project>/<model> is depth 2).
+# How deep under a folder runs are looked for (<base_path>/<project>/models/<model> is depth 3).
 MAX_DEPTH = 3
+_RUN_DIR_HELP = "<base_path>/<project>/models/<model>, e.g. .groupwise/2048/models/2048-s0"
 
 
 def is_run_dir(path: Path) -> bool:
@@ -553,15 +563,14 @@ def run_dir_problem(run_dir: str | os.PathLike) -> str | None:
     project (what a reader was likely pointed at), or None."""
     path = Path(run_dir).expanduser()
     if not path.exists():
-        return "does not exist; pass a run folder <base_path>/<project>/<model>, e.g. .groupwise/2048/2048-s0"
+        return f"does not exist; pass a run folder {_RUN_DIR_HELP}"
     if not path.is_dir():
-        return "is a file; pass a run folder <base_path>/<project>/<model>, e.g. .groupwise/2048/2048-s0"
+        return f"is a file; pass a run folder {_RUN_DIR_HELP}"
     if is_run_dir(path):
         return None
     runs = [r.relative_to(path).as_posix() for r in find_runs(path)]
     if not runs:
-        return ("holds no run (no history.jsonl or trajectories/ at or below it); pass a run folder "
-                "<base_path>/<project>/<model>, e.g. .groupwise/2048/2048-s0")
+        return f"holds no run (no history.jsonl or trajectories/ at or below it); pass a run folder {_RUN_DIR_HELP}"
     shown = ", ".join(runs[:5]) + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
     return f"is not a run folder; the runs under it: {shown}; pass one, e.g. {path / runs[0]}"
 
@@ -574,18 +583,123 @@ def load_trajectories(run_dir: str | os.PathLike, split: str | None = None, step
     `skip_corrupt=True` such lines are skipped and the rest is read.
     """
     if not Path(run_dir).is_dir():
-        raise StoreError(f"run folder {str(run_dir)!r} does not exist; expected <base_path>/<project>/<model>")
+        raise StoreError(f"run folder {str(run_dir)!r} does not exist; expected {_RUN_DIR_HELP}")
     return [g for _, _, path in trajectory_files(run_dir, split, step) for g in read_groups(path, skip_corrupt=skip_corrupt)]
 
 
+def run_dir_of(base_path: str | os.PathLike, project: str, model: str) -> Path:
+    """The run folder of (`project`, `model`) under `base_path`: ``<base_path>/<project>/models/<model>``,
+    ART's layout. A run of the earlier layout, ``<base_path>/<project>/<model>``, is moved there first
+    (module doc), unless another process holds its writer lock or the folder cannot be moved (a
+    read-only store): then that folder is the run's, and is read where it is."""
+    project_dir = Path(base_path) / _check_name("project", project)
+    new = project_dir / MODELS_DIR / _check_name("model name", model)
+    legacy = project_dir / model
+    if model == MODELS_DIR:  # the earlier run named "models" is the folder the new layout's runs go in
+        return _migrate_into_parent(legacy, new) if _legacy_files(legacy) else new
+    if new.exists() or not is_run_dir(legacy):
+        if new.exists() and is_run_dir(legacy):
+            _warn_both(legacy, new)
+        return new
+    with _legacy_writer_lock(legacy) as free:
+        if not free:
+            _warn_kept(legacy, "another process is writing it (its .writer.lock is held); it moves when that "
+                       "process has stopped and the run is next opened")
+            return legacy
+        try:
+            new.parent.mkdir(exist_ok=True)
+            os.rename(legacy, new)  # one rename: the whole run moves, or nothing does
+        except OSError as exc:
+            _warn_kept(legacy, f"it could not be moved ({exc.strerror or exc}); make the store writable to move it")
+            return legacy
+    log.info("moved run folder %s to ART's layout at %s", legacy, new)
+    return new
+
+
+def _legacy_files(folder: Path) -> list[Path]:
+    """The entries of an earlier-layout run named "models" that are its own (not the runs of the new
+    layout, which live beside them in the same folder)."""
+    if not folder.is_dir() or not ((folder / "history.jsonl").is_file() or (folder / TRAJECTORIES_DIR).is_dir()
+                                   or (folder / CHECKPOINTS_DIR).is_dir() or (folder / "state.json").is_file()):
+        return []
+    return [p for p in folder.iterdir() if not (p.is_dir() and is_run_dir(p))]
+
+
+def _migrate_into_parent(legacy: Path, new: Path) -> Path:
+    """Moves the earlier run named "models" into ``models/models``, entry by entry (its folder stays:
+    it is the new layout's `models/`); an interrupted move is finished when the run is next opened."""
+    with _legacy_writer_lock(legacy) as free:
+        if not free:
+            _warn_kept(legacy, "another process is writing it (its .writer.lock is held)")
+            return legacy
+        try:
+            new.mkdir(exist_ok=True)
+            for entry in _legacy_files(legacy):
+                if entry != new and not (new / entry.name).exists():  # a name already moved is kept
+                    os.rename(entry, new / entry.name)  # the held lock file too: a flock follows its file
+        except OSError as exc:
+            _warn_kept(legacy, f"it could not be moved ({exc.strerror or exc}); make the store writable to move it")
+            return legacy
+    return new
+
+
+class _legacy_writer_lock:
+    """Holds an earlier-layout run's writer lock while it moves; `free` is False when another process
+    (or another backend of this one) holds it."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.lock = RunLock(run_dir)
+
+    def __enter__(self) -> bool:
+        if not self.lock.path.is_file():
+            return True
+        try:
+            self.lock.acquire()
+        except RunLockedError:
+            return False
+        except RunFolderError:  # a read-only store: the move fails too, and says so
+            pass
+        return True
+
+    def __exit__(self, *exc: Any) -> None:
+        self.lock.release()
+
+
+def _warn_kept(legacy: Path, why: str) -> None:
+    warnings.warn(f"run folder {legacy} is in groupwise's earlier layout and stays there for now: {why}. "
+                  f"Its new place is {legacy.parent / MODELS_DIR / legacy.name} (ART's layout)",
+                  GroupwiseWarning, stacklevel=4)
+
+
+def _warn_both(legacy: Path, new: Path) -> None:
+    warnings.warn(f"run folder {legacy} (groupwise's earlier layout) is not read: the run's folder is {new}. "
+                  "A process of an earlier groupwise wrote it after the run moved; merge or remove it",
+                  GroupwiseWarning, stacklevel=4)
+
+
+def project_run_dirs(base_path: str | os.PathLike, project: str) -> list[Path]:
+    """Every run folder of `project` under `base_path`, sorted by run name: those of ART's layout and
+    those of the earlier one (moved into place on the way, `run_dir_of`)."""
+    project_dir = Path(base_path) / project
+    if not project_dir.is_dir():
+        return []
+    names = {p.name for p in (project_dir / MODELS_DIR).iterdir() if p.is_dir()} \
+        if (project_dir / MODELS_DIR).is_dir() else set()
+    names |= {p.name for p in project_dir.iterdir() if p.is_dir() and p.name != MODELS_DIR and is_run_dir(p)}
+    if _legacy_files(project_dir / MODELS_DIR):
+        names.add(MODELS_DIR)
+    return [run_dir_of(base_path, project, name) for name in sorted(names) if folder_name_problem(name) is None]
+
+
 class RunStore:
-    """One run's folder, ``<base_path>/<project>/<model>``: trajectories, history, state, checkpoints."""
+    """One run's folder, ``<base_path>/<project>/models/<model>``: trajectories, history, state,
+    checkpoints (`run_dir_of` moves a run of the earlier layout into place when it opens it)."""
 
     def __init__(self, base_path: str | os.PathLike, project: str, model: str) -> None:
         self.base_path = Path(base_path)
         self.project = _check_name("project", project)
         self.model = _check_name("model name", model)
-        self.run_dir = self.base_path / project / model
+        self.run_dir = run_dir_of(self.base_path, project, model)
         self._history: RunHistory | None = None
 
     def __repr__(self) -> str:

@@ -90,19 +90,22 @@ class Program:
     # module -> seam standing in for it: an ART module of an external service (e.g. Tinker's backend)
     modules: dict[str, str] = field(default_factory=dict)
     # base URL an `openai` client is given (a hosted model, e.g. o4-mini at api.openai.com) -> the
-    # local OpenAI-compatible endpoint standing in for it
-    endpoints: dict[str, str] = field(default_factory=dict)
+    # local OpenAI-compatible endpoint standing in for it, or (endpoint, its API key)
+    endpoints: dict[str, str | tuple[str, str]] = field(default_factory=dict)
     # a program that fails in ART as well, before or at its first step: (exception class, message part)
     fails_in_art: tuple[str, str] | None = None
     # a program that fails here by a deliberate difference (docs/porting-from-art.md says which)
     fails_here: tuple[str, str] | None = None
+    # where the program's files are kept: ART's repository, or a folder of the third-party corpus
+    root: Path = ART_REPO
+    argv: tuple[str, ...] = ()  # the program's command-line arguments (`--model run_1`)
 
     @property
     def notebook(self) -> bool:
         return self.entry.endswith(".ipynb")
 
     def stored(self, path: str) -> Path:
-        return ART_REPO / (path + ".py" if path.endswith(".ipynb") else path)
+        return self.root / (path + ".py" if path.endswith(".ipynb") else path)
 
 
 def materialise(program: Program, root: Path) -> Path:
@@ -213,7 +216,9 @@ def _redirect_endpoints(endpoints: dict[str, str]) -> list[Callable[[], None]]:
         def init(self, *args, _original=original, **kwargs):
             url = str(kwargs.get("base_url") or "").rstrip("/")
             if url in endpoints:
-                kwargs["base_url"] = endpoints[url]
+                target = endpoints[url]
+                # (url, key): the stand-in's own key replaces the one the program has for the service
+                kwargs["base_url"], kwargs["api_key"] = target if isinstance(target, tuple) else (target, kwargs.get("api_key"))
             _original(self, *args, **kwargs)
 
         cls.__init__ = init
@@ -245,7 +250,7 @@ def run_program(program: Program, root: Path, tiny_model_dir: str) -> None:
     try:
         os.chdir(cwd)
         sys.path[:0] = [str(entry.parent), *(str(root / p) for p in program.package_roots), str(SEAMS)]
-        sys.argv = [str(entry)]
+        sys.argv = [str(entry), *program.argv]
         os.environ.update(program.env)
         for variable, handler in program.services.items():
             os.environ[variable], stop = _serve_json(handler)

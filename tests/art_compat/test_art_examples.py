@@ -35,7 +35,7 @@ TWO_PROMPTS = json.dumps(["respond with 'yes', 'no', 'maybe'", "respond with yes
 
 
 def train_rows(root, project: str, name: str) -> list[dict]:
-    return [r for r in gw.load_history(root / ".groupwise" / project / name) if r["split"] == "train"]
+    return [r for r in gw.load_history(root / ".groupwise" / project / "models" / name) if r["split"] == "train"]
 
 
 def one_step(path: str, count: int = 1) -> tuple[str, str, int]:

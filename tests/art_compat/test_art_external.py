@@ -56,7 +56,7 @@ def test_hn_title_generator(art_model_dir, tmp_path, backup_bucket):
     assert {tuple(sorted(r)) for r in reward_model.requests} == {("by", "scraped_body", "time", "title", "url")}
     assert {r["by"] for r in reward_model.requests} == {"user0"}
     assert reward_model.requests[0]["time"] == "2024-05-01T12:00:00"
-    train = [r for r in gw.load_history(tmp_path / ".groupwise" / "hn_title_generation" / "001")
+    train = [r for r in gw.load_history(tmp_path / ".groupwise" / "hn_title_generation" / "models" / "001")
              if r["split"] == "train"]
     assert [r["step"] for r in train] == [0]
     # the program's own metrics, per trajectory: the reward model's score and the title's length
@@ -125,7 +125,7 @@ def test_art_e(art_model_dir, tmp_path, backup_bucket):
     assert db.execute("SELECT count(*) FROM emails").fetchone() == (3,)
     # the full-text index the agent's search tool queries was built by the program's own script
     assert db.execute("SELECT rowid FROM emails_fts WHERE emails_fts MATCH 'contract AND 2'").fetchall() == [(3,)]
-    run = tmp_path / ".groupwise" / "email_agent" / "email-agent-002"
+    run = tmp_path / ".groupwise" / "email_agent" / "models" / "email-agent-002"
     rows = gw.load_history(run)
     assert [r["step"] for r in rows if r["split"] == "train"] == [0]
     # benchmark_model logged a validation row before the step (global_step 0 % eval_steps) and after it
@@ -250,7 +250,7 @@ def test_tic_tac_toe_self_play(entry, steps, art_model_dir, tmp_path, backup_buc
         )
         run_program(program, tmp_path, art_model_dir)
     name = "llama-8b-student-001" if entry == "train.py" else "llama-8b-o4-mini-001"
-    rows = gw.load_history(tmp_path / ".groupwise" / "tic-tac-toe" / name)
+    rows = gw.load_history(tmp_path / ".groupwise" / "tic-tac-toe" / "models" / name)
     (train,) = [r for r in rows if r["split"] == "train"]
     # two groups (x's and o's trajectories, grouped by position in each game's pair); in train.py the
     # student plays both sides of both games, in train_o4_mini.py o4-mini takes one side of each

@@ -161,11 +161,11 @@ def test_output_dirs_name_the_folders_a_run_writes(tmp_path, monkeypatch):
     assert od.get_step_checkpoint_dir(run_dir, 7) == str(store.checkpoints_dir / "0007")
     assert od.get_trajectories_split_dir(run_dir, "val") == str(store.trajectories_path("val", 3).parent)
     assert od.get_trajectories_dir(run_dir) == str(store.run_dir / "trajectories")
-    assert od.get_models_dir("proj", str(tmp_path)) == str(tmp_path / "proj")
+    assert od.get_models_dir("proj", str(tmp_path)) == str(tmp_path / "proj" / "models")
     monkeypatch.chdir(tmp_path)
-    assert od.get_model_dir(model) == str(tmp_path / art.LocalBackend().path / "proj" / "run1")
+    assert od.get_model_dir(model) == str(tmp_path / art.LocalBackend().path / "proj" / "models" / "run1")
     elsewhere = art.TrainableModel(name="run2", project="proj", base_model="smollm2-135m", base_path="runs")
-    assert od.get_model_dir(elsewhere) == str(tmp_path / "runs" / "proj" / "run2") == str(elsewhere.store.run_dir.resolve())
+    assert od.get_model_dir(elsewhere) == str(tmp_path / "runs" / "proj" / "models" / "run2") == str(elsewhere.store.run_dir.resolve())
 
 
 def test_a_model_used_before_register_raises_valueerror_as_in_art():

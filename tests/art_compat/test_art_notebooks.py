@@ -18,7 +18,7 @@ UNSLOTH_DEMO = "the Unsloth chat demo: CUDA only (not copied)"
 
 
 def _runs(root) -> list:
-    """The run folders a program wrote (``<path>/<project>/<model>``, beside the program)."""
+    """The run folders a program wrote (``<path>/<project>/models/<model>``, beside the program)."""
     return sorted(p.parent for p in root.rglob("history.jsonl"))
 
 

@@ -85,7 +85,7 @@ async def test_an_art_0_1_1x_program_gets_its_model_from_the_api(tiny_model_dir,
             art.TrajectoryGroup(rollout(openai_client, p) for _ in range(4)) for p in ("yes or no?", "maybe?"))
         await model.train(groups, config=art.TrainConfig(learning_rate=1e-4))
         assert await model.get_step() == 1
-        assert (tmp_path / "yes-no-maybe" / "001" / "checkpoints").is_dir()
+        assert (tmp_path / "yes-no-maybe" / "models" / "001" / "checkpoints").is_dir()
         old = await api.get_or_create_model("002", tiny_model_dir)  # ART 0.1.1-0.1.9's (name, base_model)
         assert (old.base_model, old.project, await old.get_step()) == (tiny_model_dir, "default", 0)
     finally:

@@ -73,7 +73,7 @@ async def tic_tac_toe_main(path: str, base_model: str) -> art.TrainableModel:
 
 async def test_tic_tac_toe_example(tiny_model_dir, tmp_path, backup_bucket, caplog):
     model = await tic_tac_toe_main(str(tmp_path / ".art"), tiny_model_dir)
-    run = tmp_path / ".art" / "tic-tac-toe" / "llama-8b-007"
+    run = tmp_path / ".art" / "tic-tac-toe" / "models" / "llama-8b-007"
     history = art.load_history(run)
     train = [r for r in history if r["split"] == "train"]
     # three steps as ART counts them: step 1 tied and was skipped, yet the counter went on
@@ -154,7 +154,7 @@ async def game_2048_main(path: str, base_model: str) -> None:
 async def test_2048_example(tiny_model_dir, tmp_path, backup_bucket, recwarn):
     random.seed(0)
     await game_2048_main(str(tmp_path / ".art"), tiny_model_dir)
-    history = art.load_history(tmp_path / ".art" / "2048" / "003")
+    history = art.load_history(tmp_path / ".art" / "2048" / "models" / "003")
     train = [r for r in history if r["split"] == "train"]
     assert [(r["step"], r["skipped"]) for r in train] == [(0, 0.0), (1, 1.0), (2, 0.0)]
     assert train[0]["max_value"] >= 2
@@ -215,6 +215,6 @@ async def yes_no_maybe_main(path: str, base_model: str, prompts_per_step: list[l
 async def test_yes_no_maybe_script(tiny_model_dir, tmp_path):
     steps = [["respond with 'yes', 'no', 'maybe'"], ["just respond with yes or no"], ["respond with maybe"]]
     await yes_no_maybe_main(str(tmp_path), tiny_model_dir, steps)
-    train = [r for r in art.load_history(tmp_path / "yes-no-maybe" / "012") if r["split"] == "train"]
+    train = [r for r in art.load_history(tmp_path / "yes-no-maybe" / "models" / "012") if r["split"] == "train"]
     assert [(r["step"], r["skipped"]) for r in train] == [(0, 0.0), (1, 1.0), (2, 0.0)]
     assert all(r["loss"] == r["loss"] for r in train if not r["skipped"])  # real steps report a loss

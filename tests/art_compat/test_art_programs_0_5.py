@@ -74,7 +74,7 @@ async def test_client_docs_loop_with_an_agent_over_http(tiny_model_dir, tmp_path
     assert [(r.step, r.metrics["skipped"]) for r in results] == [(1, 0.0), (2, 1.0), (3, 0.0)]
     assert isinstance(results[0], art.TrainResult) and "loss" in results[0].metrics
     # run_name names the run's folder; name stays the served name
-    run = tmp_path / "my-agentic-task" / "agent-001-run"
+    run = tmp_path / "my-agentic-task" / "models" / "agent-001-run"
     train = [r for r in art.load_history(run) if r["split"] == "train"]
     # backend.train writes each step's row at the step that sampled it (0, 1, 2); ART's model.log at
     # result.step writes one at the new step, which the next step's own row replaces (same key)

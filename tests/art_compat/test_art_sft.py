@@ -96,6 +96,6 @@ async def test_sft_from_file_then_chunks_then_rl(tiny_model_dir, tmp_path):
         assert result.step == 4
     finally:
         await backend.close()
-    history = art.load_history(tmp_path / ".art" / "sft" / "sft-then-rl")
+    history = art.load_history(tmp_path / ".art" / "sft" / "models" / "sft-then-rl")
     sft = [r for r in history if r["split"] == "sft"]
     assert [(r["step"], r["updates"], r["learning_rate"]) for r in sft] == [(0, 2, 0.0), (1, 1, 1e-3), (2, 0, 0.0)]

@@ -62,7 +62,7 @@ def test_lora_settings_of_each_art_generation_map_onto_the_adapter(tmp_path):
                              lora_config=art.LoRAConfig(rank=2, alpha=4, dropout=0.0, target_modules=["q_proj"]))
     lora = new.lora_for(default)
     assert (lora.rank, lora.alpha, lora.target_modules) == (2, 4, ("q_proj",))
-    assert new.run_dir == tmp_path / "p" / "b-run" and new.name == "b"  # run_name names the folder
+    assert new.run_dir == tmp_path / "p" / "models" / "b-run" and new.name == "b"  # run_name names the folder
     # assigned after construction, as the 2048 example does; the vLLM part is named, not applied
     late = art.TrainableModel(name="c", project="p", base_model="m", base_path=str(tmp_path))
     late._internal_config = art.dev.InternalModelConfig(engine_args=art.dev.EngineArgs(enforce_eager=True),
@@ -136,7 +136,7 @@ async def test_prompted_model_registers_logs_beside_the_trained_one_and_keeps_ar
     await gpt.log([group], split="val")
     row = await gpt.log(metrics={"win_rate": 0.5}, step=3)  # metrics only, as ART's model.log(metrics=, step=)
     assert row["win_rate"] == 0.5 and "reward" not in row and row["split"] == "val" and row["step"] == 3
-    history = art.load_history(tmp_path / "p" / "gpt-4o-mini")
+    history = art.load_history(tmp_path / "p" / "models" / "gpt-4o-mini")
     assert [(r["step"], r.get("reward")) for r in history] == [(0, 1.0), (3, None)]
 
 
@@ -190,7 +190,7 @@ async def test_art_utils_s3_push_and_pull_a_run_through_the_bucket_folder(tmp_pa
 
     bucket, here, there = tmp_path / "bucket", tmp_path / "here", tmp_path / "there"
     monkeypatch.setenv("BACKUP_BUCKET", str(bucket))
-    run = tmp_path / "here" / "p" / "m"
+    run = tmp_path / "here" / "p" / "models" / "m"
     for rel in ("checkpoints/0001/a.bin", "checkpoints/0002/a.bin", "trajectories/train/0001.jsonl", "history.jsonl"):
         (run / rel).parent.mkdir(parents=True, exist_ok=True)
         (run / rel).write_text(rel)
@@ -202,7 +202,7 @@ async def test_art_utils_s3_push_and_pull_a_run_through_the_bucket_folder(tmp_pa
 
     # one checkpoint; then all but the trajectories; the run folder is returned, as ART's
     got = await pull_model_from_s3("m", "p", step=1, art_path=str(there))
-    assert got == str(there / "p" / "m")
+    assert got == str(there / "p" / "models" / "m")
     assert sorted(p.relative_to(got).as_posix() for p in Path(got).rglob("*") if p.is_file()) == ["checkpoints/0001/a.bin"]
     await pull_model_from_s3("m", "p", art_path=str(there), exclude=["trajectories"])
     assert sorted(p.relative_to(got).as_posix() for p in Path(got).rglob("*") if p.is_file()) == [
@@ -210,9 +210,9 @@ async def test_art_utils_s3_push_and_pull_a_run_through_the_bucket_folder(tmp_pa
     # the backend's restore reads the same copy
     backend = art.LocalBackend(path=str(tmp_path / "third"))
     await backend._experimental_pull_from_s3(art.TrainableModel(name="m", project="p", base_model="x"))
-    assert (tmp_path / "third" / "p" / "m" / "trajectories" / "train" / "0001.jsonl").is_file()
+    assert (tmp_path / "third" / "p" / "models" / "m" / "trajectories" / "train" / "0001.jsonl").is_file()
     # nothing backed up yet is not an error (ART's sync of an empty prefix); a wrong option is
-    assert await pull_model_from_s3("new", "p", art_path=str(there)) == str(there / "p" / "new")
+    assert await pull_model_from_s3("new", "p", art_path=str(there)) == str(there / "p" / "models" / "new")
     with pytest.raises(art.ConfigError, match="exclude"):
         await pull_model_from_s3("m", "p", art_path=str(there), exclude=["weights"])
 

@@ -52,7 +52,7 @@ async def test_consecutive_skips_are_bounded_and_strict_mode_raises_at_once(tiny
         await again.close()
     finally:
         await backend.close()
-    h = gw.load_history(tmp_path / "p" / "tie")
+    h = gw.load_history(tmp_path / "p" / "models" / "tie")
     assert [(a["step"], a["action"]) for a in events(h, "alert")] == [(0, "skip"), (1, "skip")]
     assert "every one of the 2 group(s) all rewards are equal (group 0: [1.0, 1.0, 1.0]" in events(h, "alert")[0]["message"]
     assert [r["skipped"] for r in rows(h, "train")] == [1.0, 1.0]

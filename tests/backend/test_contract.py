@@ -32,7 +32,7 @@ async def test_backend_contract(kind, tiny_model_dir, tmp_path, request):
     assert isinstance(backend, gw.Backend)
     await model.register(backend)
     try:
-        assert model.run_dir == tmp_path / "contract" / "agent"  # the backend's path holds the run
+        assert model.run_dir == tmp_path / "contract" / "models" / "agent"  # the backend's path holds the run
         assert await model.get_step() == 0
         assert await backend.checkpoint_cursor(model) == {}
         assert await ask_model(model, "agent") == "agent@0"

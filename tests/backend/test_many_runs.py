@@ -136,9 +136,9 @@ async def test_three_runs_on_one_base_train_at_once_each_exactly_as_alone(tiny_m
         await backend.close()
     for name, rates in RATES.items():
         assert await _alone(tmp_path, tiny_model_dir, name, rates) is None
-        assert_same_run(tmp_path / "shared" / PROJECT / name, tmp_path / f"alone-{name}" / PROJECT / name)
+        assert_same_run(tmp_path / "shared" / PROJECT / "models" / name, tmp_path / f"alone-{name}" / PROJECT / "models" / name)
     # the three learning rates gave three different adapters: each run trained its own
-    last = [load_file(str(tmp_path / "shared" / PROJECT / n / "checkpoints" / f"{STEPS:04d}" / "adapter_model.safetensors"))
+    last = [load_file(str(tmp_path / "shared" / PROJECT / "models" / n / "checkpoints" / f"{STEPS:04d}" / "adapter_model.safetensors"))
             for n in RATES]
     key = next(k for k in last[0] if "lora_A" in k)
     assert not any(last[i][key].equal(last[j][key]) for i in range(3) for j in range(i + 1, 3))
@@ -182,14 +182,14 @@ async def test_a_diverging_a_crashing_and_a_cancelled_run_leave_the_others_as_al
                                                config=gw.TrainConfig(learning_rate=3e-3))).step == 2
     finally:
         await backend.close()
-    shared = tmp_path / "shared" / PROJECT
+    shared = tmp_path / "shared" / PROJECT / "models"
     assert await _alone(tmp_path, tiny_model_dir, "healthy", plans["healthy"]["rates"]) is None
-    assert_same_run(shared / "healthy", tmp_path / "alone-healthy" / PROJECT / "healthy")
+    assert_same_run(shared / "healthy", tmp_path / "alone-healthy" / PROJECT / "models" / "healthy")
     # each broken run holds exactly its solo run's checkpoints up to where it broke
     assert isinstance(await _alone(tmp_path, tiny_model_dir, "crashes", **plans["crashes"]), RuntimeError)
-    assert_same_run(shared / "crashes", tmp_path / "alone-crashes" / PROJECT / "crashes")
+    assert_same_run(shared / "crashes", tmp_path / "alone-crashes" / PROJECT / "models" / "crashes")
     assert await _alone(tmp_path, tiny_model_dir, "cancelled", plans["cancelled"]["rates"][:2]) is None
-    assert_same_run(shared / "cancelled", tmp_path / "alone-cancelled" / PROJECT / "cancelled")
+    assert_same_run(shared / "cancelled", tmp_path / "alone-cancelled" / PROJECT / "models" / "cancelled")
     assert _steps(shared / "diverges") == [1, 2]  # step 1 failed and wrote nothing; the retry is step 2
 
 

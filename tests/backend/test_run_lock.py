@@ -41,7 +41,7 @@ def test_the_run_lock_between_real_processes(tmp_path):
             RunStore(tmp_path, "p", "m").lock().acquire()
         said = str(err.value)
         assert f"another process (pid {holder.pid} on host {socket.gethostname()}, since 20" in said
-        assert str(tmp_path / "p" / "m") in said
+        assert str(tmp_path / "p" / "models" / "m") in said
         RunStore(tmp_path, "p", "other").lock().acquire().release()  # other runs are free
     finally:
         kill(holder)

@@ -44,7 +44,7 @@ def written(tmp_path) -> tuple[Path, RunStore]:
 def test_a_run_of_the_real_loop_lists_its_state_best_step_and_validation(looped):
     client = TestClient(create_app(looped))
     runs = client.get("/api/runs").json()["runs"]
-    assert [r["id"] for r in runs] == ["loop/scripted"]
+    assert [r["id"] for r in runs] == ["loop/models/scripted"]
     r = runs[0]
     assert (r["state"], r["rule"]) == ("stopped", "max_steps")
     assert "reached max_steps=6" in r["detail"]
@@ -52,11 +52,11 @@ def test_a_run_of_the_real_loop_lists_its_state_best_step_and_validation(looped)
     assert r["base"]["value"] == pytest.approx(0.2) and r["best"]["value"] == pytest.approx(0.8)
     assert r["minutes"] > 0 and r["steps_per_min"] == pytest.approx(6 / r["minutes"])
     # the same run opened at its own folder is the one run there
-    assert [x["id"] for x in TestClient(create_app(looped / "loop" / "scripted")).get("/api/runs").json()["runs"]] == ["."]
+    assert [x["id"] for x in TestClient(create_app(looped / "loop" / "models" / "scripted")).get("/api/runs").json()["runs"]] == ["."]
 
 
 def test_curves_of_the_real_loop(looped):
-    cv = TestClient(create_app(looped)).get("/api/curves", params={"run": "loop/scripted"}).json()
+    cv = TestClient(create_app(looped)).get("/api/curves", params={"run": "loop/models/scripted"}).json()
     assert cv["train"]["step"] == [0, 1, 2, 3, 4, 5]
     assert cv["train"]["reward"] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
     assert cv["val"]["step"] == [0, 2, 4, 6] and cv["val"]["value"] == pytest.approx([0.2, 0.4, 0.6, 0.8])
@@ -68,7 +68,7 @@ def test_curves_of_the_real_loop(looped):
 
 def test_curves_carry_bands_trainer_metrics_judge_agreement_and_alerts_linked_to_evidence(written):
     root, _ = written
-    cv = TestClient(create_app(root)).get("/api/curves", params={"run": "2048/agent"}).json()
+    cv = TestClient(create_app(root)).get("/api/curves", params={"run": "2048/models/agent"}).json()
     t = cv["train"]
     assert t["step"] == [0, 1, 2, 3]
     for m, lo, hi, sd in zip(t["reward"], t["lo"], t["hi"], t["std"]):
@@ -78,7 +78,7 @@ def test_curves_carry_bands_trainer_metrics_judge_agreement_and_alerts_linked_to
     assert cv["metrics"]["kl"] == pytest.approx([0.0, 0.001, 0.002, 0.003])
     assert cv["metrics"]["grad_norm"] == pytest.approx([1.0, 1.1, 1.2, 1.3])
     # the judge's score orders every pair the way ground truth (correct) does in these groups
-    judge = TestClient(create_app(root)).get("/api/judge", params={"run": "2048/agent"}).json()
+    judge = TestClient(create_app(root)).get("/api/judge", params={"run": "2048/models/agent"}).json()
     assert judge == {"step": [0, 2], "value": [1.0, 1.0]}
     (alert,) = cv["alerts"]
     assert (alert["name"], alert["step"], alert["severity"]) == ("identical_answers", 2, "warning")
@@ -88,13 +88,13 @@ def test_curves_carry_bands_trainer_metrics_judge_agreement_and_alerts_linked_to
 def test_groups_rank_by_reward_and_a_trajectory_shows_the_conversation_and_what_the_loss_saw(written):
     root, _ = written
     client = TestClient(create_app(root))
-    assert client.get("/api/steps", params={"run": "2048/agent"}).json() == {"train": [0, 1, 2, 3], "val": [0, 2]}
-    view = client.get("/api/groups", params={"run": "2048/agent", "split": "train", "step": 3}).json()
+    assert client.get("/api/steps", params={"run": "2048/models/agent"}).json() == {"train": [0, 1, 2, 3], "val": [0, 2]}
+    view = client.get("/api/groups", params={"run": "2048/models/agent", "split": "train", "step": 3}).json()
     assert [g["scenario"] for g in view["groups"]] == [0, 1, 2]
     g1 = view["groups"][1]
     assert [t["reward"] for t in g1["trajectories"]] == [reward_of(3, 1, i) for i in (3, 2, 1, 0)]
     assert sum(t["advantage"] for t in g1["trajectories"]) == pytest.approx(0.0, abs=1e-9)
-    d = client.get("/api/trajectory", params={"run": "2048/agent", "split": "train", "step": 3, "group": 1, "index": 2}).json()
+    d = client.get("/api/trajectory", params={"run": "2048/models/agent", "split": "train", "step": 3, "group": 1, "index": 2}).json()
     assert d["reward"] == reward_of(3, 1, 2) and d["advantage"] > 0
     assert [m["role"] for m in d["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
     sampled = d["messages"][2]
@@ -103,14 +103,14 @@ def test_groups_rank_by_reward_and_a_trajectory_shows_the_conversation_and_what_
     assert sampled["tokens"][0]["text"] == "{ " and sampled["tokens"][0]["logprob"] == pytest.approx(-0.25)
     assert d["messages"][3]["tool_call_id"] == "call_3_1_2" and "tokens" not in d["messages"][3]
     assert d["logs"] == ["judge: trajectory 2 scored 0.36 because it merged tiles"]
-    missing = client.get("/api/trajectory", params={"run": "2048/agent", "split": "train", "step": 3, "group": 9, "index": 0})
+    missing = client.get("/api/trajectory", params={"run": "2048/models/agent", "split": "train", "step": 3, "group": 9, "index": 0})
     assert missing.status_code == 404
 
 
 def test_rollout_filters_and_two_steps_side_by_side(written):
     root, _ = written
     client = TestClient(create_app(root))
-    q = {"run": "2048/agent", "split": "train"}
+    q = {"run": "2048/models/agent", "split": "train"}
     best = client.get("/api/rollouts", params={**q, "limit": 3}).json()
     assert best["total"] == 4 * 3 * 4 and [r["reward"] for r in best["rollouts"]] == [reward_of(3, 2, 3), reward_of(3, 1, 3), reward_of(3, 0, 3)]
     worst = client.get("/api/rollouts", params={**q, "order": "worst", "step_min": 1, "step_max": 1}).json()
@@ -119,10 +119,10 @@ def test_rollout_filters_and_two_steps_side_by_side(written):
     assert ranged["total"] > 0 and all(0.3 <= r["reward"] <= 0.35 for r in ranged["rollouts"])
     found = client.get("/api/rollouts", params={**q, "q": "final answer 3 for scenario 2"}).json()
     assert found["total"] == 4 and {(r["group"], r["index"]) for r in found["rollouts"]} == {(2, 3)}
-    cmp = client.get("/api/compare", params={"run": "2048/agent", "split": "val", "a": "0", "b": "latest"}).json()
+    cmp = client.get("/api/compare", params={"run": "2048/models/agent", "split": "val", "a": "0", "b": "latest"}).json()
     assert (cmp["a"], cmp["b"]) == (0, 2) and [s["scenario"] for s in cmp["scenarios"]] == [0, 1, 2]
     assert [t["reward"] for t in cmp["scenarios"][1]["b"]] == [reward_of(2, 1, i) for i in (3, 2, 1, 0)]
-    assert client.get("/api/compare", params={"run": "2048/agent", "a": "x"}).status_code == 400
+    assert client.get("/api/compare", params={"run": "2048/models/agent", "a": "x"}).status_code == 400
 
 
 def test_the_step_index_agrees_with_the_validated_trajectory_view(written):
@@ -131,26 +131,26 @@ def test_the_step_index_agrees_with_the_validated_trajectory_view(written):
     root, store = written
     client = TestClient(create_app(root))
     for split, step in (("train", 1), ("val", 2)):
-        view = client.get("/api/groups", params={"run": "2048/agent", "split": split, "step": step}).json()
-        listed = client.get("/api/rollouts", params={"run": "2048/agent", "split": split, "step_min": step,
+        view = client.get("/api/groups", params={"run": "2048/models/agent", "split": split, "step": step}).json()
+        listed = client.get("/api/rollouts", params={"run": "2048/models/agent", "split": split, "step_min": step,
                                                      "step_max": step, "limit": 1000}).json()["rollouts"]
         key = lambda r: (r["group"], r["index"])  # noqa: E731
         assert sorted(listed, key=key) == sorted((t for g in view["groups"] for t in g["trajectories"]), key=key)
         assert len(listed) == 12
         for g in view["groups"]:
             for row in g["trajectories"]:
-                full = client.get("/api/trajectory", params={"run": "2048/agent", **{k: row[k] for k in ("split", "step", "group", "index")}}).json()
+                full = client.get("/api/trajectory", params={"run": "2048/models/agent", **{k: row[k] for k in ("split", "step", "group", "index")}}).json()
                 assert (row["reward"], row["advantage"], row["metrics"]) == (full["reward"], full["advantage"], full["metrics"])
                 last = [m for m in full["messages"] if m["role"] == "assistant"][-1]
                 assert row["answer"] == " ".join(f"{last['content']} {' '.join(c['name'] + '(' + c['arguments'] + ')' for c in last['tool_calls'])}".split())
                 assert g["prompt"] == [m for m in full["messages"] if m["role"] == "user"][-1]["content"]
                 assert (g["scenario"], g["logs"]) == (full["scenario"], full["group_logs"])
-    cmp = client.get("/api/compare", params={"run": "2048/agent", "split": "val", "a": "0", "b": "2"}).json()
-    view = client.get("/api/groups", params={"run": "2048/agent", "split": "val", "step": 2}).json()
+    cmp = client.get("/api/compare", params={"run": "2048/models/agent", "split": "val", "a": "0", "b": "2"}).json()
+    view = client.get("/api/groups", params={"run": "2048/models/agent", "split": "val", "step": 2}).json()
     assert [s["prompt"] for s in cmp["scenarios"]] == [g["prompt"].replace("step 2", "step 0") for g in view["groups"]]
     assert [s["b"] for s in cmp["scenarios"]] == [g["trajectories"] for g in view["groups"]]
     # the sampled turn (a Choice as stored) and the judge's explanation in the logs are searchable
-    q = {"run": "2048/agent", "split": "train", "step_min": 2, "step_max": 2}
+    q = {"run": "2048/models/agent", "split": "train", "step_min": 2, "step_max": 2}
     assert client.get("/api/rollouts", params={**q, "q": "make_move"}).json()["total"] == 12
     assert client.get("/api/rollouts", params={**q, "q": "trajectory 3 scored"}).json()["total"] == 3
 
@@ -162,7 +162,7 @@ def test_a_trajectory_opens_from_its_own_group_and_a_broken_group_is_named(writt
     lines[1] = lines[1].replace('"reward":', '"reward":"high","was":', 1)  # group 1 no longer validates
     path.write_text("".join(lines), encoding="utf-8")
     client = TestClient(create_app(root))
-    q = {"run": "2048/agent", "split": "train", "step": 1}
+    q = {"run": "2048/models/agent", "split": "train", "step": 1}
     assert [g["group"] for g in client.get("/api/groups", params=q).json()["groups"]] == [0, 1, 2]
     assert client.get("/api/trajectory", params={**q, "group": 2, "index": 3}).json()["reward"] == reward_of(1, 2, 3)
     broken = client.get("/api/trajectory", params={**q, "group": 1, "index": 0})
@@ -175,7 +175,7 @@ def test_a_step_rewritten_on_disk_is_read_again(written):
     # a resumed run redoes the step it crashed in and rewrites its file: the views show the new groups
     root, store = written
     client = TestClient(create_app(root))
-    q = {"run": "2048/agent", "split": "train"}
+    q = {"run": "2048/models/agent", "split": "train"}
     assert len(client.get("/api/groups", params={**q, "step": 3}).json()["groups"]) == 3
     assert client.get("/api/rollouts", params={**q, "step_min": 3}).json()["total"] == 12
     write_step(store, 3, n_groups=2, per_group=2)
@@ -194,12 +194,12 @@ def test_views_across_steps_read_the_step_summaries_and_not_the_step_files(writt
 
     monkeypatch.setattr(rollouts, "read_group_dicts", refuse)
     client = TestClient(create_app(root))
-    q = {"run": "2048/agent", "split": "train"}
+    q = {"run": "2048/models/agent", "split": "train"}
     assert client.get("/api/rollouts", params={**q, "q": "trajectory 3 scored"}).json()["total"] == 12
     expected = sum(reward_of(s, g, i) >= 0.3 for s in range(3) for g in range(3) for i in range(4))
     assert client.get("/api/rollouts", params={**q, "reward_min": 0.3, "step_max": 2}).json()["total"] == expected == 12
-    assert client.get("/api/judge", params={"run": "2048/agent"}).json() == {"step": [0, 2], "value": [1.0, 1.0]}
-    assert len(client.get("/api/compare", params={"run": "2048/agent", "a": "0", "b": "2"}).json()["scenarios"]) == 3
+    assert client.get("/api/judge", params={"run": "2048/models/agent"}).json() == {"step": [0, 2], "value": [1.0, 1.0]}
+    assert len(client.get("/api/compare", params={"run": "2048/models/agent", "a": "0", "b": "2"}).json()["scenarios"]) == 3
 
 
 def test_a_run_written_before_step_summaries_shows_the_same_as_one_with_them(written, tmp_path):
@@ -210,24 +210,24 @@ def test_a_run_written_before_step_summaries_shows_the_same_as_one_with_them(wri
         f.unlink()  # as code that wrote no summaries left it
     # and a step rewritten by such code after its summary was written: the stale summary is not read
     (store.run_dir / "trajectories" / "train" / "0003.jsonl").write_text(
-        (old / "2048" / "agent" / "trajectories" / "train" / "0001.jsonl").read_text(encoding="utf-8"), encoding="utf-8")
-    shutil.copyfile(store.run_dir / "trajectories" / "train" / "0003.jsonl", old / "2048" / "agent" / "trajectories" / "train" / "0003.jsonl")
+        (old / "2048" / "models" / "agent" / "trajectories" / "train" / "0001.jsonl").read_text(encoding="utf-8"), encoding="utf-8")
+    shutil.copyfile(store.run_dir / "trajectories" / "train" / "0003.jsonl", old / "2048" / "models" / "agent" / "trajectories" / "train" / "0003.jsonl")
     new_c, old_c = TestClient(create_app(root)), TestClient(create_app(old))
     for path, params in (("/api/rollouts", {"split": "train", "limit": 1000}), ("/api/rollouts", {"split": "val", "order": "worst"}),
                          ("/api/rollouts", {"q": "final answer 3", "reward_min": 0.2}), ("/api/judge", {}),
                          ("/api/compare", {"split": "train", "a": "1", "b": "3"})):
-        params = {"run": "2048/agent", **params}
+        params = {"run": "2048/models/agent", **params}
         got = new_c.get(path, params=params).json()
         assert got == old_c.get(path, params=params).json(), (path, params)
         assert got != {} and got.get("total", 1) > 0
     # step 3 now holds step 1's groups: its rows say so (reward and the answer read from the file)
-    rows = new_c.get("/api/rollouts", params={"run": "2048/agent", "split": "train", "step_min": 3, "limit": 1000}).json()
+    rows = new_c.get("/api/rollouts", params={"run": "2048/models/agent", "split": "train", "step_min": 3, "limit": 1000}).json()
     assert sorted(r["reward"] for r in rows["rollouts"]) == sorted(reward_of(1, g, i) for g in range(3) for i in range(4))
 
 
 def test_while_the_app_runs_every_trajectory_file_gets_indexed_and_so_does_a_new_step(written):
     root, store = written
-    q = {"run": "2048/agent"}
+    q = {"run": "2048/models/agent"}
     with TestClient(create_app(root)) as client:  # `with`: the app's lifespan, which runs the indexer
         def indexed() -> dict:
             deadline = time.monotonic() + 30
@@ -301,7 +301,7 @@ def test_before_the_first_run_the_folder_lists_nothing_then_the_run_as_soon_as_i
     lock = store.lock().acquire()  # `groupwise train` takes the lock, then loads the model for a minute
     try:
         [r] = client.get("/api/runs").json()["runs"]
-        assert (r["id"], r["state"], r["latest_step"]) == ("2048/2048-s0", "training", None)
+        assert (r["id"], r["state"], r["latest_step"]) == ("2048/models/2048-s0", "training", None)
         assert "nothing written yet" in r["detail"]
         assert client.get("/api/curves", params={"run": r["id"]}).json()["train"]["step"] == []
         assert client.get("/api/steps", params={"run": r["id"]}).json() == {}

@@ -121,7 +121,7 @@ def test_the_page_renders_every_view_and_a_new_step_appears_while_it_is_open(das
     d = browser
     d.get(url)
     # runs: one row, training (its history was just written), latest step 2, its base and best validations
-    row = 'tr.run-row[data-run="2048/agent"]'
+    row = 'tr.run-row[data-run="2048/models/agent"]'
     wait(d, lambda d: attrs(d, row, "data-state") == ["training"])
     assert text(d, f"{row} .latest-step") == "2"
     assert "training" in text(d, row) and "[" in text(d, row)  # a validation with its interval
@@ -129,7 +129,7 @@ def test_the_page_renders_every_view_and_a_new_step_appears_while_it_is_open(das
     shot(d, "runs")
 
     # the second seed on the shared axes
-    click(d, 'tr.run-row[data-run="2048/agent-s1"] input[type=checkbox]')
+    click(d, 'tr.run-row[data-run="2048/models/agent-s1"] input[type=checkbox]')
     click(d, row)
     wait(d, lambda d: js(d, "return gw.charts.reward && gw.charts.val && gw.charts.reward.u.data[0].length") == 3)
     assert d.find_elements(By.CSS_SELECTOR, "#chart-reward canvas") and d.find_elements(By.CSS_SELECTOR, "#chart-val canvas")
@@ -142,14 +142,14 @@ def test_the_page_renders_every_view_and_a_new_step_appears_while_it_is_open(das
                                           "u.data[u.series.findIndex(s => s.label === 'baseline base')]]")
     assert val_x == [0, 2] and all(l <= v <= h for v, h, l in zip(val, val_hi, val_lo)) and base == [val[0]] * 2
     labels, other = js(d, "const u = gw.charts.reward.u; return [u.series.map(s => s.label), u.data[4]]")
-    assert labels[4] == "2048/agent-s1 reward" and other[:2] == [x for x in js(d, "return gw.curves['2048/agent-s1'].train.reward")]
+    assert labels[4] == "2048/models/agent-s1 reward" and other[:2] == [x for x in js(d, "return gw.curves['2048/models/agent-s1'].train.reward")]
     assert other[2] is None  # the second seed has no step 2: a gap on the shared axis
     for chart in ("loss", "kl", "grad", "tokens", "phases", "judge"):  # the judge's comes a moment later
         wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, f"#chart-{chart} canvas"))
     assert js(d, "return gw.charts.judge.u.data") == [[0, 2], [1, 1]]
     # the trainer's curves of both runs on one step axis too (the second seed has no step 2: a gap)
     labels, data = js(d, "const u = gw.charts.kl.u; return [u.series.map(s => s.label), u.data]")
-    assert labels == ["step", "2048/agent kl", "2048/agent-s1 kl"] and data == [[0, 1, 2], [0, 0.001, 0.002], [0, 0.001, None]]
+    assert labels == ["step", "2048/models/agent kl", "2048/models/agent-s1 kl"] and data == [[0, 1, 2], [0, 0.001, 0.002], [0, 0.001, None]]
     marker = '#chart-reward .alert-marker[data-step="2"]'
     wait(d, lambda d: attrs(d, marker, "data-name") == ["identical_answers"])
     assert "identical_answers" in d.find_element(By.ID, "alerts-list").text

@@ -58,7 +58,7 @@ def test_groupwise_sft_makes_steps_and_resumes_without_repeating_them(tiny_model
     args = ["sft", str(data), "--model", tiny_model_dir, "--path", str(tmp_path / "runs"), "--epochs", "2",
             "--batch-size", "3", "--name", "greeter", "--device", "cpu"]
     assert main(args) == 0
-    run = tmp_path / "runs" / "sft" / "greeter"
+    run = tmp_path / "runs" / "sft" / "models" / "greeter"
     rows = [r for r in gw.load_history(run) if r["split"] == "sft"]
     assert [r["step"] for r in rows] == [0, 1] and all(r["updates"] == 2 for r in rows)
     assert (run / "checkpoints" / "0002" / "state.json").is_file()

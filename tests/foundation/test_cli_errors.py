@@ -184,12 +184,14 @@ def test_a_reader_pointed_at_a_store_or_a_project_names_the_runs_there(tmp_path,
     """`groupwise report .groupwise` (the folder the train job names) is a natural first guess."""
     for name in ("2048-s0", "2048-s1"):
         RunStore(tmp_path, "2048", name).append_history({"step": 0, "split": "val", "reward": 0.5})
-    for given, shown in ((tmp_path, "2048/2048-s0, 2048/2048-s1"), (tmp_path / "2048", "2048-s0, 2048-s1")):
+    for given, shown in ((tmp_path, "2048/models/2048-s0, 2048/models/2048-s1"),
+                         (tmp_path / "2048", "models/2048-s0, models/2048-s1"),
+                         (tmp_path / "2048" / "models", "2048-s0, 2048-s1")):
         proc = groupwise(command, str(given))
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.strip().splitlines() == [
             f"groupwise {command}: error: {given}: is not a run folder; the runs under it: {shown}; pass one, e.g. "
-            f"{tmp_path / '2048' / '2048-s0'}"]
+            f"{tmp_path / '2048' / 'models' / '2048-s0'}"]
     proc = groupwise(command, str(tmp_path / "nothing-here"))
     assert proc.returncode == 2 and "does not exist; pass a run folder" in proc.stderr, proc.stderr
 

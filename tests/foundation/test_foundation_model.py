@@ -88,7 +88,7 @@ async def test_prompted_model_logs_at_step_zero(tmp_path):
     flat = [t for g in groups() for t in g.trajectories]
     row = await model.log(flat, split="val", metrics={"cost": 0.01})
     assert row["step"] == 0 and row["n_groups"] == 1 and row["cost"] == 0.01
-    assert model.run_dir == tmp_path / "2048" / "gpt-4o-mini"
+    assert model.run_dir == tmp_path / "2048" / "models" / "gpt-4o-mini"
     assert load_trajectories(model.run_dir)[0].trajectories == flat
 
 
@@ -144,7 +144,7 @@ async def test_model_copy_keeps_the_registration_and_copies_the_settings(tmp_pat
     assert clone._internal_config == internal and clone._internal_config is not internal
     assert clone.openai_client() is not model.openai_client()  # its own connection pool
     renamed = model.model_copy(update={"name": "agent-2"})
-    assert renamed.run_dir == tmp_path / "p" / "agent-2" and model.run_dir == tmp_path / "p" / "agent"
+    assert renamed.run_dir == tmp_path / "p" / "models" / "agent-2" and model.run_dir == tmp_path / "p" / "models" / "agent"
     await model.close()
     await clone.close()
 

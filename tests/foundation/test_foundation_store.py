@@ -16,7 +16,7 @@ from groupwise.types import Choice
 def test_every_field_round_trips_exactly(tmp_path, group):
     store = RunStore(tmp_path, "2048", "agent-001")
     path = store.write_trajectories("train", 3, [group])
-    assert path == tmp_path / "2048" / "agent-001" / "trajectories" / "train" / "0003.jsonl"
+    assert path == tmp_path / "2048" / "models" / "agent-001" / "trajectories" / "train" / "0003.jsonl"
     [back] = load_trajectories(store.run_dir)
     assert back == group  # every field of the group: trajectories, exceptions, metadata, metrics, logs
     assert back.trajectories == group.trajectories

@@ -9,7 +9,7 @@ from groupwise.loop.series import Point
 from groupwise.jobs.train import PRESETS, Preset, TrainJob, advice
 from groupwise.jobs.train_setup import train_config
 
-RUN = ".groupwise/2048/2048-s3"
+RUN = ".groupwise/2048/models/2048-s3"
 
 
 def tips(base, best, rule, final_step=8):
@@ -74,7 +74,7 @@ def test_the_job_says_each_step_and_its_stop_once(tmp_path, capsys, monkeypatch,
     # the dashboard command works from any folder (a second terminal opens elsewhere), and says where to look
     assert (f"watch it live: run `groupwise dashboard {(tmp_path / 'runs').resolve()}` in another terminal, "
             "then open http://127.0.0.1:8100") in out
-    summary = json.loads((tmp_path / "runs" / "2048" / "2048-s0" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "runs" / "2048" / "models" / "2048-s0" / "summary.json").read_text())
     assert summary["learning_rate"] == 2e-3
 
 
@@ -96,7 +96,7 @@ def test_a_judge_that_fails_the_labelled_check_stops_the_job_before_training(tmp
     assert code == 1, out + err
     assert "no judge orders the labelled set better than chance" in err and "pairwise acc" in err
     assert "ollama/a" in err and "0.50 [0.50, 0.50]" in err and "acc lo > 0.55" in err
-    assert not (tmp_path / "runs" / "titles" / "titles-s0" / "history.jsonl").exists()
+    assert not (tmp_path / "runs" / "titles" / "models" / "titles-s0" / "history.jsonl").exists()
 
 
 def test_advice_repeats_the_flags_that_name_the_run(tmp_path):
@@ -147,7 +147,7 @@ def test_ctrl_c_is_one_line_and_the_same_command_resumes_without_repeating_a_row
     done = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "(resuming at step 1)" in done.stdout or "(resuming at step 2)" in done.stdout, done.stdout
-    history = gw.load_history(tmp_path / "2048" / "2048-s0")
+    history = gw.load_history(tmp_path / "2048" / "models" / "2048-s0")
     rows = [json.dumps({k: v for k, v in r.items() if k != "recorded_at"}, sort_keys=True) for r in history]
     assert len(rows) == len(set(rows)), rows
     assert [r["step"] for r in history if r["split"] == "train"] == [0, 1, 2]

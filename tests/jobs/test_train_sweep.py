@@ -55,7 +55,7 @@ def test_the_cli_trains_two_seeds_at_once_and_prints_a_line_per_step_per_run_and
     assert "2 runs at once on one copy of" in out
     for seed in (0, 1):
         assert f"[groupwise train] [2048-s{seed}] step 1/1 · reward" in out
-        summary = json.loads((tmp_path / "runs" / "2048" / f"2048-s{seed}" / "summary.json").read_text())
+        summary = json.loads((tmp_path / "runs" / "2048" / "models" / f"2048-s{seed}" / "summary.json").read_text())
         assert summary["seed"] == seed and summary["learning_rate"] == 2e-3 and summary["final_step"] == 1
         row = next(line for line in out.splitlines() if line.startswith(f"| 2048-s{seed} |"))
         cells = [c.strip() for c in row.strip("|").split("|")]

@@ -102,7 +102,7 @@ async def test_gamed_reward_on_a_tiny_model_raises_a_val_alert_stops_and_keeps_t
     assert val[best_step] == max(val.values()) and last_val <= val[best_step] - 0.15
     # the best checkpoint was kept (retention by val/one_line) and the test split ran against it
     if best_step > 0:
-        assert (tmp_path / "loop" / "e2e" / "checkpoints" / f"{best_step:04d}" / "state.json").is_file()
+        assert (tmp_path / "loop" / "models" / "e2e" / "checkpoints" / f"{best_step:04d}" / "state.json").is_file()
     test_groups = gw.load_trajectories(summary.run_dir, "test", best_step)
     assert {t.metadata["served_as"] for g in test_groups for t in g} == {f"e2e@{best_step}"}
     assert summary.test is not None and "one_line" in summary.test
@@ -112,7 +112,7 @@ async def test_gamed_reward_on_a_tiny_model_raises_a_val_alert_stops_and_keeps_t
     from groupwise.cli import main
 
     assert main(["report", summary.run_dir]) == 0
-    assert (tmp_path / "loop" / "e2e" / "report" / "curves.png").stat().st_size > 10_000
+    assert (tmp_path / "loop" / "models" / "e2e" / "report" / "curves.png").stat().st_size > 10_000
     assert main(["compare", summary.run_dir, "--steps", "0,latest", "-n", "2"]) == 0
     out = capsys.readouterr().out
     assert f"val answers of step 0 (left) and step {max(val)} (right)" in out  # "latest": the last validated

@@ -125,14 +125,14 @@ def test_killed_run_resumes_at_the_same_step_and_data_position(tmp_path):
     proc = subprocess.run([sys.executable, str(HERE / "loop_helpers.py"), str(crashed), "3", str(log_crash)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr[-2000:]
-    assert json.loads((crashed / "loop" / "scripted" / "state.json").read_text())["scripted_step"] == 3
+    assert json.loads((crashed / "loop" / "models" / "scripted" / "state.json").read_text())["scripted_step"] == 3
     before = log_crash.read_text().splitlines()
     # 2. resume it here; 3. an uninterrupted run for reference
     import asyncio
 
     from groupwise.history import RunHistory
 
-    memory = RunHistory.of(crashed / "loop" / "scripted")  # the resumed run's, held to look at after it
+    memory = RunHistory.of(crashed / "loop" / "models" / "scripted")  # the resumed run's, held to look at after it
     summary, _ = asyncio.run(run_scripted(str(crashed), log_path=log_crash))
     assert summary.start_step == 3 and summary.final_step == 6
     asyncio.run(run_scripted(str(clean), log_path=log_clean))

@@ -42,7 +42,7 @@ async def test_every_history_write_of_a_run_is_one_line_on_the_writer_thread(tmp
 async def test_a_resumed_run_continues_the_history_the_file_holds(tmp_path):
     short = gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, eval_every=2, max_steps=3, patience=100,
                           num_epochs=2)
-    memory = RunHistory.of(tmp_path / "loop" / "scripted")  # the runs' own, held to look at after them
+    memory = RunHistory.of(tmp_path / "loop" / "models" / "scripted")  # the runs' own, held to look at after them
     first, _ = await run_scripted(str(tmp_path), config=short)
     summary, _ = await run_scripted(str(tmp_path))  # max_steps=6: resumes at step 3
     assert (first.final_step, summary.start_step, summary.final_step) == (3, 3, 6)

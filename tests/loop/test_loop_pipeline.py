@@ -99,7 +99,7 @@ def test_a_run_killed_mid_pipeline_resumes_to_the_history_of_an_uninterrupted_on
     proc = subprocess.run([sys.executable, str(HERE / "pipeline_helpers.py"), str(crashed), "4", str(log_crash)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr[-2000:]
-    state = json.loads((crashed / "loop" / "piped" / "state.json").read_text())
+    state = json.loads((crashed / "loop" / "models" / "piped" / "state.json").read_text())
     assert state["scripted_step"] == 4
     ahead = {int(line.split()[0]) for line in log_crash.read_text().splitlines()}
     assert ahead == {0, 1, 2, 3}  # policies 2 and 3 (steps 4 and 5's batches) sampled before the kill

@@ -69,7 +69,7 @@ async def run(base: str, path: Path, jitter: random.Random | None) -> dict:
                           for t in g] for g in gw.load_trajectories(summary.run_dir, "train", step)]
     history = {split: [{k: v for k, v in r.items() if not any(x in k for x in VOLATILE)} for r in rows(gw.load_history(summary.run_dir), split)]
                for split in ("train", "val")}
-    adapters = {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.glob("loop/rep/checkpoints/*/adapter_model.safetensors"))}
+    adapters = {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.glob("loop/models/rep/checkpoints/*/adapter_model.safetensors"))}
     return {"trained": trained, "history": history, "adapters": adapters}
 
 

@@ -78,7 +78,7 @@ async def test_runs_at_once_each_write_the_history_they_write_alone_and_a_broken
                          validate=run.validate, config=run.config)
         except GatherError:
             assert name == "crashes"
-        assert _rows(tmp_path / "together" / "sweep" / name) == _rows(tmp_path / "alone" / "sweep" / name), name
+        assert _rows(tmp_path / "together" / "sweep" / "models" / name) == _rows(tmp_path / "alone" / "sweep" / "models" / name), name
 
 
 async def test_fit_takes_several_models_with_one_config_each(tmp_path):

@@ -76,7 +76,7 @@ def _assert_same_run(run: Path, ref: Path) -> None:
 def test_killed_during_a_checkpoint_and_before_its_history_row_resumes_bit_identical(tiny_model_dir, tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     _finish(_worker(straight, tiny_model_dir))
-    ref, run = straight / "resume" / "agent", killed / "resume" / "agent"
+    ref, run = straight / "resume" / "models" / "agent", killed / "resume" / "models" / "agent"
     assert [(r["step"], r["split"]) for r in gw.load_history(ref)] == [(0, "train"), (1, "train"), (2, "train")]
 
     # 1. Killed while checkpoint 2 is being written (adapter and optimizer on disk, state.json not).

@@ -43,7 +43,7 @@ async def test_a_diverging_step_fails_loudly_checkpoints_nothing_and_the_run_goe
     model = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
     backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
     await model.register(backend)
-    checkpoints = tmp_path / "p" / "agent" / "checkpoints"
+    checkpoints = tmp_path / "p" / "models" / "agent" / "checkpoints"
     try:
         groups = await _groups(model)
         assert (await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))).step == 1
@@ -103,7 +103,7 @@ async def test_a_restart_skips_a_nan_checkpoint_and_resumes_the_one_before(tiny_
     finally:
         await backend.close()
     # step 2's adapter as a diverged step wrote it before the finiteness checks: NaN, hashes consistent
-    folder = tmp_path / "p" / "agent" / "checkpoints" / "0002"
+    folder = tmp_path / "p" / "models" / "agent" / "checkpoints" / "0002"
     weights = load_file(str(folder / "adapter_model.safetensors"))
     data = save({k: torch.full_like(v, math.nan) for k, v in weights.items()})
     (folder / "adapter_model.safetensors").write_bytes(data)
@@ -135,7 +135,7 @@ async def test_a_steps_trajectories_are_on_disk_before_it_fails_or_checkpoints(t
     from groupwise.store import RunStore
 
     real_write = RunStore.write_trajectories
-    checkpoints = tmp_path / "p" / "agent" / "checkpoints"
+    checkpoints = tmp_path / "p" / "models" / "agent" / "checkpoints"
     seen: list[tuple[int, bool]] = []  # (step, whether the step's checkpoint existed once its write ended)
     never = threading.Event()
 
@@ -220,7 +220,7 @@ async def test_a_group_changed_after_it_was_built_is_refused_before_the_update_o
     model = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
     backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
     await model.register(backend)
-    run_dir = tmp_path / "p" / "agent"
+    run_dir = tmp_path / "p" / "models" / "agent"
     try:
         groups = await _groups(model)
         before = await _state(backend)

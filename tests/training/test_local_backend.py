@@ -69,7 +69,7 @@ async def test_train_serves_and_verifies_the_new_adapter(tiny_model_dir, tmp_pat
         r = await model.openai_client().chat.completions.create(
             model="agent", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
         assert r.model == "agent@1"
-        run = tmp_path / "p" / "agent"
+        run = tmp_path / "p" / "models" / "agent"
         assert (run / "checkpoints" / "0001" / "state.json").is_file()
         # a second backend on this run folder is refused while this one writes it (before it loads) ...
         again = gw.LocalBackend(path=str(tmp_path))
@@ -145,7 +145,7 @@ def test_sigkill_mid_step_resumes_with_identical_optimizer(tiny_model_dir, tmp_p
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    run = killed / "resume" / "agent"
+    run = killed / "resume" / "models" / "agent"
     # Everything written before the kill is readable: step 1's trajectories were written before training.
     assert [len(g) for g in gw.load_trajectories(run, "train", 1)] == [4, 4]
     assert [len(g) for g in gw.load_trajectories(run, "train", 0)] == [4, 4]
@@ -159,10 +159,10 @@ def test_sigkill_mid_step_resumes_with_identical_optimizer(tiny_model_dir, tmp_p
     assert held.keys() == resumed.keys() and len(held) > 0
     assert all(torch.equal(held[k], resumed[k]) for k in held)
     # ... and ends where the uninterrupted run ended: same optimizer tensors and adapter after step 2.
-    a = load_file(str(straight / "resume" / "agent" / "checkpoints" / "0002" / "optimizer.safetensors"))
+    a = load_file(str(straight / "resume" / "models" / "agent" / "checkpoints" / "0002" / "optimizer.safetensors"))
     b = load_file(str(run / "checkpoints" / "0002" / "optimizer.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    wa = load_file(str(straight / "resume" / "agent" / "checkpoints" / "0002" / "adapter_model.safetensors"))
+    wa = load_file(str(straight / "resume" / "models" / "agent" / "checkpoints" / "0002" / "adapter_model.safetensors"))
     wb = load_file(str(run / "checkpoints" / "0002" / "adapter_model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
@@ -211,7 +211,7 @@ async def test_lora_config_of_the_model_overrides_the_backend(tiny_model_dir, tm
     try:
         peft_config = backend._worker.replicas["p/small"].peft_model.peft_config["default"]
         assert (peft_config.r, peft_config.lora_alpha) == (2, 4)
-        assert model.run_dir == tmp_path / "p" / "small"  # the backend's path holds a default model's run
+        assert model.run_dir == tmp_path / "p" / "models" / "small"  # the backend's path holds a default model's run
     finally:
         await backend.close()
 
@@ -305,7 +305,7 @@ async def test_a_step_with_ids_the_model_cannot_embed_is_refused_and_the_run_goe
         with pytest.raises(gw.GroupwiseError, match=rf"group 1, trajectory 2: a Choice has the token id {vocab + 7}, "
                                                     "outside the model's vocabulary"):
             await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
-        assert await model.get_step() == 0 and not (tmp_path / "p" / "agent" / "checkpoints" / "0001").exists()
+        assert await model.get_step() == 0 and not (tmp_path / "p" / "models" / "agent" / "checkpoints" / "0001").exists()
         result = await model.train(await _groups(model, step=1), config=gw.TrainConfig(learning_rate=1e-3))
         assert result.step == 1 and await model.get_step() == 1
     finally:

@@ -184,7 +184,7 @@ async def test_train_sft_is_a_step_then_grpo_continues(tiny_model_dir, tmp_path)
         result = await model.train_sft([demo] * 40, gw.TrainSFTConfig(learning_rate=[1e-2] * 20, batch_size=2))
         assert result.step == 1 and await model.get_step() == 1
         assert result.metrics["updates"] == 20 and result.metrics["last_loss"] < result.metrics["first_loss"]
-        run = tmp_path / "p" / "agent"
+        run = tmp_path / "p" / "models" / "agent"
         assert (run / "checkpoints" / "0001" / "state.json").is_file()
         row = [r for r in gw.load_history(run) if r["split"] == "sft"][-1]
         assert row["step"] == 0 and row["loss"] == pytest.approx(result.metrics["loss"])

@@ -131,7 +131,7 @@ class WorkerBackend(Backend):
     workers and implement `_start`, `_call`, `_endpoint` and `_stop`.
 
     Args:
-        path: root of the run store (``<path>/<project>/<model>/``) when the model keeps the default
+        path: root of the run store (``<path>/<project>/models/<model>/``) when the model keeps the default
             base_path; a model constructed with its own base_path keeps it.
         options: the settings every worker backend shares (backend/options.py); the subclasses take
             them as keywords too.

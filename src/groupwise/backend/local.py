@@ -43,7 +43,7 @@ from groupwise.compat import warn_ignored
 from groupwise.config import DEFAULT_BASE_MODEL
 from groupwise.errors import ConfigError, GroupwiseError
 from groupwise.run_id import RunId
-from groupwise.store import CHECKPOINTS_DIR, checkpoint_folders, step_dir_name
+from groupwise.store import CHECKPOINTS_DIR, checkpoint_folders, run_dir_of, step_dir_name
 from groupwise.utils.s3 import mirror, mirror_dir
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class LocalBackend(WorkerBackend):
     """Serve and train `TrainableModel`s on this machine: one device, or data-parallel on several.
 
     Args:
-        path: root of the run store (``<path>/<project>/<model>/``) when the model keeps the default
+        path: root of the run store (``<path>/<project>/models/<model>/``) when the model keeps the default
             base_path; a model constructed with its own base_path keeps it.
         device: the one device: "cpu", "cuda", "cuda:1" (default: CUDA when available).
         devices: data-parallel over these devices, one worker process each: a list (``["cuda:0",
@@ -244,7 +244,7 @@ class LocalBackend(WorkerBackend):
         return Path(self.path if model.base_path == DEFAULT_PATH else model.base_path)
 
     def _run_dir(self, model: "TrainableModel") -> Path:
-        return self._store_root(model) / model.project / model.storage_name
+        return run_dir_of(self._store_root(model), model.project, model.storage_name)
 
     async def _experimental_push_to_s3(self, model: "TrainableModel", *, s3_bucket: str | None = None,
                                        prefix: str | None = None, verbose: bool = False, delete: bool = False,
@@ -293,7 +293,7 @@ class LocalBackend(WorkerBackend):
         if from_s3_bucket is not None:
             source = mirror_dir(from_s3_bucket, prefix, from_project, from_model) / CHECKPOINTS_DIR
         else:
-            source = self._store_root(model) / from_project / from_model / CHECKPOINTS_DIR
+            source = run_dir_of(self._store_root(model), from_project, from_model) / CHECKPOINTS_DIR
         steps = checkpoint_folders(source)
         if not steps:
             raise GroupwiseError(f"no checkpoints of model {from_model!r} (project {from_project!r}) in {source}: "

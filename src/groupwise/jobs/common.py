@@ -144,4 +144,4 @@ def run_dir_problem(value: str) -> str | None:
 
 
 def run_dir_field() -> Any:
-    return arg(help="a run folder: <base_path>/<project>/<model>", positional=True, on_machine=run_dir_problem)
+    return arg(help="a run folder: <base_path>/<project>/models/<model>", positional=True, on_machine=run_dir_problem)

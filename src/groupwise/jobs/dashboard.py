@@ -13,7 +13,7 @@ from groupwise.jobs.fields import Command, Job, arg
 def _folder_problem(path: str) -> str | None:
     if Path(path).exists() and not Path(path).is_dir():
         return "is a file; pass a run store folder (e.g. .groupwise), a project or a run folder " \
-               "<base_path>/<project>/<model>"
+               "<base_path>/<project>/models/<model>"
     return None
 
 

@@ -407,9 +407,9 @@ def run(job: TrainJob) -> int:
 COMMAND = Command(
     "train", TrainJob, run, help="train an agent on a built-in environment (the main job)",
     description="Train a LoRA adapter with GRPO on a built-in environment, validating on held-out scenarios; the "
-                "best checkpoint is tested at the end. The run lives in <path>/<env>/<name>; running the same "
+                "best checkpoint is tested at the end. The run lives in <path>/<env>/models/<name>; running the same "
                 "command again resumes it from its last checkpoint (raise --steps to train further).",
     epilog="Resume or extend a run: `groupwise train 2048 --seed 0 --steps 16` after an 8-step run continues at "
-           "step 8. Watch it: `groupwise report .groupwise/2048/2048-s0`.",
+           "step 8. Watch it: `groupwise report .groupwise/2048/models/2048-s0`.",
     interrupted="every step finished before it is kept (history, trajectories, checkpoint); the same command "
                 "resumes from the last checkpoint")

@@ -36,7 +36,7 @@ def load_run(run_dir: str | Path) -> list[Row]:
 
     path = Path(run_dir)
     if not (path / "history.jsonl").exists():
-        raise StoreError(f"{str(path)!r} has no history.jsonl; pass a run folder <base_path>/<project>/<model>")
+        raise StoreError(f"{str(path)!r} has no history.jsonl; pass a run folder <base_path>/<project>/models/<model>")
     return load_history(path, skip_corrupt=True)
 
 

@@ -4,7 +4,7 @@ ART's serverless backend sends each step to W&B's training service; groupwise ha
 and trains on this machine. Half of ART's official notebooks start with ``ServerlessBackend()``, and
 its API is LocalBackend's (`register`, `train` with ART 0.5's options, `model.log`,
 `delete_checkpoints`), so such a program runs here with only the import changed: on this machine's
-GPU (or CPU), its run under LocalBackend's ``<path>/<project>/<model>/``. Each construction warns
+GPU (or CPU), its run under LocalBackend's ``<path>/<project>/models/<model>/``. Each construction warns
 (`ArtCompatWarning`) that it trains here and names the service's own arguments it ignores (`api_key`,
 `base_url`), so nobody believes their program trained remotely.
 

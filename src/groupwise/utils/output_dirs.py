@@ -1,11 +1,12 @@
-"""ART's path helpers (`art.utils.output_dirs`), giving groupwise's layout: a run's folder is
-``<path>/<project>/<name>`` (`groupwise.store.RunStore`), its checkpoints ``checkpoints/<step:04d>``
-and its trajectories ``trajectories/<split>/`` under it. ART's own layout differs
-(``.art/<project>/models/<name>/<step:04d>``), so code that builds ART's paths by hand finds nothing
-here; code that builds them with these helpers finds the files, which is what they are for.
+"""ART's path helpers (`art.utils.output_dirs`), returning ART's layout, which is the run store's: a
+run's folder is ``<path>/<project>/models/<name>`` (`groupwise.store.RunStore`), its checkpoints
+``checkpoints/<step:04d>`` (peft's adapter_model.safetensors and adapter_config.json, as ART's) and its
+trajectories ``trajectories/<split>/<step:04d>.jsonl`` under it, its metrics ``history.jsonl`` beside
+them. Code that builds these paths by hand, as ART's programs do, finds the same files.
 
 `art_path` is the backend's folder (`LocalBackend(path=...)`); by default groupwise's, ``.groupwise`` in
-the working directory (ART's was ``.art`` at the root of the git repository)."""
+the working directory (ART's is ``.art`` at the root of the git repository: `art_path_or_default` reads
+``./.art`` as groupwise's default when no such folder exists)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.config import DEFAULT_RUN_STORE
-from groupwise.store import CHECKPOINTS_DIR, TRAJECTORIES_DIR, RunStore, step_dir_name
+from groupwise.store import CHECKPOINTS_DIR, MODELS_DIR, TRAJECTORIES_DIR, run_dir_of, step_dir_name
 
 __all__ = ["ART_DEFAULT_PATH", "art_path_or_default", "get_default_art_path", "get_model_dir", "get_models_dir", "get_output_dir_from_model_properties",
            "get_step_checkpoint_dir", "get_trajectories_dir", "get_trajectories_split_dir"]
@@ -38,13 +39,14 @@ def art_path_or_default(art_path: str | None) -> str:
 
 
 def get_models_dir(project_name: str, art_path: str | None = None) -> str:
-    """The folder holding a project's runs."""
-    return os.path.join(art_path or get_default_art_path(), project_name)
+    """The folder holding a project's runs, ``<art_path>/<project>/models``."""
+    return os.path.join(art_path or get_default_art_path(), project_name, MODELS_DIR)
 
 
 def get_output_dir_from_model_properties(project: str, name: str, art_path: str | None = None) -> str:
-    """A run's folder, as the run store names it."""
-    return str(RunStore(art_path or get_default_art_path(), project, name).run_dir)
+    """A run's folder, ``<art_path>/<project>/models/<name>`` (a run of groupwise's earlier layout is
+    moved there first: `groupwise.store.run_dir_of`)."""
+    return str(run_dir_of(art_path or get_default_art_path(), project, name))
 
 
 def get_model_dir(model: Any, art_path: str | None = None) -> str:

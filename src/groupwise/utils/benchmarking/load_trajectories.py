@@ -1,7 +1,7 @@
 """ART's `load_trajectories`: every stored trajectory of a project as one polars DataFrame, a row each.
 
 ART reads the Parquet files its backend writes; groupwise reads its run store, where the same things are
-kept losslessly (``<store>/<project>/<name>/trajectories/<split>/<step>.jsonl``), into ART's columns:
+kept losslessly (``<store>/<project>/models/<name>/trajectories/<split>/<step>.jsonl``), into ART's columns:
 ``model``, ``split``, ``step``, ``reward``, ``group_number`` (numbered from 1 over the groups read, in
 order), ``messages`` (role, content, tool_calls, trainable: True for a sampled Choice), ``logs``, and one
 column per key seen: ``metric_<k>`` (float), ``metadata_<k>`` (text), ``group_metric_<k>``,
@@ -11,14 +11,13 @@ charts compare them with trained runs as in ART.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from groupwise.errors import MissingDependencyError
 from groupwise.step_summary import message_dict
-from groupwise.store import read_group_dicts, trajectory_files
+from groupwise.store import project_run_dirs, read_group_dicts, trajectory_files
 from groupwise.utils.benchmarking.pull_model_trajectories import pull_model_trajectories
-from groupwise.utils.output_dirs import art_path_or_default, get_models_dir
+from groupwise.utils.output_dirs import art_path_or_default
 
 __all__ = ["load_trajectories", "pull_model_trajectories", "trajectory_rows"]  # ART 0.3 defined the pull here
 
@@ -26,13 +25,12 @@ __all__ = ["load_trajectories", "pull_model_trajectories", "trajectory_rows"]  #
 def trajectory_rows(project_name: str, models: list[str] | None = None,
                     art_path: str | None = None) -> list[dict[str, Any]]:
     """The rows of `load_trajectories` as dicts (no polars needed); runs sorted by name."""
-    root = Path(get_models_dir(project_name, art_path_or_default(art_path)))
-    if not root.is_dir():
-        return []
     wanted = None if models is None else set(models)
     rows: list[dict[str, Any]] = []
     numbers: dict[tuple[str, str, int, int], int] = {}
-    for run_dir in sorted(p for p in root.iterdir() if p.is_dir() and (wanted is None or p.name in wanted)):
+    for run_dir in project_run_dirs(art_path_or_default(art_path), project_name):
+        if wanted is not None and run_dir.name not in wanted:
+            continue
         for split, step, path in trajectory_files(run_dir):
             for index, group in enumerate(read_group_dicts(path, skip_corrupt=True)):
                 number = numbers.setdefault((run_dir.name, split, step, index), len(numbers) + 1)

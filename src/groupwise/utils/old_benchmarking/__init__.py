@@ -2,7 +2,7 @@
 since 0.3), over groupwise's run store: per-step metric means of stored trajectories
 (`load_benchmarked_models`), a table of them (`generate_comparison_table`, pandas), line graphs saved as
 PNG files (`generate_line_graphs`, matplotlib) and a notebook grid of those files (`display_image_grid`).
-A run's trajectories are where its backend wrote them, ``<path>/<project>/<name>/trajectories/<split>/``;
+A run's trajectories are where its backend wrote them, ``<path>/<project>/models/<name>/trajectories/<split>/``;
 ART's default ``api_path="./.art"`` reads groupwise's default store when no ``./.art`` folder exists.
 """
 
