@@ -64,14 +64,28 @@ _client_class: type | None = None
 
 def _openai_client_class() -> type:
     """`openai.AsyncOpenAI`, awaitable: ART 0.1.1-0.1.22's `openai_client()` was a coroutine
-    (``client = await model.openai_client()``); awaiting this client gives the client itself."""
+    (``client = await model.openai_client()``); awaiting this client gives the client itself. Its
+    requests are progress for the hang watch of the rollout that makes them."""
     global _client_class
     if _client_class is None:
         import openai
 
+        from groupwise.rollout.hangs import note_answer, note_request
+
         class AsyncOpenAI(openai.AsyncOpenAI):
             def __await__(self):  # type: ignore[no-untyped-def]
                 return _itself(self).__await__()
+
+            async def request(self, cast_to, options, **kwargs):  # type: ignore[no-untyped-def]
+                # Every call of the SDK passes here, in the caller's task: the rollout's hang watch
+                # (groupwise.rollout.hangs) learns of each request and answer, and which it waits on.
+                body = options.json_data if isinstance(options.json_data, dict) else {}
+                model = f" model={body['model']}" if isinstance(body.get("model"), str) else ""
+                note_request(f"{options.method.upper()} {options.url}{model}")
+                try:
+                    return await super().request(cast_to, options, **kwargs)
+                finally:
+                    note_answer()
 
         _client_class = AsyncOpenAI
     return _client_class
