@@ -85,7 +85,7 @@ def hang_alerts(model) -> list[dict]:
 
 
 async def test_a_hung_rollout_is_named_before_its_timeout_and_the_others_complete(tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="groupwise.rollout.hangs")
+    caplog.set_level(logging.WARNING, logger="groupwise.loop")
     model, backend, summary = await fit(tmp_path, hanging_rollout(hang_on=1), max_exceptions=1,
                                         hang_after_s=0.2, rollout_timeout_s=3.0)
     # the timeout policy applied afterwards, unchanged: the hung rollout counted as one exception, and
@@ -103,7 +103,8 @@ async def test_a_hung_rollout_is_named_before_its_timeout_and_the_others_complet
     assert ev["idle_s"] < 3.0  # named within its timeout, before it was cancelled
     assert "wait_for_a_tool_that_never_answers" in ev["stack"] and "in rollout" in ev["stack"]
     # the CLI's line, while the run went on
-    [line] = [r.getMessage() for r in caplog.records if "has made no progress" in r.getMessage()]
+    [line] = [r.getMessage() for r in caplog.records if "has made no progress" in r.getMessage()
+              and r.name == "groupwise.loop"]  # once, on the logger `groupwise train` prints
     assert "scenario_index 1" in line and "rollout_timeout_s=3 from its start cancels it" in line
     assert "wait_for_a_tool_that_never_answers" in line
     # what the dashboard shows
@@ -185,3 +186,29 @@ def test_the_setting_has_one_default_everywhere():
         assert inspect.signature(fn).parameters["hang_after_s"].default == HANG_AFTER_S
     with pytest.raises(ConfigError, match="hang_after_s"):
         gw.LoopConfig(hang_after_s=0)
+
+
+async def test_a_gather_without_a_listener_warns_on_its_own_logger(caplog):
+    caplog.set_level(logging.WARNING, logger="groupwise.rollout.hangs")
+    release = asyncio.Event()
+
+    async def stuck_on_an_environment(release: asyncio.Event) -> Trajectory:
+        await release.wait()
+        return Trajectory(messages_and_choices=[{"role": "user", "content": "x"}], reward=0.0)
+
+    def named() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "in stuck_on_an_environment" in r.getMessage()]
+
+    async def releaser() -> Trajectory:
+        while not named():  # the environment comes back once its hang is named
+            await asyncio.sleep(0.02)
+            note_progress()  # this one is busy (an environment's steps)
+        release.set()
+        return Trajectory(messages_and_choices=[{"role": "user", "content": "y"}], reward=1.0)
+
+    out = await gather_trajectory_groups([TrajectoryGroup([stuck_on_an_environment(release)]),
+                                          TrajectoryGroup([releaser()])], pbar_desc=None, hang_after_s=0.1)
+    assert [g.rewards() for g in out] == [[0.0], [1.0]]
+    [message] = named()  # once per idle spell
+    assert message.startswith("rollout 0 of group 0 has made no progress")
+    assert "scenario: release=<asyncio.locks.Event" in message

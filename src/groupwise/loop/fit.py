@@ -143,10 +143,11 @@ class Loop:
                                               hang_after_s=self.c.hang_after_s, on_hang=self.on_hang(step, desc))
 
     def on_hang(self, step: int | None, desc: str) -> Callable[[HangReport], None]:
-        """Record a hang report (the gather or the judges' watch has logged it) as a ``hang`` alert in the
-        history, where the dashboard lists alerts, while the run goes on. Appended at once (a small
+        """Say a hang report on the loop's logger (the CLI prints it with the step lines) and record it as
+        a ``hang`` alert in the history, where the dashboard lists alerts, while the run goes on. Appended at once (a small
         write): the run may be hung for good, and the record is what says where."""
         def record(report: HangReport) -> None:
+            log.warning("%s: %s", desc, report.message())
             at = step if step is not None else max((r["step"] for r in self.history.rows("train")), default=0)
             first = report.message().split("\n", 1)[0]
             alert = Alert("hang", "warning", at, f"{desc}: {first}", {**report.evidence(), "phase": desc})

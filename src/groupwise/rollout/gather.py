@@ -398,7 +398,7 @@ async def gather_trajectory_groups(
         hang_after_s: seconds a rollout may make no progress (no request through `model.openai_client()`
             sent or answered, no `note_progress()`) before it is named in a warning (rollout/hangs.py);
             it is not cancelled for it. None: no watch.
-        on_hang: called with each `HangReport` (besides the warning), e.g. to record it.
+        on_hang: called with each `HangReport` instead of the warning, e.g. to log and record it.
 
     Returns the groups in input order (after_each's output in place of each group).
     Raises `GatherError` when more rollouts raise than the budget allows; `RolloutResultError` when a

@@ -13,8 +13,9 @@ an `Activity` record in a context variable, and a watch looks at them every frac
   full engine of this process is not the rollout's fault) is reported once per idle spell as a
   `HangReport`: what it is (rollout i of group g, its scenario: the rollout coroutine's arguments other
   than the model), how long it has been idle, its last request and that request's age (and whether it
-  is still unanswered), and the stack of its task. The gather logs it as a warning; the loop also records
-  it as a ``hang`` alert in the run's history, which the dashboard lists with the other alerts.
+  is still unanswered), and the stack of its task. The gather logs it as a warning; the loop logs it on
+  its own logger (which ``groupwise train`` prints with the step lines) and records it as a ``hang``
+  alert in the run's history, which the dashboard lists with the other alerts.
 - Naming changes nothing else: the rollout's timeout then applies as before (cancelled and counted
   against ``max_exceptions``), so a rollout that is only slow is never cut by this setting.
 
@@ -200,7 +201,9 @@ def task_stack(task: asyncio.Task | None) -> str:
 
 
 class HangWatch:
-    """Watches activities; calls `on_hang(report)` once per idle spell of each (default: a log warning)."""
+    """Watches activities; calls `on_hang(report)` once per idle spell of each (without one: a warning on
+    this module's logger). A caller with its own channel (the loop: its logger, which `groupwise train`
+    prints, and the history) reports there instead, so a hang is said once."""
 
     def __init__(self, hang_after_s: float | None, on_hang: Callable[[HangReport], Any] | None = None,
                  then: str = "") -> None:
@@ -259,8 +262,9 @@ class HangWatch:
             last_request_age_s=None if a.last_request_at is None else now - a.last_request_at,
             request_in_flight=a.in_flight > 0, stack=task_stack(a.task), then=self.then)
         self.reports.append(report)
-        log.warning("%s", report.message())
-        if self.on_hang is not None:
+        if self.on_hang is None:
+            log.warning("%s", report.message())
+        else:
             try:
                 self.on_hang(report)
             except Exception:  # a broken listener must not take the watch (and the gather) down
