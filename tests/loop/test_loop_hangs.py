@@ -36,6 +36,7 @@ class AnsweringBackend(ScriptedBackend):
         super().__init__()
         self.handler = handler
         self.exceptions: list[list[str]] = []
+        self.messages: list[list[str]] = []
 
     def inference_endpoint(self, model) -> InferenceEndpoint:
         return InferenceEndpoint(base_url="http://answering.invalid/v1", api_key="none",
@@ -43,6 +44,7 @@ class AnsweringBackend(ScriptedBackend):
 
     async def train(self, model, groups, config, *, cursor=None):
         self.exceptions.append([e.type for g in groups for e in g.exceptions])
+        self.messages.append([e.message for g in groups for e in g.exceptions])
         return await super().train(model, groups, config, cursor=cursor)
 
 
@@ -92,6 +94,9 @@ async def test_a_hung_rollout_is_named_before_its_timeout_and_the_others_complet
     # the run trained on every other rollout
     assert summary.final_step == 2
     assert backend.exceptions[0] == ["RolloutTimeoutError"] and backend.exceptions[1] == []
+    # the timeout's own message says what it asked last too
+    assert "Its last model request: POST /chat/completions model=hangs, sent" in backend.messages[0][0]
+    assert "answered." in backend.messages[0][0] and "never answered" not in backend.messages[0][0]
     [alert] = hang_alerts(model)
     ev = alert["evidence"]
     assert alert["step"] == 0 and alert["severity"] == "warning"

@@ -121,6 +121,7 @@ class _Gathering:
                 "max_exceptions." if self.timeout is not None else
                 "rollout_timeout_s is None: nothing will end it; cancel the run or give the gather a timeout.")
         self.hangs = HangWatch(hang_after_s, on_hang, then=then)
+        self.activity_of: dict[asyncio.Task, Activity] = {}  # what a timed-out rollout asked last
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -146,6 +147,7 @@ class _Gathering:
                     task = self.hangs.create_task(
                         awaitable if inspect.iscoroutine(awaitable) else _as_coroutine(awaitable), activity)
                     self._start_timer(task, g, i)
+                self.activity_of[task] = activity
                 task.add_done_callback(self._callback(g, i))
                 self.tasks.append(task)
 
@@ -226,11 +228,20 @@ class _Gathering:
             "it counts against max_exceptions like a rollout that raised. If such rollouts are legitimately "
             "this slow, raise the timeout (LoopConfig.rollout_timeout_s, or the rollout_timeout_s argument "
             "of the gather functions; None waits forever)."
+            + self._last_request(task)
             + (f" It was waiting at:\n{where}" if where else "")
         )
         self.expired[task] = (g, i)
         task.cancel()
         self._fail(g, i, exc)
+
+    def _last_request(self, task: asyncio.Task) -> str:
+        a = self.activity_of.get(task)
+        if a is None or a.last_request is None or a.last_request_at is None:
+            return ""
+        age = STALLS.rollout_time() - a.last_request_at
+        return (f" Its last model request: {a.last_request}, sent {age:.1f} s before, "
+                f"{'never answered' if a.in_flight else 'answered'}.")
 
     def _callback(self, g: int, i: int) -> Callable[[asyncio.Task], None]:
         def on_done(task: asyncio.Task) -> None:
