@@ -319,6 +319,10 @@ class DetectorConfig(Validated):
 # rollout takes about as long as the whole gather (the built-in jobs: well under a minute), and an
 # agent that calls a hosted API or tools for many turns can take several minutes.
 ROLLOUT_TIMEOUT_S = 600.0
+# A rollout (or judge call) without progress (no model request sent or answered) for this long is named
+# in a warning and a ``hang`` alert (groupwise.rollout.hangs), well before its timeout ends it. It cuts
+# nothing: a long answer on a slow CPU only costs a warning.
+HANG_AFTER_S = 120.0
 
 
 @dataclass
@@ -363,6 +367,7 @@ class LoopConfig(Validated):
     detectors: DetectorConfig = option(default_factory=DetectorConfig, help="Thresholds of the detectors (`gw.DetectorConfig`).")
     max_exceptions: int | float = option(0, help="Rollouts allowed to raise (or time out) per gather: a count, or a fraction in (0, 1).")
     rollout_timeout_s: float | None = option(ROLLOUT_TIMEOUT_S, help="Seconds a rollout may run before it is cancelled and counted against max_exceptions like one that raised (None: no limit). Generous by default (10 minutes): it ends hung rollouts, not slow ones, and does not count the time an engine of this process could not serve (paused for an update, or full: rollout/stalls.py).")
+    hang_after_s: float | None = option(HANG_AFTER_S, help="Seconds a rollout or score_group call may make no progress (no model request sent or answered through model.openai_client(), no gw.note_progress()) before it is named: a warning and a 'hang' alert in the history (the dashboard lists it) with its scenario, group, last request and that request's age, and its task's stack. It only names: rollout_timeout_s still decides when a rollout is cancelled. None: no watch.")
     resample_no_signal: int = option(2, help="Times a step's batch is gathered again when nothing in it is trainable (e.g. every group has equal rewards). After the last, a batch without signal is skipped as ART does (train_config.max_skipped_steps bounds how many in a row; 0 raises NotTrainableError instead).")
     max_steps_off_policy: int = option(0, help="0: synchronous (every step's rollouts wait for the previous update). d > 0: the asynchronous pipeline (loop/pipeline.py): the batch of step k is gathered from the policy of step k - d while the steps before it train, and a group is admitted only if its tokens (their recorded policy versions) are at most d versions old; late groups are counted and recorded, never silently dropped. Pair it with TrainConfig(off_policy='tis') to correct the loss for the staleness.")
     partial_rollouts: bool = option(False, help="With max_steps_off_policy > 0: rollouts ask for the latest policy instead of the one their step was scheduled from, and a sequence being sampled continues under each newer adapter as it is served (fresher tokens; which version sampled which token then depends on timing, so two runs are no longer the same run). False keeps every batch on its scheduled policy: reproducible, and resumable to the same history.")
@@ -408,6 +413,7 @@ class LoopConfig(Validated):
             check_choice(p, name, getattr(self, name), LOOP_ACTIONS)
         check_choice(p, "audit", self.audit, AUDIT_MODES)
         check_positive(p, "rollout_timeout_s", self.rollout_timeout_s)  # None: no limit
+        check_positive(p, "hang_after_s", self.hang_after_s)  # None: no watch
         m = self.max_exceptions
         if not (is_number(m) and math.isfinite(m) and m >= 0 and (m < 1 or m == int(m))):
             p.append(f"max_exceptions={m!r} must be a count (an integer >= 0) or a fraction in (0, 1)")

@@ -25,10 +25,12 @@ the arguments of ART's own machinery (W&B entity, Unsloth and vLLM settings) are
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import copy
 import reprlib
 import warnings
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any, Generic
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
@@ -61,18 +63,35 @@ ModelConfig = TypeVar("ModelConfig", default=Any)
 StateType = TypeVar("StateType", bound=dict[str, Any], default=dict[str, Any])
 
 _client_class: type | None = None
+# (project, name) -> the step a block of code is pinned to (`TrainableModel.pinned`). A context variable,
+# so that tasks started in the block sample from it too and concurrent blocks of one model do not mix.
+_PINNED: contextvars.ContextVar[dict[tuple[str, str], int]] = contextvars.ContextVar("groupwise_pinned", default={})
 
 
 def _openai_client_class() -> type:
     """`openai.AsyncOpenAI`, awaitable: ART 0.1.1-0.1.22's `openai_client()` was a coroutine
-    (``client = await model.openai_client()``); awaiting this client gives the client itself."""
+    (``client = await model.openai_client()``); awaiting this client gives the client itself. Its
+    requests are progress for the hang watch of the rollout that makes them."""
     global _client_class
     if _client_class is None:
         import openai
 
+        from groupwise.rollout.hangs import note_answer, note_request
+
         class AsyncOpenAI(openai.AsyncOpenAI):
             def __await__(self):  # type: ignore[no-untyped-def]
                 return _itself(self).__await__()
+
+            async def request(self, cast_to, options, **kwargs):  # type: ignore[no-untyped-def]
+                # Every call of the SDK passes here, in the caller's task: the rollout's hang watch
+                # (groupwise.rollout.hangs) learns of each request and answer, and which it waits on.
+                body = options.json_data if isinstance(options.json_data, dict) else {}
+                model = f" model={body['model']}" if isinstance(body.get("model"), str) else ""
+                note_request(f"{options.method.upper()} {options.url}{model}")
+                try:
+                    return await super().request(cast_to, options, **kwargs)
+                finally:
+                    note_answer()
 
         _client_class = AsyncOpenAI
     return _client_class
@@ -564,7 +583,10 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
                                   http_client=endpoint.http_client, default_headers=dict(COMPACT_TOKEN_DATA))
 
     def inference_name(self, step: int | None = None) -> str:
-        """``name`` (the latest step) or ``name@step``: the model a request asks for."""
+        """``name`` (the latest step) or ``name@step``: the model a request asks for. Inside
+        ``async with model.pinned(k):`` the latest is ``name@k``."""
+        if step is None:
+            step = _PINNED.get().get((self.project, self.name))
         if self._backend is None:
             return served_name(self.name, step)
         return self._backend.inference_name(self, step)
@@ -572,6 +594,32 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
     async def get_step(self) -> int:
         """Number of completed training steps (0 before any)."""
         return await self.backend.get_step(self)
+
+    @contextlib.asynccontextmanager
+    async def pinned(self, step: int) -> "AsyncIterator[str]":
+        """Pin a block of code to checkpoint `step` (ART's ``adapter_leases.pin_inference_step``):
+
+            async with model.pinned(3) as name:   # name == "agent@3"
+                ...  # model.get_inference_name() / inference_name() answer "agent@3" here, and in tasks
+                     # started here; the engine serves agent@3 and retention keeps its checkpoint
+
+        It serves ``name@step`` (loading its kept checkpoint if it was unloaded) and holds it, served and
+        kept, until the block ends, while training goes on (an evaluation of an older checkpoint). A
+        step never trained, or whose checkpoint retention already removed, is refused before the block.
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ArgumentTypeError(f"pinned(step) takes a step number >= 0, got {step!r}")
+        latest = await self.get_step()
+        if step > latest:
+            raise GroupwiseError(f"pinned({step}): {self.name!r} has trained {latest} step(s); "
+                                 f"pin a step from 0 to {latest}")
+        await self.backend.pin_step(self, step)
+        token = _PINNED.set({**_PINNED.get(), (self.project, self.name): step})
+        try:
+            yield self.inference_name(step)
+        finally:
+            _PINNED.reset(token)
+            await self.backend.unpin_step(self, step)
 
     async def delete_checkpoints(self, best_checkpoint_metric: str = BEST_CHECKPOINT_METRIC) -> None:
         """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (read from

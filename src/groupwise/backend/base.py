@@ -166,6 +166,16 @@ class Backend(ABC):
         serving them, until the next call names others. This default holds nothing: a backend that
         never deletes checkpoints or unloads steps needs nothing more."""
 
+    async def pin_step(self, model: "TrainableModel", step: int) -> None:
+        """Serve ``name@step`` and keep serving it, and keep its checkpoint, until as many `unpin_step`
+        calls (`TrainableModel.pinned`: a block of code samples from it). Raises as `serve_step` when the
+        checkpoint is gone. This default only serves it: a backend that never deletes checkpoints or
+        unloads steps needs nothing more."""
+        await self.serve_step(model, step)
+
+    async def unpin_step(self, model: "TrainableModel", step: int) -> None:
+        """The end of one `pin_step` of `step`."""
+
     async def checkpoint_cursor(self, model: "TrainableModel") -> dict[str, Any]:
         """The `cursor` saved with the latest checkpoint (``{}`` before any, or when none was given)."""
         return {}

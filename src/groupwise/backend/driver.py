@@ -101,6 +101,11 @@ class _Run:
     best_step: int | None = None  # named by keep_best(); retention keeps it
     kl_reference_step: int | None = None  # the KL anchor of the last GRPO step: retention keeps it (restored on resume)
     held_steps: list[int] = field(default_factory=list)  # hold_steps(): an asynchronous loop still samples them
+    pins: dict[int, int] = field(default_factory=dict)  # pin_step() count by step: code blocks sampling from it
+
+    @property
+    def pinned_steps(self) -> list[int]:
+        return sorted(self.pins)
     skipped_in_a_row: int = 0  # consecutive steps skipped for lack of signal (restored on resume)
     warned_base_samples: bool = False  # `_base_samples_warning` said it once
     # Why the trainer holds an update that no checkpoint has (its step's write or publish failed after
@@ -318,6 +323,23 @@ class WorkerBackend(Backend):
     async def hold_steps(self, model: "TrainableModel", steps: list[int]) -> None:
         run = self._run(model)
         run.held_steps = sorted({int(s) for s in steps if int(s) > 0})
+        await self._retain(run)
+
+    async def pin_step(self, model: "TrainableModel", step: int) -> None:
+        run = self._run(model)
+        await self.serve_step(model, step)  # a pruned checkpoint is refused here, before anything is held
+        if step > 0:  # the base (name@0) is always served and has no checkpoint
+            run.pins[step] = run.pins.get(step, 0) + 1
+            await self._retain(run)
+
+    async def unpin_step(self, model: "TrainableModel", step: int) -> None:
+        run = self._run(model)
+        if step not in run.pins:
+            return
+        if run.pins[step] <= 1:
+            del run.pins[step]
+        else:
+            run.pins[step] -= 1
         await self._retain(run)
 
     async def served_steps(self, model: "TrainableModel") -> list[int]:

@@ -7,7 +7,8 @@ What a run keeps:
   checkpoint);
 - the steps still in use, whatever the metric says (`in_use`): the KL anchor of the last GRPO step
   (`TrainConfig.kl_reference_step`: a rank loads it before each update) and the steps an asynchronous
-  loop still samples from (`Backend.hold_steps`), which stay served too;
+  loop still samples from (`Backend.hold_steps`) and the steps a block of code is pinned to
+  (`Backend.pin_step`, `TrainableModel.pinned`), which stay served too;
 and the engines serve only the last `BackendOptions.served_steps` steps besides those in use.
 
 It is apart from the driver (backend/driver.py) because it is one decision joined from three sources the
@@ -36,6 +37,7 @@ class RetainedRun(Protocol):
     best_step: int | None  # named by keep_best()
     kl_reference_step: int | None  # the KL anchor of the last GRPO step
     held_steps: list[int]  # hold_steps(): an asynchronous loop still samples them
+    pinned_steps: list[int]  # pin_step(): a code block samples from them (`TrainableModel.pinned`)
 
 
 def metric_by_step(run: RetainedRun, metric: str) -> dict[int, float]:
@@ -53,7 +55,8 @@ def metric_by_step(run: RetainedRun, metric: str) -> dict[int, float]:
 def in_use(run: RetainedRun) -> list[int]:
     """Checkpoints retention must keep whatever the metric says: the KL anchor of the last GRPO step,
     and the steps an asynchronous loop still samples from (`hold_steps`; kept served too)."""
-    return [*([run.kl_reference_step] if run.kl_reference_step is not None else []), *run.held_steps]
+    return [*([run.kl_reference_step] if run.kl_reference_step is not None else []), *run.held_steps,
+            *getattr(run, "pinned_steps", ())]
 
 
 def retain_command(run: RetainedRun, run_key: str, options: "BackendOptions") -> RetainCommand:

@@ -62,6 +62,7 @@ from groupwise.loop.policy import action_for, classify, decide, pending_stop, st
 from groupwise.loop.progress import eta_seconds, step_line
 from groupwise.loop.rollout_inputs import AtStep, seeded_scenario
 from groupwise.loop.series import rows, series
+from groupwise.rollout.hangs import HangReport, HangWatch
 from groupwise.loop.stopping import StopDecision, baseline_values, check_stopping, reward_range_of, val_at_ceiling
 from groupwise.types import Trajectory, TrajectoryGroup
 
@@ -138,7 +139,20 @@ class Loop:
             for i in indices
         ]
         return await gather_trajectory_groups(groups, pbar_desc=desc, max_exceptions=self.c.max_exceptions,
-                                              rollout_timeout_s=self.c.rollout_timeout_s)
+                                              rollout_timeout_s=self.c.rollout_timeout_s,
+                                              hang_after_s=self.c.hang_after_s, on_hang=self.on_hang(step, desc))
+
+    def on_hang(self, step: int | None, desc: str) -> Callable[[HangReport], None]:
+        """Say a hang report on the loop's logger (the CLI prints it with the step lines) and record it as
+        a ``hang`` alert in the history, where the dashboard lists alerts, while the run goes on. Appended at once (a small
+        write): the run may be hung for good, and the record is what says where."""
+        def record(report: HangReport) -> None:
+            log.warning("%s: %s", desc, report.message())
+            at = step if step is not None else max((r["step"] for r in self.history.rows("train")), default=0)
+            first = report.message().split("\n", 1)[0]
+            alert = Alert("hang", "warning", at, f"{desc}: {first}", {**report.evidence(), "phase": desc})
+            self.history.append(alert.to_row())
+        return record
 
     async def gather_scored(self, model: Any, step: int, indices: Sequence[int], attempt: int) -> Gathered:
         """The training groups of `step` gathered from `model` and scored (`score_group`)."""
@@ -146,14 +160,33 @@ class Loop:
         groups = await self.gather(model, self.train, indices, self.c.rollouts_per_group, f"train step {step}",
                                    step=step, attempt=attempt)
         t1 = time.perf_counter()
-        groups = await self.score_groups(groups)
+        groups = await self.score_groups(groups, step, f"judge step {step}")
         return Gathered(groups, t1 - t0, time.perf_counter() - t1)
 
-    async def score_groups(self, groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
-        """Run `score_group` on every group concurrently; a None result drops the group."""
+    async def score_groups(self, groups: list[TrajectoryGroup], step: int | None = None,
+                           desc: str = "judge") -> list[TrajectoryGroup]:
+        """Run `score_group` on every group concurrently; a None result drops the group. A call without
+        progress for `hang_after_s` is named as a hung rollout is (groupwise.rollout.hangs)."""
         if self.score_group is None:
             return groups
-        judged = await asyncio.gather(*(maybe_await(self.score_group(g)) for g in groups))
+        watch = HangWatch(self.c.hang_after_s, self.on_hang(step, desc), then=(
+            "The loop does not cancel score_group: a judge's own requests time out (JudgeConfig.timeout_s) "
+            "and are retried; a score_group that awaits something else must bound it itself."))
+
+        async def judge(group: TrajectoryGroup) -> Any:
+            return await maybe_await(self.score_group(group))  # called in its task: its requests are its progress
+
+        tasks = []
+        for k, g in enumerate(groups):
+            index = g.metadata.get("scenario_index")
+            name = f"score_group on group {k}" + (f" (scenario_index {index})" if index is not None else "")
+            tasks.append(watch.create_task(judge(g), watch.activity("judge", name, group=k)))
+        try:
+            judged = await asyncio.gather(*tasks)
+        finally:
+            watch.stop()
+            for t in tasks:
+                t.cancel()  # after a judge's error: the others must not run on unowned
         out = []
         for before, after in zip(groups, judged):
             if after is None:  # e.g. RULER with swallow_exceptions=True after a judge failure
@@ -198,7 +231,7 @@ class Loop:
         await self.score(groups, scenarios)
         judged: list[TrajectoryGroup] = []
         if self.score_group is not None and self.c.judge_val and self.c.val_rollouts_per_group >= 2:
-            groups = judged = await self.score_groups(groups)
+            groups = judged = await self.score_groups(groups, None, f"judge {desc}")
         return groups, judged
 
     def at_step(self, step: int) -> AtStep:

@@ -29,6 +29,9 @@ How it works, and why:
   against the budget like any exception: one hung request can no longer hang a run silently. The
   slot is decided at the deadline, so a rollout that ignores its cancellation cannot hang the gather
   either (it is left running, with a warning).
+- Before that, a rollout that makes no progress for `hang_after_s` (default `HANG_AFTER_S`, 2 minutes) is
+  named in a warning: its scenario, group, last request and that request's age, its task's stack
+  (rollout/hangs.py says what progress is). The timeout then applies unchanged.
 - A group may also be given as an awaitable that returns a `TrajectoryGroup` (ART's declared type,
   e.g. a coroutine that builds and awaits its own group). It runs as one task; if it raises, the
   exception counts against the budget like a rollout's and is recorded on an empty group in its place.
@@ -53,8 +56,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Union
 
 from groupwise.compat import warn_ignored
-from groupwise.config import ROLLOUT_TIMEOUT_S
+from groupwise.config import HANG_AFTER_S, ROLLOUT_TIMEOUT_S
 from groupwise.errors import ArgumentTypeError, GatherError, RolloutResultError, RolloutTimeoutError
+from groupwise.rollout.hangs import Activity, HangReport, HangWatch
 from groupwise.rollout.limits import CANCEL_GRACE_S, check_gather_args, exception_budget, waiting_at
 from groupwise.rollout.progress import GatherProgress
 from groupwise.rollout.stalls import STALLS
@@ -79,7 +83,8 @@ class _Gathering:
 
     def __init__(self, groups: list[TrajectoryGroup | Awaitable[TrajectoryGroup]], max_exceptions: int | float,
                  pbar_desc: str | None, max_concurrency: int | None, max_metrics: int | None = None,
-                 rollout_timeout_s: float | None = None) -> None:
+                 rollout_timeout_s: float | None = None, hang_after_s: float | None = None,
+                 on_hang: Callable[[HangReport], Any] | None = None) -> None:
         # A group given as an awaitable runs as one task in an empty placeholder group, which its
         # result replaces (or which records its exception).
         self.producers = {g for g, item in enumerate(groups) if not isinstance(item, TrajectoryGroup)}
@@ -112,6 +117,11 @@ class _Gathering:
         # Groups whose rollouts are all done, in completion order; `wake` is set when one is added.
         self.ready: list[int] = []
         self.wake = asyncio.Event()
+        then = (f"If it stays so, rollout_timeout_s={self.timeout:g} from its start cancels it and it counts against "
+                "max_exceptions." if self.timeout is not None else
+                "rollout_timeout_s is None: nothing will end it; cancel the run or give the gather a timeout.")
+        self.hangs = HangWatch(hang_after_s, on_hang, then=then)
+        self.activity_of: dict[asyncio.Task, Activity] = {}  # what a timed-out rollout asked last
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -130,11 +140,14 @@ class _Gathering:
                 self.ready.append(g)
                 continue
             for i, awaitable in enumerate(awaitables):
+                activity = self.hangs.activity("rollout", self._what(g, i), group=g, source=awaitable)
                 if self.semaphore is not None:
-                    task = loop.create_task(self._limited(awaitable, g, i))
+                    task = self.hangs.create_task(self._limited(awaitable, g, i, activity), activity, start=False)
                 else:
-                    task = loop.create_task(awaitable if inspect.iscoroutine(awaitable) else _as_coroutine(awaitable))
+                    task = self.hangs.create_task(
+                        awaitable if inspect.iscoroutine(awaitable) else _as_coroutine(awaitable), activity)
                     self._start_timer(task, g, i)
+                self.activity_of[task] = activity
                 task.add_done_callback(self._callback(g, i))
                 self.tasks.append(task)
 
@@ -179,17 +192,25 @@ class _Gathering:
         self._arm()
 
     def stop_watchdog(self) -> None:
+        self.hangs.stop()
         if self.watchdog is not None:
             self.watchdog.cancel()
             self.watchdog = None
         self.deadlines.clear()
 
-    async def _limited(self, awaitable: Awaitable[Trajectory], g: int, i: int) -> Trajectory:
+    def _what(self, g: int, i: int) -> str:
+        if g in self.producers:
+            return f"group {g} (an awaitable that builds its group)"
+        index = self.groups[g].metadata.get("scenario_index")
+        return f"rollout {i} of group {g}" + (f" (scenario_index {index})" if index is not None else "")
+
+    async def _limited(self, awaitable: Awaitable[Trajectory], g: int, i: int, activity: Activity) -> Trajectory:
         started = False
         try:
             async with self.semaphore:  # type: ignore[union-attr]
                 started = True
                 self._start_timer(asyncio.current_task(), g, i)  # the clock runs from the rollout's start
+                activity.start(asyncio.current_task())  # so does the hang watch's
                 return await awaitable
         finally:
             if not started and inspect.iscoroutine(awaitable):
@@ -207,11 +228,20 @@ class _Gathering:
             "it counts against max_exceptions like a rollout that raised. If such rollouts are legitimately "
             "this slow, raise the timeout (LoopConfig.rollout_timeout_s, or the rollout_timeout_s argument "
             "of the gather functions; None waits forever)."
+            + self._last_request(task)
             + (f" It was waiting at:\n{where}" if where else "")
         )
         self.expired[task] = (g, i)
         task.cancel()
         self._fail(g, i, exc)
+
+    def _last_request(self, task: asyncio.Task) -> str:
+        a = self.activity_of.get(task)
+        if a is None or a.last_request is None or a.last_request_at is None:
+            return ""
+        age = STALLS.rollout_time() - a.last_request_at
+        return (f" Its last model request: {a.last_request}, sent {age:.1f} s before, "
+                f"{'never answered' if a.in_flight else 'answered'}.")
 
     def _callback(self, g: int, i: int) -> Callable[[asyncio.Task], None]:
         def on_done(task: asyncio.Task) -> None:
@@ -356,6 +386,8 @@ async def gather_trajectory_groups(
     max_metrics: int | None = None,
     pbar_total_completion_tokens: bool = False,
     rollout_timeout_s: float | None = ROLLOUT_TIMEOUT_S,
+    hang_after_s: float | None = HANG_AFTER_S,
+    on_hang: Callable[[HangReport], Any] | None = None,
 ) -> list[TrajectoryGroup]:
     """Run every pending rollout of every group concurrently and return the finished groups.
 
@@ -374,12 +406,16 @@ async def gather_trajectory_groups(
         pbar_total_completion_tokens: ART's (deprecated there); accepted and ignored.
         rollout_timeout_s: seconds each rollout may run (a group given as an awaitable: the whole
             group) before it is cancelled and counted as an exception; None: no limit.
+        hang_after_s: seconds a rollout may make no progress (no request through `model.openai_client()`
+            sent or answered, no `note_progress()`) before it is named in a warning (rollout/hangs.py);
+            it is not cancelled for it. None: no watch.
+        on_hang: called with each `HangReport` instead of the warning, e.g. to log and record it.
 
     Returns the groups in input order (after_each's output in place of each group).
     Raises `GatherError` when more rollouts raise than the budget allows; `RolloutResultError` when a
     rollout returns something that is not a Trajectory (or an iterable of them); `ConfigError` on bad args.
     """
-    check_gather_args(max_exceptions, max_concurrency, after_each, rollout_timeout_s)
+    check_gather_args(max_exceptions, max_concurrency, after_each, rollout_timeout_s, hang_after_s)
     if pbar_total_completion_tokens:
         warn_ignored("gather_trajectory_groups", ["pbar_total_completion_tokens"], "deprecated in ART too")
     groups = list(groups)
@@ -390,7 +426,8 @@ async def gather_trajectory_groups(
                 "e.g. TrajectoryGroup(rollout(model, s) for _ in range(8)), or awaitables returning one. "
                 "For a flat list of rollouts use gather_trajectories."
             )
-    state = _Gathering(groups, max_exceptions, pbar_desc, max_concurrency, max_metrics, rollout_timeout_s)
+    state = _Gathering(groups, max_exceptions, pbar_desc, max_concurrency, max_metrics, rollout_timeout_s,
+                       hang_after_s, on_hang)
     return await _run(state, after_each)
 
 
@@ -444,6 +481,8 @@ async def gather_trajectories(
     max_concurrency: int | None = None,
     pbar_total_completion_tokens: bool = False,
     rollout_timeout_s: float | None = ROLLOUT_TIMEOUT_S,
+    hang_after_s: float | None = HANG_AFTER_S,
+    on_hang: Callable[[HangReport], Any] | None = None,
 ) -> list[Trajectory | list[Trajectory] | BaseException]:
     """The flat version: run rollouts that are not grouped; return the results in input order.
 
@@ -453,7 +492,7 @@ async def gather_trajectories(
     `after_each(trajectory)` runs once all rollouts are done, on each Trajectory (inside a list too),
     and returns a Trajectory, None (drop) or a list of Trajectories; exceptions stay where they are.
     """
-    check_gather_args(max_exceptions, max_concurrency, after_each, rollout_timeout_s)
+    check_gather_args(max_exceptions, max_concurrency, after_each, rollout_timeout_s, hang_after_s)
     if pbar_total_completion_tokens:
         warn_ignored("gather_trajectories", ["pbar_total_completion_tokens"], "deprecated in ART too")
     items = list(trajectories)
@@ -461,7 +500,8 @@ async def gather_trajectories(
         return []
     # finished ones keep their place too
     group = TrajectoryGroup([t if inspect.isawaitable(t) else _ready(t) for t in items])
-    state = _Gathering([group], max_exceptions, pbar_desc, max_concurrency, rollout_timeout_s=rollout_timeout_s)
+    state = _Gathering([group], max_exceptions, pbar_desc, max_concurrency, rollout_timeout_s=rollout_timeout_s,
+                       hang_after_s=hang_after_s, on_hang=on_hang)
     await _run(state, None)
     results = [state.failures.get((0, i), state.slots[0][i]) for i in range(len(items))]
     if after_each is None:
@@ -498,6 +538,7 @@ async def trajectory_group(
     logs: Iterable[str] | None = None,
     return_exceptions: bool = False,
     rollout_timeout_s: float | None = ROLLOUT_TIMEOUT_S,
+    hang_after_s: float | None = HANG_AFTER_S,
 ) -> TrajectoryGroup:
     """Run the rollouts of one group and return it finished (ART 0.5's `art.trajectory_group`).
 
@@ -509,5 +550,5 @@ async def trajectory_group(
                             logs=logs or ())
     budget = len(group.pending) if return_exceptions else 0
     [done] = await gather_trajectory_groups([group], pbar_desc=None, max_exceptions=budget,
-                                            rollout_timeout_s=rollout_timeout_s)
+                                            rollout_timeout_s=rollout_timeout_s, hang_after_s=hang_after_s)
     return done

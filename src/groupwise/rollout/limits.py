@@ -33,13 +33,14 @@ def exception_budget(max_exceptions: int | float, n_rollouts: int) -> int:
     return int(max_exceptions)
 
 
-def check_gather_args(max_exceptions: Any, max_concurrency: Any, after_each: Any, rollout_timeout_s: Any = None) -> None:
+def check_gather_args(max_exceptions: Any, max_concurrency: Any, after_each: Any, rollout_timeout_s: Any = None,
+                      hang_after_s: Any = None) -> None:
     problems: list[str] = []
-    if rollout_timeout_s is not None and (
-        isinstance(rollout_timeout_s, bool) or not isinstance(rollout_timeout_s, (int, float))
-        or not 0 < rollout_timeout_s < math.inf
-    ):
-        problems.append(f"rollout_timeout_s={rollout_timeout_s!r} must be None (no timeout) or seconds > 0")
+    for name, value, none in (("rollout_timeout_s", rollout_timeout_s, "no timeout"), ("hang_after_s", hang_after_s, "no watch")):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf
+        ):
+            problems.append(f"{name}={value!r} must be None ({none}) or seconds > 0")
     if isinstance(max_exceptions, bool) or not isinstance(max_exceptions, (int, float)):
         problems.append(f"max_exceptions={max_exceptions!r} must be an int count or a float fraction in (0, 1)")
     elif not math.isfinite(max_exceptions) or max_exceptions < 0:
