@@ -1,6 +1,6 @@
 """`RunId`: the one identity of a training run, from the model to the served adapter.
 
-A run is its folder in a run store: ``<root>/<project>/<run>`` (``run`` is the model's `storage_name`:
+A run is its folder in a run store: ``<root>/<project>/models/<run>``, ART's layout (``run`` is the model's `storage_name`:
 its ``run_name``, else its ``name``). Everything a backend keeps for a run is keyed by that identity:
 the driver's run, its writer lock, the workers' replicas, the names its adapters are served under, its
 history and the dashboard's run id (``<project>/<run>``, relative to the store the dashboard reads).
@@ -19,6 +19,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from groupwise.store import MODELS_DIR
 
 __all__ = ["RunId"]
 
@@ -45,7 +47,9 @@ class RunId:
 
     @property
     def folder(self) -> Path:
-        return Path(self.root) / self.project / self.run
+        """Where the run store keeps the run (`store.run_dir_of` names the same folder, and moves a run of
+        the earlier layout there when it is opened)."""
+        return Path(self.root) / self.project / MODELS_DIR / self.run
 
     def __str__(self) -> str:
         return str(self.folder)
