@@ -272,24 +272,27 @@ class DetectorConfig(Validated):
     plateau_range: float = option(0.1, help="Reward-jump detector: the plateau's max - min must be at most this (reward units).")
     perfect_reward: float = option(1.0, help="Perfect-scores detector: the maximum reward; a group is perfect when every rollout reaches it.")
     perfect_share: float = option(0.5, help="Perfect-scores detector: fire when at least this share of a step's groups are perfect.")
-    repetition_ngram: int = option(3, help="Degenerate detector: n of the n-grams (words) checked for repetition.")
-    repetition_share: float = option(0.5, help="Degenerate detector: fire when answers repeat this share of their n-grams on average.")
-    identical_share: float = option(0.5, help="Degenerate detector: fire when this share of groups (of 2+ rollouts) answer identically.")
-    length_ratio: float = option(2.0, help="Degenerate detector: fire when the mean answer length drifts by this factor from the first steps.")
+    repetition_ngram: int = option(3, help="Repetition detector: n of the word n-grams whose repetition within an answer is measured.")
+    identical_share: float = option(0.5, help="Identical-answers note: fire when this share of groups (of 2+ rollouts) answer identically.")
+    signal_window: int = option(1, help="Behaviour detectors (answer_collapse, length_drift, repetition): training steps pooled for each test (1: each step's answers alone, the earliest warning).")
+    shift_excess: float = option(0.05, help="Behaviour detectors (answer_collapse, length_drift, repetition): the smallest excess of the share of answers beyond the base's 95th percentile (or shared across prompts) over the base's own share that can fire.")
+    shift_z: float = option(3.0, help="Behaviour detectors: the excess must also reach this z (two-sample binomial test against the base's answers).")
+    collapse_share: float = option(0.5, help="Answer-collapse detector: an answer counts as shared when at least this share of a step's prompts (and 3) were given it.")
+    against_task_window: int = option(3, help="Reward-against-task detector: training steps whose groups are pooled for its test.")
+    against_task_z: float = option(3.0, help="Reward-against-task detector: fire when the within-group covariance of reward and task metric is negative with a t-statistic at most minus this.")
     min_judge_agreement: float = option(0.6, help="Judge detector: fire when the judge orders fewer than this share of pairs like ground truth.")
 
     def problems(self) -> list[str]:
         p: list[str] = []
-        for name in ("reward_window", "jump_window", "repetition_ngram"):
+        for name in ("reward_window", "jump_window", "repetition_ngram", "signal_window", "against_task_window"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 p.append(f"{name}={value!r} must be an integer >= 1")
-        for name in ("val_drop", "reward_rise", "jump_min", "jump_sigmas", "plateau_range"):
+        for name in ("val_drop", "reward_rise", "jump_min", "jump_sigmas", "plateau_range", "shift_z", "against_task_z"):
             check_positive(p, name, getattr(self, name), allow_zero=True)
         check_number(p, "perfect_reward", self.perfect_reward)
-        for name in ("perfect_share", "repetition_share", "identical_share", "min_judge_agreement"):
+        for name in ("perfect_share", "identical_share", "min_judge_agreement", "shift_excess", "collapse_share"):
             check_fraction(p, name, getattr(self, name))
-        check_number(p, "length_ratio", self.length_ratio, low=1, low_open=True)
         return p
 
 
@@ -331,12 +334,14 @@ class LoopConfig(Validated):
     min_delta: float = option(0.0, help="Smallest change that counts as an improvement for the plateau rule (the noise of the validation counts too).")
     target: float | None = option(None, help="Stop once the validation metric (or mean train reward without validation) reaches this value (None disables).")
     baseline_margin: float | None = option(None, help="Stop once the validation metric beats the best baseline by this margin and by more than the noise of both (None disables).")
+    score_train: bool = option(True, help="Also score every training rollout with fit's `validate` (its metric next to the reward in the train rows): the reward_against_task detector reads it every step, and the behaviour detectors ask it whether the task improved. False when validate is too costly to run on the training rollouts too.")
+    on_reward_against_task: str = option("stop", help="Action when, within groups, the rollouts the reward preferred score lower on the task metric (the steps train against the task: reward hacking).")
     on_val_drop: str = option("stop", help="Action when validation falls beyond its noise while the train reward rises beyond its own (reward hacking).")
     on_val_unstable: str = option("stop_soon", help="Action when validation falls beyond its noise and the train reward does not rise (training became unstable: the policy got worse, the reward was not gamed).")
     on_val_plateau: str = option("stop_soon", help="Action when validation plateaus while reward still rises (converged).")
     on_reward_jump: str = option("warn", help="Action on a sudden train-reward jump after a plateau.")
     on_perfect_scores: str = option("warn", help="Action when a large share of groups score the maximum on every rollout.")
-    on_degenerate: str = option("warn", help="Action on degenerate answers: n-gram repetition, identical answers across a group, length drift.")
+    on_degenerate: str = option("warn", help="Action on behaviour that moved away from the base model's while the task did not improve: one answer across prompts, length drift, n-gram repetition (and identical answers within a group).")
     on_judge_disagreement: str = option("warn", help="Action when the judge's ranking disagrees with ground truth (hybrid runs).")
     stop_soon_steps: int = option(5, help="Steps a 'stop_soon' action waits; an improvement of the validation metric beyond its noise cancels it.")
     detectors: DetectorConfig = option(default_factory=DetectorConfig, help="Thresholds of the detectors (`gw.DetectorConfig`).")
@@ -375,6 +380,8 @@ class LoopConfig(Validated):
         check_positive(p, "baseline_margin", self.baseline_margin, allow_zero=True)  # None disables it
         check_positive(p, "resample_no_signal", self.resample_no_signal, allow_zero=True, integer=True)
         check_positive(p, "max_steps_off_policy", self.max_steps_off_policy, allow_zero=True, integer=True)
+        if not isinstance(self.score_train, bool):
+            p.append(f"score_train={self.score_train!r} must be True or False")
         if not isinstance(self.lockstep, bool):
             p.append(f"lockstep={self.lockstep!r} must be True or False")
         if not isinstance(self.partial_rollouts, bool):
@@ -382,7 +389,7 @@ class LoopConfig(Validated):
         elif self.partial_rollouts and not self.max_steps_off_policy:
             p.append("partial_rollouts=True needs max_steps_off_policy >= 1 (a synchronous loop has no newer policy "
                      "to continue under)")
-        for name in ("on_val_drop", "on_val_unstable", "on_val_plateau", "on_reward_jump", "on_perfect_scores",
+        for name in ("on_reward_against_task", "on_val_drop", "on_val_unstable", "on_val_plateau", "on_reward_jump", "on_perfect_scores",
                      "on_degenerate", "on_judge_disagreement"):
             check_choice(p, name, getattr(self, name), LOOP_ACTIONS)
         check_positive(p, "rollout_timeout_s", self.rollout_timeout_s)  # None: no limit
