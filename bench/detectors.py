@@ -431,22 +431,23 @@ def thresholds_block(s: dict, args: argparse.Namespace) -> str:
     from groupwise.config import DetectorConfig
 
     d = DetectorConfig()
-    lines = ["| alert | kind: do | default thresholds | false alarms (clean) | detected (planted, fell) | "
+    lines = ["| alert | kind | default thresholds | false alarms (clean) | detected (planted, fell) | "
              "median lead, steps |", "|---|---|---|---|---|---|"]
     for name, fields in FIELDS.items():
         r = _row(s, name)
         setting = ", ".join(f"`{f}={getattr(d, f)!r}`" for f in fields)
-        lines.append(f"| `{name}` | {r['kind']}: {DO[r['kind']]} | {setting} | {rate(r['false_alarms'], r['clean'])} | "
-                     f"{rate(r['detected'], r['dropped'])} | {lead(r['leads'])} |")
-    lines += ["", f"Simulated tier ({s['clean']} clean runs over {len(s['envs'])} envs, {s['planted']} planted over "
-              f"{len(s['families'])} families; validation fell in {s['dropped']}); per family, the tier's and "
-              "the real tiers' tables, and how the simulator works: docs/benchmarks.md. 95% intervals (Wilson; "
-              "bootstrap for the lead)."]
+        clean = rate(r["false_alarms"], r["clean"])
+        if r["kind"] not in TARGET:  # no alarm: how often it fired on clean runs, information only
+            clean = f"fired on {r['false_alarms']}/{r['clean']} (no alarm)"
+        lines.append(f"| `{name}` | {r['kind']} | {setting} | {clean} | {rate(r['detected'], r['dropped'])} | "
+                     f"{lead(r['leads'])} |")
+    right, n, k = s["converged"]
+    lines += ["", f"{s['clean']} clean runs over {len(s['envs'])} envs, {s['planted']} planted over "
+              f"{len(s['families'])} families (validation fell in {s['dropped']}); every family caught by one alert "
+              f"in >= 80% of its runs with a median lead >= +1 step: " + ("yes" if not targets_met(s) else "no")
+              + f"; `val_plateau` right (no gain in the next {k} validations) {rate(right, n)}. 95% intervals "
+              "(Wilson; bootstrap for the lead)."]
     return "\n".join(lines)
-
-
-DO = {"hack": "stop, read the quoted rollouts, fix the reward", "warn": "read the quoted rollouts",
-      "converged": "stop soon", "unstable": "lower the learning rate", "info": "nothing"}
 
 
 def figures_lines(s: dict) -> str:
@@ -488,7 +489,7 @@ def jobs_of(args: argparse.Namespace) -> list[tuple[str, str, int]]:
 def run_real(args: argparse.Namespace, jobs: list[tuple[str, str, int]]) -> list[dict]:
     """Each real run in its own process, `args.workers` at a time."""
     root = Path(args.path).resolve()
-    model_path = root / "model" if args.tier == "tiny" else Path(args.model)
+    model_path = root / "model" if args.tier == "tiny" else args.model
     if args.tier == "tiny" and not (model_path / "config.json").is_file():
         make_model(model_path)
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(args.threads),
@@ -543,7 +544,7 @@ def main() -> None:
     p.add_argument("--kinds", default=None, help="tiny tier: property kinds (default all)")
     p.add_argument("--envs", default=None, help="sim/smollm2 tiers: clean envs (default all)")
     p.add_argument("--families", default=None, help="sim/smollm2 tiers: planted families (default all)")
-    p.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct", help="smollm2 tier: the base model")
+    p.add_argument("--model", default="smollm2-135m", help="smollm2 tier: the base model (a groupwise alias, a hub name or a folder)")
     p.add_argument("--device", default="cpu", help="real tiers: cpu or cuda")
     p.add_argument("--seed0", type=int, default=0, help="seed of the first run (run i gets seed0 + i)")
     p.add_argument("--detector", action="append", default=[], help="a DetectorConfig override, NAME=VALUE")
