@@ -55,7 +55,7 @@ import itertools
 import math
 import re
 from statistics import NormalDist
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -569,10 +569,10 @@ def task_not_better(history: list[Row], *, step: int, metric: str = DEFAULT_VAL_
     return True, "no task metric to compare against", {}
 
 
-def _behaviour_alert(name: str, what: str, event_or_events: tuple[str, ...], history: list[Row],
+def _behaviour_alert(name: str, what: Callable[[Shift], str], event_or_events: tuple[str, ...], history: list[Row],
                      groups: Sequence["TrajectoryGroup"], *, step: int, metric: str, higher_is_better: bool,
                      window: int, excess: float, z: float, n: int, collapse_share: float, confidence: float,
-                     groups_step: int | None, pick) -> Alert | None:
+                     groups_step: int | None, pick: Callable[[list[Answer], str], list[Answer]]) -> Alert | None:
     """A `warn` when one of the events' shifts fires and the task did not improve; `pick(answers, event)`
     chooses the rollouts quoted as evidence from the step's groups."""
     sign = 1.0 if higher_is_better else -1.0
