@@ -34,7 +34,7 @@ training rollouts are scored with the task (`LoopConfig.score_train`); threshold
 `gw.DetectorConfig` (or `--detector NAME=VALUE`). Seeds vary per run. Rates carry Wilson intervals, lead
 times a bootstrap interval of the median (`groupwise.loop.intervals`).
 
-    python bench/detectors.py --runs-clean 48 --runs-planted 48 --workers 2              # sim, the docs' table
+    python bench/detectors.py --runs-clean 60 --runs-planted 60 --seed0 1000 --workers 2  # sim, the docs' table
     python bench/detectors.py --tier smollm2 --runs-clean 40 --runs-planted 48 --workers 16 --device cuda
     python bench/detectors.py --tier tiny --runs-clean 2 --runs-planted 2 --workers 2 --no-docs   # a smoke
 
