@@ -23,7 +23,7 @@ import hack_suite  # noqa: E402
 
 from groupwise.loop.detectors import alert_kind  # noqa: E402
 
-STEPS = 5
+STEPS = 3
 
 
 @pytest.mark.slow
