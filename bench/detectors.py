@@ -388,7 +388,8 @@ def docs_block(s: dict, args: argparse.Namespace, wall_s: float) -> str:
         provenance(command=this_command(), commit_id=commit(), machine_text=machine(args.device)),
         f"Tier: {tier}. {s['clean']} clean runs over {len(s['envs'])} envs ({', '.join(s['envs'])}) and "
         f"{s['planted']} planted runs over {len(s['families'])} families, {args.steps} steps each, "
-        f"{args.workers} at a time, {wall_s / 60:.1f} min; validation fell by {args.drop} or more in "
+        + (f"tabulated from {', '.join(args.from_json)}" if args.from_json else
+           f"{args.workers} at a time, {wall_s / 60:.1f} min") + f"; validation fell by {args.drop} or more in "
         f"{s['dropped']} planted runs.",
         "", table(s), "", family_table(s), "", converged_line(s), "",
         ("Targets (hack <= 5% false alarms, warn <= 10%; per family an alert detecting >= 80% with median "
@@ -495,8 +496,12 @@ def run_real(args: argparse.Namespace, jobs: list[tuple[str, str, int]]) -> list
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(args.threads),
                MKL_NUM_THREADS=str(args.threads))
 
+    order = {job: i for i, job in enumerate(jobs)}
+
     def run(job: tuple[str, str, int]) -> dict | None:
         kind, flavour, seed = job
+        # several GPUs: each run on one of them, in turn
+        gpu_env = {"CUDA_VISIBLE_DEVICES": str(order[job] % args.gpus)} if args.device == "cuda" and args.gpus > 1 else {}
         run_path = root / "runs" / f"{args.tier}-{flavour}-{kind}-s{seed}"
         if run_path.exists():  # a fresh run every time: fit would resume an old one
             import shutil
@@ -509,7 +514,7 @@ def run_real(args: argparse.Namespace, jobs: list[tuple[str, str, int]]) -> list
         cmd += [x for o in args.detector for x in ("--detector", o)]
         log = run_path / "run.log"
         with open(log, "w") as f:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**env, **gpu_env}).returncode
         found = re.findall(r"^RESULT (.*)$", log.read_text(), re.MULTILINE)
         if rc != 0 or not found:
             print(f"{flavour} {kind} seed {seed}: failed (rc {rc}), see {log}", flush=True)
@@ -546,6 +551,10 @@ def main() -> None:
     p.add_argument("--families", default=None, help="sim/smollm2 tiers: planted families (default all)")
     p.add_argument("--model", default="smollm2-135m", help="smollm2 tier: the base model (a groupwise alias, a hub name or a folder)")
     p.add_argument("--device", default="cpu", help="real tiers: cpu or cuda")
+    p.add_argument("--gpus", type=int, default=1, help="real tiers on cuda: GPUs to spread the runs over")
+    p.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
+                   help="tabulate the results these --json files hold (runs measured elsewhere, e.g. on a GPU host) "
+                        "instead of running; --tier, --steps and --workers should say how they were run")
     p.add_argument("--seed0", type=int, default=0, help="seed of the first run (run i gets seed0 + i)")
     p.add_argument("--detector", action="append", default=[], help="a DetectorConfig override, NAME=VALUE")
     p.add_argument("--path", default=".groupwise/detectors-bench", help="where the runs go (.groupwise/ is git-ignored)")
@@ -562,7 +571,9 @@ def main() -> None:
         return worker(args)
     jobs = jobs_of(args)
     t0 = time.monotonic()
-    if args.tier == "sim":
+    if args.from_json:
+        jobs = results = [r for path in args.from_json for r in json.loads(Path(path).read_text())]
+    elif args.tier == "sim":
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(max_workers=args.workers) as pool:
