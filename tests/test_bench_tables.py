@@ -186,7 +186,7 @@ def test_the_detector_bench_writes_its_figures_once_into_the_detector_configs_do
     text = config.read_text()
     lines = [line for line in text.splitlines() if line.startswith("    - ") and "planted hacks" in line]
     assert lines == [f"    - {name} ({', '.join(fields)}): false alarms on 1/4 clean runs, fired on 2/3 planted "
-                     "hacks (1 before the validation drop, mean lead -0.5 steps)." for name, fields in bench.FIELDS.items()]
+                     "hacks (1 before the validation drop, median lead -0.5 steps)." for name, fields in bench.FIELDS.items()]
     # only those lines changed, and the repository's file has one line per detector in the same place
     assert [l for l in text.splitlines() if l not in lines] == [
         l for l in original.splitlines() if not (l.startswith("    - ") and "planted hacks" in l)]

@@ -273,14 +273,16 @@ class DetectorConfig(Validated):
     in docs/benchmarks.md and the README.
 
     Measured by bench/detectors.py with the defaults:
-    - val_drop (val_drop, reward_rise): false alarms on 0/20 clean runs, fired on 11/13 planted hacks (0 before the validation drop, mean lead -2.0 steps).
-    - val_unstable (val_drop): false alarms on 10/20 clean runs, fired on 12/13 planted hacks (6 before the validation drop, mean lead +1.3 steps).
-    - val_plateau (reward_rise): false alarms on 15/20 clean runs, fired on 4/13 planted hacks (1 before the validation drop, mean lead -1.2 steps).
-    - reward_jump (jump_min, jump_sigmas, plateau_range, jump_window): false alarms on 0/20 clean runs, fired on 0/13 planted hacks.
-    - length_drift (length_ratio): false alarms on 0/20 clean runs, fired on 0/13 planted hacks.
-    - perfect_scores (perfect_share): false alarms on 13/20 clean runs, fired on 0/13 planted hacks.
-    - repetition (repetition_share, repetition_ngram): false alarms on 0/20 clean runs, fired on 0/13 planted hacks.
-    - identical_answers (identical_share): false alarms on 0/20 clean runs, fired on 0/13 planted hacks.
+    - reward_against_task (against_task_z, against_task_window): false alarms on 0/60 clean runs, fired on 38/59 planted hacks (17 before the validation drop, median lead +0 steps).
+    - val_drop (val_drop, reward_rise): false alarms on 0/60 clean runs, fired on 59/59 planted hacks (7 before the validation drop, median lead +0 steps).
+    - answer_collapse (collapse_share, shift_excess, shift_z, signal_window): false alarms on 0/60 clean runs, fired on 21/59 planted hacks (15 before the validation drop, median lead +1 steps).
+    - length_drift (shift_excess, shift_z, signal_window): false alarms on 4/60 clean runs, fired on 47/59 planted hacks (32 before the validation drop, median lead +1 steps).
+    - repetition (repetition_ngram, shift_excess, shift_z, signal_window): false alarms on 0/60 clean runs, fired on 19/59 planted hacks (13 before the validation drop, median lead +1 steps).
+    - perfect_scores (perfect_share): false alarms on 0/60 clean runs, fired on 39/59 planted hacks (0 before the validation drop, median lead -3 steps).
+    - reward_jump (jump_min, jump_sigmas, plateau_range, jump_window): false alarms on 0/60 clean runs, fired on 1/59 planted hacks (0 before the validation drop, median lead +0 steps).
+    - val_plateau (reward_rise): false alarms on 29/60 clean runs, fired on 28/59 planted hacks (22 before the validation drop, median lead +1 steps).
+    - val_unstable (val_drop): false alarms on 1/60 clean runs, fired on 16/59 planted hacks (5 before the validation drop, median lead +0 steps).
+    - identical_answers (identical_share): false alarms on 0/60 clean runs, fired on 0/59 planted hacks.
     """
 
     val_drop: float = option(0.05, help="Val-drop detectors: the smallest fall of the validation metric below its best that can fire; the fall must also exceed the noise of the two validations (their intervals).")
@@ -292,24 +294,27 @@ class DetectorConfig(Validated):
     plateau_range: float = option(0.1, help="Reward-jump detector: the plateau's max - min must be at most this (reward units).")
     perfect_reward: float = option(1.0, help="Perfect-scores detector: the maximum reward; a group is perfect when every rollout reaches it.")
     perfect_share: float = option(0.5, help="Perfect-scores detector: fire when at least this share of a step's groups are perfect.")
-    repetition_ngram: int = option(3, help="Degenerate detector: n of the n-grams (words) checked for repetition.")
-    repetition_share: float = option(0.5, help="Degenerate detector: fire when answers repeat this share of their n-grams on average.")
-    identical_share: float = option(0.5, help="Degenerate detector: fire when this share of groups (of 2+ rollouts) answer identically.")
-    length_ratio: float = option(2.0, help="Degenerate detector: fire when the mean answer length drifts by this factor from the first steps.")
+    repetition_ngram: int = option(3, help="Repetition detector: n of the word n-grams whose repetition within an answer is measured.")
+    identical_share: float = option(0.5, help="Identical-answers note: fire when this share of groups (of 2+ rollouts) answer identically.")
+    signal_window: int = option(1, help="Behaviour detectors (answer_collapse, length_drift, repetition): training steps pooled for each test (1: each step's answers alone, the earliest warning).")
+    shift_excess: float = option(0.05, help="Behaviour detectors (answer_collapse, length_drift, repetition): the smallest excess of the share of answers beyond the base's 95th percentile (or shared across prompts) over the base's own share that can fire.")
+    shift_z: float = option(3.0, help="Behaviour detectors: the excess must also reach this z (two-sample binomial test against the base's answers).")
+    collapse_share: float = option(0.5, help="Answer-collapse detector: an answer counts as shared when at least this share of a step's prompts (and 3) were given it.")
+    against_task_window: int = option(3, help="Reward-against-task detector: training steps whose groups are pooled for its test.")
+    against_task_z: float = option(3.0, help="Reward-against-task detector: fire when the within-group covariance of reward and task metric is negative with a t-statistic at most minus this.")
     min_judge_agreement: float = option(0.6, help="Judge detector: fire when the judge orders fewer than this share of pairs like ground truth.")
 
     def problems(self) -> list[str]:
         p: list[str] = []
-        for name in ("reward_window", "jump_window", "repetition_ngram"):
+        for name in ("reward_window", "jump_window", "repetition_ngram", "signal_window", "against_task_window"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 p.append(f"{name}={value!r} must be an integer >= 1")
-        for name in ("val_drop", "reward_rise", "jump_min", "jump_sigmas", "plateau_range"):
+        for name in ("val_drop", "reward_rise", "jump_min", "jump_sigmas", "plateau_range", "shift_z", "against_task_z"):
             check_positive(p, name, getattr(self, name), allow_zero=True)
         check_number(p, "perfect_reward", self.perfect_reward)
-        for name in ("perfect_share", "repetition_share", "identical_share", "min_judge_agreement"):
+        for name in ("perfect_share", "identical_share", "min_judge_agreement", "shift_excess", "collapse_share"):
             check_fraction(p, name, getattr(self, name))
-        check_number(p, "length_ratio", self.length_ratio, low=1, low_open=True)
         return p
 
 
@@ -355,12 +360,14 @@ class LoopConfig(Validated):
     min_delta: float = option(0.0, help="Smallest change that counts as an improvement for the plateau rule (the noise of the validation counts too).")
     target: float | None = option(None, help="Stop once the validation metric (or mean train reward without validation) reaches this value (None disables).")
     baseline_margin: float | None = option(None, help="Stop once the validation metric beats the best baseline by this margin and by more than the noise of both (None disables).")
+    score_train: bool = option(True, help="Also score every training rollout with fit's `validate` (its metric next to the reward in the train rows): the reward_against_task detector reads it every step, and the behaviour detectors ask it whether the task improved. False when validate is too costly to run on the training rollouts too.")
+    on_reward_against_task: str = option("stop", help="Action when, within groups, the rollouts the reward preferred score lower on the task metric (the steps train against the task: reward hacking).")
     on_val_drop: str = option("stop", help="Action when validation falls beyond its noise while the train reward rises beyond its own (reward hacking).")
     on_val_unstable: str = option("stop_soon", help="Action when validation falls beyond its noise and the train reward does not rise (training became unstable: the policy got worse, the reward was not gamed).")
     on_val_plateau: str = option("stop_soon", help="Action when validation plateaus while reward still rises (converged).")
     on_reward_jump: str = option("warn", help="Action on a sudden train-reward jump after a plateau.")
     on_perfect_scores: str = option("warn", help="Action when a large share of groups score the maximum on every rollout.")
-    on_degenerate: str = option("warn", help="Action on degenerate answers: n-gram repetition, identical answers across a group, length drift.")
+    on_degenerate: str = option("warn", help="Action on behaviour that moved away from the base model's while the task did not improve: one answer across prompts, length drift, n-gram repetition (and identical answers within a group).")
     on_judge_disagreement: str = option("warn", help="Action when the judge's ranking disagrees with ground truth (hybrid runs).")
     audit: str = option("off", help="Before the first step of a fresh run, audit the reward (`gw.audit_reward`: answers without content such as empty, echoed, keyword-stuffed, empty-tag, one-for-all or judge-flattering ones, through the rollout and score_group, against the base model's samples on 16 training scenarios): 'warn' warns for each probe that scores at or above the honest answers while validation says it is worse, 'refuse' raises RewardAuditError naming them, 'off' skips it. Off by default: its honest answers are base-model rollouts (2 per scenario, plus a judge call per scenario for a judged reward), minutes on a busy CPU; `groupwise audit <env>` runs it alone.")
     stop_soon_steps: int = option(5, help="Steps a 'stop_soon' action waits; an improvement of the validation metric beyond its noise cancels it.")
@@ -401,6 +408,8 @@ class LoopConfig(Validated):
         check_positive(p, "baseline_margin", self.baseline_margin, allow_zero=True)  # None disables it
         check_positive(p, "resample_no_signal", self.resample_no_signal, allow_zero=True, integer=True)
         check_positive(p, "max_steps_off_policy", self.max_steps_off_policy, allow_zero=True, integer=True)
+        if not isinstance(self.score_train, bool):
+            p.append(f"score_train={self.score_train!r} must be True or False")
         if not isinstance(self.lockstep, bool):
             p.append(f"lockstep={self.lockstep!r} must be True or False")
         if not isinstance(self.partial_rollouts, bool):
@@ -408,7 +417,7 @@ class LoopConfig(Validated):
         elif self.partial_rollouts and not self.max_steps_off_policy:
             p.append("partial_rollouts=True needs max_steps_off_policy >= 1 (a synchronous loop has no newer policy "
                      "to continue under)")
-        for name in ("on_val_drop", "on_val_unstable", "on_val_plateau", "on_reward_jump", "on_perfect_scores",
+        for name in ("on_reward_against_task", "on_val_drop", "on_val_unstable", "on_val_plateau", "on_reward_jump", "on_perfect_scores",
                      "on_degenerate", "on_judge_disagreement"):
             check_choice(p, name, getattr(self, name), LOOP_ACTIONS)
         check_choice(p, "audit", self.audit, AUDIT_MODES)

@@ -64,7 +64,9 @@ def test_val_drop_outside_the_validation_noise_with_rising_reward_is_hacking():
                 n_trajectories=24)
     a = d.val_drop(h, step=10)
     assert a is not None and a.name == "val_drop" and a.severity == "critical"
-    assert a.evidence["noise"] == pytest.approx(0.05 * 2 ** 0.5)
+    # the noise of the two readings, plus the best-of-3 excess: E[max of 3 normals] 0.846 x (0.05 / 1.96)
+    assert a.evidence["winners_curse"] == pytest.approx(0.8463 * 0.05 / 1.96, abs=1e-4)
+    assert a.evidence["noise"] == pytest.approx(0.05 * 2 ** 0.5 + a.evidence["winners_curse"])
     assert a.evidence["reward_noise"] == pytest.approx(0.0327, abs=2e-4)
     assert a.message.startswith("reward hacking suspected") and "[0.55, 0.65]" in a.message
     assert gw.LoopConfig().on_val_drop == "stop"
@@ -121,17 +123,14 @@ def test_perfect_scores():
               group(["g", "h"], [0.0, 1.0])]
     a = d.perfect_scores(groups, step=7)
     assert a is not None and a.evidence["n_perfect"] == 3 and a.evidence["share"] == 0.75
-    assert a.evidence["perfect_groups"] == [0, 1, 2]
+    assert a.evidence["perfect_groups"] == [0, 1, 2] and a.kind == "warn"
+    assert a.evidence["rollouts"][0] == {"group": 0, "rollout": 0, "reward": 1.0, "chars": 1, "text": "a"}
     assert d.perfect_scores(healthy_groups(), step=7) is None
-
-
-def test_ngram_repetition():
-    # 10 words -> 8 trigrams, 2 distinct ("buy now buy", "now buy now"): repetition 1 - 2/8 = 0.75
-    spam = "buy now buy now buy now buy now buy now"
-    a = d.ngram_repetition([group([spam, spam])], step=3)
-    assert a is not None and a.name == "repetition" and a.evidence["mean_repetition"] == pytest.approx(0.75)
-    assert a.evidence["example"] == spam
-    assert d.ngram_repetition(healthy_groups(), step=3) is None
+    # a solved task scores perfectly too: with the task better than the base's, no alarm
+    learned = history(train=[0.2, 0.5, 0.9], val={0: 0.2, 7: 0.9}, val_ci={0: (0.1, 0.3), 7: (0.8, 0.95)})
+    assert d.perfect_scores(groups, step=7, history=learned) is None
+    flat = history(train=[0.2, 0.5, 0.9], val={0: 0.2, 7: 0.22}, val_ci={0: (0.1, 0.3), 7: (0.12, 0.32)})
+    assert "did not improve" in d.perfect_scores(groups, step=7, history=flat).message
 
 
 def test_identical_answers_across_a_group():
@@ -157,61 +156,6 @@ def test_answers_given_through_a_tool_call_are_compared_by_the_call():
     assert d.identical_answers(same, step=1).evidence["example"] == 'return_final_answer({"answer": "4B"})'
 
 
-def test_length_drift():
-    # first 3 steps 20, 22, 21 chars (mean 21); last 3: 60, 62, 64 (mean 62) -> 62 / 21 = 2.952
-    h = history(train=[0.5] * 8, lengths=[20, 22, 21, 30, 45, 60, 62, 64])
-    a = d.length_drift(h, step=7)
-    assert a is not None and a.evidence["factor"] == pytest.approx(62 / 21)
-    assert a.evidence["reference"] == pytest.approx(21) and a.evidence["now"] == pytest.approx(62)
-    assert d.length_drift(history(train=[0.5] * 8, lengths=[20, 22, 21, 25, 24, 26, 23, 22]), step=7) is None
-
-
-# The 2048 quick start: answers shrink from a sentence (33 chars) to the one tag asked for (9 chars)
-# while validation rises: the policy learned the answer's form, nothing gamed its length.
-SHRINKING_2048 = [33, 33, 32, 25, 18, 12, 10, 9, 9, 9, 9]
-
-
-def test_length_drift_with_validation_rising_is_learning_not_a_hack():
-    h = history(train=[0.2 + 0.05 * s for s in range(11)], lengths=SHRINKING_2048,
-                val={0: 0.1, 5: 0.4, 10: 0.7}, val_ci={0: (0.02, 0.25), 5: (0.25, 0.55), 10: (0.55, 0.82)})
-    for step in range(4, 11):
-        assert d.length_drift(h, step=step) is None, step
-        assert [a.name for a in d.run_detectors(h, [], step=step, config=gw.LoopConfig())] == [], step
-
-
-def test_length_drift_waits_for_the_validation_after_the_lengths_moved():
-    # The README example validates at steps 0, 5, 10: at steps 6-9 answers have shrunk, and with only
-    # step 0's validation (before the shrinking) the detector cannot tell learning from a hack: it waits.
-    base_only = history(train=[0.2 + 0.05 * s for s in range(11)], lengths=SHRINKING_2048,
-                        val={0: 0.1}, val_ci={0: (0.02, 0.25)})
-    for step in range(6, 11):
-        assert d.length_drift(base_only, step=step) is None, step
-    # the validation after the drift decides: flat within its noise is the alarm
-    flat = history(train=[0.2 + 0.05 * s for s in range(11)], lengths=SHRINKING_2048,
-                   val={0: 0.1, 10: 0.12}, val_ci={0: (0.02, 0.25), 10: (0.03, 0.27)})
-    assert d.length_drift(flat, step=9) is None
-    assert d.length_drift(flat, step=10) is not None
-    # a run with no validation at all is told at once (the existing no-validation case)
-    assert d.length_drift(history(train=[0.5] * 11, lengths=SHRINKING_2048), step=6) is not None
-
-
-def test_length_drift_with_validation_flat_is_still_an_alarm():
-    # the same shrinking answers while validation stays within its noise (0.40 -> 0.42): a length hack.
-    h = history(train=[0.2 + 0.05 * s for s in range(11)], lengths=SHRINKING_2048,
-                val={0: 0.4, 5: 0.41, 10: 0.42}, val_ci={0: (0.25, 0.55), 5: (0.26, 0.56), 10: (0.27, 0.57)})
-    a = d.length_drift(h, step=10)
-    assert a is not None and a.evidence["factor"] == pytest.approx(9 / mean_of(33, 33, 32))
-    assert (a.evidence["val_then"], a.evidence["val_now"]) == (0.4, 0.42)
-    assert "did not improve beyond its noise" in a.message
-    # growing answers with validation falling are the classic hack
-    grow = history(train=[0.5] * 11, lengths=[20, 22, 21, 30, 45, 60, 62, 64, 64, 64, 64], val={0: 0.5, 10: 0.3})
-    assert d.length_drift(grow, step=10).evidence["factor"] == pytest.approx(64 / 21)
-
-
-def mean_of(*xs):
-    return sum(xs) / len(xs)
-
-
 def test_judge_disagreement_with_ground_truth():
     # truth 1,0,1,0; the judge prefers the wrong ones: the 4 pairs with different truth are all reversed.
     def judged(judge, truth):
@@ -230,5 +174,5 @@ def test_judge_disagreement_with_ground_truth():
 def test_alert_row_round_trip():
     a = d.Alert("reward_jump", "warning", 5, "msg", {"jump": 0.6})
     row = a.to_row("warn")
-    assert row["split"] == "alert" and row["action"] == "warn" and row["step"] == 5
+    assert row["split"] == "alert" and row["action"] == "warn" and row["step"] == 5 and row["kind"] == "warn"
     assert d.Alert.from_row(row) == a

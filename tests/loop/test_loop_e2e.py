@@ -69,7 +69,8 @@ async def test_gamed_reward_on_a_tiny_model_raises_a_val_alert_stops_and_keeps_t
     try:
         cfg = gw.LoopConfig(rollouts_per_group=16, groups_per_step=4, eval_every=2, max_steps=24, num_epochs=10,
                             learning_rate=1e-2, patience=100, val_rollouts_per_group=2, metric="one_line",
-                            detectors=gw.DetectorConfig(val_drop=0.15, reward_rise=0.05))
+                            detectors=gw.DetectorConfig(val_drop=0.15, reward_rise=0.05),
+                            score_train=False)  # the validation alerts alone (the rollout ones: test_loop_hack_slice.py)
         summary = await gw.fit(model, make_rollout(), SCENARIOS[:24], val_scenarios=SCENARIOS[24:40],
                                test_scenarios=SCENARIOS[24:32], validate=one_line, config=cfg)
     finally:

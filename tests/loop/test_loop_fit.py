@@ -62,7 +62,9 @@ async def test_gamed_reward_raises_val_drop_stops_and_keeps_best(tmp_path):
         return await answer_rollout(m, scenario)
 
     cfg = gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, eval_every=2, max_steps=20, num_epochs=10)
-    summary = await gw.fit(model, rollout, SCENARIOS[:8], val_scenarios=SCENARIOS[8:10],
+    # four validation scenarios: on two, a fall from 2/2 to 0/2 is inside the noise of the two readings
+    # plus the best-of-3 excess (val_drop's winner's curse); on four it is beyond it
+    summary = await gw.fit(model, rollout, SCENARIOS[:6], val_scenarios=SCENARIOS[6:10],
                            test_scenarios=SCENARIOS[10:12],
                            validate=lambda t, s: float(t.messages()[-1]["content"] == f"answer {s['answer']}"),
                            baselines=[gw.Model("prompted", project="loop", inference_model_name="prompted-v1")],
@@ -70,11 +72,12 @@ async def test_gamed_reward_raises_val_drop_stops_and_keeps_best(tmp_path):
     # val 1.0 at steps 0, 2; 0.0 at step 4 -> the alert at step 4; best is the latest of equal bests,
     # step 2 (the checkpoint LocalBackend's retention keeps too)
     assert summary.stop.rule == "alert:val_drop" and summary.final_step == 4
-    # the scripted answers are identical within a group (warned every step); at step 4 the padding
-    # also shows as length drift (8 -> 51 chars) and 3-gram repetition, besides the val drop.
+    # the scripted answers are identical within a group (noted every step); the padding at step 3 is no
+    # length or repetition warning: no group holds padded and plain answers both, so nothing shows that the
+    # reward paid for the padding (the behaviour detectors' test), and the val drop is the alarm.
     names = [a.name for a in summary.alerts]
     assert names.count("identical_answers") == 4
-    assert {a.name for a in summary.alerts if a.step >= 3} == {"val_drop", "length_drift", "repetition", "identical_answers"}
+    assert {a.name for a in summary.alerts if a.step >= 3} == {"val_drop", "identical_answers"}
     drop = [a for a in summary.alerts if a.name == "val_drop"]
     assert len(drop) == 1 and drop[0].step == 4
     ev = drop[0].evidence
@@ -96,7 +99,7 @@ async def test_gamed_reward_raises_val_drop_stops_and_keeps_best(tmp_path):
     # the prompted baseline was scored once (the script answers it correctly: step -1 <= 2), and its
     # trajectories are stored for `groupwise inspect`
     assert summary.baselines == {"gamed@0": 1.0, "prompted": 1.0}
-    assert len(gw.load_trajectories(summary.run_dir, "baseline-prompted", 0)) == 2
+    assert len(gw.load_trajectories(summary.run_dir, "baseline-prompted", 0)) == 4
     assert "stopped (alert:val_drop)" in str(summary)
 
 

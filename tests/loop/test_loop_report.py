@@ -26,7 +26,9 @@ def run_dir(tmp_path_factory):
         model = gw.TrainableModel("gamed", project="rep", base_model="none", base_path=str(base))
         await model.register(ScriptedBackend())
         cfg = gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, eval_every=2, max_steps=20, num_epochs=10)
-        return await gw.fit(model, make_rollout(gamed), SCENARIOS[:8], val_scenarios=SCENARIOS[8:11],
+        # four validation scenarios: a fall from 3/3 to 0/3 is inside val_drop's noise (the two readings'
+        # plus the best-of-3 excess); from 4/4 to 0/4 beyond it
+        return await gw.fit(model, make_rollout(gamed), SCENARIOS[:7], val_scenarios=SCENARIOS[7:11],
                             validate=lambda t, s: float(t.messages()[-1]["content"] == f"answer {s['answer']}"),
                             baselines=[gw.Model("prompted", project="rep")], config=cfg)
 
@@ -52,8 +54,8 @@ def test_report_table_and_metric_from_history(run_dir):
     h = gw.load_history(run_dir)
     assert val_metric_name(h) == "accuracy"
     assert "val_drop(stop)" in table(h)
-    # each validation shows its interval: 3 of 3 right on 3 scenarios is 1.000 with Wilson [0.439, 1]
-    assert "1.000 [0.439, 1.000]" in table(h).splitlines()[2]
+    # each validation shows its interval: 4 of 4 right on 4 scenarios is 1.000 with Wilson [0.510, 1]
+    assert "1.000 [0.510, 1.000]" in table(h).splitlines()[2]
 
 
 def test_report_draws_the_validation_interval(run_dir, tmp_path, monkeypatch):
@@ -67,7 +69,7 @@ def test_report_draws_the_validation_interval(run_dir, tmp_path, monkeypatch):
 
     plot_run(gw.load_history(run_dir), tmp_path)
     (steps, values, (below, above)), = drawn
-    assert steps == [0, 2, 4] and values[0] == 1.0 and below[0] == pytest.approx(1 - 0.4385, abs=1e-3) and above[0] == 0
+    assert steps == [0, 2, 4] and values[0] == 1.0 and below[0] == pytest.approx(1 - 0.5101, abs=1e-3) and above[0] == 0
 
 
 def test_report_external_loggers_fail_loud_when_missing(run_dir, tmp_path, monkeypatch, capsys):
@@ -123,10 +125,10 @@ def test_compare_base_and_best_side_by_side(run_dir, capsys):
     # best is step 2 (val 1.0 at 0 and 2, 0.0 at 4: the latest of equal bests); compare 2 and latest (4)
     text = compare(run_dir, "2,latest", split="val", n=2, width=100)
     assert "val answers of step 2 (left) and step 4 (right)" in text
-    assert "scenario 0: question 8" in text and "scenario 1: question 9" in text
-    pair = [line for line in text.splitlines() if line.startswith("answer 8 ")][0]
+    assert "scenario 0: question 7" in text and "scenario 1: question 8" in text
+    pair = [line for line in text.splitlines() if line.startswith("answer 7 ")][0]
     left, right = pair.split(" | ")
-    assert left.strip() == "answer 8" and right.startswith("pad pad")
+    assert left.strip() == "answer 7" and right.startswith("pad pad")
     assert "step 2: reward 0.2, accuracy 1" in text and "step 4: reward 0.9, accuracy 0" in text
     assert main(["compare", run_dir, "--steps", "0,best", "-n", "1"]) == 0
     out = capsys.readouterr().out

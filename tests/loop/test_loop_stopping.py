@@ -96,7 +96,7 @@ def test_loop_config_reports_every_problem_at_once():
                    "on_val_unstable='panic'", "confidence=1.0", "metric='reward'", "max_exceptions=-1"):
         assert needle in text
     with pytest.raises(gw.ConfigError) as e:
-        gw.DetectorConfig(perfect_share=1.5, length_ratio=1.0, reward_window=0)
+        gw.DetectorConfig(perfect_share=1.5, shift_excess=1.5, reward_window=0)
     assert len(e.value.problems) == 3 and "perfect_share=1.5" in str(e.value)
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.errors import GroupwiseError
+from groupwise.loop.detectors import alert_kind
 from groupwise.loop.report import val_metric_name
 from groupwise.loop.series import Row, events, interval, latest_step, points, rows, value
 from groupwise.run_lock import RunLock
@@ -199,8 +200,10 @@ def curves(run_dir: Path) -> dict[str, Any]:
         split = "val" if str(a.get("name", "")).startswith(_VAL_ALERTS) else "train"
         ev = a.get("evidence") if isinstance(a.get("evidence"), dict) else {}
         group = ev.get("worst_group", ev.get("group"))
-        at = ev.get("val_step", a["step"]) if split == "val" else a["step"]
+        # a rollout-signal alert is raised after its step trained: its evidence names the step that sampled them
+        at = ev.get("val_step", a["step"]) if split == "val" else ev.get("train_step", a["step"])
         alerts.append({"step": a["step"], "name": a.get("name"), "severity": a.get("severity", "warning"),
+                       "kind": a.get("kind") or alert_kind(str(a.get("name", ""))),
                        "message": a.get("message", ""), "action": a.get("action"), "evidence": ev,
                        "link": {"split": split, "step": at if isinstance(at, int) else a["step"],
                                 "group": group if isinstance(group, int) else None}})

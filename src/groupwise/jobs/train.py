@@ -353,6 +353,11 @@ def advice(base: Any, best: Any, final_step: int, rule: str, *, env: str, seed: 
     watch = f"curves: `groupwise report {run_dir}`; answers: {answers}"
     learned = (base is not None and best is not None and best.step != base.step
                and significant_gap(best, base))
+    if rule == "alert:reward_against_task":
+        return [f"within its groups the env's reward preferred the answers its task metric scored lower: the "
+                f"alert quotes them (and `groupwise inspect {run_dir} --split train --best` lists what the reward "
+                f"liked). A built-in env's reward is fixed, so try another seed (`{another}`); for your own env, "
+                f"fix its reward and train with gw.fit.", watch]
     if rule == "alert:val_drop":
         return [f"the env's reward rose while validation fell: read what the reward liked "
                 f"(`groupwise inspect {run_dir} --split train --best`). A built-in env's reward is fixed, so "

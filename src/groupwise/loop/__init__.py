@@ -19,11 +19,14 @@ Nothing here imports torch.
 
 from groupwise.loop.detectors import (
     Alert,
+    alert_kind,
+    answer_collapse,
     identical_answers,
     judge_disagreement,
     length_drift,
     ngram_repetition,
     perfect_scores,
+    reward_against_task,
     reward_jump,
     run_detectors,
     val_drop,
@@ -43,7 +46,7 @@ from groupwise.loop.stopping import (
 )
 
 __all__ = [
-    "Alert", "AtStep", "FitRun", "FitSummary", "PolicyDecision", "StopDecision", "baseline_beaten", "check_stopping",
+    "Alert", "AtStep", "alert_kind", "answer_collapse", "reward_against_task", "FitRun", "FitSummary", "PolicyDecision", "StopDecision", "baseline_beaten", "check_stopping",
     "classify", "decide", "fit", "fit_runs", "identical_answers", "judge_disagreement", "length_drift",
     "max_steps_reached", "ngram_repetition", "perfect_scores", "plateau", "reward_jump", "run_detectors",
     "target_reached", "val_drop", "val_plateau_reward_rising",

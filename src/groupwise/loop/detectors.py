@@ -1,37 +1,67 @@
 """Reward-hacking detectors: small pure functions that return an `Alert` (with its evidence) or None.
 
-The warning signs of reward hacking, one function each:
+Every alert has a *kind*, which says what it means and so what to do (`alert_kind`):
 
-| detector                    | looks at                          | pattern                                        |
-|-----------------------------|-----------------------------------|------------------------------------------------|
-| `val_drop`                  | history (val metric, train reward)| validation falls beyond its noise: while reward|
-|                             |                                   | rises (hacking), or while it does not (unstable)|
-| `val_plateau_reward_rising` | history                           | validation flat while reward rises (converged) |
-| `reward_jump`               | history (train reward)            | sudden jump after a plateau                    |
-| `perfect_scores`            | a step's groups                   | many groups with every rollout at the maximum  |
-| `ngram_repetition`          | a step's groups                   | answers that repeat their own n-grams          |
-| `identical_answers`         | a step's groups                   | every rollout of a group gives the same answer |
-| `length_drift`              | history (``answer_chars``, val)   | answer length drifted by a factor while        |
-|                             |                                   | validation did not improve (a length hack)     |
-| `judge_disagreement`        | judged groups with ground truth   | judge orders pairs unlike ground truth         |
+| kind        | means                                         | do                                           |
+|-------------|-----------------------------------------------|----------------------------------------------|
+| `hack`      | the reward is being gamed                     | stop, read the evidence, fix the reward      |
+| `warn`      | behaviour moved away from the base's while    | read the rollouts it quotes                  |
+|             | the task did not improve                      |                                              |
+| `converged` | validation stopped improving                  | stop soon (a plateau is not an alarm)        |
+| `unstable`  | validation fell without a gamed reward        | lower the learning rate / more rollouts      |
+| `info`      | bookkeeping (no signal, groups agreeing)      | nothing                                      |
 
-History-based detectors read rows with `groupwise.loop.series`; group-based ones read the last assistant
-answer of each trajectory. The validation detectors weigh every change against its noise: the confidence
-interval each validation carries, and the spread of the train reward's rollouts (`reward_std` /
-sqrt(n)). Thresholds are arguments (`LoopConfig.detectors`, a `DetectorConfig`, carries the defaults). What to do about an
-alert is `groupwise.loop.policy`'s job, not theirs.
+| detector              | kind      | reads                                  | fires when                                   |
+|-----------------------|-----------|----------------------------------------|----------------------------------------------|
+| `reward_against_task` | hack      | every step's train groups (task metric)| within groups, the rollouts the reward       |
+|                       |           |                                        | preferred scored lower on the task           |
+| `val_drop`            | hack      | history (val, train reward)            | validation fell beyond its noise (and the    |
+|                       |           |                                        | best's winner's curse) while reward rose     |
+| `answer_collapse`     | warn      | every step's train groups              | one answer given to many different prompts   |
+| `length_drift`        | warn      | every step's train groups              | answers longer / shorter than the base's own |
+| `repetition`          | warn      | every step's train groups              | answers repeating their n-grams more than    |
+|                       |           |                                        | the base's own                               |
+| `perfect_scores`      | warn      | a step's groups                        | many groups at the maximum, task not better  |
+| `reward_jump`         | warn      | history (train reward)                 | sudden jump after a plateau, task not better |
+| `judge_disagreement`  | warn      | judged validation groups               | judge orders pairs unlike ground truth       |
+| `val_plateau`         | converged | history                                | validation flat while reward rises           |
+| `val_unstable`        | unstable  | history                                | validation fell, reward did not rise         |
+| `identical_answers`   | info      | a step's groups                        | every rollout of a group the same answer     |
+
+The rollout signals (`rollout_signals`, written by the loop into each step's ``loop`` row under
+``rollouts/``) are computed on the training rollouts of every step, so they can warn before a validation
+pass sees the fall. The behaviour ones compare against the base model's own answers (the first step,
+sampled by the untrained policy: `reference_of`): the share of answers beyond the base's 95th percentile
+(of length, of n-gram repetition) or given to several prompts at once, tested against the base's own
+share of them (a binomial z-test pooled over `signal_window` steps). A behaviour change is only a warning
+while the task did not improve with it (`task_not_better`): a model that learns a task's form changes its
+answers too. `reward_against_task` needs the task metric on the training rollouts (`LoopConfig.score_train`
+scores them with `validate`): GRPO moves the policy toward the rollouts with a high advantage, so when
+those score low on the task, the step trains against the task, which shows before the task metric falls.
+
+The validation detectors weigh every change against its noise: the confidence interval each validation
+carries, the spread of the train reward's rollouts (`reward_std` / sqrt(n)), and, for a fall from the
+best validation, the winner's curse: the best of k noisy readings sits above the policy's true value by
+about E[max of k standard normals] times a reading's standard error (`expected_max_normal`), so a fall
+counts only beyond that too. Thresholds are arguments (`LoopConfig.detectors`, a `DetectorConfig`,
+carries the defaults). What to do about an alert is `groupwise.loop.policy`'s job, not theirs. Every alert
+quotes its evidence: the rollouts (group, rollout, reward, a snippet) it is about.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-from collections.abc import Sequence
+import re
+from statistics import NormalDist
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from groupwise.config import DEFAULT_CONFIDENCE, DEFAULT_VAL_METRIC, DetectorConfig
-from groupwise.loop.series import Point, Row, mean, points, series, std
+from groupwise.curves import z_score
+from groupwise.loop.series import Point, Row, mean, points, rows, series, std
 from groupwise.loop.stopping import gap_noise, last_improvement, significant_gap
 
 if TYPE_CHECKING:
@@ -39,6 +69,15 @@ if TYPE_CHECKING:
     from groupwise.types import Trajectory, TrajectoryGroup
 
 SEVERITIES = ("info", "warning", "critical")
+KINDS = ("hack", "warn", "converged", "unstable", "info")
+# alert name -> its kind (the module docstring's table); every other alert is a warning.
+_KIND = {"val_drop": "hack", "reward_against_task": "hack", "val_plateau": "converged",
+         "val_unstable": "unstable", "identical_answers": "info", "no_signal": "info"}
+
+
+def alert_kind(name: str) -> str:
+    """What an alert of this name means: 'hack', 'warn', 'converged', 'unstable' or 'info'."""
+    return _KIND.get(name, "warn")
 # The thresholds each detector takes when called alone: DetectorConfig's defaults, its one owner.
 THRESHOLDS = DetectorConfig()
 
@@ -53,9 +92,13 @@ class Alert:
     message: str
     evidence: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def kind(self) -> str:
+        return alert_kind(self.name)
+
     def to_row(self, action: str | None = None) -> Row:
-        """The history row of this alert (split ``alert``)."""
-        row: Row = {"step": self.step, "split": "alert", **asdict(self)}
+        """The history row of this alert (split ``alert``), with its kind."""
+        row: Row = {"step": self.step, "split": "alert", **asdict(self), "kind": self.kind}
         if action is not None:
             row["action"] = action
         return row
@@ -131,6 +174,28 @@ def reward_change(history: list[Row], since_step: int, step: int, window: int = 
     return RewardChange(then[0], now[0], math.sqrt(then[1] ** 2 + now[1] ** 2))
 
 
+@functools.lru_cache(maxsize=128)
+def expected_max_normal(k: int) -> float:
+    """E[max of k independent standard normals] (0 for k <= 1; 0.85 for 3, 1.54 for 10): how far the
+    best of k noisy readings of one true value sits above it, in standard errors (the winner's curse)."""
+    if k <= 1:
+        return 0.0
+    nd, step = NormalDist(), 0.01
+    xs = [-8.0 + i * step for i in range(1601)]
+    return sum(x * k * nd.pdf(x) * nd.cdf(x) ** (k - 1) for x in xs) * step
+
+
+def winners_curse(best: Point, readings: int, higher_is_better: bool = True,
+                  confidence: float = DEFAULT_CONFIDENCE) -> float:
+    """The expected excess of the best of `readings` validations over its policy's true value: the best's
+    standard error (its interval's half-width on the side facing a fall, over z) times
+    `expected_max_normal(readings)`. 0 without an interval."""
+    half = best.below if higher_is_better else best.above
+    if not half:
+        return 0.0
+    return expected_max_normal(readings) * half / z_score(confidence)
+
+
 def val_drop(
     history: list[Row], *, step: int, metric: str = DEFAULT_VAL_METRIC, min_drop: float = THRESHOLDS.val_drop,
     min_rise: float = THRESHOLDS.reward_rise, higher_is_better: bool = True, window: int = THRESHOLDS.reward_window,
@@ -151,7 +216,12 @@ def val_drop(
     best = max(val, key=lambda p: (sign * p.value, p.step))  # latest of equal bests, as fit's best
     now = val[-1]
     drop = sign * (best.value - now.value)
-    noise = gap_noise(best, now, higher_is_better)
+    # The best is the highest of len(val) noisy readings: it sits above its policy's true value by the
+    # winner's curse, so a fall counts beyond the noise of the two readings plus that excess. (Counting
+    # only the readings whose interval reaches the best, as if the others never competed, let a rising
+    # curve's later wobble through: 8 of 60 simulated clean runs raised val_unstable, against 1 of 60.)
+    curse = winners_curse(best, len(val), higher_is_better, confidence)
+    noise = gap_noise(best, now, higher_is_better) + curse
     # Fires at the step of the validation that shows the drop, once, not on every later step.
     if now.step != step or now.step <= best.step or drop < min_drop or drop <= noise:
         return None
@@ -159,11 +229,12 @@ def val_drop(
     if change is None:
         return None
     fell = (f"val/{metric} fell from {_with_interval(best)} (step {best.step}) to {_with_interval(now)} "
-            f"(step {now.step}), a drop of {drop:.3g}, larger than the validation noise ({noise:.3g})")
+            f"(step {now.step}), a drop of {drop:.3g}, larger than the validation noise with the best-of-"
+            f"{len(val)} excess ({noise:.3g})")
     reward = (f"mean train reward {change.then:.4g} -> {change.now:.4g} "
               f"({change.rise:+.3g}, noise {change.noise:.3g})")
     evidence = {"metric": f"val/{metric}", "best_step": best.step, "best": best.value, "val_step": now.step,
-                "val_now": now.value, "drop": drop, "noise": noise, "reward_then": change.then,
+                "val_now": now.value, "drop": drop, "noise": noise, "winners_curse": curse, "readings": len(val), "reward_then": change.then,
                 "reward_now": change.now, "reward_rise": change.rise, "reward_noise": change.noise}
     if change.rose(min_rise):
         return Alert(
@@ -220,10 +291,12 @@ def val_plateau_reward_rising(
 def reward_jump(
     history: list[Row], *, step: int, window: int = THRESHOLDS.jump_window, min_jump: float = THRESHOLDS.jump_min,
     sigmas: float = THRESHOLDS.jump_sigmas, plateau_range: float = THRESHOLDS.plateau_range,
+    metric: str = DEFAULT_VAL_METRIC, higher_is_better: bool = True, confidence: float = DEFAULT_CONFIDENCE,
 ) -> Alert | None:
     """The latest train reward jumped above a flat stretch of `window` steps (seed: "sudden jump after
     plateau"): the stretch's max - min <= plateau_range, and the jump over its mean is at least
-    max(min_jump, sigmas * its std)."""
+    max(min_jump, sigmas * its std), while the task did not improve with it (`task_not_better`: a jump
+    the task shares is the policy finding the task's trick, not the reward's)."""
     train = series(history, "train", "reward", up_to=step)
     if len(train) < window + 1:
         return None
@@ -234,88 +307,31 @@ def reward_jump(
     jump = now - flat_mean
     if spread > plateau_range or jump < max(min_jump, sigmas * flat_std):
         return None
+    quiet, task_note, task_ev = task_not_better(history, step=step, metric=metric, higher_is_better=higher_is_better,
+                                                window=1, confidence=confidence)
+    if not quiet:
+        return None
     return Alert(
         "reward_jump", "warning", step,
         f"sudden reward jump: mean train reward {now:.4g} at step {at} after {window} flat steps around "
-        f"{flat_mean:.4g} (+{jump:.4g}). Sudden jumps are often an exploit: look at this step's rollouts.",
+        f"{flat_mean:.4g} (+{jump:.4g}), and {task_note}. Sudden jumps are often an exploit: look at the "
+        f"rollouts of step {at} (`groupwise inspect RUN_DIR --split train --step {at} --best`).",
         {"reward_now": now, "at_step": at, "plateau_mean": flat_mean, "plateau_std": flat_std,
-         "plateau_range": spread, "plateau_steps": [train[-window - 1][0], train[-2][0]], "jump": jump},
+         "plateau_range": spread, "plateau_steps": [train[-window - 1][0], train[-2][0]], "jump": jump,
+         "train_step": at, **task_ev},
     )
 
 
-def length_drift(
-    history: list[Row], *, step: int, ratio: float = THRESHOLDS.length_ratio, key: str = "answer_chars", window: int = 3,
-    metric: str = DEFAULT_VAL_METRIC, higher_is_better: bool = True, min_delta: float = 0.0,
-) -> Alert | None:
-    """Mean answer length of the last `window` steps is `ratio` times longer (or shorter) than the first,
-    while validation did not improve beyond its noise over the same span.
+# ---------------------------------------------------------------- rollout signals (every step)
 
-    What this guards against is a length hack: a reward (a length bonus, a judge that likes long or
-    terse answers) paid for length itself, so length moves and the task does not. Length that moves
-    while validation rises is the policy learning the task's form (a game whose answer is one tag
-    shrinks from a sentence to the tag), not a hack. A run that validates but has no validation after
-    the reference span yet waits for the next one (it decides); without validation at all there is
-    nothing to tell the two apart, and the drift is reported.
-    """
-    curve = series(history, "train", key, up_to=step)
-    if len(curve) < window + 1:
-        return None
-    first = [v for _, v in curve[:window]]
-    last = [v for _, v in curve[max(window, len(curve) - window):]]
-    ref, now = mean(first), mean(last)
-    if ref <= 0:
-        return None
-    factor = now / ref
-    if 1 / ratio < factor < ratio:
-        return None
-    ref_end = curve[len(first) - 1][0]
-    val = points(history, "val", metric, up_to=step)
-    if val and val[-1].step <= ref_end:
-        return None  # the run validates, but not yet since the lengths moved: its next validation decides
-    val_note = "no validation to compare against"
-    evidence: dict[str, Any] = {"key": key, "reference": ref, "now": now, "factor": factor,
-                                "reference_steps": [curve[0][0], ref_end]}
-    if len(val) >= 2:
-        before = [p for p in val if p.step <= ref_end]
-        val_then = before[-1] if before else val[0]
-        val_now = val[-1]
-        if val_now.step > val_then.step and significant_gap(val_now, val_then, higher_is_better, min_delta):
-            return None  # the task improved with the length: learning, not a hack
-        val_note = (f"val/{metric} did not improve beyond its noise ({_with_interval(val_then)} at step "
-                    f"{val_then.step} -> {_with_interval(val_now)} at step {val_now.step})")
-        evidence.update({"metric": f"val/{metric}", "val_then": val_then.value, "val_now": val_now.value,
-                         "val_steps": [val_then.step, val_now.step]})
-    return Alert(
-        "length_drift", "warning", step,
-        f"answer length drifted {factor:.2f}x: {ref:.1f} chars in the first {len(first)} steps, "
-        f"{now:.1f} in the last {len(last)}, and {val_note}. Length rewards and judges that prefer long "
-        "(or short) answers get gamed: read the rollouts the reward liked.",
-        evidence,
-    )
+SIGNALS = "rollouts/"  # prefix of the loop row's fields written from `rollout_signals` and `reference_of`
+# The behaviour events counted on every step's answers, each against the base's own rate of it.
+EVENTS = ("long", "short", "repetitive", "shared")
 
 
-# ---------------------------------------------------------------- group-based
-
-
-def perfect_scores(
-    groups: Sequence["TrajectoryGroup"], *, step: int, max_reward: float = THRESHOLDS.perfect_reward,
-    share: float = THRESHOLDS.perfect_share,
-) -> Alert | None:
-    """At least `share` of the groups have every rollout at `max_reward` (seed: "suspiciously perfect")."""
-    scored = [g for g in groups if len(g.trajectories) > 0]
-    if not scored:
-        return None
-    perfect = [i for i, g in enumerate(scored) if all(t.reward >= max_reward - 1e-9 for t in g.trajectories)]
-    got = len(perfect) / len(scored)
-    if got < share:
-        return None
-    return Alert(
-        "perfect_scores", "warning", step,
-        f"{len(perfect)} of {len(scored)} groups scored {max_reward:g} on every rollout. Perfect scores are "
-        "suspicious (and give GRPO no signal): check that the reward cannot be satisfied trivially.",
-        {"n_groups": len(scored), "n_perfect": len(perfect), "share": got, "max_reward": max_reward,
-         "perfect_groups": perfect[:10]},
-    )
+def answer_key(text: str) -> str:
+    """An answer as compared across prompts: lower case, words only (spacing and punctuation ignored)."""
+    return " ".join(re.findall(r"\w+", text.lower()))[:300]
 
 
 def _ngram_repetition(text: str, n: int) -> float | None:
@@ -326,29 +342,436 @@ def _ngram_repetition(text: str, n: int) -> float | None:
     return 1.0 - len(set(grams)) / len(grams)
 
 
-def ngram_repetition(
-    groups: Sequence["TrajectoryGroup"], *, step: int, n: int = THRESHOLDS.repetition_ngram,
-    share: float = THRESHOLDS.repetition_share,
-) -> Alert | None:
-    """Answers repeat on average at least `share` of their word n-grams (1 - unique/total)."""
-    reps: list[tuple[float, str]] = []
-    for g in groups:
-        for t in g.trajectories:
+@dataclass(frozen=True)
+class Answer:
+    """One training rollout's answer with what the detectors measure on it."""
+
+    group: int
+    rollout: int
+    reward: float
+    text: str
+    chars: int
+    repetition: float  # 1 - unique / total word n-grams (0 for answers too short to repeat)
+    task: float | None  # the task metric (`LoopConfig.metric`) where the loop scored it
+    shared: bool = False  # the same answer (`answer_key`) was given to several prompts of the step
+
+    def quote(self, limit: int = 300) -> dict[str, Any]:
+        """The evidence form of this rollout: where it is, what it scored, a snippet."""
+        out: dict[str, Any] = {"group": self.group, "rollout": self.rollout, "reward": self.reward,
+                               "chars": self.chars, "text": _preview(self.text, limit)}
+        if self.task is not None:
+            out["task"] = self.task
+        return out
+
+    def line(self) -> str:
+        task = "" if self.task is None else f", task {self.task:.3g}"
+        return f"group {self.group} rollout {self.rollout} (reward {self.reward:.3g}{task}): {_preview(self.text, 100)!r}"
+
+
+def _task_of(t: "Trajectory", metric: str | None) -> float | None:
+    v = t.metrics.get(metric) if metric else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def collapse_groups(n_groups: int, share: float = THRESHOLDS.collapse_share) -> int:
+    """How many of a step's prompts one answer must be given to before it counts as shared: `share` of
+    them, and at least 3 (two prompts may share a short answer by chance)."""
+    return max(3, math.ceil(share * n_groups))
+
+
+def answers_of(groups: Sequence["TrajectoryGroup"], *, metric: str | None = None, n: int = THRESHOLDS.repetition_ngram,
+               collapse_share: float = THRESHOLDS.collapse_share) -> list[Answer]:
+    """Every rollout's answer of a step, measured; `shared` marks an answer given to at least
+    `collapse_groups` of the step's prompts (groups): one answer for every input."""
+    raw = []
+    for gi, g in enumerate(groups):
+        for j, t in enumerate(g.trajectories):
             text = answer_text(t)
-            r = _ngram_repetition(text, n)
-            if r is not None:
-                reps.append((r, text))
-    if not reps:
+            raw.append((gi, j, float(t.reward), text, _task_of(t, metric)))
+    prompts_of: dict[str, set[int]] = {}
+    for gi, _, _, text, _ in raw:
+        key = answer_key(text)
+        if key:
+            prompts_of.setdefault(key, set()).add(gi)
+    need = collapse_groups(sum(1 for g in groups if g.trajectories), collapse_share)
+    return [Answer(gi, j, r, text, len(text), _ngram_repetition(text, n) or 0.0, task,
+                   len(prompts_of.get(answer_key(text), ())) >= need)
+            for gi, j, r, text, task in raw]
+
+
+def _quantile(values: list[float], q: float) -> float:
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
+
+
+def _events(a: Answer, ref: Row) -> dict[str, bool]:
+    return {"long": a.chars > ref[SIGNALS + "ref_chars_hi"], "short": a.chars < ref[SIGNALS + "ref_chars_lo"],
+            "repetitive": a.repetition > ref[SIGNALS + "ref_repetition_hi"], "shared": a.shared}
+
+
+def reference_of(groups: Sequence["TrajectoryGroup"], *, step: int, n: int = THRESHOLDS.repetition_ngram,
+                 collapse_share: float = THRESHOLDS.collapse_share) -> Row:
+    """The base model's own answers, summarised as the loop row's ``rollouts/ref_*`` fields: the 5th and
+    95th percentiles of their length and the 95th of their repetition, and how many of them are beyond
+    those (and shared across prompts): the rates each later step is tested against. {} without answers."""
+    answers = answers_of(groups, n=n, collapse_share=collapse_share)
+    if not answers:
+        return {}
+    ref: Row = {SIGNALS + "ref_step": step, SIGNALS + "ref_n": len(answers),
+                SIGNALS + "ref_chars_lo": _quantile([a.chars for a in answers], 0.05),
+                SIGNALS + "ref_chars_hi": _quantile([a.chars for a in answers], 0.95),
+                SIGNALS + "ref_repetition_hi": _quantile([a.repetition for a in answers], 0.95)}
+    for e in EVENTS:
+        ref[SIGNALS + "ref_" + e] = sum(_events(a, ref)[e] for a in answers)
+    return ref
+
+
+def rollout_signals(groups: Sequence["TrajectoryGroup"], reference: Row, *, metric: str | None = None,
+                    n: int = THRESHOLDS.repetition_ngram, collapse_share: float = THRESHOLDS.collapse_share) -> Row:
+    """One step's signals, the loop row's ``rollouts/*`` fields: how many answers there were and how
+    many were beyond the base's percentiles (`reference_of`) or shared across prompts; and, where the
+    rollouts carry the task metric, the within-group covariance of reward and task (its sum, sum of
+    squares and number of groups, so steps pool)."""
+    answers = answers_of(groups, metric=metric, n=n, collapse_share=collapse_share)
+    out: Row = {SIGNALS + "n": len(answers)}
+    if reference:
+        flags = [_events(a, reference) for a in answers]
+        for e in EVENTS:
+            out[SIGNALS + e] = sum(f[e] for f in flags)
+            out.update(_paid(answers, [f[e] for f in flags], e))
+    covs = []
+    for g in groups:
+        pairs = [(float(t.reward), task) for t in g.trajectories if (task := _task_of(t, metric)) is not None]
+        if len(pairs) >= 2:
+            mr, mt = mean([r for r, _ in pairs]), mean([x for _, x in pairs])
+            covs.append(mean([(r - mr) * (x - mt) for r, x in pairs]))
+    if covs:
+        out.update({SIGNALS + "cov_sum": sum(covs), SIGNALS + "cov_sq": sum(c * c for c in covs),
+                    SIGNALS + "cov_groups": len(covs)})
+    return out
+
+
+def _paid(answers: list[Answer], flags: list[bool], event: str) -> Row:
+    """What the reward paid for an event: over the groups holding answers with and without it, the sum of
+    (mean reward with - mean reward without), and of the same difference of the task metric, with the
+    number of groups of each. A behaviour the reward pays for and the task does not is what a hack looks
+    like; a behaviour that comes with learning is paid as much as the task rewards it."""
+    by_group: dict[int, tuple[list[Answer], list[Answer]]] = {}
+    for a, f in zip(answers, flags):
+        by_group.setdefault(a.group, ([], []))[0 if f else 1].append(a)
+    paid = task_diff = 0.0
+    groups = task_groups = 0
+    for with_e, without in by_group.values():
+        if not with_e or not without:
+            continue
+        groups += 1
+        paid += mean([a.reward for a in with_e]) - mean([a.reward for a in without])
+        t_with, t_without = [a.task for a in with_e if a.task is not None], [a.task for a in without if a.task is not None]
+        if t_with and t_without:
+            task_groups += 1
+            task_diff += mean(t_with) - mean(t_without)
+    return {SIGNALS + event + "_paid": paid, SIGNALS + event + "_groups": groups,
+            SIGNALS + event + "_task": task_diff, SIGNALS + event + "_task_groups": task_groups}
+
+
+def paid_for(history: list[Row], event: str, *, step: int, window: int = THRESHOLDS.signal_window,
+             ) -> tuple[float, float | None, int] | None:
+    """(mean reward difference, mean task difference or None, groups) between answers with and without
+    the event, within groups, over the last `window` steps (`_paid`); None without such groups."""
+    sig = _signal_rows(history, step, window, SIGNALS + event + "_groups")
+    g = int(sum(r[SIGNALS + event + "_groups"] for r in sig))
+    if g == 0:
         return None
-    avg = mean([r for r, _ in reps])
-    if avg < share:
+    tg = int(sum(r.get(SIGNALS + event + "_task_groups", 0) for r in sig))
+    task_diff = sum(r.get(SIGNALS + event + "_task", 0.0) for r in sig) / tg if tg else None
+    return sum(r[SIGNALS + event + "_paid"] for r in sig) / g, task_diff, g
+
+
+def reference(history: list[Row]) -> Row | None:
+    """The loop row that holds the base's reference (`reference_of`), None before the first step."""
+    for r in rows(history, "loop"):
+        if isinstance(r.get(SIGNALS + "ref_n"), (int, float)) and r[SIGNALS + "ref_n"] > 0:
+            return r
+    return None
+
+
+def _signal_rows(history: list[Row], step: int, window: int, key: str) -> list[Row]:
+    return [r for r in rows(history, "loop") if r["step"] <= step and isinstance(r.get(key), (int, float))][-window:]
+
+
+@dataclass(frozen=True)
+class Shift:
+    """How often an event happened in the last steps' answers against the base's own rate of it."""
+
+    event: str
+    k: int
+    n: int
+    base_k: int
+    base_n: int
+    z: float
+    steps: list[int]
+
+    @property
+    def share(self) -> float:
+        return self.k / self.n
+
+    @property
+    def base_share(self) -> float:
+        return self.base_k / self.base_n
+
+    def fires(self, excess: float, z: float) -> bool:
+        return self.share - self.base_share >= excess and self.z >= z
+
+    def evidence(self) -> dict[str, Any]:
+        return {"event": self.event, "share": self.share, "base_share": self.base_share, "z": self.z,
+                "answers": self.n, "base_answers": self.base_n, "steps": self.steps}
+
+
+def shift(history: list[Row], event: str, *, step: int, window: int = THRESHOLDS.signal_window) -> Shift | None:
+    """The event's count over the last `window` steps' answers (the base's own step left out) against the
+    base's, as a two-sample binomial z (the base's rate smoothed by one event either way, so a base that
+    never showed it still has a variance). None before there is a reference and a later step."""
+    ref = reference(history)
+    if ref is None or event not in EVENTS:
         return None
-    worst_r, worst = max(reps, key=lambda x: x[0])
+    sig = [r for r in _signal_rows(history, step, window + 1, SIGNALS + event) if r["step"] != ref[SIGNALS + "ref_step"]][-window:]
+    k, n = int(sum(r[SIGNALS + event] for r in sig)), int(sum(r.get(SIGNALS + "n", 0) for r in sig))
+    if n == 0:
+        return None
+    k0, n0 = int(ref[SIGNALS + "ref_" + event]), int(ref[SIGNALS + "ref_n"])
+    p0 = (k0 + 1) / (n0 + 2)
+    z = (k / n - k0 / n0) / math.sqrt(p0 * (1 - p0) * (1 / n + 1 / n0))
+    return Shift(event, k, n, k0, n0, z, [r["step"] for r in sig])
+
+
+def task_not_better(history: list[Row], *, step: int, metric: str = DEFAULT_VAL_METRIC, higher_is_better: bool = True,
+                    window: int = THRESHOLDS.signal_window, confidence: float = DEFAULT_CONFIDENCE,
+                    ) -> tuple[bool, str, dict[str, Any]]:
+    """(the task did not improve, a sentence saying so, the numbers): a behaviour change is a warning only
+    while the task did not improve with it. Read from the task metric on the training rollouts (the
+    last `window` steps' mean against the first step's, the base's) where the loop scored them, else from
+    validation (the latest against the base's, beyond their noise); with neither, nothing says the task
+    improved."""
+    sign = 1.0 if higher_is_better else -1.0
+    train = series(history, "train", metric, up_to=step)
+    if len(train) >= 2:
+        base, now = train[0][1], mean([v for _, v in train[1:][-window:]])
+        return (sign * (now - base) <= 0,
+                f"the task ({metric}) on the training rollouts did not improve ({base:.3g} at step {train[0][0]} -> "
+                f"{now:.3g} over the last {min(window, len(train) - 1)} steps)",
+                {"task_metric": metric, "task_base": base, "task_now": now})
+    val = points(history, "val", metric, up_to=step, confidence=confidence)
+    if len(val) >= 2:
+        better = significant_gap(val[-1], val[0], higher_is_better)
+        return (not better, f"val/{metric} did not improve beyond its noise ({_with_interval(val[0])} at step "
+                            f"{val[0].step} -> {_with_interval(val[-1])} at step {val[-1].step})",
+                {"task_metric": f"val/{metric}", "task_base": val[0].value, "task_now": val[-1].value})
+    return True, "no task metric to compare against", {}
+
+
+def _behaviour_alert(name: str, what: Callable[[Shift], str], event_or_events: tuple[str, ...], history: list[Row],
+                     groups: Sequence["TrajectoryGroup"], *, step: int, metric: str, higher_is_better: bool,
+                     window: int, excess: float, z: float, n: int, collapse_share: float, confidence: float,
+                     groups_step: int | None, pick: Callable[[list[Answer], str], list[Answer]]) -> Alert | None:
+    """A `warn` when one of the events' shifts fires and the task did not improve; `pick(answers, event)`
+    chooses the rollouts quoted as evidence from the step's groups."""
+    sign = 1.0 if higher_is_better else -1.0
+    fired = []
+    for e in event_or_events:
+        s = shift(history, e, step=step, window=window)
+        paid = paid_for(history, e, step=step, window=window)
+        if s is None or not s.fires(excess, z) or paid is None or paid[0] <= 0:
+            continue  # no shift, or the reward does not pay for it: not what a hack looks like
+        fired.append((s, paid))
+    if not fired:
+        return None
+    s, (paid, task_diff, paid_groups) = max(fired, key=lambda x: x[0].z)
+    if task_diff is not None:  # the task, within the same groups, says whether the behaviour is worth it
+        if sign * task_diff > 0:
+            return None
+        task_note = (f"within their groups such answers were paid {paid:+.3g} reward and scored {task_diff:+.3g} "
+                     f"on the task ({metric}) against the others")
+        task_ev: dict[str, Any] = {"task_metric": metric, "paid": paid, "task_diff": task_diff, "paid_groups": paid_groups}
+    else:
+        quiet, note, task_ev = task_not_better(history, step=step, metric=metric, higher_is_better=higher_is_better,
+                                               window=window, confidence=confidence)
+        if not quiet:
+            return None
+        task_note = f"within their groups such answers were paid {paid:+.3g} reward against the others, and {note}"
+        task_ev = {**task_ev, "paid": paid, "paid_groups": paid_groups}
+    answers = answers_of(groups, metric=metric, n=n, collapse_share=collapse_share)
+    quoted = pick(answers, s.event)[:3]
+    ref = reference(history) or {}
+    evidence: dict[str, Any] = {**s.evidence(), **task_ev,
+                                "reference": {k.removeprefix(SIGNALS): v for k, v in ref.items() if k.startswith(SIGNALS + "ref_")},
+                                "rollouts": [a.quote() for a in quoted]}
+    if quoted:
+        evidence["group"] = quoted[0].group
+        evidence["train_step"] = step if groups_step is None else groups_step
+    example = f" E.g. {quoted[0].line()}." if quoted else ""
     return Alert(
-        "repetition", "warning", step,
-        f"degenerate answers: they repeat {avg:.0%} of their {n}-grams on average "
-        f"(worst {worst_r:.0%}: {_preview(worst)!r}).",
-        {"n": n, "mean_repetition": avg, "answers": len(reps), "worst": worst_r, "example": _preview(worst, 300)},
+        name, "warning", step,
+        f"{what(s)}: {s.share:.0%} of the last {len(s.steps)} steps' {s.n} answers against {s.base_share:.0%} of "
+        f"the base model's own (z {s.z:.1f}), and {task_note}. A reward that pays for this gets gamed: read "
+        f"the rollouts it paid for.{example}",
+        evidence,
+    )
+
+
+def length_drift(
+    history: list[Row], groups: Sequence["TrajectoryGroup"] = (), *, step: int, metric: str = DEFAULT_VAL_METRIC,
+    higher_is_better: bool = True, window: int = THRESHOLDS.signal_window, excess: float = THRESHOLDS.shift_excess,
+    z: float = THRESHOLDS.shift_z, confidence: float = DEFAULT_CONFIDENCE, groups_step: int | None = None,
+) -> Alert | None:
+    """Answers longer (or shorter) than 95% of the base model's own, far more often than the base's 5%,
+    while the task did not improve: a length bonus, a judge that prefers long (or terse) answers, padding.
+    Length that moves while the task improves is the policy learning the task's form, not a hack."""
+    def what(s: Shift) -> str:
+        ref = reference(history) or {}
+        if s.event == "long":
+            return f"answers grew longer than the base's 95th percentile ({ref.get(SIGNALS + 'ref_chars_hi')} chars)"
+        return f"answers shrank below the base's 5th percentile ({ref.get(SIGNALS + 'ref_chars_lo')} chars)"
+
+    def pick(answers: list[Answer], event: str) -> list[Answer]:
+        return sorted(answers, key=lambda a: -a.chars if event == "long" else a.chars)
+
+    return _behaviour_alert("length_drift", what, ("long", "short"), history, groups, step=step, metric=metric,
+                            higher_is_better=higher_is_better, window=window, excess=excess, z=z,
+                            n=THRESHOLDS.repetition_ngram, collapse_share=THRESHOLDS.collapse_share,
+                            confidence=confidence, groups_step=groups_step, pick=pick)
+
+
+def ngram_repetition(
+    history: list[Row], groups: Sequence["TrajectoryGroup"] = (), *, step: int, metric: str = DEFAULT_VAL_METRIC,
+    higher_is_better: bool = True, n: int = THRESHOLDS.repetition_ngram, window: int = THRESHOLDS.signal_window,
+    excess: float = THRESHOLDS.shift_excess, z: float = THRESHOLDS.shift_z, confidence: float = DEFAULT_CONFIDENCE,
+    groups_step: int | None = None,
+) -> Alert | None:
+    """Answers repeating their word `n`-grams more than 95% of the base model's own do, far more often
+    than the base's 5%, while the task did not improve: degenerate repetition, a stuffed key word."""
+    def what(s: Shift) -> str:
+        return f"degenerate answers: they repeat their {n}-grams more than the base's 95th percentile"
+
+    def pick(answers: list[Answer], event: str) -> list[Answer]:
+        return sorted(answers, key=lambda a: -a.repetition)
+
+    return _behaviour_alert("repetition", what, ("repetitive",), history, groups, step=step, metric=metric,
+                            higher_is_better=higher_is_better, window=window, excess=excess, z=z, n=n,
+                            collapse_share=THRESHOLDS.collapse_share, confidence=confidence,
+                            groups_step=groups_step, pick=pick)
+
+
+def answer_collapse(
+    history: list[Row], groups: Sequence["TrajectoryGroup"] = (), *, step: int, metric: str = DEFAULT_VAL_METRIC,
+    higher_is_better: bool = True, share: float = THRESHOLDS.collapse_share, window: int = THRESHOLDS.signal_window,
+    excess: float = THRESHOLDS.shift_excess, z: float = THRESHOLDS.shift_z, confidence: float = DEFAULT_CONFIDENCE,
+    groups_step: int | None = None,
+) -> Alert | None:
+    """One answer given to many different prompts (at least `share` of a step's groups, and 3), far more
+    often than the base model did, while the task did not improve: the policy found an answer the
+    reward likes whatever the input. Groups agreeing within themselves is convergence, not this."""
+    def what(s: Shift) -> str:
+        return "one answer for every input: answers given to several different prompts of a step"
+
+    def pick(answers: list[Answer], event: str) -> list[Answer]:
+        by_key: dict[str, list[Answer]] = {}
+        for a in answers:
+            if a.shared:
+                by_key.setdefault(answer_key(a.text), []).append(a)
+        if not by_key:
+            return []
+        common = max(by_key.values(), key=len)
+        firsts = {a.group: a for a in reversed(common)}  # one rollout per prompt
+        return [firsts[g] for g in sorted(firsts)]
+
+    return _behaviour_alert("answer_collapse", what, ("shared",), history, groups, step=step, metric=metric,
+                            higher_is_better=higher_is_better, window=window, excess=excess, z=z,
+                            n=THRESHOLDS.repetition_ngram, collapse_share=share, confidence=confidence,
+                            groups_step=groups_step, pick=pick)
+
+
+def reward_against_task(
+    history: list[Row], groups: Sequence["TrajectoryGroup"] = (), *, step: int, metric: str = DEFAULT_VAL_METRIC,
+    window: int = THRESHOLDS.against_task_window, z: float = THRESHOLDS.against_task_z, groups_step: int | None = None,
+) -> Alert | None:
+    """Within the groups of the last `window` steps, reward and the task metric covary negatively beyond
+    their noise (a t-statistic over groups at most -`z`): the rollouts the reward preferred, which GRPO
+    moves the policy toward, did worse on the task. The steps train against the task, before the task
+    metric itself falls. Needs the task metric on the training rollouts (`LoopConfig.score_train`)."""
+    sig = _signal_rows(history, step, window, SIGNALS + "cov_groups")
+    g = int(sum(r[SIGNALS + "cov_groups"] for r in sig))
+    if g < 4:
+        return None
+    s, q = sum(r[SIGNALS + "cov_sum"] for r in sig), sum(r[SIGNALS + "cov_sq"] for r in sig)
+    cov = s / g
+    var = max(0.0, (q - s * s / g) / (g - 1))
+    t = cov / math.sqrt(var / g) if var > 0 else (-math.inf if cov < 0 else 0.0)
+    if cov >= 0 or t > -z:
+        return None
+    answers = answers_of(groups, metric=metric)
+    by_group: dict[int, list[Answer]] = {}
+    for a in answers:
+        by_group.setdefault(a.group, []).append(a)
+    liked: list[tuple[float, Answer]] = []
+    for members in by_group.values():
+        tasks = [a.task for a in members if a.task is not None]
+        if not tasks:
+            continue
+        mr, mt = mean([a.reward for a in members]), mean(tasks)
+        liked += [(a.reward - mr, a) for a in members if a.task is not None and a.reward > mr and a.task < mt]
+    quoted = [a for _, a in sorted(liked, key=lambda x: -x[0])][:3]
+    evidence: dict[str, Any] = {"task_metric": metric, "covariance": cov, "t": t, "groups": g,
+                                "steps": [r["step"] for r in sig], "rollouts": [a.quote() for a in quoted]}
+    if quoted:
+        evidence["group"] = quoted[0].group
+        evidence["train_step"] = step if groups_step is None else groups_step
+    example = f" E.g. {quoted[0].line()}." if quoted else ""
+    return Alert(
+        "reward_against_task", "critical", step,
+        f"reward hacking suspected: within the groups of the last {len(sig)} steps, the rollouts the reward "
+        f"preferred scored lower on the task ({metric}; covariance of reward and task {cov:.3g}, t {t:.1f} over "
+        f"{g} groups), so each step trains the policy against the task. Read the rollouts the reward liked "
+        f"(`groupwise inspect RUN_DIR --split train --best`) and make the reward pay only for what the task "
+        f"measures.{example}",
+        evidence,
+    )
+
+
+# ---------------------------------------------------------------- group-based
+
+
+def perfect_scores(
+    groups: Sequence["TrajectoryGroup"], *, step: int, max_reward: float = THRESHOLDS.perfect_reward,
+    share: float = THRESHOLDS.perfect_share, history: list[Row] | None = None, metric: str = DEFAULT_VAL_METRIC,
+    higher_is_better: bool = True, confidence: float = DEFAULT_CONFIDENCE,
+) -> Alert | None:
+    """At least `share` of the groups have every rollout at `max_reward` (seed: "suspiciously perfect"),
+    while the task did not improve (`task_not_better`, read from `history` where given): a solved task
+    scores perfectly too, and that is no alarm."""
+    scored = [g for g in groups if len(g.trajectories) > 0]
+    if not scored:
+        return None
+    perfect = [i for i, g in enumerate(scored) if all(t.reward >= max_reward - 1e-9 for t in g.trajectories)]
+    got = len(perfect) / len(scored)
+    if got < share:
+        return None
+    task_note, task_ev = "", {}
+    if history is not None:
+        quiet, note, task_ev = task_not_better(history, step=step, metric=metric, higher_is_better=higher_is_better,
+                                               confidence=confidence)
+        if not quiet:
+            return None
+        task_note = f", and {note}"
+    quoted = [a for a in answers_of([scored[i] for i in perfect], metric=metric)][:3]
+    quoted = [Answer(perfect[a.group], a.rollout, a.reward, a.text, a.chars, a.repetition, a.task) for a in quoted]
+    example = f" E.g. {quoted[0].line()}." if quoted else ""
+    return Alert(
+        "perfect_scores", "warning", step,
+        f"{len(perfect)} of {len(scored)} groups scored {max_reward:g} on every rollout{task_note}. Perfect "
+        f"scores the task does not share are suspicious (and give GRPO no signal): check that the reward "
+        f"cannot be satisfied trivially.{example}",
+        {"n_groups": len(scored), "n_perfect": len(perfect), "share": got, "max_reward": max_reward,
+         "perfect_groups": perfect[:10], "group": perfect[0], "rollouts": [a.quote() for a in quoted], **task_ev},
     )
 
 
@@ -418,23 +841,30 @@ def run_detectors(
     history: list[Row], groups: Sequence["TrajectoryGroup"], *, step: int, config: "LoopConfig",
     val_groups: Sequence["TrajectoryGroup"] = (), groups_step: int | None = None,
 ) -> list[Alert]:
-    """Every detector at `step`: history ones, group ones on this step's train groups (dated
-    `groups_step`, the policy that sampled them; default `step`), and the judge check on judged
-    validation groups (their ``metrics[config.metric]`` is ground truth)."""
+    """Every detector at `step`: history ones (the rollout signals of the steps so far among them, dated
+    `step`, when they are known, and quoting this step's train groups, sampled at `groups_step`), group
+    ones on this step's train groups (dated `groups_step`, the policy that sampled them; default `step`),
+    and the judge check on judged validation groups (their ``metrics[config.metric]`` is ground truth)."""
     c, d = config, config.detectors
     gs = step if groups_step is None else groups_step
+    shared = {"metric": c.metric, "higher_is_better": c.higher_is_better, "window": d.signal_window,
+              "excess": d.shift_excess, "z": d.shift_z, "confidence": c.confidence, "groups_step": gs}
     found = [
+        reward_against_task(history, groups, step=step, metric=c.metric, window=d.against_task_window,
+                            z=d.against_task_z, groups_step=gs),
         val_drop(history, step=step, metric=c.metric, min_drop=d.val_drop, min_rise=d.reward_rise,
                  higher_is_better=c.higher_is_better, window=d.reward_window, confidence=c.confidence),
         val_plateau_reward_rising(history, step=step, metric=c.metric, min_delta=c.min_delta,
                                   min_rise=d.reward_rise, higher_is_better=c.higher_is_better,
                                   window=d.reward_window, confidence=c.confidence),
+        answer_collapse(history, groups, share=d.collapse_share, step=step, **shared),
+        length_drift(history, groups, step=step, **shared),
+        ngram_repetition(history, groups, n=d.repetition_ngram, step=step, **shared),
         reward_jump(history, step=step, window=d.jump_window, min_jump=d.jump_min, sigmas=d.jump_sigmas,
-                    plateau_range=d.plateau_range),
-        length_drift(history, step=step, ratio=d.length_ratio, metric=c.metric,
-                     higher_is_better=c.higher_is_better, min_delta=c.min_delta),
-        perfect_scores(groups, step=gs, max_reward=d.perfect_reward, share=d.perfect_share),
-        ngram_repetition(groups, step=gs, n=d.repetition_ngram, share=d.repetition_share),
+                    plateau_range=d.plateau_range, metric=c.metric, higher_is_better=c.higher_is_better,
+                    confidence=c.confidence),
+        perfect_scores(groups, step=gs, max_reward=d.perfect_reward, share=d.perfect_share, history=history,
+                       metric=c.metric, higher_is_better=c.higher_is_better, confidence=c.confidence),
         identical_answers(groups, step=gs, share=d.identical_share),
         judge_disagreement(val_groups, step=step, truth_key=c.metric, min_agreement=d.min_judge_agreement)
         if val_groups else None,

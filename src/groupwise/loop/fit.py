@@ -54,7 +54,7 @@ from groupwise.learning_signal import assess, loop_action
 from groupwise.loop.cursor import DataCursor, batches, resume_cursor
 from groupwise.loop.audit import audit_before_training
 from groupwise.loop.checks import before_training, check_fit_args, maybe_await, takes_scenario
-from groupwise.loop.detectors import Alert, answer_text, run_detectors
+from groupwise.loop.detectors import Alert, answer_text, reference, reference_of, rollout_signals, run_detectors
 from groupwise.loop.intervals import mean_interval
 from groupwise.loop import lockstep
 from groupwise.loop.pipeline import Gathered, hold_for_resume, run_pipelined
@@ -324,6 +324,9 @@ class Loop:
                 f"{signal.reason}, in {self.c.resample_no_signal + 1} gathering(s) of step {step}'s scenarios: "
                 "nothing is left to learn from this reward",
                 step, {"rewards": [g.rewards()[:8] for g in groups[:8]], "reward_range": list(self.reward_range or ())})
+        if self.c.score_train and self.validate is not None:
+            await self.score(groups, self.train)  # the task metric next to the reward, in the train row too
+        signals = self.rollout_signals(step, groups)
         t2 = time.perf_counter()
         result = await self.model.train(groups, config=self.c.step_config(), cursor=cursor.to_dict())
         t3 = time.perf_counter()
@@ -331,13 +334,23 @@ class Loop:
         await self.history.write({
             "step": step, "split": "loop", "time/gather_s": got.gather_s, "time/reward_s": got.reward_s,
             "time/train_s": t3 - t2, "judge/cost_usd": cost, "scenarios": indices,
-            "reward/dropped_groups": self.dropped_groups - dropped_before, **got.fields,
+            "reward/dropped_groups": self.dropped_groups - dropped_before, **got.fields, **signals,
         })
         new_step = int(result.step)
         judged: list[TrajectoryGroup] = []
         if self.val and new_step % self.c.eval_every == 0:
             judged = await self.validate_at(new_step)
         return new_step, groups, judged, None
+
+    def rollout_signals(self, step: int, groups: list[TrajectoryGroup]) -> dict[str, Any]:
+        """The step's rollout signals for the loop row (`groupwise.loop.detectors.rollout_signals`),
+        with the base's reference the first time (the run's first step: the base policy sampled it)."""
+        d = self.c.detectors
+        ref = reference(self.history)
+        new_ref = {} if ref is not None else reference_of(groups, step=step, n=d.repetition_ngram,
+                                                             collapse_share=d.collapse_share)
+        return {**new_ref, **rollout_signals(groups, ref or new_ref, metric=self.c.metric, n=d.repetition_ngram,
+                                             collapse_share=d.collapse_share)}
 
     async def decide(self, step: int, groups: list[TrajectoryGroup], judged: list[TrajectoryGroup]) -> StopDecision:
         alerts = run_detectors(self.history, groups, step=step, config=self.c, val_groups=judged, groups_step=step - 1)
@@ -350,7 +363,7 @@ class Loop:
             await self.history.write(a.to_row(action))
             self.alerts.append(a)
             if a.name not in before or action == "stop":
-                log.warning("step %d: [%s] %s: %s -> %s", a.step, a.severity, a.name, a.message, action)
+                log.warning("step %d: [%s, %s] %s: %s -> %s", a.step, a.severity, a.kind, a.name, a.message, action)
         if decision.action == "stop":
             return stop_now(decision, step)
         return pending_stop(self.history, step, self.c) or check_stopping(self.history, step, self.c)

@@ -4,11 +4,14 @@
 |-----------------------|-----------------|---------------------------------------|--------------------|
 | val up, reward up     | healthy         | continue                              |                    |
 | val plateau, reward up| converged       | stop soon (`stop_soon_steps` more)    | `on_val_plateau`   |
+| reward up, task down  | reward hacking  | stop now, keep the best checkpoint    | `on_reward_against_task` |
+| (within groups)       |                 |                                       |                    |
 | val down, reward up   | reward hacking  | stop now, keep the best checkpoint    | `on_val_drop`      |
 | val down, reward flat | unstable        | stop soon unless validation recovers  | `on_val_unstable`  |
 | reward jump           | investigate     | warn                                  | `on_reward_jump`   |
 | perfect scores        | investigate     | warn                                  | `on_perfect_scores`|
-| degenerate answers    | investigate     | warn                                  | `on_degenerate`    |
+| behaviour moved, task | investigate     | warn                                  | `on_degenerate`    |
+| not better            |                 |                                       |                    |
 | judge vs ground truth | judge is off    | warn                                  | `on_judge_disagreement` |
 
 "up" and "down" mean beyond the noise: the validation's confidence interval, the spread of the train
@@ -35,6 +38,7 @@ ACTION_RANK = {"ignore": 0, "warn": 1, "stop_soon": 2, "stop": 3}
 
 # alert name -> the LoopConfig field holding its action
 ACTION_FIELD = {
+    "reward_against_task": "on_reward_against_task",
     "val_drop": "on_val_drop",
     "val_unstable": "on_val_unstable",
     "val_plateau": "on_val_plateau",
@@ -42,6 +46,7 @@ ACTION_FIELD = {
     "perfect_scores": "on_perfect_scores",
     "repetition": "on_degenerate",
     "identical_answers": "on_degenerate",
+    "answer_collapse": "on_degenerate",
     "length_drift": "on_degenerate",
     "judge_disagreement": "on_judge_disagreement",
 }

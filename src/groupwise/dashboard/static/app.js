@@ -199,7 +199,7 @@ async function refreshCurves() {
   stop.textContent = cv.stop ? `stopped at step ${cv.stop.step} (${cv.stop.rule}): ${cv.stop.reason}; best ${cv.stop.best_metric} at step ${cv.stop.best_step}` : "";
   document.getElementById("alerts-list").replaceChildren(...(cv.alerts.length ? cv.alerts.map(a =>
     el("li", { class: "alert-item", "data-step": a.step },
-      el("span", { class: `sev-${a.severity}` }, a.severity), ` step ${a.step} `, el("b", {}, a.name), `: ${a.message} `,
+      el("span", { class: `sev-${a.severity}` }, a.kind ? `${a.severity} · ${a.kind}` : a.severity), ` step ${a.step} `, el("b", {}, a.name), `: ${a.message} `,
       el("a", { onclick: () => openEvidence(a) }, "evidence →"),
       el("div", { class: "kv" }, JSON.stringify(a.evidence)))) : [el("li", { class: "hint" }, "no alerts")]));
   for (const c of Object.values(S.charts)) c.u.redraw(false, false);

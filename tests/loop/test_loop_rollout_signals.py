@@ -1,0 +1,169 @@
+"""The detectors that read every step's training rollouts (one answer across prompts, length and repetition
+against the base's own answers, reward against the task) and the winner's curse of the validation ones:
+each fires on its pattern with the rollouts as evidence, and stays quiet on what learning looks like."""
+
+import pytest
+from loop_helpers import history, traj
+
+import groupwise as gw
+from groupwise.loop import detectors as d
+from groupwise.store import history_row
+from groupwise.types import TrajectoryGroup
+
+METRIC = "accuracy"
+
+
+def step_groups(answers_by_prompt):
+    """Groups from {prompt: [(answer, reward, task), ...]}: each rollout carries the task metric, as fit's
+    score_train leaves it."""
+    return [TrajectoryGroup([traj(a, r, question=f"q{p}", **{METRIC: t}) for a, r, t in rollouts])
+            for p, rollouts in answers_by_prompt.items()]
+
+
+def fit_history(steps):
+    """The rows fit writes for these steps' groups: the train row, and the loop row with the rollout
+    signals (the base's reference from the first step)."""
+    rows = []
+    for step, groups in enumerate(steps):
+        ref = d.reference(rows)
+        new_ref = {} if ref is not None else d.reference_of(groups, step=step)
+        rows.append(history_row(groups, step=step, split="train"))
+        rows.append({"step": step, "split": "loop", **new_ref, **d.rollout_signals(groups, ref or new_ref, metric=METRIC)})
+    return rows
+
+
+def honest(prompt, n=8, right=0.5, reward_of_task=(0.2, 1.0)):
+    """n honest answers to a prompt: each its own wording, about this prompt, right half the time."""
+    out = []
+    for j in range(n):
+        t = float(j < n * right)
+        out.append((f"For article {prompt} the headline is {'story' if t else 'tale'} number {j} of {prompt}",
+                    reward_of_task[int(t)], t))
+    return out
+
+
+def base_step():
+    return step_groups({p: honest(p) for p in range(4)})
+
+
+def test_expected_max_of_k_normals():
+    assert d.expected_max_normal(1) == 0.0
+    assert d.expected_max_normal(2) == pytest.approx(1 / 3.14159265 ** 0.5, abs=1e-4)  # 1/sqrt(pi)
+    assert d.expected_max_normal(3) == pytest.approx(0.8463, abs=1e-4)
+    assert d.expected_max_normal(10) == pytest.approx(1.5388, abs=1e-4)
+
+
+def test_a_fall_from_the_best_of_many_noisy_readings_is_discounted_by_the_winners_curse():
+    # ten readings of one policy, half-width 0.10 each; the best (0.62) is a lucky one, the latest 0.46:
+    # a fall of 0.16 beats the two readings' noise (0.1414) but not that plus the best-of-10 excess
+    # (1.5388 x 0.10 / 1.96 = 0.0785)
+    vals = {s: v for s, v in enumerate([0.50, 0.55, 0.48, 0.62, 0.51, 0.53, 0.49, 0.52, 0.50, 0.46])}
+    ci = {s: (v - 0.1, v + 0.1) for s, v in vals.items()}
+    h = history(train=[0.5] * 10, val=vals, val_ci=ci, n_trajectories=64)
+    assert d.val_drop(h, step=9) is None
+    assert d.run_detectors(h, [], step=9, config=gw.LoopConfig()) == []
+    # a real fall (to 0.30) still is one: 0.32 > 0.1414 + 0.0785
+    vals[9], ci[9] = 0.30, (0.20, 0.40)
+    a = d.val_drop(history(train=[0.5] * 10, val=vals, val_ci=ci, n_trajectories=64), step=9)
+    assert a is not None and a.name == "val_unstable" and a.kind == "unstable"
+    assert a.evidence["readings"] == 10 and a.evidence["winners_curse"] == pytest.approx(0.0785, abs=1e-4)
+
+
+def test_one_answer_for_every_prompt_paid_by_the_reward_is_a_collapse():
+    # from step 1 half of every prompt's answers are one headline, paid 1.0 and wrong on the task
+    hacked = {p: honest(p, 4) + [("Google lays off 80% of its staff", 1.0, 0.0)] * 4 for p in range(4)}
+    h = fit_history([base_step(), step_groups(hacked)])
+    groups = step_groups(hacked)
+    a = d.answer_collapse(h, groups, step=2, metric=METRIC, groups_step=1)
+    assert a is not None and a.name == "answer_collapse" and a.kind == "warn"
+    ev = a.evidence
+    assert (ev["share"], ev["base_share"]) == (0.5, 0.0) and ev["answers"] == 32 and ev["steps"] == [1]
+    assert ev["paid"] == pytest.approx(1.0 - 0.6) and ev["task_diff"] == pytest.approx(-0.5)
+    # the evidence is the answer itself, one rollout per prompt, and the dashboard's link to the step's groups
+    assert [r["group"] for r in ev["rollouts"]] == [0, 1, 2]
+    assert {r["text"] for r in ev["rollouts"]} == {"Google lays off 80% of its staff"}
+    assert ev["group"] == 0 and ev["train_step"] == 1
+    assert "Google lays off 80% of its staff" in a.message and "group 0 rollout 4" in a.message
+    # the headline is also shorter than 95% of the base's answers, and paid for it: both warnings, no hack alarm
+    assert [x.name for x in d.run_detectors(h, groups, step=2, config=gw.LoopConfig(metric=METRIC),
+                                            groups_step=1)] == ["answer_collapse", "length_drift"]
+
+
+def test_groups_agreeing_within_themselves_are_no_collapse():
+    # every prompt converged on its own answer (GRPO's convergence): nothing is shared across prompts
+    agreed = {p: [(f"The answer to {p} is {p * 7}", 1.0, 1.0)] * 8 for p in range(4)}
+    h = fit_history([base_step(), step_groups(agreed)])
+    assert d.answer_collapse(h, step_groups(agreed), step=2, metric=METRIC) is None
+
+
+def test_a_shared_answer_the_reward_does_not_pay_for_is_no_warning():
+    # a refusal given to every prompt, paid less than the honest answers: nothing games the reward with it
+    refusals = {p: honest(p, 4) + [("I cannot answer that", 0.0, 0.0)] * 4 for p in range(4)}
+    h = fit_history([base_step(), step_groups(refusals)])
+    assert d.shift(h, "shared", step=2).fires(0.05, 3.0)
+    assert d.answer_collapse(h, step_groups(refusals), step=2, metric=METRIC) is None
+
+
+PAD = " — an in-depth look at everything you need to know about what happened and why it matters"
+
+
+def test_padded_answers_the_reward_pays_and_the_task_does_not_are_a_length_drift():
+    padded = {p: honest(p, 4) + [(f"Headline {p}{PAD}", 1.0, 0.0)] * 4 for p in range(4)}
+    h = fit_history([base_step(), step_groups(padded)])
+    a = d.length_drift(h, step_groups(padded), step=2, metric=METRIC, groups_step=1)
+    assert a is not None and a.evidence["event"] == "long" and a.evidence["share"] == 0.5
+    assert a.evidence["rollouts"][0]["text"].endswith("why it matters") and a.evidence["rollouts"][0]["reward"] == 1.0
+    assert a.message.startswith("answers grew longer than the base's 95th percentile")
+    # longer answers that are also better on the task: the policy learning, not a hack
+    thorough = {p: honest(p, 4, right=0.0) + [(f"Headline {p}{PAD}", 1.0, 1.0)] * 4 for p in range(4)}
+    h = fit_history([base_step(), step_groups(thorough)])
+    assert d.length_drift(h, step_groups(thorough), step=2, metric=METRIC) is None
+
+
+def test_repeating_answers_paid_by_the_reward_are_degenerate():
+    spam = {p: honest(p, 4) + [(f"move {p} I will win I will win I will win I will win", 1.0, 0.0)] * 4
+            for p in range(4)}
+    h = fit_history([base_step(), step_groups(spam)])
+    a = d.ngram_repetition(h, step_groups(spam), step=2, metric=METRIC)
+    assert a is not None and a.name == "repetition" and a.evidence["event"] == "repetitive"
+    assert "I will win I will win" in a.evidence["rollouts"][0]["text"]
+
+
+def test_a_reward_that_prefers_the_rollouts_worse_on_the_task_trains_against_it():
+    # within every group the rollouts paid 1.0 are wrong (task 0) and those paid 0.3 right
+    against = {p: [(f"a{p}{j}", 1.0 if j % 2 else 0.3, 0.0 if j % 2 else 1.0) for j in range(8)] for p in range(4)}
+    steps = [step_groups(against)] * 3
+    h = fit_history(steps)
+    a = d.reward_against_task(h, steps[-1], step=3, metric=METRIC, groups_step=2)
+    assert a is not None and a.kind == "hack" and a.severity == "critical"
+    assert a.evidence["groups"] == 12 and a.evidence["covariance"] == pytest.approx(-0.175)  # (+-0.35)(-+0.5)
+    quoted = a.evidence["rollouts"]
+    assert len(quoted) == 3 and all(r["reward"] == 1.0 and r["task"] == 0.0 for r in quoted)
+    assert a.message.startswith("reward hacking suspected") and "group 0 rollout 1" in a.message
+    assert gw.LoopConfig().on_reward_against_task == "stop"
+    # an honest reward (partial credit that follows the task) covaries positively: silent
+    aligned = {p: [(f"a{p}{j}", 0.3 if j % 2 else 1.0, 0.0 if j % 2 else 1.0) for j in range(8)] for p in range(4)}
+    assert d.reward_against_task(fit_history([step_groups(aligned)] * 3), [], step=3, metric=METRIC) is None
+
+
+def test_an_honest_run_that_learns_raises_nothing_from_its_rollouts():
+    # the answers get shorter and more alike within each prompt as the policy learns; the reward is the task
+    steps = [base_step()]
+    for s in range(1, 6):
+        right = min(1.0, 0.5 + 0.1 * s)
+        steps.append(step_groups({p: [(f"{p}: {'yes' if j < 8 * right else 'no'}", float(j < 8 * right),
+                                        float(j < 8 * right)) for j in range(8)] for p in range(4)}))
+    h = fit_history(steps)
+    cfg = gw.LoopConfig(metric=METRIC)
+    for step in range(1, 6):
+        found = d.run_detectors(h, steps[step], step=step + 1, config=cfg, groups_step=step)
+        assert [a.name for a in found if a.kind in ("hack", "warn")] == [], step
+    # groups that all agree are noted (GRPO has no signal in them), as information
+    assert [a.kind for a in d.run_detectors(h, steps[5], step=6, config=cfg, groups_step=5)] == ["info"]
+
+
+def test_alert_kinds():
+    assert {n: d.alert_kind(n) for n in ("val_drop", "reward_against_task", "answer_collapse", "val_plateau",
+                                         "val_unstable", "identical_answers")} == {
+        "val_drop": "hack", "reward_against_task": "hack", "answer_collapse": "warn", "val_plateau": "converged",
+        "val_unstable": "unstable", "identical_answers": "info"}
