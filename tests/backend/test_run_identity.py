@@ -94,7 +94,7 @@ async def test_a_run_of_another_store_with_the_same_project_and_name_is_refused(
     again = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)  # the same folder: the same run
     await here.register(backend)
     try:
-        with pytest.raises(gw.ConfigError, match=r"(?s)in .*b/p/agent.*already registered.*in .*a/p/agent"):
+        with pytest.raises(gw.ConfigError, match=r"(?s)in .*b/p/models/agent.*already registered.*in .*a/p/models/agent"):
             await there.register(backend)
         await again.register(backend)
         assert RunId.of(again) == RunId.of(here) and await again.get_step() == 0
