@@ -252,6 +252,8 @@ class Worker:
                 for u in updates:
                     if u.get("objective", "grpo") == "grpo" and u["config"].kl_coef > 0:  # the anchor it names
                         await compute.run(replica.use_kl_reference, spec.checkpoints_dir, u["config"].kl_reference_step)
+                    if u.get("objective", "grpo") == "grpo" and u["config"].teacher is not None:
+                        await compute.run(replica.use_teacher, u["config"].teacher)
                     with update_bar(step, enabled=self.rank == 0) as progress:
                         out.append(await compute.run(trainer.train_step, u["batch"], u["config"], step=step,
                                                      objective=u.get("objective", "grpo"), progress=progress))
