@@ -145,3 +145,15 @@ def test_a_student_distilled_on_its_own_samples_comes_closer_to_a_teacher_adapte
     # The step's own metric is the sampled-token estimate: over 80 tokens it is too noisy to fall monotonically
     # here, but it is an estimate of this KL (the hand-made test pins its formula), so it is finite and > 0.
     assert all(math.isfinite(m) for m in measured) and sum(measured) > 0, measured
+
+
+def test_fit_teacher_sets_the_step_configs_teacher_and_a_disagreeing_one_is_refused():
+    from groupwise.config import LoopConfig
+    from groupwise.loop.fit import with_teacher
+
+    config = with_teacher(LoopConfig(learning_rate=1e-3), "base")
+    assert config.step_config().teacher == "base" and config.step_config().learning_rate == 1e-3
+    same = LoopConfig(train_config=TrainConfig(teacher="runs/t", distill_coef=0.5))
+    assert with_teacher(same, "runs/t").step_config().distill_coef == 0.5
+    with pytest.raises(ConfigError, match="disagree"):
+        with_teacher(same, "base")
