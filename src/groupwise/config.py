@@ -136,6 +136,8 @@ class TrainConfig(UpdateSettings):
     epsilon_high: float | None = option(0.28, help="Upper clip (DAPO's clip-higher). None means epsilon.")
     kl_coef: float = option(0.0, help="Weight of the k3 KL penalty against the reference policy (kl_reference_step: the base model, or a checkpoint of the run). 0 disables it and skips the reference pass.")
     kl_reference_step: int | None = option(None, help="The checkpoint step whose adapter anchors the KL term (e.g. the last SFT step of a warm start, so GRPO is not pulled back from what SFT taught); retention keeps that checkpoint while the run uses it. None or 0: the base model (adapter disabled), as name@0. Only read when kl_coef > 0.")
+    teacher: str | None = option(None, help="On-policy distillation: the teacher that scores every token the student samples, its per-token reverse KL a per-token advantage (training/loss.py). 'base': the base model (the adapter disabled); else a checkpoint folder of an adapter of the same base model and LoraConfig (e.g. checkpoints/<step> of a run of `groupwise train`). None: no teacher.")
+    distill_coef: float = option(1.0, help="Weight of the teacher's per-token advantage -(log pi - log pi_teacher), added to the group's advantage A_b. Only read when teacher is set. With a teacher, groups whose rewards tie are trained on the teacher's signal alone.")
     scale_rewards: bool = option(True, help="Divide group advantages by the group's reward std (GRPO). False keeps reward - mean (Dr. GRPO).")
     normalize: str = option("token", help="'token': average the loss over all trainable tokens of the batch (DAPO); 'sequence': average per sequence, then over sequences (GRPO); 'constant': sum / (number of sequences x max_seq_len), each sequence divided by the same constant, then averaged (Dr. GRPO).")
     off_policy: str = option("none", help="Correction for rollouts sampled by another policy than the trainer's (an asynchronous run: LoopConfig.max_steps_off_policy > 0, or partial rollouts): 'none' takes the sampler's logprobs as PPO's old policy (right for synchronous runs); 'tis' weighs each token by the importance weight pi/mu between the trainer's policy and the one that sampled it, truncated at importance_cap (TIS); 'mis' drops the tokens whose weight passes importance_cap instead (MIS). Both take the PPO/CISPO ratio against the trainer's own policy (decoupled PPO; training/loss.py).")
@@ -179,6 +181,9 @@ class TrainConfig(UpdateSettings):
         if self.epsilon_high is not None:
             check_positive(p, "epsilon_high", self.epsilon_high)
         check_positive(p, "kl_coef", self.kl_coef, allow_zero=True)
+        check_positive(p, "distill_coef", self.distill_coef, allow_zero=True)
+        if self.teacher is not None and (not isinstance(self.teacher, str) or not self.teacher.strip()):
+            p.append(f"teacher={self.teacher!r} must be 'base' or a checkpoint folder of an adapter of this base model")
         if self.kl_reference_step is not None and (isinstance(self.kl_reference_step, bool)
                                                    or not isinstance(self.kl_reference_step, int)
                                                    or self.kl_reference_step < 0):

@@ -445,7 +445,8 @@ class WorkerBackend(Backend):
         """2.-3. of a GRPO step: its metrics, those of a skipped step where no group has a signal."""
         from groupwise.training.tokenize import tokenize_groups
 
-        metrics = await self._no_signal(run, groups, step, config)
+        # A teacher scores every token, so a step whose rewards all tie still has a signal to train.
+        metrics = await self._no_signal(run, groups, step, config) if config.teacher is None else None
         self._base_samples_warning(run, groups, step)
         if metrics is not None:
             return metrics
@@ -453,7 +454,7 @@ class WorkerBackend(Backend):
         batch = await compute_thread().run(
             tokenize_groups, groups, run.tokenizer, max_seq_len=config.max_seq_len, vocab_size=run.vocab_size,
             scale_rewards=config.scale_rewards,
-            train_forced_tokens=config.train_forced_tokens,
+            train_forced_tokens=config.train_forced_tokens, keep_tied_groups=config.teacher is not None,
         )
         trainers = self.train_ranks
         shards = shard_batch(batch, len(trainers))

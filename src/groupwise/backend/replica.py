@@ -284,6 +284,32 @@ class Replica:
                                   adapter_name=self.trainer.adapter_name)
         self.trainer.set_reference(tensors, step=step)
 
+    def use_teacher(self, source: str) -> None:
+        """Distil the trainer toward `source` (TrainConfig.teacher): "base" (the adapter disabled) or a
+        checkpoint folder of an adapter of this base; read from disk only when the source changes."""
+        from groupwise.training.checkpoint import adapter_tensors, base_problem, latest_checkpoint, read_state
+        from groupwise.training.checkpoint import verify_checkpoint
+
+        if source == self.trainer.teacher:
+            return
+        if source == "base":
+            self.trainer.set_teacher(None, source="base")
+            return
+        path = Path(source).expanduser()
+        # a step's folder (checkpoints/<k>) or a run's checkpoints folder (its latest step)
+        state = read_state(path) or latest_checkpoint(path) or latest_checkpoint(path / "checkpoints")
+        if state is None:
+            raise CheckpointError(f"TrainConfig.teacher={source!r}: no checkpoint there (a checkpoint folder holds "
+                                  "state.json and adapter_model.safetensors). Name a step's folder, e.g. "
+                                  "<run>/checkpoints/<step>, or 'base' for the base model.")
+        problem = verify_checkpoint(state) or base_problem(state, self.base.identity)
+        if problem is not None:
+            raise CheckpointError(f"TrainConfig.teacher={source!r}: checkpoint {state.path} cannot teach this run: "
+                                  f"{problem}")
+        tensors = adapter_tensors(state, model=self.peft_model, param_names=self._param_names(),
+                                  adapter_name=self.trainer.adapter_name)
+        self.trainer.set_teacher(tensors, source=source)
+
     def snapshot(self, step: int) -> Any:
         """The checkpoint of `step` (adapter, optimizer, RNG) as CPU copies (training/checkpoint.py's
         `CheckpointSnapshot`): on the compute thread, between updates; `write` puts it on disk with the

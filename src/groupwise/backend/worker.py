@@ -257,6 +257,8 @@ class DeviceWorker:
                 for u in updates:
                     if u.objective == "grpo" and u.config.kl_coef > 0:  # the anchor it names
                         await compute.run(replica.use_kl_reference, spec.checkpoints_dir, u.config.kl_reference_step)
+                    if u.objective == "grpo" and u.config.teacher is not None:
+                        await compute.run(replica.use_teacher, u.config.teacher)
                     with update_bar(step, enabled=self.rank == 0) as progress:
                         out.append(await compute.run(trainer.train_step, u.batch, u.config, step=step,
                                                      objective=u.objective, progress=progress))

@@ -153,6 +153,12 @@ class TrainJob(Job):
                                f"{_presets_of('sft')})")
     sft_epochs: int = arg(SFT_EPOCHS, low=1, help="SFT epochs, one step each")
     sft_lr: float = arg(SFT_LEARNING_RATE, feeds=(TrainSFTConfig, "learning_rate"), help="SFT learning rate")
+    teacher: str | None = arg(None, metavar="RUN_OR_MODEL",
+                              help="on-policy distillation: a teacher scores every token the student samples and "
+                                   "its per-token reverse KL joins GRPO's advantage (TrainConfig.teacher): 'base' "
+                                   "(the base model), or a run folder or checkpoint folder of an adapter of the "
+                                   "same base, e.g. .groupwise/2048/2048-s0 (its latest checkpoint) or "
+                                   ".groupwise/2048/2048-s0/checkpoints/0008")
     batch_invariant: bool = arg(False, help="CPU only: each rollout's tokens and logprobs do not depend on which "
                                             "rollouts the engine batched with it, so two runs of one seed on one "
                                             "machine match exactly (slower: no prefix cache)")
@@ -281,7 +287,7 @@ async def train(job: TrainJob) -> dict[str, Any]:
             candidates = judges or [f"local/{model_name}"]
             judges = [await _select_judge(spec, candidates, job.judge_labels, model, model_name, job.judge_margin)]
         summary = await gw.fit(
-            model, spec.rollout, train_s,
+            model, spec.rollout, train_s, teacher=job.teacher,
             val_scenarios=val_s if spec.val_metric else None,
             test_scenarios=test_s if spec.val_metric else None,
             score_group=score_group_of(spec, judges[0] if judges else None, model, model_name, job.gate),

@@ -43,12 +43,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from groupwise.config import LoopConfig
+from groupwise.config import LoopConfig, TrainConfig
 from groupwise.errors import ConfigError, NotTrainableError
 from groupwise.learning_signal import assess, loop_action
 from groupwise.loop.cursor import DataCursor, batches, resume_cursor
@@ -307,7 +308,9 @@ class Loop:
             # Only a ground-truth metric (validate) has a known ceiling; a reward's maximum is the run's to find.
             ceiling = bool(self.val) and self.validate is not None and val_at_ceiling(self.history, self.c)
             signal = assess([g.rewards() for g in groups], reward_range=self.see_rewards(groups), val_at_ceiling=ceiling)
-            action = loop_action(signal, attempt, self.c.resample_no_signal)
+            # A teacher scores every sampled token, so tied rewards still leave its signal to train on.
+            teaching = self.c.step_config().teacher is not None
+            action = "train" if teaching else loop_action(signal, attempt, self.c.resample_no_signal)
             if action != "resample":
                 break
             # Same step, same scenarios, fresh samples: the data position and step stay in lockstep.
@@ -438,6 +441,16 @@ async def run_steps(loop: Loop, cursor: DataCursor, step: int) -> tuple[int, Sto
             await gate.leave()
 
 
+def with_teacher(config: LoopConfig, teacher: str) -> LoopConfig:
+    """`config` whose steps distil toward `teacher` (TrainConfig.teacher owns it); a config naming
+    another teacher is a conflict, said rather than overridden."""
+    own = config.train_config or TrainConfig()
+    if own.teacher is not None and own.teacher != teacher:
+        raise ConfigError(f"fit(teacher={teacher!r}) and config.train_config.teacher={own.teacher!r} disagree; "
+                          "name the teacher once", what="fit arguments")
+    return dataclasses.replace(config, train_config=dataclasses.replace(own, teacher=teacher))
+
+
 async def fit(
     model: Any,
     rollout: Rollout,
@@ -449,6 +462,7 @@ async def fit(
     validate: Validate | None = None,
     baselines: Sequence[Any] = (),
     config: LoopConfig | None = None,
+    teacher: str | None = None,
 ) -> FitSummary:
     """Train `model` with `rollout` on `train_scenarios` until a stopping rule or the policy says stop.
 
@@ -467,10 +481,15 @@ async def fit(
         baselines: `gw.Model`s (prompted models behind any OpenAI-compatible endpoint) scored once on
             the validation split; they appear in every report and feed the baseline stopping rule.
         config: `gw.LoopConfig`.
+        teacher: on-policy distillation toward this teacher: ``"base"`` (the base model) or a checkpoint
+            folder of an adapter of the same base (e.g. ``<run>/checkpoints/<step>`` of `groupwise train`).
+            It sets the step config's `TrainConfig.teacher` (its owner; `distill_coef` weighs it there).
 
     Returns a `FitSummary`: stop rule and reason, best step and value, baselines, test result, alerts.
     """
     config = config if config is not None else LoopConfig()
+    if teacher is not None:
+        config = with_teacher(config, teacher)
     train = list(train_scenarios)
     val = list(val_scenarios or [])
     test = list(test_scenarios or [])

@@ -58,6 +58,7 @@ class FitRun:
     validate: Validate | None = None
     baselines: Sequence[Any] = field(default_factory=tuple)
     config: LoopConfig | None = None
+    teacher: str | None = None
 
 
 class _RunName(logging.Filter):
@@ -118,7 +119,7 @@ async def _named(name: str, run: FitRun, gate: Lockstep | None) -> FitSummary:
     try:
         return await fit_one(run.model, run.rollout, run.train_scenarios, val_scenarios=run.val_scenarios,
                              test_scenarios=run.test_scenarios, score_group=run.score_group, validate=run.validate,
-                             baselines=run.baselines, config=run.config)
+                             baselines=run.baselines, config=run.config, teacher=run.teacher)
     finally:
         if gate is not None:  # a run that ended before its loop (a failed start, max_steps=0) leaves too
             await gate.leave(name)

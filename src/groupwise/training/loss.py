@@ -10,6 +10,17 @@ LoRA off, or a checkpoint of the run: TrainConfig.kl_reference_step):
     CISPO:  l_bt = -sg[clip(rho_bt, 1 - eps, 1 + eps_high)] * A_b * log pi(y_bt)
     KL:     l_bt += beta * (exp(q_bt) - q_bt - 1),   q_bt = log pi_ref(y_bt) - log pi(y_bt)   (k3)
 
+On-policy distillation (TrainConfig.teacher). A teacher pi_T scores every token the student sampled, and
+the per-token reverse KL, KL(pi || pi_T), estimated on the student's own samples, becomes a per-token
+advantage (Tinker's cookbook, prime-rl's OPD), added to the group's through the same clipped ratio:
+
+    D_bt    = -sg[log pi(y_bt) - log pi_T(y_bt)]                           distillation advantage
+    A_bt    = A_b + lambda * D_bt                                           lambda = TrainConfig.distill_coef
+
+The policy gradient of -E_pi[D] is the gradient of KL(pi || pi_T) (the score-function estimate of it
+with y ~ pi), so the student moves toward the teacher only where it samples, as reverse KL does
+(mode-seeking). The step reports mean_bt (log pi - log pi_T) as `teacher_kl`.
+
 Off-policy correction (TrainConfig.off_policy). The rollouts of an asynchronous run were sampled by a
 behaviour policy mu (an older adapter, or one that changed mid-sequence: partial rollouts) while the
 trainer holds pi. The ratio is then decoupled (AReaL): the PPO/CISPO ratio is taken against the
@@ -99,6 +110,22 @@ import torch
 from groupwise.errors import ConfigError
 
 NORMALIZE_MODES = ("token", "sequence", "constant")
+
+
+def distillation_advantages(logprobs_BT: torch.Tensor, teacher_logprobs_BT: torch.Tensor,
+                            mask_BT: torch.Tensor) -> torch.Tensor:
+    """D_bt = -sg[log pi(y_bt) - log pi_T(y_bt)] at the trained tokens, 0 elsewhere: the per-token negative
+    reverse KL to the teacher, on the student's own sampled token (a one-sample estimate of the KL there).
+
+    logprobs_BT:          log pi(y_bt) of the student (its gradient is dropped).     # [B, T]
+    teacher_logprobs_BT:  log pi_T(y_bt) of the teacher at the same tokens.          # [B, T]
+    mask_BT:              1 where y_bt is trained.                                   # [B, T]
+    """
+    on_mask_BT = mask_BT > 0
+    reverse_kl_BT = logprobs_BT.detach() - teacher_logprobs_BT.to(logprobs_BT.dtype)
+    return torch.where(on_mask_BT, -reverse_kl_BT, torch.zeros_like(reverse_kl_BT))
+
+
 OFF_POLICY_MODES = ("none", "tis", "mis")
 # The bound on every log-ratio before it is exponentiated (module docstring, deviation 8): e^20 ~ 4.9e8.
 LOG_RATIO_LIMIT = 20.0
@@ -119,6 +146,7 @@ class LossTerms:
     kl_sum: torch.Tensor  # sum_bt k3_bt, detached (0 without a reference)
     clipped_tokens: torch.Tensor  # how many tokens had their ratio clipped (PPO: the clip was active)
     ratio_sum: torch.Tensor  # sum_bt exp(log pi - log mu): the ratio to the sampler, detached
+    teacher_kl_sum: torch.Tensor  # sum_bt (log pi - log pi_T): the reverse KL to the teacher, detached (0 without one)
     capped_tokens: torch.Tensor  # tokens whose importance weight was truncated (TIS) or masked (MIS)
     tokens: torch.Tensor  # number of trainable tokens in the micro-batch
 
@@ -140,6 +168,8 @@ def grpo_loss(
     kl_coef: float = 0.0,
     off_policy: str = "none",
     importance_cap: float | None = None,
+    teacher_logprobs_BT: torch.Tensor | None = None,
+    distill_coef: float = 0.0,
 ) -> LossTerms:
     """The GRPO/DAPO/Dr.GRPO/CISPO loss of a micro-batch (see the module docstring for the equation).
 
@@ -153,6 +183,8 @@ def grpo_loss(
     off_policy:       "none" (pi_old is the sampler), "tis" or "mis" (decoupled, weighted by w~_bt).
     importance_cap:   C of TIS / MIS, needed when off_policy is not "none" (TrainConfig.importance_cap
                       owns its default).
+    teacher_logprobs_BT: log pi_T(y_bt) (the teacher), needed when distill_coef > 0.  # [B, T]
+    distill_coef:     lambda, the weight of the distillation advantage D_bt (0: GRPO alone).
     """
     if normalize not in NORMALIZE_MODES:
         raise ConfigError(f"normalize={normalize!r} must be one of {list(NORMALIZE_MODES)}",
@@ -163,6 +195,9 @@ def grpo_loss(
     if off_policy != "none" and not (importance_cap is not None and importance_cap > 0):
         raise ConfigError(f"off_policy={off_policy!r} needs importance_cap > 0 (C, e.g. TrainConfig.importance_cap); "
                           f"got {importance_cap!r}", what="grpo_loss arguments")
+    if distill_coef > 0 and teacher_logprobs_BT is None:
+        raise ConfigError("distill_coef > 0 needs teacher_logprobs_BT (log-probs under the teacher)",
+                          what="grpo_loss arguments")
     if kl_coef > 0 and ref_logprobs_BT is None:
         raise ConfigError("kl_coef > 0 needs ref_logprobs_BT (log-probs under the reference policy)",
                           what="grpo_loss arguments")
@@ -178,6 +213,10 @@ def grpo_loss(
     old_BT = old_logprobs_BT.to(dtype)
     old_BT = torch.where(torch.isnan(old_BT) | ~on_mask_BT, logprobs_BT.detach(), old_BT)
     A_BT = advantages_B.to(dtype)[:, None].expand_as(logprobs_BT)
+    D_BT = torch.zeros_like(logprobs_BT, dtype=dtype)
+    if teacher_logprobs_BT is not None:
+        D_BT = distillation_advantages(logprobs_BT, teacher_logprobs_BT, on_mask_BT).to(dtype)
+        A_BT = A_BT + distill_coef * D_BT  # detached: the teacher's score is a reward, not a target to fit
 
     log_w_BT = bounded_log_ratio(logprobs_BT.detach(), old_BT)  # log w_bt = log pi - log mu, [B, T]
     behaviour_ratio_BT = torch.exp(log_w_BT)  # w_bt
@@ -228,6 +267,7 @@ def grpo_loss(
         kl_sum=(kl_BT * mask_BT).sum().detach(),
         clipped_tokens=(clipped_BT.to(mask_BT.dtype) * mask_BT).sum().detach(),
         ratio_sum=(behaviour_ratio_BT * mask_BT).sum().detach(),
+        teacher_kl_sum=(-D_BT * mask_BT).sum().detach(),
         capped_tokens=(capped_BT.to(mask_BT.dtype) * mask_BT).sum().detach(),
         tokens=mask_BT.sum().detach(),
     )

@@ -282,9 +282,12 @@ def tokenize_groups(
     scale_rewards: bool = True,
     train_forced_tokens: bool = False,
     vocab_size: int | None = None,
+    keep_tied_groups: bool = False,
 ) -> TokenizedBatch:
     """The trainable sequences of a step. Raises `NotTrainableError` naming why nothing is trainable,
-    and `InvalidDataError` naming the group and trajectory whose data cannot be trained."""
+    and `InvalidDataError` naming the group and trajectory whose data cannot be trained.
+    `keep_tied_groups`: a group whose rewards tie is trained with advantage 0 instead of dropped (a
+    distillation teacher gives its tokens a signal of their own: TrainConfig.teacher)."""
     groups = list(groups)
     trajectories = [t for g in groups for t in g.trajectories]
     with_ids = []
@@ -305,7 +308,9 @@ def tokenize_groups(
         )
     adv = compute_advantages([g.rewards() for g in groups], scale=scale_rewards)
     batch.zero_variance_groups = adv.zero_variance_groups
-    if adv.zero_variance_groups == len(groups):
+    if keep_tied_groups:
+        adv.advantages = [a if a is not None else [0.0] * len(g.trajectories) for a, g in zip(adv.advantages, groups)]
+    elif adv.zero_variance_groups == len(groups):
         raise NotTrainableError(
             f"nothing to train on: every group has equal rewards ({len(groups)} group(s), e.g. rewards "
             f"{groups[0].rewards()[:8]}), so every group-relative advantage is 0. Make rewards differ within "

@@ -103,6 +103,7 @@ class StepStats:
     loss: float = 0.0
     policy_loss_sum: float = 0.0
     kl_sum: float = 0.0
+    teacher_kl_sum: float = 0.0
     clipped_tokens: float = 0.0
     ratio_sum: float = 0.0
     tokens: float = 0.0
@@ -130,6 +131,8 @@ class Trainer:
         self._base_dtype = next((p.dtype for n, p in model.named_parameters() if "lora_" not in n), torch.float32)
         self._reference: dict[str, torch.Tensor] | None = None  # the KL anchor's adapter values (set_reference)
         self.reference_step: int | None = None  # the checkpoint step they are; None: the base model
+        self._teacher: dict[str, torch.Tensor] | None = None  # the distillation teacher's adapter values (set_teacher)
+        self.teacher: str | None = None  # what they are (TrainConfig.teacher); "base": the adapter disabled
         self._trainable: tuple[tuple[str, ...], list[tuple[str, torch.nn.Parameter]]] | None = None
         self._state = AdapterState()
 
@@ -179,16 +182,43 @@ class Trainer:
         self._reference = {n: tensors[n].detach().to(device=p.device, dtype=p.dtype).clone() for n, p in params.items()}
         self.reference_step = step
 
+    def set_teacher(self, tensors: dict[str, torch.Tensor] | None, *, source: str) -> None:
+        """Distil toward these adapter values (keyed like `trainable_named_parameters`), read from `source`
+        (TrainConfig.teacher); None with source "base": toward the base model. `train_step` checks `source`
+        against the config's teacher, so a step never scores against another teacher than its config names."""
+        if (tensors is None) != (source == "base"):
+            raise ConfigError(f"set_teacher(source={source!r}): give the adapter tensors of a checkpoint folder, or "
+                              "set_teacher(None, source='base') to distil toward the base model",
+                              what="set_teacher arguments")
+        if tensors is not None:
+            tensors = self._fitting(tensors, f"the teacher {source}")
+        self._teacher, self.teacher = tensors, source
+
+    def _fitting(self, tensors: dict[str, torch.Tensor], what: str) -> dict[str, torch.Tensor]:
+        """`tensors` as copies on the adapter's devices and dtypes, or a CheckpointMismatchError naming what
+        does not fit (another base model or LoraConfig)."""
+        params = dict(self.trainable_named_parameters())
+        missing, extra = sorted(params.keys() - tensors.keys()), sorted(tensors.keys() - params.keys())
+        shapes = [f"{n}: {tuple(tensors[n].shape)} for {tuple(p.shape)}" for n, p in params.items()
+                  if n in tensors and tensors[n].shape != p.shape]
+        if missing or extra or shapes:
+            raise CheckpointMismatchError(
+                f"{what} does not fit adapter {self.adapter_name!r}: {len(missing)} tensor(s) missing (e.g. "
+                f"{missing[:2]}), {len(extra)} unknown (e.g. {extra[:2]}), {len(shapes)} of another shape (e.g. "
+                f"{shapes[:2]}). It must be an adapter of the same base model and LoraConfig."
+            )
+        return {n: tensors[n].detach().to(device=p.device, dtype=p.dtype).clone() for n, p in params.items()}
+
     @contextlib.contextmanager
-    def _reference_policy(self) -> Any:
-        """The model as pi_ref: the adapter disabled (the base), or the adapter's own parameters holding the
-        reference values (a second peft adapter would need set_adapter, which makes ours non-trainable)."""
-        if self._reference is None:
+    def _holding(self, values: dict[str, torch.Tensor] | None) -> Any:
+        """The model with the adapter disabled (values None: the base), or the adapter's own parameters
+        holding `values` (a second peft adapter would need set_adapter, which makes ours non-trainable)."""
+        if values is None:
             with self.model.disable_adapter():
                 yield
         else:
             named = self.trainable_named_parameters()
-            with holding_values([p for _, p in named], [self._reference[n] for n, _ in named]):
+            with holding_values([p for _, p in named], [values[n] for n, _ in named]):
                 yield
 
     def _modules(self) -> tuple[list[torch.nn.Module], list[Any]]:
@@ -354,7 +384,10 @@ class Trainer:
                 if objective == "grpo" and config.kl_coef > 0:
                     # Before the policy forward: a swapped-in reference changes the parameters in place,
                     # which after the forward would fail autograd's check of the tensors it saved.
-                    ref_BT = self._reference_logprobs(mb, config, fwd)
+                    ref_BT = self._scoring_logprobs(mb, config, fwd, self._reference)
+                teacher_BT = None
+                if objective == "grpo" and config.teacher is not None:
+                    teacher_BT = self._scoring_logprobs(mb, config, fwd, self._teacher)  # before, for the same reason
                 with fwd.autocast():
                     logprobs_BT = token_logprobs(
                         self.model, mb["input_ids_BT"], mb["attention_BT"], mb["mask_BT"],
@@ -366,7 +399,7 @@ class Trainer:
                     sft.loss.backward()
                     zero = torch.zeros((), dtype=torch.float64, device=sft.loss.device)
                     sums.append(torch.stack([sft.loss.detach().double(), sft.nll_sum.double(), zero, zero, zero,
-                                             sft.tokens.double(), zero]))
+                                             zero, sft.tokens.double(), zero]))
                     advance()
                     continue
                 terms = grpo_loss(
@@ -385,24 +418,28 @@ class Trainer:
                     kl_coef=config.kl_coef,
                     off_policy=config.off_policy,
                     importance_cap=config.importance_cap,
+                    teacher_logprobs_BT=teacher_BT,
+                    distill_coef=config.distill_coef if teacher_BT is not None else 0.0,
                 )
                 terms.loss.backward()
                 sums.append(torch.stack([terms.loss.detach(), terms.policy_loss_sum, terms.kl_sum,
-                                         terms.clipped_tokens, terms.ratio_sum, terms.tokens,
-                                         terms.capped_tokens]).double())
+                                         terms.teacher_kl_sum, terms.clipped_tokens, terms.ratio_sum,
+                                         terms.tokens, terms.capped_tokens]).double())
                 advance()
         # One device->host copy for the whole step (a float() per term would sync every micro-batch).
-        totals = torch.stack(sums).sum(0).tolist() if sums else [0.0] * 7
+        totals = torch.stack(sums).sum(0).tolist() if sums else [0.0] * len(dataclasses.fields(StepStats))
         stats = StepStats(*totals)
         return stats, plan
 
-    def _reference_logprobs(self, mb: dict[str, Any], config: TrainConfig, fwd: TrainingForward) -> torch.Tensor:
-        """log pi_ref at the micro-batch's trained tokens, in eval mode: no dropout draws, so the anchor is
-        one fixed policy and the policy forward's dropout is the same with or without the KL term."""
+    def _scoring_logprobs(self, mb: dict[str, Any], config: TrainConfig, fwd: TrainingForward,
+                          values: dict[str, torch.Tensor] | None) -> torch.Tensor:
+        """log-probs of the micro-batch's trained tokens under the adapter holding `values` (None: the base):
+        pi_ref of the KL term, or the distillation teacher pi_T. In eval mode: no dropout draws, so the
+        scorer is one fixed policy and the policy forward's dropout is the same with or without it."""
         training = self.model.training
         self._set_mode(False)
         try:
-            with torch.no_grad(), self._reference_policy(), fwd.autocast():
+            with torch.no_grad(), self._holding(values), fwd.autocast():
                 return token_logprobs(
                     self.model, mb["input_ids_BT"], mb["attention_BT"], mb["mask_BT"],
                     chunk_size=config.logprob_chunk_size, target_index_N=mb["target_index_N"],
@@ -420,6 +457,12 @@ class Trainer:
                 f"TrainConfig.kl_reference_step={config.kl_reference_step} but the trainer's KL reference is "
                 f"{'step ' + str(self.reference_step) if self.reference_step else 'the base model'}: load that "
                 "step's adapter with set_reference(tensors, step=...) first (the backends do: backend/replica.py)",
+                what="TrainConfig for this trainer"
+            )
+        if objective == "grpo" and config.teacher is not None and config.teacher != self.teacher:
+            raise ConfigError(
+                f"TrainConfig.teacher={config.teacher!r} but the trainer's teacher is {self.teacher!r}: load it with "
+                "set_teacher(tensors, source=...) first (the backends do: backend/replica.py)",
                 what="TrainConfig for this trainer"
             )
         params = self._activate()
@@ -481,6 +524,7 @@ class Trainer:
             "loss": stats.loss,
             "policy_loss": stats.policy_loss_sum / tokens,
             "kl": stats.kl_sum / tokens,
+            **({"teacher_kl": stats.teacher_kl_sum / tokens} if config.teacher is not None else {}),
             "clip_fraction": stats.clipped_tokens / tokens,
             "ratio_mean": stats.ratio_sum / tokens,
             "importance_capped_fraction": stats.capped_tokens / tokens,
