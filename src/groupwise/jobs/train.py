@@ -157,8 +157,8 @@ class TrainJob(Job):
                               help="on-policy distillation: a teacher scores every token the student samples and "
                                    "its per-token reverse KL joins GRPO's advantage (TrainConfig.teacher): 'base' "
                                    "(the base model), or a run folder or checkpoint folder of an adapter of the "
-                                   "same base, e.g. .groupwise/2048/2048-s0 (its latest checkpoint) or "
-                                   ".groupwise/2048/2048-s0/checkpoints/0008")
+                                   "same base, e.g. .groupwise/2048/models/2048-s0 (its latest checkpoint) or "
+                                   ".groupwise/2048/models/2048-s0/checkpoints/0008")
     batch_invariant: bool = arg(False, help="CPU only: each rollout's tokens and logprobs do not depend on which "
                                             "rollouts the engine batched with it, so two runs of one seed on one "
                                             "machine match exactly (slower: no prefix cache)")
