@@ -15,7 +15,9 @@ and key/value widths, r the LoRA rank, V the vocabulary, C = min(N, logprob_chun
   rank-r intermediate (r x a, and its dropped-out input plus a byte of mask when lora dropout > 0);
   with gradient checkpointing, each layer keeps only its input (h x a) and one layer's activations live
   again while it is recomputed; plus the embedding output and the final norm, and the backward's
-  working set (the gradients of the layer being differentiated: as many bytes as the layer keeps);
+  working set: the gradients of the layer being differentiated (as many bytes as the layer keeps), and
+  without checkpointing at least half the kept activations, as measured on the CPU (the allocator does
+  not hand what the backward frees layer by layer back to the gradients it allocates; bench below);
 - logits: the trained positions' hidden states and their gradient (2 N h a) and one [C, V] chunk of
   logits with its log-softmax (at least fp32) or softmax alive beside it (C V (a + max(a, 4)))
   (training/logprobs.py);
@@ -23,7 +25,7 @@ and key/value widths, r the LoRA rank, V the vocabulary, C = min(N, logprob_chun
   layer's working set and a logits chunk: it adds to the step's peak only where it exceeds the policy's.
 
 The engine's KV cache is not priced here: it is allocated already, so the device's free memory excludes
-it. The measured error of this estimate is in docs/benchmarks.md (bench/memory_estimate.py on a GPU).
+it. The measured error of this estimate is in docs/benchmarks.md (bench/memory_estimate.py, CPU and GPU).
 """
 
 from __future__ import annotations
@@ -158,6 +160,7 @@ def estimate_micro_batch(shape: ModelShape, *, rows: int, width: int, trained: i
         kept = shape.layers * tokens * shape.hidden * a + tokens * shape.layer_token_bytes
     else:
         kept = shape.layers * tokens * shape.layer_token_bytes
+        working = max(working, kept // 2)  # measured: the backward's gradients reach half the kept bytes
     chunk = min(max(trained, 1), chunk_size)
     chunk_bytes = chunk * shape.vocab * (a + max(a, 4))
     logits = 2 * trained * shape.hidden * a + chunk_bytes
