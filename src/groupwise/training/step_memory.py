@@ -30,7 +30,6 @@ it. The measured error of this estimate is in docs/benchmarks.md (bench/memory_e
 
 from __future__ import annotations
 
-import resource
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,6 +261,8 @@ def measured_peak_bytes(device: torch.device) -> int | None:
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
+    import resource  # Unix only: imported where the /proc figure is missing
+
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss) * (1 if sys.platform == "darwin" else 1024)
 
