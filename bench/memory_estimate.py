@@ -107,7 +107,7 @@ def one(name: str, device: str) -> dict:
     metrics = trainer.train_step(_batch(rows, width, vocab), config, step=2)
     est = trainer.last_memory
     assert est is not None and metrics["micro_batches"] == 1.0
-    shape = trainer._shape
+    shape = step_memory.ModelShape.of(model, trainer.adapter_name)
     held = shape.adapter_param_bytes + 8 * shape.adapter_params
     measured = step_memory.measured_peak_bytes(dev)
     return {

@@ -142,3 +142,13 @@ def test_the_estimate_is_close_to_the_measured_cpu_peak(shape):
     r = json.loads(line[len("RESULT "):])
     assert r["measured_step"] > 100 * 2**20  # the step's activations dominate what is measured
     assert abs(r["estimated_step"] / r["measured_step"] - 1) < 0.25, r
+
+
+def test_data_parallel_ranks_report_their_fullest_device():
+    from groupwise.backend.ranks import merge_ranks
+
+    ranks = [{"update_time": 1.0, "micro_batches": 2.0, "memory/estimated_peak_gb": 3.0, "memory/measured_peak_gb": 2.5},
+             {"update_time": 2.0, "micro_batches": 1.0, "memory/estimated_peak_gb": 4.0, "memory/measured_peak_gb": 2.0}]
+    merged = merge_ranks(ranks)
+    assert merged["memory/estimated_peak_gb"] == 4.0 and merged["memory/measured_peak_gb"] == 2.5
+    assert merged["micro_batches"] == 3.0
