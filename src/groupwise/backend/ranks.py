@@ -45,6 +45,8 @@ def merge_ranks(metrics: list[dict[str, float]]) -> dict[str, float]:
             if key in out:
                 out[key] = float(sum(m.get(key, 0.0) for m in metrics))
         out["update_time"] = max(m["update_time"] for m in metrics)
+        for key in [k for k in out if k.startswith("memory/")]:  # each rank's device: the fullest counts
+            out[key] = max(m.get(key, 0.0) for m in metrics)
         if "trainable_tokens_per_s" in out:
             out["trainable_tokens_per_s"] = out["trainable_tokens"] / max(out["update_time"], 1e-9)
     return out

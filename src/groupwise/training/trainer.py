@@ -41,6 +41,7 @@ from groupwise.training.finite import check_finite, guarded_step
 from groupwise.training.logprobs import base_and_decoder, token_logprobs
 from groupwise.training.lora_forward import AdapterForwards, TrainingForward, holding_values
 from groupwise.training.loss import grpo_loss
+from groupwise.training import step_memory
 from groupwise.training.sft import sft_loss
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
 
@@ -135,6 +136,28 @@ class Trainer:
         self.teacher: str | None = None  # what they are (TrainConfig.teacher); "base": the adapter disabled
         self._trainable: tuple[tuple[str, ...], list[tuple[str, torch.nn.Parameter]]] | None = None
         self._state = AdapterState()
+        self._shape: step_memory.ModelShape | None = None
+        self.last_memory: step_memory.StepMemory | None = None  # the last step's priced peak
+        self.last_token_budget: int | None = None  # its micro-batch token budget, after admission
+
+    def admit(self, seqs: list[TokenizedSequence], config: TrainConfig, *, objective: str = GRPO) -> list[list[int]]:
+        """The micro-batches of `seqs`: planned by `micro_batch_tokens`, split further until the step's
+        priced peak fits the device's free memory, or `MemoryBudgetError` (what to change) before any
+        allocation (training/step_memory.py)."""
+        lengths = [len(s) for s in seqs]
+        if self._shape is None:
+            self._shape = step_memory.ModelShape.of(self.model, self.adapter_name)
+        trained = [max(0, sum(1 for m in s.mask[1:] if m)) for s in seqs]
+        held = bool(self.optimizer is not None and self.optimizer.state)
+        plan, peak, budget = step_memory.admit_micro_batches(
+            self._shape, lengths, trained, token_budget=config.micro_batch_tokens,
+            chunk_size=config.logprob_chunk_size, checkpointing=config.gradient_checkpointing,
+            kl=objective == GRPO and config.kl_coef > 0, free_bytes=step_memory.device_free_bytes(self.device),
+            optimizer_state_held=held, plan_fn=plan_micro_batches,
+        )
+        self.last_memory = peak
+        self.last_token_budget = budget
+        return plan
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """The adapter's live parameters under the keys of peft's state dict (the checkpoint's and the
@@ -369,7 +392,7 @@ class Trainer:
         `progress(done, total)` is called after each micro-batch with the padded tokens done and in all."""
         seqs = batch.sequences
         num_tokens, num_sequences = totals if totals is not None else (batch.trainable_tokens, len(seqs))
-        plan = plan_micro_batches([len(s) for s in seqs], config.micro_batch_tokens)
+        plan = self.admit(seqs, config, objective=objective) if seqs else []
         widths = [len(p) * max(len(seqs[i]) for i in p) for p in plan]
         sums: list[torch.Tensor] = []
 
@@ -431,6 +454,17 @@ class Trainer:
         stats = StepStats(*totals)
         return stats, plan
 
+    def _memory_metrics(self) -> dict[str, float]:
+        """The step's priced and measured peaks (GB), so a run that nears its device's memory shows it."""
+        out: dict[str, float] = {}
+        if self.last_memory is not None:
+            out["memory/estimated_peak_gb"] = self.last_memory.peak / step_memory.GB
+            out["memory/micro_batch_tokens"] = float(self.last_token_budget or 0)
+        measured = step_memory.measured_peak_bytes(self.device)
+        if measured is not None:
+            out["memory/measured_peak_gb"] = measured / step_memory.GB
+        return out
+
     def _scoring_logprobs(self, mb: dict[str, Any], config: TrainConfig, fwd: TrainingForward,
                           values: dict[str, torch.Tensor] | None) -> torch.Tensor:
         """log-probs of the micro-batch's trained tokens under the adapter holding `values` (None: the base):
@@ -475,6 +509,7 @@ class Trainer:
         totals = (num_tokens, num_sequences)
         devices = [self.device] if self.device.type == "cuda" else []
         self._set_layer_checkpointing(config.gradient_checkpointing)
+        step_memory.reset_measured_peak(self.device)
         try:
             # A fixed seed per step makes dropout reproducible on resume without touching the sampler's RNG.
             step_seed = config.seed * 1_000_003 + step
@@ -509,8 +544,10 @@ class Trainer:
             self._set_mode(False)
         update_time = time.perf_counter() - t0
         tokens = max(stats.tokens, 1.0)
+        memory = self._memory_metrics()
         if objective == "sft":
             return {
+                **memory,
                 "loss": stats.policy_loss_sum / tokens,  # mean NLL per target token
                 "grad_norm": grad_norm,
                 "trainable_tokens": float(num_tokens),
@@ -521,6 +558,7 @@ class Trainer:
                 "learning_rate": config.learning_rate,
             }
         return {
+            **memory,
             "loss": stats.loss,
             "policy_loss": stats.policy_loss_sum / tokens,
             "kl": stats.kl_sum / tokens,
