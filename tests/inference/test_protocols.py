@@ -171,3 +171,111 @@ async def test_the_host_guard_covers_the_new_routes(live):
         for path in ("/v1/responses", "/v1/messages"):
             r = await http.post(path, json={}, headers={"host": "attacker.example"})
             assert r.status_code == 403, (path, r.text)
+
+
+async def test_anthropic_sdk_key_header_is_checked(served):
+    """Anthropic's SDK sends its key as ``x-api-key``: accepted in place of ``Authorization: Bearer``."""
+    from live_server import LiveServer
+
+    from groupwise.inference.server import create_app
+
+    async with LiveServer(create_app(served[1], api_key="sekret")) as server:
+        claude = anthropic.AsyncAnthropic(base_url=server.url, api_key="sekret", max_retries=0)
+        m = await claude.messages.create(model="agent", max_tokens=2, messages=[{"role": "user", "content": "x"}])
+        assert m.usage.output_tokens == 2
+        wrong = anthropic.AsyncAnthropic(base_url=server.url, api_key="wrong", max_retries=0)
+        with pytest.raises(anthropic.AuthenticationError) as caught:
+            await wrong.messages.create(model="agent", max_tokens=2, messages=[{"role": "user", "content": "x"}])
+        assert caught.value.body["error"]["type"] == "authentication_error"
+        await claude.close()
+        await wrong.close()
+
+
+# ------------------------------------------------------------------------------ the translation, both ways
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from groupwise.errors import InvalidDataError  # noqa: E402
+from groupwise.protocols import (ProtocolError, messages_answer, messages_to_chat, responses_answer,  # noqa: E402
+                                 responses_to_chat)
+
+
+def test_responses_items_become_chat_messages():
+    chat = responses_to_chat({"model": "m", "instructions": "sys", "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"},
+                                                        {"type": "input_text", "text": "b"}]},
+        {"type": "reasoning", "id": "r1", "summary": []},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "let me look"}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"x": 1}'},
+        {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "one"},
+        {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "two"}]}],
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+        "tool_choice": {"type": "function", "name": "f"}, "max_output_tokens": 7})
+    assert chat["messages"] == [
+        {"role": "system", "content": "sys"}, {"role": "user", "content": "ab"},
+        {"role": "assistant", "content": "let me look", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}},
+            {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "one"}, {"role": "tool", "tool_call_id": "c2", "content": "two"}]
+    assert chat["tools"] == [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "f"}} and chat["max_tokens"] == 7
+    with pytest.raises(ProtocolError) as caught:
+        responses_to_chat({"model": "m", "input": [{"type": "message", "role": "user",
+                                                    "content": [{"type": "input_image", "image_url": "u"}]}]})
+    assert caught.value.param == "input[0].content[0].type"
+    with pytest.raises(ProtocolError) as caught:
+        responses_to_chat({"model": "m", "input": "x", "previous_response_id": "resp_1"})
+    assert caught.value.param == "previous_response_id"
+
+
+def test_messages_blocks_become_chat_messages():
+    chat = messages_to_chat({"model": "m", "max_tokens": 3, "system": [{"type": "text", "text": "sys"}], "messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"},
+                                          {"type": "text", "text": "calling"},
+                                          {"type": "tool_use", "id": "t1", "name": "f", "input": {"x": 1}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "bad", "is_error": True},
+                                     {"type": "text", "text": "go on"}]}],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "any"},
+        "stop_sequences": ["END"]})
+    assert chat["messages"] == [
+        {"role": "system", "content": "sys"}, {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "calling", "tool_calls": [
+            {"id": "t1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]},
+        {"role": "tool", "tool_call_id": "t1", "content": "Error: bad"}, {"role": "user", "content": "go on"}]
+    assert chat["tool_choice"] == "required" and chat["stop"] == ["END"] and chat["max_tokens"] == 3
+    with pytest.raises(ProtocolError) as caught:
+        messages_to_chat({"model": "m", "max_tokens": 3, "messages": [
+            {"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]})
+    assert caught.value.param == "messages[0].content[0].type"
+
+
+def test_an_answer_without_token_ids_is_refused():
+    with pytest.raises(InvalidDataError, match="token_ids"):
+        choice_from_answer({"type": "message", "content": [{"type": "text", "text": "hi"}]})
+
+
+_names = st.from_regex(r"[a-z_]{1,8}", fullmatch=True)
+_calls = st.lists(st.tuples(_names, st.dictionaries(_names, st.integers(), max_size=3)), max_size=3)
+
+
+@settings(max_examples=50, deadline=None)
+@given(text=st.one_of(st.none(), st.text(min_size=1, max_size=20)), calls=_calls,
+       finish=st.sampled_from(["stop", "length"]), ids=st.lists(st.integers(0, 50000), min_size=1, max_size=10))
+def test_a_chat_answer_survives_both_apis(text, calls, finish, ids):
+    """chat answer -> Responses / Messages answer -> Choice: the text, the calls and the token data kept."""
+    tool_calls = [{"id": f"call_{k}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+                  for k, (n, a) in enumerate(calls)]
+    finish = "tool_calls" if tool_calls and finish == "stop" else finish
+    message = {"role": "assistant", "content": text, **({"tool_calls": tool_calls} if tool_calls else {})}
+    chat = {"model": "agent@3", "created": 1, "usage": {"prompt_tokens": 4, "completion_tokens": len(ids),
+                                                        "total_tokens": 4 + len(ids)},
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "token_ids": ids,
+                         "token_logprobs": [-0.5] * len(ids), "forced_token_indices": [0]}]}
+    for answer in (responses_answer(chat, {"model": "agent@3"}), messages_answer(chat)):
+        choice = choice_from_answer(json.loads(json.dumps(answer)))
+        assert choice.message.content == text and choice.finish_reason == finish
+        got = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or []]
+        assert got == [(n, a) for n, a in calls]
+        assert choice_token_ids(choice) == ids and choice_logprobs(choice) == [-0.5] * len(ids)
