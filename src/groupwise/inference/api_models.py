@@ -18,13 +18,15 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from groupwise.inference.request_limits import MAX_MODEL_NAME_CHARS, MAX_TOOLS, SchemaBudget
 from groupwise.inference.requests import GenerationRequest
 from groupwise.inference.sampling import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
 
-__all__ = ["DEFAULT_RETURN_TOKENS_AS_TOKEN_IDS", "ChatCompletionRequest", "CompletionRequest", "Message", "Tool", "describe_validation_error",
+__all__ = ["DEFAULT_RETURN_TOKENS_AS_TOKEN_IDS", "ChatCompletionRequest", "CompletionRequest", "Message", "MessagesRequest",
+           "ResponsesRequest", "Tool", "describe_validation_error",
            "limits_context", "unparsable_param"]
 
 MAX_STOP = 8
@@ -319,15 +321,232 @@ class CompletionRequest(_Sampling):
     response_format: ResponseFormat | None = None
 
 
+# ------------------------------------------------------------------ OpenAI's Responses API (POST /v1/responses)
+# Validated here so that a bad field is a 400 naming it; translated into a chat request by
+# groupwise.protocols. Input items and content parts are strict about their own fields; what the
+# SDKs echo back from an earlier answer (ids, status, annotations, logprobs) is accepted.
+
+
+class _Echoed(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class ResponsesContentPart(_Echoed):
+    type: Literal["input_text", "output_text", "refusal", "input_image", "input_file", "input_audio"]
+    text: str | None = None
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None
+
+
+class ResponsesMessageItem(_Echoed):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[ResponsesContentPart]
+    id: str | None = None
+    status: str | None = None
+
+
+class ResponsesFunctionCallItem(_Echoed):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class ResponsesFunctionCallOutputItem(_Echoed):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str | list[ResponsesContentPart]
+    id: str | None = None
+    status: str | None = None
+
+
+class ResponsesReasoningItem(_Echoed):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[Any] = []
+    content: list[Any] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
+def _item_kind(value: Any) -> str:
+    return value.get("type", "message") if isinstance(value, dict) else "message"
+
+
+ResponsesItem = Annotated[
+    Annotated[ResponsesMessageItem, Tag("message")] | Annotated[ResponsesFunctionCallItem, Tag("function_call")]
+    | Annotated[ResponsesFunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ResponsesReasoningItem, Tag("reasoning")],
+    Discriminator(_item_kind, custom_error_type="item_type",
+                  custom_error_message="an input item's type must be message, function_call, function_call_output "
+                                       "or reasoning")]
+
+
+class ResponsesFunctionTool(_Strict):
+    type: Literal["function"]
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, value: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        if value is not None:
+            _budget(info).check(value, "parameters")
+        return value
+
+
+class ResponsesToolChoice(_Strict):
+    type: Literal["function"]
+    name: str
+
+
+class ResponsesTextFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponsesText(_Strict):
+    format: ResponsesTextFormat | None = None
+    verbosity: str | None = None  # accepted, unused
+
+
+class ResponsesRequest(_Strict):
+    """A Responses API request. Fields that change nothing here (store, metadata, include, reasoning,
+    truncation, parallel_tool_calls, user, service_tier, prompt_cache_key, safety_identifier) are accepted."""
+
+    model: str = Field(min_length=1, max_length=MAX_MODEL_NAME_CHARS)
+    input: str | list[ResponsesItem]
+    instructions: str | None = None
+    tools: list[ResponsesFunctionTool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | ResponsesToolChoice | None = None
+    text: ResponsesText | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    stream: bool = False
+    previous_response_id: str | None = None  # refused when set: nothing is stored (groupwise.protocols)
+    # vLLM-style extras (extra_body), as on chat completions
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    top_k: int | None = Field(None, ge=-1, le=TOP_K_MAX)
+    stop: str | list[str] | None = None
+    # accepted, unused
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    include: list[str] | None = None
+    reasoning: dict[str, Any] | None = None
+    truncation: str | None = None
+    parallel_tool_calls: bool | None = None
+    user: str | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    stream_options: dict[str, Any] | None = None
+    background: bool | None = None
+    max_tool_calls: int | None = None
+
+
+# ------------------------------------------------------------------ Anthropic's Messages API (POST /v1/messages)
+
+
+class AnthropicBlock(_Echoed):
+    type: Literal["text", "tool_use", "tool_result", "thinking", "redacted_thinking", "image", "document"]
+    text: str | None = None
+    id: str | None = None
+    name: str | None = None
+    input: dict[str, Any] | None = None
+    tool_use_id: str | None = None
+    content: str | list[AnthropicBlock] | None = None
+    is_error: bool | None = None
+    thinking: str | None = None
+    signature: str | None = None
+    data: str | None = None
+    source: dict[str, Any] | None = None
+    cache_control: dict[str, Any] | None = None
+    citations: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _needs(self) -> "AnthropicBlock":
+        wanted = {"text": ("text",), "tool_use": ("id", "name", "input"), "tool_result": ("tool_use_id",)}
+        missing = [f for f in wanted.get(self.type, ()) if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"a {self.type} block needs {', '.join(missing)}")
+        return self
+
+
+class AnthropicMessage(_Echoed):
+    role: Literal["user", "assistant"]
+    content: str | list[AnthropicBlock]
+
+
+class AnthropicTool(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+    cache_control: dict[str, Any] | None = None
+
+    @field_validator("input_schema")
+    @classmethod
+    def _schema(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        _budget(info).check(value, "input_schema")
+        return value
+
+
+class AnthropicToolChoice(_Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+    @model_validator(mode="after")
+    def _named(self) -> "AnthropicToolChoice":
+        if (self.type == "tool") != (self.name is not None):
+            raise ValueError("tool_choice names a tool exactly when its type is 'tool'")
+        return self
+
+
+class MessagesRequest(_Strict):
+    """An Anthropic Messages API request. ``metadata``, ``thinking`` (no effect: a chat template that thinks
+    takes chat_template_kwargs on chat completions), ``service_tier`` are accepted."""
+
+    model: str = Field(min_length=1, max_length=MAX_MODEL_NAME_CHARS)
+    max_tokens: int = Field(ge=1)
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: str | list[AnthropicBlock] | None = None
+    tools: list[AnthropicTool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: AnthropicToolChoice | None = None
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0, le=TOP_K_MAX)
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    service_tier: str | None = None
+
+
 def _field_names(*models: type[BaseModel]) -> set[str]:
     names: set[str] = set()
-    todo = list(models)
+    todo, seen = list(models), set(models)
     while todo:
         m = todo.pop()
         for name, f in m.model_fields.items():
             names.add(f.alias or name)
             for arg in _model_args(f.annotation):
-                if arg.__name__ not in {t.__name__ for t in todo}:
+                if arg not in seen:  # a recursive model (a block holding blocks) is walked once
+                    seen.add(arg)
                     todo.append(arg)
     return names
 
@@ -340,7 +559,7 @@ def _model_args(annotation: Any) -> list[type[BaseModel]]:
     return [m for a in get_args(annotation) for m in _model_args(a)]
 
 
-_FIELDS = _field_names(ChatCompletionRequest, CompletionRequest)
+_FIELDS = _field_names(ChatCompletionRequest, CompletionRequest, ResponsesRequest, MessagesRequest)
 
 
 _MAX_NUMBER_DIGITS = 4300  # pydantic's JSON parser refuses an integer literal longer (Python's own int limit)

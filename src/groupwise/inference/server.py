@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP API over an `Engine` (FastAPI); `groupwise serve` runs it (serve.py).
 
 Routes: ``POST /v1/chat/completions`` (plain and SSE streaming), ``POST /v1/completions``,
-``GET /v1/models``, ``GET /v1/models/{id}``. Requests and responses use OpenAI's shapes; request
+``GET /v1/models``, ``GET /v1/models/{id}``; and OpenAI's Responses API (``POST /v1/responses``) and
+Anthropic's Messages API (``POST /v1/messages``, its errors in Anthropic's shape), each translated into
+a chat request and run on the chat route's path (groupwise.protocols). Requests and responses use OpenAI's shapes; request
 bodies are validated by the pydantic models of api_models.py. Errors are
 ``{"error": {"message", "type", "param", "code"}}``: a 4xx names what the caller can fix (the
 field, the model, the length), and the server keeps serving. What the server promises (bind, key,
@@ -37,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hmac
+import json
 import logging
 import time
 import uuid
@@ -58,8 +61,9 @@ from groupwise.choices import wants_compact_token_data
 from groupwise.compute import compute_thread
 from groupwise.errors import ModelNotFoundError
 from groupwise.http_guard import HostGuard
-from groupwise.inference.api_models import (ChatCompletionRequest, CompletionRequest, describe_validation_error,
-                                            limits_context, unparsable_param)
+from groupwise.inference.api_models import (ChatCompletionRequest, CompletionRequest, MessagesRequest,
+                                            ResponsesRequest, describe_validation_error, limits_context,
+                                            unparsable_param)
 from groupwise.inference.constrained import ConstraintError, constraint_for
 from groupwise.inference.engine import (EngineError, GenerationRequest, GenerationResult, PromptTooLongError,
                                         RequestFailedError)
@@ -70,6 +74,8 @@ from groupwise.inference.registry import ModelRegistry, Resolved
 from groupwise.inference.request_limits import DEFAULT_MAX_BODY_BYTES, body_structure_problem
 from groupwise.inference.responses import TokenTexts, chat_response, completion_response
 from groupwise.inference.streaming import EngineStream, stream_chat
+from groupwise.protocols import (ProtocolError, messages_answer, messages_events, messages_to_chat, responses_answer,
+                                 responses_events, responses_to_chat)
 
 __all__ = ["DEFAULT_BODY_TIMEOUT_S", "DEFAULT_MAX_BODY_BYTES", "ApiError", "create_app"]
 
@@ -90,11 +96,22 @@ class ApiError(Exception):
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
+    def anthropic_body(self) -> dict[str, Any]:
+        """The error as Anthropic's API writes it (the Messages route): no ``param``, so the message names
+        the field, as every 400 of this server's does."""
+        kind = _ANTHROPIC_ERROR_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def response(self, anthropic: bool = False) -> JSONResponse:
         headers = {"x-should-retry": "false"} if self.status >= 500 else {}
         if self.status == 401:
             headers["www-authenticate"] = "Bearer"
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        body = self.anthropic_body() if anthropic else self.body()
+        return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+_ANTHROPIC_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                          413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 
 
 @dataclass
@@ -155,20 +172,20 @@ def create_app(registry: ModelRegistry, *, api_key: str | None = None,
 
 
 async def _api_error(request: Request, exc: ApiError) -> Response:
-    return exc.response()
+    return exc.response(anthropic=request.url.path.rstrip("/").endswith("/v1/messages"))
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
     if exc.status_code in (404, 405):
         message = (f"no route {request.method} {request.url.path}; this server answers POST /v1/chat/completions, "
-                   "POST /v1/completions, GET /v1/models, GET /v1/models/{id} and GET /health")
+                   "POST /v1/completions, POST /v1/responses, POST /v1/messages, GET /v1/models, GET /v1/models/{id} and GET /health")
         return ApiError(exc.status_code, message, code="unknown_url" if exc.status_code == 404 else None).response()
-    return ApiError(exc.status_code, str(exc.detail)).response()
+    return await _api_error(request, ApiError(exc.status_code, str(exc.detail)))
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
     first = exc.errors()[0] if exc.errors() else {}
-    return ApiError(400, f"invalid request: {first.get('msg', exc)}").response()
+    return await _api_error(request, ApiError(400, f"invalid request: {first.get('msg', exc)}"))
 
 
 class _InternalErrors:
@@ -213,11 +230,14 @@ def server_state(request: Request) -> ServerState:
 
 
 def require_key(request: Request) -> None:
-    """``Authorization: Bearer <key>`` when the server has a key (compared in constant time)."""
+    """``Authorization: Bearer <key>`` when the server has a key (compared in constant time); or
+    ``x-api-key: <key>``, the header Anthropic's SDK sends it in."""
     key = server_state(request).api_key
     if key is None:
         return
     given = request.headers.get("authorization", "")
+    if "x-api-key" in request.headers and "authorization" not in request.headers:
+        given = "Bearer " + request.headers["x-api-key"]
     if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
         raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
                        type="authentication_error", code="invalid_api_key")
@@ -408,6 +428,13 @@ def _model_card(model_id: str, created: int) -> dict[str, Any]:
 @api.post("/chat/completions")
 async def chat_completions(request: Request, body: ChatCompletionRequest = Depends(parsed(ChatCompletionRequest)),
                            state: ServerState = Depends(server_state)) -> Any:
+    compact = wants_compact_token_data(request.headers) and not body.logprobs and not body.top_logprobs
+    return await run_chat(request, state, body, compact)
+
+
+async def run_chat(request: Request, state: ServerState, body: ChatCompletionRequest, compact: bool) -> Response:
+    """A chat request run on the engine: its SSE stream, or its answer's JSON bytes in a Response (the
+    Responses and Messages routes run their requests translated into chat requests through here)."""
     target = resolve(state, body.model)
     check_n(state, body.n)
     messages = [m.as_dict() for m in body.messages]
@@ -442,7 +469,6 @@ async def chat_completions(request: Request, body: ChatCompletionRequest = Depen
     # the body's bytes, not a dict: FastAPI would walk a returned dict with jsonable_encoder first, about
     # 2 ms of the GIL for a 128-token choice's logprobs, on the process that steps the engine
     # a groupwise client that asked for no logprobs reads them from one list (groupwise.types says why)
-    compact = wants_compact_token_data(request.headers) and not body.logprobs and not body.top_logprobs
     # on a worker thread: n choices of the whole context with 20 alternatives a token is a body of 100+ MB,
     # seconds of work that on the event loop held every other caller's answer
     answer = await asyncio.to_thread(chat_response, state.token_texts, result, header, parse_tools,
@@ -523,3 +549,52 @@ async def completions(request: Request, body: CompletionRequest = Depends(parsed
 
 def _render_completion(tokenizer: Any, prompt: str | list[int]) -> list[int]:
     return tokenizer(prompt, add_special_tokens=False)["input_ids"] if isinstance(prompt, str) else list(prompt)
+
+
+# ---------------------------------------------------------------------------------------- Responses, Messages
+
+
+def _as_chat(chat: dict[str, Any]) -> ChatCompletionRequest:
+    """A translated request as the chat route's validated body: the same checks, the same engine path."""
+    try:
+        return ChatCompletionRequest.model_validate(chat, context=limits_context())
+    except ValidationError as exc:
+        message, _ = describe_validation_error(exc)
+        raise ApiError(400, f"{message} (in the chat request this one translates to)") from None
+
+
+async def _translated(request: Request, state: ServerState, body: Any, to_chat: Any) -> dict[str, Any]:
+    """The chat answer (its body as a dict, one choice, token data as plain lists) of a translated request."""
+    try:
+        chat = to_chat(body.model_dump(by_alias=True, exclude_none=True, warnings=False))
+    except ProtocolError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from None
+    answer = json.loads((await run_chat(request, state, _as_chat(chat), compact=True)).body)
+    choice = answer["choices"][0]
+    if choice.get("logprobs"):  # alternatives were asked for: the entries carry the logprobs
+        choice["token_logprobs"] = [e["logprob"] for e in choice["logprobs"]["content"]]
+    return answer
+
+
+def _sse(events: list[tuple[str, dict[str, Any]]]) -> Response:
+    text = "".join(f"event: {kind}\ndata: {json.dumps(data)}\n\n" for kind, data in events)
+    return Response(text, media_type="text/event-stream")
+
+
+@api.post("/responses")
+async def responses(request: Request, body: ResponsesRequest = Depends(parsed(ResponsesRequest)),
+                    state: ServerState = Depends(server_state)) -> Response:
+    """OpenAI's Responses API as a chat request (groupwise.protocols). A stream sends its events once the
+    answer is complete: the same events and the same final object as OpenAI's, not token by token."""
+    answer = responses_answer(await _translated(request, state, body, responses_to_chat),
+                              body.model_dump(by_alias=True, exclude_none=True, warnings=False))
+    return _sse(responses_events(answer)) if body.stream else JSONResponse(answer)
+
+
+@api.post("/messages")
+async def messages(request: Request, body: MessagesRequest = Depends(parsed(MessagesRequest)),
+                   state: ServerState = Depends(server_state)) -> Response:
+    """Anthropic's Messages API as a chat request (groupwise.protocols); errors in Anthropic's shape
+    (`ApiError.response`). A stream sends its events once the answer is complete."""
+    answer = messages_answer(await _translated(request, state, body, messages_to_chat))
+    return _sse(messages_events(answer)) if body.stream else JSONResponse(answer)
