@@ -8,7 +8,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 import groupwise as gw
-from groupwise.backend.worker import ModelSpec, Worker, WorkerOptions
+from groupwise.backend.worker import DeviceWorker, ModelSpec, WorkerOptions
 from http_forgery import forged_hosts, forged_origins, probe
 
 
@@ -50,7 +50,7 @@ async def test_a_workers_server_for_the_router_refuses_forged_hosts(tiny_model_d
 
     from groupwise.backend.routing import routed_endpoint
 
-    worker = Worker(0, 1, "cpu", WorkerOptions(dtype=None, max_batch_size=4, engine_kwargs={}, verify_adapter=True,
+    worker = DeviceWorker(0, 1, "cpu", WorkerOptions(dtype=None, max_batch_size=4, engine_kwargs={}, verify_adapter=True,
                                                load_model=None, memory_budget_gb=None, serve_http=True,
                                                api_key="k"))
     try:
