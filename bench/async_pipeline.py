@@ -60,7 +60,7 @@ def make_env(args: Any) -> tuple[Any, Any, Any, Any]:
     from pydantic import BaseModel
 
     import groupwise as gw
-    from groupwise.choices import choice_to_message
+    from groupwise.core.choices import choice_to_message
 
     class Task(BaseModel):
         id: int
@@ -137,7 +137,7 @@ def summarise(label: str, run_dir: str, wall: float, steps: int) -> dict[str, An
     from datetime import datetime
 
     import groupwise as gw
-    from groupwise.loop.series import rows
+    from groupwise.runs.series import rows
 
     history = gw.load_history(run_dir)
     train, loop, val = rows(history, "train"), rows(history, "loop"), rows(history, "val")

@@ -1,5 +1,5 @@
 """Attention at shapes that change from call to call: torch's default SDPA kernel choice against the
-same choice without cuDNN's kernel (what the engine and trainer use: groupwise/attention_backends.py).
+same choice without cuDNN's kernel (what the engine and trainer use: groupwise/runtime/attention_backends.py).
 
     python bench/attention_shapes.py            # CUDA; Qwen2.5-0.5B's heads (14 query, head dim 64)
 

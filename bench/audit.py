@@ -40,7 +40,7 @@ from groupwise.envs.game_2048.game import DIRECTIONS, is_valid_move  # noqa: E40
 from groupwise.envs.math.problems import make_problem  # noqa: E402
 from groupwise.loop.audit import audit_reward  # noqa: E402
 from groupwise.loop.scripted import ScriptedModel  # noqa: E402
-from groupwise.types import Trajectory, TrajectoryGroup  # noqa: E402
+from groupwise.core.trajectory import Trajectory, TrajectoryGroup  # noqa: E402
 
 _WORD = re.compile(r"[a-z0-9']+")
 

@@ -32,7 +32,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from dash_helpers import write_step  # noqa: E402
 from groupwise.dashboard.app import create_app  # noqa: E402
-from groupwise.store import RunStore  # noqa: E402
+from groupwise.runs.store import RunStore  # noqa: E402
 
 STEPS, GROUPS, PER_GROUP, TOKENS = 200, 10, 5, 200
 RUN = "bench/agent"

@@ -100,7 +100,7 @@ def make_model(path: Path) -> None:
     """The peaked tiny model (see the module docstring), saved once for every run."""
     import torch
 
-    from groupwise.loading import tiny_random_model
+    from groupwise.runtime.loading import tiny_random_model
 
     model, tok = tiny_random_model(seed=0)
     with torch.no_grad():
@@ -182,7 +182,7 @@ async def train_one(kind: str, planted: bool, seed: int, model_path: str, base_p
 def result_of(history: list[dict], **fields) -> dict:
     """A run's result from its history: each alert's steps as the loop raised them (an alert about a
     step's training rollouts is dated by the step that sampled them, and raised after it trained)."""
-    from groupwise.loop.series import events, rows
+    from groupwise.runs.series import events, rows
 
     fired: dict[str, list[int]] = {}
     for r in events(history, "alert"):
@@ -250,7 +250,7 @@ def drop_step(result: dict, drop: float) -> int | None:
 def converged_truth(result: dict, step: int, k: int) -> bool | None:
     """Whether a run had converged at `step`: none of the next `k` validations beats the best so far
     beyond the noise of the two (their intervals). None when the run has fewer than k validations left."""
-    from groupwise.curves import Point
+    from groupwise.runs.curves import Point
     from groupwise.loop.stopping import significant_gap
 
     ci = {int(s): v for s, v in result.get("val_ci", {}).items()}

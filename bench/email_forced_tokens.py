@@ -19,7 +19,7 @@ from groupwise.envs.email_search import tools as T
 from groupwise.envs.email_search.scripted import demonstration
 from groupwise.inference.constrained import allowed_mask, constraint_for
 from groupwise.inference.tool_calls import format_tool_call
-from groupwise.loading import load_tokenizer
+from groupwise.runtime.loading import load_tokenizer
 
 
 def main(args: argparse.Namespace) -> None:

@@ -43,7 +43,7 @@ import groupwise as gw
 from groupwise.envs import get_env
 from groupwise.judge import apply_hybrid, judge_stats, ruler_score_group, weighted
 from groupwise.loop.rollout_inputs import AtStep
-from groupwise.loop.series import series
+from groupwise.runs.series import series
 from groupwise.jobs.sft import env_demonstrations, warm_start
 
 

@@ -37,10 +37,10 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
-from groupwise.compute import compute_thread  # noqa: E402
+from groupwise.runtime.compute import compute_thread  # noqa: E402
 from groupwise.inference.engine import Engine, GenerationRequest  # noqa: E402
 from groupwise.inference.sampling import SamplingParams  # noqa: E402
-from groupwise.loading import load_base_model, load_tokenizer, resolve_device, resolve_dtype  # noqa: E402
+from groupwise.runtime.loading import load_base_model, load_tokenizer, resolve_device, resolve_dtype  # noqa: E402
 
 TOPICS = ["the sea", "a cat", "databases", "the moon", "bread", "chess", "rain", "trains", "music", "tea",
           "volcanoes", "bees", "winter", "maps", "clocks", "rivers", "robots", "gardens"]
@@ -121,7 +121,7 @@ def run_sequential(model, tok, prompts, tokens: int) -> float:
 
 def bench_sizes(args, model, tok, device):
     rows = []
-    C = compute_thread()  # `generate` runs where the engine steps (groupwise/compute.py: one OpenMP team)
+    C = compute_thread()  # `generate` runs where the engine steps (groupwise/runtime/compute.py: one OpenMP team)
     for k in [int(x) for x in args.requests.split(",")]:
         prompts = make_prompts(tok, k)
         engine = Engine(model, tok, max_batch_size=max(k, 1), max_new_tokens_default=args.tokens,

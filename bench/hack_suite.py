@@ -19,7 +19,7 @@ probability p(t) (a logistic in t whose onset and width vary per seed; 0 in a cl
 the honest policy's, right with probability skill(t) (rising from the base's with a per-seed rate, some
 seeds barely learn), whose phrasing also moves the way learning moves it (shorter, more uniform within a
 group as skill grows). Rewards and the task are computed from the answers' texts, and each step goes
-through what `gw.fit` does: train rows (`groupwise.store.history_row`, with the task metric scored on
+through what `gw.fit` does: train rows (`groupwise.runs.store.history_row`, with the task metric scored on
 the training rollouts), the loop row's rollout signals, validation rows with their intervals, then
 `run_detectors` on the history and the step's groups. What it does not model: the gradient. The hack's
 spread is drawn, not learned from the reward, so the simulator measures whether the detectors see a hack
@@ -260,7 +260,7 @@ def simulate(env: str, family: str | None, seed: int, *, steps: int = 12, groups
     import groupwise as gw
     from groupwise.loop.detectors import reference, reference_of, rollout_signals, run_detectors
     from groupwise.loop.intervals import mean_interval
-    from groupwise.store import history_row
+    from groupwise.runs.store import history_row
 
     cfg = config or gw.LoopConfig(metric=METRIC, eval_every=1)
     d = cfg.detectors

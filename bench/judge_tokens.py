@@ -119,7 +119,7 @@ def trajectory(rng: random.Random, turns: int, n_emails: int = 0) -> list[dict]:
 
 def make_counter():
     try:
-        from groupwise.loading import load_tokenizer
+        from groupwise.runtime.loading import load_tokenizer
 
         tok = load_tokenizer("smollm2-135m")
 

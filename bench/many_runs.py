@@ -51,7 +51,7 @@ def random_model(name: str, device: str | None = None, dtype: str | None = None)
 
 def _tokens(groups: list[Any]) -> int:
     """Generated tokens of the groups' rollouts (every sampled choice)."""
-    from groupwise.choices import choice_token_ids
+    from groupwise.core.choices import choice_token_ids
 
     n = 0
     for g in groups:

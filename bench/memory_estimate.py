@@ -41,7 +41,7 @@ def _model(name: str, dtype, device):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     if name == "smollm2-135m":
-        from groupwise.loading import load_base_model
+        from groupwise.runtime.loading import load_base_model
 
         model, _ = load_base_model(name, device=device, dtype=dtype)
         return model
@@ -88,7 +88,7 @@ def one(name: str, device: str) -> dict:
     import torch
 
     from groupwise.config import LoraConfig, TrainConfig
-    from groupwise.memory import release_freed_memory
+    from groupwise.runtime.memory import release_freed_memory
     from groupwise.training import step_memory
     from groupwise.training.adapters import wrap_with_lora
     from groupwise.training.trainer import Trainer

@@ -75,7 +75,7 @@ def hostile_bodies() -> dict[str, bytes]:
 
 
 def start_server(python_path: str | None) -> tuple[subprocess.Popen, str, str]:
-    from groupwise.loading import tiny_random_model
+    from groupwise.runtime.loading import tiny_random_model
 
     folder = tempfile.mkdtemp(prefix="soak-model-")
     model, tok = tiny_random_model(seed=0)

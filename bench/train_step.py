@@ -68,8 +68,8 @@ def reward_fn(text: str) -> float:
 def build_model(arch: str, device: str, dtype_name: str | None, seed: int = 0) -> tuple[Any, Any]:
     import torch
 
-    from groupwise.loading import load_base_model, load_tokenizer, resolve_device, resolve_dtype
-    from groupwise.special_tokens import apply_special_tokens, special_tokens, unused_token_id
+    from groupwise.runtime.loading import load_base_model, load_tokenizer, resolve_device, resolve_dtype
+    from groupwise.runtime.special_tokens import apply_special_tokens, special_tokens, unused_token_id
 
     if arch == "smollm2":
         return load_base_model("smollm2-135m", device=device, dtype=dtype_name)
@@ -131,11 +131,11 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
     from groupwise.training.tokenize import tokenize_groups
     from groupwise.training.adapters import wrap_with_lora
     from groupwise.training.trainer import Trainer
-    from groupwise.types import Trajectory, TrajectoryGroup
+    from groupwise.core.trajectory import Trajectory, TrajectoryGroup
 
-    from groupwise.compute import compute_thread
+    from groupwise.runtime.compute import compute_thread
 
-    C = compute_thread()  # all torch work on one thread, as LocalBackend does (groupwise/compute.py)
+    C = compute_thread()  # all torch work on one thread, as LocalBackend does (groupwise/runtime/compute.py)
     peft_model = C.call(wrap_with_lora, model, LoraConfig(rank=args.rank, alpha=2 * args.rank,
                                                           target_modules=tuple(args.targets)))
     peft_model.eval()
@@ -354,9 +354,9 @@ def main() -> None:
 
     import torch
 
-    from groupwise.compute import compute_thread
+    from groupwise.runtime.compute import compute_thread
 
-    C = compute_thread()  # both sides' torch work on one thread (groupwise/compute.py: OpenMP teams)
+    C = compute_thread()  # both sides' torch work on one thread (groupwise/runtime/compute.py: OpenMP teams)
     torch.manual_seed(0)
     results = {}
     # TRL runs first: our engine captures CUDA graphs, and TRL's sampling in the same process after a

@@ -15,7 +15,7 @@ import os
 import pytest
 
 # A developer's W&B key must not make every test that logs a step open a W&B run (a Model logs to W&B
-# when WANDB_API_KEY is set, as ART's: groupwise.wandb_log); the W&B tests set offline mode themselves.
+# when WANDB_API_KEY is set, as ART's: groupwise.runs.wandb_log); the W&B tests set offline mode themselves.
 os.environ.pop("WANDB_API_KEY", None)
 if os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "online", "run"):
     os.environ["WANDB_MODE"] = "disabled"
@@ -24,7 +24,7 @@ if os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "online", "
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """The tiny random Llama (seed 0, SmolLM2's tokenizer) saved as a folder; never write into it."""
-    from groupwise.loading import tiny_random_model
+    from groupwise.runtime.loading import tiny_random_model
 
     path = tmp_path_factory.mktemp("tiny-llama")
     model, tok = tiny_random_model(seed=0)
@@ -40,7 +40,7 @@ def peaked_tiny_model(tmp_path_factory) -> str:
     model's logits are so flat that GRPO has no competing alternatives to learn from in a few steps."""
     import torch
 
-    from groupwise.loading import tiny_random_model
+    from groupwise.runtime.loading import tiny_random_model
 
     path = tmp_path_factory.mktemp("tiny-peaked")
     model, tok = tiny_random_model(seed=0)
@@ -71,7 +71,7 @@ def reads(monkeypatch) -> list[str]:
 @pytest.fixture
 def cudnn_attention_at_each_call(monkeypatch) -> list[bool]:
     """Whether cuDNN's SDPA kernel was switched on at each `scaled_dot_product_attention` call (the
-    engine's and the trainer's passes switch it off: groupwise/attention_backends.py)."""
+    engine's and the trainer's passes switch it off: groupwise/runtime/attention_backends.py)."""
     import torch
 
     seen: list[bool] = []

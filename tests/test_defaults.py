@@ -103,7 +103,7 @@ def test_the_best_checkpoint_metric_has_one_owner():
 
 def test_the_engines_batch_size_has_one_owner():
     # (vLLM's engine batches far more, and ART's PipelineTrainer's max_batch_size counts groups)
-    found = [f for f in _defaults("max_batch_size") if not f[0].startswith(("inference/vllm", "pipeline_trainer/"))]
+    found = [f for f in _defaults("max_batch_size") if not f[0].startswith(("inference/vllm", "art/pipeline_trainer/"))]
     assert len(found) >= 4  # the Engine, BackendOptions (every worker backend's), Replica, the local judge
     assert [f for f in found if f[1] != "DEFAULT_MAX_BATCH_SIZE"] == []
 

@@ -39,7 +39,7 @@ def test_the_docs_put_the_loop_cursor_in_the_checkpoints():
     # state.json, which is the user's (ART's model.write_state)
     import re
 
-    for doc in [*DOCS, REPO / "src/groupwise/store.py"]:
+    for doc in [*DOCS, REPO / "src/groupwise/runs/store.py"]:
         for sentence in re.split(r"(?<=[.|])\s", doc.read_text()):
             if "cursor" in sentence and "state.json" in sentence:
                 assert "checkpoint" in sentence, f"{doc.name}: {sentence.strip()[:200]}"

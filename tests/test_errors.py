@@ -84,14 +84,14 @@ def test_the_errors_users_meet_are_caught_by_one_except_and_keep_their_stdlib_ba
 # The only places groupwise raises a plain built-in exception: each is a protocol where the built-in class
 # is what the caller (Python, pydantic, the code right below) expects, never what a user meets as is.
 ALLOWED_BUILTIN_RAISES = {
-    ("local/__init__.py", "AttributeError"): "module __getattr__: Python's protocol for a missing attribute",
-    ("local/api.py", "AttributeError"): "module __getattr__: Python's protocol for a missing attribute",
-    ("skypilot/__init__.py", "AttributeError"): "module __getattr__: Python's protocol for a missing attribute",
-    ("types.py", "AttributeError"): "module __getattr__ (ART's names that live elsewhere): Python's protocol",
+    ("art/local/__init__.py", "AttributeError"): "module __getattr__: Python's protocol for a missing attribute",
+    ("art/local/api.py", "AttributeError"): "module __getattr__: Python's protocol for a missing attribute",
+    ("art/skypilot/__init__.py", "AttributeError"): "module __getattr__: Python's protocol for a missing attribute",
+    ("core/trajectory.py", "AttributeError"): "module __getattr__ (ART's names that live elsewhere): Python's protocol",
     ("backend/base.py", "NotImplementedError"): "a Backend method this backend does not offer (Python's protocol)",
     ("model.py", "ValueError"): "a pydantic field validator: pydantic reports it inside its ValidationError",
-    ("types.py", "ValueError"): "pydantic field validators: pydantic reports them inside its ValidationError",
-    ("readers.py", "ValueError"): "pydantic validators of a file's rows: read_rows reports them as a RowError",
+    ("core/trajectory.py", "ValueError"): "pydantic field validators: pydantic reports them inside its ValidationError",
+    ("core/readers.py", "ValueError"): "pydantic validators of a file's rows: read_rows reports them as a RowError",
     ("inference/api_models.py", "ValueError"): "pydantic validators of a request: the server answers 400 with them",
     ("inference/request_limits.py", "ValueError"): "called from api_models' validators only (as above)",
     ("inference/prepare.py", "ValueError"): "check_json_schema's; check_request_schemas turns it into SchemaProblem",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from layers_check import (
+    alias_violations,
     Module,
     PACKAGE,
     SRC,
@@ -38,10 +39,10 @@ def test_the_scan_sees_the_tree(tree):
     for area in ("judge", "inference", "training", "loop", "envs", "backend", "rollout", "jobs", "dashboard"):
         assert any(within(m, f"{PACKAGE}.{area}") for m in tree), area
     fit = tree[f"{PACKAGE}.loop.fit"]
-    assert any(imp.target == f"{PACKAGE}.types" and imp.at_load for imp in fit.imports)
+    assert any(imp.target == f"{PACKAGE}.core.trajectory" and imp.at_load for imp in fit.imports)
     assert {"torch", "transformers", "peft", "fastapi"} <= heavy_libraries()
     roots = client_roots(tree)
-    assert {f"{PACKAGE}.types", f"{PACKAGE}.rollout.gather", f"{PACKAGE}.store", f"{PACKAGE}.judge",
+    assert {f"{PACKAGE}.core.trajectory", f"{PACKAGE}.rollout.gather", f"{PACKAGE}.runs.store", f"{PACKAGE}.judge",
             f"{PACKAGE}.loop", f"{PACKAGE}.model", f"{PACKAGE}.backend.base", f"{PACKAGE}.mcp"} <= roots
     assert all(r in tree for r in roots), sorted(roots - set(tree))
 
@@ -98,15 +99,15 @@ def write(root: Path, files: dict[str, str]) -> dict[str, Module]:
 
 
 CLEAN = {
-    "groupwise/__init__.py": '_EXPORTS = {"Trajectory": "groupwise.types", "fit": "groupwise.loop"}\n'
+    "groupwise/__init__.py": '_EXPORTS = {"Trajectory": "groupwise.core.trajectory", "fit": "groupwise.loop"}\n'
     '_SUBPACKAGES = ("utils",)\n',
-    "groupwise/types.py": "import json\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n",
-    "groupwise/utils/__init__.py": "",
+    "groupwise/core/trajectory.py": "import json\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n",
+    "groupwise/art/utils/__init__.py": "",
     "groupwise/cli.py": "import argparse\nfrom groupwise.jobs import train\n",
-    "groupwise/inspect.py": "",
+    "groupwise/runs/transcript.py": "",
     "groupwise/loop/__init__.py": "from groupwise.loop.fit import fit\n",
     "groupwise/loop/x.py": "",
-    "groupwise/loop/fit.py": "from groupwise.backend.base import Backend\nfrom groupwise.types import json\n"
+    "groupwise/loop/fit.py": "from groupwise.backend.base import Backend\nfrom groupwise.core.trajectory import json\n"
     "def fit():\n    import groupwise.loop.x\n",
     "groupwise/backend/base.py": "class Backend: ...\n",
     "groupwise/backend/local.py": "from groupwise.backend.base import Backend\n"
@@ -116,7 +117,7 @@ CLEAN = {
     "groupwise/inference/decode.py": "from groupwise.chat.render import json\ndef decode(engine):\n    return engine.state\n",
     "groupwise/training/trainer.py": "import torch\nfrom groupwise.chat import render\n",
     "groupwise/chat/render.py": "import json\n",
-    "groupwise/judge/ruler.py": "from groupwise.types import json\n",
+    "groupwise/judge/ruler.py": "from groupwise.core.trajectory import json\n",
     "groupwise/envs/_chat.py": "def _helper(): ...\ndef chat(): ...\n",
     "groupwise/envs/math/env.py": "from groupwise.envs._chat import chat\n",
     "groupwise/jobs/train.py": "from groupwise.envs.math import env\nfrom groupwise.jobs import fields\n"
@@ -132,16 +133,44 @@ def checks(tree: dict[str, Module]) -> dict[str, list]:
         "private": private_violations(tree),
         "members": private_member_violations(tree),
         "cycles": cycles(tree),
+        "aliases": alias_violations(tree),
     }
 
 
 def test_the_clean_synthetic_tree_passes(tmp_path):
-    assert checks(write(tmp_path, CLEAN)) == {"heavy": [], "layers": [], "private": [], "members": [], "cycles": []}
+    assert checks(write(tmp_path, CLEAN)) == {"heavy": [], "layers": [], "private": [], "members": [], "cycles": [], "aliases": []}
 
 
 BREAKS = {
+    "the core imports the wing": (
+        {"groupwise/core/captures.py": "from groupwise.art.utils import retry\n"},
+        "layers", "groupwise.core.captures:1 imports groupwise.art.utils"),
+    "a layer imports the wing": (
+        {"groupwise/loop/cursor.py": "def f():\n    from groupwise.art.utils import epoch_order\n"},
+        "layers", "groupwise.loop.cursor:2 imports groupwise.art.utils"),
+    "the core imports the run store": (
+        {"groupwise/core/metrics.py": "from groupwise.runs.store import load_history\n", "groupwise/runs/store.py": ""},
+        "layers", "groupwise.core.metrics:1 imports groupwise.runs.store"),
+    "the run store imports the loop": (
+        {"groupwise/runs/store.py": "from groupwise.loop import fit\n"},
+        "layers", "groupwise.runs.store:1 imports groupwise.loop"),
+    "the torch-side helpers import the engine": (
+        {"groupwise/runtime/compute.py": "from groupwise.inference import engine\n"},
+        "layers", "groupwise.runtime.compute:1 imports groupwise.inference.engine"),
+    "the client side imports a torch-side helper": (
+        {"groupwise/judge/ruler.py": "def f():\n    from groupwise.runtime import loading\n", "groupwise/runtime/loading.py": ""},
+        "layers", "groupwise.judge.ruler:2 imports groupwise.runtime.loading"),
+    "a module imports an old path": (
+        {"groupwise/loop/x.py": "from groupwise.store import load_history\n"},
+        "aliases", "groupwise.loop.x:1 names groupwise.store: import groupwise.runs.store"),
+    "a module imports ART's path of a wing module": (
+        {"groupwise/loop/x.py": "import groupwise.utils.output_dirs\n"},
+        "aliases", "groupwise.loop.x:1 names groupwise.utils.output_dirs: import groupwise.runs.output_dirs"),
+    "a string names an old path": (
+        {"groupwise/loop/x.py": "import importlib\nm = importlib.import_module('groupwise.types')\n"},
+        "aliases", "groupwise.loop.x:2 names groupwise.types: import groupwise.core.trajectory"),
     "client side imports torch at load": (
-        {"groupwise/types.py": "import torch.nn\n"}, "heavy", "groupwise.types:1 imports torch.nn"),
+        {"groupwise/core/trajectory.py": "import torch.nn\n"}, "heavy", "groupwise.core.trajectory:1 imports torch.nn"),
     "torch reached through a module the client side loads": (
         {"groupwise/loop/fit.py": "from groupwise.backend import local\n"
          "import groupwise.inference.engine\n"}, "heavy", "groupwise.inference.engine:1 imports torch"),
@@ -192,14 +221,14 @@ BREAKS = {
         {"groupwise/cli.py": "import importlib\ndef main(target):\n    return importlib.import_module(target)\n"},
         "layers", "groupwise.cli:1 imports importlib"),
     "a domain module takes an argparse Namespace": (
-        {"groupwise/inspect.py": "import argparse\ndef run(args: argparse.Namespace): ...\n"},
-        "layers", "groupwise.inspect:1 imports argparse"),
+        {"groupwise/runs/transcript.py": "import argparse\ndef run(args: argparse.Namespace): ...\n"},
+        "layers", "groupwise.runs.transcript:1 imports argparse"),
     "a job imports argparse": (
         {"groupwise/jobs/train.py": "def run():\n    from argparse import Namespace\n"},
         "layers", "groupwise.jobs.train:2 imports argparse"),
     "the dashboard imports the trainer": (
-        {"groupwise/training/advantages.py": "def group_advantages(): ...\n",
-         "groupwise/dashboard/runs.py": "from groupwise.training.advantages import group_advantages\n"
+        {"groupwise/core/advantages.py": "def group_advantages(): ...\n",
+         "groupwise/dashboard/runs.py": "from groupwise.core.advantages import group_advantages\n"
          "def f():\n    from groupwise.training import trainer\n"},
         "layers", "groupwise.dashboard.runs:3 imports groupwise.training.trainer"),
     "an integration imports the backend": (
@@ -228,8 +257,8 @@ BREAKS = {
         {"groupwise/inference/decode.py": "def decode(engine):\n    return engine._running\n"},
         "members", "groupwise.inference.decode:2 reads ._running of groupwise.inference.engine"),
     "calls a private method of another module's class": (
-        {"groupwise/compute.py": "def main(engines):\n    for e in engines:\n        e._poll()\n"},
-        "members", "groupwise.compute:3 reads ._poll of groupwise.inference.engine"),
+        {"groupwise/runtime/compute.py": "def main(engines):\n    for e in engines:\n        e._poll()\n"},
+        "members", "groupwise.runtime.compute:3 reads ._poll of groupwise.inference.engine"),
     "reads a private attribute through getattr": (
         {"groupwise/loop/fit.py": "def f(backend):\n    return getattr(backend, '_running', None)\n"},
         "members", "groupwise.loop.fit:2 reads ._running of groupwise.inference.engine"),
@@ -239,10 +268,10 @@ BREAKS = {
         "cycles", ["groupwise.inference.decode", "groupwise.inference.graphs"]),
     "a cycle through a package's __init__": (
         {"groupwise/judge/__init__.py": "from groupwise.judge.ruler import x\n",
-         "groupwise/judge/ruler.py": "from groupwise.types import y\nx = 1\n",
-         "groupwise/types.py": "from groupwise.judge.cache import z\n",
+         "groupwise/judge/ruler.py": "from groupwise.core.trajectory import y\nx = 1\n",
+         "groupwise/core/trajectory.py": "from groupwise.judge.cache import z\n",
          "groupwise/judge/cache.py": "z = 1\n"},
-        "cycles", ["groupwise.judge", "groupwise.judge.ruler", "groupwise.types"]),
+        "cycles", ["groupwise.core.trajectory", "groupwise.judge", "groupwise.judge.ruler"]),
 }
 
 
@@ -264,7 +293,7 @@ def test_how_function_level_and_type_checking_imports_count(tmp_path):
     tree = write(tmp_path, {**CLEAN, "groupwise/inference/engine.py": "from groupwise.inference import decode\n",
                             "groupwise/inference/decode.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                             "    from groupwise.inference.engine import Engine\n"})
-    assert checks(tree) == {"heavy": [], "layers": [], "private": [], "members": [], "cycles": []}
+    assert checks(tree) == {"heavy": [], "layers": [], "private": [], "members": [], "cycles": [], "aliases": []}
     tree = write(tmp_path, {"groupwise/inference/decode.py": "def f():\n    from groupwise.inference import engine\n"})
     assert cycles(tree) == [["groupwise.inference.decode", "groupwise.inference.engine"]]
     # an explicit import of the importer's own package counts (implicit parent initialisation does not)

@@ -15,7 +15,7 @@ from dataclasses import InitVar, dataclass
 from typing import Any
 
 from groupwise.errors import ConfigError, warn_ignored
-from groupwise.validated import (
+from groupwise.core.validated import (
     SetValues, Validated, check_choice, check_fraction, check_number, check_positive, check_seed, fields_set, is_number,
     option, records_set_fields, replace_set,
 )
@@ -129,7 +129,7 @@ class TrainConfig(UpdateSettings):
     """Settings of one GRPO step (`await model.train(groups, config=TrainConfig(...))`): the update
     settings every optimizer update shares (`UpdateSettings`), then GRPO's own. It records which
     fields its caller set (`model_fields_set`): a step's settings are resolved by that
-    (`groupwise.compat.resolve_train_config`), never by comparing a value with its default."""
+    (`groupwise.core.compat.resolve_train_config`), never by comparing a value with its default."""
 
     loss: str = option("ppo", help="'ppo': clipped importance ratio (GRPO/DAPO); 'cispo': clipped, stop-gradient weight on log-prob (CISPO).")
     epsilon: float = option(0.2, help="Lower clip: the ratio is clipped to [1 - epsilon, 1 + epsilon_high].")

@@ -230,7 +230,7 @@ class ArtInternalModuleError(GroupwiseError, ModuleNotFoundError):
 
 class ArtNameNotProvided(GroupwiseError, AttributeError):
     """A name of ART's API that groupwise does not provide; the message says why and what to use instead
-    (`groupwise.compat.NOT_PROVIDED`)."""
+    (`groupwise.core.compat.NOT_PROVIDED`)."""
 
 
 class ScenarioGenerationError(GroupwiseError, ValueError):

@@ -9,7 +9,7 @@
     result = await model.train(groups, config=TrainConfig(learning_rate=1e-5))
     await model.log(val_groups, split="val")
 
-Both write to the same run store (`groupwise.store`): ``<base_path>/<project>/models/<name>/``, so a
+Both write to the same run store (`groupwise.runs.store`): ``<base_path>/<project>/models/<name>/``, so a
 baseline's validation rows sit beside the trained model's and plots can compare them. Nothing here
 imports torch: a backend is handed in by the caller.
 
@@ -17,7 +17,7 @@ Both are pydantic models generic in their config, as ART's, because ported code 
 (``Model[MyConfig]``, ``model_copy``, ``model_dump``). ART's constructor arguments are accepted
 (docs/porting-from-art.md): `run_name` names the run's folder (`name` stays the served name),
 `lora_config` and `_internal_config`'s ``peft_args`` set the adapter, its ``trainer_args`` (and the
-other settings in `groupwise.compat.INTERNAL_TRAIN_FIELDS`) are the model's `TrainConfig` values, and
+other settings in `groupwise.core.compat.INTERNAL_TRAIN_FIELDS`) are the model's `TrainConfig` values, and
 the arguments of ART's own machinery (W&B entity, Unsloth and vLLM settings) are named once in an
 `ArtCompatWarning`.
 """
@@ -36,24 +36,24 @@ from typing import TYPE_CHECKING, Any, Generic
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
 from typing_extensions import TypeVar
 
-from groupwise import wandb_log
-from groupwise.adapter_names import served_name
+from groupwise.runs import wandb_log
+from groupwise.core.adapter_names import served_name
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC
-from groupwise.choices import COMPACT_TOKEN_DATA
-from groupwise.compat import (init_signature_from_fields, internal_config_settings, merge_lora, resolve_train_config,
+from groupwise.core.choices import COMPACT_TOKEN_DATA
+from groupwise.core.compat import (init_signature_from_fields, internal_config_settings, merge_lora, resolve_train_config,
                               warn_ignored)
 from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_PROJECT, DEFAULT_RUN_STORE
 from groupwise.errors import (ArgumentTypeError, ConfigError, CorruptRecordError, GroupwiseError, GroupwiseWarning,
                               NotRegisteredError)
-from groupwise.store import RunStore, as_groups, history_row, metrics_row, train_metrics
-from groupwise.types import Trajectory, TrajectoryGroup
+from groupwise.runs.store import RunStore, as_groups, history_row, metrics_row, train_metrics
+from groupwise.core.trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     import openai
 
     from groupwise.backend.base import Backend, TrainResult
     from groupwise.config import LoraConfig, TrainConfig, TrainSFTConfig
-    from groupwise.metrics import MetricsBuilder
+    from groupwise.core.metrics import MetricsBuilder
 
 __all__ = ["Model", "TrainableModel"]
 
@@ -133,7 +133,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
             (e.g. name="baseline-4o-mini", inference_model_name="openai/gpt-4o-mini").
         config: your own settings for this model (kept as given, or validated as ``Model[Cfg]``'s Cfg).
         entity, report_metrics: ART's W&B settings: each history row goes to the W&B run of this model
-            when W&B is configured (`groupwise.wandb_log`: WANDB_API_KEY, WANDB_MODE=offline or
+            when W&B is configured (`groupwise.runs.wandb_log`: WANDB_API_KEY, WANDB_MODE=offline or
             ``report_metrics=["wandb"]``); `update_wandb_config` adds to that run's config.
         id, run_id: the ids ART's hosted (serverless) backend gives a model; kept, unused here.
     """
@@ -158,7 +158,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     _client: Any = PrivateAttr(default=None)
     _client_loop: Any = PrivateAttr(default=None)
     _logged: set = PrivateAttr(default_factory=set)  # (step, split) this object logged trajectories for
-    _metrics: Any = PrivateAttr(default=None)  # the run's MetricsBuilder (groupwise.metrics), made on first use
+    _metrics: Any = PrivateAttr(default=None)  # the run's MetricsBuilder (groupwise.core.metrics), made on first use
     _cost_calculator: Any = PrivateAttr(default=None)  # set_cost_calculator's
     _wandb_config: dict = PrivateAttr(default_factory=dict)  # update_wandb_config's, until the W&B run starts
 
@@ -361,7 +361,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
             self._client = None
         wandb_log.finish(self)
 
-    # -- W&B (groupwise.wandb_log: when, which run, what is logged) ----------------------------------
+    # -- W&B (groupwise.runs.wandb_log: when, which run, what is logged) ----------------------------------
     def update_wandb_config(self, config: dict[str, Any]) -> None:
         """Merge `config` into this model's W&B run config (ART's): kept until the run starts, sent at
         once to a live one. A key already set to another value is a `ConfigError` (ART: immutable).
@@ -402,15 +402,15 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
 
     # -- steps and logging ----------------------------------------------------------------------
     def metrics_builder(self, cost_context: str | None = None) -> "MetricsBuilder":
-        """ART 0.5's step-metrics builder of this run (`groupwise.metrics`): the ``train`` one, or that of
+        """ART 0.5's step-metrics builder of this run (`groupwise.core.metrics`): the ``train`` one, or that of
         `cost_context` (``eval`` for val and test); `log` writes what it holds into its split's next row."""
-        from groupwise.metrics import MetricsBuilder
+        from groupwise.core.metrics import MetricsBuilder
 
         if self._metrics is None:
             self._metrics = MetricsBuilder("train")
             saved = (self.read_state() or {}).get(METRICS_STATE_KEY)
             if saved is not None:
-                from groupwise.readers import JSONProblem, MetricsState, validate
+                from groupwise.core.readers import JSONProblem, MetricsState, validate
 
                 try:  # running totals: finite numbers (a hand-edited "abc" or NaN would poison every later row)
                     validate(MetricsState, saved)
@@ -426,7 +426,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     def _with_builder_metrics(self, split: str, metrics: dict[str, Any]) -> dict[str, Any]:
         """`metrics` with the builder-managed keys (costs/, time/step_, ...) added to the split's builder,
         and what that builder holds (with its rollups and totals) in their place (ART's flush at log)."""
-        from groupwise.metrics import is_builder_managed_metric
+        from groupwise.core.metrics import is_builder_managed_metric
 
         managed = {k: v for k, v in metrics.items() if is_builder_managed_metric(k)}
         if self._metrics is None and not managed:
@@ -457,7 +457,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         Accepts groups, loose trajectories and exceptions (stored as one group), or None: then only
         `metrics` are written, in a row without the reward fields (ART's
         ``model.log(metrics=result.metrics, step=result.step)``). `step` defaults to the model's
-        current step. The row's schema is in `groupwise.store`'s docstring.
+        current step. The row's schema is in `groupwise.runs.store`'s docstring.
         """
         if step is None:
             step = await self.get_step()
@@ -513,7 +513,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         _internal_config: ART's `art.dev.InternalModelConfig` (private state, as in ART; may be assigned
             after construction). ``peft_args`` (``r``, ``lora_alpha``, ``lora_dropout``,
             ``target_modules``, ``random_state``) set the adapter; the settings in
-            `groupwise.compat.INTERNAL_TRAIN_FIELDS` (``trainer_args.max_grad_norm``, ...) are this model's
+            `groupwise.core.compat.INTERNAL_TRAIN_FIELDS` (``trainer_args.max_grad_norm``, ...) are this model's
             `TrainConfig` values; the rest is named once in a warning, with what to use instead.
     """
 
@@ -549,7 +549,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
 
     def lora_for(self, default: "LoraConfig") -> "LoraConfig":
         """This model's adapter settings: `default` (the backend's) overridden by ``config`` (a
-        LoraConfig), ``lora_config`` and ``_internal_config["peft_args"]`` (`groupwise.compat.merge_lora`)."""
+        LoraConfig), ``lora_config`` and ``_internal_config["peft_args"]`` (`groupwise.core.compat.merge_lora`)."""
         return merge_lora(default, self.config, self.lora_config, self._internal_settings()[0])
 
     async def register(self, backend: "Backend | None" = None, _openai_client_config: dict[str, Any] | None = None,
@@ -578,7 +578,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
 
     def _make_client(self) -> "openai.AsyncOpenAI":
         endpoint = self.backend.inference_endpoint(self)
-        # a request that asks for no logprobs gets them as plain lists (groupwise.choices.TOKEN_DATA_HEADER)
+        # a request that asks for no logprobs gets them as plain lists (groupwise.core.choices.TOKEN_DATA_HEADER)
         return _openai_client_class()(base_url=endpoint.base_url, api_key=endpoint.api_key,
                                   http_client=endpoint.http_client, default_headers=dict(COMPACT_TOKEN_DATA))
 

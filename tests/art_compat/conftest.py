@@ -13,7 +13,7 @@ def art_model_dir(tmp_path_factory):
     generation config also ends an answer at one token id in 40. A random model otherwise writes until
     the context is full whenever a program sets no `max_tokens`, which no real model does on these
     prompts; with these end tokens its answers average ~60 tokens."""
-    from groupwise.loading import load_tokenizer, tiny_random_model
+    from groupwise.runtime.loading import load_tokenizer, tiny_random_model
 
     path = tmp_path_factory.mktemp("tiny-llama-ends")
     tokenizer = load_tokenizer("smollm2-135m")
@@ -31,7 +31,7 @@ def answering_model_dir(path, words: dict[str, float]) -> str:
     the residual stream; the (untied) LM head reads only that feature, and only for `words`."""
     import torch
 
-    from groupwise.loading import load_tokenizer, tiny_random_model
+    from groupwise.runtime.loading import load_tokenizer, tiny_random_model
 
     model, tokenizer = tiny_random_model(seed=0, tokenizer=load_tokenizer("smollm2-135m"))
     with torch.no_grad():

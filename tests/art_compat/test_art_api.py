@@ -222,7 +222,7 @@ def test_arts_training_options_are_all_known_and_arts_defaults_change_nothing():
     import warnings
 
     from groupwise import ArtCompatWarning, TrainConfig
-    from groupwise.compat import KNOWN_TRAIN_OPTIONS, train_config_from_art
+    from groupwise.core.compat import KNOWN_TRAIN_OPTIONS, train_config_from_art
 
     ours = {f.name for f in dataclasses.fields(TrainConfig)}
     for version, modules in SNAPSHOT["versions"].items():

@@ -277,7 +277,7 @@ def test_arts_parquet_trajectory_logs_round_trip(tmp_path):
 
 
 def test_art_0_1_to_0_4s_json_line_logs_round_trip(tmp_path):
-    from groupwise.store import RunStore
+    from groupwise.runs.store import RunStore
     from groupwise.utils.trajectory_logging import deserialize_trajectory_groups, serialize_trajectory_groups
 
     logprob = {"content": [{"token": "ok", "logprob": -0.1, "bytes": [111, 107], "top_logprobs": []}]}

@@ -11,10 +11,10 @@ import pytest
 
 import groupwise as art
 from groupwise import GroupwiseError
-from groupwise.choices import choice_token_ids
+from groupwise.core.choices import choice_token_ids
 from groupwise.errors import InvalidDataError
-from groupwise.openai import consume_chat_completion_stream
-from groupwise.types import Choice
+from groupwise.core.chat_stream import consume_chat_completion_stream
+from groupwise.core.trajectory import Choice
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
                                            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
@@ -175,7 +175,7 @@ def test_a_streamed_reply_holding_a_unicode_line_separator_is_put_back_whole(new
     # an event. SSE lines end at CR, LF or CRLF only.
     import json
 
-    from groupwise.captures import _streamed_response
+    from groupwise.core.captures import _streamed_response
 
     def event(delta: dict, finish=None) -> str:
         chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",

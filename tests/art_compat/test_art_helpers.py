@@ -150,7 +150,7 @@ def test_output_dirs_name_the_folders_a_run_writes(tmp_path, monkeypatch):
     run store writes: the run, its step checkpoints, its trajectories by split; by default under the
     backend's default folder in the working directory."""
     from groupwise.backend import Backend
-    from groupwise.store import RunStore
+    from groupwise.runs.store import RunStore
     from groupwise.utils import output_dirs as od
 
     assert Backend is art.Backend

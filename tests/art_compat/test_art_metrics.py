@@ -10,7 +10,7 @@ from openai.types.chat import ChatCompletion
 
 import groupwise as art
 from groupwise.errors import ConfigError, GroupwiseWarning
-from groupwise.metrics import MetricsBuilder, track_api_cost
+from groupwise.core.metrics import MetricsBuilder, track_api_cost
 
 
 def _completion(prompt: int, completion: int, cached: int = 0) -> ChatCompletion:

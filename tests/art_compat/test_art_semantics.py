@@ -135,7 +135,7 @@ def test_retry_warns_on_each_retry_and_takes_a_shrinking_backoff(monkeypatch, ca
     import importlib
     import logging
 
-    retry_module = importlib.import_module("groupwise.utils.retry")
+    retry_module = importlib.import_module("groupwise.core.retry")
     sleeps: list[float] = []
     monkeypatch.setattr(retry_module.time, "sleep", sleeps.append)
     calls = 0
@@ -163,7 +163,7 @@ async def test_ruler_of_no_trajectories_is_no_scores():
 
 
 def test_a_history_row_has_arts_reward_std_dev_and_group_metrics():
-    from groupwise.store import history_row
+    from groupwise.runs.store import history_row
 
     def group(*rewards: float, **metrics: float) -> gw.TrajectoryGroup:
         return gw.TrajectoryGroup([gw.Trajectory(reward=r) for r in rewards], metrics=metrics)
@@ -185,7 +185,7 @@ def test_a_step_on_the_default_learning_rate_says_arts_differs():
     # groupwise's default is 1e-5 (docs/porting-from-art.md): a step that uses it names the difference
     import warnings
 
-    from groupwise.compat import train_config_from_art
+    from groupwise.core.compat import train_config_from_art
 
     with pytest.warns(gw.ArtCompatWarning, match="default 1e-05 applies; ART's default is 5e-06"):
         assert train_config_from_art(None, {}, where="semantics-none").learning_rate == 1e-5
@@ -205,7 +205,7 @@ def test_backend_train_without_a_loss_says_arts_default_is_cispo():
     # clipped ratio (ART 0.3 - 0.4's model.train loss): the backend's call names the difference once
     import warnings
 
-    from groupwise.compat import train_config_from_art
+    from groupwise.core.compat import train_config_from_art
 
     with pytest.warns(gw.ArtCompatWarning, match="default loss 'ppo' applies; ART's LocalBackend.train defaults to 'cispo'"):
         config = train_config_from_art(None, {"learning_rate": 1e-5}, where="LocalBackend.train", arts_loss="cispo")

@@ -1,4 +1,4 @@
-"""W&B as ART's `Model` feeds it (groupwise.wandb_log), checked in W&B's offline mode: the run files W&B
+"""W&B as ART's `Model` feeds it (groupwise.runs.wandb_log), checked in W&B's offline mode: the run files W&B
 writes are read back (`wandb_records`) and must hold the run ART would make (project, name, id, entity,
 config) and one history record per logged row, named as ART names its metrics."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import groupwise as gw
-from groupwise import wandb_log
+from groupwise.runs import wandb_log
 from groupwise.errors import ConfigError, GroupwiseWarning
 
 wandb = pytest.importorskip("wandb", reason="the W&B test needs the wandb package (the dev extra has it)")

@@ -12,7 +12,7 @@ import pytest
 
 import groupwise as art
 from groupwise.backend.base import Backend, InferenceEndpoint, TrainResult
-from groupwise.compat import train_config_from_art
+from groupwise.core.compat import train_config_from_art
 
 
 def test_art_import_paths_resolve_without_importing_torch():
@@ -22,12 +22,12 @@ def test_art_import_paths_resolve_without_importing_torch():
         "from groupwise.local.backend import LocalBackend as B2\n"
         "from groupwise.rewards import ruler_score_group, ruler\n"
         "from groupwise.rewards.ruler import ruler_score_group as r2\n"
-        "from groupwise.utils.iterate_dataset import iterate_dataset\n"
+        "from groupwise.core.iterate_dataset import iterate_dataset\n"
         "from groupwise.utils import limit_concurrency, retry\n"
         "from groupwise.trajectories import Trajectory, TrajectoryGroup, History, PydanticException, LegacyHistory\n"
         "from groupwise.utils.litellm import convert_litellm_choice_to_openai\n"
         "from groupwise.utils.litellm_utils import convert_litellm_choice_to_openai as c02\n"
-        "from groupwise.types import TrainConfig, TrainSFTConfig, TrainResult, LocalTrainResult, Verbosity\n"
+        "from groupwise.core.trajectory import TrainConfig, TrainSFTConfig, TrainResult, LocalTrainResult, Verbosity\n"
         "from groupwise.trajectories import get_messages\n"
         "from groupwise.utils.sft import train_sft_from_file, create_sft_dataset_iterator\n"
         "from groupwise.utils.get_trajectory_messages import get_trajectory_messages\n"
@@ -123,7 +123,7 @@ async def test_model_backend_is_arts_method_and_groupwises_property(tmp_path):
 async def test_prompted_model_registers_logs_beside_the_trained_one_and_keeps_arts_fields(tmp_path):
     import warnings
 
-    with warnings.catch_warnings():  # entity is W&B's (groupwise.wandb_log), not ignored any more
+    with warnings.catch_warnings():  # entity is W&B's (groupwise.runs.wandb_log), not ignored any more
         warnings.simplefilter("error", art.ArtCompatWarning)
         gpt = art.Model(name="gpt-4o-mini", project="p", entity="my-team", config={"temperature": 0.3},
                         inference_model_name="gpt-4o-mini", inference_base_url="http://x.invalid/v1",
@@ -185,8 +185,8 @@ async def test_s3_backup_is_a_local_folder_and_says_so_for_s3_urls(tmp_path, mon
 async def test_art_utils_s3_push_and_pull_a_run_through_the_bucket_folder(tmp_path, monkeypatch):
     """`art.utils.s3`'s functions (what ART's benchmarking notebooks call) copy a run folder to and from
     the bucket folder where the backend's own backup methods put it."""
-    from groupwise.utils.output_dirs import get_output_dir_from_model_properties
-    from groupwise.utils.s3 import pull_model_from_s3, push_model_to_s3
+    from groupwise.runs.output_dirs import get_output_dir_from_model_properties
+    from groupwise.runs.s3 import pull_model_from_s3, push_model_to_s3
 
     bucket, here, there = tmp_path / "bucket", tmp_path / "here", tmp_path / "there"
     monkeypatch.setenv("BACKUP_BUCKET", str(bucket))
@@ -228,7 +228,7 @@ def test_train_and_log_take_arts_keyword_names():
 
 
 def test_get_trajectory_messages_at_arts_path():
-    from groupwise.types import Choice
+    from groupwise.core.trajectory import Choice
     from groupwise.utils.get_trajectory_messages import get_trajectory_messages
 
     choice = Choice.model_validate({"index": 0, "finish_reason": "stop",
@@ -240,7 +240,7 @@ def test_get_trajectory_messages_at_arts_path():
 
 def test_get_messages_at_arts_path():
     from groupwise.trajectories import get_messages
-    from groupwise.types import Choice
+    from groupwise.core.trajectory import Choice
 
     choice = Choice.model_validate({"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "4"}})
     assert get_messages([{"role": "user", "content": "2+2?"}, choice]) == [

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import groupwise as gw
-from groupwise.loop.series import events, rows
+from groupwise.runs.series import events, rows
 
 
 async def _tied_groups(model, n_groups=2, reward=1.0):

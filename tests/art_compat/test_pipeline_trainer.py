@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import groupwise as gw
-from groupwise.loop.series import rows
+from groupwise.runs.series import rows
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "loop"))
 from loop_helpers import ScriptedBackend as LoopBackend  # noqa: E402
@@ -200,7 +200,7 @@ class CheckpointingBackend(ScriptedBackend):
     async def train(self, model, groups, config, *, cursor=None):
         import json
 
-        from groupwise.store import step_dir_name
+        from groupwise.runs.store import step_dir_name
         from groupwise.training.checkpoint import STATE_FILE
 
         result = await super().train(model, groups, config, cursor=cursor)

@@ -1,4 +1,4 @@
-"""The backend's own HTTP servers check who is asking like `groupwise serve` (groupwise.http_guard): the
+"""The backend's own HTTP servers check who is asking like `groupwise serve` (groupwise.core.http_guard): the
 loopback server `LocalBackend` gives each model (``model.inference_base_url``) and the server a worker
 process runs for the driver's router. A web page that points its name at 127.0.0.1 gets 403, the
 rollouts' own clients are answered."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import groupwise as gw
-from groupwise.choices import choice_forced_indices, choice_token_ids
+from groupwise.core.choices import choice_forced_indices, choice_token_ids
 
 TOOLS = [{"type": "function", "function": {"name": name, "description": "a tool", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 6}}, "required": ["city"]}}}

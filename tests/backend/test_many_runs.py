@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 import groupwise as gw
 from groupwise.errors import NonFiniteError
-from groupwise.run_id import RunId
+from groupwise.runs.run_id import RunId
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")

@@ -1,4 +1,4 @@
-"""One identity per run (groupwise/run_id.py): two models of one name in two projects are two runs.
+"""One identity per run (groupwise/runs/run_id.py): two models of one name in two projects are two runs.
 
 Registered on one backend, `TrainableModel(name="agent", project="p1")` and `(name="agent", project="p2")`
 train as separate runs: each keeps its own adapter, steps, checkpoints, history and trajectories, and the
@@ -15,7 +15,7 @@ import pytest
 import groupwise as gw
 from groupwise.errors import ModelNotFoundError
 from groupwise.inference.registry import ModelRegistry
-from groupwise.run_id import RunId
+from groupwise.runs.run_id import RunId
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")

@@ -15,10 +15,10 @@ import pytest
 
 import groupwise as gw
 from groupwise.errors import RunLockedError
-from groupwise.store import RunStore
+from groupwise.runs.store import RunStore
 
 HERE = Path(__file__).parent
-HOLD_STORE_LOCK = ("import sys; from groupwise.store import RunStore; "
+HOLD_STORE_LOCK = ("import sys; from groupwise.runs.store import RunStore; "
                    "lock = RunStore(sys.argv[1], 'p', 'm').lock().acquire(); print('locked', flush=True); "
                    "sys.stdin.readline()")
 

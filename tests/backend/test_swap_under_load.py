@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 import groupwise as gw
-from groupwise.choices import choice_policy_versions
+from groupwise.core.choices import choice_policy_versions
 
 pytest.importorskip("torch")
 

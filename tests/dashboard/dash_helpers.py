@@ -16,8 +16,8 @@ from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenL
 
 from groupwise.loop.detectors import Alert
 from groupwise.loop.intervals import wilson
-from groupwise.store import RunStore, history_row
-from groupwise.types import Trajectory, TrajectoryGroup
+from groupwise.runs.store import RunStore, history_row
+from groupwise.core.trajectory import Trajectory, TrajectoryGroup
 
 WORDS = ["move", "left", "right", "up", "down", "the", "board", "merge", "tile", "score"]
 

@@ -19,8 +19,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from dash_helpers import reward_of, write_step, write_stop  # noqa: E402
 from groupwise.dashboard.app import create_app  # noqa: E402
-from groupwise.run_lock import RunLock  # noqa: E402
-from groupwise.store import RunStore  # noqa: E402
+from groupwise.runs.lock import RunLock  # noqa: E402
+from groupwise.runs.store import RunStore  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "loop"))
 from loop_helpers import run_scripted  # noqa: E402
@@ -330,7 +330,7 @@ def test_the_dashboard_loads_no_torch_and_ships_its_chart_library():
 
 def test_a_choice_with_logprobs_as_lists_shows_its_tokens_texts():
     """Choices sampled by groupwise's own client carry logprobs and texts as plain lists
-    (groupwise.choices.TOKEN_DATA_HEADER): the token view shows them as it does per-token entries."""
+    (groupwise.core.choices.TOKEN_DATA_HEADER): the token view shows them as it does per-token entries."""
     from openai.types.chat.chat_completion import Choice
 
     from groupwise.dashboard.rollouts import tokens

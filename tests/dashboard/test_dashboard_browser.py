@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from dash_helpers import write_step, write_stop
-from groupwise.store import RunStore
+from groupwise.runs.store import RunStore
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):

@@ -19,8 +19,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 from dash_helpers import write_step  # noqa: E402
 from groupwise.dashboard.app import create_app  # noqa: E402
-from groupwise.step_summary import read_summary, summary_path  # noqa: E402
-from groupwise.store import RunStore  # noqa: E402
+from groupwise.runs.step_summary import read_summary, summary_path  # noqa: E402
+from groupwise.runs.store import RunStore  # noqa: E402
 
 RUN = "2048/agent"
 DAMAGED = [("train", 1), ("val", 2), ("train", 3)]  # the summaries each case damages

@@ -15,7 +15,7 @@ pytest.importorskip("fastapi")
 
 from dash_helpers import write_step  # noqa: E402
 from http_forgery import forged_hosts, forged_origins, free_port, probe, probe_allowed, wait_until_up  # noqa: E402
-from groupwise.store import RunStore  # noqa: E402
+from groupwise.runs.store import RunStore  # noqa: E402
 
 RUN = "2048/agent"
 ROUTES = [("GET", "/", None), ("GET", "/static/app.js", None), ("GET", "/api/runs", None),

@@ -15,7 +15,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from dash_helpers import write_step  # noqa: E402
 from groupwise.dashboard.app import create_app  # noqa: E402
-from groupwise.store import RunStore  # noqa: E402
+from groupwise.runs.store import RunStore  # noqa: E402
 
 RUN = "2048/agent"
 EXAMPLES = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -117,7 +117,7 @@ def test_a_stored_lone_surrogate_is_shown_not_a_500(tmp_path):
     import json
 
     from dash_helpers import trajectory
-    from groupwise.types import TrajectoryGroup
+    from groupwise.core.trajectory import TrajectoryGroup
 
     store = RunStore(tmp_path, "2048", "agent")
     t = trajectory(0, 0, 0)

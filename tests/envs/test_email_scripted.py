@@ -50,7 +50,7 @@ async def test_demonstration_is_what_the_rollout_records(scripted, train_scenari
 def test_demonstrated_calls_are_sentences_of_the_tool_call_grammar(train_scenarios):
     """A demonstration the constrained server could never produce would teach the policy nothing usable."""
     from groupwise.inference.constrained import constraint_for
-    from groupwise.loading import load_tokenizer
+    from groupwise.runtime.loading import load_tokenizer
     from groupwise.training.sft import rendered_turn_ids
 
     tokenizer = load_tokenizer("smollm2-135m")
@@ -86,7 +86,7 @@ def test_the_grammar_reads_tokens_as_bytes_whatever_decoder_transformers_gave(tr
     from tokenizers import decoders
 
     from groupwise.inference.constrained import constraint_for
-    from groupwise.loading import byte_level_decoder, load_tokenizer
+    from groupwise.runtime.loading import byte_level_decoder, load_tokenizer
     from groupwise.training.sft import rendered_turn_ids
 
     tokenizer = load_tokenizer("smollm2-135m")

@@ -76,7 +76,7 @@ def test_a_tool_call_nested_3000_deep_is_a_format_error():
 
 async def test_a_rollout_with_surrogates_and_deep_nesting_finishes_and_is_stored(scripted, db, question, tmp_path):
     from groupwise import TrajectoryGroup
-    from groupwise.store import RunStore
+    from groupwise.runs.store import RunStore
 
     model = scripted([
         '<tool_call>{"name": "search_emails", "arguments": {"keywords": ["budget"], "from_addr": "\\ud800"}}</tool_call>',

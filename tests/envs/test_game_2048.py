@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from groupwise.choices import choice_logprobs, choice_token_ids
+from groupwise.core.choices import choice_logprobs, choice_token_ids
 from groupwise.envs.game_2048 import Scenario2048, parse_move, reward_2048, rollout, scenarios, validate
 from groupwise.envs.game_2048.env import FORMAT_PENALTY, parse_move_loose
 from groupwise.envs.game_2048.game import (
@@ -20,7 +20,7 @@ from groupwise.envs.game_2048.game import (
     spawn,
     valid_moves,
 )
-from groupwise.types import Choice
+from groupwise.core.trajectory import Choice
 
 
 @pytest.mark.parametrize(
@@ -182,9 +182,9 @@ async def test_rollout_against_scripted_endpoint(scripted):
 
 
 async def test_a_groupwise_client_gets_logprobs_without_asking(scripted):
-    """A client that sends groupwise.choices.TOKEN_DATA_HEADER (a trainable model's own) gets the logprobs as
+    """A client that sends groupwise.core.choices.TOKEN_DATA_HEADER (a trainable model's own) gets the logprobs as
     plain lists unasked: the env does not ask, which would have them sent as per-token entries."""
-    from groupwise.choices import TOKEN_DATA_HEADER
+    from groupwise.core.choices import TOKEN_DATA_HEADER
 
     model = scripted([f"<move>{_scripted_valid_moves(11, 1)[0]}</move>"])
     plain = model.openai_client

@@ -171,7 +171,7 @@ async def test_a_reply_with_a_lone_surrogate_is_played_on_and_stored(scripted, t
     """An endpoint's JSON can carry "\\ud800": the Choice then holds a lone surrogate, which used to
     make the next request unencodable (the openai client raised) and the step's trajectories unstorable."""
     from groupwise import TrajectoryGroup
-    from groupwise.store import RunStore
+    from groupwise.runs.store import RunStore
 
     def first_free(body):
         board_text = body["messages"][-1]["content"].split(":\n", 1)[1].split("\nWhich")[0]

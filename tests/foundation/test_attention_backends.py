@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from groupwise.attention_backends import varying_shape_attention  # noqa: E402
+from groupwise.runtime.attention_backends import varying_shape_attention  # noqa: E402
 
 
 def _on() -> bool:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from groupwise.store import RunStore
+from groupwise.runs.store import RunStore
 
 
 def groupwise(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

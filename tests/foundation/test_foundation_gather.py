@@ -254,7 +254,7 @@ async def test_groups_given_as_coroutines_returning_a_group_as_in_art():
 
 
 async def test_pbar_total_completion_tokens_is_accepted_and_named_once():
-    from groupwise.compat import ArtCompatWarning
+    from groupwise.core.compat import ArtCompatWarning
 
     with pytest.warns(ArtCompatWarning, match="pbar_total_completion_tokens"):
         await gather_trajectory_groups([TrajectoryGroup([rollout(0)])], pbar_desc=None,

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from groupwise.cli import build_parser, main
-from groupwise.store import RunStore
+from groupwise.runs.store import RunStore
 
 
 def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -19,8 +19,8 @@ def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
 def test_import_groupwise_client_side_does_not_import_torch():
     proc = run_python("""
         import sys
-        import groupwise, groupwise.rollout.gather, groupwise.store, groupwise.model, groupwise.utils
-        import groupwise.inspect, groupwise.cli
+        import groupwise, groupwise.rollout.gather, groupwise.runs.store, groupwise.model, groupwise.utils
+        import groupwise.runs.transcript, groupwise.cli
         groupwise.Trajectory, groupwise.gather_trajectory_groups, groupwise.load_trajectories, groupwise.Model
         heavy = sorted(m for m in ("torch", "transformers", "peft", "numpy") if m in sys.modules)
         print("HEAVY", heavy)

@@ -8,9 +8,9 @@ import math
 import pytest
 
 from groupwise import CorruptRecordError, StoreError, Trajectory, TrajectoryGroup, load_history, load_trajectories
-from groupwise.choices import choice_forced_indices, choice_logprobs, choice_token_ids
-from groupwise.store import RunStore, history_row, metrics_row, read_group_dicts
-from groupwise.types import Choice
+from groupwise.core.choices import choice_forced_indices, choice_logprobs, choice_token_ids
+from groupwise.runs.store import RunStore, history_row, metrics_row, read_group_dicts
+from groupwise.core.trajectory import Choice
 
 
 def test_every_field_round_trips_exactly(tmp_path, group):
@@ -231,7 +231,7 @@ def test_a_row_holding_a_unicode_line_separator_survives_a_reload_and_a_rewrite(
     # history's writer split the file with str.splitlines, which breaks lines there too. A process that
     # loaded the history again (a resumed run) lost such a row, and its next rewrite (a row replaced by
     # key) wrote the two halves back as two corrupt lines: the row was gone, and every read failed.
-    from groupwise.history import RunHistory
+    from groupwise.runs.history import RunHistory
 
     store = RunStore(tmp_path, "p", "m")
     alert = {"step": 0, "split": "val", "kind": "alert", "message": f"the reply said a{separator}b"}
@@ -364,7 +364,7 @@ def test_a_group_the_writer_would_refuse_is_refused_before_the_step(tmp_path, wh
 def test_values_pydantic_writes_are_storable(tmp_path, group):
     import datetime
 
-    from groupwise.store import MAX_NESTING
+    from groupwise.runs.store import MAX_NESTING
 
     odd = {"role": "user", "content": "x", "when": datetime.date(2024, 1, 2), "ids": {1, 2}, "keys": {3: "three"},
            "deep": _nested(MAX_NESTING // 2 - 1), "big": 10**4000, "nan": math.nan}

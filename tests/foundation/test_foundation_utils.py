@@ -11,8 +11,8 @@ import pytest
 
 from groupwise import ConfigError, iterate_dataset, retry, split_dataset
 
-# the module (the package attribute `groupwise.utils.retry` is the function, as in ART)
-RETRY = importlib.import_module("groupwise.utils.retry")
+# the module (the package attribute `groupwise.core.retry` is the function, as in ART)
+RETRY = importlib.import_module("groupwise.core.retry")
 
 
 def test_retry_sync_with_backoff(monkeypatch):
@@ -148,7 +148,7 @@ def test_iterate_dataset_seed_0_leaves_the_global_random_as_art_does():
 
 
 def test_iterate_dataset_at_arts_path_and_as_arts_tuple():
-    from groupwise.utils.iterate_dataset import iterate_dataset as at_art_path
+    from groupwise.core.iterate_dataset import iterate_dataset as at_art_path
 
     assert at_art_path is iterate_dataset
     # ART 0.3 yielded (items, epoch, global_step, epoch_step) tuples; 0.5 a DatasetBatch. Both read.

@@ -1,4 +1,4 @@
-"""The Host/Origin rule of groupwise.http_guard on its own: the cases a loopback test cannot reach (a
+"""The Host/Origin rule of groupwise.core.http_guard on its own: the cases a loopback test cannot reach (a
 server bound to 0.0.0.0 reached by a LAN address, a proxy's name and port, headers sent twice, a
 WebSocket). The servers themselves are driven over HTTP in test_host_guard.py and its siblings."""
 
@@ -10,7 +10,7 @@ import json
 import pytest
 
 from groupwise.errors import ConfigError
-from groupwise.http_guard import HostGuard
+from groupwise.core.http_guard import HostGuard
 
 
 async def _inner(scope, receive, send):

@@ -1,4 +1,4 @@
-"""Every file a user hands over is read by one reader per format (groupwise/readers.py), and any line
+"""Every file a user hands over is read by one reader per format (groupwise/core/readers.py), and any line
 that is not what the format holds is ONE error naming the file and line, never another exception:
 hypothesis feeds each reader arbitrary bytes and arbitrary JSON values per line; the samples the issue
 names (arrays, strings, numbers, 100k-deep nesting, labels that are text, null, NaN or missing, NaN and
@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from groupwise.errors import CorruptRecordError, GroupwiseWarning, InvalidDataError
-from groupwise.history import RunHistory, load_history
+from groupwise.runs.history import RunHistory, load_history
 from groupwise.judge.evaluate import load_labelled
 from groupwise.mcp.types import GeneratedScenarioCollection
-from groupwise.readers import RowError, json_lines, parse_json
-from groupwise.store import RunStore
+from groupwise.core.readers import RowError, json_lines, parse_json
+from groupwise.runs.store import RunStore
 from groupwise.training.checkpoint import list_checkpoints, read_state_or_why
 from groupwise.utils.sft import iterate_file
 

@@ -1,4 +1,4 @@
-"""RunHistory: a run's history in memory and the one writer of history.jsonl (groupwise/history.py).
+"""RunHistory: a run's history in memory and the one writer of history.jsonl (groupwise/runs/history.py).
 
 Appends cost one line whatever the run's length and never reread the file; the file is written on one
 writer thread, in order; what memory holds is what the file holds; a change made behind its back is
@@ -11,10 +11,10 @@ import threading
 
 import pytest
 
-import groupwise.history as history_module
+import groupwise.runs.history as history_module
 from groupwise import load_history
-from groupwise.history import RunHistory
-from groupwise.store import RunStore
+from groupwise.runs.history import RunHistory
+from groupwise.runs.store import RunStore
 
 
 def test_appends_write_one_line_each_and_read_the_file_once(tmp_path, reads):
@@ -73,8 +73,8 @@ async def test_async_writes_happen_on_the_writer_thread_in_order(tmp_path, monke
 
 
 def test_the_typed_views_read_what_the_series_readers_read(tmp_path):
-    from groupwise.curves import AlertRecord, Point
-    from groupwise.loop.series import events, points
+    from groupwise.runs.curves import AlertRecord, Point
+    from groupwise.runs.series import events, points
     from groupwise.loop.stopping import baseline_values
 
     store = RunStore(tmp_path, "p", "m")

@@ -1,7 +1,7 @@
 """One owner per setting: a step's settings are resolved by what each caller SET, in one place.
 
 `TrainConfig` records the fields its caller set (`model_fields_set`, ART's pydantic name), and
-`groupwise.compat.resolve_train_config` layers them: groupwise's defaults, then the model's own settings
+`groupwise.core.compat.resolve_train_config` layers them: groupwise's defaults, then the model's own settings
 (ART's `_internal_config`), then what the step sets through any spelling (the config's fields, ART's
 options, `LoopConfig.learning_rate`). A value equal to the default is still set; two places setting one
 field to different values is a ConfigError naming both.
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import groupwise as gw
-from groupwise.compat import is_resolved, resolve_train_config
+from groupwise.core.compat import is_resolved, resolve_train_config
 from groupwise.config import UPDATE_SETTINGS, UpdateSettings
 
 # settings with values other than their defaults, to set or leave

@@ -1,4 +1,4 @@
-"""The step summary the store writes beside each trajectory file (groupwise.step_summary): what it holds,
+"""The step summary the store writes beside each trajectory file (groupwise.runs.step_summary): what it holds,
 and that a reader trusts it only while it describes the step file beside it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 import shutil
 
 from groupwise import Trajectory, TrajectoryGroup
-from groupwise.step_summary import read_summary, summarize, summary_path
-from groupwise.store import RunStore, atomic_write_text, read_group_dicts, read_groups
+from groupwise.runs.step_summary import read_summary, summarize, summary_path
+from groupwise.runs.store import RunStore, atomic_write_text, read_group_dicts, read_groups
 
 
 def test_the_store_writes_a_summary_of_each_step_beside_its_file(tmp_path, group):

@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from groupwise import CorruptRecordError, load_history
-from groupwise.store import RunStore, history_key
+from groupwise.runs.store import RunStore, history_key
 
 
 def test_appending_a_row_twice_keeps_one_and_the_newest_wins(tmp_path):

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import groupwise as gw
-import groupwise.store as store_module
+import groupwise.runs.store as store_module
 from groupwise.errors import GroupwiseWarning
-from groupwise.store import RunStore, project_run_dirs, run_dir_of
+from groupwise.runs.store import RunStore, project_run_dirs, run_dir_of
 from groupwise.utils import output_dirs
 from groupwise.utils.get_model_step import get_model_step, get_step_from_dir
 

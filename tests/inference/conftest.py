@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from groupwise.loading import tiny_random_model
+from groupwise.runtime.loading import tiny_random_model
 
 
 def make_adapter(path, seed: int, scale: float = 20.0) -> str:

@@ -7,7 +7,7 @@ import torch
 
 from groupwise.inference.engine import Engine, EngineError, GenerationRequest
 from groupwise.inference.sampling import SamplingParams
-from groupwise.loading import tiny_random_model
+from groupwise.runtime.loading import tiny_random_model
 
 
 def _rank8_adapter(path) -> str:

@@ -71,7 +71,7 @@ def test_engine_attention_switches_sdpa_configs_only_and_restores():
 
 async def test_engine_passes_run_without_cudnn_attention(tiny, cudnn_attention_at_each_call):
     """cuDNN's SDPA builds a graph per new shape, and prefill shapes change every pass
-    (groupwise/attention_backends.py): every attention call of an engine pass sees it off, and the
+    (groupwise/runtime/attention_backends.py): every attention call of an engine pass sees it off, and the
     process's switch is back on afterwards."""
     from groupwise.inference.engine import Engine
     from groupwise.inference.requests import GenerationRequest

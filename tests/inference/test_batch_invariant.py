@@ -17,7 +17,7 @@ import torch
 from groupwise.errors import ConfigError
 from groupwise.inference.engine import Engine, GenerationRequest
 from groupwise.inference.sampling import SamplingParams
-from groupwise.loading import tiny_random_model
+from groupwise.runtime.loading import tiny_random_model
 
 QUESTIONS = [f"Say something short about topic {i}." for i in range(8)]
 

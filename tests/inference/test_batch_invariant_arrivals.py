@@ -14,7 +14,7 @@ import torch
 
 from groupwise.inference.engine import Engine, GenerationRequest
 from groupwise.inference.sampling import SamplingParams
-from groupwise.loading import tiny_random_model
+from groupwise.runtime.loading import tiny_random_model
 
 ADAPTERS = (None, "a1", "a2")
 

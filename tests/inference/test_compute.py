@@ -1,4 +1,4 @@
-"""The process's compute thread (groupwise/compute.py): tasks, direct calls on the thread, engines."""
+"""The process's compute thread (groupwise/runtime/compute.py): tasks, direct calls on the thread, engines."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from groupwise.compute import ComputeThread, compute_thread
+from groupwise.runtime.compute import ComputeThread, compute_thread
 
 
 def test_tasks_run_on_the_thread_in_order_and_errors_reach_the_caller():
@@ -31,7 +31,7 @@ async def test_run_awaits_off_the_event_loop():
 
 async def test_engine_forward_passes_run_on_the_compute_thread(tiny):
     from groupwise.inference.engine import Engine, GenerationRequest
-    from groupwise.loading import tiny_random_model
+    from groupwise.runtime.loading import tiny_random_model
 
     model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
     threads = set()

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from groupwise.inference import cpu_linear  # noqa: E402
 from groupwise.inference.engine import Engine, GenerationRequest  # noqa: E402
 from groupwise.inference.sampling import SamplingParams  # noqa: E402
-from groupwise.loading import tiny_random_model  # noqa: E402
+from groupwise.runtime.loading import tiny_random_model  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cpu_linear.onednn_linear_available(), reason="this torch build has no oneDNN")
 

@@ -9,7 +9,7 @@ import torch
 
 from groupwise.inference.engine import Engine, GenerationRequest
 from groupwise.inference.sampling import SamplingParams
-from groupwise.loading import tiny_random_model
+from groupwise.runtime.loading import tiny_random_model
 
 # skipif (not pytest.skip inside the test) so the fixtures are not built on CPU-only machines.
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),

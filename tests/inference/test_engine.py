@@ -12,7 +12,7 @@ import torch
 
 from groupwise.inference.engine import Engine, EngineError, GenerationRequest
 from groupwise.inference.sampling import SamplingParams, sample_fixed, sample_next, top_p_filter
-from groupwise.loading import tiny_random_model
+from groupwise.runtime.loading import tiny_random_model
 
 
 @pytest.fixture(scope="module")

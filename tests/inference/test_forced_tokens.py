@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
-from groupwise.choices import choice_forced_indices, choice_token_ids
+from groupwise.core.choices import choice_forced_indices, choice_token_ids
 from groupwise.inference.constrained import allowed_mask, constraint_for
 from groupwise.inference.engine import Engine, GenerationRequest
 from groupwise.inference.sampling import SamplingParams
-from groupwise.loading import tiny_random_model
+from groupwise.runtime.loading import tiny_random_model
 
 TOOLS = [  # two tools: the name is a decision, and so is the argument (an enum, a free string)
     {"type": "function", "function": {

@@ -235,7 +235,7 @@ async def test_a_prompt_that_cannot_fit_is_refused_before_tokenising(live, serve
 async def test_a_tiny_temperature_is_greedy_and_a_tiny_repetition_penalty_is_refused(live):
     # 1e-40 became 0 in float32: NaN probabilities sampled one fixed junk token with a 200
     client = live.client(max_retries=0)
-    from groupwise.choices import choice_token_ids
+    from groupwise.core.choices import choice_token_ids
 
     async def ids(**sampling) -> list[int]:
         r = await client.chat.completions.create(model="agent", messages=USER, max_tokens=8, seed=3, **sampling)
@@ -262,7 +262,7 @@ async def test_a_body_sent_as_a_form_or_text_is_a_415(live):
 
 
 async def test_tokenising_runs_off_the_event_loop(live, served, monkeypatch):
-    from groupwise.compute import compute_thread
+    from groupwise.runtime.compute import compute_thread
 
     tok = served[0].tokenizer
     real = tok.apply_chat_template
@@ -384,7 +384,7 @@ async def test_the_key_guards_every_route_the_docs_too(served):
 
 
 async def _greedy_ids(client, **extra) -> list[int]:
-    from groupwise.choices import choice_token_ids
+    from groupwise.core.choices import choice_token_ids
 
     r = await client.chat.completions.create(model="agent@0", messages=USER, max_tokens=24, temperature=0,
                                              extra_body={"ignore_eos": True, **extra})
@@ -396,7 +396,7 @@ def _repeats(ids: list[int]) -> int:
 
 
 async def test_sampling_extras_through_extra_body(live):
-    from groupwise.choices import choice_token_ids
+    from groupwise.core.choices import choice_token_ids
 
     client = live.client(max_retries=0)
     greedy = await _greedy_ids(client)

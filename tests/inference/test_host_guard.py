@@ -1,4 +1,4 @@
-"""`groupwise serve` answers only requests that name it (groupwise.http_guard): a web page that points its
+"""`groupwise serve` answers only requests that name it (groupwise.core.http_guard): a web page that points its
 own name at 127.0.0.1 (DNS rebinding) or a page of another site can neither list the models nor make
 one generate; `--allowed-host` lets a name through; the in-process transport the rollouts use passes."""
 

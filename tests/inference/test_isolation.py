@@ -10,7 +10,7 @@ import pytest
 
 from groupwise.inference.engine import Engine, EngineError, GenerationRequest, RequestFailedError
 from groupwise.inference.sampling import SamplingParams
-from groupwise.loading import tiny_random_model
+from groupwise.runtime.loading import tiny_random_model
 
 
 @pytest.fixture

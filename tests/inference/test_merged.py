@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from groupwise.inference.engine import Engine, GenerationRequest  # noqa: E402
 from groupwise.inference.sampling import SamplingParams  # noqa: E402
-from groupwise.loading import tiny_random_model  # noqa: E402
+from groupwise.runtime.loading import tiny_random_model  # noqa: E402
 
 
 def _prompts(tok, k):

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import openai
 
-from groupwise.choices import choice_policy_versions
+from groupwise.core.choices import choice_policy_versions
 from groupwise.inference.engine import Engine, GenerationRequest
 from groupwise.inference.registry import ModelRegistry
 from groupwise.inference.sampling import SamplingParams
-from groupwise.loading import tiny_random_model
-from groupwise.types import Trajectory, TrajectoryGroup
+from groupwise.runtime.loading import tiny_random_model
+from groupwise.core.trajectory import Trajectory, TrajectoryGroup
 
 PROMPT = [1, 5, 9, 13, 17]
 SWAP_AFTER = 4  # tokens sampled before the newer step arrives
@@ -52,7 +52,7 @@ async def test_a_following_request_continues_under_the_new_step(tiny, adapter_di
 
 
 async def test_the_server_returns_each_tokens_policy_version_and_the_store_keeps_it(client, tmp_path):
-    from groupwise.store import RunStore
+    from groupwise.runs.store import RunStore
 
     async def ask(model: str):
         r = await client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],

@@ -13,7 +13,7 @@ from groupwise.inference.kv_cache import SlotBuffers
 from groupwise.inference.prefill import MIN_WARM_GAIN, plan_warm
 from groupwise.inference.prefix_cache import PrefixCache
 from groupwise.inference.sampling import SamplingParams, inverse_cdf
-from groupwise.loading import tiny_random_model
+from groupwise.runtime.loading import tiny_random_model
 
 SHARED = list(range(1000, 1050))  # a 50-token "system prompt"
 

@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from groupwise.choices import choice_logprobs, choice_token_ids
-from groupwise.protocols import chat_messages, choice_from_answer
+from groupwise.core.choices import choice_logprobs, choice_token_ids
+from groupwise.chat.protocols import chat_messages, choice_from_answer
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}}, "required": ["city"]}
 RESPONSES_TOOLS = [{"type": "function", "name": "get_weather", "description": "weather", "parameters": WEATHER}]
@@ -196,7 +196,7 @@ async def test_anthropic_sdk_key_header_is_checked(served):
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from groupwise.errors import InvalidDataError  # noqa: E402
-from groupwise.protocols import (ProtocolError, messages_answer, messages_to_chat, responses_answer,  # noqa: E402
+from groupwise.chat.protocols import (ProtocolError, messages_answer, messages_to_chat, responses_answer,  # noqa: E402
                                  responses_to_chat)
 
 

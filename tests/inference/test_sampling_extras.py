@@ -11,7 +11,7 @@ import torch
 
 from groupwise.inference.engine import Engine, GenerationRequest
 from groupwise.inference.sampling import SamplingParams, apply_penalties, sample_fixed, sample_next, truncate
-from groupwise.loading import tiny_random_model
+from groupwise.runtime.loading import tiny_random_model
 
 PROBS = [0.4, 0.3, 0.15, 0.1, 0.05]
 

@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from groupwise.choices import choice_token_ids
+from groupwise.core.choices import choice_token_ids
 from groupwise.training.tokenize import tokenize_groups
-from groupwise.types import Trajectory, TrajectoryGroup
+from groupwise.core.trajectory import Trajectory, TrajectoryGroup
 
 # SmolLM2's template has no tool support: the tools go into the system prompt, tool calls and results
 # are written as text. The calls are forced (tool_choice) and their one free choice is a single digit:

@@ -10,7 +10,7 @@ import openai
 import pytest
 import torch
 
-from groupwise.choices import choice_logprobs, choice_token_ids, choice_token_texts
+from groupwise.core.choices import choice_logprobs, choice_token_ids, choice_token_texts
 
 USER = [{"role": "user", "content": "Say something."}]
 
@@ -43,7 +43,7 @@ async def test_chat_returns_step_token_ids_and_logprobs(client, tiny):
 async def test_latest_step_and_adapter_logprobs(client, adapter_dirs, tiny):
     from peft import PeftModel
 
-    from groupwise.loading import tiny_random_model
+    from groupwise.runtime.loading import tiny_random_model
 
     r = await client.chat.completions.create(model="agent", messages=USER, max_tokens=10, seed=1)
     assert r.model == "agent@2"  # plain name = latest step
@@ -273,7 +273,7 @@ async def test_groupwise_clients_get_logprobs_as_one_list_unless_they_ask(client
     """`TOKEN_DATA_HEADER`: the same seeded request, from a plain client and from groupwise's (the header),
     samples the same tokens; groupwise's gets ``logprobs`` null and the same logprobs as one list, which
     `choice_logprobs` reads; asking for logprobs gives the entries to either client."""
-    from groupwise.choices import TOKEN_DATA_HEADER
+    from groupwise.core.choices import TOKEN_DATA_HEADER
 
     ours = client.with_options(default_headers={TOKEN_DATA_HEADER: "compact"})
     args = dict(model="agent@1", messages=USER, max_tokens=12, seed=11)

@@ -27,7 +27,7 @@ def smol_client():
     from groupwise.inference.engine import Engine
     from groupwise.inference.registry import ModelRegistry
     from groupwise.inference.server import create_app
-    from groupwise.loading import load_base_model
+    from groupwise.runtime.loading import load_base_model
 
     model, tok = load_base_model("smollm2-135m", device="cpu")
     engine = Engine(model, tok, max_batch_size=8)

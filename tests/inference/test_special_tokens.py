@@ -18,8 +18,8 @@ import sys
 
 import pytest
 
-from groupwise.loading import load_tokenizer, packaged_file
-from groupwise.special_tokens import (SpecialTokens, apply_special_tokens, decide_special_tokens, special_tokens,
+from groupwise.runtime.loading import load_tokenizer, packaged_file
+from groupwise.runtime.special_tokens import (SpecialTokens, apply_special_tokens, decide_special_tokens, special_tokens,
                                       unused_token_id)
 
 pytest.importorskip("transformers")
@@ -131,8 +131,8 @@ def test_applying_keeps_the_decision_on_the_tokenizer(tok):
 
 SETUP = """
 import json, transformers
-from groupwise.loading import load_tokenizer
-from groupwise.special_tokens import special_tokens
+from groupwise.runtime.loading import load_tokenizer
+from groupwise.runtime.special_tokens import special_tokens
 tok = load_tokenizer("smollm2-135m")
 d = special_tokens(tok)
 print(json.dumps(dict(version=transformers.__version__, bos=d.bos_id, eos=d.eos_id, eot=d.end_of_turn_id,

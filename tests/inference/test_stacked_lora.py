@@ -11,7 +11,7 @@ import pytest
 from groupwise.inference.engine import Engine, GenerationRequest
 from groupwise.inference.runner import MIXED
 from groupwise.inference.sampling import SamplingParams
-from groupwise.loading import tiny_random_model
+from groupwise.runtime.loading import tiny_random_model
 
 
 def _request(prompt, adapter, seed, n=10):

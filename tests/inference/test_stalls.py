@@ -322,7 +322,7 @@ async def test_any_model_name_is_a_4xx_in_openai_shape(live, name, status):
 
 
 async def test_a_stop_string_longer_than_32_tokens_stops_generation(live, tiny):
-    from groupwise.choices import choice_token_ids
+    from groupwise.core.choices import choice_token_ids
 
     tok = tiny[1]
     client = live.client(max_retries=0)
@@ -354,7 +354,7 @@ async def test_an_answer_is_built_off_the_event_loop(live, monkeypatch, route):
     """The body of an answer is built on a worker thread, never on the event loop. n=32 choices of 2000
     tokens with 20 alternatives each is a 125 MB body; built on the event loop it held every other
     caller (GET /v1/models) for 16 s on a 2-core machine, with 1 GB of dicts at its peak."""
-    from groupwise.compute import compute_thread
+    from groupwise.runtime.compute import compute_thread
     from groupwise.inference import server
 
     name = "chat_response" if route == "chat" else "completion_response"

@@ -8,7 +8,7 @@ import pytest
 
 from groupwise.errors import ModelNotFoundError
 from groupwise.chat.tool_calls import parse_tool_calls, prepare_messages, template_supports_tools
-from groupwise.loading import load_base_model, tiny_random_model
+from groupwise.runtime.loading import load_base_model, tiny_random_model
 
 
 def test_parse_hermes_tool_calls():

@@ -16,7 +16,7 @@ def test_vllm_engine_generates_with_logprobs(tmp_path):
         pytest.skip("vLLM needs a CUDA device")
     from groupwise.inference.engine import GenerationRequest
     from groupwise.inference.vllm_engine import VLLMEngine
-    from groupwise.loading import load_base_model
+    from groupwise.runtime.loading import load_base_model
 
     model, tok = load_base_model("smollm2-135m", device="cpu")
     model.save_pretrained(tmp_path)

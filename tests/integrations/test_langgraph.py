@@ -28,7 +28,7 @@ from langgraph.prebuilt import ToolNode, tools_condition  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 import groupwise as art  # noqa: E402
-from groupwise.choices import choice_forced_indices, choice_logprobs, choice_token_ids  # noqa: E402
+from groupwise.core.choices import choice_forced_indices, choice_logprobs, choice_token_ids  # noqa: E402
 from groupwise.errors import GroupwiseError  # noqa: E402
 from groupwise.langgraph import init_chat_model, wrap_rollout  # noqa: E402
 from groupwise.local import LocalBackend  # noqa: E402

@@ -11,8 +11,8 @@ pytest.importorskip("langchain_openai")
 
 from groupwise.errors import GroupwiseError  # noqa: E402
 from groupwise.langgraph.recording import fill_trajectory  # noqa: E402
-from groupwise.recording import ChatCall, call_from_bodies, conversations  # noqa: E402
-from groupwise.types import Choice, Trajectory  # noqa: E402
+from groupwise.core.recording import ChatCall, call_from_bodies, conversations  # noqa: E402
+from groupwise.core.trajectory import Choice, Trajectory  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
 

@@ -18,7 +18,7 @@ from mcp import ClientSession, StdioServerParameters  # noqa: E402
 from mcp.client.stdio import stdio_client  # noqa: E402
 
 import groupwise as art  # noqa: E402
-from groupwise.choices import choice_token_ids  # noqa: E402
+from groupwise.core.choices import choice_token_ids  # noqa: E402
 from groupwise.local import LocalBackend  # noqa: E402
 from groupwise.mcp import (GeneratedScenario, GeneratedScenarioCollection, MCPResource, MCPTool,  # noqa: E402
                            complete_task_tool, generate_scenarios)

@@ -56,12 +56,12 @@ CASES = [(c, s, v) for c, s in NUMERIC for v in out_of_range(s)]
 
 @pytest.mark.parametrize("command, spec, value", CASES, ids=[f"{c.name}:{s.flag}={v}" for c, s, v in CASES])
 def test_an_out_of_range_value_is_one_line_before_any_model_loads(command, spec, value, capsys, monkeypatch):
-    import groupwise.loading
+    import groupwise.runtime.loading
 
     def no_load(*args, **kwargs):
         raise AssertionError(f"{spec.flag} {value}: a model was loaded")
 
-    monkeypatch.setattr(groupwise.loading, "load_base_model", no_load)
+    monkeypatch.setattr(groupwise.runtime.loading, "load_base_model", no_load)
     monkeypatch.setenv("OPENAI_API_KEY", "")
     assert spec.problem(value, repr(value)) is not None  # the flag's own check refuses it (what the job checks)
     shown = f"{value:g}" if isinstance(value, float) and math.isfinite(value) else str(value)
@@ -88,12 +88,12 @@ def test_every_bound_has_a_refused_value():
     (["judge", "eval", "--labels", "titles", "--margin", "0.5"], "argument --margin: must be a finite number in [0, 0.5)"),
 ])
 def test_the_values_the_review_found(argv, needle, capsys, monkeypatch):
-    import groupwise.loading
+    import groupwise.runtime.loading
 
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(groupwise.loading, "load_base_model", no_load)
+    monkeypatch.setattr(groupwise.runtime.loading, "load_base_model", no_load)
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     err = capsys.readouterr().err.strip()

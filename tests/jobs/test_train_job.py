@@ -5,7 +5,7 @@ import json
 
 import groupwise as gw
 from groupwise.envs import get_env
-from groupwise.loop.series import Point
+from groupwise.runs.series import Point
 from groupwise.jobs.train import PRESETS, Preset, TrainJob, advice
 from groupwise.jobs.train_setup import train_config
 

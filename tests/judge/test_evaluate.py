@@ -268,7 +268,7 @@ def test_a_runs_validation_answers_are_grouped_by_scenario_across_checkpoints(tm
     # Validation at steps 0 and 2, one rollout per scenario: each scenario's two answers (base, step 2)
     # form a labelled group, labelled by the run's metric (the val rows' key that carries an interval).
     from groupwise.judge.eval_command import labelled_from_run
-    from groupwise.store import RunStore
+    from groupwise.runs.store import RunStore
 
     store = RunStore(tmp_path, "p", "m")
 

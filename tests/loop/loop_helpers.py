@@ -22,7 +22,7 @@ from pathlib import Path
 
 import groupwise as gw
 from groupwise.backend.base import Backend, InferenceEndpoint, TrainResult
-from groupwise.types import Trajectory, TrajectoryGroup
+from groupwise.core.trajectory import Trajectory, TrajectoryGroup
 
 
 def history(train=(), val=None, metric="accuracy", lengths=None, baselines=None, reward_std=0.1,
@@ -122,7 +122,7 @@ def make_rollout(answer_for, log_path: Path | None = None, kill_at: int | None =
 
     The rollouts of a (step, scenario) get `spread` more and `spread` less reward in turn (a group of
     an even size keeps its mean), so each scripted group has a learning signal as real rollouts do: a step whose groups all tie is gathered again, stopped on or
-    skipped (`groupwise.learning_signal`), which the tests of that rule ask for with spread=0."""
+    skipped (`groupwise.core.learning_signal`), which the tests of that rule ask for with spread=0."""
     seen: dict[tuple[int, str, int], int] = {}
 
     async def rollout(model, scenario):

@@ -16,7 +16,7 @@ from groupwise.envs.math.problems import make_problem
 from groupwise.loop.audit import FLATTERY, PROBES, audit_reward, flag_rule, probe_answer, ProbeResult
 from groupwise.loop.intervals import Interval
 from groupwise.loop.scripted import ScriptedModel, cut_to_tokens, tool_call_for
-from groupwise.types import TrajectoryGroup
+from groupwise.core.trajectory import TrajectoryGroup
 
 
 def request(user: str, system: str = "Reply in this format: <move>left</move>", max_tokens: int = 12, **extra):

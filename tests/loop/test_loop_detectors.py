@@ -6,7 +6,7 @@ from loop_helpers import HEALTHY_ANSWERS, group, history, traj
 
 import groupwise as gw
 from groupwise.loop import detectors as d
-from groupwise.types import TrajectoryGroup
+from groupwise.core.trajectory import TrajectoryGroup
 
 
 def healthy_history(n=21):

@@ -30,7 +30,7 @@ import itertools
 import pytest
 
 import groupwise as gw
-from groupwise.loop.series import events, rows
+from groupwise.runs.series import events, rows
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")

@@ -12,7 +12,7 @@ import pytest
 from loop_helpers import SCENARIOS, ScriptedBackend, make_rollout, run_scripted, steady_answer
 
 import groupwise as gw
-from groupwise.loop.series import events, rows
+from groupwise.runs.series import events, rows
 from groupwise.utils import iterate_dataset
 
 HERE = Path(__file__).parent
@@ -133,7 +133,7 @@ def test_killed_run_resumes_at_the_same_step_and_data_position(tmp_path):
     # 2. resume it here; 3. an uninterrupted run for reference
     import asyncio
 
-    from groupwise.history import RunHistory
+    from groupwise.runs.history import RunHistory
 
     memory = RunHistory.of(crashed / "loop" / "models" / "scripted")  # the resumed run's, held to look at after it
     summary, _ = asyncio.run(run_scripted(str(crashed), log_path=log_crash))

@@ -11,8 +11,8 @@ import pytest
 from loop_helpers import run_scripted
 
 import groupwise as gw
-import groupwise.history as history_module
-from groupwise.history import RunHistory
+import groupwise.runs.history as history_module
+from groupwise.runs.history import RunHistory
 
 
 @pytest.mark.parametrize("steps", [4, 12])

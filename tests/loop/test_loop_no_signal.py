@@ -1,6 +1,6 @@
 """Steps whose groups all tie: 'solved' (tie at the top) stops the run as converged, with its summary;
 'stuck' (tie below the top) is trained as ART does (the backend skips it). The rule is
-groupwise.learning_signal's; the ART side (skip, bound, strict mode) is tests/art_compat/test_no_signal.py.
+groupwise.core.learning_signal's; the ART side (skip, bound, strict mode) is tests/art_compat/test_no_signal.py.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from loop_helpers import SCENARIOS, ScriptedBackend, make_rollout, policy_step, traj
 
 import groupwise as gw
-from groupwise.learning_signal import assess, loop_action, skip_action
-from groupwise.loop.series import events, rows
+from groupwise.core.learning_signal import assess, loop_action, skip_action
+from groupwise.runs.series import events, rows
 
 
 def test_assess_tells_solved_from_stuck():
@@ -156,7 +156,7 @@ async def test_no_probe_config_reaches_the_backend(tmp_path, resamples):
 
 def test_the_backend_decision_is_a_value_with_its_words():
     # the backend acts on step_verdict: it holds no rule or wording of its own
-    from groupwise.learning_signal import step_verdict
+    from groupwise.core.learning_signal import step_verdict
 
     assert step_verdict([[0.0, 1.0]], step=4, skipped_in_a_row=2, max_skipped_steps=3).action == "train"
     skip = step_verdict([[1.0, 1.0], [0.5, 0.5]], step=4, skipped_in_a_row=1, max_skipped_steps=3)

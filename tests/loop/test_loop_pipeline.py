@@ -12,7 +12,7 @@ import pytest
 from pipeline_helpers import TRAIN, run
 
 import groupwise as gw
-from groupwise.loop.series import events, rows
+from groupwise.runs.series import events, rows
 
 HERE = Path(__file__).parent
 VOLATILE = ("recorded_at", "time/", "eta")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import groupwise as gw
-from groupwise.history import history_key
+from groupwise.runs.history import history_key
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow

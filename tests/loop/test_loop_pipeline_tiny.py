@@ -8,8 +8,8 @@ import pytest
 from pydantic import BaseModel
 
 import groupwise as gw
-from groupwise.choices import choice_policy_versions, choice_token_ids
-from groupwise.loop.series import rows
+from groupwise.core.choices import choice_policy_versions, choice_token_ids
+from groupwise.runs.series import rows
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")

@@ -9,7 +9,7 @@ from loop_helpers import SCENARIOS, ScriptedBackend, make_rollout
 import groupwise as gw
 from groupwise.cli import main
 from groupwise.loop.compare import compare
-from groupwise.loop.report import table, val_metric_name
+from groupwise.runs.report import table, val_metric_name
 
 
 def gamed(step, scenario):
@@ -65,7 +65,7 @@ def test_report_draws_the_validation_interval(run_dir, tmp_path, monkeypatch):
     real = matplotlib.axes.Axes.errorbar
     monkeypatch.setattr(matplotlib.axes.Axes, "errorbar",
                         lambda self, x, y, *a, **k: drawn.append((list(x), list(y), k.get("yerr"))) or real(self, x, y, *a, **k))
-    from groupwise.loop.report import plot_run
+    from groupwise.runs.report import plot_run
 
     plot_run(gw.load_history(run_dir), tmp_path)
     (steps, values, (below, above)), = drawn
@@ -140,7 +140,7 @@ def test_compare_base_and_best_side_by_side(run_dir, capsys):
 def test_report_of_rewards_near_the_float_limit_draws_and_prints(tmp_path, capsys):
     # finite rewards are accepted however large; near 1e308 matplotlib's ticks overflowed and the report
     # died with a traceback, and the table printed a 300-digit number
-    from groupwise.store import RunStore, history_row
+    from groupwise.runs.store import RunStore, history_row
 
     big = 1.7e308
     group = gw.TrajectoryGroup([gw.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}], reward=r)
@@ -159,7 +159,7 @@ def test_report_reads_an_integer_past_floats_range_as_no_number(tmp_path, capsys
     import json
 
     from groupwise.dashboard.runs import _finite
-    from groupwise.store import RunStore, history_row
+    from groupwise.runs.store import RunStore, history_row
 
     store = RunStore(tmp_path, "p", "bigint")
     group = gw.TrajectoryGroup([gw.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}], reward=r)
@@ -174,7 +174,7 @@ def test_report_reads_an_integer_past_floats_range_as_no_number(tmp_path, capsys
 def test_a_running_runs_metric_is_the_one_validated_with_an_interval():
     """Before its stop row, `groupwise report` on a 2048 run plotted and named max_tile (the first number of
     its val rows) while the job tracked valid_move_rate: the metric with an interval is the one validated."""
-    from groupwise.loop.report import val_metric_name
+    from groupwise.runs.report import val_metric_name
 
     history = [{"step": 0, "split": "val", "reward": -0.9, "max_tile": 2.6, "board_sum": 6.3, "valid_move_rate": 0.3,
                 "valid_move_rate_lo": 0.15, "valid_move_rate_hi": 0.45, "valid_move_rate_n": 24}]

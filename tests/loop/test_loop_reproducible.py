@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 import groupwise as gw
-from groupwise.choices import choice_token_ids
-from groupwise.loop.series import rows
+from groupwise.core.choices import choice_token_ids
+from groupwise.runs.series import rows
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")

@@ -7,8 +7,8 @@ from loop_helpers import history, traj
 
 import groupwise as gw
 from groupwise.loop import detectors as d
-from groupwise.store import history_row
-from groupwise.types import TrajectoryGroup
+from groupwise.runs.store import history_row
+from groupwise.core.trajectory import TrajectoryGroup
 
 METRIC = "accuracy"
 

@@ -6,14 +6,14 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from groupwise.loading import load_tokenizer
+    from groupwise.runtime.loading import load_tokenizer
 
     return load_tokenizer("smollm2-135m")
 
 
 @pytest.fixture
 def tiny_model(tokenizer):
-    from groupwise.loading import tiny_random_model
+    from groupwise.runtime.loading import tiny_random_model
 
     model, _ = tiny_random_model(seed=0, tokenizer=tokenizer)
     return model

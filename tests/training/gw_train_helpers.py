@@ -12,7 +12,7 @@ def lora_model(tokenizer, *, dtype=None, seed: int = 0, dropout: float = 0.0):
     import torch
 
     from groupwise.config import LoraConfig
-    from groupwise.loading import tiny_random_model
+    from groupwise.runtime.loading import tiny_random_model
     from groupwise.training.adapters import wrap_with_lora
 
     model, _ = tiny_random_model(seed=seed, tokenizer=tokenizer, dtype=dtype or torch.float64)

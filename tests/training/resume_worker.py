@@ -84,7 +84,7 @@ async def main(store: str, model_dir: str, steps: int, hang_at: int | None, hang
 
     served.trainer.train_step = train_step
     if hang_before_history is not None:  # patched on the class: the run's one history writer
-        from groupwise.history import RunHistory
+        from groupwise.runs.history import RunHistory
 
         real_write = RunHistory.write
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from groupwise.training.advantages import compute_advantages, group_advantages
+from groupwise.core.advantages import compute_advantages, group_advantages
 from groupwise.training.loss import grpo_loss
 
 

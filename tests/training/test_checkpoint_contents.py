@@ -174,7 +174,7 @@ def test_a_checkpoint_folder_named_with_other_digits_is_not_a_step(saved, name):
     # ASCII digits name a step, here and in the store's checkpoint listing.
     import shutil
 
-    from groupwise.store import checkpoint_folders
+    from groupwise.runs.store import checkpoint_folders
 
     _, _, root = saved
     shutil.copytree(root / "0002", root / name)

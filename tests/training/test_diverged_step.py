@@ -132,7 +132,7 @@ async def test_a_steps_trajectories_are_on_disk_before_it_fails_or_checkpoints(t
     before the step's checkpoint exists."""
     import threading
 
-    from groupwise.store import RunStore
+    from groupwise.runs.store import RunStore
 
     real_write = RunStore.write_trajectories
     checkpoints = tmp_path / "p" / "models" / "agent" / "checkpoints"

@@ -12,11 +12,11 @@ from groupwise.config import LoraConfig, TrainConfig
 from groupwise.training.tokenize import tokenize_groups
 from groupwise.training.adapters import wrap_with_lora
 from groupwise.training.trainer import Trainer
-from groupwise.types import Trajectory, TrajectoryGroup
+from groupwise.core.trajectory import Trajectory, TrajectoryGroup
 
 
 def test_tiny_model_learns_to_prefer_a_token_set(tokenizer):
-    from groupwise.loading import tiny_random_model
+    from groupwise.runtime.loading import tiny_random_model
 
     torch.manual_seed(0)
     model, _ = tiny_random_model(seed=0, tokenizer=tokenizer)

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 import groupwise as gw
-from groupwise.choices import choice_logprobs
+from groupwise.core.choices import choice_logprobs
 from groupwise.errors import AdapterMismatchError, RunLockedError
 
 HERE = Path(__file__).parent
@@ -55,7 +55,7 @@ async def test_train_serves_and_verifies_the_new_adapter(tiny_model_dir, tmp_pat
         finally:
             half_open.close()
         groups = await _groups(model)
-        # the model's client gets logprobs as one list (groupwise.choices.TOKEN_DATA_HEADER), which the
+        # the model's client gets logprobs as one list (groupwise.core.choices.TOKEN_DATA_HEADER), which the
         # trainer reads (test_tokenize.py) and the store keeps (the lossless check below)
         choices = [t.messages_and_choices[-1] for g in groups for t in g.trajectories]
         assert all(c.logprobs is None and len(choice_logprobs(c)) == len(c.token_ids) for c in choices)
@@ -100,10 +100,10 @@ async def test_train_serves_and_verifies_the_new_adapter(tiny_model_dir, tmp_pat
 
 
 async def test_rollouts_and_training_run_their_torch_work_on_one_thread(tiny_model_dir, tmp_path):
-    # groupwise/compute.py: a second thread running torch ops slowed every CPU op (OpenMP teams).
+    # groupwise/runtime/compute.py: a second thread running torch ops slowed every CPU op (OpenMP teams).
     import threading
 
-    from groupwise.compute import compute_thread
+    from groupwise.runtime.compute import compute_thread
 
     model = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
     backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
@@ -219,7 +219,7 @@ async def test_lora_config_of_the_model_overrides_the_backend(tiny_model_dir, tm
 async def test_each_step_is_written_once_with_its_checkpoint(tiny_model_dir, tmp_path, monkeypatch):
     # The backend stores a step's trajectories and train row with its checkpoint; model.train used to
     # write both again (the trajectories rewritten, the row replaced by a rewrite of the whole history).
-    from groupwise.store import RunStore
+    from groupwise.runs.store import RunStore
 
     written: list[tuple[str, int]] = []
     real_write = RunStore.write_trajectories
@@ -316,7 +316,7 @@ async def test_a_run_resumed_on_other_base_weights_is_refused(tiny_model_dir, tm
     """A checkpoint records which base it was trained on; a run loaded on another base of the same shape
     (another seed, another fine-tune) would train its adapter and optimizer on on the wrong weights, silently."""
     from groupwise.errors import CheckpointMismatchError
-    from groupwise.loading import tiny_random_model
+    from groupwise.runtime.loading import tiny_random_model
     from groupwise.training.checkpoint import base_fingerprint
 
     other_dir = tmp_path / "tiny-seed-1"

@@ -8,7 +8,7 @@ from groupwise.training.adapters import wrap_with_lora
 
 
 def _model(tokenizer, dropout=0.0):
-    from groupwise.loading import tiny_random_model
+    from groupwise.runtime.loading import tiny_random_model
 
     model, _ = tiny_random_model(seed=0, tokenizer=tokenizer, dtype=torch.float64)
     peft_model = wrap_with_lora(model, LoraConfig(rank=4, alpha=8, dropout=dropout))
@@ -67,7 +67,7 @@ def test_dropout_and_disabled_adapters_take_peft_own_path(tokenizer):
 
 def test_training_forward_and_backward_run_without_cudnn_attention(tokenizer, cudnn_attention_at_each_call):
     """Micro-batches differ in rows and padded length, and cuDNN's SDPA builds a graph per new shape
-    (groupwise/attention_backends.py): the trainer's forward context switches it off and back."""
+    (groupwise/runtime/attention_backends.py): the trainer's forward context switches it off and back."""
     seen = cudnn_attention_at_each_call
     model = _model(tokenizer)
     ids = torch.randint(3, 500, (2, 5), generator=torch.Generator().manual_seed(5))

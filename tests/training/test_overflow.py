@@ -16,14 +16,14 @@ from gw_train_helpers import lora_model
 
 from groupwise.config import TrainConfig
 from groupwise.errors import GroupwiseWarning, InvalidDataError, StoreError
-from groupwise.history import RunHistory
-from groupwise.readers import parse_json
-from groupwise.store import history_row, train_metrics
-from groupwise.training.advantages import ADVANTAGE_LIMIT, compute_advantages
+from groupwise.runs.history import RunHistory
+from groupwise.core.readers import parse_json
+from groupwise.runs.store import history_row, train_metrics
+from groupwise.core.advantages import ADVANTAGE_LIMIT, compute_advantages
 from groupwise.training.loss import LOG_RATIO_LIMIT, grpo_loss
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
 from groupwise.training.trainer import Trainer
-from groupwise.types import Trajectory, TrajectoryGroup
+from groupwise.core.trajectory import Trajectory, TrajectoryGroup
 
 F32_MAX = float(torch.finfo(torch.float32).max)  # 3.4028e38
 BF16_MAX = float(torch.finfo(torch.bfloat16).max)  # 3.3895e38

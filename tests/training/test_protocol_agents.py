@@ -11,7 +11,7 @@ import openai
 import pytest
 
 import groupwise as gw
-from groupwise.protocols import chat_messages, choice_from_answer, responses_to_chat
+from groupwise.chat.protocols import chat_messages, choice_from_answer, responses_to_chat
 
 TOOLS = [{"type": "function", "name": "lookup", "description": "look a word up",
           "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}}]

@@ -12,7 +12,7 @@ from gw_train_helpers import make_choice
 from groupwise.errors import ConfigError, NotTrainableError
 from groupwise.chat.tool_calls import prepare_messages
 from groupwise.training.sft import rendered_turn_ids, sft_loss, sft_sequence, tokenize_sft
-from groupwise.types import Trajectory
+from groupwise.core.trajectory import Trajectory
 
 TOOLS = [{"type": "function", "function": {
     "name": "lookup", "description": "Look a word up.",

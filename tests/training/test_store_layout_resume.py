@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import groupwise as gw
-import groupwise.store as store_module
-from groupwise.utils.output_dirs import get_model_dir, get_step_checkpoint_dir
+import groupwise.runs.store as store_module
+from groupwise.runs.output_dirs import get_model_dir, get_step_checkpoint_dir
 
 
 async def _groups(model, step: int) -> list[gw.TrajectoryGroup]:

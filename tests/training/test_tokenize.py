@@ -9,7 +9,7 @@ from gw_train_helpers import make_choice
 
 from groupwise.errors import NotTrainableError
 from groupwise.training.tokenize import tokenize_conversation, tokenize_groups
-from groupwise.types import Choice, History, Trajectory, TrajectoryGroup
+from groupwise.core.trajectory import Choice, History, Trajectory, TrajectoryGroup
 
 
 def _ids(tokenizer, text):
@@ -17,7 +17,7 @@ def _ids(tokenizer, text):
 
 
 def test_compact_logprobs_are_spliced_like_entries(tokenizer):
-    """A choice whose logprobs came as one list (``token_logprobs``, groupwise.choices.TOKEN_DATA_HEADER)
+    """A choice whose logprobs came as one list (``token_logprobs``, groupwise.core.choices.TOKEN_DATA_HEADER)
     tokenises exactly like the same choice with per-token entries, through the store's JSON too."""
     turn = _ids(tokenizer, " fine thanks") + [tokenizer.eos_token_id]
     lps = [-0.25 * (k + 1) for k in range(len(turn))]

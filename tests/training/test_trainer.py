@@ -163,7 +163,7 @@ def test_incomplete_checkpoints_are_ignored_and_retention(tokenizer, tmp_path):
 
 
 def test_kl_against_the_base_model_with_the_adapter_disabled(tokenizer):
-    from groupwise.loading import tiny_random_model
+    from groupwise.runtime.loading import tiny_random_model
 
     # A fresh adapter (B = 0) IS the base model: k3 KL is exactly 0 on every token.
     fresh, _ = tiny_random_model(seed=0, tokenizer=tokenizer)

@@ -30,14 +30,14 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from groupwise.adapter_names import served_name
+from groupwise.core.adapter_names import served_name
 
 if TYPE_CHECKING:
     import httpx
 
     from groupwise.config import TrainConfig, TrainSFTConfig
     from groupwise.model import TrainableModel
-    from groupwise.types import Trajectory, TrajectoryGroup
+    from groupwise.core.trajectory import Trajectory, TrajectoryGroup
 
 __all__ = ["API", "BEST_CHECKPOINT_METRIC", "Backend", "InferenceEndpoint", "TrainResult"]
 

@@ -6,7 +6,7 @@ process (one device), in one process per device on this host (backend/processes.
 on a cluster (backend/ray.py). The driver reaches them only through `_call` (a method of every rank)
 and `_endpoint` (where rollout requests go); a step's update, publication and retention cross as typed
 commands of the step protocol (backend/protocol.py: `UpdateCommand`, `PublishCommand`, `RetainCommand`,
-sent by `_send`). Runs are keyed by their `RunId` (groupwise/run_id.py), never by the bare model name:
+sent by `_send`). Runs are keyed by their `RunId` (groupwise/runs/run_id.py), never by the bare model name:
 the workers and engines know a run by ``<project>/<run>``.
 
 A train step, in order (each step of the order is there for a failure seen in ART):
@@ -63,19 +63,19 @@ from groupwise.backend.ranks import (ReplicaDivergenceError, check_identical, ch
                                      shard_batch, sft_step_metrics)
 from groupwise.backend.retention import prune_args, retain_command
 from groupwise.backend.worker import LOOPBACK, ModelSpec, WorkerOptions
-from groupwise.compat import ART_LOCAL_TRAIN_KEYWORDS, not_provided, with_art_keywords
-from groupwise.compute import compute_thread
+from groupwise.core.compat import ART_LOCAL_TRAIN_KEYWORDS, not_provided, with_art_keywords
+from groupwise.runtime.compute import compute_thread
 from groupwise.config import DEFAULT_RUN_STORE, TrainConfig
-from groupwise.adapter_names import served_name
+from groupwise.core.adapter_names import served_name
 from groupwise.errors import ConfigError, GroupwiseError, GroupwiseWarning, NotTrainableError, StoreError
-from groupwise.learning_signal import step_verdict
-from groupwise.run_id import RunId
-from groupwise.run_lock import RunLocks
+from groupwise.core.learning_signal import step_verdict
+from groupwise.runs.run_id import RunId
+from groupwise.runs.lock import RunLocks
 
 if TYPE_CHECKING:
     from groupwise.config import TrainSFTConfig
     from groupwise.model import TrainableModel
-    from groupwise.types import Trajectory, TrajectoryGroup
+    from groupwise.core.trajectory import Trajectory, TrajectoryGroup
 
 DEFAULT_PATH = DEFAULT_RUN_STORE
 
@@ -146,7 +146,7 @@ class WorkerBackend(Backend):
 
     def __getattr__(self, name: str) -> Any:
         # only reached when normal lookup fails: ART's backend methods groupwise has no counterpart of say
-        # why (groupwise.compat.NOT_PROVIDED); any other name is Python's AttributeError
+        # why (groupwise.core.compat.NOT_PROVIDED); any other name is Python's AttributeError
         raise not_provided("LocalBackend", name)
 
     def __init__(self, path: str = DEFAULT_PATH, options: BackendOptions | None = None) -> None:
@@ -379,8 +379,8 @@ class WorkerBackend(Backend):
         self, model: "TrainableModel", trajectory_groups: "list[TrajectoryGroup]", config: TrainConfig | None = None, *,
         cursor: dict[str, Any] | None = None, **options: Any,
     ) -> TrainResult:
-        from groupwise.compat import ART_BACKEND_TRAIN_LOSS, is_resolved, resolve_train_config
-        from groupwise.store import history_row, numeric_metrics
+        from groupwise.core.compat import ART_BACKEND_TRAIN_LOSS, is_resolved, resolve_train_config
+        from groupwise.runs.store import history_row, numeric_metrics
 
         # The API edge: `model.train` resolved its config already (once); a direct call (ART 0.5's
         # backend.train(model, groups, learning_rate=...)) is resolved here, with the model's own
@@ -497,7 +497,7 @@ class WorkerBackend(Backend):
                          config: TrainConfig) -> dict[str, float] | None:
         """None when the step trains; else the skipped step's metrics, after its warning and alert row.
         Raises NotTrainableError past `config.max_skipped_steps` (the rule and its words:
-        `groupwise.learning_signal.step_verdict`)."""
+        `groupwise.core.learning_signal.step_verdict`)."""
         verdict = step_verdict([g.rewards() for g in groups], step=step, skipped_in_a_row=run.skipped_in_a_row,
                                max_skipped_steps=config.max_skipped_steps)
         if verdict.action == "raise":
@@ -524,9 +524,9 @@ class WorkerBackend(Backend):
         `config.batch_size` trajectories (training/sft.py's loss on their assistant turns). The data
         cursor of the last GRPO step is kept in its checkpoint."""
         from groupwise.config import TrainSFTConfig
-        from groupwise.store import metrics_row, numeric_metrics
+        from groupwise.runs.store import metrics_row, numeric_metrics
         from groupwise.training.sft import tokenize_sft
-        from groupwise.types import TrajectoryGroup
+        from groupwise.core.trajectory import TrajectoryGroup
 
         config = config if config is not None else TrainSFTConfig()
         config.check()  # again: its fields may have been assigned since it was built

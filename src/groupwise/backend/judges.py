@@ -16,7 +16,7 @@ from typing import Any
 
 from groupwise.backend.replica import API_KEY
 from groupwise.config import DEFAULT_MAX_BATCH_SIZE
-from groupwise.compute import compute_thread
+from groupwise.runtime.compute import compute_thread
 
 __all__ = ["build_local_judge", "local_judge_client"]
 
@@ -33,7 +33,7 @@ def build_local_judge(base_model: str, *, device: str | None = None, dtype: str 
     from groupwise.inference.engine import Engine
     from groupwise.inference.registry import ModelRegistry
     from groupwise.inference.server import create_app
-    from groupwise.loading import load_base_model
+    from groupwise.runtime.loading import load_base_model
 
     lm, tokenizer = compute_thread().call(load_base_model, base_model, device=device, dtype=dtype)
     engine = Engine(lm, tokenizer, max_batch_size=max_batch_size, **(engine_kwargs or {}))

@@ -39,12 +39,12 @@ from groupwise.backend.base import InferenceEndpoint
 from groupwise.backend.driver import DEFAULT_PATH, ReplicaDivergenceError, WorkerBackend, WorkerError
 from groupwise.backend.options import BackendOptions, spell_out_options
 from groupwise.backend.replica import API_KEY
-from groupwise.compat import warn_ignored
+from groupwise.core.compat import warn_ignored
 from groupwise.config import DEFAULT_BASE_MODEL
 from groupwise.errors import ConfigError, GroupwiseError
-from groupwise.run_id import RunId
-from groupwise.store import CHECKPOINTS_DIR, checkpoint_folders, run_dir_of, step_dir_name
-from groupwise.utils.s3 import mirror, mirror_dir
+from groupwise.runs.run_id import RunId
+from groupwise.runs.store import CHECKPOINTS_DIR, checkpoint_folders, run_dir_of, step_dir_name
+from groupwise.runs.s3 import mirror, mirror_dir
 
 if TYPE_CHECKING:
     from groupwise.backend.worker import DeviceWorker
@@ -116,7 +116,7 @@ class LocalBackend(WorkerBackend):
         if wandb:  # ART 0.1.1-0.1.9's LocalAPI(wandb_entity=, wandb_project=)
             warn_ignored("LocalBackend()", wandb, "W&B run settings of the backend; as in later ART, each model's "
                          "W&B run is set on the model: Model(entity=...) with its project, logged when WANDB_API_KEY "
-                         "(or WANDB_MODE=offline) is set (groupwise.wandb_log)")
+                         "(or WANDB_MODE=offline) is set (groupwise.runs.wandb_log)")
         problems: list[str] = []
         if device is not None and devices is not None:
             problems.append(f"device={device!r} and devices={devices!r}: give one (devices for several)")
@@ -250,7 +250,7 @@ class LocalBackend(WorkerBackend):
                                        prefix: str | None = None, verbose: bool = False, delete: bool = False,
                                        **ignored: Any) -> None:
         """ART's backup: copy the model's run folder to ``<bucket>/[prefix/]<project>/models/<run>``,
-        where the bucket is a local folder (`groupwise.utils.s3`); `delete` first removes the copy's
+        where the bucket is a local folder (`groupwise.runs.s3`); `delete` first removes the copy's
         files that the run no longer has. Before the run wrote anything there is nothing to copy."""
         if ignored:
             warn_ignored("LocalBackend._experimental_push_to_s3", ignored)
@@ -285,7 +285,7 @@ class LocalBackend(WorkerBackend):
         loads the model lazily, at its first use), the model is unloaded, the checkpoint copied, and the
         model loaded again from its latest checkpoint, so its next rollouts and step use the fork. With
         `from_s3_bucket` the checkpoint is read from the bucket's copy of that run (a local folder,
-        `groupwise.utils.s3`). Only the checkpoint is copied (no history, no trajectories), as in ART."""
+        `groupwise.runs.s3`). Only the checkpoint is copied (no history, no trajectories), as in ART."""
         import shutil
 
         from_project = from_project or model.project

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC
 from groupwise.config import DEFAULT_MAX_BATCH_SIZE, LoraConfig
-from groupwise.validated import Validated, check_positive, option
+from groupwise.core.validated import Validated, check_positive, option
 from groupwise.errors import ConfigError
 
 __all__ = ["BackendOptions", "placement_problems"]
@@ -45,7 +45,7 @@ class BackendOptions(Validated):
                                                   "prefix_cache_tokens, batch_invariant); counts are integers >= 0.")
     load_model: Callable[..., Any] | None = option(
         None, help="`(base_model, device=, dtype=) -> (model, tokenizer)` in place of "
-        "`groupwise.loading.load_base_model`. Workers in other processes receive it pickled: a module-level "
+        "`groupwise.runtime.loading.load_base_model`. Workers in other processes receive it pickled: a module-level "
         "function of a module they can import.")
     memory_budget_gb: float | None = option(
         None, help="The memory each base model and its runs may use on a device (GB). It is checked against the "

@@ -27,7 +27,7 @@ from groupwise.backend.base import InferenceEndpoint
 from groupwise.backend.driver import DEFAULT_PATH, WorkerBackend, WorkerError
 from groupwise.backend.options import BackendOptions, spell_out_options
 from groupwise.backend.worker import DeviceWorker
-from groupwise.validated import check_positive
+from groupwise.core.validated import check_positive
 from groupwise.errors import MissingDependencyError
 
 __all__ = ["RayBackend"]

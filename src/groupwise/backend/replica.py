@@ -12,7 +12,7 @@ and trains its parameters only). After step k a replica's adapter is served as `
 ``name`` (latest).
 
 Its methods are synchronous torch work: callers run them on the process's compute thread
-(groupwise/compute.py), except `check_answers`, which reads only the registry and the engine's names.
+(groupwise/runtime/compute.py), except `check_answers`, which reads only the registry and the engine's names.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
 
-from groupwise.adapter_names import served_name
+from groupwise.core.adapter_names import served_name
 from groupwise.config import DEFAULT_MAX_BATCH_SIZE, LoraConfig, TrainConfig
 from groupwise.errors import AdapterMismatchError, CheckpointError, CheckpointMismatchError, GroupwiseError, ModelNotFoundError
 
@@ -79,11 +79,11 @@ class SharedBase:
         base_model: short name, local folder or Hugging Face id of the base.
         lora: the first adapter's settings (the first replica's).
         device, dtype: where and in what precision the base weights live (None: the defaults of
-            `groupwise.loading.load_base_model`).
+            `groupwise.runtime.loading.load_base_model`).
         max_batch_size, engine_kwargs: the engine's settings.
         api_key: the key the app asks of every request (None: any; an app reached only in process).
         load_model: ``(base_model, device=, dtype=) -> (model, tokenizer)`` in place of
-            `groupwise.loading.load_base_model` (e.g. a custom architecture or a random-init benchmark model).
+            `groupwise.runtime.loading.load_base_model` (e.g. a custom architecture or a random-init benchmark model).
         memory_budget_gb: the memory this base and its runs may use on the device, in place of the
             estimate (backend/budget.py); either is checked against the device's free memory.
     """
@@ -104,7 +104,7 @@ class SharedBase:
         from groupwise.inference.engine import Engine
         from groupwise.inference.registry import ModelRegistry
         from groupwise.inference.server import create_app
-        from groupwise.loading import load_base_model
+        from groupwise.runtime.loading import load_base_model
         from groupwise.training.adapters import TRAIN_ADAPTER, wrap_with_lora
         from groupwise.training.checkpoint import base_fingerprint
 

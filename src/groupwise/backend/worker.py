@@ -9,7 +9,7 @@ middle of another model's update.
 The same class runs in the driver's own process (one device), in a process of its own per device
 (data-parallel on one host, backend/processes.py) and as a Ray actor (backend/ray.py). Its methods are
 coroutines the driver awaits (in process), sends through a pipe, or calls as actor methods; the torch
-work runs on the process's compute thread (groupwise/compute.py), so the event loop keeps serving HTTP
+work runs on the process's compute thread (groupwise/runtime/compute.py), so the event loop keeps serving HTTP
 meanwhile.
 
 A worker of a data-parallel group joins the torch.distributed process group (NCCL between GPUs, gloo
@@ -38,10 +38,10 @@ from datetime import timedelta
 from typing import Any
 
 from groupwise.errors import ConfigError
-from groupwise.memory import release_freed_memory
+from groupwise.runtime.memory import release_freed_memory
 from groupwise.backend.protocol import Published, PublishCommand, RetainCommand, UpdateCommand
 from groupwise.backend.replica import Replica, SharedBase
-from groupwise.compute import compute_thread
+from groupwise.runtime.compute import compute_thread
 from groupwise.config import LoraConfig
 
 LOOPBACK = "127.0.0.1"  # where a worker's servers listen unless told otherwise: this host only
@@ -92,7 +92,7 @@ class WorkerOptions:
     max_batch_size: int
     engine_kwargs: dict[str, Any] | None
     verify_adapter: bool
-    load_model: Any  # (name, device=, dtype=) -> (model, tokenizer); None: groupwise.loading.load_base_model
+    load_model: Any  # (name, device=, dtype=) -> (model, tokenizer); None: groupwise.runtime.loading.load_base_model
     memory_budget_gb: float | None  # each base's budget on the device; None: estimated (backend/budget.py)
     train_workers: int | None = None  # ranks below it only train, the others only generate; None: all do both
     serve_http: bool = False  # serve each replica's app over HTTP (a worker outside the driver's process)

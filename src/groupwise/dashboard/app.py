@@ -28,8 +28,8 @@ from fastapi.staticfiles import StaticFiles
 from groupwise.dashboard import rollouts as ro
 from groupwise.dashboard import runs as rs
 from groupwise.errors import ConfigError, GroupwiseError, StoreError
-from groupwise.http_guard import HostGuard
-from groupwise.store import find_runs
+from groupwise.core.http_guard import HostGuard
+from groupwise.runs.store import find_runs
 
 STATIC = Path(str(resources.files("groupwise.dashboard") / "static"))
 
@@ -43,7 +43,7 @@ def create_app(root: str | Path, *, api_key: str | None = None, allowed_hosts: I
     """The dashboard over every run at or under `root`. While the app runs (its lifespan), a background
     thread indexes the trajectory files (`rollouts.index_in_background`). Every request must name the
     server in ``Host`` (localhost, `bound_host`, the address it arrived at, or one of `allowed_hosts`)
-    and a browser's ``Origin`` must be the page itself, else 403 (groupwise.http_guard): a page on
+    and a browser's ``Origin`` must be the page itself, else 403 (groupwise.core.http_guard): a page on
     another site could otherwise read every run by pointing its own name at this machine."""
     root = Path(root).resolve()
     cache = ro.GroupCache()

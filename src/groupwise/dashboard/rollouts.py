@@ -4,12 +4,12 @@ Trajectory files are read through `GroupCache`, keyed by each file's size and mo
 polling page re-reads a step only when the loop rewrote it, and a finished step is read once however
 often it is shown. Every view but one trajectory's reads a step's index (`FileIndex`: per trajectory its
 reward, advantage, metrics and previews; per group its scenario, prompt, exceptions and logs), built
-from the summary the store writes beside each step file (`groupwise.step_summary`): parsing the step
+from the summary the store writes beside each step file (`groupwise.runs.step_summary`): parsing the step
 files themselves is dominated by every token's logprob entry, and a cold text search over a long run
 would wait seconds for it. A run written before summaries existed (or a step file rewritten since its
-summary) is indexed from the step file's rows, unvalidated (`groupwise.store.read_group_dicts`), and a
+summary) is indexed from the step file's rows, unvalidated (`groupwise.runs.store.read_group_dicts`), and a
 background thread does that for every file while the app runs. One trajectory's view validates its
-group only (`GroupCache.group`): the tokens it shows are read through `groupwise.types`. The cache keeps
+group only (`GroupCache.group`): the tokens it shows are read through `groupwise.core.trajectory`. The cache keeps
 every file's small index and the stored rows of the few steps being looked at, so memory stays bounded
 on a long run.
 
@@ -32,15 +32,15 @@ from types import SimpleNamespace
 from pathlib import Path
 from typing import Any
 
-from groupwise.choices import choice_forced_indices, choice_logprobs, choice_token_ids, choice_token_texts
+from groupwise.core.choices import choice_forced_indices, choice_logprobs, choice_token_ids, choice_token_texts
 from groupwise.errors import ConfigError, GroupwiseError, StoreError, UnknownKeyError
 from groupwise.loop.compare import resolve_step
 from groupwise.loop.detectors import judge_disagreement
-from groupwise.loop.report import val_metric_name
-from groupwise.step_summary import content_text, message_dict, read_summary, summarize, tool_calls
-from groupwise.store import read_group_dicts, trajectory_files
-from groupwise.training.advantages import group_advantages
-from groupwise.types import Choice, TrajectoryGroup
+from groupwise.runs.report import val_metric_name
+from groupwise.runs.step_summary import content_text, message_dict, read_summary, summarize, tool_calls
+from groupwise.runs.store import read_group_dicts, trajectory_files
+from groupwise.core.advantages import group_advantages
+from groupwise.core.trajectory import Choice, TrajectoryGroup
 
 
 class ParamError(UnknownKeyError):
@@ -159,7 +159,7 @@ def _unreadable(path: Path, exc: OSError) -> StoreError:
 
 
 def _file_index(summary: dict[str, Any], split: str, step: int) -> FileIndex:
-    """A step's `FileIndex` from its summary (`groupwise.step_summary`), with each trajectory's advantage."""
+    """A step's `FileIndex` from its summary (`groupwise.runs.step_summary`), with each trajectory's advantage."""
     built = FileIndex([], [], groups=[{"scenario": g["scenario"], "prompt": g["prompt"], "exceptions": list(g["exceptions"]),
                                        "logs": list(g["logs"]), "metadata": dict(g["metadata"])} for g in summary["groups"]])
     by_group: dict[int, list[dict[str, Any]]] = {}
@@ -289,7 +289,7 @@ def rollouts(cache: GroupCache, run_dir: Path, *, split: str | None = None, step
 
 def message(item: Any) -> dict[str, Any]:
     """A message or a sampled Choice (validated, or as stored: a dict with ``message`` and
-    ``finish_reason``, the keys `groupwise.types` tells a Choice by) as {role, content, tool_calls,
+    ``finish_reason``, the keys `groupwise.core.trajectory` tells a Choice by) as {role, content, tool_calls,
     sampled, ...} for the page."""
     if isinstance(item, Choice):
         return {"role": "assistant", "content": content_text(item.message.content), "sampled": True,

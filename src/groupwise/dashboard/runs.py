@@ -1,12 +1,12 @@
 """The dashboard's run-level readers: which runs a folder holds, each run's state and summary, its curves.
 
-Everything here is read from the run store with the readers the CLI uses (`groupwise.store.load_history`,
-`groupwise.loop.series`, `groupwise.loop.report.val_metric_name`); nothing here writes into a run folder
+Everything here is read from the run store with the readers the CLI uses (`groupwise.runs.store.load_history`,
+`groupwise.runs.series`, `groupwise.runs.report.val_metric_name`); nothing here writes into a run folder
 or takes its lock, so watching a run can never disturb the process that trains it.
 
 A run's state:
 
-- ``training``: a process holds the run's writer lock (`groupwise.run_lock.RunLock`). The lock is seen in
+- ``training``: a process holds the run's writer lock (`groupwise.runs.lock.RunLock`). The lock is seen in
   ``/proc/locks`` rather than by trying to take it: a reader that held the lock even for a moment could
   make a starting `groupwise train` fail with `RunLockedError`. Where no lock is visible (a backend that
   takes none, or no /proc), a history written in the last `ACTIVE_WITHIN_S` seconds counts as training.
@@ -26,10 +26,10 @@ from typing import Any
 
 from groupwise.errors import GroupwiseError
 from groupwise.loop.detectors import alert_kind
-from groupwise.loop.report import val_metric_name
-from groupwise.loop.series import Row, events, interval, latest_step, points, rows, value
-from groupwise.run_lock import RunLock
-from groupwise.store import is_run_dir, load_history
+from groupwise.runs.report import val_metric_name
+from groupwise.runs.series import Row, events, interval, latest_step, points, rows, value
+from groupwise.runs.lock import RunLock
+from groupwise.runs.store import is_run_dir, load_history
 
 # A run without a visible writer lock still counts as training while its history moved this recently.
 ACTIVE_WITHIN_S = 120.0

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from groupwise.envs import email_search, game_2048, math, tictactoe, titles
 from groupwise.errors import UnknownKeyError
-from groupwise.types import Trajectory
+from groupwise.core.trajectory import Trajectory
 
 RewardKind = Literal["verifiable", "judge", "hybrid"]
 

@@ -18,9 +18,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from groupwise.chat.text import LONE_SURROGATE
-from groupwise.choices import wants_compact_token_data
+from groupwise.core.choices import wants_compact_token_data
 from groupwise.errors import ArgumentTypeError, EnvError
-from groupwise.types import Choice, Message, Tools, Trajectory
+from groupwise.core.trajectory import Choice, Message, Tools, Trajectory
 
 
 class Sampling(BaseModel):
@@ -37,7 +37,7 @@ class Sampling(BaseModel):
     )
     logprobs: bool = Field(True, description="Get the sampled tokens' logprobs (the trainer needs them; some APIs "
                            "refuse them with tools): asked for, unless the model's client gets them anyway "
-                           "(groupwise's, as plain lists: groupwise.choices.TOKEN_DATA_HEADER).")
+                           "(groupwise's, as plain lists: groupwise.core.choices.TOKEN_DATA_HEADER).")
 
 
 def inference_name(model: Any) -> str:
@@ -90,7 +90,7 @@ async def complete(
 def _gets_logprobs_unasked(client: Any) -> bool:
     """Whether `client` is groupwise's own (`model.openai_client()` of a trainable model): its requests get
     the logprobs as plain lists without asking, and asking would have them sent as one pydantic-validated
-    entry per token, half of a request's cost on the client (groupwise.choices.TOKEN_DATA_HEADER)."""
+    entry per token, half of a request's cost on the client (groupwise.core.choices.TOKEN_DATA_HEADER)."""
     return wants_compact_token_data(getattr(client, "default_headers", None) or {})
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.inference.requests import EngineError
-from groupwise.loading import quiet_peft, write_adapter_folder
+from groupwise.runtime.loading import quiet_peft, write_adapter_folder
 
 __all__ = ["SLOT_PREFIX", "AdapterSlots"]
 

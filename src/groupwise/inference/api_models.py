@@ -200,7 +200,7 @@ class _Sampling(_Strict):
         """Whether logprob entries name their token by id (``"token_id:<id>"``). On unless the request
         says no, as on ART's vLLM server: a client layer that keeps a choice's logprobs but drops the
         fields it does not know (LiteLLM 1.65 keeps no ``token_ids``) still hands the trainer the
-        sampled ids (`groupwise.choices.choice_token_ids` reads them back), where re-tokenizing the text
+        sampled ids (`groupwise.core.choices.choice_token_ids` reads them back), where re-tokenizing the text
         would not always give the tokens sampled."""
         return DEFAULT_RETURN_TOKENS_AS_TOKEN_IDS if self.return_tokens_as_token_ids is None \
             else self.return_tokens_as_token_ids
@@ -323,7 +323,7 @@ class CompletionRequest(_Sampling):
 
 # ------------------------------------------------------------------ OpenAI's Responses API (POST /v1/responses)
 # Validated here so that a bad field is a 400 naming it; translated into a chat request by
-# groupwise.protocols. Input items and content parts are strict about their own fields; what the
+# groupwise.chat.protocols. Input items and content parts are strict about their own fields; what the
 # SDKs echo back from an earlier answer (ids, status, annotations, logprobs) is accepted.
 
 
@@ -437,7 +437,7 @@ class ResponsesRequest(_Strict):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_logprobs: int | None = Field(None, ge=0, le=20)
     stream: bool = False
-    previous_response_id: str | None = None  # refused when set: nothing is stored (groupwise.protocols)
+    previous_response_id: str | None = None  # refused when set: nothing is stored (groupwise.chat.protocols)
     # vLLM-style extras (extra_body), as on chat completions
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     top_k: int | None = Field(None, ge=-1, le=TOP_K_MAX)

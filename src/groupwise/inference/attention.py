@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import torch
 
-from groupwise.attention_backends import varying_shape_attention
+from groupwise.runtime.attention_backends import varying_shape_attention
 
 __all__ = ["ENGINE_ATTENTION", "ROWS_ATTENTION", "decode_gqa_sdpa", "engine_attention", "rows_sdpa"]
 
@@ -106,7 +106,7 @@ def engine_attention(config: Any, rows_invariant: bool = False) -> Iterator[None
     The switch is the config's attribute (read by every attention layer per call), set for the
     engine's passes only: the trainer shares the model and keeps its own attention. A captured CUDA
     graph keeps what ran at capture. The passes run without cuDNN's attention kernel, which builds a
-    graph for each new shape (groupwise/attention_backends.py): prefill shapes change every pass."""
+    graph for each new shape (groupwise/runtime/attention_backends.py): prefill shapes change every pass."""
     if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
         yield
         return

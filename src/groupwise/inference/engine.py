@@ -1,7 +1,7 @@
 """The batching generation engine: continuous batching on transformers, per-request LoRA, logprobs.
 
 How it runs. Rollouts are asyncio coroutines; the engine is stepped by the process's compute thread
-(groupwise/compute.py: one thread for all torch work, which the CPU's OpenMP needs to run at full
+(groupwise/runtime/compute.py: one thread for all torch work, which the CPU's OpenMP needs to run at full
 speed) and answers through futures (`await engine.generate(request)` works from any event loop).
 Each step, under the model lock:
 
@@ -59,7 +59,7 @@ from typing import Any
 
 import torch
 
-from groupwise.compute import compute_thread
+from groupwise.runtime.compute import compute_thread
 from groupwise.config import DEFAULT_MAX_BATCH_SIZE
 from groupwise.errors import ConfigError
 from groupwise.inference.adapter_slots import SLOT_PREFIX
@@ -76,7 +76,7 @@ from groupwise.inference.requests import (BASE, DEFAULT_MAX_NEW_TOKENS, Completi
 from groupwise.inference.runner import ModelRunner
 from groupwise.inference.step_state import EngineStats, StepState
 from groupwise.rollout.stalls import STALLS
-from groupwise.special_tokens import special_tokens
+from groupwise.runtime.special_tokens import special_tokens
 
 __all__ = ["Completion", "Engine", "EngineError", "EngineStats", "GenerationRequest", "GenerationResult",
            "PromptTooLongError", "RequestFailedError"]
@@ -143,7 +143,7 @@ class Engine:
                                   "raise it or lower max_batch_size", what="engine")
             self.kv_budget_limits_context = fits < self.context_length
             self.context_length = min(self.context_length, fits)
-        # Steps run on the process's compute thread (groupwise/compute.py says why one thread), and so
+        # Steps run on the process's compute thread (groupwise/runtime/compute.py says why one thread), and so
         # does every torch op of the engine's, allocations included (a large fill is an OpenMP region).
         self._compute = compute_thread()
         buffers = self._compute.call(SlotBuffers, text_config.num_hidden_layers, max_batch_size, kv_heads,

@@ -3,7 +3,7 @@
 Parsing a body of several MB (64,000 tools is 8 MB of JSON, some hundred MB of Python objects) raises
 the server's heap, and glibc keeps the freed pages: after a soak of hostile bodies the process stayed
 at its peak. This middleware counts each request's body bytes and, once a request of at least
-`threshold_bytes` has been answered, asks glibc to give the free pages back (`groupwise.memory`), on a
+`threshold_bytes` has been answered, asks glibc to give the free pages back (`groupwise.runtime.memory`), on a
 worker thread so the event loop never waits, at most once per `min_interval_s` so a stream of large
 bodies costs one trim a second and not one per request. What stays is the high-water mark of
 interpreter and library caches, which does not grow with the length of an attack (docs/security.md).
@@ -15,7 +15,7 @@ import asyncio
 import time
 from typing import Any
 
-from groupwise.memory import release_freed_memory
+from groupwise.runtime.memory import release_freed_memory
 
 __all__ = ["ReleaseAfterLargeBodies"]
 

@@ -6,7 +6,7 @@ adapter). Other ids (the base model's own name, adapters served by folder name) 
 Every resolved request carries its canonical ``name@step`` so the response can say which step
 produced it (the trainer checks it serves what it trained, ART bug #661).
 
-A backend registers each run under its qualified name (``<project>/<run>``, groupwise/run_id.py) with
+A backend registers each run under its qualified name (``<project>/<run>``, groupwise/runs/run_id.py) with
 the model's own name as a short name: a request may use the short name (``agent``, ``agent@3``) while
 no other run here has it, and is answered under the name it asked for; a short name two runs share is
 refused naming both runs' qualified names.
@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from groupwise.adapter_names import served_name, split_served_name
+from groupwise.core.adapter_names import served_name, split_served_name
 from groupwise.errors import ConfigError, ModelNotFoundError
 from groupwise.inference.engine import Engine, EngineError
 

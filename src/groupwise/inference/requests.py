@@ -54,7 +54,7 @@ class GenerationRequest:
     # when a newer step of it is served, `Engine.retarget` moves the request to that adapter mid-sequence
     # (partial rollouts: the tokens so far keep the KV of the adapter that sampled them).
     follow: str | None = None
-    # Called from the compute thread (groupwise/compute.py) for each sampled token: (choice_index, token_id, logprob, finish_reason|None).
+    # Called from the compute thread (groupwise/runtime/compute.py) for each sampled token: (choice_index, token_id, logprob, finish_reason|None).
     on_token: Callable[[int, int, float, str | None], None] | None = None
 
 

@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import Any
 
-from groupwise.adapter_names import split_served_name
+from groupwise.core.adapter_names import split_served_name
 from groupwise.inference.engine import Completion, GenerationResult
 from groupwise.chat.tool_calls import parse_tool_calls
 from groupwise.errors import NonFiniteError
@@ -132,7 +132,7 @@ def chat_response(texts: TokenTexts, result: GenerationResult, header: dict[str,
     """The body of a chat completion, as the UTF-8 JSON the client reads. A choice's logprob entries
     (and their alternatives) go in as `TokenTexts.content_json` made them (the rest is dumped as a
     whole): the same JSON a dump of the whole dict gives, at a fraction of the GIL. `compact` (a groupwise
-    client's request that asked for no logprobs; groupwise.choices.TOKEN_DATA_HEADER): ``logprobs`` is
+    client's request that asked for no logprobs; groupwise.core.choices.TOKEN_DATA_HEADER): ``logprobs`` is
     null, and the sampled tokens' logprobs and texts are the lists ``token_logprobs`` and ``token_texts``."""
     choices = []
     for c in result.completions:

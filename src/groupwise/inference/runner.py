@@ -21,7 +21,7 @@ from groupwise.inference.merged import MergedAdapter
 from groupwise.inference.requests import BASE, SeqState
 from groupwise.inference.stacked_lora import StackedLora
 from groupwise.inference.step_state import EngineStats
-from groupwise.module_walk import ModuleWalk
+from groupwise.runtime.module_walk import ModuleWalk
 
 __all__ = ["MIXED", "ModelRunner"]
 

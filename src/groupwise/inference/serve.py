@@ -53,16 +53,16 @@ def serve_model(model: str, *, adapters: list[str], host: str, port: int, api_ke
     for an adapter folder named by its step, else by its folder name. The KV cache holds at most
     `max_kv_gb` (default: a third of the memory free after loading: growing the cache holds the old
     buffers beside the new ones for a moment). `allowed_hosts`: names besides localhost and `host` that
-    requests may call the server by (groupwise.http_guard)."""
+    requests may call the server by (groupwise.core.http_guard)."""
     import os
 
-    from groupwise.compute import compute_thread
+    from groupwise.runtime.compute import compute_thread
     from groupwise.inference.engine import Engine
     from groupwise.inference.registry import ModelRegistry
     from groupwise.inference.server import create_app
-    from groupwise.loading import load_base_model
+    from groupwise.runtime.loading import load_base_model
 
-    # loaded on the thread that will run the engine (groupwise/compute.py: one OpenMP team)
+    # loaded on the thread that will run the engine (groupwise/runtime/compute.py: one OpenMP team)
     weights, tokenizer = compute_thread().call(load_base_model, model, device=device, dtype=dtype)
     budget = int(max_kv_gb * 2**30) if max_kv_gb else free_memory_bytes(next(weights.parameters()).device) // 3
     engine = Engine(weights, tokenizer, max_batch_size=max_batch_size, max_kv_bytes=budget)

@@ -3,7 +3,7 @@
 Routes: ``POST /v1/chat/completions`` (plain and SSE streaming), ``POST /v1/completions``,
 ``GET /v1/models``, ``GET /v1/models/{id}``; and OpenAI's Responses API (``POST /v1/responses``) and
 Anthropic's Messages API (``POST /v1/messages``, its errors in Anthropic's shape), each translated into
-a chat request and run on the chat route's path (groupwise.protocols). Requests and responses use OpenAI's shapes; request
+a chat request and run on the chat route's path (groupwise.chat.protocols). Requests and responses use OpenAI's shapes; request
 bodies are validated by the pydantic models of api_models.py. Errors are
 ``{"error": {"message", "type", "param", "code"}}``: a 4xx names what the caller can fix (the
 field, the model, the length), and the server keeps serving. What the server promises (bind, key,
@@ -11,9 +11,9 @@ limits, logging) is written down in docs/security.md.
 
 Always returned, because RL needs them (token-in/token-out): every choice's logprobs
 (``choice.logprobs.content``; for a groupwise client's request that asks for none, the list
-``choice.token_logprobs`` with ``logprobs`` null: `groupwise.choices.TOKEN_DATA_HEADER`) and its sampled
+``choice.token_logprobs`` with ``logprobs`` null: `groupwise.core.choices.TOKEN_DATA_HEADER`) and its sampled
 token ids in the extra field ``choice.token_ids``
-(`groupwise.choices.choice_token_ids` reads it), and in ``choice.forced_token_indices`` the indices
+(`groupwise.core.choices.choice_token_ids` reads it), and in ``choice.forced_token_indices`` the indices
 into token_ids of the tokens a grammar forced (tool_choice / response_format allowed only that one
 token; `choice_forced_indices`), empty when none. ``response.model`` and ``system_fingerprint``
 name the step that produced the answer (``name@step``). Each logprob entry names its token
@@ -26,7 +26,7 @@ How a request runs: the key is checked, the body read up to a limit (413 past it
 a prompt that cannot fit the context is refused before it is tokenised; a request with schemas has
 them checked and its grammar built on the schema workers under a time budget (prepare.py), so
 neither the event loop nor the engine waits for them; tokenising runs on the compute thread
-(groupwise/compute.py); the engine validates the request before it joins a batch, so every caller
+(groupwise/runtime/compute.py); the engine validates the request before it joins a batch, so every caller
 error is a 4xx before any streaming starts. A client that goes away cancels its request in the
 engine; one that goes away while sending its body is logged as one line, not as a server failure.
 
@@ -57,10 +57,10 @@ from starlette.requests import ClientDisconnect
 
 from groupwise.chat import prompt_ids as chat_prompt_ids
 from groupwise.chat import template_kwargs_problem
-from groupwise.choices import wants_compact_token_data
-from groupwise.compute import compute_thread
+from groupwise.core.choices import wants_compact_token_data
+from groupwise.runtime.compute import compute_thread
 from groupwise.errors import ModelNotFoundError
-from groupwise.http_guard import HostGuard
+from groupwise.core.http_guard import HostGuard
 from groupwise.inference.api_models import (ChatCompletionRequest, CompletionRequest, MessagesRequest,
                                             ResponsesRequest, describe_validation_error, limits_context,
                                             unparsable_param)
@@ -74,7 +74,7 @@ from groupwise.inference.registry import ModelRegistry, Resolved
 from groupwise.inference.request_limits import DEFAULT_MAX_BODY_BYTES, body_structure_problem
 from groupwise.inference.responses import TokenTexts, chat_response, completion_response
 from groupwise.inference.streaming import EngineStream, stream_chat
-from groupwise.protocols import (ProtocolError, messages_answer, messages_events, messages_to_chat, responses_answer,
+from groupwise.chat.protocols import (ProtocolError, messages_answer, messages_events, messages_to_chat, responses_answer,
                                  responses_events, responses_to_chat)
 
 __all__ = ["DEFAULT_BODY_TIMEOUT_S", "DEFAULT_MAX_BODY_BYTES", "ApiError", "create_app"]
@@ -156,7 +156,7 @@ def create_app(registry: ModelRegistry, *, api_key: str | None = None,
     one that takes longer to arrive gets 408. `prepare_budget_s`: a request whose schema checks and
     grammar building run longer gets 400 (prepare.py). Every request must name the server in ``Host``
     (localhost, `bound_host`, the address it arrived at, or one of `allowed_hosts`) and a browser's
-    ``Origin`` must be a page of it, else 403 (groupwise.http_guard: against DNS rebinding)."""
+    ``Origin`` must be a page of it, else 403 (groupwise.core.http_guard: against DNS rebinding)."""
     app = FastAPI(title="groupwise", version="0.1", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gw = ServerState(registry, api_key, max_body_bytes, body_timeout_s, Preparer(prepare_budget_s))
     app.add_exception_handler(ApiError, _api_error)
@@ -468,7 +468,7 @@ async def run_chat(request: Request, state: ServerState, body: ChatCompletionReq
     result = await result_of(request, submit(state, req, "messages"))
     # the body's bytes, not a dict: FastAPI would walk a returned dict with jsonable_encoder first, about
     # 2 ms of the GIL for a 128-token choice's logprobs, on the process that steps the engine
-    # a groupwise client that asked for no logprobs reads them from one list (groupwise.types says why)
+    # a groupwise client that asked for no logprobs reads them from one list (groupwise.core.trajectory says why)
     # on a worker thread: n choices of the whole context with 20 alternatives a token is a body of 100+ MB,
     # seconds of work that on the event loop held every other caller's answer
     answer = await asyncio.to_thread(chat_response, state.token_texts, result, header, parse_tools,
@@ -584,7 +584,7 @@ def _sse(events: list[tuple[str, dict[str, Any]]]) -> Response:
 @api.post("/responses")
 async def responses(request: Request, body: ResponsesRequest = Depends(parsed(ResponsesRequest)),
                     state: ServerState = Depends(server_state)) -> Response:
-    """OpenAI's Responses API as a chat request (groupwise.protocols). A stream sends its events once the
+    """OpenAI's Responses API as a chat request (groupwise.chat.protocols). A stream sends its events once the
     answer is complete: the same events and the same final object as OpenAI's, not token by token."""
     answer = responses_answer(await _translated(request, state, body, responses_to_chat),
                               body.model_dump(by_alias=True, exclude_none=True, warnings=False))
@@ -594,7 +594,7 @@ async def responses(request: Request, body: ResponsesRequest = Depends(parsed(Re
 @api.post("/messages")
 async def messages(request: Request, body: MessagesRequest = Depends(parsed(MessagesRequest)),
                    state: ServerState = Depends(server_state)) -> Response:
-    """Anthropic's Messages API as a chat request (groupwise.protocols); errors in Anthropic's shape
+    """Anthropic's Messages API as a chat request (groupwise.chat.protocols); errors in Anthropic's shape
     (`ApiError.response`). A stream sends its events once the answer is complete."""
     answer = messages_answer(await _translated(request, state, body, messages_to_chat))
     return _sse(messages_events(answer)) if body.stream else JSONResponse(answer)

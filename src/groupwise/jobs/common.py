@@ -14,7 +14,7 @@ __all__ = ["Dtype", "allowed_host_field", "api_key_field", "device_field", "dtyp
            "folder_name_problem", "host_field", "loopback_problem", "model_field", "port_field", "run_dir_field",
            "served_name_problem", "store_field"]
 
-# What `groupwise.loading.resolve_dtype` accepts, as the command line spells it.
+# What `groupwise.runtime.loading.resolve_dtype` accepts, as the command line spells it.
 Dtype = Literal["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"]
 _DEVICE = re.compile(r"cpu|mps|cuda(:[0-9]+)?")  # fullmatch: `$` would let "cpu\n" through
 
@@ -77,7 +77,7 @@ def served_name_problem(value: Any) -> str | None:
 
 def folder_name_problem(value: Any) -> str | None:
     """A project or model name names a folder of the run store."""
-    from groupwise.store import folder_name_problem as problem
+    from groupwise.runs.store import folder_name_problem as problem
 
     found = problem(value)
     return f"{value!r} {found}" if found else None
@@ -90,7 +90,7 @@ def run_name_problem(value: Any) -> str | None:
 
 def loopback_problem(host: str, api_key: str | None, *, exposes: str) -> str | None:
     """The rule `serve` and `dashboard` share: off loopback, anyone on the network could reach `exposes`."""
-    from groupwise.validated import is_loopback
+    from groupwise.core.validated import is_loopback
 
     if is_loopback(host) or api_key:
         return None
@@ -120,7 +120,7 @@ def host_field() -> Any:
 
 
 def allowed_host_field() -> Any:
-    from groupwise.http_guard import allowed_host_problem
+    from groupwise.core.http_guard import allowed_host_problem
 
     return arg(default_factory=list, repeat=True, metavar="NAME", check=allowed_host_problem,
                help="also answer requests that name this server NAME (NAME:PORT for that port only; * for any "
@@ -138,7 +138,7 @@ def api_key_field() -> Any:
 
 def run_dir_problem(value: str) -> str | None:
     """A run folder to read; a base path or a project is refused with the runs it holds."""
-    from groupwise.store import run_dir_problem as problem
+    from groupwise.runs.store import run_dir_problem as problem
 
     return problem(value)
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field
 from typing import Any, Literal
 
-from groupwise.validated import Validated, number_fits, number_requirement
+from groupwise.core.validated import Validated, number_fits, number_requirement
 from groupwise.errors import ArgumentTypeError
 
 __all__ = ["Command", "Flag", "Job", "arg", "flags", "parse_text"]

@@ -1,4 +1,4 @@
-"""`groupwise inspect RUN_DIR`: read stored trajectories like a transcript (`groupwise.inspect` prints them)."""
+"""`groupwise inspect RUN_DIR`: read stored trajectories like a transcript (`groupwise.runs.transcript` prints them)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class InspectJob(Job):
 
 def run(job: InspectJob) -> int:
     from groupwise.errors import GroupwiseError
-    from groupwise.inspect import inspect_run
+    from groupwise.runs.transcript import inspect_run
 
     order = "best" if job.best else "worst" if job.worst else "file"
     try:

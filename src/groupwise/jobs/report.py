@@ -21,7 +21,7 @@ class ReportJob(Job):
 
 def run(job: ReportJob) -> int:
     from groupwise.errors import StoreError
-    from groupwise.loop.report import load_run, log_external, plot_run, table
+    from groupwise.runs.report import load_run, log_external, plot_run, table
 
     try:
         history = load_run(job.run_dir)

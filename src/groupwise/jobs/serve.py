@@ -17,7 +17,7 @@ def _adapter_problem(path: str) -> str | None:
     checkpoint under it, the folder to pass."""
     from pathlib import Path
 
-    from groupwise.store import CHECKPOINTS_DIR, find_runs
+    from groupwise.runs.store import CHECKPOINTS_DIR, find_runs
 
     if os.path.isfile(os.path.join(path, "adapter_config.json")):
         return None

@@ -67,8 +67,8 @@ class SFTJob(Job):
 
 def read_jsonl(path: str | Path) -> list[Any]:
     """Trajectories of an ART-style SFT file: each line ``{"messages": [...], "tools": [...] (optional)}``
-    (`groupwise.readers.read_sft_file`: a bad line is one error naming it, before a model loads)."""
-    from groupwise.readers import read_sft_file
+    (`groupwise.core.readers.read_sft_file`: a bad line is one error naming it, before a model loads)."""
+    from groupwise.core.readers import read_sft_file
 
     out = [t for _, t in read_sft_file(path)]
     if not out:

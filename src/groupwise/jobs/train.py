@@ -242,8 +242,8 @@ async def train(job: TrainJob) -> dict[str, Any]:
     clears `job.judge_margin` is used, or the job stops with the table (`JudgeSelectionError`)."""
     import groupwise as gw
     from groupwise.envs import get_env
-    from groupwise.loop.report import load_run, plot_run
-    from groupwise.loop.series import points
+    from groupwise.runs.report import load_run, plot_run
+    from groupwise.runs.series import points
 
     if len(job.runs()) > 1:
         from groupwise.jobs.train_sweep import sweep

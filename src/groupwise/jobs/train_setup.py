@@ -63,7 +63,7 @@ def train_config(spec: Any, learning_rate: float, device: str | None) -> Any:
     slower update than 1024 (docs/benchmarks.md, the main job).
     """
     import groupwise as gw
-    from groupwise.loading import resolve_device
+    from groupwise.runtime.loading import resolve_device
 
     if spec.reward != "verifiable":
         return gw.TrainConfig(learning_rate=learning_rate, gradient_checkpointing=True, micro_batch_tokens=2048)

@@ -32,7 +32,7 @@ async def sweep(job: Any) -> dict[str, Any]:
     import groupwise as gw
     from groupwise.envs import get_env
     from groupwise.jobs.sft import warm_start_fields, warm_started
-    from groupwise.loop.series import points
+    from groupwise.runs.series import points
 
     spec = get_env(job.env)
     runs = job.runs()

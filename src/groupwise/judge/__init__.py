@@ -15,7 +15,7 @@ select.py (the judge to train with, chosen on a labelled set), cache.py, cost.py
 
 from groupwise.judge.cache import JudgeCache
 from groupwise.judge.config import JudgeConfig
-from groupwise.judge.cost import PRICES, Usage, set_price
+from groupwise.core.cost import PRICES, Usage, set_price
 from groupwise.judge.evaluate import (
     JudgeReport,
     JudgeSpec,

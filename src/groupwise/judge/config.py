@@ -12,7 +12,7 @@ from typing import Any
 import math
 
 from groupwise.config import DEFAULT_JUDGE_TIMEOUT_S
-from groupwise.validated import Validated, check_choice, check_positive, check_seed, option
+from groupwise.core.validated import Validated, check_choice, check_positive, check_seed, option
 
 RESPONSE_FORMATS = ("auto", "json_schema", "json_object", "none")
 

@@ -24,7 +24,7 @@ __all__ = ["labelled_from_run", "load_labels"]
 
 def _run_metric(run_dir: Path) -> str:
     """The run's validation metric: the key of its val rows that carries an interval (``<key>_lo``)."""
-    from groupwise.store import load_history
+    from groupwise.runs.store import load_history
 
     for row in reversed(load_history(run_dir, skip_corrupt=True)):
         if row.get("split") == "val":
@@ -37,7 +37,7 @@ def _run_metric(run_dir: Path) -> str:
 def labelled_from_run(run_dir: str | Path, metric: str | None = None) -> list[LabelledGroup]:
     """A run's validation trajectories, grouped by scenario (their messages up to the first answer)
     across every validation step, labelled by ``metrics[metric]``."""
-    from groupwise.store import load_trajectories
+    from groupwise.runs.store import load_trajectories
 
     run_dir = Path(run_dir)
     metric = metric or _run_metric(run_dir)
@@ -47,7 +47,7 @@ def labelled_from_run(run_dir: str | Path, metric: str | None = None) -> list[La
             msgs = t.messages()
             first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), len(msgs))
             by_scenario[json.dumps(msgs[:first], sort_keys=True, default=str)].append(t)
-    from groupwise.types import TrajectoryGroup
+    from groupwise.core.trajectory import TrajectoryGroup
 
     groups = [TrajectoryGroup(ts, metadata={"scenario": f"val scenario {i}"}) for i, ts in enumerate(by_scenario.values())]
     return labelled_from_groups(groups, metric)

@@ -96,7 +96,7 @@ class JudgeSpec:
 
 
 def _parse_line(row: Any, where: str) -> LabelledGroup:
-    from groupwise.readers import LabelledGroupRow
+    from groupwise.core.readers import LabelledGroupRow
 
     prefix = [m.model_dump() for m in row.messages]
     name = row.name if row.name is not None else where
@@ -113,8 +113,8 @@ def load_labelled(path: str | Path) -> list[LabelledGroup]:
     """Labelled groups from a JSONL file, one group a line: ``{"messages": [common prefix], "trajectories":
     [{"answer": "..." or "messages": [...], "label": 0.7}, ...]}`` or a pairwise preference ``{"messages":
     [...], "chosen": "..." or [...], "rejected": ...}``. A line that is neither (a label that is text,
-    null, NaN or missing, a row that is not an object) is one `groupwise.readers.RowError` naming it."""
-    from groupwise.readers import (LABEL_ROW, JSONProblem, LabelledGroupRow, PreferenceRow, RowError, json_lines,
+    null, NaN or missing, a row that is not an object) is one `groupwise.core.readers.RowError` naming it."""
+    from groupwise.core.readers import (LABEL_ROW, JSONProblem, LabelledGroupRow, PreferenceRow, RowError, json_lines,
                                    kind_of, validate)
 
     out = []

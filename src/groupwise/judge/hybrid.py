@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from groupwise.errors import ConfigError, UnknownKeyError
-from groupwise.types import TrajectoryGroup
+from groupwise.core.trajectory import TrajectoryGroup
 
 
 def _unit(name: str, value: float) -> float:

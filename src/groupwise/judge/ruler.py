@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from groupwise.chat.text import LONE_SURROGATE
-from groupwise.choices import choice_to_message
+from groupwise.core.choices import choice_to_message
 from groupwise.errors import ConfigError, GroupwiseWarning, JudgeError, JudgeUnreachableError
 from groupwise.judge.cache import JudgeCache, request_key
 from groupwise.judge.config import JudgeConfig, make_config
-from groupwise.judge.cost import Usage
+from groupwise.core.cost import Usage
 from groupwise.judge.parse import BadAnswer, Score, parse_answer, repair_message
 from groupwise.judge.prompt import (
     DEFAULT_RUBRIC,
@@ -51,8 +51,8 @@ from groupwise.judge.prompt import (
 )
 from groupwise.judge.providers import Endpoint, resolve
 from groupwise.judge.reconcile import align, pass_orders, pick_anchors, spearman
-from groupwise.types import Choice, Trajectory, TrajectoryGroup
-from groupwise.utils.retry import retry
+from groupwise.core.trajectory import Choice, Trajectory, TrajectoryGroup
+from groupwise.core.retry import retry
 
 __all__ = ["JudgeStats", "RulerResult", "TrajectoryScore", "judge_stats", "ruler", "ruler_detailed", "ruler_score_group"]
 
@@ -141,7 +141,7 @@ async def _request(
     cache: JudgeCache | None,
     raw_answers: list[str],
 ) -> dict[str, Score]:
-    """One judge request with retries (`groupwise.utils.retry`: cfg.retries more attempts, backoff
+    """One judge request with retries (`groupwise.core.retry`: cfg.retries more attempts, backoff
     backoff_s * 2**i) and, without a JSON schema, one repair request per attempt."""
     import openai
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from groupwise.config import DEFAULT_MARGIN, MARGIN_BOUNDS
 from groupwise.errors import ConfigError, JudgeSelectionError
-from groupwise.validated import check_number
+from groupwise.core.validated import check_number
 from groupwise.judge.evaluate import JudgeReport, JudgeSpec, LabelledGroup, evaluate_judges, format_table
 
 __all__ = ["JudgeSelection", "select_judge"]

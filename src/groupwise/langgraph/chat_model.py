@@ -23,8 +23,8 @@ from typing import Any
 
 from groupwise.errors import GroupwiseError, warn_ignored
 from groupwise.langgraph.recording import RecordingTransport, fill_trajectory
-from groupwise.recording import ChatCall, call_from_bodies
-from groupwise.types import Trajectory
+from groupwise.core.recording import ChatCall, call_from_bodies
+from groupwise.core.trajectory import Trajectory
 
 __all__ = ["init_chat_model", "start_recording", "wrap_rollout"]
 

@@ -19,7 +19,7 @@ from typing import Any
 from groupwise.errors import GroupwiseError
 from groupwise.langgraph.chat_model import init_chat_model, start_recording, wrap_rollout
 from groupwise.langgraph.recording import fill_trajectory
-from groupwise.types import Trajectory
+from groupwise.core.trajectory import Trajectory
 
 __all__ = ["LoggingLLM", "add_thread", "create_messages_from_logs", "init_chat_model", "wrap_rollout"]
 

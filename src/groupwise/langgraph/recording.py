@@ -7,7 +7,7 @@ Below LangChain, the request body is the exact message list the model saw, in Op
 the response is the raw choice, extra fields included. Every call path LangChain has (`create`,
 `parse` for structured output, bound tools) goes through the same transport.
 
-Calls become conversations as `groupwise.recording` says (the first one is the trajectory's
+Calls become conversations as `groupwise.core.recording` says (the first one is the trajectory's
 `messages_and_choices`, the others its `additional_histories`, as ART's wrapper orders them).
 """
 
@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 
 from groupwise.errors import GroupwiseError
-from groupwise.recording import ChatCall, conversations
-from groupwise.types import Trajectory
+from groupwise.core.recording import ChatCall, conversations
+from groupwise.core.trajectory import Trajectory
 
 __all__ = ["RecordingTransport", "fill_trajectory"]
 

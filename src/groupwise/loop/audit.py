@@ -52,7 +52,7 @@ from groupwise.errors import ConfigError
 from groupwise.loop.checks import takes_scenario
 from groupwise.loop.intervals import Interval, mean_interval
 from groupwise.loop.scripted import ScriptedCall, ScriptedModel
-from groupwise.types import Trajectory, TrajectoryGroup
+from groupwise.core.trajectory import Trajectory, TrajectoryGroup
 
 __all__ = ["AUDIT_MODES", "AuditReport", "audit_before_training", "FLATTERY", "PROBES", "ProbeResult", "audit_reward", "flag_rule",
            "probe_answer"]

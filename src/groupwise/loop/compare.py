@@ -16,7 +16,7 @@ from typing import Any
 
 from groupwise.errors import ConfigError
 from groupwise.loop.detectors import answer_text
-from groupwise.loop.series import Row, events, rows, value
+from groupwise.runs.series import Row, events, rows, value
 
 _BOOKKEEPING = ("answer_chars", "duration")
 
@@ -37,7 +37,7 @@ def resolve_step(spec: str, history: list[Row], val_steps: list[int], metric: st
         for row in reversed(events(history, "stop")):
             if isinstance(row.get("best_step"), int):
                 return row["best_step"]
-        from groupwise.loop.report import val_metric_name
+        from groupwise.runs.report import val_metric_name
 
         metric = metric or val_metric_name(history)
         points = [(r["step"], value(r, "val", metric)) for r in rows(history, "val")] if metric else []
@@ -76,8 +76,8 @@ def side_by_side(left: str, right: str, width: int) -> list[str]:
 
 def compare(run_dir: str | Path, steps: str, *, split: str, n: int, width: int | None = None) -> str:
     """The side-by-side text of two steps' answers on `split` (see the module docstring)."""
-    from groupwise.loop.report import load_run
-    from groupwise.store import load_trajectories, trajectory_files
+    from groupwise.runs.report import load_run
+    from groupwise.runs.store import load_trajectories, trajectory_files
 
     history = load_run(run_dir)
     stored = sorted({s for sp, s, _ in trajectory_files(run_dir, split)})

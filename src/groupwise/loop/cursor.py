@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from groupwise.errors import ConfigError
-from groupwise.utils import epoch_order
+from groupwise.core.iterate_dataset import epoch_order
 
 log = logging.getLogger("groupwise.loop")
 

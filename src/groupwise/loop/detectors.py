@@ -60,13 +60,13 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from groupwise.config import DEFAULT_CONFIDENCE, DEFAULT_VAL_METRIC, DetectorConfig
-from groupwise.curves import z_score
-from groupwise.loop.series import Point, Row, mean, points, rows, series, std
+from groupwise.runs.curves import z_score
+from groupwise.runs.series import Point, Row, mean, points, rows, series, std
 from groupwise.loop.stopping import gap_noise, last_improvement, significant_gap
 
 if TYPE_CHECKING:
     from groupwise.config import LoopConfig
-    from groupwise.types import Trajectory, TrajectoryGroup
+    from groupwise.core.trajectory import Trajectory, TrajectoryGroup
 
 SEVERITIES = ("info", "warning", "critical")
 KINDS = ("hack", "warn", "converged", "unstable", "info")

@@ -12,11 +12,11 @@ split; at the end the step the run stopped on is validated if it was not, and th
 the validation metric) is evaluated once on the test split
 (requests to ``name@<best step>``). Everything the loop decides (alerts, baselines, the stop) is
 appended to the run's history (rows of splits ``alert``, ``baseline``, ``loop``, ``stop``; see
-`groupwise.loop.series`), so `groupwise report` can draw it and a resumed run can read it.
+`groupwise.runs.series`), so `groupwise report` can draw it and a resumed run can read it.
 
 A step whose groups all tie (no learning signal) is gathered again, same scenarios, up to
 `resample_no_signal` times, each recorded as a ``no_signal`` alert; the rule is
-`groupwise.learning_signal`'s. If the last gathering still ties at the top (every rollout scored the
+`groupwise.core.learning_signal`'s. If the last gathering still ties at the top (every rollout scored the
 run's highest reward, or the `validate` metric is at its ceiling) the task is solved: the run stops, rule
 ``converged``, with its summary and best checkpoint. Otherwise the backend skips the step as ART does
 (`TrainConfig.max_skipped_steps`): no gradient step, the step counter and the data position both
@@ -51,7 +51,7 @@ from typing import Any
 
 from groupwise.config import LoopConfig, TrainConfig
 from groupwise.errors import ConfigError, NotTrainableError
-from groupwise.learning_signal import assess, loop_action
+from groupwise.core.learning_signal import assess, loop_action
 from groupwise.loop.cursor import DataCursor, batches, resume_cursor
 from groupwise.loop.audit import audit_before_training
 from groupwise.loop.checks import before_training, check_fit_args, maybe_await, takes_scenario
@@ -62,10 +62,10 @@ from groupwise.loop.pipeline import Gathered, hold_for_resume, run_pipelined
 from groupwise.loop.policy import action_for, classify, decide, pending_stop, stop_now, stop_reason_once
 from groupwise.loop.progress import eta_seconds, step_line
 from groupwise.loop.rollout_inputs import AtStep, seeded_scenario
-from groupwise.loop.series import rows, series
+from groupwise.runs.series import rows, series
 from groupwise.rollout.hangs import HangReport, HangWatch
 from groupwise.loop.stopping import StopDecision, baseline_values, check_stopping, reward_range_of, val_at_ceiling
-from groupwise.types import Trajectory, TrajectoryGroup
+from groupwise.core.trajectory import Trajectory, TrajectoryGroup
 
 log = logging.getLogger("groupwise.loop")
 
@@ -119,7 +119,7 @@ class Loop:
         self.model, self.rollout, self.score_group, self.validate = model, rollout, score_group, validate
         self.train, self.val, self.test, self.baselines, self.c = train, val, test, baselines, config
         self.store = model.store
-        self.history = model.store.run_history  # read here in memory, written once per row (groupwise.history)
+        self.history = model.store.run_history  # read here in memory, written once per row (groupwise.runs.history)
         self.alerts: list[Alert] = []
         self.dropped_groups = 0  # groups score_group dropped (counted per step in the loop row)
         self._firing: set[str] = set()  # names of the alerts the previous step raised
@@ -266,7 +266,7 @@ class Loop:
             name = getattr(other, "name", repr(other))
             if name in have:
                 continue
-            from groupwise.store import history_row
+            from groupwise.runs.store import history_row
 
             groups, _ = await self.evaluate(other, self.val, f"baseline {name}")
             safe = "".join(ch if ch.isalnum() or ch in "_.-" else "-" for ch in name)
@@ -289,7 +289,7 @@ class Loop:
                    ) -> tuple[int, list[TrajectoryGroup], list[TrajectoryGroup], StopDecision | None]:
         """Gather, score and train one step: (new step, train groups, judged validation groups, a stop
         when the step showed the task solved). Whether a gathered batch is trained, gathered again or
-        ends the run is `groupwise.learning_signal`'s rule. `source(step, indices, attempt)` gathers the
+        ends the run is `groupwise.core.learning_signal`'s rule. `source(step, indices, attempt)` gathers the
         batch (the asynchronous pipeline's, loop/pipeline.py); by default, from the latest policy now."""
         dropped_before = self.dropped_groups
         for attempt in range(self.c.resample_no_signal + 1):

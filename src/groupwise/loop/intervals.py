@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from groupwise.config import DEFAULT_CONFIDENCE
-from groupwise.curves import z_score
+from groupwise.runs.curves import z_score
 
 __all__ = ["Interval", "bootstrap_mean", "combined_noise", "mean_interval", "wilson", "z_score"]
 

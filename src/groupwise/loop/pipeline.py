@@ -48,7 +48,7 @@ from groupwise.errors import NotTrainableError
 from groupwise.loop.cursor import DataCursor, batches
 from groupwise.loop.detectors import Alert
 from groupwise.loop.stopping import StopDecision
-from groupwise.types import TrajectoryGroup
+from groupwise.core.trajectory import TrajectoryGroup
 
 log = logging.getLogger("groupwise.loop")
 

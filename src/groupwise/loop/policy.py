@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from groupwise.curves import AlertRecord
+from groupwise.runs.curves import AlertRecord
 from groupwise.loop.detectors import Alert, reward_change
-from groupwise.loop.series import Row, events, points
+from groupwise.runs.series import Row, events, points
 from groupwise.loop.stopping import StopDecision, last_improvement, significant_gap
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from groupwise.loop.series import Row, rows, value
+from groupwise.runs.series import Row, rows, value
 
 __all__ = ["duration", "eta_seconds", "step_line"]
 

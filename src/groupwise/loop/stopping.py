@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from groupwise.config import DEFAULT_CONFIDENCE, DEFAULT_VAL_METRIC
-from groupwise.learning_signal import ZERO_VARIANCE_TOL
+from groupwise.core.learning_signal import ZERO_VARIANCE_TOL
 from groupwise.loop.intervals import combined_noise
-from groupwise.curves import baseline_points
-from groupwise.loop.series import Point, Row, events, points
+from groupwise.runs.curves import baseline_points
+from groupwise.runs.series import Point, Row, events, points
 
 if TYPE_CHECKING:
     from groupwise.config import LoopConfig
@@ -197,7 +197,7 @@ def check_stopping(history: list[Row], step: int, config: "LoopConfig") -> StopD
 
 def reward_range_of(history: list[Row]) -> tuple[float, float] | None:
     """(lowest, highest) mean train reward in the history: where a resumed run's reward range starts
-    (the loop widens it with every rollout's own reward); `groupwise.learning_signal` reads it to tell
+    (the loop widens it with every rollout's own reward); `groupwise.core.learning_signal` reads it to tell
     a tie at the top ('solved') from one below it."""
     means = [p.value for p in points(history, "train", "reward") if math.isfinite(p.value)]
     return (min(means), max(means)) if means else None

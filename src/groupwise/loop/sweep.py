@@ -37,7 +37,7 @@ from groupwise.errors import ConfigError
 from groupwise.loop.fit import FitSummary, Rollout, ScoreGroup, Validate
 from groupwise.loop.fit import fit as fit_one
 from groupwise.loop.lockstep import Lockstep
-from groupwise.run_id import RunId
+from groupwise.runs.run_id import RunId
 
 __all__ = ["FitRun", "fit", "fit_runs"]
 
@@ -94,7 +94,7 @@ def _run_names() -> Iterator[None]:
 
 def _labels(models: list[Any]) -> list[str]:
     """Each run's name in the logs and the lockstep gate: its model's name where no other run's model has
-    it, else its run's qualified name (``<project>/<run>``, groupwise/run_id.py: a sweep across projects),
+    it, else its run's qualified name (``<project>/<run>``, groupwise/runs/run_id.py: a sweep across projects),
     else its run folder. Two models of one run folder get one label, which `fit_runs` refuses."""
     def identity(model: Any) -> RunId | str:
         if all(hasattr(model, a) for a in ("base_path", "project", "storage_name")):

@@ -96,7 +96,7 @@ def parse_scenarios(content: str | None, num_scenarios: int) -> GeneratedScenari
     """The generator's answer as a collection; a ScenarioGenerationError saying what was wrong otherwise."""
     if content is None:
         raise ScenarioGenerationError("the generator answered with no content (a refusal or only tool calls)")
-    from groupwise.readers import JSONProblem, parse_json
+    from groupwise.core.readers import JSONProblem, parse_json
 
     try:
         data = parse_json(content)

@@ -130,9 +130,9 @@ class GeneratedScenarioCollection:
     @classmethod
     def from_json(cls, json_str: str) -> "GeneratedScenarioCollection":
         """From ``{"scenarios": [...]}``, a bare list, or an object whose first value is the list."""
-        from groupwise.readers import JSONProblem, ScenarioRow, kind_of, parse_json, validate
+        from groupwise.core.readers import JSONProblem, ScenarioRow, kind_of, parse_json, validate
 
-        data = parse_json(json_str)  # strict JSON (groupwise.readers): a JSONProblem saying why otherwise
+        data = parse_json(json_str)  # strict JSON (groupwise.core.readers): a JSONProblem saying why otherwise
         if isinstance(data, dict):
             data = data["scenarios"] if "scenarios" in data else next(iter(data.values()), [])
         if not isinstance(data, list):

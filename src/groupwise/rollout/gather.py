@@ -55,14 +55,14 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Union
 
-from groupwise.compat import warn_ignored
+from groupwise.core.compat import warn_ignored
 from groupwise.config import HANG_AFTER_S, ROLLOUT_TIMEOUT_S
 from groupwise.errors import ArgumentTypeError, GatherError, RolloutResultError, RolloutTimeoutError
 from groupwise.rollout.hangs import Activity, HangReport, HangWatch
 from groupwise.rollout.limits import CANCEL_GRACE_S, check_gather_args, exception_budget, waiting_at
 from groupwise.rollout.progress import GatherProgress
 from groupwise.rollout.stalls import STALLS
-from groupwise.types import (
+from groupwise.core.trajectory import (
     PydanticException,
     Trajectory,
     TrajectoryGroup,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from groupwise.types import Trajectory
+from groupwise.core.trajectory import Trajectory
 
 __all__ = ["GatherProgress"]
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from groupwise.config import LoraConfig
-from groupwise.loading import quiet_peft
+from groupwise.runtime.loading import quiet_peft
 
 TRAIN_ADAPTER = "default"  # peft's name of the adapter created by get_peft_model
 

@@ -54,8 +54,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from groupwise.errors import CheckpointError, CheckpointMismatchError, DiskFullError, GroupwiseWarning, NonFiniteError
-from groupwise.loading import write_adapter_folder
-from groupwise.store import dir_name_step, step_dir_name
+from groupwise.runtime.loading import write_adapter_folder
+from groupwise.runs.store import dir_name_step, step_dir_name
 from groupwise.training.adapters import TRAIN_ADAPTER, adapter_snapshot
 from groupwise.training.checkpoint_contents import contents_problem, state_problem
 from groupwise.training.finite import non_finite_names
@@ -320,8 +320,8 @@ def _fingerprint(path: Path) -> dict[str, Any]:
 
 def read_state_or_why(path: Path) -> CheckpointState | str:
     """The checkpoint's state.json, or what is wrong with it (missing, not JSON, nested past reading, a
-    field of another type: `groupwise.readers.CheckpointStateFile`), naming the file and line."""
-    from groupwise.readers import CheckpointStateFile, JSONProblem, RowError, read_json_file, validate
+    field of another type: `groupwise.core.readers.CheckpointStateFile`), naming the file and line."""
+    from groupwise.core.readers import CheckpointStateFile, JSONProblem, RowError, read_json_file, validate
 
     file = path / STATE_FILE
     if not file.is_file():

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from groupwise.store import dir_name_step
+from groupwise.runs.store import dir_name_step
 
 ADAPTER_FILE = "adapter_model.safetensors"
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from groupwise.attention_backends import varying_shape_attention
+from groupwise.runtime.attention_backends import varying_shape_attention
 
 __all__ = ["AdapterForwards", "TrainingForward", "fast_lora_ok", "holding_values"]
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from groupwise.chat import render_text
-from groupwise.choices import choice_to_message, choice_token_ids
+from groupwise.core.choices import choice_to_message, choice_token_ids
 from groupwise.config import DEFAULT_ASSISTANT_TURNS
 from groupwise.errors import ArgumentTypeError, InvalidDataError, NotTrainableError
 from groupwise.training.tokenize import (
@@ -36,7 +36,7 @@ from groupwise.training.tokenize import (
     data_of,
     tokenize_conversation,
 )
-from groupwise.types import Choice, Trajectory
+from groupwise.core.trajectory import Choice, Trajectory
 
 __all__ = ["SFTLossTerms", "sft_loss", "sft_sequence", "tokenize_sft"]
 

@@ -36,10 +36,10 @@ from typing import Any
 
 from groupwise.chat import render_text
 from groupwise.chat.text import LONE_SURROGATE
-from groupwise.choices import choice_forced_indices, choice_logprobs, choice_to_message, choice_token_ids
+from groupwise.core.choices import choice_forced_indices, choice_logprobs, choice_to_message, choice_token_ids
 from groupwise.errors import InvalidDataError, NotTrainableError
-from groupwise.training.advantages import compute_advantages
-from groupwise.types import Choice, TrajectoryGroup, item_kind_problem
+from groupwise.core.advantages import compute_advantages
+from groupwise.core.trajectory import Choice, TrajectoryGroup, item_kind_problem
 
 # Where each sampled turn goes in the rendered text. A chat template never writes it, and the nonce (drawn
 # per process) keeps any message's text from writing it: a tool result holding a fixed marker was read as

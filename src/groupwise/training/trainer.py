@@ -35,7 +35,7 @@ import torch
 
 from groupwise.config import TrainConfig
 from groupwise.errors import CheckpointMismatchError, ConfigError, GroupwiseError
-from groupwise.module_walk import ModuleWalk
+from groupwise.runtime.module_walk import ModuleWalk
 from groupwise.training.adapters import TRAIN_ADAPTER, AdapterState, set_active_adapter
 from groupwise.training.finite import check_finite, guarded_step
 from groupwise.training.logprobs import base_and_decoder, token_logprobs

@@ -52,7 +52,7 @@ from groupwise.envs.email_search.questions import (
     questions_from_corpus,
     split_questions,
 )
-from groupwise.types import Choice, Trajectory
+from groupwise.core.trajectory import Choice, Trajectory
 
 SYSTEM_PROMPT = (
     "You are an email assistant for {inbox}. Today is {today}. Answer the user's question using their "

@@ -44,11 +44,11 @@ def questions_from_corpus(corpus: Corpus) -> list[Question]:
 
 def split_questions(questions: list[Question], *, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
                     split_seed: int = 0) -> tuple[list[Question], list[Question], list[Question]]:
-    """Deterministic 80/10/10 split (the same for every run seed), by `groupwise.utils.split_dataset`.
+    """Deterministic 80/10/10 split (the same for every run seed), by `groupwise.core.split_dataset`.
 
     Sorted by id first, so the assignment does not depend on the order questions were generated in.
     """
-    from groupwise.utils import split_dataset
+    from groupwise.core.split_dataset import split_dataset
 
     train, val, test = split_dataset(sorted(questions, key=lambda q: q.id), fractions, seed=split_seed)
     return train, val, test

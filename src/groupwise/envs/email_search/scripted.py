@@ -32,7 +32,7 @@ from groupwise.envs.email_search.env import (
 )
 from groupwise.envs.email_search.inbox import default_database
 from groupwise.errors import ConfigError, EnvError
-from groupwise.types import Trajectory
+from groupwise.core.trajectory import Trajectory
 
 __all__ = ["demonstration", "demonstrations"]
 

@@ -32,7 +32,7 @@ from pydantic import Field
 
 from groupwise.envs._chat import Sampling, choice_text, complete, new_trajectory, split_seeds
 from groupwise.envs.game_2048.game import DIRECTIONS, WIN_TILE, Board, Game, board_sum, max_tile, render
-from groupwise.types import Trajectory
+from groupwise.core.trajectory import Trajectory
 
 # Short on purpose: with a 135M model, a longer rules-first prompt made well-formed replies rarer.
 SYSTEM_PROMPT = "You play the game 2048."

@@ -15,7 +15,7 @@ from pydantic import Field
 from groupwise.envs._chat import Sampling, choice_text, complete, new_trajectory, split_seeds
 from groupwise.envs.math.grader import parse_answer
 from groupwise.envs.math.problems import EASIEST, HARDEST, make_problem
-from groupwise.types import Trajectory
+from groupwise.core.trajectory import Trajectory
 
 SYSTEM_PROMPT = (
     "Solve the problem. Think briefly if you need to, then end your reply with the final answer "

@@ -43,7 +43,7 @@ from groupwise.envs.tictactoe.game import (
     to_move,
     winner,
 )
-from groupwise.types import Trajectory
+from groupwise.core.trajectory import Trajectory
 
 # Short on purpose (a 135M model follows a short question with a format example best).
 SYSTEM_PROMPT = "You play tic-tac-toe as {mark}. Three of your marks in a line win."

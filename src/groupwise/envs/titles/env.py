@@ -17,7 +17,7 @@ from pydantic import Field
 
 from groupwise.envs._chat import Sampling, choice_text, complete, new_trajectory
 from groupwise.envs.titles.texts import TEXTS
-from groupwise.types import Trajectory
+from groupwise.core.trajectory import Trajectory
 
 SYSTEM_PROMPT = "Write one short, engaging title for the text the user gives you. Reply with the title only."
 
