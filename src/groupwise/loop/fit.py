@@ -66,6 +66,7 @@ from groupwise.runs.series import rows, series
 from groupwise.rollout.hangs import HangReport, HangWatch
 from groupwise.loop.stopping import StopDecision, baseline_values, check_stopping, reward_range_of, val_at_ceiling
 from groupwise.core.trajectory import Trajectory, TrajectoryGroup
+from groupwise.core.validated import replace_set
 
 log = logging.getLogger("groupwise.loop")
 
@@ -448,7 +449,9 @@ def with_teacher(config: LoopConfig, teacher: str) -> LoopConfig:
     if own.teacher is not None and own.teacher != teacher:
         raise ConfigError(f"fit(teacher={teacher!r}) and config.train_config.teacher={own.teacher!r} disagree; "
                           "name the teacher once", what="fit arguments")
-    return dataclasses.replace(config, train_config=dataclasses.replace(own, teacher=teacher))
+    # replace_set: a plain replace would record every field as the caller's, and the one-owner check would
+    # then read the train config's default learning rate as a second, disagreeing setting
+    return replace_set(config, train_config=replace_set(own, teacher=teacher))
 
 
 async def fit(
