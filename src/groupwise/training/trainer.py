@@ -192,17 +192,7 @@ class Trainer:
         if tensors is None:
             self._reference = self.reference_step = None
             return
-        params = dict(self.trainable_named_parameters())
-        missing, extra = sorted(params.keys() - tensors.keys()), sorted(tensors.keys() - params.keys())
-        shapes = [f"{n}: {tuple(tensors[n].shape)} for {tuple(p.shape)}" for n, p in params.items()
-                  if n in tensors and tensors[n].shape != p.shape]
-        if missing or extra or shapes:
-            raise CheckpointMismatchError(
-                f"the KL reference of step {step} does not fit adapter {self.adapter_name!r}: {len(missing)} tensor(s) "
-                f"missing (e.g. {missing[:2]}), {len(extra)} unknown (e.g. {extra[:2]}), {len(shapes)} of another "
-                f"shape (e.g. {shapes[:2]}). It must come from this run's adapter (the same base model and LoraConfig)."
-            )
-        self._reference = {n: tensors[n].detach().to(device=p.device, dtype=p.dtype).clone() for n, p in params.items()}
+        self._reference = self._fitting(tensors, f"the KL reference of step {step}")
         self.reference_step = step
 
     def set_teacher(self, tensors: dict[str, torch.Tensor] | None, *, source: str) -> None:
