@@ -22,7 +22,7 @@ from groupwise.dashboard.app import create_app  # noqa: E402
 from groupwise.runs.step_summary import read_summary, summary_path  # noqa: E402
 from groupwise.runs.store import RunStore  # noqa: E402
 
-RUN = "2048/agent"
+RUN = "2048/models/agent"
 DAMAGED = [("train", 1), ("val", 2), ("train", 3)]  # the summaries each case damages
 
 
@@ -109,7 +109,7 @@ def pristine(tmp_path_factory) -> tuple[Path, dict[str, object]]:
 def _damaged_copy(pristine_root: Path, target: Path, damage) -> Path:
     shutil.copytree(pristine_root / "2048", target / "2048")
     for split, step in DAMAGED:
-        path = summary_path(target / "2048" / "agent" / "trajectories" / split / f"{step:04d}.jsonl")
+        path = summary_path(target / "2048" / "models" / "agent" / "trajectories" / split / f"{step:04d}.jsonl")
         path.write_bytes(damage(path.read_bytes()))
     return target
 
@@ -119,14 +119,14 @@ def test_every_view_shows_the_step_files_data_whatever_the_damage(pristine, tmp_
     root, expected = pristine
     damaged = _damaged_copy(root, tmp_path, DAMAGES[how])
     for split, step in DAMAGED:  # the damaged summary is not used...
-        assert read_summary(damaged / "2048" / "agent" / "trajectories" / split / f"{step:04d}.jsonl") is None, how
+        assert read_summary(damaged / "2048" / "models" / "agent" / "trajectories" / split / f"{step:04d}.jsonl") is None, how
     assert _views(TestClient(create_app(damaged))) == expected  # ... and nothing shown differs
 
 
 def test_a_summary_made_a_folder_is_read_around(pristine, tmp_path):
     root, expected = pristine
     damaged = _damaged_copy(root, tmp_path, lambda raw: raw)
-    path = summary_path(damaged / "2048" / "agent" / "trajectories" / "train" / "0001.jsonl")
+    path = summary_path(damaged / "2048" / "models" / "agent" / "trajectories" / "train" / "0001.jsonl")
     path.unlink()
     path.mkdir()
     assert _views(TestClient(create_app(damaged))) == expected
@@ -168,7 +168,7 @@ def test_a_summary_with_any_one_value_replaced_is_used_unchanged_or_not_at_all(p
     """read_summary gives the summary as written, or None: never a damaged one (any value of any field,
     at any depth, replaced by any JSON value; or a byte flipped anywhere)."""
     root, _ = pristine
-    step_file = root / "2048" / "agent" / "trajectories" / "train" / "0002.jsonl"
+    step_file = root / "2048" / "models" / "agent" / "trajectories" / "train" / "0002.jsonl"
     raw = summary_path(step_file).read_bytes()
     written = read_summary(step_file)
     assert written is not None
@@ -199,7 +199,7 @@ def test_a_step_file_that_cannot_be_read_is_named_and_the_other_steps_answer(pri
     file, every view across steps answers 200 with the other steps, and the indexer goes on."""
     root, expected = pristine
     damaged = _damaged_copy(root, tmp_path, lambda raw: raw)
-    train = damaged / "2048" / "agent" / "trajectories" / "train"
+    train = damaged / "2048" / "models" / "agent" / "trajectories" / "train"
     (train / "0007.jsonl").mkdir()
     (train / "0008.jsonl").symlink_to(tmp_path / "nowhere.jsonl")
     with TestClient(create_app(damaged)) as client:

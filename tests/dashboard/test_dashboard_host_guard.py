@@ -17,7 +17,7 @@ from dash_helpers import write_step  # noqa: E402
 from http_forgery import forged_hosts, forged_origins, free_port, probe, probe_allowed, wait_until_up  # noqa: E402
 from groupwise.runs.store import RunStore  # noqa: E402
 
-RUN = "2048/agent"
+RUN = "2048/models/agent"
 ROUTES = [("GET", "/", None), ("GET", "/static/app.js", None), ("GET", "/api/runs", None),
           ("GET", f"/api/curves?run={RUN}", None), ("GET", f"/api/steps?run={RUN}", None),
           ("GET", f"/api/indexed?run={RUN}", None), ("GET", f"/api/judge?run={RUN}", None),

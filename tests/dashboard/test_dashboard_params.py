@@ -17,13 +17,13 @@ from dash_helpers import write_step  # noqa: E402
 from groupwise.dashboard.app import create_app  # noqa: E402
 from groupwise.runs.store import RunStore  # noqa: E402
 
-RUN = "2048/agent"
+RUN = "2048/models/agent"
 EXAMPLES = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                           HealthCheck.too_slow])
 
 hostile_text = st.text(st.characters(codec=None, categories=None), max_size=40) | st.sampled_from(
     ["\x00", "a\x00b", "\ud800", "\udfff x", "../..", "/etc/passwd", "..", ".", "", " ", "%00", "\u2028", "２", "²",
-     "train\x00", "2048/agent/../../..", "2048/agent\x00", "\ufeff", "a" * 5000])
+     "train\x00", "2048/models/agent/../../..", "2048/models/agent\x00", "\ufeff", "a" * 5000])
 numbers = (st.integers() | st.integers(min_value=-10**40, max_value=10**40) | st.sampled_from(
     ["9" * 5000, "-" + "9" * 5000, "1e999", "-1e999", "nan", "inf", "-inf", "1.5", "0x10", "", " 1", "1_000",
      "٣", "+1", "-0", str(2**63), str(-2**63 - 1)])).map(str)
@@ -59,7 +59,7 @@ def check(client: TestClient, path: str, params: dict[str, str | None]) -> None:
         r.json()  # a JSON body the page can read
 
 
-RUNS = [RUN, "2048/agent/", "./2048/agent"]
+RUNS = [RUN, "2048/models/agent/", "./2048/models/agent"]
 SPLITS = ["train", "val"]
 STEPS = ["0", "1", "2"]
 
