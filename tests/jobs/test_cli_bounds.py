@@ -14,7 +14,8 @@ from groupwise.cli import COMMANDS, main
 from groupwise.jobs.fields import Flag, config_problem, flags
 
 # A value for each required argument, so that only the flag under test can be wrong.
-REQUIRED = {("train", "env"): "titles", ("sft", "data"): "demos.jsonl", ("judge eval", "labels"): "titles"}
+REQUIRED = {("train", "env"): "titles", ("audit", "env"): "titles", ("sft", "data"): "demos.jsonl",
+            ("judge eval", "labels"): "titles"}
 
 
 def required_argv(command) -> list[str]:
