@@ -81,7 +81,8 @@ def _steps(run_dir) -> list[int]:
 
 def _numbers(row: dict) -> dict:
     """A history row without what differs between two identical runs (times, timestamps)."""
-    return {k: v for k, v in row.items() if "time" not in k and k not in ("recorded_at", "trainable_tokens_per_s")}
+    return {k: v for k, v in row.items() if "time" not in k and not k.startswith("memory/")
+            and k not in ("recorded_at", "trainable_tokens_per_s")}
 
 
 def assert_same_run(shared, alone) -> None:

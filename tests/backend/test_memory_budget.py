@@ -66,17 +66,17 @@ async def test_every_run_joined_to_a_shared_base_is_counted_and_a_join_the_devic
         second = gw.TrainableModel(name="second", project="p", base_model=tiny_model_dir)
         with pytest.raises(MemoryBudgetError, match=r"2 adapter\(s\)"):
             await second.register(backend)
-        assert base.models == ["first"] and base.budget.models == 1 and base.budget.total == one
+        assert base.models == ["p/first"] and base.budget.models == 1 and base.budget.total == one
         # with room for it, it joins and the budget counts both runs' adapters
         monkeypatch.setattr(budget_module, "available_bytes", lambda device: (base.budget.adapter, 64 * GB))
         await second.register(backend)
-        assert base.models == ["first", "second"]
+        assert base.models == ["p/first", "p/second"]
         assert base.budget.models == 2 and base.budget.total == one + base.budget.adapter
         third = gw.TrainableModel(name="third", project="p", base_model=tiny_model_dir)
         monkeypatch.setattr(budget_module, "available_bytes", lambda device: (10 * GB, 64 * GB))
         await third.register(backend)
         assert base.budget.models == 3
         await backend.unregister(third)  # a run that leaves gives its share back
-        assert base.budget.models == 2 and base.models == ["first", "second"]
+        assert base.budget.models == 2 and base.models == ["p/first", "p/second"]
     finally:
         await backend.close()

@@ -14,7 +14,7 @@ from groupwise.runs.series import rows
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-VOLATILE = ("recorded_at", "time/", "update_time", "step_time", "trainable_tokens_per_s")
+VOLATILE = ("recorded_at", "time/", "update_time", "step_time", "trainable_tokens_per_s", "memory/")
 
 
 class Question(BaseModel):

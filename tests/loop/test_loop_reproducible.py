@@ -27,7 +27,7 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 SCENARIOS = [{"id": i, "q": f"Say something short about topic {i}."} for i in range(12)]
-VOLATILE = ("recorded_at", "time/", "update_time", "step_time", "tokens_per_s", "_s")
+VOLATILE = ("recorded_at", "time/", "update_time", "step_time", "tokens_per_s", "_s", "memory/")
 
 
 def make_rollout(jitter: random.Random | None):

@@ -55,7 +55,8 @@ TIMINGS = ("recorded_at", "step_time", "update_time", "trainable_tokens_per_s")
 
 
 def _history(run: Path) -> list[dict]:
-    return [{k: v for k, v in row.items() if k not in TIMINGS} for row in gw.load_history(run)]
+    return [{k: v for k, v in row.items() if k not in TIMINGS and not k.startswith("memory/")}
+            for row in gw.load_history(run)]
 
 
 def _same_tensors(a: Path, b: Path) -> bool:

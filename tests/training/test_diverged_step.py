@@ -31,7 +31,7 @@ async def _groups(model):
 
 async def _state(backend):
     # clones: on CPU the worker's optimizer tensors are the live ones, which a step updates in place
-    state = await backend._worker.state_tensors("agent")
+    state = await backend._worker.state_tensors("p/agent")
     return {part: {k: v.clone() for k, v in state[part].items()} for part in ("adapter", "optimizer")}
 
 
@@ -117,7 +117,7 @@ async def test_a_restart_skips_a_nan_checkpoint_and_resumes_the_one_before(tiny_
         with pytest.warns(GroupwiseWarning, match="0002 is corrupt \\(its adapter holds nan or inf"):
             await clone.register(again)
         assert await clone.get_step() == 1
-        adapter = (await again._worker.state_tensors("agent"))["adapter"]
+        adapter = (await again._worker.state_tensors("p/agent"))["adapter"]
         assert all(bool(torch.isfinite(t).all()) for t in adapter.values())
         r = await clone.openai_client().chat.completions.create(
             model="agent", messages=[{"role": "user", "content": "hi"}], max_tokens=2)

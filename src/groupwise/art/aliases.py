@@ -98,7 +98,8 @@ def new_path(fullname: str) -> str | None:
 class _AliasLoader(importlib.abc.Loader):
     """Gives the import system the module at the new path instead of loading a second copy."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, fullname: str, target: str) -> None:
+        self.fullname = fullname
         self.target = target
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
@@ -113,6 +114,12 @@ class _AliasLoader(importlib.abc.Loader):
         # (``groupwise.utils.retry``): its old path is registered now, as it was when ``utils/__init__``
         # imported it, so a later ``import groupwise.utils.retry`` finds it loaded and leaves the
         # package's ``retry`` the function (the import system rebinds the attribute only on a first load).
+        # The same for every submodule the package loaded itself (``utils/__init__`` imports
+        # ``get_model_step``, the module, and binds ``get_model_step``, the function): registered under
+        # the old path now, a later ``from groupwise.utils.get_model_step import ...`` finds it loaded.
+        for name, loaded in list(sys.modules.items()):
+            if name.startswith(self.target + "."):
+                sys.modules.setdefault(self.fullname + name[len(self.target):], loaded)
         prefix = next((k for k, v in ALIASES.items() if "groupwise." + v == self.target), None)
         if prefix is not None:
             for key, value in ALIASES.items():
@@ -136,7 +143,7 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
             return None  # no such module at the new path either: other finders answer (art.internals)
         if module.__spec__ is not None and module.__spec__.name == new:
             _OWN_SPECS[new] = module.__spec__
-        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(new), is_package=hasattr(module, "__path__"))
+        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(fullname, new), is_package=hasattr(module, "__path__"))
 
 
 _FINDER = _AliasFinder()
