@@ -85,28 +85,19 @@ def cudnn_attention_at_each_call(monkeypatch) -> list[bool]:
     return seen
 
 
-# Tests that broke where this round's branches met (the run layout, the run identity, the memory metrics
-# and the new commands each changed what another branch's tests assumed). Each is reported as xfail with
-# this reason, never as a pass, until its fix lands; the list only shrinks.
-KNOWN_BROKEN_BY_MERGE = {
-    'wandb:redirect.py:659 error in stderr callback',
-    'wandb:redirect.py:659 error in stdout callback',
-    'tests/art_compat/test_art_corpus.py::test_langgraph_outline_agent_with_its_own_reward',
-    'tests/backend/test_step_protocol.py::test_every_placement_runs_a_worker_of_the_protocol',
-    'tests/envs/test_sft_recipe.py::test_an_env_warm_start_prints_the_command_that_continues_it',
-    'tests/envs/test_sft_recipe.py::test_groupwise_sft_makes_steps_and_resumes_without_repeating_them',
-    'tests/foundation/test_config_ranges.py::test_lora_sft_detector_and_judge_configs_refuse_non_finite_and_non_numbers',
-    'tests/jobs/test_train_job.py::test_a_run_store_that_fills_up_mid_run_is_one_line',
-    'tests/loop/test_loop_pipeline_kill.py::test_a_pipelined_run_killed_mid_update_or_mid_checkpoint_resumes_whole[--hang-in-save-2]',
-    'tests/loop/test_loop_pipeline_kill.py::test_a_pipelined_run_killed_mid_update_or_mid_checkpoint_resumes_whole[--hang-in-update-1]',
-    'tests/loop/test_loop_pipeline_kill.py::test_two_processes_train_two_runs_of_one_store_at_once',
-    'tests/loop/test_loop_progress.py::test_a_stop_by_an_alert_prints_the_alert_message_once',
-    'tests/training/test_distill_backend.py::test_a_checkpoint_of_another_run_teaches_a_student_whose_rewards_tie',
+# Known failures, each reported as xfail with its reason (never as a pass) until its fix lands.
+KNOWN_BROKEN = {
+    "tests/art_compat/test_art_corpus.py::test_langgraph_outline_agent_with_its_own_reward":
+        "its W&B run is finished before the program's last define_metric call since W&B logging moved "
+        "into the model (wandb.errors: 'You must call wandb.init() before wandb.define_metric()')",
+    "tests/loop/test_loop_progress.py::test_a_stop_by_an_alert_prints_the_alert_message_once":
+        "its planted fall is now inside val_drop's noise band (the winner's-curse correction), so the run "
+        "stops as converged (val_plateau) first; the test needs a fall beyond the new band",
 }
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.nodeid in KNOWN_BROKEN_BY_MERGE:
-            item.add_marker(pytest.mark.xfail(reason="broken where this round's branches met; fix pending",
-                                              strict=False))
+        reason = KNOWN_BROKEN.get(item.nodeid)
+        if reason is not None:
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=False))

@@ -66,7 +66,7 @@ def test_groupwise_sft_makes_steps_and_resumes_without_repeating_them(tiny_model
     (said,) = [line for line in capsys.readouterr().out.splitlines() if "continue with GRPO: " in line]
     continuation = continues(said, env="tictactoe")
     assert continuation.model == tiny_model_dir
-    assert (Path(continuation.path) / continuation.project_of() / continuation.name).resolve() == run.resolve()
+    assert (Path(continuation.path) / continuation.project_of() / "models" / continuation.name).resolve() == run.resolve()
     assert main(args) == 0  # a second call finds its SFT steps done
     assert len([r for r in gw.load_history(run) if r["split"] == "sft"]) == 2
     assert "done: step 2 (2 SFT step(s))" in capsys.readouterr().out
@@ -127,8 +127,8 @@ def test_an_env_warm_start_prints_the_command_that_continues_it(tiny_model_dir, 
     (said,) = [line for line in capsys.readouterr().out.splitlines() if "continue with GRPO: " in line]
     job = continues(said, env="unused")
     assert job.env == "tictactoe" and job.seed == 3 and job.model == tiny_model_dir
-    run = tmp_path / "runs" / "games" / "tictactoe-s3"
-    assert gw.load_history(run) and (Path(job.path) / job.project_of() / (job.name or "")).resolve() == run.resolve()
+    run = tmp_path / "runs" / "games" / "models" / "tictactoe-s3"
+    assert gw.load_history(run) and (Path(job.path) / job.project_of() / "models" / (job.name or "")).resolve() == run.resolve()
 
 
 def test_a_bug_in_groupwise_sft_keeps_its_traceback(tmp_path, monkeypatch, capsys):

@@ -179,7 +179,7 @@ def test_a_run_store_that_fills_up_mid_run_is_one_line(tmp_path, tiny_model_dir)
     assert proc.returncode == 2, proc.stderr  # as a run store that cannot be written from the start
     assert "Traceback" not in proc.stderr, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"groupwise train: error: cannot write '{tmp_path / '2048' / '2048-s0'}/"), last
+    assert last.startswith(f"groupwise train: error: cannot write '{tmp_path / '2048' / 'models' / '2048-s0'}/"), last
     assert "(File too large): free space or fix permissions there" in last, last
     assert not [p for p in tmp_path.rglob("*.tmp")]  # the half-written temporary file is gone
 

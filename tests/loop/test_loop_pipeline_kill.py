@@ -54,7 +54,7 @@ def test_a_pipelined_run_killed_mid_update_or_mid_checkpoint_resumes_whole(tiny_
     store = tmp_path / "store"
     where = kill_when_hanging(worker(store, tiny_model_dir, hang, str(at)), store)
     assert where.endswith(str(at))
-    run = store / "kill" / "piped"
+    run = store / "kill" / "models" / "piped"
     before = gw.load_history(run)
     proc = worker(store, tiny_model_dir)
     out, _ = proc.communicate(timeout=600)
@@ -87,7 +87,7 @@ def test_two_processes_train_two_runs_of_one_store_at_once(tiny_model_dir, tmp_p
         assert proc.returncode == 0, out[-3000:]
         assert json.loads(out.strip().splitlines()[-1]) == {"final_step": STEPS, "start_step": 0}
     for name in procs:
-        run = store / "kill" / name
+        run = store / "kill" / "models" / name
         history = gw.load_history(run)
         assert sorted(r["step"] for r in history if r["split"] == "train") == list(range(STEPS))
         assert [k for k, n in Counter(history_key(r) for r in history).items() if n > 1] == []

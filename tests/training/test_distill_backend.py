@@ -31,7 +31,7 @@ async def test_a_checkpoint_of_another_run_teaches_a_student_whose_rewards_tie(t
         await teacher.register(backend)
         await student.register(backend)
         await teacher.train(await _groups(teacher, [0.0, 1.0, 2.0, 3.0]), config=gw.TrainConfig(learning_rate=5e-2))
-        folder = tmp_path / "p" / "teacher" / "checkpoints" / "0001"
+        folder = tmp_path / "p" / "models" / "teacher" / "checkpoints" / "0001"
         assert (folder / "state.json").is_file()
 
         tied = await _groups(student, [1.0, 1.0, 1.0, 1.0])  # no group-relative signal at all
@@ -40,7 +40,7 @@ async def test_a_checkpoint_of_another_run_teaches_a_student_whose_rewards_tie(t
         assert result.metrics["teacher_kl"] != 0.0 and result.metrics["grad_norm"] > 0.0
         # the run folder names the same teacher (its latest checkpoint)
         again = await student.train(await _groups(student, [1.0] * 4),
-                                    config=gw.TrainConfig(learning_rate=1e-2, teacher=str(tmp_path / "p" / "teacher")))
+                                    config=gw.TrainConfig(learning_rate=1e-2, teacher=str(tmp_path / "p" / "models" / "teacher")))
         assert again.metrics["skipped"] == 0.0 and "teacher_kl" in again.metrics
 
         # without a teacher the same tied step is skipped, as before
