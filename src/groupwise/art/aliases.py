@@ -23,11 +23,8 @@ from typing import Any
 # old path -> new path, both without ``groupwise.``; a package's entry covers its submodules.
 ALIASES: dict[str, str] = {
     'adapter_names': 'core.adapter_names',
-    'art.utils.iterate_dataset': 'core.iterate_dataset',
     'art.utils.output_dirs': 'runs.output_dirs',
-    'art.utils.retry': 'core.retry',
     'art.utils.s3': 'runs.s3',
-    'art.utils.split_dataset': 'core.split_dataset',
     'art_internals': 'art.internals',
     'attention_backends': 'runtime.attention_backends',
     'auto_trajectory': 'art.auto_trajectory',
