@@ -204,7 +204,7 @@ async def test_a_run_leaves_the_backend_and_a_new_one_takes_its_place(tiny_model
         await _train(first, [1e-2])
         await backend.unregister(first)
         worker = backend._worker
-        assert list(worker.replicas) == ["second"] and list(worker.bases) == [tiny_model_dir]
+        assert list(worker.replicas) == [f"{PROJECT}/second"] and list(worker.bases) == [tiny_model_dir]
         peft_model = worker.bases[tiny_model_dir].peft_model
         assert not [n for n, _ in peft_model.named_parameters() if ".default." in n]  # its adapter is gone
         with pytest.raises(gw.errors.ModelNotFoundError):
