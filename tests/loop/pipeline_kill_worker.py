@@ -59,7 +59,7 @@ async def main(store: str, model_dir: str, hang_in_update: int | None, hang_in_s
     backend = gw.LocalBackend(path=store, device="cpu", best_checkpoint_metric=None)
     await model.register(backend)
     if hang_in_update is not None:
-        trainer = backend._worker.replicas[model.name].trainer
+        trainer = backend._worker.replicas[f"{model.project}/{model.name}"].trainer
         real_step = trainer.train_step
 
         def train_step(batch, config, *, step, **kwargs):
