@@ -114,6 +114,8 @@ async def _order(tmp_path, lockstep: bool) -> list[tuple[str, str, int]]:
             events.append(("train", model.name, result.step - 1))
             return result
 
+    fast_reached_step_3 = asyncio.Event()
+
     def timed(name: str, delay: float):
         inner = make_rollout(steady)
 
@@ -121,7 +123,17 @@ async def _order(tmp_path, lockstep: bool) -> list[tuple[str, str, int]]:
             step = policy_step(model)
             if "@" not in model.inference_name() and ("gather", name, step) not in events:
                 events.append(("gather", name, step))
+                if (name, step) == ("fast", 3):
+                    fast_reached_step_3.set()
             await asyncio.sleep(delay)
+            if name == "slow" and step >= 1 and not lockstep:
+                # Free-running, "slow" stalls at step 1 until "fast" is at step 3; on a loaded machine timing
+                # alone does not order them. Were the runs in lockstep after all, "fast" could never get
+                # there: the wait runs out and the order assertion fails.
+                try:
+                    await asyncio.wait_for(fast_reached_step_3.wait(), timeout=30)
+                except asyncio.TimeoutError:
+                    pass
             return await inner(model, scenario)
 
         return rollout
