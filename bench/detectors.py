@@ -497,6 +497,9 @@ def run_real(args: argparse.Namespace, jobs: list[tuple[str, str, int]]) -> list
                MKL_NUM_THREADS=str(args.threads))
 
     order = {job: i for i, job in enumerate(jobs)}
+    import threading
+
+    lock = threading.Lock()
 
     def run(job: tuple[str, str, int]) -> dict | None:
         kind, flavour, seed = job
@@ -521,10 +524,21 @@ def run_real(args: argparse.Namespace, jobs: list[tuple[str, str, int]]) -> list
             return None
         res = json.loads(found[-1])
         show(res)
+        if args.json:  # each run as it ends: a host whose time runs out still hands back what finished
+            with lock, open(f"{args.json}l", "a") as f:
+                f.write(json.dumps(res) + "\n")
         return res
 
     with ThreadPoolExecutor(max_workers=args.workers) as pool:
         return [r for r in pool.map(run, jobs) if r is not None]
+
+
+def read_results(path: Path) -> list[dict]:
+    """A --json file (a list), or the .jsonl beside it that run_real appends each finished run to."""
+    text = path.read_text()
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return json.loads(text)
 
 
 def show(res: dict) -> None:
@@ -558,7 +572,7 @@ def main() -> None:
     p.add_argument("--seed0", type=int, default=0, help="seed of the first run (run i gets seed0 + i)")
     p.add_argument("--detector", action="append", default=[], help="a DetectorConfig override, NAME=VALUE")
     p.add_argument("--path", default=".groupwise/detectors-bench", help="where the runs go (.groupwise/ is git-ignored)")
-    p.add_argument("--json", default=None, help="also write every run's result here")
+    p.add_argument("--json", default=None, help="also write every run's result here (and each as it ends to PATH + 'l', a .jsonl)")
     p.add_argument("--docs", default=str(ROOT / "docs" / "benchmarks.md"))
     p.add_argument("--no-docs", action="store_true", help="print only; leave the docs alone")
     p.add_argument("--worker", nargs=3, metavar=("KIND", "clean|planted", "SEED"), help=argparse.SUPPRESS)
@@ -572,7 +586,7 @@ def main() -> None:
     jobs = jobs_of(args)
     t0 = time.monotonic()
     if args.from_json:
-        jobs = results = [r for path in args.from_json for r in json.loads(Path(path).read_text())]
+        jobs = results = [r for path in args.from_json for r in read_results(Path(path))]
     elif args.tier == "sim":
         from concurrent.futures import ProcessPoolExecutor
 
