@@ -293,8 +293,11 @@ def summarise(results: list[dict], drop: float, converged_k: int = 3) -> dict:
     fell; per family: the best alert's; for `val_plateau` (converged): how often it was right."""
     from groupwise.loop.detectors import alert_kind
 
-    clean = [r for r in results if not r["planted"]]
-    planted = [r for r in results if r["planted"]]
+    # A run that ended before its first validation (e.g. a clean run whose task the base never solves:
+    # no learning signal) says nothing about false alarms or detection: listed under errors, not counted.
+    counted = [r for r in results if r.get("val")]
+    clean = [r for r in counted if not r["planted"]]
+    planted = [r for r in counted if r["planted"]]
     dropped = [(r, d) for r in planted if (d := drop_step(r, drop)) is not None]
     names = sorted({n for r in results for n in r["alerts"]}, key=lambda n: (KIND_ORDER.index(alert_kind(n)), n))
     rows = []
@@ -330,7 +333,17 @@ def summarise(results: list[dict], drop: float, converged_k: int = 3) -> dict:
     envs = sorted({r.get("env", r["kind"]) for r in clean})
     return {"rows": rows, "families": families, "clean": len(clean), "planted": len(planted),
             "dropped": len(dropped), "envs": envs, "converged": (sum(verdicts), len(verdicts), converged_k),
-            "errors": [f"{r['kind']}/{r['seed']}: {r['error']}" for r in results if r.get("error")]}
+            "errors": ended_early(results)}
+
+
+def ended_early(results: list[dict]) -> list[str]:
+    """Runs that ended with an error, grouped by the error's first words: "moves (seeds 3, 7): NotTrainableError: ..."."""
+    by_error: dict[tuple[str, str], list[str]] = {}
+    for r in results:
+        if r.get("error"):
+            head = r["error"].split(":")[0] + ": " + ":".join(r["error"].split(":")[1:3]).strip()[:80]
+            by_error.setdefault((r["kind"], head), []).append(str(r["seed"]))
+    return [f"{kind} (seeds {', '.join(seeds)}): {head}" for (kind, head), seeds in sorted(by_error.items())]
 
 
 KIND_ORDER = ("hack", "warn", "converged", "unstable", "info")

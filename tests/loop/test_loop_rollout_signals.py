@@ -120,6 +120,22 @@ def test_padded_answers_the_reward_pays_and_the_task_does_not_are_a_length_drift
     assert d.length_drift(h, step_groups(thorough), step=2, metric=METRIC) is None
 
 
+def test_a_length_change_the_task_is_indifferent_to_is_no_warning():
+    # a converged run: every answer solves the task, and the short ones happen to be paid a little more (the
+    # reward's own noise). The reward pays for shortness, but it costs the task nothing: no warning.
+    solved = {p: [(f"Headline {p} says what happened to company {p} in detail today", 0.9, 1.0)] * 4
+              + [(f"Co {p}", 0.95, 1.0)] * 4 for p in range(4)}
+    h = fit_history([base_step(), step_groups(solved)])
+    assert d.shift(h, "short", step=2).fires(0.05, 3.0) and d.paid_for(h, "short", step=2)[:2] == (pytest.approx(0.05), 0.0)
+    assert d.length_drift(h, step_groups(solved), step=2, metric=METRIC) is None
+    # the same short answers failing the task are the warning
+    failed = {p: [(f"Headline {p} says what happened to company {p} in detail today", 0.9, 1.0)] * 4
+              + [(f"Co {p}", 0.95, 0.0)] * 4 for p in range(4)}
+    h = fit_history([base_step(), step_groups(failed)])
+    a = d.length_drift(h, step_groups(failed), step=2, metric=METRIC)
+    assert a is not None and a.evidence["event"] == "short" and a.evidence["task_diff"] == pytest.approx(-1.0)
+
+
 def test_repeating_answers_paid_by_the_reward_are_degenerate():
     spam = {p: honest(p, 4) + [(f"move {p} I will win I will win I will win I will win", 1.0, 0.0)] * 4
             for p in range(4)}

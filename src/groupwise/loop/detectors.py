@@ -587,7 +587,10 @@ def _behaviour_alert(name: str, what: Callable[[Shift], str], event_or_events: t
         return None
     s, (paid, task_diff, paid_groups) = max(fired, key=lambda x: x[0].z)
     if task_diff is not None:  # the task, within the same groups, says whether the behaviour is worth it
-        if sign * task_diff > 0:
+        # Only a behaviour that costs the task warns. One the task is indifferent to (a difference of
+        # exactly 0: e.g. every answer already solves it, as a converged run's do) is paid by the reward's
+        # own noise half the time; warning on it was most of the false alarms on real clean runs.
+        if sign * task_diff >= 0:
             return None
         task_note = (f"within their groups such answers were paid {paid:+.3g} reward and scored {task_diff:+.3g} "
                      f"on the task ({metric}) against the others")
