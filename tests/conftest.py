@@ -90,12 +90,6 @@ KNOWN_BROKEN = {
     "tests/art_compat/test_art_corpus.py::test_langgraph_outline_agent_with_its_own_reward":
         "its W&B run is finished before the program's last define_metric call since W&B logging moved "
         "into the model (wandb.errors: 'You must call wandb.init() before wandb.define_metric()')",
-    "tests/loop/test_loop_progress.py::test_a_stop_by_an_alert_prints_the_alert_message_once":
-        "its planted fall is now inside val_drop's noise band (the winner's-curse correction), so the run "
-        "stops as converged (val_plateau) first; the test needs a fall beyond the new band",
-    "tests/loop/test_loop_sweep.py::test_runs_at_once_each_write_the_history_they_write_alone_and_a_broken_one_ends_alone":
-        "its gamed run's fall is inside val_drop's new noise band (the winner's-curse correction), so it runs "
-        "to max_steps instead of stopping on val_drop; the test needs a fall beyond the new band",
 }
 
 

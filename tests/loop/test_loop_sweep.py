@@ -43,8 +43,11 @@ PLANS = {"healthy": (steady, steady_validate), "gamed": (gamed, exact), "crashes
 def _run(name: str, path) -> gw.FitRun:
     model = gw.TrainableModel(name, project="sweep", base_model="none", base_path=str(path))
     answer, validate = PLANS[name]
-    return gw.FitRun(model, make_rollout(answer), SCENARIOS[:8], val_scenarios=SCENARIOS[8:10], validate=validate,
-                     config=CONFIG)
+    return gw.FitRun(model, make_rollout(answer), SCENARIOS[:8], val_scenarios=VAL, validate=validate, config=CONFIG)
+
+
+# Eight validation prompts: the gamed run's fall from all right to all wrong is beyond val_drop's noise band.
+VAL = [{"id": 100 + i, "q": f"question {100 + i}", "answer": str(100 + i)} for i in range(8)]
 
 
 def _rows(run_dir) -> list[dict]:
