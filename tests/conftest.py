@@ -87,9 +87,6 @@ def cudnn_attention_at_each_call(monkeypatch) -> list[bool]:
 
 # Known failures, each reported as xfail with its reason (never as a pass) until its fix lands.
 KNOWN_BROKEN = {
-    "tests/art_compat/test_art_corpus.py::test_langgraph_outline_agent_with_its_own_reward":
-        "its W&B run is finished before the program's last define_metric call since W&B logging moved "
-        "into the model (wandb.errors: 'You must call wandb.init() before wandb.define_metric()')",
 }
 
 

@@ -279,6 +279,8 @@ def run_program(program: Program, root: Path, tiny_model_dir: str) -> None:
         os.environ.update(saved[4])
         for backend in opened:
             backend.__exit__(None, None, None)
+        if "wandb" in sys.modules:  # the program's process would end here, and W&B's settings (WANDB_DIR,
+            sys.modules["wandb"].teardown()  # WANDB_MODE) with it: the next program reads its own
         for name in program.modules:
             sys.modules.pop(name, None)
         os.chdir(saved[0])

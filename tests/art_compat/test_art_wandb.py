@@ -18,14 +18,14 @@ from groupwise.errors import ConfigError, GroupwiseWarning
 wandb = pytest.importorskip("wandb", reason="the W&B test needs the wandb package (the dev extra has it)")
 
 
-def wandb_records(wandb_dir: Path) -> list:
-    """The records of the one offline run under `wandb_dir`: W&B's ``run-<id>.wandb`` file is a LevelDB
+def wandb_records(wandb_dir: Path, run_id: str = "*") -> list:
+    """The records of the one offline run (of that id) under `wandb_dir`: W&B's ``run-<id>.wandb`` file is a LevelDB
     log (32 KiB blocks of records with a 7-byte header, after a 7-byte ":W&B" file header) of protobuf
     `Record`s."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     wandb.teardown()  # waits for W&B's service to write out what it was sent
-    (path,) = wandb_dir.glob("wandb/offline-run-*/run-*.wandb")
+    (path,) = wandb_dir.glob(f"wandb/offline-run-*/run-{run_id}.wandb")
     data = path.read_bytes()
     assert data[:4] == b":W&B"
     pos, chunks, partial = 7, [], b""
@@ -122,8 +122,14 @@ async def test_a_trainable_model_has_update_wandb_config_and_its_train_rows_reac
         await model.train([gw.TrajectoryGroup(trajectories)], config=gw.TrainConfig(learning_rate=1e-4))
     finally:
         await backend.close()
-        await model.close()
-    records = wandb_records(offline)
+    # the backend's close finished the model's W&B run: the user's next wandb.init() (a notebook's next
+    # cell) is the global run again, so wandb.log and define_metric work (an open run made them fail)
+    user = wandb.init(project="next-cell", id="next-cell")
+    assert wandb.run is user
+    wandb.define_metric("*", step_metric="x")
+    wandb.finish()
+    await model.close()
+    records = wandb_records(offline, run_id="course")
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert run.run_id == "course" and json.loads(
         {i.key: i.value_json for i in run.config.update}["course"]) == "lesson-1"

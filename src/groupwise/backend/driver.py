@@ -67,6 +67,7 @@ from groupwise.core.compat import ART_LOCAL_TRAIN_KEYWORDS, not_provided, with_a
 from groupwise.runtime.compute import compute_thread
 from groupwise.config import DEFAULT_RUN_STORE, TrainConfig
 from groupwise.core.adapter_names import served_name
+from groupwise.runs import wandb_log
 from groupwise.errors import ConfigError, GroupwiseError, GroupwiseWarning, NotTrainableError, StoreError
 from groupwise.core.learning_signal import step_verdict
 from groupwise.runs.run_id import RunId
@@ -607,6 +608,8 @@ class WorkerBackend(Backend):
                 except WorkerError:
                     pass  # the workers failed already, and that was raised where it happened: stop what is left
                 finally:
+                    for run in self._runs.values():  # their W&B runs end with the backend (wandb_log, "Until when")
+                        wandb_log.finish_store(run.store)
                     self._runs.clear()
                     self._started = False
                     await self._stop()

@@ -20,8 +20,11 @@ ART's contract, kept here:
   already starts with one of ART's sections or splits (``reward/``, ``loss/``, ``time/``, ``costs/``,
   ``train/``, ``val/``...), plus ``training_step`` (the x-axis of every section, so a validation of an
   earlier step lands at its step) and ``time/wall_clock_sec``.
-- **Until when.** The run is finished by ``model.close()`` / ``backend.close()`` or at exit (W&B's own
-  hook; ART never finishes it itself).
+- **Until when.** The run is finished by ``model.close()``, by ``backend.close()`` (the runs of every model
+  registered on it) or at exit (W&B's own hook; ART never finishes it itself). Finishing it when the
+  backend closes matters: while a run W&B started with ``reinit="create_new"`` is still open, a later
+  ``wandb.init()`` of the user's (the next notebook cell, the next program run in one process) returns
+  a run that is not ``wandb.run``, and its ``wandb.log`` / ``wandb.define_metric`` fail.
 
 Without the ``wandb`` package, a program that asked for W&B gets one warning naming the history file
 where its metrics are (and ``pip install wandb``); nothing else changes.
@@ -204,9 +207,15 @@ def reporter_for(model: Any, *, start: bool = False) -> WandbReporter | None:
 
 def finish(model: Any) -> None:
     """Finish the W&B run of `model`'s run folder, if one was started."""
-    key = os.path.realpath(model.store.run_dir)
+    finish_store(model.store)
+
+
+def finish_store(store: Any) -> None:
+    """Finish the W&B run of a run store's folder, if one was started (a backend closing finishes the runs
+    of the models registered on it)."""
+    key = os.path.realpath(store.run_dir)
     with _lock:
         reporter = _reporters.pop(key, None)
     if reporter is not None:
-        model.store.run_history.remove_listener(reporter)
+        store.run_history.remove_listener(reporter)
         reporter.finish()
