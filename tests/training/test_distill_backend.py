@@ -108,3 +108,15 @@ def test_the_vocabulary_check_names_what_differs(tokenizer, other_base_dirs):
     assert "1 id(s) read differently (id 49152: None vs '<not-in-the-student>')" in problem
     [problem] = vocabulary_problems(tokenizer, same, student_head_rows=49152, teacher_head_rows=49000)
     assert problem == "the teacher's LM head scores 49000 ids, fewer than the 49152 of the tokenizer"
+
+
+def test_a_teacher_that_is_no_checkpoint_is_loaded_as_a_model_only_where_it_names_one(tmp_path, monkeypatch, other_base_dirs):
+    from groupwise.backend.replica import _names_a_model
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    assert _names_a_model("smollm2-135m") and _names_a_model(other_base_dirs[0])  # a short name, a model folder
+    assert _names_a_model("HuggingFaceTB/SmolLM2-360M-Instruct")  # a hub id
+    # paths: absolute, relative to '.', under a local folder, deeper than org/name: a checkpoint was meant
+    for path in ("/nowhere/teacher", "./teacher", ".groupwise/2048/models/a", "runs/teacher", "a/b/c"):
+        assert not _names_a_model(path), path

@@ -74,13 +74,15 @@ def _check_memory(model: Any, base_model: str, lora: LoraConfig, max_batch_size:
 
 def _names_a_model(source: str) -> bool:
     """Whether a teacher that is no checkpoint names a model to load: a short name, a folder with a model's
-    config.json, or a Hugging Face id (``org/name``: no such local path, nor one that reads as a path)."""
+    config.json, or a Hugging Face id (``org/name``: no such local path, nor one that reads as a path, such
+    as a run folder under an existing local folder: asking the hub for that costs its retries, a minute)."""
     from groupwise.runtime.loading import SHORT_NAMES
 
     path = Path(source).expanduser()
     if source in SHORT_NAMES or (path / "config.json").is_file():
         return True
-    return not path.exists() and not source.startswith(("/", ".", "~")) and source.count("/") == 1
+    reads_as_path = source.startswith(("/", ".", "~")) or path.exists() or path.parent.is_dir()
+    return not reads_as_path and source.count("/") == 1
 
 
 class SharedBase:
@@ -325,7 +327,12 @@ class Replica:
         # a step's folder (checkpoints/<k>) or a run's checkpoints folder (its latest step)
         state = read_state(path) or latest_checkpoint(path) or latest_checkpoint(path / "checkpoints")
         if state is None and _names_a_model(source):
-            self.trainer.set_teacher(None, source=source, model=self.base.teacher_model(source))
+            try:
+                model = self.base.teacher_model(source)
+            except ModelNotFoundError as exc:  # neither: say both, since a run folder's path may read as an HF id
+                raise CheckpointError(f"TrainConfig.teacher={source!r}: no checkpoint there, nor a model of that "
+                                      f"name: {exc}") from exc
+            self.trainer.set_teacher(None, source=source, model=model)
             return
         if state is None:
             raise CheckpointError(f"TrainConfig.teacher={source!r}: no checkpoint there (a checkpoint folder holds "
