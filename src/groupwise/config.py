@@ -28,6 +28,7 @@ DEFAULT_MAX_BATCH_SIZE = 32  # sequences an engine decodes together (the engine'
 DEFAULT_MICRO_BATCH_TOKENS = 4096  # padded tokens of one micro-batch, of a GRPO step and of an SFT update
 CPU_MICRO_BATCH_TOKENS = 512  # the CPU job's micro-batch (jobs/train_setup.py says why), which budget.py counts on
 DEFAULT_MAX_GRAD_NORM = 1.0  # the global gradient norm an update is clipped to, GRPO and SFT alike
+DISTILL_ESTIMATES = ("sampled", "topk")  # TrainConfig.distill_estimate: how the reverse KL to a teacher is estimated
 DEFAULT_LOGPROB_CHUNK_SIZE = 1024  # positions per log-softmax chunk, of a GRPO step and of an SFT update
 DEFAULT_ASSISTANT_TURNS = "all"  # the assistant turns SFT trains on: every one ('last': only the last)
 DEFAULT_VAL_METRIC = "accuracy"  # the validation metric a loop, its detectors and stopping rules read
@@ -136,8 +137,10 @@ class TrainConfig(UpdateSettings):
     epsilon_high: float | None = option(0.28, help="Upper clip (DAPO's clip-higher). None means epsilon.")
     kl_coef: float = option(0.0, help="Weight of the k3 KL penalty against the reference policy (kl_reference_step: the base model, or a checkpoint of the run). 0 disables it and skips the reference pass.")
     kl_reference_step: int | None = option(None, help="The checkpoint step whose adapter anchors the KL term (e.g. the last SFT step of a warm start, so GRPO is not pulled back from what SFT taught); retention keeps that checkpoint while the run uses it. None or 0: the base model (adapter disabled), as name@0. Only read when kl_coef > 0.")
-    teacher: str | None = option(None, help="On-policy distillation: the teacher that scores every token the student samples, its per-token reverse KL a per-token advantage (training/loss.py). 'base': the base model (the adapter disabled); else a checkpoint folder of an adapter of the same base model and LoraConfig (e.g. checkpoints/<step> of a run of `groupwise train`). None: no teacher.")
-    distill_coef: float = option(1.0, help="Weight of the teacher's per-token advantage -(log pi - log pi_teacher), added to the group's advantage A_b. Only read when teacher is set. With a teacher, groups whose rewards tie are trained on the teacher's signal alone.")
+    teacher: str | None = option(None, help="On-policy distillation: the teacher that scores every token the student samples (training/loss.py). 'base': the base model (the adapter disabled); a checkpoint folder (or a run folder: its latest checkpoint) of an adapter of the same base model and LoraConfig; or another base model (a short name, a model folder or a Hugging Face id) with the student's tokenizer vocabulary, loaded once beside the student, frozen. None: no teacher.")
+    distill_coef: float = option(1.0, help="Weight of the distillation term: with distill_estimate='sampled', of the per-token advantage -(log pi - log pi_teacher) added to the group's advantage A_b; with 'topk', of the top-k reverse KL added to the loss. Only read when teacher is set. With a teacher, groups whose rewards tie are trained on the teacher's signal alone.")
+    distill_estimate: str = option("sampled", help="How the per-token reverse KL to the teacher is estimated (training/loss.py). 'sampled': on the sampled token only, log pi(y) - log pi_teacher(y), a per-token advantage through the policy gradient (Tinker's cookbook): one token's logprob per position from the teacher, cheapest. 'topk': over the union of the student's and the teacher's distill_top_k likeliest tokens at each position, both distributions renormalised there, an exact KL on that support added to the loss with its full gradient: lower variance, the cost of a second LM-head pass per position. Only read when teacher is set.")
+    distill_top_k: int = option(32, help="k of distill_estimate='topk': the student's and the teacher's k likeliest tokens per position form the support of the KL (their union, 2k at most). Only read with distill_estimate='topk'.")
     scale_rewards: bool = option(True, help="Divide group advantages by the group's reward std (GRPO). False keeps reward - mean (Dr. GRPO).")
     normalize: str = option("token", help="'token': average the loss over all trainable tokens of the batch (DAPO); 'sequence': average per sequence, then over sequences (GRPO); 'constant': sum / (number of sequences x max_seq_len), each sequence divided by the same constant, then averaged (Dr. GRPO).")
     off_policy: str = option("none", help="Correction for rollouts sampled by another policy than the trainer's (an asynchronous run: LoopConfig.max_steps_off_policy > 0, or partial rollouts): 'none' takes the sampler's logprobs as PPO's old policy (right for synchronous runs); 'tis' weighs each token by the importance weight pi/mu between the trainer's policy and the one that sampled it, truncated at importance_cap (TIS); 'mis' drops the tokens whose weight passes importance_cap instead (MIS). Both take the PPO/CISPO ratio against the trainer's own policy (decoupled PPO; training/loss.py).")
@@ -183,7 +186,12 @@ class TrainConfig(UpdateSettings):
         check_positive(p, "kl_coef", self.kl_coef, allow_zero=True)
         check_positive(p, "distill_coef", self.distill_coef, allow_zero=True)
         if self.teacher is not None and (not isinstance(self.teacher, str) or not self.teacher.strip()):
-            p.append(f"teacher={self.teacher!r} must be 'base' or a checkpoint folder of an adapter of this base model")
+            p.append(f"teacher={self.teacher!r} must be 'base', a checkpoint folder of an adapter of this base model, "
+                     "or another base model with the same tokenizer")
+        check_choice(p, "distill_estimate", self.distill_estimate, DISTILL_ESTIMATES)
+        if isinstance(self.distill_top_k, bool) or not isinstance(self.distill_top_k, int) or self.distill_top_k < 1:
+            p.append(f"distill_top_k={self.distill_top_k!r} must be an integer >= 1 (the tokens per position of the "
+                     "top-k KL's support)")
         if self.kl_reference_step is not None and (isinstance(self.kl_reference_step, bool)
                                                    or not isinstance(self.kl_reference_step, int)
                                                    or self.kl_reference_step < 0):

@@ -155,6 +155,11 @@ class CheckpointMismatchError(CheckpointError, ValueError):
     load it with the config that saved it, or train under a new model name."""
 
 
+class TeacherMismatchError(GroupwiseError, ValueError):
+    """A distillation teacher on another base model cannot score the student's tokens: its tokenizer maps
+    ids to other tokens, or its LM head does not cover the student's ids. The message says what differs."""
+
+
 class DiskFullError(CheckpointError, OSError):
     """A checkpoint could not be written because its disk is full. The partial folder was removed and the
     previous checkpoints are untouched; the message names the folder."""

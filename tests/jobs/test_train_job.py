@@ -3,7 +3,10 @@
 import dataclasses
 import json
 
+import pytest
+
 import groupwise as gw
+from groupwise.errors import ConfigError
 from groupwise.envs import get_env
 from groupwise.runs.series import Point
 from groupwise.jobs.train import PRESETS, Preset, TrainJob, advice
@@ -42,6 +45,16 @@ def test_cpu_micro_batches_are_small_and_keep_the_gradient():
     assert config.learning_rate == 1e-3  # the TrainConfig owns the rate (the loop's is left unset)
     email = train_config(get_env("email"), 5e-5, "cpu")
     assert email.gradient_checkpointing and email.micro_batch_tokens == 2048
+
+
+def test_distill_top_k_selects_the_top_k_estimate_and_needs_a_teacher():
+    assert train_config(get_env("2048"), 1e-3, "cpu").distill_estimate == "sampled"  # TrainConfig's default
+    config = train_config(get_env("2048"), 1e-3, "cpu", distill_top_k=20)
+    assert (config.distill_estimate, config.distill_top_k) == ("topk", 20)
+    assert TrainJob("2048", teacher="base", distill_top_k=20).distill_top_k == 20
+    with pytest.raises(ConfigError, match="--distill-top-k sets how a teacher's KL is estimated: give the teacher "
+                                          "with --teacher"):
+        TrainJob("2048", distill_top_k=20)
 
 
 def test_an_envs_preset_fills_what_the_job_leaves_out():

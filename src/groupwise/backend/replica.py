@@ -72,6 +72,19 @@ def _check_memory(model: Any, base_model: str, lora: LoraConfig, max_batch_size:
     return budget
 
 
+def _names_a_model(source: str) -> bool:
+    """Whether a teacher that is no checkpoint names a model to load: a short name, a folder with a model's
+    config.json, or a Hugging Face id (``org/name``: no such local path, nor one that reads as a path, such
+    as a run folder under an existing local folder: asking the hub for that costs its retries, a minute)."""
+    from groupwise.runtime.loading import SHORT_NAMES
+
+    path = Path(source).expanduser()
+    if source in SHORT_NAMES or (path / "config.json").is_file():
+        return True
+    reads_as_path = source.startswith(("/", ".", "~")) or path.exists() or path.parent.is_dir()
+    return not reads_as_path and source.count("/") == 1
+
+
 class SharedBase:
     """A base model on one device, served by one engine and shared by the replicas of its models (module doc).
 
@@ -123,6 +136,18 @@ class SharedBase:
         self._fresh: dict[str, LoraConfig] = {TRAIN_ADAPTER: lora}
         self._held: dict[str, str] = {}  # model name -> its trainable adapter
         self._serial = 0
+        self._teachers: dict[str, Any] = {}  # distillation teachers of other bases, by TrainConfig.teacher
+
+    def teacher_model(self, source: str) -> Any:
+        """The frozen teacher `source`, another base model of this base's vocabulary (training/teacher.py),
+        loaded on first use and then shared by every run of this base that names it."""
+        from groupwise.training.teacher import load_teacher
+
+        if source not in self._teachers:
+            param = next(self.peft_model.parameters())
+            self._teachers[source] = load_teacher(source, student_model=self.peft_model, student_tokenizer=self.tokenizer,
+                                                  device=param.device, dtype=param.dtype)
+        return self._teachers[source]
 
     def hold_adapter(self, name: str, lora: LoraConfig) -> str:
         """A fresh trainable adapter for model `name`: the one made with the model while it is free, else a
@@ -171,6 +196,7 @@ class SharedBase:
         return sorted(self._held)
 
     def close(self) -> None:
+        self._teachers.clear()
         self.engine.close()
 
 
@@ -285,8 +311,10 @@ class Replica:
         self.trainer.set_reference(tensors, step=step)
 
     def use_teacher(self, source: str) -> None:
-        """Distil the trainer toward `source` (TrainConfig.teacher): "base" (the adapter disabled) or a
-        checkpoint folder of an adapter of this base; read from disk only when the source changes."""
+        """Distil the trainer toward `source` (TrainConfig.teacher): "base" (the adapter disabled), a
+        checkpoint folder (or a run folder) of an adapter of this base, or another base model of this base's
+        vocabulary (a short name, a model folder, a Hugging Face id; `SharedBase.teacher_model`); read or
+        loaded only when the source changes."""
         from groupwise.training.checkpoint import adapter_tensors, base_problem, latest_checkpoint, read_state
         from groupwise.training.checkpoint import verify_checkpoint
 
@@ -298,10 +326,19 @@ class Replica:
         path = Path(source).expanduser()
         # a step's folder (checkpoints/<k>) or a run's checkpoints folder (its latest step)
         state = read_state(path) or latest_checkpoint(path) or latest_checkpoint(path / "checkpoints")
+        if state is None and _names_a_model(source):
+            try:
+                model = self.base.teacher_model(source)
+            except ModelNotFoundError as exc:  # neither: say both, since a run folder's path may read as an HF id
+                raise CheckpointError(f"TrainConfig.teacher={source!r}: no checkpoint there, nor a model of that "
+                                      f"name: {exc}") from exc
+            self.trainer.set_teacher(None, source=source, model=model)
+            return
         if state is None:
             raise CheckpointError(f"TrainConfig.teacher={source!r}: no checkpoint there (a checkpoint folder holds "
-                                  "state.json and adapter_model.safetensors). Name a step's folder, e.g. "
-                                  "<run>/checkpoints/<step>, or 'base' for the base model.")
+                                  "state.json and adapter_model.safetensors), nor a model (a folder with config.json). "
+                                  "Name a step's folder, e.g. <run>/checkpoints/<step>, a run folder, another base "
+                                  "model of the same tokenizer, or 'base' for the base model.")
         problem = verify_checkpoint(state) or base_problem(state, self.base.identity)
         if problem is not None:
             raise CheckpointError(f"TrainConfig.teacher={source!r}: checkpoint {state.path} cannot teach this run: "

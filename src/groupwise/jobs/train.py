@@ -155,16 +155,24 @@ class TrainJob(Job):
     sft_lr: float = arg(SFT_LEARNING_RATE, feeds=(TrainSFTConfig, "learning_rate"), help="SFT learning rate")
     teacher: str | None = arg(None, metavar="RUN_OR_MODEL",
                               help="on-policy distillation: a teacher scores every token the student samples and "
-                                   "its per-token reverse KL joins GRPO's advantage (TrainConfig.teacher): 'base' "
+                                   "its per-token reverse KL joins GRPO's objective (TrainConfig.teacher): 'base' "
                                    "(the base model), or a run folder or checkpoint folder of an adapter of the "
                                    "same base, e.g. .groupwise/2048/models/2048-s0 (its latest checkpoint) or "
-                                   ".groupwise/2048/models/2048-s0/checkpoints/0008")
+                                   ".groupwise/2048/models/2048-s0/checkpoints/0008; or another base model of the "
+                                   "same tokenizer (a model folder or a Hugging Face id, e.g. a bigger model of the "
+                                   "family)")
+    distill_top_k: int | None = arg(None, low=1, metavar="K", feeds=(TrainConfig, "distill_top_k"),
+                                    help="with --teacher: the top-k estimate of the reverse KL, over the student's and "
+                                         "the teacher's K likeliest tokens per position (TrainConfig.distill_estimate="
+                                         "'topk'); default: the sampled-token estimate")
     batch_invariant: bool = arg(False, help="CPU only: each rollout's tokens and logprobs do not depend on which "
                                             "rollouts the engine batched with it, so two runs of one seed on one "
                                             "machine match exactly (slower: no prefix cache)")
 
     def rules(self) -> list[str]:
         found = []
+        if self.distill_top_k is not None and self.teacher is None:
+            found.append("--distill-top-k sets how a teacher's KL is estimated: give the teacher with --teacher")
         if self.judge and len(self.judge) > 1 and not self.judge_labels:
             found.append(f"{len(self.judge)} --judge candidates need --judge-labels to choose between them (titles, "
                          "'env', a JSONL file or a run folder)")
@@ -280,7 +288,7 @@ async def train(job: TrainJob) -> dict[str, Any]:
                                               learning_rate=job.sft_lr)
     max_steps += sft_steps  # --steps counts the GRPO steps
 
-    config = loop_config(spec, preset, max_steps, seed, job.device)
+    config = loop_config(spec, preset, max_steps, seed, job.device, distill_top_k=job.distill_top_k)
     judges = list(job.judge or [])
     try:
         if job.judge_labels:

@@ -32,8 +32,9 @@ def metric_of(env: str) -> str:
     return get_env(env).val_metric or "reward"
 
 
-def loop_config(spec: Any, preset: Any, max_steps: int, seed: int, device: str | None) -> Any:
-    """The loop settings of one run of the job."""
+def loop_config(spec: Any, preset: Any, max_steps: int, seed: int, device: str | None, *,
+                distill_top_k: int | None = None) -> Any:
+    """The loop settings of one run of the job (`distill_top_k`: the job's --distill-top-k)."""
     import groupwise as gw
 
     return gw.LoopConfig(
@@ -41,7 +42,7 @@ def loop_config(spec: Any, preset: Any, max_steps: int, seed: int, device: str |
         groups_per_step=preset.groups_per_step,
         max_steps=max_steps,
         num_epochs=100,  # the step budget, not the data, ends the job
-        train_config=train_config(spec, preset.learning_rate, device),  # it owns the learning rate
+        train_config=train_config(spec, preset.learning_rate, device, distill_top_k),  # it owns the learning rate
         eval_every=max(1, max_steps // 2),  # the base, the midpoint, the end
         # An env without a validation metric (titles) runs no validation; the loop's metric is then unused,
         # and "reward" would clash with the history row's own reward field.
@@ -52,7 +53,7 @@ def loop_config(spec: Any, preset: Any, max_steps: int, seed: int, device: str |
     )
 
 
-def train_config(spec: Any, learning_rate: float, device: str | None) -> Any:
+def train_config(spec: Any, learning_rate: float, device: str | None, distill_top_k: int | None = None) -> Any:
     """The GRPO step settings of the job.
 
     Tool-using transcripts (email) run to thousands of tokens: recompute layers in the backward pass
@@ -60,16 +61,18 @@ def train_config(spec: Any, learning_rate: float, device: str | None) -> Any:
     micro-batches of 512 tokens: an fp32 SmolLM2 holds ~1.5 MB of activations per token for the
     backward, so a 4096-token micro-batch alone takes ~6 GB; 512 tokens give the same gradient (the
     loss normalises over the whole step) and keep the whole 2048 job under 4 GB, for a slightly
-    slower update than 1024 (docs/benchmarks.md, the main job).
+    slower update than 1024 (docs/benchmarks.md, the main job). `distill_top_k`: distil with the top-k
+    estimate of that k (TrainConfig.distill_estimate); None keeps the default, the sampled-token one.
     """
     import groupwise as gw
     from groupwise.runtime.loading import resolve_device
 
+    distill = {} if distill_top_k is None else {"distill_estimate": "topk", "distill_top_k": distill_top_k}
     if spec.reward != "verifiable":
-        return gw.TrainConfig(learning_rate=learning_rate, gradient_checkpointing=True, micro_batch_tokens=2048)
+        return gw.TrainConfig(learning_rate=learning_rate, gradient_checkpointing=True, micro_batch_tokens=2048, **distill)
     if resolve_device(device).type == "cpu":
-        return gw.TrainConfig(learning_rate=learning_rate, micro_batch_tokens=CPU_MICRO_BATCH_TOKENS)
-    return gw.TrainConfig(learning_rate=learning_rate)
+        return gw.TrainConfig(learning_rate=learning_rate, micro_batch_tokens=CPU_MICRO_BATCH_TOKENS, **distill)
+    return gw.TrainConfig(learning_rate=learning_rate, **distill)
 
 
 def judge_target(judge: str, model: Any, base_model: str) -> tuple[str, dict[str, Any]]:

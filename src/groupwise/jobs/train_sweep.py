@@ -66,7 +66,8 @@ async def sweep(job: Any) -> dict[str, Any]:
                 score_group=score_group_of(spec, judge, model, job.model, job.gate),
                 validate=spec.validate if spec.val_metric else None,
                 baselines=baselines if spec.val_metric else (),
-                config=loop_config(spec, preset, preset.steps + sft_steps, seed, job.device), teacher=job.teacher))
+                config=loop_config(spec, preset, preset.steps + sft_steps, seed, job.device,
+                                   distill_top_k=job.distill_top_k), teacher=job.teacher))
             models.append((model, seed, preset, sft_steps))
         load_s = time.monotonic() - t0
         done = "loaded and warm-started" if any(m[3] for m in models) else "loaded"

@@ -484,9 +484,11 @@ async def fit(
         baselines: `gw.Model`s (prompted models behind any OpenAI-compatible endpoint) scored once on
             the validation split; they appear in every report and feed the baseline stopping rule.
         config: `gw.LoopConfig`.
-        teacher: on-policy distillation toward this teacher: ``"base"`` (the base model) or a checkpoint
-            folder of an adapter of the same base (e.g. ``<run>/checkpoints/<step>`` of `groupwise train`).
-            It sets the step config's `TrainConfig.teacher` (its owner; `distill_coef` weighs it there).
+        teacher: on-policy distillation toward this teacher: ``"base"`` (the base model), a checkpoint
+            folder of an adapter of the same base (e.g. ``<run>/checkpoints/<step>`` of `groupwise train`), or
+            another base model of the same tokenizer (a model folder or a Hugging Face id). It sets the step
+            config's `TrainConfig.teacher` (its owner; `distill_coef` weighs it there, `distill_estimate`
+            chooses the sampled-token or the top-k estimate of its KL).
 
     Returns a `FitSummary`: stop rule and reason, best step and value, baselines, test result, alerts.
     """

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["base_and_decoder", "head_logprobs", "token_logprobs"]
+__all__ = ["base_and_decoder", "head_logprobs", "scatter_rows", "token_logprobs", "topk_candidates", "trained_hidden"]
 
 
 def base_and_decoder(model: Any) -> tuple[Any, Any]:
@@ -134,18 +134,73 @@ def token_logprobs(
     has them (computing them here is a device sync on CUDA). compile_head: see `head_logprobs`.
     """
     B, T = input_ids_BT.shape
-    base, decoder = base_and_decoder(model)
-    lm_head = base.get_output_embeddings()
-    # use_cache=False: a training forward builds no KV cache (it would be thrown away, and with
-    # compiled layers each layer's cache index would make its own compiled entry).
-    hidden_BTH = decoder(input_ids=input_ids_BT, attention_mask=attention_BT, use_cache=False).last_hidden_state
     if target_index_N is None:
         mask_BT = mask_BT.clone()
         mask_BT[:, 0] = False  # token 0 has no predecessor
         target_index_N = mask_BT.reshape(-1).nonzero().squeeze(1)
-    # Position t-1 predicts token t; t >= 1 within its row, so the predecessor is index - 1.
-    hidden_NH = hidden_BTH.reshape(B * T, -1).index_select(0, target_index_N - 1)  # [N, H]
+    hidden_NH = trained_hidden(model, input_ids_BT, attention_BT, target_index_N)
     targets_N = input_ids_BT.reshape(-1).index_select(0, target_index_N)  # [N]
+    lm_head = base_and_decoder(model)[0].get_output_embeddings()
     logprobs_N = head_logprobs(lm_head, hidden_NH, targets_N, chunk_size, compile=compile_head)
-    zeros_BT = torch.zeros(B * T, dtype=logprobs_N.dtype, device=input_ids_BT.device)
-    return zeros_BT.index_copy(0, target_index_N, logprobs_N).view(B, T)
+    return scatter_rows(logprobs_N, target_index_N, B, T)
+
+
+def trained_hidden(model: Any, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor | None,
+                   target_index_N: torch.Tensor) -> torch.Tensor:
+    """The final hidden state that predicts each trained token: position t-1's for token t, at the flat
+    [B*T] indices `target_index_N` (each t >= 1 within its row).   # [N, H]"""
+    B, T = input_ids_BT.shape
+    _, decoder = base_and_decoder(model)
+    # use_cache=False: a training forward builds no KV cache (it would be thrown away, and with
+    # compiled layers each layer's cache index would make its own compiled entry).
+    hidden_BTH = decoder(input_ids=input_ids_BT, attention_mask=attention_BT, use_cache=False).last_hidden_state
+    return hidden_BTH.reshape(B * T, -1).index_select(0, target_index_N - 1)
+
+
+def scatter_rows(values_N: torch.Tensor, target_index_N: torch.Tensor, B: int, T: int) -> torch.Tensor:
+    """values_N[n] (a scalar or a row) at flat position target_index_N[n] of a [B, T, ...] block of zeros."""
+    zeros = values_N.new_zeros((B * T, *values_N.shape[1:]))
+    return zeros.index_copy(0, target_index_N, values_N).view(B, T, *values_N.shape[1:])
+
+
+def _logprobs_at(lm_head: torch.nn.Module, hidden_CH: torch.Tensor, index_CK: torch.Tensor, vocab: int) -> torch.Tensor:
+    """log_softmax over the first `vocab` logits, at the K tokens of each row.   # [C, K]"""
+    logits_CV = _at_least_fp32(lm_head(hidden_CH)[:, :vocab])
+    return logits_CV.gather(-1, index_CK) - torch.logsumexp(logits_CV, dim=-1, keepdim=True)
+
+
+def topk_candidates(lm_head: torch.nn.Module, hidden_NH: torch.Tensor, teacher_head: torch.nn.Module,
+                    teacher_hidden_NH: torch.Tensor, *, k: int, vocab: int,
+                    chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The support of the top-k reverse KL (training/loss.py's `topk_reverse_kl`) at each trained position:
+    the teacher's k likeliest tokens, then the student's, over the first `vocab` ids (the ones both heads
+    share). Returns (logp_NK, teacher_logp_NK, support_NK), K = 2k: the student's log-probs there (with
+    gradient), the teacher's (none), and 1 where the candidate is in the support (0: a student candidate the
+    teacher's k already list, so the union counts it once).
+
+    Chunk by chunk, as `head_logprobs`: the indices and the teacher's values come from a no-grad pass; the
+    student's log-probs at those indices are recomputed in the backward (activation checkpointing), so no
+    [chunk, V] block outlives its chunk.
+    """
+    k = min(k, vocab)
+    logp, teacher_logp, support = [], [], []
+    needs_grad = torch.is_grad_enabled() and hidden_NH.requires_grad
+    for a in range(0, hidden_NH.shape[0], chunk_size):
+        h_CH, t_CH = hidden_NH[a:a + chunk_size], teacher_hidden_NH[a:a + chunk_size]
+        with torch.no_grad():
+            teacher_CV = _at_least_fp32(teacher_head(t_CH)[:, :vocab])
+            teacher_CK = teacher_CV.topk(k, dim=-1).indices
+            student_CK = lm_head(h_CH)[:, :vocab].topk(k, dim=-1).indices
+            index_CK = torch.cat([teacher_CK, student_CK], dim=-1)
+            listed_Ck = (student_CK[:, :, None] == teacher_CK[:, None, :]).any(-1)
+            support.append(torch.cat([torch.ones_like(listed_Ck), ~listed_Ck], dim=-1))
+            teacher_logp.append(teacher_CV.gather(-1, index_CK) - torch.logsumexp(teacher_CV, dim=-1, keepdim=True))
+            del teacher_CV
+        if needs_grad:
+            logp.append(checkpoint(_logprobs_at, lm_head, h_CH, index_CK, vocab, use_reentrant=False))
+        else:
+            logp.append(_logprobs_at(lm_head, h_CH, index_CK, vocab))
+    if not logp:
+        empty = _at_least_fp32(hidden_NH.new_zeros((0, 2 * k)))
+        return empty, empty, empty.bool()
+    return torch.cat(logp), torch.cat(teacher_logp), torch.cat(support)

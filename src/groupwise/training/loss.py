@@ -21,6 +21,21 @@ The policy gradient of -E_pi[D] is the gradient of KL(pi || pi_T) (the score-fun
 with y ~ pi), so the student moves toward the teacher only where it samples, as reverse KL does
 (mode-seeking). The step reports mean_bt (log pi - log pi_T) as `teacher_kl`.
 
+That is TrainConfig.distill_estimate="sampled". With "topk" the KL at each trained position is taken over
+a support instead of one sample: S_bt, the union of the student's and the teacher's k likeliest tokens
+there (k = TrainConfig.distill_top_k), both distributions renormalised on S_bt,
+
+    p~(v)   = pi(v) / sum_{u in S} pi(u),   q~(v) = pi_T(v) / sum_{u in S} pi_T(u)        v in S_bt
+    K_bt    = sum_{v in S_bt} p~(v) (log p~(v) - log q~(v))                   top-k reverse KL
+    l_bt   += lambda * K_bt
+
+an exact KL on S_bt with its full gradient through the student's log-probs there (no sampling noise, and a
+signal on the tokens the student did not sample), added to the loss as the KL term is, not to the
+advantage. The union holds both modes: the teacher's top-k alone would never show the student its own
+likely tokens that the teacher rejects. Renormalising drops the mass outside S_bt (the tail), as the
+top-k distillation losses of the literature do; with k >= the vocabulary it is the exact reverse KL.
+The step reports mean_bt K_bt as `teacher_kl`.
+
 Off-policy correction (TrainConfig.off_policy). The rollouts of an asynchronous run were sampled by a
 behaviour policy mu (an older adapter, or one that changed mid-sequence: partial rollouts) while the
 trainer holds pi. The ratio is then decoupled (AReaL): the PPO/CISPO ratio is taken against the
@@ -126,6 +141,28 @@ def distillation_advantages(logprobs_BT: torch.Tensor, teacher_logprobs_BT: torc
     return torch.where(on_mask_BT, -reverse_kl_BT, torch.zeros_like(reverse_kl_BT))
 
 
+def topk_reverse_kl(logp_BTK: torch.Tensor, teacher_logp_BTK: torch.Tensor,
+                    support_BTK: torch.Tensor) -> torch.Tensor:
+    """K_bt = KL(p~ || q~) over the support S_bt, both distributions renormalised on it (module docstring).  # [B, T]
+
+    logp_BTK:          log pi(v) of the student at the K candidate tokens v of each position (with gradient).
+    teacher_logp_BTK:  log pi_T(v) of the teacher at the same tokens.
+    support_BTK:       1 where the candidate is in S_bt (a token listed twice is in it once); a position
+                       with no candidate in S (not trained) gets K_bt = 0.
+    """
+    dtype = torch.promote_types(logp_BTK.dtype, torch.float32)
+    in_S_BTK = support_BTK > 0
+    # Off the support: the dtype's lowest finite value, not -inf, so that a row with no support gives
+    # finite numbers (and no NaN gradient) that the mask then zeroes.
+    lowest = torch.finfo(dtype).min
+    s_BTK = torch.where(in_S_BTK, logp_BTK.to(dtype), torch.full_like(logp_BTK, lowest, dtype=dtype))
+    t_BTK = torch.where(in_S_BTK, teacher_logp_BTK.to(dtype), torch.full_like(logp_BTK, lowest, dtype=dtype))
+    log_p_BTK = s_BTK - torch.logsumexp(s_BTK, dim=-1, keepdim=True)  # log p~(v)
+    log_q_BTK = t_BTK - torch.logsumexp(t_BTK, dim=-1, keepdim=True)  # log q~(v)
+    terms_BTK = torch.exp(log_p_BTK) * (log_p_BTK - log_q_BTK)
+    return torch.where(in_S_BTK, terms_BTK, torch.zeros_like(terms_BTK)).sum(dim=-1)
+
+
 OFF_POLICY_MODES = ("none", "tis", "mis")
 # The bound on every log-ratio before it is exponentiated (module docstring, deviation 8): e^20 ~ 4.9e8.
 LOG_RATIO_LIMIT = 20.0
@@ -146,7 +183,7 @@ class LossTerms:
     kl_sum: torch.Tensor  # sum_bt k3_bt, detached (0 without a reference)
     clipped_tokens: torch.Tensor  # how many tokens had their ratio clipped (PPO: the clip was active)
     ratio_sum: torch.Tensor  # sum_bt exp(log pi - log mu): the ratio to the sampler, detached
-    teacher_kl_sum: torch.Tensor  # sum_bt (log pi - log pi_T): the reverse KL to the teacher, detached (0 without one)
+    teacher_kl_sum: torch.Tensor  # sum_bt of the reverse KL to the teacher (sampled: log pi - log pi_T; top-k: K_bt), detached (0 without one)
     capped_tokens: torch.Tensor  # tokens whose importance weight was truncated (TIS) or masked (MIS)
     tokens: torch.Tensor  # number of trainable tokens in the micro-batch
 
@@ -170,6 +207,7 @@ def grpo_loss(
     importance_cap: float | None = None,
     teacher_logprobs_BT: torch.Tensor | None = None,
     distill_coef: float = 0.0,
+    distill_kl_BT: torch.Tensor | None = None,
 ) -> LossTerms:
     """The GRPO/DAPO/Dr.GRPO/CISPO loss of a micro-batch (see the module docstring for the equation).
 
@@ -184,7 +222,9 @@ def grpo_loss(
     importance_cap:   C of TIS / MIS, needed when off_policy is not "none" (TrainConfig.importance_cap
                       owns its default).
     teacher_logprobs_BT: log pi_T(y_bt) (the teacher), needed when distill_coef > 0.  # [B, T]
-    distill_coef:     lambda, the weight of the distillation advantage D_bt (0: GRPO alone).
+    distill_coef:     lambda, the weight of the distillation advantage D_bt, or of K_bt (0: GRPO alone).
+    distill_kl_BT:    K_bt, the top-k reverse KL to the teacher (`topk_reverse_kl`, with gradient), added to
+                      the loss in place of the advantage D_bt; give it or teacher_logprobs_BT, not both. # [B, T]
     """
     if normalize not in NORMALIZE_MODES:
         raise ConfigError(f"normalize={normalize!r} must be one of {list(NORMALIZE_MODES)}",
@@ -195,9 +235,12 @@ def grpo_loss(
     if off_policy != "none" and not (importance_cap is not None and importance_cap > 0):
         raise ConfigError(f"off_policy={off_policy!r} needs importance_cap > 0 (C, e.g. TrainConfig.importance_cap); "
                           f"got {importance_cap!r}", what="grpo_loss arguments")
-    if distill_coef > 0 and teacher_logprobs_BT is None:
-        raise ConfigError("distill_coef > 0 needs teacher_logprobs_BT (log-probs under the teacher)",
-                          what="grpo_loss arguments")
+    if distill_coef > 0 and teacher_logprobs_BT is None and distill_kl_BT is None:
+        raise ConfigError("distill_coef > 0 needs teacher_logprobs_BT (log-probs under the teacher) or distill_kl_BT "
+                          "(the top-k reverse KL to it)", what="grpo_loss arguments")
+    if teacher_logprobs_BT is not None and distill_kl_BT is not None:
+        raise ConfigError("give teacher_logprobs_BT (the sampled-token estimate) or distill_kl_BT (the top-k one), "
+                          "not both: one distillation term per step", what="grpo_loss arguments")
     if kl_coef > 0 and ref_logprobs_BT is None:
         raise ConfigError("kl_coef > 0 needs ref_logprobs_BT (log-probs under the reference policy)",
                           what="grpo_loss arguments")
@@ -251,6 +294,11 @@ def grpo_loss(
         kl_BT = torch.exp(q_BT) - q_BT - 1.0  # k3 >= 0, unbiased for KL(pi || pi_ref)
         if kl_coef > 0:
             per_token_BT = per_token_BT + kl_coef * kl_BT
+
+    if distill_kl_BT is not None:
+        K_BT = torch.where(on_mask_BT, distill_kl_BT.to(dtype), torch.zeros_like(logprobs_BT))
+        per_token_BT = per_token_BT + distill_coef * K_BT
+        D_BT = -K_BT.detach()  # reported as the teacher KL, as the sampled estimate is
 
     masked_BT = per_token_BT * mask_BT
     if normalize == "token":

@@ -38,9 +38,10 @@ from groupwise.errors import CheckpointMismatchError, ConfigError, GroupwiseErro
 from groupwise.runtime.module_walk import ModuleWalk
 from groupwise.training.adapters import TRAIN_ADAPTER, AdapterState, set_active_adapter
 from groupwise.training.finite import check_finite, guarded_step
-from groupwise.training.logprobs import base_and_decoder, token_logprobs
+from groupwise.training.logprobs import base_and_decoder, head_logprobs, scatter_rows, token_logprobs, topk_candidates
+from groupwise.training.logprobs import trained_hidden
 from groupwise.training.lora_forward import AdapterForwards, TrainingForward, holding_values
-from groupwise.training.loss import grpo_loss
+from groupwise.training.loss import grpo_loss, topk_reverse_kl
 from groupwise.training import step_memory
 from groupwise.training.sft import sft_loss
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
@@ -133,6 +134,7 @@ class Trainer:
         self._reference: dict[str, torch.Tensor] | None = None  # the KL anchor's adapter values (set_reference)
         self.reference_step: int | None = None  # the checkpoint step they are; None: the base model
         self._teacher: dict[str, torch.Tensor] | None = None  # the distillation teacher's adapter values (set_teacher)
+        self._teacher_model: Any = None  # a teacher on another base model: a frozen causal LM (set_teacher)
         self.teacher: str | None = None  # what they are (TrainConfig.teacher); "base": the adapter disabled
         self._trainable: tuple[tuple[str, ...], list[tuple[str, torch.nn.Parameter]]] | None = None
         self._state = AdapterState()
@@ -195,17 +197,24 @@ class Trainer:
         self._reference = self._fitting(tensors, f"the KL reference of step {step}")
         self.reference_step = step
 
-    def set_teacher(self, tensors: dict[str, torch.Tensor] | None, *, source: str) -> None:
+    def set_teacher(self, tensors: dict[str, torch.Tensor] | None, *, source: str, model: Any = None) -> None:
         """Distil toward these adapter values (keyed like `trainable_named_parameters`), read from `source`
-        (TrainConfig.teacher); None with source "base": toward the base model. `train_step` checks `source`
-        against the config's teacher, so a step never scores against another teacher than its config names."""
-        if (tensors is None) != (source == "base"):
-            raise ConfigError(f"set_teacher(source={source!r}): give the adapter tensors of a checkpoint folder, or "
-                              "set_teacher(None, source='base') to distil toward the base model",
-                              what="set_teacher arguments")
+        (TrainConfig.teacher); None with source "base": toward the base model; `model` (tensors None): toward
+        another base model, a causal LM of the student's vocabulary on the student's device, used frozen
+        (`training/teacher.py`'s `load_teacher` makes one). `train_step` checks `source` against the config's
+        teacher, so a step never scores against another teacher than its config names."""
+        if model is not None:
+            if tensors is not None or source == "base":
+                raise ConfigError(f"set_teacher(source={source!r}): a teacher model is a whole model of its own; "
+                                  "give it without adapter tensors, under its own name (not 'base')",
+                                  what="set_teacher arguments")
+        elif (tensors is None) != (source == "base"):
+            raise ConfigError(f"set_teacher(source={source!r}): give the adapter tensors of a checkpoint folder, "
+                              "model= for another base model, or set_teacher(None, source='base') to distil toward "
+                              "the base model", what="set_teacher arguments")
         if tensors is not None:
             tensors = self._fitting(tensors, f"the teacher {source}")
-        self._teacher, self.teacher = tensors, source
+        self._teacher, self._teacher_model, self.teacher = tensors, model, source
 
     def _fitting(self, tensors: dict[str, torch.Tensor], what: str) -> dict[str, torch.Tensor]:
         """`tensors` as copies on the adapter's devices and dtypes, or a CheckpointMismatchError naming what
@@ -398,15 +407,21 @@ class Trainer:
                     # Before the policy forward: a swapped-in reference changes the parameters in place,
                     # which after the forward would fail autograd's check of the tensors it saved.
                     ref_BT = self._scoring_logprobs(mb, config, fwd, self._reference)
-                teacher_BT = None
-                if objective == "grpo" and config.teacher is not None:
-                    teacher_BT = self._scoring_logprobs(mb, config, fwd, self._teacher)  # before, for the same reason
+                teacher_BT = teacher_hidden_NH = distill_kl_BT = None
+                if objective == "grpo" and config.teacher is not None:  # before, for the same reason
+                    if config.distill_estimate == "topk":
+                        teacher_hidden_NH = self._teacher_hidden(mb, fwd)
+                    else:
+                        teacher_BT = self._scoring_logprobs(mb, config, fwd, self._teacher, self._teacher_model)
                 with fwd.autocast():
-                    logprobs_BT = token_logprobs(
-                        self.model, mb["input_ids_BT"], mb["attention_BT"], mb["mask_BT"],
-                        chunk_size=config.logprob_chunk_size, target_index_N=mb["target_index_N"],
-                        compile_head=bool(fwd.layer_forwards),  # compiled layers: the head chunks too
-                    )
+                    if teacher_hidden_NH is None:
+                        logprobs_BT = token_logprobs(
+                            self.model, mb["input_ids_BT"], mb["attention_BT"], mb["mask_BT"],
+                            chunk_size=config.logprob_chunk_size, target_index_N=mb["target_index_N"],
+                            compile_head=bool(fwd.layer_forwards),  # compiled layers: the head chunks too
+                        )
+                    else:
+                        logprobs_BT, distill_kl_BT = self._topk_distillation(mb, config, fwd, teacher_hidden_NH)
                 if objective == "sft":
                     sft = sft_loss(logprobs_BT, mb["mask_BT"], num_tokens=num_tokens)
                     sft.loss.backward()
@@ -432,7 +447,8 @@ class Trainer:
                     off_policy=config.off_policy,
                     importance_cap=config.importance_cap,
                     teacher_logprobs_BT=teacher_BT,
-                    distill_coef=config.distill_coef if teacher_BT is not None else 0.0,
+                    distill_coef=config.distill_coef if teacher_BT is not None or distill_kl_BT is not None else 0.0,
+                    distill_kl_BT=distill_kl_BT,
                 )
                 terms.loss.backward()
                 sums.append(torch.stack([terms.loss.detach(), terms.policy_loss_sum, terms.kl_sum,
@@ -456,20 +472,60 @@ class Trainer:
         return out
 
     def _scoring_logprobs(self, mb: dict[str, Any], config: TrainConfig, fwd: TrainingForward,
-                          values: dict[str, torch.Tensor] | None) -> torch.Tensor:
-        """log-probs of the micro-batch's trained tokens under the adapter holding `values` (None: the base):
-        pi_ref of the KL term, or the distillation teacher pi_T. In eval mode: no dropout draws, so the
-        scorer is one fixed policy and the policy forward's dropout is the same with or without it."""
+                          values: dict[str, torch.Tensor] | None, model: Any = None) -> torch.Tensor:
+        """log-probs of the micro-batch's trained tokens under the adapter holding `values` (None: the base),
+        or under `model`, a teacher of another base: pi_ref of the KL term, or the distillation teacher pi_T.
+        In eval mode: no dropout draws, so the scorer is one fixed policy and the policy forward's dropout is
+        the same with or without it."""
+        with self._scorer(values, model) as scorer, fwd.autocast():
+            return token_logprobs(
+                scorer, mb["input_ids_BT"], mb["attention_BT"], mb["mask_BT"],
+                chunk_size=config.logprob_chunk_size, target_index_N=mb["target_index_N"],
+            )
+
+    @contextlib.contextmanager
+    def _scorer(self, values: dict[str, torch.Tensor] | None, model: Any) -> Any:
+        """The model that scores without gradient: `model` (a frozen teacher of another base, always in eval
+        mode), else ours in eval mode, its adapter holding `values` (None: disabled)."""
+        if model is not None:
+            with torch.no_grad():
+                yield model
+            return
         training = self.model.training
         self._set_mode(False)
         try:
-            with torch.no_grad(), self._holding(values), fwd.autocast():
-                return token_logprobs(
-                    self.model, mb["input_ids_BT"], mb["attention_BT"], mb["mask_BT"],
-                    chunk_size=config.logprob_chunk_size, target_index_N=mb["target_index_N"],
-                )
+            with torch.no_grad(), self._holding(values):
+                yield self.model
         finally:
             self._set_mode(training)
+
+    def _teacher_hidden(self, mb: dict[str, Any], fwd: TrainingForward) -> torch.Tensor:
+        """The teacher's final hidden states at the trained positions (no gradient): its LM head gives its
+        top-k there (`_topk_distillation`). [N, H] is kept, not [N, V] log-probs."""
+        with self._scorer(self._teacher, self._teacher_model) as scorer, fwd.autocast():
+            return trained_hidden(scorer, mb["input_ids_BT"], mb["attention_BT"], mb["target_index_N"])
+
+    def _topk_distillation(self, mb: dict[str, Any], config: TrainConfig, fwd: TrainingForward,
+                           teacher_hidden_NH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log pi at the sampled tokens, K_bt the top-k reverse KL to the teacher), both with gradient, from
+        one decoder forward of the student (TrainConfig.distill_estimate='topk').   # [B, T], [B, T]"""
+        B, T = mb["input_ids_BT"].shape
+        index_N = mb["target_index_N"]
+        hidden_NH = trained_hidden(self.model, mb["input_ids_BT"], mb["attention_BT"], index_N)
+        lm_head = base_and_decoder(self.model)[0].get_output_embeddings()
+        targets_N = mb["input_ids_BT"].reshape(-1).index_select(0, index_N)
+        logprobs_N = head_logprobs(lm_head, hidden_NH, targets_N, config.logprob_chunk_size,
+                                   compile=bool(fwd.layer_forwards))
+        teacher = self._teacher_model if self._teacher_model is not None else self.model
+        teacher_head = base_and_decoder(teacher)[0].get_output_embeddings()
+        vocab = min(lm_head.weight.shape[0], teacher_head.weight.shape[0])  # the ids both heads score
+        logp_NK, teacher_logp_NK, support_NK = topk_candidates(
+            lm_head, hidden_NH, teacher_head, teacher_hidden_NH, k=config.distill_top_k, vocab=vocab,
+            chunk_size=config.logprob_chunk_size)
+        distill_kl_BT = topk_reverse_kl(scatter_rows(logp_NK, index_N, B, T),
+                                        scatter_rows(teacher_logp_NK, index_N, B, T),
+                                        scatter_rows(support_NK, index_N, B, T))
+        return scatter_rows(logprobs_N, index_N, B, T), distill_kl_BT
 
     def train_step(self, batch: TokenizedBatch, config: TrainConfig, *, step: int = 0,
                    objective: str = GRPO, progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
