@@ -103,12 +103,14 @@ async def call(live, protocol: str, transport: str, body: dict, stream: bool) ->
     answer's JSON payloads."""
     url = live.url + PATHS[protocol]
     body = {**body, "stream": True} if stream else body
+    key = getattr(live, "key", None)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     if transport == "sdk":
         return await sdk_call(live, protocol, body, stream)
     if transport == "httpx":
         import httpx
 
-        async with httpx.AsyncClient(timeout=60) as client:
+        async with httpx.AsyncClient(timeout=60, headers=headers) as client:
             if not stream:
                 return [(await client.post(url, json=body)).json()]
             lines = []
@@ -119,7 +121,7 @@ async def call(live, protocol: str, transport: str, body: dict, stream: bool) ->
     if transport == "aiohttp":
         import aiohttp
 
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=headers) as session:
             async with session.post(url, json=body) as response:
                 if not stream:
                     return [await response.json()]
@@ -129,6 +131,7 @@ async def call(live, protocol: str, transport: str, body: dict, stream: bool) ->
         import requests
 
         with requests.Session() as session:
+            session.headers.update(headers)
             if not stream:
                 return [session.post(url, json=body, timeout=60).json()]
             with session.post(url, json=body, stream=True, timeout=60) as response:
@@ -143,12 +146,14 @@ async def sdk_call(live, protocol: str, body: dict, stream: bool) -> list[dict]:
 
     body = dict(body)
     if protocol == "messages":
-        async with anthropic.AsyncAnthropic(base_url=live.url, api_key="unused", max_retries=0) as client:
+        async with anthropic.AsyncAnthropic(base_url=live.url, api_key=getattr(live, "key", None) or "unused",
+                                            max_retries=0) as client:
             answer = await client.messages.create(**body)
             if not stream:
                 return [answer.model_dump()]
             return [event.model_dump() async for event in answer]
-    async with openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as client:
+    async with openai.AsyncOpenAI(base_url=live.url + "/v1", api_key=getattr(live, "key", None) or "unused",
+                                  max_retries=0) as client:
         extra = {k: body.pop(k) for k in ("seed",) if protocol == "responses" and k in body}
         create = {"chat": client.chat.completions.create, "completions": client.completions.create,
                   "responses": client.responses.create}[protocol]
@@ -256,3 +261,35 @@ async def test_calls_to_two_models_are_refused_unless_the_model_to_train_is_name
     assert other.messages_and_choices[1].model_extra["policy_versions"][0] == 1
     judged = await gw.capture_auto_trajectory(rollout(), model="tiny")
     assert len(judged.choices()) == 1
+
+
+async def test_captured_rollouts_of_every_protocol_train_one_step_on_the_sampled_tokens(tiny_model_dir, tmp_path):
+    # the real trainer on the captured trajectories (a text completion's on its prompt_token_ids): before
+    # its update it computes the sampler's logprobs for every trained token, so the ratio is 1
+    from types import SimpleNamespace
+
+    model = gw.TrainableModel(name="agent", project="capture", base_model=tiny_model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    await model.register(backend)
+    live = SimpleNamespace(url=model.inference_base_url.rstrip("/").removesuffix("/v1"), key=model.inference_api_key)
+    plans = {"completions": ("aiohttp", True), "responses": ("requests", True), "messages": ("httpx", False),
+             "chat": ("sdk", True)}
+
+    async def rollout(protocol: str, i: int) -> None:
+        transport, stream = plans[protocol]
+        before = None
+        for turn in (1, 2):
+            body = request(protocol, turn, before)
+            body = {**body, "seed": 10 * i + turn} if protocol != "messages" else body
+            before = sampled(protocol, await call(live, protocol, transport, body, stream))
+        gw.auto_trajectory(required=True).reward = float(i)
+
+    try:
+        groups = [gw.TrajectoryGroup([await gw.capture_auto_trajectory(rollout(p, i)) for i in range(3)])
+                  for p in plans]
+        assert all(len(t.choices()) == 2 for g in groups for t in g.trajectories)
+        result = await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
+        assert result.step == 1 and result.metrics["trainable_tokens"] >= 4 * 3 * 2 * 2
+        assert result.metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    finally:
+        await backend.close()
