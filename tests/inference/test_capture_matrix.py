@@ -293,3 +293,97 @@ async def test_captured_rollouts_of_every_protocol_train_one_step_on_the_sampled
         assert result.metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     finally:
         await backend.close()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
+async def test_a_tool_call_sent_back_with_its_result_continues_the_conversation(server, protocol, stream):
+    # the agent sends the call back in its own API's shape (a function_call item, a tool_use block): the
+    # capture compares what the model saw, so the sampled call and its echo are one turn
+    live, tokenizer = server
+    tool = {"name": "lookup", "description": "Look a word up.",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string", "enum": ["red", "blue"]}},
+                           "required": ["q"]}}  # a short call: a random model's free string runs long
+    user = {"role": "user", "content": "Look up 'red'."}
+    if protocol == "chat":
+        first = {"model": "agent", "messages": [user], "max_tokens": 40, "tools": [{"type": "function", "function": tool}],
+                 "tool_choice": "required"}
+    elif protocol == "responses":
+        first = {"model": "agent", "input": [user], "max_output_tokens": 40, "tools": [{"type": "function", **tool}],
+                 "tool_choice": "required"}
+    else:
+        first = {"model": "agent", "messages": [user], "max_tokens": 40, "tool_choice": {"type": "any"},
+                 "tools": [{"name": tool["name"], "description": tool["description"], "input_schema": tool["parameters"]}]}
+    answers = []
+
+    async def rollout() -> None:
+        payloads = await call(live, protocol, "httpx", first, stream)
+        answer = [p for p in payloads if p.get("object") == "response" or p.get("type") == "message"
+                  or p.get("type") in ("response.completed", "response.incomplete")]
+        if protocol == "chat":
+            message = sampled_message(payloads)
+            second = {**first, "messages": [user, message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
+                                                            "content": "a colour"}], "tool_choice": "none"}
+        elif protocol == "responses":
+            final = answer[-1].get("response", answer[-1])
+            call_item = next(i for i in final["output"] if i["type"] == "function_call")
+            second = {**first, "input": [user, *final["output"], {"type": "function_call_output",
+                                                                   "call_id": call_item["call_id"], "output": "a colour"}],
+                      "tool_choice": "none"}
+        else:
+            final = messages_final(payloads)
+            use = next(b for b in final["content"] if b["type"] == "tool_use")
+            second = {**first, "tool_choice": {"type": "none"}, "messages": [
+                user, {"role": "assistant", "content": final["content"]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "a colour"}]}]}
+        answers.append(await call(live, protocol, "httpx", second, stream))
+
+    t = await gw.capture_auto_trajectory(rollout())
+    assert answers and t.additional_histories == []
+    roles = [m["role"] if isinstance(m, dict) else "choice" for m in t.messages_and_choices]
+    assert roles == ["user", "choice", "tool", "choice"]
+    assert t.messages_and_choices[1].message.tool_calls[0].function.name == "lookup"
+    ids, mask, _ = tokenize_conversation(t.messages_and_choices, tokenizer, tools=t.tools)
+    # every sampled token trains but those the grammar forced (TrainConfig.train_forced_tokens)
+    assert sum(mask) == sum(len(c.model_extra["token_ids"]) - len(c.model_extra["forced_token_indices"])
+                            for c in t.choices()) > 0
+
+
+def sampled_message(payloads: list[dict]) -> dict:
+    """The assistant message of a chat answer (plain, or its stream's deltas joined)."""
+    if payloads[0].get("object") == "chat.completion":
+        m = payloads[0]["choices"][0]["message"]
+        return {"role": "assistant", "content": m.get("content"), "tool_calls": m["tool_calls"]}
+    content, calls = "", []
+    for p in payloads:
+        for c in p.get("choices") or []:
+            delta = c.get("delta") or {}
+            content += delta.get("content") or ""
+            for d in delta.get("tool_calls") or []:
+                while len(calls) <= d["index"]:
+                    calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                calls[d["index"]]["id"] += d.get("id") or ""
+                calls[d["index"]]["function"]["name"] += (d.get("function") or {}).get("name") or ""
+                calls[d["index"]]["function"]["arguments"] += (d.get("function") or {}).get("arguments") or ""
+    return {"role": "assistant", "content": content or None, "tool_calls": calls}
+
+
+def messages_final(payloads: list[dict]) -> dict:
+    """The Message of a Messages answer (plain, or its stream's events put together)."""
+    if payloads[0].get("type") == "message":
+        return payloads[0]
+    message, partial = None, {}
+    for p in payloads:
+        if p["type"] == "message_start":
+            message = {**p["message"], "content": []}
+        elif p["type"] == "content_block_start":
+            message["content"].append(dict(p["content_block"]))
+        elif p["type"] == "content_block_delta":
+            block = message["content"][p["index"]]
+            if p["delta"]["type"] == "text_delta":
+                block["text"] = block.get("text", "") + p["delta"]["text"]
+            else:
+                partial[p["index"]] = partial.get(p["index"], "") + p["delta"]["partial_json"]
+    for i, text in partial.items():
+        message["content"][i]["input"] = json.loads(text)
+    return message
