@@ -78,6 +78,7 @@ _EXPORTS: dict[str, str] = {
     "LoraConfig": "groupwise.config",
     "LoopConfig": "groupwise.config",
     "DetectorConfig": "groupwise.config",
+    "CheckpointRetention": "groupwise.config",
     # gathering
     "gather_trajectory_groups": "groupwise.rollout.gather",
     "gather_trajectories": "groupwise.rollout.gather",
@@ -185,7 +186,7 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names (generated
     from groupwise.backend.local import LocalAPI, LocalBackend
     from groupwise.backend.options import BackendOptions
     from groupwise.backend.ray import RayBackend
-    from groupwise.config import DetectorConfig, LoopConfig, LoraConfig, TrainConfig, TrainSFTConfig
+    from groupwise.config import CheckpointRetention, DetectorConfig, LoopConfig, LoraConfig, TrainConfig, TrainSFTConfig
     from groupwise.core.captures import (
         auto_trajectory,
         capture_auto_trajectory,

@@ -268,6 +268,49 @@ class TrainSFTConfig(UpdateSettings):
         return [float(self.learning_rate)] * num_batches
 
 
+@dataclass
+class CheckpointRetention(Validated):
+    """Which checkpoints of a run stay on disk: the `keep_recent` newest and the `keep_top` best by a
+    validation metric (`gw.LoopConfig(retention=gw.CheckpointRetention(keep_recent=3, keep_top=2))`,
+    `PipelineTrainer(checkpoint_retention_strategy=keep_recent_and_top(recent=3, top=2))`).
+
+    Whatever it says, the latest checkpoint (a resume starts from it), the best the loop named
+    (`Backend.keep_best`: it counts as one of the top) and those in use (pinned with `model.pinned`, held by
+    an asynchronous loop or an evaluation, the KL anchor) are kept. `BackendOptions.best_checkpoint_metric`
+    = None keeps every checkpoint whatever this says. Each prune is a history row of split ``retention``
+    naming the deleted steps and why. Called with ART's `CheckpointRetentionContext`, it is ART's strategy:
+    the steps of those checkpoints it keeps."""
+
+    keep_recent: int = option(1, help="The newest checkpoints kept (the latest is kept even at 0).")
+    keep_top: int = option(1, help="The best checkpoints by `metric` kept (the loop's named best counts as one).")
+    metric: str | None = option(None, help="``split/key`` of the history that ranks checkpoints (e.g. 'val/accuracy'; "
+                                           "a val row at step k scores checkpoint k). None: gw.fit's validation "
+                                           "metric, else BackendOptions.best_checkpoint_metric.")
+    higher_is_better: bool = option(True, help="Whether a larger `metric` is better (None metric: gw.fit's "
+                                               "LoopConfig.higher_is_better).")
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        check_positive(p, "keep_recent", self.keep_recent, allow_zero=True, integer=True)
+        check_positive(p, "keep_top", self.keep_top, allow_zero=True, integer=True)
+        if self.metric is not None and (not isinstance(self.metric, str) or "/" not in self.metric):
+            p.append(f"metric={self.metric!r} must be None or a history metric 'split/key', e.g. 'val/reward'")
+        if not isinstance(self.higher_is_better, bool):
+            p.append(f"higher_is_better={self.higher_is_better!r} must be True or False")
+        return p
+
+    def __call__(self, context: Any) -> set[int]:
+        """ART's strategy form: the steps among `context.checkpoints` (each with `.step` and `.metrics`) to keep."""
+        by_step = sorted(context.checkpoints, key=lambda c: c.step)
+        keep = {c.step for c in by_step[max(0, len(by_step) - self.keep_recent):]} if self.keep_recent else set()
+        metric = self.metric or "val/reward"
+        sign = 1.0 if self.higher_is_better else -1.0
+        ranked = sorted((c for c in by_step if metric in c.metrics), key=lambda c: (sign * c.metrics[metric], c.step),
+                        reverse=True)
+        keep.update(c.step for c in ranked[:self.keep_top])
+        return keep
+
+
 LOOP_ACTIONS = ("ignore", "warn", "stop_soon", "stop")
 AUDIT_MODES = ("off", "warn", "refuse")  # LoopConfig.audit
 TRAIN_LEARNING_RATE_DEFAULT = next(f.default for f in dataclasses.fields(TrainConfig) if f.name == "learning_rate")
@@ -392,6 +435,7 @@ class LoopConfig(Validated):
     max_steps_off_policy: int = option(0, help="0: synchronous (every step's rollouts wait for the previous update). d > 0: the asynchronous pipeline (loop/pipeline.py): the batch of step k is gathered from the policy of step k - d while the steps before it train, and a group is admitted only if its tokens (their recorded policy versions) are at most d versions old; late groups are counted and recorded, never silently dropped. Pair it with TrainConfig(off_policy='tis') to correct the loss for the staleness.")
     partial_rollouts: bool = option(False, help="With max_steps_off_policy > 0: rollouts ask for the latest policy instead of the one their step was scheduled from, and a sequence being sampled continues under each newer adapter as it is served (fresher tokens; which version sampled which token then depends on timing, so two runs are no longer the same run). False keeps every batch on its scheduled policy: reproducible, and resumable to the same history.")
     lockstep: bool = option(True, help="With other synchronous runs of the same gw.fit([...]) call (a sweep): start each step's rollouts when every such run has trained its last step, so the engine they share samples them in one batch (four runs on one H100: 1.64x the tokens/s of four runs alone, against 1.37x free-running; docs/benchmarks.md). False lets this run's steps go at their own pace. A run alone, or with max_steps_off_policy > 0, never waits.")
+    retention: CheckpointRetention = option(default_factory=CheckpointRetention, help="Which checkpoints stay on disk (`gw.CheckpointRetention`): the newest keep_recent and the best keep_top by the validation metric (`metric`, `higher_is_better`, unless it names its own); the latest, the loop's best and those in use are always kept, and each prune is logged in the history (split 'retention').")
     seed: int = option(0, help="Seed of the per-epoch shuffle of the training scenarios (resume sees the same batches), and of the rollouts' sampling seeds (seed_rollouts).")
     seed_rollouts: bool = option(True, help="Give each training rollout of a scenario with a free `sampling_seed` field its own seed, a function of (seed, step, scenario, rollout): its sampling no longer depends on which requests the engine happened to batch together. Its logits still may, in the last bits (CPU kernels sum in a batch-dependent order), and a flipped token makes two runs part; `LocalBackend(engine_kwargs={'batch_invariant': True})` (`groupwise train --batch-invariant`) makes two runs in one process bitwise the same whatever the requests' arrival times (tests/loop/test_loop_reproducible.py), and separate processes on a quiet machine matched too; but 20 runs started at once on a 16-core machine parted from their third step (a sampled token flipped), for a cause not yet found, so do not rely on bitwise equality across processes under heavy CPU load.")
 
@@ -410,6 +454,8 @@ class LoopConfig(Validated):
             p.append(f"train_config={self.train_config!r} must be a TrainConfig or None")
         elif (conflict := self._learning_rate_conflict()) is not None:
             p.append(conflict)
+        if not isinstance(self.retention, CheckpointRetention):
+            p.append(f"retention={self.retention!r} must be a gw.CheckpointRetention")
         if not isinstance(self.detectors, DetectorConfig):
             p.append(f"detectors={self.detectors!r} must be a DetectorConfig")
         if not isinstance(self.metric, str) or not self.metric or "/" in self.metric:

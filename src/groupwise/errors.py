@@ -83,6 +83,11 @@ class InvalidDataError(GroupwiseError, ValueError):
     logprobs); the message names where and what to do."""
 
 
+class AmbiguousHistoryError(InvalidDataError):
+    """Captured model calls that do not make one trajectory unambiguously (calls to several models, a
+    history that branches); the message names the argument of `capture_auto_trajectory` that picks one."""
+
+
 class GatherError(GroupwiseError):
     """More rollouts raised than `max_exceptions` allows. Carries the exceptions recorded so far."""
 

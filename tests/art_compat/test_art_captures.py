@@ -175,7 +175,7 @@ def test_a_streamed_reply_holding_a_unicode_line_separator_is_put_back_whole(new
     # an event. SSE lines end at CR, LF or CRLF only.
     import json
 
-    from groupwise.core.captures import _streamed_response
+    from groupwise.core.exchanges import Exchange, call_of
 
     def event(delta: dict, finish=None) -> str:
         chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
@@ -184,5 +184,6 @@ def test_a_streamed_reply_holding_a_unicode_line_separator_is_put_back_whole(new
 
     body = (event({"role": "assistant", "content": "a\u2028b"}) + event({"content": "c\x85d\u2029"}, "stop")
             + "data: [DONE]" + newline + newline).encode()
-    [choice] = _streamed_response(body)["choices"]
-    assert choice["message"]["content"] == "a\u2028bc\x85d\u2029" and choice["finish_reason"] == "stop"
+    request = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    choice = call_of(Exchange("/v1/chat/completions", request, body, streamed=True)).choice
+    assert choice.message.content == "a\u2028bc\x85d\u2029" and choice.finish_reason == "stop"

@@ -248,3 +248,38 @@ async def test_arts_checkpoint_metrics_are_written_and_reach_the_retention_strat
     assert sorted(last) == [1, 2, 3]
     assert last and all(m[CHECKPOINT_SAVED_METRIC] == 1.0 and CHECKPOINT_CREATED_AT_METRIC in m for m in last.values())
     assert CHECKPOINT_EVAL_COMPLETED_METRIC in last.get(2, {})
+
+
+async def test_keep_recent_and_top_is_handed_to_the_backend_on_every_start(tmp_path):
+    # the backend applies it after each step (and logs each prune: tests/loop/test_retention.py); the trainer
+    # holds only what its rollouts and evaluations sample from, so the kept checkpoints are not kept loaded
+    class Recording(ScriptedBackend):
+        def __init__(self):
+            super().__init__()
+            self.retention, self.held = [], []
+
+        async def set_retention(self, model, retention):
+            self.retention.append(retention)
+
+        async def hold_steps(self, model, steps):
+            self.held.append(sorted(steps))
+
+    calls = iter(range(1000))
+
+    async def single(model, scenario, config):
+        return gw.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                             reward=float(next(calls) % 2))
+
+    model = gw.TrainableModel("kept", project="art", base_model="none", base_path=str(tmp_path))
+    backend = Recording()
+    await model.register(backend)
+    strategy = keep_recent_and_top(recent=2, top=1, metric="val/reward")
+    for max_steps in (2, 1):  # a run, then its resume
+        trainer = PipelineTrainer(model, backend, make_group_rollout_fn(single, n=2), [{"i": i} for i in range(20)],
+                                  None, num_rollout_workers=1, min_batch_size=1, max_batch_size=1,
+                                  max_steps_off_policy=0, max_steps=max_steps, eval_at_start=False,
+                                  checkpoint_retention_strategy=strategy)
+        await trainer.train(handle_signals=False)
+    assert backend.retention == [gw.CheckpointRetention(keep_recent=2, keep_top=1, metric="val/reward")] * 2
+    assert await model.get_step() == 3
+    assert backend.held and all(len(held) == 1 for held in backend.held)  # the current policy alone

@@ -45,6 +45,10 @@ async def test_grpo_anchored_at_the_sft_step(kind, tiny_model_dir, tmp_path, req
         assert rows[-1]["kl_reference_step"] == 1
         # Retention keeps the latest (3) and the anchor in use (1); 2 was neither. So does ART's delete.
         assert checkpoint_steps(model) == [1, 3]
+        # the prune is in the history: which step went, and what was protected (the anchor in use)
+        pruned = [r for r in gw.load_history(model.run_dir) if r["split"] == "retention"]
+        assert [(r["step"], r["deleted"], r["in_use"]) for r in pruned] == [(3, [2], [1])]
+        assert "nor in use" in pruned[0]["message"]
         await model.delete_checkpoints()
         assert checkpoint_steps(model) == [1, 3]
     finally:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from groupwise.core.adapter_names import served_name
 
 if TYPE_CHECKING:
+    from groupwise.config import CheckpointRetention
     import httpx
 
     from groupwise.config import TrainConfig, TrainSFTConfig
@@ -159,6 +160,11 @@ class Backend(ABC):
         latest, until another call names another step. `metrics_by_step` and `maximize` say how the
         caller ranked the steps (informational). This default keeps nothing special: a backend that
         never deletes checkpoints needs nothing more."""
+
+    async def set_retention(self, model: "TrainableModel", retention: "CheckpointRetention") -> None:
+        """Keep `model`'s checkpoints by `retention` (the newest k and the top k by a metric; the latest, the
+        named best and those in use always) from now on, each prune logged in its history. This default
+        keeps everything: a backend that never deletes checkpoints needs nothing more."""
 
     async def hold_steps(self, model: "TrainableModel", steps: "list[int]") -> None:
         """The caller still samples from these steps (an asynchronous loop's rollouts in flight, and the

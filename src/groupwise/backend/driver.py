@@ -58,17 +58,17 @@ from typing import TYPE_CHECKING, Any
 
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC, Backend, InferenceEndpoint, TrainResult
 from groupwise.backend.options import BackendOptions
-from groupwise.backend.protocol import Command, Published, PublishCommand, Update, UpdateCommand
+from groupwise.backend.protocol import Command, Published, PublishCommand, RetainCommand, Update, UpdateCommand
 from groupwise.backend.ranks import (ReplicaDivergenceError, check_identical, check_served, merge_ranks,
                                      shard_batch, sft_step_metrics)
-from groupwise.backend.retention import prune_args, retain_command
+from groupwise.backend.retention import prune_args, prune_row, retain_command
 from groupwise.backend.worker import LOOPBACK, ModelSpec, WorkerOptions
 from groupwise.core.compat import ART_LOCAL_TRAIN_KEYWORDS, not_provided, with_art_keywords
 from groupwise.runtime.compute import compute_thread
-from groupwise.config import DEFAULT_RUN_STORE, TrainConfig
+from groupwise.config import DEFAULT_RUN_STORE, CheckpointRetention, TrainConfig
 from groupwise.core.adapter_names import served_name
 from groupwise.runs import wandb_log
-from groupwise.errors import ConfigError, GroupwiseError, GroupwiseWarning, NotTrainableError, StoreError
+from groupwise.errors import ArgumentTypeError, ConfigError, GroupwiseError, GroupwiseWarning, NotTrainableError, StoreError
 from groupwise.core.learning_signal import step_verdict
 from groupwise.runs.run_id import RunId
 from groupwise.runs.lock import RunLocks
@@ -103,6 +103,7 @@ class _Run:
     kl_reference_step: int | None = None  # the KL anchor of the last GRPO step: retention keeps it (restored on resume)
     held_steps: list[int] = field(default_factory=list)  # hold_steps(): an asynchronous loop still samples them
     pins: dict[int, int] = field(default_factory=dict)  # pin_step() count by step: code blocks sampling from it
+    retention: CheckpointRetention = field(default_factory=CheckpointRetention)  # set_retention()
 
     @property
     def pinned_steps(self) -> list[int]:
@@ -319,6 +320,13 @@ class WorkerBackend(Backend):
                         maximize: bool = True) -> None:
         run = self._run(model)
         run.best_step = int(step)
+        await self._retain(run)
+
+    async def set_retention(self, model: "TrainableModel", retention: CheckpointRetention) -> None:
+        if not isinstance(retention, CheckpointRetention):
+            raise ArgumentTypeError(f"set_retention takes a gw.CheckpointRetention, got {type(retention).__name__}")
+        run = self._run(model)
+        run.retention = retention
         await self._retain(run)
 
     async def hold_steps(self, model: "TrainableModel", steps: list[int]) -> None:
@@ -590,11 +598,20 @@ class WorkerBackend(Backend):
         """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (ART's
         `model.delete_checkpoints()`); steps still served keep being served from memory."""
         run = self._run(model)
-        await self._call_all("prune", name=run.spec.name, **prune_args(run, best_checkpoint_metric))
+        args = prune_args(run, best_checkpoint_metric)
+        deleted = (await self._call_all("prune", name=run.spec.name, **args))[0]
+        if deleted:
+            command = RetainCommand(run=run.spec.name, step=run.step, served_steps=self.options.served_steps,
+                                    best_metric=best_checkpoint_metric, in_use=tuple(args["keep"]))
+            await run.store.run_history.write(prune_row(command, deleted, why=(
+                f"delete_checkpoints(): not the latest, nor the best by {best_checkpoint_metric}, nor in use")))
 
     async def _retain(self, run: _Run) -> None:
-        """6. retention (backend/retention.py decides what stays)."""
-        await self._send({r: retain_command(run, run.spec.name, self.options) for r in range(self.world_size)})
+        """6. retention (backend/retention.py decides what stays); a prune is logged in the run's history."""
+        command = retain_command(run, run.spec.name, self.options)
+        deleted = (await self._send({r: command for r in range(self.world_size)}))[0]
+        if deleted:
+            await run.store.run_history.write(prune_row(command, deleted))
 
     # ------------------------------------------------------------------------------ close
     async def close(self) -> None:

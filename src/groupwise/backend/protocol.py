@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
+from groupwise.config import CheckpointRetention
+
 if TYPE_CHECKING:
     from groupwise.config import TrainConfig
 
@@ -77,8 +79,9 @@ class Published:
 @dataclass(frozen=True)
 class RetainCommand:
     """Retention after step `step` (backend/retention.py): serve only the last `served_steps` steps (and
-    `in_use`); unless `best_metric` is None, rank 0 deletes every checkpoint but the latest, the best
-    (`keep` when the caller named it, else by `best_metric` over `metrics_by_step`) and `in_use`."""
+    `in_use`); unless `best_metric` is None, rank 0 deletes every checkpoint but the latest, the
+    `keep_recent` newest, the `keep_top` best (`keep`, the step the caller named, counts as one; the
+    others by `best_metric` over `metrics_by_step`) and `in_use`."""
 
     method: ClassVar[str] = "retain"
     run: str
@@ -89,6 +92,8 @@ class RetainCommand:
     metrics_by_step: dict[int, float] = field(default_factory=dict)
     maximize: bool = True
     in_use: tuple[int, ...] = ()
+    keep_recent: int = CheckpointRetention.keep_recent
+    keep_top: int = CheckpointRetention.keep_top
 
 
 Command = UpdateCommand | PublishCommand | RetainCommand

@@ -426,6 +426,7 @@ class Replica:
                                  for k in comparable]).tolist()
             mismatched += [k for k, ok in zip(comparable, equal) if not ok]
         if mismatched or not engine_has:
+            self.registry.remove_step(self.name, step)  # never served under a name that means the trained step
             raise AdapterMismatchError(
                 f"after step {step} the engine's {served!r} does not hold the trained weights "
                 f"({len(mismatched)} tensor(s) differ, e.g. {mismatched[:2]}): the new adapter was not what the "
@@ -447,6 +448,7 @@ class Replica:
             if target.served_as == expected and target.adapter in self.engine.adapters():
                 return
             answered = f"as {target.served_as!r} with adapter {target.adapter!r}"
+        self.registry.remove_step(self.name, step)  # `name` is then refused, never answered by another step
         raise AdapterMismatchError(
             f"after step {step} the server answers requests for {self.name!r} {answered}, expected "
             f"{expected!r} (an adapter the engine holds): the new adapter is not the one served. Rollouts "

@@ -326,10 +326,10 @@ class DeviceWorker:
         await compute_thread().run(replica.unserve_before, c.step, c.served_steps, c.in_use)
         if self.rank != 0 or c.best_metric is None:  # None: every checkpoint is kept
             return []
-        if c.keep:  # the caller named the best step: keep it and the latest, whatever the metric says
-            return prune_checkpoints(spec.checkpoints_dir, keep=[*c.keep, *c.in_use])
+        # the step the caller named is one of the top: the metric ranks the others
         return prune_checkpoints(spec.checkpoints_dir, best_metric=c.best_metric, maximize=c.maximize,
-                                 metrics_by_step=c.metrics_by_step, keep=list(c.in_use))
+                                 metrics_by_step=c.metrics_by_step, keep=c.in_use, named_best=c.keep,
+                                 keep_recent=c.keep_recent, keep_top=c.keep_top)
 
     async def prune(self, name: str, best_metric: str, metrics_by_step: dict[int, float],
                     keep: Sequence[int] = ()) -> list[int]:

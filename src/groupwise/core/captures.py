@@ -1,22 +1,35 @@
 """A rollout's trajectory captured instead of returned: ART's automatic trajectories and yielded ones.
 
 ``await capture_auto_trajectory(rollout(...))`` runs a rollout that never builds a Trajectory and
-returns one made of the chat completions it made.
+returns one made of the model calls it made.
 
-The rollout calls the model with any OpenAI client (its own ``AsyncOpenAI``, `model.openai_client()`,
-a framework's client, blocking or not, streamed or not) and may score the result through
-``auto_trajectory(required=True).reward = ...``. Every chat completion that ends while the capture is
+The rollout calls the model however it likes: the openai or anthropic SDK (blocking or not), a
+framework's client, or raw HTTP through httpx, aiohttp or requests; over Chat Completions,
+Completions, the Responses API or Anthropic's Messages API; streamed or not. It may score the result
+through ``auto_trajectory(required=True).reward = ...``. Every call that ends while the capture is
 current (a context variable, so the tasks the rollout starts are inside it and other rollouts are not)
-is recorded from its HTTP request and response: the exact messages and tools the model saw and the
-choice it returned, groupwise's token ids included, so the trajectory trains on the sampled tokens.
-Calls become conversations as `groupwise.core.recording` says: the first is the trajectory's
-``messages_and_choices``, the others its ``additional_histories``.
+is recorded from its HTTP request and answer: the exact messages and tools the model saw and the
+choice it returned, groupwise's token ids and logprobs included, so the trajectory trains on the
+sampled tokens. Calls become conversations as `groupwise.core.recording` says: the first is the
+trajectory's ``messages_and_choices``, the others its ``additional_histories``.
 
-How the calls are seen: the `Client.send` and `AsyncClient.send` of httpx and of httpx2 (the openai
-SDK 3.x's own HTTP library) get a wrapper the first time a capture starts (never at import), which
-does nothing unless a capture is current. A streamed
-response's bytes are kept as the client reads them and recorded when the stream ends; a stream the
-rollout stops early records what it read.
+Two layers, so that every transport records every protocol:
+- one seam per HTTP library hands each POST and the body its caller read to the capture as an
+  `Exchange`: httpx and httpx2 (the openai SDK 3.x's HTTP library; the anthropic SDK's httpx) at
+  `Client.send` / `AsyncClient.send`; aiohttp at `ClientSession._request` (the one method its
+  ``post``, ``request`` and ``async with`` forms share), its body read through the response's
+  ``content``; requests at `Session.send`, a streamed body through ``iter_content`` (which
+  ``iter_lines``, ``content`` and ``json()`` use). A streamed body is recorded when the caller has read
+  it to its end, or what it read when it closes the response early. The seams are installed the first
+  time a capture starts (never at import) and do nothing unless a capture is current; a request one
+  seam records is not recorded again by a library below it (an httpx transport over aiohttp);
+- one parser per protocol reads the exchange into a call (`groupwise.core.exchanges`).
+
+The trajectory must be one history the reward judges. Calls to more than one model (the policy and a
+judge, two policies) are refused unless ``model=`` names the one whose calls make the trajectory (the
+others are left out); a history that branches (a call that goes back to an earlier sampled turn and
+goes on differently) is refused unless ``branches=`` says which to keep ("last" or "split",
+`groupwise.core.recording`). Either refusal is an `AmbiguousHistoryError` when the rollout ends.
 
 ``await capture_yielded_trajectory(rollout(...))`` runs a rollout that hands its Trajectory over with
 ``yield_trajectory(t)`` instead of returning it (a callback deep in an agent framework, say). As in
@@ -32,15 +45,16 @@ from __future__ import annotations
 import contextvars
 import functools
 import importlib
-import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, Literal, overload
 
-from groupwise.errors import GroupwiseError
-from groupwise.core.recording import ChatCall, call_from_bodies, conversations
+from groupwise.core.adapter_names import split_served_name
+from groupwise.core.exchanges import Exchange, call_of, protocol_of
+from groupwise.core.recording import BRANCHES, Branches, ChatCall, conversations
 from groupwise.core.trajectory import History, Trajectory
+from groupwise.errors import AmbiguousHistoryError, GroupwiseError
 
 __all__ = ["auto_trajectory", "capture_auto_trajectory", "capture_yielded_trajectory", "yield_trajectory"]
 
@@ -50,25 +64,32 @@ log = logging.getLogger(__name__)
 class _Capture:
     """The trajectory being built and the calls recorded into it."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: str | None, branches: Branches) -> None:
         self.trajectory = Trajectory()
+        self.model, self.branches = model, branches
         self.calls: list[ChatCall] = []
+        self.error: AmbiguousHistoryError | None = None  # raised when the rollout ends, not inside its HTTP call
         self._histories: list[History] = []  # the ones this capture put in additional_histories
         self._lock = threading.Lock()  # a blocking client may record from a worker thread
 
-    def record(self, request_body: bytes, response_body: bytes, streamed: bool) -> None:
+    def record(self, exchange: Exchange) -> None:
         try:
-            request = json.loads(request_body)
-            if not isinstance(request, dict) or not isinstance(request.get("messages"), list):
-                return
-            call = call_from_bodies(request, _streamed_response(response_body) if streamed
-                                    else json.loads(response_body))
-        except (ValueError, KeyError, IndexError, TypeError) as exc:  # not a chat completion we can read
-            log.debug("capture_auto_trajectory skipped a response it could not read: %s", exc)
+            call = call_of(exchange)
+        except (ValueError, KeyError, IndexError, TypeError, GroupwiseError) as exc:  # not a call we can read
+            log.debug("capture_auto_trajectory skipped an answer it could not read: %s", exc)
+            return
+        if call is None or (self.model is not None and _model_name(call.model) != _model_name(self.model)):
             return
         with self._lock:
             self.calls.append(call)
-            found = conversations(self.calls)
+            if self.error is not None:
+                return
+            try:
+                self._check_models()
+                found = conversations(self.calls, branches=self.branches)
+            except AmbiguousHistoryError as exc:
+                self.error = exc
+                return
             t = self.trajectory
             t.messages_and_choices = found[0].messages_and_choices
             t.tools = found[0].tools
@@ -76,82 +97,286 @@ class _Capture:
             self._histories = found[1:]
             t.additional_histories = [*(h for h in t.additional_histories if id(h) not in mine), *self._histories]
 
+    def _check_models(self) -> None:
+        models = sorted({_model_name(c.model) for c in self.calls}, key=str)
+        if self.model is None and len(models) > 1:
+            raise AmbiguousHistoryError(
+                f"the rollout called {len(models)} models ({models}): a trajectory trains one policy. Name the "
+                f"one to train, capture_auto_trajectory(..., model={models[0]!r}); the other models' calls are "
+                "then left out of the trajectory")
 
-def _streamed_response(body: bytes) -> dict[str, Any]:
-    """A streamed chat completion's SSE bytes as the JSON a plain call returns (`groupwise.core.chat_stream`)."""
-    from openai.types.chat.chat_completion_chunk import ChatCompletionChunk
 
-    from groupwise.core.chat_stream import init_chat_completion, update_chat_completion
-
-    completion = None
-    # SSE lines end at CR, LF or CRLF, never at U+2028 or NEL (str.splitlines), which a server's JSON may hold raw
-    for line in body.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n").split("\n"):
-        line = line.strip()
-        if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-            continue
-        payload = json.loads(line[5:])
-        if not isinstance(payload, dict) or "choices" not in payload:  # an in-band error event
-            continue
-        chunk = ChatCompletionChunk.model_validate(payload)
-        if completion is None:
-            completion = init_chat_completion(chunk)
-        update_chat_completion(completion, chunk)
-    return completion.model_dump() if completion is not None else {"choices": []}
+def _model_name(model: str | None) -> str | None:
+    """A request's model without its step: ``agent@3`` and ``agent`` are one policy's checkpoints."""
+    return split_served_name(model)[0] if model else model
 
 
 _current: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar("groupwise_auto_trajectory", default=None)
+# Set while a seam's library sends a request, so a library it sends through records nothing twice.
+_recording: contextvars.ContextVar[bool] = contextvars.ContextVar("groupwise_capture_seam", default=False)
 _installed = False
 _install_lock = threading.Lock()
 
 
-def _is_chat_completion(request: Any) -> bool:
-    return request.method == "POST" and request.url.path.rstrip("/").endswith("chat/completions")
+def _watched(method: str, path: str) -> _Capture | None:
+    """The current capture, when a request of `method` to `path` is a model call it records."""
+    capture = _current.get()
+    if capture is None or _recording.get() or method.upper() != "POST" or protocol_of(path) is None:
+        return None
+    return capture
 
 
-def _watch(capture: _Capture, request: Any, response: Any, streamed: bool) -> None:
+def _is_event_stream(content_type: str | None) -> bool:
+    return (content_type or "").split(";")[0].strip().lower() == "text/event-stream"
+
+
+class _Reading:
+    """The body a client reads of one answer, recorded once: at its end, or when the response closes."""
+
+    def __init__(self, capture: _Capture, path: str, request: bytes, streamed: bool) -> None:
+        self.capture, self.path, self.request, self.streamed = capture, path, request, streamed
+        self.seen: list[bytes] = []
+        self.done = False
+
+    def add(self, part: bytes) -> None:
+        if part and not self.done:
+            self.seen.append(bytes(part))
+
+    def finish(self) -> None:
+        if not self.done:
+            self.done = True
+            self.capture.record(Exchange(self.path, self.request, b"".join(self.seen), self.streamed))
+
+
+# ------------------------------------------------------------------------------------------- httpx
+
+
+def _httpx_sent(request: Any, response: Any, send_kwargs: dict[str, Any]) -> Any:
+    """`response`, watched for the current capture when it answers a model call."""
+    capture = _watched(request.method, request.url.path)
+    if capture is None or response.status_code != 200:
+        return response
     try:
         body = request.content
-    except Exception:  # a request streamed from a generator (an upload): not a chat completion
-        return
-    if response.status_code != 200:
-        return
-    if not streamed:  # `send` read the whole body
-        capture.record(body, response.content, streamed=False)
-        return
-    seen: list[bytes] = []
-    done = [False]
-
-    def finish() -> None:
-        if not done[0]:
-            done[0] = True
-            capture.record(body, b"".join(seen), streamed=True)
-
+    except Exception:  # a request streamed from a generator (an upload): not a model call
+        return response
+    reading = _Reading(capture, request.url.path, body, _is_event_stream(response.headers.get("content-type")))
+    if not send_kwargs.get("stream", False):  # `send` read the whole body
+        reading.add(response.content)
+        reading.finish()
+        return response
     read_async, read_sync = response.aiter_bytes, response.iter_bytes
 
     async def aiter_bytes(chunk_size: int | None = None) -> AsyncIterator[bytes]:
         try:
             async for part in read_async(chunk_size):
-                seen.append(part)
+                reading.add(part)
                 yield part
         finally:
-            finish()
+            reading.finish()
 
     def iter_bytes(chunk_size: int | None = None) -> Iterator[bytes]:
         try:
             for part in read_sync(chunk_size):
-                seen.append(part)
+                reading.add(part)
                 yield part
         finally:
-            finish()
+            reading.finish()
 
-    # On this response only: what the client reads is what it decoded (gzip and all).
-    response.aiter_bytes = aiter_bytes
-    response.iter_bytes = iter_bytes
+    close_async, close_sync = response.aclose, response.close
+
+    async def aclose() -> None:
+        reading.finish()
+        await close_async()
+
+    def close() -> None:
+        reading.finish()
+        close_sync()
+
+    # On this response only: what the client reads is what it decoded (gzip and all). An SDK that stops
+    # reading at the stream's last event closes the response with the byte iterator left open: the close
+    # records it, in the order the calls ended.
+    response.aiter_bytes, response.iter_bytes = aiter_bytes, iter_bytes
+    response.aclose, response.close = aclose, close
+    return response
 
 
-# The HTTP libraries an OpenAI client may send with: httpx, and httpx2, the fork the openai SDK 3.x
-# builds its default clients on. Both are wrapped; a missing one is skipped.
-_HTTP_LIBRARIES = ("httpx", "httpx2")
+def _httpx_async_send(send: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(send)
+    async def wrapper(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _recording.set(_current.get() is not None)
+        try:
+            response = await send(self, request, *args, **kwargs)
+        finally:
+            _recording.reset(token)
+        return _httpx_sent(request, response, kwargs)
+    return wrapper
+
+
+def _httpx_sync_send(send: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(send)
+    def wrapper(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _recording.set(_current.get() is not None)
+        try:
+            response = send(self, request, *args, **kwargs)
+        finally:
+            _recording.reset(token)
+        return _httpx_sent(request, response, kwargs)
+    return wrapper
+
+
+# ------------------------------------------------------------------------------------------- requests
+
+
+def _requests_send(send: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(send)
+    def wrapper(self: Any, request: Any, **kwargs: Any) -> Any:
+        from urllib.parse import urlsplit
+
+        path = urlsplit(request.url or "").path
+        capture = _watched(request.method or "", path)
+        if capture is None:
+            return send(self, request, **kwargs)
+        token = _recording.set(True)
+        try:
+            response = send(self, request, **kwargs)
+        finally:
+            _recording.reset(token)
+        body = request.body if isinstance(request.body, bytes) else (request.body or "").encode() \
+            if isinstance(request.body, str) else None
+        if body is None or response.status_code != 200:
+            return response
+        reading = _Reading(capture, path, body, _is_event_stream(response.headers.get("content-type")))
+        if not kwargs.get("stream"):  # `send` read the whole body
+            reading.add(response.content)
+            reading.finish()
+            return response
+        iter_content, close = response.iter_content, response.close
+
+        def recorded(chunk_size: int | None = 1, decode_unicode: bool = False) -> Iterator[Any]:
+            try:
+                for part in iter_content(chunk_size, decode_unicode=False):
+                    reading.add(part)
+                    yield part.decode(response.encoding or "utf-8", errors="replace") if decode_unicode else part
+            finally:
+                reading.finish()
+
+        def closed() -> None:
+            reading.finish()
+            close()
+
+        # On this response only: `iter_lines`, `content`, `text` and `json()` all read through iter_content.
+        response.iter_content, response.close = recorded, closed
+        return response
+    return wrapper
+
+
+# ------------------------------------------------------------------------------------------- aiohttp
+
+
+def _aiohttp_request(request: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(request)
+    async def wrapper(self: Any, method: str, str_or_url: Any, **kwargs: Any) -> Any:
+        import json
+
+        import yarl
+
+        url = yarl.URL(str(str_or_url)) if not isinstance(str_or_url, yarl.URL) else str_or_url
+        capture = _watched(method, url.path)
+        if capture is None:
+            return await request(self, method, str_or_url, **kwargs)
+        token = _recording.set(True)
+        try:
+            response = await request(self, method, str_or_url, **kwargs)
+        finally:
+            _recording.reset(token)
+        data = kwargs.get("data")
+        body = (json.dumps(kwargs["json"]).encode() if kwargs.get("json") is not None
+                else data if isinstance(data, bytes) else data.encode() if isinstance(data, str) else None)
+        if body is None or response.status != 200:
+            return response
+        reading = _Reading(capture, url.path, body, _is_event_stream(response.headers.get("Content-Type")))
+        response.content = _RecordedStream(response.content, reading)
+        release, close = response.release, response.close
+
+        def released(*args: Any, **kw: Any) -> Any:
+            reading.finish()
+            return release(*args, **kw)
+
+        def closed(*args: Any, **kw: Any) -> Any:
+            reading.finish()
+            return close(*args, **kw)
+
+        response.release, response.close = released, closed
+        return response
+    return wrapper
+
+
+class _RecordedStream:
+    """An aiohttp response's body stream that keeps what its reader reads: every way of reading it
+    (``read``, ``json()``, ``async for line``, ``iter_any``, ``iter_chunked``, ``readchunk``) goes through
+    the reading methods below; the rest is the stream's own."""
+
+    def __init__(self, stream: Any, reading: _Reading) -> None:
+        self._stream, self._reading = stream, reading
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def _kept(self, data: bytes) -> bytes:
+        self._reading.add(data)
+        if not data or self._stream.at_eof():
+            self._reading.finish()
+        return data
+
+    async def read(self, n: int = -1) -> bytes:
+        return self._kept(await self._stream.read(n))
+
+    async def readany(self) -> bytes:
+        return self._kept(await self._stream.readany())
+
+    async def readline(self) -> bytes:
+        return self._kept(await self._stream.readline())
+
+    async def readuntil(self, separator: bytes = b"\n") -> bytes:
+        return self._kept(await self._stream.readuntil(separator))
+
+    async def readexactly(self, n: int) -> bytes:
+        return self._kept(await self._stream.readexactly(n))
+
+    async def readchunk(self) -> tuple[bytes, bool]:
+        data, end = await self._stream.readchunk()
+        self._kept(data)
+        return data, end
+
+    def read_nowait(self, n: int = -1) -> bytes:
+        data = self._stream.read_nowait(n)
+        self._reading.add(data)
+        return data
+
+    def iter_any(self) -> Any:
+        from aiohttp.streams import AsyncStreamIterator
+
+        return AsyncStreamIterator(self.readany)
+
+    def iter_chunked(self, n: int) -> Any:
+        from aiohttp.streams import AsyncStreamIterator
+
+        self._stream.set_read_chunk_size(n)
+        return AsyncStreamIterator(lambda: self.read(n))
+
+    def iter_chunks(self) -> Any:
+        from aiohttp.streams import ChunkTupleAsyncStreamIterator
+
+        return ChunkTupleAsyncStreamIterator(self)
+
+    def __aiter__(self) -> Any:
+        from aiohttp.streams import AsyncStreamIterator
+
+        return AsyncStreamIterator(self.readline)
+
+
+# ------------------------------------------------------------------------------------------- install
 
 
 def _install() -> None:
@@ -159,36 +384,27 @@ def _install() -> None:
     with _install_lock:
         if _installed:
             return
-        for name in _HTTP_LIBRARIES:
+        # httpx, and httpx2, the fork the openai SDK 3.x builds its default clients on
+        for name in ("httpx", "httpx2"):
             try:
                 library = importlib.import_module(name)
             except ImportError:
                 continue
-            library.AsyncClient.send = _async_send(library.AsyncClient.send)
-            library.Client.send = _sync_send(library.Client.send)
+            library.AsyncClient.send = _httpx_async_send(library.AsyncClient.send)
+            library.Client.send = _httpx_sync_send(library.Client.send)
+        try:
+            import requests
+        except ImportError:
+            pass
+        else:
+            requests.Session.send = _requests_send(requests.Session.send)
+        try:
+            import aiohttp
+        except ImportError:
+            pass
+        else:
+            aiohttp.ClientSession._request = _aiohttp_request(aiohttp.ClientSession._request)
         _installed = True
-
-
-def _async_send(send: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(send)
-    async def wrapper(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        return _sent(request, await send(self, request, *args, **kwargs), kwargs)
-    return wrapper
-
-
-def _sync_send(send: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(send)
-    def wrapper(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        return _sent(request, send(self, request, *args, **kwargs), kwargs)
-    return wrapper
-
-
-def _sent(request: Any, response: Any, send_kwargs: dict[str, Any]) -> Any:
-    """`response`, watched for the current capture when it answers a chat completion."""
-    capture = _current.get()
-    if capture is not None and _is_chat_completion(request):
-        _watch(capture, request, response, streamed=bool(send_kwargs.get("stream", False)))
-    return response
 
 
 @overload
@@ -211,12 +427,25 @@ def auto_trajectory(*, required: bool = False) -> Trajectory | None:
     return capture.trajectory
 
 
-async def capture_auto_trajectory(coroutine: Coroutine[Any, Any, Any]) -> Trajectory:
-    """Run `coroutine` (a rollout) and return the Trajectory of the chat completions it made, with
-    what it set through `auto_trajectory()`; ``metrics["duration"]`` is the rollout's seconds."""
+async def capture_auto_trajectory(coroutine: Coroutine[Any, Any, Any], *, model: str | None = None,
+                                  branches: Branches = "refuse") -> Trajectory:
+    """Run `coroutine` (a rollout) and return the Trajectory of the model calls it made, with what it set
+    through `auto_trajectory()`; ``metrics["duration"]`` is the rollout's seconds.
+
+    `model`: the model whose calls make the trajectory (``"agent"`` takes ``agent@k`` too); calls to
+    others are left out. None: every call is recorded, and calls to two models are refused.
+    `branches`: a history that branches is refused ("refuse"), kept as one history per branch
+    ("split"), or only its latest branch is kept ("last"). A refusal is an `AmbiguousHistoryError`
+    raised when the rollout ends, saying which argument to pass."""
+    if branches not in BRANCHES:
+        raise GroupwiseError(f"capture_auto_trajectory(branches={branches!r}): use one of {list(BRANCHES)}")
+    if model is not None and not isinstance(model, str):
+        raise GroupwiseError(f"capture_auto_trajectory(model={model!r}): pass the model's name, e.g. model.name")
     _install()
-    capture = _Capture()
+    capture = _Capture(model, branches)
     await _run_as(_current, capture, coroutine)
+    if capture.error is not None:
+        raise capture.error
     return capture.trajectory.finish()
 
 

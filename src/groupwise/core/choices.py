@@ -80,6 +80,14 @@ def choice_token_ids(choice: Choice) -> list[int] | None:
     return None
 
 
+def choice_prompt_token_ids(choice: Choice) -> list[int] | None:
+    """The token ids of the prompt a text completion was sampled from (``choice.prompt_token_ids``, which
+    groupwise's server and vLLM return on /v1/completions), or None: a chat choice's prompt is its
+    conversation's messages, rendered by the chat template."""
+    ids = _choice_extra(choice, "prompt_token_ids")
+    return None if ids is None else [int(t) for t in _checked_list(ids, numbers.Integral, "prompt_token_ids", "ints")]
+
+
 def choice_forced_indices(choice: Choice) -> list[int]:
     """Indices into `choice_token_ids` of the tokens a grammar forced (the only token it allowed, so
     no decision of the policy); empty when none or when the server did not say (it is groupwise's

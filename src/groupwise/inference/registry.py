@@ -10,6 +10,13 @@ A backend registers each run under its qualified name (``<project>/<run>``, grou
 the model's own name as a short name: a request may use the short name (``agent``, ``agent@3``) while
 no other run here has it, and is answered under the name it asked for; a short name two runs share is
 refused naming both runs' qualified names.
+
+A name never silently answers with an older adapter than it means. ``name`` means the latest step
+trained, which `add_step` learns before it loads that step's adapter: while the adapter is not served
+(its load failed, or the backend dropped it because the engine did not hold the trained weights) a
+request for ``name`` is refused, saying which step it would have got and how to ask for it explicitly.
+``name@k`` is only ever step k's adapter: a step not trained yet and a step no longer served (unloaded,
+or its checkpoint removed by retention) are refused, each saying which it is.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ class ModelRegistry:
         self._lock = threading.Lock()
         self._steps: dict[str, dict[int, str | None]] = {}
         self._short: dict[str, str] = {}  # a run's qualified name -> the short name requests may use
+        self._trained: dict[str, int] = {}  # the latest step add_step was asked to serve: what ``name`` means
         self._aliases: dict[str, str | None] = {}
         self._to_free: list[str] = []  # adapters of dropped steps, freed once no request uses them
         if base_name:
@@ -69,6 +77,7 @@ class ModelRegistry:
         `remove_step`."""
         with self._lock:
             self._short.pop(name, None)
+            self._trained.pop(name, None)
             steps = self._steps.pop(name, {})
             self._to_free.extend(a for a in steps.values() if a is not None)
         self._free_unused()
@@ -81,6 +90,8 @@ class ModelRegistry:
         self._free_unused()
         adapter = self.adapter_name(name, step)
         with self._lock:
+            # first: if the load below fails, ``name`` is refused rather than answered by the step before
+            self._trained[name] = max(self._trained.get(name, 0), step)
             if adapter in self._to_free:  # re-adding a step dropped earlier: reload it fresh
                 self._to_free.remove(adapter)
         if adapter in self.engine.adapters():
@@ -166,8 +177,15 @@ class ModelRegistry:
             name = self._model_of(asked)
             steps = self._steps.get(name) if name is not None else None
             if name is not None and steps is not None:
+                trained = self._trained.get(name, 0)
                 if not step_text and not model.endswith("@"):
                     step = max(steps)
+                    if step < trained:
+                        raise ModelNotFoundError(
+                            f"model {_shown(model)} means its latest step, {trained}, whose adapter is not served "
+                            f"here (loading it failed, or it did not hold the trained weights); answering with "
+                            f"step {step} would sample a stale policy. Ask for {served_name(asked, step)!r} to "
+                            "sample that step on purpose, or publish the latest step again")
                     return Resolved(served_name(asked, step), steps[step], step, follow=name)
                 # ASCII digits only, and few of them: "²" is a digit to str.isdigit() but not to
                 # int(), and int() refuses 4300 digits or more; either is a step nobody serves. Written
@@ -177,12 +195,23 @@ class ModelRegistry:
                     step = int(step_text)
                     return Resolved(served_name(asked, step), steps[step], step)
                 raise ModelNotFoundError(
-                    f"model {_shown(model)}: step {_shown(step_text)} of {asked!r} is not served; "
-                    f"served steps: {sorted(steps)} (use {asked!r} for the latest)"
+                    f"model {_shown(model)}: step {_shown(step_text)} of {asked!r} is not served"
+                    f"{_why_not_served(step_text, trained)}; served steps: {sorted(steps)} (use {asked!r} for "
+                    "the latest)"
                 )
         raise ModelNotFoundError(
             f"model {_shown(model)} is not served here; served models: {self.served_ids()}"
         )
+
+
+def _why_not_served(step_text: str, trained: int) -> str:
+    """Why a well-formed ``name@k`` has no adapter here: k is not trained yet, or no longer served."""
+    if not (step_text.isascii() and step_text.isdigit() and len(step_text) <= 18 and step_text == str(int(step_text))):
+        return ""
+    if int(step_text) > trained:
+        return f": it is not trained yet (the latest step is {trained})"
+    return (": it is no longer served (the engines keep the last BackendOptions.served_steps steps and those in "
+            "use; retention may have removed its checkpoint). Pin it while sampling it: async with model.pinned(k)")
 
 
 def _shown(text: str, limit: int = 80) -> str:

@@ -159,9 +159,12 @@ def chat_response(texts: TokenTexts, result: GenerationResult, header: dict[str,
     return (body[:-1] + ',"choices":[' + ",".join(choices) + "]}").encode()
 
 
-def completion_response(texts: TokenTexts, result: GenerationResult, served_as: str, tokens_as_ids: bool) -> bytes:
+def completion_response(texts: TokenTexts, result: GenerationResult, served_as: str, tokens_as_ids: bool,
+                        prompt_ids: list[int] | None = None) -> bytes:
     """The body of a text completion, as UTF-8 JSON; dumped a choice at a time, so no single dump holds
-    the GIL for the whole of a large answer (the server builds it on a worker thread)."""
+    the GIL for the whole of a large answer (the server builds it on a worker thread). Each choice
+    carries the prompt's token ids (``prompt_token_ids``, as vLLM names them): a completion has no
+    messages to render, so a trajectory trains on the exact ids it was sampled from."""
     choices = []
     for c in result.completions:
         token_texts = texts.texts(c.token_ids)
@@ -172,6 +175,7 @@ def completion_response(texts: TokenTexts, result: GenerationResult, served_as: 
         choices.append(_dumps({
             "index": c.index, "text": c.text, "finish_reason": c.finish_reason, "token_ids": c.token_ids,
             "forced_token_indices": c.forced_indices, **policy_versions(c),
+            **({"prompt_token_ids": prompt_ids} if prompt_ids is not None else {}),
             "logprobs": {"tokens": [f"token_id:{i}" for i in c.token_ids] if tokens_as_ids else token_texts,
                          "token_logprobs": c.logprobs, "text_offset": offsets,
                          "top_logprobs": [

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API over an `Engine` (FastAPI); `groupwise serve` runs it (serve.py).
 
-Routes: ``POST /v1/chat/completions`` (plain and SSE streaming), ``POST /v1/completions``,
+Routes: ``POST /v1/chat/completions`` (plain and SSE streaming), ``POST /v1/completions`` (its stream one
+chunk, sent once the answer is complete; each choice carries ``prompt_token_ids``),
 ``GET /v1/models``, ``GET /v1/models/{id}``; and OpenAI's Responses API (``POST /v1/responses``) and
 Anthropic's Messages API (``POST /v1/messages``, its errors in Anthropic's shape), each translated into
 a chat request and run on the chat route's path (groupwise.chat.protocols). Requests and responses use OpenAI's shapes; request
@@ -524,8 +525,6 @@ async def completions(request: Request, body: CompletionRequest = Depends(parsed
                       state: ServerState = Depends(server_state)) -> Any:
     target = resolve(state, body.model)
     check_n(state, body.n)
-    if body.stream:
-        raise ApiError(400, "stream is not supported on /v1/completions; use /v1/chat/completions", param="stream")
     if isinstance(body.prompt, str):
         if (error := too_long(state, len(body.prompt))) is not None:
             error.param = "prompt"
@@ -543,7 +542,9 @@ async def completions(request: Request, body: CompletionRequest = Depends(parsed
     req.follow = target.follow
     result = await result_of(request, submit(state, req, "prompt"))
     answer = await asyncio.to_thread(completion_response, state.token_texts, result, target.served_as,
-                                     body.tokens_as_ids)  # off the event loop, as a chat answer
+                                     body.tokens_as_ids, prompt_ids)  # off the event loop, as a chat answer
+    if body.stream:  # the whole answer as one chunk, once complete (as the Responses and Messages streams)
+        return Response(b"data: " + answer + b"\n\ndata: [DONE]\n\n", media_type="text/event-stream")
     return Response(answer, media_type="application/json")
 
 

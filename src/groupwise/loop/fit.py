@@ -49,7 +49,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from groupwise.config import LoopConfig, TrainConfig
+from groupwise.config import CheckpointRetention, LoopConfig, TrainConfig
 from groupwise.errors import ConfigError, NotTrainableError
 from groupwise.core.learning_signal import assess, loop_action
 from groupwise.loop.cursor import DataCursor, batches, resume_cursor
@@ -454,6 +454,15 @@ def with_teacher(config: LoopConfig, teacher: str) -> LoopConfig:
     return replace_set(config, train_config=replace_set(own, teacher=teacher))
 
 
+def retention_of(config: LoopConfig, *, validated: bool) -> CheckpointRetention:
+    """`config.retention`, its checkpoints ranked by the validation metric unless it names its own (a run
+    without validation ranks by the backend's `best_checkpoint_metric`)."""
+    policy = config.retention
+    if policy.metric is not None or not validated:
+        return policy
+    return dataclasses.replace(policy, metric=f"val/{config.metric}", higher_is_better=config.higher_is_better)
+
+
 async def fit(
     model: Any,
     rollout: Rollout,
@@ -504,6 +513,8 @@ async def fit(
     start = step = await model.get_step()
     if config.audit != "off" and step == 0:
         await audit_before_training(model, rollout, train, score_group, validate, config.audit)
+    # retention by the run's own policy from the start (a resumed run too: the backend forgets it)
+    await model.backend.set_retention(model, retention_of(config, validated=bool(val)))
     if config.max_steps_off_policy > 0:  # first: the keep_best below runs retention
         await hold_for_resume(model, step, config.max_steps_off_policy)
     history = loop.history

@@ -53,6 +53,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from groupwise.config import CheckpointRetention
 from groupwise.errors import CheckpointError, CheckpointMismatchError, DiskFullError, GroupwiseWarning, NonFiniteError
 from groupwise.runtime.loading import write_adapter_folder
 from groupwise.runs.store import dir_name_step, step_dir_name
@@ -520,25 +521,32 @@ def prune_checkpoints(
     maximize: bool = True,
     metrics_by_step: dict[int, float] | None = None,
     keep: Iterable[int] = (),
+    keep_recent: int = CheckpointRetention.keep_recent,
+    keep_top: int = CheckpointRetention.keep_top,
+    named_best: Iterable[int] = (),
 ) -> list[int]:
-    """Delete every complete checkpoint but the latest, the best by `best_metric` and the steps in `keep`
-    (e.g. the KL reference a run still trains against); returns deleted steps.
+    """Delete every complete checkpoint but the latest, the `keep_recent` newest, the `keep_top` best and
+    the steps in `keep` (e.g. the KL reference a run still trains against); returns deleted steps. The
+    best are `named_best` (the caller's pick) and, for the rest of `keep_top`, the others best by
+    `best_metric`.
 
     The metric is read from `metrics_by_step` (e.g. validation rewards from history.jsonl) or else from
-    each checkpoint's state.json metrics. Checkpoints without the metric are never "best".
+    each checkpoint's state.json metrics. Checkpoints without the metric are never among the best; of
+    equal scores the later step ranks first.
     """
     found = list_checkpoints(checkpoints_dir, warn=False)
     if not found:
         return []
-    kept = {found[-1].step, *keep}
-    if best_metric is not None:
+    named = set(named_best)
+    kept = {found[-1].step, *keep, *named,
+            *(s.step for s in found[max(0, len(found) - keep_recent):] if keep_recent > 0)}
+    if best_metric is not None and keep_top > len(named):
         scored = []
         for s in found:
             value = (metrics_by_step or {}).get(s.step, s.metrics.get(best_metric))
-            if value is not None:
+            if value is not None and s.step not in named:
                 scored.append((value if maximize else -value, s.step))
-        if scored:
-            kept.add(max(scored)[1])
+        kept.update(step for _, step in sorted(scored, reverse=True)[:keep_top - len(named)])
     deleted = []
     for s in found:
         if s.step not in kept and s.path is not None:

@@ -16,6 +16,12 @@ to stop).
 A step renders each distinct context and encodes each distinct text piece once (`StepMemo`): a group's
 rollouts usually share their scenario's messages.
 
+A text completion (``/v1/completions``) has no messages to render: its Choice carries the token ids of
+its prompt (``prompt_token_ids``), and a conversation of such Choices is its ids alone: each Choice's
+prompt ids (the part past what the conversation already holds: a continuation's prompt starts with the
+earlier prompt and sampled ids) as context, then its sampled ids. Its message dicts are for reading
+only (the prompt's text).
+
 One sequence per trajectory plus one per `additional_histories` entry; all carry the trajectory's
 advantage. The loss mask covers every trainable Choice of every turn, except the tokens a grammar
 forced (`choices.choice_forced_indices`: the only token it allowed, so the sampling distribution there
@@ -36,7 +42,8 @@ from typing import Any
 
 from groupwise.chat import render_text
 from groupwise.chat.text import LONE_SURROGATE
-from groupwise.core.choices import choice_forced_indices, choice_logprobs, choice_to_message, choice_token_ids
+from groupwise.core.choices import (choice_forced_indices, choice_logprobs, choice_prompt_token_ids, choice_to_message,
+                                    choice_token_ids)
 from groupwise.errors import InvalidDataError, NotTrainableError
 from groupwise.core.advantages import compute_advantages
 from groupwise.core.trajectory import Choice, TrajectoryGroup, item_kind_problem
@@ -193,6 +200,9 @@ def tokenize_conversation(
     ``[0, vocab_size)`` is refused here: in the embedding lookup it would be an IndexError on the CPU
     and a device-side assert on CUDA, which leaves the GPU unusable for every run the process holds."""
     memo = memo if memo is not None else StepMemo()
+    if any(isinstance(item, Choice) and choice_prompt_token_ids(item) is not None for item in messages_and_choices):
+        return _tokenize_completions(messages_and_choices, train_forced_tokens=train_forced_tokens,
+                                     vocab_size=vocab_size)
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidDataError(
             "the tokenizer has no chat_template, so the context messages cannot be rendered. "
@@ -206,34 +216,9 @@ def tokenize_conversation(
             if not ids:
                 messages.append(choice_to_message(item))  # no ids: context, rendered as text
                 continue
-            if vocab_size is not None and not all(0 <= t < vocab_size for t in ids):
-                bad = next(t for t in ids if not 0 <= t < vocab_size)
-                raise InvalidDataError(
-                    f"a Choice has the token id {bad}, outside the model's vocabulary (0 to {vocab_size - 1}): it was "
-                    "sampled by another model (a server of another base, a tokenizer with other ids), or its ids "
-                    "were edited. Sample the rollouts from this model's endpoint (model.openai_client()).")
-            logprobs = choice_logprobs(item)
-            impossible = next((x for x in logprobs or () if not (math.isnan(x) or -math.inf < x <= LOGPROB_SLACK)),
-                              None)
-            if impossible is not None:
-                raise InvalidDataError(
-                    f"a Choice has the sampled-token logprob {impossible}: a log-probability is finite and at most "
-                    "0, and the trainer's importance ratio is exp(its own logprob - this one). The server that "
-                    "sampled it returned an impossible value, or it was edited; sample from this model's endpoint "
-                    "(NaN marks a logprob as unknown: the trainer then takes its own).")
-            if logprobs is not None and len(logprobs) != len(ids):
-                raise InvalidDataError(
-                    f"a Choice has {len(ids)} token ids but {len(logprobs)} logprobs; they must pair up "
-                    "one to one. The server that sampled it returned inconsistent data."
-                )
-            trained = [True] * len(ids)
-            for k in ([] if train_forced_tokens else choice_forced_indices(item)):
-                if not 0 <= k < len(ids):
-                    raise InvalidDataError(f"a Choice has {len(ids)} token ids but a forced token index {k}; the "
-                                           "server that sampled it returned inconsistent data.")
-                trained[k] = False
+            logprobs, trained = _sampled(item, ids, vocab_size, train_forced_tokens)
             messages.append({"role": "assistant", "content": _SENTINEL.format(len(spliced))})
-            spliced.append((ids, logprobs if logprobs is not None else [math.nan] * len(ids), trained))
+            spliced.append((ids, logprobs, trained))
         else:
             # `traj.messages_and_choices.append(x)` skips the Trajectory's validation: an x that is no
             # message (say choice.message) would render as context and silently never train
@@ -271,6 +256,68 @@ def tokenize_conversation(
             input_ids += ids_ctx
             mask += [False] * len(ids_ctx)
             old += [math.nan] * len(ids_ctx)
+    return input_ids, mask, old
+
+
+def _sampled(choice: Choice, ids: list[int], vocab_size: int | None,
+             train_forced_tokens: bool) -> tuple[list[float], list[bool]]:
+    """(old logprobs, trained flags) of a Choice's sampled `ids`, its data checked."""
+    if vocab_size is not None and not all(0 <= t < vocab_size for t in ids):
+        bad = next(t for t in ids if not 0 <= t < vocab_size)
+        raise InvalidDataError(
+            f"a Choice has the token id {bad}, outside the model's vocabulary (0 to {vocab_size - 1}): it was "
+            "sampled by another model (a server of another base, a tokenizer with other ids), or its ids "
+            "were edited. Sample the rollouts from this model's endpoint (model.openai_client()).")
+    logprobs = choice_logprobs(choice)
+    impossible = next((x for x in logprobs or () if not (math.isnan(x) or -math.inf < x <= LOGPROB_SLACK)), None)
+    if impossible is not None:
+        raise InvalidDataError(
+            f"a Choice has the sampled-token logprob {impossible}: a log-probability is finite and at most "
+            "0, and the trainer's importance ratio is exp(its own logprob - this one). The server that "
+            "sampled it returned an impossible value, or it was edited; sample from this model's endpoint "
+            "(NaN marks a logprob as unknown: the trainer then takes its own).")
+    if logprobs is not None and len(logprobs) != len(ids):
+        raise InvalidDataError(
+            f"a Choice has {len(ids)} token ids but {len(logprobs)} logprobs; they must pair up "
+            "one to one. The server that sampled it returned inconsistent data."
+        )
+    trained = [True] * len(ids)
+    for k in ([] if train_forced_tokens else choice_forced_indices(choice)):
+        if not 0 <= k < len(ids):
+            raise InvalidDataError(f"a Choice has {len(ids)} token ids but a forced token index {k}; the "
+                                   "server that sampled it returned inconsistent data.")
+        trained[k] = False
+    return (logprobs if logprobs is not None else [math.nan] * len(ids)), trained
+
+
+def _tokenize_completions(items: Sequence[Any], *, train_forced_tokens: bool,
+                          vocab_size: int | None) -> tuple[list[int], list[bool], list[float]]:
+    """A conversation of text completions as its token ids alone (module doc)."""
+    input_ids: list[int] = []
+    mask: list[bool] = []
+    old: list[float] = []
+    for item in items:
+        if not isinstance(item, Choice):
+            continue  # the prompt's text, for reading
+        prompt = choice_prompt_token_ids(item)
+        ids = choice_token_ids(item)
+        if prompt is None or not ids:
+            raise InvalidDataError(
+                "a conversation of text completions holds a Choice without prompt_token_ids or token_ids: every "
+                "turn of it must be a completion as the server returned it (its prompt's ids and its sampled ids)")
+        if prompt[:len(input_ids)] != input_ids:
+            raise InvalidDataError(
+                f"a text completion's prompt ({len(prompt)} token ids) does not start with the {len(input_ids)} "
+                "ids of the completions before it in its conversation, so it does not continue them; keep each "
+                "completion that starts afresh as its own history")
+        context = prompt[len(input_ids):]
+        if vocab_size is not None and not all(0 <= t < vocab_size for t in context):
+            raise InvalidDataError(f"a text completion's prompt_token_ids hold ids outside the model's vocabulary "
+                                   f"(0 to {vocab_size - 1}): it was sampled by another model")
+        logprobs, trained = _sampled(item, ids, vocab_size, train_forced_tokens)
+        input_ids += context + ids
+        mask += [False] * len(context) + trained
+        old += [math.nan] * len(context) + [float(x) for x in logprobs]
     return input_ids, mask, old
 
 

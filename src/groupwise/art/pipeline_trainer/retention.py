@@ -9,6 +9,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from groupwise.backend.base import BEST_CHECKPOINT_METRIC
+from groupwise.config import CheckpointRetention
 from groupwise.errors import ConfigError
 
 __all__ = ["CHECKPOINT_CREATED_AT_METRIC", "CHECKPOINT_EVAL_COMPLETED_METRIC", "CHECKPOINT_SAVED_METRIC",
@@ -43,20 +44,13 @@ class CheckpointRetentionContext(BaseModel):
 CheckpointRetentionStrategy = Callable[[CheckpointRetentionContext], Iterable[int]]
 
 
-def keep_recent_and_top(*, recent: int = 5, top: int = 2, metric: str = BEST_CHECKPOINT_METRIC) -> CheckpointRetentionStrategy:
+def keep_recent_and_top(*, recent: int = 5, top: int = 2, metric: str = BEST_CHECKPOINT_METRIC) -> CheckpointRetention:
     """Keep the `recent` newest checkpoints and the `top` best by `metric` (a history metric such as
-    ``val/reward``, higher is better; ties go to the later step)."""
+    ``val/reward``, higher is better; ties go to the later step): a `gw.CheckpointRetention`, which
+    `PipelineTrainer` hands the backend (each prune logged in the history) and which, called with a
+    `CheckpointRetentionContext` as ART's strategies are, returns the steps it keeps."""
     problems = [f"{name}={value!r} must be an integer >= 0" for name, value in (("recent", recent), ("top", top))
                 if not isinstance(value, int) or isinstance(value, bool) or value < 0]
     if problems:
         raise ConfigError(problems, what="keep_recent_and_top")
-
-    def strategy(context: CheckpointRetentionContext) -> set[int]:
-        by_step = sorted(context.checkpoints, key=lambda c: c.step)
-        keep = {c.step for c in by_step[len(by_step) - recent:]} if recent else set()
-        ranked = sorted((c for c in by_step if metric in c.metrics), key=lambda c: (c.metrics[metric], c.step),
-                        reverse=True)
-        keep.update(c.step for c in ranked[:top])
-        return keep
-
-    return strategy
+    return CheckpointRetention(keep_recent=recent, keep_top=top, metric=metric)

@@ -25,8 +25,11 @@ Where it differs from ART, on purpose:
   file written beside it, which a kill -9 can leave out of step); scenarios in flight at the crash are
   skipped, as in ART.
 - Retention: the backend keeps the latest and the best checkpoint, and this trainer holds the policies
-  that rollouts in flight and scheduled evaluations sample from (`Backend.hold_steps`); a
-  `checkpoint_retention_strategy` decides among the others (those it keeps are held too).
+  that rollouts in flight and scheduled evaluations sample from (`Backend.hold_steps`).
+  `keep_recent_and_top(recent=, top=, metric=)` is a `gw.CheckpointRetention` the backend applies after
+  every step (`Backend.set_retention`), each prune logged in the history (split ``retention``); a
+  strategy of the caller's own decides among the others every `checkpoint_retention_interval` steps
+  (those it keeps are held too, and so stay served).
 - A zero-variance collapse (more than `discard_queue_multiplier` x `min_batch_size` groups without a
   learning signal, ART's failsafe) raises `NotTrainableError` instead of stopping quietly; a group whose
   every rollout raised fails the run, as in ART.
@@ -45,7 +48,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
-from groupwise.config import TRAIN_LEARNING_RATE_DEFAULT, TrainConfig
+from groupwise.config import TRAIN_LEARNING_RATE_DEFAULT, CheckpointRetention, TrainConfig
 from groupwise.errors import ConfigError, GroupwiseError, NotTrainableError, warn_ignored
 from groupwise.core.learning_signal import tied
 from groupwise.art.pipeline_trainer.retention import (
@@ -160,6 +163,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         """Run the pipeline until `max_steps` steps were trained, the scenarios ran out or a stop was
         requested (`request_stop`, or SIGINT / SIGTERM with `handle_signals`)."""
         start = await self.model.get_step()
+        if isinstance(self.retention, CheckpointRetention):  # the backend applies it after every step
+            await self.backend.set_retention(self.model, self.retention)
         saved = (await self.backend.checkpoint_cursor(self.model)).get(CURSOR_KEY, {}) if self.resume and start else {}
         for _ in range(int(saved.get("scenario_offset", 0))):  # the scenarios the trained steps used
             if await anext(self._iterator, None) is None:
@@ -348,7 +353,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         next steps' rollouts may start from), plus those the retention strategy keeps."""
         hold = {v for v, n in self._leases.items() if n > 0}
         hold |= set(range(max(0, step - self.max_steps_off_policy), step + 1))
-        if self.retention is not None and step % self.retention_interval == 0:
+        if callable(self.retention) and not isinstance(self.retention, CheckpointRetention) and (
+                step % self.retention_interval == 0):  # a strategy of the caller's own: what it keeps is held
             eligible = [c for c in self._checkpoints() if c.step not in hold]
             hold |= set(self.retention(CheckpointRetentionContext(current_step=step, checkpoints=eligible)))
         await self.backend.hold_steps(self.model, sorted(hold))
