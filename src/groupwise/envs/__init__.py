@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from groupwise.envs import email_search, game_2048, math, tictactoe, titles
+from groupwise.envs.openenv_hub import from_openenv
+from groupwise.envs.verifiers_hub import from_verifiers, load_verifiers_environment
 from groupwise.errors import UnknownKeyError
 from groupwise.core.trajectory import Trajectory
 
@@ -121,12 +123,21 @@ ENVS: dict[str, EnvSpec] = {
 }
 
 
+# An env from a hub, by name: ``verifiers:<module or installed env id>`` (`verifiers_hub`).
+HUB_PREFIXES = ("verifiers:",)
+
+
 def get_env(name: str) -> EnvSpec:
-    """The EnvSpec called `name`; a KeyError that lists the known names otherwise."""
+    """The EnvSpec called `name`: a built-in env, or ``verifiers:<module>`` (the verifiers environment that
+    module's ``load_environment()`` returns); a KeyError that lists the known names otherwise."""
+    if name.startswith("verifiers:") and name.partition(":")[2]:
+        return from_verifiers(load_verifiers_environment(name.partition(":")[2]), name=name)
     try:
         return ENVS[name]
     except KeyError:
-        raise UnknownKeyError(f"no environment {name!r}; the built-in ones are {sorted(ENVS)}") from None
+        raise UnknownKeyError(f"no environment {name!r}; the built-in ones are {sorted(ENVS)}, or "
+                              "verifiers:<module> for a verifiers environment") from None
 
 
-__all__ = ["ENVS", "EnvSpec", "RewardKind", "get_env"]
+__all__ = ["ENVS", "HUB_PREFIXES", "EnvSpec", "RewardKind", "from_openenv", "from_verifiers", "get_env",
+           "load_verifiers_environment"]
