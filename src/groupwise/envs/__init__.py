@@ -131,7 +131,9 @@ def get_env(name: str) -> EnvSpec:
     """The EnvSpec called `name`: a built-in env, or ``verifiers:<module>`` (the verifiers environment that
     module's ``load_environment()`` returns); a KeyError that lists the known names otherwise."""
     if name.startswith("verifiers:") and name.partition(":")[2]:
-        return from_verifiers(load_verifiers_environment(name.partition(":")[2]), name=name)
+        module = name.partition(":")[2]
+        # the spec's name names the runs' folders: no colon in it
+        return from_verifiers(load_verifiers_environment(module), name=f"verifiers-{module}")
     try:
         return ENVS[name]
     except KeyError:

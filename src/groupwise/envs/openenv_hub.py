@@ -207,7 +207,7 @@ def from_openenv(
         rollout=rollout,
         scenarios=scenarios,
         validate=lambda trajectory: trajectory.reward,
-        val_metric="reward",
+        val_metric="episode_return",  # the validation episodes' mean reward ("reward" names a history field)
         reward="verifiable",
     )
 

@@ -262,8 +262,9 @@ def from_verifiers(
         train_rows, eval_rows = train_rows[: len(train_rows) - held], train_rows[len(train_rows) - held:]
     elif not train_rows:
         raise EnvError("the verifiers env has only an eval dataset; training needs its dataset")
-    val_rows = eval_rows[:val_size]
-    test_rows = eval_rows[val_size: val_size + test_size]
+    # a small held-out set is shared between validation and test rather than leaving test empty
+    n_val = min(val_size, len(eval_rows) - min(test_size, len(eval_rows) // 2))
+    val_rows, test_rows = eval_rows[:n_val], eval_rows[n_val: n_val + test_size]
 
     def scenarios(seed: int, **overrides: Any) -> tuple[list[Any], list[Any], list[Any]]:
         def make(rows: Sequence[dict[str, Any]], split: str) -> list[VerifiersScenario]:
@@ -281,7 +282,7 @@ def from_verifiers(
         rollout=make_rollout(env, sampling_args=sampling_args),
         scenarios=scenarios,
         validate=lambda trajectory: trajectory.reward,
-        val_metric="reward",
+        val_metric="rubric_reward",  # the validation rows' mean rubric reward ("reward" names a history field)
         reward="verifiable",
     )
 

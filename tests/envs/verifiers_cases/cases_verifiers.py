@@ -29,7 +29,7 @@ def test_this_runs_on_the_openai_2_sdk_that_verifiers_pins():
 PROBLEMS = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(1, 5) for b in range(1, 5)]
 
 
-def load_math_environment() -> vf.Environment:
+def load_math_environment(**env_args) -> vf.Environment:
     """A single-turn math env as verifiers' examples write one: an XML parser, a rubric of a correctness
     reward, the parser's format reward and a length penalty, with weights."""
     parser = vf.XMLParser(["reasoning", "answer"], answer_field="answer")
@@ -48,8 +48,13 @@ def load_math_environment() -> vf.Environment:
         system_prompt=f"Think step by step, then answer. Respond in the format:\n{parser.get_format_str()}",
         few_shot=[{"role": "user", "content": "What is 2 + 2?"},
                   {"role": "assistant", "content": "<reasoning>2 and 2 make 4</reasoning>\n<answer>4</answer>"}],
-        parser=parser, rubric=rubric,
+        parser=parser, rubric=rubric, **env_args,
     )
+
+
+def load_environment(**kwargs) -> vf.Environment:
+    """What `groupwise train verifiers:cases_verifiers` loads, as a verifiers env module exposes it."""
+    return load_math_environment(sampling_args={"max_tokens": 6})
 
 
 def add(a: int, b: int) -> int:
@@ -164,3 +169,17 @@ async def test_a_judge_rubric_is_pointed_at_the_judge_groupwise_resolves(tiny_mo
     assert trajectory.metrics["judged"] in (0.0, 1.0)
     with pytest.raises(gw.errors.EnvError, match="no JudgeRubric"):
         gw.envs.from_verifiers(load_math_environment(), judge="judged@0", judge_client=object())
+
+
+def test_groupwise_train_runs_a_verifiers_env_named_by_its_module(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    from groupwise.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(["train", "verifiers:cases_verifiers", "--model", tiny_model_dir, "--steps", "1", "--path", "runs",
+                 "--device", "cpu", "--rollouts-per-group", "2", "--groups-per-step", "2"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "env=verifiers-cases_verifiers" in out and "train/val/test=8/4/4" in out
+    assert "[groupwise train] step 1/1 · reward" in out
+    run = tmp_path / "runs" / "verifiers-cases_verifiers" / "models" / "verifiers-cases_verifiers-s0"
+    assert (run / "summary.json").exists()
