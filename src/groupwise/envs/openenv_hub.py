@@ -32,6 +32,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from groupwise.core.trajectory import Trajectory
+from groupwise.envs.spec import EnvSpec
 from groupwise.envs._chat import Sampling, choice_text, complete, split_seeds, turn_sampling
 from groupwise.errors import ArgumentTypeError, EnvError
 
@@ -138,8 +139,6 @@ def from_openenv(
         max_tokens: the most tokens per reply (a scenario setting; ``scenarios(seed, max_tokens=...)`` too).
         n_train, n_val, n_test: how many reset seeds each split has.
     """
-    from groupwise.envs import EnvSpec
-
     if max_turns < 1:
         raise ArgumentTypeError(f"max_turns={max_turns} must be at least 1")
     if reward not in ("sum", "last"):

@@ -32,6 +32,7 @@ from pydantic import Field
 
 from groupwise.core.choices import wants_compact_token_data
 from groupwise.core.trajectory import History, Trajectory
+from groupwise.envs.spec import EnvSpec
 from groupwise.envs._chat import Sampling, inference_name
 from groupwise.errors import ArgumentTypeError, EnvError, MissingDependencyError
 
@@ -235,8 +236,6 @@ def from_verifiers(
         val_size, test_size: how many validation and test rows (from the eval dataset when the env has one).
         sampling_args: more request settings for every model turn (the env's own ``sampling_args`` first).
     """
-    from groupwise.envs import EnvSpec
-
     vf = _import_verifiers()
     if not hasattr(env, "rollout") or not hasattr(env, "rubric") or not hasattr(vf, "OpenAIChatCompletionsClient"):
         raise ArgumentTypeError(f"gw.envs.from_verifiers takes a verifiers Environment of {SUPPORTED}; got "
