@@ -26,6 +26,8 @@ import pytest
 REQUIREMENTS = ["verifiers==0.3.1", "openai>=2.54,<3"]
 REPO = Path(__file__).resolve().parents[2]
 CASES = Path(__file__).parent / "verifiers_cases"
+PROBE = ("import openai, verifiers as vf; assert openai.__version__.startswith('2.'); "
+         "vf.SingleTurnEnv, vf.ToolEnv, vf.JudgeRubric, vf.OpenAIChatCompletionsClient")
 UNREACHABLE = re.compile(r"Failed to establish a new connection|Temporary failure in name resolution|"
                          r"Network is unreachable|Connection refused|ConnectTimeoutError|ReadTimeoutError|"
                          r"No matching distribution found for verifiers")
@@ -49,7 +51,10 @@ def _verifiers_python() -> Path:
     lines = "".join(f"import site; site.addsitedir({p!r})\n" for p in site.getsitepackages())
     (own / "zz_groupwise_test_venv.pth").write_text(lines)
     marker = own / "groupwise-test-requirements.txt"
-    if not marker.exists() or marker.read_text() != "\n".join(REQUIREMENTS):
+    # the cached install was resolved against the test venv of its day: a probe that fails (a package the
+    # venv had then and lacks now) installs again, which pip fills in from what is missing
+    probe = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True)
+    if probe.returncode != 0 or not marker.exists() or marker.read_text() != "\n".join(REQUIREMENTS):
         done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
                                "--disable-pip-version-check", *REQUIREMENTS], capture_output=True, text=True)
         if done.returncode != 0:

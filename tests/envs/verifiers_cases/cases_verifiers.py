@@ -96,8 +96,8 @@ async def _fit(model_dir, tmp_path, spec, name, max_tokens):
     backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
     await model.register(backend)
     train, val, _ = spec.scenarios(0, max_tokens=max_tokens)
-    config = gw.LoopConfig(rollouts_per_group=3, groups_per_step=2, max_steps=2, eval_every=100, patience=10,
-                           resample_no_signal=1)
+    config = gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, max_steps=2, eval_every=100, patience=10,
+                           resample_no_signal=0)
     try:
         trajectory = await spec.rollout(model, val[0].model_copy(update={"temperature": 0.0}))
         summary = await gw.fit(model, spec.rollout, train, config=config)
