@@ -144,7 +144,9 @@ def from_openenv(
     if reward not in ("sum", "last"):
         raise ArgumentTypeError(f"reward={reward!r} must be 'sum' or 'last'")
     open_session, lock = _session_opener(client, base_url)
-    client_cls = client if isinstance(client, type) else type(client) if lock is not None else None
+    # the client's class declares the Action type; a factory's clients are built without connecting, so one
+    # built here shows it
+    client_cls = client if isinstance(client, type) else type(client) if lock is not None else type(open_session())
     if action is None:
         declared = _type_args(client_cls) if client_cls is not None else ()
         if not declared:

@@ -68,6 +68,9 @@ def load_verifiers_environment(name: str, **env_args: Any) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name != module_name:
             raise
+        if not hasattr(vf, "load_environment"):
+            raise ArgumentTypeError(f"no module {module_name!r} on the path, and verifiers "
+                                    f"{getattr(vf, '__version__', '?')} has no load_environment: {SUPPORTED}")
         return vf.load_environment(name, **env_args)
     load = getattr(module, "load_environment", None)
     if not callable(load):
@@ -204,7 +207,7 @@ def make_rollout(env: Any, *, sampling_args: dict[str, Any] | None = None) -> An
             if number is not None:
                 metrics[name] = number
         metrics["turns"] = float(len(calls))
-        metrics["truncated"] = float(bool(state.get("is_truncated")))
+        metrics["truncated"] = float(bool(state.get("is_truncated") or state.get("timed_out")))
         reward = _number(state.get("reward"))
         return Trajectory(messages_and_choices=first.messages_and_choices, tools=first.tools,
                           additional_histories=more, reward=reward if reward is not None else 0.0, metrics=metrics,

@@ -89,6 +89,58 @@ def load_tool_environment() -> vf.Environment:
     )
 
 
+class GuessEnv(vf.MultiTurnEnv):
+    """A multi-turn env of its own protocol: the env answers each guess until it is right or max_turns."""
+
+    async def env_response(self, messages, state, **kwargs):
+        guess = (messages[-1]["content"] or "").strip()
+        return [{"role": "user", "content": "Right." if guess == state["answer"] else f"Not {guess[:10]!r}; again."}]
+
+
+class ForgetfulGuessEnv(GuessEnv):
+    """The same game, but each turn's request holds only the system prompt and the latest feedback (an env
+    that rewrites its context, as summarising or windowing envs do)."""
+
+    async def get_prompt_messages(self, state):
+        messages = await super().get_prompt_messages(state)
+        return [messages[0], messages[-1]] if state["trajectory"] else messages
+
+
+def guess_rubric():
+    def length_reward(completion, **kwargs) -> float:
+        return 1.0 / (1.0 + sum(len(str(m["content"] or "")) for m in completion if m["role"] == "assistant"))
+
+    return vf.Rubric(funcs=[length_reward])
+
+
+async def test_a_multi_turn_env_runs_its_own_turns_and_a_rewritten_context_is_its_own_history(tiny_model_dir, tmp_path):
+    dataset = Dataset.from_list(PROBLEMS)
+    model = gw.TrainableModel(name="guess", project="vf", base_model=tiny_model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    await model.register(backend)
+    try:
+        linear = gw.envs.from_verifiers(GuessEnv(dataset=dataset, system_prompt="Guess.", max_turns=3,
+                                                 rubric=guess_rubric()), max_tokens=4)
+        scenario = linear.scenarios(0)[1][0]
+        kept = await linear.rollout(model, scenario)
+        forgetful = gw.envs.from_verifiers(ForgetfulGuessEnv(dataset=dataset, system_prompt="Guess.", max_turns=3,
+                                                             rubric=guess_rubric()), max_tokens=4)
+        rewritten = await forgetful.rollout(model, scenario)
+    finally:
+        await backend.close()
+    # the tiny model never says the sum: three turns, each answered by the env's own feedback
+    assert [m["role"] for m in kept.messages()] == ["system", "user", "assistant", "user", "assistant", "user",
+                                                    "assistant"]
+    assert kept.messages()[3]["content"].startswith("Not ") and not kept.additional_histories
+    assert kept.metrics["turns"] == 3 and kept.reward == pytest.approx(kept.metrics["length_reward"])
+    # a request that does not continue the previous one starts a history of its own: each holds exactly the
+    # context its Choice was sampled in
+    assert len(rewritten.additional_histories) == 2
+    for history in rewritten.additional_histories:
+        assert [m["role"] for m in history.messages()] == ["system", "user", "assistant"]
+        assert history.messages()[1]["content"].startswith("Not ")
+
+
 async def _fit(model_dir, tmp_path, spec, name, max_tokens):
     """One greedy rollout of the untrained model on a validation row (what the env did, deterministic), then
     two GRPO steps of gw.fit on the training rows; the history's train rows and that trajectory."""
