@@ -47,8 +47,12 @@ def server_url():
             time.sleep(0.2)
         yield url
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        process.terminate()  # uvicorn waits for open sessions to close: a failed test may leave some
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _vowel(scenario) -> str:
@@ -131,6 +135,8 @@ def test_an_action_without_one_text_field_asks_for_action_and_a_sync_client_is_r
         gw.envs.from_openenv(PairEnv, base_url=server_url)
     spec = gw.envs.from_openenv(PairEnv, base_url=server_url, action=lambda text: Pair(message=text, other=""))
     assert spec.name == "openenv:PairEnv"
+    factory = gw.envs.from_openenv(lambda: VowelEnv(base_url=server_url))  # its clients' class names the Action
+    assert factory.name == "openenv:VowelEnv"
     with pytest.raises(gw.errors.ArgumentTypeError, match="needs base_url="):
         gw.envs.from_openenv(VowelEnv)
     with pytest.raises(gw.errors.ArgumentTypeError, match="async EnvClient"):

@@ -106,6 +106,18 @@ def _session_opener(client: Any, base_url: str | None) -> tuple[Callable[[], Any
                             f"returning a client, or a client; got {type(client).__name__}")
 
 
+async def _connect(env: Any) -> None:
+    """Open `env`'s session, without the client's keepalive deadline. The session sits idle while the model
+    writes each reply, in the process that serves and trains the model: on a loaded machine its event loop
+    can answer a keepalive ping later than websockets' 20 s, and the client would then close a healthy
+    session mid-episode (1011 keepalive ping timeout). Pings are still sent; a dead server still fails the
+    next reset or step. OpenEnv's client exposes no setting for it, so it is set on its connection."""
+    await env.connect()
+    connection = getattr(env, "_ws", None)
+    if connection is not None and hasattr(connection, "ping_timeout"):
+        connection.ping_timeout = None
+
+
 def _number(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) else 0.0
 
@@ -183,11 +195,11 @@ def from_openenv(
         if lock is not None:
             async with lock:
                 env = open_session()
-                await env.connect()
+                await _connect(env)
                 return await episode(env, model, scenario)
         env = open_session()
         try:
-            await env.connect()
+            await _connect(env)
         except Exception as exc:
             raise EnvError(f"could not open a session on the OpenEnv server ({exc}); is it running, and does its "
                            "create_app(..., max_concurrent_envs=N) allow a group's episodes at once?") from exc
