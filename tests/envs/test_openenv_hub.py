@@ -25,13 +25,14 @@ from openenv_vowels.models import vowel_share  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def server_url():
+def server_url(tmp_path_factory):
+    log = tmp_path_factory.mktemp("openenv") / "server.log"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     process = subprocess.Popen([sys.executable, "-m", "uvicorn", "openenv_vowels.server.app:app", "--host", "127.0.0.1",
                                 "--port", str(port), "--app-dir", str(Path(__file__).parent)],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                               stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -43,7 +44,7 @@ def server_url():
                 pass
             if process.poll() is not None or time.monotonic() > deadline:
                 process.kill()
-                raise AssertionError(f"the OpenEnv server did not start:\n{process.stdout.read().decode()[-3000:]}")
+                raise AssertionError(f"the OpenEnv server did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.2)
         yield url
     finally:

@@ -37,6 +37,7 @@ from groupwise.envs._chat import Sampling, choice_text, complete, split_seeds, t
 from groupwise.errors import ArgumentTypeError, EnvError
 
 DEFAULT_SYSTEM_PROMPT = "You are an agent acting in an environment. Each message is what you observe; reply with your action."
+CONNECT_TIMEOUT_S = 60.0  # seconds an episode waits to open its session (OpenEnv's client: 10)
 _BASE_OBSERVATION_FIELDS = {"done", "reward", "metadata"}
 
 
@@ -94,7 +95,9 @@ def _session_opener(client: Any, base_url: str | None) -> tuple[Callable[[], Any
             raise ArgumentTypeError(f"gw.envs.from_openenv({client.__name__}) needs base_url= (the server's "
                                     "http://host:port), or pass a factory: lambda: "
                                     f"{client.__name__}(base_url=...)")
-        return (lambda: client(base_url=base_url)), None
+        # The client's own connect timeout (10 s) is shorter than the stalls of a process that also serves and
+        # trains the model on a loaded machine; its constructor takes a longer one.
+        return (lambda: client(base_url=base_url, connect_timeout_s=CONNECT_TIMEOUT_S)), None
     if hasattr(client, "reset") and hasattr(client, "step"):
         if not inspect.iscoroutinefunction(client.reset):
             raise ArgumentTypeError("gw.envs.from_openenv takes OpenEnv's async EnvClient (not its .sync() "
