@@ -17,7 +17,7 @@ NOTES = {
     "README.md": "the front door: what groupwise is, the two commands, an example, results",
     "bench/data/2048_val_labels.jsonl": "2048 validation games of base SmolLM2 labelled by the env's reward (bench/judge_eval_2048.py)",
     "tests/art_compat/art_api_snapshot.json": "facts about ART 0.1-0.5's public API, from its wheels (scripts/art_api_snapshot.py)",
-    "pyproject.toml": "package, extras (backend, plots, benchmarking, dashboard, ray, vllm, wandb, langgraph, mcp, tensorboard, dev, all), pytest settings",
+    "pyproject.toml": "package, extras (backend, plots, benchmarking, dashboard, ray, vllm, wandb, langgraph, mcp, tensorboard, verifiers, openenv, dev, all), pytest settings",
     "src/groupwise/dashboard/static/index.html": "the dashboard's page: tabs for runs, curves, rollouts, compare",
     "src/groupwise/dashboard/static/app.js": "the dashboard's script: polls the API every 2 s, draws the charts with uPlot",
     "src/groupwise/dashboard/static/style.css": "the dashboard's styles (token colours: trained, grammar-forced, masked)",

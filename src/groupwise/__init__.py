@@ -130,13 +130,17 @@ _EXPORTS: dict[str, str] = {
 
 # ART's subpackages, reachable as attributes (`art.dev.InternalModelConfig`, `art.rewards.ruler`).
 _SUBPACKAGES = ("dev", "local", "rewards", "serverless", "utils")
+# groupwise's own subpackages reachable as attributes: `gw.envs.from_verifiers(env)`, `gw.envs.get_env("2048")`.
+_OWN_SUBPACKAGES = ("envs",)
 
-__all__ = sorted([*_EXPORTS, *_SUBPACKAGES]) + ["__version__"]
+__all__ = sorted([*_EXPORTS, *_SUBPACKAGES, *_OWN_SUBPACKAGES]) + ["__version__"]
 
 
 def __getattr__(name: str) -> Any:
     if name in _SUBPACKAGES:
         return importlib.import_module(f"groupwise.art.{name}")
+    if name in _OWN_SUBPACKAGES:
+        return importlib.import_module(f"groupwise.{name}")
     module = _EXPORTS.get(name)
     if module is None and name in _moved_modules():  # `gw.types`, `gw.store`: a module at its old path
         return importlib.import_module(f"groupwise.{name}")

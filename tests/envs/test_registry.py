@@ -3,6 +3,7 @@ the envs pulls in no torch (the client side stays light)."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -43,3 +44,23 @@ def test_splits_disjoint_and_seed_independent(name):
 def test_importing_envs_does_not_import_torch():
     code = "import sys, groupwise.envs; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_hub_env_is_named_by_its_prefix_and_trains_on_the_hub_preset():
+    # `groupwise train verifiers:<module>`: the name passes the job's check and takes the hub preset; the
+    # test venv has no verifiers (tests/envs/test_verifiers_hub.py runs it in its own env), so loading one
+    # says which extra to install.
+    from groupwise.errors import MissingDependencyError
+    from groupwise.errors import ConfigError
+    from groupwise.jobs.train import HUB_PRESET, TrainJob
+
+    for name in ("verifiers:", "chess"):  # no module named, no such env: the message names the hub form
+        with pytest.raises(ConfigError, match="or verifiers:<module>"):
+            TrainJob(name)
+    job = TrainJob("verifiers:my_env", steps=3)
+    assert job.preset() == dataclasses.replace(HUB_PRESET, steps=3) and job.project_of() == "verifiers-my_env"
+    try:
+        import verifiers  # noqa: F401
+    except ImportError:
+        with pytest.raises(MissingDependencyError, match=r"groupwise\[verifiers\]"):
+            get_env("verifiers:my_env")

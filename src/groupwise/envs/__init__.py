@@ -20,37 +20,12 @@ This module imports no torch (only pydantic and the stdlib, through the env modu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Literal
 
 from groupwise.envs import email_search, game_2048, math, tictactoe, titles
+from groupwise.envs.openenv_hub import from_openenv
+from groupwise.envs.spec import EnvSpec, RewardKind
+from groupwise.envs.verifiers_hub import from_verifiers, load_verifiers_environment
 from groupwise.errors import UnknownKeyError
-from groupwise.core.trajectory import Trajectory
-
-RewardKind = Literal["verifiable", "judge", "hybrid"]
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """One environment as the training loop sees it."""
-
-    name: str
-    description: str
-    rollout: Callable[[Any, Any], Awaitable[Trajectory]]
-    # scenarios(seed, **overrides) -> (train, val, test). Val/test do not depend on the seed (the same
-    # held-out set for every run); overrides (e.g. max_tokens=8, temperature=0.7) apply to every scenario.
-    scenarios: Callable[..., tuple[list[Any], list[Any], list[Any]]]
-    # validate(trajectory) -> float, higher is better, averaged over the val split; None for judge-only envs.
-    validate: Callable[[Trajectory], float | None]
-    val_metric: str | None  # what validate measures, for tables and plots
-    reward: RewardKind  # verifiable: rollout sets the reward; judge: RULER sets it; hybrid: both
-    rubric: str | None = None  # for the judge (judge and hybrid envs); None means the judge's default
-    gate_metric: str | None = None  # hybrid: metric (0/1) a judged reward may be gated by
-    # demonstrate(scenario) -> Trajectory: a scripted policy that knows the ground truth, whose
-    # trajectories are the demonstrations of a supervised warm start (`groupwise train <env> --sft N`).
-    demonstrate: Callable[[Any], Trajectory] | None = None
-
 
 _TICTACTOE = EnvSpec(
     name="tictactoe",
@@ -121,12 +96,23 @@ ENVS: dict[str, EnvSpec] = {
 }
 
 
+# An env from a hub, by name: ``verifiers:<module or installed env id>`` (`verifiers_hub`).
+HUB_PREFIXES = ("verifiers:",)
+
+
 def get_env(name: str) -> EnvSpec:
-    """The EnvSpec called `name`; a KeyError that lists the known names otherwise."""
+    """The EnvSpec called `name`: a built-in env, or ``verifiers:<module>`` (the verifiers environment that
+    module's ``load_environment()`` returns); a KeyError that lists the known names otherwise."""
+    if name.startswith("verifiers:") and name.partition(":")[2]:
+        module = name.partition(":")[2]
+        # the spec's name names the runs' folders: no colon in it
+        return from_verifiers(load_verifiers_environment(module), name=f"verifiers-{module}")
     try:
         return ENVS[name]
     except KeyError:
-        raise UnknownKeyError(f"no environment {name!r}; the built-in ones are {sorted(ENVS)}") from None
+        raise UnknownKeyError(f"no environment {name!r}; the built-in ones are {sorted(ENVS)}, or "
+                              "verifiers:<module> for a verifiers environment") from None
 
 
-__all__ = ["ENVS", "EnvSpec", "RewardKind", "get_env"]
+__all__ = ["ENVS", "HUB_PREFIXES", "EnvSpec", "RewardKind", "from_openenv", "from_verifiers", "get_env",
+           "load_verifiers_environment"]

@@ -83,14 +83,24 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+# An env from a hub (`groupwise train verifiers:<module>`) brings no preset of its own and none was measured
+# for it: a start sized like math's (a dataset of short answers), to be set with the flags.
+HUB_PRESET = Preset(steps=10, rollouts_per_group=8, groups_per_step=4, learning_rate=5e-4)
+
+
 def _presets_of(key: str) -> str:
     """Each env's preset value of `key`, for a flag's help: the preset is the default."""
     return ", ".join(f"{env} {getattr(p, key):g}" for env, p in PRESETS.items())
 
 
 def _env_problem(name: Any) -> str | None:
-    """A built-in env (each has a preset: tests/jobs checks the two registries list the same names)."""
-    return None if name in PRESETS else f"no environment {name!r}; the built-in ones are {sorted(PRESETS)}"
+    """A built-in env (each has a preset: tests/jobs checks the two registries list the same names), or a hub's
+    env by name (``verifiers:<module>``, `groupwise.envs.HUB_PREFIXES`)."""
+    from groupwise.envs import HUB_PREFIXES
+
+    if name in PRESETS or (isinstance(name, str) and name.startswith(HUB_PREFIXES) and name.partition(":")[2]):
+        return None
+    return f"no environment {name!r}; the built-in ones are {sorted(PRESETS)}, or verifiers:<module>"
 
 
 def _judge_problem(judge: str) -> str | None:
@@ -109,7 +119,8 @@ def _judge_problem(judge: str) -> str | None:
 
 @dataclass
 class TrainJob(Job):
-    env: str = arg(positional=True, check=_env_problem, help=f"the environment: {', '.join(PRESETS)}")
+    env: str = arg(positional=True, check=_env_problem, help=f"the environment: {', '.join(PRESETS)}, or verifiers:<module> (a "
+                                                                    "verifiers environment: its load_environment())")
     model: str = model_field()
     judge: list[str] | None = arg(None, repeat=True,
                                   help="RULER judge, e.g. local/smollm2-135m or openai/o4-mini; repeat it with "
@@ -211,7 +222,7 @@ class TrainJob(Job):
 
     def project_of(self) -> str:
         """The project of the job's runs: the one given, else the env's name."""
-        return self.project or self.env
+        return self.project or self.env.replace(":", "-")  # a folder name: verifiers:m -> verifiers-m
 
     def preset(self, learning_rate: float | None = None) -> Preset:
         """The env's preset, with the values this job sets in place of its own (`learning_rate`: a run's, else
@@ -219,7 +230,7 @@ class TrainJob(Job):
         # every preset field the job has a flag of the same name for (None: not given), and the rate
         given = {f.name: getattr(self, f.name, None) for f in dataclasses.fields(Preset)}
         given["learning_rate"] = learning_rate if learning_rate is not None else (self.lr or [None])[0]
-        return dataclasses.replace(PRESETS[self.env], **{k: v for k, v in given.items() if v is not None})
+        return dataclasses.replace(PRESETS.get(self.env, HUB_PRESET), **{k: v for k, v in given.items() if v is not None})
 
 
 async def _select_judge(spec: EnvSpec, judges: list[str], labels: str, model: Any, base_model: str,

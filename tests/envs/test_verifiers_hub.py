@@ -1,0 +1,76 @@
+"""gw.envs.from_verifiers with the real verifiers package, on the openai 2.x SDK it pins.
+
+verifiers cannot join the test venv: its latest release pins openai < 3 (the venv has 3.x) and 0.3 pins
+mcp < 2. So this test builds an environment of its own once (cached): a venv without pip whose
+site-packages holds verifiers and openai 2.x, and which then reads the test venv's site-packages (a .pth
+appends them, so torch, transformers and groupwise itself come from there, while verifiers' pins win).
+It runs `verifiers_cases/cases_verifiers.py` there, in a subprocess: the point of the test is the other
+SDK, which one process cannot hold beside the 3.x one. Building it costs about a minute of pip (280 MB,
+mostly pyarrow for verifiers' `datasets`); set GROUPWISE_TEST_CACHE to keep it between CI runs. When PyPI
+cannot be reached the test is skipped, saying so; any other failure of pip fails it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import site
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+REQUIREMENTS = ["verifiers==0.3.1", "openai>=2.54,<3"]
+REPO = Path(__file__).resolve().parents[2]
+CASES = Path(__file__).parent / "verifiers_cases"
+PROBE = ("import openai, verifiers as vf; assert openai.__version__.startswith('2.'); "
+         "vf.SingleTurnEnv, vf.ToolEnv, vf.JudgeRubric, vf.OpenAIChatCompletionsClient")
+UNREACHABLE = re.compile(r"Failed to establish a new connection|Temporary failure in name resolution|"
+                         r"Network is unreachable|Connection refused|ConnectTimeoutError|ReadTimeoutError|"
+                         r"No matching distribution found for verifiers")
+
+
+def _env_dir() -> Path:
+    root = Path(os.environ.get("GROUPWISE_TEST_CACHE") or Path.home() / ".cache" / "groupwise-tests")
+    tag = hashlib.sha256("\n".join(REQUIREMENTS).encode()).hexdigest()[:12]
+    return root / f"verifiers-env-py{sys.version_info.major}{sys.version_info.minor}-{tag}"
+
+
+def _verifiers_python() -> Path:
+    """The cached environment's python, built when missing (module doc); skips when PyPI is unreachable."""
+    env = _env_dir()
+    python = env / "bin" / "python"
+    if not python.exists():
+        venv.EnvBuilder(with_pip=False, clear=True).create(env)
+    own = Path(subprocess.check_output([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+                                       text=True).strip())
+    # addsitedir, not a bare path: the test venv's own .pth files (an editable install) are read too
+    lines = "".join(f"import site; site.addsitedir({p!r})\n" for p in site.getsitepackages())
+    (own / "zz_groupwise_test_venv.pth").write_text(lines)
+    marker = own / "groupwise-test-requirements.txt"
+    # the cached install was resolved against the test venv of its day: a probe that fails (a package the
+    # venv had then and lacks now) installs again, which pip fills in from what is missing
+    probe = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True)
+    if probe.returncode != 0 or not marker.exists() or marker.read_text() != "\n".join(REQUIREMENTS):
+        done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                               "--disable-pip-version-check", *REQUIREMENTS], capture_output=True, text=True)
+        if done.returncode != 0:
+            if UNREACHABLE.search(done.stdout + done.stderr):
+                pytest.skip(f"PyPI unreachable, verifiers not installed: {(done.stderr or done.stdout)[-300:]}")
+            raise AssertionError(f"pip could not install {REQUIREMENTS}:\n{done.stdout}\n{done.stderr}")
+        marker.write_text("\n".join(REQUIREMENTS))
+    return python
+
+
+def test_verifiers_environments_train_under_gw_fit_on_the_openai_2_sdk(tmp_path):
+    python = _verifiers_python()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "python_files=cases_*.py",
+                           "--basetemp", str(tmp_path / "cases"), str(CASES)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
+    tail = (done.stdout + done.stderr)[-6000:]
+    assert done.returncode == 0, tail
+    assert re.search(r"\b6 passed\b", done.stdout) and "skipped" not in done.stdout, tail
