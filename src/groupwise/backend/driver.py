@@ -568,10 +568,18 @@ class WorkerBackend(Backend):
 
     async def _publish(self, run: _Run, new_step: int, metrics: dict[str, float], cursor: dict[str, Any],
                        row: dict[str, Any]) -> None:
-        """4. rank 0 saves the checkpoint with the step's history row, the row is appended, 5. every
-        rank serves its copy of the new adapter and checks it, the ranks' adapters are compared,
-        6. retention."""
-        publish = PublishCommand(run.spec.name, new_step, metrics, cursor, history=(row,))
+        """4.-6. in one `PublishCommand` per rank: rank 0 saves the checkpoint with the step's history row,
+        every rank serves its copy of the new adapter, checks it and applies the step's retention; then
+        the row is appended and the ranks' adapters are compared. With a placement the generators get the
+        same command once the trainers answered, with rank 0's checkpoint to serve.
+
+        Retention is decided here, before the checkpoint exists, from the history and the step's own row
+        (as if appended), so no rank waits for a second round trip. A rank whose own check fails raises
+        before its retention; ranks that disagree with each other (`ReplicaDivergenceError`, found once
+        they answered) have applied it, which deletes only what the next step would: the new checkpoint
+        is the latest, always kept, and the run resumes from it."""
+        retain = retain_command(run, run.spec.name, self.options, step=new_step, new_rows=(row,))
+        publish = PublishCommand(run.spec.name, new_step, metrics, cursor, history=(row,), retain=retain)
         trained = await self._send({r: publish for r in self.train_ranks})
         results: list[Published] = [trained[r] for r in self.train_ranks]
         await run.store.run_history.write(row)
@@ -583,7 +591,6 @@ class WorkerBackend(Backend):
         run.step = new_step
         run.checkpoint_path = results[0].checkpoint_path
         run.cursor = cursor
-        await self._retain(run)
 
     async def delete_checkpoints(self, model: "TrainableModel", best_checkpoint_metric: str = BEST_CHECKPOINT_METRIC) -> None:
         """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (ART's
@@ -592,7 +599,8 @@ class WorkerBackend(Backend):
         await self._call_all("prune", name=run.spec.name, **prune_args(run, best_checkpoint_metric))
 
     async def _retain(self, run: _Run) -> None:
-        """6. retention (backend/retention.py decides what stays)."""
+        """Retention between steps (`keep_best`, `hold_steps`, pins; backend/retention.py decides what
+        stays); a step's own retention travels in its `PublishCommand`."""
         await self._send({r: retain_command(run, run.spec.name, self.options) for r in range(self.world_size)})
 
     # ------------------------------------------------------------------------------ close

@@ -14,13 +14,16 @@ and the engines serve only the last `BackendOptions.served_steps` steps besides 
 It is apart from the driver (backend/driver.py) because it is one decision joined from three sources the
 train order does not otherwise meet: the history (the best by a metric), the caller (the named best, the
 held steps) and the run's own state (the KL anchor). The driver asks it after every step and on
-`keep_best`, `hold_steps` and `delete_checkpoints`, and sends the answer to the workers in one call
-(`Worker.retain`, backend/protocol.py, or `DeviceWorker.prune`: every rank unserves, rank 0 deletes), so every worker backend decides
-alike and a new reason to keep a checkpoint has one place to go.
+`keep_best`, `hold_steps` and `delete_checkpoints`, and sends the answer to the workers: after a step
+inside the step's publication (`PublishCommand.retain`, backend/protocol.py: each rank applies it once it
+serves the new adapter), between steps alone (`Worker.retain`, or `DeviceWorker.prune`); every rank
+unserves, rank 0 deletes. So every worker backend decides alike and a new reason to keep a checkpoint has
+one place to go.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from groupwise.backend.protocol import RetainCommand
@@ -40,13 +43,15 @@ class RetainedRun(Protocol):
     pinned_steps: list[int]  # pin_step(): a code block samples from them (`TrainableModel.pinned`)
 
 
-def metric_by_step(run: RetainedRun, metric: str) -> dict[int, float]:
-    """``split/key`` (e.g. "val/reward") read from the history: a val row at step k evaluates checkpoint k.
-    A metric without a split is read from each checkpoint's own metrics instead (empty here)."""
+def metric_by_step(run: RetainedRun, metric: str, new_rows: Sequence[dict[str, Any]] = ()) -> dict[int, float]:
+    """``split/key`` (e.g. "val/reward") read from the history and `new_rows` (a step's rows, not appended
+    yet): a val row at step k evaluates checkpoint k. A metric without a split is read from each
+    checkpoint's own metrics instead (empty here)."""
     by_step: dict[int, float] = {}
     split, _, key = metric.partition("/")
     if key:
-        for row in run.store.run_history.rows(split):
+        rows = [*run.store.run_history.rows(split), *(r for r in new_rows if r.get("split") == split)]
+        for row in rows:
             if isinstance(row.get(key), (int, float)):
                 by_step[int(row["step"])] = float(row[key])
     return by_step
@@ -59,14 +64,17 @@ def in_use(run: RetainedRun) -> list[int]:
             *getattr(run, "pinned_steps", ())]
 
 
-def retain_command(run: RetainedRun, run_key: str, options: "BackendOptions") -> RetainCommand:
+def retain_command(run: RetainedRun, run_key: str, options: "BackendOptions", *, step: int | None = None,
+                   new_rows: Sequence[dict[str, Any]] = ()) -> RetainCommand:
     """What every rank applies after a step, `keep_best` or `hold_steps` (`Worker.retain`): a step named
-    by `keep_best` is the best, so the history is read only when none is named."""
+    by `keep_best` is the best, so the history is read only when none is named. A step's publication asks
+    before its checkpoint exists: `step` is then the new step, and `new_rows` the history rows it appends."""
     metric = options.best_checkpoint_metric
-    by_step = metric_by_step(run, metric) if run.best_step is None and metric is not None else {}
+    by_step = metric_by_step(run, metric, new_rows) if run.best_step is None and metric is not None else {}
     keep = (run.best_step,) if run.best_step is not None else ()
-    return RetainCommand(run=run_key, step=run.step, served_steps=options.served_steps, best_metric=metric,
-                         keep=keep, metrics_by_step=by_step, maximize=True, in_use=tuple(in_use(run)))
+    return RetainCommand(run=run_key, step=run.step if step is None else step, served_steps=options.served_steps,
+                         best_metric=metric, keep=keep, metrics_by_step=by_step, maximize=True,
+                         in_use=tuple(in_use(run)))
 
 
 def prune_args(run: RetainedRun, best_checkpoint_metric: str) -> dict[str, Any]:
