@@ -4,9 +4,10 @@ The driver owns the run store (trajectories, history) and the decisions; the mod
 (backend/worker.py), one per device. Where the workers run is the subclass's business: in the driver's
 process (one device), in one process per device on this host (backend/processes.py), or as Ray actors
 on a cluster (backend/ray.py). The driver reaches them only through `_call` (a method of every rank)
-and `_endpoint` (where rollout requests go); a step's update, publication and retention cross as typed
-commands of the step protocol (backend/protocol.py: `UpdateCommand`, `PublishCommand`, `RetainCommand`,
-sent by `_send`). Runs are keyed by their `RunId` (groupwise/runs/run_id.py), never by the bare model name:
+and `_endpoint` (where rollout requests go); a step crosses as two typed commands of the step protocol
+(backend/protocol.py, sent by `_send`): `UpdateCommand`, then `PublishCommand`, which carries 4.-6.
+below to each rank in one call (its retention decided here first); `RetainCommand` changes retention
+between steps. Runs are keyed by their `RunId` (groupwise/runs/run_id.py), never by the bare model name:
 the workers and engines know a run by ``<project>/<run>``.
 
 A train step, in order (each step of the order is there for a failure seen in ART):
@@ -25,9 +26,10 @@ A train step, in order (each step of the order is there for a failure seen in AR
    `AdapterMismatchError` (ART once served a stale adapter silently); the driver checks that every
    rank holds the same adapter, bit for bit -- else `ReplicaDivergenceError`;
 6. retention: keep the latest checkpoint, the best (named by `keep_best`, else by
-   `best_checkpoint_metric`) and the KL reference of the last GRPO step (`TrainConfig.kl_reference_step`:
-   each rank loads it before the update); serve only the last `served_steps` steps (backend/retention.py
-   decides, the workers apply it).
+   `best_checkpoint_metric`, the step's own row counted) and the KL reference of the last GRPO step
+   (`TrainConfig.kl_reference_step`: each rank loads it before the update); serve only the last
+   `served_steps` steps (backend/retention.py decides, each rank applies it in the same call as 4.-5.,
+   once its own check passed).
 
 With a placement (`BackendOptions.train_workers`), steps 2-3 run on the trainer ranks only (the
 sequences are split over them), and in step 5 the trainers serve and check first; then every generator
