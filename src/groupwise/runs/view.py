@@ -1,12 +1,13 @@
 """`RunView`: one run folder, read. The history, the stored trajectories by split and step, the validation
 metric and the steps a reader names (a number, ``best``, ``latest``), answered one way for every reader.
 
-A reader of a run (`groupwise report`, `groupwise compare`, `groupwise inspect`, the dashboard, the judge's
-labelled sets read from a run) asks the same questions: which rows, which metric, which step is the best,
-which trajectories of which step. Each answered them on its own, and a run whose metric one reader found
-and another did not read as two runs. The answers live here, over the store's own readers
-(runs/store.py, runs/series.py, runs/report.py's `val_metric_name`); a view writes nothing and takes no
-lock, so it reads a run while it trains.
+A reader of a run asks the same questions: which rows, which metric, which step is the best, which
+trajectories of which step. `groupwise compare` (runs/compare.py) and the judge's labelled sets read from a
+run (judge/eval_command.py; tests/layers_check.py keeps the judge off the store's files) ask them here;
+`groupwise report`, `inspect` and the dashboard read through the same functions this view stands on
+(runs/store.py, runs/series.py, runs/report.py's `val_metric_name`, `resolve_step`), so a run's metric and
+its best step are one answer everywhere. A view writes nothing and takes no lock: it reads a run while it
+trains.
 """
 
 from __future__ import annotations
