@@ -235,6 +235,9 @@ class Rule:
 RULES = [
     Rule("groupwise.judge", ("groupwise.inference", "groupwise.backend", "groupwise.training"),
          "the judge receives a client; a local judge is built by the backend"),
+    # A run folder is read through one view (runs/view.py), so every reader names the same metric and steps.
+    Rule("groupwise.judge", ("groupwise.runs",), "the judge reads a run through the run-reading view (runs/view.py)",
+         allowed=("groupwise.runs.view",)),
     Rule("groupwise.training", ("groupwise.inference",), "training and inference are separate layers"),
     Rule("groupwise.inference", ("groupwise.training",), "training and inference are separate layers"),
     Rule("groupwise.chat", ("groupwise.inference", "groupwise.training", "groupwise.backend", "groupwise.loop"),

@@ -181,6 +181,10 @@ BREAKS = {
         {"groupwise/judge/ruler.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
          "    from groupwise.backend.local import LocalBackend\n"},
         "layers", "groupwise.judge.ruler:3 imports groupwise.backend.local"),
+    "the judge reads a run's files past the run-reading view": (
+        {"groupwise/judge/eval_command.py": "def f():\n    from groupwise.runs.store import load_trajectories\n",
+         "groupwise/runs/store.py": ""},
+        "layers", "groupwise.judge.eval_command:2 imports groupwise.runs.store"),
     "training imports inference": (
         {"groupwise/training/trainer.py": "import groupwise.inference.engine as e\n"},
         "layers", "groupwise.training.trainer:1 imports groupwise.inference.engine"),

@@ -16,8 +16,8 @@ from typing import Any
 
 from groupwise.errors import ConfigError, warn_ignored
 from groupwise.core.validated import (
-    SetValues, Validated, check_choice, check_fraction, check_number, check_positive, check_seed, fields_set, is_number,
-    option, records_set_fields, replace_set,
+    SetValues, Validated, check_choice, check_fraction, check_number, check_positive, check_seed, field_default, fields_set,
+    is_number, option, records_set_fields, replace_set,
 )
 
 
@@ -313,7 +313,7 @@ class CheckpointRetention(Validated):
 
 LOOP_ACTIONS = ("ignore", "warn", "stop_soon", "stop")
 AUDIT_MODES = ("off", "warn", "refuse")  # LoopConfig.audit
-TRAIN_LEARNING_RATE_DEFAULT = next(f.default for f in dataclasses.fields(TrainConfig) if f.name == "learning_rate")
+TRAIN_LEARNING_RATE_DEFAULT = field_default(TrainConfig, "learning_rate")
 
 
 @dataclass

@@ -283,3 +283,19 @@ async def test_keep_recent_and_top_is_handed_to_the_backend_on_every_start(tmp_p
     assert backend.retention == [gw.CheckpointRetention(keep_recent=2, keep_top=1, metric="val/reward")] * 2
     assert await model.get_step() == 3
     assert backend.held and all(len(held) == 1 for held in backend.held)  # the current policy alone
+
+
+def test_arguments_that_set_a_config_field_take_its_default_and_help():
+    """ART's arguments that set a groupwise config field (`CONFIG_ARGUMENTS`): the signature's default is the
+    field's unless ART's is kept for a stated reason, and the constructor's doc carries the field's help."""
+    from groupwise.art.pipeline_trainer.trainer import CONFIG_ARGUMENTS
+    from groupwise.core.validated import field_default, field_help
+
+    params = inspect.signature(PipelineTrainer.__init__).parameters
+    assert set(CONFIG_ARGUMENTS) == {"learning_rate", "loss_fn", "normalize_advantages", "max_steps_off_policy"}
+    for name, (config, field, why) in CONFIG_ARGUMENTS.items():
+        assert (params[name].default == field_default(config, field)) == (why is None), name
+        assert f"{name}: {config.__name__}.{field}. {field_help(config, field)}" in PipelineTrainer.__init__.__doc__
+    trainer = PipelineTrainer(None, None, lambda *a: None, [], None)
+    assert trainer.train_config.learning_rate == field_default(gw.TrainConfig, "learning_rate")
+    assert trainer.train_config.scale_rewards is field_default(gw.TrainConfig, "scale_rewards")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from history_rows import stable_rows
 from safetensors.torch import load_file
 
 import groupwise as gw
@@ -79,12 +80,6 @@ def _steps(run_dir) -> list[int]:
     return sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
 
 
-def _numbers(row: dict) -> dict:
-    """A history row without what differs between two identical runs (times, timestamps)."""
-    return {k: v for k, v in row.items() if "time" not in k and not k.startswith("memory/")
-            and k not in ("recorded_at", "trainable_tokens_per_s")}
-
-
 def assert_same_run(shared, alone) -> None:
     """Rollouts (tokens and rewards exactly), history rows and every checkpoint's adapter and optimizer
     state (floats to a relative 1e-4). Most steps come out bitwise equal; the first token's logprob of a
@@ -106,8 +101,8 @@ def assert_same_run(shared, alone) -> None:
         assert [[gw.choices.choice_token_ids(t.messages_and_choices[-1]) for t in g] for g in mine] == \
             [[gw.choices.choice_token_ids(t.messages_and_choices[-1]) for t in g] for g in theirs]
         assert [g.rewards() for g in mine] == [g.rewards() for g in theirs]
-    rows = [_numbers(r) for r in gw.load_history(shared) if r["split"] == "train"]
-    solo = [_numbers(r) for r in gw.load_history(alone) if r["split"] == "train"]
+    rows = stable_rows(r for r in gw.load_history(shared) if r["split"] == "train")
+    solo = stable_rows(r for r in gw.load_history(alone) if r["split"] == "train")
     assert len(rows) == len(solo) == len(trained)
     for mine, theirs in zip(rows, solo):
         assert mine.keys() == theirs.keys()

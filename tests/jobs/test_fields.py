@@ -135,3 +135,43 @@ def test_the_generated_parser_keeps_every_flag_of_the_commands():
         ns = parser.parse_args(argv)
         given = {a.lstrip("-").replace("-", "_") for a in argv if a.startswith("-")}
         assert given <= set(vars(ns)), (argv, sorted(given - set(vars(ns))))
+
+
+def test_a_flag_that_feeds_a_config_field_is_derived_from_it():
+    """A flag that sets a config field takes that field's help and default (`arg(feeds=...)`): every
+    command's flags agree with their fields, and a flag that restates a default, or states another one
+    without saying why, is named."""
+    from groupwise.config import LoopConfig, TrainConfig, TrainSFTConfig
+    from groupwise.core.validated import field_default, field_help
+    from groupwise.jobs.fields import config_drift
+
+    feeding = [(c.name, s) for c in COMMANDS for s in flags(c.job) if s.meta["feeds"] is not None]
+    assert {(name, s.name) for name, s in feeding} >= {("train", "seed"), ("train", "lr"), ("train", "sft_lr"),
+                                                       ("sft", "lr"), ("sft", "seed"), ("sft", "batch_size")}
+    assert {c.name: config_drift(c.job) for c in COMMANDS} == {c.name: [] for c in COMMANDS}
+    seed = next(s for name, s in feeding if (name, s.name) == ("train", "seed"))
+    assert seed.default == field_default(LoopConfig, "seed") and seed.help.startswith(field_help(LoopConfig, "seed"))
+
+    @dataclass
+    class Drifted(Job):
+        derived: float = arg(feeds=(TrainConfig, "learning_rate"))
+        restated: float = arg(3e-5, feeds=(TrainConfig, "learning_rate"), help="a rate")
+        said: float = arg(field_default(TrainSFTConfig, "learning_rate"), feeds=(TrainSFTConfig, "learning_rate"),
+                          own_default="differs, it says")
+        warm: float = arg(2e-4, feeds=(TrainSFTConfig, "learning_rate"), own_default="a warm start's")
+
+    assert Drifted.__dataclass_fields__["derived"].default == field_default(TrainConfig, "learning_rate")
+    drift = config_drift(Drifted)
+    assert len(drift) == 2 and drift[0].startswith("Drifted.restated (--restated, feeds TrainConfig.learning_rate): "
+                                                   "default 3e-05, the field's is 1e-05")
+    assert drift[1].startswith("Drifted.said") and "own_default says it differs" in drift[1]
+    # a help written again rather than derived: the field's help no longer heads it
+    spec = next(s for s in flags(Drifted) if s.name == "warm")
+    spec.meta["help"] = spec.help
+    object.__setattr__(spec, "help", "learning rate")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr("groupwise.jobs.fields.flags", lambda job: [spec])
+        assert config_drift(Drifted) == ["Drifted.warm (--warm, feeds TrainSFTConfig.learning_rate): its help does "
+                                         "not begin with the field's help"]
+    with pytest.raises(Exception, match="has no field 'rate'"):
+        arg(feeds=(TrainConfig, "rate"))

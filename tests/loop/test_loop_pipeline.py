@@ -9,18 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from history_rows import stable_rows
 from pipeline_helpers import TRAIN, run
 
 import groupwise as gw
 from groupwise.runs.series import events, rows
 
 HERE = Path(__file__).parent
-VOLATILE = ("recorded_at", "time/", "eta")
-
-
-def stable(history: list[dict]) -> list[dict]:
-    """History rows without their timings (the only fields two runs of one seed may differ in)."""
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in history]
 
 
 async def test_batches_come_from_the_policy_d_steps_back_and_staleness_is_logged(tmp_path):
@@ -108,7 +103,7 @@ def test_a_run_killed_mid_pipeline_resumes_to_the_history_of_an_uninterrupted_on
     summary, _ = asyncio.run(run(str(crashed), log_path=log_crash))
     assert summary.start_step == state["scripted_step"] and summary.final_step == 6
     clean_summary, _ = asyncio.run(run(str(clean), log_path=log_clean))
-    assert stable(gw.load_history(summary.run_dir)) == stable(gw.load_history(clean_summary.run_dir))
+    assert stable_rows(gw.load_history(summary.run_dir)) == stable_rows(gw.load_history(clean_summary.run_dir))
     # every trained batch came from the same policies in both runs
     crashed_groups = [(s, sorted(t.messages()[-1]["content"] for g in gw.load_trajectories(summary.run_dir, "train", s)
                                  for t in g)) for s in range(6)]

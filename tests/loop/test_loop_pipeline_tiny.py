@@ -5,6 +5,7 @@ crashed while batches were gathered ahead resumes to the history and the batches
 from __future__ import annotations
 
 import pytest
+from history_rows import stable_rows
 from pydantic import BaseModel
 
 import groupwise as gw
@@ -14,7 +15,6 @@ from groupwise.runs.series import rows
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-VOLATILE = ("recorded_at", "time/", "update_time", "step_time", "trainable_tokens_per_s", "memory/")
 
 
 class Question(BaseModel):
@@ -66,10 +66,6 @@ def trained(run_dir: str) -> list[tuple[int, list[list[int]], list[list[int]]]]:
     return out
 
 
-def stable(history: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in history]
-
-
 async def test_a_pipelined_run_resumed_after_a_crash_equals_an_uninterrupted_one(tiny_model_dir, tmp_path):
     clean = await fit(tiny_model_dir, str(tmp_path / "clean"))
     assert clean.final_step == 3
@@ -88,5 +84,5 @@ async def test_a_pipelined_run_resumed_after_a_crash_equals_an_uninterrupted_one
         await fit(tiny_model_dir, str(tmp_path / "crashed"), crash_at="piped@2")
     resumed = await fit(tiny_model_dir, str(tmp_path / "crashed"))
     assert resumed.start_step == 2 and resumed.final_step == 3
-    assert stable(gw.load_history(resumed.run_dir)) == stable(h)
+    assert stable_rows(gw.load_history(resumed.run_dir)) == stable_rows(h)
     assert trained(resumed.run_dir) == trained(clean.run_dir)

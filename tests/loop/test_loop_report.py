@@ -8,7 +8,7 @@ from loop_helpers import SCENARIOS, ScriptedBackend, make_rollout
 
 import groupwise as gw
 from groupwise.cli import main
-from groupwise.loop.compare import compare
+from groupwise.runs.compare import compare
 from groupwise.runs.report import table, val_metric_name
 
 

@@ -18,6 +18,7 @@ import random
 from pathlib import Path
 
 import pytest
+from history_rows import stable_rows
 
 import groupwise as gw
 from groupwise.core.choices import choice_token_ids
@@ -27,7 +28,6 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 SCENARIOS = [{"id": i, "q": f"Say something short about topic {i}."} for i in range(12)]
-VOLATILE = ("recorded_at", "time/", "update_time", "step_time", "tokens_per_s", "_s", "memory/")
 
 
 def make_rollout(jitter: random.Random | None):
@@ -67,8 +67,7 @@ async def run(base: str, path: Path, jitter: random.Random | None) -> dict:
     for step in range(3):
         trained[step] = [[(choice_token_ids(t.messages_and_choices[-1]), logprobs(t.messages_and_choices[-1]), t.reward)
                           for t in g] for g in gw.load_trajectories(summary.run_dir, "train", step)]
-    history = {split: [{k: v for k, v in r.items() if not any(x in k for x in VOLATILE)} for r in rows(gw.load_history(summary.run_dir), split)]
-               for split in ("train", "val")}
+    history = {split: stable_rows(rows(gw.load_history(summary.run_dir), split)) for split in ("train", "val")}
     adapters = {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.glob("loop/models/rep/checkpoints/*/adapter_model.safetensors"))}
     return {"trained": trained, "history": history, "adapters": adapters}
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from history_rows import stable_rows
 from loop_helpers import SCENARIOS, ScriptedBackend, make_rollout, steady_validate
 
 import groupwise as gw
@@ -51,9 +52,7 @@ VAL = [{"id": 100 + i, "q": f"question {100 + i}", "answer": str(100 + i)} for i
 
 
 def _rows(run_dir) -> list[dict]:
-    """The history without what two identical runs write differently (timestamps, durations)."""
-    return [{k: v for k, v in r.items() if k != "recorded_at" and "time" not in k and not k.startswith("memory/")}
-            for r in gw.load_history(run_dir)]
+    return stable_rows(gw.load_history(run_dir))
 
 
 async def test_runs_at_once_each_write_the_history_they_write_alone_and_a_broken_one_ends_alone(tmp_path, caplog):

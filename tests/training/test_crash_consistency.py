@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from history_rows import stable_rows
 import torch
 from safetensors.torch import load_file
 
@@ -51,12 +52,8 @@ def _kill_at(proc: subprocess.Popen, marker: Path) -> None:
     marker.unlink()
 
 
-TIMINGS = ("recorded_at", "step_time", "update_time", "trainable_tokens_per_s")
-
-
 def _history(run: Path) -> list[dict]:
-    return [{k: v for k, v in row.items() if k not in TIMINGS and not k.startswith("memory/")}
-            for row in gw.load_history(run)]
+    return stable_rows(gw.load_history(run))
 
 
 def _same_tensors(a: Path, b: Path) -> bool:

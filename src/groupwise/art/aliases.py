@@ -45,6 +45,7 @@ ALIASES: dict[str, str] = {
     'learning_signal': 'core.learning_signal',
     'loading': 'runtime.loading',
     'local': 'art.local',
+    'loop.compare': 'runs.compare',
     'loop.report': 'runs.report',
     'loop.series': 'runs.series',
     'memory': 'runtime.memory',

@@ -4,9 +4,10 @@ The driver owns the run store (trajectories, history) and the decisions; the mod
 (backend/worker.py), one per device. Where the workers run is the subclass's business: in the driver's
 process (one device), in one process per device on this host (backend/processes.py), or as Ray actors
 on a cluster (backend/ray.py). The driver reaches them only through `_call` (a method of every rank)
-and `_endpoint` (where rollout requests go); a step's update, publication and retention cross as typed
-commands of the step protocol (backend/protocol.py: `UpdateCommand`, `PublishCommand`, `RetainCommand`,
-sent by `_send`). Runs are keyed by their `RunId` (groupwise/runs/run_id.py), never by the bare model name:
+and `_endpoint` (where rollout requests go); a step crosses as two typed commands of the step protocol
+(backend/protocol.py, sent by `_send`): `UpdateCommand`, then `PublishCommand`, which carries 4.-6.
+below to each rank in one call (its retention decided here first); `RetainCommand` changes retention
+between steps. Runs are keyed by their `RunId` (groupwise/runs/run_id.py), never by the bare model name:
 the workers and engines know a run by ``<project>/<run>``.
 
 A train step, in order (each step of the order is there for a failure seen in ART):
@@ -25,9 +26,10 @@ A train step, in order (each step of the order is there for a failure seen in AR
    `AdapterMismatchError` (ART once served a stale adapter silently); the driver checks that every
    rank holds the same adapter, bit for bit -- else `ReplicaDivergenceError`;
 6. retention: keep the latest checkpoint, the best (named by `keep_best`, else by
-   `best_checkpoint_metric`) and the KL reference of the last GRPO step (`TrainConfig.kl_reference_step`:
-   each rank loads it before the update); serve only the last `served_steps` steps (backend/retention.py
-   decides, the workers apply it).
+   `best_checkpoint_metric`, the step's own row counted) and the KL reference of the last GRPO step
+   (`TrainConfig.kl_reference_step`: each rank loads it before the update); serve only the last
+   `served_steps` steps (backend/retention.py decides, each rank applies it in the same call as 4.-5.,
+   once its own check passed).
 
 With a placement (`BackendOptions.train_workers`), steps 2-3 run on the trainer ranks only (the
 sequences are split over them), and in step 5 the trainers serve and check first; then every generator
@@ -577,13 +579,23 @@ class WorkerBackend(Backend):
 
     async def _publish(self, run: _Run, new_step: int, metrics: dict[str, float], cursor: dict[str, Any],
                        row: dict[str, Any]) -> None:
-        """4. rank 0 saves the checkpoint with the step's history row, the row is appended, 5. every
-        rank serves its copy of the new adapter and checks it, the ranks' adapters are compared,
-        6. retention."""
-        publish = PublishCommand(run.spec.name, new_step, metrics, cursor, history=(row,))
+        """4.-6. in one `PublishCommand` per rank: rank 0 saves the checkpoint with the step's history row,
+        every rank serves its copy of the new adapter, checks it and applies the step's retention; then
+        the row is appended and the ranks' adapters are compared. With a placement the generators get the
+        same command once the trainers answered, with rank 0's checkpoint to serve.
+
+        Retention is decided here, before the checkpoint exists, from the history and the step's own row
+        (as if appended), so no rank waits for a second round trip. A rank whose own check fails raises
+        before its retention; ranks that disagree with each other (`ReplicaDivergenceError`, found once
+        they answered) have applied it, which deletes only what the next step would: the new checkpoint
+        is the latest, always kept, and the run resumes from it."""
+        retain = retain_command(run, run.spec.name, self.options, step=new_step, new_rows=(row,))
+        publish = PublishCommand(run.spec.name, new_step, metrics, cursor, history=(row,), retain=retain)
         trained = await self._send({r: publish for r in self.train_ranks})
         results: list[Published] = [trained[r] for r in self.train_ranks]
         await run.store.run_history.write(row)
+        if results[0].deleted:  # rank 0 deleted checkpoints by the step's retention: the history says which, and why
+            await run.store.run_history.write(prune_row(retain, list(results[0].deleted)))
         check_identical(run.spec.name, new_step, results)
         if self.generator_ranks:  # they serve rank 0's checkpoint, once it is complete (module doc)
             from_rank_0 = dataclasses.replace(publish, checkpoint_path=results[0].checkpoint_path)
@@ -592,7 +604,6 @@ class WorkerBackend(Backend):
         run.step = new_step
         run.checkpoint_path = results[0].checkpoint_path
         run.cursor = cursor
-        await self._retain(run)
 
     async def delete_checkpoints(self, model: "TrainableModel", best_checkpoint_metric: str = BEST_CHECKPOINT_METRIC) -> None:
         """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (ART's
@@ -607,7 +618,8 @@ class WorkerBackend(Backend):
                 f"delete_checkpoints(): not the latest, nor the best by {best_checkpoint_metric}, nor in use")))
 
     async def _retain(self, run: _Run) -> None:
-        """6. retention (backend/retention.py decides what stays); a prune is logged in the run's history."""
+        """Retention between steps (`keep_best`, `hold_steps`, pins; backend/retention.py decides what
+        stays); a step's own retention travels in its `PublishCommand`. A prune is logged in the run's history."""
         command = retain_command(run, run.spec.name, self.options)
         deleted = (await self._send({r: command for r in range(self.world_size)}))[0]
         if deleted:

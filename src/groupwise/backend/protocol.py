@@ -1,16 +1,20 @@
 """The step protocol between the driver and its workers: typed commands, and the `Worker` protocol.
 
-A train step crosses from the driver (backend/driver.py) to the ranks as three commands, each a frozen
+A train step crosses from the driver (backend/driver.py) to the ranks as two commands, each a frozen
 dataclass the driver builds and every rank reads the same way, whichever way it travels (awaited in
 process, pickled through a pipe to a worker process, or as a Ray actor call):
 
 1. `UpdateCommand`: the optimizer updates of the step on this rank's share of the batch (one for GRPO, one
    per batch for SFT), each an `Update` of a batch, its settings (`TrainConfig`) and its objective;
-2. `PublishCommand`: rank 0 checkpoints the step (with its history row), every rank serves the new
-   adapter and checks it; a rank that only generates serves rank 0's checkpoint (`checkpoint_path`).
-   Each rank answers `Published`, whose fingerprints the driver compares across ranks;
-3. `RetainCommand`: retention (backend/retention.py decides): every rank unserves the steps past
-   `served_steps`, rank 0 deletes the checkpoints nobody keeps.
+2. `PublishCommand`: the adapter's whole publication in one call per rank: rank 0 checkpoints the step
+   (with its history row), every rank serves the new adapter and checks it, then applies the step's
+   retention (`retain`, a `RetainCommand`: unserve the steps past `served_steps`, rank 0 deletes the
+   checkpoints nobody keeps). A rank that only generates is sent it once the trainers answered, with rank
+   0's checkpoint (`checkpoint_path`) to serve. Each rank answers `Published`, whose fingerprints the
+   driver compares across ranks.
+
+`RetainCommand` also travels alone, when retention changes between steps (`keep_best`, `hold_steps`,
+`pin_step`): backend/retention.py decides it either way, so a step and a call between steps keep alike.
 
 `Worker` is the protocol the driver's step is written against: `DeviceWorker` (backend/worker.py) is the
 one implementation, placed in the driver's process, in a process per device (backend/processes.py) or as
@@ -52,28 +56,16 @@ class UpdateCommand:
 
 
 @dataclass(frozen=True)
-class PublishCommand:
-    """After the updates: checkpoint and serve the adapter of `step` (the new step). `checkpoint_path` is
-    rank 0's checkpoint, given to the ranks that only generate (they serve it; trainers leave it None)."""
-
-    method: ClassVar[str] = "publish"
-    run: str
-    step: int
-    metrics: dict[str, float]
-    cursor: dict[str, Any]
-    history: tuple[dict[str, Any], ...] = ()
-    checkpoint_path: str | None = None
-
-
-@dataclass(frozen=True)
 class Published:
     """A rank's answer to `PublishCommand`: rank 0's checkpoint path, the trained adapter's fingerprint
-    (None on a generator) and, with generators, the fingerprint of what its engine serves."""
+    (None on a generator), with generators the fingerprint of what its engine serves, and the checkpoint
+    steps its retention deleted (rank 0; the others delete none)."""
 
     rank: int
     checkpoint_path: str | None = None
     fingerprint: list[int] | None = None
     served_fingerprint: list[int] | None = None
+    deleted: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -96,6 +88,23 @@ class RetainCommand:
     keep_top: int = CheckpointRetention.keep_top
 
 
+@dataclass(frozen=True)
+class PublishCommand:
+    """After the updates: checkpoint and serve the adapter of `step` (the new step), check it, then apply
+    `retain` (None: retention unchanged). `checkpoint_path` is rank 0's checkpoint, given to the ranks that
+    only generate (they serve it; trainers leave it None). A rank whose check fails raises before its
+    retention, so a step that failed its check deletes nothing and unserves nothing on that rank."""
+
+    method: ClassVar[str] = "publish"
+    run: str
+    step: int
+    metrics: dict[str, float]
+    cursor: dict[str, Any]
+    history: tuple[dict[str, Any], ...] = ()
+    checkpoint_path: str | None = None
+    retain: "RetainCommand | None" = None
+
+
 Command = UpdateCommand | PublishCommand | RetainCommand
 
 
@@ -108,6 +117,7 @@ class Worker(Protocol):
         ...
 
     async def publish(self, command: PublishCommand) -> Published:
+        """Checkpoint (rank 0), serve and check the new adapter, then apply `command.retain`."""
         ...
 
     async def retain(self, command: RetainCommand) -> list[int]:

@@ -16,13 +16,16 @@ is a history row (`prune_row`, split ``retention``): the steps deleted, and why 
 It is apart from the driver (backend/driver.py) because it is one decision joined from three sources the
 train order does not otherwise meet: the history (the best by a metric), the caller (the named best, the
 held steps) and the run's own state (the KL anchor). The driver asks it after every step and on
-`keep_best`, `hold_steps` and `delete_checkpoints`, and sends the answer to the workers in one call
-(`Worker.retain`, backend/protocol.py, or `DeviceWorker.prune`: every rank unserves, rank 0 deletes), so every worker backend decides
-alike and a new reason to keep a checkpoint has one place to go.
+`keep_best`, `hold_steps` and `delete_checkpoints`, and sends the answer to the workers: after a step
+inside the step's publication (`PublishCommand.retain`, backend/protocol.py: each rank applies it once it
+serves the new adapter), between steps alone (`Worker.retain`, or `DeviceWorker.prune`); every rank
+unserves, rank 0 deletes. So every worker backend decides alike and a new reason to keep a checkpoint has
+one place to go.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from groupwise.backend.protocol import RetainCommand
@@ -46,13 +49,15 @@ class RetainedRun(Protocol):
     retention: CheckpointRetention  # set_retention(): the newest k and the top k
 
 
-def metric_by_step(run: RetainedRun, metric: str) -> dict[int, float]:
-    """``split/key`` (e.g. "val/reward") read from the history: a val row at step k evaluates checkpoint k.
-    A metric without a split is read from each checkpoint's own metrics instead (empty here)."""
+def metric_by_step(run: RetainedRun, metric: str, new_rows: Sequence[dict[str, Any]] = ()) -> dict[int, float]:
+    """``split/key`` (e.g. "val/reward") read from the history and `new_rows` (a step's rows, not appended
+    yet): a val row at step k evaluates checkpoint k. A metric without a split is read from each
+    checkpoint's own metrics instead (empty here)."""
     by_step: dict[int, float] = {}
     split, _, key = metric.partition("/")
     if key:
-        for row in run.store.run_history.rows(split):
+        rows = [*run.store.run_history.rows(split), *(r for r in new_rows if r.get("split") == split)]
+        for row in rows:
             if isinstance(row.get(key), (int, float)):
                 by_step[int(row["step"])] = float(row[key])
     return by_step
@@ -74,16 +79,19 @@ def ranking(run: RetainedRun, options: "BackendOptions") -> tuple[str | None, bo
     return options.best_checkpoint_metric, True
 
 
-def retain_command(run: RetainedRun, run_key: str, options: "BackendOptions") -> RetainCommand:
+def retain_command(run: RetainedRun, run_key: str, options: "BackendOptions", *, step: int | None = None,
+                   new_rows: Sequence[dict[str, Any]] = ()) -> RetainCommand:
     """What every rank applies after a step, `keep_best` or `hold_steps` (`Worker.retain`). The history
-    is read only when the metric ranks a checkpoint: none is named, or more than one is kept."""
+    is read only when the metric ranks a checkpoint: none is named, or more than one is kept. A step's
+    publication asks before its checkpoint exists: `step` is then the new step, and `new_rows` the history
+    rows it appends."""
     policy = getattr(run, "retention", None) or CheckpointRetention()
     metric, maximize = ranking(run, options)
     keep = (run.best_step,) if run.best_step is not None else ()
     ranked = metric is not None and policy.keep_top > len(keep)
-    return RetainCommand(run=run_key, step=run.step, served_steps=options.served_steps,
+    return RetainCommand(run=run_key, step=run.step if step is None else step, served_steps=options.served_steps,
                          best_metric=metric if options.best_checkpoint_metric is not None else None, keep=keep,
-                         metrics_by_step=metric_by_step(run, metric) if ranked else {}, maximize=maximize,
+                         metrics_by_step=metric_by_step(run, metric, new_rows) if ranked else {}, maximize=maximize,
                          in_use=tuple(in_use(run)), keep_recent=policy.keep_recent, keep_top=policy.keep_top)
 
 

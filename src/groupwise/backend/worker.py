@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -272,12 +272,15 @@ class DeviceWorker:
         return out
 
     async def publish(self, command: PublishCommand) -> Published:
-        """After the updates of the command's step: rank 0 checkpoints (with the step's `history` rows),
-        every rank serves its own copy of the new adapter and checks it. Returns the checkpoint path
-        (rank 0), the adapter's fingerprint and that of the served copy (the driver compares them).
+        """The adapter's publication after the updates of the command's step, in one call: rank 0
+        checkpoints (with the step's `history` rows), every rank serves its own copy of the new adapter and
+        checks it, then applies the step's retention (`command.retain`). Returns the checkpoint path (rank
+        0), the adapter's fingerprint and that of the served copy (the driver compares them), and the
+        checkpoints retention deleted.
 
         A rank that only generates is called after the trainers, with rank 0's `checkpoint_path`: it
-        serves that folder's adapter (module doc)."""
+        serves that folder's adapter (module doc). A failed check raises before retention: a step whose
+        adapter this rank could not serve leaves the steps it served and the checkpoints on disk as they were."""
         replica, spec = self.replicas[command.run], self.specs[command.run]
         step = command.step
         compute = compute_thread()
@@ -288,27 +291,31 @@ class DeviceWorker:
             await compute.run(replica.serve, step, command.checkpoint_path)
             if self.options.verify_adapter:
                 replica.check_answers(step)
-            return Published(self.rank, served_fingerprint=await compute.run(replica.served_fingerprint, step))
-        path = None
-        if self.rank == 0:
-            snap = await compute.run(replica.snapshot, step)
-            # The files are serialised, hashed and written on another thread: meanwhile the compute
-            # thread steps the engine for the other runs' rollouts (compute.py).
-            path = await asyncio.to_thread(replica.write, spec.checkpoints_dir, snap, command.metrics,
-                                           command.cursor, list(command.history))
-            tensors, config = snap.adapter, snap.adapter_config
-        else:  # a rank > 0 serves its own copy of the same adapter (the ranks' fingerprints are compared)
-            tensors, config = await compute.run(replica.adapter_snapshot)
-        # served from the snapshot the checkpoint was written from, without reading the files back
-        await compute.run(replica.serve, step, None, tensors, config)
-        if self.options.verify_adapter:
-            await compute.run(replica.check_adapter, step)
-            replica.check_answers(step)
-        return Published(self.rank, checkpoint_path=str(path) if self.rank == 0 else None,
-                         fingerprint=await compute.run(replica.adapter_fingerprint),
-                         # with generators, the driver checks they serve the bits rank 0 serves
-                         served_fingerprint=(await compute.run(replica.served_fingerprint, step)
-                                             if self.options.train_workers is not None else None))
+            published = Published(self.rank, served_fingerprint=await compute.run(replica.served_fingerprint, step))
+        else:
+            path = None
+            if self.rank == 0:
+                snap = await compute.run(replica.snapshot, step)
+                # The files are serialised, hashed and written on another thread: meanwhile the compute
+                # thread steps the engine for the other runs' rollouts (compute.py).
+                path = await asyncio.to_thread(replica.write, spec.checkpoints_dir, snap, command.metrics,
+                                               command.cursor, list(command.history))
+                tensors, config = snap.adapter, snap.adapter_config
+            else:  # a rank > 0 serves its own copy of the same adapter (the ranks' fingerprints are compared)
+                tensors, config = await compute.run(replica.adapter_snapshot)
+            # served from the snapshot the checkpoint was written from, without reading the files back
+            await compute.run(replica.serve, step, None, tensors, config)
+            if self.options.verify_adapter:
+                await compute.run(replica.check_adapter, step)
+                replica.check_answers(step)
+            published = Published(self.rank, checkpoint_path=str(path) if self.rank == 0 else None,
+                                  fingerprint=await compute.run(replica.adapter_fingerprint),
+                                  # with generators, the driver checks they serve the bits rank 0 serves
+                                  served_fingerprint=(await compute.run(replica.served_fingerprint, step)
+                                                      if self.options.train_workers is not None else None))
+        if command.retain is None:
+            return published
+        return replace(published, deleted=tuple(await self.retain(command.retain)))
 
     # ------------------------------------------------------------------------------ serving and retention
     async def serve_step(self, name: str, step: int) -> None:

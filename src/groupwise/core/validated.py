@@ -26,6 +26,30 @@ def option(default: Any = dataclasses.MISSING, *, help: str, default_factory: An
     return field(default=default, metadata={"help": help})
 
 
+def config_field(config: type, name: str) -> dataclasses.Field:
+    """Field `name` of the config dataclass `config`; a `GroupwiseError`-family ConfigError naming the
+    fields it has when there is none (a flag or argument that says it feeds a field the config lost)."""
+    for f in dataclasses.fields(config):  # type: ignore[arg-type]
+        if f.name == name:
+            return f
+    raise ConfigError(f"{config.__name__} has no field {name!r}; its fields: "
+                      f"{', '.join(f.name for f in dataclasses.fields(config))}", what=config.__name__)  # type: ignore[arg-type]
+
+
+def field_default(config: type, name: str) -> Any:
+    """The default of a config's field (its factory's value for a mutable one): a signature or a flag that
+    sets the field takes it from here rather than writing it again (one owner per default)."""
+    f = config_field(config, name)
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def field_help(config: type, name: str) -> str:
+    """The help of a config's field (`option`'s text): what a flag or an argument that sets the field says."""
+    return config_field(config, name).metadata.get("help", "")
+
+
 class Validated:
     """Mixin: subclasses list their problems; construction fails with all of them together."""
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from groupwise.core.choices import choice_forced_indices, choice_logprobs, choice_token_ids, choice_token_texts
 from groupwise.errors import ConfigError, GroupwiseError, StoreError, UnknownKeyError
-from groupwise.loop.compare import resolve_step
+from groupwise.runs.view import resolve_step
 from groupwise.loop.detectors import judge_disagreement
 from groupwise.runs.report import val_metric_name
 from groupwise.runs.step_summary import content_text, message_dict, read_summary, summarize, tool_calls

@@ -6,6 +6,8 @@ about, not a silently ignored setting). Fields of OpenAI's API that change nothi
 ``metadata``, ``store``, ``parallel_tool_calls``, ``service_tier``) are accepted and ignored. Logprobs
 are always returned; ``logprobs`` only picks their form for groupwise's own clients (server.py).
 Numbers are strict (no ``"5"`` for 5, no NaN or Infinity).
+The Responses and Messages APIs' bodies are their own modules (api_responses.py, api_messages.py); the
+400 that names a bad field (`describe_validation_error`) is written here for all four.
 Tool schemas are checked as JSON Schema whenever tools are given, not only when a call is forced:
 here only against the bounds of request_limits.py (one cheap pass, while the body is parsed), and
 against the meta-schema later, off the event loop (prepare.py). Validate with
@@ -18,10 +20,13 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from groupwise.inference.request_limits import MAX_MODEL_NAME_CHARS, MAX_TOOLS, SchemaBudget
+from groupwise.inference.api_base import Strict, limits_context, schema_budget
+# The Responses and Messages bodies live in their own modules; importable from here as before.
+from groupwise.inference.api_messages import MessagesRequest
+from groupwise.inference.api_responses import ResponsesRequest
+from groupwise.inference.request_limits import MAX_MODEL_NAME_CHARS, MAX_TOOLS
 from groupwise.inference.requests import GenerationRequest
 from groupwise.inference.sampling import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
 
@@ -34,21 +39,7 @@ MAX_GUIDED_CHOICES = 256
 DEFAULT_RETURN_TOKENS_AS_TOKEN_IDS = True
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-
-def limits_context() -> dict[str, Any]:
-    """The validation context of one request body: the node budget its schemas share."""
-    return {"schema_budget": SchemaBudget()}
-
-
-def _budget(info: ValidationInfo) -> SchemaBudget:
-    context = info.context if isinstance(info.context, dict) else {}
-    return context.get("schema_budget") or SchemaBudget()
-
-
-class FunctionDefinition(_Strict):
+class FunctionDefinition(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$",
                       description="letters, digits, _ . - (at most 64), as OpenAI requires")
     description: str | None = None
@@ -62,11 +53,11 @@ class FunctionDefinition(_Strict):
             return value
         if value.get("type", "object") != "object":
             raise ValueError(f"a function's parameters must be an object schema, got type {value.get('type')!r}")
-        _budget(info).check(value, "parameters")
+        schema_budget(info).check(value, "parameters")
         return value
 
 
-class Tool(_Strict):
+class Tool(Strict):
     type: Literal["function"]
     function: FunctionDefinition
 
@@ -121,15 +112,15 @@ class Message(BaseModel):
         return self.model_dump(exclude_none=True)
 
 
-class NamedToolChoice(_Strict):
-    class _Function(_Strict):
+class NamedToolChoice(Strict):
+    class _Function(Strict):
         name: str
 
     type: Literal["function"]
     function: _Function
 
 
-class JsonSchemaSpec(_Strict):
+class JsonSchemaSpec(Strict):
     name: str | None = None
     description: str | None = None
     schema_: dict[str, Any] = Field(alias="schema")
@@ -138,11 +129,11 @@ class JsonSchemaSpec(_Strict):
     @field_validator("schema_")
     @classmethod
     def _schema(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        _budget(info).check(value, "response_format.json_schema.schema")
+        schema_budget(info).check(value, "response_format.json_schema.schema")
         return value
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaSpec | None = None
 
@@ -156,7 +147,7 @@ class ResponseFormat(_Strict):
         return self.model_dump(by_alias=True, exclude_none=True)
 
 
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_usage: bool = False
 
 
@@ -164,7 +155,7 @@ Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
-class _Sampling(_Strict):
+class _Sampling(Strict):
     """The sampling fields shared by both endpoints: OpenAI's, then vLLM's extras (``extra_body``)."""
 
     model: str = Field(min_length=1, max_length=MAX_MODEL_NAME_CHARS)
@@ -319,222 +310,6 @@ class CompletionRequest(_Sampling):
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
     logprobs: int | None = Field(None, ge=0, le=20)  # alternatives per position, as in OpenAI's API
     response_format: ResponseFormat | None = None
-
-
-# ------------------------------------------------------------------ OpenAI's Responses API (POST /v1/responses)
-# Validated here so that a bad field is a 400 naming it; translated into a chat request by
-# groupwise.chat.protocols. Input items and content parts are strict about their own fields; what the
-# SDKs echo back from an earlier answer (ids, status, annotations, logprobs) is accepted.
-
-
-class _Echoed(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-
-class ResponsesContentPart(_Echoed):
-    type: Literal["input_text", "output_text", "refusal", "input_image", "input_file", "input_audio"]
-    text: str | None = None
-    refusal: str | None = None
-    annotations: list[Any] | None = None
-    logprobs: list[Any] | None = None
-    image_url: str | None = None
-    file_id: str | None = None
-    detail: str | None = None
-
-
-class ResponsesMessageItem(_Echoed):
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[ResponsesContentPart]
-    id: str | None = None
-    status: str | None = None
-
-
-class ResponsesFunctionCallItem(_Echoed):
-    type: Literal["function_call"]
-    call_id: str = Field(min_length=1)
-    name: str = Field(min_length=1)
-    arguments: str
-    id: str | None = None
-    status: str | None = None
-
-
-class ResponsesFunctionCallOutputItem(_Echoed):
-    type: Literal["function_call_output"]
-    call_id: str = Field(min_length=1)
-    output: str | list[ResponsesContentPart]
-    id: str | None = None
-    status: str | None = None
-
-
-class ResponsesReasoningItem(_Echoed):
-    type: Literal["reasoning"]
-    id: str | None = None
-    summary: list[Any] = []
-    content: list[Any] | None = None
-    encrypted_content: str | None = None
-    status: str | None = None
-
-
-def _item_kind(value: Any) -> str:
-    return value.get("type", "message") if isinstance(value, dict) else "message"
-
-
-ResponsesItem = Annotated[
-    Annotated[ResponsesMessageItem, Tag("message")] | Annotated[ResponsesFunctionCallItem, Tag("function_call")]
-    | Annotated[ResponsesFunctionCallOutputItem, Tag("function_call_output")]
-    | Annotated[ResponsesReasoningItem, Tag("reasoning")],
-    Discriminator(_item_kind, custom_error_type="item_type",
-                  custom_error_message="an input item's type must be message, function_call, function_call_output "
-                                       "or reasoning")]
-
-
-class ResponsesFunctionTool(_Strict):
-    type: Literal["function"]
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-    @field_validator("parameters")
-    @classmethod
-    def _schema(cls, value: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
-        if value is not None:
-            _budget(info).check(value, "parameters")
-        return value
-
-
-class ResponsesToolChoice(_Strict):
-    type: Literal["function"]
-    name: str
-
-
-class ResponsesTextFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
-    name: str | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
-    description: str | None = None
-    strict: bool | None = None
-
-
-class ResponsesText(_Strict):
-    format: ResponsesTextFormat | None = None
-    verbosity: str | None = None  # accepted, unused
-
-
-class ResponsesRequest(_Strict):
-    """A Responses API request. Fields that change nothing here (store, metadata, include, reasoning,
-    truncation, parallel_tool_calls, user, service_tier, prompt_cache_key, safety_identifier) are accepted."""
-
-    model: str = Field(min_length=1, max_length=MAX_MODEL_NAME_CHARS)
-    input: str | list[ResponsesItem]
-    instructions: str | None = None
-    tools: list[ResponsesFunctionTool] | None = Field(None, max_length=MAX_TOOLS)
-    tool_choice: Literal["none", "auto", "required"] | ResponsesToolChoice | None = None
-    text: ResponsesText | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    stream: bool = False
-    previous_response_id: str | None = None  # refused when set: nothing is stored (groupwise.chat.protocols)
-    # vLLM-style extras (extra_body), as on chat completions
-    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
-    top_k: int | None = Field(None, ge=-1, le=TOP_K_MAX)
-    stop: str | list[str] | None = None
-    # accepted, unused
-    store: bool | None = None
-    metadata: dict[str, str] | None = None
-    include: list[str] | None = None
-    reasoning: dict[str, Any] | None = None
-    truncation: str | None = None
-    parallel_tool_calls: bool | None = None
-    user: str | None = None
-    service_tier: str | None = None
-    prompt_cache_key: str | None = None
-    safety_identifier: str | None = None
-    stream_options: dict[str, Any] | None = None
-    background: bool | None = None
-    max_tool_calls: int | None = None
-
-
-# ------------------------------------------------------------------ Anthropic's Messages API (POST /v1/messages)
-
-
-class AnthropicBlock(_Echoed):
-    type: Literal["text", "tool_use", "tool_result", "thinking", "redacted_thinking", "image", "document"]
-    text: str | None = None
-    id: str | None = None
-    name: str | None = None
-    input: dict[str, Any] | None = None
-    tool_use_id: str | None = None
-    content: str | list[AnthropicBlock] | None = None
-    is_error: bool | None = None
-    thinking: str | None = None
-    signature: str | None = None
-    data: str | None = None
-    source: dict[str, Any] | None = None
-    cache_control: dict[str, Any] | None = None
-    citations: list[Any] | None = None
-
-    @model_validator(mode="after")
-    def _needs(self) -> "AnthropicBlock":
-        wanted = {"text": ("text",), "tool_use": ("id", "name", "input"), "tool_result": ("tool_use_id",)}
-        missing = [f for f in wanted.get(self.type, ()) if getattr(self, f) is None]
-        if missing:
-            raise ValueError(f"a {self.type} block needs {', '.join(missing)}")
-        return self
-
-
-class AnthropicMessage(_Echoed):
-    role: Literal["user", "assistant"]
-    content: str | list[AnthropicBlock]
-
-
-class AnthropicTool(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    description: str | None = None
-    input_schema: dict[str, Any]
-    type: Literal["custom"] | None = None
-    cache_control: dict[str, Any] | None = None
-
-    @field_validator("input_schema")
-    @classmethod
-    def _schema(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        _budget(info).check(value, "input_schema")
-        return value
-
-
-class AnthropicToolChoice(_Strict):
-    type: Literal["auto", "any", "tool", "none"]
-    name: str | None = None
-    disable_parallel_tool_use: bool | None = None
-
-    @model_validator(mode="after")
-    def _named(self) -> "AnthropicToolChoice":
-        if (self.type == "tool") != (self.name is not None):
-            raise ValueError("tool_choice names a tool exactly when its type is 'tool'")
-        return self
-
-
-class MessagesRequest(_Strict):
-    """An Anthropic Messages API request. ``metadata``, ``thinking`` (no effect: a chat template that thinks
-    takes chat_template_kwargs on chat completions), ``service_tier`` are accepted."""
-
-    model: str = Field(min_length=1, max_length=MAX_MODEL_NAME_CHARS)
-    max_tokens: int = Field(ge=1)
-    messages: list[AnthropicMessage] = Field(min_length=1)
-    system: str | list[AnthropicBlock] | None = None
-    tools: list[AnthropicTool] | None = Field(None, max_length=MAX_TOOLS)
-    tool_choice: AnthropicToolChoice | None = None
-    temperature: float | None = Field(None, ge=0.0, le=1.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0, le=TOP_K_MAX)
-    stop_sequences: list[str] | None = None
-    stream: bool = False
-    metadata: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
-    service_tier: str | None = None
 
 
 def _field_names(*models: type[BaseModel]) -> set[str]:

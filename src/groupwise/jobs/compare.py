@@ -17,7 +17,7 @@ class CompareJob(Job):
 
 
 def run(job: CompareJob) -> int:
-    from groupwise.loop.compare import compare
+    from groupwise.runs.compare import compare
 
     print(compare(job.run_dir, job.steps, split=job.split, n=job.n))  # a ConfigError is the CLI's one line
     return 0

@@ -29,15 +29,15 @@ from typing import Any, Literal
 from groupwise.core.validated import Validated, number_fits, number_requirement
 from groupwise.errors import ArgumentTypeError
 
-__all__ = ["Command", "Flag", "Job", "arg", "flags", "parse_text"]
+__all__ = ["Command", "Flag", "Job", "arg", "config_drift", "flags", "parse_text"]
 
 # check(value) -> None, or what is wrong with it in one sentence that names the value.
 Check = Callable[[Any], "str | None"]
 
 
-def arg(default: Any = MISSING, *, help: str, default_factory: Any = MISSING, positional: bool = False,
+def arg(default: Any = MISSING, *, help: str | None = None, default_factory: Any = MISSING, positional: bool = False,
         low: float | None = None, high: float | None = None, low_open: bool = False, high_open: bool = False,
-        feeds: tuple[type, str] | None = None,
+        feeds: tuple[type, str] | None = None, own_default: str | None = None,
         check: Check | None = None, on_machine: Check | None = None, repeat: bool = False,
         metavar: str | None = None, exclusive: str | None = None, flag: str | None = None) -> Any:
     """A job field. `help` says what the setting does (the default is appended by the CLI, never written
@@ -46,9 +46,23 @@ def arg(default: Any = MISSING, *, help: str, default_factory: Any = MISSING, po
     refuses a value by itself, as argparse parses it; `on_machine` refuses one this machine cannot serve
     (a missing local model, an absent CUDA device), after parsing; `repeat` makes a list field a
     repeatable flag; fields sharing an `exclusive` name are mutually exclusive flags; `flag` overrides the
-    flag's name."""
+    flag's name.
+
+    A field that `feeds` a config field is derived from it, so the two cannot drift apart: its help is the
+    config field's help, followed by `help` (what the job adds); its default is the config field's, unless
+    the field names one. A default of its own is None (not given: the help says who decides then) or
+    says why it differs in `own_default` (a job's preset); `config_drift` holds every job to that."""
+    if feeds is not None:
+        from groupwise.core.validated import field_default, field_help
+
+        said = field_help(*feeds).strip()
+        help = said if not help else f"{said} {help}"
+        if default is MISSING and default_factory is MISSING:
+            default = field_default(*feeds)
+    elif help is None:
+        raise ArgumentTypeError("a job field needs help= (or feeds=, whose config field's help it takes)")
     metadata = {"help": help, "positional": positional, "low": low, "high": high, "low_open": low_open,
-                "high_open": high_open, "feeds": feeds,
+                "high_open": high_open, "feeds": feeds, "own_default": own_default,
                 "check": check, "on_machine": on_machine, "repeat": repeat, "metavar": metavar,
                 "exclusive": exclusive, "flag": flag}
     if default_factory is not MISSING:
@@ -103,6 +117,31 @@ class Flag:
         if self.many and isinstance(shown, (list, tuple)):
             shown = ",".join(map(str, shown))
         return f"{self.help} (default: {shown})"
+
+
+def config_drift(job: type) -> list[str]:
+    """Where a job's flag has drifted from the config field it feeds: its help does not begin with the
+    field's help (written again rather than derived), or its default differs from the field's without
+    saying why (`own_default`), or says why while it is the field's after all. Empty when none has."""
+    from groupwise.core.validated import field_default, field_help
+
+    found = []
+    for spec in flags(job):
+        if spec.meta["feeds"] is None:
+            continue
+        config, name = spec.meta["feeds"]
+        where = f"{job.__name__}.{spec.name} ({spec.flag}, feeds {config.__name__}.{name})"
+        if not spec.help.startswith(field_help(config, name).strip()):
+            found.append(f"{where}: its help does not begin with the field's help")
+        theirs, why = field_default(config, name), spec.meta["own_default"]
+        if spec.default is None or spec.default is MISSING:
+            continue  # not given: the job decides (a preset), as its help says
+        if spec.default != theirs and not why:
+            found.append(f"{where}: default {spec.default!r}, the field's is {theirs!r}; derive it, or say why in "
+                         "own_default")
+        elif spec.default == theirs and why:
+            found.append(f"{where}: own_default says it differs, but it is the field's {theirs!r}")
+    return found
 
 
 def config_problem(config: type, name: str, value: Any) -> str | None:

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 SFT_EPOCHS = 2
 SFT_LEARNING_RATE = 2e-4
 SFT_BATCH_SIZE = 4
+# Why the warm start's flags do not take TrainSFTConfig's defaults (jobs/fields.py: `own_default`).
+SFT_RATE_WHY = ("a warm start is a few epochs over tens of demonstrations, at the peak rate of ART's SFT from a "
+                "file (2e-4); TrainSFTConfig's default is one train_sft call's")
+SFT_BATCH_WHY = "a warm start's updates average 4 demonstrations; TrainSFTConfig's 'auto' is ART's 2"
 ENV_DEMONSTRATIONS = 64  # `groupwise sft <env>` without -n
 
 
@@ -53,10 +57,10 @@ class SFTJob(Job):
                                           "tictactoe-minimax)")
     n: int | None = arg(None, low=1, help=f"how many demonstrations (default: the file's all; env: {ENV_DEMONSTRATIONS})")
     epochs: int = arg(SFT_EPOCHS, low=1, help="passes over the demonstrations, one step each")
-    lr: float = arg(SFT_LEARNING_RATE, feeds=(TrainSFTConfig, "learning_rate"), help="learning rate")
-    batch_size: int = arg(SFT_BATCH_SIZE, low=1, help="demonstrations per optimizer update")
+    lr: float = arg(SFT_LEARNING_RATE, feeds=(TrainSFTConfig, "learning_rate"), own_default=SFT_RATE_WHY)
+    batch_size: int = arg(SFT_BATCH_SIZE, feeds=(TrainSFTConfig, "batch_size"), own_default=SFT_BATCH_WHY)
     model: str = model_field()
-    seed: int = arg(0, feeds=(TrainSFTConfig, "seed"), help="random seed: which demonstrations and their order")
+    seed: int = arg(feeds=(TrainSFTConfig, "seed"), help="Here also which demonstrations, and their order.")
     path: str = store_field()
     project: str | None = arg(None, check=folder_name_problem, help="project (default: the env's name, or 'sft' for "
                                                                      "a file)")

@@ -35,7 +35,7 @@ from groupwise.config import DEFAULT_MARGIN, MARGIN_BOUNDS, LoopConfig, TrainCon
 from groupwise.jobs.common import (Dtype, device_field, dtype_field, folder_name_problem, model_field, run_name_problem,
                                    store_field)
 from groupwise.jobs.fields import Command, Job, arg
-from groupwise.jobs.sft import SFT_EPOCHS, SFT_LEARNING_RATE, warm_start_fields, warm_started
+from groupwise.jobs.sft import SFT_EPOCHS, SFT_LEARNING_RATE, SFT_RATE_WHY, warm_start_fields, warm_started
 from groupwise.jobs.train_setup import job_backend, judge_target, loop_config, peak_rss_gb, score_group_of, with_ci
 
 if TYPE_CHECKING:
@@ -133,12 +133,13 @@ class TrainJob(Job):
     steps: int | None = arg(None, low=1, help=f"train until this many steps are done in total (default: the env's "
                                               f"preset: {_presets_of('steps')}; a resumed run continues from where "
                                               "it stopped)")
-    seed: int = arg(0, exclusive="seed", feeds=(LoopConfig, "seed"), help="seed of the training scenarios, their order and the run's name; the "
-                                              "validation and test scenarios are the same for every seed")
+    seed: int = arg(exclusive="seed", feeds=(LoopConfig, "seed"),
+                    help="Here also the env's training scenarios and the run's name; the validation and test "
+                         "scenarios are the same for every seed.")
     seeds: list[int] | None = arg(None, exclusive="seed", feeds=(LoopConfig, "seed"),
-                                  help="several seeds trained at once in this process, one run each (e.g. 0-3 or "
+                                  help="Several seeds trained at once in this process, one run each (e.g. 0-3 or "
                                        "0,2,5): one copy of the model, one engine batching every run's rollouts, a "
-                                       "line per step per run and a table at the end")
+                                       "line per step per run and a table at the end.")
     path: str = store_field()
     project: str | None = arg(None, check=folder_name_problem,
                               help="the project of the run (default: the env's name); `groupwise sft` prints it "
@@ -150,20 +151,20 @@ class TrainJob(Job):
     device: str | None = device_field()
     dtype: Dtype | None = dtype_field()
     lr: list[float] | None = arg(None, feeds=(TrainConfig, "learning_rate"),
-                                 help=f"GRPO learning rate; several (5e-4,1e-3) train one run per rate at once, as "
-                                      f"--seeds does (default: the env's preset: {_presets_of('learning_rate')})")
-    rollouts_per_group: int | None = arg(None, low=2, help=f"rollouts of each scenario, compared with each other "
-                                                           f"(default: the env's preset: "
-                                                           f"{_presets_of('rollouts_per_group')})")
-    groups_per_step: int | None = arg(None, low=1, help=f"scenarios per GRPO step (default: the env's preset: "
-                                                        f"{_presets_of('groups_per_step')})")
+                                 help=f"GRPO's; several (5e-4,1e-3) train one run per rate at once, as --seeds "
+                                      f"does (default: the env's preset: {_presets_of('learning_rate')})")
+    rollouts_per_group: int | None = arg(None, low=2, feeds=(LoopConfig, "rollouts_per_group"),
+                                         help=f"(default: the env's preset: {_presets_of('rollouts_per_group')})")
+    groups_per_step: int | None = arg(None, feeds=(LoopConfig, "groups_per_step"),
+                                      help=f"(default: the env's preset: {_presets_of('groups_per_step')})")
     sft: int | None = arg(None, low=0, metavar="N",
                           help="first a supervised warm start on N demonstrations of the env's scripted agent "
                                "(email: search, read, answer with the ground truth; tic-tac-toe: minimax's move in "
                                f"the tag), then GRPO from there; 0 is none (default: the env's preset: "
                                f"{_presets_of('sft')})")
     sft_epochs: int = arg(SFT_EPOCHS, low=1, help="SFT epochs, one step each")
-    sft_lr: float = arg(SFT_LEARNING_RATE, feeds=(TrainSFTConfig, "learning_rate"), help="SFT learning rate")
+    sft_lr: float = arg(SFT_LEARNING_RATE, feeds=(TrainSFTConfig, "learning_rate"), own_default=SFT_RATE_WHY,
+                        help="The warm start's (--sft).")
     teacher: str | None = arg(None, metavar="RUN_OR_MODEL",
                               help="on-policy distillation: a teacher scores every token the student samples and "
                                    "its per-token reverse KL joins GRPO's objective (TrainConfig.teacher): 'base' "

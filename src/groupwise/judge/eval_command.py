@@ -11,10 +11,7 @@ A labelled set is one of:
 from __future__ import annotations
 
 import importlib
-import json
-from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 from groupwise.errors import ConfigError
 from groupwise.judge.evaluate import LabelledGroup, labelled_from_groups, load_labelled
@@ -22,35 +19,17 @@ from groupwise.judge.evaluate import LabelledGroup, labelled_from_groups, load_l
 __all__ = ["labelled_from_run", "load_labels"]
 
 
-def _run_metric(run_dir: Path) -> str:
-    """The run's validation metric: the key of its val rows that carries an interval (``<key>_lo``)."""
-    from groupwise.runs.store import load_history
-
-    for row in reversed(load_history(run_dir, skip_corrupt=True)):
-        if row.get("split") == "val":
-            keys = [k for k in row if f"{k}_lo" in row]
-            if keys:
-                return keys[0]
-    raise ConfigError(f"{run_dir}: no validation rows with a metric; pass --metric", what="judge eval")
-
-
 def labelled_from_run(run_dir: str | Path, metric: str | None = None) -> list[LabelledGroup]:
     """A run's validation trajectories, grouped by scenario (their messages up to the first answer)
-    across every validation step, labelled by ``metrics[metric]``."""
-    from groupwise.runs.store import load_trajectories
+    across every validation step (`RunView.by_scenario`), labelled by ``metrics[metric]``; the metric
+    defaults to the run's validation metric, as its report and dashboard name it (`RunView.val_metric`)."""
+    from groupwise.runs.view import RunView
 
-    run_dir = Path(run_dir)
-    metric = metric or _run_metric(run_dir)
-    by_scenario: dict[str, list[Any]] = defaultdict(list)
-    for g in load_trajectories(run_dir, "val", skip_corrupt=True):
-        for t in g.trajectories:
-            msgs = t.messages()
-            first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), len(msgs))
-            by_scenario[json.dumps(msgs[:first], sort_keys=True, default=str)].append(t)
-    from groupwise.core.trajectory import TrajectoryGroup
-
-    groups = [TrajectoryGroup(ts, metadata={"scenario": f"val scenario {i}"}) for i, ts in enumerate(by_scenario.values())]
-    return labelled_from_groups(groups, metric)
+    run = RunView(run_dir)
+    metric = metric or run.val_metric()
+    if metric is None:
+        raise ConfigError(f"{run_dir}: no validation rows with a metric; pass --metric", what="judge eval")
+    return labelled_from_groups(run.by_scenario("val"), metric)
 
 
 def load_labels(source: str, metric: str | None = None) -> tuple[list[LabelledGroup], str | None]:

@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 from groupwise.config import DEFAULT_CONFIDENCE, DEFAULT_VAL_METRIC, DetectorConfig
 from groupwise.runs.curves import z_score
 from groupwise.runs.series import Point, Row, mean, points, rows, series, std
+from groupwise.runs.step_summary import answer_text
 from groupwise.loop.stopping import gap_noise, last_improvement, significant_gap
 
 if TYPE_CHECKING:
@@ -107,22 +108,6 @@ class Alert:
     def from_row(cls, row: Row) -> "Alert":
         return cls(row["name"], row.get("severity", "warning"), row["step"], row.get("message", ""),
                    dict(row.get("evidence") or {}))
-
-
-def answer_text(trajectory: "Trajectory") -> str:
-    """The last assistant message's text, and its tool calls as ``name(arguments)`` ('' when there is none).
-
-    A tool-calling agent often answers through a call (``return_final_answer``) with no text at all;
-    without the calls every such answer read as '' and looked identical to the detectors.
-    """
-    for message in reversed(trajectory.messages()):
-        if message.get("role") == "assistant":
-            content = message.get("content")
-            if isinstance(content, list):  # content parts
-                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-            calls = [c.get("function") or {} for c in message.get("tool_calls") or [] if isinstance(c, dict)]
-            return " ".join([content or "", *(f"{f.get('name', '')}({f.get('arguments', '')})" for f in calls)]).strip()
-    return ""
 
 
 def _preview(text: str, limit: int = 160) -> str:

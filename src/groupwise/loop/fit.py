@@ -55,7 +55,8 @@ from groupwise.core.learning_signal import assess, loop_action
 from groupwise.loop.cursor import DataCursor, batches, resume_cursor
 from groupwise.loop.audit import audit_before_training
 from groupwise.loop.checks import before_training, check_fit_args, maybe_await, takes_scenario
-from groupwise.loop.detectors import Alert, answer_text, reference, reference_of, rollout_signals, run_detectors
+from groupwise.loop.detectors import Alert, reference, reference_of, rollout_signals, run_detectors
+from groupwise.runs.step_summary import answer_text
 from groupwise.loop.intervals import mean_interval
 from groupwise.loop import lockstep
 from groupwise.loop.pipeline import Gathered, hold_for_resume, run_pipelined

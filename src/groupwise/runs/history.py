@@ -42,7 +42,7 @@ import os
 import threading
 import warnings
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, overload
@@ -59,11 +59,27 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["HISTORY_FILE", "HISTORY_KEY_FIELDS", "RunHistory", "history_key", "load_history", "read_jsonl",
-           "dumps", "atomic_write_text", "non_finite_field"]
+           "dumps", "atomic_write_text", "is_volatile", "non_finite_field", "stable_rows"]
 
 Row = dict[str, Any]
 HISTORY_FILE = "history.jsonl"
 HISTORY_KEY_FIELDS = ("step", "split", "kind", "name", "message")
+# The fields of a row that measure the machine rather than the run, so two runs that are the same run write
+# them differently: when the row was written and how long things took (``time/...`` are the loop's phases;
+# ``duration`` is the mean of the rollouts' own, `Trajectory.finish`), and ``memory/...`` (the measured peak, and the micro-batch budget admitted against the device's free
+# memory at that moment, with the priced peak of that plan: training/step_memory.py).
+VOLATILE_FIELDS = frozenset({"recorded_at", "duration", "step_time", "update_time", "trainable_tokens_per_s"})
+VOLATILE_PREFIXES = ("time/", "memory/")
+
+
+def is_volatile(key: str) -> bool:
+    """Whether a history field measures the machine, not the run (`VOLATILE_FIELDS`, `VOLATILE_PREFIXES`)."""
+    return key in VOLATILE_FIELDS or key.startswith(VOLATILE_PREFIXES)
+
+
+def stable_rows(rows: Iterable[Row]) -> list[Row]:
+    """Each row without its volatile fields, in order: what two runs that are the same run write alike."""
+    return [{k: v for k, v in r.items() if not is_volatile(k)} for r in rows]
 
 
 def non_finite_field(obj: Any, where: str = "") -> tuple[str, float] | None:

@@ -29,9 +29,12 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["PREVIEW_CHARS", "SUMMARY_VERSION", "answer_of", "content_text", "message_dict", "prompt_of", "read_summary", "summarize",
+if TYPE_CHECKING:
+    from groupwise.core.trajectory import Trajectory
+
+__all__ = ["PREVIEW_CHARS", "SUMMARY_VERSION", "answer_of", "answer_text", "content_text", "message_dict", "prompt_of", "read_summary", "summarize",
            "summary_of", "summary_path", "tool_calls"]
 
 SUMMARY_VERSION = 2
@@ -94,6 +97,22 @@ def answer_of(msgs: list[dict[str, Any]]) -> str:
         if msg["role"] == "assistant":
             calls = " ".join(f"{c['name']}({c['arguments']})" for c in msg["tool_calls"])
             return " ".join(f"{msg['content']} {calls}".split())
+    return ""
+
+
+def answer_text(trajectory: "Trajectory") -> str:
+    """The last assistant message's text, and its tool calls as ``name(arguments)`` ('' when there is none).
+
+    A tool-calling agent often answers through a call (``return_final_answer``) with no text at all;
+    without the calls every such answer read as '' and looked identical to the detectors.
+    """
+    for message in reversed(trajectory.messages()):
+        if message.get("role") == "assistant":
+            content = message.get("content")
+            if isinstance(content, list):  # content parts
+                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            calls = [c.get("function") or {} for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+            return " ".join([content or "", *(f"{f.get('name', '')}({f.get('arguments', '')})" for f in calls)]).strip()
     return ""
 
 

@@ -48,7 +48,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
-from groupwise.config import TRAIN_LEARNING_RATE_DEFAULT, CheckpointRetention, TrainConfig
+from groupwise.config import CheckpointRetention, LoopConfig, TrainConfig
+from groupwise.core.validated import field_default, field_help
 from groupwise.errors import ConfigError, GroupwiseError, NotTrainableError, warn_ignored
 from groupwise.core.learning_signal import tied
 from groupwise.art.pipeline_trainer.retention import (
@@ -68,6 +69,17 @@ SingleRolloutFn = Callable[[Any, Any, Any], Awaitable[Trajectory]]
 EvalFn = Callable[[Any, int, Any], Awaitable["list[Trajectory | TrajectoryGroup] | dict[str, list[Trajectory | TrajectoryGroup]]"]]
 CURSOR_KEY = "pipeline_trainer"  # the trainer's part of each checkpoint's data cursor
 LOSSES = ("cispo", "ppo")
+
+# ART's arguments that set a field of groupwise's configs: (the config, its field, why ART's default is kept
+# where it differs from the field's, else None). The signature takes the field's default and the constructor's
+# doc its help from here, so the two cannot drift (tests/art_compat/test_pipeline_trainer.py checks).
+CONFIG_ARGUMENTS: dict[str, tuple[type, str, str | None]] = {
+    "learning_rate": (TrainConfig, "learning_rate", None),
+    "loss_fn": (TrainConfig, "loss", "ART's PipelineTrainer trains with CISPO unless told otherwise"),
+    "normalize_advantages": (TrainConfig, "scale_rewards", None),
+    "max_steps_off_policy": (LoopConfig, "max_steps_off_policy",
+                             "the pipeline is asynchronous (ART bounds it at 4 versions), where gw.fit is synchronous by default"),
+}
 
 
 def make_group_rollout_fn(single_rollout_fn: SingleRolloutFn, n: int = 4) -> RolloutFn:
@@ -99,8 +111,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         config: Any, eval_fn: EvalFn | None = None, *,
         num_rollout_workers: int = 16, min_batch_size: int = 4, max_batch_size: int | None = None,
         max_steps_off_policy: int = 4, queue_maxsize: int | None = None,
-        learning_rate: float = TRAIN_LEARNING_RATE_DEFAULT, loss_fn: str = "cispo", loss_fn_config: dict | None = None,
-        normalize_advantages: bool = True, adam_params: object | None = None,
+        learning_rate: float = field_default(TrainConfig, "learning_rate"), loss_fn: str = "cispo",
+        loss_fn_config: dict | None = None, normalize_advantages: bool = field_default(TrainConfig, "scale_rewards"),
+        adam_params: object | None = None,
         packed_sequence_length: int | None = None, max_steps: int | None = None,
         discard_queue_multiplier: int = 100, log_interval_seconds: float = 60.0, status_ewa_alpha: float = 0.2,
         total_scenarios: int | None = None, eval_every_n_steps: int = 20, eval_at_start: bool = True,
@@ -412,3 +425,16 @@ def _sampled_by(trajectory: Any, step: int) -> list[int]:
 def _key(metric: str) -> str:
     """A checkpoint metric's key in its row of split CHECKPOINT_SPLIT (``checkpoint/saved`` -> ``saved``)."""
     return metric.partition("/")[2]
+
+
+def _arguments_doc() -> str:
+    """The constructor's doc: ART's arguments that set a config field, each with that field's help."""
+    lines = ["ART's constructor (the class doc says how it maps onto groupwise). The arguments that set a "
+             "field of groupwise's configs:", ""]
+    for name, (config, field, why) in CONFIG_ARGUMENTS.items():
+        kept = f" Its default is ART's, not the field's ({field_default(config, field)!r}): {why}." if why else ""
+        lines.append(f"{name}: {config.__name__}.{field}. {field_help(config, field)}{kept}")
+    return "\n".join(lines)
+
+
+PipelineTrainer.__init__.__doc__ = _arguments_doc()

@@ -15,37 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.errors import ConfigError
-from groupwise.loop.detectors import answer_text
-from groupwise.runs.series import Row, events, rows, value
+from groupwise.runs.step_summary import answer_text
+from groupwise.runs.view import RunView, resolve_step
+
+__all__ = ["compare", "resolve_step", "side_by_side"]
 
 _BOOKKEEPING = ("answer_chars", "duration")
-
-
-def resolve_step(spec: str, history: list[Row], val_steps: list[int], metric: str | None = None) -> int:
-    """A step number from '12', 'best' or 'latest' (validation steps only)."""
-    spec = spec.strip()
-    shown = spec if len(spec) <= 40 else f"{spec[:40]}... ({len(spec)} characters)"
-    if spec.isascii() and spec.isdigit():  # int() refuses "²"
-        if len(spec) > 18:  # past int64, and past what int() parses at all (4300 digits): no run is that long
-            raise ConfigError(f"step {shown} has {len(spec)} digits; no run has that many steps", what="compare --steps")
-        return int(spec)
-    if spec == "latest":
-        if not val_steps:
-            raise ConfigError("no validation trajectories are stored; nothing to compare", what="compare --steps")
-        return max(val_steps)
-    if spec == "best":
-        for row in reversed(events(history, "stop")):
-            if isinstance(row.get("best_step"), int):
-                return row["best_step"]
-        from groupwise.runs.report import val_metric_name
-
-        metric = metric or val_metric_name(history)
-        points = [(r["step"], value(r, "val", metric)) for r in rows(history, "val")] if metric else []
-        points = [(s, v) for s, v in points if v is not None]
-        if not points:
-            raise ConfigError("'best' needs validation rows in the history; pass a step number", what="compare --steps")
-        return max(points, key=lambda p: (p[1], p[0]))[0]  # latest of equal bests, as fit
-    raise ConfigError(f"step {shown!r} must be a number, 'best' or 'latest'", what="compare --steps")
 
 
 def _prompt(group: Any) -> str:
@@ -76,24 +51,21 @@ def side_by_side(left: str, right: str, width: int) -> list[str]:
 
 def compare(run_dir: str | Path, steps: str, *, split: str, n: int, width: int | None = None) -> str:
     """The side-by-side text of two steps' answers on `split` (see the module docstring)."""
-    from groupwise.runs.report import load_run
-    from groupwise.runs.store import load_trajectories, trajectory_files
-
-    history = load_run(run_dir)
-    stored = sorted({s for sp, s, _ in trajectory_files(run_dir, split)})
+    run = RunView(run_dir)
+    history = run.history
+    stored = run.steps(split)
     parts = [p for p in steps.split(",") if p.strip()]
     if len(parts) != 2:
         raise ConfigError(f"--steps {steps!r} must name two steps, e.g. 0,best", what="compare --steps")
     if not stored:  # a run without validation (a judged env) stores none: say which splits it has
-        splits = sorted({sp for sp, _, _ in trajectory_files(run_dir)})
         raise ConfigError(f"this run stores no {split} trajectories; pass --split with one it has: "
-                          f"{', '.join(splits) or 'none yet'}", what="compare --split")
+                          f"{', '.join(run.splits()) or 'none yet'}", what="compare --split")
     a, b = (resolve_step(p, history, stored) for p in parts)
     for s in (a, b):
         if s not in stored:
             raise ConfigError(f"no {split} trajectories stored for step {s}; stored steps: {stored}", what="compare --steps")
     width = width or shutil.get_terminal_size((120, 40)).columns
-    ga, gb = load_trajectories(run_dir, split, a), load_trajectories(run_dir, split, b)
+    ga, gb = run.trajectories(split, a), run.trajectories(split, b)
 
     def key(i: int, g: Any) -> Any:
         return g.metadata.get("scenario_index", i)
