@@ -89,6 +89,7 @@ class EngineCoreClient:
         self.version = 0  # the policy version: the core's count of adapter changes
         self._dead: EngineError | None = None
         self._closing = False
+        self._pipe_closed = False
         self.core_pid: int | None = process.pid if process is not None else None
         self._welcome(zmq)
         self._thread = threading.Thread(target=self._main, name="groupwise-engine-client", daemon=True)
@@ -107,6 +108,7 @@ class EngineCoreClient:
                 continue
             if (died := self._core_died()) is not None:
                 self._close_socket()
+                self._close_pipe()
                 raise died
         self.core_pid = message.core_pid
         self.context_length = message.context_length
@@ -199,6 +201,10 @@ class EngineCoreClient:
             raise EngineError(f"adapter {adapter!r} is not loaded; loaded: {self.adapters()}")
         return self._call(lambda cid: wire.Retarget(cid, follow, adapter))
 
+    def status(self) -> wire.CoreStatus:
+        """The core's frontends and requests now (wire.CoreStatus)."""
+        return self._call(lambda cid: wire.Status(cid))
+
     def _call(self, make: Any) -> Any:
         if self._dead is not None:
             raise self._dead
@@ -215,8 +221,10 @@ class EngineCoreClient:
         if self._closing:
             return
         self._closing = True
-        self._post(wire.encode(wire.Shutdown() if self._process is not None else wire.Goodbye()))
+        if self._dead is None:
+            self._post(wire.encode(wire.Shutdown() if self._process is not None else wire.Goodbye()))
         self._thread.join(timeout=10)
+        self._close_pipe()
         self._fail_all(EngineError("the engine client was closed"))
         if self._process is not None:
             try:
@@ -234,11 +242,13 @@ class EngineCoreClient:
     # ------------------------------------------------------------------------------ the I/O thread
     def _post(self, data: bytes) -> None:
         with self._lock:
+            if self._pipe_closed:
+                return
             self._outbox.append(data)
-        try:
-            os.write(self._wake_w, b"x")
-        except BlockingIOError:  # full of unread wake-ups: the thread is awake anyway
-            pass
+            try:
+                os.write(self._wake_w, b"x")
+            except BlockingIOError:  # full of unread wake-ups: the thread is awake anyway
+                pass
 
     def _cancelled(self, future: concurrent.futures.Future, rid: int) -> None:
         with self._lock:
@@ -255,11 +265,11 @@ class EngineCoreClient:
         try:
             while True:
                 poller.poll(timeout=int(LIVENESS_S * 1000))
-                try:
-                    os.read(self._wake_r, 4096)
-                except BlockingIOError:
-                    pass
                 with self._lock:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
                     out = list(self._outbox)
                     self._outbox.clear()
                 for data in out:
@@ -302,6 +312,11 @@ class EngineCoreClient:
         elif isinstance(message, wire.Adapters):
             self._adapters = set(message.adapters)
             self.version = message.version
+        elif isinstance(message, wire.CoreStatus):
+            with self._lock:
+                future = self._calls.pop(message.call_id, None)
+            if future is not None:
+                _settle(future, result=message)
         elif isinstance(message, wire.Reply):
             with self._lock:
                 future = self._calls.pop(message.call_id, None)
@@ -319,11 +334,14 @@ class EngineCoreClient:
     def _close_socket(self) -> None:
         self._sock.close(linger=0)
         self._ctx.term()
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+
+    def _close_pipe(self) -> None:
+        """Once the I/O thread has ended: under the lock, so no late `_post` writes to a reused fd."""
+        with self._lock:
+            if not self._pipe_closed:
+                self._pipe_closed = True
+                os.close(self._wake_r)
+                os.close(self._wake_w)
 
 
 def _settle(future: concurrent.futures.Future, *, result: Any = None, error: BaseException | None = None) -> None:

@@ -133,11 +133,12 @@ class EngineCoreServer:
         self._frontends: dict[bytes, int] = {}  # identity -> pid
         self._version = 0  # the policy version: +1 per adapter change
         self._stop = False
+        self._closed = False  # the wake pipe is closed: the compute thread writes to it no more
 
     # ------------------------------------------------------------------------ the compute thread's side
     def _wake(self) -> None:
         """Called under the lock: tell the I/O thread there is something to send (once per send)."""
-        if not self._woken:
+        if not self._woken and not self._closed:
             self._woken = True
             try:
                 os.write(self._wake_w, b"x")
@@ -252,6 +253,14 @@ class EngineCoreServer:
                                               e.adapters(), self._version))
         elif isinstance(message, (wire.PublishAdapter, wire.RemoveAdapter, wire.Retarget)):
             self._adapter_call(frontend, message)
+        elif isinstance(message, wire.Status):
+            st = self.engine.state
+            with st.cv:
+                waiting, running = len(st.waiting), len(st.running)
+            with self._lock:
+                held = len(self._requests)
+            self._send(frontend, wire.CoreStatus(message.call_id, len(self._frontends), held, waiting, running,
+                                                 self.engine.stats.cancelled_requests, self._version))
         elif isinstance(message, wire.Goodbye):
             self._drop_frontend(frontend)
         elif isinstance(message, wire.Shutdown):
@@ -338,8 +347,10 @@ class EngineCoreServer:
             request.future.cancel()
         self._sock.close(linger=0)
         self._ctx.term()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        with self._lock:
+            self._closed = True
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
 
 def _finished(request_id: int, result: Any) -> wire.Finished:

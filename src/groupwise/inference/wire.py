@@ -8,10 +8,10 @@ core builds a matcher factory of; adapter weights cross as safetensors bytes, or
 
 Frontend -> core: `Hello` (first; its pid, which the core watches: a frontend that dies has its
 requests freed), `AddRequest`, `Abort`, `PublishAdapter`, `RemoveAdapter`, `Retarget`, `Goodbye`,
-`Shutdown`. Core -> frontend: `Welcome` (the engine's limits, once per Hello), `Outputs` (every token
+`Shutdown`, `Status`. Core -> frontend: `Welcome` (the engine's limits, once per Hello), `Outputs` (every token
 delta, finished and failed request gathered for this frontend since the last send: one message per
 flush, not per token), `Reply` (to an adapter call), and `Adapters` (the served adapters and the
-policy version, sent to every frontend whenever they change).
+policy version, sent to every frontend whenever they change), `CoreStatus`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import msgspec
 
 __all__ = ["Abort", "AddRequest", "Adapters", "CompletionMsg", "Delta", "Failed", "Finished", "FromCore", "Goodbye",
            "Hello", "Outputs", "PublishAdapter", "RemoveAdapter", "Reply", "Retarget", "Sampling", "Shutdown",
-           "ToCore", "Welcome", "decode_from_core", "decode_to_core", "encode"]
+           "Status", "ToCore", "Welcome", "CoreStatus", "decode_from_core", "decode_to_core", "encode"]
 
 
 class Sampling(msgspec.Struct, array_like=True, frozen=True):
@@ -88,6 +88,12 @@ class Retarget(msgspec.Struct, tag="retarget", array_like=True):
     adapter: str
 
 
+class Status(msgspec.Struct, tag="status", array_like=True):
+    """Ask for the core's `CoreStatus`."""
+
+    call_id: int
+
+
 class Goodbye(msgspec.Struct, tag="bye", array_like=True):
     """The frontend closes: its requests are cancelled."""
 
@@ -96,7 +102,7 @@ class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
     """Stop the core process (its owner closing it)."""
 
 
-ToCore = Union[Hello, AddRequest, Abort, PublishAdapter, RemoveAdapter, Retarget, Goodbye, Shutdown]
+ToCore = Union[Hello, AddRequest, Abort, PublishAdapter, RemoveAdapter, Retarget, Status, Goodbye, Shutdown]
 
 # ------------------------------------------------------------------------------------ core -> frontend
 
@@ -167,7 +173,19 @@ class Adapters(msgspec.Struct, tag="adapters", array_like=True):
     version: int
 
 
-FromCore = Union[Welcome, Outputs, Reply, Adapters]
+class CoreStatus(msgspec.Struct, tag="core_status", array_like=True):
+    """What the core holds now: its frontends, and the engine's queued and running requests."""
+
+    call_id: int
+    frontends: int
+    requests: int  # requests of frontends the core holds (queued or running)
+    waiting: int
+    running: int  # sequences decoding
+    cancelled: int  # requests cancelled so far (aborted, or their frontend died)
+    version: int
+
+
+FromCore = Union[Welcome, Outputs, Reply, Adapters, CoreStatus]
 
 _encoder = msgspec.msgpack.Encoder()
 _to_core = msgspec.msgpack.Decoder(ToCore)
