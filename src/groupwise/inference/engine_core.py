@@ -379,9 +379,9 @@ def _load_function(spec: str) -> Any:
 def run_core(spec: CoreSpec) -> None:
     """Load the model, build the engine and serve it until shut down (the process's main thread)."""
     from groupwise.inference.engine import Engine
-    from groupwise.inference.serve import free_memory_bytes
     from groupwise.runtime.compute import compute_thread
     from groupwise.runtime.loading import load_base_model
+    from groupwise.runtime.memory import free_memory_bytes
 
     load = _load_function(spec.load_model) if spec.load_model else load_base_model
     # loaded on the thread that will step the engine (compute.py: one OpenMP team)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from groupwise.runtime.memory import free_memory_bytes
+
 __all__ = ["free_memory_bytes", "serve_app", "serve_model"]
 
 
@@ -29,19 +31,6 @@ def serve_app(app: Any, host: str, port: int) -> None:
     print(f"connections: at most {options['limit_concurrency'] - 1} open, a request's head within "
           f"{options['http'].head_timeout_s:g} s")
     uvicorn.run(app, host=host, port=port, log_level="info", **options)
-
-
-def free_memory_bytes(device: Any) -> int:
-    """Memory free for the KV cache: the GPU's free memory, or the host's MemAvailable (Linux)."""
-    import torch
-
-    if getattr(device, "type", str(device)) == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        return 8 * 2**30  # not Linux: assume a modest machine
 
 
 def serve_model(model: str, *, adapters: list[str], host: str, port: int, api_key: str | None, name: str | None,
