@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from groupwise.inference.engine_client import EngineProcessDied, start_engine_core
 from groupwise.inference.requests import EngineError, GenerationRequest, PromptTooLongError
@@ -216,12 +218,13 @@ def separate_server(tiny_model_dir):
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
     try:
-        core_pid = int(wait_for(lambda: next((ln.split()[3] for ln in lines if ln.startswith("engine core: pid")), None)
+        core = wait_for(lambda: next((ln.split() for ln in lines if ln.startswith("engine core: pid")), None)
                                 or (proc.poll() is not None and pytest.fail("".join(lines)[-3000:])),
-                                "groupwise serve started its core", limit_s=180))
+                        "groupwise serve started its core", limit_s=180)
+        core_pid, address = int(core[3]), core[5]
         wait_for(lambda: any("Uvicorn running" in ln or "Application startup complete" in ln for ln in lines)
                  or (proc.poll() is not None and pytest.fail("".join(lines)[-3000:])), "the server listens", limit_s=180)
-        yield f"http://127.0.0.1:{port}/v1", proc, core_pid
+        yield f"http://127.0.0.1:{port}/v1", proc, core_pid, address
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -233,7 +236,11 @@ async def test_openai_client_against_serve_with_a_separate_core(separate_server,
 
     from groupwise.chat import prompt_ids
 
-    url, proc, core_pid = separate_server
+    import httpx
+
+    from groupwise.inference.engine_client import connect_engine_core
+
+    url, proc, core_pid, address = separate_server
     messages = [{"role": "user", "content": "Say something."}]
     async with openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0) as client:
         answer = await client.chat.completions.create(model="agent", messages=messages, max_tokens=10, temperature=0,
@@ -250,9 +257,61 @@ async def test_openai_client_against_serve_with_a_separate_core(separate_server,
         assert streamed == ids
         with pytest.raises(openai.BadRequestError, match="context"):
             await client.completions.create(model="agent", prompt=[1] * 3000, max_tokens=2)
+    # A client that hangs up mid-stream: the server aborts its request in the core (seen by a second
+    # frontend of the same core, from this process).
+    watcher = connect_engine_core(address, tokenizer=tiny[1])
+    try:
+        before = watcher.status()
+        async with httpx.AsyncClient(timeout=60) as http:
+            async with http.stream("POST", f"{url}/chat/completions", json={
+                    "model": "agent", "messages": messages, "max_tokens": 100_000, "stream": True, "ignore_eos": True}) as r:
+                async for line in r.aiter_lines():
+                    if '"token_ids"' in line:
+                        break  # tokens are flowing: hang up
+        after = wait_for(lambda: (s := watcher.status()).requests == 0 and s.running == 0 and s, "the request aborted")
+        assert after.cancelled == before.cancelled + 1 and after.frontends == 2
+    finally:
+        watcher.close()
     # The server killed outright: its core sees its owner gone and exits (nothing left holding the device).
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     from groupwise.inference.engine_core import pid_exit
 
     wait_for(lambda: not pid_exit(core_pid)[0], "the orphaned core exited")
+
+
+def test_auto_keeps_the_engine_in_process_on_the_cpu_and_separates_it_on_cuda():
+    from groupwise.errors import ConfigError
+    from groupwise.inference.engine_core import resolve_engine_process
+
+    assert resolve_engine_process("auto", "cpu") == resolve_engine_process(None, "cpu") == "in_process"
+    assert resolve_engine_process("auto", "cuda") == "separate"
+    assert resolve_engine_process("separate", "cpu") == "separate"
+    assert resolve_engine_process("in_process", "cuda") == "in_process"
+    with pytest.raises(ConfigError, match="engine_process='elsewhere' must be one of"):
+        resolve_engine_process("elsewhere", "cpu")
+
+
+def test_the_serve_job_takes_the_setting_from_the_command_line():
+    from groupwise.cli import build_parser
+    from groupwise.jobs.serve import ServeJob
+
+    parser = build_parser()
+    assert ServeJob(model="smollm2-135m").engine_process == "auto"
+    assert parser.parse_args(["serve", "--model", "m", "--engine-process", "separate"]).engine_process == "separate"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--model", "m", "--engine-process", "elsewhere"])
+
+
+@settings(max_examples=50, deadline=None)
+@given(ids=st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=50), stop=st.lists(st.text(max_size=5), max_size=3),
+       seed=st.none() | st.integers(-(2**63), 2**63 - 1), adapter=st.none() | st.text(max_size=20),
+       temperature=st.floats(0, 2), stream=st.booleans())
+def test_a_request_crosses_the_wire_unchanged(ids, stop, seed, adapter, temperature, stream):
+    from groupwise.inference import wire
+
+    message = wire.AddRequest(7, ids, wire.Sampling(temperature, 0.9, seed, 2, 0, 0.0, 1.0, 0.0, 0.0), None, 2, stop, [],
+                              False, adapter, None, None, "", stream)
+    assert wire.decode_to_core(wire.encode(message)) == message
+    out = wire.Outputs([wire.Delta(7, 1, ids, [-0.5] * len(ids), None)], [], [wire.Failed(7, "engine", "x")])
+    assert wire.decode_from_core(wire.encode(out)) == out
