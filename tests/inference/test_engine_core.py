@@ -150,6 +150,29 @@ def test_streaming_sends_every_token_in_order_before_the_result(core):
         assert [f for *_, f in mine] == [None] * 19 + ["length"]
 
 
+def test_a_raising_on_token_fails_its_request_only(core):
+    from groupwise.inference.requests import RequestFailedError
+
+    client = core.get()
+
+    def boom(*_):
+        raise ValueError("callback bug")
+
+    bad = client.submit(GenerationRequest([8, 9], max_new_tokens=100_000, ignore_eos=True, on_token=boom))
+    good = client.submit(greedy([8, 9]))
+    with pytest.raises(RequestFailedError, match="on_token callback raised ValueError: callback bug"):
+        bad.result(timeout=60)
+    assert len(good.result(timeout=60).completions[0].token_ids) == 12
+    wait_for(lambda: (s := client.status()).requests == 0 and s.running == 0, "the failed request stopped in the core")
+
+
+def test_connecting_where_no_core_runs_fails_with_a_clear_error(tmp_path):
+    from groupwise.inference.engine_client import EngineCoreClient
+
+    with pytest.raises(EngineError, match="no engine core answered at ipc://.* within 0.5 s"):
+        EngineCoreClient(f"ipc://{tmp_path}/none", tokenizer=None, connect_timeout_s=0.5)
+
+
 def test_abort_frees_the_request_in_the_core(core):
     client = core.get()
     before = client.status()

@@ -35,7 +35,10 @@ from groupwise.inference.engine_core import LIVENESS_S, CoreSpec, pid_exit
 from groupwise.inference.requests import (BASE, Completion, EngineError, GenerationRequest, GenerationResult,
                                           PromptTooLongError, RequestFailedError, check_request)
 
-__all__ = ["EngineCoreClient", "EngineProcessDied", "connect_engine_core", "new_core_address", "start_engine_core"]
+__all__ = ["CONNECT_TIMEOUT_S", "EngineCoreClient", "EngineProcessDied", "connect_engine_core", "new_core_address", "start_engine_core"]
+
+
+CONNECT_TIMEOUT_S = 30.0  # how long a frontend waits for a running core's answer to its hello
 
 
 class EngineProcessDied(EngineError):
@@ -66,7 +69,8 @@ class EngineCoreClient:
     """A frontend of the core at `address` (module doc). `process`: the core's process when this client
     started it (its exit code is then known exactly, and `close` shuts the core down)."""
 
-    def __init__(self, address: str, tokenizer: Any, *, process: subprocess.Popen | None = None) -> None:
+    def __init__(self, address: str, tokenizer: Any, *, process: subprocess.Popen | None = None,
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         import zmq
 
         self.tokenizer = tokenizer
@@ -91,14 +95,18 @@ class EngineCoreClient:
         self._closing = False
         self._pipe_closed = False
         self.core_pid: int | None = process.pid if process is not None else None
-        self._welcome(zmq)
+        self._welcome(zmq, connect_timeout_s)
         self._thread = threading.Thread(target=self._main, name="groupwise-engine-client", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------------------ start-up
-    def _welcome(self, zmq: Any) -> None:
-        """Say hello and wait for the engine's limits; the core may still be loading its model (minutes),
-        so no deadline, but a core that dies meanwhile is reported at once."""
+    def _welcome(self, zmq: Any, timeout_s: float) -> None:
+        """Say hello and wait for the engine's limits. A core this client started may still be loading its
+        model (minutes): no deadline, but its death is reported at once. A running core answers at once:
+        nothing at `address` within `timeout_s` is an error, not a wait for ever."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
         self._sock.send(wire.encode(wire.Hello(os.getpid())))
         while True:
             if self._sock.poll(int(LIVENESS_S * 1000), zmq.POLLIN):
@@ -106,7 +114,11 @@ class EngineCoreClient:
                 if isinstance(message, wire.Welcome):
                     break
                 continue
-            if (died := self._core_died()) is not None:
+            died = self._core_died()
+            if died is None and self._process is None and time.monotonic() > deadline:
+                died = EngineError(f"no engine core answered at {self.address} within {timeout_s:g} s; start one "
+                                   "(start_engine_core) or pass the address a running one printed")
+            if died is not None:
                 self._close_socket()
                 self._close_pipe()
                 raise died
@@ -286,6 +298,11 @@ class EngineCoreClient:
                     self._dead = died
                     self._fail_all(died)
                     return
+        except BaseException as exc:  # a bug here must fail the callers, never leave them waiting
+            self._dead = EngineError(f"the engine client's I/O thread failed ({type(exc).__name__}: {exc}); "
+                                     "its requests cannot finish")
+            self._fail_all(self._dead)
+            raise
         finally:
             self._close_socket()
 
@@ -295,8 +312,12 @@ class EngineCoreClient:
                 entry = self._pending.get(d.request_id)
                 if entry is not None and entry[0].on_token is not None:
                     last = len(d.token_ids) - 1
-                    for k, (token, logprob) in enumerate(zip(d.token_ids, d.logprobs)):
-                        entry[0].on_token(d.index, token, logprob, d.finish_reason if k == last else None)
+                    try:
+                        for k, (token, logprob) in enumerate(zip(d.token_ids, d.logprobs)):
+                            entry[0].on_token(d.index, token, logprob, d.finish_reason if k == last else None)
+                    except Exception as exc:  # the caller's callback: its request fails, the others go on
+                        _settle(entry[1], error=RequestFailedError(f"its on_token callback raised {type(exc).__name__}: {exc}"))
+                        self._post(wire.encode(wire.Abort([d.request_id])))  # and stops in the core
             for f in message.finished:
                 entry = self._pending.get(f.request_id)
                 if entry is not None:
