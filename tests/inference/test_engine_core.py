@@ -326,6 +326,20 @@ def test_the_serve_job_takes_the_setting_from_the_command_line():
         parser.parse_args(["serve", "--model", "m", "--engine-process", "elsewhere"])
 
 
+def test_every_field_of_a_request_crosses_the_wire():
+    """A field added to GenerationRequest or SamplingParams must cross to the core (or be named here as
+    the frontend's own), never be dropped silently."""
+    import dataclasses
+
+    from groupwise.inference import wire
+
+    assert {f.name for f in dataclasses.fields(SamplingParams)} == set(wire.Sampling.__struct_fields__)
+    carried = set(wire.AddRequest.__struct_fields__) | {"sampling", "prompt_ids"}
+    as_other = {"on_token": "stream", "constraint": "grammar"}  # a callback and a matcher factory cannot cross
+    for f in dataclasses.fields(GenerationRequest):
+        assert f.name in carried or as_other.get(f.name) in carried, f.name
+
+
 @settings(max_examples=50, deadline=None)
 @given(ids=st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=50), stop=st.lists(st.text(max_size=5), max_size=3),
        seed=st.none() | st.integers(-(2**63), 2**63 - 1), adapter=st.none() | st.text(max_size=20),

@@ -19,6 +19,7 @@ it; nothing waits for an answer that cannot come.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import itertools
 import os
 import signal
@@ -170,12 +171,10 @@ class EngineCoreClient:
         if self._closing:
             raise EngineError("the engine client is closed")
         grammar = request.constraint
-        s = request.sampling
         rid = next(self._ids)
         message = wire.AddRequest(
             rid, list(request.prompt_ids),
-            wire.Sampling(s.temperature, s.top_p, s.seed, s.top_logprobs, s.top_k, s.min_p, s.repetition_penalty,
-                          s.presence_penalty, s.frequency_penalty),
+            wire.Sampling(**dataclasses.asdict(request.sampling)),
             request.max_new_tokens, request.n, list(request.stop), list(request.stop_token_ids), request.ignore_eos,
             None if request.adapter == BASE else request.adapter, request.follow,
             None if grammar is None else grammar.grammar, "" if grammar is None else grammar.description,
