@@ -47,8 +47,9 @@ class EngineProcessDied(EngineError):
 
 
 def new_core_address() -> str:
-    """A fresh ipc:// address (a socket file in the temp folder; ipc paths are limited to ~100 bytes)."""
-    return f"ipc://{tempfile.gettempdir()}/gw-core-{uuid.uuid4().hex[:12]}"
+    """A fresh ipc:// address: a socket in a folder of its own that only this user may enter (mode 0700),
+    so no other local user can send the core requests or adapters; ipc paths are limited to ~100 bytes."""
+    return f"ipc://{tempfile.mkdtemp(prefix='gw-core-')}/engine"
 
 
 def _describe_exit(status: int | None, *, waitpid_status: bool) -> str:

@@ -120,6 +120,7 @@ class EngineCoreServer:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self.address = address
         self._sock.bind(address)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -347,6 +348,13 @@ class EngineCoreServer:
             request.future.cancel()
         self._sock.close(linger=0)
         self._ctx.term()
+        if self.address.startswith("ipc://"):  # the socket's private folder (engine_client.new_core_address)
+            folder = os.path.dirname(self.address[len("ipc://"):])
+            for path, remove in ((self.address[len("ipc://"):], os.unlink), (folder, os.rmdir)):
+                try:
+                    remove(path)
+                except OSError:  # zmq removed the socket already, or the folder is not only the socket's
+                    pass
         with self._lock:
             self._closed = True
             os.close(self._wake_r)
