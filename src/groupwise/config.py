@@ -12,7 +12,7 @@ import difflib
 import functools
 import math
 from dataclasses import InitVar, dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from groupwise.errors import ConfigError, warn_ignored
 from groupwise.core.validated import (
@@ -25,6 +25,11 @@ DEFAULT_BASE_MODEL = "smollm2-135m"  # what a TrainableModel and the CLI's jobs 
 DEFAULT_RUN_STORE = ".groupwise"  # the run store folder, relative to the working directory
 DEFAULT_PROJECT = "default"  # the project a model belongs to when none is named (ART's)
 DEFAULT_MAX_BATCH_SIZE = 32  # sequences an engine decodes together (the engine's, every backend's, `groupwise serve`'s)
+# Where an engine runs (inference/engine_core.py): in the process of its frontends, in a core process of its
+# own fed over ZeroMQ, or "auto" (in process on the CPU, separate on CUDA): `groupwise serve`'s setting.
+EngineProcess = Literal["auto", "in_process", "separate"]
+ENGINE_PROCESS_CHOICES: tuple[str, ...] = get_args(EngineProcess)
+DEFAULT_ENGINE_PROCESS = "auto"
 DEFAULT_MICRO_BATCH_TOKENS = 4096  # padded tokens of one micro-batch, of a GRPO step and of an SFT update
 CPU_MICRO_BATCH_TOKENS = 512  # the CPU job's micro-batch (jobs/train_setup.py says why), which budget.py counts on
 DEFAULT_MAX_GRAD_NORM = 1.0  # the global gradient norm an update is clipped to, GRPO and SFT alike

@@ -374,7 +374,7 @@ async def test_the_key_guards_every_route_the_docs_too(served):
 
     from groupwise.inference.server import create_app
 
-    closed = SimpleNamespace(engine=SimpleNamespace(state=SimpleNamespace(closed=True), tokenizer=served[0].tokenizer))
+    closed = SimpleNamespace(engine=SimpleNamespace(closed=True, tokenizer=served[0].tokenizer))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(closed)), base_url="http://x") as http:
         r = await http.get("/health")
         assert r.status_code == 503 and r.json()["error"]["code"] == "engine_closed"

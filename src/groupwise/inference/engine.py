@@ -72,7 +72,7 @@ from groupwise.inference.prefill import admit, prefill_isolated
 from groupwise.inference.prefix_cache import PrefixCache
 from groupwise.inference.requests import (BASE, DEFAULT_MAX_NEW_TOKENS, Completion, EngineError, GenerationRequest,
                                           GenerationResult, PromptTooLongError, RequestFailedError, RequestState,
-                                          SeqState)
+                                          SeqState, check_request)
 from groupwise.inference.runner import ModelRunner
 from groupwise.inference.step_state import EngineStats, StepState
 from groupwise.rollout.stalls import STALLS
@@ -202,6 +202,11 @@ class Engine:
     def cuda_graphs(self) -> bool:
         """Decode by CUDA graph replay (turned off for good if a capture fails)."""
         return self.runner.cuda_graphs
+
+    @property
+    def closed(self) -> bool:
+        """Closed: takes no request any more (the server's liveness probe reads it)."""
+        return self.state.closed
 
     @property
     def stats(self) -> EngineStats:
@@ -384,30 +389,9 @@ class Engine:
                 self.state.cv.notify_all()
 
     def _validate(self, r: GenerationRequest) -> None:
-        # Everything a batch would choke on is refused here, before the request can share a forward
-        # pass with others: out-of-range ids index the embedding, an int64-overflowing seed the sampler.
-        problems = r.sampling.problems(r.n)
-        if not r.prompt_ids:
-            problems.append("the prompt is empty")
-        for what, ids in (("prompt", r.prompt_ids), ("stop_token_ids", r.stop_token_ids)):
-            bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size]
-            if bad:
-                problems.append(f"{what} has token ids outside [0, {self.vocab_size}) (the vocabulary): {bad[:5]}")
-        if len(r.prompt_ids) >= self.context_length:
-            why = (f" (what the KV cache budget holds at {self.max_batch_size} sequences)"
-                   if self.kv_budget_limits_context else "")
-            raise PromptTooLongError(
-                f"the prompt has {len(r.prompt_ids)} tokens but the context length is "
-                f"{self.context_length}{why}; shorten the conversation (or drop old turns)"
-            )
-        if r.max_new_tokens is not None and r.max_new_tokens < 1:
-            problems.append(f"max_new_tokens={r.max_new_tokens} must be >= 1")
-        if not (1 <= r.n <= self.max_batch_size):
-            problems.append(f"n={r.n} must be in [1, max_batch_size={self.max_batch_size}]")
-        if r.adapter not in (None, BASE) and not self._known_adapter(r.adapter):
-            problems.append(f"adapter {r.adapter!r} is not loaded; loaded: {self.adapters()}")
-        if problems:
-            raise EngineError("; ".join(problems))
+        check_request(r, vocab_size=self.vocab_size, context_length=self.context_length,
+                      max_batch_size=self.max_batch_size, kv_budget_limits_context=self.kv_budget_limits_context,
+                      known_adapter=self._known_adapter, adapters=self.adapters)
 
     # ---------------------------------------------------------------- the loop (compute.py steps it)
     def ready(self) -> bool:

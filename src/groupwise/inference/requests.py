@@ -16,7 +16,7 @@ from groupwise.errors import GroupwiseError
 from groupwise.inference.sampling import SamplingParams
 
 __all__ = ["BASE", "DEFAULT_MAX_NEW_TOKENS", "Completion", "EngineError", "GenerationRequest", "GenerationResult", "PromptTooLongError",
-           "RequestFailedError", "RequestState", "SeqState"]
+           "RequestFailedError", "RequestState", "SeqState", "check_request"]
 
 BASE = "__base__"  # the adapter name of the base model in peft's mixed-batch ``adapter_names``
 
@@ -127,3 +127,33 @@ class RequestState:
         for s in self.seqs:
             s.finish_reason = s.finish_reason or "error"
         self.settle(error=RequestFailedError(f"generation failed for this request: {type(exc).__name__}: {exc}"))
+
+
+def check_request(r: GenerationRequest, *, vocab_size: int, context_length: int, max_batch_size: int,
+                  kv_budget_limits_context: bool, known_adapter: Callable[[str], bool],
+                  adapters: Callable[[], list[str]]) -> None:
+    """Refuse (`PromptTooLongError`, `EngineError`) what a batch would choke on, before the request can share
+    a forward pass with others: out-of-range ids index the embedding, an int64-overflowing seed the sampler.
+    The engine checks here, and so does a frontend of an engine core process (engine_client.py), so a
+    caller's error is raised at submit on either side of the process boundary."""
+    problems = r.sampling.problems(r.n)
+    if not r.prompt_ids:
+        problems.append("the prompt is empty")
+    for what, ids in (("prompt", r.prompt_ids), ("stop_token_ids", r.stop_token_ids)):
+        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size]
+        if bad:
+            problems.append(f"{what} has token ids outside [0, {vocab_size}) (the vocabulary): {bad[:5]}")
+    if len(r.prompt_ids) >= context_length:
+        why = f" (what the KV cache budget holds at {max_batch_size} sequences)" if kv_budget_limits_context else ""
+        raise PromptTooLongError(
+            f"the prompt has {len(r.prompt_ids)} tokens but the context length is "
+            f"{context_length}{why}; shorten the conversation (or drop old turns)"
+        )
+    if r.max_new_tokens is not None and r.max_new_tokens < 1:
+        problems.append(f"max_new_tokens={r.max_new_tokens} must be >= 1")
+    if not (1 <= r.n <= max_batch_size):
+        problems.append(f"n={r.n} must be in [1, max_batch_size={max_batch_size}]")
+    if r.adapter not in (None, BASE) and not known_adapter(r.adapter):
+        problems.append(f"adapter {r.adapter!r} is not loaded; loaded: {adapters()}")
+    if problems:
+        raise EngineError("; ".join(problems))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from groupwise.runtime.memory import free_memory_bytes
+
 __all__ = ["free_memory_bytes", "serve_app", "serve_model"]
 
 
@@ -31,43 +33,43 @@ def serve_app(app: Any, host: str, port: int) -> None:
     uvicorn.run(app, host=host, port=port, log_level="info", **options)
 
 
-def free_memory_bytes(device: Any) -> int:
-    """Memory free for the KV cache: the GPU's free memory, or the host's MemAvailable (Linux)."""
-    import torch
-
-    if getattr(device, "type", str(device)) == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        return 8 * 2**30  # not Linux: assume a modest machine
-
-
 def serve_model(model: str, *, adapters: list[str], host: str, port: int, api_key: str | None, name: str | None,
                 device: str | None, dtype: str | None, max_batch_size: int, max_body_bytes: int,
-                max_kv_gb: float | None, allowed_hosts: list[str] | tuple[str, ...] = ()) -> None:
+                max_kv_gb: float | None, allowed_hosts: list[str] | tuple[str, ...] = (),
+                engine_process: str | None = None) -> None:
     """Load the base model `model` and the LoRA `adapters`, and serve them over HTTP until stopped.
 
     Served as `name` (default: `model`): ``name`` (latest step), ``name@0`` (the base), ``name@<step>``
     for an adapter folder named by its step, else by its folder name. The KV cache holds at most
     `max_kv_gb` (default: a third of the memory free after loading: growing the cache holds the old
     buffers beside the new ones for a moment). `allowed_hosts`: names besides localhost and `host` that
-    requests may call the server by (groupwise.core.http_guard)."""
+    requests may call the server by (groupwise.core.http_guard). `engine_process`: the engine in this
+    process, or in a core process of its own that this one feeds over ZeroMQ (engine_core.py; "auto": separate
+    on CUDA, where this process's per-request Python would otherwise hold up the GPU)."""
     import os
 
     from groupwise.runtime.compute import compute_thread
     from groupwise.inference.engine import Engine
     from groupwise.inference.registry import ModelRegistry
     from groupwise.inference.server import create_app
-    from groupwise.runtime.loading import load_base_model
+    from groupwise.inference.engine_core import resolve_engine_process
+    from groupwise.runtime.loading import load_base_model, resolve_device
 
-    # loaded on the thread that will run the engine (groupwise/runtime/compute.py: one OpenMP team)
-    weights, tokenizer = compute_thread().call(load_base_model, model, device=device, dtype=dtype)
-    budget = int(max_kv_gb * 2**30) if max_kv_gb else free_memory_bytes(next(weights.parameters()).device) // 3
-    engine = Engine(weights, tokenizer, max_batch_size=max_batch_size, max_kv_bytes=budget)
-    print(f"KV cache: at most {budget / 2**30:.1f} GiB, {engine.context_length} tokens per sequence x "
-          f"{engine.max_batch_size} sequences (--max-kv-gb, --max-batch-size)")
+    if resolve_engine_process(engine_process, resolve_device(device).type) == "separate":
+        from groupwise.inference.engine_client import start_engine_core
+
+        # The core loads the model and sizes its KV cache; this process keeps the HTTP work, the
+        # tokenizer and the responses.
+        engine = start_engine_core(model, device=device, dtype=dtype, max_kv_gb=max_kv_gb,
+                                   engine_kwargs={"max_batch_size": max_batch_size})
+        print(f"engine core: pid {engine.core_pid} at {engine.address}")
+    else:
+        # loaded on the thread that will run the engine (groupwise/runtime/compute.py: one OpenMP team)
+        weights, tokenizer = compute_thread().call(load_base_model, model, device=device, dtype=dtype)
+        budget = int(max_kv_gb * 2**30) if max_kv_gb else free_memory_bytes(next(weights.parameters()).device) // 3
+        engine = Engine(weights, tokenizer, max_batch_size=max_batch_size, max_kv_bytes=budget)
+        print(f"KV cache: at most {budget / 2**30:.1f} GiB, {engine.context_length} tokens per sequence x "
+              f"{engine.max_batch_size} sequences (--max-kv-gb, --max-batch-size)")
     name = name or model
     registry = ModelRegistry(engine, base_name=model)
     if name != model:

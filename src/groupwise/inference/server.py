@@ -395,7 +395,7 @@ probes = APIRouter(include_in_schema=False)
 
 @probes.get("/health")
 async def health(state: ServerState = Depends(server_state)) -> Response:
-    if state.engine.state.closed:
+    if getattr(state.engine, "closed", False):
         return ApiError(503, "the engine is closed", type="server_error", code="engine_closed").response()
     return Response(status_code=200)
 

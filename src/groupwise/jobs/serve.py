@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from groupwise.config import DEFAULT_MAX_BATCH_SIZE
+from groupwise.config import DEFAULT_ENGINE_PROCESS, DEFAULT_MAX_BATCH_SIZE, EngineProcess
 from groupwise.inference.request_limits import DEFAULT_MAX_BODY_BYTES
 from groupwise.jobs.common import (Dtype, allowed_host_field, api_key_field, device_field, dtype_field, host_field, local_model_problem,
                                    loopback_problem, port_field, served_name_problem)
@@ -52,6 +52,11 @@ class ServeJob(Job):
                                   help="the KV cache's largest size; the context shrinks to what it holds at "
                                        "--max-batch-size (default: a third of the memory free at startup)")
 
+    engine_process: EngineProcess = arg(
+        DEFAULT_ENGINE_PROCESS, help="where the engine runs: in this process, or 'separate' (a core process of its "
+        "own that the server feeds over ZeroMQ, so the HTTP work never holds up the GPU); 'auto': separate on "
+        "CUDA, in process on the CPU (faster there)")
+
     def rules(self) -> list[str]:
         problem = loopback_problem(self.host, self.api_key, exposes="use the model")
         return [problem] if problem else []
@@ -63,7 +68,7 @@ def run(job: ServeJob) -> int:
     serve_model(job.model, adapters=job.adapter, host=job.host, port=job.port, api_key=job.api_key, name=job.name,
                 allowed_hosts=job.allowed_host,
                 device=job.device, dtype=job.dtype, max_batch_size=job.max_batch_size,
-                max_body_bytes=job.max_body_bytes, max_kv_gb=job.max_kv_gb)
+                max_body_bytes=job.max_body_bytes, max_kv_gb=job.max_kv_gb, engine_process=job.engine_process)
     return 0
 
 

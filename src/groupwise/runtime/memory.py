@@ -1,4 +1,4 @@
-"""Give freed memory back to the operating system (Linux, glibc).
+"""Give freed memory back to the operating system (Linux, glibc); and how much is free for a KV cache.
 
 glibc keeps what a process frees in its heap instead of returning it to the OS (after large frees it
 also raises its mmap threshold, so later allocations come from the heap too). Two places pay for it:
@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from typing import Any
 
-__all__ = ["release_freed_memory"]
+__all__ = ["free_memory_bytes", "release_freed_memory"]
 
 _libc = None
 
@@ -29,3 +30,16 @@ def release_freed_memory() -> bool:
         return bool(_libc.malloc_trim(0))
     except (OSError, AttributeError):  # musl or another libc: nothing to trim this way
         return False
+
+
+def free_memory_bytes(device: Any) -> int:
+    """Memory free for the KV cache: the GPU's free memory, or the host's MemAvailable (Linux)."""
+    import torch
+
+    if getattr(device, "type", str(device)) == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return 8 * 2**30  # not Linux: assume a modest machine
