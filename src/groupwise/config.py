@@ -26,7 +26,7 @@ DEFAULT_RUN_STORE = ".groupwise"  # the run store folder, relative to the workin
 DEFAULT_PROJECT = "default"  # the project a model belongs to when none is named (ART's)
 DEFAULT_MAX_BATCH_SIZE = 32  # sequences an engine decodes together (the engine's, every backend's, `groupwise serve`'s)
 # Where an engine runs (inference/engine_core.py): in the process of its frontends, in a core process of its
-# own fed over ZeroMQ, or "auto" (in process on the CPU, separate on CUDA): `groupwise serve`'s setting.
+# own fed over ZeroMQ, or "auto" (in process until a GPU measurement shows the separate core faster): `groupwise serve`'s setting.
 EngineProcess = Literal["auto", "in_process", "separate"]
 ENGINE_PROCESS_CHOICES: tuple[str, ...] = get_args(EngineProcess)
 DEFAULT_ENGINE_PROCESS = "auto"

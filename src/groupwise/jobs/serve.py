@@ -54,8 +54,8 @@ class ServeJob(Job):
 
     engine_process: EngineProcess = arg(
         DEFAULT_ENGINE_PROCESS, help="where the engine runs: in this process, or 'separate' (a core process of its "
-        "own that the server feeds over ZeroMQ, so the HTTP work never holds up the GPU); 'auto': separate on "
-        "CUDA, in process on the CPU (faster there)")
+        "own that the server feeds over ZeroMQ, so the HTTP work never holds up the GPU); 'auto': in process (the "
+        "CPU measures it faster; the GPU is not measured yet)")
 
     def rules(self) -> list[str]:
         problem = loopback_problem(self.host, self.api_key, exposes="use the model")
