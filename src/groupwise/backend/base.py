@@ -163,8 +163,9 @@ class Backend(ABC):
 
     async def set_retention(self, model: "TrainableModel", retention: "CheckpointRetention") -> None:
         """Keep `model`'s checkpoints by `retention` (the newest k and the top k by a metric; the latest, the
-        named best and those in use always) from now on, each prune logged in its history. This default
-        keeps everything: a backend that never deletes checkpoints needs nothing more."""
+        named best and those in use always) from the next step on (a loop sets it as it starts, before it
+        holds what it samples from), each prune logged in its history. This default keeps everything: a
+        backend that never deletes checkpoints needs nothing more."""
 
     async def hold_steps(self, model: "TrainableModel", steps: "list[int]") -> None:
         """The caller still samples from these steps (an asynchronous loop's rollouts in flight, and the

@@ -328,8 +328,10 @@ class WorkerBackend(Backend):
         if not isinstance(retention, CheckpointRetention):
             raise ArgumentTypeError(f"set_retention takes a gw.CheckpointRetention, got {type(retention).__name__}")
         run = self._run(model)
+        # Applied from the next step's publication on, not now: a loop sets it as it starts, before it holds
+        # the policies it samples from (a pipelined run resumed needs its previous step's checkpoint to
+        # serve), and a prune now would delete what it is about to hold.
         run.retention = retention
-        await self._retain(run)
 
     async def hold_steps(self, model: "TrainableModel", steps: list[int]) -> None:
         run = self._run(model)
