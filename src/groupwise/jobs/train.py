@@ -42,14 +42,14 @@ if TYPE_CHECKING:
     from groupwise.envs import EnvSpec
 
 
-def _sets(config: type, name: str, *, why: str = "") -> Any:
+def _sets(config: type, name: str) -> Any:
     """A preset field whose value goes into `config`'s field `name` (`Preset.settings`, checked there)."""
-    return dataclasses.field(metadata={"sets": (config, name), "why": why})
+    return dataclasses.field(metadata={"sets": (config, name)})
 
 
-def _own(default: Any, why: str, low: int) -> Any:
+def _own(default: Any, low: int) -> Any:
     """A preset field the job itself reads (no config has it): `low` bounds it (None stays allowed)."""
-    return dataclasses.field(default=default, metadata={"sets": None, "why": why, "low": low})
+    return dataclasses.field(default=default, metadata={"sets": None, "low": low})
 
 
 @dataclass(frozen=True)
@@ -62,14 +62,12 @@ class Preset:
     config's own validation (`groupwise.jobs.fields.settings_problems`): a preset naming a field the config
     lost, or a value it refuses, is a ConfigError when the module loads, not a run that fails later."""
 
-    steps: int = _sets(LoopConfig, "max_steps", why="GRPO's steps; the job adds the warm start's (sft) to them")
+    steps: int = _sets(LoopConfig, "max_steps")  # GRPO's; the job adds the warm start's steps (sft) to them
     rollouts_per_group: int = _sets(LoopConfig, "rollouts_per_group")
     groups_per_step: int = _sets(LoopConfig, "groups_per_step")
     learning_rate: float = _sets(TrainConfig, "learning_rate")
-    val_size: int | None = _own(None, "how many val (and test) scenarios the 10-minute job uses (None: the whole "
-                                      "split)", low=1)
-    sft: int = _own(0, "demonstrations of the env's scripted player for a supervised warm start first (0: none)",
-                    low=0)
+    val_size: int | None = _own(None, low=1)  # how many val (and test) scenarios the 10-minute job uses (None: the whole split)
+    sft: int = _own(0, low=0)  # demonstrations of the env's scripted player for a supervised warm start first (0: none)
 
     def settings(self) -> dict[tuple[type, str], Any]:
         """The preset's config values, by (config, field name)."""
