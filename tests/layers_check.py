@@ -15,6 +15,9 @@ The rules (`RULES` below holds the layer ones):
 - envs/ never imports training/, backend/ or jobs/ (an env is its contract: data and a rollout, not a job);
 - dashboard/ never imports inference/, backend/, training/ (but the pure `training.advantages`) or jobs/:
   it reads the run store and loads no model;
+- the readers of a run (`RUN_READERS`: dashboard/, judge/, runs/report.py, runs/transcript.py,
+  runs/compare.py, jobs/report.py, jobs/inspect.py) import none of the modules that open a run folder's
+  files (`RUN_STORE_FILES`: runs/store.py, runs/history.py, runs/lock.py): they read through runs/view.py;
 - jobs/ are the top floor under the CLI: only `groupwise.cli` (and jobs themselves) import them; nothing
   imports cli; the CLI imports its jobs by name, never through `importlib` (so the import graph shows
   which job each command runs);
@@ -232,12 +235,23 @@ class Rule:
     exempt_exact: tuple[str, ...] = ()  # single modules it does not bind (the package's __init__, say)
 
 
+# The modules that open a run folder's files (history.jsonl, the trajectory files, the writer lock), and the
+# readers of a run, which reach them only through `groupwise.runs.view`.
+RUN_STORE_FILES = ("groupwise.runs.store", "groupwise.runs.history", "groupwise.runs.lock")
+RUN_READERS = ("groupwise.dashboard", "groupwise.judge", "groupwise.runs.report", "groupwise.runs.transcript",
+               "groupwise.runs.compare", "groupwise.jobs.report", "groupwise.jobs.inspect")
+
 RULES = [
     Rule("groupwise.judge", ("groupwise.inference", "groupwise.backend", "groupwise.training"),
          "the judge receives a client; a local judge is built by the backend"),
     # A run folder is read through one view (runs/view.py), so every reader names the same metric and steps.
     Rule("groupwise.judge", ("groupwise.runs",), "the judge reads a run through the run-reading view (runs/view.py)",
          allowed=("groupwise.runs.view",)),
+    # Every reader of a run folder (report, inspect, compare, the judge's labelled sets, the dashboard) reads
+    # it through that view and opens none of the store's files itself: a change of layout is made once.
+    *(Rule(reader, RUN_STORE_FILES, "a reader of a run reads it through the run-reading view (runs/view.py), "
+                                    "never the run store's files")
+      for reader in RUN_READERS),
     Rule("groupwise.training", ("groupwise.inference",), "training and inference are separate layers"),
     Rule("groupwise.inference", ("groupwise.training",), "training and inference are separate layers"),
     Rule("groupwise.chat", ("groupwise.inference", "groupwise.training", "groupwise.backend", "groupwise.loop"),

@@ -185,6 +185,16 @@ BREAKS = {
         {"groupwise/judge/eval_command.py": "def f():\n    from groupwise.runs.store import load_trajectories\n",
          "groupwise/runs/store.py": ""},
         "layers", "groupwise.judge.eval_command:2 imports groupwise.runs.store"),
+    "the dashboard reads a run's history past the run-reading view": (
+        {"groupwise/dashboard/runs.py": "from groupwise.runs.store import load_history\n", "groupwise/runs/store.py": ""},
+        "layers", "groupwise.dashboard.runs:1 imports groupwise.runs.store"),
+    "inspect opens the trajectory files past the run-reading view": (
+        {"groupwise/runs/transcript.py": "def f():\n    from groupwise.runs.history import read_jsonl\n",
+         "groupwise/runs/history.py": ""},
+        "layers", "groupwise.runs.transcript:2 imports groupwise.runs.history"),
+    "report reads the writer lock past the run-reading view": (
+        {"groupwise/jobs/report.py": "import groupwise.runs.lock\n", "groupwise/runs/lock.py": ""},
+        "layers", "groupwise.jobs.report:1 imports groupwise.runs.lock"),
     "training imports inference": (
         {"groupwise/training/trainer.py": "import groupwise.inference.engine as e\n"},
         "layers", "groupwise.training.trainer:1 imports groupwise.inference.engine"),

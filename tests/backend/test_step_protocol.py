@@ -19,7 +19,8 @@ from backend_helpers import checkpoint_steps, make_backend, sample_groups
 import groupwise as gw
 from groupwise.backend import processes, ray
 from groupwise.backend.options import BackendOptions
-from groupwise.backend.protocol import Published, PublishCommand, RetainCommand, Update, UpdateCommand, Worker
+from groupwise.backend.protocol import (PruneCommand, Published, PublishCommand, RetainCommand, Update, UpdateCommand,
+                                       Worker)
 from groupwise.backend.retention import retain_command
 from groupwise.backend.worker import DeviceWorker, WorkerOptions
 
@@ -33,7 +34,8 @@ def test_every_placement_runs_a_worker_of_the_protocol():
     assert isinstance(DeviceWorker(0, 1, "cpu", _options()), Worker)
     assert issubclass(ray._RayWorker, DeviceWorker)
     assert inspect.signature(processes._serve).parameters["worker"].annotation in (DeviceWorker, "DeviceWorker")
-    for name, command in (("update", UpdateCommand), ("publish", PublishCommand), ("retain", RetainCommand)):
+    for name, command in (("update", UpdateCommand), ("publish", PublishCommand), ("retain", RetainCommand),
+                          ("prune", PruneCommand)):
         assert command.method == name
         # one parameter, `command`, of that command's type: what `WorkerBackend._send` passes
         params = list(inspect.signature(getattr(DeviceWorker, name)).parameters.values())[1:]
@@ -47,7 +49,8 @@ def test_commands_survive_the_pipe_and_name_the_run_by_its_key():
     commands = [UpdateCommand("p1/agent", 2, (Update([1, 2, 3], config, "grpo"),)),
                 PublishCommand("p1/agent", 3, {"loss": 0.5}, {"epoch": 1}, history=({"step": 2},),
                                retain=RetainCommand("p1/agent", 3, served_steps=1, best_metric="val/reward")),
-                RetainCommand("p1/agent", 3, served_steps=2, best_metric=None, keep=(1,), in_use=(2,))]
+                RetainCommand("p1/agent", 3, served_steps=2, best_metric=None, keep=(1,), in_use=(2,)),
+                PruneCommand("p1/agent", 3, best_metric="val/reward", metrics_by_step={1: 0.5}, in_use=(2,))]
     for command in commands:
         back = pickle.loads(pickle.dumps(command))
         assert back == command and back.method == command.method and back.run == "p1/agent"

@@ -59,3 +59,36 @@ def test_compare_and_the_judges_labels_read_the_run_as_the_view_does(run):
     import groupwise.loop.compare as old
 
     assert old.compare is compare
+
+
+def test_a_run_watched_as_it_trains(tmp_path, run):
+    """The dashboard's view (`watch`): a folder a job has just taken has no rows yet rather than an error,
+    who holds the writer lock is seen without taking it, and corrupt lines are skipped without a warning;
+    the CLI's view warns of each one."""
+    import math
+    import os
+    import warnings
+
+    from groupwise.runs.lock import RunLock
+    from groupwise.runs.view import find_runs, is_run_dir
+
+    fresh = tmp_path / "p" / "models" / "loading"
+    lock = RunLock(fresh).acquire()
+    try:
+        view = RunView(fresh, watch=True)
+        assert view.history == [] and view.history_age() == math.inf and view.lock_taken()
+        # the holder as /proc/locks names it (this process); a system without /proc shows none
+        assert view.writer_pid() == (os.getpid() if os.path.exists("/proc/locks") else None)
+        assert is_run_dir(fresh) and find_runs(tmp_path) == sorted([fresh, run])
+    finally:
+        lock.release()
+    assert RunView(fresh, watch=True).writer_pid() is None and RunView(fresh, watch=True).lock_taken()
+    assert not RunView(run).lock_taken() and math.isfinite(RunView(run).history_age())
+    with open(run / "history.jsonl", "a", encoding="utf-8") as f:
+        f.write("not json\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert len(RunView(run, watch=True).history) == 3
+        assert not caught
+        assert len(RunView(run).history) == 3
+        assert any("history.jsonl" in str(w.message) for w in caught)

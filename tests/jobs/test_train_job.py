@@ -206,3 +206,34 @@ def test_a_judged_env_says_which_judge_scores_it():
     assert line.startswith("judge=local/smollm2-135m (the default")
     assert "`groupwise judge eval --labels titles --judge local/smollm2-135m`" in line and "--judge NAME" in line
     assert judge_line("email", ["openai/o4-mini"], "smollm2-135m") == "judge=openai/o4-mini"
+
+
+def test_a_preset_is_its_config_fields_values_checked_by_the_configs():
+    """Each preset value that goes into a config is keyed by that config's field and checked by its own
+    validation, so a preset cannot name a field the config lost, nor a value it refuses."""
+    from groupwise.config import LoopConfig, TrainConfig
+    from groupwise.errors import ConfigError
+    from groupwise.jobs.fields import flags as job_flags
+    from groupwise.jobs.fields import settings_problems
+    from groupwise.jobs.train import HUB_PRESET
+
+    assert PRESETS["2048"].settings() == {(LoopConfig, "max_steps"): 8, (LoopConfig, "rollouts_per_group"): 8,
+                                          (LoopConfig, "groups_per_step"): 3, (TrainConfig, "learning_rate"): 1e-3}
+    for name, preset in {**PRESETS, "hub": HUB_PRESET}.items():
+        assert settings_problems(preset.settings()) == [], name
+    # a flag of the job that feeds a config field, and the preset field it replaces, set the same field
+    feeds = {spec.name: spec.meta["feeds"] for spec in job_flags(TrainJob)}
+    sets = {f.name: f.metadata["sets"] for f in dataclasses.fields(Preset)}
+    for flag, preset_field in (("rollouts_per_group", "rollouts_per_group"), ("groups_per_step", "groups_per_step"),
+                               ("lr", "learning_rate")):
+        assert feeds[flag] == sets[preset_field], flag
+    # the planted drifts: a field the config does not have, values its validation refuses
+    found = settings_problems({(LoopConfig, "rollout_per_group"): 8, (TrainConfig, "learning_rate"): 0.0})
+    assert len(found) == 2 and "no field 'rollout_per_group'" in found[0] and "rollouts_per_group" in found[0]
+    assert found[1].startswith("TrainConfig.learning_rate=0.0: must be")
+    with pytest.raises(ConfigError, match=r"LoopConfig.groups_per_step=0: must be an integer >= 1"):
+        dataclasses.replace(PRESETS["2048"], groups_per_step=0)
+    with pytest.raises(ConfigError, match=r"sft=-1: must be an integer >= 0"):
+        dataclasses.replace(PRESETS["2048"], sft=-1)
+    with pytest.raises(ConfigError, match=r"val_size=0: must be an integer >= 1"):
+        Preset(steps=1, rollouts_per_group=2, groups_per_step=1, learning_rate=1e-4, val_size=0)

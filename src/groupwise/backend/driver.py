@@ -7,7 +7,7 @@ on a cluster (backend/ray.py). The driver reaches them only through `_call` (a m
 and `_endpoint` (where rollout requests go); a step crosses as two typed commands of the step protocol
 (backend/protocol.py, sent by `_send`): `UpdateCommand`, then `PublishCommand`, which carries 4.-6.
 below to each rank in one call (its retention decided here first); `RetainCommand` changes retention
-between steps. Runs are keyed by their `RunId` (groupwise/runs/run_id.py), never by the bare model name:
+between steps, and `PruneCommand` is `delete_checkpoints`. Runs are keyed by their `RunId` (groupwise/runs/run_id.py), never by the bare model name:
 the workers and engines know a run by ``<project>/<run>``.
 
 A train step, in order (each step of the order is there for a failure seen in ART):
@@ -63,7 +63,7 @@ from groupwise.backend.options import BackendOptions
 from groupwise.backend.protocol import Command, Published, PublishCommand, RetainCommand, Update, UpdateCommand
 from groupwise.backend.ranks import (ReplicaDivergenceError, check_identical, check_served, merge_ranks,
                                      shard_batch, sft_step_metrics)
-from groupwise.backend.retention import prune_args, prune_row, retain_command
+from groupwise.backend.retention import prune_command, prune_row, retain_command
 from groupwise.backend.worker import LOOPBACK, ModelSpec, WorkerOptions
 from groupwise.core.compat import ART_LOCAL_TRAIN_KEYWORDS, not_provided, with_art_keywords
 from groupwise.runtime.compute import compute_thread
@@ -611,11 +611,11 @@ class WorkerBackend(Backend):
         """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (ART's
         `model.delete_checkpoints()`); steps still served keep being served from memory."""
         run = self._run(model)
-        args = prune_args(run, best_checkpoint_metric)
-        deleted = (await self._call_all("prune", name=run.spec.name, **args))[0]
+        prune = prune_command(run, run.spec.name, best_checkpoint_metric)
+        deleted = (await self._send({r: prune for r in range(self.world_size)}))[0]
         if deleted:
-            command = RetainCommand(run=run.spec.name, step=run.step, served_steps=self.options.served_steps,
-                                    best_metric=best_checkpoint_metric, in_use=tuple(args["keep"]))
+            command = RetainCommand(run=prune.run, step=prune.step, served_steps=self.options.served_steps,
+                                    best_metric=prune.best_metric, in_use=prune.in_use)
             await run.store.run_history.write(prune_row(command, deleted, why=(
                 f"delete_checkpoints(): not the latest, nor the best by {best_checkpoint_metric}, nor in use")))
 

@@ -15,6 +15,8 @@ process, pickled through a pipe to a worker process, or as a Ray actor call):
 
 `RetainCommand` also travels alone, when retention changes between steps (`keep_best`, `hold_steps`,
 `pin_step`): backend/retention.py decides it either way, so a step and a call between steps keep alike.
+`PruneCommand` is ART's on-request pruning (`model.delete_checkpoints()`): rank 0 deletes every checkpoint
+but the latest, the best by the metric the caller names and those in use, whatever the retention policy.
 
 `Worker` is the protocol the driver's step is written against: `DeviceWorker` (backend/worker.py) is the
 one implementation, placed in the driver's process, in a process per device (backend/processes.py) or as
@@ -32,7 +34,7 @@ from groupwise.config import CheckpointRetention
 if TYPE_CHECKING:
     from groupwise.config import TrainConfig
 
-__all__ = ["Command", "Published", "PublishCommand", "RetainCommand", "Update", "UpdateCommand", "Worker"]
+__all__ = ["Command", "PruneCommand", "Published", "PublishCommand", "RetainCommand", "Update", "UpdateCommand", "Worker"]
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,21 @@ class PublishCommand:
     retain: "RetainCommand | None" = None
 
 
-Command = UpdateCommand | PublishCommand | RetainCommand
+@dataclass(frozen=True)
+class PruneCommand:
+    """`model.delete_checkpoints(best_metric)` on run `run` at its step `step`: rank 0 deletes every
+    checkpoint but the latest, the best by `best_metric` over `metrics_by_step` and `in_use` (a KL
+    reference, a held or pinned step); no rank unserves anything (served steps stay served from memory)."""
+
+    method: ClassVar[str] = "prune"
+    run: str
+    step: int
+    best_metric: str
+    metrics_by_step: dict[int, float] = field(default_factory=dict)
+    in_use: tuple[int, ...] = ()
+
+
+Command = UpdateCommand | PublishCommand | RetainCommand | PruneCommand
 
 
 @runtime_checkable
@@ -121,5 +137,9 @@ class Worker(Protocol):
         ...
 
     async def retain(self, command: RetainCommand) -> list[int]:
+        """The checkpoint steps deleted (rank 0; the others delete none)."""
+        ...
+
+    async def prune(self, command: PruneCommand) -> list[int]:
         """The checkpoint steps deleted (rank 0; the others delete none)."""
         ...

@@ -18,7 +18,7 @@ train order does not otherwise meet: the history (the best by a metric), the cal
 held steps) and the run's own state (the KL anchor). The driver asks it after every step and on
 `keep_best`, `hold_steps` and `delete_checkpoints`, and sends the answer to the workers: after a step
 inside the step's publication (`PublishCommand.retain`, backend/protocol.py: each rank applies it once it
-serves the new adapter), between steps alone (`Worker.retain`, or `DeviceWorker.prune`); every rank
+serves the new adapter), between steps alone (`Worker.retain`, or `Worker.prune` for `delete_checkpoints`); every rank
 unserves, rank 0 deletes. So every worker backend decides alike and a new reason to keep a checkpoint has
 one place to go.
 """
@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from groupwise.backend.protocol import RetainCommand
+from groupwise.backend.protocol import PruneCommand, RetainCommand
 from groupwise.config import CheckpointRetention
 
 if TYPE_CHECKING:
@@ -107,8 +107,8 @@ def prune_row(command: RetainCommand, deleted: list[int], *, why: str = "") -> d
             "metric": command.best_metric, "best": list(command.keep), "in_use": sorted(set(command.in_use))}
 
 
-def prune_args(run: RetainedRun, best_checkpoint_metric: str) -> dict[str, Any]:
-    """The arguments of `DeviceWorker.prune` for ART's `model.delete_checkpoints()`: every checkpoint but the
-    latest, the best by `best_checkpoint_metric` and those in use goes."""
-    return {"best_metric": best_checkpoint_metric, "metrics_by_step": metric_by_step(run, best_checkpoint_metric),
-            "keep": in_use(run)}
+def prune_command(run: RetainedRun, run_key: str, best_checkpoint_metric: str) -> PruneCommand:
+    """ART's `model.delete_checkpoints()` as the command every rank is sent (`Worker.prune`): every
+    checkpoint but the latest, the best by `best_checkpoint_metric` and those in use goes."""
+    return PruneCommand(run=run_key, step=run.step, best_metric=best_checkpoint_metric,
+                        metrics_by_step=metric_by_step(run, best_checkpoint_metric), in_use=tuple(in_use(run)))

@@ -32,14 +32,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
 from groupwise.errors import ConfigError
 from groupwise.runtime.memory import release_freed_memory
-from groupwise.backend.protocol import Published, PublishCommand, RetainCommand, UpdateCommand
+from groupwise.backend.protocol import PruneCommand, Published, PublishCommand, RetainCommand, UpdateCommand
 from groupwise.backend.replica import Replica, SharedBase
 from groupwise.runtime.compute import compute_thread
 from groupwise.config import LoraConfig
@@ -338,15 +338,15 @@ class DeviceWorker:
                                  metrics_by_step=c.metrics_by_step, keep=c.in_use, named_best=c.keep,
                                  keep_recent=c.keep_recent, keep_top=c.keep_top)
 
-    async def prune(self, name: str, best_metric: str, metrics_by_step: dict[int, float],
-                    keep: Sequence[int] = ()) -> list[int]:
-        """Rank 0 deletes every checkpoint but the latest, the best by `best_metric` and `keep`."""
+    async def prune(self, command: PruneCommand) -> list[int]:
+        """Rank 0 deletes every checkpoint but the latest, the best by `command.best_metric` and those
+        `in_use`; nothing is unserved. Returns the deleted steps."""
         from groupwise.training.checkpoint import prune_checkpoints
 
         if self.rank != 0:
             return []
-        return prune_checkpoints(self.specs[name].checkpoints_dir, best_metric=best_metric,
-                                 metrics_by_step=metrics_by_step, keep=keep)
+        return prune_checkpoints(self.specs[command.run].checkpoints_dir, best_metric=command.best_metric,
+                                 metrics_by_step=command.metrics_by_step, keep=command.in_use)
 
     async def served_steps(self, name: str) -> list[int]:
         return self.replicas[name].served_steps()

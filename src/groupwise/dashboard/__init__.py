@@ -5,6 +5,7 @@
 - app.py       the FastAPI app: the JSON API over those readers, the static page, the command
 - static/      the page (index.html, app.js, style.css) and uPlot, the chart library, shipped here
 
-A reader of the run store at the top of the layers: it imports no model code (no torch), takes no lock,
-writes nothing. The page polls the API every 2 s.
+A reader of the run store at the top of the layers, through the run-reading view every reader uses
+(`groupwise.runs.view`): it opens none of the store's files itself, imports no model code (no torch),
+takes no lock, writes nothing. The page polls the API every 2 s.
 """

@@ -29,7 +29,7 @@ from groupwise.dashboard import rollouts as ro
 from groupwise.dashboard import runs as rs
 from groupwise.errors import ConfigError, GroupwiseError, StoreError
 from groupwise.core.http_guard import HostGuard
-from groupwise.runs.store import find_runs
+from groupwise.runs.view import find_runs
 
 STATIC = Path(str(resources.files("groupwise.dashboard") / "static"))
 

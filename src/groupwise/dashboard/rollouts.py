@@ -7,7 +7,7 @@ reward, advantage, metrics and previews; per group its scenario, prompt, excepti
 from the summary the store writes beside each step file (`groupwise.runs.step_summary`): parsing the step
 files themselves is dominated by every token's logprob entry, and a cold text search over a long run
 would wait seconds for it. A run written before summaries existed (or a step file rewritten since its
-summary) is indexed from the step file's rows, unvalidated (`groupwise.runs.store.read_group_dicts`), and a
+summary) is indexed from the step file's rows, unvalidated (`groupwise.runs.view.read_group_dicts`), and a
 background thread does that for every file while the app runs. One trajectory's view validates its
 group only (`GroupCache.group`): the tokens it shows are read through `groupwise.core.trajectory`. The cache keeps
 every file's small index and the stored rows of the few steps being looked at, so memory stays bounded
@@ -34,11 +34,10 @@ from typing import Any
 
 from groupwise.core.choices import choice_forced_indices, choice_logprobs, choice_token_ids, choice_token_texts
 from groupwise.errors import ConfigError, GroupwiseError, StoreError, UnknownKeyError
-from groupwise.runs.view import resolve_step
+from groupwise.runs.view import RunView, read_group_dicts, read_summary, resolve_step
 from groupwise.loop.detectors import judge_disagreement
-from groupwise.runs.report import val_metric_name
-from groupwise.runs.step_summary import content_text, message_dict, read_summary, summarize, tool_calls
-from groupwise.runs.store import read_group_dicts, trajectory_files
+from groupwise.runs.series import val_metric_name
+from groupwise.runs.step_summary import content_text, message_dict, summarize, tool_calls
 from groupwise.core.advantages import group_advantages
 from groupwise.core.trajectory import Choice, TrajectoryGroup
 
@@ -94,7 +93,7 @@ class GroupCache:
         return (st.st_size, st.st_mtime_ns)
 
     def group(self, path: Path, index: int) -> TrajectoryGroup:
-        """Group `index` of the file (its line among the groups `store.read_group_dicts` reads), validated:
+        """Group `index` of the file (its line among the groups `read_group_dicts` reads), validated:
         a trajectory's view validates its own group only (validating builds every token's logprob
         entry: a whole step would cost ten times as much)."""
         key = self._key(path)
@@ -201,7 +200,7 @@ def index_in_background(cache: GroupCache, run_dirs: Callable[[], list[Path]], s
             runs = []
         for run_dir in runs:
             try:
-                files = list(reversed(trajectory_files(run_dir)))
+                files = list(reversed(RunView(run_dir, watch=True).files()))
             except Exception as exc:
                 failed(run_dir, exc)
                 continue
@@ -218,20 +217,20 @@ def index_in_background(cache: GroupCache, run_dirs: Callable[[], list[Path]], s
 
 
 def index_progress(cache: GroupCache, run_dir: Path) -> dict[str, int]:
-    files = trajectory_files(run_dir)
+    files = RunView(run_dir, watch=True).files()
     return {"files": len(files), "indexed": sum(1 for _, _, p in files if cache.indexed(p))}
 
 
 def steps(run_dir: Path) -> dict[str, list[int]]:
     """{split: [stored steps]}."""
     out: dict[str, list[int]] = {}
-    for split, step, _ in trajectory_files(run_dir):
+    for split, step, _ in RunView(run_dir, watch=True).files():
         out.setdefault(split, []).append(step)
     return out
 
 
 def _step_index(cache: GroupCache, run_dir: Path, split: str, step: int) -> FileIndex:
-    files = trajectory_files(run_dir, split, step)
+    files = RunView(run_dir, watch=True).files(split, step)
     return cache.index(files[0][2], split, step) if files else FileIndex([], [])
 
 
@@ -269,7 +268,7 @@ def rollouts(cache: GroupCache, run_dir: Path, *, split: str | None = None, step
     """Trajectories across steps that pass the filters, best (or worst) first."""
     needle = text.lower() if text else None
     found = []
-    for s, step, path in trajectory_files(run_dir, split):
+    for s, step, path in RunView(run_dir, watch=True).files(split):
         if (step_min is not None and step < step_min) or (step_max is not None and step > step_max):
             continue
         try:
@@ -317,7 +316,7 @@ def tokens(item: Choice, advantage: float | None) -> list[dict[str, Any]] | None
 def trajectory_view(cache: GroupCache, run_dir: Path, split: str, step: int, group: int, index: int) -> dict[str, Any]:
     """One trajectory in full: the conversation with tool calls, tokens, reward, metrics, logs (where the
     judge writes its explanation), side conversations."""
-    files = trajectory_files(run_dir, split, step)
+    files = RunView(run_dir, watch=True).files(split, step)
     if not files:
         raise ParamError(f"no {split!r} step {step} in {run_dir} (parameters split and step)", param="step")
     try:
@@ -361,7 +360,7 @@ def compare_view(cache: GroupCache, run_dir: Path, history: list[dict[str, Any]]
     step_a, step_b = resolve(a, "a"), resolve(b, "b")
     sides = []
     for step in (step_a, step_b):
-        files = trajectory_files(run_dir, split, step)
+        files = RunView(run_dir, watch=True).files(split, step)
         idx = cache.index(files[0][2], split, step) if files else FileIndex([], [])
         side: dict[Any, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
         for gi, g in enumerate(idx.groups):
@@ -381,7 +380,7 @@ def judge_agreement(cache: GroupCache, run_dir: Path, history: list[dict[str, An
     out: dict[int, float] = {}
     if not metric:
         return out
-    for split, step, path in trajectory_files(run_dir, "val"):
+    for split, step, path in RunView(run_dir, watch=True).files("val"):
         try:
             idx = cache.index(path, split, step)
         except StoreError:  # an unreadable step has no agreement to draw; the others do

@@ -1,12 +1,12 @@
 """The dashboard's run-level readers: which runs a folder holds, each run's state and summary, its curves.
 
-Everything here is read from the run store with the readers the CLI uses (`groupwise.runs.store.load_history`,
-`groupwise.runs.series`, `groupwise.runs.report.val_metric_name`); nothing here writes into a run folder
-or takes its lock, so watching a run can never disturb the process that trains it.
+Everything here is read through the run-reading view the CLI's readers use (`groupwise.runs.view`: the
+history, the writer lock's holder, `groupwise.runs.series`' curves and validation metric); nothing here
+writes into a run folder or takes its lock, so watching a run can never disturb the process that trains it.
 
 A run's state:
 
-- ``training``: a process holds the run's writer lock (`groupwise.runs.lock.RunLock`). The lock is seen in
+- ``training``: a process holds the run's writer lock (`RunView.writer_pid`). The lock is seen in
   ``/proc/locks`` rather than by trying to take it: a reader that held the lock even for a moment could
   make a starting `groupwise train` fail with `RunLockedError`. Where no lock is visible (a backend that
   takes none, or no /proc), a history written in the last `ACTIVE_WITHIN_S` seconds counts as training.
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -26,10 +25,8 @@ from typing import Any
 
 from groupwise.errors import GroupwiseError
 from groupwise.loop.detectors import alert_kind
-from groupwise.runs.report import val_metric_name
-from groupwise.runs.series import Row, events, interval, latest_step, points, rows, value
-from groupwise.runs.lock import RunLock
-from groupwise.runs.store import is_run_dir, load_history
+from groupwise.runs.series import Row, events, interval, latest_step, points, rows, val_metric_name, value
+from groupwise.runs.view import RunView, is_run_dir, load_history
 
 # A run without a visible writer lock still counts as training while its history moved this recently.
 ACTIVE_WITHIN_S = 120.0
@@ -61,27 +58,10 @@ def resolve_run(root: Path, run: str) -> Path:
 
 
 def history_of(run_dir: Path) -> list[Row]:
-    """The run's history rows; corrupt lines are skipped without a warning (a dashboard shows what it can
-    read; `warnings.catch_warnings` would change every request thread's filters)."""
+    """The run's history rows, as `RunView(run_dir, watch=True).history` reads them: corrupt lines are
+    skipped without a warning (a dashboard shows what it can read; `warnings.catch_warnings` would change
+    every request thread's filters)."""
     return load_history(run_dir, skip_corrupt=True, warn=False)
-
-
-def _writer_pid(run_dir: Path) -> int | None:
-    """The pid written into the writer lock by its holder, where the lock is held now (/proc/locks)."""
-    lock = run_dir / RunLock.FILE
-    try:
-        st = os.stat(lock)
-        with open("/proc/locks", encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"  # the file, as /proc/locks names it
-    for line in lines:
-        # "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF" (a waiting lock has "->" after the number)
-        parts = [p for p in line.split() if p != "->"]
-        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == where:
-            return int(parts[4]) if parts[4].isdigit() else 0
-    return None
 
 
 def _minutes(history: list[Row], now: float | None) -> float | None:
@@ -111,7 +91,8 @@ def _point(row: Row | None, metric: str | None, split: str = "val") -> dict[str,
 
 def run_state(run_dir: Path, history: list[Row]) -> dict[str, Any]:
     """{'state': training | stopped | crashed | empty, 'detail': why}."""
-    pid = _writer_pid(run_dir)
+    view = RunView(run_dir, watch=True)
+    pid = view.writer_pid()
     if pid is not None:
         waiting = "" if history else "; nothing written yet (loading the model, validating the base)"
         return {"state": "training", "detail": f"pid {pid} holds the writer lock{waiting}"}
@@ -121,12 +102,11 @@ def run_state(run_dir: Path, history: list[Row]) -> dict[str, Any]:
         s = stops[-1]
         return {"state": "stopped", "detail": f"{s.get('rule', '?')}: {s.get('reason', '')}".strip(": "),
                 "rule": s.get("rule")}
-    path = run_dir / "history.jsonl"
-    age = time.time() - path.stat().st_mtime if path.exists() else math.inf
+    age = view.history_age()
     if age <= ACTIVE_WITHIN_S:
         return {"state": "training", "detail": f"history written {age:.0f} s ago"}
     if not history:
-        taken = (run_dir / RunLock.FILE).exists()  # a job took the folder, and ended before its first row
+        taken = view.lock_taken()  # a job took the folder, and ended before its first row
         return {"state": "empty", "detail": "the job that took this folder ended before writing a step (its "
                                             "output says why)" if taken else "no history written"}
     return {"state": "crashed", "detail": f"no stop decision, and nothing written for {age / 60:.0f} min"}

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from groupwise.core.validated import Validated, number_fits, number_requirement
 from groupwise.errors import ArgumentTypeError
 
-__all__ = ["Command", "Flag", "Job", "arg", "config_drift", "flags", "parse_text"]
+__all__ = ["Command", "Flag", "Job", "arg", "config_drift", "flags", "parse_text", "settings_problems"]
 
 # check(value) -> None, or what is wrong with it in one sentence that names the value.
 Check = Callable[[Any], "str | None"]
@@ -155,6 +155,26 @@ def config_problem(config: type, name: str, value: Any) -> str | None:
         said = f"{name}={value!r} "
         return "; ".join(p.removeprefix(said) for p in exc.problems if p.startswith(said)) or None
     return None
+
+
+def settings_problems(settings: "dict[tuple[type, str], Any]") -> list[str]:
+    """What is wrong with values meant for config fields, keyed by (config, field name): a field the config
+    does not have (its fields named), or a value its own check refuses (`config_problem`). Empty when the
+    configs take them all: what holds a job's preset to the configs it sets."""
+    from groupwise.core.validated import config_field
+    from groupwise.errors import ConfigError
+
+    found = []
+    for (config, name), value in settings.items():
+        try:
+            config_field(config, name)
+        except ConfigError as exc:
+            found.append(" ".join(str(exc).split()))
+            continue
+        problem = config_problem(config, name, value)
+        if problem is not None:
+            found.append(f"{config.__name__}.{name}={value!r}: {problem}")
+    return found
 
 
 def _unwrap(annotation: Any) -> tuple[type, bool, bool, tuple[Any, ...] | None]:

@@ -21,10 +21,11 @@ class ReportJob(Job):
 
 def run(job: ReportJob) -> int:
     from groupwise.errors import StoreError
-    from groupwise.runs.report import load_run, log_external, plot_run, table
+    from groupwise.runs.report import log_external, plot_run, table
+    from groupwise.runs.view import RunView
 
     try:
-        history = load_run(job.run_dir)
+        history = RunView(job.run_dir).history
     except StoreError as exc:
         print(f"groupwise report: {exc}", file=sys.stderr)
         return 2

@@ -42,17 +42,49 @@ if TYPE_CHECKING:
     from groupwise.envs import EnvSpec
 
 
+def _sets(config: type, name: str) -> Any:
+    """A preset field whose value goes into `config`'s field `name` (`Preset.settings`, checked there)."""
+    return dataclasses.field(metadata={"sets": (config, name)})
+
+
+def _own(default: Any, low: int) -> Any:
+    """A preset field the job itself reads (no config has it): `low` bounds it (None stays allowed)."""
+    return dataclasses.field(default=default, metadata={"sets": None, "low": low})
+
+
 @dataclass(frozen=True)
 class Preset:
     """How much the train job trains on an env by default (each env states its own: there is no default
-    preset to drift from); a flag given replaces its value."""
+    preset to drift from); a flag given replaces its value.
 
-    steps: int
-    rollouts_per_group: int
-    groups_per_step: int
-    learning_rate: float
-    val_size: int | None = None  # how many val (and test) scenarios the 10-minute job uses (None: the whole split)
-    sft: int = 0  # demonstrations of the env's scripted player for a supervised warm start first (0: none)
+    Each field is either a config field's value (`_sets`: `settings()` maps it by (config, field name)) or
+    the job's own (`_own`). Making a preset checks every value against the config it goes into, by that
+    config's own validation (`groupwise.jobs.fields.settings_problems`): a preset naming a field the config
+    lost, or a value it refuses, is a ConfigError when the module loads, not a run that fails later."""
+
+    steps: int = _sets(LoopConfig, "max_steps")  # GRPO's; the job adds the warm start's steps (sft) to them
+    rollouts_per_group: int = _sets(LoopConfig, "rollouts_per_group")
+    groups_per_step: int = _sets(LoopConfig, "groups_per_step")
+    learning_rate: float = _sets(TrainConfig, "learning_rate")
+    val_size: int | None = _own(None, low=1)  # how many val (and test) scenarios the 10-minute job uses (None: the whole split)
+    sft: int = _own(0, low=0)  # demonstrations of the env's scripted player for a supervised warm start first (0: none)
+
+    def settings(self) -> dict[tuple[type, str], Any]:
+        """The preset's config values, by (config, field name)."""
+        return {f.metadata["sets"]: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["sets"]}
+
+    def __post_init__(self) -> None:
+        from groupwise.errors import ConfigError
+        from groupwise.jobs.fields import settings_problems
+
+        found = settings_problems(self.settings())
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.metadata["sets"] is None and value is not None and (
+                    not isinstance(value, int) or isinstance(value, bool) or value < f.metadata["low"]):
+                found.append(f"{f.name}={value!r}: must be an integer >= {f.metadata['low']}")
+        if found:
+            raise ConfigError(found, what="a train preset (groupwise.jobs.train.PRESETS)")
 
 
 _TICTACTOE = Preset(

@@ -23,44 +23,20 @@ import math
 from pathlib import Path
 from typing import Any
 
-from groupwise.errors import MissingDependencyError, StoreError
-from groupwise.runs.series import Row, events, interval, rows, value
+from groupwise.errors import MissingDependencyError
+from groupwise.runs.series import BOOKKEEPING_FIELDS, Row, events, interval, rows, val_metric_name, value
+from groupwise.runs.view import RunView
+
+__all__ = ["load_run", "log_external", "plot_run", "table", "val_metric_name"]
 
 SEVERITY_COLOUR = {"info": "tab:blue", "warning": "tab:orange", "critical": "tab:red"}
-_SKIP = {"step", "split", "recorded_at", "name", "kind", "evidence", "message", "severity", "action", "rule",
-         "reason", "scenarios", "best_metric"}
+_SKIP = BOOKKEEPING_FIELDS
 
 
 def load_run(run_dir: str | Path) -> list[Row]:
-    from groupwise.runs.store import load_history
-
-    path = Path(run_dir)
-    if not (path / "history.jsonl").exists():
-        raise StoreError(f"{str(path)!r} has no history.jsonl; pass a run folder <base_path>/<project>/models/<model>")
-    return load_history(path, skip_corrupt=True)
-
-
-def val_metric_name(history: list[Row]) -> str | None:
-    """The validation metric: the stop row's ``best_metric`` when present; else, while the run trains, the
-    metric its val rows give an interval for (fit computes one for the metric it selects on, and no other);
-    else the first numeric field of the val rows that is not a bookkeeping field."""
-    for row in reversed(events(history, "stop")):
-        m = row.get("best_metric")
-        if isinstance(m, str) and m.startswith("val/"):
-            return m[4:]
-    for row in rows(history, "val"):
-        for k in row:
-            if k.endswith("_lo") and f"{k[:-3]}_hi" in row and k[:-3] in row:
-                return k[:-3].split("/", 1)[1] if k.startswith("val/") else k[:-3]
-    for row in rows(history, "val"):
-        for k, v in row.items():
-            if k in _SKIP or k.startswith(("reward", "n_", "time/", "group_", "exception")) or k == "answer_chars":
-                continue
-            if k.endswith(("_lo", "_hi", "_n")):
-                continue
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                return k.split("/", 1)[1] if k.startswith("val/") else k
-    return None
+    """The run's history (`RunView.history`: corrupt lines skipped with a warning; a StoreError naming the
+    layout when the folder has none)."""
+    return RunView(run_dir).history
 
 
 def _float(v: Any) -> float | None:

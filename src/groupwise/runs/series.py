@@ -28,7 +28,7 @@ from groupwise.config import DEFAULT_CONFIDENCE
 from groupwise.runs.curves import Point, interval, points_of, value
 from groupwise.runs.history import RunHistory
 
-__all__ = ["Point", "Row", "events", "interval", "latest_step", "mean", "points", "rows", "series", "std", "value"]
+__all__ = ["Point", "Row", "events", "interval", "latest_step", "mean", "points", "rows", "series", "std", "val_metric_name", "value"]
 
 Row = dict[str, Any]
 
@@ -85,3 +85,31 @@ def latest_step(history: Iterable[Row]) -> int:
     """The highest step of any train row (0 before the first step)."""
     steps = [r["step"] for r in rows(history, "train")]
     return max(steps) if steps else 0
+
+
+# Fields of a history row that are bookkeeping, never a metric (report.py's table skips them too).
+BOOKKEEPING_FIELDS = frozenset({"step", "split", "recorded_at", "name", "kind", "evidence", "message", "severity",
+                                "action", "rule", "reason", "scenarios", "best_metric"})
+
+
+def val_metric_name(history: Sequence[Row]) -> str | None:
+    """The validation metric: the stop row's ``best_metric`` when present; else, while the run trains, the
+    metric its val rows give an interval for (fit computes one for the metric it selects on, and no other);
+    else the first numeric field of the val rows that is not a bookkeeping field."""
+    for row in reversed(events(history, "stop")):
+        m = row.get("best_metric")
+        if isinstance(m, str) and m.startswith("val/"):
+            return m[4:]
+    for row in rows(history, "val"):
+        for k in row:
+            if k.endswith("_lo") and f"{k[:-3]}_hi" in row and k[:-3] in row:
+                return k[:-3].split("/", 1)[1] if k.startswith("val/") else k[:-3]
+    for row in rows(history, "val"):
+        for k, v in row.items():
+            if k in BOOKKEEPING_FIELDS or k.startswith(("reward", "n_", "time/", "group_", "exception")) or k == "answer_chars":
+                continue
+            if k.endswith(("_lo", "_hi", "_n")):
+                continue
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                return k.split("/", 1)[1] if k.startswith("val/") else k
+    return None

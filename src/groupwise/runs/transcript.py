@@ -22,7 +22,7 @@ from typing import Any
 
 from groupwise.core.choices import choice_logprobs, choice_token_ids
 from groupwise.runs.step_summary import content_text
-from groupwise.runs.store import read_groups, trajectory_files
+from groupwise.runs.view import RunView, read_groups
 from groupwise.core.trajectory import Choice, History, PydanticException, Trajectory, TrajectoryGroup
 
 __all__ = ["format_trajectory", "format_exception", "content_text", "Palette"]
@@ -178,7 +178,7 @@ def inspect_run(run_dir: str | Path, *, split: str | None, step: int | None, ord
         print(f"groupwise inspect: {run_dir} does not exist (expected <base_path>/<project>/models/<model>, "
               f"e.g. .groupwise/2048/models/agent-001)", file=sys.stderr)
         return 2
-    files = trajectory_files(run_dir, split)
+    files = RunView(run_dir).files(split)
     if not files:
         what = f"split {split!r}" if split else "any split"
         print(f"groupwise inspect: no trajectories for {what} under {run_dir / 'trajectories'}", file=sys.stderr)
