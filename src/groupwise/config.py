@@ -360,7 +360,7 @@ class DetectorConfig(Validated):
     signal_window: int = option(1, help="Behaviour detectors (answer_collapse, length_drift, repetition): training steps pooled for each test (1: each step's answers alone, the earliest warning).")
     shift_excess: float = option(0.05, help="Behaviour detectors (answer_collapse, length_drift, repetition): the smallest excess of the share of answers beyond the base's 95th percentile (or shared across prompts) over the base's own share that can fire.")
     shift_z: float = option(3.0, help="Behaviour detectors: the excess must also reach this z (two-sample binomial test against the base's answers).")
-    collapse_share: float = option(0.5, help="Answer-collapse detector: an answer counts as shared when at least this share of a step's prompts (and 3) were given it.")
+    collapse_share: float = option(0.5, help="Answer-collapse detector: an answer counts as shared when at least this share of a step's prompts (and 3) were given it or a near-copy of it.")
     against_task_window: int = option(3, help="Reward-against-task detector: training steps whose groups are pooled for its test.")
     against_task_z: float = option(3.0, help="Reward-against-task detector: fire when the within-group covariance of reward and task metric is negative with a t-statistic at most minus this.")
     min_judge_agreement: float = option(0.6, help="Judge detector: fire when the judge orders fewer than this share of pairs like ground truth.")
