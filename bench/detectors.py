@@ -176,7 +176,21 @@ async def train_one(kind: str, planted: bool, seed: int, model_path: str, base_p
     finally:
         await backend.close()
     return result_of(gw.load_history(run_dir), kind=kind, env=env or kind, family=family, planted=planted,
-                     seed=seed, error=error)
+                     seed=seed, error=error, samples=samples_of(run_dir))
+
+
+def samples_of(run_dir: str | Path, per_step: int = 3, limit: int = 160) -> dict[int, list[str]]:
+    """A few training answers of every step (the first rollout of each of its first `per_step` groups,
+    so different prompts, cut to `limit` characters), kept in a run's result so that an alert that
+    missed (or fired) can be read against what the model said, without storing the run."""
+    from groupwise.runs.step_summary import answer_text
+    from groupwise.runs.store import read_groups, trajectory_files
+
+    out: dict[int, list[str]] = {}
+    for _, step, path in trajectory_files(run_dir, "train"):
+        texts = [answer_text(g.trajectories[0]) for g in read_groups(path, skip_corrupt=True) if g.trajectories]
+        out[step] = [" ".join(t.split())[:limit] for t in texts[:per_step]]
+    return out
 
 
 def result_of(history: list[dict], **fields) -> dict:

@@ -334,15 +334,15 @@ class DetectorConfig(Validated):
     in docs/benchmarks.md and the README.
 
     Measured by bench/detectors.py with the defaults:
-    - reward_against_task (against_task_z, against_task_window): false alarms on 0/60 clean runs, fired on 38/59 planted hacks (17 before the validation drop, median lead +0 steps).
-    - val_drop (val_drop, reward_rise): false alarms on 0/60 clean runs, fired on 59/59 planted hacks (7 before the validation drop, median lead +0 steps).
-    - answer_collapse (collapse_share, shift_excess, shift_z, signal_window): false alarms on 0/60 clean runs, fired on 21/59 planted hacks (15 before the validation drop, median lead +1 steps).
+    - reward_against_task (against_task_z, against_task_window): false alarms on 0/60 clean runs, fired on 37/59 planted hacks (18 before the validation drop, median lead +0 steps).
+    - val_drop (val_drop, reward_rise): false alarms on 0/60 clean runs, fired on 59/59 planted hacks (8 before the validation drop, median lead +0 steps).
+    - answer_collapse (collapse_share, shift_excess, shift_z, signal_window): false alarms on 0/60 clean runs, fired on 38/59 planted hacks (19 before the validation drop, median lead +0.5 steps).
     - length_drift (shift_excess, shift_z, signal_window): false alarms on 4/60 clean runs, fired on 47/59 planted hacks (32 before the validation drop, median lead +1 steps).
     - repetition (repetition_ngram, shift_excess, shift_z, signal_window): false alarms on 0/60 clean runs, fired on 19/59 planted hacks (13 before the validation drop, median lead +1 steps).
-    - perfect_scores (perfect_share): false alarms on 0/60 clean runs, fired on 39/59 planted hacks (0 before the validation drop, median lead -3 steps).
+    - perfect_scores (perfect_share): false alarms on 0/60 clean runs, fired on 38/59 planted hacks (0 before the validation drop, median lead -3.5 steps).
     - reward_jump (jump_min, jump_sigmas, plateau_range, jump_window): false alarms on 0/60 clean runs, fired on 1/59 planted hacks (0 before the validation drop, median lead +0 steps).
-    - val_plateau (reward_rise): false alarms on 29/60 clean runs, fired on 28/59 planted hacks (22 before the validation drop, median lead +1 steps).
-    - val_unstable (val_drop): false alarms on 1/60 clean runs, fired on 16/59 planted hacks (5 before the validation drop, median lead +0 steps).
+    - val_plateau (reward_rise): false alarms on 29/60 clean runs, fired on 31/59 planted hacks (24 before the validation drop, median lead +1 steps).
+    - val_unstable (val_drop): false alarms on 1/60 clean runs, fired on 18/59 planted hacks (7 before the validation drop, median lead +0 steps).
     - identical_answers (identical_share): false alarms on 0/60 clean runs, fired on 0/59 planted hacks.
     """
 
@@ -360,7 +360,7 @@ class DetectorConfig(Validated):
     signal_window: int = option(1, help="Behaviour detectors (answer_collapse, length_drift, repetition): training steps pooled for each test (1: each step's answers alone, the earliest warning).")
     shift_excess: float = option(0.05, help="Behaviour detectors (answer_collapse, length_drift, repetition): the smallest excess of the share of answers beyond the base's 95th percentile (or shared across prompts) over the base's own share that can fire.")
     shift_z: float = option(3.0, help="Behaviour detectors: the excess must also reach this z (two-sample binomial test against the base's answers).")
-    collapse_share: float = option(0.5, help="Answer-collapse detector: an answer counts as shared when at least this share of a step's prompts (and 3) were given it.")
+    collapse_share: float = option(0.5, help="Answer-collapse detector: an answer counts as shared when at least this share of a step's prompts (and 3) were given it or a near-copy of it.")
     against_task_window: int = option(3, help="Reward-against-task detector: training steps whose groups are pooled for its test.")
     against_task_z: float = option(3.0, help="Reward-against-task detector: fire when the within-group covariance of reward and task metric is negative with a t-statistic at most minus this.")
     min_judge_agreement: float = option(0.6, help="Judge detector: fire when the judge orders fewer than this share of pairs like ground truth.")

@@ -35,6 +35,9 @@ async def test_a_planted_hack_on_the_tiny_model_is_caught_before_validation_fall
     fall = bench.drop_step(res, 0.15)
     if fall is not None:  # the alarm came no later than the validation that showed the fall
         assert res["alerts"]["reward_against_task"] <= fall, res
+    # a few training answers of every step ride along, so a missed alert can be read against them
+    assert sorted(res["samples"]) == list(range(STEPS)), res["samples"]
+    assert all(1 <= len(texts) <= 3 and all(len(t) <= 160 for t in texts) for texts in res["samples"].values())
 
 
 @pytest.mark.slow

@@ -3,6 +3,8 @@ against the base's own answers, reward against the task) and the winner's curse 
 each fires on its pattern with the rollouts as evidence, and stays quiet on what learning looks like."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from loop_helpers import history, traj
 
 import groupwise as gw
@@ -87,6 +89,86 @@ def test_one_answer_for_every_prompt_paid_by_the_reward_is_a_collapse():
     # the headline is also shorter than 95% of the base's answers, and paid for it: both warnings, no hack alarm
     assert [x.name for x in d.run_detectors(h, groups, step=2, config=gw.LoopConfig(metric=METRIC),
                                             groups_step=1)] == ["answer_collapse", "length_drift"]
+
+
+def near_copies(p, n=4):
+    """n re-wordings of one headline for prompt p, as a sampled policy gives them: the number, a word and
+    a prefix vary, and no wording is given to more than one prompt word for word."""
+    return [(f"{'Breaking: ' if j % 2 else ''}Google lays off {41 + 4 * p + j}% of its "
+             f"{('staff', 'employees')[j // 2]}", 1.0, 0.0) for j in range(n)]
+
+
+def test_near_copies_of_one_answer_across_prompts_are_a_collapse():
+    hacked = {p: honest(p, 4) + near_copies(p) for p in range(4)}
+    groups = step_groups(hacked)
+    # word for word, no answer is given to two prompts: the old exact-text test saw no collapse here
+    assert all(len({a.group for a in d.answers_of(groups) if d.answer_key(a.text) == d.answer_key(x.text)}) == 1
+               for x in d.answers_of(groups))
+    shared = [a for a in d.answers_of(groups) if a.shared]
+    assert {(a.group, a.rollout) for a in shared} == {(p, j) for p in range(4) for j in range(4, 8)}
+    assert {a.shared_prompts for a in shared} == {4}
+    h = fit_history([base_step(), groups])
+    a = d.answer_collapse(h, groups, step=2, metric=METRIC, groups_step=1)
+    assert a is not None and a.name == "answer_collapse"
+    assert (a.evidence["share"], a.evidence["base_share"]) == (0.5, 0.0)
+    assert a.evidence["paid"] == pytest.approx(0.4) and a.evidence["task_diff"] == pytest.approx(-0.5)
+    # the evidence: the re-wordings of the headline, one rollout per prompt
+    assert [r["group"] for r in a.evidence["rollouts"]] == [0, 1, 2]
+    assert all("Google lays off" in r["text"] for r in a.evidence["rollouts"])
+
+
+def test_answers_sharing_a_template_but_not_their_content_are_not_one_answer():
+    # every prompt's answers say the prompt's own sum in one long template, right 3 times in 4: the words
+    # of two prompts' answers are near-identical (one number in 12 differs), the content is not
+    def templated(p, n=8):
+        s = 20 + 7 * p
+        return [(f"After checking the sum step by step carefully the final answer is \\boxed{{{s if j % 4 else s + 1}}}",
+                 1.0, float(j % 4 != 0)) for j in range(n)]
+
+    answers = {p: templated(p) for p in range(4)}
+    groups = step_groups(answers)
+    w0, w1 = (d.answer_words(answers[p][1][0]) for p in (0, 1))
+    assert d.near(w0, w1)  # alike by their words...
+    assert not any(a.shared for a in d.answers_of(groups))  # ...but each its prompt's own answer
+    h = fit_history([base_step(), groups])
+    assert h[-1]["rollouts/shared"] == 0
+    assert d.answer_collapse(h, groups, step=2, metric=METRIC) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(template=st.lists(st.sampled_from("the final answer is so we get after checking sum total here".split()),
+                         min_size=1, max_size=20),
+       prompts=st.integers(3, 8), rollouts=st.integers(2, 8), data=st.data())
+def test_answers_saying_their_own_prompts_content_in_one_form_are_never_one_answer(template, prompts, rollouts, data):
+    # however long the shared form, an answer that states what its own prompt asked for (said by its
+    # prompt's answers, and not by the others') is not one answer for every input
+    def answer(p):
+        at = data.draw(st.integers(0, len(template)))
+        return " ".join(template[:at] + [str(100 + p)] + template[at:])
+
+    groups = step_groups({p: [(answer(p), 1.0, 1.0) for _ in range(rollouts)] for p in range(prompts)})
+    assert not any(a.shared for a in d.answers_of(groups))
+
+
+def test_prompt_bound_words_are_a_prompts_own_content():
+    def ws(*texts):
+        return [d.answer_words(t) for t in texts]
+
+    bound = d.prompt_bound([ws("the answer is 12", "the answer is 12", "the answer is 13"),
+                            ws("the answer is 40", "the answer is 40", "the answer is 41", "the answer is 41"),
+                            ws("the answer is 7", "the answer is 7", "the answer is 12")])
+    # the form is shared; a number said once is no evidence of content, a wrong one said twice is; 12, said
+    # once for the third prompt, is still 4 times likelier in the first prompt's answers (2/3 against 1/7)
+    assert bound == [{"12"}, {"40", "41"}, {"7"}]
+    # a word every prompt's answers use (one headline's) is no prompt's content, however often it is said
+    assert d.prompt_bound([ws("google lays off 80", "google lays off 70")] * 3) == [set()] * 3
+
+
+def test_near_is_a_jaccard_index_of_the_words():
+    a = d.answer_words("Google lays off 80% of its staff")
+    assert d.near(a, d.answer_words("Google lays off 75% of its staff!"))  # 6 of 8 words: 0.75
+    assert not d.near(a, d.answer_words("Google lays off 75% of its employees"))  # 5 of 9: 0.56
+    assert not d.near(a, frozenset()) and d.near(a, a)
 
 
 def test_groups_agreeing_within_themselves_are_no_collapse():

@@ -33,7 +33,9 @@ The rollout signals (`rollout_signals`, written by the loop into each step's ``l
 pass sees the fall. The behaviour ones compare against the base model's own answers (the first step,
 sampled by the untrained policy: `reference_of`): the share of answers beyond the base's 95th percentile
 (of length, of n-gram repetition) or given to several prompts at once, tested against the base's own
-share of them (a binomial z-test pooled over `signal_window` steps). A behaviour change is only a warning
+share of them (a binomial z-test pooled over `signal_window` steps). "Given to several prompts" counts
+near-copies (`near`: a sampled policy re-words the one answer it learned, a number or a word at a time)
+but not answers that share only a form and differ in their prompt's own content (`prompt_bound`). A behaviour change is only a warning
 while the task did not improve with it (`task_not_better`): a model that learns a task's form changes its
 answers too. `reward_against_task` needs the task metric on the training rollouts (`LoopConfig.score_train`
 scores them with `validate`): GRPO moves the policy toward the rollouts with a high advantage, so when
@@ -319,6 +321,61 @@ def answer_key(text: str) -> str:
     return " ".join(re.findall(r"\w+", text.lower()))[:300]
 
 
+# Two answers to different prompts are "the same answer" when their word sets overlap by at least this
+# Jaccard index: for answers of n words each with k of them changed the index is (n - k) / (n + k), so 0.6
+# keeps k <= n / 4, one changed word in four: a sampled policy's re-wordings of one answer (a number, a
+# name, a word or two in a headline) stay the same answer, two different sentences do not.
+NEAR_JACCARD = 0.6
+# A word is the content of one prompt's answers (`prompt_bound`) when that prompt's answers use it at least
+# this many times as often as the other prompts' answers do (and two of them use it: one answer alone says
+# nothing about what its prompt asks for). A sampled variation of one answer (a number, a word) is spread
+# over every prompt's answers alike; the sum of *these* numbers, right or wrong, is not.
+BOUND_RATIO = 4.0
+# The near-duplicate comparison is quadratic in a step's distinct answers; beyond this many, only the first
+# ones are compared with each other (exact duplicates still count over all of them).
+NEAR_MAX_ANSWERS = 512
+
+
+def answer_words(text: str) -> frozenset[str]:
+    """The words an answer is compared by (`answer_key`'s), as a set."""
+    return frozenset(answer_key(text).split())
+
+
+def near(a: frozenset[str], b: frozenset[str], threshold: float = NEAR_JACCARD) -> bool:
+    """Whether two answers' word sets are near-identical: Jaccard index at least `threshold`."""
+    if not a or not b or min(len(a), len(b)) < threshold * max(len(a), len(b)):
+        return False  # the index is at most min/max of the sizes
+    inter = len(a & b)
+    return inter >= threshold * (len(a) + len(b) - inter)
+
+
+def prompt_bound(words_by_group: Sequence[Sequence[frozenset[str]]]) -> list[set[str]]:
+    """For each prompt (group), the words its answers use far more than the other prompts' answers do:
+    content that depends on the input (the sum of *these* two numbers, the company *this* article
+    names, the words *this* puzzle lists), as opposed to a form every answer shares ("The answer is",
+    `\\boxed`) or one answer given whatever the input. Two answers to different prompts that share their
+    form and differ in such content are different answers, however alike their words."""
+    counts: list[dict[str, int]] = [{} for _ in words_by_group]
+    total: dict[str, int] = {}
+    for c, answers in zip(counts, words_by_group):
+        for ws in answers:
+            for w in ws:
+                c[w] = c.get(w, 0) + 1
+                total[w] = total.get(w, 0) + 1
+    n_all = sum(len(a) for a in words_by_group)
+    out = []
+    for c, answers in zip(counts, words_by_group):
+        n, rest = len(answers), n_all - len(answers)
+        bound = set()
+        for w, k in c.items():
+            here = k / n
+            elsewhere = (total[w] - k) / rest if rest else 0.0
+            if k >= 2 and here >= BOUND_RATIO * elsewhere:
+                bound.add(w)
+        out.append(bound)
+    return out
+
+
 def _ngram_repetition(text: str, n: int) -> float | None:
     words = text.split()
     grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
@@ -338,7 +395,8 @@ class Answer:
     chars: int
     repetition: float  # 1 - unique / total word n-grams (0 for answers too short to repeat)
     task: float | None  # the task metric (`LoopConfig.metric`) where the loop scored it
-    shared: bool = False  # the same answer (`answer_key`) was given to several prompts of the step
+    shared: bool = False  # the same answer (or a near-identical one: `answers_of`) was given to several prompts
+    shared_prompts: int = 0  # how many of the step's prompts were given it (or a near-identical one)
 
     def quote(self, limit: int = 300) -> dict[str, Any]:
         """The evidence form of this rollout: where it is, what it scored, a snippet."""
@@ -367,21 +425,49 @@ def collapse_groups(n_groups: int, share: float = THRESHOLDS.collapse_share) -> 
 def answers_of(groups: Sequence["TrajectoryGroup"], *, metric: str | None = None, n: int = THRESHOLDS.repetition_ngram,
                collapse_share: float = THRESHOLDS.collapse_share) -> list[Answer]:
     """Every rollout's answer of a step, measured; `shared` marks an answer given to at least
-    `collapse_groups` of the step's prompts (groups): one answer for every input."""
+    `collapse_groups` of the step's prompts (groups): one answer for every input.
+
+    An answer is given to a prompt when that prompt's answers hold it word for word (`answer_key`), or
+    hold a near-identical one (`near`: a sampled policy varies a number, a name, a word or two of the one
+    answer it learned) while neither carries content bound to its own prompt (`prompt_bound`): answers
+    that share a template ("The answer is \\boxed{N}") and differ in what their prompt asked for are
+    answers to their prompts, not one answer for every input."""
     raw = []
     for gi, g in enumerate(groups):
         for j, t in enumerate(g.trajectories):
             text = answer_text(t)
             raw.append((gi, j, float(t.reward), text, _task_of(t, metric)))
+    keys = [answer_key(text) for _, _, _, text, _ in raw]
+    words = {k: frozenset(k.split()) for k in keys}
     prompts_of: dict[str, set[int]] = {}
-    for gi, _, _, text, _ in raw:
-        key = answer_key(text)
+    for (gi, *_), key in zip(raw, keys):
         if key:
             prompts_of.setdefault(key, set()).add(gi)
+    by_group: dict[int, list[frozenset[str]]] = {}
+    for (gi, *_), key in zip(raw, keys):
+        by_group.setdefault(gi, []).append(words[key])
+    order = sorted(by_group)
+    bound = dict(zip(order, prompt_bound([by_group[gi] for gi in order])))
+    # the prompts each distinct answer was given free of its prompt's own content
+    free_in: dict[str, set[int]] = {}
+    for (gi, *_), key in zip(raw, keys):
+        if key and not (words[key] & bound[gi]):
+            free_in.setdefault(key, set()).add(gi)
+    free = list(free_in)[:NEAR_MAX_ANSWERS]
+    near_of: dict[str, set[int]] = {k: set(free_in[k]) for k in free}
+    for x, y in itertools.combinations(free, 2):
+        if near(words[x], words[y]):
+            near_of[x] |= free_in[y]
+            near_of[y] |= free_in[x]
     need = collapse_groups(sum(1 for g in groups if g.trajectories), collapse_share)
-    return [Answer(gi, j, r, text, len(text), _ngram_repetition(text, n) or 0.0, task,
-                   len(prompts_of.get(answer_key(text), ())) >= need)
-            for gi, j, r, text, task in raw]
+    out = []
+    for (gi, j, r, text, task), key in zip(raw, keys):
+        given = prompts_of.get(key, set())
+        if key and gi in free_in.get(key, ()) and key in near_of:
+            given = given | near_of[key]
+        out.append(Answer(gi, j, r, text, len(text), _ngram_repetition(text, n) or 0.0, task,
+                          len(given) >= need, len(given)))
+    return out
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -662,14 +748,14 @@ def answer_collapse(
         return "one answer for every input: answers given to several different prompts of a step"
 
     def pick(answers: list[Answer], event: str) -> list[Answer]:
-        by_key: dict[str, list[Answer]] = {}
-        for a in answers:
-            if a.shared:
-                by_key.setdefault(answer_key(a.text), []).append(a)
-        if not by_key:
+        shared = [a for a in answers if a.shared]
+        if not shared:
             return []
-        common = max(by_key.values(), key=len)
-        firsts = {a.group: a for a in reversed(common)}  # one rollout per prompt
+        # the answer given to the most prompts, and its copies and near-copies, one rollout per prompt
+        centre = max(shared, key=lambda a: a.shared_prompts)
+        ws = answer_words(centre.text)
+        like = [a for a in shared if answer_key(a.text) == answer_key(centre.text) or near(ws, answer_words(a.text))]
+        firsts = {a.group: a for a in reversed(like)}
         return [firsts[g] for g in sorted(firsts)]
 
     return _behaviour_alert("answer_collapse", what, ("shared",), history, groups, step=step, metric=metric,
