@@ -21,6 +21,15 @@ if os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "online", "
     os.environ["WANDB_MODE"] = "disabled"
 
 
+# Under pytest-xdist (CI runs `-n 2` on its 2 cores: pyproject's addopts) each worker takes its share of the
+# cores: torch's default of one thread per core in every worker would oversubscribe them. Set before any test
+# imports torch, and inherited by the processes tests start.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, str(_threads))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """The tiny random Llama (seed 0, SmolLM2's tokenizer) saved as a folder; never write into it."""

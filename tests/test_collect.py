@@ -48,7 +48,7 @@ def test_module_names_are_unique_across_test_folders():
 
 @pytest.mark.parametrize("folders", [("judge", "envs"), ("envs", "judge")])
 def test_folders_collect_in_any_order(folders):
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                            *(str(TESTS / f) for f in folders)], capture_output=True, text=True, cwd=TESTS.parent,
                           timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

@@ -68,7 +68,7 @@ def _verifiers_python() -> Path:
 def test_verifiers_environments_train_under_gw_fit_on_the_openai_2_sdk(tmp_path):
     python = _verifiers_python()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "python_files=cases_*.py",
+    done = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-o", "python_files=cases_*.py",
                            "--basetemp", str(tmp_path / "cases"), str(CASES)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
     tail = (done.stdout + done.stderr)[-6000:]

@@ -90,14 +90,22 @@ class ModelRegistry:
         self._free_unused()
         adapter = self.adapter_name(name, step)
         with self._lock:
-            # first: if the load below fails, ``name`` is refused rather than answered by the step before
-            self._trained[name] = max(self._trained.get(name, 0), step)
             if adapter in self._to_free:  # re-adding a step dropped earlier: reload it fresh
                 self._to_free.remove(adapter)
-        if adapter in self.engine.adapters():
-            self.engine.remove_adapter(adapter)
-        self.engine.add_adapter(adapter, adapter_path, weights=weights, config=config)
+        # While it loads, ``name`` goes on answering with the step before: the step is not published until
+        # it is served (a request arriving now is one that arrived a moment earlier). Once it is served, or
+        # once its load failed, ``name`` means this step: a failed load refuses it rather than answer with
+        # the step before, and so does a step unserved later because it failed its check.
+        try:
+            if adapter in self.engine.adapters():
+                self.engine.remove_adapter(adapter)
+            self.engine.add_adapter(adapter, adapter_path, weights=weights, config=config)
+        except BaseException:
+            with self._lock:
+                self._trained[name] = max(self._trained.get(name, 0), step)
+            raise
         with self._lock:
+            self._trained[name] = max(self._trained.get(name, 0), step)
             self._steps[name][step] = adapter
             latest = step == max(self._steps[name])
         if latest:  # requests that asked for the latest policy go on under this one (partial rollouts)
