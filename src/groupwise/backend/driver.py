@@ -639,13 +639,18 @@ class WorkerBackend(Backend):
                 except WorkerError:
                     pass  # the workers failed already, and that was raised where it happened: stop what is left
                 finally:
-                    for run in self._runs.values():  # their W&B runs end with the backend (wandb_log, "Until when")
-                        wandb_log.finish_store(run.store)
-                    self._runs.clear()
+                    self._forget_runs()
                     self._started = False
                     await self._stop()
         finally:
             self._run_locks.release_all()  # another process may train the runs now
+
+    def _forget_runs(self) -> None:
+        """Drop every registered run, the W&B run of each ending with the backend (wandb_log, "Until when");
+        both closes end here, the async one and ART's ``with LocalBackend()``."""
+        for run in self._runs.values():
+            wandb_log.finish_store(run.store)
+        self._runs.clear()
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -45,7 +45,6 @@ from groupwise.errors import ConfigError, GroupwiseError
 from groupwise.runs.run_id import RunId
 from groupwise.runs.store import CHECKPOINTS_DIR, checkpoint_folders, run_dir_of, step_dir_name
 from groupwise.runs.s3 import mirror, mirror_dir
-from groupwise.runs import wandb_log
 
 if TYPE_CHECKING:
     from groupwise.backend.worker import DeviceWorker
@@ -385,9 +384,7 @@ class LocalBackend(WorkerBackend):
                 base.close()
         if self._processes is not None:
             self._processes.kill()
-        for run in self._runs.values():  # their W&B runs end with the backend (wandb_log, "Until when")
-            wandb_log.finish_store(run.store)
-        self._runs.clear()
+        self._forget_runs()
         self._started, self._worker, self._processes = False, None, None
         self._run_locks.release_all()
 
