@@ -51,3 +51,10 @@ async def sample_groups(model, n_groups=2, n=4, step=0, max_tokens=4):
 def checkpoint_steps(model) -> list[int]:
     """The steps whose checkpoint folders are on disk (what retention left), ascending."""
     return sorted(int(p.name) for p in model.store.checkpoints_dir.iterdir() if p.name.isdigit())
+
+
+async def ask(client, name: str) -> str:
+    """Which adapter answers `name`: the canonical name@step the server answers with (greedy, 2 tokens)."""
+    r = await client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}],
+                                             max_tokens=2, temperature=0.0)
+    return r.model

@@ -10,15 +10,10 @@ import asyncio
 
 import openai
 import pytest
-from backend_helpers import checkpoint_steps, make_backend, sample_groups
+from backend_helpers import ask, checkpoint_steps, make_backend, sample_groups
 
 import groupwise as gw
 
-
-async def ask(client, name):
-    r = await client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}],
-                                             max_tokens=2, temperature=0.0)
-    return r.model  # the step that answered (the server names its canonical name@step)
 
 
 @pytest.mark.slow

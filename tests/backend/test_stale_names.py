@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import openai
 import pytest
-from backend_helpers import make_backend, sample_groups
+from backend_helpers import ask, make_backend, sample_groups
 
 import groupwise as gw
 from groupwise.inference.engine import Engine, EngineError
 
-
-async def ask(client, name):
-    r = await client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}],
-                                             max_tokens=2, temperature=0.0)
-    return r.model  # the canonical name@step of the adapter that answered
 
 
 async def test_a_name_never_answers_with_an_older_adapter_than_it_means(tiny_model_dir, tmp_path, request,
