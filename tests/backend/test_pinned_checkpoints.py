@@ -15,7 +15,6 @@ from backend_helpers import ask, checkpoint_steps, make_backend, sample_groups
 import groupwise as gw
 
 
-
 @pytest.mark.slow
 async def test_a_block_pinned_to_a_checkpoint_keeps_it_served_and_kept_while_training_goes_on(tiny_model_dir, tmp_path, request):
     backend = make_backend("local", tmp_path, request, served_steps=1)

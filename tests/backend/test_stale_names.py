@@ -14,7 +14,6 @@ import groupwise as gw
 from groupwise.inference.engine import Engine, EngineError
 
 
-
 async def test_a_name_never_answers_with_an_older_adapter_than_it_means(tiny_model_dir, tmp_path, request,
                                                                         monkeypatch):
     backend = make_backend("local", tmp_path, request, served_steps=1)
