@@ -110,9 +110,11 @@ def make_model(path: Path) -> None:
 
 
 async def train_one(kind: str, planted: bool, seed: int, model_path: str, base_path: str, steps: int,
-                    learning_rate: float, detector_overrides: dict[str, float], device: str = "cpu") -> dict:
+                    learning_rate: float, detector_overrides: dict[str, float], device: str = "cpu",
+                    actions: dict[str, str] | None = None) -> dict:
     """One real run through `gw.fit`: a tiny-tier property kind, or (kind = a hack_suite env for a clean
-    run, a family for a planted one) a SmolLM2-tier env."""
+    run, a family for a planted one) a SmolLM2-tier env. Every alert only warns, so that the run lasts its
+    steps, unless `actions` ({"on_reward_against_task": "stop"}, ...) says otherwise."""
     from pydantic import BaseModel
 
     import groupwise as gw
@@ -166,9 +168,8 @@ async def train_one(kind: str, planted: bool, seed: int, model_path: str, base_p
         cfg = gw.LoopConfig(
             rollouts_per_group=16, groups_per_step=4, eval_every=1, max_steps=steps, num_epochs=1,
             learning_rate=learning_rate, patience=1000, val_rollouts_per_group=2, metric="task", seed=seed,
-            detectors=gw.DetectorConfig(**detector_overrides), on_reward_against_task="warn", on_val_drop="warn",
-            on_val_unstable="warn", on_val_plateau="warn", on_reward_jump="warn", on_perfect_scores="warn",
-            on_degenerate="warn")
+            detectors=gw.DetectorConfig(**detector_overrides),
+            **{**{f"on_{a}": "warn" for a in WARN_ONLY}, **(actions or {})})
         summary = await gw.fit(model, rollout, train, val_scenarios=val, validate=validate, config=cfg)
         run_dir = summary.run_dir
     except gw.GroupwiseError as e:  # e.g. NotTrainableError: a clean run that solved its task
@@ -177,6 +178,11 @@ async def train_one(kind: str, planted: bool, seed: int, model_path: str, base_p
         await backend.close()
     return result_of(gw.load_history(run_dir), kind=kind, env=env or kind, family=family, planted=planted,
                      seed=seed, error=error, samples=samples_of(run_dir))
+
+
+# Every alert's LoopConfig action, set to 'warn' in the bench's runs (on_<name>).
+WARN_ONLY = ("reward_against_task", "val_drop", "val_unstable", "val_plateau", "reward_jump", "perfect_scores",
+             "degenerate")
 
 
 def samples_of(run_dir: str | Path, per_step: int = 3, limit: int = 160) -> dict[int, list[str]]:
@@ -195,24 +201,18 @@ def samples_of(run_dir: str | Path, per_step: int = 3, limit: int = 160) -> dict
 
 def result_of(history: list[dict], **fields) -> dict:
     """A run's result from its history: each alert's steps as the loop raised them (an alert about a
-    step's training rollouts is dated by the step that sampled them, and raised after it trained)."""
+    step's training rollouts is dated by the step that sampled them, and raised before it trained)."""
     from groupwise.runs.series import events, rows
 
     fired: dict[str, list[int]] = {}
     for r in events(history, "alert"):
-        if r["name"] == "no_signal":
-            continue
-        raised = r["step"] + 1 if r["name"] in GROUP_DATED else r["step"]
-        fired.setdefault(r["name"], []).append(raised)
+        if r["name"] != "no_signal":
+            fired.setdefault(r["name"], []).append(r["step"])
     val = rows(history, "val")
     return {**fields, "alerts": {k: min(v) for k, v in fired.items()}, "fired": fired,
             "val": {r["step"]: r["task"] for r in val},
             "val_ci": {r["step"]: [r.get("task_lo"), r.get("task_hi")] for r in val},
             "train": [round(r["reward"], 4) for r in rows(history, "train")]}
-
-
-# Alerts dated by the step whose groups they read (raised after that step trained, one step later).
-GROUP_DATED = ("perfect_scores", "identical_answers")
 
 
 def worker(args: argparse.Namespace) -> None:

@@ -259,7 +259,8 @@ def simulate(env: str, family: str | None, seed: int, *, steps: int = 12, groups
     """One run of `steps` steps through the loop's detectors: the same result dict as a real run's
     (bench/detectors.py), every alert at the step the loop would raise it."""
     import groupwise as gw
-    from groupwise.loop.detectors import reference, reference_of, rollout_signals, run_detectors
+    from groupwise.loop.detectors import (reference, reference_of, rollout_detectors, rollout_signals,
+                                          validation_detectors)
     from groupwise.loop.intervals import mean_interval
     from groupwise.runs.store import history_row
 
@@ -297,10 +298,12 @@ def simulate(env: str, family: str | None, seed: int, *, steps: int = 12, groups
         signals = rollout_signals(gs, ref or new_ref, metric=METRIC, n=d.repetition_ngram, collapse_share=d.collapse_share)
         history.append(history_row(gs, step=t, split="train"))
         history.append({"step": t, "split": "loop", **new_ref, **signals})
+        found = rollout_detectors(history, gs, step=t, config=cfg)  # before the step's update, as fit runs them
         validate(t + 1)
-        for a in run_detectors(history, gs, step=t + 1, config=cfg, groups_step=t):
-            first.setdefault(a.name, t + 1)  # the step the loop raises it (after the step trained)
-            fired.setdefault(a.name, []).append(t + 1)
+        found += validation_detectors(history, step=t + 1, config=cfg)
+        for a in found:
+            first.setdefault(a.name, a.step)
+            fired.setdefault(a.name, []).append(a.step)
     val = {r["step"]: r[METRIC] for r in history if r["split"] == "val"}
     train = [round(r["reward"], 4) for r in history if r["split"] == "train"]
     return {"env": env, "kind": family or env, "family": family, "planted": family is not None, "seed": seed,

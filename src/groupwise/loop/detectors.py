@@ -911,35 +911,50 @@ def judge_disagreement(
 # ---------------------------------------------------------------- all of them
 
 
-def run_detectors(
-    history: list[Row], groups: Sequence["TrajectoryGroup"], *, step: int, config: "LoopConfig",
-    val_groups: Sequence["TrajectoryGroup"] = (), groups_step: int | None = None,
-) -> list[Alert]:
-    """Every detector at `step`: history ones (the rollout signals of the steps so far among them, dated
-    `step`, when they are known, and quoting this step's train groups, sampled at `groups_step`), group
-    ones on this step's train groups (dated `groups_step`, the policy that sampled them; default `step`),
-    and the judge check on judged validation groups (their ``metrics[config.metric]`` is ground truth)."""
+# The detectors that read a step's training rollouts (their groups and the loop row's rollout signals):
+# the loop runs them as soon as the rollouts are scored, before the update that would train on them.
+ROLLOUT_DETECTORS = ("reward_against_task", "answer_collapse", "length_drift", "repetition", "perfect_scores",
+                     "identical_answers")
+
+
+def rollout_detectors(history: list[Row], groups: Sequence["TrajectoryGroup"], *, step: int,
+                      config: "LoopConfig") -> list[Alert]:
+    """The detectors of a step's training rollouts, dated `step`, the policy that sampled `groups`.
+
+    `history` holds the step's train and loop rows already (the loop passes them before it writes them):
+    the alerts come before the update on these rollouts, so a hack is told, and can stop the run, before
+    the step that would spread it trains, and their lead over a validation that sees the fall is real."""
     c, d = config, config.detectors
-    gs = step if groups_step is None else groups_step
     shared = {"metric": c.metric, "higher_is_better": c.higher_is_better, "window": d.signal_window,
-              "excess": d.shift_excess, "z": d.shift_z, "confidence": c.confidence, "groups_step": gs}
+              "excess": d.shift_excess, "z": d.shift_z, "confidence": c.confidence, "groups_step": step}
     found = [
         reward_against_task(history, groups, step=step, metric=c.metric, window=d.against_task_window,
-                            z=d.against_task_z, groups_step=gs),
+                            z=d.against_task_z, groups_step=step),
+        answer_collapse(history, groups, share=d.collapse_share, step=step, **shared),
+        length_drift(history, groups, step=step, **shared),
+        ngram_repetition(history, groups, n=d.repetition_ngram, step=step, **shared),
+        perfect_scores(groups, step=step, max_reward=d.perfect_reward, share=d.perfect_share, history=history,
+                       metric=c.metric, higher_is_better=c.higher_is_better, confidence=c.confidence),
+        identical_answers(groups, step=step, share=d.identical_share),
+    ]
+    return [a for a in found if a is not None]
+
+
+def validation_detectors(history: list[Row], *, step: int, config: "LoopConfig",
+                         val_groups: Sequence["TrajectoryGroup"] = ()) -> list[Alert]:
+    """The detectors of the history's curves (validation against the train reward) at `step`, after its
+    validation, and the judge check on judged validation groups (their ``metrics[config.metric]`` is
+    ground truth)."""
+    c, d = config, config.detectors
+    found = [
         val_drop(history, step=step, metric=c.metric, min_drop=d.val_drop, min_rise=d.reward_rise,
                  higher_is_better=c.higher_is_better, window=d.reward_window, confidence=c.confidence),
         val_plateau_reward_rising(history, step=step, metric=c.metric, min_delta=c.min_delta,
                                   min_rise=d.reward_rise, higher_is_better=c.higher_is_better,
                                   window=d.reward_window, confidence=c.confidence),
-        answer_collapse(history, groups, share=d.collapse_share, step=step, **shared),
-        length_drift(history, groups, step=step, **shared),
-        ngram_repetition(history, groups, n=d.repetition_ngram, step=step, **shared),
         reward_jump(history, step=step, window=d.jump_window, min_jump=d.jump_min, sigmas=d.jump_sigmas,
                     plateau_range=d.plateau_range, metric=c.metric, higher_is_better=c.higher_is_better,
                     confidence=c.confidence),
-        perfect_scores(groups, step=gs, max_reward=d.perfect_reward, share=d.perfect_share, history=history,
-                       metric=c.metric, higher_is_better=c.higher_is_better, confidence=c.confidence),
-        identical_answers(groups, step=gs, share=d.identical_share),
         judge_disagreement(val_groups, step=step, truth_key=c.metric, min_agreement=d.min_judge_agreement)
         if val_groups else None,
     ]
@@ -947,3 +962,16 @@ def run_detectors(
     names = {a.name for a in found if a is not None}
     dropped = bool(names & {"val_drop", "val_unstable"})
     return [a for a in found if a is not None and not (a.name == "val_plateau" and dropped)]
+
+
+def run_detectors(
+    history: list[Row], groups: Sequence["TrajectoryGroup"], *, step: int, config: "LoopConfig",
+    val_groups: Sequence["TrajectoryGroup"] = (), groups_step: int | None = None,
+) -> list[Alert]:
+    """Every detector at once, as one step's check: the rollout detectors on `groups` (sampled at
+    `groups_step`, default `step`, and dated so) and the validation detectors at `step`. The loop runs the
+    two halves at their own moments (`rollout_detectors` before the update, `validation_detectors` after
+    the validation); this is for reading a finished history back."""
+    gs = step if groups_step is None else groups_step
+    return [*rollout_detectors(history, groups, step=gs, config=config),
+            *validation_detectors(history, step=step, config=config, val_groups=val_groups)]

@@ -55,12 +55,14 @@ from groupwise.core.learning_signal import assess, loop_action
 from groupwise.loop.cursor import DataCursor, batches, resume_cursor
 from groupwise.loop.audit import audit_before_training
 from groupwise.loop.checks import before_training, check_fit_args, maybe_await, takes_scenario
-from groupwise.loop.detectors import Alert, reference, reference_of, rollout_signals, run_detectors
+from groupwise.loop.detectors import (ROLLOUT_DETECTORS, Alert, reference, reference_of, rollout_detectors,
+                                      rollout_signals, validation_detectors)
 from groupwise.runs.step_summary import answer_text
 from groupwise.loop.intervals import mean_interval
 from groupwise.loop import lockstep
 from groupwise.loop.pipeline import Gathered, hold_for_resume, run_pipelined
-from groupwise.loop.policy import action_for, classify, decide, pending_stop, stop_now, stop_reason_once
+from groupwise.loop.policy import (PolicyDecision, action_for, classify, decide, pending_stop, stop_now,
+                                   stop_reason_once)
 from groupwise.loop.progress import eta_seconds, step_line
 from groupwise.loop.rollout_inputs import AtStep, seeded_scenario
 from groupwise.runs.series import rows, series
@@ -332,6 +334,9 @@ class Loop:
         if self.c.score_train and self.validate is not None:
             await self.score(groups, self.train)  # the task metric next to the reward, in the train row too
         signals = self.rollout_signals(step, groups)
+        stop = await self.watch_rollouts(step, groups, signals)
+        if stop is not None:  # a hack seen in these rollouts: the update that would train on them never runs
+            return step, groups, [], stop
         t2 = time.perf_counter()
         result = await self.model.train(groups, config=self.c.step_config(), cursor=cursor.to_dict())
         t3 = time.perf_counter()
@@ -357,21 +362,40 @@ class Loop:
         return {**new_ref, **rollout_signals(groups, ref or new_ref, metric=self.c.metric, n=d.repetition_ngram,
                                              collapse_share=d.collapse_share)}
 
+    async def watch_rollouts(self, step: int, groups: list[TrajectoryGroup], signals: dict[str, Any]) -> StopDecision | None:
+        """The rollout detectors on the step's scored training rollouts, before the update on them (the
+        step's train and loop rows, written after the update, are passed to them ahead): a stop here
+        keeps the update from training on what the alert is about."""
+        from groupwise.runs.store import history_row
+
+        ahead = [*self.history, history_row(groups, step=step, split="train"), {"step": step, "split": "loop", **signals}]
+        decision = await self.raise_alerts(rollout_detectors(ahead, groups, step=step, config=self.c), rollouts=True)
+        return stop_now(decision, step) if decision.action == "stop" else None
+
     async def decide(self, step: int, groups: list[TrajectoryGroup], judged: list[TrajectoryGroup]) -> StopDecision:
-        alerts = run_detectors(self.history, groups, step=step, config=self.c, val_groups=judged, groups_step=step - 1)
+        """After the step's validation: the validation detectors, then the stopping rules."""
+        alerts = validation_detectors(self.history, step=step, config=self.c, val_groups=judged)
+        decision = await self.raise_alerts(alerts, rollouts=False)
+        if decision.action == "stop":
+            return stop_now(decision, step)
+        return pending_stop(self.history, step, self.c) or check_stopping(self.history, step, self.c)
+
+    async def raise_alerts(self, alerts: list[Alert], *, rollouts: bool) -> PolicyDecision:
+        """Record the alerts of one check (the rollout detectors', or the validation ones') and say what
+        the policy makes of them."""
         decision = decide(alerts, self.c)
-        # An alert still firing since the previous step is recorded again but not printed again: a
-        # person watching reads each finding once (its history rows keep every step).
-        before, self._firing = self._firing, {a.name for a in decision.alerts}
+        # An alert still firing since the same check of the previous step is recorded again but not printed
+        # again: a person watching reads each finding once (its history rows keep every step).
+        before = self._firing
+        mine = {n for n in before if (n in ROLLOUT_DETECTORS) == rollouts}
+        self._firing = (before - mine) | {a.name for a in decision.alerts}
         for a in decision.alerts:
             action = action_for(a, self.c)
             await self.history.write(a.to_row(action))
             self.alerts.append(a)
             if a.name not in before or action == "stop":
                 log.warning("step %d: [%s, %s] %s: %s -> %s", a.step, a.severity, a.kind, a.name, a.message, action)
-        if decision.action == "stop":
-            return stop_now(decision, step)
-        return pending_stop(self.history, step, self.c) or check_stopping(self.history, step, self.c)
+        return decision
 
     def log_progress(self, step: int, start_step: int, elapsed_s: float) -> None:
         """The step's line (`groupwise.loop.progress`) at INFO: reward, seconds, validation, ETA."""
