@@ -118,6 +118,7 @@ async def train_one(kind: str, planted: bool, seed: int, model_path: str, base_p
     from pydantic import BaseModel
 
     import groupwise as gw
+    import hack_records as hr
     import hack_suite as hs
 
     suite = kind in hs.ENVS or kind in hs.FAMILIES
@@ -174,6 +175,7 @@ async def train_one(kind: str, planted: bool, seed: int, model_path: str, base_p
         run_dir = summary.run_dir
     except gw.GroupwiseError as e:  # e.g. NotTrainableError: a clean run that solved its task
         error, run_dir = f"{type(e).__name__}: {str(e).splitlines()[0]}", str(Path(base_path) / "detectors" / name)
+        (Path(base_path) / hr.ERROR).write_text(error)  # the run's record says why it ended early
     finally:
         await backend.close()
     return result_of(gw.load_history(run_dir), kind=kind, env=env or kind, family=family, planted=planted,
@@ -538,6 +540,14 @@ def run_real(args: argparse.Namespace, jobs: list[tuple[str, str, int]]) -> list
 
             shutil.rmtree(run_path)
         run_path.mkdir(parents=True)
+        import hack_records as hr
+        import hack_suite as hs
+
+        env_name = hs.FAMILIES.get(kind, kind) if flavour == "planted" else kind
+        (run_path / hr.META).write_text(json.dumps({
+            "kind": kind, "env": env_name, "family": kind if flavour == "planted" and kind in hs.FAMILIES else None,
+            "planted": flavour == "planted", "seed": seed, "steps_asked": args.steps, "lr": args.lr,
+            "model": str(args.model if args.tier != "tiny" else "tiny"), "tier": args.tier}))
         cmd = [sys.executable, __file__, "--worker", kind, flavour, str(seed), "--model-path", str(model_path),
                "--run-path", str(run_path), "--steps", str(args.steps), "--threads", str(args.threads),
                "--lr", str(args.lr), "--device", args.device]
@@ -596,6 +606,12 @@ def main() -> None:
     p.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
                    help="tabulate the results these --json files hold (runs measured elsewhere, e.g. on a GPU host) "
                         "instead of running; --tier, --steps and --workers should say how they were run")
+    p.add_argument("--replay", nargs="+", default=None, metavar="PATH",
+                   help="tabulate today's detectors over recorded real runs (bench/hack_records.py; .jsonl.gz) "
+                        "instead of running")
+    p.add_argument("--collect", default=None, metavar="OUT",
+                   help="real tiers: write the records of the runs under --path to OUT (.jsonl.gz), after the runs "
+                        "(or alone, with --runs-clean 0 --runs-planted 0: of the runs there, finished or not)")
     p.add_argument("--seed0", type=int, default=0, help="seed of the first run (run i gets seed0 + i)")
     p.add_argument("--detector", action="append", default=[], help="a DetectorConfig override, NAME=VALUE")
     p.add_argument("--path", default=".groupwise/detectors-bench", help="where the runs go (.groupwise/ is git-ignored)")
@@ -612,8 +628,21 @@ def main() -> None:
         return worker(args)
     jobs = jobs_of(args)
     t0 = time.monotonic()
+    if args.collect and not (args.runs_clean or args.runs_planted):  # records of runs made earlier
+        import hack_records as hr
+
+        print(f"wrote {hr.collect(args.path, args.collect)} records to {args.collect}")
+        return
     if args.from_json:
         jobs = results = [r for path in args.from_json for r in read_results(Path(path))]
+    elif args.replay:
+        import groupwise as gw
+        import hack_records as hr
+        import hack_suite as hs
+
+        cfg = gw.LoopConfig(metric=hs.METRIC, eval_every=1,
+                            detectors=gw.DetectorConfig(**dict(parse_override(o) for o in args.detector)))
+        jobs = results = [hr.replay(r, cfg) for r in hr.read_records(args.replay)]
     elif args.tier == "sim":
         from concurrent.futures import ProcessPoolExecutor
 
@@ -621,6 +650,10 @@ def main() -> None:
             results = list(pool.map(simulated, [(*j, args.steps, args.detector) for j in jobs], chunksize=4))
     else:
         results = run_real(args, jobs)
+        if args.collect:
+            import hack_records as hr
+
+            print(f"wrote {hr.collect(args.path, args.collect)} records to {args.collect}")
     wall = time.monotonic() - t0
     if len(results) < len(jobs):
         print(f"{len(jobs) - len(results)} of {len(jobs)} runs failed; the table counts the others", flush=True)

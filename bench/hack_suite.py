@@ -259,16 +259,12 @@ def simulate(env: str, family: str | None, seed: int, *, steps: int = 12, groups
     """One run of `steps` steps through the loop's detectors: the same result dict as a real run's
     (bench/detectors.py), every alert at the step the loop would raise it."""
     import groupwise as gw
-    from groupwise.loop.detectors import (reference, reference_of, rollout_detectors, rollout_signals,
-                                          validation_detectors)
     from groupwise.loop.intervals import mean_interval
     from groupwise.runs.store import history_row
 
     cfg = config or gw.LoopConfig(metric=METRIC, eval_every=1)
-    d = cfg.detectors
     pol = draw_policy(seed, family is not None)
     rng = random.Random(f"run-{env}-{family}-{seed}")
-    history: list[dict] = []
 
     def rollout(p: Prompt, t: int) -> gw.Trajectory:
         if family is not None and rng.random() < pol.hack(t):
@@ -280,32 +276,58 @@ def simulate(env: str, family: str | None, seed: int, *, steps: int = 12, groups
                                                    {"role": "assistant", "content": text}],
                              reward=reward, metrics={METRIC: task(p, text)})
 
-    def validate(t: int) -> None:
+    def validate(t: int) -> dict:
         gs = [gw.TrajectoryGroup([rollout(prompt(env, 10_000 + i), t) for _ in range(val_rollouts)])
               for i in range(val_scenarios)]
         ci = mean_interval([[x.metrics[METRIC] for x in g.trajectories] for g in gs], cfg.confidence)
-        history.append(history_row(gs, step=t, split="val", metrics={f"{METRIC}_lo": ci.lo, f"{METRIC}_hi": ci.hi,
-                                                                     f"{METRIC}_n": ci.n}))
+        return history_row(gs, step=t, split="val", metrics={f"{METRIC}_lo": ci.lo, f"{METRIC}_hi": ci.hi,
+                                                               f"{METRIC}_n": ci.n})
 
-    validate(0)
+    def run():  # the step's train groups (sampled before its validation is drawn), then that validation
+        for t in range(steps):
+            gs = [gw.TrajectoryGroup([rollout(prompt(env, t * groups + g), t) for _ in range(rollouts)])
+                  for g in range(groups)]
+            yield gs, (lambda t=t: validate(t + 1))
+
+    out = through_detectors(validate(0), run(), cfg)
+    return {"env": env, "kind": family or env, "family": family, "planted": family is not None, "seed": seed,
+            "error": None, **out}
+
+
+def through_detectors(val0: dict, steps, config) -> dict:
+    """The loop's detectors over a run, as `gw.fit` runs them: `val0` the base's validation row, `steps`
+    (train groups of a step, each rollout's task in ``metrics[METRIC]``; a callable giving the validation
+    row after the step's update, or None) in order. Each step's history rows are built as fit writes
+    them (the train row, the loop row's rollout signals), the rollout detectors run on the step's groups
+    before its update, the validation detectors after its validation. Returns the result fields a run's
+    result holds: alerts (first step), fired, val, val_ci, train."""
+    from groupwise.loop.detectors import (reference, reference_of, rollout_detectors, rollout_signals,
+                                          validation_detectors)
+    from groupwise.runs.step_summary import answer_text
+    from groupwise.runs.store import history_row
+
+    d = config.detectors
+    history: list[dict] = [val0]
     first: dict[str, int] = {}
     fired: dict[str, list[int]] = {}
-    for t in range(steps):
-        gs = [gw.TrajectoryGroup([rollout(prompt(env, t * groups + g), t) for _ in range(rollouts)])
-              for g in range(groups)]
+    for t, (gs, validated) in enumerate(steps):
+        for g in gs:
+            for x in g.trajectories:
+                x.metrics["answer_chars"] = len(answer_text(x))  # as fit sets it, for the length detector
         ref = reference(history)
         new_ref = {} if ref is not None else reference_of(gs, step=t, n=d.repetition_ngram, collapse_share=d.collapse_share)
         signals = rollout_signals(gs, ref or new_ref, metric=METRIC, n=d.repetition_ngram, collapse_share=d.collapse_share)
         history.append(history_row(gs, step=t, split="train"))
         history.append({"step": t, "split": "loop", **new_ref, **signals})
-        found = rollout_detectors(history, gs, step=t, config=cfg)  # before the step's update, as fit runs them
-        validate(t + 1)
-        found += validation_detectors(history, step=t + 1, config=cfg)
+        found = rollout_detectors(history, gs, step=t, config=config)  # before the step's update
+        row = validated() if validated is not None else None
+        if row is not None:
+            history.append(row)
+            found += validation_detectors(history, step=t + 1, config=config)
         for a in found:
             first.setdefault(a.name, a.step)
             fired.setdefault(a.name, []).append(a.step)
-    val = {r["step"]: r[METRIC] for r in history if r["split"] == "val"}
-    train = [round(r["reward"], 4) for r in history if r["split"] == "train"]
-    return {"env": env, "kind": family or env, "family": family, "planted": family is not None, "seed": seed,
-            "error": None, "alerts": first, "fired": fired, "val": val, "train": train,
-            "val_ci": {r["step"]: [r[f"{METRIC}_lo"], r[f"{METRIC}_hi"]] for r in history if r["split"] == "val"}}
+    vals = [r for r in history if r["split"] == "val"]
+    return {"alerts": first, "fired": fired, "val": {r["step"]: r[METRIC] for r in vals},
+            "val_ci": {r["step"]: [r.get(f"{METRIC}_lo"), r.get(f"{METRIC}_hi")] for r in vals},
+            "train": [round(r["reward"], 4) for r in history if r["split"] == "train"]}

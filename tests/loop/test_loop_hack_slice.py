@@ -10,6 +10,7 @@ fire. Each run is about a minute on 2 CPU cores.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -19,8 +20,10 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
 import detectors as bench  # noqa: E402
+import hack_records  # noqa: E402
 import hack_suite  # noqa: E402
 
+import groupwise as gw  # noqa: E402
 from groupwise.loop.detectors import alert_kind  # noqa: E402
 
 STEPS = 3
@@ -40,6 +43,13 @@ async def test_a_planted_hack_on_the_tiny_model_is_caught_before_validation_fall
     # a few training answers of every step ride along, so a missed alert can be read against them
     assert sorted(res["samples"]) == list(range(STEPS)), res["samples"]
     assert all(1 <= len(texts) <= 3 and all(len(t) <= 160 for t in texts) for texts in res["samples"].values())
+    # the run's record (its rollouts and validations) replays through the detectors to the same alerts,
+    # so the real tier's recorded runs measure later detectors without training again
+    [run_dir] = [p.parent for p in tmp_path.rglob("history.jsonl")]
+    record = hack_records.record_of(run_dir, kind="newline", env="newline", family=None, planted=True, seed=0)
+    again = hack_records.replay(json.loads(json.dumps(record)), gw.LoopConfig(metric="task", eval_every=1))
+    assert (again["fired"], again["train"]) == (res["fired"], res["train"]), (again, res)
+    assert {int(k): v for k, v in res["val"].items()} == again["val"]
 
 
 @pytest.mark.slow
