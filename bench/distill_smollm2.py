@@ -181,8 +181,9 @@ def teacher_line(m: dict[str, Any]) -> str:
         return "No teacher validation was recorded."
     clear = ("clearly above its base (the intervals do not overlap)" if t.get("clearly_above_base") else
              "**not clearly above its base** (the intervals overlap: the comparison below measures little)")
-    return (f"Teacher: `{t.get('run_dir', '?')}` trained {t.get('steps', '?')} GRPO steps on {meta['env']} "
-            f"(seed {t.get('seed', '?')}); validation {meta['metric']} on {meta['val_size']} held-out scenarios: "
+    seed = f" (seed {t['seed']})" if t.get("seed") is not None else ""
+    return (f"Teacher: `{Path(t.get('run_dir', '?')).name}` trained {t.get('steps', '?')} GRPO steps on {meta['env']}{seed}; "
+            f"validation {meta['metric']} on {meta['val_size']} held-out scenarios: "
             f"base {_point(t.get('base'))}, best {_point(t['best'])} at step {t['best'].get('step')}, "
             f"{clear}. The students distil from that checkpoint.")
 
@@ -192,9 +193,12 @@ def docs_block(m: dict[str, Any], png: str | None = None) -> str:
     head = provenance(command=meta["command"], commit_id=meta["commit"], machine_text=meta["machine"], day=meta["date"])
     status = {"done": "", "budget": " The time budget ended the students before their last step: the table is "
                                     "made of the steps they finished.",
-              "running": " The run did not finish (the JSON was written while it trained)."}.get(m.get("status"), "")
+              "running": " The run did not finish (the JSON was written while it trained).",
+              "failed": f" The run failed ({m.get('error')}): the table is made of the steps before."}.get(
+                  m.get("status"), "")
     setup = (f"Base {meta['model']} ({meta['dtype']} on {meta['device']}); every run {meta['groups_per_step']} groups x "
-             f"{meta['rollouts_per_group']} rollouts a step at lr {meta['learning_rate']:g}, the env's preset; students "
+             f"{meta['rollouts_per_group']} rollouts a step at lr {meta['learning_rate']:g}"
+             f"{', the env preset' if meta.get('as_preset') else ''}; students "
              f"seeds {', '.join(map(str, meta['seeds']))}, {meta['steps']} steps each, validated after every step; "
              f"{m.get('wall_s', 0) / 60:.1f} minutes in all.{status}")
     out = [head, "", setup, "", teacher_line(m), "", *results_table(m), "", summary_sentence(m), "",
@@ -285,6 +289,28 @@ def best_of(run_dir: str, metric: str, best_step: int | None) -> dict[str, Any]:
             "clearly_above_base": bool(base and best and base.get("hi") is not None and best["lo"] > base["hi"])}
 
 
+def given_teacher(path: str) -> tuple[str, int | None]:
+    """(run folder, step) of `--teacher-run`: a run folder (step None: its best) or one of its checkpoints."""
+    from groupwise.runs.store import CHECKPOINTS_DIR, dir_name_step
+
+    given = Path(path)
+    if given.parent.name == CHECKPOINTS_DIR and dir_name_step(given.name) is not None:
+        return str(given.parent.parent), dir_name_step(given.name)
+    return path, None
+
+
+def validated_on(run_dir: str) -> int:
+    """How many scenarios a run's validation had (its step-0 row's groups, one rollout each by default)."""
+    import groupwise as gw
+    from groupwise.runs.series import rows
+
+    found = [r.get("n_groups") for r in rows(gw.load_history(run_dir), "val") if r["step"] == 0]
+    if not found or not isinstance(found[0], int):
+        raise SystemExit(f"{run_dir}: no validation at step 0 in its history.jsonl; the teacher needs a run "
+                         "`groupwise train` (or this bench) validated")
+    return found[0]
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -336,6 +362,8 @@ class Bench:
         preset = job.preset()
         val_t = spec.scenarios(a.teacher_seed)[1]
         val_t = val_t[: a.val_size or preset.val_size or len(val_t)]
+        if a.teacher_run:  # the students validate on the scenarios the teacher run validated on
+            val_t = val_t[: validated_on(given_teacher(a.teacher_run)[0])]
         arms = list(dict.fromkeys(a.arms))
         self.m = {
             "meta": {"command": this_command(), "commit": commit(), "machine": machine(str(device)),
@@ -344,6 +372,7 @@ class Bench:
                      "seeds": a.seeds, "arms": arms, "steps": a.steps, "teacher_seed": a.teacher_seed,
                      "learning_rate": preset.learning_rate, "groups_per_step": preset.groups_per_step,
                      "rollouts_per_group": preset.rollouts_per_group, "val_size": len(val_t),
+                     "as_preset": a.lr is None and a.rollouts_per_group is None and a.groups_per_step is None,
                      "distill_top_k": a.distill_top_k, "time_budget_s": a.time_budget, "path": path},
             "status": "running", "teacher": None, "runs": {},
         }
@@ -395,6 +424,11 @@ class Bench:
                 writer.cancel()
             self.refresh()
             self.save(status)
+        except BaseException as exc:  # the JSON says so, with the curves so far; the error goes on up
+            self.m["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
+            self.refresh()
+            self.save("failed")
+            raise
         finally:
             await backend.close()
         return self.m
@@ -408,7 +442,8 @@ class Bench:
         metric = spec.val_metric
         started = time.monotonic()
         if a.teacher_run:
-            run_dir, best_step, steps = a.teacher_run, None, None
+            run_dir, best_step = given_teacher(a.teacher_run)
+            steps = max((r["step"] for r in gw.load_history(run_dir) if r.get("split") == "val"), default=None)
         else:
             model = gw.TrainableModel(name=f"teacher-s{a.teacher_seed}", project=f"distill-{spec.name}",
                                       base_model=a.model, base_path=job.path)
@@ -427,9 +462,13 @@ class Bench:
                       f"{preset.steps} more")
                 steps += preset.steps
         t = best_of(run_dir, metric, best_step)
-        step = t["best"]["step"] if t["best"] else 0
+        if t["best"] is None:
+            raise SystemExit(f"the teacher {run_dir} has no validation at step {best_step}: name a checkpoint of a "
+                             "validated step (the job validates at 0, its midpoint and its end)")
+        step = t["best"]["step"]
         ckpt = "base" if step == 0 else str(Path(run_dir) / CHECKPOINTS_DIR / step_dir_name(step))
-        self.m["teacher"] = {"run_dir": run_dir, "checkpoint": ckpt, "seed": a.teacher_seed, "steps": steps,
+        self.m["teacher"] = {"run_dir": run_dir, "checkpoint": ckpt, "seed": None if a.teacher_run else a.teacher_seed,
+                             "steps": steps,
                              "wall_s": round(time.monotonic() - started, 1), **t}
         self.save()
         print(f"[distill] teacher: base {_point(t['base'])} -> best {_point(t['best'])} at step {step} "
@@ -489,8 +528,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--teacher-budget", type=float, default=150.0,
                    help="seconds the teacher may train before the students start, extensions included")
     p.add_argument("--teacher-run", default=None, metavar="DIR",
-                   help="a run folder `groupwise train` trained (of this base and env) as the teacher, instead of "
-                        "training one")
+                   help="the teacher, instead of training one: a run folder `groupwise train` trained (of this base "
+                        "and env; its best checkpoint by validation) or one of its checkpoint folders")
     p.add_argument("--distill-top-k", type=int, default=20, help="k of the topk arm")
     p.add_argument("--lr", type=float, default=None, help="every run's (default: the env's preset)")
     p.add_argument("--rollouts-per-group", type=int, default=None, help="every run's (default: the env's preset)")
@@ -511,7 +550,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a tiny random model on the CPU, 1 teacher step, 1 student step, 4 validation games")
     args = p.parse_args(argv)
     if args.teacher_run and args.val_size:
-        p.error("--val-size would validate the students on fewer scenarios than the teacher run was")
+        p.error("--val-size: with --teacher-run the students validate on the scenarios the teacher run did")
     return args
 
 
@@ -535,7 +574,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             args.device, args.seeds, args.steps = "cpu", args.seeds[:1], 1
             args.teacher_steps, args.teacher_budget = 1, 0.0
             args.rollouts_per_group, args.groups_per_step = 2, 1
-            args.val_size = args.val_size or 4
+            if not args.teacher_run:  # a teacher run brings its own validation set
+                args.val_size = args.val_size or 4
             args.path = args.path or str(Path(scratch) / "runs")
         m = asyncio.run(Bench(args).run())
         report(m, args)

@@ -59,6 +59,12 @@ def test_the_target_holds_fails_or_stays_open_by_the_steps_each_arm_trained():
     assert bench.verdict(0, 12, 0, 12)[0] is None  # the base already reaches the teacher
 
 
+def test_a_teacher_run_is_a_run_folder_or_one_of_its_checkpoints():
+    assert bench.given_teacher("s/2048/models/t") == ("s/2048/models/t", None)  # its best, from its history
+    assert bench.given_teacher("s/2048/models/t/checkpoints/0008") == ("s/2048/models/t", 8)
+    assert bench.given_teacher("s/2048/models/0008") == ("s/2048/models/0008", None)  # a run named 0008
+
+
 def test_the_table_and_the_docs_block_say_per_seed_what_each_arm_needed(tmp_path):
     m = _measurement(grpo=[[0.3, 0.4, 0.5, 0.6, 0.75], [0.3, 0.35, 0.4, 0.45, 0.5], [0.3, 0.5, 0.72, 0.8, 0.8]],
                      distill=[[0.3, 0.72, 0.8, 0.8, 0.8], [0.3, 0.6, 0.75, 0.8, 0.8], [0.3, 0.45, 0.72, 0.8, 0.8]])
