@@ -199,7 +199,7 @@ def docs_block(m: dict[str, Any], png: str | None = None) -> str:
     setup = (f"Base {meta['model']} ({meta['dtype']} on {meta['device']}); every run {meta['groups_per_step']} groups x "
              f"{meta['rollouts_per_group']} rollouts a step at lr {meta['learning_rate']:g}"
              f"{', the env preset' if meta.get('as_preset') else ''}; students "
-             f"seeds {', '.join(map(str, meta['seeds']))}, {meta['steps']} steps each, validated after every step; "
+             f"of seeds {', '.join(map(str, meta['seeds']))}: {meta['steps']} steps each, validated after every step; "
              f"{m.get('wall_s', 0) / 60:.1f} minutes in all.{status}")
     out = [head, "", setup, "", teacher_line(m), "", *results_table(m), "", summary_sentence(m), "",
            "Validation per step (mean [95% interval]):", "", *curves_table(m)]
@@ -217,7 +217,9 @@ def plot(m: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     seeds, meta = m["meta"]["seeds"], m["meta"]
-    fig, axes = plt.subplots(1, len(seeds), figsize=(4.2 * len(seeds), 3.6), sharey=True, squeeze=False)
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(1, len(seeds), figsize=(max(6.5, 4.2 * len(seeds)), 3.8), sharey=True, squeeze=False)
     best = (m.get("teacher") or {}).get("best") or {}
     colours = {"grpo": "tab:blue", "sampled": "tab:orange", "topk": "tab:green"}
     for ax, seed in zip(axes[0], seeds):
@@ -233,8 +235,13 @@ def plot(m: dict[str, Any], path: Path) -> None:
             ax.plot(xs, [p["value"] for p in curve], marker="o", ms=3, color=colours[arm], label=ARM_LABEL[arm])
             if all(p.get("lo") is not None for p in curve):
                 ax.fill_between(xs, [p["lo"] for p in curve], [p["hi"] for p in curve], color=colours[arm], alpha=0.15)
+            reached = steps_to_reach(curve, best["value"]) if best.get("value") is not None else None
+            if reached is not None:  # where it reached the teacher
+                ax.plot([reached], [next(p["value"] for p in curve if p["step"] == reached)], marker="*", ms=13,
+                        color=colours[arm], markeredgecolor="black", ls="none")
         ax.set_title(f"student seed {seed}")
-        ax.set_xlabel("GRPO step")
+        ax.set_xlabel("step (*: reached the teacher)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(f"val {meta['metric']}")
     axes[0][-1].legend(fontsize=8, loc="lower right")
