@@ -59,6 +59,26 @@ def test_the_target_holds_fails_or_stays_open_by_the_steps_each_arm_trained():
     assert bench.verdict(0, 12, 0, 12)[0] is None  # the base already reaches the teacher
 
 
+def _history(folder: Path, vals: dict[int, tuple[float, float, float]], stop_best: int | None = None) -> str:
+    folder.mkdir(parents=True)
+    rows = [{"step": s, "split": "val", "n_groups": 24, "valid_move_rate": v, "valid_move_rate_lo": lo,
+             "valid_move_rate_hi": hi} for s, (v, lo, hi) in vals.items()]
+    rows += [{"step": max(vals), "split": "stop", "best_step": stop_best}] if stop_best is not None else []
+    (folder / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(folder)
+
+
+def test_the_teacher_is_its_best_checkpoint_and_clearly_above_its_base_only_beyond_both_noises(tmp_path):
+    learnt = _history(tmp_path / "a", {0: (0.3, 0.2, 0.4), 4: (0.6, 0.5, 0.7), 8: (0.8, 0.7, 0.9)}, stop_best=8)
+    t = bench.best_of(learnt, "valid_move_rate", None)  # the stop row's best
+    assert (t["base"]["value"], t["best"]["step"], t["clearly_above_base"]) == (0.3, 8, True)
+    assert bench.best_of(learnt, "valid_move_rate", 4)["best"]["value"] == 0.6
+    assert bench.validated_on(learnt) == 24
+    # 0.45 against 0.3: a gain inside the two intervals' noise is no teacher
+    noisy = _history(tmp_path / "b", {0: (0.3, 0.15, 0.45), 8: (0.45, 0.3, 0.6)}, stop_best=8)
+    assert bench.best_of(noisy, "valid_move_rate", None)["clearly_above_base"] is False
+
+
 def test_a_teacher_run_is_a_run_folder_or_one_of_its_checkpoints():
     assert bench.given_teacher("s/2048/models/t") == ("s/2048/models/t", None)  # its best, from its history
     assert bench.given_teacher("s/2048/models/t/checkpoints/0008") == ("s/2048/models/t", 8)
