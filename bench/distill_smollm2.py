@@ -396,7 +396,7 @@ class Bench:
         runs = 1 + len(arms) * len(a.seeds)
         backend = job_backend(job, preset, runs=runs)
         try:
-            teacher_ckpt = await self.teacher(backend, job, spec, preset, val_t, loop_config)
+            teacher_ckpt = await self.teacher(backend, job, spec, preset, val_t)
             if self.left() <= 0:
                 print("[distill] the time budget went on the teacher: no student trained")
                 self.save("budget")
@@ -446,9 +446,10 @@ class Bench:
             await backend.close()
         return self.m
 
-    async def teacher(self, backend: Any, job: Any, spec: Any, preset: Any, val_t: list, loop_config: Any) -> str:
-        """Train (or read) the teacher; its best checkpoint's folder."""
+    async def teacher(self, backend: Any, job: Any, spec: Any, preset: Any, val_t: list) -> str:
+        """Train (or read) the teacher; its best checkpoint's folder ("base" when no step beat the base)."""
         import groupwise as gw
+        from groupwise.jobs.train_setup import loop_config
         from groupwise.runs.store import CHECKPOINTS_DIR, step_dir_name
 
         a = self.args
