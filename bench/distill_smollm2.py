@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_block import BENCHMARKS, ROOT, commit, machine, provenance, this_command, write_block  # noqa: E402
+from results_block import BENCHMARKS, commit, machine, provenance, this_command, write_block  # noqa: E402
 
 NAME = "distill_smollm2"
 ARMS = ("grpo", "sampled", "topk")
@@ -96,12 +96,14 @@ def verdict(distill: int | None, distill_last: int | None, grpo: int | None,
 
 
 def ratio_text(distill: int | None, distill_last: int | None, grpo: int | None, grpo_last: int | None) -> str:
+    """Distillation's steps over GRPO's; a bound where one arm never reached the teacher (it needed at least
+    one step more than it trained)."""
     if distill is not None and grpo:
         return f"{distill / grpo:.2f}"
     if distill is not None and grpo is None and grpo_last is not None:
-        return f"< {distill / (grpo_last + 1):.2f}"
+        return f"<= {distill / (grpo_last + 1):.2f}"
     if distill is None and grpo and distill_last is not None:
-        return f"> {(distill_last + 1) / grpo:.2f}" if distill_last + 1 <= grpo else f"> {distill_last / grpo:.2f}"
+        return f">= {(distill_last + 1) / grpo:.2f}"
     return "-"
 
 
@@ -166,6 +168,8 @@ def curves_table(m: dict[str, Any]) -> list[str]:
 
 def summary_sentence(m: dict[str, Any]) -> str:
     rows = analyse(m)
+    if not rows:
+        return "No distillation arm was trained: nothing to compare."
     parts = []
     for arm in [a for a in m["meta"]["arms"] if a != "grpo"]:
         mine = [r for r in rows if r["arm"] == arm]
@@ -368,6 +372,7 @@ class Bench:
             raise SystemExit(f"{a.env} has no validation metric; the measure needs one (2048, tictactoe, math)")
         device = resolve_device(a.device)
         path = a.path or str(Path(".groupwise") / "bench-distill" / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
+        self.json_path = self.json_path or Path(path) / "distill.json"
         # The job's own settings object: the preset of the env, with the flags a GPU run may raise.
         job = TrainJob(env=a.env, model=a.model, seed=a.teacher_seed, path=path, device=a.device, dtype=a.dtype,
                        steps=a.teacher_steps, rollouts_per_group=a.rollouts_per_group,
@@ -391,7 +396,7 @@ class Bench:
         }
         self.save()
         print(f"[distill] {spec.name}: teacher seed {a.teacher_seed}, students {arms} x seeds {a.seeds}, "
-              f"{a.steps} steps; run store {path}; budget {a.time_budget:.0f}s")
+              f"{a.steps} steps; run store {path}; budget {a.time_budget:.0f}s; curves in {self.json_path}")
 
         runs = 1 + len(arms) * len(a.seeds)
         backend = job_backend(job, preset, runs=runs)
@@ -554,7 +559,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds for the whole run: students stop adding steps when it is spent")
     p.add_argument("--threads", type=int, default=2, help="torch's CPU threads (the GPU may be shared)")
     p.add_argument("--path", default=None, help="run store (default: a fresh .groupwise/bench-distill/<time>)")
-    p.add_argument("--json", default=None, help="write the curves here (rewritten as they come)")
+    p.add_argument("--json", default=None,
+                   help="write the curves here, rewritten as they come (default: distill.json in the run store)")
     p.add_argument("--png", default=None, help="draw both arms' curves per seed here")
     p.add_argument("--from-json", default=None, metavar="PATH", help="tabulate a saved JSON instead of training")
     p.add_argument("--write-docs", action="store_true", help=f"write the {NAME} block of --docs")

@@ -57,6 +57,9 @@ def test_the_target_holds_fails_or_stays_open_by_the_steps_each_arm_trained():
     assert bench.verdict(None, 3, 8, 12)[0] is None  # 4 or more: not yet known
     assert bench.verdict(None, 12, None, 12)[0] is None
     assert bench.verdict(0, 12, 0, 12)[0] is None  # the base already reaches the teacher
+    # the ratio, or its bound where an arm never reached the teacher
+    assert [bench.ratio_text(3, 12, 6, 12), bench.ratio_text(6, 12, None, 12), bench.ratio_text(None, 5, 8, 12),
+            bench.ratio_text(None, 12, None, 12)] == ["0.50", "<= 0.46", ">= 0.75", "-"]
 
 
 def _history(folder: Path, vals: dict[int, tuple[float, float, float]], stop_best: int | None = None) -> str:
@@ -91,7 +94,7 @@ def test_the_table_and_the_docs_block_say_per_seed_what_each_arm_needed(tmp_path
     table = bench.results_table(m)
     assert table[2:] == [
         "| 0 | sampled | 4 | 1 | 0.25 | **holds** (1 vs 4 steps) |",
-        "| 1 | sampled | never (of 4) | 2 | < 0.40 | **holds** (2 vs more than 4 steps) |",
+        "| 1 | sampled | never (of 4) | 2 | <= 0.40 | **holds** (2 vs more than 4 steps) |",
         "| 2 | sampled | 2 | 2 | 1.00 | fails (2 vs 2 steps) |",
     ]
     assert bench.summary_sentence(m) == "distillation (sampled): the target holds on 2 of 3 seeds, fails on 1."
