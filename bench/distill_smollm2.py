@@ -515,6 +515,8 @@ def report(m: dict[str, Any], args: argparse.Namespace) -> None:
     print("\n".join(results_table(m)))
     print()
     print(summary_sentence(m))
+    print()
+    print("\n".join(curves_table(m)))
     if args.png:
         plot(m, Path(args.png))
         print(f"[distill] curves: {args.png}")
