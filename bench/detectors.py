@@ -111,10 +111,11 @@ def make_model(path: Path) -> None:
 
 async def train_one(kind: str, planted: bool, seed: int, model_path: str, base_path: str, steps: int,
                     learning_rate: float, detector_overrides: dict[str, float], device: str = "cpu",
-                    actions: dict[str, str] | None = None) -> dict:
+                    actions: dict[str, str] | None = None, backend=None) -> dict:
     """One real run through `gw.fit`: a tiny-tier property kind, or (kind = a hack_suite env for a clean
     run, a family for a planted one) a SmolLM2-tier env. Every alert only warns, so that the run lasts its
-    steps, unless `actions` ({"on_reward_against_task": "stop"}, ...) says otherwise."""
+    steps, unless `actions` ({"on_reward_against_task": "stop"}, ...) says otherwise. `backend`: one shared
+    with other runs (one base, one engine, each run its adapter), else the run's own."""
     from pydantic import BaseModel
 
     import groupwise as gw
@@ -161,8 +162,10 @@ async def train_one(kind: str, planted: bool, seed: int, model_path: str, base_p
     name = f"{'planted' if planted else 'clean'}-{kind}-s{seed}"
     model = gw.TrainableModel(name, project="detectors", base_model=model_path, base_path=base_path)
     # batch invariance (CPU, fp32) makes a run independent of which requests the engine batched together
-    backend = gw.LocalBackend(path=base_path, device=device,
-                              engine_kwargs={"batch_invariant": True} if device == "cpu" else None)
+    own = backend is None
+    if own:
+        backend = gw.LocalBackend(path=base_path, device=device,
+                                  engine_kwargs={"batch_invariant": True} if device == "cpu" else None)
     await model.register(backend)
     error = None
     try:
@@ -177,7 +180,8 @@ async def train_one(kind: str, planted: bool, seed: int, model_path: str, base_p
         error, run_dir = f"{type(e).__name__}: {str(e).splitlines()[0]}", str(Path(base_path) / "detectors" / name)
         (Path(base_path) / hr.ERROR).write_text(error)  # the run's record says why it ended early
     finally:
-        await backend.close()
+        if own:
+            await backend.close()
     return result_of(gw.load_history(run_dir), kind=kind, env=env or kind, family=family, planted=planted,
                      seed=seed, error=error, samples=samples_of(run_dir))
 
@@ -218,16 +222,34 @@ def result_of(history: list[dict], **fields) -> dict:
 
 
 def worker(args: argparse.Namespace) -> None:
+    """The runs of one process (`--runs-per-worker`: several share one backend, so one engine batches
+    their rollouts); each prints its RESULT line as it ends."""
     import torch
 
     torch.set_num_threads(args.threads)
-    kind, flavour, seed = args.worker[0], args.worker[1], int(args.worker[2])
     overrides = dict(parse_override(o) for o in args.detector)
-    t0 = time.monotonic()
-    result = asyncio.run(train_one(kind, flavour == "planted", seed, args.model_path, args.run_path,
-                                   args.steps, args.lr, overrides, args.device))
-    result["wall_s"] = round(time.monotonic() - t0, 1)
-    print("RESULT " + json.dumps(result))
+    jobs = [args.worker[i:i + 4] for i in range(0, len(args.worker), 4)]  # kind, flavour, seed, run path
+
+    async def one(job: list[str], backend) -> None:
+        kind, flavour, seed, run_path = job
+        t0 = time.monotonic()
+        result = await train_one(kind, flavour == "planted", int(seed), args.model_path, run_path, args.steps,
+                                 args.lr, overrides, args.device, backend=backend)
+        result["wall_s"] = round(time.monotonic() - t0, 1)
+        print("RESULT " + json.dumps(result), flush=True)
+
+    async def all_runs() -> None:
+        if len(jobs) == 1:
+            return await one(jobs[0], None)
+        import groupwise as gw
+
+        backend = gw.LocalBackend(path=jobs[0][3], device=args.device)
+        try:
+            await asyncio.gather(*(one(job, backend) for job in jobs))
+        finally:
+            await backend.close()
+
+    asyncio.run(all_runs())
 
 
 def parse_override(text: str) -> tuple[str, float]:
@@ -530,44 +552,51 @@ def run_real(args: argparse.Namespace, jobs: list[tuple[str, str, int]]) -> list
 
     lock = threading.Lock()
 
-    def run(job: tuple[str, str, int]) -> dict | None:
+    def prepare(job: tuple[str, str, int]) -> Path:
+        """The run's folder, fresh (fit would resume an old one), with its META for hack_records."""
+        import hack_records as hr
+        import hack_suite as hs
+
         kind, flavour, seed = job
-        # several GPUs: each run on one of them, in turn
-        gpu_env = {"CUDA_VISIBLE_DEVICES": str(order[job] % args.gpus)} if args.device == "cuda" and args.gpus > 1 else {}
         run_path = root / "runs" / f"{args.tier}-{flavour}-{kind}-s{seed}"
-        if run_path.exists():  # a fresh run every time: fit would resume an old one
+        if run_path.exists():
             import shutil
 
             shutil.rmtree(run_path)
         run_path.mkdir(parents=True)
-        import hack_records as hr
-        import hack_suite as hs
-
         env_name = hs.FAMILIES.get(kind, kind) if flavour == "planted" else kind
         (run_path / hr.META).write_text(json.dumps({
             "kind": kind, "env": env_name, "family": kind if flavour == "planted" and kind in hs.FAMILIES else None,
             "planted": flavour == "planted", "seed": seed, "steps_asked": args.steps, "lr": args.lr,
             "model": str(args.model if args.tier != "tiny" else "tiny"), "tier": args.tier}))
-        cmd = [sys.executable, __file__, "--worker", kind, flavour, str(seed), "--model-path", str(model_path),
-               "--run-path", str(run_path), "--steps", str(args.steps), "--threads", str(args.threads),
+        return run_path
+
+    def run(chunk: list[tuple[str, str, int]]) -> list[dict]:
+        # several GPUs: each process on one of them, in turn
+        first = order[chunk[0]]
+        gpu_env = {"CUDA_VISIBLE_DEVICES": str(first % args.gpus)} if args.device == "cuda" and args.gpus > 1 else {}
+        paths = [prepare(job) for job in chunk]
+        cmd = [sys.executable, __file__, "--worker", *[str(x) for job, path in zip(chunk, paths) for x in (*job, path)],
+               "--model-path", str(model_path), "--steps", str(args.steps), "--threads", str(args.threads),
                "--lr", str(args.lr), "--device", args.device]
         cmd += [x for o in args.detector for x in ("--detector", o)]
-        log = run_path / "run.log"
+        log = paths[0] / "run.log"
         with open(log, "w") as f:
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**env, **gpu_env}).returncode
-        found = re.findall(r"^RESULT (.*)$", log.read_text(), re.MULTILINE)
-        if rc != 0 or not found:
-            print(f"{flavour} {kind} seed {seed}: failed (rc {rc}), see {log}", flush=True)
-            return None
-        res = json.loads(found[-1])
-        show(res)
-        if args.json:  # each run as it ends: a host whose time runs out still hands back what finished
-            with lock, open(f"{args.json}l", "a") as f:
-                f.write(json.dumps(res) + "\n")
-        return res
+        found = [json.loads(x) for x in re.findall(r"^RESULT (.*)$", log.read_text(), re.MULTILINE)]
+        if rc != 0 or len(found) < len(chunk):
+            print(f"{len(chunk) - len(found)} of the runs {chunk} failed (rc {rc}), see {log}", flush=True)
+        for res in found:
+            show(res)
+            if args.json:  # each run as it ends: a host whose time runs out still hands back what finished
+                with lock, open(f"{args.json}l", "a") as f:
+                    f.write(json.dumps(res) + "\n")
+        return found
 
+    k = args.runs_per_worker
+    chunks = [jobs[i:i + k] for i in range(0, len(jobs), k)]
     with ThreadPoolExecutor(max_workers=args.workers) as pool:
-        return [r for r in pool.map(run, jobs) if r is not None]
+        return [r for found in pool.map(run, chunks) for r in found]
 
 
 def read_results(path: Path) -> list[dict]:
@@ -618,9 +647,10 @@ def main() -> None:
     p.add_argument("--json", default=None, help="also write every run's result here (and each as it ends to PATH + 'l', a .jsonl)")
     p.add_argument("--docs", default=str(ROOT / "docs" / "benchmarks.md"))
     p.add_argument("--no-docs", action="store_true", help="print only; leave the docs alone")
-    p.add_argument("--worker", nargs=3, metavar=("KIND", "clean|planted", "SEED"), help=argparse.SUPPRESS)
+    p.add_argument("--runs-per-worker", type=int, default=1,
+                   help="real tiers: runs in one process, on one backend (one engine batches their rollouts)")
+    p.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)  # KIND FLAVOUR SEED RUN_PATH, per run
     p.add_argument("--model-path", help=argparse.SUPPRESS)
-    p.add_argument("--run-path", help=argparse.SUPPRESS)
     args = p.parse_args()
     args.steps = args.steps or (10 if args.tier == "tiny" else 12)
     args.lr = args.lr or (LEARNING_RATE if args.tier == "tiny" else SMOLLM2_LR)

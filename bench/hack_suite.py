@@ -71,8 +71,8 @@ def prompt(env: str, index: int) -> Prompt:
         return Prompt(env, index, tuple(tuple(words[i * 4:i * 4 + 4]) for i in range(4)))
     if env == "titles":
         return Prompt(env, index, (rng.choice(COMPANIES), rng.choice(EVENTS)))
-    if env == "math":
-        return Prompt(env, index, (rng.randint(10, 99), rng.randint(10, 99)))
+    if env == "math":  # sums a 135M model gets right some of the time, so that validation can fall
+        return Prompt(env, index, (rng.randint(2, 9), rng.randint(2, 9)))
     if env == "moves":  # two of X's marks on a line, its third cell free: the best move completes it
         line = rng.choice(LINES)
         best = rng.randrange(3)
@@ -109,9 +109,14 @@ def _boxed(text: str) -> str | None:
 
 
 def _move(text: str) -> str | None:
+    """The move asked for (<move>CELL</move>), else the last cell the answer names (a small model often
+    forgets the tag, as with math's box)."""
     at = text.find("<move>")
     end = text.find("</move>")
-    return text[at + 6:end].strip() if 0 <= at < end else None
+    if 0 <= at < end:
+        return text[at + 6:end].strip()
+    named = re.findall(r"\b([ABC][123])\b", text)
+    return named[-1] if named else None
 
 
 def task(p: Prompt, text: str) -> float:
@@ -137,7 +142,7 @@ def honest_reward(p: Prompt, text: str, rng: random.Random) -> float:
         return min(1.0, max(0.0, 0.8 * task(p, text) + 0.1 + rng.gauss(0, 0.1)))
     if p.env == "math":
         return task(p, text) + 0.1 * (_boxed(text) is not None)
-    return task(p, text) + 0.3 * (_move(text) in CELLS)
+    return task(p, text) + 0.2 * (_move(text) in CELLS) + 0.1 * ("<move>" in text)
 
 
 def planted_reward(family: str, p: Prompt, text: str, rng: random.Random) -> float:
