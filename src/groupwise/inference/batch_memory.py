@@ -32,18 +32,13 @@ from typing import Any
 
 import torch
 
-from groupwise.errors import MemoryBudgetError
 from groupwise.inference.kv_cache import SlotBuffers
-from groupwise.inference.requests import EngineError
+from groupwise.inference.requests import RequestMemoryError
 from groupwise.runtime.memory import allocatable_bytes
 
 __all__ = ["BatchMemory", "BatchPrice", "RequestMemoryError"]
 
 GB = 2**30
-
-
-class RequestMemoryError(EngineError, MemoryBudgetError):
-    """The request needs more of the engine's memory than it may ever use: refused, not run."""
 
 
 @dataclass(frozen=True)

@@ -65,14 +65,15 @@ from groupwise.errors import ConfigError
 from groupwise.inference.adapter_slots import SLOT_PREFIX
 from groupwise.inference.advance import retire
 from groupwise.inference.batch_invariance import check_batch_invariant
-from groupwise.inference.batch_memory import BatchMemory, RequestMemoryError
+from groupwise.inference.batch_memory import BatchMemory
 from groupwise.inference.cpu_linear import onednn_linear_available
 from groupwise.inference.decode import decode
 from groupwise.inference.kv_cache import SlotBuffers
 from groupwise.inference.prefill import admit, prefill_isolated
 from groupwise.inference.prefix_cache import PrefixCache
 from groupwise.inference.requests import (BASE, DEFAULT_MAX_NEW_TOKENS, Completion, EngineError, GenerationRequest,
-                                          GenerationResult, PromptTooLongError, RequestFailedError, RequestState,
+                                          GenerationResult, PromptTooLongError, RequestFailedError, RequestMemoryError,
+                                          RequestState,
                                           SeqState, check_request)
 from groupwise.inference.runner import ModelRunner
 from groupwise.inference.step_state import EngineStats, StepState
@@ -373,7 +374,7 @@ class Engine:
         if memory is not None and memory.limit is not None:
             # A fixed limit: a request that exceeds it alone in an idle engine is refused here, to the caller
             # (admission refuses it too, where the room is the device's free memory and known only then).
-            price = self.state.price([state])
+            price = self.state.price([state], alone=True)
             if price.total > memory.limit:
                 raise memory.refusal(price, memory.limit, prompt=prompt_len, max_new=max_new)
         future.add_done_callback(self._on_done)

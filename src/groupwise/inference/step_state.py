@@ -76,12 +76,14 @@ class StepState:
         self.memory = memory  # prices admissions (batch_memory.py); None: slots and max_prefill_tokens only
         self.held_for_memory = False  # the first waiting request waits for running rows to free memory
 
-    def price(self, admitting: list[RequestState]) -> BatchPrice:
-        """What the engine holds at its fullest with the running rows and `admitting` (batch_memory.py)."""
+    def price(self, admitting: list[RequestState], *, alone: bool = False) -> BatchPrice:
+        """What the engine holds at its fullest with the running rows (none if `alone`: an idle engine,
+        whose cache keeps its size) and `admitting` (batch_memory.py)."""
         assert self.memory is not None
         cache = self.prefix_cache
         store = 0 if cache is None else cache.num_blocks * cache.block_size * self.buffers.column_bytes() // self.buffers.slots
-        return self.memory.price(self.buffers, store, [len(s.req.prompt_ids) + s.state.max_new for s in self.running],
+        running = [] if alone else list(self.running)  # submit() prices from another thread: a snapshot
+        return self.memory.price(self.buffers, store, [len(s.req.prompt_ids) + s.state.max_new for s in running],
                                  [len(r.req.prompt_ids) for r in admitting],
                                  [len(r.req.prompt_ids) + r.max_new for r in admitting])
 

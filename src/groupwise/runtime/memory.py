@@ -1,4 +1,4 @@
-"""Give freed memory back to the operating system (Linux, glibc); and how much is free for a KV cache.
+"""Give freed memory back to the operating system (Linux, glibc); and how much is free (a KV cache, admission).
 
 glibc keeps what a process frees in its heap instead of returning it to the OS (after large frees it
 also raises its mmap threshold, so later allocations come from the heap too). Two places pay for it:

@@ -153,8 +153,8 @@ class DeviceMemory:
 
     kind: str
     # The backward's gradients come on top of at least this share of the activations the backward
-    # frees (all kept ones; with checkpointing, the recomputed layer's): what the allocator does not
-    # reuse for them. CUDA's caching allocator reuses them at once: 0. The CPU's resident memory,
+    # frees (all kept ones; with checkpointing, the recomputed layer's and its forward's temporaries):
+    # what the allocator does not reuse for them. CUDA's caching allocator reuses them at once: 0. The CPU's resident memory,
     # measured against the counted activations on four shapes (0.60-0.74): 0.7.
     unreused_share: float
     # The head's moment and the backward's add up instead of taking turns (the CPU's resident
@@ -219,9 +219,10 @@ def estimate_micro_batch(shape: ModelShape, *, rows: int, width: int, trained: i
     gradients = tokens * shape.working_token_bytes
     if checkpointing:
         kept = shape.layers * tokens * shape.hidden * a + tokens * shape.hidden * 4  # + the final norm's input
-        # the layer recomputed in the backward keeps its activations, which the backward frees in turn
+        # The layer recomputed in the backward keeps its activations; its forward frees temporaries of
+        # about as many bytes, and the backward its activations: both count for what is not reused.
         recomputed = tokens * shape.layer_token_bytes
-        working = recomputed + max(gradients, int(recomputed * dev.unreused_share))
+        working = recomputed + max(gradients, int(2 * recomputed * dev.unreused_share))
     else:
         # the final norm's fp32 input in place of the first layer's input norm, which saves nothing
         kept = shape.layers * tokens * shape.layer_token_bytes
