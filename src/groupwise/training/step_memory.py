@@ -154,8 +154,9 @@ class DeviceMemory:
     kind: str
     # The backward's gradients come on top of at least this share of the activations the backward
     # frees (all kept ones; with checkpointing, the recomputed layer's and its forward's temporaries):
-    # what the allocator does not reuse for them. CUDA's caching allocator reuses them at once: 0. The CPU's resident memory,
-    # measured against the counted activations on four shapes (0.60-0.74): 0.7.
+    # what the allocator does not reuse for them. CUDA's caching allocator reuses them at once: 0. The
+    # CPU's resident memory, measured against the counted activations (four shapes, two runs: 0.53-0.74):
+    # 0.7, the estimate erring high rather than low.
     unreused_share: float
     # The head's moment and the backward's add up instead of taking turns (the CPU's resident
     # high-water mark keeps what the head freed).
