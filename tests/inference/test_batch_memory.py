@@ -9,10 +9,14 @@ import concurrent.futures
 
 import pytest
 
+from live_bytes import LiveTensorBytes
+
 from groupwise.errors import GroupwiseError, MemoryBudgetError
 from groupwise.inference import batch_memory
 from groupwise.inference.engine import Engine, GenerationRequest, RequestMemoryError
-from groupwise.inference.requests import RequestState
+from groupwise.inference.prefill import run_rows
+from groupwise.inference.requests import BASE, RequestState
+from groupwise.runtime.compute import compute_thread
 from groupwise.runtime.loading import tiny_random_model
 
 
@@ -49,6 +53,28 @@ def test_the_price_grows_with_max_tokens_and_counts_every_slot(tiny):
                                    for s in range(4)])
         one = engine.state.price([RequestState(GenerationRequest(_prompt(200)), concurrent.futures.Future(), 16)])
         assert many.prefill > 3 * one.prefill
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("rows,width", [(4, 600), (2, 2000)])
+def test_the_prefill_price_bounds_the_tensors_a_prefill_pass_holds(tiny, rows, width):
+    """The price of a prefill pass against the live tensors of a real one (on the engine's compute thread,
+    the engine paused): never under them, and not far over (a price far over would hold requests back
+    for nothing)."""
+    engine = _engine(tiny)
+    prompts = [_prompt(width, r) for r in range(rows)]
+    try:
+        with engine.paused():
+            def prefill_pass() -> int:
+                engine.state.buffers.grow(width + 1)
+                with LiveTensorBytes() as live:
+                    run_rows(engine.state, engine.runner, 0, prompts, [0] * rows, [BASE] * rows, logits=True)
+                return live.peak
+            peak = compute_thread().call(prefill_pass)
+        chunk = min(width, max(32, engine.max_prefill_tokens // rows))
+        price = engine.state.memory.pass_bytes(rows, chunk, width, repeat_kv=True)
+        assert peak > 2**20 and peak <= price <= 2 * peak, (price, peak)
     finally:
         engine.close()
 

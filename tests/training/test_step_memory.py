@@ -16,13 +16,13 @@ import torch
 from gw_train_helpers import lora_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from live_bytes import LiveTensorBytes
 
 from groupwise.config import TrainConfig
 from groupwise.errors import GroupwiseError, MemoryBudgetError
 from groupwise.training import step_memory
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
 from groupwise.training.trainer import Trainer, plan_micro_batches
-from live_bytes import LiveTensorBytes
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,9 +14,12 @@ query and key/value widths, V the vocabulary):
 - one forward pass at a time on top of the cache, the larger of the prefill's and a decode step's: per
   query token, one layer's working set alive (the residual, the norm's fp32 copy and result, q, k, v,
   the attention output and the MLP's gate, up, silu and product: (2h + 2q + 2kv + 4i) a + 8h), the
-  boolean mask (rows x queries x columns bytes), the attention scores where the attention materialises
-  them (the CPU's: rows x heads x queries x columns x 4), and the last position's logits with their
-  fp32 log-softmax (rows x V x (a + 8)). The prefill runs its padded prompts in chunks of
+  boolean mask (rows x queries x columns bytes; SDPA's fused kernels, the CPU's flash one too, hold no
+  [rows, heads, queries, columns] scores), in the prefill K and V repeated up to the query heads
+  (rows x columns x 2q a: transformers' masked SDPA), and the last position's logits with their fp32
+  log-softmax (rows x V x (a + 8)). On the CPU's kernels this is never under the live tensors of a
+  prefill pass of hundreds to thousands of tokens and at most twice them (1.4-1.6 times on a wider tiny
+  model; tests/inference/test_batch_memory.py): an upper bound, as admission wants. The prefill runs its padded prompts in chunks of
   `max_prefill_tokens // rows` queries (prefill.run_rows), so a chunk is what one pass holds.
 
 The engine may use `memory_limit_bytes` (an `Engine` setting: a fixed budget for the cache and the
@@ -79,20 +82,21 @@ class BatchMemory:
         self.vocab = int(c.vocab_size)
         self.act_bytes = torch.empty((), dtype=dtype).element_size()
         self.device = device
-        self.scores = device.type == "cpu"  # CUDA's fused kernels never hold the [rows, heads, q, k] scores
         self.max_prefill_tokens = max_prefill_tokens
         self.limit = limit
 
-    def pass_bytes(self, rows: int, queries: int, columns: int) -> int:
-        """One forward pass of `rows` rows of `queries` query tokens over `columns` columns (module doc)."""
+    def pass_bytes(self, rows: int, queries: int, columns: int, *, repeat_kv: bool) -> int:
+        """One forward pass of `rows` rows of `queries` query tokens over `columns` columns (module doc);
+        `repeat_kv`: the attention copies K and V up to the query heads (transformers' masked SDPA does in
+        the prefill; the engine's decode attention reads them in place, attention.py)."""
         a = self.act_bytes
         tokens = rows * queries
         layer = tokens * ((2 * self.hidden + 2 * self.q_dim + 2 * self.kv_dim + 4 * self.intermediate) * a
                           + 8 * self.hidden)
         mask = rows * queries * columns
-        scores = rows * self.heads * queries * columns * 4 if self.scores else 0
+        copies = rows * columns * 2 * self.q_dim * a if repeat_kv and self.kv_dim < self.q_dim else 0
         logits = rows * self.vocab * (a + 8)
-        return layer + mask + scores + logits
+        return layer + mask + copies + logits
 
     def price(self, buffers: SlotBuffers, store: int, running: list[int], prompts: list[int],
               lengths: list[int]) -> BatchPrice:
@@ -107,8 +111,8 @@ class BatchMemory:
             rows = len(prompts)
             width = max(prompts)
             chunk = min(width, max(32, self.max_prefill_tokens // rows))
-            prefill = self.pass_bytes(rows, chunk, width)
-        decode = self.pass_bytes(buffers.slots, 1, capacity)
+            prefill = self.pass_bytes(rows, chunk, width, repeat_kv=True)
+        decode = self.pass_bytes(buffers.slots, 1, capacity, repeat_kv=False)
         growth = before * column if capacity > buffers.capacity else 0
         return BatchPrice(kv=capacity * column, growth=growth, store=store, prefill=prefill, decode=decode,
                           capacity=capacity, slots=buffers.slots)
