@@ -5,6 +5,7 @@ one warm-up step on a short batch (AdamW's moments exist after it, as in a run),
 
     python bench/memory_estimate.py --device cpu          # the CPU rows of docs/benchmarks.md
     python bench/memory_estimate.py --device cuda         # the GPU rows (torch.cuda.max_memory_allocated)
+    python bench/memory_estimate.py --device cuda --json rows.json   # the rows also as JSON (bytes)
 
 On CUDA the measured figure is torch's allocated high-water mark of the step (weights included) and the
 estimate is `StepMemory.peak`. On the CPU only the process's resident high-water mark can be read: the
@@ -33,6 +34,10 @@ GPU_SHAPES = {
     "qwen2-0.5b 8x1024 bf16 ckpt": ("qwen2-0.5b", 8, 1024, True, "bfloat16"),
     "qwen2-0.5b 4x4096 bf16 ckpt": ("qwen2-0.5b", 4, 4096, True, "bfloat16"),
     "llama-1b 4x2048 bf16": ("llama-1b", 4, 2048, False, "bfloat16"),
+    # not seen by the calibration of training/step_memory.py: a smaller batch, and a long checkpointed
+    # one whose peak is the backward's (the recomputed layer and its gradients), not the logits chunk's
+    "qwen2-0.5b 2x2048 bf16": ("qwen2-0.5b", 2, 2048, False, "bfloat16"),
+    "qwen2-0.5b 4x8192 bf16 ckpt": ("qwen2-0.5b", 4, 8192, True, "bfloat16"),
 }
 
 
@@ -113,7 +118,8 @@ def one(name: str, device: str) -> dict:
     return {
         "shape": name, "device": device, "estimated_peak": est.peak, "measured_peak": measured,
         "estimated_step": est.step_bytes - held, "measured_step": measured - before,
-        "weights": est.weights, "activations": est.activations, "logits": est.logits,
+        "weights": est.weights, "activations": est.activations, "backward": est.backward, "logits": est.logits,
+        "torch": torch.__version__, "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
     }
 
 
@@ -121,6 +127,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--shapes", nargs="*", help="shape names (default: the device's)")
+    parser.add_argument("--json", metavar="PATH", help="also write the rows (bytes) to this JSON file")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds a shape may take before it is given up")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -128,18 +136,30 @@ def main() -> None:
         return
     names = args.shapes or list(CPU_SHAPES if args.device == "cpu" else GPU_SHAPES)
     gb = 2**30
+    rows = []
     print(f"{'shape':32} {'est. peak GB':>12} {'meas. peak GB':>13} {'est. step GB':>12} {'meas. step GB':>13} {'step error':>10}")
     for name in names:
-        proc = subprocess.run([sys.executable, __file__, "--device", args.device, "--one", name],
-                              capture_output=True, text=True)
+        try:
+            proc = subprocess.run([sys.executable, __file__, "--device", args.device, "--one", name],
+                                  capture_output=True, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            print(f"{name:32} failed: over {args.timeout:.0f} s", flush=True)
+            rows.append({"shape": name, "device": args.device, "error": f"over {args.timeout:.0f} s"})
+            continue
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
-            print(f"{name:32} failed: {proc.stderr.strip().splitlines()[-1:]}")
+            tail = proc.stderr.strip().splitlines()[-1:]
+            print(f"{name:32} failed: {tail}", flush=True)
+            rows.append({"shape": name, "device": args.device, "error": " ".join(tail)})
             continue
         r = json.loads(line[7:])
-        err = r["estimated_step"] / r["measured_step"] - 1
+        r["step_error"] = r["estimated_step"] / r["measured_step"] - 1
+        rows.append(r)
         print(f"{name:32} {r['estimated_peak'] / gb:12.3f} {r['measured_peak'] / gb:13.3f} "
-              f"{r['estimated_step'] / gb:12.3f} {r['measured_step'] / gb:13.3f} {err:+10.1%}", flush=True)
+              f"{r['estimated_step'] / gb:12.3f} {r['measured_step'] / gb:13.3f} {r['step_error']:+10.1%}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The engine core in a process of its own (inference/engine_core.py) and its frontends (engine_client.py),
 as real processes over real ZeroMQ sockets, on the tiny random model: greedy generation through the core
 equals the in-process engine's token for token; streaming; abort; adapters published as messages; two
-frontend processes on one core; a frontend killed with SIGKILL has its requests freed while the others go
-on; a core killed fails every pending request at once with `EngineProcessDied` naming its exit code; and
+frontend processes on one core; a request over the core's memory limit is refused as such; a frontend
+killed with SIGKILL has its requests freed while the others go on; a core killed fails every pending request at once with `EngineProcessDied` naming its exit code; and
 the real `openai` client against `groupwise serve --engine-process separate`."""
 
 from __future__ import annotations
@@ -135,6 +135,28 @@ def test_caller_errors_raise_at_submit_and_the_core_refuses_what_it_alone_knows(
     with pytest.raises(EngineError, match="not loaded"):  # the core's own refusal, sent back as a reply
         client.remove_adapter("nobody@3")
     assert client.submit(greedy([1, 2])).result().completions[0].token_ids  # and it keeps serving
+
+
+def test_a_request_the_cores_memory_limit_refuses_is_a_memory_error_at_the_frontend(local_engine, tiny_model_dir, tiny):
+    """The core's refusal crosses the socket as what it is (`RequestMemoryError`: the server's 400 naming
+    max_tokens), not a generic engine failure."""
+    import concurrent.futures
+
+    from groupwise.inference.requests import RequestMemoryError, RequestState
+
+    def price(max_new: int) -> int:
+        request = greedy([1, 2, 3], max_new_tokens=max_new)
+        return local_engine.state.price([RequestState(request, concurrent.futures.Future(), max_new)], alone=True).total
+
+    limit = (price(12) + price(2000)) // 2
+    client = start_engine_core(tiny_model_dir, tokenizer=tiny[1], device="cpu",
+                               engine_kwargs={"max_batch_size": 8, "memory_limit_bytes": limit})
+    try:
+        with pytest.raises(RequestMemoryError, match="max_tokens 2000"):
+            client.submit(greedy([1, 2, 3], max_new_tokens=2000)).result(timeout=120)
+        assert client.submit(greedy([1, 2, 3])).result(timeout=120).completions[0].token_ids
+    finally:
+        client.close()
 
 
 def test_streaming_sends_every_token_in_order_before_the_result(core):

@@ -1,6 +1,7 @@
 """Memory admission of an update (training/step_memory.py): a step whose priced peak does not fit the
 device's free memory is split into smaller micro-batches, or refused before it allocates, naming what to
-change; and the price is close to a measured CPU peak."""
+change; the price counts the tensors a step holds (as CUDA's allocator measures them), and is close to a
+measured CPU peak (the process's resident memory)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 from gw_train_helpers import lora_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from live_bytes import LiveTensorBytes
 
 from groupwise.config import TrainConfig
 from groupwise.errors import GroupwiseError, MemoryBudgetError
@@ -152,3 +154,67 @@ def test_data_parallel_ranks_report_their_fullest_device():
     merged = merge_ranks(ranks)
     assert merged["memory/estimated_peak_gb"] == 4.0 and merged["memory/measured_peak_gb"] == 2.5
     assert merged["micro_batches"] == 3.0
+
+
+def _tiny_qwen2(dtype):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from groupwise.config import LoraConfig
+    from groupwise.training.adapters import wrap_with_lora
+
+    torch.manual_seed(0)
+    config = Qwen2Config(hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=4096, tie_word_embeddings=True, max_position_embeddings=1024)
+    return wrap_with_lora(Qwen2ForCausalLM(config).to(dtype), LoraConfig(rank=8))
+
+
+@pytest.mark.parametrize("dtype,rows,width,checkpointing", [
+    (torch.bfloat16, 4, 256, False), (torch.bfloat16, 4, 256, True), (torch.float32, 4, 256, False),
+])
+def test_the_price_counts_the_tensors_a_step_holds(dtype, rows, width, checkpointing):
+    """The estimate as CUDA measures it (allocated bytes at the fullest moment: no allocator term) against
+    the live tensors of a real step on the CPU's kernels, bf16 autocast as on a GPU: the saved activations
+    of each layer, the logits chunk with its fp32 copy, the backward's gradients are counted, not fitted."""
+    model = _tiny_qwen2(dtype)
+    trainer = Trainer(model)
+    config = TrainConfig(micro_batch_tokens=rows * width, gradient_checkpointing=checkpointing, max_seq_len=width,
+                         learning_rate=1e-5, logprob_chunk_size=256)
+    trainer.train_step(_batch(lengths=(16, 16), vocab=4096), config, step=1)  # AdamW's moments exist, as in a run
+    batch = _batch(lengths=(width,) * rows, vocab=4096)
+    with LiveTensorBytes() as live:
+        metrics = trainer.train_step(batch, config, step=2)
+    assert metrics["micro_batches"] == 1.0
+    shape = step_memory.ModelShape.of(model, trainer.adapter_name)
+    trained = sum(sum(s.mask[1:]) for s in batch.sequences)
+    kwargs = dict(rows=rows, width=width, trained=trained, chunk_size=256, checkpointing=checkpointing, kl=False)
+    held = shape.adapter_param_bytes + 8 * shape.adapter_params  # allocated before the step
+    on_cuda = step_memory.estimate_micro_batch(shape, device="cuda", **kwargs)
+    assert live.peak > 5 * 2**20
+    assert abs((on_cuda.step_bytes - held) / live.peak - 1) < 0.05, (on_cuda, live.peak)
+    # the CPU's resident memory keeps more than the live tensors: its estimate is the larger
+    on_cpu = step_memory.estimate_micro_batch(shape, device="cpu", **kwargs)
+    assert on_cpu.peak > on_cuda.peak
+
+
+def test_the_logits_chunk_counts_the_upcast_copy_the_device_makes():
+    args = dict(rows=1, width=512, trained=256, chunk_size=256, checkpointing=False, kl=False)
+    head = {}
+    for act, fp16 in ((2, False), (2, True), (4, False)):
+        shape = _shape(act_bytes=act, float16=fp16)
+        for device in ("cuda", "cpu", "mps"):
+            head[act, fp16, device] = (step_memory.estimate_micro_batch(shape, device=device, **args).logits
+                                       - 2 * 256 * 64 * act)
+    v = 256 * 1000
+    assert head[2, False, "cuda"] == head[2, False, "cpu"] == v * (2 + 4 + 4)  # bf16: an fp32 copy, then fp32
+    assert head[2, True, "cuda"] == v * (2 + 4) and head[2, True, "cpu"] == v * (2 + 4 + 4)  # fp16 read in place on CUDA
+    assert head[4, False, "cuda"] == v * (4 + 4)
+    assert step_memory.device_memory("mps") == step_memory.DEVICE_MEMORY["cpu"]  # not measured: the larger
+
+
+def test_on_cuda_the_fuller_moment_is_the_peak_and_on_the_cpu_they_add():
+    shape = _shape(act_bytes=2)
+    args = dict(rows=2, width=1024, trained=1536, chunk_size=1024, checkpointing=True, kl=False)
+    cuda = step_memory.estimate_micro_batch(shape, device="cuda", **args)
+    cpu = step_memory.estimate_micro_batch(shape, device="cpu", **args)
+    assert cuda.peak - cuda.weights - cuda.adapter - cuda.activations == max(cuda.logits, cuda.backward)
+    assert cpu.peak - cpu.weights - cpu.adapter - cpu.activations == cpu.logits + cpu.backward

@@ -65,13 +65,15 @@ from groupwise.errors import ConfigError
 from groupwise.inference.adapter_slots import SLOT_PREFIX
 from groupwise.inference.advance import retire
 from groupwise.inference.batch_invariance import check_batch_invariant
+from groupwise.inference.batch_memory import BatchMemory
 from groupwise.inference.cpu_linear import onednn_linear_available
 from groupwise.inference.decode import decode
 from groupwise.inference.kv_cache import SlotBuffers
 from groupwise.inference.prefill import admit, prefill_isolated
 from groupwise.inference.prefix_cache import PrefixCache
 from groupwise.inference.requests import (BASE, DEFAULT_MAX_NEW_TOKENS, Completion, EngineError, GenerationRequest,
-                                          GenerationResult, PromptTooLongError, RequestFailedError, RequestState,
+                                          GenerationResult, PromptTooLongError, RequestFailedError, RequestMemoryError,
+                                          RequestState,
                                           SeqState, check_request)
 from groupwise.inference.runner import ModelRunner
 from groupwise.inference.step_state import EngineStats, StepState
@@ -79,7 +81,7 @@ from groupwise.rollout.stalls import STALLS
 from groupwise.runtime.special_tokens import special_tokens
 
 __all__ = ["Completion", "Engine", "EngineError", "EngineStats", "GenerationRequest", "GenerationResult",
-           "PromptTooLongError", "RequestFailedError"]
+           "PromptTooLongError", "RequestFailedError", "RequestMemoryError"]
 
 
 class Engine:
@@ -102,6 +104,7 @@ class Engine:
         onednn_linear: bool | None = None,  # fp32 CPU linears through oneDNN (cpu_linear.py); default: where available
         max_kv_bytes: int | None = None,  # the slot cache's largest size: the context shrinks to what fits
         batch_invariant: bool = False,  # a request's numbers never depend on the others (CPU; batch_invariance.py)
+        memory_limit_bytes: int | None = None,  # bytes its caches and passes may hold; None: what the device has free
     ):
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -163,7 +166,10 @@ class Engine:
             prefix_cache=PrefixCache(buffers, prefix_cache_tokens, prefix_block_size) if prefix_cache_tokens else None,
             max_batch_size=max_batch_size, max_prefill_tokens=max_prefill_tokens, context_length=self.context_length,
             eos_token_ids=eos, device=device, stats=stats, batch_invariant=batch_invariant,
-            cv=self._compute.cv)  # guards the queues; submit() wakes the compute thread through it
+            cv=self._compute.cv,  # guards the queues; submit() wakes the compute thread through it
+            # Each admission is priced: a batch that would not fit waits or is refused (batch_memory.py).
+            memory=BatchMemory(text_config, dtype=dtype, device=device, max_prefill_tokens=max_prefill_tokens,
+                               limit=memory_limit_bytes))
         self._adapters: dict[str, str] = {}
         # Held by the loop for one step, and by add/remove_adapter. A pause does not hold it: it
         # counts pauses (the loop starts no step while > 0) and waits for the current step to end,
@@ -364,6 +370,13 @@ class Engine:
         # Clamp to the context (vLLM would refuse; rollouts prefer a shorter answer to an error).
         max_new = max(1, min(limit, self.context_length - prompt_len))
         state = RequestState(request, future, max_new)
+        memory = self.state.memory
+        if memory is not None and memory.limit is not None:
+            # A fixed limit: a request that exceeds it alone in an idle engine is refused here, to the caller
+            # (admission refuses it too, where the room is the device's free memory and known only then).
+            price = self.state.price([state], alone=True)
+            if price.total > memory.limit:
+                raise memory.refusal(price, memory.limit, prompt=prompt_len, max_new=max_new)
         future.add_done_callback(self._on_done)
         for i in range(request.n):
             seq = SeqState(request, state, i)
@@ -455,11 +468,12 @@ class Engine:
     def _note_stall(self) -> None:
         """Tell the rollout clock (rollout/stalls.py) whether this engine's callers wait through no fault
         of their own: paused (a trainer has the model) with requests in flight, or holding a request
-        that the free slots cannot take. Their rollouts' timeouts do not count that time."""
+        that the free slots (or the engine's memory, batch_memory.py) cannot take. Their rollouts' timeouts do
+        not count that time."""
         st = self.state
         with st.cv:
             in_flight = bool(st.waiting or st.running or st.admitted)
-            full = bool(st.waiting) and st.waiting[0].req.n > st.max_batch_size - len(st.running)
+            full = bool(st.waiting) and (st.waiting[0].req.n > st.max_batch_size - len(st.running) or st.held_for_memory)
             stalled = not st.closed and ((st.pauses > 0 and in_flight) or full)
         STALLS.set_stalled(self, stalled)
 

@@ -34,7 +34,7 @@ from typing import Any
 from groupwise.inference import wire
 from groupwise.inference.engine_core import LIVENESS_S, CoreSpec, pid_exit
 from groupwise.inference.requests import (BASE, Completion, EngineError, GenerationRequest, GenerationResult,
-                                          PromptTooLongError, RequestFailedError, check_request)
+                                          PromptTooLongError, RequestFailedError, RequestMemoryError, check_request)
 
 __all__ = ["CONNECT_TIMEOUT_S", "EngineCoreClient", "EngineProcessDied", "connect_engine_core", "new_core_address", "start_engine_core"]
 
@@ -328,7 +328,8 @@ class EngineCoreClient:
             for f in message.failed:
                 entry = self._pending.get(f.request_id)
                 if entry is not None:
-                    error = {"prompt_too_long": PromptTooLongError, "request_failed": RequestFailedError}.get(f.kind, EngineError)
+                    error = {"prompt_too_long": PromptTooLongError, "request_failed": RequestFailedError,
+                             "memory": RequestMemoryError}.get(f.kind, EngineError)
                     _settle(entry[1], error=error(f.message))
         elif isinstance(message, wire.Adapters):
             self._adapters = set(message.adapters)

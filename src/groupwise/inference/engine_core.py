@@ -163,7 +163,7 @@ class EngineCoreServer:
 
     def _on_done(self, request: _Request) -> Any:
         def on_done(future: concurrent.futures.Future) -> None:
-            from groupwise.inference.requests import PromptTooLongError, RequestFailedError
+            from groupwise.inference.requests import PromptTooLongError, RequestFailedError, RequestMemoryError
 
             with self._lock:
                 self._requests.pop((request.frontend, request.request_id), None)
@@ -174,7 +174,8 @@ class EngineCoreServer:
                     self._finished.setdefault(request.frontend, []).append(_finished(request.request_id, future.result()))
                 else:
                     kind = ("request_failed" if isinstance(exc, RequestFailedError) else
-                            "prompt_too_long" if isinstance(exc, PromptTooLongError) else "engine")
+                            "prompt_too_long" if isinstance(exc, PromptTooLongError) else
+                            "memory" if isinstance(exc, RequestMemoryError) else "engine")
                     self._failed.setdefault(request.frontend, []).append(wire.Failed(request.request_id, kind, str(exc)))
                 self._wake()
         return on_done
@@ -270,7 +271,7 @@ class EngineCoreServer:
             self._stop = True
 
     def _add(self, frontend: bytes, m: wire.AddRequest) -> None:
-        from groupwise.inference.requests import EngineError, GenerationRequest, PromptTooLongError
+        from groupwise.inference.requests import EngineError, GenerationRequest, PromptTooLongError, RequestMemoryError
         from groupwise.inference.sampling import SamplingParams
 
         if frontend not in self._frontends:
@@ -288,8 +289,8 @@ class EngineCoreServer:
                 on_token=self._on_token(frontend, m.request_id) if m.stream else None)
             future = self.engine.submit(req)
         except Exception as exc:  # the engine's checks: the frontend raises them as the engine would have
-            kind = "prompt_too_long" if isinstance(exc, PromptTooLongError) else (
-                "invalid" if isinstance(exc, (EngineError, ValueError)) else "engine")
+            kind = "prompt_too_long" if isinstance(exc, PromptTooLongError) else "memory" if isinstance(
+                exc, RequestMemoryError) else ("invalid" if isinstance(exc, (EngineError, ValueError)) else "engine")
             with self._lock:
                 self._failed.setdefault(frontend, []).append(wire.Failed(m.request_id, kind, str(exc)))
             return

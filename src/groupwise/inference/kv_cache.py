@@ -41,8 +41,7 @@ class SlotBuffers:
         The old buffers live beside the new ones until copied: for a moment, up to twice the final size."""
         if capacity + 1 <= self.capacity:
             return False
-        doubled = 2 * self.capacity if self.max_capacity is None else min(2 * self.capacity, self.max_capacity)
-        new_cap = max(capacity + 1, doubled)
+        new_cap = self._next_capacity(self.capacity, capacity)
         shape = (self.slots, self.kv_heads, new_cap, self.head_dim)
         keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
         values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
@@ -52,6 +51,25 @@ class SlotBuffers:
                 new[:, :, :keep] = old[:, :, :keep]
         self.keys, self.values, self.capacity = keys, values, new_cap
         return True
+
+    def _next_capacity(self, current: int, capacity: int) -> int:
+        """The capacity `grow(capacity)` reallocates to from `current`: doubled, at least what is asked."""
+        doubled = 2 * current if self.max_capacity is None else min(2 * current, self.max_capacity)
+        return max(capacity + 1, doubled)
+
+    def growth_to(self, capacity: int) -> tuple[int, int]:
+        """(the capacity, the capacity before its last reallocation) once sequences have grown a column at
+        a time, as decoding grows them, until `capacity` columns fit; (now, now) when they fit already.
+        What admitting a sequence of that length will make the buffers hold (inference/batch_memory.py)."""
+        before = current = self.capacity
+        while capacity + 1 > current:
+            grown = self._next_capacity(current, current)
+            before, current = current, grown if grown > current + 1 else capacity + 1  # past max_capacity: at once
+        return current, before
+
+    def column_bytes(self) -> int:
+        """Bytes of one column of every slot and layer, keys and values."""
+        return 2 * self.num_layers * self.slots * self.kv_heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
 
     def release(self) -> int:
         """Free the buffers (no sequence may be in them); returns the capacity to `restore` later."""

@@ -38,24 +38,42 @@ MIN_WARM_GAIN = 32
 
 
 def admit(state: StepState) -> list[RequestState]:
-    """Take waiting requests, in order, while their choices fit the free slots and the padded
-    prompts fit `max_prefill_tokens` (the first always goes: a long prompt is chunked); none before
-    they are due (`StepState.admission_due`)."""
+    """Take waiting requests, in order, while their choices fit the free slots, the padded prompts fit
+    `max_prefill_tokens` (the first always goes: a long prompt is chunked) and the engine's priced memory
+    fits its room (batch_memory.py); none before they are due (`StepState.admission_due`). A request that
+    does not fit beside the running rows waits for them to finish; one that does not fit an idle engine
+    never will, and is refused (`RequestMemoryError`, what to change)."""
     out: list[RequestState] = []
+    refused: list[tuple[RequestState, BaseException]] = []
     free = state.max_batch_size - len(state.running)
     longest = 0
+    memory = state.memory
     with state.cv:
+        state.held_for_memory = False
         if not state.admission_due():
             return out
+        room = memory.room(state.held_bytes()) if memory is not None else 0
         while state.waiting:
             st = state.waiting[0]
             longest2 = max(longest, len(st.req.prompt_ids))
             if st.req.n > free or (out and longest2 * (len(out) + 1) > state.max_prefill_tokens):
                 break
+            if memory is not None:
+                price = state.price(out + [st])
+                if price.total > room:
+                    if out or state.running:
+                        state.held_for_memory = not out  # it waits for the running rows to finish
+                        break
+                    state.waiting.popleft()
+                    refused.append((st, memory.refusal(price, room, prompt=len(st.req.prompt_ids), max_new=st.max_new)))
+                    continue
             state.waiting.popleft()
             out.append(st)
             free -= st.req.n
             longest = longest2
+    for st, exc in refused:
+        state.stats.failed_requests += 1
+        st.settle(error=exc)
     return out
 
 

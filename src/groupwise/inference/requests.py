@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from groupwise.errors import GroupwiseError
+from groupwise.errors import GroupwiseError, MemoryBudgetError
 from groupwise.inference.sampling import SamplingParams
 
 __all__ = ["BASE", "DEFAULT_MAX_NEW_TOKENS", "Completion", "EngineError", "GenerationRequest", "GenerationResult", "PromptTooLongError",
-           "RequestFailedError", "RequestState", "SeqState", "check_request"]
+           "RequestFailedError", "RequestMemoryError", "RequestState", "SeqState", "check_request"]
 
 BASE = "__base__"  # the adapter name of the base model in peft's mixed-batch ``adapter_names``
 
@@ -30,6 +30,10 @@ class EngineError(GroupwiseError, RuntimeError):
 
 class PromptTooLongError(EngineError, ValueError):
     """The prompt does not fit the model's context."""
+
+
+class RequestMemoryError(EngineError, MemoryBudgetError):
+    """The request needs more of the engine's memory than it may ever use (batch_memory.py): refused, not run."""
 
 
 class RequestFailedError(EngineError):

@@ -67,7 +67,7 @@ from groupwise.inference.api_models import (ChatCompletionRequest, CompletionReq
                                             unparsable_param)
 from groupwise.inference.constrained import ConstraintError, constraint_for
 from groupwise.inference.engine import (EngineError, GenerationRequest, GenerationResult, PromptTooLongError,
-                                        RequestFailedError)
+                                        RequestFailedError, RequestMemoryError)
 from groupwise.inference.memory_release import ReleaseAfterLargeBodies
 from groupwise.inference.prepare import (DEFAULT_PREPARE_BUDGET_S, OverBudget, Preparer, SchemaProblem,
                                          check_request_schemas)
@@ -347,6 +347,8 @@ def submit(state: ServerState, req: GenerationRequest, prompt_param: str) -> con
         return state.engine.submit(req)
     except PromptTooLongError as exc:
         raise ApiError(400, str(exc), param=prompt_param, code="context_length_exceeded") from None
+    except RequestMemoryError as exc:
+        raise ApiError(400, str(exc), param="max_tokens", code="memory_limit_exceeded") from None
     except EngineError as exc:
         raise ApiError(400, str(exc)) from None
 
@@ -368,6 +370,8 @@ async def result_of(request: Request, future: concurrent.futures.Future) -> Gene
         raise ApiError(499, "the client closed the connection", code="client_closed_request")
     try:
         return waiter.result()
+    except RequestMemoryError as exc:  # refused at admission: it can never fit what the device has free
+        raise ApiError(400, str(exc), param="max_tokens", code="memory_limit_exceeded") from None
     except RequestFailedError as exc:
         log.error("a request failed in the engine: %s", exc)
         raise ApiError(500, "generation failed for this request; the other requests went on (see the server log)",

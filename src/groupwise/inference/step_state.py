@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from groupwise.inference.batch_memory import BatchMemory, BatchPrice
 from groupwise.inference.kv_cache import SlotBuffers
 from groupwise.inference.prefix_cache import PrefixCache
 from groupwise.inference.requests import RequestState, SeqState
@@ -50,7 +51,8 @@ class StepState:
 
     def __init__(self, *, tokenizer: Any, buffers: SlotBuffers, prefix_cache: PrefixCache | None,
                  max_batch_size: int, max_prefill_tokens: int, context_length: int, eos_token_ids: set[int],
-                 device: torch.device, cv: threading.Condition, stats: EngineStats, batch_invariant: bool = False) -> None:
+                 device: torch.device, cv: threading.Condition, stats: EngineStats, batch_invariant: bool = False,
+                 memory: BatchMemory | None = None) -> None:
         self.tokenizer = tokenizer
         self.buffers = buffers
         self.prefix_cache = prefix_cache
@@ -71,6 +73,23 @@ class StepState:
         self.generator.manual_seed(0)
         self.cpu_generator = torch.Generator().manual_seed(0)  # seeds of unseeded rows in graph sampling
         self.prefill_s = 0.0  # how long the last prefill pass took (admission_due)
+        self.memory = memory  # prices admissions (batch_memory.py); None: slots and max_prefill_tokens only
+        self.held_for_memory = False  # the first waiting request waits for running rows to free memory
+
+    def price(self, admitting: list[RequestState], *, alone: bool = False) -> BatchPrice:
+        """What the engine holds at its fullest with the running rows (none if `alone`: an idle engine,
+        whose cache keeps its size) and `admitting` (batch_memory.py)."""
+        assert self.memory is not None
+        cache = self.prefix_cache
+        store = 0 if cache is None else cache.num_blocks * cache.block_size * self.buffers.column_bytes() // self.buffers.slots
+        running = [] if alone else list(self.running)  # submit() prices from another thread: a snapshot
+        return self.memory.price(self.buffers, store, [len(s.req.prompt_ids) + s.state.max_new for s in running],
+                                 [len(r.req.prompt_ids) for r in admitting],
+                                 [len(r.req.prompt_ids) + r.max_new for r in admitting])
+
+    def held_bytes(self) -> int:
+        """Bytes the engine's caches hold now."""
+        return self.buffers.nbytes() + (self.prefix_cache.nbytes() if self.prefix_cache is not None else 0)
 
     def fail_request(self, st: RequestState, exc: BaseException) -> None:
         """Fail one request whose error was traced to it; its running rows are retired by the caller."""

@@ -150,7 +150,7 @@ class Finished(msgspec.Struct, array_like=True):
 
 class Failed(msgspec.Struct, array_like=True):
     request_id: int
-    kind: str  # "invalid", "prompt_too_long", "request_failed", "engine"
+    kind: str  # "invalid", "prompt_too_long", "memory" (RequestMemoryError), "request_failed", "engine"
     message: str
 
 

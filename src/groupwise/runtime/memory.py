@@ -1,4 +1,4 @@
-"""Give freed memory back to the operating system (Linux, glibc); and how much is free for a KV cache.
+"""Give freed memory back to the operating system (Linux, glibc); and how much is free (a KV cache, admission).
 
 glibc keeps what a process frees in its heap instead of returning it to the OS (after large frees it
 also raises its mmap threshold, so later allocations come from the heap too). Two places pay for it:
@@ -14,7 +14,7 @@ import ctypes
 import sys
 from typing import Any
 
-__all__ = ["free_memory_bytes", "release_freed_memory"]
+__all__ = ["allocatable_bytes", "free_memory_bytes", "release_freed_memory"]
 
 _libc = None
 
@@ -43,3 +43,23 @@ def free_memory_bytes(device: Any) -> int:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     except (OSError, StopIteration):
         return 8 * 2**30  # not Linux: assume a modest machine
+
+
+def allocatable_bytes(device: Any) -> int | None:
+    """Bytes this process can still allocate on `device`: on CUDA the card's free memory plus what torch's
+    allocator has cached but not in use; on the CPU the machine's available RAM (MemAvailable). None where
+    it cannot be read. What memory admission compares a priced peak with (training/step_memory.py,
+    inference/batch_memory.py)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free) + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as f:
+                return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+        except (OSError, StopIteration, ValueError, IndexError):
+            return None
+    return None

@@ -4,28 +4,42 @@ its micro-batches or refuse it with what to change, instead of an out-of-memory 
 
 The price of one micro-batch of B rows padded to T tokens, N of them trained (bytes; a = the activation
 dtype's size, 2 under bf16 autocast, 4 in fp32; h hidden, i intermediate, q and kv the attention's query
-and key/value widths, r the LoRA rank, V the vocabulary, C = min(N, logprob_chunk_size)):
+and key/value widths, r the LoRA rank, V the vocabulary, C = min(N, logprob_chunk_size)) is the tensors
+alive at the step's fullest moment, counted from what autograd saves (tests/training/test_step_memory.py
+checks the count against the tensors a step really holds):
 
 - weights: the base model's parameters and buffers, as loaded (shared with the engine);
 - adapter: the LoRA parameters, their gradients and AdamW's two fp32 moments;
-- activations, without gradient checkpointing, B*T tokens times, per decoder layer,
-  `LAYER_TOKEN_BYTES` = two RMSNorms (input, fp32 rsqrt and the normed output: 2 x 2h x 4 bytes) +
-  attention (q, its rotation and rotated copy, the same for k, v, the attention output and o_proj's
-  input: (4q + 4kv) x a) + the MLP (gate, up, silu(gate), their product: 4i x a) + each LoRA target's
-  rank-r intermediate (r x a, and its dropped-out input plus a byte of mask when lora dropout > 0);
-  with gradient checkpointing, each layer keeps only its input (h x a) and one layer's activations live
-  again while it is recomputed; plus the embedding output and the final norm, and the backward's
-  working set: the gradients of the layer being differentiated (as many bytes as the layer keeps), and
-  without checkpointing at least half the kept activations, as measured on the CPU (the allocator does
-  not hand what the backward frees layer by layer back to the gradients it allocates; bench below);
-- logits: the trained positions' hidden states and their gradient (2 N h a) and one [C, V] chunk of
-  logits with its log-softmax (at least fp32) or softmax alive beside it (C V (a + max(a, 4)))
-  (training/logprobs.py);
+- kept activations, without gradient checkpointing, B*T tokens times, per decoder layer,
+  `LAYER_TOKEN_BYTES`: each RMSNorm its fp32 input (transformers' norms compute in fp32: the upcast copy,
+  or the fp32 input itself) and its output, which the LoRA layers after it save (2 x (4 + a) h); the
+  attention's rotated q and k, v and its output, which o_proj's LoRA saves too ((2q + 2kv) a: fused
+  attention kernels save no [T, T] matrix, and the output's layout is o_proj's input without a copy);
+  the MLP's gate, up, silu(gate) and their product (4i a); each LoRA target's rank-r intermediate (r a,
+  and its dropped-out input plus a byte of mask when lora dropout > 0). The frozen base linears save
+  nothing (a frozen weight needs no input for its gradient), nor the embeddings, whose output needs no
+  gradient, so the first layer's input norm saves nothing, as many bytes as the final norm's input keeps.
+  With gradient checkpointing each layer keeps only its input (h a), plus the final norm's input;
+- then two moments, of which the step's peak is the fuller:
+  the head: the trained positions' hidden states and their gradient (2 N h a) and one [C, V] chunk of
+  logits with its log-softmax in fp32 alive beside it (training/logprobs.py): C V (a + 4), plus a fp32
+  copy of the logits that torch makes for a bf16 log-softmax (only fp16 on CUDA reads the half-precision
+  input in place);
+  the backward: at its start, with every kept activation still alive, the gradients of the layer being
+  differentiated: the MLP's three [T, i] gradients and the norms' fp32 ones (3 i a + 2 x 4 h); with
+  checkpointing, that layer's recomputed activations (one `LAYER_TOKEN_BYTES`) too;
 - reference: with kl_coef > 0, the no-grad reference forward before the policy's, whose peak is one
   layer's working set and a logits chunk: it adds to the step's peak only where it exceeds the policy's.
 
+How a device measures: the count above is what CUDA's allocator has allocated at the fullest moment
+(torch.cuda.max_memory_allocated); it holds as counted there. On the CPU what can be read, and what runs
+out, is the process's resident memory, and the CPU allocator does not hand what the backward frees layer
+by layer back to the gradients it allocates next, nor the head's chunk: there the two moments add up and
+the backward reaches about 0.7 of the kept activations on top, as measured (`DeviceMemory`, the one
+device-kind term; bench/memory_estimate.py, docs/benchmarks.md).
+
 The engine's KV cache is not priced here: it is allocated already, so the device's free memory excludes
-it. The measured error of this estimate is in docs/benchmarks.md (bench/memory_estimate.py, CPU and GPU).
+it (inference/batch_memory.py prices the engine's own batches).
 """
 
 from __future__ import annotations
@@ -38,8 +52,10 @@ from typing import Any
 import torch
 
 from groupwise.errors import MemoryBudgetError
+from groupwise.runtime.memory import allocatable_bytes
 
-__all__ = ["ModelShape", "StepMemory", "admit_micro_batches", "device_free_bytes", "estimate_micro_batch",
+__all__ = ["DEVICE_MEMORY", "DeviceMemory", "ModelShape", "StepMemory", "admit_micro_batches", "device_free_bytes",
+           "device_memory", "estimate_micro_batch",
            "measured_peak_bytes", "reset_measured_peak", "resident_bytes"]
 
 GB = 2**30
@@ -66,6 +82,7 @@ class ModelShape:
     weight_bytes: int
     adapter_param_bytes: int
     adapter_params: int
+    float16: bool = False  # the activations are fp16 (not bf16): CUDA's log-softmax reads them in place
 
     @classmethod
     def of(cls, model: Any, adapter_name: str) -> ModelShape:
@@ -99,14 +116,15 @@ class ModelShape:
             lora_rank=max(ranks, default=0), lora_targets=len(a_dims) // max(layers, 1),
             lora_in_dims=sum(a_dims) // max(layers, 1), lora_dropout=dropout,
             weight_bytes=weight_bytes, adapter_param_bytes=adapter_bytes, adapter_params=adapter_params,
+            float16=base_dtype == torch.float16,
         )
 
     @property
     def layer_token_bytes(self) -> int:
         """Bytes one decoder layer keeps for the backward per token (module doc)."""
         a = self.act_bytes
-        norms = 2 * 2 * self.hidden * 4
-        attention = (4 * self.q_dim + 4 * self.kv_dim) * a
+        norms = 2 * (4 + a) * self.hidden
+        attention = (2 * self.q_dim + 2 * self.kv_dim) * a
         mlp = 4 * self.intermediate * a
         lora = self.lora_targets * self.lora_rank * a
         if self.lora_dropout:
@@ -115,9 +133,48 @@ class ModelShape:
 
     @property
     def working_token_bytes(self) -> int:
-        """Bytes a token takes in the backward's working set: the gradients of the layer being
-        differentiated, one for each tensor it saved, so about as many bytes as it keeps."""
-        return self.layer_token_bytes
+        """Bytes a token takes in the backward's working set on top of what is kept: the gradients of the
+        layer being differentiated, the MLP's three [T, i] ones and the norms' fp32 ones (module doc)."""
+        return 3 * self.intermediate * self.act_bytes + 2 * 4 * self.hidden
+
+    def chunk_bytes(self, chunk: int, device: DeviceMemory) -> int:
+        """One [chunk, V] block of logits with its fp32 (or wider) log-softmax, and the upcast copy torch
+        makes first unless the kernel reads fp16 logits in place (module doc)."""
+        a = self.act_bytes
+        lsm = max(a, 4)
+        in_place = a == lsm or (self.float16 and device.fp16_softmax_in_place)
+        return chunk * self.vocab * (a + (0 if in_place else lsm) + lsm)
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """How a device kind's memory adds up beyond the tensors alive at one moment: the estimate's one term
+    that is not the model's arithmetic (module doc). `DEVICE_MEMORY` holds one per device kind."""
+
+    kind: str
+    # The backward's gradients come on top of at least this share of the activations the backward
+    # frees (all kept ones; with checkpointing, the recomputed layer's and its forward's temporaries):
+    # what the allocator does not reuse for them. CUDA's caching allocator reuses them at once: 0. The
+    # CPU's resident memory, measured against the counted activations (four shapes, two runs: 0.53-0.74):
+    # 0.7, the estimate erring high rather than low.
+    unreused_share: float
+    # The head's moment and the backward's add up instead of taking turns (the CPU's resident
+    # high-water mark keeps what the head freed).
+    moments_add: bool
+    # log_softmax(fp16, dtype=float32) reads the fp16 logits without an fp32 copy (CUDA's kernel; bf16 is
+    # copied everywhere).
+    fp16_softmax_in_place: bool
+
+
+DEVICE_MEMORY = {
+    "cuda": DeviceMemory("cuda", unreused_share=0.0, moments_add=False, fp16_softmax_in_place=True),
+    "cpu": DeviceMemory("cpu", unreused_share=0.7, moments_add=True, fp16_softmax_in_place=False),
+}
+
+
+def device_memory(device_type: str) -> DeviceMemory:
+    """The device kind's `DeviceMemory`; a kind not measured yet gets the CPU's, the larger estimate."""
+    return DEVICE_MEMORY.get(device_type, DEVICE_MEMORY["cpu"])
 
 
 @dataclass(frozen=True)
@@ -126,15 +183,18 @@ class StepMemory:
 
     weights: int
     adapter: int  # parameters + gradients + AdamW moments
-    activations: int
-    logits: int
+    activations: int  # kept for the backward
+    backward: int  # the backward's working set on top of them (with checkpointing, the recomputed layer too)
+    logits: int  # the head's moment: the trained hidden states, their gradient and one logits chunk
     reference: int  # what the KL reference pass adds over the policy's peak (0 without one)
     rows: int
     width: int
+    moments_add: bool = False  # the device counts the head's and the backward's bytes together (DeviceMemory)
 
     @property
     def peak(self) -> int:
-        return self.weights + self.adapter + self.activations + self.logits + self.reference
+        transient = self.logits + self.backward if self.moments_add else max(self.logits, self.backward)
+        return self.weights + self.adapter + self.activations + transient + self.reference
 
     @property
     def step_bytes(self) -> int:
@@ -142,50 +202,60 @@ class StepMemory:
         return self.peak - self.weights
 
     def describe(self) -> str:
+        both = "+" if self.moments_add else "or"
         return (f"{self.peak / GB:.2f} GB (weights {self.weights / GB:.2f} + adapter with gradients and AdamW "
-                f"{self.adapter / GB:.3f} + activations {self.activations / GB:.2f} + logits {self.logits / GB:.2f}"
+                f"{self.adapter / GB:.3f} + kept activations {self.activations / GB:.2f} + (backward "
+                f"{self.backward / GB:.2f} {both} logits {self.logits / GB:.2f})"
                 + (f" + KL reference {self.reference / GB:.2f}" if self.reference else "")
                 + f", for a micro-batch of {self.rows} x {self.width} tokens)")
 
 
 def estimate_micro_batch(shape: ModelShape, *, rows: int, width: int, trained: int, chunk_size: int,
-                         checkpointing: bool, kl: bool) -> StepMemory:
-    """The peak of a micro-batch of `rows` sequences padded to `width` tokens, `trained` of them trained."""
+                         checkpointing: bool, kl: bool, device: DeviceMemory | str = "cpu") -> StepMemory:
+    """The peak of a micro-batch of `rows` sequences padded to `width` tokens, `trained` of them trained,
+    on a device of kind `device` (its `DeviceMemory`, or the kind: "cuda", "cpu")."""
+    dev = device_memory(device) if isinstance(device, str) else device
     tokens = rows * width
     a = shape.act_bytes
-    outside = tokens * (shape.hidden * a + 2 * shape.hidden * 4)  # embeddings, final norm
-    working = tokens * shape.working_token_bytes
+    gradients = tokens * shape.working_token_bytes
     if checkpointing:
-        kept = shape.layers * tokens * shape.hidden * a + tokens * shape.layer_token_bytes
+        kept = shape.layers * tokens * shape.hidden * a + tokens * shape.hidden * 4  # + the final norm's input
+        # The layer recomputed in the backward keeps its activations; its forward frees temporaries of
+        # about as many bytes, and the backward its activations: both count for what is not reused.
+        recomputed = tokens * shape.layer_token_bytes
+        working = recomputed + max(gradients, int(2 * recomputed * dev.unreused_share))
     else:
+        # the final norm's fp32 input in place of the first layer's input norm, which saves nothing
         kept = shape.layers * tokens * shape.layer_token_bytes
-        working = max(working, kept // 2)  # measured: the backward's gradients reach half the kept bytes
-    chunk = min(max(trained, 1), chunk_size)
-    chunk_bytes = chunk * shape.vocab * (a + max(a, 4))
-    logits = 2 * trained * shape.hidden * a + chunk_bytes
+        working = max(gradients, int(kept * dev.unreused_share))
+    chunk_bytes = shape.chunk_bytes(min(max(trained, 1), chunk_size), dev)
+    head = 2 * trained * shape.hidden * a + chunk_bytes
+    transient = head + working if dev.moments_add else max(head, working)
     reference = 0
     if kl:
         reference_peak = tokens * (2 * shape.hidden * a + shape.working_token_bytes) + chunk_bytes
-        reference = max(0, reference_peak - (kept + outside + working + logits))
+        reference = max(0, reference_peak - (kept + transient))
     # parameters (as stored), gradients (as stored) and two fp32 moments
     adapter = 2 * shape.adapter_param_bytes + 2 * 4 * shape.adapter_params
-    return StepMemory(weights=shape.weight_bytes, adapter=adapter, activations=kept + outside + working,
-                      logits=logits, reference=reference, rows=rows, width=width)
+    return StepMemory(weights=shape.weight_bytes, adapter=adapter, activations=kept, backward=working, logits=head,
+                      reference=reference, rows=rows, width=width, moments_add=dev.moments_add)
 
 
 def _plan_peak(shape: ModelShape, plan: list[list[int]], lengths: list[int], trained: list[int], *,
-               chunk_size: int, checkpointing: bool, kl: bool) -> StepMemory:
+               chunk_size: int, checkpointing: bool, kl: bool, device: DeviceMemory | str) -> StepMemory:
     return max((estimate_micro_batch(shape, rows=len(p), width=max(lengths[i] for i in p),
                                      trained=sum(trained[i] for i in p), chunk_size=chunk_size,
-                                     checkpointing=checkpointing, kl=kl) for p in plan),
+                                     checkpointing=checkpointing, kl=kl, device=device) for p in plan),
                key=lambda m: m.peak)
 
 
 def admit_micro_batches(shape: ModelShape, lengths: list[int], trained: list[int], *, token_budget: int,
                         chunk_size: int, checkpointing: bool, kl: bool, free_bytes: int | None,
-                        optimizer_state_held: bool, plan_fn: Any) -> tuple[list[list[int]], StepMemory, int]:
+                        optimizer_state_held: bool, plan_fn: Any,
+                        device: DeviceMemory | str = "cpu") -> tuple[list[list[int]], StepMemory, int]:
     """(plan, its priced peak, the token budget it was planned with): `plan_fn(lengths, budget)` with
-    `token_budget` halved until the step's extra memory fits `free_bytes` (None: unknown, not checked).
+    `token_budget` halved until the step's extra memory fits `free_bytes` (None: unknown, not checked), priced
+    for a `device` of that kind (`DeviceMemory`).
 
     The loaded weights and adapter parameters are held already (and, after the first step, AdamW's
     moments), so only what the step allocates on top is compared with the free memory. Raises
@@ -193,7 +263,8 @@ def admit_micro_batches(shape: ModelShape, lengths: list[int], trained: list[int
     budget = token_budget
     while True:
         plan = plan_fn(lengths, budget)
-        peak = _plan_peak(shape, plan, lengths, trained, chunk_size=chunk_size, checkpointing=checkpointing, kl=kl)
+        peak = _plan_peak(shape, plan, lengths, trained, chunk_size=chunk_size, checkpointing=checkpointing, kl=kl,
+                          device=device)
         held = shape.adapter_param_bytes + (8 * shape.adapter_params if optimizer_state_held else 0)
         need = peak.step_bytes - held
         if free_bytes is None or need <= free_bytes:
@@ -205,7 +276,8 @@ def admit_micro_batches(shape: ModelShape, lengths: list[int], trained: list[int
     hints = [f"shorter sequences (the longest is {longest} tokens: lower max_tokens of the rollouts, or "
              "max_seq_len, which drops longer ones)"]
     if not checkpointing:
-        with_ckpt = _plan_peak(shape, plan, lengths, trained, chunk_size=chunk_size, checkpointing=True, kl=kl)
+        with_ckpt = _plan_peak(shape, plan, lengths, trained, chunk_size=chunk_size, checkpointing=True, kl=kl,
+                               device=device)
         hints.insert(0, f"TrainConfig(gradient_checkpointing=True) (then about {with_ckpt.describe()})")
     if peak.logits > peak.activations // 4:
         hints.append(f"a smaller logprob_chunk_size (now {chunk_size})")
@@ -219,20 +291,9 @@ def admit_micro_batches(shape: ModelShape, lengths: list[int], trained: list[int
 
 
 def device_free_bytes(device: torch.device) -> int | None:
-    """Bytes a step on `device` can still allocate: on CUDA the card's free memory plus what torch's
-    allocator has cached but not in use; on the CPU the machine's available RAM (MemAvailable). None
-    where it cannot be read."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free) + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    if device.type == "cpu":
-        try:
-            for line in Path("/proc/meminfo").read_text().splitlines():
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
-            return None
-    return None
+    """Bytes a step on `device` can still allocate (runtime/memory.py's `allocatable_bytes`); None where
+    it cannot be read."""
+    return allocatable_bytes(device)
 
 
 def reset_measured_peak(device: torch.device) -> None:

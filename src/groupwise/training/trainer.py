@@ -155,7 +155,7 @@ class Trainer:
             self._shape, lengths, trained, token_budget=config.micro_batch_tokens,
             chunk_size=config.logprob_chunk_size, checkpointing=config.gradient_checkpointing,
             kl=objective == GRPO and config.kl_coef > 0, free_bytes=step_memory.device_free_bytes(self.device),
-            optimizer_state_held=held, plan_fn=plan_micro_batches,
+            optimizer_state_held=held, plan_fn=plan_micro_batches, device=self.device.type,
         )
         self.last_memory = peak
         self.last_token_budget = budget
