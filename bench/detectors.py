@@ -583,7 +583,8 @@ def run_real(args: argparse.Namespace, jobs: list[tuple[str, str, int]]) -> list
         log = paths[0] / "run.log"
         with open(log, "w") as f:
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**env, **gpu_env}).returncode
-        found = [json.loads(x) for x in re.findall(r"^RESULT (.*)$", log.read_text(), re.MULTILINE)]
+        # a progress bar of another run of the process may precede a RESULT on its line
+        found = [json.loads(x) for x in re.findall(r"RESULT (\{.*\})$", log.read_text(), re.MULTILINE)]
         if rc != 0 or len(found) < len(chunk):
             print(f"{len(chunk) - len(found)} of the runs {chunk} failed (rc {rc}), see {log}", flush=True)
         for res in found:
