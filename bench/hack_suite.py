@@ -72,7 +72,7 @@ def prompt(env: str, index: int) -> Prompt:
     if env == "titles":
         return Prompt(env, index, (rng.choice(COMPANIES), rng.choice(EVENTS)))
     if env == "math":  # sums a 135M model gets right some of the time, so that validation can fall
-        return Prompt(env, index, (rng.randint(2, 9), rng.randint(2, 9)))
+        return Prompt(env, index, (rng.randint(2, 19), rng.randint(2, 9)))
     if env == "moves":  # two of X's marks on a line, its third cell free: the best move completes it
         line = rng.choice(LINES)
         best = rng.randrange(3)
