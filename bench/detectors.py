@@ -369,7 +369,7 @@ def summarise(results: list[dict], drop: float, converged_k: int = 3) -> dict:
             if truth is not None:
                 verdicts.append(truth)
     envs = sorted({r.get("env", r["kind"]) for r in clean})
-    return {"rows": rows, "families": families, "clean": len(clean), "planted": len(planted),
+    return {"results": counted, "rows": rows, "families": families, "clean": len(clean), "planted": len(planted),
             "dropped": len(dropped), "envs": envs, "converged": (sum(verdicts), len(verdicts), converged_k),
             "errors": ended_early(results)}
 
@@ -428,6 +428,17 @@ def targets_met(s: dict) -> list[str]:
     return missed
 
 
+def steps_text(s: dict, args: argparse.Namespace) -> str:
+    """How many steps the runs trained: as asked, or (recorded runs, some cut by their host's time
+    limit) the range they reached."""
+    if not args.replay:
+        return f"{args.steps} steps each"
+    done = [len(r["train"]) for r in s["results"]]
+    asked = sorted({r.get("steps_asked") for r in s["results"] if r.get("steps_asked")})
+    return (f"{min(done)}-{max(done)} steps each (of {'/'.join(map(str, asked))} asked: a run cut by its host's "
+            "time limit keeps the steps it finished)")
+
+
 def docs_block(s: dict, args: argparse.Namespace, wall_s: float) -> str:
     from results_block import provenance, this_command
 
@@ -438,8 +449,9 @@ def docs_block(s: dict, args: argparse.Namespace, wall_s: float) -> str:
     return "\n".join([
         provenance(command=this_command(), commit_id=commit(), machine_text=machine(args.device)),
         f"Tier: {tier}. {s['clean']} clean runs over {len(s['envs'])} envs ({', '.join(s['envs'])}) and "
-        f"{s['planted']} planted runs over {len(s['families'])} families, {args.steps} steps each, "
+        f"{s['planted']} planted runs over {len(s['families'])} families, {steps_text(s, args)}, "
         + (f"tabulated from {', '.join(args.from_json)}" if args.from_json else
+           f"replayed from {', '.join(args.replay)}" if args.replay else
            f"{args.workers} at a time, {wall_s / 60:.1f} min") + f"; validation fell by {args.drop} or more in "
         f"{s['dropped']} planted runs.",
         "", table(s), "", family_table(s), "", converged_line(s), "",
