@@ -21,7 +21,7 @@ seeds barely learn), whose phrasing also moves the way learning moves it (shorte
 group as skill grows). Rewards and the task are computed from the answers' texts, and each step goes
 through what `gw.fit` does: train rows (`groupwise.runs.store.history_row`, with the task metric scored on
 the training rollouts), the loop row's rollout signals, validation rows with their intervals, then
-`run_detectors` on the history and the step's groups. What it does not model: the gradient. The hack's
+the rollout detectors on the step's groups before its update and the validation detectors after its validation (`through_detectors`, which also replays recorded real runs). What it does not model: the gradient. The hack's
 spread is drawn, not learned from the reward, so the simulator measures whether the detectors see a hack
 that spreads, and how early; not whether GRPO would spread it.
 """

@@ -334,12 +334,12 @@ class DetectorConfig(Validated):
     in docs/benchmarks.md and the README.
 
     Measured by bench/detectors.py with the defaults:
-    - reward_against_task (against_task_z, against_task_window): false alarms on 0/60 clean runs, fired on 37/59 planted hacks (18 before the validation drop, median lead +0 steps).
-    - val_drop (val_drop, reward_rise): false alarms on 0/60 clean runs, fired on 59/59 planted hacks (8 before the validation drop, median lead +0 steps).
-    - answer_collapse (collapse_share, shift_excess, shift_z, signal_window): false alarms on 0/60 clean runs, fired on 38/59 planted hacks (19 before the validation drop, median lead +0.5 steps).
-    - length_drift (shift_excess, shift_z, signal_window): false alarms on 4/60 clean runs, fired on 47/59 planted hacks (32 before the validation drop, median lead +1 steps).
-    - repetition (repetition_ngram, shift_excess, shift_z, signal_window): false alarms on 0/60 clean runs, fired on 19/59 planted hacks (13 before the validation drop, median lead +1 steps).
-    - perfect_scores (perfect_share): false alarms on 0/60 clean runs, fired on 38/59 planted hacks (0 before the validation drop, median lead -3.5 steps).
+    - reward_against_task (against_task_z, against_task_window): false alarms on 0/60 clean runs, fired on 37/59 planted hacks (24 before the validation drop, median lead +1 steps).
+    - val_drop (val_drop, reward_rise): false alarms on 0/60 clean runs, fired on 59/59 planted hacks (9 before the validation drop, median lead +0 steps).
+    - answer_collapse (collapse_share, shift_excess, shift_z, signal_window): false alarms on 0/60 clean runs, fired on 42/59 planted hacks (28 before the validation drop, median lead +1 steps).
+    - length_drift (shift_excess, shift_z, signal_window): false alarms on 4/60 clean runs, fired on 42/59 planted hacks (37 before the validation drop, median lead +2.5 steps).
+    - repetition (repetition_ngram, shift_excess, shift_z, signal_window): false alarms on 0/60 clean runs, fired on 19/59 planted hacks (16 before the validation drop, median lead +2 steps).
+    - perfect_scores (perfect_share): false alarms on 0/60 clean runs, fired on 38/59 planted hacks (1 before the validation drop, median lead -2.5 steps).
     - reward_jump (jump_min, jump_sigmas, plateau_range, jump_window): false alarms on 0/60 clean runs, fired on 1/59 planted hacks (0 before the validation drop, median lead +0 steps).
     - val_plateau (reward_rise): false alarms on 29/60 clean runs, fired on 31/59 planted hacks (24 before the validation drop, median lead +1 steps).
     - val_unstable (val_drop): false alarms on 1/60 clean runs, fired on 18/59 planted hacks (7 before the validation drop, median lead +0 steps).
