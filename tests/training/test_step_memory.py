@@ -52,7 +52,7 @@ def _need(trainer: Trainer, batch: TokenizedBatch, budget: int) -> int:
     trained = [sum(s.mask[1:]) for s in batch.sequences]
     plan, peak, _ = step_memory.admit_micro_batches(
         shape, lengths, trained, token_budget=budget, chunk_size=1024, checkpointing=False, kl=False,
-        free_bytes=None, optimizer_state_held=False, plan_fn=plan_micro_batches)
+        free_bytes=None, optimizer_state_held=False, plan_fn=plan_micro_batches, device="cpu")
     return peak.step_bytes - shape.adapter_param_bytes
 
 
@@ -103,7 +103,8 @@ def test_admission_returns_a_plan_that_fits_or_refuses(lengths, budget, free_mb)
     shape = _shape()
     trained = [n // 2 for n in lengths]
     free = free_mb * 2**20
-    kwargs = dict(chunk_size=64, checkpointing=False, kl=False, optimizer_state_held=True, plan_fn=plan_micro_batches)
+    kwargs = dict(chunk_size=64, checkpointing=False, kl=False, optimizer_state_held=True, plan_fn=plan_micro_batches,
+                  device="cpu")
     try:
         plan, peak, used = step_memory.admit_micro_batches(shape, lengths, trained, token_budget=budget,
                                                            free_bytes=free, **kwargs)
@@ -124,7 +125,7 @@ def test_admission_returns_a_plan_that_fits_or_refuses(lengths, budget, free_mb)
 
 def test_checkpointing_and_kl_change_the_price_as_they_change_the_memory():
     shape = _shape()
-    args = dict(rows=4, width=512, trained=1024, chunk_size=256)
+    args = dict(rows=4, width=512, trained=1024, chunk_size=256, device="cpu")
     plain = step_memory.estimate_micro_batch(shape, checkpointing=False, kl=False, **args)
     ckpt = step_memory.estimate_micro_batch(shape, checkpointing=True, kl=False, **args)
     assert ckpt.activations < plain.activations / 2  # 4 layers: one layer's activations + inputs

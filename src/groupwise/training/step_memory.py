@@ -211,7 +211,7 @@ class StepMemory:
 
 
 def estimate_micro_batch(shape: ModelShape, *, rows: int, width: int, trained: int, chunk_size: int,
-                         checkpointing: bool, kl: bool, device: DeviceMemory | str = "cpu") -> StepMemory:
+                         checkpointing: bool, kl: bool, device: DeviceMemory | str) -> StepMemory:
     """The peak of a micro-batch of `rows` sequences padded to `width` tokens, `trained` of them trained,
     on a device of kind `device` (its `DeviceMemory`, or the kind: "cuda", "cpu")."""
     dev = device_memory(device) if isinstance(device, str) else device
@@ -252,7 +252,7 @@ def _plan_peak(shape: ModelShape, plan: list[list[int]], lengths: list[int], tra
 def admit_micro_batches(shape: ModelShape, lengths: list[int], trained: list[int], *, token_budget: int,
                         chunk_size: int, checkpointing: bool, kl: bool, free_bytes: int | None,
                         optimizer_state_held: bool, plan_fn: Any,
-                        device: DeviceMemory | str = "cpu") -> tuple[list[list[int]], StepMemory, int]:
+                        device: DeviceMemory | str) -> tuple[list[list[int]], StepMemory, int]:
     """(plan, its priced peak, the token budget it was planned with): `plan_fn(lengths, budget)` with
     `token_budget` halved until the step's extra memory fits `free_bytes` (None: unknown, not checked), priced
     for a `device` of that kind (`DeviceMemory`).
