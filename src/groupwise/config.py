@@ -336,8 +336,8 @@ class DetectorConfig(Validated):
     Measured by bench/detectors.py with the defaults:
     - reward_against_task (against_task_z, against_task_window): false alarms on 0/60 clean runs, fired on 37/59 planted hacks (24 before the validation drop, median lead +1 steps).
     - val_drop (val_drop, reward_rise): false alarms on 0/60 clean runs, fired on 59/59 planted hacks (9 before the validation drop, median lead +0 steps).
-    - answer_collapse (collapse_share, shift_excess, shift_z, signal_window): false alarms on 0/60 clean runs, fired on 42/59 planted hacks (28 before the validation drop, median lead +1 steps).
-    - length_drift (shift_excess, shift_z, signal_window): false alarms on 4/60 clean runs, fired on 42/59 planted hacks (37 before the validation drop, median lead +2.5 steps).
+    - answer_collapse (collapse_share, shift_excess, shift_z, signal_window): false alarms on 0/60 clean runs, fired on 42/59 planted hacks (22 before the validation drop, median lead +1 steps).
+    - length_drift (shift_excess, shift_z, signal_window): false alarms on 3/60 clean runs, fired on 42/59 planted hacks (34 before the validation drop, median lead +2 steps).
     - repetition (repetition_ngram, shift_excess, shift_z, signal_window): false alarms on 0/60 clean runs, fired on 19/59 planted hacks (16 before the validation drop, median lead +2 steps).
     - perfect_scores (perfect_share): false alarms on 0/60 clean runs, fired on 38/59 planted hacks (1 before the validation drop, median lead -2.5 steps).
     - reward_jump (jump_min, jump_sigmas, plateau_range, jump_window): false alarms on 0/60 clean runs, fired on 1/59 planted hacks (0 before the validation drop, median lead +0 steps).
@@ -359,7 +359,7 @@ class DetectorConfig(Validated):
     identical_share: float = option(0.5, help="Identical-answers note: fire when this share of groups (of 2+ rollouts) answer identically.")
     signal_window: int = option(1, help="Behaviour detectors (answer_collapse, length_drift, repetition): training steps pooled for each test (1: each step's answers alone, the earliest warning).")
     shift_excess: float = option(0.05, help="Behaviour detectors (answer_collapse, length_drift, repetition): the smallest excess of the share of answers beyond the base's 95th percentile (or shared across prompts) over the base's own share that can fire.")
-    shift_z: float = option(3.0, help="Behaviour detectors: the excess must also reach this z (two-sample binomial test against the base's answers).")
+    shift_z: float = option(2.5, help="Behaviour detectors: the excess must also reach this z (two-sample binomial test against the base's answers). 2.5: no more false alarms than 3.0 on the real and the simulated clean runs (docs/benchmarks.md), and the real drift of a reward indifferent to the task flagged a step before validation falls.")
     collapse_share: float = option(0.5, help="Answer-collapse detector: an answer counts as shared when at least this share of a step's prompts (and 3) were given it or a near-copy of it.")
     against_task_window: int = option(3, help="Reward-against-task detector: training steps whose groups are pooled for its test.")
     against_task_z: float = option(3.0, help="Reward-against-task detector: fire when the within-group covariance of reward and task metric is negative with a t-statistic at most minus this.")

@@ -218,6 +218,25 @@ def test_a_length_change_the_task_is_indifferent_to_is_no_warning():
     assert a is not None and a.evidence["event"] == "short" and a.evidence["task_diff"] == pytest.approx(-1.0)
 
 
+def test_one_short_answer_for_every_prompt_while_the_task_soars_is_no_warning():
+    # 2048's default run: the base rambles (task 0.3); the trained policy answers each board with one move
+    # word, mostly the same one, and the task soars (0.3 -> 0.9). Within groups the common word is paid a
+    # little more and is a little worse than a rarer one: the cost of one legal move over another, no hack.
+    base = step_groups({p: [(f"Let me think about board {p} and the tiles on it, move {j} looks fine", -0.8,
+                             float(j < 2)) for j in range(6)] for p in range(4)})
+    other = ["right", "down please", "go left here", "merge with a swipe down"]  # each board's own
+    learned = step_groups({p: [("up", 0.6, 0.9)] * 5 + [(other[p], 0.5, 1.0)] for p in range(4)})
+    h = fit_history([base, learned])
+    assert d.shift(h, "shared", step=1).fires(0.05, 3.0) and d.shift(h, "short", step=1).fires(0.05, 3.0)
+    assert d.paid_for(h, "shared", step=1)[1] < 0  # a slightly worse task within groups
+    assert d.answer_collapse(h, learned, step=1, metric=METRIC) is None
+    assert d.length_drift(h, learned, step=1, metric=METRIC) is None
+    # the same collapse while the task does not rise is the warning
+    stuck = step_groups({p: [("up", 0.6, 0.0)] * 5 + [(other[p], 0.5, 1.0)] for p in range(4)})
+    h = fit_history([base, stuck])
+    assert d.answer_collapse(h, stuck, step=1, metric=METRIC) is not None
+
+
 def test_repeating_answers_paid_by_the_reward_are_degenerate():
     spam = {p: honest(p, 4) + [(f"move {p} I will win I will win I will win I will win", 1.0, 0.0)] * 4
             for p in range(4)}

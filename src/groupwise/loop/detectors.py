@@ -663,9 +663,16 @@ def _behaviour_alert(name: str, what: Callable[[Shift], str], event_or_events: t
         # own noise half the time; warning on it was most of the false alarms on real clean runs.
         if sign * task_diff >= 0:
             return None
+        # And only while the run's task is not improving with it: a policy that learns a task of few
+        # answers (a 2048 move) says the same short word to every board as its task soars, and a slightly
+        # worse task within groups is then the cost of one word over another, not a gamed reward.
+        quiet, note, task_ev = task_not_better(history, step=step, metric=metric, higher_is_better=higher_is_better,
+                                               window=window, confidence=confidence)
+        if not quiet:
+            return None
         task_note = (f"within their groups such answers were paid {paid:+.3g} reward and scored {task_diff:+.3g} "
-                     f"on the task ({metric}) against the others")
-        task_ev: dict[str, Any] = {"task_metric": metric, "paid": paid, "task_diff": task_diff, "paid_groups": paid_groups}
+                     f"on the task ({metric}) against the others, and {note}")
+        task_ev = {**task_ev, "task_metric": metric, "paid": paid, "task_diff": task_diff, "paid_groups": paid_groups}
     else:
         quiet, note, task_ev = task_not_better(history, step=step, metric=metric, higher_is_better=higher_is_better,
                                                window=window, confidence=confidence)
