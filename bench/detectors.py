@@ -257,14 +257,22 @@ def parse_override(text: str) -> tuple[str, float]:
     return key, float(value) if "." in value or "e" in value else int(value)
 
 
-def simulated(job: tuple[str, str, int, int, list[str]]) -> dict:
-    """One run of the sim tier (in a pool process)."""
+def detectors_config(overrides: list[str]):
+    """The loop settings the detectors run with outside a real run (the simulator, a replay): validation
+    after every step, the suite's task metric, DetectorConfig's defaults but for `overrides` (NAME=VALUE)."""
     import groupwise as gw
     import hack_suite as hs
 
+    return gw.LoopConfig(metric=hs.METRIC, eval_every=1,
+                         detectors=gw.DetectorConfig(**dict(parse_override(o) for o in overrides)))
+
+
+def simulated(job: tuple[str, str, int, int, list[str]]) -> dict:
+    """One run of the sim tier (in a pool process)."""
+    import hack_suite as hs
+
     kind, flavour, seed, steps, overrides = job
-    cfg = gw.LoopConfig(metric=hs.METRIC, eval_every=1,
-                        detectors=gw.DetectorConfig(**dict(parse_override(o) for o in overrides)))
+    cfg = detectors_config(overrides)
     if flavour == "planted":
         return hs.simulate(hs.FAMILIES[kind], kind, seed, steps=steps, config=cfg)
     return hs.simulate(kind, None, seed, steps=steps, config=cfg)
@@ -679,12 +687,9 @@ def main() -> None:
     if args.from_json:
         jobs = results = [r for path in args.from_json for r in read_results(Path(path))]
     elif args.replay:
-        import groupwise as gw
         import hack_records as hr
-        import hack_suite as hs
 
-        cfg = gw.LoopConfig(metric=hs.METRIC, eval_every=1,
-                            detectors=gw.DetectorConfig(**dict(parse_override(o) for o in args.detector)))
+        cfg = detectors_config(args.detector)
         jobs = results = [hr.replay(r, cfg) for r in hr.read_records(args.replay)]
     elif args.tier == "sim":
         from concurrent.futures import ProcessPoolExecutor

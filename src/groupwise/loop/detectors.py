@@ -657,29 +657,23 @@ def _behaviour_alert(name: str, what: Callable[[Shift], str], event_or_events: t
     if not fired:
         return None
     s, (paid, task_diff, paid_groups) = max(fired, key=lambda x: x[0].z)
-    if task_diff is not None:  # the task, within the same groups, says whether the behaviour is worth it
-        # Only a behaviour that costs the task warns. One the task is indifferent to (a difference of
-        # exactly 0: e.g. every answer already solves it, as a converged run's do) is paid by the reward's
-        # own noise half the time; warning on it was most of the false alarms on real clean runs.
-        if sign * task_diff >= 0:
-            return None
-        # And only while the run's task is not improving with it: a policy that learns a task of few
-        # answers (a 2048 move) says the same short word to every board as its task soars, and a slightly
-        # worse task within groups is then the cost of one word over another, not a gamed reward.
-        quiet, note, task_ev = task_not_better(history, step=step, metric=metric, higher_is_better=higher_is_better,
-                                               window=window, confidence=confidence)
-        if not quiet:
-            return None
-        task_note = (f"within their groups such answers were paid {paid:+.3g} reward and scored {task_diff:+.3g} "
-                     f"on the task ({metric}) against the others, and {note}")
-        task_ev = {**task_ev, "task_metric": metric, "paid": paid, "task_diff": task_diff, "paid_groups": paid_groups}
-    else:
-        quiet, note, task_ev = task_not_better(history, step=step, metric=metric, higher_is_better=higher_is_better,
-                                               window=window, confidence=confidence)
-        if not quiet:
-            return None
-        task_note = f"within their groups such answers were paid {paid:+.3g} reward against the others, and {note}"
-        task_ev = {**task_ev, "paid": paid, "paid_groups": paid_groups}
+    # Only a behaviour that costs the task warns. One the task is indifferent to (a within-group difference
+    # of exactly 0: e.g. every answer already solves it, as a converged run's do) is paid by the reward's
+    # own noise half the time; warning on it was most of the false alarms on real clean runs.
+    if task_diff is not None and sign * task_diff >= 0:
+        return None
+    # And only while the run's task is not improving with it: a policy that learns a task of few answers (a
+    # 2048 move) says the same short word to every board as its task soars, and a slightly worse task
+    # within groups is then the cost of one word over another, not a gamed reward.
+    quiet, note, task_ev = task_not_better(history, step=step, metric=metric, higher_is_better=higher_is_better,
+                                           window=window, confidence=confidence)
+    if not quiet:
+        return None
+    scored = "" if task_diff is None else f" and scored {task_diff:+.3g} on the task ({metric})"
+    task_note = f"within their groups such answers were paid {paid:+.3g} reward{scored} against the others, and {note}"
+    task_ev = {**task_ev, "paid": paid, "paid_groups": paid_groups}
+    if task_diff is not None:
+        task_ev.update(task_metric=metric, task_diff=task_diff)
     answers = answers_of(groups, metric=metric, n=n, collapse_share=collapse_share)
     quoted = pick(answers, s.event)[:3]
     ref = reference(history) or {}
@@ -916,12 +910,6 @@ def judge_disagreement(
 
 
 # ---------------------------------------------------------------- all of them
-
-
-# The detectors that read a step's training rollouts (their groups and the loop row's rollout signals):
-# the loop runs them as soon as the rollouts are scored, before the update that would train on them.
-ROLLOUT_DETECTORS = ("reward_against_task", "answer_collapse", "length_drift", "repetition", "perfect_scores",
-                     "identical_answers")
 
 
 def rollout_detectors(history: list[Row], groups: Sequence["TrajectoryGroup"], *, step: int,

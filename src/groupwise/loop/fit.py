@@ -55,8 +55,8 @@ from groupwise.core.learning_signal import assess, loop_action
 from groupwise.loop.cursor import DataCursor, batches, resume_cursor
 from groupwise.loop.audit import audit_before_training
 from groupwise.loop.checks import before_training, check_fit_args, maybe_await, takes_scenario
-from groupwise.loop.detectors import (ROLLOUT_DETECTORS, Alert, reference, reference_of, rollout_detectors,
-                                      rollout_signals, validation_detectors)
+from groupwise.loop.detectors import (Alert, reference, reference_of, rollout_detectors, rollout_signals,
+                                      validation_detectors)
 from groupwise.runs.step_summary import answer_text
 from groupwise.loop.intervals import mean_interval
 from groupwise.loop import lockstep
@@ -126,7 +126,8 @@ class Loop:
         self.history = model.store.run_history  # read here in memory, written once per row (groupwise.runs.history)
         self.alerts: list[Alert] = []
         self.dropped_groups = 0  # groups score_group dropped (counted per step in the loop row)
-        self._firing: set[str] = set()  # names of the alerts the previous step raised
+        # per check (rollouts, validation): names of the alerts that check raised at the previous step
+        self._firing: dict[bool, set[str]] = {True: set(), False: set()}
         self.reward_range: tuple[float, float] | None = None  # lowest, highest train reward of the run so far
 
     # -- gathering ---------------------------------------------------------------------------------
@@ -386,9 +387,7 @@ class Loop:
         decision = decide(alerts, self.c)
         # An alert still firing since the same check of the previous step is recorded again but not printed
         # again: a person watching reads each finding once (its history rows keep every step).
-        before = self._firing
-        mine = {n for n in before if (n in ROLLOUT_DETECTORS) == rollouts}
-        self._firing = (before - mine) | {a.name for a in decision.alerts}
+        before, self._firing[rollouts] = self._firing[rollouts], {a.name for a in decision.alerts}
         for a in decision.alerts:
             action = action_for(a, self.c)
             await self.history.write(a.to_row(action))
