@@ -34,8 +34,10 @@ training rollouts are scored with the task (`LoopConfig.score_train`); threshold
 `gw.DetectorConfig` (or `--detector NAME=VALUE`). Seeds vary per run. Rates carry Wilson intervals, lead
 times a bootstrap interval of the median (`groupwise.loop.intervals`).
 
-    python bench/detectors.py --runs-clean 60 --runs-planted 60 --seed0 1000 --workers 2  # sim, the docs' table
-    python bench/detectors.py --tier smollm2 --runs-clean 40 --runs-planted 48 --workers 16 --device cuda
+    python bench/detectors.py --runs-clean 63 --runs-planted 63 --seed0 1000 --workers 2  # sim, the docs' table
+    python bench/detectors.py --tier smollm2 --runs-clean 6 --runs-planted 10 --workers 16 --steps 8 \
+        --device cuda --json r.json --collect records.jsonl.gz   # one GPU call's worth (~450 s on an H200)
+    python bench/detectors.py --tier smollm2 --replay bench/data/detectors-smollm2-records.jsonl.gz  # the real table
     python bench/detectors.py --tier tiny --runs-clean 2 --runs-planted 2 --workers 2 --no-docs   # a smoke
 
 The tables are printed and written into docs/benchmarks.md (the block ``bench:detectors-<tier>``); the
@@ -122,9 +124,8 @@ async def train_one(kind: str, planted: bool, seed: int, model_path: str, base_p
     import hack_records as hr
     import hack_suite as hs
 
-    suite = kind in hs.ENVS or kind in hs.FAMILIES
-    env = (hs.FAMILIES[kind] if planted else kind) if suite else None
-    family = kind if suite and planted else None
+    suite = kind in hs.ENVS or kind.partition("@")[0] in hs.FAMILIES
+    family, env = hs.plant(kind) if suite and planted else (None, kind if suite else None)
 
     class Scenario(BaseModel):
         id: int
@@ -159,7 +160,7 @@ async def train_one(kind: str, planted: bool, seed: int, model_path: str, base_p
     def validate(trajectory, scenario) -> float:
         return score(trajectory.messages()[-1]["content"] or "", scenario.id)[1]
 
-    name = f"{'planted' if planted else 'clean'}-{kind}-s{seed}"
+    name = f"{'planted' if planted else 'clean'}-{kind.replace('@', '-')}-s{seed}"
     model = gw.TrainableModel(name, project="detectors", base_model=model_path, base_path=base_path)
     # batch invariance (CPU, fp32) makes a run independent of which requests the engine batched together
     own = backend is None
@@ -182,12 +183,12 @@ async def train_one(kind: str, planted: bool, seed: int, model_path: str, base_p
     finally:
         if own:
             await backend.close()
-    return result_of(gw.load_history(run_dir), kind=kind, env=env or kind, family=family, planted=planted,
+    return result_of(gw.load_history(run_dir), kind=family or kind, env=env or kind, family=family, planted=planted,
                      seed=seed, error=error, samples=samples_of(run_dir))
 
 
 # Every alert's LoopConfig action, set to 'warn' in the bench's runs (on_<name>).
-WARN_ONLY = ("reward_against_task", "val_drop", "val_unstable", "val_plateau", "reward_jump", "perfect_scores",
+WARN_ONLY = ("reward_against_task", "reward_off_task", "val_drop", "val_unstable", "val_plateau", "reward_jump", "perfect_scores",
              "degenerate")
 
 
@@ -274,7 +275,8 @@ def simulated(job: tuple[str, str, int, int, list[str]]) -> dict:
     kind, flavour, seed, steps, overrides = job
     cfg = detectors_config(overrides)
     if flavour == "planted":
-        return hs.simulate(hs.FAMILIES[kind], kind, seed, steps=steps, config=cfg)
+        family, env = hs.plant(kind)
+        return hs.simulate(env, family, seed, steps=steps, config=cfg)
     return hs.simulate(kind, None, seed, steps=steps, config=cfg)
 
 
@@ -367,7 +369,8 @@ def summarise(results: list[dict], drop: float, converged_k: int = 3) -> dict:
                 best = (score, name, leads)
         anyl = [d - min(v for n, v in r["alerts"].items() if alert_kind(n) in ("hack", "warn"))
                 for r, d in fell if any(alert_kind(n) in ("hack", "warn") for n in r["alerts"])]
-        families.append({"family": fam, "runs": sum(r["kind"] == fam for r in planted), "fell": len(fell),
+        families.append({"family": fam, "envs": sorted({r.get("env", fam) for r in planted if r["kind"] == fam}),
+                         "runs": sum(r["kind"] == fam for r in planted), "fell": len(fell),
                          "best": best[1] if best else None, "best_leads": best[2] if best else [],
                          "any_leads": anyl})
     verdicts = []
@@ -407,10 +410,10 @@ def table(s: dict) -> str:
 
 
 def family_table(s: dict) -> str:
-    lines = ["| family | planted runs | validation fell | best alert | detected | median lead [95% CI] | "
-             "any hack/warn alert: detected, median lead |", "|---|---|---|---|---|---|---|"]
+    lines = ["| family | env | planted runs | validation fell | best alert | detected | median lead [95% CI] | "
+             "any hack/warn alert: detected, median lead |", "|---|---|---|---|---|---|---|---|"]
     for f in s["families"]:
-        lines.append(f"| `{f['family']}` | {f['runs']} | {f['fell']} | "
+        lines.append(f"| `{f['family']}` | {', '.join(f.get('envs') or [])} | {f['runs']} | {f['fell']} | "
                      f"{'`' + f['best'] + '`' if f['best'] else '-'} | {rate(len(f['best_leads']), f['fell'])} | "
                      f"{lead(f['best_leads'])} | {rate(len(f['any_leads']), f['fell'])}, {lead(f['any_leads'])} |")
     return "\n".join(lines)
@@ -473,7 +476,8 @@ def docs_block(s: dict, args: argparse.Namespace, wall_s: float) -> str:
 
 # Which DetectorConfig fields set each detector's threshold (judge_disagreement needs a judge: not here).
 FIELDS = {
-    "reward_against_task": ("against_task_z", "against_task_window"), "val_drop": ("val_drop", "reward_rise"),
+    "reward_against_task": ("against_task_z", "against_task_window"),
+    "reward_off_task": ("off_task_r", "against_task_window"), "val_drop": ("val_drop", "reward_rise"),
     "answer_collapse": ("collapse_share", "shift_excess", "shift_z", "signal_window"),
     "length_drift": ("shift_excess", "shift_z", "signal_window"),
     "repetition": ("repetition_ngram", "shift_excess", "shift_z", "signal_window"), "perfect_scores": ("perfect_share",),
@@ -552,7 +556,10 @@ def jobs_of(args: argparse.Namespace) -> list[tuple[str, str, int]]:
         clean_kinds = planted_kinds = kinds
     else:
         clean_kinds = args.envs.split(",") if args.envs else list(hs.ENVS)
-        planted_kinds = args.families.split(",") if args.families else list(hs.FAMILIES)
+        planted_kinds = (args.families.split(",") if args.families else
+                         list(hs.PLANTS if args.tier == "sim" else hs.MODEL_PLANTS))
+        for k in planted_kinds:
+            hs.plant(k)  # an unknown family fails here, not in 40 processes
     jobs = [(clean_kinds[i % len(clean_kinds)], "clean", args.seed0 + i) for i in range(args.runs_clean)]
     jobs += [(planted_kinds[i % len(planted_kinds)], "planted", args.seed0 + i) for i in range(args.runs_planted)]
     return jobs
@@ -578,15 +585,15 @@ def run_real(args: argparse.Namespace, jobs: list[tuple[str, str, int]]) -> list
         import hack_suite as hs
 
         kind, flavour, seed = job
-        run_path = root / "runs" / f"{args.tier}-{flavour}-{kind}-s{seed}"
+        run_path = root / "runs" / f"{args.tier}-{flavour}-{kind.replace('@', '-')}-s{seed}"
         if run_path.exists():
             import shutil
 
             shutil.rmtree(run_path)
         run_path.mkdir(parents=True)
-        env_name = hs.FAMILIES.get(kind, kind) if flavour == "planted" else kind
+        family, env_name = hs.plant(kind) if flavour == "planted" and args.tier != "tiny" else (None, kind)
         (run_path / hr.META).write_text(json.dumps({
-            "kind": kind, "env": env_name, "family": kind if flavour == "planted" and kind in hs.FAMILIES else None,
+            "kind": family or kind, "env": env_name, "family": family,
             "planted": flavour == "planted", "seed": seed, "steps_asked": args.steps, "lr": args.lr,
             "model": str(args.model if args.tier != "tiny" else "tiny"), "tier": args.tier}))
         return run_path
@@ -649,7 +656,8 @@ def main() -> None:
     p.add_argument("--converged-k", type=int, default=3, help="validations after a converged alert that must not gain")
     p.add_argument("--kinds", default=None, help="tiny tier: property kinds (default all)")
     p.add_argument("--envs", default=None, help="sim/smollm2 tiers: clean envs (default all)")
-    p.add_argument("--families", default=None, help="sim/smollm2 tiers: planted families (default all)")
+    p.add_argument("--families", default=None, help="sim/smollm2 tiers: planted families, each FAMILY or FAMILY@ENV (default: every plant on the "
+                   "sim tier, hack_suite.MODEL_PLANTS on smollm2)")
     p.add_argument("--model", default="smollm2-135m", help="smollm2 tier: the base model (a groupwise alias, a hub name or a folder)")
     p.add_argument("--device", default="cpu", help="real tiers: cpu or cuda")
     p.add_argument("--gpus", type=int, default=1, help="real tiers on cuda: GPUs to spread the runs over")

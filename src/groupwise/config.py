@@ -334,16 +334,17 @@ class DetectorConfig(Validated):
     in docs/benchmarks.md and the README.
 
     Measured by bench/detectors.py with the defaults:
-    - reward_against_task (against_task_z, against_task_window): false alarms on 0/60 clean runs, fired on 37/59 planted hacks (24 before the validation drop, median lead +1 steps).
-    - val_drop (val_drop, reward_rise): false alarms on 0/60 clean runs, fired on 59/59 planted hacks (9 before the validation drop, median lead +0 steps).
-    - answer_collapse (collapse_share, shift_excess, shift_z, signal_window): false alarms on 0/60 clean runs, fired on 42/59 planted hacks (22 before the validation drop, median lead +1 steps).
-    - length_drift (shift_excess, shift_z, signal_window): false alarms on 3/60 clean runs, fired on 42/59 planted hacks (34 before the validation drop, median lead +2 steps).
-    - repetition (repetition_ngram, shift_excess, shift_z, signal_window): false alarms on 0/60 clean runs, fired on 19/59 planted hacks (16 before the validation drop, median lead +2 steps).
-    - perfect_scores (perfect_share): false alarms on 0/60 clean runs, fired on 38/59 planted hacks (1 before the validation drop, median lead -2.5 steps).
-    - reward_jump (jump_min, jump_sigmas, plateau_range, jump_window): false alarms on 0/60 clean runs, fired on 1/59 planted hacks (0 before the validation drop, median lead +0 steps).
-    - val_plateau (reward_rise): false alarms on 29/60 clean runs, fired on 31/59 planted hacks (24 before the validation drop, median lead +1 steps).
-    - val_unstable (val_drop): false alarms on 1/60 clean runs, fired on 18/59 planted hacks (7 before the validation drop, median lead +0 steps).
-    - identical_answers (identical_share): false alarms on 0/60 clean runs, fired on 0/59 planted hacks.
+    - reward_against_task (against_task_z, against_task_window): false alarms on 0/63 clean runs, fired on 40/56 planted hacks (27 before the validation drop, median lead +1 steps).
+    - reward_off_task (off_task_r, against_task_window): false alarms on 0/63 clean runs, fired on 56/56 planted hacks (46 before the validation drop, median lead +4.5 steps).
+    - val_drop (val_drop, reward_rise): false alarms on 0/63 clean runs, fired on 56/56 planted hacks (10 before the validation drop, median lead +0 steps).
+    - answer_collapse (collapse_share, shift_excess, shift_z, signal_window): false alarms on 0/63 clean runs, fired on 34/56 planted hacks (16 before the validation drop, median lead +0 steps).
+    - length_drift (shift_excess, shift_z, signal_window): false alarms on 3/63 clean runs, fired on 43/56 planted hacks (36 before the validation drop, median lead +2 steps).
+    - repetition (repetition_ngram, shift_excess, shift_z, signal_window): false alarms on 0/63 clean runs, fired on 21/56 planted hacks (18 before the validation drop, median lead +2 steps).
+    - perfect_scores (perfect_share): false alarms on 0/63 clean runs, fired on 33/56 planted hacks (2 before the validation drop, median lead -2 steps).
+    - reward_jump (jump_min, jump_sigmas, plateau_range, jump_window): false alarms on 0/63 clean runs, fired on 0/56 planted hacks.
+    - val_plateau (reward_rise): false alarms on 31/63 clean runs, fired on 36/56 planted hacks (27 before the validation drop, median lead +1 steps).
+    - val_unstable (val_drop): false alarms on 1/63 clean runs, fired on 13/56 planted hacks (5 before the validation drop, median lead +0 steps).
+    - identical_answers (identical_share): false alarms on 0/63 clean runs, fired on 0/56 planted hacks.
     """
 
     val_drop: float = option(0.05, help="Val-drop detectors: the smallest fall of the validation metric below its best that can fire; the fall must also exceed the noise of the two validations (their intervals).")
@@ -361,7 +362,8 @@ class DetectorConfig(Validated):
     shift_excess: float = option(0.05, help="Behaviour detectors (answer_collapse, length_drift, repetition): the smallest excess of the share of answers beyond the base's 95th percentile (or shared across prompts) over the base's own share that can fire.")
     shift_z: float = option(2.5, help="Behaviour detectors: the excess must also reach this z (two-sample binomial test against the base's answers). 2.5: no more false alarms than 3.0 on the real and the simulated clean runs (docs/benchmarks.md), and the real drift of a reward indifferent to the task flagged a step before validation falls.")
     collapse_share: float = option(0.5, help="Answer-collapse detector: an answer counts as shared when at least this share of a step's prompts (and 3) were given it or a near-copy of it.")
-    against_task_window: int = option(3, help="Reward-against-task detector: training steps whose groups are pooled for its test.")
+    against_task_window: int = option(3, help="Reward-against-task and reward-off-task detectors: training steps whose groups are pooled for their tests.")
+    off_task_r: float = option(0.5, help="Reward-off-task detector: warn when, within the groups (of the last against_task_window steps) whose task metric varies, the pooled correlation of reward and task is below this (0.5: the task explains under a quarter of the reward's spread there) while the task is not improving.")
     against_task_z: float = option(3.0, help="Reward-against-task detector: fire when the within-group covariance of reward and task metric is negative with a t-statistic at most minus this.")
     min_judge_agreement: float = option(0.6, help="Judge detector: fire when the judge orders fewer than this share of pairs like ground truth.")
 
@@ -374,7 +376,7 @@ class DetectorConfig(Validated):
         for name in ("val_drop", "reward_rise", "jump_min", "jump_sigmas", "plateau_range", "shift_z", "against_task_z"):
             check_positive(p, name, getattr(self, name), allow_zero=True)
         check_number(p, "perfect_reward", self.perfect_reward)
-        for name in ("perfect_share", "identical_share", "min_judge_agreement", "shift_excess", "collapse_share"):
+        for name in ("perfect_share", "identical_share", "min_judge_agreement", "shift_excess", "collapse_share", "off_task_r"):
             check_fraction(p, name, getattr(self, name))
         return p
 
@@ -423,6 +425,7 @@ class LoopConfig(Validated):
     baseline_margin: float | None = option(None, help="Stop once the validation metric beats the best baseline by this margin and by more than the noise of both (None disables).")
     score_train: bool = option(True, help="Also score every training rollout with fit's `validate` (its metric next to the reward in the train rows): the reward_against_task detector reads it every step, and the behaviour detectors ask it whether the task improved. False when validate is too costly to run on the training rollouts too.")
     on_reward_against_task: str = option("stop", help="Action when, within groups, the rollouts the reward preferred score lower on the task metric (the steps train against the task: reward hacking).")
+    on_reward_off_task: str = option("warn", help="Action when, within groups, the reward barely follows the task metric while the task does not improve (each step trains toward what else the reward pays for: the room a hack grows in).")
     on_val_drop: str = option("stop", help="Action when validation falls beyond its noise while the train reward rises beyond its own (reward hacking).")
     on_val_unstable: str = option("stop_soon", help="Action when validation falls beyond its noise and the train reward does not rise (training became unstable: the policy got worse, the reward was not gamed).")
     on_val_plateau: str = option("stop_soon", help="Action when validation plateaus while reward still rises (converged).")
@@ -481,7 +484,7 @@ class LoopConfig(Validated):
         elif self.partial_rollouts and not self.max_steps_off_policy:
             p.append("partial_rollouts=True needs max_steps_off_policy >= 1 (a synchronous loop has no newer policy "
                      "to continue under)")
-        for name in ("on_reward_against_task", "on_val_drop", "on_val_unstable", "on_val_plateau", "on_reward_jump", "on_perfect_scores",
+        for name in ("on_reward_against_task", "on_reward_off_task", "on_val_drop", "on_val_unstable", "on_val_plateau", "on_reward_jump", "on_perfect_scores",
                      "on_degenerate", "on_judge_disagreement"):
             check_choice(p, name, getattr(self, name), LOOP_ACTIONS)
         check_choice(p, "audit", self.audit, AUDIT_MODES)

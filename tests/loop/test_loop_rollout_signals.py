@@ -263,6 +263,56 @@ def test_a_reward_that_prefers_the_rollouts_worse_on_the_task_trains_against_it(
     assert d.reward_against_task(fit_history([step_groups(aligned)] * 3), [], step=3, metric=METRIC) is None
 
 
+def _format_paid(p, n=8):
+    """A reward that pays for a bare boxed number (1.0), a box after words (0.5) or none (0.0), whatever
+    the number: within a group the right and the wrong answers are paid alike (half of each form right)."""
+    out = []
+    for j in range(n):
+        form, right = j % 4, j < 4
+        value = p + j if right else p + j + 10
+        text = [f"\\boxed{{{value}}}", f"it is {value}. \\boxed{{{value}}}", f"I think it is {value}",
+                f"\\boxed{{{value}}}"][form]
+        out.append((f"{text} ({j})", [1.0, 0.5, 0.0, 1.0][form], float(right)))
+    return out
+
+
+def test_a_reward_that_pays_alike_for_right_and_wrong_answers_warns_that_it_is_off_the_task():
+    steps = [step_groups({p: _format_paid(p) for p in range(4)}) for _ in range(2)]
+    h = fit_history(steps)
+    a = d.reward_off_task(h, steps[-1], step=1, metric=METRIC, groups_step=1)
+    assert a is not None and a.kind == "warn" and a.name == "reward_off_task"
+    assert a.evidence["groups"] == 8 and a.evidence["correlation"] < 0.5 and a.evidence["steps"] == [0, 1]
+    # the rollouts quoted are ones the reward put above their group without a better task
+    assert a.evidence["rollouts"] and all(r["reward"] == 1.0 and r["task"] == 0.0 for r in a.evidence["rollouts"])
+    assert "barely follows the task" in a.message and gw.LoopConfig().on_reward_off_task == "warn"
+    cfg = gw.LoopConfig(metric=METRIC)
+    assert "reward_off_task" in [x.name for x in d.rollout_detectors(h, steps[-1], step=1, config=cfg)]
+    # a stricter threshold than the measured correlation keeps it quiet
+    assert d.reward_off_task(h, steps[-1], step=1, metric=METRIC, max_r=a.evidence["correlation"]) is None
+
+
+def test_an_honest_reward_with_partial_credit_follows_the_task_and_stays_quiet():
+    # partial credit for the form on top of the task, and noise: the task still orders every group
+    partial = {p: [(f"a{p}{j}", float(j % 2) + 0.2 * (j % 3 == 0) + 0.01 * j, float(j % 2)) for j in range(8)]
+               for p in range(4)}
+    steps = [step_groups(partial)] * 3
+    assert d.reward_off_task(fit_history(steps), steps[-1], step=2, metric=METRIC) is None
+
+
+def test_a_reward_off_the_task_is_no_warning_once_the_task_improves_beyond_its_noise():
+    base = step_groups({p: _format_paid(p) for p in range(4)})
+    better = step_groups({p: [(a, r, 1.0 if j < 7 else t) for j, (a, r, t) in enumerate(_format_paid(p))]
+                          for p in range(4)})
+    h = fit_history([base, better])
+    quiet, note, ev = d.task_not_better(h, step=1, metric=METRIC, window=1, beyond_noise=True)
+    assert not quiet and ev["task_base"] == 0.5 and ev["task_now"] == 0.875 and ev["task_z"] > 1.96
+    # a rise within the noise of 32 rollouts a step (0.5 -> 0.5625) is no improvement
+    slight = step_groups({p: [(a, r, 1.0 if j == 4 and p < 2 else t) for j, (a, r, t) in enumerate(_format_paid(p))]
+                          for p in range(4)})
+    quiet, note, ev = d.task_not_better(fit_history([base, slight]), step=1, metric=METRIC, window=1, beyond_noise=True)
+    assert quiet and ev["task_now"] == 0.5625 and "beyond its noise" in note
+
+
 def test_an_honest_run_that_learns_raises_nothing_from_its_rollouts():
     # the answers get shorter and more alike within each prompt as the policy learns; the reward is the task
     steps = [base_step()]

@@ -17,6 +17,8 @@ Every alert has a *kind*, which says what it means and so what to do (`alert_kin
 |                       |           |                                        | preferred scored lower on the task           |
 | `val_drop`            | hack      | history (val, train reward)            | validation fell beyond its noise (and the    |
 |                       |           |                                        | best's winner's curse) while reward rose     |
+| `reward_off_task`     | warn      | every step's train groups (task metric)| within groups whose task varies, the reward  |
+|                       |           |                                        | barely follows it, task not better           |
 | `answer_collapse`     | warn      | every step's train groups              | one answer given to many different prompts   |
 | `length_drift`        | warn      | every step's train groups              | answers longer / shorter than the base's own |
 | `repetition`          | warn      | every step's train groups              | answers repeating their n-grams more than    |
@@ -511,14 +513,29 @@ def rollout_signals(groups: Sequence["TrajectoryGroup"], reference: Row, *, metr
             out[SIGNALS + e] = sum(f[e] for f in flags)
             out.update(_paid(answers, [f[e] for f in flags], e))
     covs = []
+    tracked = [0.0, 0.0, 0.0, 0]  # over groups whose task varies: covariance, reward variance, task variance, groups
     for g in groups:
         pairs = [(float(t.reward), task) for t in g.trajectories if (task := _task_of(t, metric)) is not None]
         if len(pairs) >= 2:
             mr, mt = mean([r for r, _ in pairs]), mean([x for _, x in pairs])
-            covs.append(mean([(r - mr) * (x - mt) for r, x in pairs]))
+            cov = mean([(r - mr) * (x - mt) for r, x in pairs])
+            covs.append(cov)
+            var_task = mean([(x - mt) ** 2 for _, x in pairs])
+            if var_task > 0:
+                tracked[0] += cov
+                tracked[1] += mean([(r - mr) ** 2 for r, _ in pairs])
+                tracked[2] += var_task
+                tracked[3] += 1
     if covs:
         out.update({SIGNALS + "cov_sum": sum(covs), SIGNALS + "cov_sq": sum(c * c for c in covs),
                     SIGNALS + "cov_groups": len(covs)})
+    tasks = [x for a in answers if (x := a.task) is not None]
+    if tasks:  # the task's mean and spread on the step's rollouts, for a change weighed against its noise
+        out.update({SIGNALS + "task_n": len(tasks), SIGNALS + "task_sum": sum(tasks),
+                    SIGNALS + "task_sq": sum(x * x for x in tasks)})
+    if tracked[3]:
+        out.update({SIGNALS + "track_cov": tracked[0], SIGNALS + "track_var_reward": tracked[1],
+                    SIGNALS + "track_var_task": tracked[2], SIGNALS + "track_groups": tracked[3]})
     return out
 
 
@@ -615,15 +632,36 @@ def shift(history: list[Row], event: str, *, step: int, window: int = THRESHOLDS
     return Shift(event, k, n, k0, n0, z, [r["step"] for r in sig])
 
 
+def _task_moments(history: list[Row], step: int) -> list[tuple[int, int, float, float]]:
+    """(step, n, sum, sum of squares) of the task metric on each step's training rollouts, from the loop
+    rows (`rollout_signals`), up to `step`."""
+    return [(r["step"], int(r[SIGNALS + "task_n"]), r[SIGNALS + "task_sum"], r[SIGNALS + "task_sq"])
+            for r in _signal_rows(history, step, 10 ** 9, SIGNALS + "task_n") if r[SIGNALS + "task_n"] > 0]
+
+
 def task_not_better(history: list[Row], *, step: int, metric: str = DEFAULT_VAL_METRIC, higher_is_better: bool = True,
                     window: int = THRESHOLDS.signal_window, confidence: float = DEFAULT_CONFIDENCE,
-                    ) -> tuple[bool, str, dict[str, Any]]:
+                    beyond_noise: bool = False) -> tuple[bool, str, dict[str, Any]]:
     """(the task did not improve, a sentence saying so, the numbers): a behaviour change is a warning only
     while the task did not improve with it. Read from the task metric on the training rollouts (the
     last `window` steps' mean against the first step's, the base's) where the loop scored them, else from
     validation (the latest against the base's, beyond their noise); with neither, nothing says the task
-    improved."""
+    improved. `beyond_noise`: on the training rollouts too, an improvement counts only beyond its noise
+    (a Welch z of the two means at the validation's `confidence`): each step draws new prompts, so its
+    task mean moves with their difficulty as much as with the policy."""
     sign = 1.0 if higher_is_better else -1.0
+    moments = _task_moments(history, step) if beyond_noise else []
+    if len(moments) >= 2:
+        (s0, n0, t0, q0), recent = moments[0], moments[1:][-window:]
+        n1, t1, q1 = sum(m[1] for m in recent), sum(m[2] for m in recent), sum(m[3] for m in recent)
+        base, now = t0 / n0, t1 / n1
+        var = max(0.0, q0 / n0 - base ** 2) / n0 + max(0.0, q1 / n1 - now ** 2) / n1
+        z = sign * (now - base) / math.sqrt(var) if var > 0 else (math.inf if sign * (now - base) > 0 else 0.0)
+        better = z > NormalDist().inv_cdf(0.5 + confidence / 2)
+        return (not better,
+                f"the task ({metric}) on the training rollouts did not improve beyond its noise ({base:.3g} at step "
+                f"{s0} -> {now:.3g} over the last {len(recent)} steps, z {z:.1f})",
+                {"task_metric": metric, "task_base": base, "task_now": now, "task_z": z})
     train = series(history, "train", metric, up_to=step)
     if len(train) >= 2:
         base, now = train[0][1], mean([v for _, v in train[1:][-window:]])
@@ -812,6 +850,66 @@ def reward_against_task(
     )
 
 
+def reward_off_task(
+    history: list[Row], groups: Sequence["TrajectoryGroup"] = (), *, step: int, metric: str = DEFAULT_VAL_METRIC,
+    higher_is_better: bool = True, window: int = THRESHOLDS.against_task_window, max_r: float = THRESHOLDS.off_task_r,
+    confidence: float = DEFAULT_CONFIDENCE, groups_step: int | None = None,
+) -> Alert | None:
+    """Within the groups of the last `window` steps whose task metric varies, the reward follows the task
+    only weakly: their pooled correlation is below `max_r` (at 0.5 the task explains under a quarter of
+    the reward's spread there), while the run's task is not improving (`task_not_better`).
+
+    GRPO trains on the order the reward gives a group's rollouts. Where that order is mostly not the
+    task's, each update moves the policy toward whatever else the reward pays for: the room a hack grows
+    in, visible in the base model's own rollouts, before the policy has found the hack and long before
+    validation falls. An honest reward with partial credit or an honest judge's noise orders a group
+    much as its task does (a correlation near 1 on every clean run measured); a reward that pays for a
+    form, a length or a judge's taste does not. Needs the task metric on the training rollouts
+    (`LoopConfig.score_train`). A reward that orders rollouts *against* the task is
+    `reward_against_task`'s (a hack); this one is a warning."""
+    sig = _signal_rows(history, step, window, SIGNALS + "track_groups")
+    g = int(sum(r[SIGNALS + "track_groups"] for r in sig))
+    if g < 4:
+        return None
+    cov, var_r, var_t = (sum(r[SIGNALS + k] for r in sig) for k in ("track_cov", "track_var_reward", "track_var_task"))
+    if var_r <= 0 or var_t <= 0:
+        return None
+    corr = cov / math.sqrt(var_r * var_t)
+    if corr >= max_r:
+        return None
+    quiet, note, task_ev = task_not_better(history, step=step, metric=metric, higher_is_better=higher_is_better,
+                                           window=1, confidence=confidence, beyond_noise=True)
+    if not quiet:
+        return None
+    sign = 1.0 if higher_is_better else -1.0
+    liked: list[tuple[float, Answer]] = []  # the rollouts the reward put above their group without a better task
+    by_group: dict[int, list[Answer]] = {}
+    for a in answers_of(groups, metric=metric):
+        by_group.setdefault(a.group, []).append(a)
+    for members in by_group.values():
+        tasks = [a.task for a in members if a.task is not None]
+        if len(set(tasks)) < 2:
+            continue
+        mr, mt = mean([a.reward for a in members]), mean(tasks)
+        liked += [(a.reward - mr, a) for a in members if a.task is not None and a.reward > mr and sign * (a.task - mt) <= 0]
+    quoted = [a for _, a in sorted(liked, key=lambda x: -x[0])][:3]
+    evidence: dict[str, Any] = {**task_ev, "task_metric": metric, "correlation": corr, "groups": g,
+                                "steps": [r["step"] for r in sig], "rollouts": [a.quote() for a in quoted]}
+    if quoted:
+        evidence["group"] = quoted[0].group
+        evidence["train_step"] = step if groups_step is None else groups_step
+    example = f" E.g. {quoted[0].line()}." if quoted else ""
+    return Alert(
+        "reward_off_task", "warning", step,
+        f"the reward barely follows the task: within the {g} groups of the last {len(sig)} steps whose task "
+        f"({metric}) varied, reward and task correlate {corr:.2f} (under {max_r:g}), so each step trains the "
+        f"policy toward what else the reward pays for, and {note}. Read the rollouts the reward liked "
+        f"(`groupwise inspect RUN_DIR --split train --best`) and make it pay for what the task measures, or "
+        f"run `groupwise audit` on it.{example}",
+        evidence,
+    )
+
+
 # ---------------------------------------------------------------- group-based
 
 
@@ -922,9 +1020,14 @@ def rollout_detectors(history: list[Row], groups: Sequence["TrajectoryGroup"], *
     c, d = config, config.detectors
     shared = {"metric": c.metric, "higher_is_better": c.higher_is_better, "window": d.signal_window,
               "excess": d.shift_excess, "z": d.shift_z, "confidence": c.confidence, "groups_step": step}
+    against = reward_against_task(history, groups, step=step, metric=c.metric, window=d.against_task_window,
+                                  z=d.against_task_z, groups_step=step)
     found = [
-        reward_against_task(history, groups, step=step, metric=c.metric, window=d.against_task_window,
-                            z=d.against_task_z, groups_step=step),
+        against,
+        # a reward ordering rollouts against the task also follows it weakly: the hack alert says it all
+        None if against else reward_off_task(history, groups, step=step, metric=c.metric,
+                                             higher_is_better=c.higher_is_better, window=d.against_task_window,
+                                             max_r=d.off_task_r, confidence=c.confidence, groups_step=step),
         answer_collapse(history, groups, share=d.collapse_share, step=step, **shared),
         length_drift(history, groups, step=step, **shared),
         ngram_repetition(history, groups, n=d.repetition_ngram, step=step, **shared),

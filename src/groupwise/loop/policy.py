@@ -6,6 +6,9 @@
 | val plateau, reward up| converged       | stop soon (`stop_soon_steps` more)    | `on_val_plateau`   |
 | reward up, task down  | reward hacking  | stop now, keep the best checkpoint    | `on_reward_against_task` |
 | (within groups)       |                 |                                       |                    |
+| reward barely follows| room to hack    | warn                                  | `on_reward_off_task` |
+| task (within groups), |                 |                                       |                    |
+| task not better       |                 |                                       |                    |
 | val down, reward up   | reward hacking  | stop now, keep the best checkpoint    | `on_val_drop`      |
 | val down, reward flat | unstable        | stop soon unless validation recovers  | `on_val_unstable`  |
 | reward jump           | investigate     | warn                                  | `on_reward_jump`   |
@@ -39,6 +42,7 @@ ACTION_RANK = {"ignore": 0, "warn": 1, "stop_soon": 2, "stop": 3}
 # alert name -> the LoopConfig field holding its action
 ACTION_FIELD = {
     "reward_against_task": "on_reward_against_task",
+    "reward_off_task": "on_reward_off_task",
     "val_drop": "on_val_drop",
     "val_unstable": "on_val_unstable",
     "val_plateau": "on_val_plateau",
