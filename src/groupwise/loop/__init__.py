@@ -28,6 +28,7 @@ from groupwise.loop.detectors import (
     perfect_scores,
     reward_against_task,
     reward_jump,
+    reward_off_task,
     run_detectors,
     val_drop,
     val_plateau_reward_rising,
@@ -48,6 +49,6 @@ from groupwise.loop.stopping import (
 __all__ = [
     "Alert", "AtStep", "alert_kind", "answer_collapse", "reward_against_task", "FitRun", "FitSummary", "PolicyDecision", "StopDecision", "baseline_beaten", "check_stopping",
     "classify", "decide", "fit", "fit_runs", "identical_answers", "judge_disagreement", "length_drift",
-    "max_steps_reached", "ngram_repetition", "perfect_scores", "plateau", "reward_jump", "run_detectors",
+    "max_steps_reached", "ngram_repetition", "perfect_scores", "plateau", "reward_jump", "reward_off_task", "run_detectors",
     "target_reached", "val_drop", "val_plateau_reward_rising",
 ]
