@@ -116,7 +116,9 @@ def main() -> None:
     p.add_argument("--arch", default="tiny", help="tiny, smollm2-135m or qwen2.5-0.5b")
     p.add_argument("--requests", default="8,32", help="comma-separated N (concurrent requests)")
     p.add_argument("--tokens", type=int, default=32, help="tokens sampled per request")
-    p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--max-batch-size", type=int, default=None,
+                   help="sequences the engines decode at once (default: the largest N, so every request of a "
+                        "size is in flight together; fewer queues the rest and caps what both sides can show)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=None, help="torch threads (OMP_NUM_THREADS) of both engines")
     args = p.parse_args()
@@ -126,6 +128,7 @@ def main() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, os.path.join(HERE, "..", "src"),
                                                              os.environ.get("PYTHONPATH")]))
     sizes = [int(x) for x in args.requests.split(",")]
+    args.max_batch_size = args.max_batch_size or max(sizes)
     totals: dict[tuple[int, str, str], list[tuple[float, int]]] = {}
     for _ in range(args.repeats):
         for mode in ("in_process", "separate"):
@@ -134,7 +137,8 @@ def main() -> None:
     import torch
 
     card = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {os.cpu_count()} cores"
-    print(f"\n{args.arch} on {card}, {args.tokens} tokens a request, {args.repeats} repeats (best of each)\n")
+    print(f"\n{args.arch} on {card}, {args.tokens} tokens a request, at most {args.max_batch_size} decoded at once, "
+          f"{args.repeats} repeats (best of each)\n")
     print("| N | path | in process req/s | separate req/s | in process tok/s | separate tok/s | separate / in process |")
     print("|---|---|---|---|---|---|---|")
     for n in sizes:
