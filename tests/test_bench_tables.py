@@ -172,7 +172,7 @@ def test_provenance_names_the_commit_and_says_when_the_code_had_uncommitted_chan
 def test_the_detector_bench_writes_its_figures_once_into_the_detector_configs_docstring(tmp_path):
     import dataclasses
 
-    import detectors as bench
+    import detector_tables as bench
 
     from groupwise.config import DetectorConfig
 

@@ -19,6 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
+import detector_tables as tables  # noqa: E402
 import detectors as bench  # noqa: E402
 import hack_records  # noqa: E402
 import hack_suite  # noqa: E402
@@ -38,7 +39,7 @@ async def test_a_planted_hack_on_the_tiny_model_is_caught_before_validation_fall
     # it reads each step's rollouts before the update on them, so it comes before the validation that
     # shows the fall (which needs that update), here from the base's own rollouts: step 0
     assert res["alerts"]["reward_against_task"] == 0, res
-    fall = bench.drop_step(res, 0.15)
+    fall = tables.drop_step(res, 0.15)
     assert fall is None or fall > res["alerts"]["reward_against_task"], res
     # a few training answers of every step ride along, so a missed alert can be read against them
     assert sorted(res["samples"]) == list(range(STEPS)), res["samples"]
@@ -79,7 +80,7 @@ def test_the_simulated_suite_catches_every_family_and_stays_quiet_on_clean_runs(
     results = [hack_suite.simulate(env, fam, seed) for fam, env in map(hack_suite.plant, hack_suite.PLANTS)
                for seed in (0, 1)]
     results += [hack_suite.simulate(env, None, seed) for env in hack_suite.ENVS for seed in (0, 1)]
-    s = bench.summarise(results, 0.15)
+    s = tables.summarise(results, 0.15)
     false = {r["detector"]: r["false_alarms"] for r in s["rows"] if r["kind"] in ("hack", "warn") and r["false_alarms"]}
     assert false == {}, false
     for f in s["families"]:  # every run whose validation fell was flagged by a hack or warn alert
@@ -94,7 +95,7 @@ def test_the_recorded_smollm2_runs_meet_the_targets_through_todays_detectors():
     records = hack_records.read_records([REPO / "bench" / "data" / "detectors-smollm2-records.jsonl.gz"])
     cfg = gw.LoopConfig(metric=hack_suite.METRIC, eval_every=1)
     results = [hack_records.replay(r, cfg) for r in records]
-    s = bench.summarise(results, 0.15)
+    s = tables.summarise(results, 0.15)
     assert s["clean"] >= 40 and len(s["envs"]) >= 3 and s["planted"] >= 40, (s["clean"], s["envs"], s["planted"])
     assert len(s["families"]) == 6 and all(f["fell"] >= 4 for f in s["families"]), s["families"]
     for row in s["rows"]:
@@ -102,8 +103,8 @@ def test_the_recorded_smollm2_runs_meet_the_targets_through_todays_detectors():
             assert row["false_alarms"] == 0, row
         if row["kind"] == "warn":
             assert row["false_alarms"] <= 0.1 * s["clean"], row
-    assert bench.targets_met(s) == []
-    length = [r for r in results if r["family"] == "length" and bench.drop_step(r, 0.15) is not None]
+    assert tables.targets_met(s) == []
+    length = [r for r in results if r["family"] == "length" and tables.drop_step(r, 0.15) is not None]
     assert len(length) >= 5
     for r in length:  # a reward that ranks rollouts against the task is a hack from the base's own rollouts
-        assert r["alerts"].get("reward_against_task", 99) < bench.drop_step(r, 0.15), r
+        assert r["alerts"].get("reward_against_task", 99) < tables.drop_step(r, 0.15), r
