@@ -559,7 +559,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="validate on the first N held-out scenarios (default: the job's; the smoke's 4)")
     p.add_argument("--time-budget", type=float, default=330.0,
                    help="seconds for the whole run: students stop adding steps when it is spent")
-    p.add_argument("--threads", type=int, default=2, help="torch's CPU threads (the GPU may be shared)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch's CPU threads: one, since on cores other processes share, torch's threads wait on "
+                        "each other (a small matmul ran 16x slower with 2 threads than with 1 on 2 busy cores)")
     p.add_argument("--path", default=None, help="run store (default: a fresh .groupwise/bench-distill/<time>)")
     p.add_argument("--json", default=None,
                    help="write the curves here, rewritten as they come (default: distill.json in the run store)")
