@@ -28,6 +28,7 @@ NOTES = {
     "docs/img/dashboard-curves.png": "screenshot: curves with bands, baselines, alert markers",
     "docs/img/dashboard-rollouts.png": "screenshot: a step's groups ranked by reward, a trajectory and its tokens",
     "docs/img/dashboard-compare.png": "screenshot: the same scenarios at two steps",
+    "docs/img/distill_smollm2.png": "figure: validation per step of GRPO alone and with a teacher, per seed (bench/distill_smollm2.py)",
 }
 
 # Folders listed as one line: third-party files kept verbatim (their own docstrings say nothing here).

@@ -16,6 +16,7 @@ from groupwise.envs.oneword.env import SYSTEM_PROMPT
 def test_the_reward_is_the_inverse_of_the_word_count(reply, expected):
     # punctuation and markup are not words: the format trained is the length, one word
     assert reward_of(reply) == pytest.approx(expected)
+    assert reward_of(reply, "exact") == float(expected == 1.0)  # the sparse reward: one word or nothing
 
 
 def test_the_splits_are_fixed_disjoint_and_cover_the_questions():
@@ -38,3 +39,7 @@ async def test_a_rollout_asks_for_one_word_and_grades_the_reply(scripted):
     sent = model.requests[0]
     assert sent["messages"] == [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": QUESTIONS[0]}]
     assert sent["max_tokens"] == 24
+    # the sparse reward grades the same replies 1 or 0; the validation metric does not change with it
+    model = scripted(["Blue.", "The sky is blue."])
+    exact = [await rollout(model, ScenarioOneWord(question_id=0, reward="exact")) for _ in range(2)]
+    assert [(t.reward, validate(t)) for t in exact] == [(1.0, 1.0), (0.0, 0.0)]

@@ -5,17 +5,19 @@ teaches it the format within a dozen steps on the CPU. That makes it the env who
 beats its base within minutes: the quick check that training changes what the model writes, and a teacher
 to distil from (bench/distill_smollm2.py --env oneword).
 
-Reward: 1 / (the reply's number of words), 0 for a reply without one: 1 for one word (punctuation and
-markup around it are not words), and a shorter reply scores more even before it is one word: a graded
-reward keeps the variance within a group that GRPO learns from. Validation: the one-word rate (the
-indicator of a one-word reply), over held-out questions.
+Reward (the scenario's `reward`): "graded", the default, is 1 / (the reply's number of words), 0 for a
+reply without one: 1 for one word (punctuation and markup around it are not words), and a shorter reply
+scores more even before it is one word, which keeps the variance within a group that GRPO learns from.
+"exact" is 1 for one word, else 0: the sparse reward of the same task (the base rarely earns it, so most
+of GRPO's groups tie), where a teacher's per-token signal has the most to add. Validation either way: the
+one-word rate (the indicator of a one-word reply), over held-out questions.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -30,11 +32,16 @@ WORD = re.compile(r"[A-Za-z0-9']+")
 class ScenarioOneWord(Sampling):
     question_id: int = Field(ge=0, description="Index into questions.QUESTIONS.")
     max_tokens: int = Field(24, gt=0, description="Most tokens of the reply (a sentence fits; one word needs 1-3).")
+    reward: Literal["graded", "exact"] = Field(
+        "graded", description="graded: 1 / the reply's words; exact: 1 for one word, else 0 (the sparse reward).")
 
 
-def reward_of(text: str) -> float:
-    """1 / (the number of words of `text`): 1 for one word; 0 for a reply without a word."""
+def reward_of(text: str, kind: Literal["graded", "exact"] = "graded") -> float:
+    """graded: 1 / (the number of words of `text`), 1 for one word, 0 for a reply without a word; exact: 1
+    for one word, else 0."""
     words = WORD.findall(text)
+    if kind == "exact":
+        return float(len(words) == 1)
     return 1.0 / len(words) if words else 0.0
 
 
@@ -44,8 +51,9 @@ async def rollout(model: Any, scenario: ScenarioOneWord) -> Trajectory:
     choice = await complete(model, traj.messages(), scenario)
     traj.messages_and_choices.append(choice)
     text = choice_text(choice)
-    traj.reward = reward_of(text)
-    traj.metrics.update({"one_word": float(traj.reward == 1.0), "words": float(len(WORD.findall(text)))})
+    words = len(WORD.findall(text))
+    traj.reward = reward_of(text, scenario.reward)
+    traj.metrics.update({"one_word": float(words == 1), "words": float(words)})
     return traj.finish()
 
 
