@@ -194,7 +194,10 @@ def teacher_line(m: dict[str, Any]) -> str:
     clear = ("clearly above its base (a gain beyond the noise of both)" if t.get("clearly_above_base") else
              "**not clearly above its base** (within the noise of both: the comparison below measures little)")
     seed = f" (seed {t['seed']})" if t.get("seed") is not None else ""
-    return (f"Teacher: `{Path(t.get('run_dir', '?')).name}` trained {t.get('steps', '?')} GRPO steps on {meta['env']}{seed}; "
+    # the steps it trained: its last validation, which the loop takes where it stops (max_steps, or solved early)
+    trained = max((p["step"] for p in t.get("curve") or []), default=t.get("steps", "?"))
+    bound = f" (of up to {t['steps']})" if t.get("steps") not in (None, trained) else ""
+    return (f"Teacher: `{Path(t.get('run_dir', '?')).name}` trained {trained} GRPO steps{bound} on {meta['env']}{seed}; "
             f"validation {meta['metric']} on {meta['val_size']} held-out scenarios: "
             f"base {_point(t.get('base'))}, best {_point(t['best'])} at step {t['best'].get('step')}, "
             f"{clear}. The students distil from that checkpoint.")
