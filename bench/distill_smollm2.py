@@ -1,7 +1,8 @@
 """On-policy distillation into SmolLM2 against GRPO alone: how many steps each needs to reach the teacher.
 
-    python bench/distill_smollm2.py --device cpu --steps 14 --teacher-steps 24 --time-budget 2400 \
-        --json distill.json --png docs/img/distill_smollm2.png        # oneword, the 2-core CPU, ~25 minutes
+    python bench/distill_smollm2.py --device cpu --steps 14 --teacher-steps 24 --arms grpo topk \
+        --groups-per-step 1 --time-budget 1800 --teacher-budget 500 \
+        --json distill.json --png docs/img/distill_smollm2.png        # oneword, the 2-core CPU, ~27 minutes
     python bench/distill_smollm2.py --from-json distill.json --png docs/img/distill_smollm2.png --write-docs
     python bench/distill_smollm2.py --env 2048 --device cuda --json distill.json    # the 2048 job's teacher
     python bench/distill_smollm2.py --smoke            # a tiny random model, one step: the plumbing, in seconds
