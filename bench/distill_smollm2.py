@@ -1,15 +1,22 @@
 """On-policy distillation into SmolLM2 against GRPO alone: how many steps each needs to reach the teacher.
 
-    python bench/distill_smollm2.py --device cuda --json distill.json --png docs/img/distill_smollm2.png
+    python bench/distill_smollm2.py --device cpu --steps 14 --teacher-steps 24 --arms grpo topk \
+        --groups-per-step 1 --time-budget 1800 --teacher-budget 500 \
+        --json distill.json --png docs/img/distill_smollm2.png        # oneword, the 2-core CPU, ~27 minutes
     python bench/distill_smollm2.py --from-json distill.json --png docs/img/distill_smollm2.png --write-docs
+    python bench/distill_smollm2.py --env 2048 --device cuda --json distill.json    # the 2048 job's teacher
     python bench/distill_smollm2.py --smoke            # a tiny random model, one step: the plumbing, in seconds
+
+The env (`--env`, any built-in one with a validation metric) must be one whose GRPO teacher clearly beats
+its base within the teacher's budget, or there is nothing to reach: `oneword` (the default; one-word
+answers, learnt in a dozen steps on the CPU) is; 2048's 8-step job did not beat its base on a first GPU call.
 
 What it runs, in one process on one `LocalBackend` (one copy of the base weights, one engine):
 
-1. **the teacher**: a LoRA of the base trained by GRPO on the env (2048 by default) with the main job's own
-   settings (`groupwise.jobs.train_setup.loop_config` of the env's preset: what `groupwise train 2048
-   --seed 100 --name teacher-s100` trains), validated at step 0, mid-run and at its end; its best
-   checkpoint is the teacher. Its seed (`--teacher-seed`) is none of the students', so no GRPO student
+1. **the teacher**: a LoRA of the base trained by GRPO on the env with the main job's own settings
+   (`groupwise.jobs.train_setup.loop_config` of the env's preset: what `groupwise train oneword --seed 100
+   --name teacher-s100` trains; `--teacher-steps` its steps), validated at step 0, mid-run and at its end
+   (or where the loop stops it early: every rollout of a step solved); its best checkpoint is the teacher. Its seed (`--teacher-seed`) is none of the students', so no GRPO student
    replays the teacher's own run. While its best validation does not beat the base's beyond their noise
    (the job's "it learned"), it trains `--teacher-steps` more at a time as `--teacher-budget` seconds allow
    (the job's advice for a run that did not learn: more steps); the JSON and the table say whether it
@@ -188,7 +195,10 @@ def teacher_line(m: dict[str, Any]) -> str:
     clear = ("clearly above its base (a gain beyond the noise of both)" if t.get("clearly_above_base") else
              "**not clearly above its base** (within the noise of both: the comparison below measures little)")
     seed = f" (seed {t['seed']})" if t.get("seed") is not None else ""
-    return (f"Teacher: `{Path(t.get('run_dir', '?')).name}` trained {t.get('steps', '?')} GRPO steps on {meta['env']}{seed}; "
+    # the steps it trained: its last validation, which the loop takes where it stops (max_steps, or solved early)
+    trained = max((p["step"] for p in t.get("curve") or []), default=t.get("steps", "?"))
+    bound = f" (of up to {t['steps']})" if t.get("steps") not in (None, trained) else ""
+    return (f"Teacher: `{Path(t.get('run_dir', '?')).name}` trained {trained} GRPO steps{bound} on {meta['env']}{seed}; "
             f"validation {meta['metric']} on {meta['val_size']} held-out scenarios: "
             f"base {_point(t.get('base'))}, best {_point(t['best'])} at step {t['best'].get('step')}, "
             f"{clear}. The students distil from that checkpoint.")
@@ -204,7 +214,9 @@ def docs_block(m: dict[str, Any], png: str | None = None) -> str:
                   m.get("status"), "")
     setup = (f"Base {meta['model']} ({meta['dtype']} on {meta['device']}); every run {meta['groups_per_step']} groups x "
              f"{meta['rollouts_per_group']} rollouts a step at lr {meta['learning_rate']:g}"
-             f"{', the env preset' if meta.get('as_preset') else ''}; students "
+             f"{', the env preset' if meta.get('as_preset') else ''}"
+             f"{''.join(f', the students trained with {k}={v}' for k, v in (meta.get('student_scenario') or {}).items())}"
+             f"; students "
              f"of seeds {', '.join(map(str, meta['seeds']))}: {meta['steps']} steps each, validated after every step; "
              f"{m.get('wall_s', 0) / 60:.1f} minutes in all.{status}")
     out = [head, "", setup, "", teacher_line(m), "", *results_table(m), "", summary_sentence(m), "",
@@ -391,7 +403,8 @@ class Bench:
                      "learning_rate": preset.learning_rate, "groups_per_step": preset.groups_per_step,
                      "rollouts_per_group": preset.rollouts_per_group, "val_size": len(val_t),
                      "as_preset": a.lr is None and a.rollouts_per_group is None and a.groups_per_step is None,
-                     "distill_top_k": a.distill_top_k, "time_budget_s": a.time_budget, "path": path},
+                     "distill_top_k": a.distill_top_k, "time_budget_s": a.time_budget, "path": path,
+                     "student_scenario": a.student_scenario},
             "status": "running", "teacher": None, "runs": {},
         }
         self.save()
@@ -408,7 +421,8 @@ class Bench:
                 return self.m
             plans = []
             for seed in a.seeds:
-                train_s, val_s, _ = spec.scenarios(seed)
+                _, val_s, _ = spec.scenarios(seed)
+                train_s = spec.scenarios(seed, **a.student_scenario)[0]
                 val_s = val_s[: len(val_t)]
                 if val_s != val_t:
                     raise SystemExit(f"{spec.name}'s validation scenarios differ between seeds {a.teacher_seed} and "
@@ -531,10 +545,22 @@ def report(m: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"[distill] wrote the {NAME} block of {args.docs}")
 
 
+def scenario_field(text: str) -> tuple[str, Any]:
+    """FIELD=VALUE of --student-scenario: the value as JSON where it parses (5, 0.5, true), else the string."""
+    field, eq, value = text.partition("=")
+    if not eq or not field.isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r}: give FIELD=VALUE, a field of the env's scenarios (reward=exact)")
+    try:
+        return field, json.loads(value)
+    except json.JSONDecodeError:
+        return field, value
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default="2048", help="a built-in env with a validation metric")
+    p.add_argument("--env", default="oneword",
+                   help="a built-in env with a validation metric, whose GRPO teacher beats its base within its budget")
     p.add_argument("--model", default="smollm2-135m", help="the base model of the teacher and the students")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     p.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on the CPU")
@@ -552,6 +578,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the teacher, instead of training one: a run folder `groupwise train` trained (of this base "
                         "and env; its best checkpoint by validation) or one of its checkpoint folders")
     p.add_argument("--distill-top-k", type=int, default=20, help="k of the topk arm")
+    p.add_argument("--student-scenario", action="append", default=[], metavar="FIELD=VALUE", type=scenario_field,
+                   help="a field of the students' training scenarios, both arms alike (the teacher's and the "
+                        "validation's stay the env's): e.g. reward=exact, oneword's sparse reward; repeatable")
     p.add_argument("--lr", type=float, default=None, help="every run's (default: the env's preset)")
     p.add_argument("--rollouts-per-group", type=int, default=None, help="every run's (default: the env's preset)")
     p.add_argument("--groups-per-step", type=int, default=None, help="every run's (default: the env's preset)")
@@ -559,7 +588,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="validate on the first N held-out scenarios (default: the job's; the smoke's 4)")
     p.add_argument("--time-budget", type=float, default=330.0,
                    help="seconds for the whole run: students stop adding steps when it is spent")
-    p.add_argument("--threads", type=int, default=2, help="torch's CPU threads (the GPU may be shared)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch's CPU threads: one, since on cores other processes share, torch's threads wait on "
+                        "each other (a small matmul ran 16x slower with 2 threads than with 1 on 2 busy cores)")
     p.add_argument("--path", default=None, help="run store (default: a fresh .groupwise/bench-distill/<time>)")
     p.add_argument("--json", default=None,
                    help="write the curves here, rewritten as they come (default: distill.json in the run store)")
@@ -571,6 +602,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true",
                    help="a tiny random model on the CPU, 1 teacher step, 1 student step, 4 validation games")
     args = p.parse_args(argv)
+    args.student_scenario = dict(args.student_scenario)
     if args.teacher_run and args.val_size:
         p.error("--val-size: with --teacher-run the students validate on the scenarios the teacher run did")
     return args

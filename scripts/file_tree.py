@@ -15,6 +15,10 @@ NOTES = {
     ".ci/run": "CI: fresh venv, then exactly the README's test command (pytest; 'no tests' fails too)",
     ".gitignore": "ignored: venvs, caches, run stores",
     "README.md": "the front door: what groupwise is, the two commands, an example, results",
+    "bench/data/distill_oneword_sampled.json": "bench/distill_smollm2.py's curves on the CPU, oneword, sampled-token estimate (docs/benchmarks.md)",
+    "bench/data/distill_oneword_sampled_exact.json": "the same, the students on oneword's sparse reward (reward=exact)",
+    "bench/data/distill_oneword_topk.json": "the same, top-k estimate",
+    "bench/data/distill_oneword_topk_4replies.json": "the same, top-k, 4 replies a step: the docs block's run (--from-json renders it)",
     "bench/data/2048_val_labels.jsonl": "2048 validation games of base SmolLM2 labelled by the env's reward (bench/judge_eval_2048.py)",
     "tests/art_compat/art_api_snapshot.json": "facts about ART 0.1-0.5's public API, from its wheels (scripts/art_api_snapshot.py)",
     "pyproject.toml": "package, extras (backend, plots, benchmarking, dashboard, ray, vllm, wandb, langgraph, mcp, tensorboard, verifiers, openenv, dev, all), pytest settings",
@@ -28,6 +32,7 @@ NOTES = {
     "docs/img/dashboard-curves.png": "screenshot: curves with bands, baselines, alert markers",
     "docs/img/dashboard-rollouts.png": "screenshot: a step's groups ranked by reward, a trajectory and its tokens",
     "docs/img/dashboard-compare.png": "screenshot: the same scenarios at two steps",
+    "docs/img/distill_smollm2.png": "figure: validation per step of GRPO alone and with a teacher, per seed (bench/distill_smollm2.py)",
 }
 
 # Folders listed as one line: third-party files kept verbatim (their own docstrings say nothing here).

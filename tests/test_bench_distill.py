@@ -4,9 +4,12 @@ target holds (on synthetic curves), the docs block it writes from a saved JSON, 
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
@@ -98,6 +101,10 @@ def test_the_table_and_the_docs_block_say_per_seed_what_each_arm_needed(tmp_path
         "| 2 | sampled | 2 | 2 | 1.00 | fails (2 vs 2 steps) |",
     ]
     assert bench.summary_sentence(m) == "distillation (sampled): the target holds on 2 of 3 seeds, fails on 1."
+    assert "`t` trained 8 GRPO steps on 2048 (seed 100)" in bench.teacher_line(m)
+    # a teacher the loop stopped early (every reply of a step solved) trained the steps of its last validation
+    early = {**m, "teacher": {**m["teacher"], "curve": [{"step": 0}, {"step": 5}]}}
+    assert "trained 5 GRPO steps (of up to 8) on 2048" in bench.teacher_line(early)
     docs = tmp_path / "benchmarks.md"
     docs.write_text("# B\n\n<!-- bench:distill_smollm2 -->\nNot measured yet.\n<!-- /bench:distill_smollm2 -->\nafter\n")
     saved = tmp_path / "d.json"
@@ -115,11 +122,25 @@ def test_the_table_and_the_docs_block_say_per_seed_what_each_arm_needed(tmp_path
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_student_scenario_field_is_read_as_json_where_it_parses():
+    assert [bench.scenario_field(t) for t in ("reward=exact", "max_tokens=8", "strict=true")] == [
+        ("reward", "exact"), ("max_tokens", 8), ("strict", True)]
+    for bad in ("reward", "=exact", "two words=1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="FIELD=VALUE"):
+            bench.scenario_field(bad)
+
+
 def test_the_smoke_run_trains_the_teacher_and_both_students_and_writes_their_curves(tmp_path):
     out = tmp_path / "d.json"
-    m = bench.main(["--smoke", "--val-size", "2", "--json", str(out), "--png", str(tmp_path / "d.png")])
+    m = bench.main(["--smoke", "--val-size", "2", "--student-scenario", "reward=exact", "--json", str(out),
+                    "--png", str(tmp_path / "d.png")])
     saved = json.loads(out.read_text())
     assert saved["status"] == "done" and saved == json.loads(json.dumps(m))
+    assert (saved["meta"]["env"], saved["meta"]["student_scenario"]) == ("oneword", {"reward": "exact"})
+    # the students trained on the sparse reward: each of their 2 rollouts scored 0 or 1 (the teacher's graded
+    # reward, 1 / words, of a tiny random model's many-word replies is neither)
+    for name in ("grpo-s0", "sampled-s0"):
+        assert saved["runs"][name]["curve"][1]["train_reward"] in (0.0, 0.5, 1.0), name
     assert saved["teacher"]["best"]["step"] in (0, 1) and saved["meta"]["val_size"] == 2
     for name in ("grpo-s0", "sampled-s0"):
         run = saved["runs"][name]

@@ -30,7 +30,7 @@ def present_files(folder: Path) -> set[str]:
 
 def test_the_readmes_with_trees_are_found():
     with_trees = {r.parent.name for r in READMES if listed_files(r) is not None}
-    assert {"loop", "envs", "email_search", "game_2048", "math", "tictactoe", "titles"} <= with_trees
+    assert {"loop", "envs", "email_search", "game_2048", "math", "oneword", "tictactoe", "titles"} <= with_trees
 
 
 @pytest.mark.parametrize("readme", READMES, ids=lambda r: str(r.relative_to(PACKAGE)))

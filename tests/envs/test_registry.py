@@ -21,7 +21,7 @@ def _key(s):
 
 
 def test_registry_names_and_fields():
-    assert set(ENVS) == {"2048", "tictactoe", "tictactoe-minimax", "math", "email", "titles"}
+    assert set(ENVS) == {"2048", "tictactoe", "tictactoe-minimax", "math", "oneword", "email", "titles"}
     for name, spec in ENVS.items():
         assert spec.name == name and spec.reward in ("verifiable", "judge", "hybrid")
         assert (spec.rubric is not None) == (spec.reward != "verifiable")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from groupwise.envs import email_search, game_2048, math, tictactoe, titles
+from groupwise.envs import email_search, game_2048, math, oneword, tictactoe, titles
 from groupwise.envs.openenv_hub import from_openenv
 from groupwise.envs.spec import EnvSpec, RewardKind
 from groupwise.envs.verifiers_hub import from_verifiers, load_verifiers_environment
@@ -65,6 +65,15 @@ ENVS: dict[str, EnvSpec] = {
         scenarios=math.scenarios,
         validate=math.validate,
         val_metric="accuracy",
+        reward="verifiable",
+    ),
+    "oneword": EnvSpec(
+        name="oneword",
+        description="Answer a short question with exactly one word; graded by the reply's form alone.",
+        rollout=oneword.rollout,
+        scenarios=oneword.scenarios,
+        validate=oneword.validate,
+        val_metric="one_word_rate",
         reward="verifiable",
     ),
     "email": EnvSpec(
