@@ -254,6 +254,18 @@ LABEL = {"verifiers": "verifiers `SingleTurnEnv` (trivia, one-word answer; rubri
          "openenv": "OpenEnv server (name a category member in one word; episode return)"}
 
 
+def parts(env: dict) -> str:
+    """The reward's parts at step 0 and at the end, averaged over the seeds (where the rollouts reported
+    them: a verifiers rubric's reward functions), so a gain of form alone shows as one."""
+    ends = [(r["curve"][0], r["curve"][-1]) for r in env["runs"] if len(r["curve"]) >= 2]
+    found = [k for k in PARTS if ends and all(k in a["metrics"] and k in b["metrics"] for a, b in ends)]
+    if not found:
+        return ""
+    said = ", ".join(f"`{k}` {sum(a['metrics'][k] for a, _ in ends) / len(ends):.2f} -> "
+                     f"{sum(b['metrics'][k] for _, b in ends) / len(ends):.2f}" for k in found)
+    return f" Its parts, step 0 -> final (mean of the seeds): {said}."
+
+
 def table(result: dict) -> str:
     meta = result["meta"]
     lines = ["| env | seed | val at step 0 [95% CI] | best val (step) | final val (step) [95% CI] | learned beyond noise |",
@@ -271,7 +283,7 @@ def table(result: dict) -> str:
         learned = sum(verdict(r)["learned"] for r in env["runs"])
         lines.append(f"- {env['spec']}: {learned} of {len(env['runs'])} seeds learned beyond their noise; "
                      f"{len(env['runs'])} seeds at once in {env['wall_s'] / 60:.1f} min (validation: "
-                     f"`val/{env['metric']}` on {env['val_size']} held-out scenarios).")
+                     f"`val/{env['metric']}` on {env['val_size']} held-out scenarios).{parts(env)}")
     lines.append(f"- Each run: {meta['steps']} steps x {meta['groups']} groups x {meta['rollouts']} rollouts, "
                  f"lr {meta['lr']:g}, LoRA r=8, at most {meta['max_tokens']} tokens a reply, validated every "
                  f"{meta['eval_every']} steps; {meta['wall_s'] / 60:.1f} min for the whole command.")

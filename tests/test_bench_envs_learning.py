@@ -76,3 +76,12 @@ def test_the_table_has_a_row_per_run_and_says_how_many_seeds_learned():
     assert "| 0.20 [0.10, 0.30] |" in rows[0] and "0.80 [0.70, 0.90] (5)" in rows[0] and rows[0].endswith("| yes |")
     assert "no (EnvError: boom)" in rows[1]
     assert "1 of 2 seeds learned beyond their noise" in block
+
+
+def test_the_rubric_parts_are_reported_at_step_0_and_at_the_end():
+    run = _run(0, [(0.2, 0.1, 0.3), (0.8, 0.7, 0.9)])
+    for point, (form, answer) in zip(run["curve"], [(0.1, 0.3), (0.9, 0.7)]):
+        point["metrics"] = {"one_word_reward": form, "correct_answer": answer}
+    said = envs_learning.parts({"runs": [run]})
+    assert "`one_word_reward` 0.10 -> 0.90" in said and "`correct_answer` 0.30 -> 0.70" in said
+    assert envs_learning.parts({"runs": [_run(0, [(0.2, 0.1, 0.3), (0.8, 0.7, 0.9)])]}) == ""  # none reported
