@@ -9,17 +9,20 @@ The two environments (bench/envs_learning_tasks/), each written as its ecosystem
 
 - **verifiers**: a ``vf.SingleTurnEnv`` (`verifiers_trivia.py`): a dataset of trivia questions, an eval
   dataset of 32 held-out ones, a system prompt asking for a one-word answer, and a ``vf.Rubric`` of two
-  reward functions, 0.5 x "the reply is one word" (1 / words otherwise) + 0.5 x "it names the answer".
-  `gw.envs.from_verifiers(load_environment())`; validation: the rubric's reward on the held-out questions.
+  reward functions: "the reply is one word" (1 / words otherwise), weight 1, and "it names the answer",
+  weight 0 (a metric). `gw.envs.from_verifiers(load_environment())`; validation: the rubric's reward on the
+  held-out questions, with both functions' means.
 - **OpenEnv**: a server laid out as ``openenv init`` lays one out (`openenv_naming/`), started as its users
   start it (``uvicorn openenv_naming.server.app:app``), driven through its typed client by
   `gw.envs.from_openenv(NamingEnv, base_url=...)`. Each episode asks for one member of a category in one
-  word ("Name a fruit."); the reward: 0.5 x the one-word score + 0.5 x "it names a member".
+  word ("Name a fruit."); the reward: the one-word score, halved for a reply that names no member.
   Validation: 32 requests of 8 categories never asked in training (``reset(seed, split="val")``).
 
-SmolLM2 answers in sentences (validation near 0.3 and 0.1); a dozen steps of 2 groups x 4 rollouts move
-it. Each env's seeds train at once in one process (`gw.fit_runs`: one model load, the engine batches their
-rollouts), validated at step 0, every `--eval-every` steps and at the end (the loop's validation rows hold
+SmolLM2 answers in sentences (validation near 0.15 and 0.05); ten steps of 2 groups x 4 rollouts move it.
+Each env's seeds train at once in one process (`gw.fit_runs`: one model load, the engine batches their
+rollouts), and the two envs' processes run at the same time, `--threads` each (one each on the 2-core CPU:
+the updates of small batches gain little from a second thread). Validated at step 0, every `--eval-every`
+steps and at the end (the loop's validation rows hold
 each mean's confidence interval). The detectors only warn, so every run trains its steps. A run *learned
 beyond its noise* when its final validation beats its step-0 validation by more than the two intervals'
 facing half-widths in quadrature (`groupwise.loop.stopping.significant_gap`, the loop's own test).
@@ -286,7 +289,8 @@ def table(result: dict) -> str:
                      f"`val/{env['metric']}` on {env['val_size']} held-out scenarios).{parts(env)}")
     lines.append(f"- Each run: {meta['steps']} steps x {meta['groups']} groups x {meta['rollouts']} rollouts, "
                  f"lr {meta['lr']:g}, LoRA r=8, at most {meta['max_tokens']} tokens a reply, validated every "
-                 f"{meta['eval_every']} steps; {meta['wall_s'] / 60:.1f} min for the whole command.")
+                 f"{meta['eval_every']} steps; the envs' processes at once, {meta['threads']} thread(s) each: "
+                 f"{meta['wall_s'] / 60:.1f} min for the whole command.")
     return "\n".join(lines)
 
 
@@ -307,7 +311,7 @@ def measure(args: argparse.Namespace) -> dict:
     if args.threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
     t0 = time.monotonic()
-    out = []
+    started = []
     for name in envs:
         python = (Path(args.verifiers_python) if args.verifiers_python else verifiers_python()) \
             if name == "verifiers" else Path(sys.executable)
@@ -317,8 +321,13 @@ def measure(args: argparse.Namespace) -> dict:
                "--rollouts", str(args.rollouts), "--lr", str(args.lr), "--max-tokens", str(args.max_tokens),
                "--eval-every", str(args.eval_every), "--model", args.model]
         print(f"[envs] {name}: seeds {args.seeds}, {args.steps} steps (log: {args.path}/{name}.log)", flush=True)
-        with open(Path(args.path) / f"{name}.log", "w") as log:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+        log = open(Path(args.path) / f"{name}.log", "w")
+        started.append((name, result_file, log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                                                  cwd=ROOT)))
+    out = []
+    for name, result_file, log, process in started:
+        rc = process.wait()
+        log.close()
         if rc != 0 or not result_file.exists():
             tail = (Path(args.path) / f"{name}.log").read_text()[-3000:]
             raise SystemExit(f"the {name} runs failed (rc {rc}):\n{tail}")
@@ -342,7 +351,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=16, help="most tokens a reply")
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--threads", type=int, default=2, help="torch threads of each run's process")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of each env's process (they run at once)")
     p.add_argument("--path", default=None, help="run store (default: a temporary folder)")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--from-json", default=None, help="print (and with --write-docs write) a saved result's table")

@@ -36,10 +36,10 @@ def test_one_word_pays_one_word_and_less_for_each_word_more(reply, score):
     assert oneword.one_word(reply) == pytest.approx(score)
 
 
-def test_naming_pays_half_for_the_form_and_half_for_a_member():
+def test_naming_pays_the_form_and_halves_a_reply_that_names_no_member():
     assert oneword.naming_reward("Apples", "fruit") == 1.0  # a plural names the member too
     assert oneword.naming_reward("Cheese", "fruit") == 0.5  # one word, not a fruit
-    assert oneword.naming_reward("I like a ripe mango", "fruit") == pytest.approx(0.5 / 5 + 0.5)
+    assert oneword.naming_reward("I like a ripe mango", "fruit") == pytest.approx(1 / 5)
     assert oneword.naming_reward("I cannot say", "fruit") == pytest.approx(0.5 / 3)
     assert oneword.mentions("The opposite is cold.", "cold") and not oneword.mentions("colder", "cold")
 

@@ -12,7 +12,8 @@ check the splits without either package.
 
 SmolLM2-135M-Instruct answers in sentences whatever the system prompt says (a one-word-answer rate near
 0.1); the form is learnable within a dozen GRPO steps on the CPU (docs/benchmarks.md, the format task).
-Both rewards also ask for the right content, so a policy that only shortens its answers is not paid in full.
+The trivia reward is the form alone (its answer is a metric); the naming reward halves a reply that names
+no member, so there a policy that only shortens its answers is not paid in full.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ NAMING = {split: [{"request": p.format(c=c), "category": c} for c in cats for p 
 
 
 def naming_reward(reply: str, category: str) -> float:
-    """Half for the form (`one_word`), half for naming a member of `category`: the same split as the verifiers
-    rubric's two reward functions, so a reply that is one word but no member earns only the form's half."""
+    """The one-word score of the reply, halved when it names no member of `category`: the form pays at
+    every length (a dense signal), and a one-word reply that is no member earns half of one that is."""
     named = mentions(reply, set(CATEGORIES[category].split()))
-    return 0.5 * one_word(reply) + 0.5 * float(named)
+    return one_word(reply) * (1.0 if named else 0.5)

@@ -1,6 +1,8 @@
 """A verifiers environment written the way its authors write one: a dataset of questions and answers, a
 system prompt, a parser, and a Rubric of reward functions with weights. The task: answer a short trivia
-question with exactly one word, and the right one (`oneword.py` has the questions and the scoring).
+question with exactly one word (`oneword.py` has the questions and the scoring). The rubric pays the form;
+whether the word is the answer is a weight-0 function, which verifiers keeps as a metric: a one-word reply
+that is wrong still counts for the task the system prompt sets, and the metric shows what it costs.
 
 Runs where verifiers is installed (it pins openai < 3: bench/envs_learning.py runs it in a venv of its
 own). ``load_environment()`` is the entry point every environment module on the hub exposes.
@@ -23,7 +25,7 @@ def load_environment(**env_args) -> vf.Environment:
     def correct_answer(completion, answer, **kwargs) -> float:
         return 1.0 if mentions(parser.parse_answer(completion) or "", answer) else 0.0
 
-    rubric = vf.Rubric(funcs=[one_word_reward, correct_answer], weights=[0.5, 0.5], parser=parser)
+    rubric = vf.Rubric(funcs=[one_word_reward, correct_answer], weights=[1.0, 0.0], parser=parser)
     return vf.SingleTurnEnv(
         dataset=Dataset.from_list(TRAIN_QUESTIONS),
         eval_dataset=Dataset.from_list(VAL_QUESTIONS),  # held-out questions, never trained on
