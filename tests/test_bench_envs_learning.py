@@ -65,7 +65,7 @@ def test_the_table_has_a_row_per_run_and_says_how_many_seeds_learned():
     result = json.loads(json.dumps({
         "meta": {"command": "python bench/envs_learning.py --write-docs", "commit": "0123456789",
                  "machine": "AMD EPYC, 2 cores", "date": "2026-12-02", "wall_s": 1500.0, "steps": 10, "groups": 2,
-                 "rollouts": 4, "lr": 1e-3, "max_tokens": 16, "eval_every": 5},
+                 "rollouts": 4, "lr": 1e-3, "max_tokens": 16, "eval_every": 5, "threads": 1},
         "envs": [{"env": "verifiers", "spec": "verifiers:SingleTurnEnv", "metric": "rubric_reward", "val_size": 32,
                   "wall_s": 700.0, "runs": [_run(0, [(0.2, 0.1, 0.3), (0.8, 0.7, 0.9)]),
                                             _run(1, [(0.2, 0.1, 0.3)], error="EnvError: boom")]}]}))

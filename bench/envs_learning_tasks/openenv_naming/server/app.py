@@ -5,5 +5,6 @@ from openenv.core.env_server.http_server import create_app
 from ..models import NamingAction, NamingObservation
 from .naming_environment import NamingEnvironment
 
-# three runs of 2 groups x 4 episodes at once (bench/envs_learning.py), with room to spare
-app = create_app(NamingEnvironment, NamingAction, NamingObservation, env_name="naming", max_concurrent_envs=64)
+# Every episode in flight holds a session: bench/envs_learning.py validates three runs at once on 32 requests
+# each (96 sessions; a session refused over the limit fails its rollout), with room to spare.
+app = create_app(NamingEnvironment, NamingAction, NamingObservation, env_name="naming", max_concurrent_envs=128)
