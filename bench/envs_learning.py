@@ -8,10 +8,10 @@ SmolLM2-135M-Instruct for several seeds, validated on held-out scenarios before 
 The two environments (bench/envs_learning_tasks/), each written as its ecosystem's authors write one:
 
 - **verifiers**: a ``vf.SingleTurnEnv`` (`verifiers_trivia.py`): a dataset of trivia questions, an eval
-  dataset of 32 held-out ones, a system prompt asking for a one-word answer, and a ``vf.Rubric`` of two
-  reward functions: "the reply is one word" (1 / words otherwise), weight 1, and "it names the answer",
-  weight 0 (a metric). `gw.envs.from_verifiers(load_environment())`; validation: the rubric's reward on the
-  held-out questions, with both functions' means.
+  dataset of 32 held-out ones, a system prompt asking for a one-word answer, and a ``vf.Rubric`` whose
+  reward is the one-word score (1 / words for a longer reply), halved when the reply does not name the
+  answer; its two parts are weight-0 functions (metrics). `gw.envs.from_verifiers(load_environment())`;
+  validation: the rubric's reward on the held-out questions, with both parts' means.
 - **OpenEnv**: a server laid out as ``openenv init`` lays one out (`openenv_naming/`), started as its users
   start it (``uvicorn openenv_naming.server.app:app``), driven through its typed client by
   `gw.envs.from_openenv(NamingEnv, base_url=...)`. Each episode asks for one member of a category in one
@@ -205,7 +205,8 @@ async def train_env(env: str, args: argparse.Namespace, url: str | None) -> dict
     wall = time.monotonic() - t0
     runs = []
     for (seed, run_dir), result in zip(names, results):
-        run = {"seed": seed, "run_dir": run_dir, "curve": curve(run_dir, metric)}
+        run = {"seed": seed, "run_dir": run_dir, "curve": curve(run_dir, metric),
+               "stop": result.stop.rule if isinstance(result, gw.FitSummary) else None}
         if isinstance(result, BaseException):
             run["error"] = f"{type(result).__name__}: {' '.join(str(result).split())[:300]}"
         runs.append(run)
@@ -278,6 +279,8 @@ def table(result: dict) -> str:
             v = verdict(run)
             best = f"{v['best']['value']:.2f} ({v['best']['step']})" if v["best"] else "-"
             final = f"{interval(v['final'])} ({v['final']['step']})" if v["final"] else "-"
+            if v["final"] and run.get("stop") not in (None, "max_steps"):
+                final += f", stopped: {run['stop']}"  # e.g. converged: every rollout scored the maximum
             learned = "yes" if v["learned"] else ("no" + (f" ({run['error'][:60]})" if run.get("error") else ""))
             lines.append(f"| {LABEL.get(env['env'], env['env'])} | {run['seed']} | {interval(v['base'])} | {best} | "
                          f"{final} | {learned} |")
