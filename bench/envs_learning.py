@@ -7,18 +7,17 @@ SmolLM2-135M-Instruct for several seeds, validated on held-out scenarios before 
 
 The two environments (bench/envs_learning_tasks/), each written as its ecosystem's authors write one:
 
-- **verifiers**: a ``vf.SingleTurnEnv`` (`verifiers_trivia.py`): a dataset of trivia questions, an eval
-  dataset of 32 held-out ones, a system prompt asking for a one-word answer, and a ``vf.Rubric`` whose
-  reward is the one-word score (1 / words for a longer reply), halved when the reply does not name the
-  answer; its two parts are weight-0 functions (metrics). `gw.envs.from_verifiers(load_environment())`;
-  validation: the rubric's reward on the held-out questions, with both parts' means.
-- **OpenEnv**: a server laid out as ``openenv init`` lays one out (`openenv_naming/`), started as its users
-  start it (``uvicorn openenv_naming.server.app:app``), driven through its typed client by
-  `gw.envs.from_openenv(NamingEnv, base_url=...)`. Each episode asks for one member of a category in one
-  word ("Name a fruit."); the reward: the one-word score, halved for a reply that names no member.
-  Validation: 32 requests of 8 categories never asked in training (``reset(seed, split="val")``).
+- **verifiers**: a ``vf.SingleTurnEnv`` (`verifiers_naming.py`): a dataset of requests for one member of a
+  category ("Name a fruit."), an eval dataset of 32 requests of 8 categories the dataset never asks for, a
+  system prompt asking for a one-word answer, and a ``vf.Rubric`` whose reward is the one-word score (1 /
+  words for a longer reply), halved when the reply names no member; its two parts are weight-0 functions
+  (metrics). `gw.envs.from_verifiers(load_environment())`; validation: the rubric's reward, with both parts.
+- **OpenEnv**: the same task behind a server laid out as ``openenv init`` lays one out (`openenv_naming/`),
+  started as its users start it (``uvicorn openenv_naming.server.app:app``), driven through its typed client
+  by `gw.envs.from_openenv(NamingEnv, base_url=...)`: an episode is a request, the step's reward the same
+  score. Validation: the same 32 held-out requests (``reset(seed, split="val")``).
 
-SmolLM2 answers in sentences (validation near 0.15 and 0.05); ten steps of 2 groups x 4 rollouts move it.
+SmolLM2 answers in sentences (validation near 0.1); ten steps of 2 groups x 4 rollouts move it.
 Each env's seeds train at once in one process (`gw.fit_runs`: one model load, the engine batches their
 rollouts), and the two envs' processes run at the same time, `--threads` each (one each on the 2-core CPU:
 the updates of small batches gain little from a second thread). Validated at step 0, every `--eval-every`
@@ -65,7 +64,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # the versions tests/envs/test_verifiers_hub.py trains under: verifiers' classic API, its openai 2.x
 VERIFIERS_REQUIREMENTS = ["verifiers==0.3.1", "openai>=2.54,<3"]
 VERIFIERS_PROBE = "import openai, verifiers; assert openai.__version__.startswith('2.')"
-PARTS = ("one_word_reward", "correct_answer")  # the verifiers rubric's reward functions, kept per validation
+PARTS = ("one_word_reward", "names_a_member")  # the verifiers rubric's weight-0 parts, kept per validation
 DETECTOR_ACTIONS = ("on_reward_against_task", "on_val_drop", "on_val_unstable", "on_val_plateau")
 
 
@@ -139,7 +138,7 @@ def env_spec(env: str, args: argparse.Namespace, url: str | None) -> tuple[Any, 
 
     sys.path.insert(0, str(TASKS))
     if env == "verifiers":
-        from verifiers_trivia import load_environment
+        from verifiers_naming import load_environment
 
         # its eval dataset, all of it, is the validation set (test_size=0: no test split is run here)
         spec = gw.envs.from_verifiers(load_environment(), max_tokens=args.max_tokens, val_size=32, test_size=0)
@@ -254,8 +253,7 @@ def interval(p: dict | None) -> str:
     return f"{p['value']:.2f}{ci}"
 
 
-LABEL = {"verifiers": "verifiers `SingleTurnEnv` (trivia, one-word answer; rubric reward)",
-         "openenv": "OpenEnv server (name a category member in one word; episode return)"}
+LABEL = {"verifiers": "verifiers `SingleTurnEnv` (rubric reward)", "openenv": "OpenEnv server (episode return)"}
 
 
 def parts(env: dict) -> str:

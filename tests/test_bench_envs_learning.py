@@ -67,13 +67,14 @@ def test_the_table_has_a_row_per_run_and_says_how_many_seeds_learned():
                  "machine": "AMD EPYC, 2 cores", "date": "2026-12-02", "wall_s": 1500.0, "steps": 10, "groups": 2,
                  "rollouts": 4, "lr": 1e-3, "max_tokens": 16, "eval_every": 5, "threads": 1},
         "envs": [{"env": "verifiers", "spec": "verifiers:SingleTurnEnv", "metric": "rubric_reward", "val_size": 32,
-                  "wall_s": 700.0, "runs": [_run(0, [(0.2, 0.1, 0.3), (0.8, 0.7, 0.9)]),
+                  "wall_s": 700.0, "runs": [{**_run(0, [(0.2, 0.1, 0.3), (0.8, 0.7, 0.9)]), "stop": "converged"},
                                             _run(1, [(0.2, 0.1, 0.3)], error="EnvError: boom")]}]}))
     block = envs_learning.block(result)
     assert block.startswith("Measured by `python bench/envs_learning.py --write-docs` at commit `0123456789`")
     rows = [line for line in block.splitlines() if line.startswith("| verifiers")]
     assert len(rows) == 2
-    assert "| 0.20 [0.10, 0.30] |" in rows[0] and "0.80 [0.70, 0.90] (5)" in rows[0] and rows[0].endswith("| yes |")
+    assert "| 0.20 [0.10, 0.30] |" in rows[0] and "0.80 [0.70, 0.90] (5), stopped: converged" in rows[0]
+    assert rows[0].endswith("| yes |")
     assert "no (EnvError: boom)" in rows[1]
     assert "1 of 2 seeds learned beyond their noise" in block
 

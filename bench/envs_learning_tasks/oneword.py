@@ -1,24 +1,21 @@
-"""The two one-word tasks of bench/envs_learning.py: their prompts, held-out splits and scoring.
+"""The one-word task of bench/envs_learning.py: its prompts, held-out split and scoring.
 
-Plain Python (no verifiers, no OpenEnv), so the verifiers environment (`verifiers_trivia.py`, run in the
-verifiers venv) and the OpenEnv server (`openenv_naming/`) score the same way and the bench's tests can
-check the splits without either package.
+Plain Python (no verifiers, no OpenEnv), so the verifiers environment (`verifiers_naming.py`, run in the
+verifiers venv) and the OpenEnv server (`openenv_naming/`) ask and score the same way, and the bench's tests
+can check them without either package.
 
-- trivia: short questions with a one-word answer (capitals, opposites, colours, animal sounds, young
-  animals), asked with the system prompt SYSTEM. Held out by question: VAL_QUESTIONS are never trained on.
-- naming: "Name a fruit."-style requests for one member of a category. Held out by category: the
-  validation categories are never asked in training, so a policy must generalise the answer's form (and
-  its content), not memorise answers.
+"Name a fruit."-style requests for one member of a category, asked with the system prompt SYSTEM. Held out
+by category: the validation categories are never asked in training, so a policy must generalise the
+answer's form and its content, not memorise answers.
 
 SmolLM2-135M-Instruct answers in sentences whatever the system prompt says (a one-word-answer rate near
 0.1); the form is learnable within a dozen GRPO steps on the CPU (docs/benchmarks.md, the format task).
-The trivia reward is the form alone (its answer is a metric); the naming reward halves a reply that names
-no member, so there a policy that only shortens its answers is not paid in full.
+The reward halves a reply that names no member, so a policy that only shortens its answers is not paid in
+full.
 """
 
 from __future__ import annotations
 
-import random
 import re
 
 SYSTEM = "Answer with exactly one word. No punctuation, no explanation."
@@ -50,35 +47,6 @@ def mentions(text: str, answers: str | set[str] | list[str]) -> bool:
     a plural 's'."""
     wanted = {_stem(a) for a in (answers.split("|") if isinstance(answers, str) else answers)}
     return any(_stem(w) in wanted for w in words(text))
-
-
-# ------------------------------------------------------------------------------------------------- trivia
-
-_CAPITALS = [("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Japan", "Tokyo"),
-             ("Russia", "Moscow"), ("Egypt", "Cairo"), ("Greece", "Athens"), ("England", "London"),
-             ("Ireland", "Dublin"), ("Portugal", "Lisbon"), ("Austria", "Vienna"), ("Norway", "Oslo"),
-             ("Sweden", "Stockholm"), ("Poland", "Warsaw"), ("China", "Beijing"), ("Canada", "Ottawa"),
-             ("Kenya", "Nairobi"), ("Peru", "Lima"), ("Cuba", "Havana")]
-_OPPOSITES = [("hot", "cold"), ("up", "down"), ("big", "small|little|tiny"), ("fast", "slow"), ("day", "night"),
-              ("happy", "sad|unhappy"), ("open", "closed|shut"), ("old", "new|young"), ("light", "dark|heavy"),
-              ("wet", "dry"), ("full", "empty"), ("hard", "soft|easy"), ("early", "late"), ("rich", "poor"),
-              ("win", "lose"), ("left", "right"), ("push", "pull"), ("high", "low"), ("black", "white"),
-              ("yes", "no")]
-_COLOURS = [("the sky on a clear day", "blue"), ("grass", "green"), ("a ripe banana", "yellow"), ("snow", "white"),
-            ("coal", "black"), ("blood", "red"), ("milk", "white"), ("a ripe tomato", "red"), ("a lemon", "yellow"),
-            ("a carrot", "orange")]
-_SOUNDS = [("moo", "cow|cattle"), ("meow", "cat|kitten"), ("woof", "dog|puppy"), ("oink", "pig"), ("quack", "duck"),
-           ("baa", "sheep|lamb"), ("neigh", "horse"), ("hiss", "snake"), ("roar", "lion|tiger"), ("buzz", "bee")]
-_YOUNG = [("cat", "kitten|kitty"), ("dog", "puppy|pup"), ("cow", "calf"), ("sheep", "lamb"), ("horse", "foal|colt"),
-          ("duck", "duckling"), ("bear", "cub"), ("frog", "tadpole"), ("pig", "piglet"), ("goat", "kid")]
-
-TRIVIA = ([{"question": f"What is the capital of {c}?", "answer": a} for c, a in _CAPITALS]
-          + [{"question": f"What is the opposite of {w}?", "answer": a} for w, a in _OPPOSITES]
-          + [{"question": f"What color is {t}?", "answer": a} for t, a in _COLOURS]
-          + [{"question": f"Which animal says {s}?", "answer": a} for s, a in _SOUNDS]
-          + [{"question": f"What is a baby {x} called?", "answer": a} for x, a in _YOUNG])
-_shuffled = random.Random("trivia-split").sample(TRIVIA, len(TRIVIA))
-VAL_QUESTIONS, TRAIN_QUESTIONS = _shuffled[:32], _shuffled[32:]
 
 
 # ------------------------------------------------------------------------------------------------- naming
