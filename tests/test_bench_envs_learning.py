@@ -1,5 +1,5 @@
-"""bench/envs_learning.py: its two tasks hold their validation out of training and score replies as their
-docstrings say; the table calls a run learned only when its final validation clears the base's beyond both
+"""bench/envs_learning.py: its task holds its validation categories out of training and scores replies as
+its docstring says; the table calls a run learned only when its final validation clears the base's beyond both
 intervals. No model, no server, no verifiers or OpenEnv import: the training itself is the bench's
 (docs/benchmarks.md), the adapters' plumbing is tests/envs/test_verifiers_hub.py's and test_openenv_hub.py's."""
 
@@ -19,14 +19,10 @@ import envs_learning  # noqa: E402
 import oneword  # noqa: E402
 
 
-def test_validation_is_held_out_of_training():
-    train = {q["question"] for q in oneword.TRAIN_QUESTIONS}
-    val = {q["question"] for q in oneword.VAL_QUESTIONS}
-    assert len(val) == 32 and train and not train & val
-    assert train | val == {q["question"] for q in oneword.TRIVIA}
-    # naming holds out whole categories: no validation category is ever asked in training
-    assert {r["category"] for r in oneword.NAMING["val"]}.isdisjoint({r["category"] for r in oneword.NAMING["train"]})
-    assert len(oneword.NAMING["val"]) == 32
+def test_validation_holds_out_whole_categories():
+    train, val = ({r["category"] for r in oneword.NAMING[split]} for split in ("train", "val"))
+    assert train and val and train.isdisjoint(val) and train | val == set(oneword.CATEGORIES)
+    assert len(oneword.NAMING["val"]) == 32 and len({r["request"] for r in oneword.NAMING["val"]}) == 32
 
 
 @pytest.mark.parametrize("reply, score", [("Paris", 1.0), ("Paris.", 1.0), ("  paris!  ", 1.0),
@@ -36,7 +32,7 @@ def test_one_word_pays_one_word_and_less_for_each_word_more(reply, score):
     assert oneword.one_word(reply) == pytest.approx(score)
 
 
-def test_naming_pays_the_form_and_halves_a_reply_that_names_no_member():
+def test_the_reward_pays_the_form_and_halves_a_reply_that_names_no_member():
     assert oneword.naming_reward("Apples", "fruit") == 1.0  # a plural names the member too
     assert oneword.naming_reward("Cheese", "fruit") == 0.5  # one word, not a fruit
     assert oneword.naming_reward("I like a ripe mango", "fruit") == pytest.approx(1 / 5)
@@ -82,7 +78,7 @@ def test_the_table_has_a_row_per_run_and_says_how_many_seeds_learned():
 def test_the_rubric_parts_are_reported_at_step_0_and_at_the_end():
     run = _run(0, [(0.2, 0.1, 0.3), (0.8, 0.7, 0.9)])
     for point, (form, answer) in zip(run["curve"], [(0.1, 0.3), (0.9, 0.7)]):
-        point["metrics"] = {"one_word_reward": form, "correct_answer": answer}
+        point["metrics"] = {"one_word_reward": form, "names_a_member": answer}
     said = envs_learning.parts({"runs": [run]})
-    assert "`one_word_reward` 0.10 -> 0.90" in said and "`correct_answer` 0.30 -> 0.70" in said
+    assert "`one_word_reward` 0.10 -> 0.90" in said and "`names_a_member` 0.30 -> 0.70" in said
     assert envs_learning.parts({"runs": [_run(0, [(0.2, 0.1, 0.3), (0.8, 0.7, 0.9)])]}) == ""  # none reported
