@@ -282,7 +282,9 @@ def table(result: dict) -> str:
             final = f"{interval(v['final'])} ({v['final']['step']})" if v["final"] else "-"
             if v["final"] and run.get("stop") not in (None, "max_steps"):
                 final += f", stopped: {run['stop']}"  # e.g. converged: every rollout scored the maximum
-            learned = "yes" if v["learned"] else ("no" + (f" ({run['error'][:60]})" if run.get("error") else ""))
+            learned = "yes" if v["learned"] else "no"
+            if run.get("error"):  # the run ended early: say so beside what it measured before
+                learned += f"; then ended by {run['error'].split(' The unfinished')[0][:110]}"
             lines.append(f"| {LABEL.get(env['env'], env['env'])} | {run['seed']} | {interval(v['base'])} | {best} | "
                          f"{final} | {learned} |")
     lines.append("")

@@ -71,7 +71,7 @@ def test_the_table_has_a_row_per_run_and_says_how_many_seeds_learned():
     assert len(rows) == 2
     assert "| 0.20 [0.10, 0.30] |" in rows[0] and "0.80 [0.70, 0.90] (5), stopped: converged" in rows[0]
     assert rows[0].endswith("| yes |")
-    assert "no (EnvError: boom)" in rows[1]
+    assert rows[1].endswith("| no; then ended by EnvError: boom |")
     assert "1 of 2 seeds learned beyond their noise" in block
 
 
