@@ -1,0 +1,1 @@
+"""The naming environment's server side (OpenEnv's create_app over `NamingEnvironment`)."""
