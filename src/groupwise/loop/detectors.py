@@ -718,10 +718,7 @@ def _behaviour_alert(name: str, what: Callable[[Shift], str], event_or_events: t
     evidence: dict[str, Any] = {**s.evidence(), **task_ev,
                                 "reference": {k.removeprefix(SIGNALS): v for k, v in ref.items() if k.startswith(SIGNALS + "ref_")},
                                 "rollouts": [a.quote() for a in quoted]}
-    if quoted:
-        evidence["group"] = quoted[0].group
-        evidence["train_step"] = step if groups_step is None else groups_step
-    example = f" E.g. {quoted[0].line()}." if quoted else ""
+    example = _quote_evidence(evidence, quoted, step=step, groups_step=groups_step)
     return Alert(
         name, "warning", step,
         f"{what(s)}: {s.share:.0%} of the last {len(s.steps)} steps' {s.n} answers against {s.base_share:.0%} of "
@@ -803,6 +800,34 @@ def answer_collapse(
                             groups_step=groups_step, pick=pick)
 
 
+def _liked_over_task(groups: Sequence["TrajectoryGroup"], metric: str, *, worse: Callable[[float, float], bool],
+                     min_distinct: int = 1, limit: int = 3) -> list[Answer]:
+    """The rollouts the reward paid above their group's mean while their task was `worse(task, group's
+    mean task)`, most overpaid first: the evidence of the reward-and-task alerts. Only groups with
+    `min_distinct` or more task values count."""
+    by_group: dict[int, list[Answer]] = {}
+    for a in answers_of(groups, metric=metric):
+        by_group.setdefault(a.group, []).append(a)
+    liked: list[tuple[float, Answer]] = []
+    for members in by_group.values():
+        tasks = [a.task for a in members if a.task is not None]
+        if not tasks or len(set(tasks)) < min_distinct:
+            continue
+        mr, mt = mean([a.reward for a in members]), mean(tasks)
+        liked += [(a.reward - mr, a) for a in members if a.task is not None and a.reward > mr and worse(a.task, mt)]
+    return [a for _, a in sorted(liked, key=lambda x: -x[0])][:limit]
+
+
+def _quote_evidence(evidence: dict[str, Any], quoted: Sequence[Answer], *, step: int, groups_step: int | None) -> str:
+    """Point `evidence` at the first quoted rollout (its group, the step that sampled it) and return the
+    message's example sentence ('' without a quote)."""
+    if not quoted:
+        return ""
+    evidence["group"] = quoted[0].group
+    evidence["train_step"] = step if groups_step is None else groups_step
+    return f" E.g. {quoted[0].line()}."
+
+
 def reward_against_task(
     history: list[Row], groups: Sequence["TrajectoryGroup"] = (), *, step: int, metric: str = DEFAULT_VAL_METRIC,
     window: int = THRESHOLDS.against_task_window, z: float = THRESHOLDS.against_task_z, groups_step: int | None = None,
@@ -821,24 +846,10 @@ def reward_against_task(
     t = cov / math.sqrt(var / g) if var > 0 else (-math.inf if cov < 0 else 0.0)
     if cov >= 0 or t > -z:
         return None
-    answers = answers_of(groups, metric=metric)
-    by_group: dict[int, list[Answer]] = {}
-    for a in answers:
-        by_group.setdefault(a.group, []).append(a)
-    liked: list[tuple[float, Answer]] = []
-    for members in by_group.values():
-        tasks = [a.task for a in members if a.task is not None]
-        if not tasks:
-            continue
-        mr, mt = mean([a.reward for a in members]), mean(tasks)
-        liked += [(a.reward - mr, a) for a in members if a.task is not None and a.reward > mr and a.task < mt]
-    quoted = [a for _, a in sorted(liked, key=lambda x: -x[0])][:3]
+    quoted = _liked_over_task(groups, metric, worse=lambda task, mean_task: task < mean_task)
     evidence: dict[str, Any] = {"task_metric": metric, "covariance": cov, "t": t, "groups": g,
                                 "steps": [r["step"] for r in sig], "rollouts": [a.quote() for a in quoted]}
-    if quoted:
-        evidence["group"] = quoted[0].group
-        evidence["train_step"] = step if groups_step is None else groups_step
-    example = f" E.g. {quoted[0].line()}." if quoted else ""
+    example = _quote_evidence(evidence, quoted, step=step, groups_step=groups_step)
     return Alert(
         "reward_against_task", "critical", step,
         f"reward hacking suspected: within the groups of the last {len(sig)} steps, the rollouts the reward "
@@ -882,23 +893,12 @@ def reward_off_task(
     if not quiet:
         return None
     sign = 1.0 if higher_is_better else -1.0
-    liked: list[tuple[float, Answer]] = []  # the rollouts the reward put above their group without a better task
-    by_group: dict[int, list[Answer]] = {}
-    for a in answers_of(groups, metric=metric):
-        by_group.setdefault(a.group, []).append(a)
-    for members in by_group.values():
-        tasks = [a.task for a in members if a.task is not None]
-        if len(set(tasks)) < 2:
-            continue
-        mr, mt = mean([a.reward for a in members]), mean(tasks)
-        liked += [(a.reward - mr, a) for a in members if a.task is not None and a.reward > mr and sign * (a.task - mt) <= 0]
-    quoted = [a for _, a in sorted(liked, key=lambda x: -x[0])][:3]
+    # the rollouts the reward put above their group without a better task, in the groups whose task varied
+    quoted = _liked_over_task(groups, metric, worse=lambda task, mean_task: sign * (task - mean_task) <= 0,
+                              min_distinct=2)
     evidence: dict[str, Any] = {**task_ev, "task_metric": metric, "correlation": corr, "groups": g,
                                 "steps": [r["step"] for r in sig], "rollouts": [a.quote() for a in quoted]}
-    if quoted:
-        evidence["group"] = quoted[0].group
-        evidence["train_step"] = step if groups_step is None else groups_step
-    example = f" E.g. {quoted[0].line()}." if quoted else ""
+    example = _quote_evidence(evidence, quoted, step=step, groups_step=groups_step)
     return Alert(
         "reward_off_task", "warning", step,
         f"the reward barely follows the task: within the {g} groups of the last {len(sig)} steps whose task "
