@@ -193,10 +193,7 @@ async def train_env(env: str, args: argparse.Namespace, url: str | None) -> dict
             config = gw.LoopConfig(
                 rollouts_per_group=args.rollouts, groups_per_step=args.groups, max_steps=args.steps, num_epochs=100,
                 train_config=train_config(spec, args.lr, "cpu"), eval_every=args.eval_every, metric=metric,
-                # verifiers aborts a rollout whose reply is empty (EmptyModelResponseError), which a policy
-                # learning short replies sometimes samples: two of a step's rollouts may fail, recorded on
-                # their groups, rather than end the run (with 8 rollouts a step, 0.1 allows none)
-                patience=args.steps + 1, seed=seed, max_exceptions=0.25,
+                patience=args.steps + 1, seed=seed,
                 **{action: "warn" for action in DETECTOR_ACTIONS})
             plans.append(gw.FitRun(model, spec.rollout, train_of(seed), val_scenarios=val, validate=spec.validate,
                                    config=config))

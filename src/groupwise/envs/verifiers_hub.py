@@ -173,6 +173,17 @@ def _number(value: Any) -> float | None:
         return None
 
 
+def _policy_error(vf: Any, error: Any) -> bool:
+    """Whether the error that ended a verifiers rollout is the policy's own output: an empty or invalid
+    reply (verifiers' ``ModelError``s) or a tool call it cannot parse (``ToolParseError``). verifiers
+    scores such a rollout with its rubric, as its own ``run_rollout`` does, and so does groupwise: the
+    sampled reply is in the trajectory, so GRPO discourages it. Raising would drop exactly the replies
+    the policy should unlearn (and a run that samples a few empty replies would end). Any other error
+    (a tool that failed, a sandbox, the infrastructure) is the env's, and raises."""
+    kinds = tuple(k for k in (getattr(vf, "ModelError", None), getattr(vf, "ToolParseError", None)) if k)
+    return bool(kinds) and isinstance(error, kinds)
+
+
 def make_rollout(env: Any, *, sampling_args: dict[str, Any] | None = None) -> Any:
     """``async rollout(model, scenario) -> Trajectory`` running `env`'s protocol and rubric (module doc)."""
     vf = _import_verifiers()
@@ -193,7 +204,8 @@ def make_rollout(env: Any, *, sampling_args: dict[str, Any] | None = None) -> An
         state = await env.rollout(copy.deepcopy(scenario.row), _recording_client(vf, client, calls),
                                   inference_name(model), args)
         error = state.get("error")
-        if error is not None:  # verifiers keeps a rollout's error in its state; training on it would hide it
+        policy_error = _policy_error(vf, error)
+        if error is not None and not policy_error:  # training on an env's failure would hide it
             raise EnvError(f"the verifiers env's rollout failed: {error!r}") from (
                 error if isinstance(error, BaseException) else None)
         await env.rubric.score_rollout(state)
@@ -207,11 +219,13 @@ def make_rollout(env: Any, *, sampling_args: dict[str, Any] | None = None) -> An
             if number is not None:
                 metrics[name] = number
         metrics["turns"] = float(len(calls))
+        metrics["model_error"] = float(policy_error)
         metrics["truncated"] = float(bool(state.get("is_truncated") or state.get("timed_out")))
         reward = _number(state.get("reward"))
         return Trajectory(messages_and_choices=first.messages_and_choices, tools=first.tools,
                           additional_histories=more, reward=reward if reward is not None else 0.0, metrics=metrics,
-                          metadata={"stop_condition": str(state.get("stop_condition") or "")})
+                          metadata={"stop_condition": str(state.get("stop_condition") or ""),
+                                    **({"error": repr(error)} if policy_error else {})})
 
     return rollout
 

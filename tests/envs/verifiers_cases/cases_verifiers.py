@@ -141,6 +141,41 @@ async def test_a_multi_turn_env_runs_its_own_turns_and_a_rewritten_context_is_it
         assert history.messages()[1]["content"].startswith("Not ")
 
 
+class BrokenSetupEnv(vf.SingleTurnEnv):
+    """An env whose own infrastructure fails before the model is asked (a sandbox that would not start)."""
+
+    async def setup_state(self, state):
+        raise vf.InfraError("the sandbox did not start")
+
+
+async def test_an_empty_reply_is_scored_and_kept_and_an_env_failure_raises(tiny_model_dir, tmp_path):
+    # verifiers ends a rollout whose reply is empty with EmptyModelResponseError in its state. That reply is
+    # the policy's own: it is scored by the rubric and kept, token ids and all, so GRPO can discourage it.
+    # The model really replies nothing here: greedy, with its own first token as the stop string.
+    model = gw.TrainableModel(name="empty", project="vf", base_model=tiny_model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    await model.register(backend)
+    try:
+        plain = gw.envs.from_verifiers(load_math_environment(), val_size=2, test_size=2)
+        scenario = plain.scenarios(0, max_tokens=1)[1][0].model_copy(update={"temperature": 0.0})
+        first = (await plain.rollout(model, scenario)).messages_and_choices[-1].message.content
+        assert first, "the tiny model's greedy first token decodes to text"
+        stopped = gw.envs.from_verifiers(load_math_environment(), val_size=2, test_size=2,
+                                         sampling_args={"stop": [first]})
+        trajectory = await stopped.rollout(model, scenario.model_copy(update={"max_tokens": 4}))
+        with pytest.raises(gw.errors.EnvError, match="InfraError.*sandbox did not start"):
+            await gw.envs.from_verifiers(BrokenSetupEnv(dataset=Dataset.from_list(PROBLEMS), rubric=guess_rubric()),
+                                         val_size=2, test_size=2).rollout(model, scenario)
+    finally:
+        await backend.close()
+    choice = trajectory.messages_and_choices[-1]
+    assert not isinstance(choice, dict) and choice.message.content == "" and choice.finish_reason == "stop"
+    assert trajectory.metrics["model_error"] == 1.0 and "EmptyModelResponseError" in trajectory.metadata["error"]
+    assert trajectory.metrics["correct_answer"] == 0.0 and trajectory.metrics["turns"] == 1
+    m = trajectory.metrics
+    assert trajectory.reward == pytest.approx(m["correct_answer"] + 0.2 * m["format_reward_func"] + 0.5 * m["brevity"])
+
+
 async def _fit(model_dir, tmp_path, spec, name, max_tokens):
     """One greedy rollout of the untrained model on a validation row (what the env did, deterministic), then
     two GRPO steps of gw.fit on the training rows; the history's train rows and that trajectory."""
