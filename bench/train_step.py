@@ -182,6 +182,7 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
                 trajs.append(Trajectory(messages_and_choices=[*m, choice], reward=reward_fn(c.text)))
             groups.append(TrajectoryGroup(trajs))
         t_gen = time.perf_counter() - t0
+        gen_peak, kv_gb = _phase_peak_gb(args.device), engine.state.buffers.nbytes() / 2**30
         batch = C.call(tokenize_groups, groups, tok, max_seq_len=config.max_seq_len)
         _sync(args.device)
         t1 = time.perf_counter()
@@ -195,6 +196,7 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
         with engine.paused():
             metrics = C.call(update)
         t_update = time.perf_counter() - t1
+        update_peak = _phase_peak_gb(args.device)
         # The adapter swap a real step does: save the checkpoint, load it into the engine.
         names = names or [n for n, _ in trainer.trainable_named_parameters()]
         path = C.call(save_checkpoint, tmp, step + 1, model=peft_model, optimizer=trainer.optimizer, param_names=names)
@@ -208,10 +210,28 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
         tokens = sum(len(s) for s in batch.sequences)
         rows.append(dict(step=t_step, gen=t_gen, update=t_update, trainable=batch.trainable_tokens, tokens=tokens,
                          padded=metrics["padded_tokens"]))
+        memory = "" if gen_peak is None else (f" · peak GB: generation {gen_peak:.2f} (KV buffers {kv_gb:.2f}), "
+                                              f"update {update_peak:.2f}")
         print(f"  groupwise step {step}: step {t_step:.2f}s gen {t_gen:.2f}s update {t_update:.2f}s "
-              f"trainable {batch.trainable_tokens} tokens {tokens}", flush=True)
+              f"trainable {batch.trainable_tokens} tokens {tokens}{memory}", flush=True)
     engine.close()
     return summarise(args, model, rows[args.warmup:args.warmup + args.steps])
+
+
+def _phase_peak_gb(device: str) -> float | None:
+    """CUDA: the allocated high-water mark since the last call, then reset, so each phase of a step
+    (generation with its KV buffers, the update) is read alone; `summarise` reports the largest."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    torch.cuda.reset_peak_memory_stats()
+    _PHASE_PEAKS.append(peak)
+    return peak
+
+
+_PHASE_PEAKS: list[float] = []
 
 
 def _maybe_profile(args, last: bool):
@@ -320,8 +340,10 @@ def summarise(args, model, rows: list[dict]) -> dict[str, Any]:
         peak = args.peak_tflops or (989.0 if ("H100" in name or "H200" in name) else None)
         if peak:
             out["mfu"] = update_flops(model, int(med["tokens"]), int(med["trainable"])) / med["update"] / (peak * 1e12)
+            out["peak_tflops"] = peak
         out["device_name"] = name
-        out["max_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        out["max_mem_gb"] = max([torch.cuda.max_memory_allocated() / 2**30, *_PHASE_PEAKS])
+        _PHASE_PEAKS.clear()
     return out
 
 
@@ -384,6 +406,9 @@ def main() -> None:
     for name, r in results.items():
         cells = [f"{r[c]:10.3f}" if isinstance(r.get(c), float) else f"{'-':>10}" for c in cols]
         print(f"| {name:10} | " + " | ".join(cells) + " |")
+    if results["groupwise"].get("peak_tflops"):
+        print(f"MFU: the update's FLOPs per second over the card's dense bf16 peak, "
+              f"{results['groupwise']['peak_tflops']:.0f} TFLOPS (--peak-tflops)")
     if "trl" in results:
         g, t = results["groupwise"], results["trl"]
         print(f"speed-up vs TRL: end-to-end step {t['step'] / g['step']:.2f}x, update tokens/s {g['tok_per_s'] / t['tok_per_s']:.2f}x")
