@@ -13,6 +13,12 @@ Also the bare engine (`submit` of token ids, no HTTP layer): the hop's own cost.
 
 Prints one table row per (N, path): requests/s and tokens/s in process and separate, and their ratio
 (separate / in process: above 1 the separate core wins).
+
+With `--frontends 1,2,4` it also runs each N through K frontend processes feeding the one core (each
+its own app, client and tokenizer: N/K of the requests, started together), which is what the core's
+design is for: one process's per-request Python (one GIL) bounds the app's rate, K processes share it.
+
+    python bench/engine_process.py --device cuda --arch qwen2.5-0.5b --requests 256 --tokens 256 --frontends 1,2,4
 """
 
 from __future__ import annotations
@@ -110,6 +116,75 @@ def measure(mode: str, args, sizes: list[int]) -> dict[tuple[int, str], list[tup
     return out
 
 
+def frontend(args) -> None:
+    """--frontend ADDRESS (internal): one frontend process of a running core. Says "ready" once its app
+    is built, runs its `--requests` chats when stdin says go, prints its start, end and token count."""
+    import json
+
+    from groupwise.inference.client import in_process_client
+    from groupwise.inference.engine_client import connect_engine_core
+    from groupwise.inference.registry import ModelRegistry
+    from groupwise.inference.server import create_app
+
+    from groupwise.runtime.loading import load_tokenizer
+
+    # every arch here speaks SmolLM2's tokenizer (the tiny and Qwen-shaped models are built on it)
+    engine = connect_engine_core(args.frontend, load_tokenizer("smollm2-135m"))
+    app = create_app(ModelRegistry(engine, base_name="m"))
+    n = int(args.requests)
+
+    async def chats() -> tuple[float, float, int]:
+        async with in_process_client(app) as client:
+            await chat_round(client, 2, 4)  # warm-up: this process's first template, tokenising and client
+            print("ready", flush=True)
+            sys.stdin.readline()
+            start = time.time()
+            _, tokens = await chat_round(client, n, args.tokens)
+            return start, time.time(), tokens
+
+    try:
+        start, end, tokens = asyncio.run(chats())
+    finally:
+        engine.close()
+    print(json.dumps({"start": start, "end": end, "tokens": tokens}), flush=True)
+
+
+def frontends_round(args, address: str, n: int, k: int) -> tuple[float, int]:
+    """N chats through K frontend processes of the core at `address`, started together: (wall s, tokens)."""
+    import json
+    import subprocess
+
+    share = [n // k + (i < n % k) for i in range(k)]
+    base = [sys.executable, __file__, "--frontend", address, "--arch", args.arch, "--tokens", str(args.tokens)]
+    procs = [subprocess.Popen([*base, "--requests", str(m)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for m in share]
+    try:
+        for proc in procs:
+            line = proc.stdout.readline()
+            if line.strip() != "ready":
+                raise RuntimeError(f"a frontend did not start: {line!r}")
+        for proc in procs:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        results = [json.loads(proc.stdout.readlines()[-1]) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.wait(timeout=60)
+    return max(r["end"] for r in results) - min(r["start"] for r in results), sum(r["tokens"] for r in results)
+
+
+def measure_frontends(args, sizes: list[int], counts: list[int]) -> dict[tuple[int, int], list[tuple[float, int]]]:
+    engine = engine_of("separate", args)
+    out: dict[tuple[int, int], list[tuple[float, int]]] = {}
+    try:
+        for n in sizes:
+            for k in counts:
+                out.setdefault((n, k), []).append(frontends_round(args, engine.address, n, k))
+    finally:
+        engine.close()
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu")
@@ -121,7 +196,13 @@ def main() -> None:
                         "size is in flight together; fewer queues the rest and caps what both sides can show)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=None, help="torch threads (OMP_NUM_THREADS) of both engines")
+    p.add_argument("--frontends", default=None, help="comma-separated K: also run each N through K frontend "
+                                                     "processes of one core")
+    p.add_argument("--frontend", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.frontend:
+        frontend(args)
+        return
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
     # the core process imports this file's `load` by name
@@ -148,6 +229,20 @@ def main() -> None:
             tps = {m: t / s for m, (s, t) in best.items()}
             print(f"| {n} | {path} | {rps['in_process']:.2f} | {rps['separate']:.2f} | {tps['in_process']:.0f} | "
                   f"{tps['separate']:.0f} | {tps['separate'] / tps['in_process']:.2f}x |")
+    if args.frontends:
+        counts = [int(x) for x in args.frontends.split(",")]
+        runs: dict[tuple[int, int], list[tuple[float, int]]] = {}
+        for _ in range(args.repeats):
+            for key, got in measure_frontends(args, sizes, counts).items():
+                runs.setdefault(key, []).extend(got)
+        print("\nThe chats through K frontend processes of one core (each its own app and client, N/K requests):\n")
+        print("| N | frontends | tok/s | of one in-process app |")
+        print("|---|---|---|---|")
+        for n in sizes:
+            s0, t0 = min(totals[(n, "chat via the app", "in_process")])
+            for k in counts:
+                s, t = min(runs[(n, k)])
+                print(f"| {n} | {k} | {t / s:.0f} | {(t / s) / (t0 / s0):.2f}x |")
 
 
 if __name__ == "__main__":

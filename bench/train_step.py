@@ -33,8 +33,11 @@ import dataclasses
 import gc
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 QUESTIONS = [
@@ -347,6 +350,27 @@ def summarise(args, model, rows: list[dict]) -> dict[str, Any]:
     return out
 
 
+def _run_side(args) -> None:
+    """One side (--side), in this process; its summary goes to --side-json."""
+    import torch
+
+    from groupwise.runtime.compute import compute_thread
+
+    C = compute_thread()  # all torch work on one thread (groupwise/runtime/compute.py: OpenMP teams)
+    torch.manual_seed(0)
+    model, tok = C.call(build_model, args.arch, args.device, args.dtype)  # the same seed: the same weights
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    if args.side == "trl":
+        print(f"trl: {args.arch} on {args.device}", flush=True)
+        result = C.call(run_trl, args, model, tok)
+    else:
+        print(f"groupwise: {args.arch} on {args.device}, {args.prompts} x {args.group_size} x "
+              f"{args.completion_len} tokens", flush=True)
+        result = run_groupwise(args, model, tok)
+    Path(args.side_json).write_text(json.dumps(result))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="smollm2", choices=["smollm2", *ARCHS])
@@ -372,32 +396,23 @@ def main() -> None:
                    help="groupwise: TrainConfig(compile=True); compiles at the first warm-up step (and once more when a new length appears): use --warmup 2")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="profile one more groupwise update after the timed ones (not timed) and print the top ROWS ops")
+    p.add_argument("--side", choices=["trl", "groupwise"], help=argparse.SUPPRESS)
+    p.add_argument("--side-json", help=argparse.SUPPRESS)
     args = p.parse_args()
 
-    import torch
-
-    from groupwise.runtime.compute import compute_thread
-
-    C = compute_thread()  # both sides' torch work on one thread (groupwise/runtime/compute.py: OpenMP teams)
-    torch.manual_seed(0)
+    if args.side:
+        _run_side(args)
+        return
+    # Each side in a process of its own: a peak read in one process would count what the other side
+    # left behind (TRL's model, freed only when a later garbage collection finds its reference cycles,
+    # was read as part of groupwise's first step), and TRL's sampling trips PyTorch's graph-safe RNG
+    # check after our engine has captured CUDA graphs in the same process.
     results = {}
-    # TRL runs first: our engine captures CUDA graphs, and TRL's sampling in the same process after a
-    # capture trips PyTorch's graph-safe RNG check ("Offset increment outside graph capture").
-    if not args.skip_trl:
-        model, tok = C.call(build_model, args.arch, args.device, args.dtype)
-        print(f"trl: {args.arch} on {args.device}", flush=True)
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
-        results["trl"] = C.call(run_trl, args, model, tok)
-        del model
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    model, tok = C.call(build_model, args.arch, args.device, args.dtype)  # fresh weights: same seed, no adapter
-    print(f"groupwise: {args.arch} on {args.device}, {args.prompts} x {args.group_size} x {args.completion_len} tokens", flush=True)
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()  # max_mem_gb is per side
-    results["groupwise"] = run_groupwise(args, model, tok)
+    for side in (["trl"] if not args.skip_trl else []) + ["groupwise"]:
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            argv = [a for a in sys.argv[1:]]
+            subprocess.run([sys.executable, __file__, *argv, "--side", side, "--side-json", out.name], check=True)
+            results[side] = json.loads(Path(out.name).read_text())
     results = {"groupwise": results.pop("groupwise"), **results}
     cols = ["step", "gen", "update", "tok_per_s", "mfu", "max_mem_gb"]
     print(f"\n{args.arch} on {args.device} ({results['groupwise'].get('device_name', 'cpu')}), "
