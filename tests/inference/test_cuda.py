@@ -85,3 +85,26 @@ async def test_graphs_replayed_after_other_allocations_still_decode_like_eager(t
             eng.close()
         outs.append(tokens)
     assert outs[0] == outs[1]
+
+
+async def test_an_idle_pause_frees_the_kv_and_its_graphs_and_decoding_after_it_is_unchanged(tiny):
+    # A pause with nothing in flight frees the slot KV, the prefix pool and the decode graphs (which read
+    # the KV by address) for the trainer; after it the same request decodes the same tokens, on graphs
+    # captured again over the reallocated buffers.
+    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1], device="cuda", dtype="float32")
+    eng = Engine(model, tok, max_batch_size=8)
+    try:
+        p = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=True,
+                                    return_dict=True)["input_ids"]
+        req = lambda: GenerationRequest(p, max_new_tokens=40, n=4, ignore_eos=True, sampling=SamplingParams(seed=3))
+        before = await eng.generate(req())
+        assert eng.runner.graphs and eng.buffers.nbytes() > 0
+        allocated = torch.cuda.memory_allocated()
+        async with eng.paused():
+            assert not eng.runner.graphs and eng.buffers.nbytes() == 0
+            assert torch.cuda.memory_allocated() < allocated
+        after = await eng.generate(req())
+        assert eng.runner.graphs and eng.cuda_graphs
+    finally:
+        eng.close()
+    assert [c.token_ids for c in after.completions] == [c.token_ids for c in before.completions]

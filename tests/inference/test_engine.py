@@ -91,7 +91,7 @@ async def test_paused_blocks_forward_passes(engine, tiny):
 
 
 async def test_an_idle_pause_frees_the_kv_and_prefix_memory_and_restores_it(tiny):
-    # The trainer runs inside a pause: on the CPU the slot KV and the prefix pool are freed for it
+    # The trainer runs inside a pause: the slot KV and the prefix pool are freed for it
     # (the update is the run's memory peak) and come back, at the same capacity, when it ends.
     model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
     eng = Engine(model, tok, max_batch_size=4, initial_capacity=32)
@@ -118,6 +118,14 @@ async def test_an_idle_pause_frees_the_kv_and_prefix_memory_and_restores_it(tiny
         assert len((await asyncio.wrap_future(future)).completions[0].token_ids) == 200
     finally:
         eng.close()
+    kept = Engine(model, tok, max_batch_size=4, initial_capacity=32, release_when_idle=False)
+    try:
+        await kept.generate(req())
+        kv_bytes = kept.buffers.nbytes()
+        async with kept.paused():  # asked to keep them: nothing is freed
+            assert kept.buffers.nbytes() == kv_bytes > 0 and kept.prefix_cache.nbytes() > 0
+    finally:
+        kept.close()
 
 
 async def test_adapter_can_be_loaded_inside_a_pause(tiny, adapter_dirs):

@@ -105,6 +105,7 @@ class Engine:
         max_kv_bytes: int | None = None,  # the slot cache's largest size: the context shrinks to what fits
         batch_invariant: bool = False,  # a request's numbers never depend on the others (CPU; batch_invariance.py)
         memory_limit_bytes: int | None = None,  # bytes its caches and passes may hold; None: what the device has free
+        release_when_idle: bool = True,  # free the KV, prefixes (and CUDA graphs) in a pause with nothing in flight
     ):
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -175,7 +176,8 @@ class Engine:
         # counts pauses (the loop starts no step while > 0) and waits for the current step to end,
         # so the trainer may load an adapter from inside a pause without deadlocking.
         self._step_lock = threading.RLock()
-        self._released_capacity = 0  # KV capacity freed during a pause (CPU), restored at its end
+        self.release_when_idle = release_when_idle
+        self._released_capacity = 0  # KV capacity freed during a pause, restored at its end
         self._compute.attach(self)
 
     # ---------------------------------------------------------------- what the engine is made of
@@ -323,16 +325,18 @@ class Engine:
             self._release_idle_memory()
 
     def _release_idle_memory(self) -> None:
-        """On the CPU, with no sequence in the slots, free what a pause makes useless: the merged copy
-        and the prefix cache (both dropped at the pause's end anyway) and the slot KV buffers
-        (allocated again at the end). A pause is where the trainer runs, and its backward is a run's
-        memory peak; SmolLM2 in fp32 serves from ~0.4 GB of merged weights, ~0.2 GB of prefixes and
-        0.4-0.8 GB of KV that the update need not sit on. CUDA keeps its buffers: captured graphs
-        point at them."""
+        """With no sequence in the slots, free what a pause makes useless: the merged copy and the prefix
+        cache (both dropped at the pause's end anyway) and the slot KV buffers (allocated again at the
+        end). A pause is where the trainer runs, and its backward is a run's memory peak: SmolLM2 in fp32
+        serves from ~0.4 GB of merged weights, ~0.2 GB of prefixes and 0.4-0.8 GB of KV on the CPU, and a
+        7B step's 64 slots and prefixes hold ~1.1 GB on a GPU, the whole gap between its update's peak and
+        TRL's. On CUDA the decode graphs read the buffers by address, so they go too; each is captured
+        again when its bucket is next decoded (`release_when_idle=False` keeps all of it)."""
         st = self.state
-        if self.device.type != "cpu" or st.running or st.admitted or self._released_capacity:
+        if not self.release_when_idle or st.running or st.admitted or self._released_capacity:
             return
         self._weights_changed()
+        self.runner.graphs.clear()
         if st.prefix_cache is not None:
             st.prefix_cache.release()
         self._released_capacity = st.buffers.release()
