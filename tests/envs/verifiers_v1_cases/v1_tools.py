@@ -4,6 +4,8 @@ off the trace's messages."""
 
 from typing import Literal
 
+import json
+
 import verifiers.v1 as vf
 
 Digit = Literal[1, 2, 3, 4]  # the operands of this taskset's sums (a schema the tiny model's sampler can finish)
@@ -23,6 +25,8 @@ class AddTaskConfig(vf.TaskConfig):
 
 
 class AddData(vf.TaskData):
+    a: int
+    b: int
     answer: str
 
 
@@ -40,6 +44,15 @@ class AddTask(vf.Task[AddData, vf.State, AddTaskConfig]):
         results = [str(m.content) for m in trace.messages if m.role == "tool"]
         return float(self.data.answer in results)
 
+    @vf.reward(weight=0.5)
+    async def right_operands(self, trace: vf.Trace) -> float:
+        """The share of the question's operands the first call passed (partial credit, so a group differs)."""
+        calls = [c for m in trace.messages if m.role == "assistant" for c in (m.tool_calls or [])]
+        if not calls:
+            return 0.0
+        args = json.loads(calls[0].arguments or "{}")
+        return (float(args.get("a") == self.data.a) + float(args.get("b") == self.data.b)) / 2
+
     @vf.metric
     async def tool_results(self, trace: vf.Trace) -> float:
         return float(sum(1 for m in trace.messages if m.role == "tool"))
@@ -52,7 +65,8 @@ class AddConfig(vf.TasksetConfig):
 class AddTaskset(vf.Taskset[AddTask, AddConfig]):
     def load(self) -> list[AddTask]:
         pairs = [(a, b) for a in range(1, 5) for b in range(1, 5)]
-        return [AddTask(AddData(idx=i, prompt=f"Use the add tool to compute {a} + {b}.", answer=str(a + b)),
+        return [AddTask(AddData(idx=i, prompt=f"Use the add tool to compute {a} + {b}.", a=a, b=b,
+                                        answer=str(a + b)),
                         self.config.task) for i, (a, b) in enumerate(pairs)]
 
 
