@@ -95,4 +95,4 @@ def test_verifiers_v1_tasksets_train_under_gw_fit_on_the_openai_2_sdk(tmp_path):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
     tail = (done.stdout + done.stderr)[-6000:]
     assert done.returncode == 0, tail
-    assert re.search(r"\b5 passed\b", done.stdout) and "skipped" not in done.stdout, tail
+    assert re.search(r"\b6 passed\b", done.stdout) and "skipped" not in done.stdout, tail

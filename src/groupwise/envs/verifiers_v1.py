@@ -292,7 +292,7 @@ def make_rollout(env: Any, tasks: list[Any], *, sampling_args: dict[str, Any] | 
             if number is not None:
                 metrics[name] = number
         metrics["turns"] = float(len(calls))
-        metrics["truncated"] = float(bool(trace.is_timeout))
+        metrics["truncated"] = float(bool(trace.is_truncated or trace.is_timeout))
         return Trajectory(messages_and_choices=first.messages_and_choices, tools=first.tools,
                           additional_histories=more, reward=float(trace.reward), metrics=metrics,
                           metadata={"stop_condition": str(trace.stop_condition or "")})

@@ -20,6 +20,7 @@ import verifiers.v1 as vf
 import groupwise as gw
 from groupwise.core.choices import choice_token_ids
 from groupwise.runs.series import rows
+from v1_broken import BrokenTaskset
 from v1_sums import SYSTEM, SumTaskset
 from v1_tools import AddTaskset
 
@@ -86,6 +87,18 @@ async def test_a_multi_turn_taskset_with_an_mcp_tool_trains_two_steps(tiny_model
     m = trajectory.metrics
     assert trajectory.reward == pytest.approx(m["used_the_result"] + 0.5 * m["right_operands"])
     assert m["right_operands"] == (float(args["a"] == 4) + float(args["b"] == 1)) / 2  # the task asks 4 + 1
+
+
+async def test_a_rollout_whose_reward_failed_is_an_env_error_not_a_zero(tiny_model_dir, tmp_path):
+    spec = gw.envs.from_verifiers(BrokenTaskset, val_size=1, test_size=1)
+    model = gw.TrainableModel(name="broken", project="vf1", base_model=tiny_model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    await model.register(backend)
+    try:
+        with pytest.raises(gw.errors.EnvError, match="episode failed:.*no 'expected' field"):
+            await spec.rollout(model, spec.scenarios(0, max_tokens=4)[0][0])
+    finally:
+        await backend.close()
 
 
 def test_an_env_whose_agent_runs_in_a_remote_sandbox_is_refused_saying_what_to_do():
