@@ -205,7 +205,7 @@ class _Endpoint:
                 await self.stop.wait()
         except BaseException as exc:
             if not ready.done():
-                ready.set_exception(exc)
+                ready.cancel() if isinstance(exc, asyncio.CancelledError) else ready.set_exception(exc)
             raise
         finally:
             await runner.cleanup()
@@ -216,7 +216,13 @@ class _Endpoint:
                 self.stop = asyncio.Event()
                 ready = asyncio.get_running_loop().create_future()
                 self.task = asyncio.create_task(self._serve(ready), name="groupwise-verifiers-v1-serving")
-                await ready
+                try:
+                    await ready
+                except BaseException:  # it failed to start, or this rollout was cancelled while it started
+                    self.stop.set()
+                    task, self.task = self.task, None
+                    await asyncio.gather(task, return_exceptions=True)
+                    raise
             self.count += 1
 
     async def release(self) -> None:

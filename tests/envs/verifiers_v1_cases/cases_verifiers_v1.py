@@ -107,6 +107,9 @@ def test_an_env_whose_agent_runs_in_a_remote_sandbox_is_refused_saying_what_to_d
         gw.envs.from_verifiers(env)
     with pytest.raises(gw.errors.EnvError, match="JudgeConfig"):
         gw.envs.from_verifiers(SumTaskset, judge="local/x")
+    # a taskset instance (its config without an id) is found by its module, and num_tasks takes its first N
+    spec = gw.envs.from_verifiers(SumTaskset(vf.TasksetConfig()), num_tasks=8, val_size=2, test_size=2)
+    assert spec.name == "verifiers:v1_sums" and [len(s) for s in spec.scenarios(0)] == [4, 2, 2]
 
 
 def test_groupwise_train_runs_a_v1_taskset_named_by_its_module(tiny_model_dir, tmp_path, capsys, monkeypatch):
