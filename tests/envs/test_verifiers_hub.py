@@ -8,6 +8,10 @@ It runs `verifiers_cases/cases_verifiers.py` there, in a subprocess: the point o
 SDK, which one process cannot hold beside the 3.x one. Building it costs about a minute of pip (280 MB,
 mostly pyarrow for verifiers' `datasets`); set GROUPWISE_TEST_CACHE to keep it between CI runs. When PyPI
 cannot be reached the test is skipped, saying so; any other failure of pip fails it.
+
+verifiers 0.4 (its v1 stack only) gets an environment of its own the same way, with `uv` beside it: v1
+runs its harness as a PEP 723 script that its subprocess runtime prepares with uv (which fetches the
+script's own dependencies, openai and mcp, once into uv's cache).
 """
 
 from __future__ import annotations
@@ -24,24 +28,28 @@ from pathlib import Path
 import pytest
 
 REQUIREMENTS = ["verifiers==0.3.1", "openai>=2.54,<3"]
+REQUIREMENTS_V1 = ["verifiers==0.4.0", "openai>=2.54,<3", "uv"]
 REPO = Path(__file__).resolve().parents[2]
 CASES = Path(__file__).parent / "verifiers_cases"
+CASES_V1 = Path(__file__).parent / "verifiers_v1_cases"
 PROBE = ("import openai, verifiers as vf; assert openai.__version__.startswith('2.'); "
          "vf.SingleTurnEnv, vf.ToolEnv, vf.JudgeRubric, vf.OpenAIChatCompletionsClient")
+PROBE_V1 = ("import openai, verifiers.v1 as vf; assert openai.__version__.startswith('2.'); "
+            "vf.Taskset, vf.SingleAgentEnv, vf.Toolset")
 UNREACHABLE = re.compile(r"Failed to establish a new connection|Temporary failure in name resolution|"
                          r"Network is unreachable|Connection refused|ConnectTimeoutError|ReadTimeoutError|"
                          r"No matching distribution found for verifiers")
 
 
-def _env_dir() -> Path:
+def _env_dir(requirements: list[str]) -> Path:
     root = Path(os.environ.get("GROUPWISE_TEST_CACHE") or Path.home() / ".cache" / "groupwise-tests")
-    tag = hashlib.sha256("\n".join(REQUIREMENTS).encode()).hexdigest()[:12]
+    tag = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:12]
     return root / f"verifiers-env-py{sys.version_info.major}{sys.version_info.minor}-{tag}"
 
 
-def _verifiers_python() -> Path:
+def _verifiers_python(requirements: list[str] = REQUIREMENTS, probe_code: str = PROBE) -> Path:
     """The cached environment's python, built when missing (module doc); skips when PyPI is unreachable."""
-    env = _env_dir()
+    env = _env_dir(requirements)
     python = env / "bin" / "python"
     if not python.exists():
         venv.EnvBuilder(with_pip=False, clear=True).create(env)
@@ -53,15 +61,15 @@ def _verifiers_python() -> Path:
     marker = own / "groupwise-test-requirements.txt"
     # the cached install was resolved against the test venv of its day: a probe that fails (a package the
     # venv had then and lacks now) installs again, which pip fills in from what is missing
-    probe = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True)
-    if probe.returncode != 0 or not marker.exists() or marker.read_text() != "\n".join(REQUIREMENTS):
+    probe = subprocess.run([str(python), "-c", probe_code], capture_output=True, text=True)
+    if probe.returncode != 0 or not marker.exists() or marker.read_text() != "\n".join(requirements):
         done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
-                               "--disable-pip-version-check", *REQUIREMENTS], capture_output=True, text=True)
+                               "--disable-pip-version-check", *requirements], capture_output=True, text=True)
         if done.returncode != 0:
             if UNREACHABLE.search(done.stdout + done.stderr):
                 pytest.skip(f"PyPI unreachable, verifiers not installed: {(done.stderr or done.stdout)[-300:]}")
-            raise AssertionError(f"pip could not install {REQUIREMENTS}:\n{done.stdout}\n{done.stderr}")
-        marker.write_text("\n".join(REQUIREMENTS))
+            raise AssertionError(f"pip could not install {requirements}:\n{done.stdout}\n{done.stderr}")
+        marker.write_text("\n".join(requirements))
     return python
 
 
@@ -74,3 +82,17 @@ def test_verifiers_environments_train_under_gw_fit_on_the_openai_2_sdk(tmp_path)
     tail = (done.stdout + done.stderr)[-6000:]
     assert done.returncode == 0, tail
     assert re.search(r"\b7 passed\b", done.stdout) and "skipped" not in done.stdout, tail
+
+
+def test_verifiers_v1_tasksets_train_under_gw_fit_on_the_openai_2_sdk(tmp_path):
+    python = _verifiers_python(REQUIREMENTS_V1, PROBE_V1)
+    # the env's bin holds uv (v1's runtime looks for it on the PATH); the cases folder is on PYTHONPATH because
+    # v1 imports a taskset by module name, in this process and in the tool servers it launches
+    env = {**os.environ, "PATH": os.pathsep.join([str(python.parent), os.environ.get("PATH", "")]),
+           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(CASES_V1), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-o",
+                           "python_files=cases_*.py", "--basetemp", str(tmp_path / "cases"), str(CASES_V1)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
+    tail = (done.stdout + done.stderr)[-6000:]
+    assert done.returncode == 0, tail
+    assert re.search(r"\b6 passed\b", done.stdout) and "skipped" not in done.stdout, tail

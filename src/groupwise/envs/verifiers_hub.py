@@ -17,7 +17,7 @@
 
 The classic API (verifiers 0.2 and 0.3: ``verifiers.envs`` and ``verifiers.legacy``) is the one
 environments on the hub are written in; verifiers 0.4 ships only its ``v1`` task/harness stack, which
-this module does not drive (`SUPPORTED` says so at the call).
+`verifiers_v1` drives (``from_verifiers`` hands a v1 ``Env`` or ``Taskset`` to it).
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ from groupwise.envs.spec import EnvSpec
 from groupwise.envs._chat import Sampling, inference_name
 from groupwise.errors import ArgumentTypeError, EnvError, MissingDependencyError
 
-SUPPORTED = "verifiers>=0.2,<0.4 (SingleTurnEnv, MultiTurnEnv, ToolEnv and their subclasses)"
+SUPPORTED = ("verifiers>=0.2,<0.5: the classic API of 0.2 and 0.3 (SingleTurnEnv, MultiTurnEnv, ToolEnv and their "
+             "subclasses) and the verifiers.v1 stack of 0.4 (a vf.Taskset, or a vf.Env whose agents run in the "
+             "local subprocess runtime)")
 # The reply seed of turn k is seed + TURN_SEED_STRIDE * k: one seed for every turn would replay the same
 # random numbers in each reply (the built-in envs do the same: `_chat.turn_sampling`).
 TURN_SEED_STRIDE = 7919
@@ -74,8 +76,13 @@ def load_verifiers_environment(name: str, **env_args: Any) -> Any:
         return vf.load_environment(name, **env_args)
     load = getattr(module, "load_environment", None)
     if not callable(load):
-        raise EnvError(f"module {module_name!r} has no load_environment(): a verifiers environment module "
-                       "defines `def load_environment(**kwargs) -> vf.Environment`.")
+        from groupwise.envs import verifiers_v1
+
+        if verifiers_v1.v1_taskset_module(module):  # a verifiers 0.4 taskset plugin: it exports its Taskset
+            return verifiers_v1.environment(module_name, **env_args)
+        raise EnvError(f"module {module_name!r} has no load_environment() and exports no verifiers.v1 Taskset: a "
+                       "verifiers environment module defines `def load_environment(**kwargs) -> vf.Environment` "
+                       "(verifiers 0.2/0.3), or exports its `vf.Taskset` subclass in `__all__` (verifiers 0.4).")
     return load(**env_args)
 
 
@@ -140,7 +147,7 @@ def _plain(message: Any) -> dict[str, Any]:
     return {k: v for k, v in dict(message).items() if v is not None}
 
 
-def _histories(calls: list[tuple[list[Any], Any, Any]]) -> list[History]:
+def conversations(calls: list[tuple[list[Any], Any, Any]]) -> list[History]:
     """The conversations the env ran: each request's messages, then its Choice. A request that continues the
     previous one (its messages start with the previous request's and then the reply) extends it; one that
     does not (an env that rewrites its history) starts a new conversation."""
@@ -212,7 +219,7 @@ def make_rollout(env: Any, *, sampling_args: dict[str, Any] | None = None) -> An
         await env.rubric.cleanup(state)
         if not calls:
             raise EnvError("the verifiers env ended its rollout without asking the model anything; nothing to train")
-        first, *more = _histories(calls)
+        first, *more = conversations(calls)
         metrics: dict[str, float] = {}
         for name, value in (state.get("metrics") or {}).items():
             number = _number(value)
@@ -240,11 +247,13 @@ def from_verifiers(
     val_size: int = 32,
     test_size: int = 32,
     sampling_args: dict[str, Any] | None = None,
+    num_tasks: int | None = None,
 ) -> Any:
     """An `EnvSpec` for a verifiers environment (module doc).
 
     Args:
-        env: a verifiers ``Environment`` (``vf.load_environment(...)``, ``vf.SingleTurnEnv(...)``, ...).
+        env: a verifiers ``Environment`` (``vf.load_environment(...)``, ``vf.SingleTurnEnv(...)``, ...), or
+            of verifiers 0.4's v1 stack a ``vf.Taskset`` (class or instance) or a ``vf.Env`` (`verifiers_v1`).
         judge: point every ``JudgeRubric`` of the env at this judge (``"local/<model>"``, a provider's
             ``"openai/gpt-4.1-mini"``, or any name with `judge_client`); None keeps the env's own judge.
         judge_client: an ``openai.AsyncOpenAI`` for `judge` (e.g. ``LocalBackend.judge_client(...)``).
@@ -252,7 +261,16 @@ def from_verifiers(
         max_tokens: the most tokens per model turn (default: the env's ``sampling_args``' max_tokens, else 256).
         val_size, test_size: how many validation and test rows (from the eval dataset when the env has one).
         sampling_args: more request settings for every model turn (the env's own ``sampling_args`` first).
+        num_tasks: a v1 taskset's first N tasks (needed for an infinite one); classic envs use all rows.
     """
+    from groupwise.envs import verifiers_v1
+
+    if verifiers_v1.is_v1(env):
+        return verifiers_v1.from_v1(env, name=name, max_tokens=max_tokens, val_size=val_size, test_size=test_size,
+                                    sampling_args=sampling_args, judge=judge, num_tasks=num_tasks)
+    if num_tasks is not None:
+        raise ArgumentTypeError("num_tasks= takes the first N tasks of a verifiers v1 taskset; a classic env's rows "
+                                "are its dataset's (pass a smaller dataset)")
     vf = _import_verifiers()
     if not hasattr(env, "rollout") or not hasattr(env, "rubric") or not hasattr(vf, "OpenAIChatCompletionsClient"):
         raise ArgumentTypeError(f"gw.envs.from_verifiers takes a verifiers Environment of {SUPPORTED}; got "
