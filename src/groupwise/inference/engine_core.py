@@ -50,10 +50,10 @@ def resolve_engine_process(choice: str | None, device_type: str) -> str:
     """``"in_process"`` or ``"separate"`` for the setting `choice` (None: the default) on a device of
     `device_type`. ``"auto"``: in process, everywhere for now. On the CPU the engine's own forward passes
     are the bound and a second process only adds the socket hop and a second interpreter on the same cores
-    (docs/benchmarks.md has the measurement). On CUDA the per-request Python of one process is what bounds
-    the GPU, so the separate core is expected to win there; its first GPU measurement (bench/engine_process.py
-    --device cuda, 32 sequences in flight) was not decisive (+4-5% through the app, -6-8% for the bare
-    engine): a default is chosen by a measurement, so until one says so ``"separate"`` is asked for by name."""
+    (docs/benchmarks.md has the measurement). On CUDA the per-request Python is the bound, but one frontend
+    process runs all of it under one GIL with the core separate too: measured on an H200 at 256 requests,
+    one frontend made 0.94x-1.24x of the in-process app, two 1.63x and four 1.98x. The server is one
+    frontend, so ``"separate"`` is asked for by name until several frontends feed the core."""
     choice = choice or DEFAULT_ENGINE_PROCESS
     if choice not in ENGINE_PROCESS_CHOICES:
         raise ConfigError(f"engine_process={choice!r} must be one of {list(ENGINE_PROCESS_CHOICES)}",

@@ -44,8 +44,8 @@ def serve_model(model: str, *, adapters: list[str], host: str, port: int, api_ke
     `max_kv_gb` (default: a third of the memory free after loading: growing the cache holds the old
     buffers beside the new ones for a moment). `allowed_hosts`: names besides localhost and `host` that
     requests may call the server by (groupwise.core.http_guard). `engine_process`: the engine in this
-    process, or in a core process of its own that this one feeds over ZeroMQ (engine_core.py; "auto": separate
-    on CUDA, where this process's per-request Python would otherwise hold up the GPU)."""
+    process, or in a core process of its own that this one feeds over ZeroMQ (engine_core.py; "auto": in
+    process, since this server is one frontend: `resolve_engine_process` says what was measured)."""
     import os
 
     from groupwise.runtime.compute import compute_thread
