@@ -1,11 +1,10 @@
 """gw.envs.from_verifiers with the real verifiers package, on the openai 2.x SDK it pins.
 
 verifiers cannot join the test venv: its latest release pins openai < 3 (the venv has 3.x) and 0.3 pins
-mcp < 2. So this test builds an environment of its own once (cached): a venv without pip whose
-site-packages holds verifiers and openai 2.x, and which then reads the test venv's site-packages (a .pth
-appends them, so torch, transformers and groupwise itself come from there, while verifiers' pins win).
-It runs `verifiers_cases/cases_verifiers.py` there, in a subprocess: the point of the test is the other
-SDK, which one process cannot hold beside the 3.x one. Building it costs about a minute of pip (280 MB,
+mcp < 2. So this test builds an environment of its own once (cached; overlay_env.py: verifiers and
+openai 2.x over the test venv's packages, verifiers' pins winning). It runs
+`verifiers_cases/cases_verifiers.py` there, in a subprocess: the point of the test is the other SDK,
+which one process cannot hold beside the 3.x one. Building it costs about a minute of pip (280 MB,
 mostly pyarrow for verifiers' `datasets`); set GROUPWISE_TEST_CACHE to keep it between CI runs. When PyPI
 cannot be reached the test is skipped, saying so; any other failure of pip fails it.
 
@@ -16,16 +15,12 @@ script's own dependencies, openai and mcp, once into uv's cache).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import site
 import subprocess
-import sys
-import venv
 from pathlib import Path
 
-import pytest
+from overlay_env import overlay_python
 
 REQUIREMENTS = ["verifiers==0.3.1", "openai>=2.54,<3"]
 REQUIREMENTS_V1 = ["verifiers==0.4.0", "openai>=2.54,<3", "uv"]
@@ -36,41 +31,10 @@ PROBE = ("import openai, verifiers as vf; assert openai.__version__.startswith('
          "vf.SingleTurnEnv, vf.ToolEnv, vf.JudgeRubric, vf.OpenAIChatCompletionsClient")
 PROBE_V1 = ("import openai, verifiers.v1 as vf; assert openai.__version__.startswith('2.'); "
             "vf.Taskset, vf.SingleAgentEnv, vf.Toolset")
-UNREACHABLE = re.compile(r"Failed to establish a new connection|Temporary failure in name resolution|"
-                         r"Network is unreachable|Connection refused|ConnectTimeoutError|ReadTimeoutError|"
-                         r"No matching distribution found for verifiers")
-
-
-def _env_dir(requirements: list[str]) -> Path:
-    root = Path(os.environ.get("GROUPWISE_TEST_CACHE") or Path.home() / ".cache" / "groupwise-tests")
-    tag = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:12]
-    return root / f"verifiers-env-py{sys.version_info.major}{sys.version_info.minor}-{tag}"
 
 
 def _verifiers_python(requirements: list[str] = REQUIREMENTS, probe_code: str = PROBE) -> Path:
-    """The cached environment's python, built when missing (module doc); skips when PyPI is unreachable."""
-    env = _env_dir(requirements)
-    python = env / "bin" / "python"
-    if not python.exists():
-        venv.EnvBuilder(with_pip=False, clear=True).create(env)
-    own = Path(subprocess.check_output([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
-                                       text=True).strip())
-    # addsitedir, not a bare path: the test venv's own .pth files (an editable install) are read too
-    lines = "".join(f"import site; site.addsitedir({p!r})\n" for p in site.getsitepackages())
-    (own / "zz_groupwise_test_venv.pth").write_text(lines)
-    marker = own / "groupwise-test-requirements.txt"
-    # the cached install was resolved against the test venv of its day: a probe that fails (a package the
-    # venv had then and lacks now) installs again, which pip fills in from what is missing
-    probe = subprocess.run([str(python), "-c", probe_code], capture_output=True, text=True)
-    if probe.returncode != 0 or not marker.exists() or marker.read_text() != "\n".join(requirements):
-        done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
-                               "--disable-pip-version-check", *requirements], capture_output=True, text=True)
-        if done.returncode != 0:
-            if UNREACHABLE.search(done.stdout + done.stderr):
-                pytest.skip(f"PyPI unreachable, verifiers not installed: {(done.stderr or done.stdout)[-300:]}")
-            raise AssertionError(f"pip could not install {requirements}:\n{done.stdout}\n{done.stderr}")
-        marker.write_text("\n".join(requirements))
-    return python
+    return overlay_python(requirements, probe_code, "verifiers")
 
 
 def test_verifiers_environments_train_under_gw_fit_on_the_openai_2_sdk(tmp_path):

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from groupwise.chat.text import LONE_SURROGATE
 from groupwise.core.choices import wants_compact_token_data
 from groupwise.errors import ArgumentTypeError, EnvError
-from groupwise.core.trajectory import Choice, Message, Tools, Trajectory
+from groupwise.core.trajectory import Choice, History, Message, Tools, Trajectory
 
 
 class Sampling(BaseModel):
@@ -38,6 +38,11 @@ class Sampling(BaseModel):
     logprobs: bool = Field(True, description="Get the sampled tokens' logprobs (the trainer needs them; some APIs "
                            "refuse them with tools): asked for, unless the model's client gets them anyway "
                            "(groupwise's, as plain lists: groupwise.core.choices.TOKEN_DATA_HEADER).")
+
+
+# The reply seed of turn k is seed + TURN_SEED_STRIDE * k: one seed for every turn would replay the same
+# random numbers in each reply.
+TURN_SEED_STRIDE = 7919
 
 
 def inference_name(model: Any) -> str:
@@ -100,7 +105,7 @@ def turn_sampling(sampling: Sampling, turn: int) -> Sampling:
     replies would agree with each other more than chance)."""
     if sampling.sampling_seed is None or turn == 0:
         return sampling
-    return sampling.model_copy(update={"sampling_seed": sampling.sampling_seed + 7919 * turn})
+    return sampling.model_copy(update={"sampling_seed": sampling.sampling_seed + TURN_SEED_STRIDE * turn})
 
 
 def choice_text(choice: Choice) -> str:
@@ -147,3 +152,35 @@ def sendable_text(text: str) -> str:
     to SQLite. A model's JSON can carry a lone surrogate (``"\\ud800"`` parses to one), and an error
     message that quotes the model's argument carries it on. Other text is returned unchanged."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _plain(message: Any) -> dict[str, Any]:
+    if hasattr(message, "model_dump"):
+        message = message.model_dump(exclude_none=True)
+    return {k: v for k, v in dict(message).items() if v is not None}
+
+
+def conversations(calls: list[tuple[list[Any], Any, Any]]) -> list[History]:
+    """The conversations the env ran: each request's messages, then its Choice. A request that continues the
+    previous one (its messages start with the previous request's and then the reply) extends it; one that
+    does not (an env that rewrites its history) starts a new conversation."""
+    histories: list[History] = []
+    previous: list[dict[str, Any]] | None = None
+    items: list[Any] = []
+    tools = None
+    for prompt, call_tools, choice in calls:
+        messages = [_plain(m) for m in prompt]
+        continues = (previous is not None and len(messages) > len(previous)
+                     and messages[: len(previous)] == previous
+                     and messages[len(previous)].get("role") == "assistant")
+        if continues:
+            items.extend(messages[len(previous) + 1:])
+        else:
+            if items:
+                histories.append(History(messages_and_choices=items, tools=tools))
+            items, tools = list(messages), call_tools or None
+        items.append(choice)
+        previous = messages
+    if items:
+        histories.append(History(messages_and_choices=items, tools=tools))
+    return histories

@@ -87,6 +87,19 @@ def default_observation(observation: Any) -> str:
     return json.dumps(own, default=str, ensure_ascii=False)
 
 
+def _async_client(client: Any) -> bool:
+    """Whether `client` is OpenEnv's async client: its `reset` a coroutine function (openenv-core 0.3), or an
+    `openenv.core.EnvClient` (openenv 0.10, whose `reset` returns an awaitable on a running event loop and a
+    result elsewhere). Its `.sync()` wrapper is neither."""
+    if inspect.iscoroutinefunction(client.reset):
+        return True
+    try:
+        from openenv.core import EnvClient
+    except ImportError:
+        return False
+    return isinstance(client, EnvClient)
+
+
 def _session_opener(client: Any, base_url: str | None) -> tuple[Callable[[], Any], asyncio.Lock | None]:
     """How an episode gets its session: a fresh client per episode (a class with `base_url`, or a factory),
     or the one instance given, behind a lock (one WebSocket is one session on the server)."""
@@ -99,7 +112,7 @@ def _session_opener(client: Any, base_url: str | None) -> tuple[Callable[[], Any
         # trains the model on a loaded machine; its constructor takes a longer one.
         return (lambda: client(base_url=base_url, connect_timeout_s=CONNECT_TIMEOUT_S)), None
     if hasattr(client, "reset") and hasattr(client, "step"):
-        if not inspect.iscoroutinefunction(client.reset):
+        if not _async_client(client):
             raise ArgumentTypeError("gw.envs.from_openenv takes OpenEnv's async EnvClient (not its .sync() "
                                     "wrapper): rollouts run on the event loop")
         return (lambda: client), asyncio.Lock()

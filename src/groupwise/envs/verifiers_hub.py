@@ -31,17 +31,14 @@ from typing import Any
 from pydantic import Field
 
 from groupwise.core.choices import wants_compact_token_data
-from groupwise.core.trajectory import History, Trajectory
+from groupwise.core.trajectory import Trajectory
 from groupwise.envs.spec import EnvSpec
-from groupwise.envs._chat import Sampling, inference_name
+from groupwise.envs._chat import TURN_SEED_STRIDE, Sampling, conversations, inference_name
 from groupwise.errors import ArgumentTypeError, EnvError, MissingDependencyError
 
 SUPPORTED = ("verifiers>=0.2,<0.5: the classic API of 0.2 and 0.3 (SingleTurnEnv, MultiTurnEnv, ToolEnv and their "
              "subclasses) and the verifiers.v1 stack of 0.4 (a vf.Taskset, or a vf.Env whose agents run in the "
              "local subprocess runtime)")
-# The reply seed of turn k is seed + TURN_SEED_STRIDE * k: one seed for every turn would replay the same
-# random numbers in each reply (the built-in envs do the same: `_chat.turn_sampling`).
-TURN_SEED_STRIDE = 7919
 
 
 class VerifiersScenario(Sampling):
@@ -139,38 +136,6 @@ def _recording_client(vf: Any, openai_client: Any, calls: list[tuple[list[Any], 
             return response
 
     return RecordingClient(openai_client)
-
-
-def _plain(message: Any) -> dict[str, Any]:
-    if hasattr(message, "model_dump"):
-        message = message.model_dump(exclude_none=True)
-    return {k: v for k, v in dict(message).items() if v is not None}
-
-
-def conversations(calls: list[tuple[list[Any], Any, Any]]) -> list[History]:
-    """The conversations the env ran: each request's messages, then its Choice. A request that continues the
-    previous one (its messages start with the previous request's and then the reply) extends it; one that
-    does not (an env that rewrites its history) starts a new conversation."""
-    histories: list[History] = []
-    previous: list[dict[str, Any]] | None = None
-    items: list[Any] = []
-    tools = None
-    for prompt, call_tools, choice in calls:
-        messages = [_plain(m) for m in prompt]
-        continues = (previous is not None and len(messages) > len(previous)
-                     and messages[: len(previous)] == previous
-                     and messages[len(previous)].get("role") == "assistant")
-        if continues:
-            items.extend(messages[len(previous) + 1:])
-        else:
-            if items:
-                histories.append(History(messages_and_choices=items, tools=tools))
-            items, tools = list(messages), call_tools or None
-        items.append(choice)
-        previous = messages
-    if items:
-        histories.append(History(messages_and_choices=items, tools=tools))
-    return histories
 
 
 def _number(value: Any) -> float | None:

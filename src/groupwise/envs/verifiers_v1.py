@@ -36,9 +36,8 @@ from pydantic import Field
 
 from groupwise.core.choices import wants_compact_token_data
 from groupwise.core.trajectory import Trajectory
-from groupwise.envs._chat import Sampling, inference_name
+from groupwise.envs._chat import TURN_SEED_STRIDE, Sampling, conversations, inference_name
 from groupwise.envs.spec import EnvSpec
-from groupwise.envs.verifiers_hub import TURN_SEED_STRIDE, conversations
 from groupwise.errors import ArgumentTypeError, EnvError, MissingDependencyError
 
 SESSION_HEADER = "X-Session-ID"  # v1's eval client sends the trace id with every call it forwards
