@@ -149,7 +149,8 @@ def _backend(args: Any, path: str) -> Any:
     return gw.LocalBackend(path=path, **where, dtype=args.dtype, best_checkpoint_metric=None,
                            served_steps=1, serve_http=False, verify_adapter=not args.no_verify, max_batch_size=runs * args.prompts * args.group_size,
                            lora=gw.LoraConfig(rank=args.rank, alpha=2 * args.rank),
-                           load_model=load_model if random_arch else None)
+                           load_model=load_model if random_arch else None,
+                           engine_kwargs={"release_when_idle": False} if args.keep_kv else None)
 
 
 def _base(args: Any) -> str:
@@ -241,6 +242,9 @@ def main() -> int:
                    "process (LocalBackend(devices=[device])): the client's work (requests, parsing responses, "
                    "writing trajectories) stays in this process; peak memory is then not measured")
     p.add_argument("--case", choices=["together", "sequence"], default=None, help="(internal) run one case")
+    p.add_argument("--cases", default="sequence,together", help="which cases to run (the ratio needs both)")
+    p.add_argument("--keep-kv", action="store_true", help="keep the engine's KV, prefixes and CUDA graphs through "
+                                                         "each update (Engine(release_when_idle=False))")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     sys.path.insert(0, str(HERE))  # train_step's builder
@@ -254,7 +258,7 @@ def main() -> int:
 
         card = torch.cuda.get_device_name(0)
     results = {}
-    for name in ("sequence", "together"):
+    for name in args.cases.split(","):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]))
         out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--case", name], env=env, text=True,
                              stdout=subprocess.PIPE, stderr=None)
@@ -271,6 +275,8 @@ def main() -> int:
               f"{r['rollout_s']:.1f} s, train phases {r['train_s']:.1f} s "
               f"(of which optimizer steps {r['update_s']:.1f} s); engine passes: "
               + ", ".join(f"{k} {r.get(k, 0)}" for k in COUNTERS), flush=True)
+    if len(results) < 2:
+        return 0
     seq, tog = results["sequence"], results["together"]
     print(f"\n{args.runs} runs of {_base(args)} on {card} ({args.workload}: {args.prompts} x {args.group_size} rollouts "
           f"a step, {args.steps} timed steps each): together / sequence = "
