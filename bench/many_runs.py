@@ -128,6 +128,7 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
             totals["update_s"] = totals.get("update_s", 0) + result.metrics.get("update_time", 0)
 
 
+KV_CHOICES = {"auto": None, "release": True, "keep": False}  # --kv: Engine(release_when_idle=...)
 COUNTERS = ("prefill_passes", "warm_passes", "decode_passes", "graph_captures")
 
 
@@ -150,7 +151,7 @@ def _backend(args: Any, path: str) -> Any:
                            served_steps=1, serve_http=False, verify_adapter=not args.no_verify, max_batch_size=runs * args.prompts * args.group_size,
                            lora=gw.LoraConfig(rank=args.rank, alpha=2 * args.rank),
                            load_model=load_model if random_arch else None,
-                           engine_kwargs={"release_when_idle": False} if args.keep_kv else None)
+                           engine_kwargs={"release_when_idle": KV_CHOICES[args.kv]})
 
 
 def _base(args: Any) -> str:
@@ -243,9 +244,9 @@ def main() -> int:
                    "writing trajectories) stays in this process; peak memory is then not measured")
     p.add_argument("--case", choices=["together", "sequence"], default=None, help="(internal) run one case")
     p.add_argument("--cases", default="sequence,together", help="which cases to run (the ratio needs both)")
-    p.add_argument("--keep-kv", action="store_true", help="keep the engine's KV, prefixes and CUDA graphs through "
-                                                         "each update (Engine(release_when_idle=False))")
-    p.add_argument("--json", default=None)
+    p.add_argument("--kv", choices=list(KV_CHOICES), default="auto",
+                   help="the engine's KV, prefixes and CUDA graphs in each update's pause: freed (release), kept "
+                        "(keep), or the engine's default, freed under memory pressure (auto)")
     args = p.parse_args()
     sys.path.insert(0, str(HERE))  # train_step's builder
     if args.case is not None:

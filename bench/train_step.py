@@ -142,7 +142,7 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
     peft_model = C.call(wrap_with_lora, model, LoraConfig(rank=args.rank, alpha=2 * args.rank,
                                                           target_modules=tuple(args.targets)))
     peft_model.eval()
-    engine = Engine(peft_model, tok, max_batch_size=args.prompts * args.group_size, release_when_idle=not args.keep_kv)
+    engine = Engine(peft_model, tok, max_batch_size=args.prompts * args.group_size, release_when_idle=KV_CHOICES[args.kv])
     trainer = C.call(Trainer, peft_model, pad_token_id=tok.pad_token_id)
     # TRL runs the step's batch as one micro-batch (per_device_train_batch_size = the batch): by default so
     # do we. Measured on an H100 (Qwen2.5-0.5B, 64 x 295 tokens, compiled): two micro-batches of 16384
@@ -219,6 +219,9 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
               f"trainable {batch.trainable_tokens} tokens {tokens}{memory}", flush=True)
     engine.close()
     return summarise(args, model, rows[args.warmup:args.warmup + args.steps])
+
+
+KV_CHOICES = {"auto": None, "release": True, "keep": False}  # --kv: Engine(release_when_idle=...)
 
 
 def _phase_peak_gb(device: str) -> float | None:
@@ -396,8 +399,9 @@ def main() -> None:
                    help="groupwise: TrainConfig(compile=True); compiles at the first warm-up step (and once more when a new length appears): use --warmup 2")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="profile one more groupwise update after the timed ones (not timed) and print the top ROWS ops")
-    p.add_argument("--keep-kv", action="store_true", help="groupwise: keep the engine's KV, prefixes and graphs "
-                                                         "through the update (Engine(release_when_idle=False))")
+    p.add_argument("--kv", choices=list(KV_CHOICES), default="auto",
+                   help="groupwise: the engine's KV, prefixes and CUDA graphs in the update's pause: freed "
+                        "(release), kept (keep), or the engine's default, freed under memory pressure (auto)")
     p.add_argument("--side", choices=["trl", "groupwise"], help=argparse.SUPPRESS)
     p.add_argument("--side-json", help=argparse.SUPPRESS)
     args = p.parse_args()
