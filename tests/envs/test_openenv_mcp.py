@@ -5,6 +5,7 @@ random model on it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -108,6 +109,15 @@ async def test_a_reply_without_a_tool_call_ends_the_episode_or_is_submitted_as_t
     looping = await cut.rollout(scripted([{"tool_calls": [("add", {"a": 1, "b": 2})]}] * 2), scenario)
     assert [m["content"] for m in looping.messages() if m["role"] == "tool"] == ["3", "3"]
     assert looping.metrics["truncated"] == 1.0 and looping.metrics["done"] == 0.0 and looping.reward == 0.0
+    # a client instance is one session: a group's episodes on it take turns, each one from its own reset
+    shared = AdderEnv(base_url=server_url)
+    spec = gw.envs.from_openenv(shared, max_turns=2)
+    scenarios = spec.scenarios(0)[1][:3]
+    model = scripted(lambda body: {"tool_calls": [("submit_answer", {"answer": sum(_question(scenarios[0]))})]})
+    episodes = await asyncio.gather(*(spec.rollout(model, s) for s in scenarios))
+    assert [e.messages()[1]["content"] for e in episodes] == [f"What is {a} + {b}?" for a, b in map(_question, scenarios)]
+    assert episodes[0].reward == 1.0 and all(e.metrics["done"] == 1.0 for e in episodes)
+    await shared.close()
 
 
 def test_mcp_settings_are_checked(server_url):
