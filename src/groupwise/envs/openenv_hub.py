@@ -14,6 +14,10 @@ server's WebSocket session). Each episode is one trajectory:
   step's reward, for envs that score the whole episode at its end), with the step count, the return and
   done/truncated as metrics.
 
+An MCP tool environment (its client an ``openenv.core.mcp_client.MCPToolClient``, as OpenEnv's newer envs
+are) is played as a tool-calling conversation instead: its tools are the requests' OpenAI tools and each
+tool call a ``CallToolAction`` step (`groupwise.envs.openenv_mcp`).
+
 Every episode has its own session: a client class (or a factory) opens a new client per episode, so a
 group's episodes run at once (the server's ``max_concurrent_envs`` must allow as many sessions); a client
 instance has one session, so its episodes take turns on it. Scenarios are reset arguments: a seed each,
@@ -34,6 +38,8 @@ from pydantic import Field
 from groupwise.core.trajectory import Trajectory
 from groupwise.envs.spec import EnvSpec
 from groupwise.envs._chat import Sampling, choice_text, complete, split_seeds, turn_sampling
+from groupwise.envs.openenv_mcp import (DEFAULT_MCP_SYSTEM_PROMPT, check_mcp_arguments, default_mcp_observation,
+                                        is_mcp_client, mcp_episode)
 from groupwise.errors import ArgumentTypeError, EnvError
 
 DEFAULT_SYSTEM_PROMPT = "You are an agent acting in an environment. Each message is what you observe; reply with your action."
@@ -144,9 +150,11 @@ def from_openenv(
     base_url: str | None = None,
     action: Callable[[str], Any] | None = None,
     observation: Callable[[Any], str] | None = None,
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+    system_prompt: str | None = None,
     max_turns: int = 8,
     reward: Literal["sum", "last"] = "sum",
+    tool_choice: str | dict[str, Any] | None = None,
+    answer_tool: str | None = None,
     max_tokens: int = 64,
     n_train: int = 256,
     n_val: int = 32,
@@ -159,11 +167,19 @@ def from_openenv(
         client: the env's typed client class (``EchoEnv``; with `base_url`), a factory returning a new client,
             or a client instance (its episodes then take turns on its one session).
         base_url: the server, ``http://localhost:8000`` (as its users start it: ``uvicorn server.app:app``).
-        action: reply text -> the env's Action (default: the Action's one required text field).
-        observation: observation -> the user message the model reads (default: `default_observation`).
-        system_prompt: the first message of every episode.
+        action: reply text -> the env's Action (default: the Action's one required text field); not for an MCP
+            tool client, whose actions are the model's tool calls.
+        observation: observation -> the user message the model reads (default: `default_observation`; for an
+            MCP tool client `openenv_mcp.default_mcp_observation`, which shows the observation's metadata).
+        system_prompt: the first message of every episode (default: `DEFAULT_SYSTEM_PROMPT`, or
+            `openenv_mcp.DEFAULT_MCP_SYSTEM_PROMPT` for an MCP tool client).
         max_turns: the most model replies per episode; an episode cut there is marked truncated.
         reward: ``"sum"`` of the step rewards (the return), or the ``"last"`` step's.
+        tool_choice: MCP tool clients only: the requests' ``tool_choice`` (``"required"`` makes every reply a
+            tool call; None sends none, the server's default ``"auto"``).
+        answer_tool: MCP tool clients only: the tool (of one required argument) that a reply without a tool
+            call is submitted to, so the env scores the answer (e.g. ``"submit_answer"``); None ends the
+            episode on such a reply without a step.
         max_tokens: the most tokens per reply (a scenario setting; ``scenarios(seed, max_tokens=...)`` too).
         n_train, n_val, n_test: how many reset seeds each split has.
     """
@@ -175,15 +191,23 @@ def from_openenv(
     # the client's class declares the Action type; a factory's clients are built without connecting, so one
     # built here shows it
     client_cls = client if isinstance(client, type) else type(client) if lock is not None else type(open_session())
-    if action is None:
+    mcp = is_mcp_client(client_cls)
+    check_mcp_arguments(action=action, tool_choice=tool_choice, answer_tool=answer_tool, is_mcp=mcp)
+    if action is None and not mcp:
         declared = _type_args(client_cls) if client_cls is not None else ()
         if not declared:
             raise ArgumentTypeError("the client declares no Action type (EnvClient[Action, Observation, State]); "
                                     "pass action=lambda text: ... to build the env's action from a reply")
         action = default_action(declared[0])
-    render = observation or default_observation
+    render = observation or (default_mcp_observation if mcp else default_observation)
+    system_prompt = system_prompt if system_prompt is not None else (DEFAULT_MCP_SYSTEM_PROMPT if mcp
+                                                                      else DEFAULT_SYSTEM_PROMPT)
 
     async def episode(env: Any, model: Any, scenario: OpenEnvScenario) -> Trajectory:
+        if mcp:
+            return await mcp_episode(env, model, scenario, system_prompt=system_prompt, render=render,
+                                     max_turns=max_turns, reward=reward, tool_choice=tool_choice,
+                                     answer_tool=answer_tool)
         result = await env.reset(**scenario.reset)
         trajectory = Trajectory(messages_and_choices=[{"role": "system", "content": system_prompt},
                                                       {"role": "user", "content": render(result.observation)}])
@@ -232,7 +256,7 @@ def from_openenv(
     label = name or f"openenv:{client_cls.__name__ if client_cls is not None else 'env'}"
     return EnvSpec(
         name=label,
-        description=f"OpenEnv environment {label}, {reward} of its step rewards per episode",
+        description=f"OpenEnv {'MCP tool ' if mcp else ''}environment {label}, {reward} of its step rewards per episode",
         rollout=rollout,
         scenarios=scenarios,
         validate=lambda trajectory: trajectory.reward,
