@@ -16,8 +16,9 @@ from openai import AsyncOpenAI
 class ScriptedModel:
     """Has what a rollout uses: `name`, `inference_name()`, `openai_client()`.
 
-    Each reply is a string (the assistant's content) or a dict ``{"tool_calls": [(name, args), ...]}``
-    for a native tool call. Every request body is kept in `requests`.
+    Each reply is a string (the assistant's content), a dict ``{"tool_calls": [(name, args), ...]}`` for a
+    native tool call, or ``{"cut": text}`` (content that max_tokens cut: finish_reason "length"). Every
+    request body is kept in `requests`.
     """
 
     def __init__(self, replies: list[Any] | Callable[[dict], Any], name: str = "scripted-agent"):
@@ -40,6 +41,9 @@ class ScriptedModel:
         self.requests.append(body)
         reply = self._next(body)
         message: dict[str, Any] = {"role": "assistant", "content": None}
+        finish = "tool_calls" if isinstance(reply, dict) else "stop"
+        if isinstance(reply, dict) and "cut" in reply:  # {"cut": text}: a reply stopped by max_tokens
+            reply, finish = reply["cut"], "length"
         if isinstance(reply, dict):
             message["tool_calls"] = [
                 {"id": f"call_{len(self.requests)}_{i}", "type": "function",
@@ -54,7 +58,7 @@ class ScriptedModel:
         choice = {
             "index": 0,
             "message": message,
-            "finish_reason": "tool_calls" if isinstance(reply, dict) else "stop",
+            "finish_reason": finish,
             "logprobs": {"content": [{"token": t, "logprob": -0.25, "bytes": None, "top_logprobs": []} for t in tokens]},
             "token_ids": list(range(100, 100 + len(tokens))),
         }

@@ -104,6 +104,11 @@ async def test_a_reply_without_a_tool_call_ends_the_episode_or_is_submitted_as_t
     submitted = await answering.rollout(model, scenario)
     assert model.requests[0]["tool_choice"] == "auto"
     assert submitted.reward == 1.0 and submitted.metrics["done"] == 1.0 and submitted.metrics["tool_calls"] == 1.0
+    # a reply cut at max_tokens (a call or an answer cut short) is no answer: truncated, nothing submitted
+    model = scripted([{"cut": '<tool_call>{"name": "add", "argu'}])
+    cut_short = await answering.rollout(model, scenario)
+    assert cut_short.metrics["truncated"] == 1.0 and cut_short.metrics["answered"] == 0.0
+    assert cut_short.metrics["tool_calls"] == 0.0 and cut_short.reward == 0.0 and len(model.requests) == 1
     # max_turns replies of tool calls that do not end it: truncated
     cut = gw.envs.from_openenv(AdderEnv, base_url=server_url, max_turns=2)
     looping = await cut.rollout(scripted([{"tool_calls": [("add", {"a": 1, "b": 2})]}] * 2), scenario)

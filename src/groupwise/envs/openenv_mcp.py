@@ -141,6 +141,8 @@ async def mcp_episode(env: Any, model: Any, scenario: Any, *, system_prompt: str
         turn += 1
         calls = choice.message.tool_calls or []
         if not calls:  # the model's answer ends the episode; the env scores it only through a tool
+            if choice.finish_reason == "length":  # cut off at max_tokens (a call or an answer): truncated, unscored
+                break
             counts["answered"] = 1.0
             if answer_tool is not None:
                 await call(answer_tool, {_answer_argument(listed, answer_tool): choice_text(choice)})
