@@ -305,10 +305,10 @@ def make_rollout(env: Any, tasks: list[Any], *, sampling_args: dict[str, Any] | 
     return rollout
 
 
-def from_v1(env: Any, *, name: str | None = None, max_tokens: int | None = None, val_size: int = 32,
-            test_size: int = 32, sampling_args: dict[str, Any] | None = None, judge: str | None = None,
-            num_tasks: int | None = None) -> EnvSpec:
-    """`gw.envs.from_verifiers` for a v1 ``Env``, ``Taskset`` (class or instance) (module doc)."""
+def from_v1(env: Any, *, name: str | None, max_tokens: int | None, val_size: int, test_size: int,
+            sampling_args: dict[str, Any] | None, judge: str | None, num_tasks: int | None) -> EnvSpec:
+    """`gw.envs.from_verifiers` for a v1 ``Env``, ``Taskset`` (class or instance) (module doc); every setting
+    is `from_verifiers`'s, which owns their defaults."""
     vf = _v1()
     if judge is not None:
         raise EnvError("judge= re-points a classic JudgeRubric; a v1 task's judge is its own vf.JudgeConfig "

@@ -28,7 +28,7 @@ from groupwise.inference.api_messages import MessagesRequest
 from groupwise.inference.api_responses import ResponsesRequest
 from groupwise.inference.request_limits import MAX_MODEL_NAME_CHARS, MAX_TOOLS
 from groupwise.inference.requests import GenerationRequest
-from groupwise.inference.sampling import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
+from groupwise.inference.sampling import REPETITION_PENALTY_RANGE, SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
 
 __all__ = ["DEFAULT_RETURN_TOKENS_AS_TOKEN_IDS", "ChatCompletionRequest", "CompletionRequest", "Message", "MessagesRequest",
            "ResponsesRequest", "Tool", "describe_validation_error",
@@ -172,7 +172,8 @@ class _Sampling(Strict):
     # vLLM's extras
     top_k: int | None = Field(None, ge=-1, le=TOP_K_MAX)
     min_p: Probability | None = None
-    repetition_penalty: float | None = Field(None, gt=0.0)
+    # its range checked here, so the 400 names the field (SamplingParams checks it again for every caller)
+    repetition_penalty: float | None = Field(None, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1])
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     # vLLM's: write each logprob entry's token as "token_id:<id>" (None: this server's default, on)
