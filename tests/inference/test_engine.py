@@ -324,15 +324,15 @@ def test_a_gpu_releases_its_idle_caches_by_default_only_under_memory_pressure(mo
     # Freeing the KV on CUDA drops the decode graphs, which are then captured again (16-22% of the tokens/s
     # of 4 small runs on one GPU), so by default only a device short of memory pays that. The device's
     # readings are the seam: this machine has no GPU.
-    from groupwise.inference import engine as engine_module
+    from groupwise.runtime import memory
 
     gib = 2**30
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"total_memory": 80 * gib}))
     cuda = torch.device("cuda", 0)
-    monkeypatch.setattr(engine_module, "allocatable_bytes", lambda device: 30 * gib)
-    assert not engine_module.memory_pressed(cuda)
-    monkeypatch.setattr(engine_module, "allocatable_bytes", lambda device: 12 * gib)  # under a quarter of 80
-    assert engine_module.memory_pressed(cuda)
-    monkeypatch.setattr(engine_module, "allocatable_bytes", lambda device: None)  # unreadable: no release
-    assert not engine_module.memory_pressed(cuda)
-    assert not engine_module.memory_pressed(torch.device("cpu"))  # the CPU releases by its own rule
+    monkeypatch.setattr(memory, "allocatable_bytes", lambda device: 30 * gib)
+    assert not memory.memory_pressed(cuda)
+    monkeypatch.setattr(memory, "allocatable_bytes", lambda device: 12 * gib)  # under a quarter of 80
+    assert memory.memory_pressed(cuda)
+    monkeypatch.setattr(memory, "allocatable_bytes", lambda device: None)  # unreadable: no release
+    assert not memory.memory_pressed(cuda)
+    assert not memory.memory_pressed(torch.device("cpu"))  # the CPU releases by its own rule

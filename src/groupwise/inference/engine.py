@@ -60,7 +60,7 @@ from typing import Any
 import torch
 
 from groupwise.runtime.compute import compute_thread
-from groupwise.runtime.memory import allocatable_bytes
+from groupwise.runtime.memory import memory_pressed
 from groupwise.config import DEFAULT_MAX_BATCH_SIZE
 from groupwise.errors import ConfigError
 from groupwise.inference.adapter_slots import SLOT_PREFIX
@@ -83,19 +83,6 @@ from groupwise.runtime.special_tokens import special_tokens
 
 __all__ = ["Completion", "Engine", "EngineError", "EngineStats", "GenerationRequest", "GenerationResult",
            "PromptTooLongError", "RequestFailedError", "RequestMemoryError"]
-
-
-PRESSED_FRACTION = 0.25  # a device with less than this share of its memory allocatable is under pressure
-
-
-def memory_pressed(device: torch.device) -> bool:
-    """Whether `device` has less than `PRESSED_FRACTION` of its memory still allocatable (free, or cached by
-    torch and unused): where the trainer's update may need what the engine's idle caches hold."""
-    if device.type != "cuda":
-        return False
-    allocatable = allocatable_bytes(device)
-    total = torch.cuda.get_device_properties(device).total_memory
-    return allocatable is not None and allocatable < PRESSED_FRACTION * total
 
 
 class Engine:

@@ -14,7 +14,7 @@ import ctypes
 import sys
 from typing import Any
 
-__all__ = ["allocatable_bytes", "free_memory_bytes", "release_freed_memory"]
+__all__ = ["PRESSED_FRACTION", "allocatable_bytes", "free_memory_bytes", "memory_pressed", "release_freed_memory"]
 
 _libc = None
 
@@ -63,3 +63,20 @@ def allocatable_bytes(device: Any) -> int | None:
         except (OSError, StopIteration, ValueError, IndexError):
             return None
     return None
+
+
+PRESSED_FRACTION = 0.25  # a device with less than this share of its memory allocatable is under pressure
+
+
+def memory_pressed(device: Any) -> bool:
+    """Whether CUDA `device` has less than `PRESSED_FRACTION` of its memory still allocatable (free, or cached
+    by torch and unused): where a trainer's update may need what the engine's idle caches hold (the engine
+    frees them then: inference/engine.py). False off CUDA and where the memory cannot be read."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False
+    allocatable = allocatable_bytes(device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    return allocatable is not None and allocatable < PRESSED_FRACTION * total
