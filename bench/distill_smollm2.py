@@ -4,12 +4,14 @@
         --groups-per-step 1 --time-budget 1800 --teacher-budget 500 \
         --json distill.json --png docs/img/distill_smollm2.png        # oneword, the 2-core CPU, ~27 minutes
     python bench/distill_smollm2.py --from-json distill.json --png docs/img/distill_smollm2.png --write-docs
-    python bench/distill_smollm2.py --env 2048 --device cuda --json distill.json    # the 2048 job's teacher
+    groupwise train 2048 --seed 100 --name teacher-s100 --device cpu               # the teacher, as a user trains it
+    python bench/distill_smollm2.py --device cpu --env 2048 --teacher-run .groupwise/2048/models/teacher-s100 \
+        --arms grpo topk --steps 10 --time-budget 3300 --json distill_2048.json     # 2048 at its preset
     python bench/distill_smollm2.py --smoke            # a tiny random model, one step: the plumbing, in seconds
 
 The env (`--env`, any built-in one with a validation metric) must be one whose GRPO teacher clearly beats
 its base within the teacher's budget, or there is nothing to reach: `oneword` (the default; one-word
-answers, learnt in a dozen steps on the CPU) is; 2048's 8-step job did not beat its base on a first GPU call.
+answers, learnt in a dozen steps on the CPU) is, and so is 2048's job on the CPU (`groupwise train 2048`).
 
 What it runs, in one process on one `LocalBackend` (one copy of the base weights, one engine):
 
@@ -40,8 +42,9 @@ What it runs, in one process on one `LocalBackend` (one copy of the base weights
 until the budget, when they are cancelled (a step under way ends at its checkpoint) and the table is made
 of the steps they finished. The JSON (`--json`) is rewritten every few seconds while the students train,
 so a process killed from outside still leaves its curves. `--from-json` prints the table of a saved JSON,
-draws its PNG and, with `--write-docs`, writes its block of docs/benchmarks.md (between
-``<!-- bench:distill_smollm2 -->`` markers, with the command, commit and machine: bench/results_block.py).
+draws its PNG and, with `--write-docs`, writes its env's block of docs/benchmarks.md (between
+``<!-- bench:distill_smollm2 -->`` markers for oneword, ``distill_smollm2_<env>`` for another env, with the
+command, commit and machine: bench/results_block.py); the tables are bench/distill_tables.py's.
 """
 
 from __future__ import annotations

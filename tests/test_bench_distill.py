@@ -127,6 +127,12 @@ def test_the_table_and_the_docs_block_say_per_seed_what_each_arm_needed(tmp_path
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_repository_docs_hold_each_envs_block_once():
+    from results_block import BENCHMARKS, blocks
+
+    assert [blocks(BENCHMARKS).count(tables.block_name(env)) for env in ("oneword", "2048")] == [1, 1]
+
+
 def test_a_student_scenario_field_is_read_as_json_where_it_parses():
     assert [bench.scenario_field(t) for t in ("reward=exact", "max_tokens=8", "strict=true")] == [
         ("reward", "exact"), ("max_tokens", 8), ("strict", True)]
