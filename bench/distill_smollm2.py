@@ -203,7 +203,8 @@ class Bench:
                      "learning_rate": preset.learning_rate, "groups_per_step": preset.groups_per_step,
                      "rollouts_per_group": preset.rollouts_per_group, "val_size": len(val_t),
                      "as_preset": a.lr is None and a.rollouts_per_group is None and a.groups_per_step is None,
-                     "distill_top_k": a.distill_top_k, "time_budget_s": a.time_budget, "path": path,
+                     "distill_top_k": a.distill_top_k, "distill_coef": a.distill_coef,
+                     "time_budget_s": a.time_budget, "path": path,
                      "student_scenario": a.student_scenario},
             "status": "running", "teacher": None, "runs": {},
         }
@@ -234,6 +235,9 @@ class Bench:
                     await model.register(backend)
                     config = loop_config(spec, preset, a.steps, seed, a.device,
                                          distill_top_k=a.distill_top_k if arm == "topk" else None)
+                    if arm != "grpo" and a.distill_coef is not None:
+                        config = replace_set(config, train_config=replace_set(config.train_config,
+                                                                              distill_coef=a.distill_coef))
                     # Validation after every step, and every run trains its steps: the detectors warn only.
                     config = replace_set(config, eval_every=1, patience=a.steps + 1, **{
                         f: "warn" for f in ("on_reward_against_task", "on_val_drop", "on_val_unstable",
@@ -379,6 +383,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the teacher, instead of training one: a run folder `groupwise train` trained (of this base "
                         "and env; its best checkpoint by validation) or one of its checkpoint folders")
     p.add_argument("--distill-top-k", type=int, default=20, help="k of the topk arm")
+    p.add_argument("--distill-coef", type=float, default=None,
+                   help="the distillation arms' weight of the teacher's term (TrainConfig.distill_coef; default: its own)")
     p.add_argument("--student-scenario", action="append", default=[], metavar="FIELD=VALUE", type=scenario_field,
                    help="a field of the students' training scenarios, both arms alike (the teacher's and the "
                         "validation's stay the env's): e.g. reward=exact, oneword's sparse reward; repeatable")

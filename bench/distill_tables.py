@@ -165,10 +165,13 @@ def docs_block(m: dict[str, Any], png: str | None = None) -> str:
               "running": " The run did not finish (the JSON was written while it trained).",
               "failed": f" The run failed ({m.get('error')}): the table is made of the steps before."}.get(
                   m.get("status"), "")
+    coef = meta.get("distill_coef")  # None: TrainConfig's own default
+    weight = "" if coef is None else f", the distillation arms' teacher term weighted {coef:g} (distill_coef)"
     setup = (f"Base {meta['model']} ({meta['dtype']} on {meta['device']}); every run {meta['groups_per_step']} groups x "
              f"{meta['rollouts_per_group']} rollouts a step at lr {meta['learning_rate']:g}"
              f"{', the env preset' if meta.get('as_preset') else ''}"
              f"{''.join(f', the students trained with {k}={v}' for k, v in (meta.get('student_scenario') or {}).items())}"
+             f"{weight}"
              f"; students "
              f"of seeds {', '.join(map(str, meta['seeds']))}: {meta['steps']} steps each, validated after every step; "
              f"{m.get('wall_s', 0) / 60:.1f} minutes in all.{status}")
