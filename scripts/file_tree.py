@@ -16,6 +16,7 @@ NOTES = {
     ".gitignore": "ignored: venvs, caches, run stores",
     "README.md": "the front door: what groupwise is, the two commands, an example, results",
     "bench/data/distill_2048_topk.json": "bench/distill_smollm2.py's curves on the CPU, 2048 at its preset, top-k, the `groupwise train 2048` teacher: the docs block's run",
+    "bench/data/distill_2048_topk_coef3.json": "the same, the top-k students alone with distill_coef 3, 2 steps (docs/benchmarks.md)",
     "bench/data/distill_oneword_sampled.json": "bench/distill_smollm2.py's curves on the CPU, oneword, sampled-token estimate (docs/benchmarks.md)",
     "bench/data/distill_oneword_sampled_exact.json": "the same, the students on oneword's sparse reward (reward=exact)",
     "bench/data/distill_oneword_topk.json": "the same, top-k estimate",
