@@ -15,6 +15,8 @@ NOTES = {
     ".ci/run": "CI: fresh venv, then exactly the README's test command (pytest; 'no tests' fails too)",
     ".gitignore": "ignored: venvs, caches, run stores",
     "README.md": "the front door: what groupwise is, the two commands, an example, results",
+    "bench/data/distill_2048_topk.json": "bench/distill_smollm2.py's curves on the CPU, 2048 at its preset, top-k, the `groupwise train 2048` teacher: the docs block's run",
+    "bench/data/distill_2048_topk_coef3.json": "the same, the top-k students alone with distill_coef 3, 2 steps (docs/benchmarks.md)",
     "bench/data/distill_oneword_sampled.json": "bench/distill_smollm2.py's curves on the CPU, oneword, sampled-token estimate (docs/benchmarks.md)",
     "bench/data/distill_oneword_sampled_exact.json": "the same, the students on oneword's sparse reward (reward=exact)",
     "bench/data/distill_oneword_topk.json": "the same, top-k estimate",
@@ -32,6 +34,7 @@ NOTES = {
     "docs/img/dashboard-curves.png": "screenshot: curves with bands, baselines, alert markers",
     "docs/img/dashboard-rollouts.png": "screenshot: a step's groups ranked by reward, a trajectory and its tokens",
     "docs/img/dashboard-compare.png": "screenshot: the same scenarios at two steps",
+    "docs/img/distill_smollm2_2048.png": "figure: the same on 2048, from the teacher `groupwise train 2048` trained (bench/distill_smollm2.py)",
     "docs/img/distill_smollm2.png": "figure: validation per step of GRPO alone and with a teacher, per seed (bench/distill_smollm2.py)",
 }
 

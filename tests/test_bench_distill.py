@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
 import distill_smollm2 as bench  # noqa: E402
+import distill_tables as tables  # noqa: E402
 
 
 def _curve(values: list[float], half_width: float = 0.1) -> list[dict]:
@@ -43,26 +44,26 @@ def _measurement(grpo: list[list[float]], distill: list[list[float]], teacher: f
 
 def test_a_run_reaches_the_teacher_at_its_first_step_whose_interval_holds_the_teachers_mean():
     curve = _curve([0.3, 0.5, 0.71, 0.75, 0.9])
-    assert bench.steps_to_reach(curve, 0.8) == 2  # 0.71 + 0.1 >= 0.8: within its interval
-    assert bench.steps_to_reach(curve, 0.95) == 4
-    assert bench.steps_to_reach(curve, 1.01) is None
-    assert bench.steps_to_reach([{"step": 0, "value": 0.9, "lo": None, "hi": None}], 0.8) == 0  # no interval: the mean
+    assert tables.steps_to_reach(curve, 0.8) == 2  # 0.71 + 0.1 >= 0.8: within its interval
+    assert tables.steps_to_reach(curve, 0.95) == 4
+    assert tables.steps_to_reach(curve, 1.01) is None
+    assert tables.steps_to_reach([{"step": 0, "value": 0.9, "lo": None, "hi": None}], 0.8) == 0  # no interval: the mean
 
 
 def test_the_target_holds_fails_or_stays_open_by_the_steps_each_arm_trained():
-    assert bench.verdict(3, 12, 6, 12) == (True, "3 vs 6 steps")
-    assert bench.verdict(4, 12, 7, 12)[0] is False
+    assert tables.verdict(3, 12, 6, 12) == (True, "3 vs 6 steps")
+    assert tables.verdict(4, 12, 7, 12)[0] is False
     # GRPO never reached the teacher in 12 steps: it needs 13 or more, so 6 is at most half, 7 open
-    assert bench.verdict(6, 12, None, 12)[0] is True
-    assert bench.verdict(7, 12, None, 12)[0] is None
+    assert tables.verdict(6, 12, None, 12)[0] is True
+    assert tables.verdict(7, 12, None, 12)[0] is None
     # distillation never reached it in 5 steps while GRPO did in 8: it needs 6 or more, more than half
-    assert bench.verdict(None, 5, 8, 12)[0] is False
-    assert bench.verdict(None, 3, 8, 12)[0] is None  # 4 or more: not yet known
-    assert bench.verdict(None, 12, None, 12)[0] is None
-    assert bench.verdict(0, 12, 0, 12)[0] is None  # the base already reaches the teacher
+    assert tables.verdict(None, 5, 8, 12)[0] is False
+    assert tables.verdict(None, 3, 8, 12)[0] is None  # 4 or more: not yet known
+    assert tables.verdict(None, 12, None, 12)[0] is None
+    assert tables.verdict(0, 12, 0, 12)[0] is None  # the base already reaches the teacher
     # the ratio, or its bound where an arm never reached the teacher
-    assert [bench.ratio_text(3, 12, 6, 12), bench.ratio_text(6, 12, None, 12), bench.ratio_text(None, 5, 8, 12),
-            bench.ratio_text(None, 12, None, 12)] == ["0.50", "<= 0.46", ">= 0.75", "-"]
+    assert [tables.ratio_text(3, 12, 6, 12), tables.ratio_text(6, 12, None, 12), tables.ratio_text(None, 5, 8, 12),
+            tables.ratio_text(None, 12, None, 12)] == ["0.50", "<= 0.46", ">= 0.75", "-"]
 
 
 def _history(folder: Path, vals: dict[int, tuple[float, float, float]], stop_best: int | None = None) -> str:
@@ -94,32 +95,42 @@ def test_a_teacher_run_is_a_run_folder_or_one_of_its_checkpoints():
 def test_the_table_and_the_docs_block_say_per_seed_what_each_arm_needed(tmp_path):
     m = _measurement(grpo=[[0.3, 0.4, 0.5, 0.6, 0.75], [0.3, 0.35, 0.4, 0.45, 0.5], [0.3, 0.5, 0.72, 0.8, 0.8]],
                      distill=[[0.3, 0.72, 0.8, 0.8, 0.8], [0.3, 0.6, 0.75, 0.8, 0.8], [0.3, 0.45, 0.72, 0.8, 0.8]])
-    table = bench.results_table(m)
+    table = tables.results_table(m)
     assert table[2:] == [
         "| 0 | sampled | 4 | 1 | 0.25 | **holds** (1 vs 4 steps) |",
         "| 1 | sampled | never (of 4) | 2 | <= 0.40 | **holds** (2 vs more than 4 steps) |",
         "| 2 | sampled | 2 | 2 | 1.00 | fails (2 vs 2 steps) |",
     ]
-    assert bench.summary_sentence(m) == "distillation (sampled): the target holds on 2 of 3 seeds, fails on 1."
-    assert "`t` trained 8 GRPO steps on 2048 (seed 100)" in bench.teacher_line(m)
+    assert tables.summary_sentence(m) == "distillation (sampled): the target holds on 2 of 3 seeds, fails on 1."
+    assert "`t` trained 8 GRPO steps on 2048 (seed 100)" in tables.teacher_line(m)
     # a teacher the loop stopped early (every reply of a step solved) trained the steps of its last validation
     early = {**m, "teacher": {**m["teacher"], "curve": [{"step": 0}, {"step": 5}]}}
-    assert "trained 5 GRPO steps (of up to 8) on 2048" in bench.teacher_line(early)
+    assert "trained 5 GRPO steps (of up to 8) on 2048" in tables.teacher_line(early)
     docs = tmp_path / "benchmarks.md"
-    docs.write_text("# B\n\n<!-- bench:distill_smollm2 -->\nNot measured yet.\n<!-- /bench:distill_smollm2 -->\nafter\n")
+    oneword = "<!-- bench:distill_smollm2 -->\nthe oneword evidence\n<!-- /bench:distill_smollm2 -->\n"
+    docs.write_text("# B\n\n<!-- bench:distill_smollm2_2048 -->\nNot measured yet.\n<!-- /bench:distill_smollm2_2048 -->\n"
+                    + oneword + "after\n")
     saved = tmp_path / "d.json"
     saved.write_text(json.dumps(m))
     png = tmp_path / "img" / "d.png"
     bench.main(["--from-json", str(saved), "--write-docs", "--docs", str(docs), "--png", str(png)])
     text = docs.read_text()
-    assert text.startswith("# B\n\n<!-- bench:distill_smollm2 -->\nMeasured by `python bench/distill_smollm2.py "
+    # a 2048 measurement writes the 2048 block; the oneword one (another env's evidence) stays as it was
+    assert (tables.block_name("2048"), tables.block_name("oneword")) == ("distill_smollm2_2048", "distill_smollm2")
+    assert text.startswith("# B\n\n<!-- bench:distill_smollm2_2048 -->\nMeasured by `python bench/distill_smollm2.py "
                            "--device cuda --json d.json` at commit `0123456789` on an H200, 2026-12-02.")
-    assert "Not measured yet" not in text and text.endswith("<!-- /bench:distill_smollm2 -->\nafter\n")
+    assert "Not measured yet" not in text and text.endswith("<!-- /bench:distill_smollm2_2048 -->\n" + oneword + "after\n")
     assert "| 0 | sampled | 4 | 1 | 0.25 | **holds** (1 vs 4 steps) |" in text
     assert "| step | grpo-s0 | sampled-s0 | grpo-s1 | sampled-s1 | grpo-s2 | sampled-s2 |" in text
     assert "| 4 | 0.750 [0.650, 0.850] | 0.800 [0.700, 0.900] |" in text
     assert "![validation per step, both arms, per seed](img/d.png)" in text
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_repository_docs_hold_each_envs_block_once():
+    from results_block import BENCHMARKS, blocks
+
+    assert [blocks(BENCHMARKS).count(tables.block_name(env)) for env in ("oneword", "2048")] == [1, 1]
 
 
 def test_a_student_scenario_field_is_read_as_json_where_it_parses():
