@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from train_step import KV_CHOICES  # this folder is on the path wherever this file runs
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -128,7 +130,6 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
             totals["update_s"] = totals.get("update_s", 0) + result.metrics.get("update_time", 0)
 
 
-KV_CHOICES = {"auto": None, "release": True, "keep": False}  # --kv: Engine(release_when_idle=...)
 COUNTERS = ("prefill_passes", "warm_passes", "decode_passes", "graph_captures")
 
 

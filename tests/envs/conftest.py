@@ -1,6 +1,7 @@
-"""Fixtures of the env tests: the email env's inbox database, and a scripted OpenAI-compatible endpoint
-for rollout tests (the real `openai.AsyncOpenAI`, with an httpx MockTransport at the HTTP seam,
-answering each request with the next scripted reply)."""
+"""Fixtures of the env tests: the email env's inbox database, a scripted OpenAI-compatible endpoint for
+rollout tests (the real `openai.AsyncOpenAI`, with an httpx MockTransport at the HTTP seam, answering each
+request with the next scripted reply), and two GRPO steps of an env spec (the verifiers cases, which run in
+environments of their own, read it from here too)."""
 
 from __future__ import annotations
 
@@ -86,3 +87,31 @@ def db(tmp_path_factory) -> str:
     from groupwise.envs.email_search.inbox import build_database, generate_corpus
 
     return str(build_database(tmp_path_factory.mktemp("email") / "inbox.sqlite", generate_corpus(0)))
+
+
+async def _fit_two_steps(model_dir: str, tmp_path: Any, spec: Any, name: str, max_tokens: int) -> tuple[list, Any]:
+    """One greedy rollout of the untrained model on a validation scenario (what the env did, deterministic),
+    then two GRPO steps of gw.fit on the training scenarios; the history's train rows and that trajectory."""
+    import groupwise as gw
+    from groupwise.runs.series import rows
+
+    model = gw.TrainableModel(name=name, project="envs", base_model=model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    await model.register(backend)
+    train, val, _ = spec.scenarios(0, max_tokens=max_tokens)
+    config = gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, max_steps=2, eval_every=100, patience=10,
+                           resample_no_signal=0)
+    try:
+        trajectory = await spec.rollout(model, val[0].model_copy(update={"temperature": 0.0}))
+        summary = await gw.fit(model, spec.rollout, train, config=config)
+    finally:
+        await backend.close()
+    assert summary.final_step == 2
+    steps = rows(gw.load_history(summary.run_dir), "train")
+    assert [r["step"] for r in steps] == [0, 1] and any(r["skipped"] == 0.0 for r in steps)  # a gradient step
+    return steps, trajectory
+
+
+@pytest.fixture
+def fit_two_steps():
+    return _fit_two_steps

@@ -7,13 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
-import httpx
 import pytest
 
 pytest.importorskip("openenv.core", reason="the openenv extra (openenv-core) is not installed")
@@ -22,38 +16,13 @@ import groupwise as gw  # noqa: E402
 from groupwise.runs.series import rows  # noqa: E402
 from openenv_vowels import VowelAction, VowelEnv  # noqa: E402
 from openenv_vowels.models import vowel_share  # noqa: E402
+from served_app import uvicorn_app  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory):
-    log = tmp_path_factory.mktemp("openenv") / "server.log"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "uvicorn", "openenv_vowels.server.app:app", "--host", "127.0.0.1",
-                                "--port", str(port), "--app-dir", str(Path(__file__).parent)],
-                               stdout=log.open("w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise AssertionError(f"the OpenEnv server did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+    with uvicorn_app("openenv_vowels.server.app:app", tmp_path_factory.mktemp("openenv") / "server.log") as url:
         yield url
-    finally:
-        process.terminate()  # uvicorn waits for open sessions to close: a failed test may leave some
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _vowel(scenario) -> str:

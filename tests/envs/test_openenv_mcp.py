@@ -7,13 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
-import httpx
 import pytest
 
 pytest.importorskip("openenv.core.mcp_client", reason="openenv (0.10, the openenv extra) is not installed")
@@ -23,39 +17,14 @@ from groupwise.core.choices import choice_logprobs, choice_token_ids  # noqa: E4
 from groupwise.runs.series import rows  # noqa: E402
 from openenv_adder import AdderEnv  # noqa: E402
 from openenv_adder.server.adder_environment import closeness, operands  # noqa: E402
+from served_app import uvicorn_app  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory):
     """The adder env's server, started as its users start it (uvicorn on the app module)."""
-    log = tmp_path_factory.mktemp("openenv-mcp") / "server.log"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "uvicorn", "openenv_adder.server.app:app", "--host", "127.0.0.1",
-                                "--port", str(port), "--app-dir", str(Path(__file__).parent)],
-                               stdout=log.open("w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise AssertionError(f"the OpenEnv MCP server did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+    with uvicorn_app("openenv_adder.server.app:app", tmp_path_factory.mktemp("openenv-mcp") / "server.log") as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _question(scenario) -> tuple[int, int]:

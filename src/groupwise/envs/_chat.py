@@ -184,3 +184,11 @@ def conversations(calls: list[tuple[list[Any], Any, Any]]) -> list[History]:
     if items:
         histories.append(History(messages_and_choices=items, tools=tools))
     return histories
+
+
+def number_or_none(value: Any) -> float | None:
+    """`value` as a float, or None where it is none (a score or metric an env left unset or non-numeric)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None

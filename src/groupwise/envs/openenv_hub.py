@@ -39,7 +39,7 @@ from groupwise.core.trajectory import Trajectory
 from groupwise.envs.spec import EnvSpec
 from groupwise.envs._chat import Sampling, choice_text, complete, split_seeds, turn_sampling
 from groupwise.envs.openenv_mcp import (DEFAULT_MCP_SYSTEM_PROMPT, check_mcp_arguments, default_mcp_observation,
-                                        is_mcp_client, mcp_episode)
+                                        episode_reward, is_mcp_client, mcp_episode, step_reward)
 from groupwise.errors import ArgumentTypeError, EnvError
 
 DEFAULT_SYSTEM_PROMPT = "You are an agent acting in an environment. Each message is what you observe; reply with your action."
@@ -140,10 +140,6 @@ async def _connect(env: Any) -> None:
         connection.ping_timeout = None
 
 
-def _number(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) else 0.0
-
-
 def from_openenv(
     client: Any,
     *,
@@ -219,11 +215,11 @@ def from_openenv(
             trajectory.messages_and_choices.append(choice)
             turn += 1
             result = await env.step(action(choice_text(choice)))
-            rewards.append(_number(result.reward))
+            rewards.append(step_reward(result.reward))
             done = bool(result.done)
             if not done and turn < max_turns:
                 trajectory.messages_and_choices.append({"role": "user", "content": render(result.observation)})
-        trajectory.reward = (sum(rewards) if reward == "sum" else rewards[-1]) if rewards else 0.0
+        trajectory.reward = episode_reward(rewards, reward)
         trajectory.metrics.update(env_return=float(sum(rewards)), turns=float(turn), done=float(done),
                                   truncated=float(not done))
         return trajectory

@@ -97,8 +97,15 @@ def _arguments(raw: str | None) -> dict[str, Any] | str:
     return parsed if isinstance(parsed, dict) else f"the arguments are a JSON {type(parsed).__name__}, not an object"
 
 
-def _number(value: Any) -> float:
+def step_reward(value: Any) -> float:
+    """A StepResult's reward as a number (an env may give None: nothing). Both OpenEnv modes use it."""
     return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+def episode_reward(rewards: list[float], reward: str) -> float:
+    """The trajectory's reward from an episode's step rewards: their ``"sum"`` (the return) or the
+    ``"last"`` one; 0 for an episode with no step. Both OpenEnv modes use it."""
+    return (sum(rewards) if reward == "sum" else rewards[-1]) if rewards else 0.0
 
 
 async def mcp_episode(env: Any, model: Any, scenario: Any, *, system_prompt: str, render: Callable[[Any], str],
@@ -129,7 +136,7 @@ async def mcp_episode(env: Any, model: Any, scenario: Any, *, system_prompt: str
     async def call(name: str, arguments: dict[str, Any]) -> Any:
         nonlocal done
         step = await env.step(CallToolAction(tool_name=name, arguments=arguments))
-        rewards.append(_number(step.reward))
+        rewards.append(step_reward(step.reward))
         done = bool(step.done)
         counts["tool_calls"] += 1
         return step.observation
@@ -158,7 +165,7 @@ async def mcp_episode(env: Any, model: Any, scenario: Any, *, system_prompt: str
             trajectory.messages_and_choices.append({"role": "tool", "tool_call_id": tool_call.id, "content": content})
             if done:
                 break
-    trajectory.reward = (sum(rewards) if reward == "sum" else rewards[-1]) if rewards else 0.0
+    trajectory.reward = episode_reward(rewards, reward)
     trajectory.metrics.update(env_return=float(sum(rewards)), turns=float(turn), done=float(done),
                               truncated=float(not done and not counts["answered"]), **counts)
     return trajectory
@@ -184,5 +191,6 @@ def check_mcp_arguments(*, action: Any, tool_choice: Any, answer_tool: Any, is_m
                                 "this client's episodes are text actions")
 
 
-__all__ = ["DEFAULT_MCP_SYSTEM_PROMPT", "check_mcp_arguments", "default_mcp_observation", "is_mcp_client", "mcp_episode",
+__all__ = ["DEFAULT_MCP_SYSTEM_PROMPT", "check_mcp_arguments", "default_mcp_observation", "episode_reward",
+           "is_mcp_client", "mcp_episode", "step_reward",
            "openai_tools", "tool_output"]

@@ -33,7 +33,7 @@ from pydantic import Field
 from groupwise.core.choices import wants_compact_token_data
 from groupwise.core.trajectory import Trajectory
 from groupwise.envs.spec import EnvSpec
-from groupwise.envs._chat import TURN_SEED_STRIDE, Sampling, conversations, inference_name
+from groupwise.envs._chat import TURN_SEED_STRIDE, Sampling, conversations, inference_name, number_or_none
 from groupwise.errors import ArgumentTypeError, EnvError, MissingDependencyError
 
 SUPPORTED = ("verifiers>=0.2,<0.5: the classic API of 0.2 and 0.3 (SingleTurnEnv, MultiTurnEnv, ToolEnv and their "
@@ -138,13 +138,6 @@ def _recording_client(vf: Any, openai_client: Any, calls: list[tuple[list[Any], 
     return RecordingClient(openai_client)
 
 
-def _number(value: Any) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def _policy_error(vf: Any, error: Any) -> bool:
     """Whether the error that ended a verifiers rollout is the policy's own output: an empty or invalid
     reply (verifiers' ``ModelError``s) or a tool call it cannot parse (``ToolParseError``). verifiers
@@ -187,13 +180,13 @@ def make_rollout(env: Any, *, sampling_args: dict[str, Any] | None = None) -> An
         first, *more = conversations(calls)
         metrics: dict[str, float] = {}
         for name, value in (state.get("metrics") or {}).items():
-            number = _number(value)
+            number = number_or_none(value)
             if number is not None:
                 metrics[name] = number
         metrics["turns"] = float(len(calls))
         metrics["model_error"] = float(policy_error)
         metrics["truncated"] = float(bool(state.get("is_truncated") or state.get("timed_out")))
-        reward = _number(state.get("reward"))
+        reward = number_or_none(state.get("reward"))
         return Trajectory(messages_and_choices=first.messages_and_choices, tools=first.tools,
                           additional_histories=more, reward=reward if reward is not None else 0.0, metrics=metrics,
                           metadata={"stop_condition": str(state.get("stop_condition") or ""),

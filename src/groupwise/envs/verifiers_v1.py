@@ -36,7 +36,7 @@ from pydantic import Field
 
 from groupwise.core.choices import wants_compact_token_data
 from groupwise.core.trajectory import Trajectory
-from groupwise.envs._chat import TURN_SEED_STRIDE, Sampling, conversations, inference_name
+from groupwise.envs._chat import TURN_SEED_STRIDE, Sampling, conversations, inference_name, number_or_none
 from groupwise.envs.spec import EnvSpec
 from groupwise.errors import ArgumentTypeError, EnvError, MissingDependencyError
 
@@ -233,13 +233,6 @@ class _Endpoint:
                 await task
 
 
-def _number(value: Any) -> float | None:
-    try:
-        return None if value is None else float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def _failure(episode: Any) -> str | None:
     errors = list(episode.errors) + [e for trace in episode.traces for e in trace.errors]
     if episode.ok and not errors:
@@ -293,7 +286,7 @@ def make_rollout(env: Any, tasks: list[Any], *, sampling_args: dict[str, Any] | 
             if reward is not None:
                 metrics[name] = float(reward.score)
         for name, value in trace.metrics.items():
-            number = _number(value)
+            number = number_or_none(value)
             if number is not None:
                 metrics[name] = number
         metrics["turns"] = float(len(calls))

@@ -17,7 +17,6 @@ import verifiers as vf
 from datasets import Dataset
 
 import groupwise as gw
-from groupwise.runs.series import rows
 
 
 def test_this_runs_on_the_openai_2_sdk_that_verifiers_pins():
@@ -176,33 +175,13 @@ async def test_an_empty_reply_is_scored_and_kept_and_an_env_failure_raises(tiny_
     assert trajectory.reward == pytest.approx(m["correct_answer"] + 0.2 * m["format_reward_func"] + 0.5 * m["brevity"])
 
 
-async def _fit(model_dir, tmp_path, spec, name, max_tokens):
-    """One greedy rollout of the untrained model on a validation row (what the env did, deterministic), then
-    two GRPO steps of gw.fit on the training rows; the history's train rows and that trajectory."""
-    model = gw.TrainableModel(name=name, project="vf", base_model=model_dir)
-    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
-    await model.register(backend)
-    train, val, _ = spec.scenarios(0, max_tokens=max_tokens)
-    config = gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, max_steps=2, eval_every=100, patience=10,
-                           resample_no_signal=0)
-    try:
-        trajectory = await spec.rollout(model, val[0].model_copy(update={"temperature": 0.0}))
-        summary = await gw.fit(model, spec.rollout, train, config=config)
-    finally:
-        await backend.close()
-    assert summary.final_step == 2
-    steps = rows(gw.load_history(summary.run_dir), "train")
-    assert [r["step"] for r in steps] == [0, 1] and any(r["skipped"] == 0.0 for r in steps)  # a gradient step
-    return steps, trajectory
-
-
-async def test_a_single_turn_env_with_a_rubric_trains_two_steps(tiny_model_dir, tmp_path):
+async def test_a_single_turn_env_with_a_rubric_trains_two_steps(tiny_model_dir, tmp_path, fit_two_steps):
     env = load_math_environment()
     spec = gw.envs.from_verifiers(env, val_size=2, test_size=2)
     train, val, test = spec.scenarios(0)
     assert (len(train), len(val), len(test)) == (12, 2, 2)  # held out from the end of the dataset
     assert {s.row["question"] for s in val + test}.isdisjoint({s.row["question"] for s in train})
-    steps, trajectory = await _fit(tiny_model_dir, tmp_path, spec, "math", max_tokens=12)
+    steps, trajectory = await fit_two_steps(tiny_model_dir, tmp_path, spec, "math", max_tokens=12)
     for name in ("correct_answer", "format_reward_func", "brevity"):
         assert any(name in key for key in steps[0]), (name, sorted(steps[0]))
     # the trajectory is the env's conversation: its system prompt, its few-shot, the question, the sampled
@@ -217,9 +196,9 @@ async def test_a_single_turn_env_with_a_rubric_trains_two_steps(tiny_model_dir, 
     assert m["brevity"] > 0 and m["turns"] == 1
 
 
-async def test_a_multi_turn_tool_env_trains_two_steps(tiny_model_dir, tmp_path):
+async def test_a_multi_turn_tool_env_trains_two_steps(tiny_model_dir, tmp_path, fit_two_steps):
     spec = gw.envs.from_verifiers(load_tool_environment(), val_size=2, test_size=2)
-    steps, trajectory = await _fit(tiny_model_dir, tmp_path, spec, "tools", max_tokens=40)
+    steps, trajectory = await fit_two_steps(tiny_model_dir, tmp_path, spec, "tools", max_tokens=40)
     for name in ("used_the_result", "concise", "total_tool_calls", "add_calls"):
         assert any(name in key for key in steps[0]), (name, sorted(steps[0]))
     # two turns, each a forced call of `add`, each answered by the env's tool message (the protocol ran)

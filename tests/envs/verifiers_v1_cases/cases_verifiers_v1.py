@@ -19,7 +19,6 @@ import verifiers.v1 as vf
 
 import groupwise as gw
 from groupwise.core.choices import choice_token_ids
-from groupwise.runs.series import rows
 from v1_broken import BrokenTaskset
 from v1_sums import SYSTEM, SumTaskset
 from v1_tools import AddTaskset
@@ -30,32 +29,13 @@ def test_this_runs_verifiers_0_4_on_the_openai_2_sdk():
         openai.__version__, verifiers.__version__)
 
 
-async def _fit(model_dir, tmp_path, spec, name, max_tokens):
-    """One greedy rollout of the untrained model on a validation task, then two GRPO steps of gw.fit on the
-    training tasks; the history's train rows and that trajectory."""
-    model = gw.TrainableModel(name=name, project="vf1", base_model=model_dir)
-    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
-    await model.register(backend)
-    train, val, _ = spec.scenarios(0, max_tokens=max_tokens)
-    config = gw.LoopConfig(rollouts_per_group=2, groups_per_step=2, max_steps=2, eval_every=100, patience=10,
-                           resample_no_signal=0)
-    try:
-        trajectory = await spec.rollout(model, val[0].model_copy(update={"temperature": 0.0}))
-        summary = await gw.fit(model, spec.rollout, train, config=config)
-    finally:
-        await backend.close()
-    assert summary.final_step == 2
-    steps = rows(gw.load_history(summary.run_dir), "train")
-    assert [r["step"] for r in steps] == [0, 1] and any(r["skipped"] == 0.0 for r in steps)  # a gradient step
-    return steps, trajectory
-
-
-async def test_a_single_turn_taskset_with_rewards_and_a_metric_trains_two_steps(tiny_model_dir, tmp_path):
+async def test_a_single_turn_taskset_with_rewards_and_a_metric_trains_two_steps(tiny_model_dir, tmp_path,
+                                                                              fit_two_steps):
     spec = gw.envs.from_verifiers(SumTaskset, val_size=2, test_size=2)
     train, val, test = spec.scenarios(0)
     assert (len(train), len(val), len(test)) == (12, 2, 2)  # held out from the end of the taskset
     assert {s.index for s in val + test} == {12, 13, 14, 15} and val[0].prompt == "What is 4 + 1?"
-    steps, trajectory = await _fit(tiny_model_dir, tmp_path, spec, "sums", max_tokens=8)
+    steps, trajectory = await fit_two_steps(tiny_model_dir, tmp_path, spec, "sums", max_tokens=8)
     for name in ("exact", "brevity", "reply_chars"):
         assert any(name in key for key in steps[0]), (name, sorted(steps[0]))
     # the conversation v1's harness sent (the task's system prompt and prompt), then the Choice as
@@ -70,11 +50,11 @@ async def test_a_single_turn_taskset_with_rewards_and_a_metric_trains_two_steps(
     assert m["brevity"] > 0 and m["turns"] == 1 and trajectory.metadata["stop_condition"]
 
 
-async def test_a_multi_turn_taskset_with_an_mcp_tool_trains_two_steps(tiny_model_dir, tmp_path):
+async def test_a_multi_turn_taskset_with_an_mcp_tool_trains_two_steps(tiny_model_dir, tmp_path, fit_two_steps):
     # tool_choice "required" makes the tiny random model call the tool each turn, so the whole protocol runs:
     # the harness's MCP tool call, the toolset's result, the next turn, the task's @vf.stop after two
     spec = gw.envs.from_verifiers(AddTaskset, val_size=2, test_size=2, sampling_args={"tool_choice": "required"})
-    steps, trajectory = await _fit(tiny_model_dir, tmp_path, spec, "tools", max_tokens=40)
+    steps, trajectory = await fit_two_steps(tiny_model_dir, tmp_path, spec, "tools", max_tokens=40)
     for name in ("used_the_result", "right_operands", "tool_results"):
         assert any(name in key for key in steps[0]), (name, sorted(steps[0]))
     assert trajectory.metrics["turns"] == 2 and trajectory.metadata["stop_condition"] == "two_turns"
