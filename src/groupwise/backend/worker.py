@@ -430,3 +430,14 @@ class DeviceWorker:
 
     def ping(self) -> int:
         return self.rank
+
+    async def peak_memory(self) -> dict[str, float]:
+        """This rank's memory peaks so far, in GiB: its device's allocator (CUDA; NaN elsewhere) and its
+        process's resident set (Linux), for benchmarks of a backend whose model is in a worker process."""
+        import resource
+
+        import torch
+
+        device = self.device or ""
+        peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
+        return {"device_gb": peak, "rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
