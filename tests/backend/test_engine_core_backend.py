@@ -191,3 +191,51 @@ def test_the_worker_does_not_outlive_the_users_process(tiny_model_dir, tmp_path)
     while _alive(worker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(worker)
+
+
+def test_a_core_holds_its_requests_through_the_trainers_pause_and_announces_adapters_loaded_beside_it(tiny_model_dir):
+    """What a worker serving its engine as a core relies on, with a real engine, core and client in one
+    process: a request that reaches the core while the engine is paused (the trainer has the model) is
+    held, not stepped, and finishes once the pause ends; an adapter the worker loads on the engine
+    directly (not through a frontend) is announced, so the client accepts requests for it."""
+    import threading
+
+    from groupwise.inference.engine import Engine
+    from groupwise.inference.engine_client import connect_engine_core, new_core_address
+    from groupwise.inference.engine_core import EngineCoreServer
+    from groupwise.inference.requests import GenerationRequest
+    from groupwise.inference.sampling import SamplingParams
+    from groupwise.runtime.loading import load_base_model
+    from groupwise.training.adapters import adapter_snapshot, wrap_with_lora
+
+    model, tok = load_base_model(tiny_model_dir, device="cpu")
+    peft_model = wrap_with_lora(model, gw.LoraConfig(rank=4))
+    engine = Engine(peft_model, tok, max_batch_size=4, max_new_tokens_default=8)
+    server = EngineCoreServer(engine, new_core_address(), owner_pid=os.getpid())
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    client = connect_engine_core(server.address, tok)
+    try:
+        request = GenerationRequest([1, 2, 3], max_new_tokens=4, sampling=SamplingParams(temperature=0))
+        passes = engine.stats.prefill_passes
+        with engine.paused():
+            future = client.submit(request)
+            deadline = time.monotonic() + 30
+            while client.status().waiting < 1:  # the request is in the engine's queue
+                assert time.monotonic() < deadline, "the request never reached the engine"
+                time.sleep(0.02)
+            time.sleep(0.3)  # room for a step that the pause must prevent
+            assert not future.done() and engine.stats.prefill_passes == passes
+        assert len(future.result(timeout=60).completions[0].token_ids) == 4
+
+        tensors, config = adapter_snapshot(peft_model, "default", None)
+        engine.add_adapter("run@1", None, weights=tensors, config=config)  # as the worker's registry does
+        client.status()  # answered after the core's announcement
+        assert "run@1" in client.adapters()
+        loaded = GenerationRequest([1, 2, 3], max_new_tokens=2, sampling=SamplingParams(temperature=0), adapter="run@1")
+        assert client.submit(loaded).result(timeout=60).adapter == "run@1"
+    finally:
+        client.close()
+        server.stop()
+        thread.join(timeout=10)
+        engine.close()

@@ -16,7 +16,9 @@ Why these pieces:
   is reported at once, with its exit signal, instead of leaving the driver waiting. A worker whose
   driver dies reads the end of its pipe and exits.
 * rollouts do not go through the driver: each worker serves its replica's FastAPI app with uvicorn on a
-  loopback port, and the user's client spreads its requests over them (backend/routing.py).
+  loopback port, and the user's client spreads its requests over them (backend/routing.py). With
+  ``WorkerOptions.engine_core`` (`LocalBackend(engine_process="separate")`) a worker serves its engine as an
+  engine core instead, and the apps run in the driver's process over it (backend/frontends.py).
 """
 
 from __future__ import annotations

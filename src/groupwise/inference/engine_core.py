@@ -53,7 +53,8 @@ def resolve_engine_process(choice: str | None, device_type: str) -> str:
     (docs/benchmarks.md has the measurement). On CUDA the per-request Python is the bound, but one frontend
     process runs all of it under one GIL with the core separate too: measured on an H200 at 256 requests,
     one frontend made 0.94x-1.24x of the in-process app, two 1.63x and four 1.98x. The server is one
-    frontend, so ``"separate"`` is asked for by name until several frontends feed the core."""
+    frontend, so ``"separate"`` is asked for by name until several frontends feed the core. The same
+    resolution places `LocalBackend(engine_process=)`'s engines (backend/frontends.py)."""
     choice = choice or DEFAULT_ENGINE_PROCESS
     if choice not in ENGINE_PROCESS_CHOICES:
         raise ConfigError(f"engine_process={choice!r} must be one of {list(ENGINE_PROCESS_CHOICES)}",
