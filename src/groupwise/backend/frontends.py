@@ -76,43 +76,65 @@ class CoreFrontends:
     def mirror(self, states: list[dict[str, Any] | None]) -> None:
         """Apply each rank's `DeviceWorker.served_state` (None: a rank not asked): connect to new cores,
         close those of bases the worker closed, and mirror each run's served steps (module doc).
-        Blocking (a status call per core): run it off the event loop."""
+        Blocking (a status call per core): run it off the event loop, which reads the maps meanwhile (so
+        they are built aside and swapped in whole)."""
+        cores, runs = dict(self._cores), dict(self._runs)
         for rank, state in enumerate(states):
             if state is None:
                 continue
-            cores = state["cores"]
-            for (r, base), frontend in list(self._cores.items()):
-                if r == rank and cores.get(base) != frontend.address:
-                    del self._cores[(r, base)]
+            for (r, base), frontend in list(cores.items()):
+                if r == rank and state["cores"].get(base) != frontend.address:
+                    del cores[(r, base)]
                     frontend.close()
-            for base, address in cores.items():
-                if (rank, base) not in self._cores:
-                    self._cores[(rank, base)] = self._connect(rank, base, address)
-            for (r, base), frontend in self._cores.items():
+            for base, address in state["cores"].items():
+                if (rank, base) not in cores:
+                    cores[(rank, base)] = self._connect(rank, base, address)
+            for (r, base), frontend in cores.items():
                 if r != rank:
                     continue
                 frontend.client.status()  # the core has told this client of every adapter its engine holds
-                runs = {name: s for name, (b, s) in state["runs"].items() if b == base}
-                for name, served in runs.items():
-                    frontend.registry.mirror_model(name, served)
-                    self._runs[name] = base
-                for name in [n for n, b in self._runs.items() if b == base and n not in runs]:
+                served = {name: s for name, (b, s) in state["runs"].items() if b == base}
+                for name, model_state in served.items():
+                    frontend.registry.mirror_model(name, model_state)
+                    runs[name] = base
+                for name in [n for n, b in runs.items() if b == base and n not in served]:
                     frontend.registry.mirror_model(name, None)
         live = {name for state in states if state is not None for name in state["runs"]}
-        for name in [n for n in self._runs if n not in live]:
-            del self._runs[name]
+        self._cores, self._runs = cores, {n: b for n, b in runs.items() if n in live}
 
     def of_run(self, name: str) -> list[CoreFrontend]:
         """The frontends serving run `name`, by rank."""
         base = self._runs.get(name)
-        return [f for (_, b), f in sorted(self._cores.items()) if b == base]
+        return [f for (_, b), f in sorted(self._cores.items(), key=lambda kv: kv[0]) if b == base]
 
-    def endpoint(self, name: str, *, api_key: str, alive: Callable[[], None]) -> InferenceEndpoint:
+    def dead_ranks(self) -> list[int]:
+        """The ranks whose core a client here has seen die."""
+        return sorted({f.rank for f in self._cores.values() if f.client.failed})
+
+    def endpoint(self, name: str, *, api_key: str, processes: Any) -> InferenceEndpoint:
         """Where run `name`'s requests go: its apps in this process, spread over the ranks by the router
-        (backend/routing.py); `alive` raises the backend's error when a worker died."""
+        (backend/routing.py), which on an error answer asks the workers (`WorkerProcesses.check_alive`) to
+        raise the backend's error when one died."""
         from groupwise.backend.routing import in_process_endpoint
 
-        return in_process_endpoint([f.app for f in self.of_run(name)], api_key=api_key, alive=alive)
+        return in_process_endpoint([f.app for f in self.of_run(name)], api_key=api_key,
+                                   alive=lambda: processes.check_alive(dying=self.dead_ranks()))
+
+    async def call(self, processes: Any, method: str, kwargs: "list[dict[str, Any] | None]") -> list[Any]:
+        """`WorkerProcesses.call`, with these frontends kept in step: the first rank's tokenizer of each base
+        loaded, what the workers serve mirrored after a command that may change it, the frontends closed
+        before the workers close (and their cores stop)."""
+        if method == "close":
+            self.close()
+        results = await processes.call(method, kwargs)
+        if method == "load":
+            for kw, info in zip(kwargs, results):
+                if kw is not None and info is not None:
+                    self.add_tokenizer(kw["spec"].base_model, info.get("tokenizer"))
+        if method in SERVING_METHODS:
+            states = await processes.call("served_state", [{}] * len(kwargs))
+            await asyncio.to_thread(self.mirror, states)
+        return results
 
     def close(self) -> None:
         for frontend in self._cores.values():
@@ -120,8 +142,3 @@ class CoreFrontends:
         self._cores.clear()
         self._runs.clear()
 
-
-async def mirror_workers(frontends: CoreFrontends, call: Callable[..., Any], world_size: int) -> None:
-    """Ask every worker what it serves and mirror it here (`CoreFrontends.mirror`)."""
-    states = await call("served_state", [{}] * world_size)
-    await asyncio.to_thread(frontends.mirror, states)

@@ -196,19 +196,8 @@ class LocalBackend(WorkerBackend):
             self._worker = DeviceWorker(0, 1, self.device, self._worker_options(serve_http=False))
 
     async def _call(self, method: str, kwargs: list[dict[str, Any]]) -> list[Any]:
-        if self._processes is not None and self._frontends is not None:
-            from groupwise.backend.frontends import SERVING_METHODS, mirror_workers
-
-            if method == "close":  # the frontends leave before their cores stop
-                self._frontends.close()
-            results = await self._processes.call(method, kwargs)
-            if method == "load":
-                for kw, info in zip(kwargs, results):
-                    if kw is not None and info is not None:
-                        self._frontends.add_tokenizer(kw["spec"].base_model, info.get("tokenizer"))
-            if method in SERVING_METHODS:
-                await mirror_workers(self._frontends, self._processes.call, self.world_size)
-            return results
+        if self._frontends is not None:
+            return await self._frontends.call(self._processes, method, kwargs)
         if self._processes is not None:
             return await self._processes.call(method, kwargs)
         assert self._worker is not None, "LocalBackend used before register()"
@@ -216,7 +205,7 @@ class LocalBackend(WorkerBackend):
 
     def _endpoint(self, name: str, urls: list[str | None]) -> InferenceEndpoint:
         if self._frontends is not None:
-            return self._frontends.endpoint(name, api_key=API_KEY, alive=self._processes.check_alive)
+            return self._frontends.endpoint(name, api_key=API_KEY, processes=self._processes)
         if self._processes is not None:
             from groupwise.backend.routing import routed_endpoint
 

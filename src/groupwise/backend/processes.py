@@ -152,10 +152,14 @@ class WorkerProcesses:
         init = f"tcp://127.0.0.1:{_free_port()}"
         await self.call("init_process_group", [{"init_method": init, "timeout_s": self.timeout_s}] * world)
 
-    def check_alive(self) -> None:
-        """Raise the WorkerError of a worker that died (or of an earlier failure)."""
+    def check_alive(self, dying: "list[int] | tuple[int, ...]" = ()) -> None:
+        """Raise the WorkerError of a worker that died (or of an earlier failure). `dying`: ranks seen to
+        be exiting (their engine core's pid is gone: backend/frontends.py), waited for first, since a killed
+        process's main thread can be gone while its other threads still end, and it cannot be reaped yet."""
         if self._failure is not None:
             raise self._failure
+        for rank in dying:
+            self._exit_code(rank)
         for rank, proc in enumerate(self._procs):
             if proc.poll() is not None:
                 self._fail(rank, "serving", proc.returncode)
