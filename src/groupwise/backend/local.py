@@ -179,16 +179,22 @@ class LocalBackend(WorkerBackend):
             from groupwise.backend.processes import WorkerProcesses
             from groupwise.runtime.loading import resolve_device
 
+            threads = None
             if separate:
+                import torch
+
                 from groupwise.backend.frontends import CoreFrontends
 
                 self._frontends = CoreFrontends()
                 options = dataclasses.replace(self._worker_options(serve_http=False), engine_core=True)
+                # on the CPU the worker's engine and trainer get the threads they would have here (torch's
+                # count: OMP_NUM_THREADS or the cores), not every core: this process's frontend needs one too
+                threads = torch.get_num_threads()
             else:
                 self._api_key = secrets.token_urlsafe(24)  # the workers' loopback servers answer only this driver
                 options = self._worker_options(serve_http=True, api_key=self._api_key)
             self._processes = WorkerProcesses(self.devices or [str(resolve_device(self.device))], options,
-                                              timeout_s=self.options.collective_timeout_s)
+                                              timeout_s=self.options.collective_timeout_s, cpu_threads=threads)
             await self._processes.start()
         else:
             from groupwise.backend.worker import DeviceWorker

@@ -112,8 +112,10 @@ def _describe_exit(code: int | None) -> str:
 class WorkerProcesses:
     """The worker processes of a data-parallel `LocalBackend` (module doc)."""
 
-    def __init__(self, devices: list[str], options: WorkerOptions, *, timeout_s: float) -> None:
+    def __init__(self, devices: list[str], options: WorkerOptions, *, timeout_s: float,
+                 cpu_threads: int | None = None) -> None:
         self.devices = list(devices)
+        self.cpu_threads = cpu_threads  # the torch threads the CPU ranks share (None: every core)
         self.options = options
         self.timeout_s = timeout_s
         self._procs: list[Any] = []
@@ -128,7 +130,7 @@ class WorkerProcesses:
     async def start(self) -> None:
         world = len(self.devices)
         cpu_ranks = sum(d.startswith("cpu") for d in self.devices)
-        threads = max(1, (os.cpu_count() or 1) // max(1, cpu_ranks))
+        threads = max(1, (self.cpu_threads or os.cpu_count() or 1) // max(1, cpu_ranks))
         # the worker imports the groupwise this driver runs, wherever it was imported from
         here = str(Path(__file__).resolve().parents[2])
         path = os.pathsep.join([here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
