@@ -87,7 +87,8 @@ class LocalBackend(WorkerBackend):
             train and the others only generate (docs/scaling.md).
         serve_http: also serve each model over HTTP on 127.0.0.1 (a free port and a generated API key,
             in `model.inference_base_url` / `model.inference_api_key`); False serves in process only
-            (with `devices`, the workers serve over loopback HTTP anyway: the router needs it).
+            (with `devices`, the workers serve over loopback HTTP anyway: the router needs it; with
+            ``engine_process="separate"`` this process serves the first worker's app on loopback, or nothing).
         options: the settings every worker backend shares (`gw.BackendOptions`: dtype, lora,
             max_batch_size, served_steps, best_checkpoint_metric, verify_adapter, engine_kwargs,
             load_model, collective_timeout_s, train_workers; backend/options.py says what each does); pass them as
@@ -264,7 +265,8 @@ class LocalBackend(WorkerBackend):
         """The model's loopback HTTP endpoint (base URL and API key): with one device its own server
         (None with serve_http=False), with several the first serving rank's: rank 0's, or the first
         generator's with `train_workers` (`model.openai_client()` spreads requests over every replica;
-        another client through this URL reaches that one only)."""
+        another client through this URL reaches that one only). With ``engine_process="separate"`` it is
+        served by this process, over the app of the first serving rank's core (None with serve_http=False)."""
         run = self._run(model)
         if self._processes is not None and self._frontends is None:
             url = next((u for u in run.urls if u), None)
