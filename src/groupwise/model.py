@@ -92,7 +92,7 @@ def _openai_client_class() -> type:
                     return await super().request(cast_to, options, **kwargs)
                 except openai.APIConnectionError as exc:
                     # the backend's own error (a worker that died, named with its exit: its router raised
-                    # it from the transport) rather than the SDK's "Connection error."
+                    # it from the transport), which older SDKs wrap in their "Connection error."
                     if isinstance(exc.__cause__, GroupwiseError):
                         raise exc.__cause__ from None
                     raise
