@@ -90,12 +90,6 @@ def _openai_client_class() -> type:
                 note_request(f"{options.method.upper()} {options.url}{model}")
                 try:
                     return await super().request(cast_to, options, **kwargs)
-                except openai.APIConnectionError as exc:
-                    # the backend's own error (a worker that died, named with its exit: its router raised
-                    # it from the transport), which older SDKs wrap in their "Connection error."
-                    if isinstance(exc.__cause__, GroupwiseError):
-                        raise exc.__cause__ from None
-                    raise
                 finally:
                     note_answer()
 
