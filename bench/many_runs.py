@@ -122,7 +122,8 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
             if barrier is not None:
                 await barrier.wait()  # every run's timed steps start together
             totals.setdefault("t0", time.perf_counter())
-            totals.setdefault("engine0", _engine_counters(model.backend()))
+            if "engine0" not in totals:
+                totals["engine0"] = await _engine_counters(model.backend())
         if args.lockstep and barrier is not None and step > args.warmup:
             await barrier.wait()  # every run's rollouts of this step start together: one batch
         t0 = time.perf_counter()
@@ -139,9 +140,13 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
 COUNTERS = ("prefill_passes", "warm_passes", "decode_passes", "graph_captures")
 
 
-def _engine_counters(backend: Any) -> dict[str, int]:
+async def _engine_counters(backend: Any) -> dict[str, int]:
     """The engine's pass counters (inference/step_state.py's EngineStats), for where a rollout phase's time
-    goes; read from the in-process worker (a bench's look inside, not an API), so 0 if it is elsewhere."""
+    goes; read from the in-process worker (a bench's look inside, not an API), or asked of the worker
+    process (`DeviceWorker.engine_stats`) with --engine-process separate; 0 with --processes."""
+    if backend.worker_pids and getattr(backend, "engine_process", None) == "separate":
+        [stats] = await backend._call_all("engine_stats")
+        return {k: stats.get(k, 0) for k in COUNTERS}
     worker = getattr(backend, "_worker", None)
     engines = [b.engine for b in getattr(worker, "bases", {}).values()]
     return {k: sum(getattr(e.stats, k, 0) for e in engines) for k in COUNTERS}
@@ -189,7 +194,7 @@ async def case(args: Any) -> dict[str, Any]:
             barrier = asyncio.Barrier(args.runs)
             await asyncio.gather(*(_train_run(m, args, r, barrier, totals) for r, m in enumerate(models)))
             timed = time.perf_counter() - totals["t0"]
-            end = _engine_counters(backend)
+            end = await _engine_counters(backend)
             totals.update({k: end[k] - totals["engine0"][k] for k in COUNTERS})
             worker_peak = await _worker_peak_gb(backend, args)
         finally:
@@ -203,7 +208,7 @@ async def case(args: Any) -> dict[str, Any]:
                 await model.register(backend)
                 await _train_run(model, args, r, None, one)
                 timed += time.perf_counter() - one["t0"]
-                end = _engine_counters(backend)
+                end = await _engine_counters(backend)
                 for k in COUNTERS:
                     totals[k] = totals.get(k, 0) + end[k] - one["engine0"][k]
                 peak = await _worker_peak_gb(backend, args)

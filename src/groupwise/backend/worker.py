@@ -432,6 +432,17 @@ class DeviceWorker:
     def ping(self) -> int:
         return self.rank
 
+    async def engine_stats(self) -> dict[str, int]:
+        """What this rank's engines did so far (`EngineStats`, summed over its bases), for benchmarks of a
+        backend whose engines are in worker processes."""
+        import dataclasses
+
+        out: dict[str, int] = {}
+        for base in self.bases.values():
+            for k, v in dataclasses.asdict(base.engine.stats).items():
+                out[k] = max(out.get(k, 0), v) if k.startswith("max_") else out.get(k, 0) + v
+        return out
+
     async def peak_memory(self) -> dict[str, float]:
         """This rank's memory peaks so far, in GiB: its device's allocator (CUDA; NaN elsewhere) and its
         process's resident set (Linux), for benchmarks of a backend whose model is in a worker process."""
