@@ -102,7 +102,7 @@ class LocalBackend(WorkerBackend):
             the GIL of the loop that steps the engine. ``"auto"`` (the default,
             `groupwise.config.DEFAULT_ENGINE_PROCESS`): in process, on the CPU because the forward passes
             are the bound there and a second process only adds a hop (measured faster in process), and on
-            CUDA until bench/many_runs.py ``--engine-process in_process separate`` measures the core
+            CUDA until bench/many_runs.py ``--engine-process in_process,separate`` measures the core
             faster for the backend's runs (`resolve_engine_process` decides it, for the server too).
         in_process, gpu_cost_per_hour_usd, enable_expert_replay: ART's; accepted (GPU cost and MoE
             replay have no counterpart) and named once in a warning.
