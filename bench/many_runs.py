@@ -3,6 +3,7 @@
     python bench/many_runs.py --device cuda --arch qwen2.5-0.5b           # one GPU, random Qwen2.5-0.5B shape
     python bench/many_runs.py --device cpu --arch smollm2 --workload 2048  # 2 CPU cores, the main job's env
     python bench/many_runs.py --device cpu --arch tiny-qwen --steps 1      # a smoke test (numbers mean nothing)
+    python bench/many_runs.py --device cuda --runs 1,4 --cases together --engine-process in_process,separate
 
 Each case runs in a process of its own (its peak memory is its own):
 - ``sequence``: for each of --runs runs, a fresh `LocalBackend` loads the base, the run trains --warmup
@@ -13,7 +14,12 @@ Each case runs in a process of its own (its peak memory is its own):
   (`LoopConfig.lockstep`), else each run goes at its own pace.
 With --processes each case's backend runs its engine and trainer in a worker process
 (`LocalBackend(devices=[device])`), so the bench's process only sends requests, parses responses and
-writes trajectories.
+writes trajectories. With --engine-process separate each case's backend is
+`LocalBackend(engine_process="separate")`: one worker process holds the model, engine and trainer and serves
+the engine as an engine core, and the bench's process runs every request's Python over it
+(backend/frontends.py); its peak memory is the worker's (`DeviceWorker.peak_memory`). --runs and
+--engine-process take comma lists: every combination runs, each case in its own process, and each
+``separate`` case is printed against its ``in_process`` one (rollout tokens/s, step time, peak memory).
 
 A step is a user's loop: --prompts groups of --group-size rollouts, then `model.train`. Workload ``chat``
 (bench/scaling.py's): one chat request per rollout, --completion-len tokens, a reward of the text. Workload
@@ -116,7 +122,8 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
             if barrier is not None:
                 await barrier.wait()  # every run's timed steps start together
             totals.setdefault("t0", time.perf_counter())
-            totals.setdefault("engine0", _engine_counters(model.backend()))
+            if "engine0" not in totals:
+                totals["engine0"] = await _engine_counters(model.backend())
         if args.lockstep and barrier is not None and step > args.warmup:
             await barrier.wait()  # every run's rollouts of this step start together: one batch
         t0 = time.perf_counter()
@@ -133,9 +140,13 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
 COUNTERS = ("prefill_passes", "warm_passes", "decode_passes", "graph_captures")
 
 
-def _engine_counters(backend: Any) -> dict[str, int]:
+async def _engine_counters(backend: Any) -> dict[str, int]:
     """The engine's pass counters (inference/step_state.py's EngineStats), for where a rollout phase's time
-    goes; read from the in-process worker (a bench's look inside, not an API), so 0 if it is elsewhere."""
+    goes; read from the in-process worker (a bench's look inside, not an API), or asked of the worker
+    process (`DeviceWorker.engine_stats`) with --engine-process separate; 0 with --processes."""
+    if backend.worker_pids and getattr(backend, "engine_process", None) == "separate":
+        [stats] = await backend._call_all("engine_stats")
+        return {k: stats.get(k, 0) for k in COUNTERS}
     worker = getattr(backend, "_worker", None)
     engines = [b.engine for b in getattr(worker, "bases", {}).values()]
     return {k: sum(getattr(e.stats, k, 0) for e in engines) for k in COUNTERS}
@@ -148,7 +159,7 @@ def _backend(args: Any, path: str) -> Any:
     random_arch = args.arch not in ("smollm2",)
     runs = args.runs if args.case == "together" else 1  # the engine batches every run's rollouts of a step
     where = {"devices": [args.device]} if args.processes else {"device": args.device}
-    return gw.LocalBackend(path=path, **where, dtype=args.dtype, best_checkpoint_metric=None,
+    return gw.LocalBackend(path=path, **where, engine_process=args.engine_process, dtype=args.dtype, best_checkpoint_metric=None,
                            served_steps=1, serve_http=False, verify_adapter=not args.no_verify, max_batch_size=runs * args.prompts * args.group_size,
                            lora=gw.LoraConfig(rank=args.rank, alpha=2 * args.rank),
                            load_model=load_model if random_arch else None,
@@ -159,12 +170,21 @@ def _base(args: Any) -> str:
     return "smollm2-135m" if args.arch == "smollm2" else f"random:{args.arch}"
 
 
+async def _worker_peak_gb(backend: Any, args: Any) -> float:
+    """The peak memory of the backend's worker process (its model is there); NaN for an in-process backend."""
+    if not backend.worker_pids:
+        return float("nan")
+    [peak] = await backend._call_all("peak_memory")  # a bench's look inside, as _engine_counters
+    return peak["device_gb"] if args.device.startswith("cuda") else peak["rss_gb"]
+
+
 async def case(args: Any) -> dict[str, Any]:
     import groupwise as gw
 
     path = tempfile.mkdtemp(prefix=f"gw-many-{args.case}-")
     totals: dict[str, float] = {}
     timed = 0.0
+    worker_peak = float("nan")
     if args.case == "together":
         backend = _backend(args, path)
         models = [gw.TrainableModel(f"run{r}", project="bench", base_model=_base(args)) for r in range(args.runs)]
@@ -174,8 +194,9 @@ async def case(args: Any) -> dict[str, Any]:
             barrier = asyncio.Barrier(args.runs)
             await asyncio.gather(*(_train_run(m, args, r, barrier, totals) for r, m in enumerate(models)))
             timed = time.perf_counter() - totals["t0"]
-            end = _engine_counters(backend)
+            end = await _engine_counters(backend)
             totals.update({k: end[k] - totals["engine0"][k] for k in COUNTERS})
+            worker_peak = await _worker_peak_gb(backend, args)
         finally:
             await backend.close()
     else:
@@ -187,9 +208,11 @@ async def case(args: Any) -> dict[str, Any]:
                 await model.register(backend)
                 await _train_run(model, args, r, None, one)
                 timed += time.perf_counter() - one["t0"]
-                end = _engine_counters(backend)
+                end = await _engine_counters(backend)
                 for k in COUNTERS:
                     totals[k] = totals.get(k, 0) + end[k] - one["engine0"][k]
+                peak = await _worker_peak_gb(backend, args)
+                worker_peak = peak if worker_peak != worker_peak else max(worker_peak, peak)  # NaN: the first
             finally:
                 await backend.close()
             for k in ("rollout_tokens", "trainable_tokens", "update_s"):
@@ -208,7 +231,8 @@ async def case(args: Any) -> dict[str, Any]:
     return {"case": args.case, "timed_s": timed, **phases, "rollout_tokens": totals.get("rollout_tokens", 0),
             "trainable_tokens": totals.get("trainable_tokens", 0), "update_s": totals.get("update_s", 0),
             **{k: totals.get(k, 0) for k in COUNTERS},
-            "peak_gb": float("nan") if args.processes else _peak_gb(args.device)}
+            "peak_gb": worker_peak if args.engine_process == "separate" else
+            float("nan") if args.processes else _peak_gb(args.device)}
 
 
 def _peak_gb(device: str) -> float:
@@ -228,7 +252,7 @@ def main() -> int:
                                                           "or smollm2 (SmolLM2-135M's real weights)")
     p.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--workload", default="chat", choices=["chat", "2048"])
-    p.add_argument("--runs", type=int, default=4)
+    p.add_argument("--runs", default="4", help="runs of a case; a comma list (1,4) runs each number")
     p.add_argument("--prompts", type=int, default=8, help="groups per step of each run")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--completion-len", type=int, default=128, help="chat workload: tokens per rollout")
@@ -243,6 +267,9 @@ def main() -> int:
     p.add_argument("--processes", action="store_true", help="run each backend's engine and trainer in a worker "
                    "process (LocalBackend(devices=[device])): the client's work (requests, parsing responses, "
                    "writing trajectories) stays in this process; peak memory is then not measured")
+    p.add_argument("--engine-process", default="in_process",
+                   help="in_process, separate or a comma list of both (LocalBackend(engine_process=); module doc)")
+    p.add_argument("--json", default=None, help="also write the results to this file")
     p.add_argument("--case", choices=["together", "sequence"], default=None, help="(internal) run one case")
     p.add_argument("--cases", default="sequence,together", help="which cases to run (the ratio needs both)")
     p.add_argument("--kv", choices=list(KV_CHOICES), default="auto",
@@ -251,41 +278,71 @@ def main() -> int:
     args = p.parse_args()
     sys.path.insert(0, str(HERE))  # train_step's builder
     if args.case is not None:
+        args.runs = int(args.runs)
         print("RESULT " + json.dumps(asyncio.run(case(args))), flush=True)
         return 0
+    runs_list = [int(n) for n in args.runs.split(",")]
+    modes = args.engine_process.split(",")
 
     card = "cpu"
     if args.device.startswith("cuda"):
         import torch
 
         card = torch.cuda.get_device_name(0)
+    all_results: dict[str, dict[str, Any]] = {}
+    for mode in modes:
+        for runs in runs_list:
+            results = _cases(args, mode, runs, card)
+            if results is None:
+                return 1
+            all_results[f"{mode}/{runs}"] = results
+    if len(modes) > 1:
+        print(f"\nseparate engine core / in process, on {card}:")
+        for key, r in all_results.items():
+            mode, runs = key.split("/")
+            if mode != "in_process":
+                for name, x in r.items():
+                    base = all_results.get(f"in_process/{runs}", {}).get(name)
+                    if base is not None:
+                        print(f"  {runs} run(s) {name:>9}: rollout tokens/s {x['rollout_tok_s'] / base['rollout_tok_s']:.2f}x "
+                              f"({x['rollout_tok_s']:.0f} vs {base['rollout_tok_s']:.0f}), step time "
+                              f"{x['step_s'] / base['step_s']:.2f}x ({x['step_s']:.2f} vs {base['step_s']:.2f} s), "
+                              f"peak {x['peak_gb']:.2f} vs {base['peak_gb']:.2f} GB")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "card": card, "results": all_results}, indent=1))
+    return 0
+
+
+def _cases(args: Any, mode: str, runs: int, card: str) -> dict[str, Any] | None:
+    """Every case of --cases for one engine placement and number of runs, each in a process of its own."""
     results = {}
     for name in args.cases.split(","):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]))
-        out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--case", name], env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=None)
+        out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--case", name, "--runs", str(runs),
+                              "--engine-process", mode], env=env, text=True, stdout=subprocess.PIPE, stderr=None)
         line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if out.returncode != 0 or line is None:
             print(out.stdout[-3000:])
             print(f"case {name} failed (exit {out.returncode})")
-            return 1
+            return None
         r = json.loads(line.removeprefix("RESULT "))
         r["tok_s"] = (r["rollout_tokens"] + r["trainable_tokens"]) / r["timed_s"]
+        r["rollout_tok_s"] = r["rollout_tokens"] / r["rollout_s"] if r["rollout_s"] else float("nan")
+        r["step_s"] = r["timed_s"] / (args.steps * (runs if name == "sequence" else 1))
         results[name] = r
-        print(f"{name:>9}: {r['timed_s']:.1f} s timed, {r['rollout_tokens']:.0f} rollout + {r['trainable_tokens']:.0f} "
+        print(f"[{mode}, {runs} run(s)] {name:>9}: {r['timed_s']:.1f} s timed, {r['rollout_tokens']:.0f} rollout + {r['trainable_tokens']:.0f} "
               f"trainable tokens, {r['tok_s']:.0f} tok/s, peak {r['peak_gb']:.2f} GB; rollout phases "
               f"{r['rollout_s']:.1f} s, train phases {r['train_s']:.1f} s "
               f"(of which optimizer steps {r['update_s']:.1f} s); engine passes: "
               + ", ".join(f"{k} {r.get(k, 0)}" for k in COUNTERS), flush=True)
     if len(results) < 2:
-        return 0
+        return results
     seq, tog = results["sequence"], results["together"]
-    print(f"\n{args.runs} runs of {_base(args)} on {card} ({args.workload}: {args.prompts} x {args.group_size} rollouts "
+    print(f"\n{runs} runs of {_base(args)} on {card} ({args.workload}: {args.prompts} x {args.group_size} rollouts "
           f"a step, {args.steps} timed steps each): together / sequence = "
-          f"{tog['tok_s'] / seq['tok_s']:.2f}x tokens/s, peak memory {tog['peak_gb'] / seq['peak_gb']:.2f}x one run's")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "card": card, "results": results}, indent=1))
-    return 0
+          f"{tog['tok_s'] / seq['tok_s']:.2f}x tokens/s, peak memory {tog['peak_gb'] / seq['peak_gb']:.2f}x one run's "
+          f"[{mode}]")
+    return results
 
 
 if __name__ == "__main__":

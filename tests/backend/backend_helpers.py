@@ -3,13 +3,15 @@
 `make_backend` builds the backend under test from its kind:
 * ``local``: `LocalBackend` on the CPU, in process;
 * ``data_parallel``: `LocalBackend(devices=["cpu", "cpu"])`: two worker processes, a gloo group;
+* ``separate``: `LocalBackend(device="cpu", engine_process="separate")`: one worker process holds the model,
+  engine and trainer and serves the engine as an engine core; the test's process is its frontend;
 * ``ray``: `RayBackend` with two CPU workers on a two-node local Ray cluster (`ray.cluster_utils.Cluster`),
   one worker per node (STRICT_SPREAD).
 """
 
 from __future__ import annotations
 
-BACKENDS = ["local", "data_parallel", "ray"]
+BACKENDS = ["local", "data_parallel", "separate", "ray"]
 
 
 def make_backend(kind: str, path, request, **kwargs):
@@ -17,6 +19,8 @@ def make_backend(kind: str, path, request, **kwargs):
 
     if kind == "local":
         return gw.LocalBackend(path=str(path), device="cpu", **kwargs)
+    if kind == "separate":
+        return gw.LocalBackend(path=str(path), device="cpu", engine_process="separate", **kwargs)
     if kind == "data_parallel":
         return gw.LocalBackend(path=str(path), devices=["cpu", "cpu"], collective_timeout_s=60, **kwargs)
     if kind == "ray":

@@ -1,5 +1,5 @@
 """The `Backend` contract, run against every backend (LocalBackend in process, LocalBackend on two gloo
-ranks, RayBackend on a two-node local Ray cluster), through public methods and the real OpenAI client.
+ranks, LocalBackend with its engine as a core in a worker process, RayBackend on a two-node local Ray cluster), through public methods and the real OpenAI client.
 
 One lifecycle per backend: register -> serve the base -> train three steps with data cursors -> the new
 adapter is served after each -> retention keeps the latest and the best named by keep_best -> an older

@@ -21,6 +21,11 @@ client spread over the replicas, a group's requests on one replica (backend/rout
 script does not change beyond the `devices` argument. Every worker serves its replica over loopback HTTP
 behind a per-run API key; `model.inference_base_url` is rank 0's server.
 
+``engine_process="separate"`` (one device or several): each worker process holds its device's model,
+engine and trainer as above, but serves its engine as an engine core over a ZeroMQ socket (no HTTP
+there), and this process runs every rollout request's Python over it: the app `groupwise serve
+--engine-process separate` builds, reached in process (backend/frontends.py says what crosses).
+
 ``devices=4, train_workers=1``: the first device only trains, the other three only generate, loading
 each new adapter from the checkpoint (backend/worker.py); rollouts go to those three.
 
@@ -40,7 +45,7 @@ from groupwise.backend.driver import DEFAULT_PATH, ReplicaDivergenceError, Worke
 from groupwise.backend.options import BackendOptions, spell_out_options
 from groupwise.backend.replica import API_KEY
 from groupwise.core.compat import warn_ignored
-from groupwise.config import DEFAULT_BASE_MODEL
+from groupwise.config import DEFAULT_BASE_MODEL, ENGINE_PROCESS_CHOICES, EngineProcess
 from groupwise.errors import ConfigError, GroupwiseError
 from groupwise.runs.run_id import RunId
 from groupwise.runs.store import CHECKPOINTS_DIR, checkpoint_folders, run_dir_of, step_dir_name
@@ -82,12 +87,23 @@ class LocalBackend(WorkerBackend):
             train and the others only generate (docs/scaling.md).
         serve_http: also serve each model over HTTP on 127.0.0.1 (a free port and a generated API key,
             in `model.inference_base_url` / `model.inference_api_key`); False serves in process only
-            (with `devices`, the workers serve over loopback HTTP anyway: the router needs it).
+            (with `devices`, the workers serve over loopback HTTP anyway: the router needs it; with
+            ``engine_process="separate"`` this process serves the first worker's app on loopback, or nothing).
         options: the settings every worker backend shares (`gw.BackendOptions`: dtype, lora,
             max_batch_size, served_steps, best_checkpoint_metric, verify_adapter, engine_kwargs,
             load_model, collective_timeout_s, train_workers; backend/options.py says what each does); pass them as
             keywords (``LocalBackend(dtype="float32")``) or whole (``options=``), not both. With
             `devices`, `load_model` must be a module-level function of an importable module.
+        engine_process: where each engine runs relative to the Python of its rollout requests (HTTP,
+            chat template, tokenising, responses). ``"in_process"``: in one process (with one device this
+            one, with `devices` each worker serves its app). ``"separate"``: the engine, and the trainer
+            sharing its weights, in a worker process of their own per device (one for one device),
+            serving as an engine core; this process is their frontend and runs the requests' Python, off
+            the GIL of the loop that steps the engine. ``"auto"`` (the default,
+            `groupwise.config.DEFAULT_ENGINE_PROCESS`): in process, on the CPU because the forward passes
+            are the bound there and a second process only adds a hop (measured faster in process), and on
+            CUDA until bench/many_runs.py ``--engine-process in_process,separate`` measures the core
+            faster for the backend's runs (`resolve_engine_process` decides it, for the server too).
         in_process, gpu_cost_per_hour_usd, enable_expert_replay: ART's; accepted (GPU cost and MoE
             replay have no counterpart) and named once in a warning.
     """
@@ -103,6 +119,7 @@ class LocalBackend(WorkerBackend):
         device: str | None = None,
         devices: "int | list[str] | tuple[str, ...] | None" = None,
         serve_http: bool = True,
+        engine_process: EngineProcess | None = None,
         options: BackendOptions | None = None,
         wandb_entity: str | None = None,
         wandb_project: str | None = None,
@@ -121,6 +138,8 @@ class LocalBackend(WorkerBackend):
         if device is not None and devices is not None:
             problems.append(f"device={device!r} and devices={devices!r}: give one (devices for several)")
         parsed = _devices(devices)
+        if engine_process is not None and engine_process not in ENGINE_PROCESS_CHOICES:
+            problems.append(f"engine_process={engine_process!r} must be one of {list(ENGINE_PROCESS_CHOICES)}")
         options = BackendOptions.from_arguments(options, option_values, what="LocalBackend arguments",
                                                 problems=problems, workers=len(parsed) if parsed else None,
                                                 workers_arg="devices")
@@ -128,7 +147,9 @@ class LocalBackend(WorkerBackend):
         self.devices = parsed
         self.device = device if self.devices is None else None
         self._worker: DeviceWorker | None = None  # one device: the worker lives in this process
-        self._processes: Any = None  # several: backend/processes.py's WorkerProcesses
+        self._processes: Any = None  # several (or a separate engine): backend/processes.py's WorkerProcesses
+        self.engine_process = engine_process
+        self._frontends: Any = None  # engine cores: backend/frontends.py's CoreFrontends, in this process
         self._api_key = API_KEY
         self.serve_http = serve_http
         self._http: dict[str, _HttpServer] = {}  # one device: the loopback server of each model's app
@@ -143,14 +164,38 @@ class LocalBackend(WorkerBackend):
         """The worker processes' ids, by rank (several devices; empty before register and on one device)."""
         return self._processes.pids if self._processes is not None else []
 
-    async def _start(self) -> None:
-        if self.devices is not None:
-            from groupwise.backend.processes import WorkerProcesses
+    def _separate_engine(self) -> bool:
+        """Whether the engines run as cores in worker processes, this process their frontend (`engine_process`)."""
+        from groupwise.inference.engine_core import resolve_engine_process
+        from groupwise.runtime.loading import resolve_device
 
-            self._api_key = secrets.token_urlsafe(24)  # the workers' loopback servers answer only this driver
-            self._processes = WorkerProcesses(self.devices or [], self._worker_options(serve_http=True,
-                                                                                        api_key=self._api_key),
-                                              timeout_s=self.options.collective_timeout_s)
+        device = self.devices[0] if self.devices else self.device
+        return resolve_engine_process(self.engine_process, resolve_device(device).type) == "separate"
+
+    async def _start(self) -> None:
+        separate = self._separate_engine()
+        if self.devices is not None or separate:
+            import dataclasses
+
+            from groupwise.backend.processes import WorkerProcesses
+            from groupwise.runtime.loading import resolve_device
+
+            threads = None
+            if separate:
+                import torch
+
+                from groupwise.backend.frontends import CoreFrontends
+
+                self._frontends = CoreFrontends()
+                options = dataclasses.replace(self._worker_options(serve_http=False), engine_core=True)
+                # on the CPU the worker's engine and trainer get the threads they would have here (torch's
+                # count: OMP_NUM_THREADS or the cores), not every core: this process's frontend needs one too
+                threads = torch.get_num_threads()
+            else:
+                self._api_key = secrets.token_urlsafe(24)  # the workers' loopback servers answer only this driver
+                options = self._worker_options(serve_http=True, api_key=self._api_key)
+            self._processes = WorkerProcesses(self.devices or [str(resolve_device(self.device))], options,
+                                              timeout_s=self.options.collective_timeout_s, cpu_threads=threads)
             await self._processes.start()
         else:
             from groupwise.backend.worker import DeviceWorker
@@ -158,12 +203,16 @@ class LocalBackend(WorkerBackend):
             self._worker = DeviceWorker(0, 1, self.device, self._worker_options(serve_http=False))
 
     async def _call(self, method: str, kwargs: list[dict[str, Any]]) -> list[Any]:
+        if self._frontends is not None:
+            return await self._frontends.call(self._processes, method, kwargs)
         if self._processes is not None:
             return await self._processes.call(method, kwargs)
         assert self._worker is not None, "LocalBackend used before register()"
         return [await getattr(self._worker, method)(**kwargs[0])]
 
     def _endpoint(self, name: str, urls: list[str | None]) -> InferenceEndpoint:
+        if self._frontends is not None:
+            return self._frontends.endpoint(name, api_key=API_KEY, processes=self._processes)
         if self._processes is not None:
             from groupwise.backend.routing import routed_endpoint
 
@@ -178,11 +227,12 @@ class LocalBackend(WorkerBackend):
         if self._registers(model) is None:
             return
         await super().register(model)
-        if self.serve_http and self._worker is not None:
+        if self.serve_http and (self._worker is not None or self._frontends is not None):
             from groupwise.inference.server import create_app
 
             key = RunId.of(model).key
-            registry = self._worker.replicas[key].registry
+            registry = (self._worker.replicas[key].registry if self._worker is not None
+                        else self._frontends.of_run(key)[0].registry)  # the first rank's app, as with `devices`
             self._http[key] = await asyncio.to_thread(_HttpServer.start, create_app, registry, model.name)
 
     async def unregister(self, model: "TrainableModel") -> None:
@@ -215,9 +265,10 @@ class LocalBackend(WorkerBackend):
         """The model's loopback HTTP endpoint (base URL and API key): with one device its own server
         (None with serve_http=False), with several the first serving rank's: rank 0's, or the first
         generator's with `train_workers` (`model.openai_client()` spreads requests over every replica;
-        another client through this URL reaches that one only)."""
+        another client through this URL reaches that one only). With ``engine_process="separate"`` it is
+        served by this process, over the app of the first serving rank's core (None with serve_http=False)."""
         run = self._run(model)
-        if self._processes is not None:
+        if self._processes is not None and self._frontends is None:
             url = next((u for u in run.urls if u), None)
             return InferenceEndpoint(base_url=url, api_key=self._api_key) if url else None
         http = self._http.get(run.spec.name)
@@ -363,6 +414,9 @@ class LocalBackend(WorkerBackend):
 
     async def _stop(self) -> None:
         self._stop_local()
+        if self._frontends is not None:
+            self._frontends.close()
+            self._frontends = None
         if self._processes is not None:
             await self._processes.stop()
             self._processes = None
@@ -382,6 +436,9 @@ class LocalBackend(WorkerBackend):
         if self._worker is not None:
             for base in self._worker.bases.values():
                 base.close()
+        if self._frontends is not None:
+            self._frontends.close()
+            self._frontends = None
         if self._processes is not None:
             self._processes.kill()
         self._forget_runs()

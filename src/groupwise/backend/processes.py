@@ -16,7 +16,9 @@ Why these pieces:
   is reported at once, with its exit signal, instead of leaving the driver waiting. A worker whose
   driver dies reads the end of its pipe and exits.
 * rollouts do not go through the driver: each worker serves its replica's FastAPI app with uvicorn on a
-  loopback port, and the user's client spreads its requests over them (backend/routing.py).
+  loopback port, and the user's client spreads its requests over them (backend/routing.py). With
+  ``WorkerOptions.engine_core`` (`LocalBackend(engine_process="separate")`) a worker serves its engine as an
+  engine core instead, and the apps run in the driver's process over it (backend/frontends.py).
 """
 
 from __future__ import annotations
@@ -110,8 +112,10 @@ def _describe_exit(code: int | None) -> str:
 class WorkerProcesses:
     """The worker processes of a data-parallel `LocalBackend` (module doc)."""
 
-    def __init__(self, devices: list[str], options: WorkerOptions, *, timeout_s: float) -> None:
+    def __init__(self, devices: list[str], options: WorkerOptions, *, timeout_s: float,
+                 cpu_threads: int | None = None) -> None:
         self.devices = list(devices)
+        self.cpu_threads = cpu_threads  # the torch threads the CPU ranks share (None: every core)
         self.options = options
         self.timeout_s = timeout_s
         self._procs: list[Any] = []
@@ -126,7 +130,7 @@ class WorkerProcesses:
     async def start(self) -> None:
         world = len(self.devices)
         cpu_ranks = sum(d.startswith("cpu") for d in self.devices)
-        threads = max(1, (os.cpu_count() or 1) // max(1, cpu_ranks))
+        threads = max(1, (self.cpu_threads or os.cpu_count() or 1) // max(1, cpu_ranks))
         # the worker imports the groupwise this driver runs, wherever it was imported from
         here = str(Path(__file__).resolve().parents[2])
         path = os.pathsep.join([here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
@@ -150,10 +154,14 @@ class WorkerProcesses:
         init = f"tcp://127.0.0.1:{_free_port()}"
         await self.call("init_process_group", [{"init_method": init, "timeout_s": self.timeout_s}] * world)
 
-    def check_alive(self) -> None:
-        """Raise the WorkerError of a worker that died (or of an earlier failure)."""
+    def check_alive(self, dying: "list[int] | tuple[int, ...]" = ()) -> None:
+        """Raise the WorkerError of a worker that died (or of an earlier failure). `dying`: ranks seen to
+        be exiting (their engine core's pid is gone: backend/frontends.py), waited for first, since a killed
+        process's main thread can be gone while its other threads still end, and it cannot be reaped yet."""
         if self._failure is not None:
             raise self._failure
+        for rank in dying:
+            self._exit_code(rank)
         for rank, proc in enumerate(self._procs):
             if proc.poll() is not None:
                 self._fail(rank, "serving", proc.returncode)

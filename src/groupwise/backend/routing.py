@@ -11,6 +11,11 @@ changes state, so one pool with n requests in flight costs O(n) per request, and
 concurrent rollouts the one client process becomes the bottleneck of several GPUs
 (bench/scaling.py). So each replica gets
 lanes: small pools of at most `LANE_REQUESTS` requests in flight, a new lane opened when all are busy.
+
+In process: with its workers as engine cores (backend/frontends.py) each replica is an app in the user's
+process, reached through its httpx ASGI transport (no socket, no pool). A worker that died makes its
+app answer with an error (its core client fails the requests): on an error status the router asks
+`alive`, which raises the backend's error naming the exit.
 """
 
 from __future__ import annotations
@@ -80,9 +85,13 @@ class ReplicaRouter(httpx.AsyncBaseTransport):
     `alive` is called when a replica cannot be reached: it raises the backend's clear error when a
     worker died (else the connection error stands)."""
 
-    def __init__(self, urls: list[str], *, alive: Callable[[], None] | None = None) -> None:
-        if not urls:
+    def __init__(self, urls: list[str], *, alive: Callable[[], None] | None = None,
+                 transports: list[httpx.AsyncBaseTransport] | None = None) -> None:
+        if not urls and not transports:
             raise ConfigError("ReplicaRouter needs at least one replica URL", what="ReplicaRouter arguments")
+        self._fixed = transports  # in process: one transport per replica, sent to as it is (module doc)
+        if transports is not None:
+            urls = [ROUTED_BASE_URL] * len(transports)
         self.urls = [httpx.URL(u) for u in urls]
         self._alive = alive
         self._lanes: list[list[list]] = [[] for _ in urls]  # per replica: [transport, requests in flight]
@@ -104,9 +113,10 @@ class ReplicaRouter(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         replica = self.pick(request)
-        target = self.urls[replica]
-        request.url = request.url.copy_with(scheme=target.scheme, host=target.host, port=target.port)
-        request.headers["host"] = f"{target.host}:{target.port}"
+        if self._fixed is None:
+            target = self.urls[replica]
+            request.url = request.url.copy_with(scheme=target.scheme, host=target.host, port=target.port)
+            request.headers["host"] = f"{target.host}:{target.port}"
         lane = self._lane(replica)
         lane[1] += 1
         self.in_flight[replica] += 1
@@ -130,6 +140,13 @@ class ReplicaRouter(httpx.AsyncBaseTransport):
         except BaseException:
             done()
             raise
+        if response.status_code >= 400 and self._fixed is not None and self._alive is not None:
+            try:
+                self._alive()  # a dead worker's app answers 503 (400 once it is known dead): raise the backend's error
+            except BaseException:
+                await response.aclose()
+                done()
+                raise
         headers = httpx.Headers(response.headers)
         headers[REPLICA_HEADER] = str(replica)  # which replica answered (benchmarks, debugging)
         return httpx.Response(response.status_code, headers=headers,
@@ -138,6 +155,10 @@ class ReplicaRouter(httpx.AsyncBaseTransport):
     def _lane(self, replica: int) -> list:
         """The replica's least busy connection pool, or a new one when every pool is full."""
         lanes = self._lanes[replica]
+        if self._fixed is not None:
+            if not lanes:
+                lanes.append([self._fixed[replica], 0])
+            return lanes[0]
         lane = min(lanes, key=lambda x: x[1], default=None)
         if lane is None or lane[1] >= LANE_REQUESTS:
             lane = [httpx.AsyncHTTPTransport(retries=0, limits=httpx.Limits(max_connections=None)), 0]
@@ -154,4 +175,13 @@ def routed_endpoint(urls: list[str], *, api_key: str, alive: Callable[[], None] 
                     timeout: float = REQUEST_TIMEOUT_S) -> InferenceEndpoint:
     """An endpoint whose client spreads requests over the replica servers at `urls`."""
     client = httpx.AsyncClient(transport=ReplicaRouter(urls, alive=alive), base_url=ROUTED_BASE_URL, timeout=timeout)
+    return InferenceEndpoint(base_url=ROUTED_BASE_URL, api_key=api_key, http_client=client)
+
+
+def in_process_endpoint(apps: list[Any], *, api_key: str, alive: Callable[[], None] | None = None,
+                        timeout: float = REQUEST_TIMEOUT_S) -> InferenceEndpoint:
+    """An endpoint whose client spreads requests over `apps` in this process (module doc)."""
+    transports = [httpx.ASGITransport(app=app, raise_app_exceptions=False) for app in apps]
+    client = httpx.AsyncClient(transport=ReplicaRouter([], alive=alive, transports=transports),
+                               base_url=ROUTED_BASE_URL, timeout=timeout)
     return InferenceEndpoint(base_url=ROUTED_BASE_URL, api_key=api_key, http_client=client)

@@ -14,7 +14,8 @@ meanwhile.
 
 A worker of a data-parallel group joins the torch.distributed process group (NCCL between GPUs, gloo
 on CPUs) whose collectives sum the trainer's gradients, and serves each replica's OpenAI-compatible app
-over HTTP (uvicorn), where the driver's router sends rollout requests. Rank 0 writes the checkpoints;
+over HTTP (uvicorn), where the driver's router sends rollout requests; or, with `WorkerOptions.engine_core`,
+each base's engine as an engine core whose app runs in the driver's process (backend/frontends.py). Rank 0 writes the checkpoints;
 every other rank serves its own copy of the new adapter from memory (its trainer's tensors, which the
 all-reduce kept equal to rank 0's), so no weights travel between ranks beyond the gradient all-reduce.
 
@@ -98,6 +99,9 @@ class WorkerOptions:
     serve_http: bool = False  # serve each replica's app over HTTP (a worker outside the driver's process)
     http_host: str = LOOPBACK  # the address its servers listen on
     api_key: str | None = None  # the key requests to those servers must carry
+    # serve each base's engine as an engine core (inference/engine_core.py) on a ZeroMQ address instead of
+    # an app: the driver's process runs the app over it (backend/frontends.py); LocalBackend(engine_process=)
+    engine_core: bool = False
 
 
 class DeviceWorker:
@@ -118,6 +122,7 @@ class DeviceWorker:
         self._servers: dict[str, Any] = {}  # base model -> the uvicorn server of its app
         self._server_urls: dict[str, str] = {}
         self._server_tasks: list[asyncio.Task] = []
+        self._cores: dict[str, tuple[Any, Any]] = {}  # base model -> (its EngineCoreServer, the thread running it)
 
     # ------------------------------------------------------------------------------ setup
     async def init_process_group(self, init_method: str, timeout_s: float) -> dict[str, Any]:
@@ -186,7 +191,9 @@ class DeviceWorker:
             # the rows of the embedding: a sampled id at or past it cannot be trained (tokenize.py)
             "vocab_size": replica.peft_model.get_input_embeddings().num_embeddings,
         }
-        if o.serve_http and self.generates:  # a trainer of a placement gets no rollouts
+        if o.engine_core and self.generates:
+            info["core"] = self._serve_core(spec.base_model, base)
+        elif o.serve_http and self.generates:  # a trainer of a placement gets no rollouts
             info["url"] = await self._serve_http(spec.base_model, replica.app)
         return info
 
@@ -208,7 +215,39 @@ class DeviceWorker:
         server = self._servers.pop(base_model, None)
         if server is not None:
             server.should_exit = True
+        self._stop_core(base_model)
         base.close()
+
+    def _serve_core(self, base_model: str, base: SharedBase) -> str:
+        """Serve `base`'s engine to frontends in other processes (WorkerOptions.engine_core), once per base:
+        an `EngineCoreServer` on a fresh ipc:// address, its I/O on a thread of its own, while the engine
+        steps on the compute thread as before (the trainer's pause holds it exactly as for the app's
+        requests) and this rank's adapters are loaded on it directly (the frontends learn of them from
+        the core). Returns the address. The core stops when its owner, the driver, is gone."""
+        import os
+        import threading
+
+        from groupwise.inference.engine_client import new_core_address
+        from groupwise.inference.engine_core import EngineCoreServer
+
+        if base_model not in self._cores:
+            server = EngineCoreServer(base.engine, new_core_address(), owner_pid=os.getppid())
+            thread = threading.Thread(target=server.run, name=f"groupwise-core-{self.rank}", daemon=True)
+            thread.start()
+            self._cores[base_model] = (server, thread)
+        return self._cores[base_model][0].address
+
+    def _stop_core(self, base_model: str) -> None:
+        core = self._cores.pop(base_model, None)
+        if core is not None:
+            core[0].stop()
+            core[1].join(timeout=10)
+
+    async def served_state(self) -> dict[str, Any]:
+        """What the driver's frontends mirror (backend/frontends.py): each base's core address and what
+        the registry serves of each model (`ModelRegistry.model_state`), by the model's run name."""
+        return {"cores": {b: server.address for b, (server, _) in self._cores.items()},
+                "runs": {name: (r.base.base_model, r.registry.model_state(name)) for name, r in self.replicas.items()}}
 
     async def _serve_http(self, base_model: str, app: Any) -> str:
         """Serve `app` (one per base model: it serves every model of that base) with uvicorn on a free port
@@ -374,6 +413,8 @@ class DeviceWorker:
     async def close(self) -> None:
         for server in self._servers.values():
             server.should_exit = True
+        for base_model in list(self._cores):
+            self._stop_core(base_model)
         if self._server_tasks:
             await asyncio.wait(self._server_tasks, timeout=5)
         self.replicas.clear()
@@ -390,3 +431,25 @@ class DeviceWorker:
 
     def ping(self) -> int:
         return self.rank
+
+    async def engine_stats(self) -> dict[str, int]:
+        """What this rank's engines did so far (`EngineStats`, summed over its bases), for benchmarks of a
+        backend whose engines are in worker processes."""
+        import dataclasses
+
+        out: dict[str, int] = {}
+        for base in self.bases.values():
+            for k, v in dataclasses.asdict(base.engine.stats).items():
+                out[k] = max(out.get(k, 0), v) if k.startswith("max_") else out.get(k, 0) + v
+        return out
+
+    async def peak_memory(self) -> dict[str, float]:
+        """This rank's memory peaks so far, in GiB: its device's allocator (CUDA; NaN elsewhere) and its
+        process's resident set (Linux), for benchmarks of a backend whose model is in a worker process."""
+        import resource
+
+        import torch
+
+        device = self.device or ""
+        peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
+        return {"device_gb": peak, "rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}

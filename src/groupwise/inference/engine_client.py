@@ -154,6 +154,11 @@ class EngineCoreClient:
     def closed(self) -> bool:
         return self._dead is not None or self._closing
 
+    @property
+    def failed(self) -> bool:
+        """The core died (or this client's I/O failed): its requests fail, and so will every later one."""
+        return self._dead is not None
+
     def adapters(self) -> list[str]:
         return sorted(self._adapters)
 

@@ -53,7 +53,8 @@ def resolve_engine_process(choice: str | None, device_type: str) -> str:
     (docs/benchmarks.md has the measurement). On CUDA the per-request Python is the bound, but one frontend
     process runs all of it under one GIL with the core separate too: measured on an H200 at 256 requests,
     one frontend made 0.94x-1.24x of the in-process app, two 1.63x and four 1.98x. The server is one
-    frontend, so ``"separate"`` is asked for by name until several frontends feed the core."""
+    frontend, so ``"separate"`` is asked for by name until several frontends feed the core. The same
+    resolution places `LocalBackend(engine_process=)`'s engines (backend/frontends.py)."""
     choice = choice or DEFAULT_ENGINE_PROCESS
     if choice not in ENGINE_PROCESS_CHOICES:
         raise ConfigError(f"engine_process={choice!r} must be one of {list(ENGINE_PROCESS_CHOICES)}",
@@ -135,6 +136,7 @@ class EngineCoreServer:
         self._requests: dict[tuple[bytes, int], _Request] = {}
         self._frontends: dict[bytes, int] = {}  # identity -> pid
         self._version = 0  # the policy version: +1 per adapter change
+        self._announced = self._engine_adapters()  # the adapter set the frontends were last told of
         self._stop = False
         self._closed = False  # the wake pipe is closed: the compute thread writes to it no more
 
@@ -222,7 +224,31 @@ class EngineCoreServer:
         except zmq.Again:  # a frontend that reads nothing (its queue is full): its outputs are dropped
             pass
 
+    def _engine_adapters(self) -> list[str]:
+        """The engine's adapters, read from this thread while another may load one (a set that changes
+        size mid-read raises: read it again)."""
+        while True:
+            try:
+                return self.engine.adapters()
+            except RuntimeError:
+                continue
+
+    def _announce_adapters(self) -> None:
+        """Tell every frontend the adapter set (and a new policy version) when it changed outside a
+        frontend's call: a backend worker (backend/worker.py) loads and drops its trained steps' adapters
+        on the engine directly, in this process, and the frontends check a request's adapter against
+        the set they were told of."""
+        adapters = self._engine_adapters()
+        if adapters == self._announced:
+            return
+        self._announced = adapters
+        self._version += 1
+        update = wire.Adapters(adapters, self._version)
+        for frontend in self._frontends:
+            self._send(frontend, update)
+
     def _flush(self) -> None:
+        self._announce_adapters()
         with self._lock:
             deltas, self._deltas = self._deltas, {}
             finished, self._finished = self._finished, {}
@@ -258,6 +284,9 @@ class EngineCoreServer:
         elif isinstance(message, (wire.PublishAdapter, wire.RemoveAdapter, wire.Retarget)):
             self._adapter_call(frontend, message)
         elif isinstance(message, wire.Status):
+            # before the answer, on the same connection: a frontend whose status call returned knows
+            # every adapter the engine held when it asked (backend/frontends.py waits on that)
+            self._announce_adapters()
             st = self.engine.state
             with st.cv:
                 waiting, running = len(st.waiting), len(st.running)
@@ -339,7 +368,8 @@ class EngineCoreServer:
             # Every frontend learns the new adapter set (and policy version) before the caller's reply:
             # one DEALER connection keeps order, so the caller's mirror is current when its call returns.
             self._version += 1
-            update = wire.Adapters(self.engine.adapters(), self._version)
+            self._announced = self._engine_adapters()
+            update = wire.Adapters(self._announced, self._version)
             for other in self._frontends:
                 self._send(other, update)
         self._send(frontend, wire.Reply(m.call_id, error, result))

@@ -134,6 +134,30 @@ class ModelRegistry:
         with self._lock:
             self._to_free.extend(still_busy)
 
+    def model_state(self, name: str) -> dict[str, Any] | None:
+        """What this registry serves of model `name` (its steps' adapters, the latest step trained and its
+        short name), for `mirror_model` in another process; None when it is not registered."""
+        with self._lock:
+            if name not in self._steps:
+                return None
+            return {"steps": dict(self._steps[name]), "trained": self._trained.get(name, 0),
+                    "short": self._short.get(name)}
+
+    def mirror_model(self, name: str, state: dict[str, Any] | None) -> None:
+        """Serve model `name` as another registry does (`model_state`; None: not at all), without loading or
+        freeing any adapter: for a frontend of an engine core whose adapters the core's own process loads
+        (backend/frontends.py), so requests here resolve to the adapters the core holds."""
+        with self._lock:
+            if state is None:
+                self._steps.pop(name, None)
+                self._short.pop(name, None)
+                self._trained.pop(name, None)
+                return
+            self._steps[name] = {int(k): v for k, v in state["steps"].items()}
+            self._trained[name] = int(state["trained"])
+            if state.get("short") is not None:
+                self._short[name] = state["short"]
+
     def add_alias(self, served_id: str, adapter_path: str | None) -> None:
         """Serve an adapter folder (or the base model, path None) under a plain id."""
         adapter = None
