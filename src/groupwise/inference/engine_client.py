@@ -154,6 +154,11 @@ class EngineCoreClient:
     def closed(self) -> bool:
         return self._dead is not None or self._closing
 
+    @property
+    def failure(self) -> EngineError | None:
+        """Why this client can serve no more (`EngineProcessDied`: the core is gone), None while it can."""
+        return self._dead
+
     def adapters(self) -> list[str]:
         return sorted(self._adapters)
 
@@ -389,7 +394,10 @@ def start_engine_core(model: str, *, tokenizer: Any = None, device: str | None =
 
     spec = CoreSpec(model=model, address=address or new_core_address(), owner_pid=os.getpid(), device=device,
                     dtype=dtype, engine_kwargs=dict(engine_kwargs or {}), max_kv_gb=max_kv_gb, load_model=load_model)
-    process = subprocess.Popen([sys.executable, "-m", "groupwise.inference.engine_core"], stdin=subprocess.PIPE)
+    # A session of its own: a Ctrl-C reaches its owner, which stops its frontends before the core (the
+    # core also exits once its owner is gone).
+    process = subprocess.Popen([sys.executable, "-m", "groupwise.inference.engine_core"], stdin=subprocess.PIPE,
+                               start_new_session=True)
     assert process.stdin is not None
     process.stdin.write(msgspec.msgpack.encode(spec))
     process.stdin.close()
