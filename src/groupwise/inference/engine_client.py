@@ -52,6 +52,21 @@ def new_core_address() -> str:
     return f"ipc://{tempfile.mkdtemp(prefix='gw-core-')}/engine"
 
 
+def _exited(process: subprocess.Popen) -> int | None:
+    """`process`'s exit status as Popen writes it (-N: killed by signal N), None while it runs. Not reaped
+    (WNOWAIT) where the OS allows: the core's other frontends, in other processes, read its exit code from
+    /proc while it is a zombie (engine_core.pid_exit), until `close` reaps it."""
+    if process.returncode is not None or not hasattr(os, "WNOWAIT"):
+        return process.poll()
+    try:
+        info = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped already
+        return process.poll()
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
 def _describe_exit(status: int | None, *, waitpid_status: bool) -> str:
     if status is None:
         return "its exit code is unknown (it was not started by this process)"
@@ -135,7 +150,7 @@ class EngineCoreClient:
 
     def _core_died(self) -> EngineProcessDied | None:
         if self._process is not None:
-            status = self._process.poll()
+            status = _exited(self._process)
             if status is None:
                 return None
             how = _describe_exit(status, waitpid_status=False)
