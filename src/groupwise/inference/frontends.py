@@ -95,7 +95,7 @@ def run_frontend(spec: FrontendSpec) -> None:
 
     from groupwise.inference.engine_client import connect_engine_core
     from groupwise.inference.registry import CoreRegistry
-    from groupwise.inference.serve import uvicorn_config
+    from groupwise.inference.connections import uvicorn_config
     from groupwise.inference.server import create_app
     from groupwise.runtime.loading import load_tokenizer
 
@@ -103,8 +103,13 @@ def run_frontend(spec: FrontendSpec) -> None:
     engine = connect_engine_core(spec.core, load_tokenizer(spec.tokenizer))
     try:
         registry = CoreRegistry(engine, spec.base_name, spec.name)
+        routers = []
+        if spec.lora_routes:
+            from groupwise.inference.adapter_routes import lora_routes
+
+            routers.append(lora_routes)
         app = create_app(registry, api_key=spec.api_key, max_body_bytes=spec.max_body_bytes,
-                         allowed_hosts=spec.allowed_hosts, bound_host=spec.host, lora_routes=spec.lora_routes)
+                         allowed_hosts=spec.allowed_hosts, bound_host=spec.host, routers=routers)
         sock = bind_port(spec.host, spec.port)
 
         class Server(uvicorn.Server):
@@ -194,10 +199,6 @@ def _exit_text(code: int) -> str:
     return f"exit code {code}"
 
 
-class _Stop(Exception):
-    """SIGTERM: stop as on Ctrl-C, and exit 0 (as uvicorn does)."""
-
-
 def serve_frontends(engine: Any, spec: FrontendSpec, count: int) -> None:
     """Serve through `count` frontend processes of the core `engine` (this process's client of it: it owns
     the core) until SIGINT/SIGTERM; replace a frontend that dies; raise `FrontendsFailed` when the core dies
@@ -207,7 +208,7 @@ def serve_frontends(engine: Any, spec: FrontendSpec, count: int) -> None:
     held = bind_port(spec.host, port)  # kept while serving: no other user's process can take the port
     spec = msgspec.structs.replace(spec, port=port, supervisor_pid=os.getpid())
     frontends: list[_Frontend] = []
-    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops as Ctrl-C does
     try:
         frontends = [_Frontend(spec, i) for i in range(count)]
         for frontend in frontends:
@@ -225,7 +226,7 @@ def serve_frontends(engine: Any, spec: FrontendSpec, count: int) -> None:
                     frontends[i] = _Frontend(spec, i)
                     frontends[i].wait_ready(engine)
                     print(f"frontend {i}: pid {frontends[i].process.pid} serving", flush=True)
-    except (_Stop, KeyboardInterrupt):
+    except KeyboardInterrupt:  # asked to stop: not a failure (exit 0, as uvicorn's)
         print("stopping the frontends and the engine core", flush=True)
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -234,10 +235,6 @@ def serve_frontends(engine: Any, spec: FrontendSpec, count: int) -> None:
         for frontend in frontends:
             frontend.wait()
         held.close()
-
-
-def _raise_stop(*_: Any) -> None:
-    raise _Stop()
 
 
 if __name__ == "__main__":

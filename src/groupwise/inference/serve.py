@@ -14,23 +14,7 @@ from typing import Any
 
 from groupwise.runtime.memory import free_memory_bytes
 
-__all__ = ["free_memory_bytes", "serve_app", "serve_model", "uvicorn_config"]
-
-
-def uvicorn_config(app: Any, host: str, port: int, **extra: Any) -> Any:
-    """uvicorn's Config for `app` on host:port under the connection limits; `extra`: more of its options."""
-    import gc
-
-    import uvicorn
-
-    from groupwise.inference.connections import raise_fd_limit, serve_options
-
-    # Everything loaded so far (torch, the model, transformers: millions of objects) lives as long
-    # as the server: out of the collector's sight, a request that allocates many objects no longer
-    # sets off full collections that walk all of it (each a pause of every caller).
-    gc.freeze()
-    return uvicorn.Config(app, host=host, port=port, log_level="info",
-                          **serve_options(fd_limit=raise_fd_limit()), **extra)
+__all__ = ["app_routers", "free_memory_bytes", "serve_app", "serve_model"]
 
 
 def _say_limits(config: Any) -> None:
@@ -41,6 +25,8 @@ def _say_limits(config: Any) -> None:
 def serve_app(app: Any, host: str, port: int) -> None:
     """Serve `app` over HTTP with uvicorn until stopped, under the connection limits."""
     import uvicorn
+
+    from groupwise.inference.connections import uvicorn_config
 
     config = uvicorn_config(app, host, port)
     _say_limits(config)
@@ -101,9 +87,18 @@ def serve_model(model: str, *, adapters: list[str], host: str, port: int, api_ke
             serve_frontends(engine, spec, placement.frontends)
         else:
             serve_app(create_app(registry, api_key=api_key, max_body_bytes=max_body_bytes, allowed_hosts=allowed_hosts,
-                                 bound_host=host, lora_routes=lora_routes), host, port)
+                                 bound_host=host, routers=app_routers(lora_routes)), host, port)
     finally:
         engine.close()
+
+
+def app_routers(lora_routes: bool) -> list[Any]:
+    """The routes `groupwise serve` adds to server.py's: vLLM's adapter routes when asked for."""
+    if not lora_routes:
+        return []
+    from groupwise.inference.adapter_routes import lora_routes as routes
+
+    return [routes]
 
 
 def _load_adapters(registry: Any, model: str, name: str, adapters: list[str]) -> None:

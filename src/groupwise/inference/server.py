@@ -152,14 +152,14 @@ class ServerState:
 def create_app(registry: ModelRegistry, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
                prepare_budget_s: float = DEFAULT_PREPARE_BUDGET_S, allowed_hosts: Iterable[str] = (),
-               bound_host: str | None = None, lora_routes: bool = False) -> FastAPI:
+               bound_host: str | None = None, routers: Iterable[APIRouter] = ()) -> FastAPI:
     """The FastAPI app serving `registry` (one engine). `api_key`: require ``Bearer <key>`` on every
     route, the docs included, but the liveness probe ``GET /health``. `max_body_bytes`: larger request bodies get 413; `body_timeout_s`:
     one that takes longer to arrive gets 408. `prepare_budget_s`: a request whose schema checks and
     grammar building run longer gets 400 (prepare.py). Every request must name the server in ``Host``
     (localhost, `bound_host`, the address it arrived at, or one of `allowed_hosts`) and a browser's
     ``Origin`` must be a page of it, else 403 (groupwise.core.http_guard: against DNS rebinding).
-    `lora_routes`: also vLLM's routes that load and unload adapters (adapter_routes.py)."""
+    `routers`: more routes (adapter_routes.py's, which load and unload adapters)."""
     app = FastAPI(title="groupwise", version="0.1", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gw = ServerState(registry, api_key, max_body_bytes, body_timeout_s, Preparer(prepare_budget_s))
     app.add_exception_handler(ApiError, _api_error)
@@ -171,10 +171,8 @@ def create_app(registry: ModelRegistry, *, api_key: str | None = None,
     app.include_router(api)
     app.include_router(docs)
     app.include_router(probes)
-    if lora_routes:
-        from groupwise.inference.adapter_routes import lora_routes as routes
-
-        app.include_router(routes)
+    for router in routers:
+        app.include_router(router)
     return app
 
 
