@@ -235,3 +235,20 @@ async def test_a_killed_core_fails_every_frontend_with_a_503_naming_its_exit_and
 
     for pid in served.pids:  # no frontend left behind
         wait_for(lambda: not pid_exit(pid)[0], f"frontend {pid} exited")
+
+
+def test_sigterm_stops_every_frontend_and_the_core_and_exits_0(tiny_model_dir, adapter_dirs, tmp_path):
+    from groupwise.inference.engine_core import pid_exit
+
+    step = tmp_path / "1"
+    step.symlink_to(adapter_dirs[1])
+    server = Served(tiny_model_dir, str(step))
+    try:
+        server.watcher.close()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=60) == 0
+        assert any(ln.startswith("stopping the frontends and the engine core") for ln in server.lines)
+        for pid in [*server.pids, server.core_pid]:  # nothing left holding the port or the device
+            wait_for(lambda: not pid_exit(pid)[0], f"process {pid} exited", limit_s=30)
+    finally:
+        server.close()

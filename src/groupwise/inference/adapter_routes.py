@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from groupwise.core.adapter_names import split_served_name
-from groupwise.inference.server import ApiError, ServerState, parsed, require_key, server_state
+from groupwise.inference.server import ApiError, ServerState, check_content_type, read_body, require_key, server_state
 
 __all__ = ["LoadLoraAdapter", "UnloadLoraAdapter", "lora_routes"]
 
@@ -35,6 +35,24 @@ class LoadLoraAdapter(BaseModel):
 class UnloadLoraAdapter(BaseModel):
     model_config = ConfigDict(extra="ignore")  # vLLM's lora_int_id
     lora_name: str = Field(min_length=1, max_length=256)
+
+
+def parsed(model: type[BaseModel]) -> Any:
+    """A dependency: the body read within the server's limits and validated as `model`; a 400 naming the field."""
+
+    async def dependency(request: Request) -> Any:
+        state = server_state(request)
+        check_content_type(request)
+        raw = await read_body(request, state.max_body_bytes, state.body_timeout_s)
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False, include_input=False)[0]
+            field = ".".join(str(part) for part in first["loc"])
+            raise ApiError(400, f"{field}: {first['msg']}" if field else f"invalid request: {first['msg']}",
+                           param=field or None) from None
+
+    return dependency
 
 
 def _step_of(state: ServerState, name: str) -> tuple[str, int] | None:
