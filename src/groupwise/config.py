@@ -33,6 +33,16 @@ DEFAULT_ENGINE_PROCESS = "auto"
 # How many frontend processes (each the whole HTTP app) feed the engine core: a count, or "auto" (engine_core.py's
 # `resolve_engine_process` says what it picks and why): `groupwise serve`'s setting.
 DEFAULT_FRONTENDS = "auto"
+
+
+def frontends_problem(value: object) -> str | None:
+    """A frontends setting: "auto" or a whole number from 1."""
+    text = str(value)
+    if text == "auto" or (text.isascii() and text.isdigit() and int(text) >= 1):
+        return None
+    return f"must be 'auto' or a whole number of processes from 1 (e.g. 4), got {value!r}"
+
+
 DEFAULT_MICRO_BATCH_TOKENS = 4096  # padded tokens of one micro-batch, of a GRPO step and of an SFT update
 CPU_MICRO_BATCH_TOKENS = 512  # the CPU job's micro-batch (jobs/train_setup.py says why), which budget.py counts on
 DEFAULT_MAX_GRAD_NORM = 1.0  # the global gradient norm an update is clipped to, GRPO and SFT alike

@@ -37,11 +37,11 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from groupwise.config import DEFAULT_ENGINE_PROCESS, DEFAULT_FRONTENDS, ENGINE_PROCESS_CHOICES
+from groupwise.config import DEFAULT_ENGINE_PROCESS, DEFAULT_FRONTENDS, ENGINE_PROCESS_CHOICES, frontends_problem
 from groupwise.errors import ConfigError
 from groupwise.inference import wire
 
-__all__ = ["LIVENESS_S", "MAX_AUTO_FRONTENDS", "CoreSpec", "EngineCoreServer", "Placement", "frontends_problem", "pid_exit",
+__all__ = ["LIVENESS_S", "MAX_AUTO_FRONTENDS", "CoreSpec", "EngineCoreServer", "Placement", "pid_exit",
            "resolve_engine_process", "run_core"]
 
 LIVENESS_S = 0.2  # how often the core checks its frontends' and owner's pids (a dead one's requests are freed)
@@ -56,14 +56,6 @@ class Placement(NamedTuple):
 
 
 MAX_AUTO_FRONTENDS = 4  # the most frontends measured (below): "auto" picks no more
-
-
-def frontends_problem(value: object) -> str | None:
-    """A ``--frontends`` value: "auto" or a whole number from 1."""
-    text = str(value)
-    if text == "auto" or (text.isascii() and text.isdigit() and int(text) >= 1):
-        return None
-    return f"must be 'auto' or a whole number of processes from 1 (e.g. 4), got {value!r}"
 
 
 def resolve_engine_process(choice: str | None, device_type: str, frontends: str | int | None = None, *,

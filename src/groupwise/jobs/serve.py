@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from groupwise.config import DEFAULT_ENGINE_PROCESS, DEFAULT_FRONTENDS, DEFAULT_MAX_BATCH_SIZE, EngineProcess
+from groupwise.config import (DEFAULT_ENGINE_PROCESS, DEFAULT_FRONTENDS, DEFAULT_MAX_BATCH_SIZE, EngineProcess,
+                              frontends_problem)
 from groupwise.inference.request_limits import DEFAULT_MAX_BODY_BYTES
 from groupwise.jobs.common import (Dtype, allowed_host_field, api_key_field, device_field, dtype_field, host_field, local_model_problem,
                                    loopback_problem, port_field, served_name_problem)
@@ -29,12 +30,6 @@ def _adapter_problem(path: str) -> str | None:
             latest = max(saved, key=lambda c: int(c.name) if c.name.isdigit() else -1)
             return f"no adapter_config.json there; a run's checkpoints are its adapters: pass one, e.g. {latest}"
     return "no adapter_config.json there (expected a peft LoRA folder, such as a run's checkpoints/NNNN)"
-
-
-def _frontends_problem(value: str) -> str | None:
-    from groupwise.inference.engine_core import frontends_problem
-
-    return frontends_problem(value)
 
 
 @dataclass
@@ -63,7 +58,7 @@ class ServeJob(Job):
         "own that the server's frontend processes feed over ZeroMQ, so the HTTP work never holds up the GPU); "
         "'auto': in process on the CPU (measured faster there), separate on CUDA")
     frontends: str = arg(
-        DEFAULT_FRONTENDS, check=_frontends_problem, metavar="K",
+        DEFAULT_FRONTENDS, check=frontends_problem, metavar="K",
         help="processes that each serve the whole API on --host:--port, feeding one engine core process (the "
              "kernel spreads connections over them); a number, or 'auto': 1 on the CPU, min(4, CPUs - 1) on "
              "CUDA (measured on an H200 at 256 chats: 2 frontends 1.63x, 4 1.98x the in-process server). More "
