@@ -17,11 +17,6 @@ from groupwise.runtime.memory import free_memory_bytes
 __all__ = ["app_routers", "free_memory_bytes", "serve_app", "serve_model"]
 
 
-def _say_limits(config: Any) -> None:
-    print(f"connections: at most {config.limit_concurrency - 1} open per process, a request's head within "
-          f"{config.http.head_timeout_s:g} s")
-
-
 def serve_app(app: Any, host: str, port: int) -> None:
     """Serve `app` over HTTP with uvicorn until stopped, under the connection limits."""
     import uvicorn
@@ -29,7 +24,8 @@ def serve_app(app: Any, host: str, port: int) -> None:
     from groupwise.inference.connections import uvicorn_config
 
     config = uvicorn_config(app, host, port)
-    _say_limits(config)
+    print(f"connections: at most {config.limit_concurrency - 1} open, a request's head within "
+          f"{config.http.head_timeout_s:g} s")
     try:
         uvicorn.Server(config).run()
     except KeyboardInterrupt:  # as uvicorn.run: a second Ctrl-C during the shutdown
