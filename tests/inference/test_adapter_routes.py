@@ -1,9 +1,12 @@
 """vLLM's runtime LoRA routes (inference/adapter_routes.py) on the in-process app: a step loaded by name
 ``<model>@<step>`` becomes what ``<model>`` means, an adapter under a plain name is served by it, both unload;
 a folder that is no adapter, a name loaded twice, the base model and an unknown name are refused as the
-caller's errors, and without `routers` the routes do not exist. Over HTTP across frontends: test_frontends.py."""
+caller's errors, an adapter that requests still use is refused with 409 and stays served; and without `routers` the routes do
+not exist. Over HTTP across frontends: test_frontends.py."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
@@ -72,3 +75,27 @@ async def test_without_the_routers_there_are_no_adapter_routes(served):
     async with in_process_http_client(served[2]) as http:
         answer = await http.post("/load_lora_adapter", json={"lora_name": "a", "lora_path": "/x"})
     assert answer.status_code == 404 and answer.json()["error"]["code"] == "unknown_url"
+
+
+async def test_an_adapter_in_use_is_not_unloaded_and_the_caller_hears_why(lora_app, adapter_dirs):
+    import threading
+
+    from groupwise.inference.requests import GenerationRequest
+
+    client, http, engine = lora_app
+    assert (await http.post("/load_lora_adapter", json={"lora_name": "busy", "lora_path": adapter_dirs[1]})).status_code == 200
+    first = threading.Event()
+    running = engine.submit(GenerationRequest([1, 2, 3], max_new_tokens=100_000, ignore_eos=True, adapter="busy",
+                                              on_token=lambda *_: first.set()))
+    assert first.wait(60)
+    refused = await http.post("/unload_lora_adapter", json={"lora_name": "busy"})
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "adapter_in_use"
+    assert "serving queued or running requests" in refused.json()["error"]["message"]
+    assert "busy" in await ids(client) and "busy" in engine.adapters()  # still served, by its name
+    running.cancel()
+    for _ in range(600):  # until the engine has dropped the cancelled request (its next step)
+        answer = await http.post("/unload_lora_adapter", json={"lora_name": "busy"})
+        if answer.status_code != 409:
+            break
+        await asyncio.sleep(0.05)
+    assert answer.status_code == 200 and "busy" not in engine.adapters() and "busy" not in await ids(client)

@@ -19,6 +19,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from groupwise.core.adapter_names import split_served_name
+from groupwise.inference.requests import EngineError
 from groupwise.inference.server import ApiError, ServerState, check_content_type, read_body, require_key, server_state
 
 __all__ = ["LoadLoraAdapter", "UnloadLoraAdapter", "lora_routes"]
@@ -101,6 +102,13 @@ async def unload_lora_adapter(body: UnloadLoraAdapter = Depends(parsed(UnloadLor
     step = _step_of(state, body.lora_name)
     if (step is not None and step[1] == 0) or (step is None and registry.resolve(body.lora_name).adapter is None):
         raise ApiError(400, f"{body.lora_name!r} is the base model, which cannot be unloaded", param="lora_name")
+    # Freed first, named second: an adapter that requests still use stays served, under its name, in every
+    # frontend, and the caller hears why (the registry alone would drop the name and free it later).
+    try:
+        await asyncio.to_thread(state.engine.remove_adapter, registry.resolve(body.lora_name).adapter)
+    except EngineError as exc:
+        raise ApiError(409, f"the LoRA adapter {body.lora_name!r} stays loaded: {exc}", param="lora_name",
+                       code="adapter_in_use") from None
     if step is not None:
         await asyncio.to_thread(registry.remove_step, *step)
     else:
