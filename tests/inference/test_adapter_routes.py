@@ -1,8 +1,8 @@
 """vLLM's runtime LoRA routes (inference/adapter_routes.py) on the in-process app: a step loaded by name
 ``<model>@<step>`` becomes what ``<model>`` means, an adapter under a plain name is served by it, both unload;
 a folder that is no adapter, a name loaded twice, the base model and an unknown name are refused as the
-caller's errors, an adapter that requests still use is refused with 409 and stays served; and without `routers` the routes do
-not exist. Over HTTP across frontends: test_frontends.py."""
+caller's errors; an adapter that requests still use is refused with 409 and stays served; without `routers`
+the routes do not exist. Over HTTP across frontends: test_frontends.py."""
 
 from __future__ import annotations
 
