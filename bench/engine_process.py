@@ -19,6 +19,8 @@ its own app, client and tokenizer: N/K of the requests, started together), which
 design is for: one process's per-request Python (one GIL) bounds the app's rate, K processes share it.
 
     python bench/engine_process.py --device cuda --arch qwen2.5-0.5b --requests 256 --tokens 256 --frontends 1,2,4
+
+The product server built on it (`groupwise serve --frontends K`, over HTTP): bench/serve_frontends.py.
 """
 
 from __future__ import annotations

@@ -26,10 +26,23 @@ DEFAULT_RUN_STORE = ".groupwise"  # the run store folder, relative to the workin
 DEFAULT_PROJECT = "default"  # the project a model belongs to when none is named (ART's)
 DEFAULT_MAX_BATCH_SIZE = 32  # sequences an engine decodes together (the engine's, every backend's, `groupwise serve`'s)
 # Where an engine runs (inference/engine_core.py): in the process of its frontends, in a core process of its
-# own fed over ZeroMQ, or "auto" (in process until a GPU measurement shows the separate core faster): `groupwise serve`'s setting.
+# own fed over ZeroMQ, or "auto" (in process on the CPU, separate with several frontends on CUDA): `groupwise serve`'s setting.
 EngineProcess = Literal["auto", "in_process", "separate"]
 ENGINE_PROCESS_CHOICES: tuple[str, ...] = get_args(EngineProcess)
 DEFAULT_ENGINE_PROCESS = "auto"
+# How many frontend processes (each the whole HTTP app) feed the engine core: a count, or "auto" (engine_core.py's
+# `resolve_engine_process` says what it picks and why): `groupwise serve`'s setting.
+DEFAULT_FRONTENDS = "auto"
+
+
+def frontends_problem(value: object) -> str | None:
+    """A frontends setting: "auto" or a whole number from 1."""
+    text = str(value)
+    if text == "auto" or (text.isascii() and text.isdigit() and int(text) >= 1):
+        return None
+    return f"must be 'auto' or a whole number of processes from 1 (e.g. 4), got {value!r}"
+
+
 DEFAULT_MICRO_BATCH_TOKENS = 4096  # padded tokens of one micro-batch, of a GRPO step and of an SFT update
 CPU_MICRO_BATCH_TOKENS = 512  # the CPU job's micro-batch (jobs/train_setup.py says why), which budget.py counts on
 DEFAULT_MAX_GRAD_NORM = 1.0  # the global gradient norm an update is clipped to, GRPO and SFT alike

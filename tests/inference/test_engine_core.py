@@ -3,7 +3,8 @@ as real processes over real ZeroMQ sockets, on the tiny random model: greedy gen
 equals the in-process engine's token for token; streaming; abort; adapters published as messages; two
 frontend processes on one core; a request over the core's memory limit is refused as such; a frontend
 killed with SIGKILL has its requests freed while the others go on; a core killed fails every pending request at once with `EngineProcessDied` naming its exit code; and
-the real `openai` client against `groupwise serve --engine-process separate`."""
+the real `openai` client against `groupwise serve --engine-process separate`; where "auto" puts the engine.
+Several frontends serving one port: test_frontends.py."""
 
 from __future__ import annotations
 
@@ -314,7 +315,8 @@ async def test_openai_client_against_serve_with_a_separate_core(separate_server,
                     if '"token_ids"' in line:
                         break  # tokens are flowing: hang up
         after = wait_for(lambda: (s := watcher.status()).requests == 0 and s.running == 0 and s, "the request aborted")
-        assert after.cancelled == before.cancelled + 1 and after.frontends == 2
+        # the server's own client of its core (its supervisor), its one frontend and this one
+        assert after.cancelled == before.cancelled + 1 and after.frontends == 3
     finally:
         watcher.close()
     # The server killed outright: its core sees its owner gone and exits (nothing left holding the device).
@@ -325,27 +327,44 @@ async def test_openai_client_against_serve_with_a_separate_core(separate_server,
     wait_for(lambda: not pid_exit(core_pid)[0], "the orphaned core exited")
 
 
-def test_auto_keeps_the_engine_in_process_on_the_cpu_and_separates_it_on_cuda():
+def test_auto_keeps_the_engine_in_process_on_the_cpu_and_separates_it_with_several_frontends_on_cuda():
     from groupwise.errors import ConfigError
-    from groupwise.inference.engine_core import resolve_engine_process
+    from groupwise.inference.engine_core import Placement, resolve_engine_process
 
-    assert resolve_engine_process("auto", "cpu") == resolve_engine_process(None, "cpu") == "in_process"
-    assert resolve_engine_process("auto", "cuda") == "in_process"  # until a GPU measurement shows the core faster
-    assert resolve_engine_process("separate", "cpu") == "separate"
-    assert resolve_engine_process("in_process", "cuda") == "in_process"
+    assert resolve_engine_process("auto", "cpu") == resolve_engine_process(None, "cpu", "auto") == ("in_process", 1)
+    # CUDA: one CPU left to the core, at most the four frontends measured
+    assert resolve_engine_process("auto", "cuda", cpus=16) == Placement("separate", 4)
+    assert resolve_engine_process(None, "cuda", cpus=3) == ("separate", 2)
+    assert resolve_engine_process("auto", "cuda", cpus=1) == ("separate", 1)
+    assert resolve_engine_process("separate", "cpu") == ("separate", 1)
+    assert resolve_engine_process("separate", "cuda", cpus=8) == ("separate", 4)
+    assert resolve_engine_process("in_process", "cuda") == ("in_process", 1)
+    # a number is obeyed, and takes the engine out of process
+    assert resolve_engine_process("auto", "cpu", "3") == resolve_engine_process("separate", "cuda", 3) == ("separate", 3)
+    assert resolve_engine_process("auto", "cuda", "1", cpus=16) == ("separate", 1)
+    assert resolve_engine_process("in_process", "cpu", 1) == ("in_process", 1)
+    with pytest.raises(ConfigError, match="frontends=2 needs the engine in a core process of its own: drop "
+                                          "--engine-process in_process"):
+        resolve_engine_process("in_process", "cuda", 2)
     with pytest.raises(ConfigError, match="engine_process='elsewhere' must be one of"):
         resolve_engine_process("elsewhere", "cpu")
+    with pytest.raises(ConfigError, match=r"frontends must be 'auto' or a whole number of processes from 1 \(e.g. 4\), got '0'"):
+        resolve_engine_process("auto", "cuda", 0)
 
 
-def test_the_serve_job_takes_the_setting_from_the_command_line():
-    from groupwise.cli import build_parser
+def test_the_serve_job_takes_the_settings_from_the_command_line():
+    from groupwise.cli import build_parser, main
     from groupwise.jobs.serve import ServeJob
 
     parser = build_parser()
-    assert ServeJob(model="smollm2-135m").engine_process == "auto"
+    assert ServeJob(model="smollm2-135m").engine_process == "auto" and ServeJob(model="smollm2-135m").frontends == "auto"
     assert parser.parse_args(["serve", "--model", "m", "--engine-process", "separate"]).engine_process == "separate"
-    with pytest.raises(SystemExit):
-        parser.parse_args(["serve", "--model", "m", "--engine-process", "elsewhere"])
+    assert parser.parse_args(["serve", "--model", "m", "--frontends", "4"]).frontends == "4"
+    for bad in (["--engine-process", "elsewhere"], ["--frontends", "many"], ["--frontends", "0"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "--model", "m", *bad])
+    # refused before anything loads, saying what to do
+    assert main(["serve", "--model", "smollm2-135m", "--engine-process", "in_process", "--frontends", "2"]) == 2
 
 
 def test_every_field_of_a_request_crosses_the_wire():

@@ -109,7 +109,7 @@ class CoreFrontends:
 
     def dead_ranks(self) -> list[int]:
         """The ranks whose core a client here has seen die."""
-        return sorted({f.rank for f in self._cores.values() if f.client.failed})
+        return sorted({f.rank for f in self._cores.values() if f.client.failure is not None})
 
     def endpoint(self, name: str, *, api_key: str, processes: Any) -> InferenceEndpoint:
         """Where run `name`'s requests go: its apps in this process, spread over the ranks by the router

@@ -45,7 +45,7 @@ from groupwise.backend.driver import DEFAULT_PATH, ReplicaDivergenceError, Worke
 from groupwise.backend.options import BackendOptions, spell_out_options
 from groupwise.backend.replica import API_KEY
 from groupwise.core.compat import warn_ignored
-from groupwise.config import DEFAULT_BASE_MODEL, ENGINE_PROCESS_CHOICES, EngineProcess
+from groupwise.config import DEFAULT_BASE_MODEL, DEFAULT_ENGINE_PROCESS, ENGINE_PROCESS_CHOICES, EngineProcess
 from groupwise.errors import ConfigError, GroupwiseError
 from groupwise.runs.run_id import RunId
 from groupwise.runs.store import CHECKPOINTS_DIR, checkpoint_folders, run_dir_of, step_dir_name
@@ -169,8 +169,11 @@ class LocalBackend(WorkerBackend):
         from groupwise.inference.engine_core import resolve_engine_process
         from groupwise.runtime.loading import resolve_device
 
+        choice = self.engine_process or DEFAULT_ENGINE_PROCESS
+        if choice == "auto":  # in process until the backend's own measurement says otherwise (the docstring)
+            return False
         device = self.devices[0] if self.devices else self.device
-        return resolve_engine_process(self.engine_process, resolve_device(device).type) == "separate"
+        return resolve_engine_process(choice, resolve_device(device).type).mode == "separate"
 
     async def _start(self) -> None:
         separate = self._separate_engine()

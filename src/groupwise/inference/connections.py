@@ -25,7 +25,7 @@ import resource
 from typing import Any
 
 __all__ = ["DEFAULT_HEAD_TIMEOUT_S", "DEFAULT_KEEP_ALIVE_S", "DEFAULT_MAX_CONNECTIONS", "guarded_protocol",
-           "raise_fd_limit", "serve_options"]
+           "raise_fd_limit", "serve_options", "uvicorn_config"]
 
 log = logging.getLogger("groupwise.serve")
 
@@ -133,3 +133,18 @@ def serve_options(*, head_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S, keep_alive_
     return {"http": guarded_protocol(head_timeout_s, max_connections), "timeout_keep_alive": keep_alive_s,
             # only reached when every connection is busy with a request (none to evict): 503
             "limit_concurrency": max_connections + 1}
+
+
+def uvicorn_config(app: Any, host: str, port: int, **extra: Any) -> Any:
+    """uvicorn's Config for `app` on host:port under these limits (the open-file limit raised first);
+    `extra`: more of its options."""
+    import gc
+
+    import uvicorn
+
+    # Everything loaded so far (torch, the model, transformers: millions of objects) lives as long
+    # as the server: out of the collector's sight, a request that allocates many objects no longer
+    # sets off full collections that walk all of it (each a pause of every caller).
+    gc.freeze()
+    return uvicorn.Config(app, host=host, port=port, log_level="info", **serve_options(fd_limit=raise_fd_limit()),
+                          **extra)

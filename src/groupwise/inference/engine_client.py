@@ -52,6 +52,21 @@ def new_core_address() -> str:
     return f"ipc://{tempfile.mkdtemp(prefix='gw-core-')}/engine"
 
 
+def _exited(process: subprocess.Popen) -> int | None:
+    """`process`'s exit status as Popen writes it (-N: killed by signal N), None while it runs. Not reaped
+    (WNOWAIT) where the OS allows: the core's other frontends, in other processes, read its exit code from
+    /proc while it is a zombie (engine_core.pid_exit), until `close` reaps it."""
+    if process.returncode is not None or not hasattr(os, "WNOWAIT"):
+        return process.poll()
+    try:
+        info = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped already
+        return process.poll()
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
 def _describe_exit(status: int | None, *, waitpid_status: bool) -> str:
     if status is None:
         return "its exit code is unknown (it was not started by this process)"
@@ -135,7 +150,7 @@ class EngineCoreClient:
 
     def _core_died(self) -> EngineProcessDied | None:
         if self._process is not None:
-            status = self._process.poll()
+            status = _exited(self._process)
             if status is None:
                 return None
             how = _describe_exit(status, waitpid_status=False)
@@ -155,9 +170,9 @@ class EngineCoreClient:
         return self._dead is not None or self._closing
 
     @property
-    def failed(self) -> bool:
-        """The core died (or this client's I/O failed): its requests fail, and so will every later one."""
-        return self._dead is not None
+    def failure(self) -> EngineError | None:
+        """Why this client can serve no more (`EngineProcessDied`: the core is gone), None while it can."""
+        return self._dead
 
     def adapters(self) -> list[str]:
         return sorted(self._adapters)
@@ -394,7 +409,10 @@ def start_engine_core(model: str, *, tokenizer: Any = None, device: str | None =
 
     spec = CoreSpec(model=model, address=address or new_core_address(), owner_pid=os.getpid(), device=device,
                     dtype=dtype, engine_kwargs=dict(engine_kwargs or {}), max_kv_gb=max_kv_gb, load_model=load_model)
-    process = subprocess.Popen([sys.executable, "-m", "groupwise.inference.engine_core"], stdin=subprocess.PIPE)
+    # A session of its own: a Ctrl-C reaches its owner, which stops its frontends before the core (the
+    # core also exits once its owner is gone).
+    process = subprocess.Popen([sys.executable, "-m", "groupwise.inference.engine_core"], stdin=subprocess.PIPE,
+                               start_new_session=True)
     assert process.stdin is not None
     process.stdin.write(msgspec.msgpack.encode(spec))
     process.stdin.close()

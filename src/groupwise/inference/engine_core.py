@@ -33,35 +33,68 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
-from groupwise.config import DEFAULT_ENGINE_PROCESS, ENGINE_PROCESS_CHOICES
+from groupwise.config import DEFAULT_ENGINE_PROCESS, DEFAULT_FRONTENDS, ENGINE_PROCESS_CHOICES, frontends_problem
 from groupwise.errors import ConfigError
 from groupwise.inference import wire
 
-__all__ = ["LIVENESS_S", "CoreSpec", "EngineCoreServer", "pid_exit", "resolve_engine_process", "run_core"]
+__all__ = ["LIVENESS_S", "MAX_AUTO_FRONTENDS", "CoreSpec", "EngineCoreServer", "Placement", "pid_exit",
+           "resolve_engine_process", "run_core"]
 
 LIVENESS_S = 0.2  # how often the core checks its frontends' and owner's pids (a dead one's requests are freed)
 
 
-def resolve_engine_process(choice: str | None, device_type: str) -> str:
-    """``"in_process"`` or ``"separate"`` for the setting `choice` (None: the default) on a device of
-    `device_type`. ``"auto"``: in process, everywhere for now. On the CPU the engine's own forward passes
-    are the bound and a second process only adds the socket hop and a second interpreter on the same cores
-    (docs/benchmarks.md has the measurement). On CUDA the per-request Python is the bound, but one frontend
-    process runs all of it under one GIL with the core separate too: measured on an H200 at 256 requests,
-    one frontend made 0.94x-1.24x of the in-process app, two 1.63x and four 1.98x. The server is one
-    frontend, so ``"separate"`` is asked for by name until several frontends feed the core. The same
-    resolution places `LocalBackend(engine_process=)`'s engines (backend/frontends.py)."""
+class Placement(NamedTuple):
+    """Where `groupwise serve` runs its engine: ``mode`` ``"in_process"`` (the one server process steps
+    it) or ``"separate"`` (a core process fed by ``frontends`` frontend processes, inference/frontends.py)."""
+
+    mode: str
+    frontends: int
+
+
+MAX_AUTO_FRONTENDS = 4  # the most frontends measured (below): "auto" picks no more
+
+
+def resolve_engine_process(choice: str | None, device_type: str, frontends: str | int | None = None, *,
+                           cpus: int | None = None) -> Placement:
+    """Where the engine runs for the settings `choice` (engine_process; None: the default) and `frontends`
+    (None: the default) on a device of `device_type`, with `cpus` CPUs this process may use (default: its
+    affinity). A number of frontends is obeyed (more than one needs the core separate); "auto" decides by
+    what was measured:
+
+    * On the CPU: in process. The engine's own forward passes are the bound, and a second process only
+      adds the socket hop and a second interpreter on the same cores (docs/benchmarks.md).
+    * On CUDA: a separate core with min(4, CPUs - 1) frontends. The per-request Python is the bound there,
+      and one process runs all of it under one GIL: measured on an H200 at 256 concurrent chats, one
+      frontend with the core separate made 0.94x-1.24x of the in-process app's tokens/s, two 1.63x and
+      four 1.98x. Each frontend is a busy interpreter, so one CPU is left to the core; more than four is
+      not measured (the gain from two to four was already smaller than from one to two)."""
     choice = choice or DEFAULT_ENGINE_PROCESS
     if choice not in ENGINE_PROCESS_CHOICES:
         raise ConfigError(f"engine_process={choice!r} must be one of {list(ENGINE_PROCESS_CHOICES)}",
                           what="engine_process")
+    wanted = DEFAULT_FRONTENDS if frontends is None else str(frontends)
+    if (problem := frontends_problem(wanted)) is not None:
+        raise ConfigError(f"frontends {problem}", what="frontends")
+    if wanted != "auto":
+        count = int(wanted)
+        if choice == "in_process":
+            if count > 1:
+                raise ConfigError(f"frontends={count} needs the engine in a core process of its own: drop "
+                                  "--engine-process in_process (or pass --frontends 1)", what="frontends")
+            return Placement("in_process", 1)
+        return Placement("separate", count)
+    several = device_type == "cuda"
     if choice == "auto":
-        return "in_process"
-    return choice
+        choice = "separate" if several else "in_process"
+    if choice == "in_process" or not several:
+        return Placement(choice, 1)
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return Placement("separate", max(1, min(MAX_AUTO_FRONTENDS, cpus - 1)))
 
 
 def pid_exit(pid: int) -> tuple[bool, int | None]:
@@ -135,6 +168,7 @@ class EngineCoreServer:
         self._woken = False
         self._requests: dict[tuple[bytes, int], _Request] = {}
         self._frontends: dict[bytes, int] = {}  # identity -> pid
+        self._added: dict[bytes, int] = {}  # identity -> requests it sent (CoreStatus.added)
         self._version = 0  # the policy version: +1 per adapter change
         self._announced = self._engine_adapters()  # the adapter set the frontends were last told of
         self._stop = False
@@ -292,8 +326,9 @@ class EngineCoreServer:
                 waiting, running = len(st.waiting), len(st.running)
             with self._lock:
                 held = len(self._requests)
+            added = {pid: self._added.get(f, 0) for f, pid in self._frontends.items()}
             self._send(frontend, wire.CoreStatus(message.call_id, len(self._frontends), held, waiting, running,
-                                                 self.engine.stats.cancelled_requests, self._version))
+                                                 self.engine.stats.cancelled_requests, self._version, added))
         elif isinstance(message, wire.Goodbye):
             self._drop_frontend(frontend)
         elif isinstance(message, wire.Shutdown):
@@ -305,6 +340,7 @@ class EngineCoreServer:
 
         if frontend not in self._frontends:
             return  # a frontend the core dropped as dead (its pid was reused?) gets nothing
+        self._added[frontend] = self._added.get(frontend, 0) + 1
         constraint = None
         try:
             if m.grammar is not None:
@@ -337,6 +373,7 @@ class EngineCoreServer:
 
     def _drop_frontend(self, frontend: bytes) -> None:
         self._frontends.pop(frontend, None)
+        self._added.pop(frontend, None)
         with self._lock:
             mine = [rid for (f, rid) in self._requests if f == frontend]
         self._abort(frontend, mine)

@@ -29,7 +29,7 @@ from groupwise.core.adapter_names import served_name, split_served_name
 from groupwise.errors import ConfigError, ModelNotFoundError
 from groupwise.inference.engine import Engine, EngineError
 
-__all__ = ["ModelRegistry", "Resolved"]
+__all__ = ["CoreRegistry", "ModelRegistry", "Resolved"]
 
 
 @dataclass(frozen=True)
@@ -167,6 +167,18 @@ class ModelRegistry:
         with self._lock:
             self._aliases[served_id] = adapter
 
+    def remove_alias(self, served_id: str) -> None:
+        """Stop serving an adapter served under a plain id, and free it (as `remove_step`)."""
+        with self._lock:
+            adapter = self._aliases.pop(served_id, None)
+            if adapter is not None:
+                self._to_free.append(adapter)
+        self._free_unused()
+
+    def refresh(self) -> None:
+        """Learn what was served or dropped elsewhere: nothing here (this registry is the one record);
+        a `CoreRegistry` asks its core."""
+
     def steps(self, name: str) -> list[int]:
         with self._lock:
             return sorted(self._steps.get(name, {}))
@@ -234,6 +246,65 @@ class ModelRegistry:
         raise ModelNotFoundError(
             f"model {_shown(model)} is not served here; served models: {self.served_ids()}"
         )
+
+
+class CoreRegistry(ModelRegistry):
+    """The names of one frontend of an engine core that several frontends feed (inference/frontends.py).
+
+    The core's adapter set is the one record of what is served: an adapter loaded or dropped through any
+    frontend (or at start) is broadcast by the core to all of them (wire.Adapters, with a version), and
+    each frontend's names are derived from it, so no frontend keeps a list that could drift from another's.
+    An adapter named ``<name>@<step>`` is that step of the served model `name`; any other is served by its
+    own name. A name not found is looked up again after a round trip to the core: the core sends the
+    change to every frontend before it answers the frontend that made it, so a request sent after a load
+    was answered, to any frontend, finds it."""
+
+    def __init__(self, engine: Any, base_name: str, name: str | None = None):
+        super().__init__(engine, base_name=base_name)
+        self.base_name, self.name = base_name, name if name and name != base_name else None
+        if self.name is not None:
+            self.register_model(self.name)
+        self._synced: int | None = None
+
+    def _sync(self) -> None:
+        version = self.engine.version  # read before the set: a newer set under an older version syncs again
+        if version == self._synced:
+            return
+        steps: dict[int, str | None] = {0: None}
+        aliases: dict[str, str | None] = {self.base_name: None}
+        for adapter in self.engine.adapters():
+            model, step = split_served_name(adapter)
+            if model == self.name and step.isascii() and step.isdigit() and step == str(int(step)) and len(step) <= 18:
+                steps[int(step)] = adapter
+            else:
+                aliases[adapter] = adapter
+        with self._lock:
+            self._aliases = aliases
+            if self.name is not None:
+                self._steps[self.name] = steps
+                self._trained[self.name] = max(steps)
+            self._synced = version
+
+    def refresh(self) -> None:
+        self.engine.status()  # every change the core made before this answer has reached this frontend
+        self._sync()
+
+    def served_ids(self) -> list[str]:
+        self._sync()
+        return super().served_ids()
+
+    def resolve(self, model: str) -> Resolved:
+        self._sync()
+        try:
+            return super().resolve(model)
+        except ModelNotFoundError:
+            try:
+                self.refresh()
+            except EngineError:  # the core is gone: the name stays unknown (and any request fails anyway)
+                pass
+            else:
+                return super().resolve(model)
+            raise
 
 
 def _why_not_served(step_text: str, trained: int) -> str:

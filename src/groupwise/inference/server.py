@@ -68,6 +68,7 @@ from groupwise.inference.api_models import (ChatCompletionRequest, CompletionReq
 from groupwise.inference.constrained import ConstraintError, constraint_for
 from groupwise.inference.engine import (EngineError, GenerationRequest, GenerationResult, PromptTooLongError,
                                         RequestFailedError, RequestMemoryError)
+from groupwise.inference.engine_client import EngineProcessDied
 from groupwise.inference.memory_release import ReleaseAfterLargeBodies
 from groupwise.inference.prepare import (DEFAULT_PREPARE_BUDGET_S, OverBudget, Preparer, SchemaProblem,
                                          check_request_schemas)
@@ -151,13 +152,14 @@ class ServerState:
 def create_app(registry: ModelRegistry, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
                prepare_budget_s: float = DEFAULT_PREPARE_BUDGET_S, allowed_hosts: Iterable[str] = (),
-               bound_host: str | None = None) -> FastAPI:
+               bound_host: str | None = None, routers: Iterable[APIRouter] = ()) -> FastAPI:
     """The FastAPI app serving `registry` (one engine). `api_key`: require ``Bearer <key>`` on every
     route, the docs included, but the liveness probe ``GET /health``. `max_body_bytes`: larger request bodies get 413; `body_timeout_s`:
     one that takes longer to arrive gets 408. `prepare_budget_s`: a request whose schema checks and
     grammar building run longer gets 400 (prepare.py). Every request must name the server in ``Host``
     (localhost, `bound_host`, the address it arrived at, or one of `allowed_hosts`) and a browser's
-    ``Origin`` must be a page of it, else 403 (groupwise.core.http_guard: against DNS rebinding)."""
+    ``Origin`` must be a page of it, else 403 (groupwise.core.http_guard: against DNS rebinding).
+    `routers`: more routes (adapter_routes.py's, which load and unload adapters)."""
     app = FastAPI(title="groupwise", version="0.1", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gw = ServerState(registry, api_key, max_body_bytes, body_timeout_s, Preparer(prepare_budget_s))
     app.add_exception_handler(ApiError, _api_error)
@@ -169,6 +171,8 @@ def create_app(registry: ModelRegistry, *, api_key: str | None = None,
     app.include_router(api)
     app.include_router(docs)
     app.include_router(probes)
+    for router in routers:
+        app.include_router(router)
     return app
 
 
@@ -349,8 +353,15 @@ def submit(state: ServerState, req: GenerationRequest, prompt_param: str) -> con
         raise ApiError(400, str(exc), param=prompt_param, code="context_length_exceeded") from None
     except RequestMemoryError as exc:
         raise ApiError(400, str(exc), param="max_tokens", code="memory_limit_exceeded") from None
+    except EngineProcessDied as exc:
+        raise engine_gone(exc) from None
     except EngineError as exc:
         raise ApiError(400, str(exc)) from None
+
+
+def engine_gone(exc: EngineProcessDied) -> ApiError:
+    """The 503 of every request once the engine core process is gone: its message names the exit."""
+    return ApiError(503, str(exc), type="server_error", code="engine_process_died")
 
 
 async def result_of(request: Request, future: concurrent.futures.Future) -> GenerationResult:
@@ -376,6 +387,8 @@ async def result_of(request: Request, future: concurrent.futures.Future) -> Gene
         log.error("a request failed in the engine: %s", exc)
         raise ApiError(500, "generation failed for this request; the other requests went on (see the server log)",
                        type="server_error", code="generation_failed") from None
+    except EngineProcessDied as exc:
+        raise engine_gone(exc) from None
     except EngineError as exc:  # the whole engine failed a step, or was closed
         log.error("the engine could not run a request: %s", exc)
         raise ApiError(503, "the engine could not run this request: it failed or was closed (see the server log)",
@@ -399,6 +412,8 @@ probes = APIRouter(include_in_schema=False)
 
 @probes.get("/health")
 async def health(state: ServerState = Depends(server_state)) -> Response:
+    if isinstance(failure := getattr(state.engine, "failure", None), EngineProcessDied):
+        return engine_gone(failure).response()
     if getattr(state.engine, "closed", False):
         return ApiError(503, "the engine is closed", type="server_error", code="engine_closed").response()
     return Response(status_code=200)

@@ -183,6 +183,7 @@ class CoreStatus(msgspec.Struct, tag="core_status", array_like=True):
     running: int  # sequences decoding
     cancelled: int  # requests cancelled so far (aborted, or their frontend died)
     version: int
+    added: dict[int, int] = {}  # each connected frontend's pid -> the requests it has sent (which frontends serve)
 
 
 FromCore = Union[Welcome, Outputs, Reply, Adapters, CoreStatus]
