@@ -100,10 +100,11 @@ class LocalBackend(WorkerBackend):
             sharing its weights, in a worker process of their own per device (one for one device),
             serving as an engine core; this process is their frontend and runs the requests' Python, off
             the GIL of the loop that steps the engine. ``"auto"`` (the default,
-            `groupwise.config.DEFAULT_ENGINE_PROCESS`): in process, on the CPU because the forward passes
-            are the bound there and a second process only adds a hop (measured faster in process), and on
-            CUDA until bench/many_runs.py ``--engine-process in_process,separate`` measures the core
-            faster for the backend's runs (`resolve_engine_process` decides it, for the server too).
+            `groupwise.config.DEFAULT_ENGINE_PROCESS`): in process. On the CPU the forward passes are the
+            bound and a second process only adds a hop (measured faster in process). On one H200 the
+            separate core made 1.12x (one run) and 1.35x (four) the rollout tokens/s at the same peak
+            memory (bench/many_runs.py ``--engine-process in_process,separate``, docs/benchmarks.md), one
+            call; "auto" moves there once the GPU tests and the main job have run through it on a GPU.
         in_process, gpu_cost_per_hour_usd, enable_expert_replay: ART's; accepted (GPU cost and MoE
             replay have no counterpart) and named once in a warning.
     """
