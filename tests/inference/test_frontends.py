@@ -252,3 +252,16 @@ def test_sigterm_stops_every_frontend_and_the_core_and_exits_0(tiny_model_dir, a
             wait_for(lambda: not pid_exit(pid)[0], f"process {pid} exited", limit_s=30)
     finally:
         server.close()
+
+
+def test_a_frontend_that_keeps_dying_exhausts_its_restart_budget():
+    from groupwise.inference.frontends import RestartBudget
+
+    now = [0.0]
+    budget = RestartBudget(limit=3, window_s=60.0, clock=lambda: now[0])
+    assert [budget.spend() for _ in range(4)] == [True, True, True, False]  # the 4th death within a minute stops
+    now[0] = 59.0
+    assert budget.spend() is False  # all three restarts are still inside the window
+    now[0] = 60.5
+    assert budget.spend() is True  # the first three left the window: one killed now and then is still replaced
+    assert budget.spend() is True and budget.spend() is True and budget.spend() is False

@@ -19,7 +19,8 @@ fails at start.
 Lifecycle. SIGINT or SIGTERM of the supervisor stops every frontend (SIGTERM: uvicorn's graceful
 shutdown, at most `GRACE_S` for requests in flight), then the core. A frontend that dies (SIGKILL
 included) is replaced by a new one; the core frees the dead one's requests and the others go on serving.
-One that exits before it ever served is not restarted: the command fails with its exit (a setting that
+One that keeps dying (more than `RESTARTS` times a minute) stops the server with its exit, and one that
+exits before it ever served is not restarted: the command fails with its exit (a setting that
 cannot serve must not loop). When the core dies, every frontend answers 503 naming its exit
 (engine_client.EngineProcessDied) and the supervisor stops them and fails. A supervisor killed outright
 leaves nothing: the core and each frontend watch its pid and exit.
@@ -42,14 +43,36 @@ import msgspec
 from groupwise.errors import GroupwiseError
 from groupwise.inference.engine_core import LIVENESS_S, pid_exit
 
-__all__ = ["GRACE_S", "FrontendSpec", "FrontendsFailed", "bind_port", "serve_frontends"]
+__all__ = ["GRACE_S", "FrontendSpec", "FrontendsFailed", "RestartBudget", "bind_port", "serve_frontends"]
 
 GRACE_S = 5.0  # what a stopping frontend gives its requests in flight before it closes their connections
 READY_TIMEOUT_S = 300.0  # a frontend's start (imports, tokenizer, its first connection to the core)
+RESTARTS = 5  # replacements of one frontend within RESTART_WINDOW_S that the server makes before it stops
+RESTART_WINDOW_S = 60.0
 
 
 class FrontendsFailed(GroupwiseError):
     """A frontend could not start, or the engine core died: the server cannot go on (the message says why)."""
+
+
+class RestartBudget:
+    """How often one frontend may be replaced: `limit` times within `window_s` seconds. A frontend killed
+    now and then (the OOM killer, an operator) is replaced; one that dies again at once (a bug its
+    requests hit, memory that never suffices) would otherwise be restarted forever, its log scrolling
+    past while the server answers from fewer processes, so past the budget the server stops and says so."""
+
+    def __init__(self, limit: int = RESTARTS, window_s: float = RESTART_WINDOW_S, clock: Any = time.monotonic):
+        self.limit, self.window_s, self._clock = limit, window_s, clock
+        self._times: list[float] = []
+
+    def spend(self) -> bool:
+        """Take one restart; False when `limit` were already taken within the last `window_s` seconds."""
+        now = self._clock()
+        self._times = [t for t in self._times if now - t < self.window_s]
+        if len(self._times) >= self.limit:
+            return False
+        self._times.append(now)
+        return True
 
 
 class FrontendSpec(msgspec.Struct):
@@ -211,6 +234,7 @@ def serve_frontends(engine: Any, spec: FrontendSpec, count: int) -> None:
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops as Ctrl-C does
     try:
         frontends = [_Frontend(spec, i) for i in range(count)]
+        budgets = [RestartBudget() for _ in range(count)]
         for frontend in frontends:
             frontend.wait_ready(engine)
         print(f"serving through {count} frontend processes (pids {', '.join(str(f.process.pid) for f in frontends)}) "
@@ -221,6 +245,11 @@ def serve_frontends(engine: Any, spec: FrontendSpec, count: int) -> None:
                 raise FrontendsFailed(f"{engine.failure} Every frontend answered 503 meanwhile; the server stopped.")
             for i, frontend in enumerate(frontends):
                 if frontend.process.poll() is not None:
+                    if not budgets[i].spend():
+                        raise FrontendsFailed(
+                            f"frontend {i} died {budgets[i].limit + 1} times within {budgets[i].window_s:g} s (the last, "
+                            f"pid {frontend.process.pid}, {_exit_text(frontend.process.returncode)}); the server "
+                            "stopped rather than restart it again: its log above says why")
                     print(f"frontend {i} (pid {frontend.process.pid}) exited, {_exit_text(frontend.process.returncode)}; "
                           "its requests were freed in the core; starting another", file=sys.stderr, flush=True)
                     frontends[i] = _Frontend(spec, i)
