@@ -1,6 +1,7 @@
 """`groupwise train`'s own logic: the CPU step settings that keep memory low, and advice that fits the run."""
 
 import dataclasses
+import shlex
 import json
 
 import pytest
@@ -237,3 +238,18 @@ def test_a_preset_is_its_config_fields_values_checked_by_the_configs():
         dataclasses.replace(PRESETS["2048"], sft=-1)
     with pytest.raises(ConfigError, match=r"val_size=0: must be an integer >= 1"):
         Preset(steps=1, rollouts_per_group=2, groups_per_step=1, learning_rate=1e-4, val_size=0)
+
+
+def test_the_engine_process_flag_reaches_the_backend_and_is_repeated_in_advice(tmp_path):
+    """`groupwise train --engine-process separate` trains through the backend's engine core
+    (LocalBackend(engine_process=)); the default leaves the backend's own "auto"."""
+    from groupwise.config import DEFAULT_ENGINE_PROCESS
+    from groupwise.jobs.train_setup import job_backend
+
+    job = TrainJob(env="2048", path=str(tmp_path), engine_process="separate")
+    backend = job_backend(job, job.preset())
+    assert backend.engine_process == "separate"
+    assert job.same_run_flags() == f"--path {shlex.quote(str(tmp_path))} --engine-process separate"
+    default = TrainJob(env="2048", path=str(tmp_path))
+    assert job_backend(default, default.preset()).engine_process == DEFAULT_ENGINE_PROCESS == "auto"
+    assert "--engine-process" not in default.same_run_flags()

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from groupwise.config import DEFAULT_MARGIN, MARGIN_BOUNDS, LoopConfig, TrainConfig, TrainSFTConfig
+from groupwise.config import (DEFAULT_ENGINE_PROCESS, DEFAULT_MARGIN, MARGIN_BOUNDS, EngineProcess, LoopConfig, TrainConfig,
+                              TrainSFTConfig)
 from groupwise.jobs.common import (Dtype, device_field, dtype_field, folder_name_problem, model_field, run_name_problem,
                                    store_field)
 from groupwise.jobs.fields import Command, Job, arg
@@ -215,6 +216,11 @@ class TrainJob(Job):
     batch_invariant: bool = arg(False, help="CPU only: each rollout's tokens and logprobs do not depend on which "
                                             "rollouts the engine batched with it, so two runs of one seed on one "
                                             "machine match exactly (slower: no prefix cache)")
+    engine_process: EngineProcess = arg(
+        DEFAULT_ENGINE_PROCESS, help="where the backend's engine runs (LocalBackend(engine_process=)): in this "
+        "process, or 'separate' (the engine and the trainer sharing its weights in a worker process, serving as an "
+        "engine core, while this process runs the rollouts' HTTP work off the GIL of its decode loop); 'auto': in "
+        "process (on one H200 the separate core made 1.12-1.35x the rollout tokens/s: docs/benchmarks.md)")
 
     def rules(self) -> list[str]:
         found = []

@@ -22,7 +22,8 @@ def job_backend(job: Any, preset: Any, runs: int = 1) -> Any:
     return gw.LocalBackend(job.path, device=job.device, dtype=job.dtype, best_checkpoint_metric=f"val/{metric}",
                            max_batch_size=max(DEFAULT_MAX_BATCH_SIZE,
                                               runs * preset.rollouts_per_group * preset.groups_per_step),
-                           engine_kwargs={"batch_invariant": True} if job.batch_invariant else None)
+                           engine_kwargs={"batch_invariant": True} if job.batch_invariant else None,
+                           engine_process=job.engine_process)
 
 
 def metric_of(env: str) -> str:
