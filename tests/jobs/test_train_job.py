@@ -253,3 +253,18 @@ def test_the_engine_process_flag_reaches_the_backend_and_is_repeated_in_advice(t
     default = TrainJob(env="2048", path=str(tmp_path))
     assert job_backend(default, default.preset()).engine_process == DEFAULT_ENGINE_PROCESS == "auto"
     assert "--engine-process" not in default.same_run_flags()
+
+
+def test_the_reported_peak_memory_counts_a_worker_process_that_held_the_model():
+    """With `--engine-process separate` the model lives in the backend's worker process: the job's
+    "peak memory" read only its own process and printed 0.4 GB for a SmolLM2 run. A child that ended
+    (the worker, once the backend closed) is counted now."""
+    import subprocess
+    import sys
+
+    code = ("import subprocess, sys; from groupwise.jobs.train_setup import peak_rss_gb; before = peak_rss_gb(); "
+            "subprocess.run([sys.executable, '-c', 'held = b\"x\" * (400 * 2**20)'], check=True); "
+            "print(before, peak_rss_gb())")
+    before, after = map(float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                              check=True).stdout.split())
+    assert after - before >= 0.35  # the child's 400 MiB, which this process never held

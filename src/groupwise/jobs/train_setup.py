@@ -108,10 +108,13 @@ def score_group_of(spec: Any, judge: str | None, model: Any, base_model: str, ga
 
 
 def peak_rss_gb() -> float:
-    """This process's peak resident memory in GB (Linux reports KB, macOS bytes)."""
+    """Peak resident memory in GB of this process plus the largest of its children that have ended (Linux
+    reports KB, macOS bytes). Read after the backend closed, the child is its engine's worker process
+    (`--engine-process separate`, or `devices`), which holds the model: this process alone would report
+    the rollouts' share. The two peaks summed bound what both held at once from above."""
     import resource
 
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
 
 
