@@ -250,6 +250,10 @@ def test_a_killed_core_fails_every_pending_request_with_its_exit_code(core):
         client.submit(greedy([1, 2]))
     with pytest.raises(EngineProcessDied):
         client.add_adapter("x", "/nowhere")
+    folder = os.path.dirname(client.address.removeprefix("ipc://"))
+    assert os.path.isdir(folder)  # a killed core leaves its socket's folder behind
+    client.close()
+    assert not os.path.exists(folder)  # its frontend removes it
 
 
 @pytest.fixture

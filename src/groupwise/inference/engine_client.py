@@ -32,7 +32,7 @@ from collections import deque
 from typing import Any
 
 from groupwise.inference import wire
-from groupwise.inference.engine_core import LIVENESS_S, CoreSpec, pid_exit
+from groupwise.inference.engine_core import LIVENESS_S, CoreSpec, pid_exit, remove_core_address
 from groupwise.inference.requests import (BASE, Completion, EngineError, GenerationRequest, GenerationResult,
                                           PromptTooLongError, RequestFailedError, RequestMemoryError, check_request)
 
@@ -264,6 +264,8 @@ class EngineCoreClient:
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
+        if isinstance(self._dead, EngineProcessDied):  # the core is gone and did not clean up: its socket's folder
+            remove_core_address(self.address)
 
     def __enter__(self) -> "EngineCoreClient":
         return self

@@ -42,7 +42,7 @@ from groupwise.errors import ConfigError
 from groupwise.inference import wire
 
 __all__ = ["LIVENESS_S", "MAX_AUTO_FRONTENDS", "CoreSpec", "EngineCoreServer", "Placement", "pid_exit",
-           "resolve_engine_process", "run_core"]
+           "remove_core_address", "resolve_engine_process", "run_core"]
 
 LIVENESS_S = 0.2  # how often the core checks its frontends' and owner's pids (a dead one's requests are freed)
 
@@ -95,6 +95,20 @@ def resolve_engine_process(choice: str | None, device_type: str, frontends: str 
     if cpus is None:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return Placement("separate", max(1, min(MAX_AUTO_FRONTENDS, cpus - 1)))
+
+
+def remove_core_address(address: str) -> None:
+    """Remove an ipc:// address's socket and its private folder (engine_client.new_core_address). The core
+    does it when it closes; a frontend does it for a core that died without closing (SIGKILL, the OOM
+    killer), so crashes leave no folders behind in the temp dir. Other addresses are left alone."""
+    if not address.startswith("ipc://"):
+        return
+    path = address[len("ipc://"):]
+    for target, remove in ((path, os.unlink), (os.path.dirname(path), os.rmdir)):
+        try:
+            remove(target)
+        except OSError:  # removed already (zmq, another frontend), or the folder holds more than the socket
+            pass
 
 
 def pid_exit(pid: int) -> tuple[bool, int | None]:
@@ -418,13 +432,7 @@ class EngineCoreServer:
             request.future.cancel()
         self._sock.close(linger=0)
         self._ctx.term()
-        if self.address.startswith("ipc://"):  # the socket's private folder (engine_client.new_core_address)
-            folder = os.path.dirname(self.address[len("ipc://"):])
-            for path, remove in ((self.address[len("ipc://"):], os.unlink), (folder, os.rmdir)):
-                try:
-                    remove(path)
-                except OSError:  # zmq removed the socket already, or the folder is not only the socket's
-                    pass
+        remove_core_address(self.address)
         with self._lock:
             self._closed = True
             os.close(self._wake_r)
