@@ -99,3 +99,94 @@ async def test_an_adapter_in_use_is_not_unloaded_and_the_caller_hears_why(lora_a
             break
         await asyncio.sleep(0.05)
     assert answer.status_code == 200 and "busy" not in engine.adapters() and "busy" not in await ids(client)
+
+
+def hostile_folder(kind: str, good: str, root) -> str:
+    """A copy of the LoRA folder `good` made hostile in one way (test_a_hostile_folder_is_refused...)."""
+    import json
+    import os
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    folder = root / kind
+    shutil.copytree(good, folder)
+    config_path, weights_path = folder / "adapter_config.json", folder / "adapter_model.safetensors"
+    config = json.loads(config_path.read_text())
+    if kind == "pickle":  # the weights as a torch pickle only: never unpickled from a client's path
+        torch.save(load_file(weights_path), folder / "adapter_model.bin")
+        weights_path.unlink()
+    elif kind == "nan":
+        save_file({k: torch.full_like(v, float("nan")) for k, v in load_file(weights_path).items()}, weights_path)
+    elif kind == "fifo":
+        weights_path.unlink()
+        os.mkfifo(weights_path)
+    elif kind == "huge_rank":
+        config["r"] = 10**6
+    elif kind == "regex":  # peft re.fullmatch-es it against every module name: a backtracking one stalls the core
+        config["target_modules"] = "(a|aa)+$"
+    elif kind == "modules_to_save":
+        config["modules_to_save"] = ["embed_tokens"]
+    config_path.write_text(json.dumps(config))
+    return str(folder)
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("pickle", "never loaded from a client's path"), ("nan", "NaN or infinite"), ("fifo", "not a regular file"),
+    ("huge_rank", "r must be an integer from 1 to 1024"), ("regex", "is a regular expression"),
+    ("modules_to_save", "modules_to_save is not served"), ("relative", "must be an absolute path"),
+    ("file", "is not a folder")])
+async def test_a_hostile_folder_is_refused_before_the_engine_reads_it(lora_app, adapter_dirs, tmp_path, kind, says):
+    import os
+    import threading
+
+    client, http, engine = lora_app
+    path = {"relative": "step1", "file": f"{adapter_dirs[1]}/adapter_config.json"}.get(kind) or hostile_folder(
+        kind, adapter_dirs[1], tmp_path)
+    stop = threading.Event()
+
+    def open_the_fifo_for_writing() -> None:  # releases a reader that blocks on the FIFO (the engine's thread)
+        while not stop.is_set():
+            try:
+                os.close(os.open(path + "/adapter_model.safetensors", os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:  # no reader yet
+                pass
+            stop.wait(0.01)
+
+    writer = threading.Thread(target=open_the_fifo_for_writing, daemon=True)
+    if kind == "fifo":
+        writer.start()
+    try:
+        refused = await http.post("/load_lora_adapter", json={"lora_name": "evil", "lora_path": path})
+    finally:
+        stop.set()
+    error = refused.json()["error"]
+    assert refused.status_code == 400 and error["code"] == "adapter_load_failed" and says in error["message"], error
+    assert "evil" not in engine.adapters() and "evil" not in await ids(client)
+    good = await http.post("/load_lora_adapter", json={"lora_name": "good", "lora_path": adapter_dirs[1]})
+    answer = await client.chat.completions.create(model="good", messages=[{"role": "user", "content": "hi"}],
+                                                  max_tokens=2)
+    assert good.status_code == 200 and answer.model == "good"
+
+
+@pytest.mark.parametrize("name", ["a\x00b", "a\nb", " padded", "tab\t", "\u202eright-to-left"])
+async def test_a_name_with_control_characters_or_surrounding_space_is_refused(lora_app, adapter_dirs, name):
+    _, http, engine = lora_app
+    refused = await http.post("/load_lora_adapter", json={"lora_name": name, "lora_path": adapter_dirs[1]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "lora_name"
+    assert engine.adapters() == []
+
+
+async def test_loads_past_the_adapter_limit_are_refused_until_one_is_unloaded(lora_app, adapter_dirs, monkeypatch):
+    from groupwise.inference import adapter_routes
+
+    _, http, engine = lora_app
+    monkeypatch.setattr(adapter_routes, "MAX_CLIENT_ADAPTERS", 2)
+    for name in ("a", "b"):
+        assert (await http.post("/load_lora_adapter", json={"lora_name": name, "lora_path": adapter_dirs[1]})).status_code == 200
+    full = await http.post("/load_lora_adapter", json={"lora_name": "c", "lora_path": adapter_dirs[1]})
+    assert full.status_code == 409 and full.json()["error"]["code"] == "too_many_adapters"
+    assert engine.adapters() == ["a", "b"]
+    assert (await http.post("/unload_lora_adapter", json={"lora_name": "a"})).status_code == 200
+    assert (await http.post("/load_lora_adapter", json={"lora_name": "c", "lora_path": adapter_dirs[1]})).status_code == 200

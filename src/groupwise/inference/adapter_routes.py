@@ -16,13 +16,19 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from groupwise.core.adapter_names import split_served_name
+from groupwise.inference.adapter_folder import AdapterFolderError, checked_copy
 from groupwise.inference.requests import EngineError
 from groupwise.inference.server import ApiError, ServerState, check_content_type, read_body, require_key, server_state
 
-__all__ = ["LoadLoraAdapter", "UnloadLoraAdapter", "lora_routes"]
+__all__ = ["MAX_CLIENT_ADAPTERS", "LoadLoraAdapter", "UnloadLoraAdapter", "lora_routes"]
+
+# The most adapters the engine holds for a load through these routes to be taken: each holds a slot's
+# weights (adapter_slots.py) for good, so a client looping over new names would fill the memory of the one
+# core every frontend feeds. Past it a load is refused (409) until one is unloaded.
+MAX_CLIENT_ADAPTERS = 64
 
 lora_routes = APIRouter(prefix="/v1", dependencies=[Depends(require_key)], include_in_schema=False)
 
@@ -31,6 +37,14 @@ class LoadLoraAdapter(BaseModel):
     model_config = ConfigDict(extra="ignore")  # vLLM's load_inplace and the like: not used here
     lora_name: str = Field(min_length=1, max_length=256)
     lora_path: str = Field(min_length=1, max_length=4096)
+
+    @field_validator("lora_name")
+    @classmethod
+    def printable(cls, name: str) -> str:
+        """A name a log line, an error message and a client's model field show as it is."""
+        if not name.isprintable() or name != name.strip():
+            raise ValueError("must be printable, without control characters or surrounding whitespace")
+        return name
 
 
 class UnloadLoraAdapter(BaseModel):
@@ -77,14 +91,23 @@ async def load_lora_adapter(body: LoadLoraAdapter = Depends(parsed(LoadLoraAdapt
         raise ApiError(400, f"{body.lora_name!r} is the base model (step 0); name the adapter's step from 1",
                        param="lora_name")
 
+    if len(state.engine.adapters()) >= MAX_CLIENT_ADAPTERS:
+        raise ApiError(409, f"this server holds {MAX_CLIENT_ADAPTERS} LoRA adapters, the most a load through "
+                       "these routes may add to; unload one first (POST /v1/unload_lora_adapter)",
+                       param="lora_name", code="too_many_adapters")
+
     def load() -> None:
-        if step is not None:
-            registry.add_step(step[0], step[1], body.lora_path)
-        else:
-            registry.add_alias(body.lora_name, body.lora_path)
+        with checked_copy(body.lora_path) as folder:  # the engine loads a checked private copy (adapter_folder.py)
+            if step is not None:
+                registry.add_step(step[0], step[1], folder)
+            else:
+                registry.add_alias(body.lora_name, folder)
 
     try:
         await asyncio.to_thread(load)
+    except AdapterFolderError as exc:
+        raise ApiError(400, f"the LoRA adapter {body.lora_name!r} is not loaded from {body.lora_path[:200]!r}: {exc}",
+                       param="lora_path", code="adapter_load_failed") from None
     except Exception as exc:  # the engine's refusal or a folder that is no peft LoRA: the caller's to fix
         raise ApiError(400, f"the LoRA adapter {body.lora_name!r} could not be loaded from {body.lora_path!r}: "
                        f"{exc}", param="lora_path", code="adapter_load_failed") from None
