@@ -167,10 +167,38 @@ async def test_the_host_guard_and_the_key_hold_on_every_frontend(served):
             assert page.status_code == 403 and page.json()["error"]["code"] == "origin_not_allowed"
             keyless = await http.get("/v1/models", headers={"authorization": "Bearer wrong"})
             assert keyless.status_code == 401 and keyless.json()["error"]["code"] == "invalid_api_key"
+            body = {"lora_name": "x", "lora_path": "/nowhere"}  # the LoRA routes: the same guard and key
+            rebound = await http.post("/v1/load_lora_adapter", json=body, headers={"host": f"evil.example:{served.port}"})
+            keyless = await http.post("/v1/unload_lora_adapter", json=body, headers={"authorization": "Bearer wrong"})
+            assert (rebound.status_code, keyless.status_code) == (403, 401)
         refused_by.add(pid)
         if refused_by == set(served.pids):
             break
     assert refused_by == set(served.pids)  # the second frontend too
+
+
+async def test_a_fifo_in_a_clients_lora_folder_is_refused_and_every_frontend_still_serves(served, adapter_dirs,
+                                                                                        tmp_path):
+    """peft would block the core's one compute thread reading a FIFO named adapter_model.safetensors: no
+    frontend would answer again (adapter_folder.py refuses it unopened)."""
+    import shutil
+
+    folder = tmp_path / "fifo"
+    shutil.copytree(adapter_dirs[1], folder)
+    (folder / "adapter_model.safetensors").unlink()
+    os.mkfifo(folder / "adapter_model.safetensors")
+    async with fresh_client(served) as http:
+        refused = await http.post("/v1/load_lora_adapter", json={"lora_name": "fifo", "lora_path": str(folder)})
+    assert refused.status_code == 400 and "not a regular file" in refused.json()["error"]["message"]
+    seen: set[int] = set()
+    for _ in range(40):
+        async with fresh_client(served) as http:
+            pid, answer = await served_by(served, http)
+            assert answer.status_code == 200
+        seen.add(pid)
+        if seen == set(served.pids):
+            break
+    assert seen == set(served.pids)
 
 
 async def test_a_killed_frontend_is_freed_in_the_core_and_replaced_while_the_other_serves(served):
