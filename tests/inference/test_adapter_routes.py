@@ -190,3 +190,14 @@ async def test_loads_past_the_adapter_limit_are_refused_until_one_is_unloaded(lo
     assert engine.adapters() == ["a", "b"]
     assert (await http.post("/unload_lora_adapter", json={"lora_name": "a"})).status_code == 200
     assert (await http.post("/load_lora_adapter", json={"lora_name": "c", "lora_path": adapter_dirs[1]})).status_code == 200
+
+
+async def test_an_unload_that_lost_a_race_is_a_404_not_an_adapter_in_use(lora_app, adapter_dirs):
+    """Two unloads of one name (two frontends): the one whose engine call finds it gone hears 404, and the
+    name is no longer served (the adapter was freed under it, as by the other unload)."""
+    client, http, engine = lora_app
+    assert (await http.post("/load_lora_adapter", json={"lora_name": "raced", "lora_path": adapter_dirs[1]})).status_code == 200
+    engine.remove_adapter("raced")  # the other unload's engine call, done first
+    late = await http.post("/unload_lora_adapter", json={"lora_name": "raced"})
+    assert late.status_code == 404 and late.json()["error"]["code"] == "adapter_not_found"
+    assert "raced" not in await ids(client)

@@ -127,13 +127,23 @@ async def unload_lora_adapter(body: UnloadLoraAdapter = Depends(parsed(UnloadLor
         raise ApiError(400, f"{body.lora_name!r} is the base model, which cannot be unloaded", param="lora_name")
     # Freed first, named second: an adapter that requests still use stays served, under its name, in every
     # frontend, and the caller hears why (the registry alone would drop the name and free it later).
+    adapter = registry.resolve(body.lora_name).adapter
+
+    def forget() -> None:
+        if step is not None:
+            registry.remove_step(*step)
+        else:
+            registry.remove_alias(body.lora_name)
+
     try:
-        await asyncio.to_thread(state.engine.remove_adapter, registry.resolve(body.lora_name).adapter)
+        await asyncio.to_thread(state.engine.remove_adapter, adapter)
     except EngineError as exc:
+        await asyncio.to_thread(registry.refresh)
+        if adapter not in state.engine.adapters():  # another unload (any frontend) took it first
+            await asyncio.to_thread(forget)
+            raise ApiError(404, f"the LoRA adapter {body.lora_name!r} is not loaded: it was unloaded meanwhile",
+                           param="lora_name", code="adapter_not_found") from None
         raise ApiError(409, f"the LoRA adapter {body.lora_name!r} stays loaded: {exc}", param="lora_name",
                        code="adapter_in_use") from None
-    if step is not None:
-        await asyncio.to_thread(registry.remove_step, *step)
-    else:
-        await asyncio.to_thread(registry.remove_alias, body.lora_name)
+    await asyncio.to_thread(forget)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
