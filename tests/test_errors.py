@@ -94,6 +94,7 @@ ALLOWED_BUILTIN_RAISES = {
     ("core/readers.py", "ValueError"): "pydantic validators of a file's rows: read_rows reports them as a RowError",
     ("inference/api_models.py", "ValueError"): "pydantic validators of a request: the server answers 400 with them",
     ("inference/api_messages.py", "ValueError"): "pydantic validators of a request: the server answers 400 with them",
+    ("inference/adapter_routes.py", "ValueError"): "pydantic validators of a LoRA route's body: the server answers 400 with them",
     ("inference/request_limits.py", "ValueError"): "called from the request models' validators only (as above)",
     ("inference/prepare.py", "ValueError"): "check_json_schema's; check_request_schemas turns it into SchemaProblem",
     ("jobs/fields.py", "ValueError"): "parse_text's: the CLI turns it into argparse's error for that flag",
