@@ -23,6 +23,7 @@ from backend_helpers import ask, checkpoint_steps
 import groupwise as gw
 from groupwise.backend.driver import WorkerError
 from groupwise.backend.routing import ReplicaRouter
+from groupwise.inference.engine_core import pid_exit
 
 CONFIG = gw.TrainConfig(learning_rate=5e-2)
 
@@ -126,11 +127,7 @@ def _alive(pid: int) -> bool:
         os.waitpid(pid, os.WNOHANG)  # reap it if it is our exited child
     except ChildProcessError:
         pass
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
+    return pid_exit(pid)[0]  # a zombie is dead
 
 
 @pytest.mark.slow

@@ -14,10 +14,10 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
+from polling import wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,17 +27,6 @@ from groupwise.inference.sampling import SamplingParams
 
 PROMPTS = [[1, 2, 3, 4, 5], [17, 300, 2048, 9, 9, 9]]
 HERE = Path(__file__).parent
-
-
-def wait_for(check, what: str, limit_s: float = 60.0):
-    """Poll `check` until it returns truthy (a state the processes reach, not a timing being asserted)."""
-    deadline = time.monotonic() + limit_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"never reached: {what}"
-        time.sleep(0.05)
 
 
 class Core:

@@ -16,24 +16,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import pytest
+from polling import wait_for
 
 KEY = "test-key"
 MESSAGES = [{"role": "user", "content": "Say something."}]
-
-
-def wait_for(check, what: str, limit_s: float = 120.0):
-    """Poll `check` until it returns truthy (a state the processes reach, not a timing being asserted)."""
-    deadline = time.monotonic() + limit_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"never reached: {what}"
-        time.sleep(0.05)
 
 
 class Served:
@@ -106,6 +95,22 @@ async def served_by(served: Served, http: httpx.AsyncClient, model: str = "agent
     return pid, answer
 
 
+async def on_every_frontend(served: Served, model: str = "agent", check=None) -> None:
+    """New connections (the kernel hands each to one frontend) until every frontend of `served` has answered
+    a chat of `model` with 200, running `await check(http)` on each connection."""
+    seen: set[int] = set()
+    for _ in range(40):
+        async with fresh_client(served) as http:
+            pid, answer = await served_by(served, http, model)
+            assert answer.status_code == 200
+            if check is not None:
+                await check(http)
+        seen.add(pid)
+        if seen == set(served.pids):
+            break
+    assert seen == set(served.pids)
+
+
 async def test_concurrent_chats_are_served_by_both_frontends(served):
     import openai
 
@@ -142,17 +147,13 @@ async def test_an_adapter_loaded_through_one_frontend_is_served_by_the_other(ser
     async with fresh_client(served) as http:
         gone = await http.post("/v1/unload_lora_adapter", json={"lora_name": "other"})
         assert gone.status_code == 200
-    seen: set[int] = set()
-    for _ in range(40):  # and unloaded for every frontend
-        async with fresh_client(served) as http:
-            pid, answer = await served_by(served, http, "agent")
-            assert "other" not in [m["id"] for m in (await http.get("/v1/models")).json()["data"]]
-            refused = await chat(http, "other")
-            assert refused.status_code == 404 and "not served here" in refused.json()["error"]["message"]
-        seen.add(pid)
-        if seen == set(served.pids):
-            break
-    assert seen == set(served.pids)
+
+    async def unloaded(http: httpx.AsyncClient) -> None:
+        assert "other" not in [m["id"] for m in (await http.get("/v1/models")).json()["data"]]
+        refused = await chat(http, "other")
+        assert refused.status_code == 404 and "not served here" in refused.json()["error"]["message"]
+
+    await on_every_frontend(served, check=unloaded)  # and unloaded for every frontend
 
 
 async def test_the_host_guard_and_the_key_hold_on_every_frontend(served):
@@ -190,15 +191,7 @@ async def test_a_fifo_in_a_clients_lora_folder_is_refused_and_every_frontend_sti
     async with fresh_client(served) as http:
         refused = await http.post("/v1/load_lora_adapter", json={"lora_name": "fifo", "lora_path": str(folder)})
     assert refused.status_code == 400 and "not a regular file" in refused.json()["error"]["message"]
-    seen: set[int] = set()
-    for _ in range(40):
-        async with fresh_client(served) as http:
-            pid, answer = await served_by(served, http)
-            assert answer.status_code == 200
-        seen.add(pid)
-        if seen == set(served.pids):
-            break
-    assert seen == set(served.pids)
+    await on_every_frontend(served)
 
 
 async def test_a_killed_frontend_is_freed_in_the_core_and_replaced_while_the_other_serves(served):
@@ -219,22 +212,14 @@ async def test_a_killed_frontend_is_freed_in_the_core_and_replaced_while_the_oth
                 async for _ in lines:
                     pass
     freed = wait_for(lambda: (s := served.watcher.status()).running == 0 and s.requests == 0 and s,
-                     "the dead frontend's request freed")
+                     "the dead frontend's request freed", limit_s=120)
     assert freed.cancelled == cancelled + 1
     assert f"(pid {victim}) exited, exit code -9 (killed by SIGKILL)" in served.line("frontend ", mark)
     index = served.pids.index(victim)
     replaced = served.line(f"frontend {index}: pid ", mark)
     served.pids[index] = int(replaced.split()[3])
     assert served.pids[index] != victim
-    seen: set[int] = set()
-    for _ in range(40):  # both serve: the survivor and the new one
-        async with fresh_client(served) as http:
-            pid, answer = await served_by(served, http)
-            assert answer.status_code == 200
-        seen.add(pid)
-        if seen == set(served.pids):
-            break
-    assert seen == set(served.pids)
+    await on_every_frontend(served)  # both serve: the survivor and the new one
 
 
 async def test_a_killed_core_fails_every_frontend_with_a_503_naming_its_exit_and_the_command_fails(served):
@@ -244,7 +229,7 @@ async def test_a_killed_core_fails_every_frontend_with_a_503_naming_its_exit_and
     try:
         pending = [asyncio.ensure_future(chat(http, max_tokens=100_000, ignore_eos=True)) for http in clients]
         held = await asyncio.to_thread(wait_for, lambda: (s := served.watcher.status()).requests == 16 and s,
-                                       "every request in the core")  # the loop sends them meanwhile
+                                       "every request in the core", limit_s=120)  # the loop sends them meanwhile
         holders = {pid for pid in served.pids if held.added.get(pid, 0) > before.get(pid, 0)}
         assert holders == set(served.pids)  # both frontends hold some of them
         os.kill(served.core_pid, signal.SIGKILL)
@@ -262,7 +247,7 @@ async def test_a_killed_core_fails_every_frontend_with_a_503_naming_its_exit_and
     from groupwise.inference.engine_core import pid_exit
 
     for pid in served.pids:  # no frontend left behind
-        wait_for(lambda: not pid_exit(pid)[0], f"frontend {pid} exited")
+        wait_for(lambda: not pid_exit(pid)[0], f"frontend {pid} exited", limit_s=120)
 
 
 def test_sigterm_stops_every_frontend_and_the_core_and_exits_0(tiny_model_dir, adapter_dirs, tmp_path):

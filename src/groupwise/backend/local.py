@@ -166,15 +166,9 @@ class LocalBackend(WorkerBackend):
         return self._processes.pids if self._processes is not None else []
 
     def _separate_engine(self) -> bool:
-        """Whether the engines run as cores in worker processes, this process their frontend (`engine_process`)."""
-        from groupwise.inference.engine_core import resolve_engine_process
-        from groupwise.runtime.loading import resolve_device
-
-        choice = self.engine_process or DEFAULT_ENGINE_PROCESS
-        if choice == "auto":  # in process until the backend's own measurement says otherwise (the docstring)
-            return False
-        device = self.devices[0] if self.devices else self.device
-        return resolve_engine_process(choice, resolve_device(device).type).mode == "separate"
+        """Whether the engines run as cores in worker processes, this process their frontend (`engine_process`;
+        its "auto" is in process, the docstring says why)."""
+        return (self.engine_process or DEFAULT_ENGINE_PROCESS) == "separate"
 
     async def _start(self) -> None:
         separate = self._separate_engine()
