@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -64,7 +65,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_block import BENCHMARKS, commit, machine, this_command, write_block  # noqa: E402
 from distill_tables import (  # noqa: E402
-    block_name, curves_table, docs_block, plot, point_text, results_table, summary_sentence, teacher_line)
+    arm_kind, arm_name, arm_setting, block_name, chosen_setting, curves_table, docs_block, plot, point_text, results_table,
+    summary_sentence, teacher_line)
 
 ARMS = ("grpo", "sampled", "topk")
 WRITE_EVERY_S = 10.0
@@ -194,13 +196,20 @@ class Bench:
         val_t = val_t[: a.val_size or preset.val_size or len(val_t)]
         if a.teacher_run:  # the students validate on the scenarios the teacher run validated on
             val_t = val_t[: validated_on(given_teacher(a.teacher_run)[0])]
-        arms = list(dict.fromkeys(a.arms))
+        # The distilling arms' settings: --distill-settings (each arm once per setting), else --lr, else the
+        # preset's for a run with a teacher (Preset.distilling: what `groupwise train --teacher` trains at).
+        distilling = preset.distilling()
+        distill_rate = a.lr or distilling.learning_rate
+        arms = list(dict.fromkeys(arm if arm == "grpo" or not a.distill_settings else arm_name(arm, *setting)
+                                  for arm in dict.fromkeys(a.arms) for setting in (a.distill_settings or [None])))
         self.m = {
             "meta": {"command": this_command(), "commit": commit(), "machine": machine(str(device)),
                      "date": date.today().isoformat(), "env": spec.name, "metric": metric, "model": a.model,
                      "device": str(device), "dtype": str(resolve_dtype(a.dtype, device)).removeprefix("torch."),
                      "seeds": a.seeds, "arms": arms, "steps": a.steps, "teacher_seed": a.teacher_seed,
-                     "learning_rate": preset.learning_rate, "groups_per_step": preset.groups_per_step,
+                     "learning_rate": preset.learning_rate, "distill_learning_rate": distill_rate,
+                     "distill_iterations": distilling.num_iterations,
+                     "groups_per_step": preset.groups_per_step,
                      "rollouts_per_group": preset.rollouts_per_group, "val_size": len(val_t),
                      "as_preset": a.lr is None and a.rollouts_per_group is None and a.groups_per_step is None,
                      "distill_top_k": a.distill_top_k, "distill_coef": a.distill_coef,
@@ -233,8 +242,14 @@ class Bench:
                     model = gw.TrainableModel(name=name, project=f"distill-{spec.name}", base_model=a.model,
                                               base_path=path)
                     await model.register(backend)
-                    config = loop_config(spec, preset, a.steps, seed, a.device,
-                                         distill_top_k=a.distill_top_k if arm == "topk" else None)
+                    rate, iterations = preset.learning_rate, preset.num_iterations
+                    if arm != "grpo":
+                        given_rate, given_iterations = arm_setting(arm)
+                        rate = given_rate or distill_rate
+                        iterations = given_iterations or (1 if given_rate else distilling.num_iterations)
+                    config = loop_config(spec, dataclasses.replace(preset, learning_rate=rate, num_iterations=iterations),
+                                         a.steps, seed, a.device,
+                                         distill_top_k=a.distill_top_k if arm_kind(arm) == "topk" else None)
                     if arm != "grpo" and a.distill_coef is not None:
                         config = replace_set(config, train_config=replace_set(config.train_config,
                                                                               distill_coef=a.distill_coef))
@@ -244,7 +259,8 @@ class Bench:
                                             "on_val_plateau")})
                     plans.append(gw.FitRun(model, spec.rollout, train_s, val_scenarios=val_t, validate=spec.validate,
                                            config=config, teacher=None if arm == "grpo" else teacher_ckpt))
-                    self.m["runs"][name] = {"arm": arm, "seed": seed, "run_dir": str(model.run_dir), "curve": []}
+                    self.m["runs"][name] = {"arm": arm, "seed": seed, "learning_rate": rate,
+                                            "num_iterations": iterations, "run_dir": str(model.run_dir), "curve": []}
             self.save()
             writer = asyncio.create_task(self.keep_writing())
             status = "done"
@@ -361,6 +377,19 @@ def scenario_field(text: str) -> tuple[str, Any]:
         return field, value
 
 
+def distill_setting(text: str) -> tuple[float, int]:
+    """RATE[:N] of --distill-settings: a learning rate > 0 and N >= 1 optimizer steps a batch."""
+    rate, _, iterations = text.partition(":")
+    try:
+        value = (float(rate), int(iterations or 1))
+    except ValueError:
+        value = (0.0, 0)
+    if not (value[0] > 0 and value[1] >= 1):
+        raise argparse.ArgumentTypeError(f"{text!r}: give RATE[:N], a learning rate > 0 and N >= 1 updates a step "
+                                         "(2e-3, 1e-3:4)")
+    return value
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -388,7 +417,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--student-scenario", action="append", default=[], metavar="FIELD=VALUE", type=scenario_field,
                    help="a field of the students' training scenarios, both arms alike (the teacher's and the "
                         "validation's stay the env's): e.g. reward=exact, oneword's sparse reward; repeatable")
-    p.add_argument("--lr", type=float, default=None, help="every run's (default: the env's preset)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="every run's (default: the env's preset; for the distilling arms, its distillation rate)")
+    p.add_argument("--distill-settings", type=distill_setting, nargs="+", default=None, metavar="RATE[:N]",
+                   help="train each distilling arm once per setting: its learning rate and N optimizer steps on each "
+                        "step's batch (TrainConfig.num_iterations; default 1), runs named <arm>-lr<rate>[-it<N>]-s<seed>; "
+                        "GRPO keeps --lr. With --choose, a saved measurement names the setting to use "
+                        "(distill_tables.chosen_setting)")
+    p.add_argument("--choose", action="store_true",
+                   help="with --from-json: print, last, the distilling arm of a --distill-settings measurement that its "
+                        "rule chooses (the most seeds meeting the target, then the fewest steps, the fewest updates, "
+                        "the smaller rate)")
     p.add_argument("--rollouts-per-group", type=int, default=None, help="every run's (default: the env's preset)")
     p.add_argument("--groups-per-step", type=int, default=None, help="every run's (default: the env's preset)")
     p.add_argument("--val-size", type=int, default=None,
@@ -410,6 +449,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a tiny random model on the CPU, 1 teacher step, 1 student step, 4 validation games")
     args = p.parse_args(argv)
     args.student_scenario = dict(args.student_scenario)
+    if args.choose and not args.from_json:
+        p.error("--choose reads a saved measurement: give it with --from-json")
     if args.teacher_run and args.val_size:
         p.error("--val-size: with --teacher-run the students validate on the scenarios the teacher run did")
     return args
@@ -420,6 +461,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.from_json:
         m = json.loads(Path(args.from_json).read_text())
         report(m, args)
+        if args.choose:
+            arm, why = chosen_setting(m)
+            rate, iterations = arm_setting(arm)
+            print(f"\n[distill] {why}\n[distill] chosen: {arm}\n{rate:g}:{iterations or 1}")
         return m
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     if not args.progress:  # seven runs' progress bars would bury the step lines

@@ -7,6 +7,7 @@ a measurement without loading a model. The measure itself is in distill_smollm2.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,30 @@ from results_block import provenance
 
 NAME = "distill_smollm2"
 ARM_LABEL = {"grpo": "GRPO alone", "sampled": "distillation (sampled)", "topk": "distillation (top-k)"}
+RATE_MARK, ITER_MARK = "-lr", "-it"  # a distilling arm at its own settings (--distill-settings): "topk-lr0.002-it2"
+
+
+def arm_kind(arm: str) -> str:
+    """The estimate of an arm ("grpo", "sampled", "topk"), without its settings."""
+    return arm.split("-")[0]
+
+
+def arm_setting(arm: str) -> tuple[float | None, int | None]:
+    """(learning rate, optimizer steps per batch) an arm's name carries (--distill-settings); None where it
+    trained at the runs' own."""
+    rate = re.search(re.escape(RATE_MARK) + r"([0-9.eE+-]+?)(?:-it|$)", arm)
+    iterations = re.search(re.escape(ITER_MARK) + r"(\d+)$", arm)
+    return (float(rate.group(1)) if rate else None), (int(iterations.group(1)) if iterations else None)
+
+
+def arm_name(kind: str, rate: float, iterations: int) -> str:
+    return f"{kind}{RATE_MARK}{rate:g}" + (f"{ITER_MARK}{iterations}" if iterations != 1 else "")
+
+
+def arm_label(arm: str) -> str:
+    rate, iterations = arm_setting(arm)
+    return ARM_LABEL[arm_kind(arm)] + ("" if rate is None else f" at lr {rate:g}") + (
+        f", {iterations} updates a step" if iterations else "")
 
 
 def block_name(env: str) -> str:
@@ -135,10 +160,36 @@ def summary_sentence(m: dict[str, Any]) -> str:
         mine = [r for r in rows if r["arm"] == arm]
         held = sum(r["holds"] is True for r in mine)
         failed = sum(r["holds"] is False for r in mine)
-        parts.append(f"{ARM_LABEL[arm]}: the target holds on {held} of {len(mine)} seeds"
+        parts.append(f"{arm_label(arm)}: the target holds on {held} of {len(mine)} seeds"
                      + (f", fails on {failed}" if failed else "")
                      + (f", open on {len(mine) - held - failed}" if len(mine) - held - failed else ""))
     return "; ".join(parts) + "."
+
+
+def chosen_setting(m: dict[str, Any]) -> tuple[str, str]:
+    """The distilling arm a measurement of several settings (`--distill-settings`) points to, with why.
+
+    The rule, fixed before the settings are measured: the one whose runs meet the target on the most seeds;
+    among those, the one that reached the teacher in the fewest steps summed over its seeds (a run that never
+    did counts its last step plus one); then the fewest updates a step, then the smaller rate. It is meant for
+    seeds other than the ones the target is then measured on, so the setting is chosen on data the verdict
+    never sees."""
+    rows = [r for r in analyse(m) if arm_setting(r["arm"])[0] is not None]
+    if not rows:
+        raise ValueError("no arm of this measurement carries its settings: measure with --distill-settings")
+
+    def spent(r: dict[str, Any]) -> int:
+        return r["distill"] if r["distill"] is not None else (r.get("distill_last") or 0) + 1
+
+    score = {}
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        mine = [r for r in rows if r["arm"] == arm]
+        rate, iterations = arm_setting(arm)
+        score[arm] = (-sum(r["holds"] is True for r in mine), sum(spent(r) for r in mine), iterations or 1, rate)
+    best = min(score, key=lambda arm: score[arm])
+    why = "; ".join(f"{arm}: target on {-h} of {len(m['meta']['seeds'])} seeds, {n} steps in all"
+                    for arm, (h, n, _, _) in score.items())
+    return best, why
 
 
 def teacher_line(m: dict[str, Any]) -> str:
@@ -157,6 +208,15 @@ def teacher_line(m: dict[str, Any]) -> str:
             f"{clear}. The students distil from that checkpoint.")
 
 
+def distill_settings_text(meta: dict[str, Any]) -> str:
+    """The distilling arms' rate, where it is not every run's (an env preset's distillation rate)."""
+    rate, iterations = meta.get("distill_learning_rate"), meta.get("distill_iterations") or 1
+    if rate is None or (rate, iterations) == (meta["learning_rate"], 1) or any(
+            arm_setting(a)[0] is not None for a in meta["arms"]):
+        return ""
+    return f", the distilling arms at lr {rate:g} with {iterations} update(s) a step (the preset's distillation settings)"
+
+
 def docs_block(m: dict[str, Any], png: str | None = None) -> str:
     meta = m["meta"]
     head = provenance(command=meta["command"], commit_id=meta["commit"], machine_text=meta["machine"], day=meta["date"])
@@ -171,7 +231,7 @@ def docs_block(m: dict[str, Any], png: str | None = None) -> str:
              f"{meta['rollouts_per_group']} rollouts a step at lr {meta['learning_rate']:g}"
              f"{', the env preset' if meta.get('as_preset') else ''}"
              f"{''.join(f', the students trained with {k}={v}' for k, v in (meta.get('student_scenario') or {}).items())}"
-             f"{weight}"
+             f"{weight}{distill_settings_text(meta)}"
              f"; students "
              f"of seeds {', '.join(map(str, meta['seeds']))}: {meta['steps']} steps each, validated after every step; "
              f"{m.get('wall_s', 0) / 60:.1f} minutes in all.{status}")
@@ -201,18 +261,19 @@ def plot(m: dict[str, Any], path: Path) -> None:
             ax.axhline(best["value"], color="black", lw=1, ls="--", label="teacher (best val)")
             if best.get("lo") is not None:
                 ax.axhspan(best["lo"], best["hi"], color="black", alpha=0.07)
-        for arm in meta["arms"]:
+        for i, arm in enumerate(meta["arms"]):
+            colour, style = colours[arm_kind(arm)], ("-", "--", ":", "-.")[i % 4]
             curve = sorted((m.get("runs", {}).get(f"{arm}-s{seed}") or {}).get("curve", []), key=lambda p: p["step"])
             if not curve:
                 continue
             xs = [p["step"] for p in curve]
-            ax.plot(xs, [p["value"] for p in curve], marker="o", ms=3, color=colours[arm], label=ARM_LABEL[arm])
+            ax.plot(xs, [p["value"] for p in curve], marker="o", ms=3, color=colour, ls=style, label=arm_label(arm))
             if all(p.get("lo") is not None for p in curve):
-                ax.fill_between(xs, [p["lo"] for p in curve], [p["hi"] for p in curve], color=colours[arm], alpha=0.15)
+                ax.fill_between(xs, [p["lo"] for p in curve], [p["hi"] for p in curve], color=colour, alpha=0.15)
             reached = steps_to_reach(curve, best["value"]) if best.get("value") is not None else None
             if reached is not None:  # where it reached the teacher
                 ax.plot([reached], [next(p["value"] for p in curve if p["step"] == reached)], marker="*", ms=13,
-                        color=colours[arm], markeredgecolor="black", ls="none")
+                        color=colour, markeredgecolor="black", ls="none")
         ax.set_title(f"student seed {seed}")
         ax.set_xlabel("step (*: reached the teacher)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

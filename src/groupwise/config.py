@@ -164,6 +164,7 @@ class TrainConfig(UpdateSettings):
     off_policy: str = option("none", help="Correction for rollouts sampled by another policy than the trainer's (an asynchronous run: LoopConfig.max_steps_off_policy > 0, or partial rollouts): 'none' takes the sampler's logprobs as PPO's old policy (right for synchronous runs); 'tis' weighs each token by the importance weight pi/mu between the trainer's policy and the one that sampled it, truncated at importance_cap (TIS); 'mis' drops the tokens whose weight passes importance_cap instead (MIS). Both take the PPO/CISPO ratio against the trainer's own policy (decoupled PPO; training/loss.py).")
     importance_cap: float = option(2.0, help="C of off_policy='tis' / 'mis': the largest importance weight pi/mu a token keeps (TIS caps it there, MIS drops the token). Must be > 1.")
     train_forced_tokens: bool = option(False, help="Train the tokens a grammar forced (tool_choice / response_format allowed only that token; the server reports them). False leaves them out of the loss: tokens a grammar forced carry no decision of the policy (its constrained distribution there is a point mass, with zero gradient), so training them with the trajectory's advantage only adds noise.")
+    num_iterations: int = option(1, help="Optimizer steps taken on each step's batch: mu of the GRPO paper's algorithm, TRL's num_iterations. Each one recomputes the policy on the same rollouts; the clipped ratio against the sampler's logprobs keeps the later ones near the policy that sampled them. More than 1 suits a dense signal (a teacher's per-token KL: the 2048 job's distillation preset) more than GRPO's one reward per rollout; a fresh LoRA's first step moves only B, so a second one in the same step is what first moves A. Needs off_policy='none' (the decoupled ratio takes one step per batch).")
     compile: bool = option(False, help="torch.compile the decoder layers and the LM head's log-prob chunks for the update: fewer, fused kernels. Compiling costs seconds at the first step and pays off over runs of tens of steps (docs/benchmarks.md); falls back to eager with a warning if compilation fails.")
 
     max_skipped_steps: int = option(3, help="A step whose groups all have equal rewards carries no learning signal: it is skipped (no gradient step; the step counter still advances, serving the unchanged adapter under the next step, as ART does), with a warning naming the groups and a record in the history. This many consecutive skipped steps are allowed; one more raises NotTrainableError. 0 is strict: raise at once.")
@@ -210,6 +211,11 @@ class TrainConfig(UpdateSettings):
         if isinstance(self.distill_top_k, bool) or not isinstance(self.distill_top_k, int) or self.distill_top_k < 1:
             p.append(f"distill_top_k={self.distill_top_k!r} must be an integer >= 1 (the tokens per position of the "
                      "top-k KL's support)")
+        check_positive(p, "num_iterations", self.num_iterations, integer=True)
+        if self.off_policy != "none" and self.num_iterations != 1:
+            p.append(f"num_iterations={self.num_iterations!r} with off_policy={self.off_policy!r}: the decoupled ratio "
+                     "is taken against the policy at the start of the step, which holds for one optimizer step only; "
+                     "use num_iterations=1 or off_policy='none'")
         if self.kl_reference_step is not None and (isinstance(self.kl_reference_step, bool)
                                                    or not isinstance(self.kl_reference_step, int)
                                                    or self.kl_reference_step < 0):

@@ -20,6 +20,7 @@ from groupwise.training.checkpoint import (
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
 from groupwise.training.logprobs import token_logprobs
 from groupwise.training.adapters import wrap_with_lora
+from groupwise.runtime.loading import tiny_random_model
 from groupwise.training.trainer import Trainer, plan_micro_batches
 
 
@@ -290,3 +291,41 @@ def test_taking_its_adapter_back_leaves_the_model_as_pefts_set_adapter_does(toke
     models[1].set_adapter("run1")
     assert state(models[0]) == state(models[1])
     assert state(models[0])[0] == "run1" and any(g for n, g in state(models[0])[3] if ".run1." in n)
+
+
+def test_num_iterations_takes_that_many_optimizer_steps_on_one_batch(tokenizer):
+    """GRPO's mu: a step with num_iterations=2 is two optimizer steps on the same rollouts, exactly two
+    steps of 1 on that batch, and reports the first's loss (the objective at the sampling policy). From
+    peft's own start (B = 0) the first update moves only B; the second is what moves A."""
+    one, two = (TrainConfig(learning_rate=1e-3, micro_batch_tokens=40, max_seq_len=64, num_iterations=n) for n in (1, 2))
+    twice, mu = Trainer(lora_model(tokenizer)), Trainer(lora_model(tokenizer))
+    first = twice.train_step(_batch(), one, step=0)
+    twice.train_step(_batch(), one, step=1)
+    seen = []
+    metrics = mu.train_step(_batch(), two, step=0, progress=lambda done, total: seen.append((done, total)))
+    for (n, p), (_, q) in zip(twice.trainable_named_parameters(), mu.trainable_named_parameters()):
+        assert torch.allclose(p, q, rtol=0, atol=1e-12), n
+    assert metrics["loss"] == first["loss"] and metrics["grad_norm"] == first["grad_norm"]
+    assert {float(s["step"]) for s in mu.optimizer.state.values()} == {2.0}
+    # the progress bar runs once over both updates
+    assert [t for _, t in seen] == [2 * metrics["padded_tokens"]] * 4 and seen[-1][0] == 2 * metrics["padded_tokens"]
+
+    for n_updates, a_moves in ((1, False), (2, True)):
+        base, _ = tiny_random_model(seed=0, tokenizer=tokenizer, dtype=torch.float64)
+        model = wrap_with_lora(base, LoraConfig(rank=4, alpha=8))  # peft's start: B = 0
+        trainer = Trainer(model)
+        a_before = {n: p.detach().clone() for n, p in trainer.trainable_named_parameters() if "lora_A" in n}
+        trainer.train_step(_batch(), TrainConfig(learning_rate=1e-3, micro_batch_tokens=40, max_seq_len=64,
+                                                 num_iterations=n_updates), step=0)
+        moved = [n for n, p in trainer.trainable_named_parameters() if n in a_before and not torch.equal(p, a_before[n])]
+        assert bool(moved) is a_moves and (not a_moves or len(moved) == len(a_before))
+
+
+def test_num_iterations_needs_one_step_per_batch_off_policy():
+    """The decoupled ratio (off_policy) is taken against the policy at the step's start: one update only."""
+    from groupwise.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="num_iterations=2 with off_policy='tis'"):
+        TrainConfig(num_iterations=2, off_policy="tis")
+    with pytest.raises(ConfigError, match="num_iterations"):
+        TrainConfig(num_iterations=0)

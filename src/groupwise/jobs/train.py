@@ -43,9 +43,10 @@ if TYPE_CHECKING:
     from groupwise.envs import EnvSpec
 
 
-def _sets(config: type, name: str) -> Any:
-    """A preset field whose value goes into `config`'s field `name` (`Preset.settings`, checked there)."""
-    return dataclasses.field(metadata={"sets": (config, name)})
+def _sets(config: type, name: str, **default: Any) -> Any:
+    """A preset field whose value goes into `config`'s field `name` (`Preset.settings`, checked there);
+    `default=` where every env shares one."""
+    return dataclasses.field(metadata={"sets": (config, name)}, **default)
 
 
 def _own(default: Any, low: int) -> Any:
@@ -69,6 +70,19 @@ class Preset:
     learning_rate: float = _sets(TrainConfig, "learning_rate")
     val_size: int | None = _own(None, low=1)  # how many val (and test) scenarios the 10-minute job uses (None: the whole split)
     sft: int = _own(0, low=0)  # demonstrations of the env's scripted player for a supervised warm start first (0: none)
+    num_iterations: int = _sets(TrainConfig, "num_iterations", default=1)  # optimizer steps on each step's batch (GRPO's mu)
+    # A run with a teacher (--teacher) trains at these where they were measured to differ from GRPO's (None:
+    # GRPO's). The teacher's per-token signal is dense and steady where GRPO's is one noisy number per
+    # rollout, so it bears a larger step, or several on one batch; and a fresh LoRA's first Adam step moves
+    # only B (A's gradient is zero while B is), so one update at GRPO's rate barely moves a student's answers.
+    distill_learning_rate: float | None = _own(None, low=0)
+    distill_iterations: int | None = _own(None, low=1)
+
+    def distilling(self) -> "Preset":
+        """This preset for a run with a teacher: its distillation settings in place of GRPO's, where it has them."""
+        return dataclasses.replace(self, **{field: value for field, value in (
+            ("learning_rate", self.distill_learning_rate), ("num_iterations", self.distill_iterations))
+            if value is not None})
 
     def settings(self) -> dict[tuple[type, str], Any]:
         """The preset's config values, by (config, field name)."""
@@ -79,8 +93,15 @@ class Preset:
         from groupwise.jobs.fields import settings_problems
 
         found = settings_problems(self.settings())
+        if self.distill_learning_rate is not None:  # TrainConfig's own check of a rate
+            found += settings_problems({(TrainConfig, "learning_rate"): self.distill_learning_rate})
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if f.name == "distill_learning_rate":
+                continue
+            if f.name == "distill_iterations" and value is not None:  # TrainConfig's own check, as for the rate
+                found += settings_problems({(TrainConfig, "num_iterations"): value})
+                continue
             if f.metadata["sets"] is None and value is not None and (
                     not isinstance(value, int) or isinstance(value, bool) or value < f.metadata["low"]):
                 found.append(f"{f.name}={value!r}: must be an integer >= {f.metadata['low']}")
@@ -272,7 +293,10 @@ class TrainJob(Job):
         # every preset field the job has a flag of the same name for (None: not given), and the rate
         given = {f.name: getattr(self, f.name, None) for f in dataclasses.fields(Preset)}
         given["learning_rate"] = learning_rate if learning_rate is not None else (self.lr or [None])[0]
-        return dataclasses.replace(PRESETS.get(self.env, HUB_PRESET), **{k: v for k, v in given.items() if v is not None})
+        preset = PRESETS.get(self.env, HUB_PRESET)
+        if self.teacher is not None:  # a distilling run trains at the preset's distillation rate unless --lr says
+            preset = preset.distilling()
+        return dataclasses.replace(preset, **{k: v for k, v in given.items() if v is not None})
 
 
 async def _select_judge(spec: EnvSpec, judges: list[str], labels: str, model: Any, base_model: str,

@@ -43,7 +43,8 @@ def loop_config(spec: Any, preset: Any, max_steps: int, seed: int, device: str |
         groups_per_step=preset.groups_per_step,
         max_steps=max_steps,
         num_epochs=100,  # the step budget, not the data, ends the job
-        train_config=train_config(spec, preset.learning_rate, device, distill_top_k),  # it owns the learning rate
+        # it owns the learning rate
+        train_config=train_config(spec, preset.learning_rate, device, distill_top_k, num_iterations=preset.num_iterations),
         eval_every=max(1, max_steps // 2),  # the base, the midpoint, the end
         # An env without a validation metric (titles) runs no validation; the loop's metric is then unused,
         # and "reward" would clash with the history row's own reward field.
@@ -54,7 +55,8 @@ def loop_config(spec: Any, preset: Any, max_steps: int, seed: int, device: str |
     )
 
 
-def train_config(spec: Any, learning_rate: float, device: str | None, distill_top_k: int | None = None) -> Any:
+def train_config(spec: Any, learning_rate: float, device: str | None, distill_top_k: int | None = None, *,
+                 num_iterations: int = 1) -> Any:
     """The GRPO step settings of the job.
 
     Tool-using transcripts (email) run to thousands of tokens: recompute layers in the backward pass
@@ -68,12 +70,14 @@ def train_config(spec: Any, learning_rate: float, device: str | None, distill_to
     import groupwise as gw
     from groupwise.runtime.loading import resolve_device
 
-    distill = {} if distill_top_k is None else {"distill_estimate": "topk", "distill_top_k": distill_top_k}
+    given = {"num_iterations": num_iterations}
+    if distill_top_k is not None:
+        given.update(distill_estimate="topk", distill_top_k=distill_top_k)
     if spec.reward != "verifiable":
-        return gw.TrainConfig(learning_rate=learning_rate, gradient_checkpointing=True, micro_batch_tokens=2048, **distill)
+        return gw.TrainConfig(learning_rate=learning_rate, gradient_checkpointing=True, micro_batch_tokens=2048, **given)
     if resolve_device(device).type == "cpu":
-        return gw.TrainConfig(learning_rate=learning_rate, micro_batch_tokens=CPU_MICRO_BATCH_TOKENS, **distill)
-    return gw.TrainConfig(learning_rate=learning_rate, **distill)
+        return gw.TrainConfig(learning_rate=learning_rate, micro_batch_tokens=CPU_MICRO_BATCH_TOKENS, **given)
+    return gw.TrainConfig(learning_rate=learning_rate, **given)
 
 
 def judge_target(judge: str, model: Any, base_model: str) -> tuple[str, dict[str, Any]]:

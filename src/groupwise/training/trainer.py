@@ -49,6 +49,14 @@ from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
 GRPO = "grpo"  # the objective of a step that names none (the other: "sft")
 
 
+def _scaled(progress: Callable[[int, int], None] | None, iteration: int,
+            iterations: int) -> Callable[[int, int], None] | None:
+    """`progress` of one of a step's `iterations` optimizer steps, as a share of the whole step's work."""
+    if progress is None or iterations == 1:
+        return progress
+    return lambda done, total: progress(iteration * total + done, iterations * total)
+
+
 def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     """Indices of sequences per micro-batch: longest first, each batch's n * max_len <= budget.
 
@@ -527,6 +535,41 @@ class Trainer:
                                         scatter_rows(support_NK, index_N, B, T))
         return scatter_rows(logprobs_N, index_N, B, T), distill_kl_BT
 
+    def _update(self, batch: TokenizedBatch, config: TrainConfig, objective: str, totals: tuple[int, int],
+                params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, *, step: int, iteration: int,
+                devices: list[torch.device], progress: Callable[[int, int], None] | None,
+                ) -> tuple[StepStats, list[list[int]], float]:
+        """One optimizer step on `batch`: the gradient of its loss, summed over the ranks, clipped, applied."""
+        optimizer.zero_grad(set_to_none=True)
+        # A fixed seed per step makes dropout reproducible on resume without touching the sampler's RNG.
+        step_seed = config.seed * 1_000_003 + step + iteration * 7_919
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(step_seed)
+            try:
+                stats, plan = self.forward_backward(batch, config, objective=objective, totals=totals,
+                                                    progress=progress)
+            except Exception as exc:
+                if not self._compiled or not type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
+                    raise
+                # Loud but not fatal: the eager step computes the same update, only slower.
+                warnings.warn(f"compiling the decoder layers failed ({type(exc).__name__}: {str(exc)[:300]}); "
+                              "training eagerly from now on. Set TrainConfig(compile=False) to skip compiling.")
+                self._compile_failed = True
+                optimizer.zero_grad(set_to_none=True)
+                torch.manual_seed(step_seed)  # the same dropout draws as the failed attempt
+                stats, plan = self.forward_backward(batch, config, objective=objective, totals=totals,
+                                                    progress=progress)
+            if self.process_group is not None:
+                self._all_reduce_gradients(params)
+                stats = StepStats(*self._sum_over_ranks(list(dataclasses.astuple(stats))))
+            # A non-finite loss, gradient or adapter fails the step before anything is checkpointed.
+            check_finite("loss", stats.loss, step=step, config=config)
+            max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            check_finite("gradient norm", grad_norm, step=step, config=config)
+            guarded_step(self.trainable_named_parameters(), optimizer, step=step, config=config)
+        return stats, plan, grad_norm
+
     def train_step(self, batch: TokenizedBatch, config: TrainConfig, *, step: int = 0,
                    objective: str = GRPO, progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
         """One optimizer step on `batch` (objective "grpo" or "sft", `progress` as in `forward_backward`);
@@ -548,7 +591,6 @@ class Trainer:
         params = self._activate()
         optimizer = self.ensure_optimizer(config, objective)
         self._set_mode(True)
-        optimizer.zero_grad(set_to_none=True)
         seqs = batch.sequences
         # the step's normalisers: this batch's counts, summed over the data-parallel ranks
         num_tokens, num_sequences = (int(v) for v in self._sum_over_ranks([batch.trainable_tokens, len(seqs)]))
@@ -557,33 +599,18 @@ class Trainer:
         self._set_layer_checkpointing(config.gradient_checkpointing)
         step_memory.reset_measured_peak(self.device)
         try:
-            # A fixed seed per step makes dropout reproducible on resume without touching the sampler's RNG.
-            step_seed = config.seed * 1_000_003 + step
-            with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(step_seed)
-                try:
-                    stats, plan = self.forward_backward(batch, config, objective=objective, totals=totals,
-                                                        progress=progress)
-                except Exception as exc:
-                    if not self._compiled or not type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
-                        raise
-                    # Loud but not fatal: the eager step computes the same update, only slower.
-                    warnings.warn(f"compiling the decoder layers failed ({type(exc).__name__}: {str(exc)[:300]}); "
-                                  "training eagerly from now on. Set TrainConfig(compile=False) to skip compiling.")
-                    self._compile_failed = True
-                    optimizer.zero_grad(set_to_none=True)
-                    torch.manual_seed(step_seed)  # the same dropout draws as the failed attempt
-                    stats, plan = self.forward_backward(batch, config, objective=objective, totals=totals,
-                                                        progress=progress)
-                if self.process_group is not None:
-                    self._all_reduce_gradients(params)
-                    stats = StepStats(*self._sum_over_ranks(list(dataclasses.astuple(stats))))
-                # A non-finite loss, gradient or adapter fails the step before anything is checkpointed.
-                check_finite("loss", stats.loss, step=step, config=config)
-                max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-                check_finite("gradient norm", grad_norm, step=step, config=config)
-                guarded_step(self.trainable_named_parameters(), optimizer, step=step, config=config)
+            # GRPO's mu (TrainConfig.num_iterations): that many optimizer steps on this batch. The step reports
+            # the first's loss terms (the objective at the policy that sampled the rollouts) and the last's
+            # ratio and clipping (how far the iterations moved the policy from it).
+            iterations = config.num_iterations if objective == GRPO else 1
+            for iteration in range(iterations):
+                stats_i, plan, norm_i = self._update(batch, config, objective, totals, params, optimizer, step=step,
+                                                     iteration=iteration, devices=devices,
+                                                     progress=_scaled(progress, iteration, iterations))
+                if iteration == 0:
+                    stats, grad_norm = stats_i, norm_i
+            if iterations > 1:
+                stats = dataclasses.replace(stats, clipped_tokens=stats_i.clipped_tokens, ratio_sum=stats_i.ratio_sum)
         finally:
             optimizer.zero_grad(set_to_none=True)
             self._set_layer_checkpointing(False)  # the engine shares the model: leave it as found
