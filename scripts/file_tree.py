@@ -17,6 +17,8 @@ NOTES = {
     "README.md": "the front door: what groupwise is, the two commands, an example, results",
     "bench/data/distill_2048_topk.json": "bench/distill_smollm2.py's curves on the CPU, 2048 at its preset, top-k, the `groupwise train 2048` teacher: the docs block's run",
     "bench/data/distill_2048_topk_coef3.json": "the same, the top-k students alone with distill_coef 3, 2 steps (docs/benchmarks.md)",
+    "bench/data/distill_2048_h200_select_s3-5.json": "bench/distill_smollm2.py on an H200, 2048: four distillation settings on student seeds 3-5, where the preset was chosen (docs/benchmarks.md)",
+    "bench/data/distill_2048_h200_measure_s0-2.json": "the same, the chosen setting (4 updates a step) against GRPO alone on seeds 0-2",
     "bench/data/distill_oneword_sampled.json": "bench/distill_smollm2.py's curves on the CPU, oneword, sampled-token estimate (docs/benchmarks.md)",
     "bench/data/distill_oneword_sampled_exact.json": "the same, the students on oneword's sparse reward (reward=exact)",
     "bench/data/distill_oneword_topk.json": "the same, top-k estimate",

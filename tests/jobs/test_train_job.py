@@ -64,9 +64,18 @@ def test_an_envs_preset_fills_what_the_job_leaves_out():
     assert (job.preset().learning_rate, job.preset().steps, job.preset().groups_per_step) == (2e-3, 3, 5)
     assert job.preset().rollouts_per_group == PRESETS["2048"].rollouts_per_group
     assert set(PRESETS) == set(__import__("groupwise.envs", fromlist=["ENVS"]).ENVS)  # one preset per env
-    # every preset setting is a flag of the same name (the rate: --lr), or the preset's own (val_size)
+    # every preset setting is a flag of the same name (the rate: --lr), or the preset's own (val_size, and what
+    # a run with a teacher trains at in place of the rate and the iterations)
     flags = {f.name for f in dataclasses.fields(TrainJob)}
-    assert {f.name for f in dataclasses.fields(Preset)} - flags == {"learning_rate", "val_size"}
+    assert {f.name for f in dataclasses.fields(Preset)} - flags == {"learning_rate", "val_size", "distill_learning_rate",
+                                                                     "distill_iterations"}
+    # a run with a teacher takes the distillation preset; a flag given still replaces it
+    assert (TrainJob("2048").preset().num_iterations, PRESETS["2048"].distill_iterations) == (1, 4)
+    distilling = TrainJob("2048", teacher="base").preset()
+    assert (distilling.num_iterations, distilling.learning_rate) == (4, PRESETS["2048"].learning_rate)
+    assert TrainJob("2048", teacher="base", num_iterations=2, lr=[5e-4]).preset().num_iterations == 2
+    assert TrainJob("2048", teacher="base", lr=[5e-4]).preset().learning_rate == 5e-4
+    assert TrainJob("oneword", teacher="base").preset() == PRESETS["oneword"]  # no distillation preset: GRPO's
     job = TrainJob("tictactoe", sft=0)  # a flag given at 0 still replaces the preset's 64
     assert job.preset().sft == 0 and PRESETS["tictactoe"].sft == 64
 
@@ -219,14 +228,15 @@ def test_a_preset_is_its_config_fields_values_checked_by_the_configs():
     from groupwise.jobs.train import HUB_PRESET
 
     assert PRESETS["2048"].settings() == {(LoopConfig, "max_steps"): 8, (LoopConfig, "rollouts_per_group"): 8,
-                                          (LoopConfig, "groups_per_step"): 3, (TrainConfig, "learning_rate"): 1e-3}
+                                          (LoopConfig, "groups_per_step"): 3, (TrainConfig, "learning_rate"): 1e-3,
+                                          (TrainConfig, "num_iterations"): 1}
     for name, preset in {**PRESETS, "hub": HUB_PRESET}.items():
         assert settings_problems(preset.settings()) == [], name
     # a flag of the job that feeds a config field, and the preset field it replaces, set the same field
     feeds = {spec.name: spec.meta["feeds"] for spec in job_flags(TrainJob)}
     sets = {f.name: f.metadata["sets"] for f in dataclasses.fields(Preset)}
     for flag, preset_field in (("rollouts_per_group", "rollouts_per_group"), ("groups_per_step", "groups_per_step"),
-                               ("lr", "learning_rate")):
+                               ("lr", "learning_rate"), ("num_iterations", "num_iterations")):
         assert feeds[flag] == sets[preset_field], flag
     # the planted drifts: a field the config does not have, values its validation refuses
     found = settings_problems({(LoopConfig, "rollout_per_group"): 8, (TrainConfig, "learning_rate"): 0.0})

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from groupwise.config import (DEFAULT_ENGINE_PROCESS, DEFAULT_MARGIN, MARGIN_BOUNDS, EngineProcess, LoopConfig, TrainConfig,
                               TrainSFTConfig)
+from groupwise.core.validated import field_default
 from groupwise.jobs.common import (Dtype, device_field, dtype_field, folder_name_problem, model_field, run_name_problem,
                                    store_field)
 from groupwise.jobs.fields import Command, Job, arg
@@ -70,7 +71,7 @@ class Preset:
     learning_rate: float = _sets(TrainConfig, "learning_rate")
     val_size: int | None = _own(None, low=1)  # how many val (and test) scenarios the 10-minute job uses (None: the whole split)
     sft: int = _own(0, low=0)  # demonstrations of the env's scripted player for a supervised warm start first (0: none)
-    num_iterations: int = _sets(TrainConfig, "num_iterations", default=1)  # optimizer steps on each step's batch (GRPO's mu)
+    num_iterations: int = _sets(TrainConfig, "num_iterations", default=field_default(TrainConfig, "num_iterations"))  # optimizer steps on each step's batch (GRPO's mu)
     # A run with a teacher (--teacher) trains at these where they were measured to differ from GRPO's (None:
     # GRPO's). The teacher's per-token signal is dense and steady where GRPO's is one noisy number per
     # rollout, so it bears a larger step, or several on one batch; and a fresh LoRA's first Adam step moves
@@ -121,7 +122,10 @@ PRESETS: dict[str, Preset] = {
     # valid-move rate barely moved by step 4 (0.31-0.40 on five seeds) and took off between steps 4
     # and 8, so a seed that took off late ended the 8-step job unlearnt; at 1e-3 it takes off by
     # mid-run and 17 of 17 seeds learnt (docs/benchmarks.md, the main job).
-    "2048": Preset(steps=8, rollouts_per_group=8, groups_per_step=3, learning_rate=1e-3),
+    # With a teacher: 4 updates a step, chosen on student seeds 3-5 among lr 1e-3 or 2e-3 with 1 update and lr
+    # 1e-3 with 2 or 4 (on an H200, the job's teacher of 16 steps, 0.979): the distilling students stood at
+    # 0.89-0.91 after one step, against 0.23-0.25 at one update (docs/benchmarks.md, distillation on 2048).
+    "2048": Preset(steps=8, rollouts_per_group=8, groups_per_step=3, learning_rate=1e-3, distill_iterations=4),
     # GRPO alone left seed 1 at a win rate of 0 through 20 steps; after 64 demonstrations of the scripted
     # minimax player (2 SFT steps) the 12 GRPO steps end at 0.79 / 0.67 / 0.67 on seeds 0-2, in 10-12
     # minutes a run, most of it from the warm start (0.46 / 0.54 / 0.33; docs/benchmarks.md).
@@ -230,6 +234,11 @@ class TrainJob(Job):
                                    ".groupwise/2048/models/2048-s0/checkpoints/0008; or another base model of the "
                                    "same tokenizer (a model folder or a Hugging Face id, e.g. a bigger model of the "
                                    "family)")
+    num_iterations: int | None = arg(None, low=1, metavar="N", feeds=(TrainConfig, "num_iterations"),
+                                     help="optimizer steps on each step's batch (GRPO's mu; default: the env's preset, "
+                                          "1; with --teacher, its distillation preset: "
+                                          + ", ".join(f"{env} {p.distill_iterations}" for env, p in PRESETS.items()
+                                                      if p.distill_iterations) + ")")
     distill_top_k: int | None = arg(None, low=1, metavar="K", feeds=(TrainConfig, "distill_top_k"),
                                     help="with --teacher: the top-k estimate of the reverse KL, over the student's and "
                                          "the teacher's K likeliest tokens per position (TrainConfig.distill_estimate="
@@ -345,7 +354,8 @@ async def train(job: TrainJob) -> dict[str, Any]:
     print(f"[groupwise train] env={spec.name} ({spec.description})")
     print(f"[groupwise train] model={model_name} steps<={max_steps} seed={seed} "
           f"groups/step={preset.groups_per_step} rollouts/group={preset.rollouts_per_group} "
-          f"lr={preset.learning_rate:g} train/val/test={len(train_s)}/{len(val_s)}/{len(test_s)}"
+          f"lr={preset.learning_rate:g}" + (f" updates/step={preset.num_iterations}" if preset.num_iterations > 1 else "")
+          + f" train/val/test={len(train_s)}/{len(val_s)}/{len(test_s)}"
           + (f" sft={preset.sft} demonstrations first" if preset.sft else ""))
     if spec.reward != "verifiable" or job.judge:
         print(f"[groupwise train] {judge_line(spec.name, job.judge, model_name)}")
@@ -390,7 +400,7 @@ async def train(job: TrainJob) -> dict[str, Any]:
     best = next((p for p in points(history, "val", metric) if p.step == summary.best_step), None)
     result = {
         "env": spec.name, "model": model_name, "seed": seed, "run_dir": str(model.run_dir),
-        "learning_rate": preset.learning_rate,
+        "learning_rate": preset.learning_rate, "num_iterations": preset.num_iterations,
         "metric": f"val/{metric}", "base": base.value if base else None,
         "base_interval": [base.lo, base.hi] if base else None,
         "trained_best": summary.best_value, "best_interval": [best.lo, best.hi] if best else None,

@@ -56,7 +56,7 @@ def loop_config(spec: Any, preset: Any, max_steps: int, seed: int, device: str |
 
 
 def train_config(spec: Any, learning_rate: float, device: str | None, distill_top_k: int | None = None, *,
-                 num_iterations: int = 1) -> Any:
+                 num_iterations: int | None = None) -> Any:
     """The GRPO step settings of the job.
 
     Tool-using transcripts (email) run to thousands of tokens: recompute layers in the backward pass
@@ -70,7 +70,7 @@ def train_config(spec: Any, learning_rate: float, device: str | None, distill_to
     import groupwise as gw
     from groupwise.runtime.loading import resolve_device
 
-    given = {"num_iterations": num_iterations}
+    given: dict[str, Any] = {} if num_iterations is None else {"num_iterations": num_iterations}  # None: TrainConfig's
     if distill_top_k is not None:
         given.update(distill_estimate="topk", distill_top_k=distill_top_k)
     if spec.reward != "verifiable":
