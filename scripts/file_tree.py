@@ -19,6 +19,7 @@ NOTES = {
     "bench/data/distill_2048_topk_coef3.json": "the same, the top-k students alone with distill_coef 3, 2 steps (docs/benchmarks.md)",
     "bench/data/distill_2048_h200_select_s3-5.json": "bench/distill_smollm2.py on an H200, 2048: four distillation settings on student seeds 3-5, where the preset was chosen (docs/benchmarks.md)",
     "bench/data/distill_2048_h200_measure_s0-2.json": "the same, the chosen setting (4 updates a step) against GRPO alone on seeds 0-2",
+    "bench/data/distill_2048_cpu_iter4.json": "the same on the 2-core CPU with the 2048 preset's 4 updates a step, seeds 0-2, one step each",
     "bench/data/distill_oneword_sampled.json": "bench/distill_smollm2.py's curves on the CPU, oneword, sampled-token estimate (docs/benchmarks.md)",
     "bench/data/distill_oneword_sampled_exact.json": "the same, the students on oneword's sparse reward (reward=exact)",
     "bench/data/distill_oneword_topk.json": "the same, top-k estimate",
