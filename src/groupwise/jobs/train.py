@@ -55,6 +55,10 @@ def _own(default: Any, low: int) -> Any:
     return dataclasses.field(default=default, metadata={"sets": None, "low": low})
 
 
+# A preset's settings for a run with a teacher (Preset.distilling), by the field each one replaces.
+DISTILL_FIELDS = {"distill_learning_rate": "learning_rate", "distill_iterations": "num_iterations"}
+
+
 @dataclass(frozen=True)
 class Preset:
     """How much the train job trains on an env by default (each env states its own: there is no default
@@ -81,9 +85,8 @@ class Preset:
 
     def distilling(self) -> "Preset":
         """This preset for a run with a teacher: its distillation settings in place of GRPO's, where it has them."""
-        return dataclasses.replace(self, **{field: value for field, value in (
-            ("learning_rate", self.distill_learning_rate), ("num_iterations", self.distill_iterations))
-            if value is not None})
+        return dataclasses.replace(self, **{field: getattr(self, own) for own, field in DISTILL_FIELDS.items()
+                                            if getattr(self, own) is not None})
 
     def settings(self) -> dict[tuple[type, str], Any]:
         """The preset's config values, by (config, field name)."""
@@ -94,16 +97,12 @@ class Preset:
         from groupwise.jobs.fields import settings_problems
 
         found = settings_problems(self.settings())
-        if self.distill_learning_rate is not None:  # TrainConfig's own check of a rate
-            found += settings_problems({(TrainConfig, "learning_rate"): self.distill_learning_rate})
+        sets = {f.name: f.metadata["sets"] for f in dataclasses.fields(self)}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == "distill_learning_rate":
-                continue
-            if f.name == "distill_iterations" and value is not None:  # TrainConfig's own check, as for the rate
-                found += settings_problems({(TrainConfig, "num_iterations"): value})
-                continue
-            if f.metadata["sets"] is None and value is not None and (
+            if f.name in DISTILL_FIELDS:  # checked as the config field it stands in for
+                found += [] if value is None else settings_problems({sets[DISTILL_FIELDS[f.name]]: value})
+            elif f.metadata["sets"] is None and value is not None and (
                     not isinstance(value, int) or isinstance(value, bool) or value < f.metadata["low"]):
                 found.append(f"{f.name}={value!r}: must be an integer >= {f.metadata['low']}")
         if found:
