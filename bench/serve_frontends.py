@@ -163,6 +163,17 @@ class Clients:
 
 def measure(folder: str, setting: str, args) -> tuple[float, int]:
     server = Server(folder, setting, args)
+    # A round that outlasts --round-timeout shows the server's last lines, then ends the server (and so
+    # the round, whose clients' requests fail): a stuck setting says where it stuck instead of eating
+    # the call's time.
+    def overdue() -> None:
+        print(f"{setting}: a round took over {args.round_timeout:.0f} s; the server's last lines:\n"
+              + "".join(server.lines[-40:]), flush=True)
+        server.stop()
+
+    watchdog = threading.Timer(args.round_timeout * (args.repeats + 1), overdue)
+    watchdog.daemon = True
+    watchdog.start()
     try:
         clients = Clients(server.url, args)
         try:
@@ -171,6 +182,7 @@ def measure(folder: str, setting: str, args) -> tuple[float, int]:
         finally:
             clients.close()
     finally:
+        watchdog.cancel()
         server.stop()
 
 
@@ -183,6 +195,8 @@ def main() -> None:
     p.add_argument("--settings", default="in_process,1,2", help="comma-separated: in_process and frontend counts")
     p.add_argument("--max-batch-size", type=int, default=None, help="default: N (every chat decoded at once)")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--round-timeout", type=float, default=600, help="seconds a round may take (the watchdog "
+                   "allows the warm-up and every repeat this long) before the server's log is shown and it is stopped")
     p.add_argument("--clients", type=int, default=4, help="client processes sending the N chats")
     p.add_argument("--client", default=None, help=argparse.SUPPRESS)
     p.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)

@@ -44,6 +44,8 @@ NOTES = {
     "docs/img/dashboard-rollouts.png": "screenshot: a step's groups ranked by reward, a trajectory and its tokens",
     "docs/img/dashboard-compare.png": "screenshot: the same scenarios at two steps",
     "docs/img/distill_smollm2_2048.png": "figure: the same on 2048, from the teacher `groupwise train 2048` trained (bench/distill_smollm2.py)",
+    "bench/data/many_runs_engine_process_h200.json": "bench/many_runs.py on an H200: 1 and 4 runs together, the engine in process against the separate core",
+    "bench/data/many_runs_core_sequence_h200.json": "bench/many_runs.py on an H200: 4 runs together against in sequence, the engine in process and as a core",
     "docs/img/distill_smollm2_2048_h200.png": "figure: 2048 on an H200, the 30-step teacher, GRPO alone and distillation per seed (bench/distill_smollm2.py)",
     "docs/img/distill_smollm2_2048_h200_iterations.png": "figure: 2048 on an H200, the distillation preset (4 updates a step) on seeds 0-2, teacher 0.979",
     "docs/img/distill_smollm2_2048_h200_s0-2_teacher691.png": "figure: 2048 on an H200, the preset on seeds 0-2, teacher 0.691",
