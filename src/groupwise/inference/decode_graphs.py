@@ -37,7 +37,7 @@ from groupwise.inference.step_state import StepState
 SLOT_ROW = 6  # the row of g["inputs"] holding each row's slot index (MIXED graphs)
 
 __all__ = ["EagerReplay", "GraphSampling", "capture", "captured", "decode_with_graph", "graph_sampling",
-           "run_decode_steps"]
+           "release_rng_capture", "run_decode_steps"]
 
 
 def decode_with_graph(state: StepState, runner: ModelRunner, ids: list[int], pos: list[int], need: int,
@@ -227,11 +227,29 @@ def capture(state: StepState, runner: ModelRunner, B: int, Lb: int, adapter: str
             # step). So a capture with no live graph takes a fresh pool.
             runner.graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        # thread_local: other threads (the event loop, a trainer check) may use CUDA meanwhile.
-        with torch.cuda.graph(graph, pool=runner.graph_pool, capture_error_mode="thread_local"):
-            g.update(run())
+        try:
+            # thread_local: other threads (the event loop, a trainer check) may use CUDA meanwhile.
+            with torch.cuda.graph(graph, pool=runner.graph_pool, capture_error_mode="thread_local"):
+                g.update(run())
+        except BaseException:
+            release_rng_capture(dev)
+            raise
     g["graph"] = graph
     return g
+
+
+def release_rng_capture(device: torch.device) -> None:
+    """Leave the device's default CUDA generator usable after a failed capture.
+
+    A capture registers the default generator and marks it capturing; torch unmarks it only once the
+    capture has ended well. A capture that fails (a step that cannot be captured, a stream invalidated)
+    leaves the mark, and from then on every random op of the process on that device (a model's
+    initialisation, dropout, `torch.randn`) fails with "Offset increment outside graph capture encountered
+    unexpectedly", far from the cause; the engine itself goes on eagerly (decode.py). A copy of the state
+    (the same seed and offset) carries no mark, so it replaces the marked one."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    generator = torch.cuda.default_generators[index]
+    generator.graphsafe_set_state(generator.clone_state())
 
 
 class EagerReplay:
