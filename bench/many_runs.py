@@ -28,7 +28,8 @@ Runs differ by seed (rollouts) and learning rate (1e-3 x (1 + run / 2)), as a sw
 
 Printed: per case the timed wall time, rollout + trainable tokens, tokens/s, peak memory (CUDA: the
 allocator's peak; CPU: peak RSS) and the time in rollout and in train phases (and in the train phases,
-the trainer's own steps: forward, backward, optimizer), then the ratios together / sequence: tokens/s (higher is better) and
+the trainer's own steps: forward, backward, optimizer), the engine's passes and its seconds in prefill and in
+decode (EngineStats), then the ratios together / sequence: tokens/s (higher is better) and
 peak memory (against one run alone, i.e. the sequence's peak).
 """
 
@@ -137,7 +138,8 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
             totals["update_s"] = totals.get("update_s", 0) + result.metrics.get("update_time", 0)
 
 
-COUNTERS = ("prefill_passes", "warm_passes", "decode_passes", "graph_captures")
+COUNTERS = ("prefill_passes", "warm_passes", "decode_passes", "graph_captures", "prefill_s", "decode_s",
+            "decode_wait_s")
 
 
 async def _engine_counters(backend: Any) -> dict[str, int]:
@@ -334,7 +336,10 @@ def _cases(args: Any, mode: str, runs: int, card: str) -> dict[str, Any] | None:
               f"trainable tokens, {r['tok_s']:.0f} tok/s, peak {r['peak_gb']:.2f} GB; rollout phases "
               f"{r['rollout_s']:.1f} s, train phases {r['train_s']:.1f} s "
               f"(of which optimizer steps {r['update_s']:.1f} s); engine passes: "
-              + ", ".join(f"{k} {r.get(k, 0)}" for k in COUNTERS), flush=True)
+              + ", ".join(f"{k} {r.get(k, 0)}" for k in COUNTERS if not k.endswith("_s"))
+              + f"; the engine busy {r.get('prefill_s', 0):.1f} s in prefill + {r.get('decode_s', 0):.1f} s in decode "
+              f"(of which {r.get('decode_wait_s', 0):.1f} s waiting for the device; the rest of the rollout phases it "
+              f"waited for requests)", flush=True)
     if len(results) < 2:
         return results
     seq, tog = results["sequence"], results["together"]

@@ -432,12 +432,12 @@ class DeviceWorker:
     def ping(self) -> int:
         return self.rank
 
-    async def engine_stats(self) -> dict[str, int]:
+    async def engine_stats(self) -> dict[str, float]:
         """What this rank's engines did so far (`EngineStats`, summed over its bases), for benchmarks of a
         backend whose engines are in worker processes."""
         import dataclasses
 
-        out: dict[str, int] = {}
+        out: dict[str, float] = {}
         for base in self.bases.values():
             for k, v in dataclasses.asdict(base.engine.stats).items():
                 out[k] = max(out.get(k, 0), v) if k.startswith("max_") else out.get(k, 0) + v

@@ -21,6 +21,7 @@ bucketing, padding rows and adapter selection are tested on CPU (tests/inference
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -160,7 +161,9 @@ def run_decode_steps(state: StepState, runner: ModelRunner, seqs: list[SeqState]
             g["inputs"].copy_(g["next"])
             g["graph"].replay()
             runner.stats.forward_passes += 1
+        t0 = time.perf_counter()
         g["event"].synchronize()
+        state.stats.decode_wait_s += time.perf_counter() - t0
         tokens, logprobs = g["host"][:, :k].tolist()  # tokens are exact in fp64
         stepped(state, seqs)
         advance(state, seqs, [int(t) for t in tokens], logprobs)

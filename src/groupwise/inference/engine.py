@@ -54,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -471,10 +472,14 @@ class Engine:
             # Admitted requests are in neither queue until placed: _fail_all must see them too, or
             # a failing prefill would leave their callers waiting forever.
             self.state.admitted = admitted
+            t0 = time.perf_counter()
             prefill_isolated(self.state, self.runner, admitted)
+            self.stats.prefill_s += time.perf_counter() - t0
             self.state.admitted = []
         if self.state.running:
+            t0 = time.perf_counter()
             decode(self.state, self.runner)
+            self.stats.decode_s += time.perf_counter() - t0
         self._note_stall()
 
     def _note_stall(self) -> None:

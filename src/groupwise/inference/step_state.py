@@ -39,6 +39,12 @@ class EngineStats:
     prefix_hit_tokens: int = 0  # prompt tokens copied from the prefix cache instead
     cancelled_requests: int = 0  # dropped because their caller cancelled (a client went away)
     failed_requests: int = 0  # failed alone: a step error was traced to them, the others went on
+    # Wall seconds the compute thread spent in prefill and in decode (decode work launched ahead on CUDA
+    # counts when its tokens are read): what is left of a rollout phase is the engine waiting for requests
+    # or paused, so a benchmark can tell an engine-bound phase from one its callers hold up.
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    decode_wait_s: float = 0.0  # of decode_s, waiting for the device's tokens (CUDA graph decode); the rest is host work
 
 
 class StepState:
