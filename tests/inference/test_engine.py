@@ -43,6 +43,9 @@ async def test_forward_passes_pinned(engine, tiny):
     assert (after.prefill_passes - before.prefill_passes, after.decode_passes - before.decode_passes) == (1, 9)
     # a warm pass prefills the prompts' shared prefix once (prefix cache); nothing else runs
     assert after.forward_passes - before.forward_passes == 10 + after.warm_passes - before.warm_passes <= 11
+    # the engine's own seconds grew with its passes; off CUDA nothing waits for a device's tokens
+    assert after.prefill_s > before.prefill_s and after.decode_s > before.decode_s
+    assert after.decode_wait_s == before.decode_wait_s == 0.0
 
 
 async def test_requests_join_and_leave_at_token_granularity(engine, tiny):
