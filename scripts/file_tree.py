@@ -46,6 +46,8 @@ NOTES = {
     "docs/img/distill_smollm2_2048.png": "figure: the same on 2048, from the teacher `groupwise train 2048` trained (bench/distill_smollm2.py)",
     "bench/data/many_runs_engine_process_h200.json": "bench/many_runs.py on an H200: 1 and 4 runs together, the engine in process against the separate core",
     "bench/data/many_runs_core_sequence_h200.json": "bench/many_runs.py on an H200: 4 runs together against in sequence, the engine in process and as a core",
+    "bench/data/many_runs_4_8_h200.json": "bench/many_runs.py on an H200: 4 and 8 runs together against in sequence, the engine in process",
+    "bench/data/many_runs_8_engine_split_h200.json": "bench/many_runs.py on an H200: 8 runs, in sequence and together, with the engine's seconds in prefill, decode and waiting for the device",
     "docs/img/distill_smollm2_2048_h200.png": "figure: 2048 on an H200, the 30-step teacher, GRPO alone and distillation per seed (bench/distill_smollm2.py)",
     "docs/img/distill_smollm2_2048_h200_iterations.png": "figure: 2048 on an H200, the distillation preset (4 updates a step) on seeds 0-2, teacher 0.979",
     "docs/img/distill_smollm2_2048_h200_s0-2_teacher691.png": "figure: 2048 on an H200, the preset on seeds 0-2, teacher 0.691",
