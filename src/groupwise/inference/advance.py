@@ -150,21 +150,20 @@ _STOP_SLACK_CHARS = 8
 
 
 def retire(state: StepState) -> None:
-    """Free the slots of finished rows (the last row moves into each hole) and answer their callers."""
+    """Free the slots of finished rows and answer their callers. The rows that go on keep slots
+    0..n-1: those already there stay, and those above n move into the holes, all in one copy per KV
+    buffer (`SlotBuffers.move_slots`)."""
     running = state.running
-    finished: list[RequestState] = []
-    i = len(running) - 1
-    while i >= 0:
-        if running[i].finish_reason:
-            done = running[i]
-            last = running[-1]
-            if last is not done:
-                state.buffers.move_slot(last.slot, done.slot, last.length)
-                last.slot = done.slot
-                running[i] = last
-            running.pop()
-            finished.append(done.state)
-        i -= 1
+    finished = [s.state for s in reversed(running) if s.finish_reason]
+    n = len(running) - len(finished)
+    holes = [j for j in range(n) if running[j].finish_reason]
+    movers = [s for s in running[n:] if not s.finish_reason]  # as many as there are holes
+    if movers:
+        state.buffers.move_slots([s.slot for s in movers], holes, max(s.length for s in movers))
+        for s, j in zip(movers, holes):
+            s.slot = j
+            running[j] = s
+    del running[n:]
     # running[j] must live in slot j
     for j, s in enumerate(running):
         assert s.slot == j, (j, s.slot)

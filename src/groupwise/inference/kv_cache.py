@@ -85,8 +85,15 @@ class SlotBuffers:
     def trash_col(self) -> int:
         return self.capacity - 1
 
-    def move_slot(self, src: int, dst: int, length: int) -> None:
-        """Copy the first `length` columns of slot `src` into slot `dst` (compaction after a finish)."""
+    def move_slots(self, srcs: list[int], dsts: list[int], length: int) -> None:
+        """Copy the first `length` columns of each slot of `srcs` into the slot of `dsts` at its index
+        (compaction after finishes; no slot is both a source and a destination). One indexed copy per
+        buffer for all the moves: a copy per move and buffer was 2 x layers launches per finished row, on
+        the thread that steps the engine while the device waits."""
+        if not srcs:
+            return
+        src = torch.tensor(srcs, dtype=torch.long, device=self.device)
+        dst = torch.tensor(dsts, dtype=torch.long, device=self.device)
         for buf in self.keys + self.values:
             buf[dst, :, :length] = buf[src, :, :length]
 
