@@ -94,9 +94,8 @@ def kernel_table(prof: Any, passes: int, top: int) -> dict[str, Any]:
     for e in prof.key_averages():
         if e.device_type != DeviceType.CUDA:
             continue
-        us = getattr(e, "self_device_time_total", None)
-        rows.append((e.key, e.count / passes, e.self_cuda_time_total if us is None else us))
-    rows = [(n, c, u / passes) for n, c, u in rows]
+        us = getattr(e, "self_device_time_total", None)  # torch >= 2.4; self_cuda_time_total before
+        rows.append((e.key, e.count / passes, (e.self_cuda_time_total if us is None else us) / passes))
     rows.sort(key=lambda r: -r[2])
     return {"kernels_per_pass": sum(r[1] for r in rows), "us_per_pass": sum(r[2] for r in rows),
             "top": [{"name": n[:90], "per_pass": c, "us_per_pass": u} for n, c, u in rows[:top]]}

@@ -142,7 +142,7 @@ COUNTERS = ("prefill_passes", "warm_passes", "decode_passes", "graph_captures", 
             "decode_wait_s")
 
 
-async def _engine_counters(backend: Any) -> dict[str, int]:
+async def _engine_counters(backend: Any) -> dict[str, float]:
     """The engine's pass counters (inference/step_state.py's EngineStats), for where a rollout phase's time
     goes; read from the in-process worker (a bench's look inside, not an API), or asked of the worker
     process (`DeviceWorker.engine_stats`) with --engine-process separate; 0 with --processes."""
