@@ -421,7 +421,8 @@ async def train(job: TrainJob) -> dict[str, Any]:
         shown = f"{metric} {t[metric]:.3f}{ci}" if metric in t else f"reward {t['reward']:.3f}"
         say(f"test ({len(test_s)} held-out scenarios, checkpoint of step {summary.best_step}): {shown}")
     rule = summary.stop.rule  # the loop printed the stop reason once, when it stopped
-    for line in advice(base, best, summary.final_step, rule, env=spec.name, seed=seed, steps=max_steps - sft_steps,
+    # the env as the command names it (verifiers:m), not its run name (verifiers-m), which the CLI does not take
+    for line in advice(base, best, summary.final_step, rule, env=job.env, seed=seed, steps=max_steps - sft_steps,
                        run_dir=str(model.run_dir), flags=job.same_run_flags(), name=job.name):
         say(line)
     return result

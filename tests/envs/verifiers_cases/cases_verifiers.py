@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 
 import openai
 import pytest
@@ -249,3 +250,10 @@ def test_groupwise_train_runs_a_verifiers_env_named_by_its_module(tiny_model_dir
     assert "[groupwise train] step 1/1 · reward" in out
     run = tmp_path / "runs" / "verifiers-cases_verifiers" / "models" / "verifiers-cases_verifiers-s0"
     assert (run / "summary.json").exists()
+    # the command it prints to train longer names the env as the CLI takes it, and continues this run
+    again = re.search(r"`groupwise train (verifiers:cases_verifiers [^`]*) --steps \d+` continues this run from step 1", out)
+    assert again, out
+    code = main(["train", *shlex.split(again.group(1)), "--steps", "2"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "[groupwise train] step 2/2 · reward" in out and "step 1/" not in out
