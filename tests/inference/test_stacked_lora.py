@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from groupwise.inference.engine import Engine, GenerationRequest
 from groupwise.inference.runner import MIXED
@@ -78,3 +79,70 @@ def test_batch_invariant_engines_keep_peft_path(tiny):
         assert eng.runner.stacked is None
     finally:
         eng.close()
+
+
+def _two_slot_model(dtype):
+    """A tiny Llama in `dtype` with two fp32 LoRA slots on every linear layer (random, non-zero B)."""
+    from peft import LoraConfig, get_peft_model
+
+    base, _ = tiny_random_model(seed=0)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        model = get_peft_model(base.to(dtype), config, adapter_name="s0")
+        model.add_adapter("s1", config)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_" in name:
+                    p.data = p.data.float()
+                    if "lora_B" in name:
+                        p.normal_(0.0, 2.0 / p.shape[1] ** 0.5)
+    return model.eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_stack_runs_in_the_base_dtype_and_multiplies_a_shared_input_once(dtype, monkeypatch):
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    from groupwise.inference import stacked_lora
+    from groupwise.inference.stacked_lora import StackedLora
+
+    model = _two_slot_model(dtype)
+    modules = list(model.modules())
+    layers = [m for m in modules if isinstance(m, BaseTunerLayer)]
+    parents = {id(child): id(m) for m in modules for child in m.children()}
+    stack = StackedLora()
+    assert stack.prepare(layers, ["s0", "s1"], parent_of=lambda: parents) is True
+    groups = {id(e.group): e.group for e in stack._layers}.values()
+    assert {g.A.dtype for g in groups} == {dtype}  # adapters are fp32: the stack follows the base
+    blocks = model.get_base_model().config.num_hidden_layers
+    # per block: self_attn's q, k, v, o; the MLP's gate and up (input size hidden); its down (input size intermediate)
+    assert len(groups) == 3 * blocks and len(stack._layers) == 7 * blocks
+
+    products = []
+    columns = stacked_lora._Group.columns
+
+    def counting(group, x, cols):
+        fresh = group.last is None or group.last[0] is not x or group.last[1] > cols.start
+        products.append(fresh)
+        return columns(group, x, cols)
+
+    monkeypatch.setattr(stacked_lora._Group, "columns", counting)
+    ids = torch.tensor([[3, 17, 9, 41, 5]] * 3)
+    with torch.no_grad():
+        with stack.serving(torch.tensor([-1, 0, 1])):
+            mixed = model(input_ids=ids).logits.float()
+        with model.disable_adapter():  # the same 3 rows each time: a matmul's bits depend on its rows
+            base = model(input_ids=ids).logits.float()
+        alone = []
+        for slot in ("s0", "s1"):
+            model.set_adapter(slot)
+            alone.append(model(input_ids=ids).logits.float())
+    # q (k and v reuse its product), o (another input), gate (up reuses it), down: 4 products of 7 layers
+    assert len(products) == 7 * blocks and sum(products) == 4 * blocks
+    assert (mixed[0] - base[0]).abs().max() < (1e-5 if dtype == torch.float32 else 1e-2)  # it adds zeros
+    for row, ref in zip(mixed[1:], alone):
+        effect = (ref[0] - base[0]).abs().max()
+        assert effect > 0.05  # the adapters change the logits, so the comparison means something
+        error = (row - ref[0]).abs().max()
+        assert error < (1e-4 if dtype == torch.float32 else 0.1 * effect), (error, effect)

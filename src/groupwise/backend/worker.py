@@ -348,7 +348,9 @@ class DeviceWorker:
                 await compute.run(replica.check_adapter, step)
                 replica.check_answers(step)
             published = Published(self.rank, checkpoint_path=str(path) if self.rank == 0 else None,
-                                  fingerprint=await compute.run(replica.adapter_fingerprint),
+                                  # compared between trainer ranks: one rank has nothing to compare with
+                                  fingerprint=(await compute.run(replica.adapter_fingerprint)
+                                               if self.train_world > 1 else None),
                                   # with generators, the driver checks they serve the bits rank 0 serves
                                   served_fingerprint=(await compute.run(replica.served_fingerprint, step)
                                                       if self.options.train_workers is not None else None))
@@ -373,9 +375,12 @@ class DeviceWorker:
         if self.rank != 0 or c.best_metric is None:  # None: every checkpoint is kept
             return []
         # the step the caller named is one of the top: the metric ranks the others
-        return prune_checkpoints(spec.checkpoints_dir, best_metric=c.best_metric, maximize=c.maximize,
-                                 metrics_by_step=c.metrics_by_step, keep=c.in_use, named_best=c.keep,
-                                 keep_recent=c.keep_recent, keep_top=c.keep_top)
+        # deleting folders takes a disk's time (0.3 s seen on a GPU host): not on the event loop, which
+        # serves the other runs' requests meanwhile
+        return await asyncio.to_thread(
+            prune_checkpoints, spec.checkpoints_dir, best_metric=c.best_metric, maximize=c.maximize,
+            metrics_by_step=c.metrics_by_step, keep=c.in_use, named_best=c.keep, keep_recent=c.keep_recent,
+            keep_top=c.keep_top)
 
     async def prune(self, command: PruneCommand) -> list[int]:
         """Rank 0 deletes every checkpoint but the latest, the best by `command.best_metric` and those

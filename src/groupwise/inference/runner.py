@@ -104,13 +104,17 @@ class ModelRunner:
             return False
         # Every slot, not only this batch's: the stack (and its graphs) must not depend on the mix.
         slots = sorted((n for n in self.model.peft_config if n.startswith(SLOT_PREFIX)), key=lambda n: int(n[len(SLOT_PREFIX):]))
-        moved = self.stacked.prepare(self.tuner_layers(), slots)
+        moved = self.stacked.prepare(self.tuner_layers(), slots, parent_of=self._parent_ids)
         if moved is None:
             return False
         if moved:
             for key in [k for k in self.graphs if k[2] == MIXED]:
                 del self.graphs[key]
         return True
+
+    def _parent_ids(self) -> dict[int, int]:
+        """id(module) -> id(its parent), for the stack's sibling groups (built once per adapter set)."""
+        return {id(child): id(m) for m in self.walk(self.model)[0] for child in m.children()}
 
     def mixed_rows(self, names: list[str]) -> list[int]:
         """Each row's slot index in the stack (-1: the base); `mixed_ready` first."""

@@ -15,19 +15,25 @@ kernels whatever the mix: a graph captures it with the row slots as one more sta
 
 Cost: the two LoRA matmuls run over every slot's columns (S*r instead of r): cheap next to the
 base weights at a sweep's ranks and slot counts, and far cheaper than peft's per-adapter split.
-The stacked copy (the slots' LoRA weights once more) is refreshed in place whenever adapter weights
+What a decode pass of a few hundred rows pays for is its kernels' count and the matmuls' dtype:
+the stack is kept in the base's dtype (`_dtype`: bf16 matmuls on the tensor cores, no casts),
+layers of one parent module that read one input (a block's q/k/v projections, an MLP's gate and
+up) share an A buffer and multiply and mask that input once (`_Group`), and each layer adds its
+low-rank term to the base output in place. The stacked copy (the slots' LoRA weights once more) is refreshed in place whenever adapter weights
 may have changed (`invalidate`, with the engine's merged copy), so captured graphs stay valid; a
 new slot changes the shapes and drops the mixed graphs (`ModelRunner.mixed_ctx`).
 
 Exactness: the masked columns add exact zeros, but a longer reduction may sum in another order
-than peft's per-adapter matmul, so a row's numbers can differ from peft's in the last bits. A
+than peft's per-adapter matmul, so a row's numbers can differ from peft's in the last bits; on a
+bf16 base the low-rank terms are also rounded to bf16 where peft computes them in the adapters'
+fp32 (a difference far below the base's own bf16 rounding). A
 batch-invariant engine therefore keeps peft's path (a row's numbers must not depend on its mates).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -37,20 +43,45 @@ from groupwise.inference.merged import plain_lora
 __all__ = ["StackedLora"]
 
 
-class _Layer:
-    """One adapted layer's stacked slots: A_cat [S*r, in], B_cat [out, S*r], and the slot of each column."""
+class _Group:
+    """The A buffer of sibling layers (children of one module, of one input size and dtype) and, within
+    a pass, the last input it was applied to with its masked product. A layer whose columns that
+    product covers, called with that same tensor, takes them instead of casting and multiplying again;
+    otherwise (the first sibling, or o_proj beside q_proj: another input) it computes the product of
+    its own and the later siblings' columns. So the result is right whatever the model's wiring, and a
+    block's q/k/v (or an MLP's gate and up) cost one product."""
 
-    def __init__(self, layer: Any, slots: list[str], col_slots: dict[tuple, torch.Tensor]) -> None:
+    def __init__(self, rows: int, like: torch.Tensor, dtype: torch.dtype) -> None:
+        self.A = torch.empty((rows, like.shape[1]), dtype=dtype, device=like.device)
+        self.col_slot = torch.empty(0, dtype=torch.long, device=like.device)  # the slot of each row of A
+        self.mask: torch.Tensor | None = None  # this pass's [N, rows] mask
+        self.last: tuple[torch.Tensor, int, torch.Tensor] | None = None  # (input, first row, product)
+
+    def columns(self, x: torch.Tensor, cols: slice) -> torch.Tensor:
+        """m_N * (A[cols] x_N): [N, ..., cols], a view of a product shared with the later siblings."""
+        last = self.last
+        if last is None or last[0] is not x or last[1] > cols.start:
+            mask = self.mask
+            assert mask is not None, "a stacked layer ran outside StackedLora.serving"
+            h = F.linear(x.to(self.A.dtype), self.A[cols.start:])
+            h.mul_(mask[:, cols.start:].view(mask.shape[0], *([1] * (h.dim() - 2)), mask.shape[1] - cols.start))
+            last = self.last = (x, cols.start, h)
+        return last[2][..., cols.start - last[1] : cols.stop - last[1]]
+
+
+class _Layer:
+    """One adapted layer's stacked slots: A_cat [S*r, in] (rows `cols` of its group's A), B_cat
+    [out, S*r], and the slot of each column."""
+
+    def __init__(self, layer: Any, slots: list[str], group: _Group, cols: slice) -> None:
         self.layer = layer
         self.names = [s for s in slots if s in layer.lora_A]
         a = [layer.lora_A[s].weight for s in self.names]
-        self.A = torch.empty((sum(w.shape[0] for w in a), a[0].shape[1]), dtype=a[0].dtype, device=a[0].device)
+        self.group, self.cols = group, cols
+        self.A = group.A[cols]
         self.B = torch.empty((layer.lora_B[self.names[0]].weight.shape[0], self.A.shape[0]), dtype=self.A.dtype,
                              device=self.A.device)
-        cols = tuple(slots.index(s) for s, w in zip(self.names, a) for _ in range(w.shape[0]))
-        if cols not in col_slots:  # layers of one column layout share it (and, per pass, its mask)
-            col_slots[cols] = torch.tensor(cols, dtype=torch.long, device=self.A.device)
-        self.col_slot = col_slots[cols]
+        self.layout = tuple(slots.index(s) for s, w in zip(self.names, a) for _ in range(w.shape[0]))
         # each slot's rows of A_cat and columns of B_cat (views: the buffers keep their addresses)
         self.A_parts, self.B_parts, at = [], [], 0
         for w in a:
@@ -64,6 +95,42 @@ class _Layer:
         m = self.layer
         return ([m.lora_A[s].weight for s in self.names], [m.lora_B[s].weight for s in self.names],
                 [m.scaling[s] for s in self.names])
+
+
+def _stack(layers: list[Any], slots: list[str], parent_of: dict[int, int]) -> list[_Layer]:
+    """The stacked layers, in the model's order; siblings of one parent module with the same input size,
+    dtype and device share a `_Group`. Groups of the same column layout share one slot-index tensor
+    (and so, per pass, one mask)."""
+    members: dict[tuple, list[tuple[Any, torch.Tensor, int]]] = {}
+    for m in layers:
+        a = [m.lora_A[s].weight for s in slots if s in m.lora_A]
+        if a:
+            key = (parent_of.get(id(m), id(m)), a[0].shape[1], _dtype(m, a[0]), a[0].device)
+            members.setdefault(key, []).append((m, a[0], sum(w.shape[0] for w in a)))
+    stacked: dict[int, _Layer] = {}
+    layouts: dict[tuple, torch.Tensor] = {}
+    for key, group_members in members.items():
+        group = _Group(sum(r for _, _, r in group_members), group_members[0][1], key[2])
+        at, layout = 0, ()
+        for m, _, r in group_members:
+            entry = stacked[id(m)] = _Layer(m, slots, group, slice(at, at + r))
+            layout += entry.layout
+            at += r
+        if layout not in layouts:
+            layouts[layout] = torch.tensor(layout, dtype=torch.long, device=group.A.device)
+        group.col_slot = layouts[layout]
+    return [stacked[id(m)] for m in layers if id(m) in stacked]
+
+
+def _dtype(layer: Any, a: torch.Tensor) -> torch.dtype:
+    """The stack's dtype: the base layer's (bf16 on a GPU), whatever the adapters are kept in. The
+    low-rank terms then run on the tensor cores as the base's matmul does and need no cast of the
+    input or of the result: in the adapters' fp32 beside a bf16 base they were a decode pass's largest
+    cost (its fp32 matmuls and casts more than the base's whole pass; docs/benchmarks.md). They are
+    rounded to the base's precision, as the serving engines of the field (vLLM, SGLang) compute them;
+    a float32 base keeps them exact to the last bits."""
+    base = getattr(getattr(layer, "base_layer", None), "weight", None)
+    return base.dtype if isinstance(base, torch.Tensor) and base.is_floating_point() else a.dtype
 
 
 def _fill(layers: list[_Layer]) -> None:
@@ -98,18 +165,19 @@ class StackedLora:
         """Adapter weights may have changed (a step trained, a slot refilled): refill before the next use."""
         self._stale = True
 
-    def prepare(self, layers: list[Any], slots: list[str]) -> bool | None:
+    def prepare(self, layers: list[Any], slots: list[str], parent_of: Callable[[], dict[int, int]] | None = None) -> bool | None:
         """Make the stack current for `slots`; returns None when it cannot serve them (an adapter that
         is not a plain LoRA), True when the buffers were reallocated (graphs captured on the old ones
-        must go), False when refreshed in place or already current."""
+        must go), False when refreshed in place or already current. `parent_of`: id(layer) -> id of
+        its parent module, asked for only when the stack is built (siblings share a `_Group`); without
+        it each layer is a group of its own."""
         if slots != self.slots or self._usable is None:
             self._usable = bool(slots) and all(plain_lora(m, s) for m in layers for s in slots if s in m.lora_A)
             if not self._usable:
                 self.slots, self._layers = list(slots), []
                 return None
             self.slots = list(slots)
-            col_slots: dict[tuple, torch.Tensor] = {}
-            self._layers = [_Layer(m, self.slots, col_slots) for m in layers if any(s in m.lora_A for s in self.slots)]
+            self._layers = _stack(layers, self.slots, parent_of() if parent_of is not None else {})
             _fill(self._layers)
             self._stale = False
             return True
@@ -128,27 +196,30 @@ class StackedLora:
     def serving(self, row_slot_N: torch.Tensor) -> Iterator[None]:
         """Inside, each stacked layer computes its rows' own adapters (`row_slot_N`: one slot index
         per batch row, -1 for the base). Used around the engine's forward pass and graph captures."""
+        groups = list({id(e.group): e.group for e in self._layers}.values())
         masks: dict[int, torch.Tensor] = {}
-        for entry in self._layers:
-            key = id(entry.col_slot)
+        for g in groups:
+            key = id(g.col_slot)
             if key not in masks:
-                masks[key] = (row_slot_N[:, None] == entry.col_slot[None, :]).to(entry.A.dtype)  # [N, S*r]
+                masks[key] = (row_slot_N[:, None] == g.col_slot[None, :]).to(g.A.dtype)  # [N, rows]
+            g.mask, g.last = masks[key], None
         for entry in self._layers:
-            entry.layer.forward = _forward(entry, masks[id(entry.col_slot)])
+            entry.layer.forward = _forward(entry)
         try:
             yield
         finally:
             for entry in self._layers:
                 del entry.layer.forward  # the class's forward again
+            for g in groups:
+                g.mask = g.last = None  # no pass's tensors kept past it
 
 
-def _forward(entry: _Layer, mask_NC: torch.Tensor) -> Any:
-    layer, A, B = entry.layer, entry.A, entry.B
+def _forward(entry: _Layer) -> Any:
+    layer, group, cols, B = entry.layer, entry.group, entry.cols, entry.B
 
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         y = layer.base_layer(x, *args, **kwargs)
-        h = F.linear(x.to(A.dtype), A)  # [N, ..., S*r]
-        h = h * mask_NC.view(mask_NC.shape[0], *([1] * (h.dim() - 2)), mask_NC.shape[1])
-        return y + F.linear(h, B).to(y.dtype)
+        h = group.columns(x, cols)  # [N, ..., S*r]
+        return y.add_(F.linear(h, B))  # in the base's dtype, rounded once
 
     return forward
