@@ -123,12 +123,11 @@ def _stack(layers: list[Any], slots: list[str], parent_of: dict[int, int]) -> li
 
 
 def _dtype(layer: Any, a: torch.Tensor) -> torch.dtype:
-    """The stack's dtype: the base layer's (bf16 on a GPU), whatever the adapters are kept in. The
-    low-rank terms then run on the tensor cores as the base's matmul does and need no cast of the
-    input or of the result: in the adapters' fp32 beside a bf16 base they were a decode pass's largest
-    cost (its fp32 matmuls and casts more than the base's whole pass; docs/benchmarks.md). They are
-    rounded to the base's precision, as the serving engines of the field (vLLM, SGLang) compute them;
-    a float32 base keeps them exact to the last bits."""
+    """The stack's dtype: the base layer's (bf16 on a GPU), whatever dtype the adapters are kept in. The
+    low-rank terms then run on the tensor cores as the base's matmul does, with no cast of the input or
+    the result; in the adapters' fp32 beside a bf16 base, those matmuls and casts took longer than the
+    base's whole decode pass (docs/benchmarks.md). They are rounded to the base's precision, as the
+    serving engines of the field (vLLM, SGLang) compute them; a float32 base computes them in float32."""
     base = getattr(getattr(layer, "base_layer", None), "weight", None)
     return base.dtype if isinstance(base, torch.Tensor) and base.is_floating_point() else a.dtype
 
