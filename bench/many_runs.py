@@ -136,6 +136,8 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
             totals["rollout_tokens"] = totals.get("rollout_tokens", 0) + _tokens(groups)
             totals["trainable_tokens"] = totals.get("trainable_tokens", 0) + result.metrics.get("trainable_tokens", 0)
             totals["update_s"] = totals.get("update_s", 0) + result.metrics.get("update_time", 0)
+            for key, metric in (("tokenize_s", "time/tokenize_s"), ("publish_s", "time/publish_s")):
+                totals[key] = totals.get(key, 0) + result.metrics.get(metric, 0)
 
 
 COUNTERS = ("prefill_passes", "warm_passes", "decode_passes", "graph_captures", "prefill_s", "decode_s",
@@ -217,7 +219,7 @@ async def case(args: Any) -> dict[str, Any]:
                 worker_peak = peak if worker_peak != worker_peak else max(worker_peak, peak)  # NaN: the first
             finally:
                 await backend.close()
-            for k in ("rollout_tokens", "trainable_tokens", "update_s"):
+            for k in ("rollout_tokens", "trainable_tokens", "update_s", "tokenize_s", "publish_s"):
                 totals[k] = totals.get(k, 0) + one.get(k, 0)
             totals.setdefault("events", []).extend(one.get("events", []))
     # where the time went: the rollout phase (first rollout started -> last group gathered) and the train
@@ -232,6 +234,7 @@ async def case(args: Any) -> dict[str, Any]:
         phases["train_s"] += max(t[2] for t in ts) - max(t[1] for t in ts)
     return {"case": args.case, "timed_s": timed, **phases, "rollout_tokens": totals.get("rollout_tokens", 0),
             "trainable_tokens": totals.get("trainable_tokens", 0), "update_s": totals.get("update_s", 0),
+            "tokenize_s": totals.get("tokenize_s", 0), "publish_s": totals.get("publish_s", 0),
             **{k: totals.get(k, 0) for k in COUNTERS},
             "peak_gb": worker_peak if args.engine_process == "separate" else
             float("nan") if args.processes else _peak_gb(args.device)}
@@ -335,7 +338,8 @@ def _cases(args: Any, mode: str, runs: int, card: str) -> dict[str, Any] | None:
         print(f"[{mode}, {runs} run(s)] {name:>9}: {r['timed_s']:.1f} s timed, {r['rollout_tokens']:.0f} rollout + {r['trainable_tokens']:.0f} "
               f"trainable tokens, {r['tok_s']:.0f} tok/s, peak {r['peak_gb']:.2f} GB; rollout phases "
               f"{r['rollout_s']:.1f} s, train phases {r['train_s']:.1f} s "
-              f"(of which optimizer steps {r['update_s']:.1f} s); engine passes: "
+              f"(summed over the runs' steps: optimizer steps {r['update_s']:.1f} s, tokenising "
+              f"{r.get('tokenize_s', 0):.1f} s, checkpoint and publication {r.get('publish_s', 0):.1f} s); engine passes: "
               + ", ".join(f"{k} {r.get(k, 0)}" for k in COUNTERS if not k.endswith("_s"))
               + f"; the engine busy {r.get('prefill_s', 0):.1f} s in prefill + {r.get('decode_s', 0):.1f} s in decode "
               f"(of which {r.get('decode_wait_s', 0):.1f} s waiting for the device; the rest of the rollout phases it "

@@ -96,6 +96,12 @@ async def test_gamed_reward_on_a_tiny_model_raises_a_val_alert_stops_and_keeps_t
     assert ev["drop"] >= 0.15 and ev["drop"] > ev["noise"] > 0
     if fired[-1].name == "val_drop":
         assert ev["reward_now"] - ev["reward_then"] >= 0.05 and ev["reward_rise"] > ev["reward_noise"] > 0
+    # each trained step's train time is split into its parts (the LocalBackend reports them), within it
+    trained = [r for r in rows(h, "loop") if "time/update_s" in r]  # a step skipped for no signal has no update
+    assert len(trained) >= len(rows(h, "loop")) - 1 > 0
+    for r in trained:
+        parts = [r["time/tokenize_s"], r["time/update_s"], r["time/publish_s"]]
+        assert all(p > 0 for p in parts) and sum(parts) <= r["time/train_s"], r
     # the gameable reward was learned, and validation really fell
     assert max(train) > train[0] + 0.05
     best_step = summary.best_step

@@ -427,7 +427,10 @@ class WorkerBackend(Backend):
                     metrics["kl_reference_step"] = float(run.kl_reference_step)
                 # 4.-6. checkpoint (with the step's history row), serve and verify, retention.
                 row = history_row(groups, step=step, split="train", metrics=numeric_metrics(metrics))
+                t_publish = time.perf_counter()
                 await self._publish(run, step + 1, metrics, dict(cursor or {}), row)
+            # after the row: the checkpoint holds the row, so its own writing cannot be in it (the loop's row has it)
+            metrics["time/publish_s"] = time.perf_counter() - t_publish
             metrics["step_time"] = time.perf_counter() - t0
             return TrainResult(step=run.step, metrics=metrics, checkpoint_path=run.checkpoint_path)
 
@@ -464,11 +467,13 @@ class WorkerBackend(Backend):
         if metrics is not None:
             return metrics
         # 2. token-in/token-out batch, rendered as the server rendered the prompts; one share per rank.
+        t0 = time.perf_counter()
         batch = await compute_thread().run(
             tokenize_groups, groups, run.tokenizer, max_seq_len=config.max_seq_len, vocab_size=run.vocab_size,
             scale_rewards=config.scale_rewards,
             train_forced_tokens=config.train_forced_tokens, keep_tied_groups=config.teacher is not None,
         )
+        tokenized = time.perf_counter()
         trainers = self.train_ranks
         shards = shard_batch(batch, len(trainers))
         del batch
@@ -477,6 +482,7 @@ class WorkerBackend(Backend):
                                      for r, shard in zip(trainers, shards)})
         del shards
         metrics = merge_ranks([per_rank[r][0] for r in trainers])
+        metrics["time/tokenize_s"] = tokenized - t0
         run.skipped_in_a_row = 0
         metrics.update(skipped=0.0, skipped_in_a_row=0.0)
         return metrics

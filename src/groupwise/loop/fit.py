@@ -344,7 +344,7 @@ class Loop:
         cost = sum(float(g.metrics.get("judge/cost_usd", 0.0)) for g in groups)
         await self.history.write({
             "step": step, "split": "loop", "time/gather_s": got.gather_s, "time/reward_s": got.reward_s,
-            "time/train_s": t3 - t2, "judge/cost_usd": cost, "scenarios": indices,
+            "time/train_s": t3 - t2, **train_split(result.metrics), "judge/cost_usd": cost, "scenarios": indices,
             "reward/dropped_groups": self.dropped_groups - dropped_before, **got.fields, **signals,
         })
         new_step = int(result.step)
@@ -464,6 +464,16 @@ async def run_steps(loop: Loop, cursor: DataCursor, step: int) -> tuple[int, Sto
     finally:
         if gate is not None:  # no other run waits for this one's final test or its failure
             await gate.leave()
+
+
+TRAIN_SPLIT = {"time/tokenize_s": "time/tokenize_s", "update_time": "time/update_s", "time/publish_s": "time/publish_s"}
+
+
+def train_split(metrics: dict[str, float]) -> dict[str, float]:
+    """Where a step's ``time/train_s`` went, from the backend's step metrics: tokenising, the update and
+    the checkpoint with its publication (a backend that does not report one leaves it out). The rest is
+    the wait for the step's trajectories to reach the store and the trip to the ranks."""
+    return {field: float(metrics[key]) for key, field in TRAIN_SPLIT.items() if key in metrics}
 
 
 def with_teacher(config: LoopConfig, teacher: str) -> LoopConfig:
