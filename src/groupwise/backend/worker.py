@@ -389,8 +389,9 @@ class DeviceWorker:
 
         if self.rank != 0:
             return []
-        return prune_checkpoints(self.specs[command.run].checkpoints_dir, best_metric=command.best_metric,
-                                 metrics_by_step=command.metrics_by_step, keep=command.in_use)
+        return await asyncio.to_thread(  # off the event loop, as `retain` deletes
+            prune_checkpoints, self.specs[command.run].checkpoints_dir, best_metric=command.best_metric,
+            metrics_by_step=command.metrics_by_step, keep=command.in_use)
 
     async def served_steps(self, name: str) -> list[int]:
         return self.replicas[name].served_steps()
