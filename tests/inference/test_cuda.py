@@ -164,3 +164,33 @@ async def test_an_engine_whose_capture_fails_decodes_eagerly_and_the_process_can
         eng.close()
     assert not _random_op_fails(torch.device("cuda"))
     tiny_random_model(seed=1, tokenizer=tiny[1], device="cuda", dtype="float32")
+
+
+async def test_a_collection_during_capture_cannot_destroy_another_graph_there(tiny):
+    # An earlier engine's graph left in an unreachable cycle, and a collector that runs at nearly every
+    # allocation: before the capture ran with collection off, the cycle was freed inside the next
+    # engine's capture and the capture failed (the engine then decoded eagerly for good).
+    import gc
+
+    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1], device="cuda", dtype="float32")
+    static = torch.zeros(4, device="cuda")
+    old = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(old):
+        static.add_(1)
+    cycle: list = [old]
+    cycle.append(cycle)
+    del old, cycle
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        eng = Engine(model, tok, max_batch_size=4, cuda_graphs=True)
+        try:
+            p = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=True)["input_ids"]
+            await eng.generate(GenerationRequest(p, max_new_tokens=6, ignore_eos=True, sampling=SamplingParams(seed=0)))
+            assert eng.cuda_graphs and eng.runner.graphs, "the capture failed and the engine fell back to eager"
+        finally:
+            eng.close()
+    finally:
+        gc.set_threshold(*thresholds)
+    assert not eng.runner.graphs  # closing released them, outside any capture

@@ -184,6 +184,19 @@ def test_closed_engine_refuses(tiny):
         eng.submit(GenerationRequest([1, 2, 3]))
 
 
+async def test_closing_an_engine_releases_its_graphs(tiny):
+    # Not left to the garbage collector, which could free them inside another engine's capture
+    # (decode_graphs.py); off CUDA the graphs are their eager stand-ins, kept the same way.
+    model, tok = tiny
+    eng = Engine(model, tok, max_batch_size=2, cuda_graphs=True)
+    try:
+        await eng.generate(GenerationRequest(prompts(tok, 1)[0], max_new_tokens=4, ignore_eos=True))
+        assert eng.runner.graphs
+    finally:
+        eng.close()
+    assert not eng.runner.graphs
+
+
 def test_seeded_noise_is_uniform_and_sampling_matches_probabilities():
     from groupwise.inference.sampling import sample_next, seeded_uniform
 

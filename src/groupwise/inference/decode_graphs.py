@@ -21,6 +21,7 @@ bucketing, padding rows and adapter selection are tested on CPU (tests/inference
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -232,13 +233,30 @@ def capture(state: StepState, runner: ModelRunner, B: int, Lb: int, adapter: str
         graph = torch.cuda.CUDAGraph()
         try:
             # thread_local: other threads (the event loop, a trainer check) may use CUDA meanwhile.
-            with torch.cuda.graph(graph, pool=runner.graph_pool, capture_error_mode="thread_local"):
+            with _no_collection(), torch.cuda.graph(graph, pool=runner.graph_pool, capture_error_mode="thread_local"):
                 g.update(run())
         except BaseException:
             release_rng_capture(dev)
             raise
     g["graph"] = graph
     return g
+
+
+@contextlib.contextmanager
+def _no_collection():
+    """No garbage collection while this thread captures. A collection that ran inside the capture
+    freed whatever unreachable cycles held, and a cycle that held a CUDA graph (an engine that was
+    closed without releasing its graphs, an earlier backend of the same process) destroyed it there:
+    a graph's destruction is one of the calls a capture forbids on its own thread, so the capture
+    failed ("operation not permitted when stream is capturing") and the engine decoded eagerly from
+    then on (measured: a backend started after another one closed, on an H200)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def release_rng_capture(device: torch.device) -> None:

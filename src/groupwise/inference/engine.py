@@ -501,7 +501,9 @@ class Engine:
             self.state.cv.notify_all()
         self._compute.detach(self)
         with self._step_lock:  # a step in progress ends first
-            pass
+            # The graphs go now, outside any capture: left to the garbage collector, a cycle holding them
+            # could be collected while another engine of the process captures (decode_graphs.py).
+            self.runner.graphs.clear()
         self._fail_all(EngineError("the engine was closed"))
 
     def __enter__(self) -> "Engine":
