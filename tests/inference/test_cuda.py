@@ -167,9 +167,11 @@ async def test_an_engine_whose_capture_fails_decodes_eagerly_and_the_process_can
 
 
 async def test_a_collection_during_capture_cannot_destroy_another_graph_there(tiny):
-    # An earlier engine's graph left in an unreachable cycle, and a collector that runs at nearly every
-    # allocation: before the capture ran with collection off, the cycle was freed inside the next
-    # engine's capture and the capture failed (the engine then decoded eagerly for good).
+    # An earlier engine's graph left in an unreachable cycle. The automatic collector is held back
+    # (a huge threshold) so the cycle lives until the capture, and a hook on the model stands in for
+    # it: inside a capture it collects whenever collection is enabled, as the collector would at any
+    # allocation. Before the capture ran with collection off, that freed the old graph inside the
+    # capture and the capture failed (the engine then decoded eagerly for good).
     import gc
 
     model, tok = tiny_random_model(seed=0, tokenizer=tiny[1], device="cuda", dtype="float32")
@@ -177,20 +179,30 @@ async def test_a_collection_during_capture_cannot_destroy_another_graph_there(ti
     old = torch.cuda.CUDAGraph()
     with torch.cuda.graph(old):
         static.add_(1)
-    cycle: list = [old]
-    cycle.append(cycle)
-    del old, cycle
+    collections = []
+
+    def collector(module, args):
+        if torch.cuda.is_current_stream_capturing() and gc.isenabled():
+            collections.append(gc.collect())
+
     thresholds = gc.get_threshold()
-    gc.set_threshold(1)
+    gc.set_threshold(10**9)
+    hook = model.register_forward_pre_hook(collector)
     try:
+        cycle: list = [old]
+        cycle.append(cycle)
+        del old, cycle
         eng = Engine(model, tok, max_batch_size=4, cuda_graphs=True)
         try:
             p = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
                                         tokenize=True, return_dict=True)["input_ids"]
             await eng.generate(GenerationRequest(p, max_new_tokens=6, ignore_eos=True, sampling=SamplingParams(seed=0)))
             assert eng.cuda_graphs and eng.runner.graphs, "the capture failed and the engine fell back to eager"
+            assert collections == []  # no collection ran inside a capture
         finally:
             eng.close()
     finally:
+        hook.remove()
         gc.set_threshold(*thresholds)
+        gc.collect()
     assert not eng.runner.graphs  # closing released them, outside any capture
