@@ -338,7 +338,8 @@ def _cases(args: Any, mode: str, runs: int, card: str) -> dict[str, Any] | None:
         print(f"[{mode}, {runs} run(s)] {name:>9}: {r['timed_s']:.1f} s timed, {r['rollout_tokens']:.0f} rollout + {r['trainable_tokens']:.0f} "
               f"trainable tokens, {r['tok_s']:.0f} tok/s, peak {r['peak_gb']:.2f} GB; rollout phases "
               f"{r['rollout_s']:.1f} s, train phases {r['train_s']:.1f} s "
-              f"(summed over the runs' steps: optimizer steps {r['update_s']:.1f} s, tokenising "
+              f"(each run's own times summed over its steps, waits for the shared compute thread included, so "
+              f"together they overlap and can exceed the phases: optimizer steps {r['update_s']:.1f} s, tokenising "
               f"{r.get('tokenize_s', 0):.1f} s, checkpoint and publication {r.get('publish_s', 0):.1f} s); engine passes: "
               + ", ".join(f"{k} {r.get(k, 0)}" for k in COUNTERS if not k.endswith("_s"))
               + f"; the engine busy {r.get('prefill_s', 0):.1f} s in prefill + {r.get('decode_s', 0):.1f} s in decode "
