@@ -150,3 +150,22 @@ async def test_a_top_k_past_the_vocabulary_keeps_every_token(tiny):
                                                         sampling=SamplingParams(seed=3, top_k=k)))
                 for k in (0, 2**63 - 1, len(tok) + 7)]
     assert [o.completions[0].token_ids for o in outs[1:]] == [outs[0].completions[0].token_ids] * 2
+
+
+def test_the_plain_path_reports_the_raw_log_softmax_at_each_sampled_token():
+    # No top_logprobs asked, every row at temperature 1: the logprob is the log of the sampled token's
+    # probability (no [B, V] log-softmax, no max reductions), and it must be the raw log-softmax there.
+    g = torch.Generator().manual_seed(5)
+    rows, vocab = 64, 49152
+    logits = torch.randn(rows, vocab, generator=g) * 4
+    logits[0, 7] = 40.0  # a row all but certain of one token
+    logits[1] *= 0.01  # a row near uniform: every token has probability ~1/V
+    params = [SamplingParams(seed=i) for i in range(rows)]
+    tokens, logprobs, raw = sample_next(logits, params, list(range(rows)), [0] * rows, want_raw_BV=False)
+    assert raw is None and tokens[0] == 7
+    at = (torch.arange(rows), tokens)
+    # the fp32 log-softmax's own value (fp32's sum of 49k terms is off by ~6e-6 from fp64's), and fp64's
+    torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1)[at], atol=1e-6, rtol=0)
+    torch.testing.assert_close(logprobs.double(), torch.log_softmax(logits.double(), -1)[at], atol=1e-5, rtol=0)
+    with_raw, _, raw = sample_next(logits, params, list(range(rows)), [0] * rows, want_raw_BV=True)
+    assert torch.equal(tokens, with_raw) and raw is not None
