@@ -11,7 +11,8 @@ rate, clip epsilons and no KL (beta=0, so neither computes a reference pass). Ea
 
 Measured per step:
 - step: end to end = generation + reward + update (+ for groupwise the adapter swap: checkpoint
-  saved and loaded into the engine, which a real run needs and TRL's in-process step does not do);
+  snapshot, written, and served to the engine from memory, as LocalBackend publishes a step; TRL's
+  in-process step does neither);
 - gen: the generation part; update: the optimizer step incl. forward/backward (TRL: step - gen);
 - tok/s: trainable (completion) tokens per second of the update alone;
 - MFU (CUDA only): update FLOPs / (update time * peak). FLOPs = 4 * N_body * tokens (forward and
@@ -130,7 +131,7 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
     from groupwise.config import LoraConfig, TrainConfig
     from groupwise.inference.engine import Engine, GenerationRequest
     from groupwise.inference.sampling import SamplingParams
-    from groupwise.training.checkpoint import save_checkpoint
+    from groupwise.training.checkpoint import snapshot_checkpoint, write_checkpoint
     from groupwise.training.tokenize import tokenize_groups
     from groupwise.training.adapters import wrap_with_lora
     from groupwise.training.trainer import Trainer
@@ -200,11 +201,15 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
             metrics = C.call(update)
         t_update = time.perf_counter() - t1
         update_peak = _phase_peak_gb(args.device)
-        # The adapter swap a real step does: save the checkpoint, load it into the engine.
+        # The publication a real step does (LocalBackend's, backend/worker.py): the checkpoint's CPU
+        # snapshot on the compute thread, its files written off it (here on the bench's thread), then the
+        # engine serves the new adapter from the snapshot's tensors (no files read back).
         names = names or [n for n, _ in trainer.trainable_named_parameters()]
-        path = C.call(save_checkpoint, tmp, step + 1, model=peft_model, optimizer=trainer.optimizer, param_names=names)
+        snap = C.call(snapshot_checkpoint, step + 1, model=peft_model, optimizer=trainer.optimizer, param_names=names,
+                      state=trainer.adapter_state())
+        write_checkpoint(tmp, snap)
         new_adapter = f"bench-{step + 1}"
-        engine.add_adapter(new_adapter, str(path))
+        engine.add_adapter(new_adapter, weights=snap.adapter, config=snap.adapter_config)
         if adapter is not None:
             engine.remove_adapter(adapter)
         adapter = new_adapter
