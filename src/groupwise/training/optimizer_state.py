@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from groupwise.errors import CheckpointMismatchError
-from groupwise.training.bulk import host_copies
 
 __all__ = ["optimizer_from_tensors", "optimizer_to_tensors"]
 
@@ -22,16 +21,15 @@ def optimizer_to_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> 
     """(tensors keyed "<param name>::<key>", JSON-able param groups and scalar state). The tensors are CPU
     copies, also of a CPU optimizer's: a checkpoint is written from them while training goes on."""
     sd = optimizer.state_dict()
-    live: dict[str, torch.Tensor] = {}
+    tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
     for index, state in sd["state"].items():
         name = names[index]
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
-                live[f"{name}::{key}"] = value
+                tensors[f"{name}::{key}"] = value.detach().to("cpu", copy=True).contiguous()
             else:
                 scalars.setdefault(name, {})[key] = value
-    tensors = dict(zip(live, host_copies(list(live.values()))))  # one wait for the device, not one a tensor
     groups = []
     for group in sd["param_groups"]:
         g = {k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items() if k != "params"}
