@@ -46,6 +46,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -294,7 +295,7 @@ def _save(root: Path, tmp: Path, snap: CheckpointSnapshot, cursor: dict[str, Any
         "cursor": cursor or {},
         "metrics": {k: float(v) for k, v in (metrics or {}).items()},
         "saved_at": time.time(),
-        "files": {name: _fingerprint(tmp / name) for name in files},
+        "files": _fingerprints(tmp, files),
         "history": list(history or []),
         "base": snap.base,
     }
@@ -309,6 +310,14 @@ def _save(root: Path, tmp: Path, snap: CheckpointSnapshot, cursor: dict[str, Any
         os.replace(tmp, final)
     _fsync_dir(root)
     return final
+
+
+def _fingerprints(folder: Path, files: list[str]) -> dict[str, dict[str, Any]]:
+    """Each file's fingerprint, the files hashed side by side: hashlib lets go of the GIL while it hashes,
+    and at 7B a checkpoint is ~0.5 GB (its adapter and AdamW moments), ~0.3 s of SHA-256 one file after
+    another on one core, paid by every step of a run that trains alone."""
+    with ThreadPoolExecutor(max_workers=min(4, len(files)), thread_name_prefix="groupwise-hash") as pool:
+        return dict(zip(files, pool.map(_fingerprint, [folder / name for name in files])))
 
 
 def _fingerprint(path: Path) -> dict[str, Any]:
