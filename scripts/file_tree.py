@@ -51,6 +51,8 @@ NOTES = {
     "bench/data/many_runs_8_core_one_call_h200.json": "bench/many_runs.py on an H200: 8 runs in sequence and together in one call, the engine core in its own process",
     "bench/data/many_runs_capture_fix_h200.json": "bench/many_runs.py on an H200: 4 and 8 runs, in sequence and together, before and after the decode graphs' capture ran with the collector off",
     "bench/data/train_step_7b_compile_h200.json": "bench/train_step.py on an H200: the 7B step with compiled decoder layers and eager, one after the other on one machine",
+    "bench/data/many_runs_addmm_h200.json": "bench/many_runs.py on an H200: 4 and 8 runs, in sequence and together, two rounds after the stacked LoRA's add went into its matmul's epilogue",
+    "bench/data/train_step_7b_compile_trl_h200.json": "bench/train_step.py on an H200: the 7B step compiled against TRL 1.16 in the same call, three calls",
     "bench/data/many_runs_8_engine_split_h200.json": "bench/many_runs.py on an H200: 8 runs, in sequence and together, with the engine's seconds in prefill, decode and waiting for the device",
     "docs/img/distill_smollm2_2048_h200.png": "figure: 2048 on an H200, the 30-step teacher, GRPO alone and distillation per seed (bench/distill_smollm2.py)",
     "docs/img/distill_smollm2_2048_h200_iterations.png": "figure: 2048 on an H200, the distillation preset (4 updates a step) on seeds 0-2, teacher 0.979",
