@@ -316,6 +316,8 @@ def _fingerprints(folder: Path, files: list[str]) -> dict[str, dict[str, Any]]:
     """Each file's fingerprint, the files hashed side by side: hashlib lets go of the GIL while it hashes,
     and at 7B a checkpoint is ~0.5 GB (its adapter and AdamW moments), ~0.3 s of SHA-256 one file after
     another on one core, paid by every step of a run that trains alone."""
+    if not files:
+        return {}
     with ThreadPoolExecutor(max_workers=min(4, len(files)), thread_name_prefix="groupwise-hash") as pool:
         return dict(zip(files, pool.map(_fingerprint, [folder / name for name in files])))
 
@@ -365,16 +367,20 @@ def verify_checkpoint(state: CheckpointState) -> str | None:
     names = state.files if isinstance(state.files, list) else list(state.files)
     if "adapter_model.safetensors" not in names:
         names = ["adapter_model.safetensors", *names]
+    recorded = state.files if isinstance(state.files, dict) else {}
+    # the files of the recorded size, hashed side by side as they were saved (`_fingerprints`)
+    digests = _fingerprints(path, [n for n in names if recorded.get(n) and (path / n).is_file()
+                                   and (path / n).stat().st_size == recorded[n]["bytes"]])
     for name in names:
         f = path / name
         if not f.is_file():
             return f"{name} is missing"
-        expected = state.files.get(name) if isinstance(state.files, dict) else None
+        expected = recorded.get(name)
         if expected:
             size = f.stat().st_size
             if size != expected["bytes"]:
                 return f"{name} has {size} bytes, {expected['bytes']} were saved"
-            if _fingerprint(f)["sha256"] != expected["sha256"]:
+            if digests[name]["sha256"] != expected["sha256"]:
                 return f"{name} differs from what was saved (sha256 mismatch)"
             continue
         try:
