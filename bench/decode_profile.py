@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model, tok = build_model(args.arch, args.device, args.dtype)
     device = next(model.parameters()).device
     adapters: list[tuple[dict[str, torch.Tensor], Any]] = [lora_weights(model, args.rank, seed) for seed in range(args.slots)]
-    engine = Engine(model, tok, max_batch_size=args.rows)
+    engine = Engine(model, tok, max_batch_size=args.rows, fuse_decode=False if args.no_fuse else None)
     for i, (weights, config) in enumerate(adapters):
         engine.add_adapter(f"a{i}", weights=weights, config=config)
     batch = prompts(tok, args.rows)
@@ -175,6 +175,7 @@ def main() -> int:
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--tokens", type=int, default=64, help="tokens generated per request")
     p.add_argument("--modes", default=",".join(MODES), help="a comma list of base, one, mixed")
+    p.add_argument("--no-fuse", action="store_true", help="capture the decode graphs unfused (Engine(fuse_decode=False)): the baseline of the fusion")
     p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the torch.profiler run")
     p.add_argument("--top", type=int, default=12, help="kernels listed per mode")
     p.add_argument("--json", default=None, help="also write the results to this file")

@@ -128,7 +128,7 @@ def bench_sizes(args, model, tok, device):
                         cuda_graphs=False if args.no_cuda_graphs else None,
                         initial_capacity=max(len(p) for p in prompts) + args.tokens + 8,
                         prefix_cache_tokens=0 if args.no_prefix_cache else 4096,
-                        batch_invariant=args.batch_invariant)
+                        batch_invariant=args.batch_invariant, fuse_decode=False if args.no_fuse else None)
         seq_n = min(k, args.sequential_subset)
         try:
             run_engine(engine, prompts[: min(k, 4)], 4)  # warm-up (on CUDA: captures a few graphs)
@@ -245,6 +245,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bandwidth-tbs", type=float, default=None, help="memory bandwidth in TB/s (default: by GPU name)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly on CUDA (to isolate graph issues)")
+    ap.add_argument("--no-fuse", action="store_true", help="capture the decode graphs unfused (Engine(fuse_decode=False)): the baseline of the fusion")
     ap.add_argument("--no-prefix-cache", action="store_true", help="engine without its prefix cache (prefix_cache.py)")
     ap.add_argument("--batch-invariant", action="store_true", help="CPU: the engine in batch-invariant mode (a "
                     "request's numbers do not depend on its batch; what `groupwise train --batch-invariant` runs)")

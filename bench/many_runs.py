@@ -167,7 +167,8 @@ def _backend(args: Any, path: str) -> Any:
                            served_steps=1, serve_http=False, verify_adapter=not args.no_verify, max_batch_size=runs * args.prompts * args.group_size,
                            lora=gw.LoraConfig(rank=args.rank, alpha=2 * args.rank),
                            load_model=load_model if random_arch else None,
-                           engine_kwargs={"release_when_idle": KV_CHOICES[args.kv]})
+                           engine_kwargs={"release_when_idle": KV_CHOICES[args.kv],
+                                          **({"fuse_decode": False} if args.no_fuse else {})})
 
 
 def _base(args: Any) -> str:
@@ -274,6 +275,7 @@ def main() -> int:
                    "writing trajectories) stays in this process; peak memory is then not measured")
     p.add_argument("--engine-process", default="in_process",
                    help="in_process, separate or a comma list of both (LocalBackend(engine_process=); module doc)")
+    p.add_argument("--no-fuse", action="store_true", help="capture the decode graphs unfused (Engine(fuse_decode=False)): the baseline of the fusion")
     p.add_argument("--json", default=None, help="also write the results to this file")
     p.add_argument("--case", choices=["together", "sequence"], default=None, help="(internal) run one case")
     p.add_argument("--cases", default="sequence,together", help="which cases to run (the ratio needs both)")

@@ -143,7 +143,8 @@ def run_groupwise(args, model, tok) -> dict[str, Any]:
     peft_model = C.call(wrap_with_lora, model, LoraConfig(rank=args.rank, alpha=2 * args.rank,
                                                           target_modules=tuple(args.targets)))
     peft_model.eval()
-    engine = Engine(peft_model, tok, max_batch_size=args.prompts * args.group_size, release_when_idle=KV_CHOICES[args.kv])
+    engine = Engine(peft_model, tok, max_batch_size=args.prompts * args.group_size, release_when_idle=KV_CHOICES[args.kv],
+                    fuse_decode=False if args.no_fuse else None)
     trainer = C.call(Trainer, peft_model, pad_token_id=tok.pad_token_id)
     # TRL runs the step's batch as one micro-batch (per_device_train_batch_size = the batch): by default so
     # do we. Measured on an H100 (Qwen2.5-0.5B, 64 x 295 tokens, compiled): two micro-batches of 16384
@@ -399,6 +400,7 @@ def main() -> None:
     p.add_argument("--skip-trl", action="store_true")
     p.add_argument("--layer-checkpointing", action="store_true",
                    help="recompute decoder layers in the backward, on BOTH sides (TRL's default; needed for big batches)")
+    p.add_argument("--no-fuse", action="store_true", help="capture the decode graphs unfused (Engine(fuse_decode=False)): the baseline of the fusion")
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--compile", action="store_true",
                    help="groupwise: TrainConfig(compile=True); compiles at the first warm-up step (and once more when a new length appears): use --warmup 2")

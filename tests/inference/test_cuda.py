@@ -19,10 +19,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 async def test_cuda_graph_decode_equals_eager(tiny, adapter_dirs):
+    # graphs as the model runs, and with their norms, rotary and sampling compiled (decode_fusion.py)
     outs, passes = [], []
-    for graphs in (False, True):
+    for graphs, fuse in ((False, False), (True, False), (True, True)):
         model, tok = tiny_random_model(seed=0, tokenizer=tiny[1], device="cuda", dtype="float32")
-        eng = Engine(model, tok, max_batch_size=8, cuda_graphs=graphs)
+        eng = Engine(model, tok, max_batch_size=8, cuda_graphs=graphs, fuse_decode=fuse)
         try:
             eng.add_adapter("a1", adapter_dirs[1])
             ps = [tok.apply_chat_template([{"role": "user", "content": "hi " * (i + 1)}], add_generation_prompt=True,
@@ -37,9 +38,10 @@ async def test_cuda_graph_decode_equals_eager(tiny, adapter_dirs):
             if graphs:
                 assert eng.cuda_graphs, "graph capture failed and the engine fell back to eager"
                 assert eng.runner.graphs, "no graph was captured"
+                assert not fuse or eng.runner.fusion.enabled, "compiling the fused pieces failed"
         finally:
             eng.close()
-    assert outs[0] == outs[1]
+    assert outs[0] == outs[1] == outs[2]
 
 
 async def test_bf16_logprobs_close_to_forward(tiny):
@@ -154,7 +156,7 @@ async def test_an_engine_whose_capture_fails_decodes_eagerly_and_the_process_can
 
     monkeypatch.setattr(decode_graphs, "sample_fixed", uncapturable)
     model, tok = tiny_random_model(seed=0, tokenizer=tiny[1], device="cuda", dtype="float32")
-    eng = Engine(model, tok, max_batch_size=4, cuda_graphs=True)
+    eng = Engine(model, tok, max_batch_size=4, cuda_graphs=True, fuse_decode=False)  # the unfused step's sampling
     p = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=True,
                                 return_dict=True)["input_ids"]
     try:

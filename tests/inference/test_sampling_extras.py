@@ -164,8 +164,9 @@ def test_the_plain_path_reports_the_raw_log_softmax_at_each_sampled_token():
     tokens, logprobs, raw = sample_next(logits, params, list(range(rows)), [0] * rows, want_raw_BV=False)
     assert raw is None and tokens[0] == 7
     at = (torch.arange(rows), tokens)
-    # the fp32 log-softmax's own value (fp32's sum of 49k terms is off by ~6e-6 from fp64's), and fp64's
+    # the fp32 log-softmax's own value, and fp64's within fp32's error on a sum of 49k terms (~sqrt(49k) ulps:
+    # 6e-6 to 1.3e-5 measured, by the CPU's vector width, which sets the summation order)
     torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1)[at], atol=1e-6, rtol=0)
-    torch.testing.assert_close(logprobs.double(), torch.log_softmax(logits.double(), -1)[at], atol=1e-5, rtol=0)
+    torch.testing.assert_close(logprobs.double(), torch.log_softmax(logits.double(), -1)[at], atol=3e-5, rtol=0)
     with_raw, _, raw = sample_next(logits, params, list(range(rows)), [0] * rows, want_raw_BV=True)
     assert torch.equal(tokens, with_raw) and raw is not None

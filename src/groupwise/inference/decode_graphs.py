@@ -30,6 +30,7 @@ import torch
 
 from groupwise.inference.advance import advance, stepped
 from groupwise.inference.attention import engine_attention
+from groupwise.inference.decode_fusion import DecodeFusion
 from groupwise.inference.kv_cache import SlotCache
 from groupwise.inference.requests import BASE, SeqState
 from groupwise.inference.runner import MIXED, ModelRunner
@@ -198,15 +199,27 @@ def capture(state: StepState, runner: ModelRunner, B: int, Lb: int, adapter: str
     cache = g["cache"] = SlotCache(state.buffers, 0, B, g["cols"], Lb)
 
     def run():
+        fusion = runner.fusion
+        if fusion is None or not fusion.enabled:
+            return step(None)
+        try:
+            return step(fusion)
+        except Exception as exc:  # compiling failed (a warm-up's, before any capture): the same step unfused
+            fusion.disable(exc)
+            return step(None)
+
+    def step(fusion: DecodeFusion | None):
         kwargs = {runner.cache_kwarg: cache, "use_cache": True}
         # row b attends to columns 0..pos[b] (a padding row, at position 0, to column 0 only)
         mask = g["arange"][None, None, None, :] <= g["pos"][:, None, :, None]  # [B, 1, 1, Lb]
-        with runner.mixed_ctx(inputs[SLOT_ROW]) if adapter == MIXED else contextlib.nullcontext():
+        with (runner.mixed_ctx(inputs[SLOT_ROW]) if adapter == MIXED else contextlib.nullcontext(),
+              fusion.installed(runner.model) if fusion is not None else contextlib.nullcontext()):
             logits = runner.model(input_ids=g["ids"], position_ids=g["pos"], attention_mask=mask, **kwargs).logits
         if not sampled:
             return {"logits": logits}
         filters = (inputs[5], floats[1], floats[2]) if filtered else None
-        tokens, logprobs = sample_fixed(logits[:, -1], floats[0], inputs[3], inputs[4], filters)
+        sample = fusion.sample if fusion is not None else sample_fixed
+        tokens, logprobs = sample(logits[:, -1], floats[0], inputs[3], inputs[4], filters)
         # the next step's inputs (run_decode_steps): padding rows (cache column = trash) stay as they are
         real, nxt = inputs[2] != trash, inputs[1] + 1
         g["next"] = torch.stack([torch.where(real, tokens, 0), torch.where(real, nxt, 0),
@@ -222,7 +235,7 @@ def capture(state: StepState, runner: ModelRunner, B: int, Lb: int, adapter: str
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: lazy inits and autotuning happen outside the capture
+            for _ in range(2):  # warm-up: lazy inits, autotuning and compiling happen outside the capture
                 run()
         torch.cuda.current_stream().wait_stream(stream)
         if runner.graph_pool is None or not runner.graphs:

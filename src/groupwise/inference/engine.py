@@ -108,6 +108,7 @@ class Engine:
         batch_invariant: bool = False,  # a request's numbers never depend on the others (CPU; batch_invariance.py)
         memory_limit_bytes: int | None = None,  # bytes its caches and passes may hold; None: what the device has free
         release_when_idle: bool | None = None,  # free KV, prefixes (CUDA: graphs) in an idle pause; None: see below
+        fuse_decode: bool | None = None,  # compile the decode graphs' norms, rotary and sampling (decode_fusion.py); default: with CUDA graphs
     ):
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -124,10 +125,12 @@ class Engine:
             check_batch_invariant(device, dtype, onednn, merge_adapters, model)
             prefix_cache_tokens, merge_adapters = 0, False
         stats = EngineStats()
+        graphs = (device.type == "cuda") if cuda_graphs is None else cuda_graphs
         self.runner = ModelRunner(
-            model, stats=stats, cuda_graphs=(device.type == "cuda") if cuda_graphs is None else cuda_graphs,
+            model, stats=stats, cuda_graphs=graphs,
             merge_adapters=(device.type == "cpu") if merge_adapters is None else merge_adapters,
-            onednn_linears=onednn and device.type == "cpu" and dtype == torch.float32, batch_invariant=batch_invariant)
+            onednn_linears=onednn and device.type == "cpu" and dtype == torch.float32, batch_invariant=batch_invariant,
+            fuse_decode=graphs and device.type == "cuda" if fuse_decode is None else fuse_decode)
         base = self.runner.base_model()
         config = base.config
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config

@@ -17,6 +17,7 @@ import torch
 from groupwise.inference.adapter_slots import SLOT_PREFIX, AdapterSlots
 from groupwise.inference.attention import engine_attention
 from groupwise.inference.cpu_linear import OneDNNLinears
+from groupwise.inference.decode_fusion import DecodeFusion
 from groupwise.inference.merged import MergedAdapter
 from groupwise.inference.requests import BASE, SeqState
 from groupwise.inference.stacked_lora import StackedLora
@@ -32,7 +33,7 @@ class ModelRunner:
     """A (possibly peft-wrapped) causal LM with the engine's adapter slots and its CUDA graphs."""
 
     def __init__(self, model: Any, *, stats: EngineStats, cuda_graphs: bool, merge_adapters: bool,
-                 onednn_linears: bool, batch_invariant: bool = False) -> None:
+                 onednn_linears: bool, batch_invariant: bool = False, fuse_decode: bool = False) -> None:
         self.model = model  # adapter_slots.py wraps a plain model in a PeftModel at the first adapter
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -43,6 +44,8 @@ class ModelRunner:
         self.cuda_graphs = cuda_graphs
         self.graphs: dict[tuple, dict[str, Any]] = {}  # decode_graphs.py: (B, Lb, adapter, sampled, filtered)
         self.graph_pool = None
+        # the decode graphs' elementwise chains compiled (decode_fusion.py); None: captured as the model runs
+        self.fusion = DecodeFusion() if fuse_decode else None
         self.slots = AdapterSlots()
         self.merged = MergedAdapter() if merge_adapters else None
         # Mixed-adapter batches in one fixed pass; not where a row's numbers must not depend on its mates.
