@@ -93,7 +93,9 @@ def test_a_teacher_equal_to_the_student_gives_zero_distillation_advantage(tokeni
     trainer.set_teacher(own, source="itself")
     common = dict(micro_batch_tokens=40, max_seq_len=64)  # two micro-batches
     stats, grads = _grads(trainer, _batch(), TrainConfig(teacher="itself", **common))
-    assert stats.teacher_kl_sum == 0.0
+    # zero to the last bits of the two passes' sums (on some CPUs the teacher's no-grad pass rounds
+    # differently: -3.6e-15 on a 2-core EPYC); the gradients below are the exact test
+    assert abs(stats.teacher_kl_sum) < 1e-12
     _, plain = _grads(trainer, _batch(), TrainConfig(**common))
     assert all(torch.equal(grads[n], plain[n]) for n in grads)  # the teacher added exactly nothing
     for p in trainer.trainable_named_parameters():  # the teacher pass left the student's own values
