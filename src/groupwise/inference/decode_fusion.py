@@ -45,7 +45,6 @@ class DecodeFusion:
     def __init__(self, backend: Any = "inductor") -> None:
         self.backend = backend
         self.enabled = True
-        self._walked: tuple[int, list[torch.nn.Module], list[Any]] | None = None  # (id(model), norms, modules)
 
     def _compile(self, key: Any, fn: Callable) -> Callable:
         # Process-wide: the engines of one process (several backends, a judge's) compile each piece once.
@@ -60,13 +59,15 @@ class DecodeFusion:
         return self._compile(sample_fixed, sample_fixed)(*args)
 
     @contextlib.contextmanager
-    def installed(self, model: Any) -> Iterator[None]:
-        """Inside, `model`'s RMSNorms and its attention's rotary function run compiled. Restored after."""
-        norms, modules = self._walk(model)
+    def installed(self, modules: list[torch.nn.Module]) -> Iterator[None]:
+        """Inside, the RMSNorms among a model's `modules` (the runner's cached walk, runtime/module_walk.py)
+        and its attention's rotary function run compiled. Restored after."""
+        norms = [m for m in modules if _is_rms_norm(m)]
+        sources = {sys.modules.get(type(m).__module__) for m in modules if _is_attention(m)} - {None}
         for m in norms:
             m.forward = _bound(self._compile(type(m), type(m).forward), m)
         patched: list[tuple[Any, Callable]] = []
-        for module in modules:
+        for module in sources:
             fn = getattr(module, ROTARY, None)
             if callable(fn) and not hasattr(fn, "_torchdynamo_orig_callable"):
                 patched.append((module, fn))
@@ -78,17 +79,6 @@ class DecodeFusion:
                 del m.forward  # the class's forward again
             for module, fn in patched:
                 setattr(module, ROTARY, fn)
-
-    def _walk(self, model: Any) -> tuple[list[torch.nn.Module], list[Any]]:
-        """The model's RMSNorms and the Python modules of its attention classes, found once per model
-        (adapters add modules, never norms or attention layers)."""
-        if self._walked is None or self._walked[0] != id(model):
-            mods = list(model.modules())
-            norms = [m for m in mods if _is_rms_norm(m)]
-            modules = list({id(x): x for x in (sys.modules.get(type(m).__module__) for m in mods if _is_attention(m))
-                            if x is not None}.values())
-            self._walked = (id(model), norms, modules)
-        return self._walked[1], self._walked[2]
 
     def disable(self, exc: BaseException) -> None:
         """A compilation failed: report it once and capture unfused from now on."""

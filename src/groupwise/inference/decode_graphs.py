@@ -213,7 +213,7 @@ def capture(state: StepState, runner: ModelRunner, B: int, Lb: int, adapter: str
         # row b attends to columns 0..pos[b] (a padding row, at position 0, to column 0 only)
         mask = g["arange"][None, None, None, :] <= g["pos"][:, None, :, None]  # [B, 1, 1, Lb]
         with (runner.mixed_ctx(inputs[SLOT_ROW]) if adapter == MIXED else contextlib.nullcontext(),
-              fusion.installed(runner.model) if fusion is not None else contextlib.nullcontext()):
+              fusion.installed(runner.walk(runner.model)[0]) if fusion is not None else contextlib.nullcontext()):
             logits = runner.model(input_ids=g["ids"], position_ids=g["pos"], attention_mask=mask, **kwargs).logits
         if not sampled:
             return {"logits": logits}

@@ -130,7 +130,7 @@ class Engine:
             model, stats=stats, cuda_graphs=graphs,
             merge_adapters=(device.type == "cpu") if merge_adapters is None else merge_adapters,
             onednn_linears=onednn and device.type == "cpu" and dtype == torch.float32, batch_invariant=batch_invariant,
-            fuse_decode=graphs and device.type == "cuda" if fuse_decode is None else fuse_decode)
+            fuse_decode=(graphs and device.type == "cuda") if fuse_decode is None else fuse_decode)
         base = self.runner.base_model()
         config = base.config
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
