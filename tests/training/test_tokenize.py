@@ -213,7 +213,8 @@ def test_sampled_ids_the_model_cannot_embed_are_refused_naming_the_trajectory(to
     for bad_ids, match in (([5, vocab], rf"token id {vocab}, outside the model's vocabulary \(0 to {vocab - 1}\)"),
                            ([-1, 6], r"token id -1, outside"),
                            ([True, 6], r"token_ids must be a list of ints, got \[True, 6\]"),
-                           (["5", 6], r"token_ids must be a list of ints")):
+                           (["5", 6], r"token_ids must be a list of ints"),
+                           ([5.0, 6], r"token_ids must be a list of ints")):
         with pytest.raises(InvalidDataError, match=rf"^group 1, trajectory 1(, additional history 0)?: .*{match}"):
             tokenize_groups(group(bad_ids), tokenizer, max_seq_len=512, vocab_size=vocab)
     # impossible logprobs (the importance ratio is exp(new - old)) are refused the same way; NaN is "unknown"
@@ -227,6 +228,7 @@ def test_sampled_ids_the_model_cannot_embed_are_refused_naming_the_trajectory(to
 
     for lps, match in (([-0.5, 3.0], r"logprob 3.0: a log-probability is finite and at most 0"),
                        ([-math.inf, -1.0], r"logprob -inf"),
+                       ([math.nan, math.inf], r"logprob inf"),
                        (["-1", -1.0], r"token_logprobs must be a list of numbers")):
         with pytest.raises(InvalidDataError, match=rf"^group 0, trajectory 1: .*{match}"):
             tokenize_groups(with_logprobs(lps), tokenizer, max_seq_len=512, vocab_size=vocab)

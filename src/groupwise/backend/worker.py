@@ -39,7 +39,7 @@ from datetime import timedelta
 from typing import Any
 
 from groupwise.errors import ConfigError
-from groupwise.runtime.memory import release_freed_memory
+from groupwise.runtime.memory import freeze_loaded, release_freed_memory, thaw_loaded
 from groupwise.backend.protocol import PruneCommand, Published, PublishCommand, RetainCommand, UpdateCommand
 from groupwise.backend.replica import Replica, SharedBase
 from groupwise.runtime.compute import compute_thread
@@ -195,6 +195,7 @@ class DeviceWorker:
             info["core"] = self._serve_core(spec.base_model, base)
         elif o.serve_http and self.generates:  # a trainer of a placement gets no rollouts
             info["url"] = await self._serve_http(spec.base_model, replica.app)
+        await compute.run(freeze_loaded)  # the rollouts' garbage no longer walks the model (runtime/memory.py)
         return info
 
     async def unload(self, name: str) -> None:
@@ -204,10 +205,14 @@ class DeviceWorker:
         self.specs.pop(name, None)
         if replica is None:
             return
+        thaw_loaded()  # its cycles collectable again; what the other models hold is frozen again below
         async with self._update_locks[replica.base.base_model]:  # not in the middle of another model's update
             empty = await compute_thread().run(replica.close)
         if empty:
             await self._close_base(replica.base.base_model)
+        del replica
+        if self.replicas:
+            await compute_thread().run(freeze_loaded)
 
     async def _close_base(self, base_model: str) -> None:
         base = self.bases.pop(base_model)
@@ -417,6 +422,7 @@ class DeviceWorker:
 
     # ------------------------------------------------------------------------------ shutdown
     async def close(self) -> None:
+        thaw_loaded()
         for server in self._servers.values():
             server.should_exit = True
         for base_model in list(self._cores):

@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from groupwise.core.adapter_names import split_served_name
 from groupwise.inference.adapter_folder import AdapterFolderError, checked_copy
 from groupwise.inference.requests import EngineError
-from groupwise.inference.server import ApiError, ServerState, check_content_type, read_body, require_key, server_state
+from groupwise.inference.server import (ApiError, ServerState, check_content_type, current_state, read_body,
+                                       require_key, server_state)
 
 __all__ = ["MAX_CLIENT_ADAPTERS", "LoadLoraAdapter", "UnloadLoraAdapter", "lora_routes"]
 
@@ -80,7 +81,7 @@ def _step_of(state: ServerState, name: str) -> tuple[str, int] | None:
 
 @lora_routes.post("/load_lora_adapter")
 async def load_lora_adapter(body: LoadLoraAdapter = Depends(parsed(LoadLoraAdapter)),
-                            state: ServerState = Depends(server_state)) -> Any:
+                            state: ServerState = Depends(current_state)) -> Any:
     registry = state.registry
     await asyncio.to_thread(registry.refresh)
     if body.lora_name in registry.served_ids():
@@ -116,7 +117,7 @@ async def load_lora_adapter(body: LoadLoraAdapter = Depends(parsed(LoadLoraAdapt
 
 @lora_routes.post("/unload_lora_adapter")
 async def unload_lora_adapter(body: UnloadLoraAdapter = Depends(parsed(UnloadLoraAdapter)),
-                              state: ServerState = Depends(server_state)) -> Any:
+                              state: ServerState = Depends(current_state)) -> Any:
     registry = state.registry
     await asyncio.to_thread(registry.refresh)
     if body.lora_name not in registry.served_ids():

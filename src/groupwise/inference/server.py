@@ -234,7 +234,14 @@ def server_state(request: Request) -> ServerState:
     return request.app.state.gw
 
 
-def require_key(request: Request) -> None:
+async def current_state(request: Request) -> ServerState:
+    """`server_state` as a route's dependency. FastAPI runs a plain function dependency in anyio's worker
+    threads: a thread hop per request and route, at most 40 at once, which 256 concurrent rollouts queue
+    for. An ``async def`` one runs on the event loop."""
+    return server_state(request)
+
+
+async def require_key(request: Request) -> None:
     """``Authorization: Bearer <key>`` when the server has a key (compared in constant time); or
     ``x-api-key: <key>``, the header Anthropic's SDK sends it in."""
     key = server_state(request).api_key
@@ -411,7 +418,7 @@ probes = APIRouter(include_in_schema=False)
 
 
 @probes.get("/health")
-async def health(state: ServerState = Depends(server_state)) -> Response:
+async def health(state: ServerState = Depends(current_state)) -> Response:
     if isinstance(failure := getattr(state.engine, "failure", None), EngineProcessDied):
         return engine_gone(failure).response()
     if getattr(state.engine, "closed", False):
@@ -430,13 +437,13 @@ async def swagger_ui() -> Response:
 
 
 @api.get("/models")
-async def list_models(state: ServerState = Depends(server_state)) -> dict[str, Any]:
+async def list_models(state: ServerState = Depends(current_state)) -> dict[str, Any]:
     now = int(time.time())
     return {"object": "list", "data": [_model_card(m, now) for m in state.registry.served_ids()]}
 
 
 @api.get("/models/{model_id:path}")
-async def get_model(model_id: str, state: ServerState = Depends(server_state)) -> dict[str, Any]:
+async def get_model(model_id: str, state: ServerState = Depends(current_state)) -> dict[str, Any]:
     resolve(state, model_id)
     return _model_card(model_id, int(time.time()))
 
@@ -447,7 +454,7 @@ def _model_card(model_id: str, created: int) -> dict[str, Any]:
 
 @api.post("/chat/completions")
 async def chat_completions(request: Request, body: ChatCompletionRequest = Depends(parsed(ChatCompletionRequest)),
-                           state: ServerState = Depends(server_state)) -> Any:
+                           state: ServerState = Depends(current_state)) -> Any:
     compact = wants_compact_token_data(request.headers) and not body.logprobs and not body.top_logprobs
     return await run_chat(request, state, body, compact)
 
@@ -541,7 +548,7 @@ def _render_chat(tokenizer: Any, messages: list[dict], tools: list[dict] | None,
 
 @api.post("/completions")
 async def completions(request: Request, body: CompletionRequest = Depends(parsed(CompletionRequest)),
-                      state: ServerState = Depends(server_state)) -> Any:
+                      state: ServerState = Depends(current_state)) -> Any:
     target = resolve(state, body.model)
     check_n(state, body.n)
     if isinstance(body.prompt, str):
@@ -603,7 +610,7 @@ def _sse(events: list[tuple[str, dict[str, Any]]]) -> Response:
 
 @api.post("/responses")
 async def responses(request: Request, body: ResponsesRequest = Depends(parsed(ResponsesRequest)),
-                    state: ServerState = Depends(server_state)) -> Response:
+                    state: ServerState = Depends(current_state)) -> Response:
     """OpenAI's Responses API as a chat request (groupwise.chat.protocols). A stream sends its events once the
     answer is complete: the same events and the same final object as OpenAI's, not token by token."""
     answer = responses_answer(await _translated(request, state, body, responses_to_chat),
@@ -613,7 +620,7 @@ async def responses(request: Request, body: ResponsesRequest = Depends(parsed(Re
 
 @api.post("/messages")
 async def messages(request: Request, body: MessagesRequest = Depends(parsed(MessagesRequest)),
-                   state: ServerState = Depends(server_state)) -> Response:
+                   state: ServerState = Depends(current_state)) -> Response:
     """Anthropic's Messages API as a chat request (groupwise.chat.protocols); errors in Anthropic's shape
     (`ApiError.response`). A stream sends its events once the answer is complete."""
     answer = messages_answer(await _translated(request, state, body, messages_to_chat))

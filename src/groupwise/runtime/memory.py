@@ -11,10 +11,12 @@ it after each step, the server after a large request (inference/memory_release.p
 from __future__ import annotations
 
 import ctypes
+import gc
 import sys
 from typing import Any
 
-__all__ = ["PRESSED_FRACTION", "allocatable_bytes", "free_memory_bytes", "memory_pressed", "release_freed_memory"]
+__all__ = ["PRESSED_FRACTION", "allocatable_bytes", "free_memory_bytes", "freeze_loaded", "memory_pressed",
+           "release_freed_memory", "thaw_loaded"]
 
 _libc = None
 
@@ -30,6 +32,24 @@ def release_freed_memory() -> bool:
         return bool(_libc.malloc_trim(0))
     except (OSError, AttributeError):  # musl or another libc: nothing to trim this way
         return False
+
+
+def freeze_loaded() -> None:
+    """Take everything loaded so far (torch, transformers, a model's modules and adapters: hundreds of
+    thousands of objects even for a tiny model) out of the garbage collector's sight, after collecting
+    what is already garbage. Rollouts allocate many short-lived objects, which set off full collections
+    that walk every tracked object: 0.3 s pauses of every thread (the engine's too) with a tiny model on
+    the 2-core CPU, ~0.04 s once frozen (docs/benchmarks.md). A process that holds a model calls this
+    after loading it, from the thread that captures CUDA graphs: a collection must not run in a capture
+    (inference/decode_graphs.py)."""
+    gc.collect()
+    gc.freeze()
+
+
+def thaw_loaded() -> None:
+    """Give frozen objects back to the collector before a model is dropped: a cycle among its objects
+    would otherwise never be freed (its tensors included) while the process lives."""
+    gc.unfreeze()
 
 
 def free_memory_bytes(device: Any) -> int:

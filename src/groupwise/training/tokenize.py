@@ -250,7 +250,7 @@ def tokenize_conversation(
                     piece = piece[len(tok_text):]
             input_ids += ids
             mask += trained
-            old += [float(x) for x in logprobs]
+            old += map(float, logprobs)
         if piece:
             ids_ctx = memo.encode(tokenizer, piece)
             input_ids += ids_ctx
@@ -262,14 +262,16 @@ def tokenize_conversation(
 def _sampled(choice: Choice, ids: list[int], vocab_size: int | None,
              train_forced_tokens: bool) -> tuple[list[float], list[bool]]:
     """(old logprobs, trained flags) of a Choice's sampled `ids`, its data checked."""
-    if vocab_size is not None and not all(0 <= t < vocab_size for t in ids):
+    if vocab_size is not None and ids and (min(ids) < 0 or max(ids) >= vocab_size):
         bad = next(t for t in ids if not 0 <= t < vocab_size)
         raise InvalidDataError(
             f"a Choice has the token id {bad}, outside the model's vocabulary (0 to {vocab_size - 1}): it was "
             "sampled by another model (a server of another base, a tokenizer with other ids), or its ids "
             "were edited. Sample the rollouts from this model's endpoint (model.openai_client()).")
     logprobs = choice_logprobs(choice)
-    impossible = next((x for x in logprobs or () if not (math.isnan(x) or -math.inf < x <= LOGPROB_SLACK)), None)
+    # a NaN fails both comparisons and is kept out after: NaN marks a logprob as unknown
+    outside = [x for x in logprobs or () if not -math.inf < x <= LOGPROB_SLACK]
+    impossible = next((x for x in outside if not math.isnan(x)), None)
     if impossible is not None:
         raise InvalidDataError(
             f"a Choice has the sampled-token logprob {impossible}: a log-probability is finite and at most "
