@@ -138,13 +138,13 @@ def serve_options(*, head_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S, keep_alive_
 def uvicorn_config(app: Any, host: str, port: int, **extra: Any) -> Any:
     """uvicorn's Config for `app` on host:port under these limits (the open-file limit raised first);
     `extra`: more of its options."""
-    import uvicorn
+    import gc
 
-    from groupwise.runtime.memory import freeze_loaded
+    import uvicorn
 
     # Everything loaded so far (torch, the model, transformers: millions of objects) lives as long
     # as the server: out of the collector's sight, a request that allocates many objects no longer
     # sets off full collections that walk all of it (each a pause of every caller).
-    freeze_loaded()
+    gc.freeze()
     return uvicorn.Config(app, host=host, port=port, log_level="info", **serve_options(fd_limit=raise_fd_limit()),
                           **extra)

@@ -1,4 +1,4 @@
-"""Give freed memory back to the operating system (Linux, glibc); and how much is free (a KV cache, admission).
+"""Give freed memory back to the operating system (Linux, glibc); keep what is loaded out of the garbage collector's sight; and how much is free (a KV cache, admission).
 
 glibc keeps what a process frees in its heap instead of returning it to the OS (after large frees it
 also raises its mmap threshold, so later allocations come from the heap too). Two places pay for it:
@@ -6,6 +6,11 @@ a CPU training step allocates gigabytes of activations as tensors of a few MB ea
 grew step after step until the OOM killer ended the run; and a server that parsed a multi-MB request
 body kept its peak for good. `malloc_trim(0)` returns the free pages of every arena; the worker calls
 it after each step, the server after a large request (inference/memory_release.py).
+
+Python's full collections walk every tracked object, and a process holding a model has hundreds of
+thousands (torch, transformers, the modules): each one a pause of every thread, the engine's included,
+set off by the rollouts' short-lived objects. `freeze_loaded` moves what is loaded into the collector's
+permanent generation (as vLLM does after loading); `thaw_loaded` gives it back before a model is dropped.
 """
 
 from __future__ import annotations
