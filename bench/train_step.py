@@ -366,7 +366,6 @@ def _run_side(args) -> None:
     import torch
 
     from groupwise.runtime.compute import compute_thread
-    from groupwise.runtime.memory import freeze_loaded
 
     C = compute_thread()  # all torch work on one thread (groupwise/runtime/compute.py: OpenMP teams)
     torch.manual_seed(0)

@@ -44,7 +44,7 @@ def freeze_loaded() -> None:
     thousands of objects even for a tiny model) out of the garbage collector's sight, after collecting
     what is already garbage. Rollouts allocate many short-lived objects, which set off full collections
     that walk every tracked object: 0.3 s pauses of every thread (the engine's too) with a tiny model on
-    the 2-core CPU, ~0.04 s once frozen (docs/benchmarks.md). A process that holds a model calls this
+    the 2-core CPU; frozen, the longest pause was 0.016 s (bench/request_overhead.py). A process that holds a model calls this
     after loading it, from the thread that captures CUDA graphs: a collection must not run in a capture
     (inference/decode_graphs.py)."""
     gc.collect()
