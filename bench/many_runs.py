@@ -117,7 +117,7 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
 
         scenarios = list(get_env("2048").scenarios(run)[0])
     micro = 512 if args.device == "cpu" else args.micro_batch_tokens
-    config = gw.TrainConfig(learning_rate=1e-3 * (1 + run / 2), micro_batch_tokens=micro)
+    config = gw.TrainConfig(learning_rate=1e-3 * (1 + run / 2), micro_batch_tokens=micro, compile=args.compile)
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             if barrier is not None:
@@ -276,6 +276,8 @@ def main() -> int:
     p.add_argument("--engine-process", default="in_process",
                    help="in_process, separate or a comma list of both (LocalBackend(engine_process=); module doc)")
     p.add_argument("--no-fuse", action="store_true", help="capture the decode graphs unfused (Engine(fuse_decode=False)): the baseline of the fusion")
+    p.add_argument("--compile", action="store_true", help="TrainConfig(compile=True): the updates' decoder layers "
+                   "compiled (the runs' first, warm-up step compiles)")
     p.add_argument("--json", default=None, help="also write the results to this file")
     p.add_argument("--case", choices=["together", "sequence"], default=None, help="(internal) run one case")
     p.add_argument("--cases", default="sequence,together", help="which cases to run (the ratio needs both)")

@@ -38,6 +38,7 @@ from groupwise.errors import CheckpointMismatchError, ConfigError, GroupwiseErro
 from groupwise.runtime.module_walk import ModuleWalk
 from groupwise.training.adapters import TRAIN_ADAPTER, AdapterState, set_active_adapter
 from groupwise.training.finite import check_finite, guarded_step
+from groupwise.training.layer_checkpointing import LayerCheckpointing
 from groupwise.training.logprobs import base_and_decoder, head_logprobs, scatter_rows, token_logprobs, topk_candidates
 from groupwise.training.logprobs import trained_hidden
 from groupwise.training.lora_forward import AdapterForwards, TrainingForward, holding_values
@@ -138,6 +139,7 @@ class Trainer:
         self._compile_failed = False
         # None: unknown, so the first step sets it either way (a caller may have enabled it).
         self._layer_checkpointing: bool | None = None
+        self._checkpointing = LayerCheckpointing()
         self._base_dtype = next((p.dtype for n, p in model.named_parameters() if "lora_" not in n), torch.float32)
         self._reference: dict[str, torch.Tensor] | None = None  # the KL anchor's adapter values (set_reference)
         self.reference_step: int | None = None  # the checkpoint step they are; None: the base model
@@ -277,26 +279,8 @@ class Trainer:
 
     def _set_layer_checkpointing(self, on: bool) -> None:
         if self._layer_checkpointing == on:
-            return  # toggling walks the model; the state is ours to track (we set it every step)
-        base, _ = base_and_decoder(self.model)
-        if not getattr(base, "supports_gradient_checkpointing", False):
-            if on:
-                raise ConfigError(f"{type(base).__name__} does not support gradient checkpointing; set it False",
-                                  what="gradient checkpointing setting")
-            self._layer_checkpointing = False
-            return
-        # transformers >= 5.2x names it activation checkpointing (the old names warn); older ones do not.
-        new_names = hasattr(base, "activation_checkpointing_enable")
-        if on:
-            # Non-reentrant checkpointing needs no input that requires grad (the embeddings are frozen).
-            if new_names:
-                base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        elif new_names:
-            base.activation_checkpointing_disable()
-        else:
-            base.gradient_checkpointing_disable()
+            return  # the state is ours to track (we set it every step)
+        self._checkpointing(base_and_decoder(self.model)[0], self._modules()[0], on)
         self._layer_checkpointing = on
 
     def ensure_optimizer(self, config: TrainConfig, objective: str | None = None) -> torch.optim.AdamW:
