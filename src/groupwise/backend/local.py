@@ -104,7 +104,8 @@ class LocalBackend(WorkerBackend):
             bound and a second process only adds a hop (measured faster in process). On one H200 the
             separate core made 1.12x (one run) and 1.35x (four) the rollout tokens/s at the same peak
             memory (bench/many_runs.py ``--engine-process in_process,separate``, docs/benchmarks.md), one
-            call; "auto" moves there once the GPU tests and the main job have run through it on a GPU.
+            call; on another H200, two calls, a run alone stepped 1.13-1.17x slower and four runs together
+            1.13-1.29x faster. So "auto" stays in process, the choice of one run a backend.
         in_process, gpu_cost_per_hour_usd, enable_expert_replay: ART's; accepted (GPU cost and MoE
             replay have no counterpart) and named once in a warning.
     """
