@@ -30,15 +30,16 @@ from groupwise.errors import ConfigError
 
 __all__ = ["LayerCheckpointing"]
 
-# Non-reentrant: the frozen embeddings' output needs no gradient, and the recompute sees the same RNG.
+# Non-reentrant: it needs no input that requires grad (the frozen embeddings' output has none).
 CHECKPOINT = functools.partial(checkpoint, use_reentrant=False)
 
 
 class LayerCheckpointing:
-    """``switch(base, modules, on)``: turn `base`'s layer checkpointing `on` or off. `base`: the transformers
-    model; `modules`: every module of the (peft-wrapped) model, which holds `base`'s (the trainer's cached
-    walk). The modules that carry the flag are found once per such list: `hasattr` on a module without
-    the attribute goes through `nn.Module.__getattr__` and its exception, thousands of times a switch."""
+    """``LayerCheckpointing()(base, modules, on)``: turn `base`'s layer checkpointing `on` or off.
+    `base`: the transformers model; `modules`: every module of the (peft-wrapped) model, which holds
+    `base`'s (the trainer's cached walk). The modules that carry the flag are found once per such list:
+    `hasattr` on a module without the attribute goes through `nn.Module.__getattr__` and its exception,
+    thousands of times a switch."""
 
     def __init__(self) -> None:
         self._flagged: tuple[list[Any], list[Any]] | None = None
