@@ -25,6 +25,25 @@ def lora_model(tokenizer, *, dtype=None, seed: int = 0, dropout: float = 0.0):
     return peft_model
 
 
+def random_batch(lengths=(20, 18, 16, 14), vocab: int = 1000, seed: int = 2):
+    """A step's batch of random token ids (one group): each sequence's second half sampled, with old logprobs
+    -3.0 - 0.1 * position there, and advantages 1, -1, 0.5, -0.5 in turn."""
+    import math
+
+    import torch
+
+    from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
+
+    gen = torch.Generator().manual_seed(seed)
+    seqs = []
+    for b, n in enumerate(lengths):
+        ids = torch.randint(3, vocab, (n,), generator=gen).tolist()
+        mask = [t >= n // 2 for t in range(n)]  # second half sampled
+        old = [(-3.0 - 0.1 * t) if m else math.nan for t, m in enumerate(mask)]
+        seqs.append(TokenizedSequence(ids, mask, old, advantage=[1.0, -1.0, 0.5, -0.5][b % 4], trajectory_index=b))
+    return TokenizedBatch(sequences=seqs, num_groups=1)
+
+
 def make_choice(token_ids: list[int], logprobs: list[float] | None, text: str = "x") -> Choice:
     """A Choice as groupwise's server returns it: token ids in the extra field, logprobs per token."""
     lp = None

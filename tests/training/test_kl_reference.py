@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from gw_train_helpers import lora_model
+from gw_train_helpers import lora_model, random_batch
 
 from groupwise.config import TrainConfig
 from groupwise.errors import ConfigError
@@ -15,22 +15,11 @@ from groupwise.training import trainer as trainer_module
 from groupwise.training.checkpoint import adapter_tensors, latest_checkpoint, prune_checkpoints, save_checkpoint
 from groupwise.training.logprobs import token_logprobs
 from groupwise.training.loss import grpo_loss
-from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
+from groupwise.training.tokenize import TokenizedBatch
 from groupwise.training.trainer import Trainer
 
 
 LENGTHS = (20, 18, 16, 14)
-
-
-def _batch() -> TokenizedBatch:
-    gen = torch.Generator().manual_seed(2)
-    seqs = []
-    for b, n in enumerate(LENGTHS):
-        ids = torch.randint(3, 1000, (n,), generator=gen).tolist()
-        mask = [t >= n // 2 for t in range(n)]
-        old = [(-3.0 - 0.1 * t) if m else math.nan for t, m in enumerate(mask)]
-        seqs.append(TokenizedSequence(ids, mask, old, advantage=[1.0, -1.0, 0.5, -0.5][b], trajectory_index=b))
-    return TokenizedBatch(sequences=seqs, num_groups=1)
 
 
 def _padded(batch: TokenizedBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -77,8 +66,8 @@ def test_a_reference_equal_to_the_adapter_gives_kl_0_and_the_kl_free_gradient(to
     trainer.set_reference(reference, step=3)
 
     common = dict(micro_batch_tokens=40, max_seq_len=64)  # two micro-batches: the swap repeats per micro-batch
-    stats, grads = _grads(trainer, _batch(), TrainConfig(kl_coef=0.5, kl_reference_step=3, **common))
-    plain, plain_grads = _grads(trainer, _batch(), TrainConfig(kl_coef=0.0, **common))
+    stats, grads = _grads(trainer, random_batch(LENGTHS), TrainConfig(kl_coef=0.5, kl_reference_step=3, **common))
+    plain, plain_grads = _grads(trainer, random_batch(LENGTHS), TrainConfig(kl_coef=0.0, **common))
     assert abs(stats.kl_sum) < 1e-12 and stats.tokens == 34
     assert stats.loss == pytest.approx(plain.loss, abs=1e-12)
     scale = max(float(g.abs().max()) for g in plain_grads.values())
@@ -102,9 +91,9 @@ def test_a_different_reference_is_the_model_holding_those_weights(tokenizer, mon
     seen = []
     monkeypatch.setattr(trainer_module, "grpo_loss",
                         lambda *a, **k: seen.append(k["ref_logprobs_BT"]) or grpo_loss(*a, **k))
-    stats, grads = _grads(trainer, _batch(), config)
+    stats, grads = _grads(trainer, random_batch(LENGTHS), config)
 
-    ids_BT, mask_BT, old_BT, adv_B = _padded(_batch())
+    ids_BT, mask_BT, old_BT, adv_B = _padded(random_batch(LENGTHS))
     held = lora_model(tokenizer, dropout=dropout)  # the same base and adapter init; then the reference's values
     with torch.no_grad():
         for n, p in held.named_parameters():
@@ -133,7 +122,7 @@ def test_a_different_reference_is_the_model_holding_those_weights(tokenizer, mon
 
     # The step: exactly AdamW's update of that gradient (no clipping), from the restored parameters.
     torch.optim.AdamW(list(expected.values()), lr=config.learning_rate, weight_decay=0.0, foreach=False).step()
-    trainer.train_step(_batch(), config, step=0)
+    trainer.train_step(random_batch(LENGTHS), config, step=0)
     for n, p in trainer.trainable_named_parameters():
         assert torch.allclose(p, expected[n], atol=1e-12, rtol=0), n
 
@@ -142,7 +131,7 @@ def test_the_anchor_must_be_the_configs_and_fit_the_adapter(tokenizer):
     trainer = Trainer(lora_model(tokenizer))
     config = TrainConfig(kl_coef=0.1, kl_reference_step=2, max_seq_len=64)
     with pytest.raises(ValueError, match="kl_reference_step=2 but the trainer's KL reference is the base model"):
-        trainer.train_step(_batch(), config)
+        trainer.train_step(random_batch(LENGTHS), config)
     reference = _moved(trainer)
     name = next(iter(reference))
     with pytest.raises(ValueError, match=r"1 tensor\(s\) missing"):
@@ -152,11 +141,11 @@ def test_the_anchor_must_be_the_configs_and_fit_the_adapter(tokenizer):
     with pytest.raises(ValueError, match="give a checkpoint step >= 1 with its tensors"):
         trainer.set_reference(None, step=2)
     trainer.set_reference(reference, step=2)
-    assert trainer.train_step(_batch(), config)["kl"] > 0
+    assert trainer.train_step(random_batch(LENGTHS), config)["kl"] > 0
     # kl_coef 0 skips the reference pass, so any anchor (or none) is fine; 0 and None are the base model.
-    assert trainer.train_step(_batch(), TrainConfig(kl_reference_step=7, max_seq_len=64))["kl"] == 0.0
+    assert trainer.train_step(random_batch(LENGTHS), TrainConfig(kl_reference_step=7, max_seq_len=64))["kl"] == 0.0
     trainer.set_reference(None, step=None)
-    assert trainer.train_step(_batch(), TrainConfig(kl_coef=0.1, kl_reference_step=0, max_seq_len=64))["kl"] > 0
+    assert trainer.train_step(random_batch(LENGTHS), TrainConfig(kl_coef=0.1, kl_reference_step=0, max_seq_len=64))["kl"] > 0
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "1"])

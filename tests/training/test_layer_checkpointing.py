@@ -3,26 +3,13 @@ gradient is the uncheckpointed one, and nothing is left on the model after the s
 
 from __future__ import annotations
 
-import math
 
 import torch
-from gw_train_helpers import lora_model
+from gw_train_helpers import lora_model, random_batch
 
 from groupwise.config import TrainConfig
 from groupwise.training.logprobs import base_and_decoder
-from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
 from groupwise.training.trainer import Trainer
-
-
-def _batch(lengths=(20, 18, 16, 14), vocab=1000):
-    gen = torch.Generator().manual_seed(5)
-    seqs = []
-    for b, n in enumerate(lengths):
-        ids = torch.randint(3, vocab, (n,), generator=gen).tolist()
-        mask = [t >= n // 2 for t in range(n)]
-        old = [(-3.0 - 0.1 * t) if m else math.nan for t, m in enumerate(mask)]
-        seqs.append(TokenizedSequence(ids, mask, old, advantage=[1.0, -1.0, 0.5, -0.5][b], trajectory_index=b))
-    return TokenizedBatch(sequences=seqs, num_groups=1)
 
 
 def _hooks(module: torch.nn.Module) -> int:
@@ -39,7 +26,7 @@ def test_steps_leave_no_hook_and_no_flag_behind(tokenizer):
     before = _hooks(embeddings)
     config = TrainConfig(gradient_checkpointing=True, max_seq_len=64, learning_rate=1e-3)
     for step in range(3):
-        trainer.train_step(_batch(), config, step=step)
+        trainer.train_step(random_batch(seed=5), config, step=step)
     assert _hooks(embeddings) == before
     assert not base.is_gradient_checkpointing  # left off for the engine
     assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
@@ -57,7 +44,7 @@ def test_checkpointed_layers_recompute_in_the_backward(tokenizer):
     counts = {}
     for on in (False, True, False):
         calls.clear()
-        trainer.train_step(_batch(), TrainConfig(gradient_checkpointing=on, max_seq_len=64, micro_batch_tokens=10_000))
+        trainer.train_step(random_batch(seed=5), TrainConfig(gradient_checkpointing=on, max_seq_len=64, micro_batch_tokens=10_000))
         counts.setdefault(on, []).append(len(calls))
     layers = len(decoder.layers)
     assert counts == {False: [layers, layers], True: [2 * layers]}
@@ -88,7 +75,7 @@ def test_the_embeddings_output_gets_no_gradient_and_the_adapter_the_same_one(tok
         trainer._set_layer_checkpointing(True)
         model.train()
         try:
-            trainer.forward_backward(_batch(), TrainConfig(max_seq_len=64, gradient_checkpointing=True))
+            trainer.forward_backward(random_batch(seed=5), TrainConfig(max_seq_len=64, gradient_checkpointing=True))
         finally:
             trainer._set_layer_checkpointing(False)
             if extra is not None:
@@ -124,7 +111,7 @@ def test_a_model_of_the_older_format_keeps_one_hook_and_trains_its_first_layer(t
     first = {n: p.detach().clone() for n, p in decoder.layers[0].named_parameters() if "lora_" in n}
     config = TrainConfig(gradient_checkpointing=True, max_seq_len=64, learning_rate=1e-2)
     for step in range(3):
-        trainer.train_step(_batch(), config, step=step)
+        trainer.train_step(random_batch(seed=5), config, step=step)
         assert _hooks(embeddings) <= before + 1
     moved = [n for n, p in decoder.layers[0].named_parameters() if "lora_" in n and not torch.equal(p, first[n])]
     assert len(moved) == len(first) > 0  # reentrant recompute got its gradient: the hook was in place

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from gw_train_helpers import lora_model
+from gw_train_helpers import lora_model, random_batch
 
 from groupwise.config import LoraConfig, TrainConfig
 from groupwise.training.checkpoint import (
@@ -17,22 +17,10 @@ from groupwise.training.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
 from groupwise.training.logprobs import token_logprobs
 from groupwise.training.adapters import wrap_with_lora
 from groupwise.runtime.loading import tiny_random_model
 from groupwise.training.trainer import Trainer, plan_micro_batches
-
-
-def _batch(lengths=(20, 18, 16, 14), vocab=1000):
-    gen = torch.Generator().manual_seed(2)
-    seqs = []
-    for b, n in enumerate(lengths):
-        ids = torch.randint(3, vocab, (n,), generator=gen).tolist()
-        mask = [t >= n // 2 for t in range(n)]  # second half sampled
-        old = [(-3.0 - 0.1 * t) if m else math.nan for t, m in enumerate(mask)]
-        seqs.append(TokenizedSequence(ids, mask, old, advantage=[1.0, -1.0, 0.5, -0.5][b], trajectory_index=b))
-    return TokenizedBatch(sequences=seqs, num_groups=1)
 
 
 def test_plan_micro_batches_respects_the_token_budget():
@@ -45,7 +33,7 @@ def test_plan_micro_batches_respects_the_token_budget():
 def test_four_micro_batches_equal_the_full_batch_fp64(tokenizer, normalize):
     model = lora_model(tokenizer)
     trainer = Trainer(model)
-    batch = _batch()
+    batch = random_batch()
     grads = []
     for budget in (10_000, 20):  # one micro-batch of 4, then four of 1 (20 < 2 * 18)
         config = TrainConfig(micro_batch_tokens=budget, normalize=normalize, max_seq_len=64, logprob_chunk_size=7)
@@ -85,7 +73,7 @@ def test_step_moves_only_the_adapter_and_checkpoint_round_trips(tokenizer, tmp_p
     lora_before = {n: p.detach().clone() for n, p in trainer.trainable_named_parameters()}
     config = TrainConfig(learning_rate=1e-3, micro_batch_tokens=40, max_seq_len=64)
     seen = []
-    metrics = trainer.train_step(_batch(), config, step=0, progress=lambda done, total: seen.append((done, total)))
+    metrics = trainer.train_step(random_batch(), config, step=0, progress=lambda done, total: seen.append((done, total)))
     assert metrics["trainable_tokens"] == 10 + 9 + 8 + 7 and metrics["micro_batches"] == 2
     # progress after each micro-batch, in padded tokens, ending at the step's total
     total = metrics["padded_tokens"]
@@ -112,8 +100,8 @@ def test_step_moves_only_the_adapter_and_checkpoint_round_trips(tokenizer, tmp_p
     for (n, p), (_, q) in zip(trainer.trainable_named_parameters(), trainer2.trainable_named_parameters()):
         assert torch.equal(p, q), n
     # Both take the same next step to the same adapter: the optimizer really resumed.
-    trainer.train_step(_batch(), config, step=1)
-    trainer2.train_step(_batch(), config, step=1)
+    trainer.train_step(random_batch(), config, step=1)
+    trainer2.train_step(random_batch(), config, step=1)
     for (n, p), (_, q) in zip(trainer.trainable_named_parameters(), trainer2.trainable_named_parameters()):
         assert torch.equal(p, q), n
 
@@ -126,7 +114,7 @@ def test_grpo_after_sft_starts_with_fresh_adam_moments(tokenizer, tmp_path):
     warm_model = lora_model(tokenizer, dtype=torch.float32)
     warm = Trainer(warm_model)
     for step in range(2):
-        warm.train_step(_batch(), config, step=step, objective="sft")
+        warm.train_step(random_batch(), config, step=step, objective="sft")
     assert {float(s["step"]) for s in warm.optimizer.state.values()} == {2.0}
     names = [n for n, _ in warm.trainable_named_parameters()]
     save_checkpoint(tmp_path, 2, model=warm_model, optimizer=warm.optimizer, param_names=names)
@@ -142,7 +130,7 @@ def test_grpo_after_sft_starts_with_fresh_adam_moments(tokenizer, tmp_path):
     assert {float(s["step"]) for s in resumed.optimizer.state.values()} == {2.0}
 
     for trainer in (warm, fresh, resumed):
-        trainer.train_step(_batch(), config, step=2, objective="grpo")
+        trainer.train_step(random_batch(), config, step=2, objective="grpo")
     assert {float(s["step"]) for s in warm.optimizer.state.values()} == {1.0}
     for (n, p), (_, q), (_, r) in zip(fresh.trainable_named_parameters(), warm.trainable_named_parameters(),
                                       resumed.trainable_named_parameters()):
@@ -170,11 +158,11 @@ def test_kl_against_the_base_model_with_the_adapter_disabled(tokenizer):
     fresh, _ = tiny_random_model(seed=0, tokenizer=tokenizer)
     trainer = Trainer(wrap_with_lora(fresh, LoraConfig(rank=4, alpha=8)))
     config = TrainConfig(kl_coef=0.1, micro_batch_tokens=40, max_seq_len=64)
-    assert trainer.train_step(_batch(), config, step=0)["kl"] == 0.0
+    assert trainer.train_step(random_batch(), config, step=0)["kl"] == 0.0
     # An adapter that moved the policy: KL > 0, and it adds to the loss (kl_coef * mean KL for token norm).
     moved = Trainer(lora_model(tokenizer, dtype=torch.float64))
-    with_kl = moved.train_step(_batch(), TrainConfig(kl_coef=0.1, max_seq_len=64, learning_rate=1e-12), step=0)
-    without = moved.train_step(_batch(), TrainConfig(kl_coef=0.0, max_seq_len=64, learning_rate=1e-12), step=0)
+    with_kl = moved.train_step(random_batch(), TrainConfig(kl_coef=0.1, max_seq_len=64, learning_rate=1e-12), step=0)
+    without = moved.train_step(random_batch(), TrainConfig(kl_coef=0.0, max_seq_len=64, learning_rate=1e-12), step=0)
     assert with_kl["kl"] > 0
     assert with_kl["loss"] - without["loss"] == pytest.approx(0.1 * with_kl["kl"], rel=1e-6)
 
@@ -189,7 +177,7 @@ def test_layer_checkpointing_gives_the_same_gradient_fp64(tokenizer):
         trainer._activate()
         trainer._set_layer_checkpointing(on)
         model.train()
-        trainer.forward_backward(_batch(), TrainConfig(max_seq_len=64, gradient_checkpointing=on))
+        trainer.forward_backward(random_batch(), TrainConfig(max_seq_len=64, gradient_checkpointing=on))
         trainer._set_layer_checkpointing(False)
         grads.append({n: p.grad.clone() for n, p in trainer.trainable_named_parameters()})
     assert all(torch.allclose(grads[0][n], grads[1][n], atol=1e-12) for n in grads[0])
@@ -209,7 +197,7 @@ def test_bf16_base_trains_an_fp32_adapter_under_autocast(tokenizer):
         trainer = Trainer(model)
         assert trainer._base_dtype == dtype
         trainer._activate()
-        stats, _ = trainer.forward_backward(_batch(), TrainConfig(micro_batch_tokens=10_000, max_seq_len=64))
+        stats, _ = trainer.forward_backward(random_batch(), TrainConfig(micro_batch_tokens=10_000, max_seq_len=64))
         named = trainer.trainable_named_parameters()
         assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for _, p in named)
         grads[dtype] = torch.cat([p.grad.flatten() for _, p in named])
@@ -226,7 +214,7 @@ def test_compiled_layers_give_the_eager_gradient_and_are_removed_after(tokenizer
         model = lora_model(tokenizer, dtype=torch.float32)
         trainer = Trainer(model)
         trainer._activate()
-        trainer.forward_backward(_batch(), TrainConfig(max_seq_len=64, compile=compile_layers))
+        trainer.forward_backward(random_batch(), TrainConfig(max_seq_len=64, compile=compile_layers))
         assert bool(trainer._compiled) == compile_layers
         layers = model.get_base_model().model.layers
         assert not any("forward" in layer.__dict__ for layer in layers)
@@ -245,10 +233,10 @@ def test_mis_through_the_trainer_drops_the_tokens_a_stale_sampler_made_unlikely(
 
     model = lora_model(tokenizer, dtype=torch.float64)
     trainer = Trainer(model)
-    stale = _batch()
+    stale = random_batch()
     stale.sequences = [dc.replace(s, old_logprobs=[-50.0 if m else math.nan for m in s.mask]) if b < 2
                        else dc.replace(s, old_logprobs=[math.nan] * len(s)) for b, s in enumerate(stale.sequences)]
-    zeroed = _batch()
+    zeroed = random_batch()
     zeroed.sequences = [dc.replace(s, old_logprobs=[math.nan] * len(s), advantage=0.0 if b < 2 else s.advantage)
                         for b, s in enumerate(zeroed.sequences)]
     grads, stats = [], []
@@ -299,10 +287,10 @@ def test_num_iterations_takes_that_many_optimizer_steps_on_one_batch(tokenizer):
     peft's own start (B = 0) the first update moves only B; the second is what moves A."""
     one, two = (TrainConfig(learning_rate=1e-3, micro_batch_tokens=40, max_seq_len=64, num_iterations=n) for n in (1, 2))
     twice, mu = Trainer(lora_model(tokenizer)), Trainer(lora_model(tokenizer))
-    first = twice.train_step(_batch(), one, step=0)
-    twice.train_step(_batch(), one, step=1)
+    first = twice.train_step(random_batch(), one, step=0)
+    twice.train_step(random_batch(), one, step=1)
     seen = []
-    metrics = mu.train_step(_batch(), two, step=0, progress=lambda done, total: seen.append((done, total)))
+    metrics = mu.train_step(random_batch(), two, step=0, progress=lambda done, total: seen.append((done, total)))
     for (n, p), (_, q) in zip(twice.trainable_named_parameters(), mu.trainable_named_parameters()):
         assert torch.allclose(p, q, rtol=0, atol=1e-12), n
     assert metrics["loss"] == first["loss"] and metrics["grad_norm"] == first["grad_norm"]
@@ -315,7 +303,7 @@ def test_num_iterations_takes_that_many_optimizer_steps_on_one_batch(tokenizer):
         model = wrap_with_lora(base, LoraConfig(rank=4, alpha=8))  # peft's start: B = 0
         trainer = Trainer(model)
         a_before = {n: p.detach().clone() for n, p in trainer.trainable_named_parameters() if "lora_A" in n}
-        trainer.train_step(_batch(), TrainConfig(learning_rate=1e-3, micro_batch_tokens=40, max_seq_len=64,
+        trainer.train_step(random_batch(), TrainConfig(learning_rate=1e-3, micro_batch_tokens=40, max_seq_len=64,
                                                  num_iterations=n_updates), step=0)
         moved = [n for n, p in trainer.trainable_named_parameters() if n in a_before and not torch.equal(p, a_before[n])]
         assert bool(moved) is a_moves and (not a_moves or len(moved) == len(a_before))
