@@ -265,6 +265,30 @@ def test_the_engine_process_flag_reaches_the_backend_and_is_repeated_in_advice(t
     assert "--engine-process" not in default.same_run_flags()
 
 
+def test_auto_puts_a_sweep_on_cuda_in_a_core_process_and_leaves_one_run_and_the_cpu_in_process(tmp_path, monkeypatch):
+    """`engine_process_for`: "auto" is the separate core only for several runs on one CUDA backend; an explicit
+    choice is kept whatever the runs and device. The sweep job asks it with its run count."""
+    from groupwise.backend.local import engine_process_for
+    from groupwise.jobs.train_setup import job_backend
+
+    assert engine_process_for("auto", runs=4, device_type="cuda") == "separate"
+    assert engine_process_for(None, runs=2, device_type="cuda") == "separate"
+    assert engine_process_for("auto", runs=1, device_type="cuda") == "in_process"
+    assert engine_process_for("auto", runs=4, device_type="cpu") == "in_process"
+    assert engine_process_for("in_process", runs=8, device_type="cuda") == "in_process"
+    assert engine_process_for("separate", runs=1, device_type="cpu") == "separate"
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the backends are built, never started
+    cuda = TrainJob(env="2048", path=str(tmp_path), device="cuda")
+    assert job_backend(cuda, cuda.preset(), runs=4).engine_process == "separate"
+    assert job_backend(cuda, cuda.preset()).engine_process == "auto"
+    kept = TrainJob(env="2048", path=str(tmp_path), device="cuda", engine_process="in_process")
+    assert job_backend(kept, kept.preset(), runs=4).engine_process == "in_process"
+    cpu = TrainJob(env="2048", path=str(tmp_path), device="cpu")
+    assert job_backend(cpu, cpu.preset(), runs=4).engine_process == "in_process"
+
+
 def test_the_reported_peak_memory_counts_a_worker_process_that_held_the_model():
     """With `--engine-process separate` the model lives in the backend's worker process: the job's
     "peak memory" read only its own process and printed 0.4 GB for a SmolLM2 run. A child that ended

@@ -21,17 +21,22 @@ def test_a_sweep_is_every_seed_with_every_rate_and_refuses_what_names_one_run():
     assert TrainJob("2048").preset().sft == 0 and TrainJob("tictactoe-minimax").preset().sft == 0
 
 
-def test_a_sweep_warm_starts_each_run_then_trains_it(tmp_path, capsys, tiny_model_dir):
+@pytest.mark.parametrize("engine_process", ["auto", "separate"])
+def test_a_sweep_warm_starts_each_run_then_trains_it(tmp_path, capsys, tiny_model_dir, engine_process):
+    # "separate": the runs' commands overlap over the worker's pipe (backend/processes.py), as a sweep on
+    # CUDA runs them by default
     import asyncio
 
     import groupwise as gw
     from groupwise.jobs.train import train
 
     job = TrainJob("tictactoe", model=tiny_model_dir, seeds=[0, 1], path=str(tmp_path), device="cpu", sft=2,
-                   sft_epochs=1, sft_lr=1e-3, steps=1, groups_per_step=2, rollouts_per_group=2)
+                   sft_epochs=1, sft_lr=1e-3, steps=1, groups_per_step=2, rollouts_per_group=2,
+                   engine_process=engine_process)
     result = asyncio.run(train(job))
     out = capsys.readouterr().out
     assert "first a warm start on 2 demonstrations each" in out
+    assert ("run in a core process of their own" in out) == (engine_process == "separate")
     for seed, row in zip((0, 1), result["runs"]):
         assert row["sft_steps"] == 1 and row["final_step"] == 2 and row["sft"] is not None, row
         history = gw.load_history(row["run_dir"])

@@ -25,7 +25,6 @@ app answers with an error, and the router asks the backend, which raises `Worker
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +58,9 @@ class CoreFrontends:
         self._cores: dict[tuple[int, str], CoreFrontend] = {}  # (rank, base model) -> its frontend
         self._runs: dict[str, str] = {}  # run name -> its base model
         self._tokenizers: dict[str, Any] = {}  # base model -> the tokenizer its frontends render with
+        # the workers' commands overlap (backend/processes.py): one mirror at a time, each of a state read
+        # after the command that asked for it
+        self._mirroring = asyncio.Lock()
 
     def add_tokenizer(self, base_model: str, tokenizer: Any) -> None:
         if tokenizer is not None:
@@ -132,8 +134,9 @@ class CoreFrontends:
                 if kw is not None and info is not None:
                     self.add_tokenizer(kw["spec"].base_model, info.get("tokenizer"))
         if method in SERVING_METHODS:
-            states = await processes.call("served_state", [{}] * len(kwargs))
-            await asyncio.to_thread(self.mirror, states)
+            async with self._mirroring:
+                states = await processes.call("served_state", [{}] * len(kwargs))
+                await asyncio.to_thread(self.mirror, states)
         return results
 
     def close(self) -> None:

@@ -55,7 +55,20 @@ if TYPE_CHECKING:
     from groupwise.backend.worker import DeviceWorker
     from groupwise.model import TrainableModel
 
-__all__ = ["LocalAPI", "LocalBackend", "ReplicaDivergenceError", "WorkerError", "API_KEY", "DEFAULT_PATH"]
+__all__ = ["LocalAPI", "LocalBackend", "ReplicaDivergenceError", "WorkerError", "API_KEY", "DEFAULT_PATH",
+           "engine_process_for"]
+
+
+def engine_process_for(choice: "EngineProcess | None", *, runs: int, device_type: str | None = None) -> str:
+    """What `LocalBackend(engine_process=choice)` runs for `runs` runs on one backend on a `device_type`
+    device: a choice other than "auto" as it is; "auto" the separate core for several runs on CUDA (their
+    requests' Python off the engine's GIL, 1.13-1.29x faster at four runs on H200s, the same at eight)
+    and in process otherwise (one run: 1.13-1.17x faster so; the CPU: always faster so) (the class
+    docstring, docs/benchmarks.md)."""
+    choice = choice or DEFAULT_ENGINE_PROCESS
+    if choice != "auto":
+        return choice
+    return "separate" if runs > 1 and device_type == "cuda" else "in_process"
 
 
 def _devices(devices: "int | list[str] | tuple[str, ...] | None") -> list[str] | None:
@@ -100,12 +113,12 @@ class LocalBackend(WorkerBackend):
             sharing its weights, in a worker process of their own per device (one for one device),
             serving as an engine core; this process is their frontend and runs the requests' Python, off
             the GIL of the loop that steps the engine. ``"auto"`` (the default,
-            `groupwise.config.DEFAULT_ENGINE_PROCESS`): in process. On the CPU the forward passes are the
-            bound and a second process only adds a hop (measured faster in process). On one H200 the
-            separate core made 1.12x (one run) and 1.35x (four) the rollout tokens/s at the same peak
-            memory (bench/many_runs.py ``--engine-process in_process,separate``, docs/benchmarks.md), one
-            call; on another H200, two calls, a run alone stepped 1.13-1.17x slower and four runs together
-            1.13-1.29x faster. So "auto" stays in process, the choice of one run a backend.
+            `groupwise.config.DEFAULT_ENGINE_PROCESS`): in process, unless the one who builds the backend
+            knows it will hold several runs on CUDA (`engine_process_for`: the sweep job). On the CPU the
+            forward passes are the bound and a second process only adds a hop (measured faster in
+            process). On H200s (bench/many_runs.py ``--engine-process in_process,separate``,
+            docs/benchmarks.md) a run alone stepped 1.13-1.17x slower with the separate core, and several
+            runs on one backend 1.13-1.29x faster (four) or the same (eight), at the same peak memory.
         in_process, gpu_cost_per_hour_usd, enable_expert_replay: ART's; accepted (GPU cost and MoE
             replay have no counterpart) and named once in a warning.
     """
@@ -169,7 +182,7 @@ class LocalBackend(WorkerBackend):
     def _separate_engine(self) -> bool:
         """Whether the engines run as cores in worker processes, this process their frontend (`engine_process`;
         its "auto" is in process, the docstring says why)."""
-        return (self.engine_process or DEFAULT_ENGINE_PROCESS) == "separate"
+        return engine_process_for(self.engine_process, runs=1) == "separate"
 
     async def _start(self) -> None:
         separate = self._separate_engine()

@@ -9,12 +9,18 @@ Why these pieces:
 * the gradient all-reduce between ranks is torch.distributed (NCCL between GPUs, gloo on CPUs), set up
   through a TCP rendezvous on loopback; its timeout bounds how long a rank waits for a dead peer.
 * driver -> worker commands (load, train, serve a step, retention, close) go through one
-  `multiprocessing` Pipe per worker (the child inherits its end): a command is (method name, keyword
+  `multiprocessing` Pipe per worker (the child inherits its end): a command is (id, method name, keyword
   arguments) of `DeviceWorker` (a step's update, publish and retention: one typed command of
-  backend/protocol.py, under ``command``), the answer its pickled result or exception. The driver waits on all pipes at
-  once (`multiprocessing.connection.wait`); a worker that dies, even by SIGKILL, closes its end, so it
-  is reported at once, with its exit signal, instead of leaving the driver waiting. A worker whose
-  driver dies reads the end of its pipe and exits.
+  backend/protocol.py, under ``command``), the answer (id, its pickled result or exception). One thread
+  of the driver reads every pipe (`multiprocessing.connection.wait`) and hands each answer to the call
+  that waits for its id; a worker that dies, even by SIGKILL, closes its end, so it is reported at once,
+  with its exit signal, instead of leaving the driver waiting. A worker whose driver dies reads the end
+  of its pipe and exits.
+* a worker runs each command as a task of its own, as the in-process `DeviceWorker` runs the commands of
+  several runs' tasks: one run's publication, which waits for its checkpoint's files on a thread, does
+  not hold the pipe while the next run's update could use the device. Several ranks take one command at
+  a time (the driver's lock): their updates meet in collectives, which must come in one order on every
+  rank, and commands that overlap in a worker reach its locks in no fixed order.
 * rollouts do not go through the driver: each worker serves its replica's FastAPI app with uvicorn on a
   loopback port, and the user's client spreads its requests over them (backend/routing.py). With
   ``WorkerOptions.engine_core`` (`LocalBackend(engine_process="separate")`) a worker serves its engine as an
@@ -27,10 +33,12 @@ import asyncio
 import multiprocessing
 import os
 import pickle
+import itertools
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import traceback
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -65,23 +73,41 @@ def _recv(conn: Connection) -> Any:
     return pickle.loads(conn.recv_bytes())
 
 
+def _settle(future: asyncio.Future, reply: Any, error: BaseException | None) -> None:
+    """On the caller's loop: the answer (or the worker's death) to the call waiting for it, unless it gave up."""
+    if not future.done():
+        future.set_result(reply) if error is None else future.set_exception(error)
+
+
+async def _answer(worker: DeviceWorker, conn: Any, cid: int, method: str, kwargs: dict[str, Any]) -> None:
+    try:
+        reply: tuple = ("ok", await getattr(worker, method)(**kwargs))
+    except BaseException as exc:  # the driver re-raises it
+        tb = traceback.format_exc()
+        reply = ("error", _portable(exc, tb), tb)
+    _send(conn, (cid, reply))
+
+
 async def _serve(worker: DeviceWorker, conn: Any) -> None:
+    """Read commands and run each as a task (module doc); "close" runs once the commands before it ended."""
     loop = asyncio.get_running_loop()
+    running: set[asyncio.Task] = set()
     while True:
         try:
-            method, kwargs = await loop.run_in_executor(None, _recv, conn)
+            cid, method, kwargs = await loop.run_in_executor(None, _recv, conn)
         except (EOFError, OSError):  # the driver is gone: release everything and leave
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
             await worker.close()
             return
-        try:
-            result = await getattr(worker, method)(**kwargs)
-            reply: tuple = ("ok", result)
-        except BaseException as exc:  # the driver re-raises it
-            tb = traceback.format_exc()
-            reply = ("error", _portable(exc, tb), tb)
-        _send(conn, reply)
         if method == "close":
+            await asyncio.gather(*running, return_exceptions=True)
+            await _answer(worker, conn, cid, method, kwargs)
             return
+        task = asyncio.create_task(_answer(worker, conn, cid, method, kwargs))
+        running.add(task)
+        task.add_done_callback(running.discard)
 
 
 _FD_VAR = "GROUPWISE_WORKER_FD"
@@ -120,8 +146,15 @@ class WorkerProcesses:
         self.timeout_s = timeout_s
         self._procs: list[Any] = []
         self._conns: list[Any] = []
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # several ranks: one command at a time (module doc)
         self._failure: WorkerError | None = None
+        self._ids = itertools.count()
+        # (rank, command id) -> (the caller's loop, the future of its answer, the method): filled by `call`,
+        # answered by the reader thread
+        self._waiting: dict[tuple[int, int], tuple[Any, asyncio.Future, str]] = {}
+        self._reader: threading.Thread | None = None
+        self._closed: set[int] = set()  # the ranks whose pipe the reader saw close
+        self._stopping = threading.Event()
 
     @property
     def pids(self) -> list[int]:
@@ -151,6 +184,8 @@ class WorkerProcesses:
             _send(parent, (rank, world, device, options, threads))
             self._procs.append(proc)
             self._conns.append(parent)
+        self._reader = threading.Thread(target=self._read, name="groupwise-worker-pipes", daemon=True)
+        self._reader.start()
         init = f"tcp://127.0.0.1:{_free_port()}"
         await self.call("init_process_group", [{"init_method": init, "timeout_s": self.timeout_s}] * world)
 
@@ -166,18 +201,24 @@ class WorkerProcesses:
             if proc.poll() is not None:
                 self._fail(rank, "serving", proc.returncode)
 
-    def _fail(self, rank: int, method: str, code: int | None) -> None:
-        proc = self._procs[rank]
-        self._failure = WorkerError(
-            f"worker rank {rank} (device {self.devices[rank]}, pid {proc.pid}) {_describe_exit(code)} during "
-            f"{method!r}. The other workers were stopped. The run's last complete checkpoint is intact: "
-            "create the backend again and register the model (or call fit again) to resume from it."
-        )
+    def _failed(self, rank: int, method: str, code: int | None) -> WorkerError:
+        """Record that worker `rank` died during `method` (the first death is the one reported), stop the others."""
+        if self._failure is None:
+            pid = self._procs[rank].pid if rank < len(self._procs) else "?"
+            self._failure = WorkerError(
+                f"worker rank {rank} (device {self.devices[rank]}, pid {pid}) {_describe_exit(code)} during "
+                f"{method!r}. The other workers were stopped. The run's last complete checkpoint is intact: "
+                "create the backend again and register the model (or call fit again) to resume from it."
+            )
         self._kill_all()
-        raise self._failure
+        return self._failure
+
+    def _fail(self, rank: int, method: str, code: int | None) -> None:
+        raise self._failed(rank, method, code)
 
     def kill(self) -> None:
         """Stop every worker now (no event loop needed)."""
+        self._stopping.set()
         self._kill_all()
         for conn in self._conns:
             conn.close()
@@ -191,27 +232,66 @@ class WorkerProcesses:
             proc.wait(timeout=30)
 
     def _exit_code(self, rank: int) -> int | None:
+        if rank >= len(self._procs):  # stopped meanwhile
+            return None
         try:
             return self._procs[rank].wait(timeout=10)
         except subprocess.TimeoutExpired:
             return None
 
-    def _collect(self, method: str, ranks: list[int]) -> list[Any]:
-        """Wait for the answer of every rank of `ranks` (the others were not called: None). A worker that
-        dies fails the call at once (its pipe closes). The ranks called do the same work, so once one
-        has answered the others get `timeout_s` (30 s at most after an error: they may wait in a
-        collective for the rank that failed); a rank that stays silent longer is stuck, and every
-        worker is stopped."""
-        pending = {r: self._conns[r] for r in ranks}
+    def _read(self) -> None:
+        """The reader thread: hand each worker's answers to the calls waiting for them; a closed pipe (the
+        worker died) fails every call waiting on that worker."""
+        closed = self._closed
+        while not self._stopping.is_set():
+            conns = {c: r for r, c in enumerate(self._conns) if r not in closed}
+            if not conns:
+                return
+            try:
+                ready = wait(list(conns), timeout=0.5)  # the timeout only lets it notice `stop`
+            except (OSError, ValueError):  # a pipe closed by `kill` meanwhile
+                continue
+            for conn in ready:
+                rank = conns[conn]
+                try:
+                    cid, reply = _recv(conn)
+                except (EOFError, OSError, ValueError):
+                    # a worker exits after "close"; one that dies unasked is found by the next call (`_call`)
+                    # or by `check_alive`
+                    closed.add(rank)
+                    if not self._stopping.is_set() and any(k[0] == rank for k in list(self._waiting)):
+                        self._worker_died(rank)
+                    continue
+                entry = self._waiting.pop((rank, cid), None)
+                if entry is not None:
+                    loop, future, _ = entry
+                    loop.call_soon_threadsafe(_settle, future, reply, None)
+
+    def _worker_died(self, rank: int) -> None:
+        waiting = [k for k in list(self._waiting) if k[0] == rank]
+        methods = [self._waiting[k][2] for k in waiting if k in self._waiting]
+        failure = self._failed(rank, methods[0] if methods else "serving", self._exit_code(rank))
+        for key in list(self._waiting):  # every worker was stopped: no call gets its answer
+            entry = self._waiting.pop(key, None)
+            if entry is not None:
+                loop, future, _ = entry
+                loop.call_soon_threadsafe(_settle, future, None, failure)
+
+    async def _answers(self, method: str, futures: dict[asyncio.Future, int]) -> list[Any]:
+        """Wait for the answer of every called rank (the others: None). A worker that dies fails the call at
+        once (its pipe closes). The ranks called do the same work, so once one has answered the others get
+        `timeout_s` (30 s at most after an error: they may wait in a collective for the rank that failed);
+        a rank that stays silent longer is stuck, and every worker is stopped."""
         results: list[Any] = [None] * len(self._conns)
         errors: list[tuple[int, BaseException, str]] = []
+        pending = set(futures)
         while pending:
-            answered = len(pending) < len(ranks)
+            answered = len(pending) < len(futures)
             timeout = min(self.timeout_s, 30.0) if errors else (self.timeout_s if answered else None)
-            ready = wait(list(pending.values()), timeout=timeout)
-            if not ready:
-                self._kill_all()
-                silent = sorted(pending)
+            done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                await asyncio.to_thread(self._kill_all)
+                silent = sorted(futures[f] for f in pending)
                 self._failure = WorkerError(
                     f"worker rank(s) {silent} did not answer {method!r} within {timeout:.0f} s of the other ranks "
                     "(stopped, or stuck in a collective or a device call); every worker was stopped. The last "
@@ -219,13 +299,8 @@ class WorkerProcesses:
                 if errors:  # the silent rank is the cause; the error of the rank that gave up is the context
                     raise self._failure from errors[0][1]
                 raise self._failure
-            for conn in ready:
-                rank = next(r for r, c in pending.items() if c is conn)
-                try:
-                    reply = _recv(conn)
-                except (EOFError, OSError):
-                    self._fail(rank, method, self._exit_code(rank))
-                del pending[rank]
+            for future in done:
+                rank, reply = futures[future], future.result()  # a dead worker's WorkerError raises here
                 if reply[0] == "ok":
                     results[rank] = reply[1]
                 else:
@@ -237,18 +312,39 @@ class WorkerProcesses:
 
     async def call(self, method: str, kwargs: "list[dict[str, Any] | None]") -> list[Any]:
         """`DeviceWorker.<method>(**kwargs[r])` on every rank r whose kwargs are not None; the answers by rank
-        (None for a rank not called) (module doc)."""
-        async with self._lock:  # one command at a time per pipe
-            self.check_alive()
-            ranks = [r for r, kw in enumerate(kwargs) if kw is not None]
-            for rank in ranks:
+        (None for a rank not called). One worker's commands overlap; several ranks take one at a time
+        (module doc)."""
+        if len(self._conns) > 1:
+            async with self._lock:
+                return await self._call(method, kwargs)
+        return await self._call(method, kwargs)
+
+    async def _call(self, method: str, kwargs: "list[dict[str, Any] | None]") -> list[Any]:
+        self.check_alive()
+        loop = asyncio.get_running_loop()
+        futures: dict[asyncio.Future, int] = {}
+        keys = []
+        try:
+            for rank, kw in enumerate(kwargs):
+                if kw is None:
+                    continue
+                cid, future = next(self._ids), loop.create_future()
+                keys.append((rank, cid))
+                self._waiting[(rank, cid)] = (loop, future, method)  # before the send: the answer may come first
+                futures[future] = rank
                 try:
-                    _send(self._conns[rank], (method, kwargs[rank]))
+                    _send(self._conns[rank], (cid, method, kw))
                 except OSError:  # its end is closed: the worker died
                     self._fail(rank, method, self._exit_code(rank))
-            return await asyncio.to_thread(self._collect, method, ranks)
+                if rank in self._closed:  # the reader saw its pipe close before this call waited on it
+                    self._fail(rank, method, self._exit_code(rank))
+            return await self._answers(method, futures)
+        finally:
+            for key in keys:
+                self._waiting.pop(key, None)
 
     async def stop(self) -> None:
+        self._stopping.set()
         for rank in range(len(self._procs)):
             await asyncio.to_thread(self._exit_code, rank)  # they exit after "close"
         self._kill_all()

@@ -248,8 +248,9 @@ class TrainJob(Job):
     engine_process: EngineProcess = arg(
         DEFAULT_ENGINE_PROCESS, help="where the backend's engine runs (LocalBackend(engine_process=)): in this "
         "process, or 'separate' (the engine and the trainer sharing its weights in a worker process, serving as an "
-        "engine core, while this process runs the rollouts' HTTP work off the GIL of its decode loop); 'auto': in "
-        "process (on one H200 the separate core made 1.12-1.35x the rollout tokens/s: docs/benchmarks.md)")
+        "engine core, while this process runs the rollouts' HTTP work off the GIL of its decode loop); 'auto': "
+        "'separate' for a sweep of several runs on CUDA (four runs stepped 1.13-1.29x faster on H200s), in process "
+        "otherwise (one run, or the CPU: faster so; docs/benchmarks.md)")
 
     def rules(self) -> list[str]:
         found = []

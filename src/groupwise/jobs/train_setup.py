@@ -15,15 +15,22 @@ __all__ = ["judge_target", "job_backend", "loop_config", "peak_rss_gb", "score_g
 
 
 def job_backend(job: Any, preset: Any, runs: int = 1) -> Any:
-    """The job's `LocalBackend`: its engine batches every rollout of a step of each of `runs` runs at once."""
+    """The job's `LocalBackend`: its engine batches every rollout of a step of each of `runs` runs at once,
+    in a core process of its own when the job's engine_process ("auto" by default) picks it for `runs`."""
     import groupwise as gw
+    from groupwise.backend.local import engine_process_for
 
     metric = metric_of(job.env)
+    engine_process = job.engine_process
+    if runs > 1:  # one run keeps the backend's own "auto" (in process)
+        from groupwise.runtime.loading import resolve_device
+
+        engine_process = engine_process_for(job.engine_process, runs=runs, device_type=resolve_device(job.device).type)
     return gw.LocalBackend(job.path, device=job.device, dtype=job.dtype, best_checkpoint_metric=f"val/{metric}",
                            max_batch_size=max(DEFAULT_MAX_BATCH_SIZE,
                                               runs * preset.rollouts_per_group * preset.groups_per_step),
                            engine_kwargs={"batch_invariant": True} if job.batch_invariant else None,
-                           engine_process=job.engine_process)
+                           engine_process=engine_process)
 
 
 def metric_of(env: str) -> str:

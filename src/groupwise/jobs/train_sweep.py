@@ -46,6 +46,9 @@ async def sweep(job: Any) -> dict[str, Any]:
           + (f"; first a warm start on {first.sft} demonstrations each" if first.sft else ""))
     t0 = time.monotonic()
     backend = job_backend(job, first, runs=len(runs))
+    if backend.engine_process == "separate":
+        print("[groupwise train] the engine and trainer run in a core process of their own, the runs' requests in this one"
+              + ("" if job.engine_process == "separate" else " (--engine-process auto on CUDA; 'in_process' keeps them here)"))
     plans, models = [], []
     try:
         for seed, lr in runs:
