@@ -73,6 +73,17 @@ def _recv(conn: Connection) -> Any:
     return pickle.loads(conn.recv_bytes())
 
 
+def _deliver(entry: "tuple[Any, asyncio.Future, str] | None", reply: Any, error: BaseException | None) -> None:
+    """From the reader thread: settle a waiting call's future on its loop (None: no call waits any more)."""
+    if entry is None:
+        return
+    loop, future, _ = entry
+    try:
+        loop.call_soon_threadsafe(_settle, future, reply, error)
+    except RuntimeError:  # its loop was closed (the caller's asyncio.run ended): nobody waits for the answer
+        pass
+
+
 def _settle(future: asyncio.Future, reply: Any, error: BaseException | None) -> None:
     """On the caller's loop: the answer (or the worker's death) to the call waiting for it, unless it gave up."""
     if not future.done():
@@ -262,20 +273,14 @@ class WorkerProcesses:
                     if not self._stopping.is_set() and any(k[0] == rank for k in list(self._waiting)):
                         self._worker_died(rank)
                     continue
-                entry = self._waiting.pop((rank, cid), None)
-                if entry is not None:
-                    loop, future, _ = entry
-                    loop.call_soon_threadsafe(_settle, future, reply, None)
+                _deliver(self._waiting.pop((rank, cid), None), reply, None)
 
     def _worker_died(self, rank: int) -> None:
         waiting = [k for k in list(self._waiting) if k[0] == rank]
         methods = [self._waiting[k][2] for k in waiting if k in self._waiting]
         failure = self._failed(rank, methods[0] if methods else "serving", self._exit_code(rank))
         for key in list(self._waiting):  # every worker was stopped: no call gets its answer
-            entry = self._waiting.pop(key, None)
-            if entry is not None:
-                loop, future, _ = entry
-                loop.call_soon_threadsafe(_settle, future, None, failure)
+            _deliver(self._waiting.pop(key, None), None, failure)
 
     async def _answers(self, method: str, futures: dict[asyncio.Future, int]) -> list[Any]:
         """Wait for the answer of every called rank (the others: None). A worker that dies fails the call at
