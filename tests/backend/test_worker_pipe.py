@@ -90,3 +90,37 @@ async def test_several_runs_step_at_once_on_a_separate_engine_core(tiny_model_di
             assert await ask(client, f"{model.name}@2") == f"{model.name}@2"
     finally:
         await backend.close()
+
+
+def test_one_worker_serves_calls_of_two_event_loops_and_overlapping_calls_get_their_own_answers(tmp_path):
+    """A backend outlives an `asyncio.run` (a user's set-up in one, training in the next): the reader thread
+    hands each answer to the loop of the call that waits for it. Calls that overlap on one worker each get
+    their own answer (matched by id, not by order)."""
+    from groupwise.backend.processes import WorkerProcesses
+    from groupwise.backend.worker import WorkerOptions
+
+    options = WorkerOptions(dtype=None, max_batch_size=4, engine_kwargs=None, verify_adapter=False, load_model=None,
+                            memory_budget_gb=None)
+    workers = WorkerProcesses(["cpu"], options, timeout_s=60, cpu_threads=1)
+
+    async def first() -> None:
+        await workers.start()
+        state, = await workers.call("served_state", [{}])
+        assert state == {"cores": {}, "runs": {}}
+
+    async def second() -> list:
+        answers = await asyncio.gather(*(workers.call(m, [{}]) for m in ("peak_memory", "served_state") * 4))
+        await workers.call("close", [{}])
+        await workers.stop()
+        return answers
+
+    try:
+        asyncio.run(first())
+        answers = asyncio.run(second())
+    finally:
+        workers.kill()
+    for i, (answer,) in enumerate(answers):
+        if i % 2:
+            assert answer == {"cores": {}, "runs": {}}
+        else:
+            assert isinstance(answer, dict) and "cores" not in answer, answer
