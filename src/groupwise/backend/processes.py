@@ -86,8 +86,12 @@ def _deliver(entry: "tuple[Any, asyncio.Future, str] | None", reply: Any, error:
 
 def _settle(future: asyncio.Future, reply: Any, error: BaseException | None) -> None:
     """On the caller's loop: the answer (or the worker's death) to the call waiting for it, unless it gave up."""
-    if not future.done():
-        future.set_result(reply) if error is None else future.set_exception(error)
+    if future.done():
+        return
+    if error is None:
+        future.set_result(reply)
+    else:
+        future.set_exception(error)
 
 
 async def _answer(worker: DeviceWorker, conn: Any, cid: int, method: str, kwargs: dict[str, Any]) -> None:
