@@ -30,10 +30,10 @@ Why these pieces:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import multiprocessing
 import os
 import pickle
-import itertools
 import signal
 import socket
 import subprocess
@@ -167,7 +167,6 @@ class WorkerProcesses:
         # (rank, command id) -> (the caller's loop, the future of its answer, the method): filled by `call`,
         # answered by the reader thread
         self._waiting: dict[tuple[int, int], tuple[Any, asyncio.Future, str]] = {}
-        self._reader: threading.Thread | None = None
         self._closed: set[int] = set()  # the ranks whose pipe the reader saw close
         self._stopping = threading.Event()
 
@@ -199,8 +198,7 @@ class WorkerProcesses:
             _send(parent, (rank, world, device, options, threads))
             self._procs.append(proc)
             self._conns.append(parent)
-        self._reader = threading.Thread(target=self._read, name="groupwise-worker-pipes", daemon=True)
-        self._reader.start()
+        threading.Thread(target=self._read, name="groupwise-worker-pipes", daemon=True).start()
         init = f"tcp://127.0.0.1:{_free_port()}"
         await self.call("init_process_group", [{"init_method": init, "timeout_s": self.timeout_s}] * world)
 
@@ -274,15 +272,17 @@ class WorkerProcesses:
                     # a worker exits after "close"; one that dies unasked is found by the next call (`_call`)
                     # or by `check_alive`
                     closed.add(rank)
-                    if not self._stopping.is_set() and any(k[0] == rank for k in list(self._waiting)):
+                    if not self._stopping.is_set():
                         self._worker_died(rank)
                     continue
                 _deliver(self._waiting.pop((rank, cid), None), reply, None)
 
     def _worker_died(self, rank: int) -> None:
-        waiting = [k for k in list(self._waiting) if k[0] == rank]
-        methods = [self._waiting[k][2] for k in waiting if k in self._waiting]
-        failure = self._failed(rank, methods[0] if methods else "serving", self._exit_code(rank))
+        """Worker `rank`'s pipe closed: if a call waits on it, fail every waiting call (nothing if none waits)."""
+        method = next((entry[2] for key, entry in list(self._waiting.items()) if key[0] == rank), None)
+        if method is None:
+            return
+        failure = self._failed(rank, method, self._exit_code(rank))
         for key in list(self._waiting):  # every worker was stopped: no call gets its answer
             _deliver(self._waiting.pop(key, None), None, failure)
 
