@@ -146,6 +146,26 @@ async def test_adapter_can_be_loaded_inside_a_pause(tiny, adapter_dirs):
         eng.close()
 
 
+async def test_a_pause_leaves_every_module_in_eval_mode(tiny, adapter_dirs):
+    """A trainer that switched the shared model to train mode inside a pause (dropout on) finds every module
+    in eval mode after it, the slots' modules included, and a new slot's modules start in eval mode too:
+    the engine writes the flags on its cached module list instead of nn.Module.eval's recursion."""
+    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
+    eng = Engine(model, tok, max_batch_size=2)
+    try:
+        eng.add_adapter("step-1", adapter_dirs[1])
+        assert not any(m.training for m in eng.model.modules())
+        async with eng.paused():
+            eng.model.train()
+            assert all(m.training for m in eng.model.modules())
+        assert not any(m.training for m in eng.model.modules())
+        eng.model.train()
+        eng.add_adapter("step-2", adapter_dirs[2])  # a new slot: a new module walk, every flag written
+        assert not any(m.training for m in eng.model.modules())
+    finally:
+        eng.close()
+
+
 async def test_mixed_adapter_batch_equals_separate_runs(tiny, adapter_dirs):
     model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
     eng = Engine(model, tok, max_batch_size=8)

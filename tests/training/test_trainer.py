@@ -281,6 +281,39 @@ def test_taking_its_adapter_back_leaves_the_model_as_pefts_set_adapter_does(toke
     assert state(models[0])[0] == "run1" and any(g for n, g in state(models[0])[3] if ".run1." in n)
 
 
+def test_switching_between_runs_adapters_leaves_what_pefts_set_adapter_leaves(tokenizer):
+    """Trainers of several runs on one base take turns (the switch writes only the flags that differ, from
+    a list of every adapter's parameters kept with the module walk): after each turn, and after an adapter
+    is added between turns (a new walk, so a new list), the model's flags are peft's own, also where a
+    parameter of an inactive adapter had been left trainable."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    def state(model):
+        return (model.active_adapter, model.base_model.active_adapter,
+                [(m.active_adapters, m.disable_adapters) for m in model.modules() if isinstance(m, BaseTunerLayer)],
+                [(n, p.requires_grad) for n, p in model.named_parameters()])
+
+    ours, pefts = lora_model(tokenizer), lora_model(tokenizer)
+    for model in (ours, pefts):
+        for extra in ("run1", "run2"):
+            model.add_adapter(extra, model.peft_config["default"])
+    trainers = {name: Trainer(ours, adapter_name=name) for name in ("default", "run1", "run2")}
+    turns = ["run1", "run2", "default", "run2", "run1", "run3", "run1", "default"]
+    for i, name in enumerate(turns):
+        if name == "run3":  # a run registers between turns: every trainer's walk and list are new
+            for model in (ours, pefts):
+                model.add_adapter("run3", model.peft_config["default"])
+            trainers["run3"] = Trainer(ours, adapter_name="run3")
+        if i == 3:  # someone left an inactive adapter's weight trainable; the next switch puts it back
+            for model in (ours, pefts):
+                dict(model.named_parameters())["base_model.model.model.layers.0.self_attn.q_proj.lora_A.run1.weight"].requires_grad_(True)
+        trainers[name]._activate()
+        pefts.set_adapter(name)
+        assert state(ours) == state(pefts), (i, name)
+        trained = {n for n, p in ours.named_parameters() if p.requires_grad}
+        assert trained and all(f".{name}." in n for n in trained), (name, sorted(trained)[:3])
+
+
 def test_num_iterations_takes_that_many_optimizer_steps_on_one_batch(tokenizer):
     """GRPO's mu: a step with num_iterations=2 is two optimizer steps on the same rollouts, exactly two
     steps of 1 on that batch, and reports the first's loss (the objective at the sampling policy). From

@@ -1,6 +1,6 @@
 """Creating LoRA adapters on a model with peft: the first one (`wrap_with_lora`) and another run's on the
 same base weights (`add_lora_adapter`), both from a seeded stream; making one the active one again
-(`set_active_adapter`); and copying one out (`adapter_snapshot`) for a checkpoint or an engine.
+(`set_active_adapter`, `adapter_parameters`); and copying one out (`adapter_snapshot`) for a checkpoint or an engine.
 
 Apart from the trainer (training/trainer.py) because creating an adapter and training one happen in
 different places: a replica (backend/replica.py) wraps the shared base model and adds a run's adapter
@@ -103,12 +103,17 @@ class AdapterState:
         return dict(self._state)
 
 
-def set_active_adapter(model: Any, name: str, modules: list[torch.nn.Module], tuners: list[Any]) -> None:
-    """peft's ``PeftModel.set_adapter(name)``: the same calls, on lists of the model's modules and of its
+def set_active_adapter(model: Any, name: str, modules: list[torch.nn.Module], tuners: list[Any],
+                       params: list[tuple[torch.Tensor, str]] | None = None) -> None:
+    """peft's ``PeftModel.set_adapter(name)``: the same flags, on lists of the model's modules and of its
     tuner layers the caller keeps (module_walk.py), without peft's two walks over every module (a base
     holding four runs' adapters and their served slots has 5,500 modules: the walks were half of a
-    switch). What those calls do not cover (a prompt adapter, a merged layer, an auxiliary wrapper such
-    as modules_to_save) goes to peft's own."""
+    switch). `params`: `adapter_parameters(tuners)`, kept by the caller with its walk; then each
+    parameter's ``requires_grad`` is written only where it differs from what peft would leave. peft's
+    own layer call walks every adapter's modules in every layer, so a switch cost grew with the runs a
+    base holds (eight runs: ~50 ms of the update's thread per run and step, H200). What those calls do
+    not cover (a prompt adapter, a merged layer, an auxiliary wrapper such as modules_to_save, weights a
+    variant keeps frozen) goes to peft's own."""
     try:
         from peft.utils.other import AuxiliaryTrainingWrapper
     except ImportError:  # another peft: its own walk
@@ -121,9 +126,28 @@ def set_active_adapter(model: Any, name: str, modules: list[torch.nn.Module], tu
         model.set_adapter(name)
         return
     model.active_adapter = name
-    for m in tuners:
-        m.set_adapter(name)
+    if params is None or any(getattr(m, "frozen_peft_weight_names", None) for m in tuners):
+        for m in tuners:
+            m.set_adapter(name)
+    else:
+        for m in tuners:
+            m._active_adapter = [name]  # what the layer's set_adapter stores
+        for p, adapter in params:  # ... and the flags it writes: only the active adapter trains
+            if p.requires_grad != (adapter == name):
+                p.requires_grad_(adapter == name)
     tuner.active_adapter = name
+
+
+def adapter_parameters(tuners: list[Any]) -> list[tuple[torch.Tensor, str]]:
+    """(parameter, its adapter's name) for every adapter weight of peft's tuner layers: the parameters whose
+    ``requires_grad`` peft's layer ``set_adapter`` writes (its leaf tensors, of every adapter layer)."""
+    out: list[tuple[torch.Tensor, str]] = []
+    for m in tuners:
+        for layer_name in m.adapter_layer_names:
+            for adapter, layer in getattr(m, layer_name).items():
+                tensors = [layer] if isinstance(layer, torch.Tensor) else layer.parameters()
+                out.extend((p, adapter) for p in tensors if p.is_leaf)
+    return out
 
 
 def adapter_snapshot(model: Any, adapter_name: str,

@@ -36,7 +36,7 @@ import torch
 from groupwise.config import TrainConfig
 from groupwise.errors import CheckpointMismatchError, ConfigError, GroupwiseError
 from groupwise.runtime.module_walk import ModuleWalk
-from groupwise.training.adapters import TRAIN_ADAPTER, AdapterState, set_active_adapter
+from groupwise.training.adapters import TRAIN_ADAPTER, AdapterState, adapter_parameters, set_active_adapter
 from groupwise.training.finite import check_finite, guarded_step
 from groupwise.training.layer_checkpointing import LayerCheckpointing
 from groupwise.training.logprobs import base_and_decoder, head_logprobs, scatter_rows, token_logprobs, topk_candidates
@@ -140,6 +140,8 @@ class Trainer:
         # None: unknown, so the first step sets it either way (a caller may have enabled it).
         self._layer_checkpointing: bool | None = None
         self._checkpointing = LayerCheckpointing()
+        # every adapter's parameters in the tuner layers, listed once per module walk (`_activate`)
+        self._adapter_params: tuple[list[Any], list[tuple[torch.Tensor, str]]] | None = None
         self._base_dtype = next((p.dtype for n, p in model.named_parameters() if "lora_" not in n), torch.float32)
         self._reference: dict[str, torch.Tensor] | None = None  # the KL anchor's adapter values (set_reference)
         self.reference_step: int | None = None  # the checkpoint step they are; None: the base model
@@ -271,7 +273,9 @@ class Trainer:
         if hasattr(self.model, "set_adapter") and any(
             m.active_adapters != [self.adapter_name] or m.disable_adapters for m in tuners
         ):
-            set_active_adapter(self.model, self.adapter_name, modules, tuners)
+            if self._adapter_params is None or self._adapter_params[0] is not tuners:  # a new walk: new adapters
+                self._adapter_params = (tuners, adapter_parameters(tuners))
+            set_active_adapter(self.model, self.adapter_name, modules, tuners, self._adapter_params[1])
         params = [p for _, p in self.trainable_named_parameters()]
         for p in params:
             p.requires_grad_(True)
