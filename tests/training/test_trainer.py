@@ -305,8 +305,9 @@ def test_switching_between_runs_adapters_leaves_what_pefts_set_adapter_leaves(to
                 model.add_adapter("run3", model.peft_config["default"])
             trainers["run3"] = Trainer(ours, adapter_name="run3")
         if i == 3:  # someone left an inactive adapter's weight trainable; the next switch puts it back
+            stray = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.run1.weight"
             for model in (ours, pefts):
-                dict(model.named_parameters())["base_model.model.model.layers.0.self_attn.q_proj.lora_A.run1.weight"].requires_grad_(True)
+                dict(model.named_parameters())[stray].requires_grad_(True)
         trainers[name]._activate()
         pefts.set_adapter(name)
         assert state(ours) == state(pefts), (i, name)
