@@ -315,6 +315,42 @@ def test_switching_between_runs_adapters_leaves_what_pefts_set_adapter_leaves(to
         assert trained and all(f".{name}." in n for n in trained), (name, sorted(trained)[:3])
 
 
+def test_an_update_runs_every_module_it_calls_in_train_mode_and_no_other_adapters(tokenizer):
+    """The trainer's train/eval switch skips the base's other adapters' modules (peft's per-adapter
+    dicts): every module the update's passes call is in train mode (its adapter's dropout included),
+    none of another adapter's modules is called or switched, and all are in eval mode after the step."""
+    model = lora_model(tokenizer, dropout=0.1)
+    for extra in ("run1", "run2"):
+        model.add_adapter(extra, model.peft_config["default"])
+    model.eval()
+    trainer = Trainer(model, adapter_name="run1")
+    names = {m: n for n, m in model.named_modules()}
+    called, switched = {}, set()
+
+    def record(module, args):
+        called.setdefault(names[module], module.training)
+
+    hooks = [m.register_forward_pre_hook(record) for m in model.modules()]
+    original = Trainer._set_mode
+
+    def spy(self, training):
+        original(self, training)
+        switched.update(names[m] for m in model.modules() if m.training)
+
+    try:
+        Trainer._set_mode = spy
+        trainer.train_step(random_batch(), TrainConfig(learning_rate=1e-3, max_seq_len=64), step=0)
+    finally:
+        Trainer._set_mode = original
+        for h in hooks:
+            h.remove()
+    assert called and all(called.values()), [n for n, t in called.items() if not t][:3]
+    assert any(".lora_dropout.run1" in n for n in called)
+    for other in (".default", ".run2"):
+        assert not any(other in n for n in called) and not any(other in n for n in switched), other
+    assert not any(m.training for m in model.modules())
+
+
 def test_num_iterations_takes_that_many_optimizer_steps_on_one_batch(tokenizer):
     """GRPO's mu: a step with num_iterations=2 is two optimizer steps on the same rollouts, exactly two
     steps of 1 on that batch, and reports the first's loss (the objective at the sampling policy). From
