@@ -293,10 +293,17 @@ def test_switching_between_runs_adapters_leaves_what_pefts_set_adapter_leaves(to
                 [(m.active_adapters, m.disable_adapters) for m in model.modules() if isinstance(m, BaseTunerLayer)],
                 [(n, p.requires_grad) for n, p in model.named_parameters()])
 
+    import copy
+
     ours, pefts = lora_model(tokenizer), lora_model(tokenizer)
     for model in (ours, pefts):
         for extra in ("run1", "run2"):
             model.add_adapter(extra, model.peft_config["default"])
+        # a served adapter of another kind on the same base (DoRA: a magnitude vector per layer), never trained here
+        dora = copy.deepcopy(model.peft_config["default"])
+        dora.use_dora = True
+        model.add_adapter("dora", dora)
+    assert any("lora_magnitude_vector.dora" in n for n, _ in ours.named_parameters())
     trainers = {name: Trainer(ours, adapter_name=name) for name in ("default", "run1", "run2")}
     turns = ["run1", "run2", "default", "run2", "run1", "run3", "run1", "default"]
     for i, name in enumerate(turns):
