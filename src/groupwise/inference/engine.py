@@ -62,6 +62,7 @@ import torch
 
 from groupwise.runtime.compute import compute_thread
 from groupwise.runtime.memory import memory_pressed
+from groupwise.runtime.module_walk import set_training
 from groupwise.config import DEFAULT_MAX_BATCH_SIZE
 from groupwise.errors import ConfigError
 from groupwise.inference.adapter_slots import SLOT_PREFIX
@@ -247,16 +248,9 @@ class Engine:
             self._weights_changed()  # a reused name (or slot) must not find the old weights' KV
 
     def _eval_mode(self) -> None:
-        """``model.eval()``, on the runner's cached list of the model's modules (module_walk.py), writing only
-        the flags that are on. nn.Module's recursion visits every module through its own ``train``: on a
-        base holding eight runs' adapters and their slots (13,600 modules) ~50 ms of the 2-core CPU, at
-        every update's pause end, while the pause holds the step lock the next run's update waits for."""
-        if not isinstance(self.model, torch.nn.Module):
-            self.model.eval()
-            return
-        for m in self.runner.walk(self.model)[0]:
-            if m.training:
-                object.__setattr__(m, "training", False)  # past nn.Module.__setattr__'s checks, as the trainer
+        """``model.eval()`` on the runner's cached module list (module_walk.py): at every update's pause end it
+        runs while the pause holds the step lock the next run's update waits for."""
+        set_training(self.runner.walk(self.model)[0], False)
 
     def reserve_slots(self, n: int, *, weights: dict[str, Any], config: Any) -> None:
         """Make `n` free adapter slots of the shape of `weights` / `config` (adapter_slots.py) now, before

@@ -1,7 +1,7 @@
 """Creating LoRA adapters on a model with peft: the first one (`wrap_with_lora`) and another run's on the
 same base weights (`add_lora_adapter`), both from a seeded stream; making one the active one again
-(`set_active_adapter`, over `adapter_parameters`); and copying one out (`adapter_snapshot`) for a
-checkpoint or an engine.
+(`set_active_adapter`, over `adapter_parameters`), and the modules one's passes call (`modules_of`); and
+copying one out (`adapter_snapshot`) for a checkpoint or an engine.
 
 Apart from the trainer (training/trainer.py) because creating an adapter and training one happen in
 different places: a replica (backend/replica.py) wraps the shared base model and adds a run's adapter
@@ -139,16 +139,31 @@ def set_active_adapter(model: Any, name: str, modules: list[torch.nn.Module], tu
     tuner.active_adapter = name
 
 
+def _per_adapter(tuners: list[Any], attrs: str) -> Any:
+    """(adapter name, entry) of each entry of the tuner layers' per-adapter dicts (lora_A, lora_B, ...): their
+    `attrs` (peft's ``adapter_layer_names``, or with ``"other"`` its ``other_param_names`` too, lora_dropout's)."""
+    for m in tuners:
+        names = m.adapter_layer_names if attrs == "weights" else (*m.adapter_layer_names, *m.other_param_names)
+        for attr in names:
+            held = getattr(m, attr, None)
+            if hasattr(held, "items"):  # other_param_names also name plain dicts (r, scaling): no modules there
+                yield from held.items()
+
+
 def adapter_parameters(tuners: list[Any]) -> list[tuple[torch.Tensor, str]]:
     """(parameter, its adapter's name) for every adapter weight of peft's tuner layers: the parameters whose
     ``requires_grad`` peft's layer ``set_adapter`` writes (its leaf tensors, of every adapter layer)."""
-    out: list[tuple[torch.Tensor, str]] = []
-    for m in tuners:
-        for layer_name in m.adapter_layer_names:
-            for adapter, layer in getattr(m, layer_name).items():
-                tensors = [layer] if isinstance(layer, torch.Tensor) else layer.parameters()
-                out.extend((p, adapter) for p in tensors if p.is_leaf)
-    return out
+    return [(p, adapter) for adapter, entry in _per_adapter(tuners, "weights")
+            for p in ([entry] if isinstance(entry, torch.Tensor) else entry.parameters()) if p.is_leaf]
+
+
+def modules_of(modules: list[torch.nn.Module], tuners: list[Any], name: str) -> list[torch.nn.Module]:
+    """`modules` less those of the base's adapters other than `name` (their entries in the tuner layers'
+    per-adapter dicts: lora_A, lora_B, lora_dropout, ...), which adapter `name`'s passes never call. A base
+    holding eight runs' adapters and their served slots has 13,600 modules, 90% of them other adapters'."""
+    others = {id(x) for adapter, entry in _per_adapter(tuners, "other")
+              if adapter != name and isinstance(entry, torch.nn.Module) for x in entry.modules()}
+    return [m for m in modules if id(m) not in others]
 
 
 def adapter_snapshot(model: Any, adapter_name: str,

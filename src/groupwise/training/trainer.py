@@ -35,8 +35,8 @@ import torch
 
 from groupwise.config import TrainConfig
 from groupwise.errors import CheckpointMismatchError, ConfigError, GroupwiseError
-from groupwise.runtime.module_walk import ModuleWalk
-from groupwise.training.adapters import TRAIN_ADAPTER, AdapterState, adapter_parameters, set_active_adapter
+from groupwise.runtime.module_walk import ModuleWalk, set_training
+from groupwise.training.adapters import TRAIN_ADAPTER, AdapterState, adapter_parameters, modules_of, set_active_adapter
 from groupwise.training.finite import check_finite, guarded_step
 from groupwise.training.layer_checkpointing import LayerCheckpointing
 from groupwise.training.logprobs import base_and_decoder, head_logprobs, scatter_rows, token_logprobs, topk_candidates
@@ -140,9 +140,8 @@ class Trainer:
         # None: unknown, so the first step sets it either way (a caller may have enabled it).
         self._layer_checkpointing: bool | None = None
         self._checkpointing = LayerCheckpointing()
-        # every adapter's parameters in the tuner layers, listed once per module walk (`_activate`)
-        self._adapter_params: tuple[list[Any], list[tuple[torch.Tensor, str]]] | None = None
-        self._own: tuple[list[torch.nn.Module], list[torch.nn.Module]] | None = None  # (walk, `_own_modules`)
+        # (the module walk, the modules this adapter's passes call, every adapter's parameters): `_lists`
+        self._walk_lists: tuple[list[Any], list[torch.nn.Module], list[tuple[torch.Tensor, str]]] | None = None
         self._base_dtype = next((p.dtype for n, p in model.named_parameters() if "lora_" not in n), torch.float32)
         self._reference: dict[str, torch.Tensor] | None = None  # the KL anchor's adapter values (set_reference)
         self.reference_step: int | None = None  # the checkpoint step they are; None: the base model
@@ -261,29 +260,17 @@ class Trainer:
         return self._walk(self.model)
 
     def _set_mode(self, training: bool) -> None:
-        # what model.train(training) does, without the recursion, and past nn.Module.__setattr__'s checks
-        # for a parameter or a submodule (10x the time of the write); object.__setattr__ still honours a
-        # property of the class
-        for m in self._own_modules():
-            object.__setattr__(m, "training", training)
+        # what model.train(training) does, on the modules this adapter's passes call (module_walk.py)
+        set_training(self._lists()[0], training)
 
-    def _own_modules(self) -> list[torch.nn.Module]:
-        """Every module but those of the base's other adapters (their entries in peft's per-adapter module
-        dicts: lora_A, lora_B, lora_dropout, ...), which this adapter's passes never call. A base holding
-        eight runs' adapters and their served slots has 13,600 modules, 90% of them other adapters': the
-        mode's two writes a step took ~10 ms of the update's thread (2-core CPU). Kept per module walk."""
+    def _lists(self) -> tuple[list[torch.nn.Module], list[tuple[torch.Tensor, str]]]:
+        """(the modules this adapter's passes call: `modules_of`, every adapter's parameters:
+        `adapter_parameters`), made once per module walk: on a base holding several runs' adapters, the
+        mode's writes and the adapter switch otherwise visit every other adapter's modules each step."""
         modules, tuners = self._modules()
-        if self._own is None or self._own[0] is not modules:
-            others: set[int] = set()
-            for m in tuners:
-                for attr in (*m.adapter_layer_names, *getattr(m, "other_param_names", ())):
-                    held = getattr(m, attr, None)
-                    if isinstance(held, torch.nn.ModuleDict):
-                        for adapter, sub in held.items():
-                            if adapter != self.adapter_name:
-                                others.update(id(x) for x in sub.modules())
-            self._own = (modules, [m for m in modules if id(m) not in others])
-        return self._own[1]
+        if self._walk_lists is None or self._walk_lists[0] is not modules:
+            self._walk_lists = (modules, modules_of(modules, tuners, self.adapter_name), adapter_parameters(tuners))
+        return self._walk_lists[1], self._walk_lists[2]
 
     def _activate(self) -> list[torch.nn.Parameter]:
         # The engine may have activated another adapter (peft then freezes ours): take it back.
@@ -292,9 +279,7 @@ class Trainer:
         if hasattr(self.model, "set_adapter") and any(
             m.active_adapters != [self.adapter_name] or m.disable_adapters for m in tuners
         ):
-            if self._adapter_params is None or self._adapter_params[0] is not tuners:  # a new walk: new adapters
-                self._adapter_params = (tuners, adapter_parameters(tuners))
-            set_active_adapter(self.model, self.adapter_name, modules, tuners, self._adapter_params[1])
+            set_active_adapter(self.model, self.adapter_name, modules, tuners, self._lists()[1])
         params = [p for _, p in self.trainable_named_parameters()]
         for p in params:
             p.requires_grad_(True)
