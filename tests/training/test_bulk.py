@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from groupwise.training.bulk import clones, finite_flags
+from groupwise.training.bulk import all_equal, clones, finite_flags, host_copies
 from groupwise.training.finite import non_finite_names
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
@@ -59,3 +59,53 @@ def test_clones_keep_every_bit_and_share_nothing(device):
                    not b.isnan().any()) and torch.isnan(copies[0][0, 0])
         ts = _tensors(device)
         ts[0][0, 0] = math.nan
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_host_copies_keep_every_bit_on_the_cpu_and_do_not_change_with_the_originals(device):
+    ts = _tensors(device)
+    ts[0][0, 0] = math.nan
+    ts.append(torch.randn(3, 3, dtype=torch.float64, device=device))  # a third dtype: a block of its own
+    copies = host_copies(ts)
+    assert len(copies) == len(ts)
+    for t, c in zip(ts, copies):
+        assert c.device.type == "cpu" and c.dtype == t.dtype and c.shape == t.shape and c.is_contiguous()
+        assert torch.equal(_bits(c), _bits(t))
+    # what safetensors writes: views of one block are not refused as shared memory
+    from safetensors.torch import load_file, save_file
+    import tempfile
+    named = {f"t{i}": c for i, c in enumerate(copies)}
+    with tempfile.TemporaryDirectory() as folder:
+        save_file(named, f"{folder}/x.safetensors")
+        back = load_file(f"{folder}/x.safetensors")
+    assert all(torch.equal(_bits(back[k]), _bits(c)) for k, c in named.items())
+    before = [c.clone() for c in copies]
+    for t in ts:
+        t.zero_()  # a later update: the copies keep the snapshot
+    assert all(torch.equal(_bits(b), _bits(c)) for b, c in zip(before, copies))
+    assert host_copies([]) == []
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_all_equal_sees_one_changed_bit_in_any_tensor(device):
+    ts = [t for t in _tensors(device) if t.is_floating_point()]
+    served = [t.to(torch.bfloat16) if t.dtype == torch.float32 else t.clone() for t in ts]  # the engine's dtype
+    assert all_equal(ts, served)
+    assert all_equal([], [])
+    for k, t in enumerate(served):
+        if not t.numel():
+            continue
+        changed = [s.clone() for s in served]
+        flat = changed[k].reshape(-1)
+        flat.view(torch.int16 if t.element_size() == 2 else torch.int32)[-1] ^= 1  # the last bit of one element
+        changed[k] = flat.view(t.shape)
+        assert not all_equal(ts, changed), k
+    nan = [t.clone() for t in ts]
+    nan[0][0, 0] = math.nan
+    assert not all_equal(nan, nan)  # nan equals nothing, as the one-by-one comparison says
+    with pytest.raises(ValueError):
+        all_equal(ts, served[:-1])

@@ -411,8 +411,11 @@ class Replica:
 
     # ------------------------------------------------------------------------------ checks
     def check_adapter(self, step: int) -> None:
-        """The engine's adapter for `step` holds the trainer's weights, tensor for tensor (one device sync)."""
+        """The engine's adapter for `step` holds the trainer's weights, tensor for tensor (one flat comparison
+        and one device sync)."""
         import torch
+
+        from groupwise.training.bulk import all_equal
 
         served = served_name(self.name, step)
         engine_has = self.engine.adapter_parameters(self.registry.adapter_name(self.name, step))
@@ -421,7 +424,8 @@ class Replica:
         mismatched = sorted(engine_has.keys() ^ trained.keys()) + [
             k for k in both if engine_has[k].shape != trained[k].shape]
         comparable = [k for k in both if engine_has[k].shape == trained[k].shape]
-        if comparable:
+        if comparable and not all_equal([trained[k] for k in comparable], [engine_has[k] for k in comparable]):
+            # which ones differ, one by one: only on the way to the error
             equal = torch.stack([(trained[k].detach().to(engine_has[k].dtype) == engine_has[k].detach()).all()
                                  for k in comparable]).tolist()
             mismatched += [k for k, ok in zip(comparable, equal) if not ok]

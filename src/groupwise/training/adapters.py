@@ -19,6 +19,7 @@ import torch
 
 from groupwise.config import LoraConfig
 from groupwise.runtime.loading import quiet_peft
+from groupwise.training.bulk import host_copies
 
 TRAIN_ADAPTER = "default"  # peft's name of the adapter created by get_peft_model
 
@@ -175,9 +176,8 @@ def adapter_snapshot(model: Any, adapter_name: str,
     import copy
 
     tensors = state if state is not None else peft_state(model, adapter_name)[0]
-    # a copy of its own each (no aliasing, which safetensors refuses); on a CPU model too, so the
-    # snapshot does not change under a later update
-    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}
+    # copies that a later update does not change, on a CPU model too; from a GPU one transfer (bulk.py)
+    tensors = dict(zip(tensors, host_copies(list(tensors.values()))))
     config = copy.deepcopy(model.peft_config[adapter_name])
     if config.base_model_name_or_path is None:
         config.base_model_name_or_path = getattr(model.base_model.model, "name_or_path", None) or None

@@ -4,18 +4,18 @@ A LoRA adapter on every projection of a 24-layer model is 336 tensors, and its A
 many again. One by one, each check or clone is a kernel launch or two: on a GPU, tens of milliseconds
 of a step's Python for a few megabytes, paid at every step by every run on a shared base
 (docs/benchmarks.md, several runs on one GPU). Here a check is two multi-tensor kernels and one sync,
-and a clone one multi-tensor copy. A checkpoint's copies to the CPU stay one per tensor: on an H200
-three ways of batching them measured slower or no better (one flat transfer: its 100 MB pageable
-buffer and the copies out of it; pinned copies without waiting: a pinned allocation for each tensor at
-every step, while the last snapshots still hold theirs; a pinned staging buffer kept by the process, one
-wait, then copies out of it: 24.5 -> 31.3 ms for a 0.5B checkpoint's 1,008 tensors, 67.5 -> 56.5 ms at 7B).
+a clone one multi-tensor copy, and a checkpoint's copies to the CPU one transfer per device and dtype
+(`host_copies`). That transfer lands in page-locked memory and the copies are views of it: the ways
+of batching it measured on an H200 that lost each paid a copy per tensor on the CPU after it (out of a
+100 MB pageable buffer, or out of a staging buffer kept by the process: 24.5 -> 31.3 ms for a 0.5B
+checkpoint's 1,008 tensors) or a page-locked allocation per tensor.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["clones", "finite_flags"]
+__all__ = ["all_equal", "clones", "finite_flags", "host_copies"]
 
 
 def clones(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -25,6 +25,19 @@ def clones(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     out = [torch.empty_like(t) for t in tensors]
     torch._foreach_copy_(out, [t.detach() for t in tensors])
     return out
+
+
+def all_equal(xs: list[torch.Tensor], ys: list[torch.Tensor]) -> bool:
+    """Whether each xs[i], cast to ys[i]'s dtype and moved to its device, equals ys[i] (same shapes), with
+    one flat comparison and one sync per group of dtypes and devices: no per-tensor launch."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        groups.setdefault((x.device, x.dtype, y.device, y.dtype), []).append(i)
+    for (_, _, device, dtype), idx in groups.items():
+        x = torch.cat([xs[i].detach().reshape(-1) for i in idx]).to(device=device, dtype=dtype)
+        if not torch.equal(x, torch.cat([ys[i].detach().reshape(-1) for i in idx])):
+            return False
+    return True
 
 
 def finite_flags(tensors: list[torch.Tensor]) -> list[bool]:
@@ -45,3 +58,33 @@ def finite_flags(tensors: list[torch.Tensor]) -> list[bool]:
     for i, good in zip([i for idx in groups.values() for i in idx], ok):
         flags[i] = bool(good)
     return flags
+
+
+def host_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A CPU copy of each tensor that nothing else shares or changes (same dtype, shape and bits), for a
+    checkpoint written and served while training goes on. A CUDA device's tensors of one dtype cross in
+    one transfer: gathered into one flat buffer on the device, copied into one page-locked block (torch's
+    caching host allocator reuses it once it is freed), one wait; each copy is then a view of its slice of
+    that block, so the block lives as long as any of them. Tensors elsewhere (the CPU) are copied one by one."""
+    out: list[torch.Tensor | None] = [None] * len(tensors)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t.device.type == "cuda":
+            groups.setdefault((t.device, t.dtype), []).append(i)
+        else:
+            out[i] = t.detach().to("cpu", copy=True).contiguous()
+    blocks = []
+    for (device, dtype), idx in groups.items():
+        flat = torch.cat([tensors[i].detach().reshape(-1) for i in idx])
+        block = torch.empty(flat.numel(), dtype=dtype, pin_memory=True)
+        block.copy_(flat, non_blocking=True)
+        blocks.append((device, block, idx))
+    for device in {device for device, _, _ in blocks}:
+        torch.cuda.current_stream(device).synchronize()
+    for _, block, idx in blocks:
+        offset = 0
+        for i in idx:
+            n = tensors[i].numel()
+            out[i] = block[offset:offset + n].view(tensors[i].shape)
+            offset += n
+    return out  # type: ignore[return-value]

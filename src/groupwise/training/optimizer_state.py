@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from groupwise.errors import CheckpointMismatchError
+from groupwise.training.bulk import host_copies
 
 __all__ = ["optimizer_from_tensors", "optimizer_to_tensors"]
 
@@ -27,9 +28,10 @@ def optimizer_to_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> 
         name = names[index]
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
-                tensors[f"{name}::{key}"] = value.detach().to("cpu", copy=True).contiguous()
+                tensors[f"{name}::{key}"] = value
             else:
                 scalars.setdefault(name, {})[key] = value
+    tensors = dict(zip(tensors, host_copies(list(tensors.values()))))  # one transfer from a GPU (bulk.py)
     groups = []
     for group in sd["param_groups"]:
         g = {k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items() if k != "params"}
