@@ -14,8 +14,11 @@ checkpoint's 1,008 tensors) or a page-locked allocation per tensor.
 from __future__ import annotations
 
 import torch
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 __all__ = ["all_equal", "clones", "finite_flags", "host_copies"]
+
+SMALL_CPU_BYTES = 1 << 20  # CPU tensors of one dtype up to this size in all (AdamW's step counts) copy as one
 
 
 def clones(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -33,10 +36,11 @@ def all_equal(xs: list[torch.Tensor], ys: list[torch.Tensor]) -> bool:
     groups: dict[tuple, list[int]] = {}
     for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
         groups.setdefault((x.device, x.dtype, y.device, y.dtype), []).append(i)
-    for (_, _, device, dtype), idx in groups.items():
-        x = torch.cat([xs[i].detach().reshape(-1) for i in idx]).to(device=device, dtype=dtype)
-        if not torch.equal(x, torch.cat([ys[i].detach().reshape(-1) for i in idx])):
-            return False
+    with torch.no_grad():
+        for (_, _, device, dtype), idx in groups.items():
+            x = _flatten_dense_tensors([xs[i] for i in idx]).to(device=device, dtype=dtype)
+            if not torch.equal(x, _flatten_dense_tensors([ys[i] for i in idx])):
+                return False
     return True
 
 
@@ -64,27 +68,31 @@ def host_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """A CPU copy of each tensor that nothing else shares or changes (same dtype, shape and bits), for a
     checkpoint written and served while training goes on. A CUDA device's tensors of one dtype cross in
     one transfer: gathered into one flat buffer on the device, copied into one page-locked block (torch's
-    caching host allocator reuses it once it is freed), one wait; each copy is then a view of its slice of
-    that block, so the block lives as long as any of them. Tensors elsewhere (the CPU) are copied one by one."""
+    caching host allocator reuses it once it is freed), one wait; the copies are views of that block, so
+    it lives as long as any of them. The gather and the views are one call each (torch's
+    flat-buffer helpers of its data-parallel code): a Python-level op per tensor costs 5-30 us, and an
+    adapter and its moments are ~1,000 tensors."""
     out: list[torch.Tensor | None] = [None] * len(tensors)
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for i, t in enumerate(tensors):
-        if t.device.type == "cuda":
-            groups.setdefault((t.device, t.dtype), []).append(i)
-        else:
-            out[i] = t.detach().to("cpu", copy=True).contiguous()
+        groups.setdefault((t.device, t.dtype), []).append(i)
     blocks = []
-    for (device, dtype), idx in groups.items():
-        flat = torch.cat([tensors[i].detach().reshape(-1) for i in idx])
-        block = torch.empty(flat.numel(), dtype=dtype, pin_memory=True)
-        block.copy_(flat, non_blocking=True)
-        blocks.append((device, block, idx))
-    for device in {device for device, _, _ in blocks}:
-        torch.cuda.current_stream(device).synchronize()
-    for _, block, idx in blocks:
-        offset = 0
-        for i in idx:
-            n = tensors[i].numel()
-            out[i] = block[offset:offset + n].view(tensors[i].shape)
-            offset += n
+    with torch.no_grad():
+        for (device, dtype), idx in groups.items():
+            if device.type == "cuda":
+                flat = _flatten_dense_tensors([tensors[i] for i in idx])
+                block = torch.empty(flat.numel(), dtype=dtype, pin_memory=True)
+                blocks.append((block.copy_(flat, non_blocking=True), idx))
+            elif sum(tensors[i].numel() for i in idx) * tensors[idx[0]].element_size() <= SMALL_CPU_BYTES:
+                # a lone tensor's flat buffer is its own view: then a copy
+                flat = _flatten_dense_tensors([tensors[i] for i in idx])
+                blocks.append((flat.clone() if len(idx) == 1 else flat.to("cpu"), idx))
+            else:  # one by one: a large fresh buffer's first touch costs more than the small copies
+                for i in idx:
+                    out[i] = tensors[i].detach().to("cpu", copy=True).contiguous()
+        for device in {device for device, _ in groups if device.type == "cuda"}:
+            torch.cuda.current_stream(device).synchronize()
+        for block, idx in blocks:
+            for i, view in zip(idx, _unflatten_dense_tensors(block, [tensors[i] for i in idx])):
+                out[i] = view
     return out  # type: ignore[return-value]
