@@ -69,8 +69,9 @@ def host_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """A CPU copy of each tensor that nothing else shares or changes (same dtype, shape and bits), for a
     checkpoint written and served while training goes on. A CUDA device's tensors of one dtype cross in
     one transfer: gathered into one flat buffer on the device, copied into one page-locked block (torch's
-    caching host allocator reuses it once it is freed), one wait; the copies are views of that block, so
-    it lives as long as any of them. The gather and the views are one call each (torch's
+    caching host allocator keeps it for reuse once it is freed: about an adapter and its moments' size per
+    run that checkpoints at once), one wait; the copies are views of that block, so it lives as long as
+    any of them. The gather and the views are one call each (torch's
     flat-buffer helpers of its data-parallel code): a Python-level op per tensor costs 5-30 us, and an
     adapter and its moments are ~1,000 tensors."""
     out: list[torch.Tensor | None] = [None] * len(tensors)
@@ -82,7 +83,10 @@ def host_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         for (device, dtype), idx in groups.items():
             if device.type == "cuda":
                 flat = _flatten_dense_tensors([tensors[i] for i in idx])
-                block = torch.empty(flat.numel(), dtype=dtype, pin_memory=True)
+                try:
+                    block = torch.empty(flat.numel(), dtype=dtype, pin_memory=True)
+                except RuntimeError:  # no page-locked memory to be had: a pageable block (the copy then waits)
+                    block = torch.empty(flat.numel(), dtype=dtype)
                 blocks.append((block.copy_(flat, non_blocking=True), idx))
             elif sum(tensors[i].numel() for i in idx) * tensors[idx[0]].element_size() <= SMALL_CPU_BYTES:
                 # a lone tensor's flat buffer is its own view: then a copy
