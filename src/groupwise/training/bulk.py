@@ -7,7 +7,7 @@ of milliseconds of a step for a few megabytes, paid at every step by every run o
 (docs/benchmarks.md, several runs on one GPU). Here a check is two multi-tensor kernels and one sync, a
 clone one multi-tensor copy, a comparison one flat comparison (`all_equal`), and a checkpoint's copies
 to the CPU one transfer per device and dtype whose copies are views of one page-locked block
-(`host_copies`: 18.7 -> 2.3 ms for a 0.5B adapter on an H200, 22.8 -> 6.5 ms for its AdamW state). The
+(`host_copies`: 8.4 -> 1.7 ms for a 0.5B adapter on an H200, 18.0 -> 4.3 ms for its AdamW state). The
 ways of batching that transfer that lost (one pageable buffer, a staging buffer kept by the process)
 each paid a copy or a slice per tensor on the CPU after it.
 """
