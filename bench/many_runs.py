@@ -4,6 +4,7 @@
     python bench/many_runs.py --device cpu --arch smollm2 --workload 2048  # 2 CPU cores, the main job's env
     python bench/many_runs.py --device cpu --arch tiny-qwen --steps 1      # a smoke test (numbers mean nothing)
     python bench/many_runs.py --device cuda --runs 1,4 --cases together --engine-process in_process,separate
+    python bench/many_runs.py --device cuda --runs 4 --lockstep --warmup 4 --steps 2 --rounds 2 --engine-process in_process,separate
 
 Each case runs in a process of its own (its peak memory is its own):
 - ``sequence``: for each of --runs runs, a fresh `LocalBackend` loads the base, the run trains --warmup
@@ -25,6 +26,9 @@ A step is a user's loop: --prompts groups of --group-size rollouts, then `model.
 (bench/scaling.py's): one chat request per rollout, --completion-len tokens, a reward of the text. Workload
 ``2048``: the built-in 2048 env's rollouts (multi-turn, the main job's) on scenarios of the run's seed.
 Runs differ by seed (rollouts) and learning rate (1e-3 x (1 + run / 2)), as a sweep's do.
+
+With --rounds N every case runs N times, alternating, and each round's together / sequence ratio is printed with
+their median: one call's answer against the machine's spread, which moved one case by up to 1.5 s between runs.
 
 Printed: per case the timed wall time, rollout + trainable tokens, tokens/s, peak memory (CUDA: the
 allocator's peak; CPU: peak RSS) and the time in rollout and in train phases (and in the train phases,
@@ -278,6 +282,9 @@ def main() -> int:
     p.add_argument("--no-fuse", action="store_true", help="capture the decode graphs unfused (Engine(fuse_decode=False)): the baseline of the fusion")
     p.add_argument("--compile", action="store_true", help="TrainConfig(compile=True): the updates' decoder layers "
                    "compiled (the runs' first, warm-up step compiles)")
+    p.add_argument("--rounds", type=int, default=1, help="run every case this many times, the cases alternating "
+                   "(sequence, together, sequence, ...): each round's ratio and their median are printed, so one call "
+                   "measures the ratio against the machine's spread")
     p.add_argument("--json", default=None, help="also write the results to this file")
     p.add_argument("--case", choices=["together", "sequence"], default=None, help="(internal) run one case")
     p.add_argument("--cases", default="sequence,together", help="which cases to run (the ratio needs both)")
@@ -299,12 +306,19 @@ def main() -> int:
 
         card = torch.cuda.get_device_name(0)
     all_results: dict[str, dict[str, Any]] = {}
-    for mode in modes:
-        for runs in runs_list:
-            results = _cases(args, mode, runs, card)
-            if results is None:
-                return 1
-            all_results[f"{mode}/{runs}"] = results
+    rounds: list[dict[str, dict[str, Any]]] = []
+    for _ in range(args.rounds):
+        this_round: dict[str, dict[str, Any]] = {}
+        for mode in modes:
+            for runs in runs_list:
+                results = _cases(args, mode, runs, card)
+                if results is None:
+                    return 1
+                this_round[f"{mode}/{runs}"] = results
+        rounds.append(this_round)
+    all_results = rounds[0]
+    if args.rounds > 1:
+        _print_rounds(rounds, card)
     if len(modes) > 1:
         print(f"\nseparate engine core / in process, on {card}:")
         for key, r in all_results.items():
@@ -318,8 +332,37 @@ def main() -> int:
                               f"{x['step_s'] / base['step_s']:.2f}x ({x['step_s']:.2f} vs {base['step_s']:.2f} s), "
                               f"peak {x['peak_gb']:.2f} vs {base['peak_gb']:.2f} GB")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "card": card, "results": all_results}, indent=1))
+        out = {"args": vars(args), "card": card, "results": all_results}
+        if args.rounds > 1:
+            out["rounds"] = rounds
+        Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
+
+
+def _ratio(together: dict[str, Any] | None, sequence: dict[str, Any] | None) -> float | None:
+    if together is None or sequence is None:
+        return None
+    return together["tok_s"] / sequence["tok_s"]
+
+
+def _print_rounds(rounds: list[dict[str, dict[str, Any]]], card: str) -> None:
+    """Each round's together / sequence tokens/s for every engine placement, and for the runs together with
+    the separate core against the runs alone in process (each case where it is faster: engine_process_for's
+    choice), then the median over the rounds."""
+    import statistics
+
+    print(f"\ntogether / sequence tokens/s by round, on {card}:")
+    keys = sorted({k for r in rounds for k in r})
+    pairs = [(f"{k}", k, k) for k in keys]
+    for key in keys:
+        mode, runs = key.split("/")
+        if mode == "separate" and f"in_process/{runs}" in keys:
+            pairs.append((f"{runs} runs, together separate / sequence in process", key, f"in_process/{runs}"))
+    for label, together_key, sequence_key in pairs:
+        ratios = [_ratio(r.get(together_key, {}).get("together"), r.get(sequence_key, {}).get("sequence")) for r in rounds]
+        ratios = [x for x in ratios if x is not None]
+        if ratios:
+            print(f"  {label}: " + ", ".join(f"{x:.2f}x" for x in ratios) + f"; median {statistics.median(ratios):.2f}x")
 
 
 def _cases(args: Any, mode: str, runs: int, card: str) -> dict[str, Any] | None:
