@@ -76,8 +76,9 @@ def test_host_copies_keep_every_bit_on_the_cpu_and_do_not_change_with_the_origin
         assert c.device.type == "cpu" and c.dtype == t.dtype and c.shape == t.shape and c.is_contiguous()
         assert torch.equal(_bits(c), _bits(t))
     # what safetensors writes: views of one block are not refused as shared memory
-    from safetensors.torch import load_file, save_file
     import tempfile
+
+    from safetensors.torch import load_file, save_file
     named = {f"t{i}": c for i, c in enumerate(copies)}
     with tempfile.TemporaryDirectory() as folder:
         save_file(named, f"{folder}/x.safetensors")
@@ -88,6 +89,19 @@ def test_host_copies_keep_every_bit_on_the_cpu_and_do_not_change_with_the_origin
         t.zero_()  # a later update: the copies keep the snapshot
     assert all(torch.equal(_bits(b), _bits(c)) for b, c in zip(before, copies))
     assert host_copies([]) == []
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_host_copies_gathered_in_chunks_keep_every_bit(device, monkeypatch):
+    """A gather of many chunks (a tensor larger than the chunk goes alone) and a group of empty tensors only."""
+    from groupwise.training import bulk
+
+    monkeypatch.setattr(bulk, "DEVICE_CHUNK_BYTES", 20)
+    ts = _tensors(device) + [torch.empty(0, dtype=torch.float64, device=device), torch.arange(3.0, device=device)]
+    copies = host_copies(ts)
+    for t, c in zip(ts, copies, strict=True):
+        assert c.device.type == "cpu" and c.dtype == t.dtype and c.shape == t.shape
+        assert torch.equal(_bits(c), _bits(t))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -20,6 +20,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 __all__ = ["all_equal", "clones", "finite_flags", "host_copies"]
 
 SMALL_CPU_BYTES = 1 << 20  # CPU tensors of one dtype up to this size in all (AdamW's step counts) copy as one
+DEVICE_CHUNK_BYTES = 64 << 20  # the most one gather of `host_copies` holds on the device at once (`_gather_into`)
 
 
 def clones(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -65,15 +66,37 @@ def finite_flags(tensors: list[torch.Tensor]) -> list[bool]:
     return flags
 
 
+def _gather_into(block: torch.Tensor, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Copy `tensors`, flattened and in order, into the CPU `block`, gathered on their device a chunk of at
+    most DEVICE_CHUNK_BYTES at a time (a larger tensor alone): a 7B adapter's moments are ~0.3 GB, and the
+    device may be full again (the engine's KV) when a run publishes. Returns `block`; from a device the
+    copies are queued (non-blocking), the caller waits."""
+    chunks: list[list[torch.Tensor]] = []
+    size = 0
+    for t in tensors:
+        n = t.numel() * t.element_size()
+        if not chunks or size + n > DEVICE_CHUNK_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(t)
+        size += n
+    offset = 0
+    for chunk in chunks:
+        flat = _flatten_dense_tensors(chunk)
+        block[offset:offset + flat.numel()].copy_(flat, non_blocking=flat.device.type == "cuda")
+        offset += flat.numel()
+    return block
+
+
 def host_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """A CPU copy of each tensor that nothing else shares or changes (same dtype, shape and bits), for a
     checkpoint written and served while training goes on. A CUDA device's tensors of one dtype cross in
-    one transfer: gathered into one flat buffer on the device, copied into one page-locked block (torch's
+    one transfer: gathered on the device (`_gather_into`), copied into one page-locked block (torch's
     caching host allocator keeps it for reuse once it is freed: about an adapter and its moments' size per
     run that checkpoints at once), one wait; the copies are views of that block, so it lives as long as
-    any of them. The gather and the views are one call each (torch's
-    flat-buffer helpers of its data-parallel code): a Python-level op per tensor costs 5-30 us, and an
-    adapter and its moments are ~1,000 tensors."""
+    any of them. The gather is one call per chunk and the views one call (torch's flat-buffer helpers of
+    its data-parallel code): a Python-level op per tensor costs 5-30 us, and an adapter and its moments
+    are ~1,000 tensors."""
     out: list[torch.Tensor | None] = [None] * len(tensors)
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for i, t in enumerate(tensors):
@@ -81,17 +104,15 @@ def host_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     blocks = []
     with torch.no_grad():
         for (device, dtype), idx in groups.items():
+            numel = sum(tensors[i].numel() for i in idx)
             if device.type == "cuda":
-                flat = _flatten_dense_tensors([tensors[i] for i in idx])
                 try:
-                    block = torch.empty(flat.numel(), dtype=dtype, pin_memory=True)
-                except RuntimeError:  # no page-locked memory to be had: a pageable block (the copy then waits)
-                    block = torch.empty(flat.numel(), dtype=dtype)
-                blocks.append((block.copy_(flat, non_blocking=True), idx))
-            elif sum(tensors[i].numel() for i in idx) * tensors[idx[0]].element_size() <= SMALL_CPU_BYTES:
-                # a lone tensor's flat buffer is its own view: then a copy
-                flat = _flatten_dense_tensors([tensors[i] for i in idx])
-                blocks.append((flat.clone() if len(idx) == 1 else flat.to("cpu"), idx))
+                    block = torch.empty(numel, dtype=dtype, pin_memory=True)
+                except RuntimeError:  # no page-locked memory to be had: a pageable block (the copies then wait)
+                    block = torch.empty(numel, dtype=dtype)
+                blocks.append((_gather_into(block, [tensors[i] for i in idx]), idx))
+            elif numel * tensors[idx[0]].element_size() <= SMALL_CPU_BYTES:
+                blocks.append((_gather_into(torch.empty(numel, dtype=dtype), [tensors[i] for i in idx]), idx))
             else:  # one by one: a large fresh buffer's first touch costs more than the small copies
                 for i in idx:
                     out[i] = tensors[i].detach().to("cpu", copy=True).contiguous()
