@@ -104,8 +104,13 @@ def test_host_copies_gathered_in_chunks_keep_every_bit(device, monkeypatch):
         assert torch.equal(_bits(c), _bits(t))
 
 
+@pytest.mark.parametrize("chunk_bytes", [None, 20])  # the default, and a chunk per tensor (a larger one alone)
 @pytest.mark.parametrize("device", DEVICES)
-def test_all_equal_sees_one_changed_bit_in_any_tensor(device):
+def test_all_equal_sees_one_changed_bit_in_any_tensor(device, chunk_bytes, monkeypatch):
+    if chunk_bytes is not None:
+        from groupwise.training import bulk
+
+        monkeypatch.setattr(bulk, "DEVICE_CHUNK_BYTES", chunk_bytes)
     ts = [t for t in _tensors(device) if t.is_floating_point()]
     served = [t.to(torch.bfloat16) if t.dtype == torch.float32 else t.clone() for t in ts]  # the engine's dtype
     assert all_equal(ts, served)

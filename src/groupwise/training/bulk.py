@@ -20,7 +20,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 __all__ = ["all_equal", "clones", "finite_flags", "host_copies"]
 
 SMALL_CPU_BYTES = 1 << 20  # CPU tensors of one dtype up to this size in all (AdamW's step counts) copy as one
-DEVICE_CHUNK_BYTES = 64 << 20  # the most one gather of `host_copies` holds on the device at once (`_gather_into`)
+DEVICE_CHUNK_BYTES = 64 << 20  # the most one flat buffer of `host_copies` or `all_equal` holds at once (`_chunks`)
 
 
 def clones(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -34,15 +34,17 @@ def clones(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def all_equal(xs: list[torch.Tensor], ys: list[torch.Tensor]) -> bool:
     """Whether each xs[i], cast to ys[i]'s dtype and moved to its device, equals ys[i] (same shapes), with
-    one flat comparison and one sync per group of dtypes and devices: no per-tensor launch."""
+    one flat comparison and one sync per group of dtypes and devices (per chunk of it: `_chunks`): no
+    per-tensor launch."""
     groups: dict[tuple, list[int]] = {}
     for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
         groups.setdefault((x.device, x.dtype, y.device, y.dtype), []).append(i)
     with torch.no_grad():
         for (_, _, device, dtype), idx in groups.items():
-            x = _flatten_dense_tensors([xs[i] for i in idx]).to(device=device, dtype=dtype)
-            if not torch.equal(x, _flatten_dense_tensors([ys[i] for i in idx])):
-                return False
+            for chunk in _chunks([xs[i] for i in idx]):
+                x = _flatten_dense_tensors([xs[idx[k]] for k in chunk]).to(device=device, dtype=dtype)
+                if not torch.equal(x, _flatten_dense_tensors([ys[idx[k]] for k in chunk])):
+                    return False
     return True
 
 
@@ -66,23 +68,28 @@ def finite_flags(tensors: list[torch.Tensor]) -> list[bool]:
     return flags
 
 
-def _gather_into(block: torch.Tensor, tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Copy `tensors`, flattened and in order, into the CPU `block`, gathered on their device a chunk of at
-    most DEVICE_CHUNK_BYTES at a time (a larger tensor alone): a 7B adapter's moments are ~0.3 GB, and the
-    device may be full again (the engine's KV) when a run publishes. Returns `block`; from a device the
-    copies are queued (non-blocking), the caller waits."""
-    chunks: list[list[torch.Tensor]] = []
+def _chunks(tensors: list[torch.Tensor]) -> list[list[int]]:
+    """The indices of `tensors`, in order, in runs of at most DEVICE_CHUNK_BYTES (a larger tensor alone): what
+    one flat buffer of them may hold on the device at once. A 7B adapter's moments are ~0.3 GB, and the
+    device may be full again (the engine's KV) when a run publishes and its served adapter is checked."""
+    chunks: list[list[int]] = []
     size = 0
-    for t in tensors:
+    for i, t in enumerate(tensors):
         n = t.numel() * t.element_size()
         if not chunks or size + n > DEVICE_CHUNK_BYTES:
             chunks.append([])
             size = 0
-        chunks[-1].append(t)
+        chunks[-1].append(i)
         size += n
+    return chunks
+
+
+def _gather_into(block: torch.Tensor, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Copy `tensors`, flattened and in order, into the CPU `block`, gathered on their device a chunk at a
+    time (`_chunks`). Returns `block`; from a device the copies are queued (non-blocking), the caller waits."""
     offset = 0
-    for chunk in chunks:
-        flat = _flatten_dense_tensors(chunk)
+    for chunk in _chunks(tensors):
+        flat = _flatten_dense_tensors([tensors[i] for i in chunk])
         block[offset:offset + flat.numel()].copy_(flat, non_blocking=flat.device.type == "cuda")
         offset += flat.numel()
     return block
