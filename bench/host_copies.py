@@ -52,10 +52,6 @@ def _time(fn: Callable[[], Any], sync: Callable[[], None], warmup: int, steps: i
 
 
 def main() -> None:
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
     from groupwise.training.bulk import host_copies
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

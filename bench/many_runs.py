@@ -305,7 +305,6 @@ def main() -> int:
         import torch
 
         card = torch.cuda.get_device_name(0)
-    all_results: dict[str, dict[str, Any]] = {}
     rounds: list[dict[str, dict[str, Any]]] = []
     for _ in range(args.rounds):
         this_round: dict[str, dict[str, Any]] = {}
@@ -353,7 +352,7 @@ def _print_rounds(rounds: list[dict[str, dict[str, Any]]], card: str) -> None:
 
     print(f"\ntogether / sequence tokens/s by round, on {card}:")
     keys = sorted({k for r in rounds for k in r})
-    pairs = [(f"{k}", k, k) for k in keys]
+    pairs = [(k, k, k) for k in keys]
     for key in keys:
         mode, runs = key.split("/")
         if mode == "separate" and f"in_process/{runs}" in keys:
