@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -42,7 +43,7 @@ from groupwise.errors import ConfigError
 from groupwise.runtime.memory import freeze_loaded, release_freed_memory, thaw_loaded
 from groupwise.backend.protocol import PruneCommand, Published, PublishCommand, RetainCommand, UpdateCommand
 from groupwise.backend.replica import Replica, SharedBase
-from groupwise.runtime.compute import compute_thread
+from groupwise.runtime.compute import compute_thread, update_thread
 from groupwise.config import LoraConfig
 
 LOOPBACK = "127.0.0.1"  # where a worker's servers listen unless told otherwise: this host only
@@ -165,8 +166,10 @@ class DeviceWorker:
             self.bases[spec.base_model] = base
             self._update_locks[spec.base_model] = asyncio.Lock()
         try:
-            replica = await compute.run(Replica, spec.name, base, spec.lora, process_group=self.process_group,
-                                        trains=self.trains, short_name=spec.short_name)
+            # its adapter joins the shared model's modules: not while another run's update runs beside the engine
+            async with self._update_locks[spec.base_model]:
+                replica = await compute.run(Replica, spec.name, base, spec.lora, process_group=self.process_group,
+                                            trains=self.trains, short_name=spec.short_name)
         except BaseException:
             if not base.models:
                 await self._close_base(spec.base_model)
@@ -295,8 +298,18 @@ class DeviceWorker:
         if len(updates) > 1:
             before = await compute.run(lambda: snapshot([p for _, p in trainer.trainable_named_parameters()],
                                                         trainer.optimizer))
-        # One update at a time on the shared base; no forward pass of the engine while the trainer runs.
-        async with self._update_locks[replica.base.base_model], replica.engine.paused():
+        # One update at a time on the shared base. The engine runs no forward pass while the trainer runs,
+        # except, on CUDA, replays of its decode graphs (Engine.paused(decoding=True)), which run no module code:
+        # the other runs' requests go on decoding, and the update runs on a thread of its own. A step that
+        # first reads a KL anchor or a teacher pauses the engine whole: those load adapters and models.
+        decoding = (replica.device.type == "cuda" and getattr(replica.engine, "decode_during_updates", False)
+                    and not any(u.objective == "grpo" and (u.config.kl_coef > 0 or u.config.teacher is not None)
+                                for u in updates))
+        runs_update, train_step = compute, trainer.train_step
+        if decoding:
+            runs_update, train_step = update_thread(), functools.partial(_on_cuda_device, replica.device, train_step)
+        pause = replica.engine.paused(decoding=True) if decoding else replica.engine.paused()
+        async with self._update_locks[replica.base.base_model], pause:
             try:
                 for u in updates:
                     if u.objective == "grpo" and u.config.kl_coef > 0:  # the anchor it names
@@ -304,8 +317,8 @@ class DeviceWorker:
                     if u.objective == "grpo" and u.config.teacher is not None:
                         await compute.run(replica.use_teacher, u.config.teacher)
                     with update_bar(step, enabled=self.rank == 0) as progress:
-                        out.append(await compute.run(trainer.train_step, u.batch, u.config, step=step,
-                                                     objective=u.objective, progress=progress))
+                        out.append(await runs_update.run(train_step, u.batch, u.config, step=step,
+                                                         objective=u.objective, progress=progress))
             except Exception:
                 if before is not None and out:
                     await compute.run(lambda: restore(trainer.trainable_named_parameters(), trainer.optimizer, before))
@@ -465,3 +478,12 @@ class DeviceWorker:
         device = self.device or ""
         peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
         return {"device_gb": peak, "rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+
+def _on_cuda_device(device: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """fn with `device` as the thread's current CUDA device: a thread starts on device 0, and the
+    trainer's collectives and any tensor made on plain "cuda" follow the current device."""
+    import torch
+
+    with torch.cuda.device(device):
+        return fn(*args, **kwargs)

@@ -79,12 +79,9 @@ class AdapterSlots:
         (runner.py): the folder `path`, or `weights` (peft's state dict of it) with its peft `config`,
         which a trainer in the same process hands over without a round trip through files. True when
         it made a new slot (new modules, which peft adds in training mode)."""
-        from peft import PeftConfig
-
         if (weights is None) != (config is None) or (path is None) == (weights is None):
             raise EngineError(f"adapter {name!r}: pass a folder path, or weights with their config (not both)")
-        shape = _shape(config if config is not None else PeftConfig.from_pretrained(path))
-        slot = next((s for s in self.free if _shape(runner.model.peft_config[s]) == shape), None)
+        slot = self._free_slot(runner, path, config)
         created = slot is None
         if slot is not None:
             self._copy_into(runner.model, slot, name, path, weights, self.parameters(runner.model, slot))
@@ -96,6 +93,17 @@ class AdapterSlots:
                 slot = self._new_slot(runner, folder)
         self.slot_of[name] = slot
         return created
+
+    def has_free(self, runner: Any, path: str | None, config: Any) -> bool:
+        """Whether `load` of this adapter (its folder `path`, or its peft `config`) refills a free slot
+        rather than making one."""
+        return self._free_slot(runner, path, config) is not None
+
+    def _free_slot(self, runner: Any, path: str | None, config: Any) -> str | None:
+        from peft import PeftConfig
+
+        shape = _shape(config if config is not None else PeftConfig.from_pretrained(path))
+        return next((s for s in self.free if _shape(runner.model.peft_config[s]) == shape), None)
 
     def reserve(self, runner: Any, n: int, *, weights: dict[str, Any], config: Any) -> None:
         """Make `n` more free slots of this adapter's shape now (holding `weights` until refilled): what a

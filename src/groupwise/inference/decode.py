@@ -23,11 +23,19 @@ from groupwise.inference.step_state import StepState
 __all__ = ["decode", "forward_rows"]
 
 
-def decode(state: StepState, runner: ModelRunner) -> None:
-    """One decode step for every running sequence (on CUDA, possibly several: decode_graphs.py)."""
+def decode(state: StepState, runner: ModelRunner, *, replays_only: bool = False) -> bool:
+    """One decode step for every running sequence (on CUDA, possibly several: decode_graphs.py).
+
+    `replays_only`: a trainer is updating on the model's shared modules (Engine.paused(decoding=True)), so
+    the step may only replay a decode graph captured before: a graph reads tensors by address and runs no
+    module code, while an eager pass or a capture would run the modules whose flags and forwards the
+    trainer sets. Returns False, doing nothing, when the step needs more (a capture, an eager pass, more
+    KV columns); True when it stepped."""
     seqs = state.running
     k = len(seqs)
     need = max(s.length for s in seqs) + 1
+    if replays_only and not (runner.cuda_graphs and state.buffers.fits(need + 1)):
+        return False
     if state.buffers.grow(need + 1):
         runner.graphs.clear()
     last = [s.tokens[-1] for s in seqs]
@@ -48,9 +56,11 @@ def decode(state: StepState, runner: ModelRunner) -> None:
                                                                    filtered) and runner.mixed_ready(names):
                 one = False
             adapter, slots = (names[0] if names else None, None) if one else (MIXED, runner.mixed_rows(names))
+            if replays_only and not captured(state, runner, k, need, adapter, in_graph, filtered):
+                return False
             if sampling is not None and runner.device.type == "cuda":
                 run_decode_steps(state, runner, list(seqs), last, positions, need, adapter, sampling, slots)
-                return
+                return True
             out = decode_with_graph(state, runner, last, positions, need, adapter, sampling, slots)
             sampled, logits = (out, None) if sampling is not None else (None, out)
         except Exception as exc:  # fail loud but keep serving: eager decode is correct, only slower
@@ -58,6 +68,8 @@ def decode(state: StepState, runner: ModelRunner) -> None:
             runner.cuda_graphs = False
             runner.graphs.clear()
     if logits is None and sampled is None:
+        if replays_only:
+            return False
         rows, logits = forward_rows(state, runner, 0, k, last, positions, need, names)
         keep = [j for j, i in enumerate(rows) if not seqs[i].finish_reason]  # a failed request fails all its rows
         seqs = [seqs[rows[j]] for j in keep]
@@ -71,6 +83,7 @@ def decode(state: StepState, runner: ModelRunner) -> None:
             sample_isolated(state, list(seqs), logits)
     if any(s.finish_reason for s in state.running):
         retire(state)
+    return True
 
 
 def forward_rows(state: StepState, runner: ModelRunner, a: int, b: int, last: list[int], positions: list[int],

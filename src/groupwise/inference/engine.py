@@ -53,9 +53,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -110,6 +112,7 @@ class Engine:
         memory_limit_bytes: int | None = None,  # bytes its caches and passes may hold; None: what the device has free
         release_when_idle: bool | None = None,  # free KV, prefixes (CUDA: graphs) in an idle pause; None: see below
         fuse_decode: bool | None = None,  # compile the decode graphs' norms, rotary and sampling (decode_fusion.py); default: with CUDA graphs
+        decode_during_updates: bool | None = None,  # replay decode graphs while a trainer updates (`paused`); default: with CUDA graphs
     ):
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -127,6 +130,13 @@ class Engine:
             prefix_cache_tokens, merge_adapters = 0, False
         stats = EngineStats()
         graphs = (device.type == "cuda") if cuda_graphs is None else cuda_graphs
+        if decode_during_updates and not graphs:
+            raise ConfigError("decode_during_updates=True needs cuda_graphs: an engine decodes beside a trainer only by "
+                              "replaying captured graphs (an eager pass runs the modules the trainer changes)",
+                              what="Engine settings")
+        # Off CUDA the "graphs" are eager stand-ins (decode_graphs.EagerReplay) that run the modules: True there
+        # only tests the scheduling, and the backend never updates beside them (backend/worker.py).
+        self.decode_during_updates = (graphs and device.type == "cuda") if decode_during_updates is None else decode_during_updates
         self.runner = ModelRunner(
             model, stats=stats, cuda_graphs=graphs,
             merge_adapters=(device.type == "cpu") if merge_adapters is None else merge_adapters,
@@ -238,14 +248,27 @@ class Engine:
         self._compute.call(self._add_adapter, name, path, weights, config)
 
     def _add_adapter(self, name: str, path: str | None, weights: dict[str, Any] | None, config: Any) -> None:
-        with self._step_lock:
+        path = None if path is None else str(path)
+        with self._no_update(lambda: not self.runner.slots.has_free(self.runner, path, config)):
             if name in self._adapters or (self.runner.is_peft() and name in self.model.peft_config):
                 raise EngineError(f"adapter {name!r} is already loaded; remove_adapter({name!r}) first")
-            if self.runner.slots.load(self.runner, name, None if path is None else str(path), weights=weights,
-                                      config=config):
+            if self.runner.slots.load(self.runner, name, path, weights=weights, config=config):
                 self._eval_mode()  # a new slot's modules (not for a refilled slot)
             self._adapters[name] = str(path) if path is not None else "<memory>"
             self._weights_changed()  # a reused name (or slot) must not find the old weights' KV
+
+    @contextlib.contextmanager
+    def _no_update(self, changes_modules: Callable[[], bool]) -> Iterator[None]:
+        """The step lock, taken where no trainer updates beside the engine (`paused(decoding=True)`) if
+        `changes_modules()`: a new adapter slot adds modules to the model the trainer is running and sets
+        them all to eval mode. The wait is outside the step lock, which the update's end takes."""
+        while True:
+            with self._step_lock:
+                if not (self.state.replays_only and changes_modules()):
+                    yield
+                    return
+            with self.state.cv:
+                self.state.cv.wait_for(lambda: not self.state.replays_only)
 
     def _eval_mode(self) -> None:
         """``model.eval()`` on the runner's cached module list (module_walk.py): at every update's pause end it
@@ -258,7 +281,7 @@ class Engine:
         self._compute.call(self._reserve_slots, n, weights, config)
 
     def _reserve_slots(self, n: int, weights: dict[str, Any], config: Any) -> None:
-        with self._step_lock:
+        with self._no_update(lambda: n > 0):
             self.runner.slots.reserve(self.runner, n, weights=weights, config=config)
             self._eval_mode()
             self._weights_changed()
@@ -328,12 +351,16 @@ class Engine:
         if self.runner.stacked is not None:
             self.runner.stacked.invalidate()
 
-    def _pause_begin(self) -> None:
+    def _pause_begin(self, decoding: bool = False) -> None:
         with self.state.cv:
-            self.state.pauses += 1
+            if decoding:
+                self.state.replays_only += 1
+            else:
+                self.state.pauses += 1
         self._note_stall()
         with self._step_lock:  # wait for a step in progress; later steps see the pause
-            self._release_idle_memory()
+            if not decoding:
+                self._release_idle_memory()
 
     def _release_idle_memory(self) -> None:
         """With no sequence in the slots, free what a pause makes useless: the merged copy and the prefix
@@ -359,11 +386,18 @@ class Engine:
             st.prefix_cache.release()
         self._released_capacity = st.buffers.release()
 
-    def _pause_end(self) -> None:
+    def _pause_end(self, decoding: bool = False) -> None:
         restore = 0
         with self._step_lock:
             self._eval_mode()  # the trainer may have left it in train mode (dropout)
             self._weights_changed()  # ... and changed an adapter's weights in place
+            if decoding:
+                with self.state.cv:
+                    self.state.replays_only -= 1
+                    self.state.replays_blocked = False
+                    self.state.cv.notify_all()
+                self._note_stall()
+                return
             if self._released_capacity and self.state.pauses == 1:  # the last pause restores the KV
                 restore, self._released_capacity = self._released_capacity, 0
         if restore:
@@ -375,10 +409,16 @@ class Engine:
             self.state.cv.notify_all()
         self._note_stall()
 
-    def paused(self) -> "_Paused":
+    def paused(self, *, decoding: bool = False) -> "_Paused":
         """``with engine.paused():`` or ``async with``: no forward pass runs until released, so the
-        trainer can use the shared model exclusively. Running requests resume afterwards."""
-        return _Paused(self)
+        trainer can use the shared model exclusively. Running requests resume afterwards.
+
+        ``decoding=True`` (honoured where `decode_during_updates`): the running requests go on meanwhile, by
+        graph replays only (decode.py): no prefill, capture or eager pass, which would run the modules whose
+        flags and forwards the trainer sets; a step that needs one waits for the end. The trainer then runs
+        on a thread of its own (runtime/compute.py's `update_thread`: the compute thread steps this engine),
+        and the KV stays (the graphs read it). No adapter slot is made meanwhile (`_add_adapter`)."""
+        return _Paused(self, decoding and self.decode_during_updates)
 
     # ---------------------------------------------------------------- submitting
     def submit(self, request: GenerationRequest) -> concurrent.futures.Future:
@@ -432,7 +472,11 @@ class Engine:
     def ready(self) -> bool:
         """Called by the compute thread under the queues' condition: is there a step to run?"""
         st = self.state
-        return not st.closed and not st.pauses and bool(st.waiting or st.running)
+        if st.closed or st.pauses:
+            return False
+        if st.replays_only:
+            return bool(st.running) and not st.replays_blocked or st.cancel_pending
+        return bool(st.waiting or st.running)
 
     def poll(self) -> None:
         """One step (admit + prefill, then decode), run by the compute thread."""
@@ -476,6 +520,18 @@ class Engine:
 
     def _step(self) -> None:
         self._sweep_cancelled()
+        if self.state.replays_only:  # a trainer updates meanwhile: replays only (`paused`)
+            if self.state.running:
+                t0 = time.perf_counter()
+                stepped = decode(self.state, self.runner, replays_only=True)
+                took = time.perf_counter() - t0
+                self.stats.decode_s += took
+                self.stats.decode_s_in_updates += took
+                if not stepped:
+                    with self.state.cv:
+                        self.state.replays_blocked = True
+            self._note_stall()
+            return
         admitted = admit(self.state)
         if admitted:
             # Admitted requests are in neither queue until placed: _fail_all must see them too, or
@@ -500,7 +556,9 @@ class Engine:
         with st.cv:
             in_flight = bool(st.waiting or st.running or st.admitted)
             full = bool(st.waiting) and (st.waiting[0].req.n > st.max_batch_size - len(st.running) or st.held_for_memory)
-            stalled = not st.closed and ((st.pauses > 0 and in_flight) or full)
+            # while a trainer updates, what waits for a prefill, or for a step that is not a replay, is held too
+            held = st.replays_only > 0 and bool(st.waiting or st.admitted or (st.replays_blocked and st.running))
+            stalled = not st.closed and ((st.pauses > 0 and in_flight) or full or held)
         STALLS.set_stalled(self, stalled)
 
     # ---------------------------------------------------------------- shutdown
@@ -523,21 +581,22 @@ class Engine:
 
 
 class _Paused:
-    """A pause of the engine's forward passes: ``with`` or ``async with`` (waits off the event loop)."""
+    """A pause of the engine's forward passes: ``with`` or ``async with`` (waits off the event loop).
+    `decoding`: the running requests go on by graph replays (`Engine.paused`)."""
 
-    def __init__(self, engine: Engine):
-        self._engine = engine
+    def __init__(self, engine: Engine, decoding: bool = False):
+        self._engine, self.decoding = engine, decoding
 
     def __enter__(self):
-        self._engine._pause_begin()
+        self._engine._pause_begin(self.decoding)
         return self._engine
 
     def __exit__(self, *exc):
-        self._engine._pause_end()
+        self._engine._pause_end(self.decoding)
 
     async def __aenter__(self):
-        await asyncio.get_running_loop().run_in_executor(None, self._engine._pause_begin)
+        await asyncio.get_running_loop().run_in_executor(None, self._engine._pause_begin, self.decoding)
         return self._engine
 
     async def __aexit__(self, *exc):
-        await asyncio.get_running_loop().run_in_executor(None, self._engine._pause_end)
+        await asyncio.get_running_loop().run_in_executor(None, self._engine._pause_end, self.decoding)

@@ -39,7 +39,7 @@ class SlotBuffers:
     def grow(self, capacity: int) -> bool:
         """Make room for `capacity` columns (plus the trash column). True when buffers were reallocated.
         The old buffers live beside the new ones until copied: for a moment, up to twice the final size."""
-        if capacity + 1 <= self.capacity:
+        if self.fits(capacity):
             return False
         new_cap = self._next_capacity(self.capacity, capacity)
         shape = (self.slots, self.kv_heads, new_cap, self.head_dim)
@@ -51,6 +51,10 @@ class SlotBuffers:
                 new[:, :, :keep] = old[:, :, :keep]
         self.keys, self.values, self.capacity = keys, values, new_cap
         return True
+
+    def fits(self, capacity: int) -> bool:
+        """Whether `capacity` columns (plus the trash column) fit without `grow` reallocating."""
+        return capacity + 1 <= self.capacity
 
     def _next_capacity(self, current: int, capacity: int) -> int:
         """The capacity `grow(capacity)` reallocates to from `current`: doubled, at least what is asked."""

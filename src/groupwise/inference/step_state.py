@@ -45,12 +45,13 @@ class EngineStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     decode_wait_s: float = 0.0  # of decode_s, waiting for the device's tokens (CUDA graph decode); the rest is host work
+    decode_s_in_updates: float = 0.0  # of decode_s, while a trainer updated on the shared model (Engine.paused(decoding=True))
 
 
 class StepState:
     """The engine's requests and KV cache, and the limits a step obeys.
 
-    `cv` guards `waiting`, `pauses`, `closed` and `cancel_pending`: other threads submit, cancel
+    `cv` guards `waiting`, `pauses`, `replays_only`, `closed` and `cancel_pending`: other threads submit, cancel
     and pause through them. `admitted` and `running` are touched by the compute thread only, inside
     a step (row i of `running` lives in slot i of `buffers`).
     """
@@ -71,6 +72,10 @@ class StepState:
         self.admitted: list[RequestState] = []  # taken from `waiting`, being prefilled
         self.running: list[SeqState] = []
         self.pauses = 0  # the engine starts no step while > 0 (Engine.paused)
+        # While > 0 a trainer updates on the shared modules (Engine.paused(decoding=True)): steps only replay
+        # decode graphs captured before, no prefill; `replays_blocked` once the next step needs more than that.
+        self.replays_only = 0
+        self.replays_blocked = False
         self.closed = False
         self.cancel_pending = False  # a caller cancelled since the last sweep (Engine sweeps at each step)
         self.stats = stats
@@ -128,6 +133,7 @@ class StepState:
 
     def wanted_elsewhere(self, rows: int) -> bool:
         """Should a run of decode steps over `rows` rows hand control back (decode_graphs.py)? Yes when
-        a pause, a close or a cancellation waits, or waiting requests are due a free slot."""
+        a pause, a close or a cancellation waits, or waiting requests are due a free slot (not while a trainer
+        updates: they are admitted after it)."""
         return bool(self.pauses or self.closed or self.cancel_pending
-                    or (self.waiting and rows < self.max_batch_size and self.admission_due()))
+                    or (self.waiting and not self.replays_only and rows < self.max_batch_size and self.admission_due()))

@@ -13,6 +13,10 @@ loading, tokenizing, training and checkpoint work to it as tasks. Tasks and engi
 interleave: each turn runs the queued tasks, then one step of every engine with work. A task must
 not wait for an engine's answer (that engine steps on this same thread): it would wait forever.
 
+On CUDA an update may run on a second thread (`update_thread`) while this one goes on stepping an engine
+by decode-graph replays (`Engine.paused(decoding=True)`): several runs' requests then decode during another
+run's update instead of waiting for it. Its tasks must not wait for this thread either.
+
 Why it is stopped at exit. The thread is a daemon, so a program that fails (its exception leaves
 `asyncio.run` with the backend never closed) still exits. But a daemon thread inside a torch kernel
 while the interpreter finalizes makes the C++ runtime abort the process ("terminate called without
@@ -32,7 +36,7 @@ from typing import Any, Callable
 
 from groupwise.errors import GroupwiseError
 
-__all__ = ["ComputeThread", "compute_thread"]
+__all__ = ["ComputeThread", "compute_thread", "update_thread"]
 
 
 class ComputeThread:
@@ -130,6 +134,21 @@ def compute_thread() -> ComputeThread:
             _default = ComputeThread()
             atexit.register(_default.stop, _EXIT_JOIN_TIMEOUT_S)
         return _default
+
+
+_update: ComputeThread | None = None
+
+
+def update_thread() -> ComputeThread:
+    """The process's thread for a trainer's updates that run while the compute thread goes on stepping an
+    engine (on CUDA, `Engine.paused(decoding=True)`): GPUs have no OpenMP teams to keep hot, and the
+    engine's decode graphs and the update then share the device. Started on first use, stopped at exit."""
+    global _update
+    with _default_lock:
+        if _update is None:
+            _update = ComputeThread("groupwise-update")
+            atexit.register(_update.stop, _EXIT_JOIN_TIMEOUT_S)
+        return _update
 
 
 # How long exit waits for the kernel or task in hand: an engine step takes well under a second; a

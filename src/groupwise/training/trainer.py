@@ -2,7 +2,8 @@
 
 The trainer owns the optimizer of one adapter of a peft-wrapped model. The model object is shared with
 the inference engine (one copy of the base weights in memory); the backend gives the trainer exclusive
-use of it during a step (`engine.paused()`), and the trainer re-activates its own adapter first, since
+use of its modules during a step (`engine.paused()`; on CUDA the engine may go on replaying its decode
+graphs meanwhile, which run no module code), and the trainer re-activates its own adapter first, since
 the engine may have switched the active adapter to serve another step.
 
 Memory: log-probs are computed only at trainable positions, in chunks of `logprob_chunk_size`
