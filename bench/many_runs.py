@@ -145,7 +145,8 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
 
 
 COUNTERS = ("prefill_passes", "warm_passes", "decode_passes", "graph_captures", "prefill_s", "decode_s",
-            "decode_wait_s")
+            "decode_wait_s", "decode_s_in_updates")
+DECODE_DURING_UPDATES = {"auto": None, "on": True, "off": False}  # --decode-during-updates: Engine(decode_during_updates=)
 
 
 async def _engine_counters(backend: Any) -> dict[str, float]:
@@ -172,6 +173,7 @@ def _backend(args: Any, path: str) -> Any:
                            lora=gw.LoraConfig(rank=args.rank, alpha=2 * args.rank),
                            load_model=load_model if random_arch else None,
                            engine_kwargs={"release_when_idle": KV_CHOICES[args.kv],
+                                          "decode_during_updates": DECODE_DURING_UPDATES[args.decode_during_updates],
                                           **({"fuse_decode": False} if args.no_fuse else {})})
 
 
@@ -285,6 +287,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=1, help="run every case this many times, the cases alternating "
                    "(sequence, together, sequence, ...): each round's ratio and their median are printed, so one call "
                    "measures the ratio against the machine's spread")
+    p.add_argument("--decode-during-updates", choices=list(DECODE_DURING_UPDATES), default="auto",
+                   help="the engine's running requests during a run's update: decoded by graph replays (on), paused "
+                        "(off), or the engine's default, on with CUDA graphs (auto); free-running runs overlap there")
     p.add_argument("--json", default=None, help="also write the results to this file")
     p.add_argument("--case", choices=["together", "sequence"], default=None, help="(internal) run one case")
     p.add_argument("--cases", default="sequence,together", help="which cases to run (the ratio needs both)")
@@ -389,8 +394,8 @@ def _cases(args: Any, mode: str, runs: int, card: str) -> dict[str, Any] | None:
               f"{r.get('tokenize_s', 0):.1f} s, checkpoint and publication {r.get('publish_s', 0):.1f} s); engine passes: "
               + ", ".join(f"{k} {r.get(k, 0)}" for k in COUNTERS if not k.endswith("_s"))
               + f"; the engine busy {r.get('prefill_s', 0):.1f} s in prefill + {r.get('decode_s', 0):.1f} s in decode "
-              f"(of which {r.get('decode_wait_s', 0):.1f} s waiting for the device; the rest of the rollout phases it "
-              f"waited for requests)", flush=True)
+              f"(of which {r.get('decode_wait_s', 0):.1f} s waiting for the device, {r.get('decode_s_in_updates', 0):.1f} s "
+              f"during updates; the rest of the rollout phases it waited for requests)", flush=True)
     if len(results) < 2:
         return results
     seq, tog = results["sequence"], results["together"]

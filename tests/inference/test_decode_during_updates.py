@@ -29,7 +29,8 @@ def _requests(tok, seed: int, k: int = 4, new: int = 90) -> list[GenerationReque
 def _engine(tiny, adapter_dirs) -> Engine:
     model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
     # initial_capacity holds every length here: a growth would drop the graphs
-    eng = Engine(model, tok, max_batch_size=8, initial_capacity=256, cuda_graphs=True, fuse_decode=False)
+    eng = Engine(model, tok, max_batch_size=8, initial_capacity=256, cuda_graphs=True, fuse_decode=False,
+                 decode_during_updates=True)
     eng.add_adapter("a1", adapter_dirs[1])
     return eng
 

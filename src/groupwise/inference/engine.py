@@ -358,8 +358,12 @@ class Engine:
             else:
                 self.state.pauses += 1
         self._note_stall()
-        with self._step_lock:  # wait for a step in progress; later steps see the pause
-            if not decoding:
+        with self._step_lock:  # wait for a step in progress (it hands back: wanted_elsewhere); later steps see the pause
+            if decoding:
+                with self.state.cv:
+                    self.state.replays_begun += 1
+                    self.state.cv.notify_all()
+            else:
                 self._release_idle_memory()
 
     def _release_idle_memory(self) -> None:
@@ -394,6 +398,7 @@ class Engine:
             if decoding:
                 with self.state.cv:
                     self.state.replays_only -= 1
+                    self.state.replays_begun -= 1
                     self.state.replays_blocked = False
                     self.state.cv.notify_all()
                 self._note_stall()
@@ -474,8 +479,8 @@ class Engine:
         st = self.state
         if st.closed or st.pauses:
             return False
-        if st.replays_only:
-            return bool(st.running) and not st.replays_blocked or st.cancel_pending
+        if st.replays_only:  # none while an update begins: it waits for the step lock, which this thread would keep
+            return st.replays_only == st.replays_begun and (bool(st.running) and not st.replays_blocked or st.cancel_pending)
         return bool(st.waiting or st.running)
 
     def poll(self) -> None:

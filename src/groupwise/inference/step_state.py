@@ -76,6 +76,7 @@ class StepState:
         # decode graphs captured before, no prefill; `replays_blocked` once the next step needs more than that.
         self.replays_only = 0
         self.replays_blocked = False
+        self.replays_begun = 0  # of those, the ones whose update has begun (one still beginning waits for the step lock)
         self.closed = False
         self.cancel_pending = False  # a caller cancelled since the last sweep (Engine sweeps at each step)
         self.stats = stats
@@ -133,7 +134,8 @@ class StepState:
 
     def wanted_elsewhere(self, rows: int) -> bool:
         """Should a run of decode steps over `rows` rows hand control back (decode_graphs.py)? Yes when
-        a pause, a close or a cancellation waits, or waiting requests are due a free slot (not while a trainer
-        updates: they are admitted after it)."""
-        return bool(self.pauses or self.closed or self.cancel_pending
+        a pause (one that lets replays go on too: its update starts once this step ends), a close or a
+        cancellation waits, or waiting requests are due a free slot (not while a trainer updates: they are
+        admitted after it)."""
+        return bool(self.pauses or self.closed or self.cancel_pending or self.replays_only != self.replays_begun
                     or (self.waiting and not self.replays_only and rows < self.max_batch_size and self.admission_due()))
