@@ -5,6 +5,7 @@
     python bench/many_runs.py --device cpu --arch tiny-qwen --steps 1      # a smoke test (numbers mean nothing)
     python bench/many_runs.py --device cuda --runs 1,4 --cases together --engine-process in_process,separate
     python bench/many_runs.py --device cuda --runs 4 --lockstep --warmup 4 --steps 2 --rounds 2 --engine-process in_process,separate
+    python bench/many_runs.py --device cuda --runs 4 --cases together --engine-process separate --decode-during-updates off
 
 Each case runs in a process of its own (its peak memory is its own):
 - ``sequence``: for each of --runs runs, a fresh `LocalBackend` loads the base, the run trains --warmup
@@ -12,7 +13,8 @@ Each case runs in a process of its own (its peak memory is its own):
 - ``together``: one `LocalBackend`, the --runs models registered on it (one base, one engine: backend/replica.py),
   every run's steps at once (asyncio tasks; the timed steps start together, after every run's warm-up);
   with --lockstep every step's rollouts start together, as `gw.fit([...])` runs them by default
-  (`LoopConfig.lockstep`), else each run goes at its own pace.
+  (`LoopConfig.lockstep`), else each run goes at its own pace (and on CUDA the engine decodes the runs'
+  requests in flight during another run's update: --decode-during-updates off pauses it instead).
 With --processes each case's backend runs its engine and trainer in a worker process
 (`LocalBackend(devices=[device])`), so the bench's process only sends requests, parses responses and
 writes trajectories. With --engine-process separate each case's backend is
