@@ -26,11 +26,11 @@ def _requests(tok, seed: int, k: int = 4, new: int = 90) -> list[GenerationReque
             for i, p in enumerate(_prompts(tok, k))]
 
 
-def _engine(tiny, adapter_dirs) -> Engine:
+def _engine(tiny, adapter_dirs, **kwargs) -> Engine:
     model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
     # initial_capacity holds every length here: a growth would drop the graphs
     eng = Engine(model, tok, max_batch_size=8, initial_capacity=256, cuda_graphs=True, fuse_decode=False,
-                 decode_during_updates=True)
+                 decode_during_updates=True, **kwargs)
     eng.add_adapter("a1", adapter_dirs[1])
     return eng
 
@@ -103,8 +103,9 @@ async def test_a_step_that_needs_a_capture_waits_for_the_update_to_end(tiny, ada
 
 async def test_a_new_adapter_slot_waits_for_the_update_and_a_refilled_one_does_not(tiny, adapter_dirs):
     # A new slot adds modules to the model the trainer runs, and sets them all to eval mode; a free slot of
-    # the same shape is only a copy into the slot's own tensors.
-    eng = _engine(tiny, adapter_dirs)
+    # the same shape is only a copy into the slot's own tensors. (release_when_idle=False: an idle engine would
+    # give its memory to the update and pause whole)
+    eng = _engine(tiny, adapter_dirs, release_when_idle=False)
     try:
         async with eng.paused(decoding=True):
             await asyncio.to_thread(eng.remove_adapter, "a1")
@@ -114,6 +115,27 @@ async def test_a_new_adapter_slot_waits_for_the_update_and_a_refilled_one_does_n
             assert not new_slot.done() and "a3" not in eng.adapters()
         await asyncio.wait_for(new_slot, 60)
         assert {"a2", "a3"} <= set(eng.adapters())
+    finally:
+        eng.close()
+
+
+async def test_an_idle_engine_whose_memory_the_update_wants_pauses_whole(tiny, adapter_dirs):
+    # (release_when_idle=True: as under memory pressure) idle, its KV goes to the update, so nothing could decode;
+    # with rows in flight it keeps its KV and decodes them
+    eng = _engine(tiny, adapter_dirs, release_when_idle=True)
+    tok = eng.tokenizer
+    try:
+        pause = eng.paused(decoding=True)
+        async with pause:
+            assert eng.buffers.nbytes() == 0 and eng.state.pauses == 1 and not eng.state.replays_only
+        assert not pause.decoding
+        tasks = [asyncio.ensure_future(eng.generate(r)) for r in _requests(tok, 0, k=2)]
+        await _running(eng, 2)
+        pause = eng.paused(decoding=True)
+        async with pause:
+            assert eng.buffers.nbytes() > 0 and eng.state.replays_only == 1 and not eng.state.pauses
+        assert pause.decoding
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
     finally:
         eng.close()
 

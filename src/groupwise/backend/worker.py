@@ -305,11 +305,11 @@ class DeviceWorker:
         decoding = (replica.device.type == "cuda" and getattr(replica.engine, "decode_during_updates", False)
                     and not any(u.objective == "grpo" and (u.config.kl_coef > 0 or u.config.teacher is not None)
                                 for u in updates))
-        runs_update, train_step = compute, trainer.train_step
-        if decoding:
-            runs_update, train_step = update_thread(), functools.partial(_on_cuda_device, replica.device, train_step)
         pause = replica.engine.paused(decoding=True) if decoding else replica.engine.paused()
         async with self._update_locks[replica.base.base_model], pause:
+            runs_update, train_step = compute, trainer.train_step
+            if getattr(pause, "decoding", False):  # an idle engine whose memory the update wants pauses whole
+                runs_update, train_step = update_thread(), functools.partial(_on_cuda_device, replica.device, train_step)
             try:
                 for u in updates:
                     if u.objective == "grpo" and u.config.kl_coef > 0:  # the anchor it names

@@ -351,7 +351,9 @@ class Engine:
         if self.runner.stacked is not None:
             self.runner.stacked.invalidate()
 
-    def _pause_begin(self, decoding: bool = False) -> None:
+    def _pause_begin(self, decoding: bool = False) -> bool:
+        """Begin a pause; returns whether it lets replays go on (`paused`): not where the engine is idle and
+        its memory goes to the update (`_release_idle_memory`), which then runs beside a whole pause."""
         with self.state.cv:
             if decoding:
                 self.state.replays_only += 1
@@ -359,12 +361,17 @@ class Engine:
                 self.state.pauses += 1
         self._note_stall()
         with self._step_lock:  # wait for a step in progress (it hands back: wanted_elsewhere); later steps see the pause
-            if decoding:
-                with self.state.cv:
+            with self.state.cv:
+                if decoding and self._idle_memory_wanted():
+                    self.state.replays_only -= 1
+                    self.state.pauses += 1
+                    decoding = False
+                elif decoding:
                     self.state.replays_begun += 1
-                    self.state.cv.notify_all()
-            else:
+                self.state.cv.notify_all()
+            if not decoding:
                 self._release_idle_memory()
+        return decoding
 
     def _release_idle_memory(self) -> None:
         """With no sequence in the slots, free what a pause makes useless: the merged copy and the prefix
@@ -376,19 +383,23 @@ class Engine:
         again when its bucket is next decoded: with 4 runs of a 0.5B model on one H200 that cost 16-22% of
         the tokens/s (15 captures in 3 steps against 7). So by default (`release_when_idle=None`) the CPU
         always releases, and CUDA only under memory pressure (`memory_pressed`); True or False decides."""
+        if not self._idle_memory_wanted():
+            return
         st = self.state
-        if st.running or st.admitted or self._released_capacity:
-            return
-        release = self.release_when_idle
-        if release is None:
-            release = self.device.type == "cpu" or memory_pressed(self.device)
-        if not release:
-            return
         self._weights_changed()
         self.runner.graphs.clear()
         if st.prefix_cache is not None:
             st.prefix_cache.release()
         self._released_capacity = st.buffers.release()
+
+    def _idle_memory_wanted(self) -> bool:
+        """Whether a pause beginning now frees the engine's memory (`_release_idle_memory`)."""
+        st = self.state
+        if st.running or st.admitted or self._released_capacity:
+            return False
+        if self.release_when_idle is not None:
+            return self.release_when_idle
+        return self.device.type == "cpu" or memory_pressed(self.device)
 
     def _pause_end(self, decoding: bool = False) -> None:
         restore = 0
@@ -422,7 +433,8 @@ class Engine:
         graph replays only (decode.py): no prefill, capture or eager pass, which would run the modules whose
         flags and forwards the trainer sets; a step that needs one waits for the end. The trainer then runs
         on a thread of its own (runtime/compute.py's `update_thread`: the compute thread steps this engine),
-        and the KV stays (the graphs read it). No adapter slot is made meanwhile (`_add_adapter`)."""
+        and the KV stays (the graphs read it). No adapter slot is made meanwhile (`_add_adapter`). An idle
+        engine whose memory the update wants (`_release_idle_memory`: a 7B step's peak) pauses whole instead."""
         return _Paused(self, decoding and self.decode_during_updates)
 
     # ---------------------------------------------------------------- submitting
@@ -593,14 +605,14 @@ class _Paused:
         self._engine, self.decoding = engine, decoding
 
     def __enter__(self):
-        self._engine._pause_begin(self.decoding)
+        self.decoding = self._engine._pause_begin(self.decoding)
         return self._engine
 
     def __exit__(self, *exc):
         self._engine._pause_end(self.decoding)
 
     async def __aenter__(self):
-        await asyncio.get_running_loop().run_in_executor(None, self._engine._pause_begin, self.decoding)
+        self.decoding = await asyncio.get_running_loop().run_in_executor(None, self._engine._pause_begin, self.decoding)
         return self._engine
 
     async def __aexit__(self, *exc):
