@@ -122,33 +122,30 @@ class ComputeThread:
                 engine.poll()
 
 
-_default: ComputeThread | None = None
-_default_lock = threading.Lock()
+_threads: dict[str, ComputeThread] = {}  # name -> the process's thread of that name
+_threads_lock = threading.Lock()
+
+
+def _process_thread(name: str) -> ComputeThread:
+    """The process's `ComputeThread` of this name: started on first use, stopped at exit (module doc)."""
+    with _threads_lock:
+        thread = _threads.get(name)
+        if thread is None:
+            thread = _threads[name] = ComputeThread(name)
+            atexit.register(thread.stop, _EXIT_JOIN_TIMEOUT_S)
+        return thread
 
 
 def compute_thread() -> ComputeThread:
     """The process's compute thread (started on first use)."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = ComputeThread()
-            atexit.register(_default.stop, _EXIT_JOIN_TIMEOUT_S)
-        return _default
-
-
-_update: ComputeThread | None = None
+    return _process_thread("groupwise-compute")
 
 
 def update_thread() -> ComputeThread:
     """The process's thread for a trainer's updates that run while the compute thread goes on stepping an
     engine (on CUDA, `Engine.paused(decoding=True)`): GPUs have no OpenMP teams to keep hot, and the
     engine's decode graphs and the update then share the device. Started on first use, stopped at exit."""
-    global _update
-    with _default_lock:
-        if _update is None:
-            _update = ComputeThread("groupwise-update")
-            atexit.register(_update.stop, _EXIT_JOIN_TIMEOUT_S)
-        return _update
+    return _process_thread("groupwise-update")
 
 
 # How long exit waits for the kernel or task in hand: an engine step takes well under a second; a
