@@ -15,6 +15,11 @@ Each case runs in a process of its own (its peak memory is its own):
   with --lockstep every step's rollouts start together, as `gw.fit([...])` runs them by default
   (`LoopConfig.lockstep`), else each run goes at its own pace (and on CUDA the engine decodes the runs'
   requests in flight during another run's update: --decode-during-updates off pauses it instead).
+- ``joined``: as ``together``, but each run's driver is a process of its own: the case's process holds a
+  `LocalBackend(engine_process="separate")` and shares its worker (`backend.share()`), and each run's process
+  registers its model there with `LocalBackend(join=address)` and runs its rollouts' requests, tokenising and
+  trajectory writes itself, in parallel with the other runs' (backend/sharing.py); one base, one engine as in
+  ``together`` (needs --engine-process separate).
 With --processes each case's backend runs its engine and trainer in a worker process
 (`LocalBackend(devices=[device])`), so the bench's process only sends requests, parses responses and
 writes trajectories. With --engine-process separate each case's backend is
@@ -167,8 +172,11 @@ def _backend(args: Any, path: str) -> Any:
     import groupwise as gw
     from many_runs import random_model as load_model  # importable by a worker process (this file runs as __main__)
 
+    if args.join is not None:  # a joined case's run: the worker's settings are the sharing backend's
+        return gw.LocalBackend(path=path, join=args.join, best_checkpoint_metric=None, served_steps=1, serve_http=False,
+                               lora=gw.LoraConfig(rank=args.rank, alpha=2 * args.rank))
     random_arch = args.arch not in ("smollm2",)
-    runs = args.runs if args.case == "together" else 1  # the engine batches every run's rollouts of a step
+    runs = args.runs if args.case in ("together", "joined") else 1  # the engine batches every run's rollouts of a step
     where = {"devices": [args.device]} if args.processes else {"device": args.device}
     return gw.LocalBackend(path=path, **where, engine_process=args.engine_process, dtype=args.dtype, best_checkpoint_metric=None,
                            served_steps=1, serve_http=False, verify_adapter=not args.no_verify, max_batch_size=runs * args.prompts * args.group_size,
@@ -191,6 +199,81 @@ async def _worker_peak_gb(backend: Any, args: Any) -> float:
     return peak["device_gb"] if args.device.startswith("cuda") else peak["rss_gb"]
 
 
+class _StdioBarrier:
+    """A joined run's side of the barriers of --lockstep and of the timed steps' start: say READY, wait for GO
+    (the case's process answers once every run's process is ready: `_joined`)."""
+
+    async def wait(self) -> None:
+        print("READY", flush=True)
+        line = await asyncio.to_thread(sys.stdin.readline)
+        if line.strip() != "GO":
+            raise SystemExit("the joined case's process is gone")
+
+
+async def _one_joined_run(args: Any) -> dict[str, Any]:
+    """A joined case's run (--case run): its model on the shared worker, its steps, its totals."""
+    import groupwise as gw
+
+    backend = _backend(args, args.store)
+    model = gw.TrainableModel(f"run{args.run_index}", project="bench", base_model=_base(args))
+    totals: dict[str, Any] = {}
+    try:
+        await model.register(backend)
+        await _train_run(model, args, args.run_index, _StdioBarrier(), totals)
+        totals["end"] = time.perf_counter()
+    finally:
+        await backend.close()
+    totals.pop("engine0", None)
+    return totals
+
+
+async def _joined(args: Any, path: str, totals: dict[str, Any]) -> tuple[float, float]:
+    """The joined case (module doc): the shared worker here, a process per run; (timed s, worker peak).
+    perf_counter is the system's monotonic clock, so the runs' times compare across processes."""
+    if args.engine_process != "separate":
+        raise SystemExit("the joined case shares a worker: run it with --engine-process separate")
+    backend = _backend(args, path)
+    procs: list[subprocess.Popen] = []
+    try:
+        address = await backend.share()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        for r in range(args.runs):
+            procs.append(subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--case", "run", "--join", address,
+                                           "--run-index", str(r), "--store", path], env=env, text=True,
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+
+        async def line(p: subprocess.Popen) -> str:
+            while True:
+                text = await asyncio.to_thread(p.stdout.readline)
+                if not text:
+                    raise SystemExit(f"a joined run's process exited ({p.wait()})")
+                if text.startswith(("READY", "RESULT ")):
+                    return text.strip()
+
+        rounds = 1 + (args.steps - 1 if args.lockstep else 0)
+        for i in range(rounds):
+            assert all(x == "READY" for x in await asyncio.gather(*(line(p) for p in procs)))
+            if i == 0:
+                totals["engine0"] = await _engine_counters(backend)
+            for p in procs:
+                p.stdin.write("GO\n")
+                p.stdin.flush()
+        results = [json.loads(x.removeprefix("RESULT ")) for x in await asyncio.gather(*(line(p) for p in procs))]
+        end = await _engine_counters(backend)
+        totals.update({k: end[k] - totals["engine0"][k] for k in COUNTERS})
+        for one in results:
+            for k in ("rollout_tokens", "trainable_tokens", "update_s", "tokenize_s", "publish_s"):
+                totals[k] = totals.get(k, 0) + one.get(k, 0)
+            totals.setdefault("events", []).extend(one.get("events", []))
+        timed = max(one["end"] for one in results) - min(one["t0"] for one in results)
+        return timed, await _worker_peak_gb(backend, args)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        await backend.close()
+
+
 async def case(args: Any) -> dict[str, Any]:
     import groupwise as gw
 
@@ -198,7 +281,9 @@ async def case(args: Any) -> dict[str, Any]:
     totals: dict[str, float] = {}
     timed = 0.0
     worker_peak = float("nan")
-    if args.case == "together":
+    if args.case == "joined":
+        timed, worker_peak = await _joined(args, path, totals)
+    elif args.case == "together":
         backend = _backend(args, path)
         models = [gw.TrainableModel(f"run{r}", project="bench", base_model=_base(args)) for r in range(args.runs)]
         try:
@@ -293,8 +378,12 @@ def main() -> int:
                    help="the engine's running requests during a run's update: decoded by graph replays (on), paused "
                         "(off), or the engine's default, on with CUDA graphs (auto); free-running runs overlap there")
     p.add_argument("--json", default=None, help="also write the results to this file")
-    p.add_argument("--case", choices=["together", "sequence"], default=None, help="(internal) run one case")
-    p.add_argument("--cases", default="sequence,together", help="which cases to run (the ratio needs both)")
+    p.add_argument("--case", choices=["together", "sequence", "joined", "run"], default=None, help="(internal) run one case")
+    p.add_argument("--join", default=None, help="(internal) a joined case's run: the shared worker's address")
+    p.add_argument("--run-index", type=int, default=0, help="(internal) a joined case's run: which run")
+    p.add_argument("--store", default=None, help="(internal) a joined case's run: the runs' folder")
+    p.add_argument("--cases", default="sequence,together", help="which cases to run, of sequence, together and "
+                   "joined (each ratio needs the sequence)")
     p.add_argument("--kv", choices=list(KV_CHOICES), default="auto",
                    help="the engine's KV, prefixes and CUDA graphs in each update's pause: freed (release), kept "
                         "(keep), or the engine's default, freed under memory pressure (auto)")
@@ -302,7 +391,8 @@ def main() -> int:
     sys.path.insert(0, str(HERE))  # train_step's builder
     if args.case is not None:
         args.runs = int(args.runs)
-        print("RESULT " + json.dumps(asyncio.run(case(args))), flush=True)
+        result = asyncio.run(_one_joined_run(args) if args.case == "run" else case(args))
+        print("RESULT " + json.dumps(result), flush=True)
         return 0
     runs_list = [int(n) for n in args.runs.split(",")]
     modes = args.engine_process.split(",")
@@ -398,13 +488,15 @@ def _cases(args: Any, mode: str, runs: int, card: str) -> dict[str, Any] | None:
               + f"; the engine busy {r.get('prefill_s', 0):.1f} s in prefill + {r.get('decode_s', 0):.1f} s in decode "
               f"(of which {r.get('decode_wait_s', 0):.1f} s waiting for the device, {r.get('decode_s_in_updates', 0):.1f} s "
               f"during updates; the rest of the rollout phases it waited for requests)", flush=True)
-    if len(results) < 2:
-        return results
-    seq, tog = results["sequence"], results["together"]
-    print(f"\n{runs} runs of {_base(args)} on {card} ({args.workload}: {args.prompts} x {args.group_size} rollouts "
-          f"a step, {args.steps} timed steps each): together / sequence = "
-          f"{tog['tok_s'] / seq['tok_s']:.2f}x tokens/s, peak memory {tog['peak_gb'] / seq['peak_gb']:.2f}x one run's "
-          f"[{mode}]")
+    seq = results.get("sequence")
+    for name in ("together", "joined"):
+        tog = results.get(name)
+        if seq is None or tog is None:
+            continue
+        print(f"\n{runs} runs of {_base(args)} on {card} ({args.workload}: {args.prompts} x {args.group_size} rollouts "
+              f"a step, {args.steps} timed steps each): {name} / sequence = "
+              f"{tog['tok_s'] / seq['tok_s']:.2f}x tokens/s, peak memory {tog['peak_gb'] / seq['peak_gb']:.2f}x one run's "
+              f"[{mode}]")
     return results
 
 

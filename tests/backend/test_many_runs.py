@@ -211,3 +211,19 @@ async def test_a_run_leaves_the_backend_and_a_new_one_takes_its_place(tiny_model
         assert await second.get_step() == 1
     finally:
         await backend.close()
+
+
+async def test_runs_registered_at_once_share_one_base_and_one_engine(tiny_model_dir, tmp_path):
+    """Two registrations awaited together (asyncio.gather; or two drivers of a shared worker,
+    backend/sharing.py) each found no base loaded while the other loaded it, and loaded it again: each
+    run then had an engine of its own, and the frontends of a separate engine core knew only the last."""
+    backend = _backend(tmp_path / "at-once")
+    models = [gw.TrainableModel(name=name, project=PROJECT, base_model=tiny_model_dir) for name in ("one", "two")]
+    try:
+        await asyncio.gather(*(m.register(backend) for m in models))
+        worker = backend._worker
+        assert list(worker.bases) == [tiny_model_dir]
+        assert len({id(r.engine) for r in worker.replicas.values()}) == 1
+        assert len({id(r.base) for r in worker.replicas.values()}) == 1
+    finally:
+        await backend.close()

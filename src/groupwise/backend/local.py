@@ -26,6 +26,11 @@ engine and trainer as above, but serves its engine as an engine core over a Zero
 there), and this process runs every rollout request's Python over it: the app `groupwise serve
 --engine-process separate` builds, reached in process (backend/frontends.py says what crosses).
 
+Several runs on one device, each from a process of its own: ``address = await backend.share()`` on a
+backend with ``engine_process="separate"``, and ``LocalBackend(join=address)`` in the other processes. Each
+joining process registers its models on the sharing worker (one base, one engine, one device) and runs
+their requests' Python itself, in parallel with the others (backend/sharing.py).
+
 ``devices=4, train_workers=1``: the first device only trains, the other three only generate, loading
 each new adapter from the checkpoint (backend/worker.py); rollouts go to those three.
 
@@ -119,6 +124,11 @@ class LocalBackend(WorkerBackend):
             process). On H200s (bench/many_runs.py ``--engine-process in_process,separate``,
             docs/benchmarks.md) a run alone stepped 1.13-1.17x slower with the separate core, and several
             runs on one backend 1.13-1.29x faster (four) or the same (eight), at the same peak memory.
+        join: the address `share()` returned in another process of this host: this backend's models load on
+            that backend's worker (its device, model settings and engine), and this process runs their
+            requests' Python and its own driver. `close` drops only this backend's models. The worker's
+            settings (device, devices, dtype, max_batch_size, engine_kwargs, load_model, memory_budget_gb,
+            train_workers, verify_adapter) are the sharing backend's: giving them here is an error.
         in_process, gpu_cost_per_hour_usd, enable_expert_replay: ART's; accepted (GPU cost and MoE
             replay have no counterpart) and named once in a warning.
     """
@@ -135,6 +145,7 @@ class LocalBackend(WorkerBackend):
         devices: "int | list[str] | tuple[str, ...] | None" = None,
         serve_http: bool = True,
         engine_process: EngineProcess | None = None,
+        join: str | None = None,
         options: BackendOptions | None = None,
         wandb_entity: str | None = None,
         wandb_project: str | None = None,
@@ -158,12 +169,18 @@ class LocalBackend(WorkerBackend):
         options = BackendOptions.from_arguments(options, option_values, what="LocalBackend arguments",
                                                 problems=problems, workers=len(parsed) if parsed else None,
                                                 workers_arg="devices")
+        if join is not None:
+            problems += _join_problems(join, device=device, devices=devices, engine_process=engine_process,
+                                       options=options)
+            if problems:
+                raise ConfigError(problems, what="LocalBackend arguments")
         super().__init__(path if path is not None else DEFAULT_PATH, options)
+        self.join = join
         self.devices = parsed
         self.device = device if self.devices is None else None
         self._worker: DeviceWorker | None = None  # one device: the worker lives in this process
         self._processes: Any = None  # several (or a separate engine): backend/processes.py's WorkerProcesses
-        self.engine_process = engine_process
+        self.engine_process = "separate" if join is not None else engine_process
         self._frontends: Any = None  # engine cores: backend/frontends.py's CoreFrontends, in this process
         self._api_key = API_KEY
         self.serve_http = serve_http
@@ -181,10 +198,37 @@ class LocalBackend(WorkerBackend):
 
     def _separate_engine(self) -> bool:
         """Whether the engines run as cores in worker processes, this process their frontend (`engine_process`;
-        its "auto" is in process, the docstring says why)."""
-        return engine_process_for(self.engine_process, runs=1) == "separate"
+        its "auto" is in process, the docstring says why; a joining backend's always do)."""
+        return self.join is not None or engine_process_for(self.engine_process, runs=1) == "separate"
+
+    async def share(self) -> str:
+        """Let drivers in other processes of this host use this backend's worker: their
+        ``LocalBackend(join=address)`` registers models on it (one base, one engine, one device), each
+        process running its own runs' requests (backend/sharing.py). Returns that address. Needs
+        ``engine_process="separate"`` and one device; starts the worker if no model has yet. Close this
+        backend after the joining ones: its close stops the worker, failing theirs."""
+        if self.join is not None:
+            raise ConfigError("this backend joined another's worker; share the address it joined instead",
+                              what="LocalBackend.share()")
+        if not self._separate_engine() or (self.devices is not None and len(self.devices) > 1):
+            raise ConfigError(f"share() needs LocalBackend(engine_process=\"separate\") on one device; this one has "
+                              f"engine_process={self.engine_process!r}, devices={self.devices!r}. Several devices "
+                              "take one driver's commands in one order, so they cannot be shared.",
+                              what="LocalBackend.share()")
+        if not self._started:
+            await self._start()
+            self._started = True
+        return await self._processes.share()
 
     async def _start(self) -> None:
+        if self.join is not None:
+            from groupwise.backend.frontends import CoreFrontends
+            from groupwise.backend.sharing import SharedWorker
+
+            self._frontends = CoreFrontends()
+            self._processes = SharedWorker(self.join)
+            await self._processes.start()
+            return
         separate = self._separate_engine()
         if self.devices is not None or separate:
             import dataclasses
@@ -474,7 +518,28 @@ class LocalBackend(WorkerBackend):
         self._close()
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "backend": "LocalBackend", "device": self.device, "devices": self.devices}
+        return {**super().describe(), "backend": "LocalBackend", "device": self.device, "devices": self.devices,
+                **({"join": self.join} if self.join is not None else {})}
+
+
+# the worker's settings: a joining backend takes the sharing backend's (its `join` argument)
+WORKER_SETTINGS = ("dtype", "max_batch_size", "engine_kwargs", "load_model", "memory_budget_gb", "train_workers",
+                   "verify_adapter")
+
+
+def _join_problems(join: str, *, device: Any, devices: Any, engine_process: Any, options: BackendOptions) -> list[str]:
+    problems = []
+    if not isinstance(join, str) or not join.startswith(("ipc://", "tcp://")):
+        problems.append(f"join={join!r} is not an address `await backend.share()` returned (ipc://...)")
+    given = [name for name, value in (("device", device), ("devices", devices)) if value is not None]
+    if engine_process not in (None, "auto", "separate"):
+        given.append(f"engine_process={engine_process!r}")
+    defaults = BackendOptions()
+    given += [name for name in WORKER_SETTINGS if getattr(options, name) != getattr(defaults, name)]
+    if given:
+        problems.append(f"join= takes the sharing backend's worker as it is: drop {', '.join(given)} (set them on "
+                        "the backend that calls share())")
+    return problems
 
 
 class _HttpServer:

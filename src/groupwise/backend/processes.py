@@ -25,6 +25,8 @@ Why these pieces:
   loopback port, and the user's client spreads its requests over them (backend/routing.py). With
   ``WorkerOptions.engine_core`` (`LocalBackend(engine_process="separate")`) a worker serves its engine as an
   engine core instead, and the apps run in the driver's process over it (backend/frontends.py).
+* such a worker of one device also takes the commands of drivers in other processes once asked to
+  ("share": backend/sharing.py), each run's requests then in its own driver's process.
 """
 
 from __future__ import annotations
@@ -39,12 +41,12 @@ import socket
 import subprocess
 import sys
 import threading
-import traceback
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
 from groupwise.backend.driver import WorkerError
+from groupwise.backend.sharing import SharedCommands, run_command
 from groupwise.backend.worker import DeviceWorker, WorkerOptions
 
 
@@ -52,15 +54,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _portable(exc: BaseException, tb: str) -> BaseException:
-    """The exception itself when it survives pickling, else a WorkerError carrying its text."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        return WorkerError(f"{type(exc).__name__}: {exc}\n{tb}")
 
 
 def _send(conn: Connection, obj: Any) -> None:
@@ -95,34 +88,40 @@ def _settle(future: asyncio.Future, reply: Any, error: BaseException | None) -> 
 
 
 async def _answer(worker: DeviceWorker, conn: Any, cid: int, method: str, kwargs: dict[str, Any]) -> None:
-    try:
-        reply: tuple = ("ok", await getattr(worker, method)(**kwargs))
-    except BaseException as exc:  # the driver re-raises it
-        tb = traceback.format_exc()
-        reply = ("error", _portable(exc, tb), tb)
-    _send(conn, (cid, reply))
+    _send(conn, (cid, await run_command(worker, method, kwargs)))
 
 
 async def _serve(worker: DeviceWorker, conn: Any) -> None:
-    """Read commands and run each as a task (module doc); "close" runs once the commands before it ended."""
+    """Read commands and run each as a task (module doc); "close" runs once the commands before it ended;
+    "share" opens the worker to drivers of other processes (backend/sharing.py) and answers its address."""
     loop = asyncio.get_running_loop()
     running: set[asyncio.Task] = set()
-    while True:
-        try:
-            cid, method, kwargs = await loop.run_in_executor(None, _recv, conn)
-        except (EOFError, OSError):  # the driver is gone: release everything and leave
-            for task in running:
-                task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
-            await worker.close()
-            return
-        if method == "close":
-            await asyncio.gather(*running, return_exceptions=True)
-            await _answer(worker, conn, cid, method, kwargs)
-            return
-        task = asyncio.create_task(_answer(worker, conn, cid, method, kwargs))
-        running.add(task)
-        task.add_done_callback(running.discard)
+    shared: SharedCommands | None = None
+    try:
+        while True:
+            try:
+                cid, method, kwargs = await loop.run_in_executor(None, _recv, conn)
+            except (EOFError, OSError):  # the driver is gone: release everything and leave
+                for task in running:
+                    task.cancel()
+                await asyncio.gather(*running, return_exceptions=True)
+                await worker.close()
+                return
+            if method == "close":
+                await asyncio.gather(*running, return_exceptions=True)
+                await _answer(worker, conn, cid, method, kwargs)
+                return
+            if method == "share":
+                if shared is None:
+                    shared = SharedCommands(worker)
+                _send(conn, (cid, ("ok", shared.address)))
+                continue
+            task = asyncio.create_task(_answer(worker, conn, cid, method, kwargs))
+            running.add(task)
+            task.add_done_callback(running.discard)
+    finally:
+        if shared is not None:
+            await shared.close()
 
 
 _FD_VAR = "GROUPWISE_WORKER_FD"
@@ -351,6 +350,12 @@ class WorkerProcesses:
         finally:
             for key in keys:
                 self._waiting.pop(key, None)
+
+    async def share(self) -> str:
+        """Open the one worker to drivers in other processes of this host (backend/sharing.py, where a
+        driver joins with `LocalBackend(join=address)`); its address. Asking again gives the same one."""
+        [address] = await self.call("share", [{}])
+        return address
 
     async def stop(self) -> None:
         self._stopping.set()

@@ -115,6 +115,10 @@ class DeviceWorker:
         self.specs: dict[str, ModelSpec] = {}
         self.bases: dict[str, SharedBase] = {}  # base model -> what its models share on this device
         self._update_locks: dict[str, asyncio.Lock] = {}  # base model -> one update at a time
+        # Loads and unloads one at a time: two runs registering at once (asyncio.gather, or two drivers of a
+        # shared worker: sharing.py) would each find no base and load it twice, each run on an engine of its
+        # own; and an unload that closes an empty base must not close the one a load is about to use.
+        self._loading = asyncio.Lock()
         self.process_group: Any = None
         split = options.train_workers
         self.trains = split is None or rank < split  # module doc: a placement's trainer ranks come first
@@ -152,6 +156,10 @@ class DeviceWorker:
     async def load(self, spec: ModelSpec) -> dict[str, Any]:
         """Load (or resume) a model; returns its step, the cursor and path of the checkpoint resumed
         from, (when serving over HTTP) the base URL of its app, and (rank 0) the tokenizer."""
+        async with self._loading:
+            return await self._load(spec)
+
+    async def _load(self, spec: ModelSpec) -> dict[str, Any]:
         if spec.name in self.replicas:
             raise ConfigError(f"model {spec.name!r} is already loaded on rank {self.rank}", what="model name")
         o = self.options
@@ -180,7 +188,7 @@ class DeviceWorker:
             await compute.run(replica.reserve_slots, spec.reserve_slots)
             state = await compute.run(replica.resume, spec.checkpoints_dir)
         except BaseException:
-            await self.unload(spec.name)
+            await self._unload(spec.name)
             raise
         info: dict[str, Any] = {
             "rank": self.rank, "step": state.step if state else 0, "cursor": dict(state.cursor) if state else {},
@@ -204,6 +212,10 @@ class DeviceWorker:
     async def unload(self, name: str) -> None:
         """Drop model `name` (its adapter, served steps and optimizer); the base, its engine and its server
         stay while another model uses them."""
+        async with self._loading:
+            await self._unload(name)
+
+    async def _unload(self, name: str) -> None:
         replica = self.replicas.pop(name, None)
         self.specs.pop(name, None)
         if replica is None:
