@@ -210,8 +210,10 @@ class _StdioBarrier:
             raise SystemExit("the joined case's process is gone")
 
 
-async def _one_joined_run(args: Any) -> dict[str, Any]:
-    """A joined case's run (--case run): its model on the shared worker, its steps, its totals."""
+async def _one_joined_run(args: Any) -> None:
+    """A joined case's run (--case run): its model on the shared worker, its steps; prints its totals, then
+    closes when told (the case's process reads the engine's counters first: the last run to leave the worker
+    closes the base and its engine)."""
     import groupwise as gw
 
     backend = _backend(args, args.store)
@@ -221,10 +223,11 @@ async def _one_joined_run(args: Any) -> dict[str, Any]:
         await model.register(backend)
         await _train_run(model, args, args.run_index, _StdioBarrier(), totals)
         totals["end"] = time.perf_counter()
+        totals.pop("engine0", None)
+        print("RESULT " + json.dumps(totals), flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
     finally:
         await backend.close()
-    totals.pop("engine0", None)
-    return totals
 
 
 async def _joined(args: Any, path: str, totals: dict[str, Any]) -> tuple[float, float]:
@@ -260,6 +263,10 @@ async def _joined(args: Any, path: str, totals: dict[str, Any]) -> tuple[float, 
                 p.stdin.flush()
         results = [json.loads(x.removeprefix("RESULT ")) for x in await asyncio.gather(*(line(p) for p in procs))]
         end = await _engine_counters(backend)
+        for p in procs:
+            p.stdin.write("CLOSE\n")
+            p.stdin.flush()
+        await asyncio.gather(*(asyncio.to_thread(p.wait) for p in procs))
         totals.update({k: end[k] - totals["engine0"][k] for k in COUNTERS})
         for one in results:
             for k in ("rollout_tokens", "trainable_tokens", "update_s", "tokenize_s", "publish_s"):
@@ -391,8 +398,10 @@ def main() -> int:
     sys.path.insert(0, str(HERE))  # train_step's builder
     if args.case is not None:
         args.runs = int(args.runs)
-        result = asyncio.run(_one_joined_run(args) if args.case == "run" else case(args))
-        print("RESULT " + json.dumps(result), flush=True)
+        if args.case == "run":
+            asyncio.run(_one_joined_run(args))
+            return 0
+        print("RESULT " + json.dumps(asyncio.run(case(args))), flush=True)
         return 0
     runs_list = [int(n) for n in args.runs.split(",")]
     modes = args.engine_process.split(",")

@@ -162,3 +162,76 @@ async def test_join_refuses_the_workers_settings_and_share_needs_a_separate_engi
 
     with pytest.raises(WorkerError, match="no worker answered"):  # nothing listens there
         await SharedWorker(f"ipc://{tmp_path}/nothing-here", timeout_s=0.5).start()
+
+
+# A joining driver that trains with `gw.fit` (lockstep by default): each rollout records when it started
+# (time.monotonic is the system's clock: it compares across processes); `delay` slows this run's rollouts.
+FIT_JOINER = textwrap.dedent("""
+    import asyncio, json, sys, time
+    import groupwise as gw
+
+    async def main(address, path, base, name, delay, lockstep):
+        backend = gw.LocalBackend(path=path, join=address, best_checkpoint_metric=None)
+        model = gw.TrainableModel(name, project="shared", base_model=base)
+        await model.register(backend)
+        starts = []
+
+        async def rollout(model, scenario):
+            index = len(starts)  # the two rollouts of a group start one after the other: rewards 0 and 1
+            starts.append(time.monotonic())
+            await asyncio.sleep(delay)
+            client = model.openai_client()
+            messages = [{"role": "user", "content": f"scenario {scenario}"}]
+            r = await client.chat.completions.create(model=model.inference_name(), messages=messages, max_tokens=3,
+                                                     logprobs=True)
+            return gw.Trajectory(messages_and_choices=[*messages, r.choices[0]], reward=float(index % 2))
+
+        config = gw.LoopConfig(groups_per_step=1, rollouts_per_group=2, max_steps=3, eval_every=100,
+                               lockstep=lockstep == "1", train_config=gw.TrainConfig(learning_rate=1e-3))
+        await gw.fit(model, rollout, list(range(8)), config=config)
+        await backend.close()
+        print(json.dumps(starts[::2]), flush=True)  # each step's first rollout
+
+    asyncio.run(main(*sys.argv[1:5], float(sys.argv[5]), sys.argv[6]))
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lockstep", [True, False])
+async def test_fit_loops_of_joined_drivers_start_each_step_together(tiny_model_dir, tmp_path, lockstep):
+    """Two `gw.fit` loops in two processes on one shared worker, one with rollouts 1.5 s slower: in lockstep
+    (the default) each step's rollouts start together in both (the worker's barrier); free-running, the fast
+    run's steps go at their own pace (the control that shows the barrier is what holds them together)."""
+    owner = gw.LocalBackend(path=str(tmp_path / "store"), device="cpu", engine_process="separate",
+                            best_checkpoint_metric=None)
+    script = tmp_path / "fit_joiner.py"
+    script.write_text(FIT_JOINER)
+    procs: list[subprocess.Popen] = []
+    try:
+        address = await owner.share()
+        procs = [subprocess.Popen([sys.executable, str(script), address, str(tmp_path / "store"), tiny_model_dir, name,
+                                   str(delay), "1" if lockstep else "0"], stdout=subprocess.PIPE, text=True)
+                 for name, delay in (("fast", 0.0), ("slow", 1.5))]
+        fast, slow = [json.loads(await read_line(p)) for p in procs]
+        assert all(p.wait(timeout=60) == 0 for p in procs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        await owner.close()
+    assert len(fast) == len(slow) == 3
+
+    def apart(starts: list[float], others: list[float]) -> list[float]:
+        """How far each step's start is from the other run's nearest step start."""
+        return [min(abs(t - o) for o in others) for t in starts]
+
+    # The run that got to its first step first took it alone (the other was not yet a member); from the
+    # other's first arrival on, every step of both starts together (their step numbers differing by one), and
+    # the later run's last step is alone again (the earlier one has finished and left the barrier).
+    later = fast if fast[0] > slow[0] else slow
+    earlier = slow if later is fast else fast
+    if lockstep:
+        assert max(apart(later[:-1], earlier) + apart(earlier[1:], later)) < 0.75, (fast, slow)
+    else:
+        # free-running, the fast run's three steps take less time than one of the slow run's
+        assert fast[-1] - fast[0] < 1.5, (fast, slow)

@@ -183,6 +183,14 @@ class Backend(ABC):
     async def unpin_step(self, model: "TrainableModel", step: int) -> None:
         """The end of one `pin_step` of `step`."""
 
+    def lockstep_member(self, model: "TrainableModel") -> Any:
+        """The place of `model`'s run in a barrier that runs outside this process share with it (an object
+        with ``async arrive()`` and ``async leave()``, as `groupwise.loop.lockstep.Member`), or None. A
+        lockstep loop (`LoopConfig.lockstep`) that no sweep of its own process gates arrives there before
+        each step's rollouts. This default has none: a backend whose runs share an engine only within one
+        process needs nothing more."""
+        return None
+
     async def checkpoint_cursor(self, model: "TrainableModel") -> dict[str, Any]:
         """The `cursor` saved with the latest checkpoint (``{}`` before any, or when none was given)."""
         return {}

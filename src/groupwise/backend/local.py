@@ -220,6 +220,14 @@ class LocalBackend(WorkerBackend):
             self._started = True
         return await self._processes.share()
 
+    def lockstep_member(self, model: "TrainableModel") -> Any:
+        """A joined backend's run: its place in the barrier the shared worker holds over the lockstep runs of
+        every joining process (backend/sharing.py), so each step's rollouts of runs in different processes
+        batch together as a sweep's do in one (loop/lockstep.py). None for a backend of its own."""
+        if self.join is None:
+            return None
+        return _SharedLockstep(self, self._run(model).spec.name)
+
     async def _start(self) -> None:
         if self.join is not None:
             from groupwise.backend.frontends import CoreFrontends
@@ -520,6 +528,19 @@ class LocalBackend(WorkerBackend):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "backend": "LocalBackend", "device": self.device, "devices": self.devices,
                 **({"join": self.join} if self.join is not None else {})}
+
+
+class _SharedLockstep:
+    """A joined run's `Member` of the shared worker's lockstep barrier (`LocalBackend.lockstep_member`)."""
+
+    def __init__(self, backend: LocalBackend, name: str) -> None:
+        self.backend, self.name = backend, name
+
+    async def arrive(self) -> None:
+        await self.backend._call("lockstep_arrive", [{"name": self.name}])
+
+    async def leave(self) -> None:
+        await self.backend._call("lockstep_leave", [{"name": self.name}])
 
 
 # the worker's settings: a joining backend takes the sharing backend's (its `join` argument)

@@ -40,11 +40,13 @@ from typing import Any
 
 from groupwise.backend.driver import WorkerError
 from groupwise.inference.engine_core import LIVENESS_S, pid_exit
+from groupwise.loop.lockstep import Lockstep
 
 __all__ = ["JOIN_TIMEOUT_S", "SharedCommands", "SharedWorker", "new_worker_address"]
 
 JOIN_TIMEOUT_S = 30.0  # how long a joining driver waits for the worker's answer to its hello
 HELLO, DETACH = "hello", "detach"
+ARRIVE, LEAVE = "lockstep_arrive", "lockstep_leave"  # the joined runs' lockstep barrier (`LocalBackend.lockstep_member`)
 # the pipe's own business: a joining driver neither starts a process group nor shares the worker again
 REFUSED = frozenset({"init_process_group", "share", "close"})
 
@@ -79,6 +81,7 @@ class _Peer:
     pid: int
     runs: set[str] = field(default_factory=set)
     tasks: set[asyncio.Task] = field(default_factory=set)
+    arrivals: set[asyncio.Task] = field(default_factory=set)  # its runs waiting at the lockstep barrier
 
 
 class SharedCommands:
@@ -95,6 +98,8 @@ class SharedCommands:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(self.address)
         self._peers: dict[bytes, _Peer] = {}
+        # the joining drivers' runs in lockstep loops start each step's rollouts together (loop/lockstep.py)
+        self.lockstep = Lockstep([])
         self._tasks = [asyncio.create_task(self._serve()), asyncio.create_task(self._watch())]
 
     async def _reply(self, identity: bytes, cid: int, reply: tuple) -> None:
@@ -115,6 +120,10 @@ class SharedCommands:
                                                          "world_size": self.worker.world_size}))
             elif peer is None:
                 await self._reply(identity, cid, ("error", WorkerError("say hello first"), ""))
+            elif method in (ARRIVE, LEAVE):
+                task = asyncio.create_task(self._gate(identity, cid, method, kwargs["name"]))
+                peer.arrivals.add(task)
+                task.add_done_callback(peer.arrivals.discard)
             elif method == DETACH:
                 await self._drop(identity)
                 await self._sock.send_multipart([identity, pickle.dumps((cid, ("ok", None)))])
@@ -132,14 +141,27 @@ class SharedCommands:
         reply = await run_command(self.worker, method, kwargs)
         if method == "unload":
             peer.runs.discard(kwargs["name"])
+            await self.lockstep.leave(kwargs["name"])
         await self._reply(identity, cid, reply)
 
+    async def _gate(self, identity: bytes, cid: int, method: str, name: str) -> None:
+        if method == ARRIVE:
+            await self.lockstep.arrive(name)
+        else:
+            await self.lockstep.leave(name)
+        await self._reply(identity, cid, ("ok", None))
+
     async def _drop(self, identity: bytes) -> None:
-        """A joining driver detached or died: its commands end, then its runs leave the worker."""
+        """A joining driver detached or died: its runs leave the lockstep (no run waits for them), its
+        commands end, then its runs leave the worker."""
         peer = self._peers.pop(identity, None)
         if peer is None:
             return
-        await asyncio.gather(*peer.tasks, return_exceptions=True)
+        for name in sorted(peer.runs):
+            await self.lockstep.leave(name)
+        for task in peer.arrivals:  # a dead driver's arrival waits for nobody
+            task.cancel()
+        await asyncio.gather(*peer.arrivals, *peer.tasks, return_exceptions=True)
         for name in sorted(peer.runs):
             await run_command(self.worker, "unload", {"name": name})
 

@@ -450,7 +450,12 @@ async def run_steps(loop: Loop, cursor: DataCursor, step: int) -> tuple[int, Sto
     """The synchronous loop: each step gathers its batch from the latest policy, then trains on it.
     Returns the last step and the stop (None when the data ran out)."""
     start, t_steps = step, time.perf_counter()
-    gate = lockstep.current()  # a sweep's runs start each step's rollouts together (loop/lockstep.py)
+    # a sweep's runs start each step's rollouts together (loop/lockstep.py); so do runs of other processes
+    # on the worker this run's backend shares with them
+    gate = lockstep.current()
+    if gate is None and loop.c.lockstep and loop.c.max_steps_off_policy == 0:
+        member = getattr(loop.model.backend, "lockstep_member", None)  # a duck-typed backend may lack it
+        gate = member(loop.model) if member is not None else None
     try:
         for indices, after in batches(cursor, loop.c.groups_per_step, loop.c.num_epochs):
             if gate is not None:

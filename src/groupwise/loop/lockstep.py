@@ -10,6 +10,10 @@ How. Each synchronous run that takes part is a member; before gathering a step's
 waits until every member still training has arrived (a barrier whose size shrinks as runs end). A run
 that stops, fails or finishes training `leave`s, so no run ever waits for one that will not come back.
 Runs with `max_steps_off_policy > 0` are not members: their gathers are already ahead of their updates.
+
+Across processes. Runs whose drivers are processes of their own, on one worker that another backend
+shares (`LocalBackend(join=...)`, backend/sharing.py), meet at the same kind of barrier held by that
+worker: the loop takes it from the backend (`Backend.lockstep_member`) when no sweep of this process gave one.
 """
 
 from __future__ import annotations
@@ -52,8 +56,11 @@ class Lockstep:
         _MEMBER.set(Member(self, member))
 
     async def arrive(self, member: str) -> None:
-        """Wait until every live member has arrived (this round), then go on together."""
+        """Wait until every live member has arrived (this round), then go on together. A member not yet
+        live joins here: the runs of drivers in other processes on one shared worker (backend/sharing.py)
+        start at their own moments, and wait for each other from their first arrival on."""
         async with self.cv:
+            self.live.add(member)
             self.arrived.add(member)
             this_round = self.round
             self._release_if_complete()
