@@ -6,6 +6,7 @@
     python bench/many_runs.py --device cuda --runs 1,4 --cases together --engine-process in_process,separate
     python bench/many_runs.py --device cuda --runs 4 --lockstep --warmup 4 --steps 2 --rounds 2 --engine-process in_process,separate
     python bench/many_runs.py --device cuda --runs 4 --cases together --engine-process separate --decode-during-updates off
+    python bench/many_runs.py --device cuda --runs 8 --cases sequence,joined --engine-process separate --lockstep --warmup 4
 
 Each case runs in a process of its own (its peak memory is its own):
 - ``sequence``: for each of --runs runs, a fresh `LocalBackend` loads the base, the run trains --warmup

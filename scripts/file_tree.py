@@ -15,6 +15,7 @@ NOTES = {
     ".ci/run": "CI: fresh venv, then exactly the README's test command (pytest; 'no tests' fails too)",
     ".gitignore": "ignored: venvs, caches, run stores",
     "README.md": "the front door: what groupwise is, the two commands, an example, results",
+    "bench/data/many_runs_joined_h200.json": "bench/many_runs.py on H200s, 4 and 8 runs: a driver process per run on one shared worker (joined) against one driver (together) and in sequence, six calls on two machines",
     "bench/data/many_runs_decode_during_updates_h200.json": "bench/many_runs.py on H200s, 4 runs with the separate core: free-running with the engine decoding during updates or paused, lockstep, and in sequence, three calls",
     "bench/data/many_runs_host_copies_h200.json": "bench/many_runs.py and bench/train_parts.py on H200s, 4 runs: a checkpoint's copies to the CPU and the served adapter's check in bulk against the code before, three calls",
     "bench/data/many_runs_adapter_switch_h200.json": "bench/many_runs.py on H200s, 4 and 8 runs: the trainers' adapter switch, the pause's eval flags and the trainer's own modules against the code before, four calls",
