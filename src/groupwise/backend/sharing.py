@@ -136,9 +136,10 @@ class SharedCommands:
                 task.add_done_callback(peer.tasks.discard)
 
     async def _answer(self, identity: bytes, peer: _Peer, cid: int, method: str, kwargs: dict[str, Any]) -> None:
-        if method == "load":
-            peer.runs.add(kwargs["spec"].name)  # before it runs: a driver dying mid-load leaves nothing loaded
         reply = await run_command(self.worker, method, kwargs)
+        if method == "load" and reply[0] == "ok":
+            # (a driver that died meanwhile has its runs unloaded once its commands end: this one too)
+            peer.runs.add(kwargs["spec"].name)
         if method == "unload":
             peer.runs.discard(kwargs["name"])
             await self.lockstep.leave(kwargs["name"])
