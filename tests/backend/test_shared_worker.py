@@ -174,6 +174,8 @@ FIT_JOINER = textwrap.dedent("""
         backend = gw.LocalBackend(path=path, join=address, best_checkpoint_metric=None)
         model = gw.TrainableModel(name, project="shared", base_model=base)
         await model.register(backend)
+        print("READY", flush=True)  # both fit loops start once both runs are on the worker
+        await asyncio.to_thread(sys.stdin.readline)
         starts = []
 
         async def rollout(model, scenario):
@@ -210,8 +212,14 @@ async def test_fit_loops_of_joined_drivers_start_each_step_together(tiny_model_d
     try:
         address = await owner.share()
         procs = [subprocess.Popen([sys.executable, str(script), address, str(tmp_path / "store"), tiny_model_dir, name,
-                                   str(delay), "1" if lockstep else "0"], stdout=subprocess.PIPE, text=True)
+                                   str(delay), "1" if lockstep else "0"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
                  for name, delay in (("fast", 0.0), ("slow", 1.5))]
+        for p in procs:
+            assert (await read_line(p)).strip() == "READY"
+        for p in procs:
+            p.stdin.write("GO\n")
+            p.stdin.flush()
         fast, slow = [json.loads(await read_line(p)) for p in procs]
         assert all(p.wait(timeout=60) == 0 for p in procs)
     finally:

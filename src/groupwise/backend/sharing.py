@@ -41,6 +41,7 @@ from typing import Any
 from groupwise.backend.driver import WorkerError
 from groupwise.inference.engine_core import LIVENESS_S, pid_exit
 from groupwise.loop.lockstep import Lockstep
+from groupwise.runtime.dealer import exchange
 
 __all__ = ["JOIN_TIMEOUT_S", "SharedCommands", "SharedWorker", "new_worker_address"]
 
@@ -288,20 +289,7 @@ class SharedWorker:
         try:
             while True:
                 poller.poll(timeout=int(LIVENESS_S * 1000))
-                with self._lock:
-                    try:
-                        os.read(self._wake_r, 4096)
-                    except BlockingIOError:
-                        pass
-                    out = list(self._outbox)
-                    self._outbox.clear()
-                for data in out:
-                    self._sock.send(data)
-                while True:
-                    try:
-                        data = self._sock.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
+                for data in exchange(self._sock, self._wake_r, self._lock, self._outbox):
                     cid, reply = pickle.loads(data)
                     with self._lock:
                         entry = self._waiting.pop(cid, None)

@@ -35,6 +35,7 @@ from groupwise.inference import wire
 from groupwise.inference.engine_core import LIVENESS_S, CoreSpec, pid_exit, remove_core_address
 from groupwise.inference.requests import (BASE, Completion, EngineError, GenerationRequest, GenerationResult,
                                           PromptTooLongError, RequestFailedError, RequestMemoryError, check_request)
+from groupwise.runtime.dealer import exchange
 
 __all__ = ["CONNECT_TIMEOUT_S", "EngineCoreClient", "EngineProcessDied", "connect_engine_core", "new_core_address", "start_engine_core"]
 
@@ -299,20 +300,7 @@ class EngineCoreClient:
         try:
             while True:
                 poller.poll(timeout=int(LIVENESS_S * 1000))
-                with self._lock:
-                    try:
-                        os.read(self._wake_r, 4096)
-                    except BlockingIOError:
-                        pass
-                    out = list(self._outbox)
-                    self._outbox.clear()
-                for data in out:
-                    self._sock.send(data)
-                while True:
-                    try:
-                        data = self._sock.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
+                for data in exchange(self._sock, self._wake_r, self._lock, self._outbox):
                     self._receive(wire.decode_from_core(data))
                 if self._closing:
                     return
