@@ -453,7 +453,7 @@ async def run_steps(loop: Loop, cursor: DataCursor, step: int) -> tuple[int, Sto
     # a sweep's runs start each step's rollouts together (loop/lockstep.py); so do runs of other processes
     # on the worker this run's backend shares with them
     gate = lockstep.current()
-    if gate is None and loop.c.lockstep and loop.c.max_steps_off_policy == 0:
+    if gate is None and lockstep.takes_part(loop.c):
         member = getattr(loop.model.backend, "lockstep_member", None)  # a duck-typed backend may lack it
         gate = member(loop.model) if member is not None else None
     try:

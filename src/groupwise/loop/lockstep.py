@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Lockstep", "Member", "current"]
+__all__ = ["Lockstep", "Member", "current", "takes_part"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,11 @@ class Lockstep:
             self.arrived.clear()
             self.round += 1
             self.cv.notify_all()
+
+
+def takes_part(config: Any) -> bool:
+    """Whether a run of this `LoopConfig` waits for the others (module doc: a pipelined run never does)."""
+    return config.lockstep and config.max_steps_off_policy == 0
 
 
 def current() -> Member | None:

@@ -36,7 +36,7 @@ from groupwise.config import LoopConfig
 from groupwise.errors import ConfigError
 from groupwise.loop.fit import FitSummary, Rollout, ScoreGroup, Validate
 from groupwise.loop.fit import fit as fit_one
-from groupwise.loop.lockstep import Lockstep
+from groupwise.loop.lockstep import Lockstep, takes_part
 from groupwise.runs.run_id import RunId
 
 __all__ = ["FitRun", "fit", "fit_runs"]
@@ -108,8 +108,7 @@ def _labels(models: list[Any]) -> list[str]:
 
 
 def _in_lockstep(run: FitRun) -> bool:
-    config = run.config if run.config is not None else LoopConfig()
-    return config.lockstep and config.max_steps_off_policy == 0
+    return takes_part(run.config if run.config is not None else LoopConfig())
 
 
 async def _named(name: str, run: FitRun, gate: Lockstep | None) -> FitSummary:
