@@ -542,6 +542,10 @@ class _SharedLockstep:
     async def leave(self) -> None:
         await self.backend._call("lockstep_leave", [{"name": self.name}])
 
+    async def expect(self) -> None:
+        """Take part from now, before the first arrival (`Lockstep.expect`)."""
+        await self.backend._call("lockstep_expect", [{"name": self.name}])
+
 
 # the worker's settings: a joining backend takes the sharing backend's (its `join` argument)
 WORKER_SETTINGS = ("dtype", "max_batch_size", "engine_kwargs", "load_model", "memory_budget_gb", "train_workers",

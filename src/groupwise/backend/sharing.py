@@ -47,7 +47,8 @@ __all__ = ["JOIN_TIMEOUT_S", "SharedCommands", "SharedWorker", "new_worker_addre
 
 JOIN_TIMEOUT_S = 30.0  # how long a joining driver waits for the worker's answer to its hello
 HELLO, DETACH = "hello", "detach"
-ARRIVE, LEAVE = "lockstep_arrive", "lockstep_leave"  # the joined runs' lockstep barrier (`LocalBackend.lockstep_member`)
+# the joined runs' lockstep barrier (`LocalBackend.lockstep_member`)
+ARRIVE, LEAVE, EXPECT = "lockstep_arrive", "lockstep_leave", "lockstep_expect"
 # the pipe's own business: a joining driver neither starts a process group nor shares the worker again
 REFUSED = frozenset({"init_process_group", "share", "close"})
 
@@ -121,7 +122,10 @@ class SharedCommands:
                                                          "world_size": self.worker.world_size}))
             elif peer is None:
                 await self._reply(identity, cid, ("error", WorkerError("say hello first"), ""))
-            elif method in (ARRIVE, LEAVE):
+            elif method == EXPECT and kwargs["name"] not in peer.runs:
+                error = WorkerError(f"run {kwargs['name']!r} is not loaded by this driver: register its model first")
+                await self._reply(identity, cid, ("error", error, ""))
+            elif method in (ARRIVE, LEAVE, EXPECT):
                 task = asyncio.create_task(self._gate(identity, cid, method, kwargs["name"]))
                 peer.arrivals.add(task)
                 task.add_done_callback(peer.arrivals.discard)
@@ -149,6 +153,8 @@ class SharedCommands:
     async def _gate(self, identity: bytes, cid: int, method: str, name: str) -> None:
         if method == ARRIVE:
             await self.lockstep.arrive(name)
+        elif method == EXPECT:
+            await self.lockstep.expect(name)
         else:
             await self.lockstep.leave(name)
         await self._reply(identity, cid, ("ok", None))

@@ -1,10 +1,13 @@
-"""`groupwise train <env> --seeds 0-3` / `--lr 5e-4,1e-3`: a sweep, every run at once in this process.
+"""`groupwise train <env> --seeds 0-3` / `--lr 5e-4,1e-3`: a sweep, every run at once.
 
 One `LocalBackend` holds the base model once; each run (a seed and a learning rate) is a model of its own
 on it, with its own run folder ``<env>/<env>-s<seed>[-lr<rate>]`` (resumed like a single run's), warm-started
-first when the preset or ``--sft`` asks (one run after another), and
-`gw.fit_runs` trains them together (loop/sweep.py): the engine batches every run's rollouts, the updates
-take turns on the shared weights, and each run trains as it would alone. The loop's line of each step
+first when the preset or ``--sft`` asks, and trained together with the others: the engine batches every
+run's rollouts, the updates take turns on the shared weights, and each run trains as it would alone.
+Where the runs are driven is `run_processes_for`'s choice (``--run-processes``): every run from this
+process (`gw.fit_runs`, loop/sweep.py; warm starts one after another), or each from a process of its own
+on this process's shared worker (jobs/train_processes.py), so that one GIL no longer serialises the runs'
+requests, answers and trajectory writes. The loop's line of each step
 starts with its run's name; a run that fails ends alone and the table says why. At the end, one row per
 run: validation of the base and of the best checkpoint with their intervals, the best checkpoint's test,
 how the run stopped and its minutes.
@@ -12,91 +15,66 @@ how the run stopped and its minutes.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from groupwise.jobs.train_setup import job_backend, loop_config, peak_rss_gb, score_group_of, with_ci
+from groupwise.jobs.train_setup import job_backend, new_model, peak_rss_gb, prepare, run_row, with_ci
 
-__all__ = ["sweep"]
+__all__ = ["DEFAULT_RUN_PROCESSES", "RunProcesses", "run_processes_for", "sweep"]
+
+RunProcesses = Literal["auto", "one", "each"]  # `groupwise train --run-processes`: run_processes_for
+DEFAULT_RUN_PROCESSES = "auto"
 
 
-def run_name(env: str, seed: int, lr: float | None, rates: int) -> str:
-    """``<env>-s<seed>``, with ``-lr<rate>`` when the sweep has several rates (the single run's name otherwise)."""
-    return f"{env}-s{seed}" + (f"-lr{lr:g}" if rates > 1 and lr is not None else "")
+def run_processes_for(job: Any) -> str:
+    """How `job`'s sweep drives its runs: "each" (a process per run on one shared worker) or "one" (every run
+    from this process). "auto" is "each" where the engine is a core process of its own on CUDA (four runs
+    trained 1.97-2.16x the tokens/s of the runs in sequence on an H200, against 1.82x from one process;
+    eight 2.83-3.04x against 2.47x: docs/benchmarks.md), "one" otherwise (the CPU, an in-process engine)."""
+    if job.run_processes != "auto":
+        return job.run_processes
+    from groupwise.backend.local import engine_process_for
+    from groupwise.runtime.loading import resolve_device
+
+    device_type = resolve_device(job.device).type
+    engine = engine_process_for(job.engine_process, runs=len(job.runs()), device_type=device_type)
+    return "each" if engine == "separate" and device_type == "cuda" else "one"
 
 
 async def sweep(job: Any) -> dict[str, Any]:
     """Train every run of `job` (a `TrainJob`) at once; returns {"runs": [each run's summary]} (JSON-able)."""
-    import groupwise as gw
     from groupwise.envs import get_env
-    from groupwise.jobs.sft import warm_start_fields, warm_started
-    from groupwise.runs.series import points
 
     spec = get_env(job.env)
     runs = job.runs()
-    rates = len(job.lr or [None])
     metric = spec.val_metric or "reward"
     first = job.preset(runs[0][1])
+    processes = run_processes_for(job)
     print(f"[groupwise train] env={spec.name} ({spec.description})")
     print(f"[groupwise train] {len(runs)} runs at once on one copy of {job.model}: seeds "
           f"{sorted({s for s, _ in runs})}, lr {sorted({job.preset(lr).learning_rate for _, lr in runs})}; "
           f"steps<={first.steps} groups/step={first.groups_per_step} rollouts/group={first.rollouts_per_group}"
           + (f"; first a warm start on {first.sft} demonstrations each" if first.sft else ""))
     t0 = time.monotonic()
-    backend = job_backend(job, first, runs=len(runs))
-    if backend.engine_process == "separate":
+    backend = job_backend(job, first, runs=len(runs), separate=processes == "each")
+    if processes == "each":
+        print("[groupwise train] the engine and trainer run in a core process of their own, each run's driver in a "
+              "process of its own" + ("" if job.run_processes == "each" else
+                                      " (--run-processes auto on CUDA; 'one' drives every run from this process)"))
+    elif backend.engine_process == "separate":
         print("[groupwise train] the engine and trainer run in a core process of their own, the runs' requests in this one"
               + ("" if job.engine_process == "separate" else " (--engine-process auto on CUDA; 'in_process' keeps them here)"))
-    plans, models = [], []
     try:
-        for seed, lr in runs:
-            preset = job.preset(lr)
-            train_s, val_s, test_s = spec.scenarios(seed)
-            if preset.val_size is not None:
-                val_s, test_s = val_s[: preset.val_size], test_s[: preset.val_size]
-            model = gw.TrainableModel(name=run_name(spec.name, seed, lr, rates), project=job.project_of(),
-                                      base_model=job.model, base_path=job.path)
-            await model.register(backend)
-            sft_steps, baselines = await warm_started(spec, preset.sft, model, seed=seed, epochs=job.sft_epochs,
-                                                      learning_rate=job.sft_lr)
-            judge = (job.judge or [None])[0]
-            plans.append(gw.FitRun(
-                model, spec.rollout, train_s,
-                val_scenarios=val_s if spec.val_metric else None,
-                test_scenarios=test_s if spec.val_metric else None,
-                score_group=score_group_of(spec, judge, model, job.model, job.gate),
-                validate=spec.validate if spec.val_metric else None,
-                baselines=baselines if spec.val_metric else (),
-                config=loop_config(spec, preset, preset.steps + sft_steps, seed, job.device,
-                                   distill_top_k=job.distill_top_k), teacher=job.teacher))
-            models.append((model, seed, preset, sft_steps))
-        load_s = time.monotonic() - t0
-        done = "loaded and warm-started" if any(m[3] for m in models) else "loaded"
-        print(f"[groupwise train] {done} in {load_s:.1f}s; run folders under {Path(job.path) / spec.name}")
-        results = await gw.fit_runs(plans)
+        if processes == "each":
+            from groupwise.jobs.train_processes import drive_each
+
+            out = await drive_each(job, spec, backend, metric)
+        else:
+            out = await _drive_here(job, spec, backend, metric, t0)
     finally:
         await backend.close()
     minutes = (time.monotonic() - t0) / 60
-    out = []
-    for (model, seed, preset, sft_steps), result in zip(models, results):
-        history = gw.load_history(model.run_dir)
-        base = next((p for p in points(history, "val", metric) if p.step == 0), None)
-        row: dict[str, Any] = {"run": model.name, "seed": seed, "learning_rate": preset.learning_rate,
-                               "run_dir": str(model.run_dir), "base": base.value if base else None,
-                               "base_interval": [base.lo, base.hi] if base else None,
-                               "minutes": round(_minutes(history), 2)}
-        if isinstance(result, BaseException):
-            row.update(error=f"{type(result).__name__}: {' '.join(str(result).split())[:300]}")
-        else:
-            best = next((p for p in points(history, "val", metric) if p.step == result.best_step), None)
-            row.update(best=result.best_value, best_interval=[best.lo, best.hi] if best else None,
-                       best_step=result.best_step, final_step=result.final_step, test=result.test,
-                       stop_rule=result.stop.rule, **warm_start_fields(model, sft_steps, result.baselines))
-            Path(model.run_dir, "summary.json").write_text(json.dumps(row, indent=2))
-        row["_points"] = (base, best if not isinstance(result, BaseException) else None)
-        out.append(row)
     print()
     print(f"[groupwise train] {len(runs)} runs in {minutes:.1f} min, peak memory {peak_rss_gb():.1f} GB")
     for line in table(out, metric):
@@ -106,12 +84,21 @@ async def sweep(job: Any) -> dict[str, Any]:
     return {"runs": out, "minutes": round(minutes, 2), "peak_rss_gb": round(peak_rss_gb(), 2)}
 
 
-def _minutes(history: list[dict[str, Any]]) -> float:
-    """The run's minutes, from its first history row to its last (all runs share the wall clock)."""
-    from datetime import datetime
+async def _drive_here(job: Any, spec: Any, backend: Any, metric: str, t0: float) -> list[dict[str, Any]]:
+    """Every run from this process: registered and warm-started one after another, then `gw.fit_runs`."""
+    import groupwise as gw
 
-    stamps = [datetime.fromisoformat(r["recorded_at"]) for r in history if isinstance(r.get("recorded_at"), str)]
-    return (max(stamps) - min(stamps)).total_seconds() / 60 if len(stamps) > 1 else 0.0
+    plans, entries = [], []
+    for seed, lr in job.runs():
+        preset = job.preset(lr)
+        model = new_model(job, spec, seed, lr)
+        plan, sft_steps = await prepare(job, spec, model, seed, preset, backend)
+        plans.append(plan)
+        entries.append((model, seed, preset, sft_steps))
+    done = "loaded and warm-started" if any(e[3] for e in entries) else "loaded"
+    print(f"[groupwise train] {done} in {time.monotonic() - t0:.1f}s; run folders under {Path(job.path) / spec.name}")
+    results = await gw.fit_runs(plans)
+    return [run_row(*entry, result, metric) for entry, result in zip(entries, results)]
 
 
 def table(rows: list[dict[str, Any]], metric: str) -> list[str]:

@@ -67,6 +67,13 @@ class Lockstep:
             self._release_if_complete()
             await self.cv.wait_for(lambda: self.round != this_round)
 
+    async def expect(self, member: str) -> None:
+        """`member` takes part from now, before its first arrival: the others wait for it from their next
+        arrival on. Drivers in other processes that start at their own moments (a sweep's processes: the
+        train job) say so before they start, so that no run's first step goes alone."""
+        async with self.cv:
+            self.live.add(member)
+
     async def leave(self, member: str) -> None:
         """`member` trains no more: the others stop waiting for it (idempotent)."""
         async with self.cv:
