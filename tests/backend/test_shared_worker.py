@@ -174,6 +174,8 @@ FIT_JOINER = textwrap.dedent("""
         backend = gw.LocalBackend(path=path, join=address, best_checkpoint_metric=None)
         model = gw.TrainableModel(name, project="shared", base_model=base)
         await model.register(backend)
+        if lockstep == "1":  # a member from now: the other run's first step waits for this one's
+            await backend.lockstep_member(model).expect()
         print("READY", flush=True)  # both fit loops start once both runs are on the worker
         await asyncio.to_thread(sys.stdin.readline)
         starts = []
@@ -202,7 +204,8 @@ FIT_JOINER = textwrap.dedent("""
 @pytest.mark.parametrize("lockstep", [True, False])
 async def test_fit_loops_of_joined_drivers_start_each_step_together(tiny_model_dir, tmp_path, lockstep):
     """Two `gw.fit` loops in two processes on one shared worker, one with rollouts 1.5 s slower: in lockstep
-    (the default) each step's rollouts start together in both (the worker's barrier); free-running, the fast
+    (the default), each run a member before either loop starts, each step's rollouts start together in both
+    (the worker's barrier); free-running, the fast
     run's steps go at their own pace (the control that shows the barrier is what holds them together)."""
     owner = gw.LocalBackend(path=str(tmp_path / "store"), device="cpu", engine_process="separate",
                             best_checkpoint_metric=None)
@@ -233,13 +236,12 @@ async def test_fit_loops_of_joined_drivers_start_each_step_together(tiny_model_d
         """How far each step's start is from the other run's nearest step start."""
         return [min(abs(t - o) for o in others) for t in starts]
 
-    # The run that got to its first step first took it alone (the other was not yet a member); from the
-    # other's first arrival on, every step of both starts together (their step numbers differing by one), and
-    # the later run's last step is alone again (the earlier one has finished and left the barrier).
-    later = fast if fast[0] > slow[0] else slow
-    earlier = slow if later is fast else fast
+    # Each run said it takes part before either loop started (`expect`): every step of both starts together,
+    # the first one too. (Without it, a run whose loop reaches its first step before the other has arrived
+    # once takes that step alone: members join at their first arrival.)
     if lockstep:
-        assert max(apart(later[:-1], earlier) + apart(earlier[1:], later)) < 0.75, (fast, slow)
+        assert max(apart(fast, slow) + apart(slow, fast)) < 0.75, (fast, slow)
+        assert max(abs(f - s) for f, s in zip(fast, slow)) < 0.75, (fast, slow)  # step k with step k
     else:
         # free-running, the fast run's three steps take less time than one of the slow run's
         assert fast[-1] - fast[0] < 0.8 * (slow[1] - slow[0]), (fast, slow)

@@ -170,8 +170,10 @@ class LocalBackend(WorkerBackend):
                                                 problems=problems, workers=len(parsed) if parsed else None,
                                                 workers_arg="devices")
         if join is not None:
-            problems += _join_problems(join, device=device, devices=devices, engine_process=engine_process,
-                                       options=options)
+            from groupwise.backend.sharing import join_problems
+
+            problems += join_problems(join, device=device, devices=devices, engine_process=engine_process,
+                                      options=options)
             if problems:
                 raise ConfigError(problems, what="LocalBackend arguments")
         super().__init__(path if path is not None else DEFAULT_PATH, options)
@@ -226,7 +228,9 @@ class LocalBackend(WorkerBackend):
         batch together as a sweep's do in one (loop/lockstep.py). None for a backend of its own."""
         if self.join is None:
             return None
-        return _SharedLockstep(self, self._run(model).spec.name)
+        from groupwise.backend.sharing import SharedLockstep
+
+        return SharedLockstep(self._processes, self._run(model).spec.name)
 
     async def _start(self) -> None:
         if self.join is not None:
@@ -528,43 +532,6 @@ class LocalBackend(WorkerBackend):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "backend": "LocalBackend", "device": self.device, "devices": self.devices,
                 **({"join": self.join} if self.join is not None else {})}
-
-
-class _SharedLockstep:
-    """A joined run's `Member` of the shared worker's lockstep barrier (`LocalBackend.lockstep_member`)."""
-
-    def __init__(self, backend: LocalBackend, name: str) -> None:
-        self.backend, self.name = backend, name
-
-    async def arrive(self) -> None:
-        await self.backend._call("lockstep_arrive", [{"name": self.name}])
-
-    async def leave(self) -> None:
-        await self.backend._call("lockstep_leave", [{"name": self.name}])
-
-    async def expect(self) -> None:
-        """Take part from now, before the first arrival (`Lockstep.expect`)."""
-        await self.backend._call("lockstep_expect", [{"name": self.name}])
-
-
-# the worker's settings: a joining backend takes the sharing backend's (its `join` argument)
-WORKER_SETTINGS = ("dtype", "max_batch_size", "engine_kwargs", "load_model", "memory_budget_gb", "train_workers",
-                   "verify_adapter")
-
-
-def _join_problems(join: str, *, device: Any, devices: Any, engine_process: Any, options: BackendOptions) -> list[str]:
-    problems = []
-    if not isinstance(join, str) or not join.startswith(("ipc://", "tcp://")):
-        problems.append(f"join={join!r} is not an address `await backend.share()` returned (ipc://...)")
-    given = [name for name, value in (("device", device), ("devices", devices)) if value is not None]
-    if engine_process not in (None, "auto", "separate"):
-        given.append(f"engine_process={engine_process!r}")
-    defaults = BackendOptions()
-    given += [name for name in WORKER_SETTINGS if getattr(options, name) != getattr(defaults, name)]
-    if given:
-        problems.append(f"join= takes the sharing backend's worker as it is: drop {', '.join(given)} (set them on "
-                        "the backend that calls share())")
-    return problems
 
 
 class _HttpServer:

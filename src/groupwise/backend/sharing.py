@@ -39,11 +39,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from groupwise.backend.driver import WorkerError
+from groupwise.backend.options import BackendOptions
 from groupwise.inference.engine_core import LIVENESS_S, pid_exit
 from groupwise.loop.lockstep import Lockstep
 from groupwise.runtime.dealer import exchange
 
-__all__ = ["JOIN_TIMEOUT_S", "SharedCommands", "SharedWorker", "new_worker_address"]
+__all__ = ["JOIN_TIMEOUT_S", "WORKER_SETTINGS", "SharedCommands", "SharedLockstep", "SharedWorker", "join_problems",
+           "new_worker_address"]
 
 JOIN_TIMEOUT_S = 30.0  # how long a joining driver waits for the worker's answer to its hello
 HELLO, DETACH = "hello", "detach"
@@ -51,6 +53,27 @@ HELLO, DETACH = "hello", "detach"
 ARRIVE, LEAVE, EXPECT = "lockstep_arrive", "lockstep_leave", "lockstep_expect"
 # the pipe's own business: a joining driver neither starts a process group nor shares the worker again
 REFUSED = frozenset({"init_process_group", "share", "close"})
+
+
+# the worker's settings: a joining backend takes the sharing backend's (its `join` argument)
+WORKER_SETTINGS = ("dtype", "max_batch_size", "engine_kwargs", "load_model", "memory_budget_gb", "train_workers",
+                   "verify_adapter")
+
+
+def join_problems(join: Any, *, device: Any, devices: Any, engine_process: Any, options: BackendOptions) -> list[str]:
+    """What `LocalBackend(join=...)` refuses: an address that is none, or a setting of the worker's own."""
+    problems = []
+    if not isinstance(join, str) or not join.startswith(("ipc://", "tcp://")):
+        problems.append(f"join={join!r} is not an address `await backend.share()` returned (ipc://...)")
+    given = [name for name, value in (("device", device), ("devices", devices)) if value is not None]
+    if engine_process not in (None, "auto", "separate"):
+        given.append(f"engine_process={engine_process!r}")
+    defaults = BackendOptions()
+    given += [name for name in WORKER_SETTINGS if getattr(options, name) != getattr(defaults, name)]
+    if given:
+        problems.append(f"join= takes the sharing backend's worker as it is: drop {', '.join(given)} (set them on "
+                        "the backend that calls share())")
+    return problems
 
 
 def new_worker_address() -> str:
@@ -348,3 +371,20 @@ class SharedWorker:
 
     async def stop(self) -> None:
         await asyncio.to_thread(self._stop_thread)
+
+
+class SharedLockstep:
+    """A joined run's `Member` of the shared worker's lockstep barrier (`LocalBackend.lockstep_member`)."""
+
+    def __init__(self, worker: SharedWorker, name: str) -> None:
+        self.worker, self.name = worker, name
+
+    async def arrive(self) -> None:
+        await self.worker.call(ARRIVE, [{"name": self.name}])
+
+    async def leave(self) -> None:
+        await self.worker.call(LEAVE, [{"name": self.name}])
+
+    async def expect(self) -> None:
+        """Take part from now, before the first arrival (`Lockstep.expect`)."""
+        await self.worker.call(EXPECT, [{"name": self.name}])

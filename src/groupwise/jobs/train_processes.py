@@ -31,6 +31,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from groupwise.errors import GroupwiseError
+
 __all__ = ["drive_each"]
 
 END_GRACE_S = 120.0  # after an interrupt: how long the runs' processes have to finish their step
@@ -44,17 +46,20 @@ async def drive_each(job: Any, spec: Any, backend: Any, metric: str) -> list[dic
     runs = job.runs()
     start = ctx.Barrier(len(runs))
     procs, pipes = [], []
-    for seed, lr in runs:
-        receive, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=run_process, args=(job, seed, lr, address, start, send),
-                           name=f"groupwise-run-s{seed}" + (f"-lr{lr:g}" if lr is not None else ""))
-        with _environ(TQDM_DISABLE="1"):  # (module doc: the bars)
-            proc.start()
-        send.close()  # the child holds the only sending end: its exit ends our receive with EOFError
-        procs.append(proc)
-        pipes.append(receive)
     try:
+        for seed, lr in runs:
+            receive, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=run_process, args=(job, seed, lr, address, start, send),
+                               name=f"groupwise-run-s{seed}" + (f"-lr{lr:g}" if lr is not None else ""))
+            with _environ(TQDM_DISABLE="1"):  # (module doc: the bars)
+                proc.start()
+            send.close()  # the child holds the only sending end: its exit ends our receive with EOFError
+            procs.append(proc)
+            pipes.append(receive)
         rows = await asyncio.to_thread(_collect, procs, pipes, start)
+    except BaseException:
+        start.abort()  # no run started waits for one that never will be
+        raise
     finally:
         await asyncio.to_thread(_end, procs)
     out = []
@@ -62,10 +67,10 @@ async def drive_each(job: Any, spec: Any, backend: Any, metric: str) -> list[dic
         if row is None:
             from groupwise.jobs.train_setup import new_model, run_row
 
-            how = (f"killed by signal {-proc.exitcode}" if proc.exitcode and proc.exitcode < 0
+            how = (f"was killed by signal {-proc.exitcode}" if proc.exitcode and proc.exitcode < 0
                    else f"exited with code {proc.exitcode}")
-            failure = RuntimeError(f"the run's process {how} before it reported; its last complete checkpoint "
-                                   "is intact (the same command resumes it)")
+            failure = GroupwiseError(f"the run's process {how} before it reported; its last complete checkpoint "
+                                     "is intact (the same command resumes it)")
             row = run_row(new_model(job, spec, seed, lr), seed, job.preset(lr), 0, failure, metric)
         out.append(row)
     return out
