@@ -148,3 +148,35 @@ def test_a_run_process_that_ends_without_a_row_gets_one_saying_how(tmp_path):
     assert train_processes._collect([proc], [receive], start) == [None]
     waiting.join(10)
     assert met == ["broken"] and proc.exitcode == -signal.SIGKILL
+
+
+def test_ctrl_c_ends_every_run_at_its_checkpoint_and_the_same_command_resumes_them(tmp_path, tiny_model_dir):
+    """Ctrl-C reaches every process of the terminal's group: the runs' processes end their step at its
+    checkpoint, the shared worker (which ignores it) serves them until the job's process closes it, and the
+    job exits 130. A worker that stopped at once left the runs waiting on it (the job ended only when it
+    terminated them, its tracebacks on the terminal)."""
+    import groupwise as gw
+    from groupwise.cli import main
+
+    command = [*SWEEP, "--steps", "3", "--model", tiny_model_dir, "--path", str(tmp_path), "--seeds", "0-1",
+               "--run-processes", "each"]
+    cli = subprocess.Popen([sys.executable, "-m", "groupwise", *command], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, cwd=tmp_path, start_new_session=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines = []
+    try:
+        for line in cli.stdout:
+            lines.append(line)
+            if "] step 1/3 ·" in line and len([x for x in lines if "] step 1/3 ·" in x]) == 1:
+                os.killpg(cli.pid, signal.SIGINT)
+        code = cli.wait(timeout=100)
+    finally:
+        if cli.poll() is None:
+            os.killpg(cli.pid, signal.SIGKILL)
+    out = "".join(lines)
+    assert code == 130 and "groupwise train: interrupted" in out, out
+    assert "Traceback" not in out and "terminated" not in out, out
+    assert main(command) == 0
+    for seed in (0, 1):
+        history = gw.load_history(tmp_path / "2048" / "models" / f"2048-s{seed}")
+        assert [r["step"] for r in history if r["split"] == "train"] == [0, 1, 2], seed  # each step once

@@ -129,6 +129,11 @@ _FD_VAR = "GROUPWISE_WORKER_FD"
 
 def _worker_main() -> None:
     """A worker process: read its rank and settings from the pipe, then serve commands."""
+    # Ctrl-C reaches every process of the terminal's group. The driver decides what it means (a step under
+    # way ends at its checkpoint, then the driver closes this worker); a worker that stopped at once would
+    # fail that step, and the drivers of a shared worker would wait on it. Its pipe's closing and the close
+    # command end it, and so does its driver's death.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(int(os.environ.pop(_FD_VAR)))
     rank, world_size, device, options, threads = _recv(conn)
     if device.startswith("cpu"):
