@@ -67,11 +67,14 @@ def test_a_process_per_run_trains_what_one_process_does_on_one_worker_and_outliv
     out = "".join(lines)
     assert killed is not None, out
     assert "each run's driver in a process of its own" in out
+    assert "(this process, the worker and each run's process, summed)" in out  # the peak counts every process
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| 2048-s")}
     assert sorted(rows) == ["2048-s0", "2048-s1", "2048-s2"], out
     failed = [name for name, row in rows.items() if "failed:" in row]
     assert len(failed) == 1 and "killed by signal 9" in rows[failed[0]], out
     finished = sorted(set(rows) - set(failed))
+    for name in rows:  # each run's process says when its run is on the worker
+        assert f"[groupwise train] [{name}] loaded in " in out
     for name in finished:
         assert "| max_steps |" in rows[name], rows[name]
         assert f"[groupwise train] [{name}] step 2/2 ·" in out

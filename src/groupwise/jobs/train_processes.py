@@ -28,6 +28,7 @@ import contextlib
 import multiprocessing
 import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -142,7 +143,7 @@ def run_process(job: Any, seed: int, lr: float | None, address: str, start: Any,
 async def _run(job: Any, seed: int, lr: float | None, address: str, start: Any) -> dict[str, Any]:
     import groupwise as gw
     from groupwise.envs import get_env
-    from groupwise.jobs.train_setup import job_backend, new_model, prepare, run_row
+    from groupwise.jobs.train_setup import job_backend, new_model, peak_rss_gb, prepare, run_row
     from groupwise.loop.lockstep import takes_part
 
     spec, preset = get_env(job.env), job.preset(lr)
@@ -151,7 +152,10 @@ async def _run(job: Any, seed: int, lr: float | None, address: str, start: Any) 
     sft_steps, result = 0, None
     try:
         try:
+            t0 = time.monotonic()
             plan, sft_steps = await prepare(job, spec, model, seed, preset, backend)
+            print(f"[groupwise train] [{model.name}] {'loaded and warm-started' if sft_steps else 'loaded'} in "
+                  f"{time.monotonic() - t0:.1f}s; its folder {model.run_dir}", flush=True)
             if takes_part(plan.config):  # every run's first step waits for the others (module doc)
                 await backend.lockstep_member(model).expect()
         except Exception as exc:  # this run ends alone; the others still meet at the start
@@ -161,7 +165,9 @@ async def _run(job: Any, seed: int, lr: float | None, address: str, start: Any) 
             [result] = await gw.fit_runs([plan])
     finally:
         await backend.close()
-    return run_row(model, seed, preset, sft_steps, result, spec.val_metric or "reward")
+    row = run_row(model, seed, preset, sft_steps, result, spec.val_metric or "reward")
+    row["_peak_gb"] = peak_rss_gb()  # this process's own: the job's sums every process's (`sweep`)
+    return row
 
 
 def _meet(start: Any) -> None:

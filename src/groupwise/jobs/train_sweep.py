@@ -75,13 +75,17 @@ async def sweep(job: Any) -> dict[str, Any]:
     finally:
         await backend.close()
     minutes = (time.monotonic() - t0) / 60
+    # each run's own process (--run-processes each) held its share beside this one and the worker: summed,
+    # the peaks bound what every process held at once from above
+    peak = peak_rss_gb() + sum(r.pop("_peak_gb", 0.0) for r in out)
     print()
-    print(f"[groupwise train] {len(runs)} runs in {minutes:.1f} min, peak memory {peak_rss_gb():.1f} GB")
+    print(f"[groupwise train] {len(runs)} runs in {minutes:.1f} min, peak memory {peak:.1f} GB"
+          + (" (this process, the worker and each run's process, summed)" if processes == "each" else ""))
     for line in table(out, metric):
         print(line)
     for r in out:
         r.pop("_points")
-    return {"runs": out, "minutes": round(minutes, 2), "peak_rss_gb": round(peak_rss_gb(), 2)}
+    return {"runs": out, "minutes": round(minutes, 2), "peak_rss_gb": round(peak, 2)}
 
 
 async def _drive_here(job: Any, spec: Any, backend: Any, metric: str, t0: float) -> list[dict[str, Any]]:
