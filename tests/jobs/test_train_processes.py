@@ -108,6 +108,12 @@ def test_how_a_sweep_drives_its_runs_is_checked_and_auto_is_a_process_per_run_on
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # nothing is started
     assert run_processes_for(TrainJob("2048", seeds=[0, 1], device="cuda")) == "each"
     assert run_processes_for(TrainJob("2048", seeds=[0, 1], device="cuda", run_processes="one")) == "one"
+    # a local judge of another model is served by the process that asks: one copy in one process, not one per run
+    judged = TrainJob("titles", seeds=[0, 1], device="cuda", judge=["local/qwen2.5-0.5b"])
+    assert run_processes_for(judged) == "one"
+    assert run_processes_for(TrainJob("titles", seeds=[0, 1], device="cuda", judge=["local/smollm2-135m"])) == "each"
+    with pytest.raises(ConfigError, match="would load the judge local/qwen2.5-0.5b once in each run's process"):
+        TrainJob("titles", seeds=[0, 1], device="cuda", judge=["local/qwen2.5-0.5b"], run_processes="each")
     # an in-process engine keeps every run's requests in this process: auto keeps the runs here too
     assert run_processes_for(TrainJob("2048", seeds=[0, 1], device="cuda", engine_process="in_process")) == "one"
     from groupwise.jobs.train_setup import job_backend

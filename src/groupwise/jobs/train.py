@@ -39,7 +39,7 @@ from groupwise.jobs.fields import Command, Job, arg
 from groupwise.jobs.sft import SFT_EPOCHS, SFT_LEARNING_RATE, SFT_RATE_WHY, warm_start_fields, warm_started
 from groupwise.jobs.train_setup import (job_backend, judge_target, loop_config, peak_rss_gb, score_group_of,
                                         show_progress, with_ci)
-from groupwise.jobs.train_sweep import DEFAULT_RUN_PROCESSES, RunProcesses
+from groupwise.jobs.train_sweep import DEFAULT_RUN_PROCESSES, RunProcesses, own_judge_copies
 
 if TYPE_CHECKING:
     from groupwise.envs import EnvSpec
@@ -265,6 +265,10 @@ class TrainJob(Job):
         if self.run_processes != DEFAULT_RUN_PROCESSES and len(self.runs()) == 1:
             found.append(f"--run-processes {self.run_processes} sets how a sweep's runs are driven: give several "
                          "--seeds or --lr, or drop it")
+        if self.run_processes == "each" and own_judge_copies(self):
+            found.append(f"--run-processes each would load the judge {self.judge[0]} once in each run's process: "
+                         "use --run-processes one (one copy for every run), or judge with the base model "
+                         f"(--judge local/{self.model}, the worker's weights)")
         if self.run_processes == "each" and self.engine_process == "in_process":
             found.append("--run-processes each shares the engine of a core process of its own with the runs' "
                          "processes: drop --engine-process in_process (or use --run-processes one)")

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from groupwise.jobs.train_setup import job_backend, new_model, peak_rss_gb, prepare, run_row, with_ci
 
-__all__ = ["DEFAULT_RUN_PROCESSES", "RunProcesses", "run_processes_for", "sweep"]
+__all__ = ["DEFAULT_RUN_PROCESSES", "RunProcesses", "own_judge_copies", "run_processes_for", "sweep"]
 
 RunProcesses = Literal["auto", "one", "each"]  # `groupwise train --run-processes`: run_processes_for
 DEFAULT_RUN_PROCESSES = "auto"
@@ -31,15 +31,25 @@ def run_processes_for(job: Any) -> str:
     """How `job`'s sweep drives its runs: "each" (a process per run on one shared worker) or "one" (every run
     from this process). "auto" is "each" where the engine is a core process of its own on CUDA (four runs
     trained 1.97-2.16x the tokens/s of the runs in sequence on an H200, against 1.82x from one process;
-    eight 2.83-3.04x against 2.47x: docs/benchmarks.md), "one" otherwise (the CPU, an in-process engine)."""
+    eight 2.83-3.04x against 2.47x: docs/benchmarks.md), "one" otherwise (the CPU, an in-process engine, or a
+    local judge of another model: `own_judge_copies`)."""
     if job.run_processes != "auto":
         return job.run_processes
+    if own_judge_copies(job):
+        return "one"
     from groupwise.backend.local import engine_process_for
     from groupwise.runtime.loading import resolve_device
 
     device_type = resolve_device(job.device).type
     engine = engine_process_for(job.engine_process, runs=len(job.runs()), device_type=device_type)
     return "each" if engine == "separate" and device_type == "cuda" else "one"
+
+
+def own_judge_copies(job: Any) -> bool:
+    """Whether a process per run would load a judge model per run: a ``--judge local/<model>`` of another model
+    than the base is served by the backend of the process that asks (`LocalBackend.judge_client`), one copy
+    for a sweep in one process, one per run's process otherwise. (The base as judge is the worker's.)"""
+    return any(j.startswith("local/") and j != f"local/{job.model}" for j in job.judge or ())
 
 
 async def sweep(job: Any) -> dict[str, Any]:
