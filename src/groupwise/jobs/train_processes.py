@@ -63,11 +63,11 @@ async def drive_each(job: Any, spec: Any, backend: Any, metric: str) -> list[dic
         raise
     finally:
         await asyncio.to_thread(_end, procs)
+    from groupwise.jobs.train_setup import new_model, run_row
+
     out = []
     for (seed, lr), proc, row in zip(runs, procs, rows):
         if row is None:
-            from groupwise.jobs.train_setup import new_model, run_row
-
             how = (f"was killed by signal {-proc.exitcode}" if proc.exitcode and proc.exitcode < 0
                    else f"exited with code {proc.exitcode}")
             failure = GroupwiseError(f"the run's process {how} before it reported; its last complete checkpoint "

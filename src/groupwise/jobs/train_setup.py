@@ -14,7 +14,7 @@ from typing import Any
 
 from groupwise.config import CPU_MICRO_BATCH_TOKENS, DEFAULT_MAX_BATCH_SIZE
 
-__all__ = ["judge_target", "job_backend", "loop_config", "new_model", "peak_rss_gb", "prepare", "run_minutes", "run_name",
+__all__ = ["judge_target", "job_backend", "local_judge_model", "loop_config", "new_model", "peak_rss_gb", "prepare", "run_minutes", "run_name",
            "run_row", "score_group_of", "show_progress", "train_config", "with_ci"]
 
 
@@ -97,14 +97,23 @@ def train_config(spec: Any, learning_rate: float, device: str | None, distill_to
     return gw.TrainConfig(learning_rate=learning_rate, **given)
 
 
+def local_judge_model(judge: str, base_model: str) -> str | None:
+    """The model a ``--judge local/<model>`` loads beside the base, served by the backend of the process that
+    asks (`LocalBackend.judge_client`); None for the base itself (the policy's engine, adapter off) or a
+    remote judge."""
+    if not judge.startswith("local/") or judge == f"local/{base_model}":
+        return None
+    return judge.removeprefix("local/")
+
+
 def judge_target(judge: str, model: Any, base_model: str) -> tuple[str, dict[str, Any]]:
     """(the model name RULER sends, its keyword arguments) of a `--judge` name."""
     if judge == f"local/{base_model}":
         # Same weights as the policy's base: ask the policy's own engine for the base (adapter off).
         return model.inference_name(0), {"client": model.openai_client()}
-    if judge.startswith("local/"):
+    name = local_judge_model(judge, base_model)
+    if name is not None:
         # Another local model: the backend serves it in process (the judge only receives a client).
-        name = judge.removeprefix("local/")
         return name, {"client": model.backend.judge_client(name)}
     return judge, {}
 

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from groupwise.jobs.train_setup import job_backend, new_model, peak_rss_gb, prepare, run_row, with_ci
+from groupwise.jobs.train_setup import (job_backend, local_judge_model, new_model, peak_rss_gb, prepare, run_row,
+                                        with_ci)
 
 __all__ = ["DEFAULT_RUN_PROCESSES", "RunProcesses", "own_judge_copies", "run_processes_for", "sweep"]
 
@@ -46,10 +47,9 @@ def run_processes_for(job: Any) -> str:
 
 
 def own_judge_copies(job: Any) -> bool:
-    """Whether a process per run would load a judge model per run: a ``--judge local/<model>`` of another model
-    than the base is served by the backend of the process that asks (`LocalBackend.judge_client`), one copy
-    for a sweep in one process, one per run's process otherwise. (The base as judge is the worker's.)"""
-    return any(j.startswith("local/") and j != f"local/{job.model}" for j in job.judge or ())
+    """Whether a process per run would load a judge model per run (`local_judge_model`: one copy for a sweep in
+    one process, one per run's process otherwise; the base as judge is the worker's)."""
+    return any(local_judge_model(j, job.model) for j in job.judge or ())
 
 
 async def sweep(job: Any) -> dict[str, Any]:
