@@ -50,7 +50,7 @@ async def test_a_workers_server_for_the_router_refuses_forged_hosts(tiny_model_d
 
     from groupwise.backend.routing import routed_endpoint
 
-    worker = DeviceWorker(0, 1, "cpu", WorkerOptions(dtype=None, max_batch_size=4, engine_kwargs={}, verify_adapter=True,
+    worker = DeviceWorker(0, 1, "cpu", WorkerOptions(dtype=None, max_batch_size=4, engine_kwargs={}, verify_adapter=True, joint_updates=True,
                                                load_model=None, memory_budget_gb=None, serve_http=True,
                                                api_key="k"))
     try:

@@ -91,7 +91,7 @@ async def test_a_generator_serves_each_trained_adapter_and_the_run_equals_one_pr
 
     # A generator resuming the run (a new backend over the same folder) serves its last checkpoint and
     # holds no trainer: the worker of rank 1, here in this process.
-    generator = DeviceWorker(1, 2, "cpu", WorkerOptions(dtype=None, max_batch_size=4, engine_kwargs={}, verify_adapter=True,
+    generator = DeviceWorker(1, 2, "cpu", WorkerOptions(dtype=None, max_batch_size=4, engine_kwargs={}, verify_adapter=True, joint_updates=True,
                                                   load_model=None, memory_budget_gb=None, train_workers=1))
     try:
         info = await generator.load(ModelSpec("split", tiny_model_dir, gw.LoraConfig(), str(model.store.checkpoints_dir)))

@@ -26,7 +26,7 @@ from groupwise.backend.worker import DeviceWorker, WorkerOptions
 
 
 def _options() -> WorkerOptions:
-    return WorkerOptions(dtype=None, max_batch_size=2, engine_kwargs=None, verify_adapter=True, load_model=None,
+    return WorkerOptions(dtype=None, max_batch_size=2, engine_kwargs=None, verify_adapter=True, joint_updates=True, load_model=None,
                          memory_budget_gb=None)
 
 

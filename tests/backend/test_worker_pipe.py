@@ -99,7 +99,7 @@ def test_one_worker_serves_calls_of_two_event_loops_and_overlapping_calls_get_th
     from groupwise.backend.processes import WorkerProcesses
     from groupwise.backend.worker import WorkerOptions
 
-    options = WorkerOptions(dtype=None, max_batch_size=4, engine_kwargs=None, verify_adapter=False, load_model=None,
+    options = WorkerOptions(dtype=None, max_batch_size=4, engine_kwargs=None, verify_adapter=False, joint_updates=True, load_model=None,
                             memory_budget_gb=None)
     workers = WorkerProcesses(["cpu"], options, timeout_s=60, cpu_threads=1)
 

@@ -183,7 +183,8 @@ class WorkerBackend(Backend):
         return WorkerOptions(dtype=o.dtype, max_batch_size=o.max_batch_size, engine_kwargs=o.engine_kwargs,
                              verify_adapter=o.verify_adapter, serve_http=serve_http, http_host=http_host,
                              api_key=api_key, load_model=o.load_model,
-                             memory_budget_gb=o.memory_budget_gb, train_workers=o.train_workers)
+                             memory_budget_gb=o.memory_budget_gb, joint_updates=o.joint_updates,
+                             train_workers=o.train_workers)
 
     @abstractmethod
     async def _start(self) -> None:

@@ -56,6 +56,14 @@ class BackendOptions(Validated):
         600.0, help="With several workers: how long a rank waits in a collective (the gradient all-reduce) "
         "for a rank that stopped before raising, and how long the driver waits for a silent worker; a "
         "worker that dies is reported at once.")
+    joint_updates: bool | None = option(
+        None, help="Runs of one base on one device whose updates wait at the same time train in one forward and "
+        "backward: each run's own micro-batches, packed together where they fit one micro_batch_tokens budget, "
+        "each row through its own run's adapter, each run's own loss and optimizer step (the update each would "
+        "get alone, to float rounding; training/joint.py). None: on CUDA, where an update is bound by launching "
+        "kernels; off on the CPU, where the packed pass measured slower (docs/benchmarks.md). Off under the "
+        "engine's batch_invariant mode, and for updates that cannot join (a KL anchor, a teacher, SFT, several "
+        "iterations, compiled layers, LoRA dropout).")
     train_workers: int | None = option(
         None, help="Placement over several workers (devices): the first `train_workers` workers only train "
         "(trainer ranks, gradients summed between them) and the others only generate (engine replicas, no "
@@ -75,6 +83,8 @@ class BackendOptions(Validated):
         check_positive(p, "max_batch_size", self.max_batch_size, integer=True)
         check_positive(p, "served_steps", self.served_steps, integer=True)
         check_positive(p, "collective_timeout_s", self.collective_timeout_s)
+        if self.joint_updates not in (None, True, False):
+            p.append(f"joint_updates={self.joint_updates!r} must be True, False or None (on CUDA only)")
         if self.memory_budget_gb is not None:
             check_positive(p, "memory_budget_gb", self.memory_budget_gb)
         if self.train_workers is not None:

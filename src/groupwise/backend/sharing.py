@@ -56,8 +56,8 @@ REFUSED = frozenset({"init_process_group", "share", "close"})
 
 
 # the worker's settings: a joining backend takes the sharing backend's (its `join` argument)
-WORKER_SETTINGS = ("dtype", "max_batch_size", "engine_kwargs", "load_model", "memory_budget_gb", "train_workers",
-                   "verify_adapter")
+WORKER_SETTINGS = ("dtype", "max_batch_size", "engine_kwargs", "joint_updates", "load_model", "memory_budget_gb",
+                   "train_workers", "verify_adapter")
 
 
 def join_problems(join: Any, *, device: Any, devices: Any, engine_process: Any, options: BackendOptions) -> list[str]:

@@ -4,7 +4,8 @@ implementation of the step protocol's `Worker` (backend/protocol.py).
 Models of one base model share its `SharedBase` (backend/replica.py): one copy of the base weights,
 one engine, one registry and app. Their updates take turns (one lock per base): an update pauses the
 shared engine, and a pause's end resets the model's train/eval state, which must not happen in the
-middle of another model's update.
+middle of another model's update. Updates that wait for that lock at once may train in one pass
+(backend/joint_updates.py).
 
 The same class runs in the driver's own process (one device), in a process of its own per device
 (data-parallel on one host, backend/processes.py) and as a Ray actor (backend/ray.py). Its methods are
@@ -87,7 +88,7 @@ class ModelSpec:
 
 @dataclass
 class WorkerOptions:
-    """Settings shared by every rank. The first seven are the backend's `BackendOptions` (which owns their
+    """Settings shared by every rank. The first eight are the backend's `BackendOptions` (which owns their
     defaults: the driver passes every one); the rest say how this placement reaches its workers."""
 
     dtype: str | None
@@ -96,6 +97,7 @@ class WorkerOptions:
     verify_adapter: bool
     load_model: Any  # (name, device=, dtype=) -> (model, tokenizer); None: groupwise.runtime.loading.load_base_model
     memory_budget_gb: float | None  # each base's budget on the device; None: estimated (backend/budget.py)
+    joint_updates: bool | None  # concurrent updates of one base train in one pass (backend/joint_updates.py)
     train_workers: int | None = None  # ranks below it only train, the others only generate; None: all do both
     serve_http: bool = False  # serve each replica's app over HTTP (a worker outside the driver's process)
     http_host: str = LOOPBACK  # the address its servers listen on
@@ -115,6 +117,7 @@ class DeviceWorker:
         self.specs: dict[str, ModelSpec] = {}
         self.bases: dict[str, SharedBase] = {}  # base model -> what its models share on this device
         self._update_locks: dict[str, asyncio.Lock] = {}  # base model -> one update at a time
+        self._joint: dict[str, Any] = {}  # base model -> its `JointUpdates`: updates waiting to train together
         # Loads and unloads one at a time: two runs registering at once (asyncio.gather, or two drivers of a
         # shared worker: sharing.py) would each find no base and load it twice, each run on an engine of its
         # own; and an unload that closes an empty base must not close the one a load is about to use.
@@ -296,7 +299,51 @@ class DeviceWorker:
     # ------------------------------------------------------------------------------ training
     async def update(self, command: UpdateCommand) -> list[dict[str, float]]:
         """The command's optimizer updates on this rank's share, with exclusive use of the shared model.
-        Returns each update's metrics (the loss terms and counts summed over the ranks)."""
+        Returns each update's metrics (the loss terms and counts summed over the ranks). Updates of other
+        runs of the same base that wait at the same time may train with it in one pass (`JointUpdates`)."""
+        replica = self.replicas[command.run]
+        base = replica.base.base_model
+        lock = self._update_locks[base]
+        if not self._may_join(replica, command):
+            async with lock:
+                return await self.update_alone(command)
+        from groupwise.backend.joint_updates import JointUpdates  # torch: loaded where updates run
+
+        joint = self._joint.setdefault(base, JointUpdates(self, base))
+        return await joint.update(command, lock)
+
+    def _may_join(self, replica: Replica, command: UpdateCommand) -> bool:
+        from groupwise.training.joint import JointPart, joint_problem
+
+        enabled = self.options.joint_updates
+        if enabled is None:  # BackendOptions.joint_updates says why
+            enabled = replica.device.type == "cuda"
+        if not (enabled and self.trains and self.train_world == 1 and len(command.updates) == 1):
+            return False
+        if (self.options.engine_kwargs or {}).get("batch_invariant"):
+            return False  # a run's numbers would depend on which runs joined its pass
+        u = command.updates[0]
+        return joint_problem(JointPart(replica.trainer, u.batch, u.config), u.objective, 1) is None
+
+    def runs_of(self, base_model: str) -> list[str]:
+        """The runs this rank trains on `base_model`."""
+        return [name for name, r in self.replicas.items() if r.base.base_model == base_model]
+
+    @staticmethod
+    def update_pause(replica: Replica, updates: Any) -> Any:
+        """The engine's pause for `updates`.
+
+        The engine runs no forward pass while the trainer runs, except, on CUDA, replays of its decode graphs
+        (Engine.paused(decoding=True)), which run no module code: the other runs' requests go on decoding, and
+        the update runs on a thread of its own. A step that first reads a KL anchor or a teacher pauses the
+        engine whole: those load adapters and models."""
+        decoding = (replica.device.type == "cuda" and getattr(replica.engine, "decode_during_updates", False)
+                    and not any(u.objective == "grpo" and (u.config.kl_coef > 0 or u.config.teacher is not None)
+                                for u in updates))
+        return replica.engine.paused(decoding=True) if decoding else replica.engine.paused()
+
+    async def update_alone(self, command: UpdateCommand) -> list[dict[str, float]]:
+        """`update` of one run, by itself (the caller holds the base's update lock)."""
         from groupwise.training.finite import restore, snapshot
 
         replica, spec = self.replicas[command.run], self.specs[command.run]
@@ -310,18 +357,9 @@ class DeviceWorker:
         if len(updates) > 1:
             before = await compute.run(lambda: snapshot([p for _, p in trainer.trainable_named_parameters()],
                                                         trainer.optimizer))
-        # One update at a time on the shared base. The engine runs no forward pass while the trainer runs,
-        # except, on CUDA, replays of its decode graphs (Engine.paused(decoding=True)), which run no module code:
-        # the other runs' requests go on decoding, and the update runs on a thread of its own. A step that
-        # first reads a KL anchor or a teacher pauses the engine whole: those load adapters and models.
-        decoding = (replica.device.type == "cuda" and getattr(replica.engine, "decode_during_updates", False)
-                    and not any(u.objective == "grpo" and (u.config.kl_coef > 0 or u.config.teacher is not None)
-                                for u in updates))
-        pause = replica.engine.paused(decoding=True) if decoding else replica.engine.paused()
-        async with self._update_locks[replica.base.base_model], pause:
-            runs_update, train_step = compute, trainer.train_step
-            if getattr(pause, "decoding", False):  # an idle engine whose memory the update wants pauses whole
-                runs_update, train_step = update_thread(), functools.partial(_on_cuda_device, replica.device, train_step)
+        pause = self.update_pause(replica, updates)
+        async with pause:
+            runs_update, train_step = self.update_runner(replica, pause, trainer.train_step)
             try:
                 for u in updates:
                     if u.objective == "grpo" and u.config.kl_coef > 0:  # the anchor it names
@@ -339,6 +377,18 @@ class DeviceWorker:
         if replica.device.type == "cpu":
             release_freed_memory()  # else RSS grows by GBs a step (memory.py)
         return out
+
+    def update_bar(self, step: int) -> Any:
+        """The progress bar of an update of step `step` (rank 0's only)."""
+        return update_bar(step, enabled=self.rank == 0)
+
+    @staticmethod
+    def update_runner(replica: Replica, pause: Any, fn: Callable[..., Any]) -> tuple[Any, Callable[..., Any]]:
+        """(the thread an update runs on, `fn` as it must be called there): the compute thread, or, while the
+        engine goes on decoding (`update_pause`), a thread of its own on the replica's CUDA device."""
+        if getattr(pause, "decoding", False):  # an idle engine whose memory the update wants pauses whole
+            return update_thread(), functools.partial(_on_cuda_device, replica.device, fn)
+        return compute_thread(), fn
 
     async def publish(self, command: PublishCommand) -> Published:
         """The adapter's publication after the updates of the command's step, in one call: rank 0

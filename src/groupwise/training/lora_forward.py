@@ -37,9 +37,10 @@ from typing import Any
 
 import torch
 
+from groupwise.errors import GroupwiseError
 from groupwise.runtime.attention_backends import varying_shape_attention
 
-__all__ = ["AdapterForwards", "TrainingForward", "fast_lora_ok", "holding_values"]
+__all__ = ["AdapterForwards", "JointAdapters", "TrainingForward", "fast_lora_ok", "holding_values"]
 
 
 def fast_lora_ok(layer: Any, adapter: str | None = None, *, allow_dropout: bool = False) -> bool:
@@ -143,6 +144,78 @@ class AdapterForwards:
         self.installed = []
 
 
+_JOINT_ATTR = "_groupwise_joint_adapters"  # (the JointAdapters, this layer's (A, B, scaling) per adapter)
+
+
+def _joint_forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """A LoRA layer whose rows go through several adapters: rows ``[start, stop)`` of the batch through
+    the k-th adapter of `JointAdapters.rows` (`JointAdapters` says why and what it requires)."""
+    joint, weights = getattr(self, _JOINT_ATTR)
+    if args or kwargs or x.shape[0] != joint.rows[-1]:
+        raise GroupwiseError(f"a joint update's LoRA layer got input of shape {tuple(x.shape)} for rows "
+                             f"{joint.rows}: joint updates need decoder layers that keep the batch first; "
+                             "set BackendOptions(joint_updates=False) for this model")
+    result = self.base_layer(x)  # [B, T, out]: the base weights' GEMM once for every run's rows
+    out = result.shape[-1]
+    sizes = [joint.rows[k + 1] - joint.rows[k] for k in range(len(weights))]
+    # split, not slices: a slice's backward writes a zero tensor of the whole input per slice, the split's one
+    # concatenation for all of them
+    xs, results = torch.split(x, sizes), torch.split(result, sizes)
+    parts = []
+    for (a_weight, b_weight, scaling), x_k, result_k in zip(weights, xs, results):
+        if x_k.shape[0] == 0:
+            continue
+        h = torch.nn.functional.linear(x_k, a_weight)  # [b, T, r]
+        parts.append(torch.addmm(result_k.reshape(-1, out), h.reshape(-1, h.shape[-1]),
+                                 (b_weight * scaling).t()).view(result_k.shape))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 0)
+
+
+class JointAdapters:
+    """Several runs' adapters trained in one forward and backward over the shared base (training/joint.py).
+
+    A micro-batch holds the rows of each run together, run k's in ``rows[k]:rows[k+1]``; every LoRA layer
+    computes the base GEMM once over all rows and adds each run's ``x A_k^T (s_k B_k)^T`` to its own rows.
+    The adapters' parameters are disjoint, so each gets the gradient of its own rows' loss: the sum of the
+    runs' losses has, for each adapter, the gradient of that run's loss alone.
+
+    It takes only what it computes exactly as peft would for each run alone: `fast_lora_ok` layers (plain
+    `nn.Linear` base, vanilla LoRA, no bias) with no dropout (a dropout's draws would depend on which runs
+    share the pass), not merged. `ok` says whether a model's layers qualify for these adapters.
+    """
+
+    def __init__(self, adapters: list[str]):
+        self.adapters = list(adapters)
+        self.rows: list[int] = [0] * (len(adapters) + 1)  # set per micro-batch (`set_rows`)
+        self.installed: list[torch.nn.Module] = []
+
+    @staticmethod
+    def ok(tuner_layers: list[Any], adapters: list[str]) -> bool:
+        return bool(tuner_layers) and all(
+            fast_lora_ok(m, name) and not m.merged for m in tuner_layers for name in adapters)
+
+    def set_rows(self, counts: list[int]) -> None:
+        """Run k's rows in this micro-batch: the next `counts[k]`."""
+        bounds = [0]
+        for n in counts:
+            bounds.append(bounds[-1] + n)
+        self.rows = bounds
+
+    def install(self, tuner_layers: list[Any]) -> None:
+        for m in tuner_layers:
+            # Read each step (not cached): a resumed or reloaded adapter may hold new tensors or a new scale.
+            weights = [(m.lora_A[n].weight, m.lora_B[n].weight, m.scaling[n]) for n in self.adapters]
+            setattr(m, _JOINT_ATTR, (self, weights))
+            m.forward = types.MethodType(_joint_forward, m)
+            self.installed.append(m)
+
+    def remove(self) -> None:
+        for m in self.installed:
+            m.__dict__.pop("forward", None)
+            m.__dict__.pop(_JOINT_ATTR, None)
+        self.installed = []
+
+
 class TrainingForward:
     """The trainer's forward context (module doc), entered once per step::
 
@@ -159,11 +232,12 @@ class TrainingForward:
 
     def __init__(self, tuner_layers: list[Any], device_type: str, half_dtype: torch.dtype | None,
                  layer_forwards: list[tuple[torch.nn.Module, Any]] = (),
-                 adapter_forwards: AdapterForwards | None = None):
+                 adapter_forwards: AdapterForwards | None = None, joint: JointAdapters | None = None):
         self.tuners = tuner_layers
+        self.joint = joint
         # Compiled decoder layers (trainer._layer_forwards) take the trainer's `adapter_forwards`:
         # `_fused_forward` reads the adapter dicts, which compiled code would guard on.
-        self.fast = [] if layer_forwards else [m for m in tuner_layers if fast_lora_ok(m)]
+        self.fast = [] if layer_forwards or joint is not None else [m for m in tuner_layers if fast_lora_ok(m)]
         self.layer_forwards = list(layer_forwards)
         self.adapter_forwards = adapter_forwards if layer_forwards else None
         self.device_type, self.half_dtype = device_type, half_dtype
@@ -184,12 +258,16 @@ class TrainingForward:
                 m.cast_input_dtype_enabled = False  # what peft.helpers.disable_input_dtype_casting sets
         if self.adapter_forwards is not None:
             self.adapter_forwards.install(self.tuners)  # after the cast switch: install checks it
+        if self.joint is not None:
+            self.joint.install(self.tuners)
         # micro-batches differ in rows and padded length: no cuDNN attention (attention_backends.py)
         self.attention = varying_shape_attention()
         self.attention.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self.joint is not None:
+            self.joint.remove()
         if self.adapter_forwards is not None:
             self.adapter_forwards.remove()
         if self.half_dtype is not None:

@@ -19,6 +19,10 @@ are summed over the ranks first and the gradients after the backward (one all-re
 so every rank takes the optimizer step of the whole batch: the same gradient as one process training the
 union (up to float summation order), and bitwise the same update on every rank (an all-reduce hands every
 rank the same sum; clipping and AdamW are deterministic given it).
+
+A step is `begin_update` (the shared model taken for this adapter), the forward and backward, then
+`apply_gradient` and `end_update`; training/joint.py composes the same pieces for several adapters of one
+model in one pass.
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ from groupwise.training.finite import check_finite, guarded_step
 from groupwise.training.layer_checkpointing import LayerCheckpointing
 from groupwise.training.logprobs import base_and_decoder, head_logprobs, scatter_rows, token_logprobs, topk_candidates
 from groupwise.training.logprobs import trained_hidden
-from groupwise.training.lora_forward import AdapterForwards, TrainingForward, holding_values
-from groupwise.training.loss import grpo_loss, topk_reverse_kl
+from groupwise.training.lora_forward import AdapterForwards, JointAdapters, TrainingForward, holding_values
+from groupwise.training.loss import LossTerms, grpo_loss, topk_reverse_kl
 from groupwise.training import step_memory
 from groupwise.training.sft import sft_loss
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
@@ -78,7 +82,7 @@ def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]
     return batches
 
 
-def _collate(seqs: list[TokenizedSequence], pad_id: int, device: torch.device) -> dict[str, Any]:
+def collate(seqs: list[TokenizedSequence], pad_id: int, device: torch.device) -> dict[str, Any]:
     """Right-padded [B, T] tensors of a micro-batch, plus the flat indices of its trained tokens.
 
     No attention mask: every row's real tokens come first, so under the causal mask a real token
@@ -120,6 +124,12 @@ class StepStats:
     ratio_sum: float = 0.0
     tokens: float = 0.0
     capped_tokens: float = 0.0  # importance weights truncated (TIS) or masked (MIS)
+
+
+def stat_terms(terms: LossTerms) -> torch.Tensor:
+    """A micro-batch's loss terms in `StepStats`' order, summed over micro-batches on the device."""
+    return torch.stack([terms.loss.detach(), terms.policy_loss_sum, terms.kl_sum, terms.teacher_kl_sum,
+                        terms.clipped_tokens, terms.ratio_sum, terms.tokens, terms.capped_tokens]).double()
 
 
 class Trainer:
@@ -260,6 +270,10 @@ class Trainer:
         """Every module and peft's tuner layers (module_walk.py: walked once per adapter set)."""
         return self._walk(self.model)
 
+    def tuner_layers(self) -> list[Any]:
+        """peft's LoRA layers of the model (every adapter's)."""
+        return self._modules()[1]
+
     def _set_mode(self, training: bool) -> None:
         # what model.train(training) does, on the modules this adapter's passes call (module_walk.py)
         set_training(self._lists()[0], training)
@@ -316,12 +330,14 @@ class Trainer:
                 group["objective"] = objective
         return self.optimizer
 
-    def _training_forward(self, config: TrainConfig) -> TrainingForward:
+    def training_forward(self, config: TrainConfig, joint: JointAdapters | None = None) -> TrainingForward:
         """The forward context of a step: autocast for a half-precision base, fused LoRA layers or
-        compiled decoder layers (training/lora_forward.py says why)."""
+        compiled decoder layers (training/lora_forward.py says why); with `joint`, LoRA layers that run
+        each row through its own run's adapter (training/joint.py)."""
         half = self._base_dtype in (torch.bfloat16, torch.float16) and self.device.type in ("cuda", "cpu")
         return TrainingForward(self._modules()[1], self.device.type, self._base_dtype if half else None,
-                               self._layer_forwards(config), self._adapter_forwards)
+                               [] if joint is not None else self._layer_forwards(config), self._adapter_forwards,
+                               joint=joint)
 
     def _layer_forwards(self, config: TrainConfig) -> list[tuple[torch.nn.Module, Any]]:
         """(decoder layer, compiled forward) pairs, installed for the update only (the engine keeps
@@ -399,10 +415,10 @@ class Trainer:
         def advance() -> None:
             if progress is not None:
                 progress(sum(widths[:len(sums)]), sum(widths))
-        fwd = self._training_forward(config)
+        fwd = self.training_forward(config)
         with fwd:  # held through the backward too: checkpointed layers recompute their forward there
             for indices in plan:
-                mb = _collate([seqs[i] for i in indices], self.pad_token_id, self.device)
+                mb = collate([seqs[i] for i in indices], self.pad_token_id, self.device)
                 ref_BT = None
                 if objective == "grpo" and config.kl_coef > 0:
                     # Before the policy forward: a swapped-in reference changes the parameters in place,
@@ -431,35 +447,43 @@ class Trainer:
                                              zero, sft.tokens.double(), zero]))
                     advance()
                     continue
-                terms = grpo_loss(
-                    logprobs_BT,
-                    mb["old_logprobs_BT"].to(logprobs_BT.dtype),
-                    mb["advantages_B"].to(logprobs_BT.dtype),
-                    mb["mask_BT"],
-                    epsilon=config.epsilon,
-                    epsilon_high=config.epsilon_high,
-                    cispo=config.loss == "cispo",
-                    normalize=config.normalize,
-                    num_tokens=num_tokens,
-                    num_sequences=num_sequences,
-                    max_len=config.max_seq_len,
-                    ref_logprobs_BT=ref_BT,
-                    kl_coef=config.kl_coef,
-                    off_policy=config.off_policy,
-                    importance_cap=config.importance_cap,
-                    teacher_logprobs_BT=teacher_BT,
-                    distill_coef=config.distill_coef if teacher_BT is not None or distill_kl_BT is not None else 0.0,
-                    distill_kl_BT=distill_kl_BT,
-                )
+                terms = self.grpo_terms(logprobs_BT, mb, config, (num_tokens, num_sequences), ref_BT=ref_BT,
+                                        teacher_BT=teacher_BT, distill_kl_BT=distill_kl_BT)
                 terms.loss.backward()
-                sums.append(torch.stack([terms.loss.detach(), terms.policy_loss_sum, terms.kl_sum,
-                                         terms.teacher_kl_sum, terms.clipped_tokens, terms.ratio_sum,
-                                         terms.tokens, terms.capped_tokens]).double())
+                sums.append(stat_terms(terms))
                 advance()
         # One device->host copy for the whole step (a float() per term would sync every micro-batch).
         totals = torch.stack(sums).sum(0).tolist() if sums else [0.0] * len(dataclasses.fields(StepStats))
         stats = StepStats(*totals)
         return stats, plan
+
+    @staticmethod
+    def grpo_terms(logprobs_BT: torch.Tensor, mb: dict[str, Any], config: TrainConfig, totals: tuple[int, int], *,
+                   ref_BT: torch.Tensor | None = None, teacher_BT: torch.Tensor | None = None,
+                   distill_kl_BT: torch.Tensor | None = None) -> LossTerms:
+        """The GRPO objective (training/loss.py) of a micro-batch `mb` (`collate`'s tensors) whose rows have
+        `logprobs_BT` under the policy; `totals`: the step's (trainable tokens, sequences), its normalisers."""
+        num_tokens, num_sequences = totals
+        return grpo_loss(
+            logprobs_BT,
+            mb["old_logprobs_BT"].to(logprobs_BT.dtype),
+            mb["advantages_B"].to(logprobs_BT.dtype),
+            mb["mask_BT"],
+            epsilon=config.epsilon,
+            epsilon_high=config.epsilon_high,
+            cispo=config.loss == "cispo",
+            normalize=config.normalize,
+            num_tokens=num_tokens,
+            num_sequences=num_sequences,
+            max_len=config.max_seq_len,
+            ref_logprobs_BT=ref_BT,
+            kl_coef=config.kl_coef,
+            off_policy=config.off_policy,
+            importance_cap=config.importance_cap,
+            teacher_logprobs_BT=teacher_BT,
+            distill_coef=config.distill_coef if teacher_BT is not None or distill_kl_BT is not None else 0.0,
+            distill_kl_BT=distill_kl_BT,
+        )
 
     def _memory_metrics(self) -> dict[str, float]:
         """The step's priced and measured peaks (GB), so a run that nears its device's memory shows it."""
@@ -555,19 +579,26 @@ class Trainer:
             if self.process_group is not None:
                 self._all_reduce_gradients(params)
                 stats = StepStats(*self._sum_over_ranks(list(dataclasses.astuple(stats))))
-            # A non-finite loss, gradient or adapter fails the step before anything is checkpointed.
-            check_finite("loss", stats.loss, step=step, config=config)
-            max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-            check_finite("gradient norm", grad_norm, step=step, config=config)
-            guarded_step(self.trainable_named_parameters(), optimizer, step=step, config=config)
+            grad_norm = self.apply_gradient(params, optimizer, stats, config, step=step)
         return stats, plan, grad_norm
 
-    def train_step(self, batch: TokenizedBatch, config: TrainConfig, *, step: int = 0,
-                   objective: str = GRPO, progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
-        """One optimizer step on `batch` (objective "grpo" or "sft", `progress` as in `forward_backward`);
-        returns its metrics."""
-        t0 = time.perf_counter()
+    def apply_gradient(self, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, stats: StepStats,
+                       config: TrainConfig, *, step: int) -> float:
+        """The optimizer step on the accumulated `.grad`: clipped to `max_grad_norm`; returns the norm before
+        clipping. A non-finite loss, gradient or adapter fails the step (`NonFiniteError`) with the adapter
+        and optimizer as before it, so nothing non-finite is ever checkpointed."""
+        check_finite("loss", stats.loss, step=step, config=config)
+        max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        check_finite("gradient norm", grad_norm, step=step, config=config)
+        guarded_step(self.trainable_named_parameters(), optimizer, step=step, config=config)
+        return grad_norm
+
+    def begin_update(self, config: TrainConfig, objective: str = GRPO
+                     ) -> tuple[list[torch.nn.Parameter], torch.optim.Optimizer]:
+        """Take the shared model for an update of this adapter (`end_update` gives it back): its anchor and
+        teacher checked against `config`, its parameters trainable, its optimizer at `config`'s rate, its
+        modules in training mode. Returns (the adapter's parameters, its optimizer)."""
         if objective == "grpo" and config.kl_coef > 0 and (config.kl_reference_step or None) != self.reference_step:
             raise ConfigError(
                 f"TrainConfig.kl_reference_step={config.kl_reference_step} but the trainer's KL reference is "
@@ -584,13 +615,27 @@ class Trainer:
         params = self._activate()
         optimizer = self.ensure_optimizer(config, objective)
         self._set_mode(True)
+        self._set_layer_checkpointing(config.gradient_checkpointing)
+        step_memory.reset_measured_peak(self.device)
+        return params, optimizer
+
+    def end_update(self, optimizer: torch.optim.Optimizer) -> None:
+        """Leave the shared model as the engine expects it (`begin_update`'s counterpart)."""
+        optimizer.zero_grad(set_to_none=True)
+        self._set_layer_checkpointing(False)  # the engine shares the model: leave it as found
+        self._set_mode(False)
+
+    def train_step(self, batch: TokenizedBatch, config: TrainConfig, *, step: int = 0,
+                   objective: str = GRPO, progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
+        """One optimizer step on `batch` (objective "grpo" or "sft", `progress` as in `forward_backward`);
+        returns its metrics."""
+        t0 = time.perf_counter()
+        params, optimizer = self.begin_update(config, objective)
         seqs = batch.sequences
         # the step's normalisers: this batch's counts, summed over the data-parallel ranks
         num_tokens, num_sequences = (int(v) for v in self._sum_over_ranks([batch.trainable_tokens, len(seqs)]))
         totals = (num_tokens, num_sequences)
         devices = [self.device] if self.device.type == "cuda" else []
-        self._set_layer_checkpointing(config.gradient_checkpointing)
-        step_memory.reset_measured_peak(self.device)
         try:
             # GRPO's mu (TrainConfig.num_iterations): that many optimizer steps on this batch. The step reports
             # the first's loss terms (the objective at the policy that sampled the rollouts) and the last's
@@ -605,10 +650,16 @@ class Trainer:
             if iterations > 1:
                 stats = dataclasses.replace(stats, clipped_tokens=stats_i.clipped_tokens, ratio_sum=stats_i.ratio_sum)
         finally:
-            optimizer.zero_grad(set_to_none=True)
-            self._set_layer_checkpointing(False)  # the engine shares the model: leave it as found
-            self._set_mode(False)
-        update_time = time.perf_counter() - t0
+            self.end_update(optimizer)
+        return self.step_metrics(stats, grad_norm, batch, config, objective, plan, totals,
+                                 time.perf_counter() - t0)
+
+    def step_metrics(self, stats: StepStats, grad_norm: float, batch: TokenizedBatch, config: TrainConfig,
+                     objective: str, plan: list[list[int]], totals: tuple[int, int],
+                     update_time: float) -> dict[str, float]:
+        """A step's metrics row: the loss terms per trained token, the counts, the time and memory."""
+        num_tokens, num_sequences = totals
+        seqs = batch.sequences
         tokens = max(stats.tokens, 1.0)
         memory = self._memory_metrics()
         if objective == "sft":
