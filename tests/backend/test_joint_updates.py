@@ -17,11 +17,11 @@ RUNS = 3
 STEPS = 3
 
 
-async def _train(tiny_model_dir: str, path: Path, *, joint: bool, groups_by_step=None):
+async def _train(tiny_model_dir: str, path: Path, *, joint: bool, groups_by_step=None, engine_process="in_process"):
     """Three runs of one base on one LocalBackend, each step's updates sent at once (as a lockstep sweep's
     runs do). Returns (each step's rollout groups per run, each run's final adapter, each step's joint_runs
     per run, the worker's passes)."""
-    backend = gw.LocalBackend(path=str(path), device="cpu", joint_updates=joint)
+    backend = gw.LocalBackend(path=str(path), device="cpu", joint_updates=joint, engine_process=engine_process)
     models = [gw.TrainableModel(f"run{k}", project="joint", base_model=tiny_model_dir) for k in range(RUNS)]
     configs = [gw.TrainConfig(learning_rate=1e-2 * (k + 1), seed=k) for k in range(RUNS)]
     sampled, joined = [], []
@@ -45,12 +45,15 @@ async def _train(tiny_model_dir: str, path: Path, *, joint: bool, groups_by_step
 
 
 @pytest.mark.asyncio
-async def test_runs_updating_at_once_train_in_one_pass_with_their_own_updates(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("engine_process", ["in_process", "separate"])
+async def test_runs_updating_at_once_train_in_one_pass_with_their_own_updates(tiny_model_dir, tmp_path, engine_process):
     """Three runs (their own rates, seeds and batch sizes) send each step's updates at once. With joint updates,
     every step after the first trains the three in one pass (the first has no timing to wait by, and may train
     some alone); the final adapters equal, to float32 rounding, those of the same steps on the same rollouts
-    with joint updates off, where each update trains alone."""
-    sampled, joint_adapters, joined = await _train(tiny_model_dir, tmp_path / "joint", joint=True)
+    with joint updates off, where each update trains alone. The same with the worker in a process of its own
+    (the separate engine core), where the runs' commands cross a pipe."""
+    sampled, joint_adapters, joined = await _train(tiny_model_dir, tmp_path / "joint", joint=True,
+                                                   engine_process=engine_process)
     _, alone_adapters, alone_joined = await _train(tiny_model_dir, tmp_path / "alone", joint=False,
                                                    groups_by_step=sampled)
     print("joint_runs by step:", joined)
