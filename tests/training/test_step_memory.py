@@ -22,7 +22,8 @@ from groupwise.config import TrainConfig
 from groupwise.errors import GroupwiseError, MemoryBudgetError
 from groupwise.training import step_memory
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
-from groupwise.training.trainer import Trainer, plan_micro_batches
+from groupwise.training.micro_batches import plan_micro_batches
+from groupwise.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -34,7 +34,8 @@ from groupwise.errors import ConfigError
 from groupwise.training.lora_forward import JointAdapters
 from groupwise.training.logprobs import token_logprobs
 from groupwise.training.tokenize import TokenizedBatch
-from groupwise.training.trainer import GRPO, StepStats, Trainer, collate, stat_terms
+from groupwise.training.micro_batches import StepStats, collate, stat_terms
+from groupwise.training.trainer import GRPO, Trainer
 
 __all__ = ["JointPart", "joint_plan", "joint_problem", "joint_train_step"]
 

@@ -129,7 +129,7 @@ def token_logprobs(
 
     `model` is a peft model or a plain causal LM; the adapter (if any) applies as currently set.
     Only the decoder runs on all positions; the LM head and log-softmax run on masked positions only.
-    attention_BT None means right padding (trainer._collate says why no mask is needed then).
+    attention_BT None means right padding (micro_batches.collate says why no mask is needed then).
     target_index_N: the flat [B*T] indices of mask_BT's set positions, in order, when the caller
     has them (computing them here is a device sync on CUDA). compile_head: see `head_logprobs`.
     """

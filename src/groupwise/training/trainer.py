@@ -33,7 +33,6 @@ import math
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,6 +47,7 @@ from groupwise.training.logprobs import base_and_decoder, head_logprobs, scatter
 from groupwise.training.logprobs import trained_hidden
 from groupwise.training.lora_forward import AdapterForwards, JointAdapters, TrainingForward, holding_values
 from groupwise.training.loss import LossTerms, grpo_loss, topk_reverse_kl
+from groupwise.training.micro_batches import StepStats, collate, plan_micro_batches, stat_terms
 from groupwise.training import step_memory
 from groupwise.training.sft import sft_loss
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
@@ -61,75 +61,6 @@ def _scaled(progress: Callable[[int, int], None] | None, iteration: int,
     if progress is None or iterations == 1:
         return progress
     return lambda done, total: progress(iteration * total + done, iterations * total)
-
-
-def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
-    """Indices of sequences per micro-batch: longest first, each batch's n * max_len <= budget.
-
-    A sequence longer than the budget gets a micro-batch of its own (it cannot be split).
-    """
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        width = lengths[current[0]] if current else lengths[i]  # first is the longest
-        if current and (len(current) + 1) * width > token_budget:
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
-
-
-def collate(seqs: list[TokenizedSequence], pad_id: int, device: torch.device) -> dict[str, Any]:
-    """Right-padded [B, T] tensors of a micro-batch, plus the flat indices of its trained tokens.
-
-    No attention mask: every row's real tokens come first, so under the causal mask a real token
-    never sees a pad, and pad positions are never trained. Without a mask SDPA runs its causal
-    kernel (with grouped-query heads natively) instead of a masked one over repeated K/V heads.
-    The indices are found here, on the CPU: finding them on the GPU (nonzero) would stall the
-    forward on a device sync.
-    """
-    T = max(len(s) for s in seqs)
-    B = len(seqs)
-    input_ids_BT = torch.full((B, T), pad_id, dtype=torch.long)
-    mask_BT = torch.zeros((B, T), dtype=torch.bool)
-    old_BT = torch.full((B, T), math.nan, dtype=torch.float64)
-    for b, s in enumerate(seqs):
-        n = len(s)
-        input_ids_BT[b, :n] = torch.tensor(s.input_ids)
-        mask_BT[b, :n] = torch.tensor(s.mask)
-        old_BT[b, :n] = torch.tensor(s.old_logprobs, dtype=torch.float64)
-    mask_BT[:, 0] = False  # token 0 has no predecessor, so no log-prob
-    advantages_B = torch.tensor([s.advantage for s in seqs], dtype=torch.float64)
-    target_index_N = mask_BT.reshape(-1).nonzero().squeeze(1)  # flat [B*T] positions of trained tokens
-    return {
-        "input_ids_BT": input_ids_BT.to(device),
-        "attention_BT": None,
-        "mask_BT": mask_BT.to(device),
-        "target_index_N": target_index_N.to(device),
-        "old_logprobs_BT": old_BT.to(device),
-        "advantages_B": advantages_B.to(device),
-    }
-
-
-@dataclass
-class StepStats:
-    loss: float = 0.0
-    policy_loss_sum: float = 0.0
-    kl_sum: float = 0.0
-    teacher_kl_sum: float = 0.0
-    clipped_tokens: float = 0.0
-    ratio_sum: float = 0.0
-    tokens: float = 0.0
-    capped_tokens: float = 0.0  # importance weights truncated (TIS) or masked (MIS)
-
-
-def stat_terms(terms: LossTerms) -> torch.Tensor:
-    """A micro-batch's loss terms in `StepStats`' order, summed over micro-batches on the device."""
-    return torch.stack([terms.loss.detach(), terms.policy_loss_sum, terms.kl_sum, terms.teacher_kl_sum,
-                        terms.clipped_tokens, terms.ratio_sum, terms.tokens, terms.capped_tokens]).double()
 
 
 class Trainer:
