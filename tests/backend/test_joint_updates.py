@@ -160,3 +160,15 @@ async def test_on_the_cpu_updates_train_alone_by_default(tiny_model_dir, tmp_pat
     assert gw.BackendOptions().joint_updates is None
     _, _, joined = await _train(tiny_model_dir, tmp_path, joint=None)
     assert all(j == [1.0] * RUNS for j in joined), joined
+
+
+@pytest.mark.asyncio
+async def test_a_model_that_cannot_join_trains_each_update_alone_from_then_on():
+    from groupwise.backend.joint_updates import JointUpdates
+    from groupwise.training.lora_forward import JointLayoutError
+
+    worker = _StubWorker(["a", "b"], fail_with=JointLayoutError("flattened"))
+    joint, lock = JointUpdates(worker, "base"), asyncio.Lock()
+    out = await asyncio.gather(*(joint.update(_command(r), lock) for r in "ab"))
+    assert [o[0]["loss"] for o in out] == [-1.0, -1.0] and sorted(map(tuple, worker.passes)) == [("a",), ("b",)]
+    assert joint.refused == "flattened"

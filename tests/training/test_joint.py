@@ -137,3 +137,43 @@ def test_the_joint_plan_packs_whole_micro_batches_of_runs_within_the_budget(toke
             assert len(plan) == 1  # the three small steps in one pass
         if budget == 120:
             assert len(plan) < sum(len(a) for a in alone)  # some packed
+
+
+def test_a_model_whose_adapted_layer_sees_no_rows_fails_the_pass_before_any_update(tokenizer):
+    """An adapter on the LM head, which reads the trained positions flattened ([N, H]): the joint pass cannot
+    tell the runs' rows apart, raises `JointLayoutError` (the worker then trains each update alone), and
+    no adapter or optimizer has moved."""
+    from groupwise.config import LoraConfig
+    from groupwise.runtime.loading import tiny_random_model
+    from groupwise.training.adapters import wrap_with_lora
+    from groupwise.training.lora_forward import JointLayoutError
+
+    model, _ = tiny_random_model(seed=0, tokenizer=tokenizer, dtype=torch.float64)
+    model = wrap_with_lora(model, LoraConfig(rank=4, alpha=8, target_modules=("q_proj", "lm_head")))
+    model.add_adapter("run1", model.peft_config["default"])
+    assert any("lm_head" in n and "lora_A" in n for n, _ in model.named_parameters())
+    trainers = [Trainer(model), Trainer(model, adapter_name="run1")]
+    before = [adapter(model, name) for name in ("default", "run1")]
+    with pytest.raises(JointLayoutError, match="train alone"):
+        joint_train_step([JointPart(t, b, CONFIGS[0]) for t, b in zip(trainers, BATCHES)], step=0)
+    for name, values in zip(("default", "run1"), before):
+        assert all(torch.equal(v, values[n]) for n, v in adapter(model, name).items())
+    assert all(p.grad is None for t in trainers for _, p in t.trainable_named_parameters())
+
+
+def test_a_half_precision_base_trains_jointly_as_alone_to_bf16_rounding(tokenizer):
+    """A bf16 base (the GPU's dtype; autocast on the CPU here): the joint pass's adapters, fp32 master weights,
+    agree with the runs' own steps to bf16 rounding of their updates."""
+    alone, joint = three_runs(tokenizer, dtype=torch.bfloat16), three_runs(tokenizer, dtype=torch.bfloat16)
+    start = {name: adapter(alone, name) for name in RUNS}
+    for name, batch, config in zip(RUNS, BATCHES, CONFIGS):
+        Trainer(alone, adapter_name=name).train_step(batch, config, step=0)
+    results = joint_train_step([JointPart(Trainer(joint, adapter_name=n), b, c)
+                                for n, b, c in zip(RUNS, BATCHES, CONFIGS)], step=0)
+    assert all(isinstance(r, dict) for r in results)
+    for name in RUNS:
+        a, b = adapter(alone, name), adapter(joint, name)
+        assert all(v.dtype == torch.float32 for v in b.values())
+        step = max(float((a[n] - start[name][n]).abs().max()) for n in a)
+        diff = max(float((a[n] - b[n]).abs().max()) for n in a)
+        assert step > 0 and diff <= 0.05 * step, (name, diff, step)

@@ -25,6 +25,7 @@ from typing import Any
 from groupwise.backend.protocol import UpdateCommand
 from groupwise.runtime.memory import release_freed_memory
 from groupwise.training.joint import SHARED_SETTINGS, JointPart, joint_train_step
+from groupwise.training.lora_forward import JointLayoutError
 
 __all__ = ["JointUpdates"]
 
@@ -44,6 +45,7 @@ class JointUpdates:
         self.per_run_s: float | None = None  # the last pass's time per run in it
         self.arrived = asyncio.Event()
         self.passes: collections.Counter[int] = collections.Counter()  # runs in a pass -> passes of that size
+        self.refused: str | None = None  # why this base's model cannot join (`JointLayoutError`): all train alone
 
     async def update(self, command: UpdateCommand, lock: asyncio.Lock) -> list[dict[str, float]]:
         """`command`'s metrics, trained alone or in a pass with others (`DeviceWorker.update`)."""
@@ -62,7 +64,11 @@ class JointUpdates:
                             self.per_run_s = time.monotonic() - t0
                             self.passes[1] += 1
                             return out
-                        await self._train_together(group)
+                        try:
+                            await self._train_together(group)
+                        except JointLayoutError as exc:  # this model cannot join: its updates train alone
+                            self.refused = str(exc)
+                            await self._train_alone(group)
                     except BaseException as exc:  # no run of the group waits on a future nobody will set
                         for _, f in group:
                             if f is not future and not f.done():
@@ -71,6 +77,14 @@ class JointUpdates:
         finally:
             self._drop(future)
         return future.result()
+
+    async def _train_alone(self, group: list[tuple[UpdateCommand, asyncio.Future]]) -> None:
+        """Each update of `group` by itself, in turn (a pass that could not start: `JointLayoutError`)."""
+        for command, f in group:
+            try:
+                f.set_result(await self.worker.update_alone(command))
+            except Exception as exc:  # noqa: BLE001 - that run's failure is its own; the others go on
+                f.set_exception(exc)
 
     def _drop(self, future: asyncio.Future) -> None:
         self.pending = [(c, f) for c, f in self.pending if f is not future]

@@ -310,6 +310,9 @@ class DeviceWorker:
         from groupwise.backend.joint_updates import JointUpdates  # torch: loaded where updates run
 
         joint = self._joint.setdefault(base, JointUpdates(self, base))
+        if joint.refused is not None:  # this model cannot join (JointUpdates.refused says why)
+            async with lock:
+                return await self.update_alone(command)
         return await joint.update(command, lock)
 
     def _may_join(self, replica: Replica, command: UpdateCommand) -> bool:

@@ -172,8 +172,8 @@ def _forward_backward(parts: list[JointPart], leader: Trainer, progress: Callabl
     with fwd:  # held through the backward: checkpointed layers recompute their forward there
         for m, mb in enumerate(plan):
             counts = [sum(1 for k, _ in mb if k == part) for part in range(len(parts))]
-            joint.set_rows(counts)
             batch = collate([parts[k].batch.sequences[i] for k, i in mb], leader.pad_token_id, leader.device)
+            joint.set_rows(counts, batch["input_ids_BT"].shape[1])
             with fwd.autocast():
                 logprobs_BT = token_logprobs(leader.model, batch["input_ids_BT"], batch["attention_BT"],
                                              batch["mask_BT"], chunk_size=config.logprob_chunk_size,

@@ -40,7 +40,7 @@ import torch
 from groupwise.errors import GroupwiseError
 from groupwise.runtime.attention_backends import varying_shape_attention
 
-__all__ = ["AdapterForwards", "JointAdapters", "TrainingForward", "fast_lora_ok", "holding_values"]
+__all__ = ["AdapterForwards", "JointAdapters", "JointLayoutError", "TrainingForward", "fast_lora_ok", "holding_values"]
 
 
 def fast_lora_ok(layer: Any, adapter: str | None = None, *, allow_dropout: bool = False) -> bool:
@@ -151,10 +151,10 @@ def _joint_forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Te
     """A LoRA layer whose rows go through several adapters: rows ``[start, stop)`` of the batch through
     the k-th adapter of `JointAdapters.rows` (`JointAdapters` says why and what it requires)."""
     joint, weights = getattr(self, _JOINT_ATTR)
-    if args or kwargs or x.shape[0] != joint.rows[-1]:
-        raise GroupwiseError(f"a joint update's LoRA layer got input of shape {tuple(x.shape)} for rows "
-                             f"{joint.rows}: joint updates need decoder layers that keep the batch first; "
-                             "set BackendOptions(joint_updates=False) for this model")
+    if args or kwargs or x.dim() != 3 or tuple(x.shape[:2]) != (joint.rows[-1], joint.width):
+        raise JointLayoutError(f"a joint update's LoRA layer got input of shape {tuple(x.shape)} for "
+                               f"{joint.rows[-1]} rows of {joint.width} tokens: this model's adapted layers do not "
+                               "see the batch as [rows, tokens, features], so its runs' updates train alone")
     result = self.base_layer(x)  # [B, T, out]: the base weights' GEMM once for every run's rows
     out = result.shape[-1]
     sizes = [joint.rows[k + 1] - joint.rows[k] for k in range(len(weights))]
@@ -169,6 +169,11 @@ def _joint_forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Te
         parts.append(torch.addmm(result_k.reshape(-1, out), h.reshape(-1, h.shape[-1]),
                                  (b_weight * scaling).t()).view(result_k.shape))
     return parts[0] if len(parts) == 1 else torch.cat(parts, 0)
+
+
+class JointLayoutError(GroupwiseError):
+    """A joint pass met a LoRA layer whose input is not [rows, tokens, features] (a flattened or transposed
+    layout): it cannot tell the runs' rows apart, so nothing was trained and the updates train alone."""
 
 
 class JointAdapters:
@@ -187,6 +192,7 @@ class JointAdapters:
     def __init__(self, adapters: list[str]):
         self.adapters = list(adapters)
         self.rows: list[int] = [0] * (len(adapters) + 1)  # set per micro-batch (`set_rows`)
+        self.width = 0  # the micro-batch's padded length
         self.installed: list[torch.nn.Module] = []
 
     @staticmethod
@@ -194,8 +200,9 @@ class JointAdapters:
         return bool(tuner_layers) and all(
             fast_lora_ok(m, name) and not m.merged for m in tuner_layers for name in adapters)
 
-    def set_rows(self, counts: list[int]) -> None:
-        """Run k's rows in this micro-batch: the next `counts[k]`."""
+    def set_rows(self, counts: list[int], width: int) -> None:
+        """Run k's rows in this micro-batch of `width` tokens a row: the next `counts[k]`."""
+        self.width = width
         bounds = [0]
         for n in counts:
             bounds.append(bounds[-1] + n)
