@@ -133,8 +133,11 @@ def test_the_joint_plan_packs_whole_micro_batches_of_runs_within_the_budget(toke
             assert len(mb) * widest <= max(budget, widest)  # a row longer than the budget goes alone
             assert mb == sorted(mb)  # each run's rows together
         assert len(plan) <= sum(len(a) for a in alone)
+        from groupwise.training.joint import packs_enough
+
+        assert packs_enough(parts) == (2 * len(plan) <= sum(len(a) for a in alone))
         if budget == 4096:
-            assert len(plan) == 1  # the three small steps in one pass
+            assert len(plan) == 1 and packs_enough(parts)  # the three small steps in one pass
         if budget == 120:
             assert len(plan) < sum(len(a) for a in alone)  # some packed
 

@@ -7,7 +7,9 @@ instead of once per run, and gives each run the update it would get alone.
 
 How a group forms. Each update that can join (`DeviceWorker._may_join`) queues here and waits for the
 lock. The first to get it leads: it takes every queued update with the same shared settings and trains
-them together; the others find their results ready when the lock reaches them. Before taking them, the
+them together, where packing their micro-batches at least halves them (`joint.packs_enough`: below that
+the pass measured slower than the runs in turn); the others find their results ready when the lock
+reaches them. Before taking them, the
 leader waits a little for the base's other runs, at most half the time per run of the last pass: the
 runs of one step end their rollouts a few tens of milliseconds apart, and a partner that comes within
 that wait finishes sooner in the pass than after it. A run that was waited for and did not come (it
@@ -24,7 +26,7 @@ from typing import Any
 
 from groupwise.backend.protocol import UpdateCommand
 from groupwise.runtime.memory import release_freed_memory
-from groupwise.training.joint import SHARED_SETTINGS, JointPart, joint_train_step
+from groupwise.training.joint import SHARED_SETTINGS, JointPart, joint_train_step, packs_enough
 from groupwise.training.lora_forward import JointLayoutError
 
 __all__ = ["JointUpdates"]
@@ -46,6 +48,7 @@ class JointUpdates:
         self.arrived = asyncio.Event()
         self.passes: collections.Counter[int] = collections.Counter()  # runs in a pass -> passes of that size
         self.refused: str | None = None  # why this base's model cannot join (`JointLayoutError`): all train alone
+        self.worth = packs_enough  # whether a group's pass saves enough micro-batches to be faster (joint.py)
 
     async def update(self, command: UpdateCommand, lock: asyncio.Lock) -> list[dict[str, float]]:
         """`command`'s metrics, trained alone or in a pass with others (`DeviceWorker.update`)."""
@@ -116,6 +119,10 @@ class JointUpdates:
         worker = self.worker
         replicas = [worker.replicas[c.run] for c, _ in group]
         parts = [JointPart(r.trainer, c.updates[0].batch, c.updates[0].config) for r, (c, _) in zip(replicas, group)]
+        if not self.worth(parts):  # too little packs: the runs in turn are faster
+            await self._train_alone(group)
+            self.passes[1] += len(group)
+            return
         pause = worker.update_pause(replicas[0], [c.updates[0] for c, _ in group])
         t0 = time.monotonic()
         async with pause:
