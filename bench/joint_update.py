@@ -124,8 +124,8 @@ def main() -> None:
                 after[name] = adapters()
             rel = max(rel, max(float((x - y).abs().max() / x.abs().max().clamp_min(1e-30))
                                for x, y in zip(after["alone"], after["joint"])))
-        own = sum(len(t.admit(b.sequences, config)) for t, b in zip(trainers, batches))
-        return {k: statistics.median(v) for k, v in times.items()}, rel, own, len(joint_plan(parts))
+        plan = joint_plan(parts)
+        return {k: statistics.median(v) for k, v in times.items()}, rel, plan.own, len(plan.micro_batches)
 
     card = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
     print(f"{args.runs} runs, {args.arch}, {card}, ~{args.prompt_len}+{args.completion_len} tokens a sequence, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -98,7 +99,7 @@ class _StubWorker:
         worker = self
 
         class Runner:
-            async def run(self, _fn, parts, *, step, progress):
+            async def run(self, _fn, parts, *, step, plan, progress):
                 await asyncio.sleep(0.01)
                 if worker.fail_with is not None:
                     raise worker.fail_with
@@ -125,7 +126,7 @@ async def test_updates_waiting_at_once_form_one_pass_and_a_run_that_stops_coming
 
     worker = _StubWorker(["a", "b", "c"])
     joint, lock = JointUpdates(worker, "base"), asyncio.Lock()
-    joint.worth = lambda parts: True  # the stub's parts have no trainers to plan with
+    joint.plan = lambda parts: SimpleNamespace(worth=True)  # the stub's parts have no trainers to plan with
     out = await asyncio.gather(*(joint.update(_command(r), lock) for r in "abc"))
     assert worker.passes == [["a", "b", "c"]] and [o[0]["loss"] for o in out] == [0.0, 1.0, 2.0]
     # "c" finished: "a" and "b" train together; "c" was waited for once, then is no longer expected
@@ -148,7 +149,7 @@ async def test_a_failed_pass_fails_every_run_in_it_and_the_next_pass_runs():
 
     worker = _StubWorker(["a", "b"], fail_with=RuntimeError("out of memory"))
     joint, lock = JointUpdates(worker, "base"), asyncio.Lock()
-    joint.worth = lambda parts: True
+    joint.plan = lambda parts: SimpleNamespace(worth=True)
     out = await asyncio.gather(*(joint.update(_command(r), lock) for r in "ab"), return_exceptions=True)
     assert all(isinstance(o, RuntimeError) and "out of memory" in str(o) for o in out), out
     worker.fail_with = None
@@ -171,7 +172,7 @@ async def test_a_model_that_cannot_join_trains_each_update_alone_from_then_on():
 
     worker = _StubWorker(["a", "b"], fail_with=JointLayoutError("flattened"))
     joint, lock = JointUpdates(worker, "base"), asyncio.Lock()
-    joint.worth = lambda parts: True
+    joint.plan = lambda parts: SimpleNamespace(worth=True)
     out = await asyncio.gather(*(joint.update(_command(r), lock) for r in "ab"))
     assert [o[0]["loss"] for o in out] == [-1.0, -1.0] and sorted(map(tuple, worker.passes)) == [("a",), ("b",)]
     assert joint.refused == "flattened"
@@ -179,12 +180,12 @@ async def test_a_model_that_cannot_join_trains_each_update_alone_from_then_on():
 
 @pytest.mark.asyncio
 async def test_a_group_whose_micro_batches_barely_pack_trains_alone():
-    """`packs_enough` says no (the runs' steps fill their own micro-batches): each update trains alone, in turn."""
+    """`JointPlan.worth` says no (the runs' steps fill their own micro-batches): each update trains alone, in turn."""
     from groupwise.backend.joint_updates import JointUpdates
 
     worker = _StubWorker(["a", "b"])
     joint, lock = JointUpdates(worker, "base"), asyncio.Lock()
-    joint.worth = lambda parts: False
+    joint.plan = lambda parts: SimpleNamespace(worth=False)
     out = await asyncio.gather(*(joint.update(_command(r), lock) for r in "ab"))
     assert [o[0]["loss"] for o in out] == [-1.0, -1.0] and sorted(map(tuple, worker.passes)) == [("a",), ("b",)]
     assert joint.passes[1] == 2 and joint.refused is None

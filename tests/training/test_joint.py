@@ -121,7 +121,8 @@ def test_the_joint_plan_packs_whole_micro_batches_of_runs_within_the_budget(toke
         config = TrainConfig(micro_batch_tokens=budget, max_seq_len=64)
         parts = [JointPart(t, b, config) for t, b in zip(trainers, BATCHES)]
         alone = [t.admit(b.sequences, config) for t, b in zip(trainers, BATCHES)]
-        plan = joint_plan(parts)
+        joint = joint_plan(parts)
+        plan = joint.micro_batches
         for k, part in enumerate(parts):
             rows = sorted(i for mb in plan for run, i in mb if run == k)
             assert rows == list(range(len(part.batch.sequences)))  # every row once
@@ -133,11 +134,10 @@ def test_the_joint_plan_packs_whole_micro_batches_of_runs_within_the_budget(toke
             assert len(mb) * widest <= max(budget, widest)  # a row longer than the budget goes alone
             assert mb == sorted(mb)  # each run's rows together
         assert len(plan) <= sum(len(a) for a in alone)
-        from groupwise.training.joint import packs_enough
-
-        assert packs_enough(parts) == (2 * len(plan) <= sum(len(a) for a in alone))
+        assert joint.own == sum(len(a) for a in alone)
+        assert joint.worth == (2 * len(plan) <= sum(len(a) for a in alone))
         if budget == 4096:
-            assert len(plan) == 1 and packs_enough(parts)  # the three small steps in one pass
+            assert len(plan) == 1 and joint.worth  # the three small steps in one pass
         if budget == 120:
             assert len(plan) < sum(len(a) for a in alone)  # some packed
 

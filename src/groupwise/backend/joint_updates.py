@@ -7,7 +7,7 @@ instead of once per run, and gives each run the update it would get alone.
 
 How a group forms. Each update that can join (`DeviceWorker._may_join`) queues here and waits for the
 lock. The first to get it leads: it takes every queued update with the same shared settings and trains
-them together, where packing their micro-batches at least halves them (`joint.packs_enough`: below that
+them together, where packing their micro-batches at least halves them (`JointPlan.worth`: below that
 the pass measured slower than the runs in turn); the others find their results ready when the lock
 reaches them. Before taking them, the
 leader waits a little for the base's other runs, at most half the time per run of the last pass: the
@@ -26,7 +26,8 @@ from typing import Any
 
 from groupwise.backend.protocol import UpdateCommand
 from groupwise.runtime.memory import release_freed_memory
-from groupwise.training.joint import SHARED_SETTINGS, JointPart, joint_train_step, packs_enough
+from groupwise.runtime.compute import compute_thread
+from groupwise.training.joint import SHARED_SETTINGS, JointPart, joint_plan, joint_train_step
 from groupwise.training.lora_forward import JointLayoutError
 
 __all__ = ["JointUpdates"]
@@ -48,7 +49,7 @@ class JointUpdates:
         self.arrived = asyncio.Event()
         self.passes: collections.Counter[int] = collections.Counter()  # runs in a pass -> passes of that size
         self.refused: str | None = None  # why this base's model cannot join (`JointLayoutError`): all train alone
-        self.worth = packs_enough  # whether a group's pass saves enough micro-batches to be faster (joint.py)
+        self.plan = joint_plan  # a group's pass and whether it is worth it (`JointPlan.worth`, joint.py)
 
     async def update(self, command: UpdateCommand, lock: asyncio.Lock) -> list[dict[str, float]]:
         """`command`'s metrics, trained alone or in a pass with others (`DeviceWorker.update`)."""
@@ -82,7 +83,9 @@ class JointUpdates:
         return future.result()
 
     async def _train_alone(self, group: list[tuple[UpdateCommand, asyncio.Future]]) -> None:
-        """Each update of `group` by itself, in turn (a pass that could not start: `JointLayoutError`)."""
+        """Each update of `group` by itself, in turn (a pass not worth it, or one that could not start:
+        `JointLayoutError`)."""
+        self.passes[1] += len(group)
         for command, f in group:
             try:
                 f.set_result(await self.worker.update_alone(command))
@@ -119,16 +122,18 @@ class JointUpdates:
         worker = self.worker
         replicas = [worker.replicas[c.run] for c, _ in group]
         parts = [JointPart(r.trainer, c.updates[0].batch, c.updates[0].config) for r, (c, _) in zip(replicas, group)]
-        if not self.worth(parts):  # too little packs: the runs in turn are faster
+        # planned (each run's micro-batches priced against the free memory) on the thread that steps the engine
+        plan = await compute_thread().run(self.plan, parts)
+        if not plan.worth:  # too little packs: the runs in turn are faster
             await self._train_alone(group)
-            self.passes[1] += len(group)
             return
         pause = worker.update_pause(replicas[0], [c.updates[0] for c, _ in group])
         t0 = time.monotonic()
         async with pause:
             runs_update, train = worker.update_runner(replicas[0], pause, joint_train_step)
             with worker.update_bar(group[0][0].step) as progress:
-                results = await runs_update.run(train, parts, step=[c.step for c, _ in group], progress=progress)
+                results = await runs_update.run(train, parts, step=[c.step for c, _ in group], plan=plan,
+                                                progress=progress)
         self.per_run_s = (time.monotonic() - t0) / len(group)
         self.passes[len(group)] += 1
         for (_, f), result in zip(group, results):

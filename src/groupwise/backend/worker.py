@@ -304,20 +304,17 @@ class DeviceWorker:
         replica = self.replicas[command.run]
         base = replica.base.base_model
         lock = self._update_locks[base]
-        if not self._may_join(replica, command):
-            async with lock:
-                return await self.update_alone(command)
-        from groupwise.backend.joint_updates import JointUpdates  # torch: loaded where updates run
+        if self._may_join(replica, command):
+            joint = self._joint.get(base)
+            if joint is None:
+                from groupwise.backend.joint_updates import JointUpdates  # torch: loaded where updates run
 
-        joint = self._joint.setdefault(base, JointUpdates(self, base))
-        if joint.refused is not None:  # this model cannot join (JointUpdates.refused says why)
-            async with lock:
-                return await self.update_alone(command)
-        return await joint.update(command, lock)
+                joint = self._joint[base] = JointUpdates(self, base)
+            return await joint.update(command, lock)
+        async with lock:
+            return await self.update_alone(command)
 
     def _may_join(self, replica: Replica, command: UpdateCommand) -> bool:
-        from groupwise.training.joint import JointPart, joint_problem
-
         enabled = self.options.joint_updates
         if enabled is None:  # BackendOptions.joint_updates says why
             enabled = replica.device.type == "cuda"
@@ -325,6 +322,11 @@ class DeviceWorker:
             return False
         if (self.options.engine_kwargs or {}).get("batch_invariant"):
             return False  # a run's numbers would depend on which runs joined its pass
+        joint = self._joint.get(replica.base.base_model)
+        if joint is not None and joint.refused is not None:
+            return False  # this model cannot join (JointUpdates.refused says why)
+        from groupwise.training.joint import JointPart, joint_problem
+
         u = command.updates[0]
         return joint_problem(JointPart(replica.trainer, u.batch, u.config), u.objective, 1) is None
 

@@ -37,7 +37,7 @@ from groupwise.training.tokenize import TokenizedBatch
 from groupwise.training.micro_batches import StepStats, collate, stat_terms
 from groupwise.training.trainer import GRPO, Trainer
 
-__all__ = ["JointPart", "joint_plan", "joint_problem", "joint_train_step", "packs_enough"]
+__all__ = ["JointPart", "JointPlan", "joint_plan", "joint_problem", "joint_train_step"]
 
 # The settings every part of a joint step must share: one micro-batch plan and one forward serve them all.
 SHARED_SETTINGS = ("micro_batch_tokens", "logprob_chunk_size", "gradient_checkpointing")
@@ -50,6 +50,25 @@ class JointPart:
     trainer: Trainer
     batch: TokenizedBatch
     config: TrainConfig
+
+
+@dataclass
+class JointPlan:
+    """A joint pass's micro-batches (`joint_plan`), as (part, sequence index) pairs with each part's rows
+    together, and how many micro-batches the parts' own plans have."""
+
+    micro_batches: list[list[tuple[int, int]]]
+    own: int
+
+    @property
+    def worth(self) -> bool:
+        """Whether the pass is worth it: its micro-batches at most half as many as the runs' own.
+
+        Measured on an H200 (bench/joint_update.py, 4 runs of a 0.5B shape): packing 4 micro-batches into 1
+        or 2 trained 1.55-1.58x faster than the runs in turn, but 8 into 6 was 0.88x and no packing (4 into 4,
+        12 into 12) 0.90-0.96x: the joint forward's splits, concatenations and per-run losses cost more than a
+        few saved base passes. Below half, the runs train alone, in turn, as without joint updates."""
+        return 2 * len(self.micro_batches) <= self.own
 
 
 def joint_problem(part: JointPart, objective: str = GRPO, updates: int = 1) -> str | None:
@@ -82,17 +101,16 @@ def _compatible(parts: list[JointPart]) -> None:
         raise ConfigError("a joint update trains each adapter once", what="joint_train_step parts")
 
 
-def joint_train_step(parts: list[JointPart], *, step: int | list[int],
+def joint_train_step(parts: list[JointPart], *, step: int | list[int], plan: JointPlan | None = None,
                      progress: Callable[[int, int], None] | None = None) -> list[dict[str, float] | BaseException]:
     """One GRPO update of each part's adapter, from one forward and backward over every part's sequences
     (module doc). Returns each part's metrics (`Trainer.step_metrics`, with ``joint_runs``), or the error
     that failed that part alone (a non-finite loss or gradient). An error of the pass itself (memory, an
     exception in the model) is raised, with no adapter changed. `step`: the step number of each part (one
-    for all)."""
+    for all); `plan`: `joint_plan(parts)`, when the caller made it already."""
     _compatible(parts)
     steps = step if isinstance(step, list) else [step] * len(parts)
     t0 = time.perf_counter()
-    leader = parts[0].trainer
     begun: list[tuple[list[torch.nn.Parameter], torch.optim.Optimizer]] = []
     try:
         for p in parts:
@@ -100,35 +118,34 @@ def joint_train_step(parts: list[JointPart], *, step: int | list[int],
         for params, _ in begun:  # peft freezes every adapter but the active one: all of these train
             for q in params:
                 q.requires_grad_(True)
-        sums, plan = _forward_backward(parts, leader, progress)
-        results: list[dict[str, float] | BaseException] = []
-        elapsed = time.perf_counter() - t0
-        for k, p in enumerate(parts):
-            params, optimizer = begun[k]
-            stats = StepStats(*sums[k])
-            totals = (p.batch.trainable_tokens, len(p.batch.sequences))
+        if plan is None:
+            plan = joint_plan(parts)
+        sums = _forward_backward(parts, plan.micro_batches, progress)
+        stats = [StepStats(*s) for s in sums]
+        norms: list[float | BaseException] = []
+        for p, (params, optimizer), st, k_step in zip(parts, begun, stats, steps):
             try:
-                grad_norm = p.trainer.apply_gradient(params, optimizer, stats, p.config, step=steps[k])
+                norms.append(p.trainer.apply_gradient(params, optimizer, st, p.config, step=k_step))
             except Exception as exc:  # noqa: BLE001 - this run's failure is its own; the others go on
-                results.append(exc)
+                norms.append(exc)
+        elapsed = time.perf_counter() - t0  # the pass's time: each run waited for all of it
+        results: list[dict[str, float] | BaseException] = []
+        for k, (p, st, norm) in enumerate(zip(parts, stats, norms)):
+            if isinstance(norm, BaseException):
+                results.append(norm)
                 continue
-            own_plan = [[i for run, i in mb if run == k] for mb in plan]  # its rows of each micro-batch
-            metrics = p.trainer.step_metrics(stats, grad_norm, p.batch, p.config, GRPO,
-                                             [mb for mb in own_plan if mb], totals, elapsed)
+            own_plan = [[i for run, i in mb if run == k] for mb in plan.micro_batches]  # its rows of each
+            metrics = p.trainer.step_metrics(st, norm, p.batch, p.config, GRPO, [mb for mb in own_plan if mb],
+                                             (p.batch.trainable_tokens, len(p.batch.sequences)), elapsed)
             results.append({**metrics, "joint_runs": float(len(parts))})
-        elapsed = time.perf_counter() - t0
-        for r in results:
-            if isinstance(r, dict):
-                r["update_time"] = elapsed  # the pass's time: each run waited for all of it
-                r["trainable_tokens_per_s"] = r["trainable_tokens"] / elapsed if elapsed > 0 else 0.0
         return results
     finally:
-        for k, (_, optimizer) in enumerate(begun):
-            parts[k].trainer.end_update(optimizer)
+        for p, (_, optimizer) in zip(parts, begun):
+            p.trainer.end_update(optimizer)
 
 
-def joint_plan(parts: list[JointPart]) -> list[list[tuple[int, int]]]:
-    """The joint pass's micro-batches, as (part, sequence index) pairs, each part's rows together.
+def joint_plan(parts: list[JointPart]) -> JointPlan:
+    """The joint pass's micro-batches, and how many the parts' own plans have (`JointPlan`).
 
     Each run's own micro-batches come first (`Trainer.admit`: its token budget, priced against the free
     memory), kept whole; whole micro-batches of several runs are then packed into one wherever the packed
@@ -137,7 +154,7 @@ def joint_plan(parts: list[JointPart]) -> list[list[tuple[int, int]]]:
     layers run once per packed micro-batch instead of once per run's, and no micro-batch is larger than
     one the runs would train alone. Where every run's step fills its micro-batches, nothing packs and the
     pass is the runs' own micro-batches in turn."""
-    units = []  # (width, part, indices)
+    units = []  # (width, part, indices): each part's own micro-batches
     budget = None
     for k, p in enumerate(parts):
         seqs = p.batch.sequences
@@ -155,26 +172,14 @@ def joint_plan(parts: list[JointPart]) -> list[list[tuple[int, int]]]:
                 break
         else:
             packed.append((width, rows))
-    return [sorted(rows) for _, rows in packed]
+    return JointPlan([sorted(rows) for _, rows in packed], own=len(units))
 
 
-def packs_enough(parts: list[JointPart]) -> bool:
-    """Whether the joint pass is worth it: its packed micro-batches at most half as many as the runs' own.
-
-    Measured on an H200 (bench/joint_update.py, 4 runs of a 0.5B shape): packing 4 micro-batches into 1 or
-    2 trained 1.55-1.58x faster than the runs in turn, but 8 into 6 was 0.88x and no packing (4 into 4, 12
-    into 12) 0.90-0.96x: the joint forward's splits, concatenations and per-run losses cost more than a few
-    saved base passes. Below half, the runs train alone, in turn, as without joint updates."""
-    own = sum(len(p.trainer.admit(p.batch.sequences, p.config)) for p in parts if p.batch.sequences)
-    return 2 * len(joint_plan(parts)) <= own
-
-
-def _forward_backward(parts: list[JointPart], leader: Trainer, progress: Callable[[int, int], None] | None,
-                      ) -> tuple[list[list[float]], list[list[tuple[int, int]]]]:
-    """Accumulate every part's gradient; returns each part's `StepStats` sums and the micro-batches as
-    (part, sequence index) pairs, each part's rows together."""
+def _forward_backward(parts: list[JointPart], plan: list[list[tuple[int, int]]],
+                      progress: Callable[[int, int], None] | None) -> list[list[float]]:
+    """Accumulate every part's gradient over the micro-batches `plan`; returns each part's `StepStats` sums."""
+    leader = parts[0].trainer
     config = parts[0].config
-    plan = joint_plan(parts)
     widths = [len(mb) * max(len(parts[k].batch.sequences[i]) for k, i in mb) for mb in plan]
     totals = [(p.batch.trainable_tokens, len(p.batch.sequences)) for p in parts]
     sums: list[list[torch.Tensor]] = [[] for _ in parts]
@@ -204,4 +209,4 @@ def _forward_backward(parts: list[JointPart], leader: Trainer, progress: Callabl
             if progress is not None:
                 progress(sum(widths[:m + 1]), sum(widths))
     fields = len(StepStats.__dataclass_fields__)
-    return [torch.stack(s).sum(0).tolist() if s else [0.0] * fields for s in sums], plan
+    return [torch.stack(s).sum(0).tolist() if s else [0.0] * fields for s in sums]

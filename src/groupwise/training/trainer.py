@@ -266,7 +266,7 @@ class Trainer:
         compiled decoder layers (training/lora_forward.py says why); with `joint`, LoRA layers that run
         each row through its own run's adapter (training/joint.py)."""
         half = self._base_dtype in (torch.bfloat16, torch.float16) and self.device.type in ("cuda", "cpu")
-        return TrainingForward(self._modules()[1], self.device.type, self._base_dtype if half else None,
+        return TrainingForward(self.tuner_layers(), self.device.type, self._base_dtype if half else None,
                                [] if joint is not None else self._layer_forwards(config), self._adapter_forwards,
                                joint=joint)
 
