@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from live_bytes import LiveTensorBytes
 
-from groupwise.config import TrainConfig
+from groupwise.config import TrainConfig, micro_batch_tokens_for
 from groupwise.errors import GroupwiseError, MemoryBudgetError
 from groupwise.training import step_memory
 from groupwise.training.tokenize import TokenizedBatch, TokenizedSequence
@@ -46,14 +46,14 @@ def _shape(**overrides) -> step_memory.ModelShape:
     return step_memory.ModelShape(**{**base, **overrides})
 
 
-def _need(trainer: Trainer, batch: TokenizedBatch, budget: int) -> int:
+def _need(trainer: Trainer, batch: TokenizedBatch, budget: int, device: str = "cpu") -> int:
     """What admission compares with the free memory for `batch` planned at `budget` tokens."""
     shape = step_memory.ModelShape.of(trainer.model, trainer.adapter_name)
     lengths = [len(s) for s in batch.sequences]
     trained = [sum(s.mask[1:]) for s in batch.sequences]
     plan, peak, _ = step_memory.admit_micro_batches(
         shape, lengths, trained, token_budget=budget, chunk_size=1024, checkpointing=False, kl=False,
-        free_bytes=None, optimizer_state_held=False, plan_fn=plan_micro_batches, device="cpu")
+        free_bytes=None, optimizer_state_held=False, plan_fn=plan_micro_batches, device=device)
     return peak.step_bytes - shape.adapter_param_bytes
 
 
@@ -76,6 +76,25 @@ def test_a_step_that_does_not_fit_is_split_until_it_does(tokenizer, monkeypatch)
     monkeypatch.setattr(step_memory, "device_free_bytes", lambda device: whole * 4)
     metrics = trainer.train_step(batch, TrainConfig(micro_batch_tokens=10_000, max_seq_len=64), step=1)
     assert metrics["micro_batches"] == 1 and metrics["memory/micro_batch_tokens"] == 10_000
+
+
+def test_the_default_budget_is_the_devices(tokenizer, monkeypatch):
+    """`micro_batch_tokens=None` (the default) plans at the device's budget: 4096 tokens on the CPU, 16384 on a
+    GPU, where fewer launches make a small model's update faster; a budget the caller set is kept as set."""
+    assert TrainConfig().micro_batch_tokens is None
+    assert micro_batch_tokens_for(None, "cpu") == 4096 and micro_batch_tokens_for(None, "cuda") == 16384
+    assert micro_batch_tokens_for(None, "mps") == 16384 and micro_batch_tokens_for(777, "cuda") == 777
+    trainer = Trainer(lora_model(tokenizer))
+    monkeypatch.setattr(step_memory, "device_free_bytes", lambda device: None)
+    wide = _batch(lengths=(60,) * 200)  # 12,000 padded tokens: 3 micro-batches of 4096, one of 16384
+    assert len(trainer.admit(wide.sequences, TrainConfig())) == 3 and trainer.last_token_budget == 4096
+    trainer.device = torch.device("cuda")  # priced as a GPU's step; nothing is allocated by admit
+    assert len(trainer.admit(wide.sequences, TrainConfig())) == 1 and trainer.last_token_budget == 16384
+    assert len(trainer.admit(wide.sequences, TrainConfig(micro_batch_tokens=6000))) == 2
+    # the GPU's budget is halved like any other when the step does not fit the free memory
+    free = _need(trainer, wide, 8192, "cuda") + 1
+    monkeypatch.setattr(step_memory, "device_free_bytes", lambda device: free)
+    assert len(trainer.admit(wide.sequences, TrainConfig())) == 2 and trainer.last_token_budget == 8192
 
 
 def test_a_step_that_fits_at_no_split_is_refused_before_it_runs(tokenizer, monkeypatch):

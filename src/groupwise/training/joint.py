@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from groupwise.config import TrainConfig
+from groupwise.config import TrainConfig, micro_batch_tokens_for
 from groupwise.errors import ConfigError
 from groupwise.training.lora_forward import JointAdapters
 from groupwise.training.logprobs import token_logprobs
@@ -160,7 +160,7 @@ def joint_plan(parts: list[JointPart]) -> JointPlan:
         seqs = p.batch.sequences
         for mb in (p.trainer.admit(seqs, p.config) if seqs else []):
             units.append((max(len(seqs[i]) for i in mb), k, mb))
-        admitted = p.trainer.last_token_budget or p.config.micro_batch_tokens
+        admitted = p.trainer.last_token_budget or micro_batch_tokens_for(p.config.micro_batch_tokens, p.trainer.device.type)
         budget = admitted if budget is None else min(budget, admitted)
     units.sort(key=lambda u: (-u[0], u[1]))
     packed: list[tuple[int, list[tuple[int, int]]]] = []  # (width, rows)

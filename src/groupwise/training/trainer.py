@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from groupwise.config import TrainConfig
+from groupwise.config import TrainConfig, micro_batch_tokens_for
 from groupwise.errors import CheckpointMismatchError, ConfigError, GroupwiseError
 from groupwise.runtime.module_walk import ModuleWalk, set_training
 from groupwise.training.adapters import TRAIN_ADAPTER, AdapterState, adapter_parameters, modules_of, set_active_adapter
@@ -106,7 +106,7 @@ class Trainer:
         trained = [max(0, sum(1 for m in s.mask[1:] if m)) for s in seqs]
         held = bool(self.optimizer is not None and self.optimizer.state)
         plan, peak, budget = step_memory.admit_micro_batches(
-            self._shape, lengths, trained, token_budget=config.micro_batch_tokens,
+            self._shape, lengths, trained, token_budget=micro_batch_tokens_for(config.micro_batch_tokens, self.device.type),
             chunk_size=config.logprob_chunk_size, checkpointing=config.gradient_checkpointing,
             kl=objective == GRPO and config.kl_coef > 0, free_bytes=step_memory.device_free_bytes(self.device),
             optimizer_state_held=held, plan_fn=plan_micro_batches, device=self.device.type,
