@@ -54,7 +54,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from train_step import build_model
 
-    from groupwise.config import LoraConfig, TrainConfig
+    from groupwise.config import LoraConfig, TrainConfig, micro_batch_tokens_for
     from groupwise.training.adapters import add_lora_adapter, wrap_with_lora
     from groupwise.training.finite import restore, snapshot
     from groupwise.training.joint import JointPart, joint_plan, joint_problem, joint_train_step
@@ -67,7 +67,7 @@ def main() -> None:
     p.add_argument("--rows", default="8,16,64", help="rows (sequences) of each run's step; a comma list: a line each")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--completion-len", type=int, default=128)
-    p.add_argument("--micro-batch-tokens", type=int, default=TrainConfig().micro_batch_tokens)
+    p.add_argument("--micro-batch-tokens", type=int, default=None, help="default: TrainConfig's, the device's budget")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     args = p.parse_args()
@@ -129,7 +129,7 @@ def main() -> None:
 
     card = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
     print(f"{args.runs} runs, {args.arch}, {card}, ~{args.prompt_len}+{args.completion_len} tokens a sequence, "
-          f"micro-batches of {args.micro_batch_tokens} tokens; whole updates (optimizer steps included), "
+          f"micro-batches of {micro_batch_tokens_for(args.micro_batch_tokens, torch.device(args.device).type)} tokens; whole updates (optimizer steps included), "
           f"median of {args.steps}")
     print("| rows a run | tokens | alone s | joint s | alone / joint | micro-batches alone / joint "
           "| largest adapter difference |")
