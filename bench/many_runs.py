@@ -181,7 +181,7 @@ def _backend(args: Any, path: str) -> Any:
     where = {"devices": [args.device]} if args.processes else {"device": args.device}
     return gw.LocalBackend(path=path, **where, engine_process=args.engine_process, dtype=args.dtype, best_checkpoint_metric=None,
                            served_steps=1, serve_http=False, verify_adapter=not args.no_verify, max_batch_size=runs * args.prompts * args.group_size,
-                           joint_updates=not args.no_joint_updates,
+                           joint_updates=args.joint_updates,
                            lora=gw.LoraConfig(rank=args.rank, alpha=2 * args.rank),
                            load_model=load_model if random_arch else None,
                            engine_kwargs={"release_when_idle": KV_CHOICES[args.kv],
@@ -377,8 +377,8 @@ def main() -> int:
                    "writing trajectories) stays in this process; peak memory is then not measured")
     p.add_argument("--engine-process", default="in_process",
                    help="in_process, separate or a comma list of both (LocalBackend(engine_process=); module doc)")
-    p.add_argument("--no-joint-updates", action="store_true", help="the runs' updates train one after another even "
-                   "when they wait at once (BackendOptions(joint_updates=False)): the baseline of joint updates")
+    p.add_argument("--joint-updates", action="store_true", help="the runs' updates that wait at once train in one "
+                   "pass (BackendOptions(joint_updates=True)); without it they take turns, the default")
     p.add_argument("--no-fuse", action="store_true", help="capture the decode graphs unfused (Engine(fuse_decode=False)): the baseline of the fusion")
     p.add_argument("--compile", action="store_true", help="TrainConfig(compile=True): the updates' decoder layers "
                    "compiled (the runs' first, warm-up step compiles)")

@@ -15,6 +15,7 @@ NOTES = {
     ".ci/run": "CI: fresh venv, then exactly the README's test command (pytest; 'no tests' fails too)",
     ".gitignore": "ignored: venvs, caches, run stores",
     "README.md": "the front door: what groupwise is, the two commands, an example, results",
+    "bench/data/joint_updates_sweep_h200.json": "an H200, 2026-12-05: the joint update alone at 65,536 tokens, the 4-run sweep bench at 16 rollouts a step with joint updates and in turn, and the train job's sweep with a process per run or one",
     "bench/data/many_runs_joined_h200.json": "bench/many_runs.py on H200s, 4 and 8 runs: a driver process per run on one shared worker (joined) against one driver (together) and in sequence, six calls on two machines",
     "bench/data/many_runs_decode_during_updates_h200.json": "bench/many_runs.py on H200s, 4 runs with the separate core: free-running with the engine decoding during updates or paused, lockstep, and in sequence, three calls",
     "bench/data/many_runs_host_copies_h200.json": "bench/many_runs.py and bench/train_parts.py on H200s, 4 runs: a checkpoint's copies to the CPU and the served adapter's check in bulk against the code before, three calls",

@@ -13,16 +13,18 @@ from backend_helpers import sample_groups
 from safetensors.torch import load_file
 
 import groupwise as gw
+from groupwise.errors import ConfigError
 
 RUNS = 3
 STEPS = 3
 
 
-async def _train(tiny_model_dir: str, path: Path, *, joint: bool, groups_by_step=None, engine_process="in_process"):
+async def _train(tiny_model_dir: str, path: Path, *, joint: bool | None, groups_by_step=None, engine_process="in_process"):
     """Three runs of one base on one LocalBackend, each step's updates sent at once (as a lockstep sweep's
     runs do). Returns (each step's rollout groups per run, each run's final adapter, each step's joint_runs
-    per run, the worker's passes)."""
-    backend = gw.LocalBackend(path=str(path), device="cpu", joint_updates=joint, engine_process=engine_process)
+    per run, the worker's passes). `joint` None leaves joint_updates at its default."""
+    chosen = {} if joint is None else {"joint_updates": joint}
+    backend = gw.LocalBackend(path=str(path), device="cpu", engine_process=engine_process, **chosen)
     models = [gw.TrainableModel(f"run{k}", project="joint", base_model=tiny_model_dir) for k in range(RUNS)]
     configs = [gw.TrainConfig(learning_rate=1e-2 * (k + 1), seed=k) for k in range(RUNS)]
     sampled, joined = [], []
@@ -158,10 +160,13 @@ async def test_a_failed_pass_fails_every_run_in_it_and_the_next_pass_runs():
 
 
 @pytest.mark.asyncio
-async def test_on_the_cpu_updates_train_alone_by_default(tiny_model_dir, tmp_path):
-    """`joint_updates=None` (the default) joins updates on CUDA only: on the CPU the packed pass measured slower."""
-    assert gw.BackendOptions().joint_updates is None
-    _, _, joined = await _train(tiny_model_dir, tmp_path, joint=None)
+async def test_updates_train_alone_by_default(tiny_model_dir, tmp_path):
+    """Joint updates are asked for (`joint_updates=True`): by default every update trains alone (the option's
+    help says why), and a value other than True or False is refused."""
+    assert gw.BackendOptions().joint_updates is False
+    with pytest.raises(ConfigError, match="joint_updates=None must be True or False"):
+        gw.BackendOptions(joint_updates=None)
+    _, _, joined = await _train(tiny_model_dir, tmp_path, joint=None)  # the default
     assert all(j == [1.0] * RUNS for j in joined), joined
 
 

@@ -94,7 +94,7 @@ def test_a_process_per_run_trains_what_one_process_does_on_one_worker_and_outliv
             assert sampled(each, split, step), (name, split)
 
 
-def test_how_a_sweep_drives_its_runs_is_checked_and_auto_is_a_process_per_run_only_on_cuda(tmp_path, monkeypatch):
+def test_how_a_sweep_drives_its_runs_is_checked_and_auto_is_a_process_per_run_only_on_cuda_with_big_steps(tmp_path, monkeypatch):
     import torch
 
     from groupwise.jobs.train_sweep import run_processes_for
@@ -106,16 +106,22 @@ def test_how_a_sweep_drives_its_runs_is_checked_and_auto_is_a_process_per_run_on
     assert run_processes_for(TrainJob("2048", seeds=[0, 1], device="cpu")) == "one"
     assert run_processes_for(TrainJob("2048", seeds=[0, 1], device="cpu", run_processes="each")) == "each"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # nothing is started
-    assert run_processes_for(TrainJob("2048", seeds=[0, 1], device="cuda")) == "each"
+    # the 2048 preset's steps (3 x 8 rollouts) are too small for a process per run to pay; 8 x 8 are not
+    assert run_processes_for(TrainJob("2048", seeds=[0, 1], device="cuda")) == "one"
+    assert run_processes_for(TrainJob("2048", seeds=[0, 1], device="cuda", groups_per_step=8)) == "each"
+    assert run_processes_for(TrainJob("2048", seeds=[0, 1], device="cuda", groups_per_step=7)) == "one"
+    assert run_processes_for(TrainJob("2048", seeds=[0, 1], device="cuda", rollouts_per_group=16, groups_per_step=4)) == "each"
     assert run_processes_for(TrainJob("2048", seeds=[0, 1], device="cuda", run_processes="one")) == "one"
     # a local judge of another model is served by the process that asks: one copy in one process, not one per run
     judged = TrainJob("titles", seeds=[0, 1], device="cuda", judge=["local/qwen2.5-0.5b"])
     assert run_processes_for(judged) == "one"
-    assert run_processes_for(TrainJob("titles", seeds=[0, 1], device="cuda", judge=["local/smollm2-135m"])) == "each"
+    assert run_processes_for(TrainJob("titles", seeds=[0, 1], device="cuda", judge=["local/smollm2-135m"],
+                                      groups_per_step=16)) == "each"
     with pytest.raises(ConfigError, match="would load the judge local/qwen2.5-0.5b once in each run's process"):
         TrainJob("titles", seeds=[0, 1], device="cuda", judge=["local/qwen2.5-0.5b"], run_processes="each")
     # an in-process engine keeps every run's requests in this process: auto keeps the runs here too
-    assert run_processes_for(TrainJob("2048", seeds=[0, 1], device="cuda", engine_process="in_process")) == "one"
+    assert run_processes_for(TrainJob("2048", seeds=[0, 1], device="cuda", engine_process="in_process",
+                                      groups_per_step=8)) == "one"
     from groupwise.jobs.train_setup import job_backend
 
     job = TrainJob("2048", seeds=[0, 1], device="cpu", run_processes="each", path=str(tmp_path))

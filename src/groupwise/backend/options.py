@@ -56,14 +56,16 @@ class BackendOptions(Validated):
         600.0, help="With several workers: how long a rank waits in a collective (the gradient all-reduce) "
         "for a rank that stopped before raising, and how long the driver waits for a silent worker; a "
         "worker that dies is reported at once.")
-    joint_updates: bool | None = option(
-        None, help="Runs of one base on one device whose updates wait at the same time train in one forward and "
+    joint_updates: bool = option(
+        False, help="Runs of one base on one device whose updates wait at the same time train in one forward and "
         "backward: each run's own micro-batches, packed together where they fit one micro_batch_tokens budget, "
         "each row through its own run's adapter, each run's own loss and optimizer step (the update each would "
-        "get alone, to float rounding; training/joint.py), where packing at least halves the micro-batches (4 runs on "
-        "an H200: 1.55-1.58x). None: on CUDA, where an update is bound by launching kernels; off on the CPU, where "
-        "the packed pass measured slower (docs/benchmarks.md). Off under the "
-        "engine's batch_invariant mode, and for updates that cannot join (a KL anchor, a teacher, SFT, several "
+        "get alone, to float rounding; training/joint.py), where packing at least halves the micro-batches. Off by "
+        "default: on an H200 the pass trained 4 runs' updates 1.39-1.58x faster than in turn, but a lockstep "
+        "sweep's train phase did not shorten (the runs' publications, which overlap the next run's update when "
+        "they take turns, then queue behind the pass) and its peak memory rose 2.3x (one micro-batch holds every "
+        "run's rows); on the CPU the pass measured slower (docs/benchmarks.md). Never under the engine's "
+        "batch_invariant mode, nor for updates that cannot join (a KL anchor, a teacher, SFT, several "
         "iterations, compiled layers, LoRA dropout).")
     train_workers: int | None = option(
         None, help="Placement over several workers (devices): the first `train_workers` workers only train "
@@ -84,8 +86,8 @@ class BackendOptions(Validated):
         check_positive(p, "max_batch_size", self.max_batch_size, integer=True)
         check_positive(p, "served_steps", self.served_steps, integer=True)
         check_positive(p, "collective_timeout_s", self.collective_timeout_s)
-        if self.joint_updates not in (None, True, False):
-            p.append(f"joint_updates={self.joint_updates!r} must be True, False or None (on CUDA only)")
+        if not isinstance(self.joint_updates, bool):
+            p.append(f"joint_updates={self.joint_updates!r} must be True or False")
         if self.memory_budget_gb is not None:
             check_positive(p, "memory_budget_gb", self.memory_budget_gb)
         if self.train_workers is not None:

@@ -97,7 +97,7 @@ class WorkerOptions:
     verify_adapter: bool
     load_model: Any  # (name, device=, dtype=) -> (model, tokenizer); None: groupwise.runtime.loading.load_base_model
     memory_budget_gb: float | None  # each base's budget on the device; None: estimated (backend/budget.py)
-    joint_updates: bool | None  # concurrent updates of one base train in one pass (backend/joint_updates.py)
+    joint_updates: bool  # concurrent updates of one base train in one pass (backend/joint_updates.py)
     train_workers: int | None = None  # ranks below it only train, the others only generate; None: all do both
     serve_http: bool = False  # serve each replica's app over HTTP (a worker outside the driver's process)
     http_host: str = LOOPBACK  # the address its servers listen on
@@ -315,10 +315,7 @@ class DeviceWorker:
             return await self.update_alone(command)
 
     def _may_join(self, replica: Replica, command: UpdateCommand) -> bool:
-        enabled = self.options.joint_updates
-        if enabled is None:  # BackendOptions.joint_updates says why
-            enabled = replica.device.type == "cuda"
-        if not (enabled and self.trains and self.train_world == 1 and len(command.updates) == 1):
+        if not (self.options.joint_updates and self.trains and self.train_world == 1 and len(command.updates) == 1):
             return False
         if (self.options.engine_kwargs or {}).get("batch_invariant"):
             return False  # a run's numbers would depend on which runs joined its pass

@@ -258,7 +258,8 @@ class TrainJob(Job):
         "drives every run), or 'each' (a process per run, all on this process's worker, which holds the one copy of "
         "the model, the engine and the trainer: their requests, answers and trajectory writes no longer take turns "
         "under one GIL; the engine in a core process of its own); 'auto': 'each' where the engine is separate on "
-        "CUDA (four runs 2.0-2.2x the runs in sequence on an H200, against 1.8x from one process), 'one' otherwise")
+        "CUDA and a run's step has 64 rollouts or more (four runs 2.0-2.2x the runs in sequence on an H200, against "
+        "1.8x from one process), 'one' otherwise (smaller steps gained nothing from the processes)")
 
     def rules(self) -> list[str]:
         found = []

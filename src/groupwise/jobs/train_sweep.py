@@ -26,14 +26,18 @@ __all__ = ["DEFAULT_RUN_PROCESSES", "RunProcesses", "own_judge_copies", "run_pro
 
 RunProcesses = Literal["auto", "one", "each"]  # `groupwise train --run-processes`: run_processes_for
 DEFAULT_RUN_PROCESSES = "auto"
+EACH_MIN_ROLLOUTS = 64  # rollouts a run's step from which "auto" gives each run a process (run_processes_for)
 
 
 def run_processes_for(job: Any) -> str:
     """How `job`'s sweep drives its runs: "each" (a process per run on one shared worker) or "one" (every run
-    from this process). "auto" is "each" where the engine is a core process of its own on CUDA (four runs
-    trained 1.97-2.16x the tokens/s of the runs in sequence on an H200, against 1.82x from one process;
-    eight 2.83-3.04x against 2.47x: docs/benchmarks.md), "one" otherwise (the CPU, an in-process engine, or a
-    local judge of another model: `own_judge_copies`)."""
+    from this process). "auto" is "each" where the engine is a core process of its own on CUDA and each run's
+    step has at least `EACH_MIN_ROLLOUTS` rollouts, "one" otherwise (the CPU, an in-process engine, a local
+    judge of another model: `own_judge_copies`, or small steps). On an H200 four runs of 64 chat rollouts a
+    step trained 1.97-2.16x the tokens/s of the runs in sequence with a process each, against 1.82x from one
+    process (eight: 2.83-3.04x against 2.47x); the 2048 preset's 24 short rollouts a step trained its four
+    runs in 109 s with a process each and 99 s from one, and held 2.4x the host memory (docs/benchmarks.md):
+    where a step's requests are few, one GIL does not hold the runs back and the processes only cost."""
     if job.run_processes != "auto":
         return job.run_processes
     if own_judge_copies(job):
@@ -43,7 +47,9 @@ def run_processes_for(job: Any) -> str:
 
     device_type = resolve_device(job.device).type
     engine = engine_process_for(job.engine_process, runs=len(job.runs()), device_type=device_type)
-    return "each" if engine == "separate" and device_type == "cuda" else "one"
+    preset = job.preset()
+    big_steps = preset.groups_per_step * preset.rollouts_per_group >= EACH_MIN_ROLLOUTS
+    return "each" if engine == "separate" and device_type == "cuda" and big_steps else "one"
 
 
 def own_judge_copies(job: Any) -> bool:
@@ -71,7 +77,8 @@ async def sweep(job: Any) -> dict[str, Any]:
     if processes == "each":
         print("[groupwise train] the engine and trainer run in a core process of their own, each run's driver in a "
               "process of its own" + ("" if job.run_processes == "each" else
-                                      " (--run-processes auto on CUDA; 'one' drives every run from this process)"))
+                                      " (--run-processes auto on CUDA with steps of 64 rollouts or more; 'one' drives every run from "
+                                      "this process)"))
     elif backend.engine_process == "separate":
         print("[groupwise train] the engine and trainer run in a core process of their own, the runs' requests in this one"
               + ("" if job.engine_process == "separate" else " (--engine-process auto on CUDA; 'in_process' keeps them here)"))
