@@ -44,11 +44,13 @@ def frontends_problem(value: object) -> str | None:
 
 
 # Padded tokens of one micro-batch, of a GRPO step and of an SFT update, where the config leaves it to the device
-# (`micro_batch_tokens=None`): on a GPU a small model's update is bound by launching kernels, so fewer, larger
+# (`micro_batch_tokens=None`): on CUDA a small model's update is bound by launching kernels, so fewer, larger
 # micro-batches train faster (an H200, 0.5B: 64 rows of ~160 tokens 2.3x faster at 16,384 than at 4,096 tokens;
-# docs/benchmarks.md); on the CPU the work per token is the same at any size and memory is what is short. Either
-# budget is halved until the step's priced peak fits the device's free memory (training/step_memory.py).
-MICRO_BATCH_TOKENS_BY_DEVICE = {"cpu": 4096, "accelerator": 16384}
+# docs/benchmarks.md), and the budget is halved until the step's priced peak fits the free memory
+# (training/step_memory.py). Elsewhere 4,096: on the CPU the work per token is the same at any size and memory is
+# what is short, and on other devices (MPS) the free memory cannot be read, so nothing would halve a budget too large.
+MICRO_BATCH_TOKENS_BY_DEVICE = {"cuda": 16384}
+MICRO_BATCH_TOKENS_ELSEWHERE = 4096
 CPU_MICRO_BATCH_TOKENS = 512  # the CPU job's micro-batch (jobs/train_setup.py says why), which budget.py counts on
 DEFAULT_MAX_GRAD_NORM = 1.0  # the global gradient norm an update is clipped to, GRPO and SFT alike
 DISTILL_ESTIMATES = ("sampled", "topk")  # TrainConfig.distill_estimate: how the reverse KL to a teacher is estimated
@@ -63,7 +65,7 @@ def micro_batch_tokens_for(setting: int | None, device_type: str) -> int:
     where it is None the device's default (`MICRO_BATCH_TOKENS_BY_DEVICE`)."""
     if setting is not None:
         return setting
-    return MICRO_BATCH_TOKENS_BY_DEVICE["cpu" if device_type == "cpu" else "accelerator"]
+    return MICRO_BATCH_TOKENS_BY_DEVICE.get(device_type, MICRO_BATCH_TOKENS_ELSEWHERE)
 
 
 # Judge evaluation (`groupwise judge eval`, `gw.judge.evaluate_judges`, `select_judge`): here, not in
@@ -134,7 +136,7 @@ class UpdateSettings(Validated):
     learning_rate: float = option(1e-5, help="AdamW learning rate of the LoRA parameters.")
     max_grad_norm: float = option(DEFAULT_MAX_GRAD_NORM, help="Clip the global gradient norm of each update to this value (0 disables clipping).")
     weight_decay: float = option(0.0, help="AdamW weight decay.")
-    micro_batch_tokens: int | None = option(None, help="Token budget of one micro-batch (padded tokens); an update accumulates gradients over its micro-batches. None: by the device, 4096 on the CPU and 16384 on a GPU (halved until the step fits the free memory).")
+    micro_batch_tokens: int | None = option(None, help="Token budget of one micro-batch (padded tokens); an update accumulates gradients over its micro-batches. None: by the device, 16384 on CUDA (halved until the step fits the free memory) and 4096 elsewhere.")
     max_seq_len: int = option(2048, help="Sequences longer than this many tokens are dropped from the update (counted in the metrics).")
     logprob_chunk_size: int = option(DEFAULT_LOGPROB_CHUNK_SIZE, help="Positions per chunk when computing log-softmax, so a 150k vocabulary does not hold [T, V] at once.")
     gradient_checkpointing: bool = option(False, help="Recompute each decoder layer in the backward instead of storing its activations: about 1/3 more compute, far less memory (long sequences, long tool-using transcripts, big micro-batches).")
