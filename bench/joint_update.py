@@ -128,8 +128,9 @@ def main() -> None:
         return {k: statistics.median(v) for k, v in times.items()}, rel, plan.own, len(plan.micro_batches)
 
     card = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
+    budget = micro_batch_tokens_for(args.micro_batch_tokens, torch.device(args.device).type)
     print(f"{args.runs} runs, {args.arch}, {card}, ~{args.prompt_len}+{args.completion_len} tokens a sequence, "
-          f"micro-batches of {micro_batch_tokens_for(args.micro_batch_tokens, torch.device(args.device).type)} tokens; whole updates (optimizer steps included), "
+          f"micro-batches of {budget} tokens; whole updates (optimizer steps included), "
           f"median of {args.steps}")
     print("| rows a run | tokens | alone s | joint s | alone / joint | micro-batches alone / joint "
           "| largest adapter difference |")

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from groupwise.config import TrainConfig, micro_batch_tokens_for
+from groupwise.config import TrainConfig
 from groupwise.errors import ConfigError
 from groupwise.training.lora_forward import JointAdapters
 from groupwise.training.logprobs import token_logprobs
@@ -155,13 +155,15 @@ def joint_plan(parts: list[JointPart]) -> JointPlan:
     one the runs would train alone. Where every run's step fills its micro-batches, nothing packs and the
     pass is the runs' own micro-batches in turn."""
     units = []  # (width, part, indices): each part's own micro-batches
-    budget = None
+    budgets = []  # each admitted part's token budget (`Trainer.admit` sets it); a part with no rows has none
     for k, p in enumerate(parts):
         seqs = p.batch.sequences
-        for mb in (p.trainer.admit(seqs, p.config) if seqs else []):
+        if not seqs:
+            continue
+        for mb in p.trainer.admit(seqs, p.config):
             units.append((max(len(seqs[i]) for i in mb), k, mb))
-        admitted = p.trainer.last_token_budget or micro_batch_tokens_for(p.config.micro_batch_tokens, p.trainer.device.type)
-        budget = admitted if budget is None else min(budget, admitted)
+        budgets.append(p.trainer.last_token_budget)
+    budget = min(budgets, default=0)
     units.sort(key=lambda u: (-u[0], u[1]))
     packed: list[tuple[int, list[tuple[int, int]]]] = []  # (width, rows)
     for width, k, mb in units:  # first fit, widest first: a packed batch's width is its first unit's
