@@ -39,7 +39,7 @@ from groupwise.jobs.fields import Command, Job, arg
 from groupwise.jobs.sft import SFT_EPOCHS, SFT_LEARNING_RATE, SFT_RATE_WHY, warm_start_fields, warm_started
 from groupwise.jobs.train_setup import (job_backend, judge_target, loop_config, peak_rss_gb, score_group_of,
                                         show_progress, with_ci)
-from groupwise.jobs.train_sweep import DEFAULT_RUN_PROCESSES, RunProcesses, own_judge_copies
+from groupwise.jobs.train_sweep import DEFAULT_RUN_PROCESSES, EACH_MIN_ROLLOUTS, RunProcesses, own_judge_copies
 
 if TYPE_CHECKING:
     from groupwise.envs import EnvSpec
@@ -258,7 +258,7 @@ class TrainJob(Job):
         "drives every run), or 'each' (a process per run, all on this process's worker, which holds the one copy of "
         "the model, the engine and the trainer: their requests, answers and trajectory writes no longer take turns "
         "under one GIL; the engine in a core process of its own); 'auto': 'each' where the engine is separate on "
-        "CUDA and a run's step has 64 rollouts or more (four runs 2.0-2.2x the runs in sequence on an H200, against "
+        f"CUDA and a run's step has {EACH_MIN_ROLLOUTS} rollouts or more (four runs 2.0-2.2x the runs in sequence on an H200, against "
         "1.8x from one process), 'one' otherwise (smaller steps gained nothing from the processes)")
 
     def rules(self) -> list[str]:

@@ -77,8 +77,8 @@ async def sweep(job: Any) -> dict[str, Any]:
     if processes == "each":
         print("[groupwise train] the engine and trainer run in a core process of their own, each run's driver in a "
               "process of its own" + ("" if job.run_processes == "each" else
-                                      " (--run-processes auto on CUDA with steps of 64 rollouts or more; 'one' drives every run from "
-                                      "this process)"))
+                                      f" (--run-processes auto on CUDA with steps of {EACH_MIN_ROLLOUTS} rollouts or more; 'one' drives "
+                                      "every run from this process)"))
     elif backend.engine_process == "separate":
         print("[groupwise train] the engine and trainer run in a core process of their own, the runs' requests in this one"
               + ("" if job.engine_process == "separate" else " (--engine-process auto on CUDA; 'in_process' keeps them here)"))
