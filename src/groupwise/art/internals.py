@@ -45,6 +45,13 @@ INTERNAL_MODULES: dict[str, str] = {
     "local.train": f"ART LocalBackend's training step: {_DRIVE}",
     "local.vllm": f"ART LocalBackend's vLLM server: {_DRIVE}",
     "local.pack": f"ART LocalBackend's packing of tokenized trajectories: {_DRIVE}",
+    "local.tokenize": "ART LocalBackend's tokenizing of trajectory groups (`tokenize_trajectory_groups`, "
+                      f"`TokenizedResult`); groupwise's trainer tokenizes the groups it is given: {_DRIVE}",
+    "skypilot.utils": "ART's helpers for its server on a SkyPilot cluster (task status, the server's and vLLM's "
+                      "URLs); groupwise's `SkyPilotBackend` is a `LocalBackend` on this machine, whose server is "
+                      "at `model.inference_base_url`",
+    "skypilot.stop_server": "ART's script that stops its server on a SkyPilot cluster; groupwise's "
+                            "`SkyPilotBackend` runs on this machine: `await backend.close()` stops it",
     "local.checkpoints": "ART LocalBackend's checkpoint folder helpers; here `await model.delete_checkpoints(...)` "
                          "prunes, `groupwise.runs.store.checkpoint_folders` lists a run's checkpoints and "
                          "`groupwise.runs.output_dirs` names their folders",
