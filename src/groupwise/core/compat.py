@@ -348,6 +348,8 @@ def not_provided(owner: str, name: str) -> AttributeError:
     if reason is None:
         return AttributeError(f"module {owner!r} has no attribute {name!r}" if module
                               else f"{owner!r} object has no attribute {name!r}")
-    art = "art" + owner[len("groupwise"):] if module else f"ART's {owner}"
+    # ART's path: `groupwise` is what ART programs import as `art`, and `groupwise.art.dev` is `art.dev`
+    shim = owner == "groupwise.art" or owner.startswith("groupwise.art.")
+    art = "art" + owner.removeprefix("groupwise.art" if shim else "groupwise") if module else f"ART's {owner}"
     return ArtNameNotProvided(f"{art}.{name} is not provided by groupwise: {reason} (docs/porting-from-art.md, "
                               "Checked differences)")
