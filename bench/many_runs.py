@@ -147,9 +147,13 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
             totals.setdefault("events", []).append((step, t0, t1, time.perf_counter()))
             totals["rollout_tokens"] = totals.get("rollout_tokens", 0) + _tokens(groups)
             totals["trainable_tokens"] = totals.get("trainable_tokens", 0) + result.metrics.get("trainable_tokens", 0)
-            totals["update_s"] = totals.get("update_s", 0) + result.metrics.get("update_time", 0)
-            for key, metric in (("tokenize_s", "time/tokenize_s"), ("publish_s", "time/publish_s")):
+            for key, metric in STEP_TIMES.items():
                 totals[key] = totals.get(key, 0) + result.metrics.get(metric, 0)
+
+
+# a step's own times (its metrics), summed over a case's timed steps: bench key -> the step metric
+STEP_TIMES = {"update_s": "update_time", "tokenize_s": "time/tokenize_s", "publish_s": "time/publish_s",
+              **{f"{part}_s": f"time/publish_{part}_s" for part in ("snapshot", "write", "serve", "check")}}
 
 
 COUNTERS = ("prefill_passes", "warm_passes", "decode_passes", "graph_captures", "prefill_s", "decode_s",
@@ -271,7 +275,7 @@ async def _joined(args: Any, path: str, totals: dict[str, Any]) -> tuple[float, 
         await asyncio.gather(*(asyncio.to_thread(p.wait) for p in procs))
         totals.update({k: end[k] - totals["engine0"][k] for k in COUNTERS})
         for one in results:
-            for k in ("rollout_tokens", "trainable_tokens", "update_s", "tokenize_s", "publish_s"):
+            for k in ("rollout_tokens", "trainable_tokens", *STEP_TIMES):
                 totals[k] = totals.get(k, 0) + one.get(k, 0)
             totals.setdefault("events", []).extend(one.get("events", []))
         timed = max(one["end"] for one in results) - min(one["t0"] for one in results)
@@ -322,7 +326,7 @@ async def case(args: Any) -> dict[str, Any]:
                 worker_peak = peak if worker_peak != worker_peak else max(worker_peak, peak)  # NaN: the first
             finally:
                 await backend.close()
-            for k in ("rollout_tokens", "trainable_tokens", "update_s", "tokenize_s", "publish_s"):
+            for k in ("rollout_tokens", "trainable_tokens", *STEP_TIMES):
                 totals[k] = totals.get(k, 0) + one.get(k, 0)
             totals.setdefault("events", []).extend(one.get("events", []))
     # where the time went: the rollout phase (first rollout started -> last group gathered) and the train
@@ -336,8 +340,7 @@ async def case(args: Any) -> dict[str, Any]:
         phases["rollout_s"] += max(t[1] for t in ts) - min(t[0] for t in ts)
         phases["train_s"] += max(t[2] for t in ts) - max(t[1] for t in ts)
     return {"case": args.case, "timed_s": timed, **phases, "rollout_tokens": totals.get("rollout_tokens", 0),
-            "trainable_tokens": totals.get("trainable_tokens", 0), "update_s": totals.get("update_s", 0),
-            "tokenize_s": totals.get("tokenize_s", 0), "publish_s": totals.get("publish_s", 0),
+            "trainable_tokens": totals.get("trainable_tokens", 0), **{k: totals.get(k, 0) for k in STEP_TIMES},
             **{k: totals.get(k, 0) for k in COUNTERS},
             "peak_gb": worker_peak if args.engine_process == "separate" else
             float("nan") if args.processes else _peak_gb(args.device)}
@@ -496,7 +499,9 @@ def _cases(args: Any, mode: str, runs: int, card: str) -> dict[str, Any] | None:
               f"{r['rollout_s']:.1f} s, train phases {r['train_s']:.1f} s "
               f"(each run's own times summed over its steps, waits for the shared compute thread included, so "
               f"together they overlap and can exceed the phases: optimizer steps {r['update_s']:.1f} s, tokenising "
-              f"{r.get('tokenize_s', 0):.1f} s, checkpoint and publication {r.get('publish_s', 0):.1f} s); engine passes: "
+              f"{r.get('tokenize_s', 0):.1f} s, checkpoint and publication {r.get('publish_s', 0):.1f} s: "
+              + ", ".join(f"{part} {r.get(part + '_s', 0):.2f} s" for part in ("snapshot", "write", "serve", "check"))
+              + "); engine passes: "
               + ", ".join(f"{k} {r.get(k, 0)}" for k in COUNTERS if not k.endswith("_s"))
               + f"; the engine busy {r.get('prefill_s', 0):.1f} s in prefill + {r.get('decode_s', 0):.1f} s in decode "
               f"(of which {r.get('decode_wait_s', 0):.1f} s waiting for the device, {r.get('decode_s_in_updates', 0):.1f} s "

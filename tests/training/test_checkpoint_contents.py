@@ -197,7 +197,7 @@ def _full_disk_rust(*args, **kwargs):
 @pytest.mark.parametrize("writer", [_full_disk, _full_disk_rust])
 def test_a_full_disk_leaves_no_partial_folder_and_says_so(saved, monkeypatch, writer):
     trainer, names, root = saved
-    monkeypatch.setattr(ckpt, "save_file", writer)  # the optimizer and RNG tensors' writer
+    monkeypatch.setattr(ckpt, "save_tensors", writer)  # the optimizer and RNG tensors' writer
     with pytest.raises(DiskFullError) as err:
         save_checkpoint(root, 3, model=trainer.model, optimizer=trainer.optimizer, param_names=names)
     assert isinstance(err.value, CheckpointError) and isinstance(err.value, GroupwiseError)

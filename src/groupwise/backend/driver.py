@@ -602,6 +602,8 @@ class WorkerBackend(Backend):
         publish = PublishCommand(run.spec.name, new_step, metrics, cursor, history=(row,), retain=retain)
         trained = await self._send({r: publish for r in self.train_ranks})
         results: list[Published] = [trained[r] for r in self.train_ranks]
+        for part, seconds in results[0].times.items():  # where the publication's time went, rank 0's
+            metrics[f"time/publish_{part}_s"] = seconds
         await run.store.run_history.write(row)
         if results[0].deleted:  # rank 0 deleted checkpoints by the step's retention: the history says which, and why
             await run.store.run_history.write(prune_row(retain, list(results[0].deleted)))

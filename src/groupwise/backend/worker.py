@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import functools
 import socket
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -405,37 +406,56 @@ class DeviceWorker:
         replica, spec = self.replicas[command.run], self.specs[command.run]
         step = command.step
         compute = compute_thread()
+        times: dict[str, float] = {}  # seconds of each part, for the step's metrics (Published.times)
+
+        @contextlib.contextmanager
+        def timed(part: str) -> Iterator[None]:
+            t0 = time.perf_counter()
+            try:
+                yield
+            finally:
+                times[part] = times.get(part, 0.0) + time.perf_counter() - t0
+
         if not self.trains:
             if command.checkpoint_path is None:
                 raise ConfigError(f"rank {self.rank} only generates: publish it with the trainers' checkpoint_path",
                                   what="publish arguments")
-            await compute.run(replica.serve, step, command.checkpoint_path)
+            with timed("serve"):
+                await compute.run(replica.serve, step, command.checkpoint_path)
             if self.options.verify_adapter:
-                replica.check_answers(step)
-            published = Published(self.rank, served_fingerprint=await compute.run(replica.served_fingerprint, step))
+                with timed("check"):
+                    replica.check_answers(step)
+            published = Published(self.rank, served_fingerprint=await compute.run(replica.served_fingerprint, step),
+                                  times=times)
         else:
             path = None
             if self.rank == 0:
-                snap = await compute.run(replica.snapshot, step)
+                with timed("snapshot"):
+                    snap = await compute.run(replica.snapshot, step)
                 # The files are serialised, hashed and written on another thread: meanwhile the compute
                 # thread steps the engine for the other runs' rollouts (compute.py).
-                path = await asyncio.to_thread(replica.write, spec.checkpoints_dir, snap, command.metrics,
-                                               command.cursor, list(command.history))
+                with timed("write"):
+                    path = await asyncio.to_thread(replica.write, spec.checkpoints_dir, snap, command.metrics,
+                                                   command.cursor, list(command.history))
                 tensors, config = snap.adapter, snap.adapter_config
             else:  # a rank > 0 serves its own copy of the same adapter (the ranks' fingerprints are compared)
-                tensors, config = await compute.run(replica.adapter_snapshot)
+                with timed("snapshot"):
+                    tensors, config = await compute.run(replica.adapter_snapshot)
             # served from the snapshot the checkpoint was written from, without reading the files back
-            await compute.run(replica.serve, step, None, tensors, config)
+            with timed("serve"):
+                await compute.run(replica.serve, step, None, tensors, config)
             if self.options.verify_adapter:
-                await compute.run(replica.check_adapter, step)
-                replica.check_answers(step)
+                with timed("check"):
+                    await compute.run(replica.check_adapter, step)
+                    replica.check_answers(step)
             published = Published(self.rank, checkpoint_path=str(path) if self.rank == 0 else None,
                                   # compared between trainer ranks: one rank has nothing to compare with
                                   fingerprint=(await compute.run(replica.adapter_fingerprint)
                                                if self.train_world > 1 else None),
                                   # with generators, the driver checks they serve the bits rank 0 serves
                                   served_fingerprint=(await compute.run(replica.served_fingerprint, step)
-                                                      if self.options.train_workers is not None else None))
+                                                      if self.options.train_workers is not None else None),
+                                  times=times)
         if command.retain is None:
             return published
         return replace(published, deleted=tuple(await self.retain(command.retain)))

@@ -471,12 +471,15 @@ async def run_steps(loop: Loop, cursor: DataCursor, step: int) -> tuple[int, Sto
             await gate.leave()
 
 
-TRAIN_SPLIT = {"time/tokenize_s": "time/tokenize_s", "update_time": "time/update_s", "time/publish_s": "time/publish_s"}
+TRAIN_SPLIT = {"time/tokenize_s": "time/tokenize_s", "update_time": "time/update_s", "time/publish_s": "time/publish_s",
+               # the publication's parts (rank 0's): the checkpoint's copy and its files, serving, the check
+               **{f"time/publish_{part}_s": f"time/publish_{part}_s" for part in ("snapshot", "write", "serve", "check")}}
 
 
 def train_split(metrics: dict[str, float]) -> dict[str, float]:
     """Where a step's ``time/train_s`` went, from the backend's step metrics: tokenising, the update and
-    the checkpoint with its publication (a backend that does not report one leaves it out). The rest is
+    the checkpoint with its publication, and that in its parts (a backend that does not report one leaves
+    it out). The rest is
     the wait for the step's trajectories to reach the store and the trip to the ranks."""
     return {field: float(metrics[key]) for key, field in TRAIN_SPLIT.items() if key in metrics}
 

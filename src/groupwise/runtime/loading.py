@@ -71,10 +71,10 @@ def write_adapter_folder(folder: Path, tensors: "dict[str, torch.Tensor]", confi
     """An adapter in peft's format at the top of `folder` (adapter_model.safetensors and
     adapter_config.json) from its state dict and peft config (`training.adapters.adapter_snapshot`):
     a checkpoint's adapter, and the folder peft adds an engine's new adapter slot from."""
-    from safetensors.torch import save_file
+    from groupwise.runtime.tensor_files import save_tensors  # the GIL let go while the bytes are written
 
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    save_tensors(tensors, folder / "adapter_model.safetensors", metadata={"format": "pt"})
     config.save_pretrained(str(folder), auto_mapping_dict=getattr(config, "auto_mapping_dict", None))
 
 

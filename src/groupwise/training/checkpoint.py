@@ -52,11 +52,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from groupwise.config import CheckpointRetention
 from groupwise.errors import CheckpointError, CheckpointMismatchError, DiskFullError, GroupwiseWarning, NonFiniteError
 from groupwise.runtime.loading import write_adapter_folder
+from groupwise.runtime.tensor_files import save_tensors
 from groupwise.runs.store import dir_name_step, step_dir_name
 from groupwise.training.adapters import TRAIN_ADAPTER, adapter_snapshot
 from groupwise.training.checkpoint_contents import contents_problem, state_problem
@@ -282,11 +283,11 @@ def _save(root: Path, tmp: Path, snap: CheckpointSnapshot, cursor: dict[str, Any
     files = ["adapter_model.safetensors", "adapter_config.json"]
     if snap.optimizer is not None:
         tensors, meta = snap.optimizer
-        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        save_tensors(tensors, tmp / "optimizer.safetensors")
         _write_json(tmp / "optimizer.json", meta)
         files += ["optimizer.safetensors", "optimizer.json"]
     rng_tensors, rng_meta = snap.rng
-    save_file(rng_tensors, str(tmp / "rng.safetensors"))
+    save_tensors(rng_tensors, tmp / "rng.safetensors")
     _write_json(tmp / "rng.json", rng_meta)
     files += ["rng.safetensors", "rng.json"]
     state = {

@@ -1,0 +1,112 @@
+"""A checkpoint's tensor files written on a thread: safetensors' `save_file` against `save_tensors`
+(runtime/tensor_files.py), and how much of its time a Python thread beside the writer keeps.
+
+    python bench/checkpoint_write.py            # the 0.5B shape's rank-16 adapter and AdamW moments
+    python bench/checkpoint_write.py --rank 64
+    python bench/checkpoint_write.py --device cuda  # the snapshot copied from a GPU (one block per dtype)
+
+The worker writes a run's checkpoint on a thread while its other threads update the next run and step
+the engine, all Python under one GIL. The tensors are those of a checkpoint of Qwen2.5-0.5B's shape with
+LoRA on every projection of its 24 layers (the adapter's 336 fp32 tensors and AdamW's two moments each),
+as CPU copies in one block per dtype (`host_copies`, as a snapshot holds them). Each case writes the
+adapter and the moments --files times on a thread while the main thread runs small torch ops in a loop
+(as a launch-bound update does: a little Python between ops); its ops a second against the same loop
+alone, just before, are the share of its pace the writer left it. Printed: per case the
+seconds a checkpoint's two files took and that share, then the ratio of the shares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from groupwise.runtime.tensor_files import save_tensors
+from groupwise.training.bulk import host_copies
+
+QWEN_05B = [(896, 896), (896, 128), (896, 128), (896, 896), (896, 4864), (896, 4864), (4864, 896)]  # q k v o gate up down
+
+
+def _checkpoint(rank: int, device: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A snapshot's CPU copies of the adapter and the moments, copied from `device` as `host_copies` does."""
+    shapes = [s for _ in range(24) for i, o in QWEN_05B for s in ((rank, i), (o, rank))]
+    g = torch.Generator().manual_seed(0)
+    adapter = host_copies([torch.randn(s, generator=g).to(device) for s in shapes])
+    moments = host_copies([torch.randn(s, generator=g).to(device) for s in shapes for _ in range(2)])
+    return ({f"a{i}": t for i, t in enumerate(adapter)}, {f"m{i}::exp_avg": t for i, t in enumerate(moments)})
+
+
+def _ops_per_s(seconds: float) -> float:
+    """Small torch ops a second on this thread alone (what a launch-bound update does: Python between ops)."""
+    x = torch.zeros(8)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        x.add_(1.0)
+        n += 1
+    return n / (time.perf_counter() - t0)
+
+
+def _case(write, files: tuple[dict, dict], folder: Path, repeats: int) -> tuple[float, float]:
+    """(seconds per checkpoint, small torch ops a second on the main thread meanwhile)."""
+    done = threading.Event()
+    took: list[float] = []
+
+    def writer() -> None:
+        for i in range(repeats):
+            t0 = time.perf_counter()
+            write(files[0], folder / f"adapter{i}.safetensors")
+            write(files[1], folder / f"optimizer{i}.safetensors")
+            took.append(time.perf_counter() - t0)
+        done.set()
+
+    thread = threading.Thread(target=writer)
+    x = torch.zeros(8)
+    n, t0 = 0, time.perf_counter()
+    thread.start()
+    while not done.is_set():
+        x.add_(1.0)
+        n += 1
+    elapsed = time.perf_counter() - t0
+    thread.join()
+    return sorted(took)[len(took) // 2], n / elapsed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--device", default="cpu", help="where the tensors are copied from (cuda: one page-locked "
+                   "block per dtype, as a GPU run's snapshot; cpu: a copy per large tensor)")
+    p.add_argument("--files", type=int, default=5, help="checkpoints written per case")
+    p.add_argument("--rounds", type=int, default=3, help="the two cases alternate this many times")
+    args = p.parse_args()
+    from safetensors.torch import save_file
+
+    files = _checkpoint(args.rank, args.device)
+    mb = sum(t.numel() * t.element_size() for f in files for t in f.values()) / 1e6
+    cases = {"safetensors save_file": lambda t, path: save_file(t, str(path)), "save_tensors": save_tensors}
+    shares: dict[str, list[float]] = {name: [] for name in cases}
+    seconds: dict[str, list[float]] = {name: [] for name in cases}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.rounds):
+            for name, write in cases.items():
+                alone = _ops_per_s(1.0)
+                s, ops = _case(write, files, Path(tmp), args.files)
+                seconds[name].append(s)
+                shares[name].append(ops / alone)
+    print(f"a checkpoint of the 0.5B shape, LoRA rank {args.rank}, copied from {args.device}: {sum(len(f) for f in files)} tensors, {mb:.0f} MB; "
+          f"median of {args.rounds} rounds of {args.files} checkpoints")
+    print("| writer | s a checkpoint | pace a thread beside it keeps |")
+    print("|---|---|---|")
+    med = {name: sorted(v)[len(v) // 2] for name, v in shares.items()}
+    for name in cases:
+        print(f"| {name} | {sorted(seconds[name])[len(seconds[name]) // 2]:.3f} | {med[name]:.0%} |")
+    print(f"save_tensors / save_file, the pace a thread beside the writer keeps: "
+          f"{med['save_tensors'] / med['safetensors save_file']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""runtime/tensor_files.py: `save_tensors` writes what safetensors' own writer writes, read back by safetensors.
+What it is for, the GIL let go while it writes, is a speed: bench/checkpoint_write.py measures it."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from groupwise.runtime.tensor_files import save_tensors
+from groupwise.training.bulk import host_copies
+
+
+def _mixed() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "lora_A.weight": torch.randn(16, 24, generator=g),
+        "lora_B.weight": torch.randn(24, 16, generator=g).to(torch.bfloat16),
+        "half": torch.randn(3, 5, generator=g).half(),
+        "double": torch.randn(7, generator=g, dtype=torch.float64),
+        "rng_state": torch.randint(0, 255, (5,), dtype=torch.uint8, generator=g),  # an odd byte count first...
+        "after_odd": torch.randn(3, generator=g),  # ...then a float32: still aligned (the library's order)
+        "mask": torch.tensor([True, False, True]),
+        "count": torch.tensor(7, dtype=torch.int64),  # 0-dim
+        "empty": torch.empty(0, 4),
+        "named ü/::exp_avg": torch.arange(6, dtype=torch.int32).reshape(2, 3),
+    }
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8) if t.numel() else t
+
+
+@pytest.mark.parametrize("metadata", [None, {"format": "pt"}])
+def test_save_tensors_reads_back_as_the_librarys_writer_does(tmp_path, metadata):
+    tensors = _mixed()
+    save_tensors(tensors, tmp_path / "ours.safetensors", metadata=metadata)
+    save_file(tensors, str(tmp_path / "theirs.safetensors"), metadata=metadata)
+    ours, theirs = load_file(tmp_path / "ours.safetensors"), load_file(tmp_path / "theirs.safetensors")
+    assert ours.keys() == theirs.keys() == tensors.keys()
+    for name, t in tensors.items():
+        assert ours[name].dtype == t.dtype and ours[name].shape == t.shape, name
+        assert torch.equal(_bits(ours[name]), _bits(t)) and torch.equal(_bits(ours[name]), _bits(theirs[name])), name
+    with safe_open(tmp_path / "ours.safetensors", "pt") as f, safe_open(tmp_path / "theirs.safetensors", "pt") as g:
+        assert f.metadata() == g.metadata()
+    # the layout: the header's length, a header padded to 8 bytes, every tensor at a multiple of its size
+    raw = (tmp_path / "ours.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    assert n % 8 == 0 and len(raw) == 8 + n + sum(t.numel() * t.element_size() for t in tensors.values())
+    header = json.loads(raw[8:8 + n])
+    for name, t in tensors.items():
+        assert header[name]["data_offsets"][0] % t.element_size() == 0, name
+
+
+def test_save_tensors_writes_a_snapshots_views_of_one_block(tmp_path):
+    # a checkpoint's snapshot: views into one block per dtype (training/bulk.py)
+    sources = [torch.randn(4, 8), torch.randn(8, 4), torch.randn(3).to(torch.bfloat16), torch.randn(2, 2)]
+    copies = host_copies(sources)
+    named = {f"t{i}": c for i, c in enumerate(copies)}
+    save_tensors(named, tmp_path / "x.safetensors")
+    back = load_file(tmp_path / "x.safetensors")
+    assert all(torch.equal(_bits(back[k]), _bits(c)) for k, c in named.items())
+
+
+def test_what_the_format_cannot_take_goes_to_the_librarys_writer(tmp_path):
+    # not contiguous: the library's own error, as before
+    with pytest.raises(ValueError, match="non contiguous"):
+        save_tensors({"t": torch.randn(4, 4).t()}, tmp_path / "x.safetensors")
+
