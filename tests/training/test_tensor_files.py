@@ -71,3 +71,48 @@ def test_what_the_format_cannot_take_goes_to_the_librarys_writer(tmp_path):
     with pytest.raises(ValueError, match="non contiguous"):
         save_tensors({"t": torch.randn(4, 4).t()}, tmp_path / "x.safetensors")
 
+
+
+def test_parameters_and_empty_tensors_are_written_as_the_library_writes_them(tmp_path):
+    # a model's own parameters (they require grad) are written as their values
+    params = {"w": torch.nn.Parameter(torch.randn(4, 4)), "b": torch.nn.Parameter(torch.randn(4))}
+    save_tensors(params, tmp_path / "p.safetensors")
+    back = load_file(tmp_path / "p.safetensors")
+    assert all(torch.equal(back[k], p.detach()) for k, p in params.items())
+    # nothing but empty tensors: a header and no data
+    save_tensors({"e": torch.empty(0)}, tmp_path / "e.safetensors")
+    assert load_file(tmp_path / "e.safetensors")["e"].shape == (0,)
+
+
+def test_a_snapshots_blocks_cross_in_one_write_each_and_scattered_tensors_are_joined(tmp_path, monkeypatch):
+    """Each `write` takes the GIL back (the module doc): a 1,000-tensor checkpoint must not be 1,000 writes."""
+    from groupwise.runtime import tensor_files
+
+    writes: list[int] = []
+
+    class Counting:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            writes.append(len(memoryview(data).cast("B")))
+            return self.f.write(data)
+
+    monkeypatch.setattr(tensor_files, "open", lambda path, mode: Counting(open(path, mode)), raising=False)
+    block = torch.randn(500 * 16)  # a snapshot: 500 views of one block, in order
+    views = {f"v{i:03d}": block[i * 16:(i + 1) * 16].view(4, 4) for i in range(500)}
+    save_tensors(views, tmp_path / "views.safetensors")
+    assert len(writes) == 2 and writes[1] == block.numel() * 4  # the header, then the block at once
+    writes.clear()
+    scattered = {f"s{i:03d}": torch.randn(4, 4) for i in range(500)}  # separate allocations
+    save_tensors(scattered, tmp_path / "scattered.safetensors")
+    assert len(writes) == 2 and writes[1] == 500 * 16 * 4  # joined into one buffer
+    for name, src in [("views", views), ("scattered", scattered)]:
+        back = load_file(tmp_path / f"{name}.safetensors")
+        assert all(torch.equal(back[k], t) for k, t in src.items()), name
