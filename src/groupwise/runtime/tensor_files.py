@@ -2,17 +2,17 @@
 
 A checkpoint is written on a thread of the worker process while that process goes on training other runs
 and stepping the engine (backend/worker.py). safetensors' `save_file` holds the GIL through the whole
-serialisation: measured on the 2-core CPU with a 0.5B model's rank-16 AdamW moments (672 tensors, 70 MB),
-a thread spinning beside it got 54-60% of its time, against 90-97% beside `save_tensors`. A 0.5B update is
-bound by launching kernels from Python, so every millisecond the writer holds the GIL is one the update
-waits. Here the header is built in Python (a few ms) and each tensor's bytes cross in a `write` call,
-which lets go of the GIL while the kernel copies them.
+serialisation, and a 0.5B update is bound by launching kernels from Python: every millisecond the writer
+holds the GIL is one the update waits (bench/checkpoint_write.py measures the pace a thread of small torch
+ops keeps beside each writer; docs/benchmarks.md). Here the header is built in Python from getters, and the
+bytes cross in a few large `write` calls (`_buffers` says why few), each of which lets go of the GIL while
+the kernel copies them.
 
 The file is safetensors' format exactly (its specification: an 8-byte little-endian header length, the
 JSON header padded with spaces to a multiple of 8, then the tensors' bytes with no gap): the library
 reads it back (`safetensors.torch.load_file`, peft's adapter loading), and the tests compare what it
-reads with what `save_file` writes. The tensors go larger element sizes first (then by name), so each one
-starts at a multiple of its element size, as in the library's files.
+reads with what `save_file` writes. The tensors go larger element sizes first, so each one starts at a
+multiple of its element size, as in the library's files.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import json
 import struct
 import sys
 from pathlib import Path
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -42,11 +43,9 @@ def _dtype_names() -> "dict[torch.dtype, str]":
 
 
 def save_tensors(tensors: "dict[str, torch.Tensor]", path: str | Path, metadata: dict[str, str] | None = None) -> None:
-    """`safetensors.torch.save_file(tensors, path, metadata)`, with the GIL released while the bytes are
+    """`safetensors.torch.save_file(tensors, path, metadata)`, with the GIL let go while the bytes are
     written (module doc). CPU tensors only (a checkpoint's snapshot is CPU copies); a tensor that is not
     contiguous, a dtype the format lacks, or a big-endian host goes to the library's writer instead."""
-    import torch
-
     names = _dtype_names()
     if sys.byteorder != "little" or any(
             t.device.type != "cpu" or not t.is_contiguous() or t.dtype not in names for t in tensors.values()):
@@ -78,16 +77,17 @@ def save_tensors(tensors: "dict[str, torch.Tensor]", path: str | Path, metadata:
 CHUNK_BYTES = 64 << 20  # tensors apart in memory are joined into buffers of at most this size
 
 
-def _buffers(tensors: "list[torch.Tensor]") -> "list[memoryview]":
-    """The tensors' bytes, in order, as a few large buffers.
+def _buffers(tensors: "list[torch.Tensor]") -> "Iterator[memoryview]":
+    """The tensors' bytes, in order, as a few large buffers, one at a time (a joined one is freed once
+    written, so a large scattered checkpoint never has a second copy of itself in memory).
 
     Few torch calls matter more than few copies. A torch op lets go of the GIL and takes it back, and taking
     it back from a thread that runs Python waits up to the interpreter's switch interval (5 ms): measured
     beside a spinning thread, a `view` cost 23 ms and a `detach` 6, where a getter (`data_ptr`, `numel`)
-    cost a microsecond. So a 1,000-tensor checkpoint is grouped with getters only, and then crosses in a
-    few calls: tensors that follow each other in one storage (a snapshot's views of one block,
-    training/bulk.py) as one byte view of it, the others joined by dtype in one flatten each (a copy,
-    without the GIL), up to CHUNK_BYTES."""
+    cost a microsecond, and a first version that wrote tensor by tensor took 18-42 s a checkpoint. So the
+    tensors are grouped with getters only, and then cross in a few calls: tensors that follow each other in
+    one storage (a snapshot's views of one block, training/bulk.py) as one byte view of it, the others
+    joined by dtype in one flatten each (a copy, without the GIL), up to CHUNK_BYTES."""
     import torch
     from torch._utils import _flatten_dense_tensors
 
@@ -102,31 +102,24 @@ def _buffers(tensors: "list[torch.Tensor]") -> "list[memoryview]":
             runs[-1].append(t)
         else:
             runs.append([t])
-    out: list[memoryview] = []
     pending: list[torch.Tensor] = []  # single tensors of one dtype, to join
     pending_bytes = 0
-
-    def join_pending() -> None:
-        nonlocal pending_bytes
-        if pending:
-            flat = pending[0].reshape(-1) if len(pending) == 1 else _flatten_dense_tensors(pending)
-            out.append(memoryview(flat.view(torch.uint8).numpy()))
-            pending.clear()
-            pending_bytes = 0
-
     with torch.no_grad():
-        for run in runs:
-            nbytes = sum(t.numel() for t in run) * run[0].element_size()
-            if len(run) > 1 or nbytes >= CHUNK_BYTES // 64:  # a block of its own: one view, no copy
-                join_pending()
+        for run in [*runs, None]:
+            nbytes = 0 if run is None else sum(t.numel() for t in run) * run[0].element_size()
+            block = run is not None and (len(run) > 1 or nbytes >= CHUNK_BYTES // 64)  # crosses as it is
+            if pending and (run is None or block or pending[0].dtype != run[0].dtype
+                            or pending_bytes + nbytes > CHUNK_BYTES):
+                flat = pending[0].reshape(-1) if len(pending) == 1 else _flatten_dense_tensors(pending)
+                yield memoryview(flat.view(torch.uint8).numpy())
+                pending, pending_bytes = [], 0
+            if run is None:
+                break
+            if block:
                 first = run[0]
-                block = torch.empty(0, dtype=torch.uint8).set_(
+                view = torch.empty(0, dtype=torch.uint8).set_(
                     first.untyped_storage(), first.storage_offset() * first.element_size(), (nbytes,))
-                out.append(memoryview(block.numpy()))
-                continue
-            if pending and (pending[0].dtype != run[0].dtype or pending_bytes + nbytes > CHUNK_BYTES):
-                join_pending()
-            pending.append(run[0])
-            pending_bytes += nbytes
-        join_pending()
-    return out
+                yield memoryview(view.numpy())
+            else:
+                pending.append(run[0])
+                pending_bytes += nbytes
