@@ -58,6 +58,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from groupwise.backend.base import PUBLISH_PARTS
 from train_step import KV_CHOICES  # this folder is on the path wherever this file runs
 
 HERE = Path(__file__).resolve().parent
@@ -153,7 +154,7 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
 
 # a step's own times (its metrics), summed over a case's timed steps: bench key -> the step metric
 STEP_TIMES = {"update_s": "update_time", "tokenize_s": "time/tokenize_s", "publish_s": "time/publish_s",
-              **{f"{part}_s": f"time/publish_{part}_s" for part in ("snapshot", "write", "serve", "check")}}
+              **{f"{part}_s": f"time/publish_{part}_s" for part in PUBLISH_PARTS}}
 
 
 COUNTERS = ("prefill_passes", "warm_passes", "decode_passes", "graph_captures", "prefill_s", "decode_s",
@@ -500,7 +501,7 @@ def _cases(args: Any, mode: str, runs: int, card: str) -> dict[str, Any] | None:
               f"(each run's own times summed over its steps, waits for the shared compute thread included, so "
               f"together they overlap and can exceed the phases: optimizer steps {r['update_s']:.1f} s, tokenising "
               f"{r.get('tokenize_s', 0):.1f} s, checkpoint and publication {r.get('publish_s', 0):.1f} s: "
-              + ", ".join(f"{part} {r.get(part + '_s', 0):.2f} s" for part in ("snapshot", "write", "serve", "check"))
+              + ", ".join(f"{part} {r.get(part + '_s', 0):.2f} s" for part in PUBLISH_PARTS)
               + "); engine passes: "
               + ", ".join(f"{k} {r.get(k, 0)}" for k in COUNTERS if not k.endswith("_s"))
               + f"; the engine busy {r.get('prefill_s', 0):.1f} s in prefill + {r.get('decode_s', 0):.1f} s in decode "

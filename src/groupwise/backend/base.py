@@ -40,11 +40,13 @@ if TYPE_CHECKING:
     from groupwise.model import TrainableModel
     from groupwise.core.trajectory import Trajectory, TrajectoryGroup
 
-__all__ = ["API", "BEST_CHECKPOINT_METRIC", "Backend", "InferenceEndpoint", "TrainResult"]
+__all__ = ["API", "BEST_CHECKPOINT_METRIC", "PUBLISH_PARTS", "Backend", "InferenceEndpoint", "TrainResult"]
 
 # The history metric that names the best checkpoint when nothing else does (ART's default): retention
 # keeps that checkpoint, `delete_checkpoints` spares it. `gw.fit` names the best itself (`keep_best`).
 BEST_CHECKPOINT_METRIC = "val/reward"
+# the parts of a step's publication a backend may time, reported as ``time/publish_<part>_s`` in its metrics
+PUBLISH_PARTS = ("snapshot", "write", "serve", "check")
 
 
 @dataclass

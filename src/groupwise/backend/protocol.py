@@ -62,7 +62,7 @@ class Published:
     """A rank's answer to `PublishCommand`: rank 0's checkpoint path, the trained adapter's fingerprint
     (None on a generator), with generators the fingerprint of what its engine serves, and the checkpoint
     steps its retention deleted (rank 0; the others delete none). `times`: the seconds of its parts
-    (snapshot, write, serve, check), which the step's metrics report as ``time/publish_<part>_s``."""
+    (`backend.base.PUBLISH_PARTS`), which the step's metrics report as ``time/publish_<part>_s``."""
 
     rank: int
     checkpoint_path: str | None = None

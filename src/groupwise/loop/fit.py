@@ -49,6 +49,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from groupwise.backend.base import PUBLISH_PARTS
 from groupwise.config import CheckpointRetention, LoopConfig, TrainConfig
 from groupwise.errors import ConfigError, NotTrainableError
 from groupwise.core.learning_signal import assess, loop_action
@@ -473,7 +474,7 @@ async def run_steps(loop: Loop, cursor: DataCursor, step: int) -> tuple[int, Sto
 
 TRAIN_SPLIT = {"time/tokenize_s": "time/tokenize_s", "update_time": "time/update_s", "time/publish_s": "time/publish_s",
                # the publication's parts (rank 0's): the checkpoint's copy and its files, serving, the check
-               **{f"time/publish_{part}_s": f"time/publish_{part}_s" for part in ("snapshot", "write", "serve", "check")}}
+               **{f"time/publish_{part}_s": f"time/publish_{part}_s" for part in PUBLISH_PARTS}}
 
 
 def train_split(metrics: dict[str, float]) -> dict[str, float]:

@@ -21,8 +21,8 @@ import functools
 import json
 import struct
 import sys
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
