@@ -1,5 +1,5 @@
-"""A checkpoint's tensor files written on a thread: safetensors' `save_file` against `save_tensors`
-(runtime/tensor_files.py), and how much of its time a Python thread beside the writer keeps.
+"""A checkpoint's tensor files written and fingerprinted on a thread, four ways, and how much of its time
+a Python thread beside the writer keeps.
 
     python bench/checkpoint_write.py            # the 0.5B shape's rank-16 adapter and AdamW moments
     python bench/checkpoint_write.py --rank 64
@@ -8,11 +8,19 @@
 The worker writes a run's checkpoint on a thread while its other threads update the next run and step
 the engine, all Python under one GIL. The tensors are those of a checkpoint of Qwen2.5-0.5B's shape with
 LoRA on every projection of its 24 layers (the adapter's 336 fp32 tensors and AdamW's two moments each),
-as CPU copies in one block per dtype (`host_copies`, as a snapshot holds them). Each case writes the
-adapter and the moments --files times on a thread while the main thread runs small torch ops in a loop
-(as a launch-bound update does: a little Python between ops); its ops a second against the same loop
-alone, just before, are the share of its pace the writer left it. Printed: per case the
-seconds a checkpoint's two files took and that share, then the ratio of the shares.
+as CPU copies in one block per dtype (`host_copies`, as a snapshot holds them). A checkpoint records each
+file's size and SHA-256, so a case is the adapter's and the moments' files written and fingerprinted:
+
+- safetensors' `save_file`, then the two files read back and hashed side by side;
+- `save_tensors` (runtime/tensor_files.py), then read back the same way;
+- `save_tensors`, each file hashed from its buffers as they are written, one file after the other;
+- the same on two threads, a file each (the checkpoint's way, training/checkpoint.py).
+
+Each case writes --files checkpoints on a thread while the main thread runs small torch ops in a loop (as
+a launch-bound update does: a little Python between ops); its ops a second against the same loop alone,
+just before, are the share of its pace the writer left it (on a machine of few cores, the writer's threads
+also take cores from it: hashing is CPU work). Printed: per case the seconds a checkpoint's two files took
+and that share, then the last case's against the second's.
 """
 
 from __future__ import annotations
@@ -21,11 +29,12 @@ import argparse
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-from groupwise.runtime.tensor_files import save_tensors
+from groupwise.runtime.tensor_files import file_fingerprint, save_tensors
 from groupwise.training.bulk import host_copies
 
 QWEN_05B = [(896, 896), (896, 128), (896, 128), (896, 896), (896, 4864), (896, 4864), (4864, 896)]  # q k v o gate up down
@@ -58,8 +67,7 @@ def _case(write, files: tuple[dict, dict], folder: Path, repeats: int) -> tuple[
     def writer() -> None:
         for i in range(repeats):
             t0 = time.perf_counter()
-            write(files[0], folder / f"adapter{i}.safetensors")
-            write(files[1], folder / f"optimizer{i}.safetensors")
+            write(files, [folder / f"adapter{i}.safetensors", folder / f"optimizer{i}.safetensors"])
             took.append(time.perf_counter() - t0)
         done.set()
 
@@ -87,7 +95,23 @@ def main() -> None:
 
     files = _checkpoint(args.rank, args.device)
     mb = sum(t.numel() * t.element_size() for f in files for t in f.values()) / 1e6
-    cases = {"safetensors save_file": lambda t, path: save_file(t, str(path)), "save_tensors": save_tensors}
+    def read_back(write):
+        def case(tensors, paths):
+            for t, path in zip(tensors, paths):
+                write(t, path)
+            with ThreadPoolExecutor(2) as pool:
+                return list(pool.map(file_fingerprint, paths))
+        return case
+
+    def hashed_while_written(tensors, paths):
+        with ThreadPoolExecutor(2) as pool:
+            return list(pool.map(save_tensors, tensors, paths))
+
+    cases = {"save_file, read back": read_back(lambda t, path: save_file(t, str(path))),
+             "save_tensors, read back": read_back(save_tensors),
+             "save_tensors, hashed as written, one file at a time": lambda tensors, paths: list(
+                 map(save_tensors, tensors, paths)),
+             "save_tensors, hashed as written": hashed_while_written}
     shares: dict[str, list[float]] = {name: [] for name in cases}
     seconds: dict[str, list[float]] = {name: [] for name in cases}
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,8 +128,10 @@ def main() -> None:
     med = {name: sorted(v)[len(v) // 2] for name, v in shares.items()}
     for name in cases:
         print(f"| {name} | {sorted(seconds[name])[len(seconds[name]) // 2]:.3f} | {med[name]:.0%} |")
-    print(f"save_tensors / save_file, the pace a thread beside the writer keeps: "
-          f"{med['save_tensors'] / med['safetensors save_file']:.2f}x")
+    secs = {name: sorted(v)[len(v) // 2] for name, v in seconds.items()}
+    new, old = "save_tensors, hashed as written", "save_tensors, read back"
+    print(f"hashed as written / read back: {secs[new] / secs[old]:.2f}x the seconds, "
+          f"{med[new] / med[old]:.2f}x the pace a thread beside the writer keeps")
 
 
 if __name__ == "__main__":

@@ -104,6 +104,23 @@ def _resumes_from_step_1(root, problem):
     return state
 
 
+@pytest.mark.parametrize("cores", [2, 16])
+def test_state_json_records_each_file_as_it_is_on_disk(saved, monkeypatch, cores):
+    # the tensor files are hashed while they are written (one after another on two cores, side by side on
+    # more): what is recorded is what a resume reads back, for every file of the folder but state.json
+    trainer, names, root = saved
+    monkeypatch.setattr(ckpt, "usable_cores", lambda: cores)
+    folder = save_checkpoint(root, 3, model=trainer.model, optimizer=trainer.optimizer, param_names=names)
+    files = json.loads((folder / "state.json").read_text())["files"]
+    assert set(files) == {p.name for p in folder.iterdir()} - {"state.json"} == {
+        "adapter_model.safetensors", "adapter_config.json", "optimizer.safetensors", "optimizer.json",
+        "rng.safetensors", "rng.json"}
+    for name, recorded in files.items():
+        data = (folder / name).read_bytes()
+        assert recorded == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}, name
+    assert ckpt.verify_checkpoint(ckpt.read_state(folder)) is None
+
+
 def test_a_non_finite_adapter_is_never_written(saved):
     trainer, names, root = saved
     with torch.no_grad():

@@ -3,6 +3,7 @@ What it is for, the GIL let go while it writes, is a speed: bench/checkpoint_wri
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 
@@ -11,7 +12,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from groupwise.runtime.tensor_files import save_tensors
+from groupwise.runtime.tensor_files import file_fingerprint, save_tensors
 from groupwise.training.bulk import host_copies
 
 
@@ -64,6 +65,30 @@ def test_save_tensors_writes_a_snapshots_views_of_one_block(tmp_path):
     save_tensors(named, tmp_path / "x.safetensors")
     back = load_file(tmp_path / "x.safetensors")
     assert all(torch.equal(_bits(back[k]), _bits(c)) for k, c in named.items())
+
+
+def _on_disk(path) -> dict:
+    data = path.read_bytes()
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+@pytest.mark.parametrize("case", ["mixed", "block", "empty"])
+def test_the_fingerprint_hashed_while_writing_is_the_files(tmp_path, case):
+    # what a checkpoint's state.json records for the file, hashed from the buffers as they were written
+    tensors = {"mixed": _mixed(), "block": dict(enumerate(host_copies([torch.randn(64, 8), torch.randn(8)]))),
+               "empty": {"e": torch.empty(0)}}[case]
+    tensors = {str(k): t for k, t in tensors.items()}
+    got = save_tensors(tensors, tmp_path / "x.safetensors", metadata={"format": "pt"})
+    assert got == _on_disk(tmp_path / "x.safetensors") == file_fingerprint(tmp_path / "x.safetensors")
+
+
+def test_the_librarys_writer_is_read_back_for_its_fingerprint(tmp_path):
+    # a dtype this writer does not name (complex) goes to safetensors' writer: the fingerprint is then
+    # the file read back
+    t = torch.arange(5.0).to(torch.complex64)
+    got = save_tensors({"c": t, "r": torch.arange(3.0)}, tmp_path / "x.safetensors")
+    assert got == _on_disk(tmp_path / "x.safetensors")
+    assert torch.equal(load_file(tmp_path / "x.safetensors")["c"], t)
 
 
 def test_what_the_format_cannot_take_goes_to_the_librarys_writer(tmp_path):

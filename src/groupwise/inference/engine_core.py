@@ -40,6 +40,7 @@ import msgspec
 from groupwise.config import DEFAULT_ENGINE_PROCESS, DEFAULT_FRONTENDS, ENGINE_PROCESS_CHOICES, frontends_problem
 from groupwise.errors import ConfigError
 from groupwise.inference import wire
+from groupwise.runtime.compute import usable_cores
 
 __all__ = ["LIVENESS_S", "MAX_AUTO_FRONTENDS", "CoreSpec", "EngineCoreServer", "Placement", "pid_exit",
            "remove_core_address", "resolve_engine_process", "run_core"]
@@ -93,7 +94,7 @@ def resolve_engine_process(choice: str | None, device_type: str, frontends: str 
     if choice == "in_process" or not several:
         return Placement(choice, 1)
     if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cpus = usable_cores()
     return Placement("separate", max(1, min(MAX_AUTO_FRONTENDS, cpus - 1)))
 
 

@@ -30,13 +30,14 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import os
 import threading
 from collections import deque
 from typing import Any, Callable
 
 from groupwise.errors import GroupwiseError
 
-__all__ = ["ComputeThread", "compute_thread", "update_thread"]
+__all__ = ["ComputeThread", "compute_thread", "update_thread", "usable_cores"]
 
 
 class ComputeThread:
@@ -152,3 +153,8 @@ def update_thread() -> ComputeThread:
 # training update in hand when the program fails may take longer, and past this the process exits as
 # it would without the hook (a Ctrl-C should not wait minutes).
 _EXIT_JOIN_TIMEOUT_S = 60.0
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS has one, else the machine's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -67,15 +67,19 @@ def quiet_peft() -> Iterator[None]:
         yield
 
 
-def write_adapter_folder(folder: Path, tensors: "dict[str, torch.Tensor]", config: Any) -> None:
+def write_adapter_folder(folder: Path, tensors: "dict[str, torch.Tensor]",
+                         config: Any) -> dict[str, dict[str, object]]:
     """An adapter in peft's format at the top of `folder` (adapter_model.safetensors and
     adapter_config.json) from its state dict and peft config (`training.adapters.adapter_snapshot`):
-    a checkpoint's adapter, and the folder peft adds an engine's new adapter slot from."""
-    from groupwise.runtime.tensor_files import save_tensors  # the GIL let go while the bytes are written
+    a checkpoint's adapter, and the folder peft adds an engine's new adapter slot from. Returns each
+    file's name and `file_fingerprint` (the tensors' hashed as they were written)."""
+    from groupwise.runtime.tensor_files import file_fingerprint, save_tensors  # the GIL let go while written
 
     folder.mkdir(parents=True, exist_ok=True)
-    save_tensors(tensors, folder / "adapter_model.safetensors", metadata={"format": "pt"})
+    weights = save_tensors(tensors, folder / "adapter_model.safetensors", metadata={"format": "pt"})
     config.save_pretrained(str(folder), auto_mapping_dict=getattr(config, "auto_mapping_dict", None))
+    return {"adapter_model.safetensors": weights,
+            "adapter_config.json": file_fingerprint(folder / "adapter_config.json")}
 
 
 def cache_root() -> Path:

@@ -13,11 +13,17 @@ JSON header padded with spaces to a multiple of 8, then the tensors' bytes with 
 reads it back (`safetensors.torch.load_file`, peft's adapter loading), and the tests compare what it
 reads with what `save_file` writes. The tensors go larger element sizes first, so each one starts at a
 multiple of its element size, as in the library's files.
+
+The file's fingerprint (its size and SHA-256, which a checkpoint's state.json records and a resume
+checks) is computed from the buffers as they are written, where reading the file back to hash it would
+copy every byte once more and take the GIL back once a megabyte; `file_fingerprint` reads a file back,
+for the files written otherwise and for the check at resume.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import struct
 import sys
@@ -28,7 +34,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["save_tensors"]
+__all__ = ["file_fingerprint", "save_tensors"]
 
 
 @functools.cache
@@ -42,17 +48,30 @@ def _dtype_names() -> "dict[torch.dtype, str]":
             torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
 
 
-def save_tensors(tensors: "dict[str, torch.Tensor]", path: str | Path, metadata: dict[str, str] | None = None) -> None:
+def file_fingerprint(path: str | Path) -> dict[str, object]:
+    """``{"bytes": size, "sha256": hex digest}`` of a file on disk, read back a megabyte at a time."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+            size += len(block)
+    return {"bytes": size, "sha256": digest.hexdigest()}
+
+
+def save_tensors(tensors: "dict[str, torch.Tensor]", path: str | Path,
+                 metadata: dict[str, str] | None = None) -> dict[str, object]:
     """`safetensors.torch.save_file(tensors, path, metadata)`, with the GIL let go while the bytes are
-    written (module doc). CPU tensors only (a checkpoint's snapshot is CPU copies); a tensor that is not
-    contiguous, a dtype the format lacks, or a big-endian host goes to the library's writer instead."""
+    written (module doc); returns the file's `file_fingerprint`, hashed from what was written. CPU tensors
+    only (a checkpoint's snapshot is CPU copies); a tensor that is not contiguous, a dtype the format
+    lacks, or a big-endian host goes to the library's writer instead (and the file is read back to hash)."""
     names = _dtype_names()
     if sys.byteorder != "little" or any(
             t.device.type != "cpu" or not t.is_contiguous() or t.dtype not in names for t in tensors.values()):
         from safetensors.torch import save_file
 
         save_file(tensors, str(path), metadata=metadata)
-        return
+        return file_fingerprint(path)
     # by dtype, in memory order: a snapshot's tensors are views of one block per dtype (training/bulk.py),
     # so they follow each other and each block crosses in one `write` (`_buffers`)
     order = sorted(tensors, key=lambda name: (-tensors[name].element_size(), str(tensors[name].dtype),
@@ -68,10 +87,14 @@ def save_tensors(tensors: "dict[str, torch.Tensor]", path: str | Path, metadata:
         offset += n
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
+    head = struct.pack("<Q", len(text)) + text
+    digest = hashlib.sha256(head)  # hashlib lets go of the GIL on a large buffer, as `write` does
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
+        f.write(head)
         for buffer in _buffers([tensors[name] for name in order]):
+            digest.update(buffer)
             f.write(buffer)
+    return {"bytes": len(head) + offset, "sha256": digest.hexdigest()}
 
 
 CHUNK_BYTES = 64 << 20  # tensors apart in memory are joined into buffers of at most this size

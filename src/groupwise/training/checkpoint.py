@@ -56,9 +56,10 @@ from safetensors.torch import load_file
 
 from groupwise.config import CheckpointRetention
 from groupwise.errors import CheckpointError, CheckpointMismatchError, DiskFullError, GroupwiseWarning, NonFiniteError
-from groupwise.runtime.loading import write_adapter_folder
-from groupwise.runtime.tensor_files import save_tensors
 from groupwise.runs.store import dir_name_step, step_dir_name
+from groupwise.runtime.compute import usable_cores
+from groupwise.runtime.loading import write_adapter_folder
+from groupwise.runtime.tensor_files import file_fingerprint, save_tensors
 from groupwise.training.adapters import TRAIN_ADAPTER, adapter_snapshot
 from groupwise.training.checkpoint_contents import contents_problem, state_problem
 from groupwise.training.finite import non_finite_names
@@ -112,11 +113,14 @@ def base_problem(state: CheckpointState, base: dict[str, Any] | None) -> str | N
             "with the base it was trained on, or give the new run its own name (TrainableModel(run_name=...)).")
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
+def _write_json(path: Path, obj: Any) -> dict[str, Any]:
+    """`obj` as JSON, synced to disk; returns the file's fingerprint (`file_fingerprint`'s form)."""
+    data = json.dumps(obj, indent=1, sort_keys=True).encode()
+    with open(path, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def _fsync_dir(path: Path) -> None:
@@ -279,24 +283,25 @@ def _save(root: Path, tmp: Path, snap: CheckpointSnapshot, cursor: dict[str, Any
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    write_adapter_folder(tmp, snap.adapter, snap.adapter_config)
-    files = ["adapter_model.safetensors", "adapter_config.json"]
-    if snap.optimizer is not None:
-        tensors, meta = snap.optimizer
-        save_tensors(tensors, tmp / "optimizer.safetensors")
-        _write_json(tmp / "optimizer.json", meta)
-        files += ["optimizer.safetensors", "optimizer.json"]
-    rng_tensors, rng_meta = snap.rng
-    save_tensors(rng_tensors, tmp / "rng.safetensors")
-    _write_json(tmp / "rng.json", rng_meta)
-    files += ["rng.safetensors", "rng.json"]
+    # Each tensor file is hashed as it is written (`save_tensors`), and both let go of the GIL. At 7B a
+    # checkpoint is ~0.5 GB (the adapter and its AdamW moments) and hashing it is most of the write, so
+    # where there are cores to spare the files are written side by side; on a machine of two, a thread of
+    # the step beside the writer keeps more of its pace when they go one after another
+    # (bench/checkpoint_write.py).
+    side_by_side = 3 if usable_cores() > 2 else 1
+    with ThreadPoolExecutor(max_workers=side_by_side, thread_name_prefix="groupwise-checkpoint") as pool:
+        writes = [pool.submit(write_adapter_folder, tmp, snap.adapter, snap.adapter_config)]
+        if snap.optimizer is not None:
+            writes.append(pool.submit(_write_tensors, tmp, "optimizer", *snap.optimizer))
+        writes.append(pool.submit(_write_tensors, tmp, "rng", *snap.rng))
+        files = {name: fingerprint for write in writes for name, fingerprint in write.result().items()}
     state = {
         "format": FORMAT_VERSION,
         "step": step,
         "cursor": cursor or {},
         "metrics": {k: float(v) for k, v in (metrics or {}).items()},
         "saved_at": time.time(),
-        "files": _fingerprints(tmp, files),
+        "files": files,
         "history": list(history or []),
         "base": snap.base,
     }
@@ -313,22 +318,20 @@ def _save(root: Path, tmp: Path, snap: CheckpointSnapshot, cursor: dict[str, Any
     return final
 
 
+def _write_tensors(folder: Path, stem: str, tensors: dict[str, torch.Tensor],
+                   meta: Any) -> dict[str, dict[str, Any]]:
+    """``<stem>.safetensors`` and ``<stem>.json``; each file's name and fingerprint."""
+    return {f"{stem}.safetensors": save_tensors(tensors, folder / f"{stem}.safetensors"),
+            f"{stem}.json": _write_json(folder / f"{stem}.json", meta)}
+
+
 def _fingerprints(folder: Path, files: list[str]) -> dict[str, dict[str, Any]]:
-    """Each file's fingerprint, the files hashed side by side: hashlib lets go of the GIL while it hashes,
-    and at 7B a checkpoint is ~0.5 GB (its adapter and AdamW moments), ~0.3 s of SHA-256 one file after
-    another on one core, paid by every step of a run that trains alone."""
+    """Each file's fingerprint read back from disk, the files hashed side by side: hashlib lets go of the
+    GIL while it hashes, and at 7B a checkpoint is ~0.5 GB, ~0.3 s of SHA-256 on one core."""
     if not files:
         return {}
     with ThreadPoolExecutor(max_workers=min(4, len(files)), thread_name_prefix="groupwise-hash") as pool:
-        return dict(zip(files, pool.map(_fingerprint, [folder / name for name in files])))
-
-
-def _fingerprint(path: Path) -> dict[str, Any]:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+        return dict(zip(files, pool.map(file_fingerprint, [folder / name for name in files])))
 
 
 def read_state_or_why(path: Path) -> CheckpointState | str:
