@@ -82,6 +82,15 @@ def test_the_fingerprint_hashed_while_writing_is_the_files(tmp_path, case):
     assert got == _on_disk(tmp_path / "x.safetensors") == file_fingerprint(tmp_path / "x.safetensors")
 
 
+@pytest.mark.parametrize("size", [0, 1, 63, 64, 65, 1000])
+def test_a_file_read_back_in_pieces_has_the_fingerprint_of_its_bytes(tmp_path, monkeypatch, size):
+    from groupwise.runtime import tensor_files
+
+    monkeypatch.setattr(tensor_files, "READ_BYTES", 64)  # many reads, and a last one short or empty
+    (tmp_path / "f").write_bytes((bytes(range(256)) * 4)[:size])
+    assert file_fingerprint(tmp_path / "f") == _on_disk(tmp_path / "f")
+
+
 def test_the_librarys_writer_is_read_back_for_its_fingerprint(tmp_path):
     # a dtype this writer does not name (complex) goes to safetensors' writer: the fingerprint is then
     # the file read back

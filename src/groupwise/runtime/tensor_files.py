@@ -16,7 +16,7 @@ multiple of its element size, as in the library's files.
 
 The file's fingerprint (its size and SHA-256, which a checkpoint's state.json records and a resume
 checks) is computed from the buffers as they are written, where reading the file back to hash it would
-copy every byte once more and take the GIL back once a megabyte; `file_fingerprint` reads a file back,
+copy every byte once more and take the GIL back once a read; `file_fingerprint` reads a file back,
 for the files written otherwise and for the check at resume.
 """
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import struct
 import sys
 from collections.abc import Iterator
@@ -48,14 +49,18 @@ def _dtype_names() -> "dict[torch.dtype, str]":
             torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
 
 
+READ_BYTES = 16 << 20  # what `file_fingerprint` reads at a time: each read takes the GIL back once
+
+
 def file_fingerprint(path: str | Path) -> dict[str, object]:
-    """``{"bytes": size, "sha256": hex digest}`` of a file on disk, read back a megabyte at a time."""
+    """``{"bytes": size, "sha256": hex digest}`` of a file on disk, read back into one reused buffer."""
     digest = hashlib.sha256()
     size = 0
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-            size += len(block)
+    with open(path, "rb", buffering=0) as f:
+        buffer = memoryview(bytearray(min(READ_BYTES, max(1, os.fstat(f.fileno()).st_size))))
+        while n := f.readinto(buffer):
+            digest.update(buffer[:n])
+            size += n
     return {"bytes": size, "sha256": digest.hexdigest()}
 
 
