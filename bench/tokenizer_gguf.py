@@ -28,13 +28,13 @@ SAMPLE = [{"role": "system", "content": "Be brief."}, {"role": "user", "content"
           {"role": "assistant", "content": "left ✓ — 8 points, naïve café 東京"}]
 
 
-def write_metadata_copy(source: Path, target: Path) -> None:
-    """`source`'s key-value fields, in order, with no tensors, at `target`."""
+def write_metadata_copy(source: Path, target: Path, *, without: tuple[str, ...] = ()) -> None:
+    """`source`'s key-value fields, in order, with no tensors, at `target` (less the fields `without`)."""
     reader = GGUFReader(source)
     arch = reader.fields["general.architecture"].contents()
     writer = GGUFWriter(str(target), arch=arch)  # writes general.architecture itself
     for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
+        if name.startswith("GGUF.") or name == "general.architecture" or name in without:
             continue  # the header's own counts, and the field the writer set
         vtype = GGUFValueType(field.types[0])
         sub_type = GGUFValueType(field.types[-1]) if vtype == GGUFValueType.ARRAY else None
