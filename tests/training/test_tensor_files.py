@@ -80,6 +80,9 @@ def test_the_fingerprint_hashed_while_writing_is_the_files(tmp_path, case):
     tensors = {str(k): t for k, t in tensors.items()}
     got = save_tensors(tensors, tmp_path / "x.safetensors", metadata={"format": "pt"})
     assert got == _on_disk(tmp_path / "x.safetensors") == file_fingerprint(tmp_path / "x.safetensors")
+    # not asked for (an engine's adapter slot is loaded from a folder and deleted): the same file, no hash
+    assert save_tensors(tensors, tmp_path / "y.safetensors", metadata={"format": "pt"}, fingerprint=False) is None
+    assert _on_disk(tmp_path / "y.safetensors") == got
 
 
 @pytest.mark.parametrize("size", [0, 1, 63, 64, 65, 1000])

@@ -67,17 +67,21 @@ def quiet_peft() -> Iterator[None]:
         yield
 
 
-def write_adapter_folder(folder: Path, tensors: "dict[str, torch.Tensor]",
-                         config: Any) -> dict[str, dict[str, object]]:
+def write_adapter_folder(folder: Path, tensors: "dict[str, torch.Tensor]", config: Any, *,
+                         fingerprint: bool = False) -> dict[str, dict[str, object]]:
     """An adapter in peft's format at the top of `folder` (adapter_model.safetensors and
     adapter_config.json) from its state dict and peft config (`training.adapters.adapter_snapshot`):
-    a checkpoint's adapter, and the folder peft adds an engine's new adapter slot from. Returns each
-    file's name and `file_fingerprint` (the tensors' hashed as they were written)."""
+    a checkpoint's adapter, and the folder peft adds an engine's new adapter slot from. With
+    `fingerprint`, returns each file's name and `file_fingerprint` (the tensors' hashed as they were
+    written, as a checkpoint records them); else nothing is hashed and it returns {}."""
     from groupwise.runtime.tensor_files import file_fingerprint, save_tensors  # the GIL let go while written
 
     folder.mkdir(parents=True, exist_ok=True)
-    weights = save_tensors(tensors, folder / "adapter_model.safetensors", metadata={"format": "pt"})
+    weights = save_tensors(tensors, folder / "adapter_model.safetensors", metadata={"format": "pt"},
+                           fingerprint=fingerprint)
     config.save_pretrained(str(folder), auto_mapping_dict=getattr(config, "auto_mapping_dict", None))
+    if weights is None:
+        return {}
     return {"adapter_model.safetensors": weights,
             "adapter_config.json": file_fingerprint(folder / "adapter_config.json")}
 

@@ -64,19 +64,20 @@ def file_fingerprint(path: str | Path) -> dict[str, object]:
     return {"bytes": size, "sha256": digest.hexdigest()}
 
 
-def save_tensors(tensors: "dict[str, torch.Tensor]", path: str | Path,
-                 metadata: dict[str, str] | None = None) -> dict[str, object]:
+def save_tensors(tensors: "dict[str, torch.Tensor]", path: str | Path, metadata: dict[str, str] | None = None,
+                 *, fingerprint: bool = True) -> dict[str, object] | None:
     """`safetensors.torch.save_file(tensors, path, metadata)`, with the GIL let go while the bytes are
-    written (module doc); returns the file's `file_fingerprint`, hashed from what was written. CPU tensors
-    only (a checkpoint's snapshot is CPU copies); a tensor that is not contiguous, a dtype the format
-    lacks, or a big-endian host goes to the library's writer instead (and the file is read back to hash)."""
+    written (module doc); returns the file's `file_fingerprint`, hashed from what was written (None when
+    not asked for: hashing costs more than writing to the page cache). CPU tensors only (a checkpoint's
+    snapshot is CPU copies); a tensor that is not contiguous, a dtype the format lacks, or a big-endian
+    host goes to the library's writer instead (and the file is read back to hash)."""
     names = _dtype_names()
     if sys.byteorder != "little" or any(
             t.device.type != "cpu" or not t.is_contiguous() or t.dtype not in names for t in tensors.values()):
         from safetensors.torch import save_file
 
         save_file(tensors, str(path), metadata=metadata)
-        return file_fingerprint(path)
+        return file_fingerprint(path) if fingerprint else None
     # by dtype, in memory order: a snapshot's tensors are views of one block per dtype (training/bulk.py),
     # so they follow each other and each block crosses in one `write` (`_buffers`)
     order = sorted(tensors, key=lambda name: (-tensors[name].element_size(), str(tensors[name].dtype),
@@ -93,13 +94,14 @@ def save_tensors(tensors: "dict[str, torch.Tensor]", path: str | Path,
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     head = struct.pack("<Q", len(text)) + text
-    digest = hashlib.sha256(head)  # hashlib lets go of the GIL on a large buffer, as `write` does
+    digest = hashlib.sha256(head) if fingerprint else None  # lets go of the GIL on a large buffer, as `write`
     with open(path, "wb") as f:
         f.write(head)
         for buffer in _buffers([tensors[name] for name in order]):
-            digest.update(buffer)
+            if digest is not None:
+                digest.update(buffer)
             f.write(buffer)
-    return {"bytes": len(head) + offset, "sha256": digest.hexdigest()}
+    return None if digest is None else {"bytes": len(head) + offset, "sha256": digest.hexdigest()}
 
 
 CHUNK_BYTES = 64 << 20  # tensors apart in memory are joined into buffers of at most this size

@@ -290,7 +290,7 @@ def _save(root: Path, tmp: Path, snap: CheckpointSnapshot, cursor: dict[str, Any
     # (bench/checkpoint_write.py).
     side_by_side = 3 if usable_cores() > 2 else 1
     with ThreadPoolExecutor(max_workers=side_by_side, thread_name_prefix="groupwise-checkpoint") as pool:
-        writes = [pool.submit(write_adapter_folder, tmp, snap.adapter, snap.adapter_config)]
+        writes = [pool.submit(write_adapter_folder, tmp, snap.adapter, snap.adapter_config, fingerprint=True)]
         if snap.optimizer is not None:
             writes.append(pool.submit(_write_tensors, tmp, "optimizer", *snap.optimizer))
         writes.append(pool.submit(_write_tensors, tmp, "rng", *snap.rng))
