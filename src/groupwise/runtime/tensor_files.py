@@ -68,9 +68,9 @@ def save_tensors(tensors: "dict[str, torch.Tensor]", path: str | Path, metadata:
                  *, fingerprint: bool = True) -> dict[str, object] | None:
     """`safetensors.torch.save_file(tensors, path, metadata)`, with the GIL let go while the bytes are
     written (module doc); returns the file's `file_fingerprint`, hashed from what was written (None when
-    not asked for: hashing costs more than writing to the page cache). CPU tensors only (a checkpoint's
-    snapshot is CPU copies); a tensor that is not contiguous, a dtype the format lacks, or a big-endian
-    host goes to the library's writer instead (and the file is read back to hash)."""
+    not asked for: the hash is CPU work that only a file read back later needs). CPU tensors only (a
+    checkpoint's snapshot is CPU copies); a tensor that is not contiguous, a dtype the format lacks, or a
+    big-endian host goes to the library's writer instead (and the file is read back to hash)."""
     names = _dtype_names()
     if sys.byteorder != "little" or any(
             t.device.type != "cpu" or not t.is_contiguous() or t.dtype not in names for t in tensors.values()):
