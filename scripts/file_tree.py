@@ -23,6 +23,7 @@ NOTES = {
     "bench/data/many_runs_interleaved_h200.json": "bench/many_runs.py on H200s, 4 and 8 runs: the worker's commands interleaved against one at a time, the separate core against the in-process engine, three calls",
     "bench/data/many_runs_inline_answers_h200.json": "bench/many_runs.py on an H200, 4 runs together: answers built on the event loop (tried, not kept) against on a worker thread, one call",
     "bench/data/many_runs_compiled_h200.json": "bench/many_runs.py on an H200, 4 runs with a driver each: compiled updates against eager ones, in sequence and joined, one call",
+    "bench/data/many_runs_hashed_checkpoint_h100.json": "bench/many_runs.py on an H100, 4 runs with a driver each, compiled updates: joined with the checkpoint hashed as written and read back (the code before), alternating over two calls, and in sequence; bench/checkpoint_write.py on the GPU snapshot",
     "bench/data/many_runs_checkpoint_writer_h100.json": "bench/many_runs.py on an H100, 4 runs with a driver each, compiled updates: joined with the checkpoint writer that lets go of the GIL and with safetensors' save_file, and in sequence, one call",
     "bench/data/many_runs_gc_h200.json": "bench/many_runs.py on an H200, 4 runs: the tokenising fast path, async route dependencies and the frozen heap against the code before them, three calls on one slow machine",
     "bench/data/distill_2048_topk.json": "bench/distill_smollm2.py's curves on the CPU, 2048 at its preset, top-k, the `groupwise train 2048` teacher: the docs block's run",
