@@ -19,7 +19,6 @@ import tempfile
 from pathlib import Path
 
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
-
 from transformers import AutoTokenizer
 
 from groupwise.runtime.loading import SHORT_NAMES, packaged_file
@@ -52,9 +51,9 @@ def _same_tokenizer(a, b) -> str | None:
     for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "chat_template"):
         if getattr(a, attr) != getattr(b, attr):
             return attr
-    if a.apply_chat_template(SAMPLE, tokenize=False) != b.apply_chat_template(SAMPLE, tokenize=False):
-        return "the rendered chat"
     text = a.apply_chat_template(SAMPLE, tokenize=False)
+    if b.apply_chat_template(SAMPLE, tokenize=False) != text:
+        return "the rendered chat"
     if a(text)["input_ids"] != b(text)["input_ids"]:
         return "the token ids"
     return None
