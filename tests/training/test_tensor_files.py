@@ -76,7 +76,8 @@ def _on_disk(path) -> dict:
 def test_the_fingerprint_hashed_while_writing_is_the_files(tmp_path, case):
     # what a checkpoint's state.json records for the file, hashed from the buffers as they were written
     block = host_copies([torch.randn(64, 8), torch.randn(8)])
-    tensors = {"mixed": _mixed(), "block": {f"b{i}": t for i, t in enumerate(block)}, "empty": {"e": torch.empty(0)}}[case]
+    tensors = {"mixed": _mixed(), "block": {f"b{i}": t for i, t in enumerate(block)},
+               "empty": {"e": torch.empty(0)}}[case]
     got = save_tensors(tensors, tmp_path / "x.safetensors", metadata={"format": "pt"})
     assert got == _on_disk(tmp_path / "x.safetensors") == file_fingerprint(tmp_path / "x.safetensors")
     # not asked for (an engine's adapter slot is loaded from a folder and deleted): the same file, no hash
