@@ -145,7 +145,7 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
         t1 = time.perf_counter()
         result = await model.train(groups, config=config)
         if step >= args.warmup:
-            totals.setdefault("events", []).append((step, t0, t1, time.perf_counter()))
+            totals.setdefault("events", []).append((step, t0, t1, time.perf_counter(), result.metrics.get("update_time", 0)))
             totals["rollout_tokens"] = totals.get("rollout_tokens", 0) + _tokens(groups)
             totals["trainable_tokens"] = totals.get("trainable_tokens", 0) + result.metrics.get("trainable_tokens", 0)
             for key, metric in STEP_TIMES.items():
@@ -337,9 +337,17 @@ async def case(args: Any) -> dict[str, Any]:
     by_step: dict[tuple, list] = {}
     for i, (step, *ts) in enumerate(totals.get("events", [])):
         by_step.setdefault(i if args.case == "sequence" else step, []).append(ts)
+    # a step's updates in the order they ended, averaged over the steps: an update that waits on nothing but
+    # is slower when it comes later in a step shares the worker with what the updates before it left running
+    by_order: list[list[float]] = []
     for ts in by_step.values():
         phases["rollout_s"] += max(t[1] for t in ts) - min(t[0] for t in ts)
         phases["train_s"] += max(t[2] for t in ts) - max(t[1] for t in ts)
+        for k, t in enumerate(sorted(ts, key=lambda t: t[2])):
+            if len(by_order) == k:
+                by_order.append([])
+            by_order[k].append(t[3])
+    phases["update_by_order_s"] = [round(sum(u) / len(u), 4) for u in by_order]
     return {"case": args.case, "timed_s": timed, **phases, "rollout_tokens": totals.get("rollout_tokens", 0),
             "trainable_tokens": totals.get("trainable_tokens", 0), **{k: totals.get(k, 0) for k in STEP_TIMES},
             **{k: totals.get(k, 0) for k in COUNTERS},
@@ -504,6 +512,7 @@ def _cases(args: Any, mode: str, runs: int, card: str) -> dict[str, Any] | None:
               + ", ".join(f"{part} {r.get(part + '_s', 0):.2f} s" for part in PUBLISH_PARTS)
               + "); engine passes: "
               + ", ".join(f"{k} {r.get(k, 0)}" for k in COUNTERS if not k.endswith("_s"))
+              + "; a step's updates in the order they ended, s: " + ", ".join(f"{u:.3f}" for u in r.get("update_by_order_s", []))
               + f"; the engine busy {r.get('prefill_s', 0):.1f} s in prefill + {r.get('decode_s', 0):.1f} s in decode "
               f"(of which {r.get('decode_wait_s', 0):.1f} s waiting for the device, {r.get('decode_s_in_updates', 0):.1f} s "
               f"during updates; the rest of the rollout phases it waited for requests)", flush=True)
