@@ -67,6 +67,7 @@ from groupwise.backend.retention import prune_command, prune_row, retain_command
 from groupwise.backend.worker import LOOPBACK, ModelSpec, WorkerOptions
 from groupwise.core.compat import ART_LOCAL_TRAIN_KEYWORDS, not_provided, with_art_keywords
 from groupwise.runtime.compute import compute_thread
+from groupwise.runtime.memory import freeze_loaded, refreeze_wanted, thaw_loaded
 from groupwise.config import DEFAULT_RUN_STORE, CheckpointRetention, TrainConfig
 from groupwise.core.adapter_names import served_name
 from groupwise.runs import wandb_log
@@ -266,6 +267,9 @@ class WorkerBackend(Backend):
             finally:
                 del self._runs[run.id]
                 self._run_locks.release(run.id.key)
+                thaw_loaded()  # what it alone held is collectable again (`_register` froze it)
+                if self._runs:
+                    await compute_thread().run(freeze_loaded)
 
     async def _register(self, model: "TrainableModel", run_id: RunId) -> None:
         if not self._started:
@@ -295,6 +299,10 @@ class WorkerBackend(Backend):
                                       urls=[info["url"] for info in infos],
                                       skipped_in_a_row=int(head["metrics"].get("skipped_in_a_row", 0)),
                                       kl_reference_step=int(head["metrics"].get("kl_reference_step", 0)) or None)
+        # This process's full collections would walk what the registration loaded (torch, transformers, the
+        # client and the tokenizer: ~300,000 objects, 0.15 s a collection on the 2-core CPU, set off every
+        # few steps by the rollouts' objects) when the model lives in a worker process that froze its own.
+        await compute_thread().run(freeze_loaded)
 
     # ------------------------------------------------------------------------------ serve
     def inference_endpoint(self, model: "TrainableModel") -> InferenceEndpoint:
@@ -432,6 +440,8 @@ class WorkerBackend(Backend):
                 await self._publish(run, step + 1, metrics, dict(cursor or {}), row)
             # after the row: the checkpoint holds the row, so its own writing cannot be in it (the loop's row has it)
             metrics["time/publish_s"] = time.perf_counter() - t_publish
+            if refreeze_wanted():
+                await compute_thread().run(freeze_loaded)
             metrics["step_time"] = time.perf_counter() - t0
             return TrainResult(step=run.step, metrics=metrics, checkpoint_path=run.checkpoint_path)
 
@@ -659,6 +669,8 @@ class WorkerBackend(Backend):
         both closes end here, the async one and ART's ``with LocalBackend()``."""
         for run in self._runs.values():
             wandb_log.finish_store(run.store)
+        if self._runs:
+            thaw_loaded()  # `_register` froze what it loaded
         self._runs.clear()
 
     def describe(self) -> dict[str, Any]:

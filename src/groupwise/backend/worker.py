@@ -42,7 +42,7 @@ from datetime import timedelta
 from typing import Any
 
 from groupwise.errors import ConfigError
-from groupwise.runtime.memory import freeze_loaded, release_freed_memory, thaw_loaded
+from groupwise.runtime.memory import freeze_loaded, refreeze_wanted, release_freed_memory, thaw_loaded
 from groupwise.backend.protocol import PruneCommand, Published, PublishCommand, RetainCommand, UpdateCommand
 from groupwise.backend.replica import Replica, SharedBase
 from groupwise.runtime.compute import compute_thread, update_thread
@@ -456,6 +456,8 @@ class DeviceWorker:
                                   served_fingerprint=(await compute.run(replica.served_fingerprint, step)
                                                       if self.options.train_workers is not None else None),
                                   times=times)
+        if refreeze_wanted():  # what the step compiled or imported is walked by no further full collection
+            await compute.run(freeze_loaded)
         if command.retain is None:
             return published
         return replace(published, deleted=tuple(await self.retain(command.retain)))

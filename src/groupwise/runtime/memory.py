@@ -11,6 +11,12 @@ Python's full collections walk every tracked object, and a process holding a mod
 thousands (torch, transformers, the modules): each one a pause of every thread, the engine's included,
 set off by the rollouts' short-lived objects. `freeze_loaded` moves what is loaded into the collector's
 permanent generation (as vLLM does after loading); `thaw_loaded` gives it back before a model is dropped.
+What is made to last after the load is walked again by every full collection: torch.compile's graphs,
+guards and kernels (a compiled update or decode pass leaves hundreds of thousands of objects), modules
+imported on first use. A full collection slower than `SLOW_FULL_COLLECTION_S` says so, and
+`refreeze_wanted` tells the process to freeze again where it is safe to (with compiled updates, a
+worker's full collections grew from under 1 ms to 0.2 s within a few steps on the 2-core CPU, each one
+stopping the update, the engine and the server's threads together).
 """
 
 from __future__ import annotations
@@ -18,10 +24,16 @@ from __future__ import annotations
 import ctypes
 import gc
 import sys
+import time
 from typing import Any
 
-__all__ = ["PRESSED_FRACTION", "allocatable_bytes", "free_memory_bytes", "freeze_loaded", "memory_pressed",
-           "release_freed_memory", "thaw_loaded"]
+__all__ = ["PRESSED_FRACTION", "SLOW_FULL_COLLECTION_S", "allocatable_bytes", "free_memory_bytes", "freeze_loaded",
+           "memory_pressed", "refreeze_wanted", "release_freed_memory", "thaw_loaded"]
+
+# A full collection walks every tracked object that is not frozen. Once the load is frozen, that is what
+# the process holds for the work in hand (a step's requests and batches: a few milliseconds to walk);
+# longer means objects made to last since, walked again by every later full collection (module doc).
+SLOW_FULL_COLLECTION_S = 0.010
 
 _libc = None
 
@@ -46,9 +58,41 @@ def freeze_loaded() -> None:
     that walk every tracked object: 0.3 s pauses of every thread (the engine's too) with a tiny model on
     the 2-core CPU; frozen, the longest pause was 0.016 s (bench/request_overhead.py). A process that holds a model calls this
     after loading it, from the thread that captures CUDA graphs: a collection must not run in a capture
-    (inference/decode_graphs.py)."""
+    (inference/decode_graphs.py). Called again when `refreeze_wanted`."""
+    global _slow_full_collection
+    _watch_full_collections()
     gc.collect()
     gc.freeze()
+    _slow_full_collection = False  # the collection just above may have been slow: it is what freezing fixed
+
+
+def refreeze_wanted() -> bool:
+    """A full collection since the last `freeze_loaded` was slow while something is frozen (a model is
+    loaded): freeze again, from a thread where `freeze_loaded` may run."""
+    return _slow_full_collection and gc.get_freeze_count() > 0
+
+
+_slow_full_collection = False
+_full_collection_started: float | None = None
+
+
+def _on_collection(phase: str, info: dict[str, Any]) -> None:
+    """gc callback: notes a full collection slower than SLOW_FULL_COLLECTION_S (collections run one at a
+    time, under the GIL)."""
+    global _full_collection_started, _slow_full_collection
+    if info.get("generation") != 2:
+        return
+    if phase == "start":
+        _full_collection_started = time.perf_counter()
+    elif _full_collection_started is not None:
+        if time.perf_counter() - _full_collection_started > SLOW_FULL_COLLECTION_S:
+            _slow_full_collection = True
+        _full_collection_started = None
+
+
+def _watch_full_collections() -> None:
+    if _on_collection not in gc.callbacks:
+        gc.callbacks.append(_on_collection)
 
 
 def thaw_loaded() -> None:
