@@ -3,7 +3,7 @@
 full collection they set off walked every object of torch, transformers and the models (0.3 s pauses of
 every thread with a tiny model on the 2-core CPU). A model that is dropped gives its objects back first,
 so a cycle among them is still freed. A step freezes again what was made to last since the load when a
-full collection says it walks it (`refreeze_wanted`), and the user's process freezes its own load when
+full collection says it walks it and enough of it lasted (`refreeze_wanted`), and the user's process freezes its own load when
 the model lives in a worker process."""
 
 from __future__ import annotations
@@ -65,15 +65,21 @@ def test_a_slow_full_collection_asks_to_freeze_again(monkeypatch):
         gc.collect()
         assert not memory.refreeze_wanted()  # a fast one: nothing to do
         monkeypatch.setattr(memory, "SLOW_FULL_COLLECTION_S", -1.0)
+        monkeypatch.setattr(memory, "REFREEZE_OBJECTS", 20_000)
         gc.collect(1)
         assert not memory.refreeze_wanted()  # a young collection walks what is new only
         gc.collect()
-        assert memory.refreeze_wanted()
+        assert not memory.refreeze_wanted()  # slow, but little has lasted since the freeze: the work in hand
+        lasting = [[i] for i in range(30_000)]
+        gc.collect()
+        assert memory.refreeze_wanted()  # slow, and 30,000 objects lasted since
         memory.freeze_loaded()  # its own full collection is what freezing fixes: not asked again
         assert not memory.refreeze_wanted()
+        assert gc.get_freeze_count() >= len(lasting)
+        more = [[i] for i in range(30_000)]
         gc.collect()
         gc.unfreeze()
-        assert not memory.refreeze_wanted()  # nothing frozen: no model is loaded, nothing to freeze again
+        assert not memory.refreeze_wanted() and more  # nothing frozen: no model is loaded, nothing to freeze again
     finally:
         gc.unfreeze()
 
@@ -84,7 +90,7 @@ async def test_a_step_freezes_again_what_was_made_to_last_since_the_load(tmp_pat
     model = gw.TrainableModel("a", project="p", base_model=tiny_model_dir)
     try:
         await model.register(backend)
-        kept = [[i] for i in range(50_000)]  # made to last after the load, as a compiled graph's objects are
+        kept = [[i] for i in range(memory.REFREEZE_OBJECTS)]  # made to last after the load, as a compiled graph's
         frozen = gc.get_freeze_count()
         monkeypatch.setattr(memory, "SLOW_FULL_COLLECTION_S", -1.0)  # every full collection counts as slow
         gc.collect()
