@@ -3,8 +3,8 @@
 full collection they set off walked every object of torch, transformers and the models (0.3 s pauses of
 every thread with a tiny model on the 2-core CPU). A model that is dropped gives its objects back first,
 so a cycle among them is still freed. A step freezes again what was made to last since the load when a
-full collection says it walks it and enough of it lasted (`refreeze_wanted`), and the user's process freezes its own load when
-the model lives in a worker process."""
+slow full collection walked it and enough of it lasted (`refreeze_wanted`), and the user's process freezes
+its own load when the model lives in a worker process."""
 
 from __future__ import annotations
 

@@ -299,9 +299,10 @@ class WorkerBackend(Backend):
                                       urls=[info["url"] for info in infos],
                                       skipped_in_a_row=int(head["metrics"].get("skipped_in_a_row", 0)),
                                       kl_reference_step=int(head["metrics"].get("kl_reference_step", 0)) or None)
-        # This process's full collections would walk what the registration loaded (torch, transformers, the
-        # client and the tokenizer: ~300,000 objects, 0.15 s a collection on the 2-core CPU, set off every
-        # few steps by the rollouts' objects) when the model lives in a worker process that froze its own.
+        # Where the model lives in a worker process (which froze its own load), this process's full collections
+        # would walk what the registration loaded here (torch, transformers, the client, the tokenizer: ~300,000
+        # objects, 0.15 s a collection on the 2-core CPU, set off every few steps by the rollouts' objects). In
+        # process, the worker's load froze them already and this freezes what the registration added beside.
         await compute_thread().run(freeze_loaded)
 
     # ------------------------------------------------------------------------------ serve

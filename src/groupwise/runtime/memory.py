@@ -27,8 +27,8 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["PRESSED_FRACTION", "REFREEZE_OBJECTS", "SLOW_FULL_COLLECTION_S", "allocatable_bytes", "free_memory_bytes", "freeze_loaded",
-           "memory_pressed", "refreeze_wanted", "release_freed_memory", "thaw_loaded"]
+__all__ = ["PRESSED_FRACTION", "REFREEZE_OBJECTS", "SLOW_FULL_COLLECTION_S", "allocatable_bytes", "free_memory_bytes",
+           "freeze_loaded", "memory_pressed", "refreeze_wanted", "release_freed_memory", "thaw_loaded"]
 
 # A full collection walks every tracked object that is not frozen. Once the load is frozen, that is what
 # the process holds for the work in hand (a step's requests and batches: a few milliseconds to walk);
@@ -73,9 +73,9 @@ def refreeze_wanted() -> bool:
     """Freeze again (from a thread where `freeze_loaded` may run)? Yes when a full collection since the last
     `freeze_loaded` was slow while something is frozen (a model is loaded) and at least `REFREEZE_OBJECTS`
     objects have lasted since, unfrozen. Asked between steps, when a step's own objects are gone: a slow
-    collection that walked the requests in flight (a GPU worker's, 17-23 ms in steps of 256 rollouts once its
-    compiled graphs were frozen) is no reason, and
-    freezing then would keep what a step leaves in cycles out of the collector's reach for good."""
+    collection that walked the requests in flight (a GPU worker's took 17-23 ms in steps of 256 rollouts once
+    its compiled graphs were frozen) is no reason, and freezing what a step leaves would keep its cycles out
+    of the collector's reach for good."""
     global _slow_full_collection
     if not _slow_full_collection or gc.get_freeze_count() == 0:
         return False
