@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import logging
 import time
 import warnings
@@ -262,13 +263,14 @@ class WorkerBackend(Backend):
         if run is None:
             return
         async with run.lock:  # not in the middle of its own step
+            thaw_loaded()  # what it alone held is collectable again (`_register` froze it)
             try:
                 await self._call_all("unload", name=run.spec.name)
             finally:
                 del self._runs[run.id]
                 self._run_locks.release(run.id.key)
-                thaw_loaded()  # what it alone held is collectable again (`_register` froze it)
-                if self._runs:
+                # An in-process worker's unload froze the rest again already (one full collection, not two)
+                if self._runs and gc.get_freeze_count() == 0:
                     await compute_thread().run(freeze_loaded)
 
     async def _register(self, model: "TrainableModel", run_id: RunId) -> None:
