@@ -91,6 +91,8 @@ async def test_train_serves_and_verifies_the_new_adapter(tiny_model_dir, tmp_pat
         # The error names the adapter as users do (name@step), not by peft's slot.
         with pytest.raises(AdapterMismatchError, match="the engine's 'p/agent@2' does not hold the trained weights"):
             await clone.train(await _groups(clone, step=1), config=gw.TrainConfig(learning_rate=1e-3))
+        # the checkpoint, written while the engine was checked, is complete on disk
+        assert (run / "checkpoints" / "0002" / "state.json").is_file()
         # ... and so is a registry that still resolves the model's name to the old step
         with pytest.raises(AdapterMismatchError, match="answers requests for 'p/agent' as 'p/agent@1'"):
             served.check_answers(2)

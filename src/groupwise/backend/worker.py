@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from groupwise.errors import ConfigError
@@ -428,26 +429,40 @@ class DeviceWorker:
             published = Published(self.rank, served_fingerprint=await compute.run(replica.served_fingerprint, step),
                                   times=times)
         else:
-            path = None
+            writing: asyncio.Future | None = None
             if self.rank == 0:
                 with timed("snapshot"):
                     snap = await compute.run(replica.snapshot, step)
+
+                def write() -> Path:
+                    with timed("write"):
+                        return replica.write(spec.checkpoints_dir, snap, command.metrics, command.cursor,
+                                             list(command.history))
+
                 # The files are serialised, hashed and written on another thread: meanwhile the compute
-                # thread steps the engine for the other runs' rollouts (compute.py).
-                with timed("write"):
-                    path = await asyncio.to_thread(replica.write, spec.checkpoints_dir, snap, command.metrics,
-                                                   command.cursor, list(command.history))
+                # thread serves and checks the same snapshot, and steps the engine for the other runs'
+                # rollouts (compute.py). The publication ends with the write, so a step that returned has
+                # its checkpoint on disk, and one whose check fails leaves it there as it would have before.
+                writing = asyncio.ensure_future(asyncio.to_thread(write))
                 tensors, config = snap.adapter, snap.adapter_config
             else:  # a rank > 0 serves its own copy of the same adapter (the ranks' fingerprints are compared)
                 with timed("snapshot"):
                     tensors, config = await compute.run(replica.adapter_snapshot)
-            # served from the snapshot the checkpoint was written from, without reading the files back
-            with timed("serve"):
-                await compute.run(replica.serve, step, None, tensors, config)
-            if self.options.verify_adapter:
-                with timed("check"):
-                    await compute.run(replica.check_adapter, step)
-                    replica.check_answers(step)
+            try:
+                # served from the snapshot the checkpoint is written from, without reading the files back
+                with timed("serve"):
+                    await compute.run(replica.serve, step, None, tensors, config)
+                if self.options.verify_adapter:
+                    with timed("check"):
+                        await compute.run(replica.check_adapter, step)
+                        replica.check_answers(step)
+            except BaseException:
+                if writing is not None:  # the checkpoint is on disk as before; the check's error is the one raised
+                    await asyncio.wait([writing])
+                    if not writing.cancelled():
+                        writing.exception()  # retrieved: only the first error is raised
+                raise
+            path = await writing if writing is not None else None
             published = Published(self.rank, checkpoint_path=str(path) if self.rank == 0 else None,
                                   # compared between trainer ranks: one rank has nothing to compare with
                                   fingerprint=(await compute.run(replica.adapter_fingerprint)
