@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import openai
 import pytest
 import torch
 
@@ -190,6 +191,11 @@ async def test_a_step_that_fails_after_its_update_blocks_the_next_until_the_run_
         monkeypatch.undo()
         moved = await _state(backend)
         assert not _same(saved["adapter"], moved["adapter"])  # the update ran
+        # it was served while its checkpoint was written; no checkpoint holds it, so nothing answers with it
+        for name in ("agent", "agent@2"):
+            with pytest.raises(openai.NotFoundError):
+                await model.openai_client().chat.completions.create(
+                    model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
         with pytest.raises(StoreError, match=r"step 1's update ran, .*DiskFullError.*unregister\(model\)"):
             await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
         demo = gw.Trajectory(messages_and_choices=[{"role": "user", "content": "Say it."},

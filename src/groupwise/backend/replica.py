@@ -400,6 +400,11 @@ class Replica:
             )
         self.serve(step, str(path))
 
+    def unserve(self, step: int) -> None:
+        """Stop serving `step` (its checkpoint could not be written): no request is answered by weights
+        that no checkpoint holds; ``name`` is refused until the run is loaded again (registry.py)."""
+        self.registry.remove_step(self.name, step)
+
     def unserve_before(self, step: int, served_steps: int, keep: Sequence[int] = ()) -> None:
         """Stop serving steps older than the last `served_steps` (the base and `keep` stay)."""
         for old in self.registry.steps(self.name):

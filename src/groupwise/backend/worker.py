@@ -462,7 +462,12 @@ class DeviceWorker:
                     if not writing.cancelled():
                         writing.exception()  # retrieved: only the first error is raised
                 raise
-            path = await writing if writing is not None else None
+            try:
+                path = await writing if writing is not None else None
+            except BaseException:
+                # served already, but no checkpoint holds it: the run is loaded again from the last one
+                await compute.run(replica.unserve, step)
+                raise
             published = Published(self.rank, checkpoint_path=str(path) if self.rank == 0 else None,
                                   # compared between trainer ranks: one rank has nothing to compare with
                                   fingerprint=(await compute.run(replica.adapter_fingerprint)
