@@ -213,6 +213,39 @@ async def test_a_step_that_fails_after_its_update_blocks_the_next_until_the_run_
         await backend.close()
 
 
+async def test_a_failed_check_is_the_error_raised_and_a_write_failing_beside_it_is_logged(
+        tiny_model_dir, tmp_path, monkeypatch, caplog):
+    """The checkpoint is written while the new adapter is served and checked: when both fail, the check's
+    error is raised (it says what the rollouts would have sampled) and the write's is logged, not lost."""
+    import errno
+    import logging
+
+    from groupwise.errors import AdapterMismatchError
+    from groupwise.training import checkpoint
+
+    model = gw.TrainableModel(name="agent", project="p", base_model=tiny_model_dir)
+    backend = gw.LocalBackend(path=str(tmp_path), best_checkpoint_metric=None)
+    await model.register(backend)
+    try:
+        groups = await _groups(model)
+
+        def disk_full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def mismatch(step):
+            raise AdapterMismatchError(f"after step {step} the engine's adapter does not hold the trained weights")
+
+        monkeypatch.setattr(checkpoint, "_save", disk_full)
+        monkeypatch.setattr(backend._worker.replicas["p/agent"], "check_adapter", mismatch)
+        with caplog.at_level(logging.ERROR, logger="groupwise.backend"):
+            with pytest.raises(AdapterMismatchError, match="after step 1"):
+                await model.train(groups, config=gw.TrainConfig(learning_rate=1e-3))
+        assert any("step 1's checkpoint was not written either" in r.getMessage() and "the disk is full" in r.getMessage()
+                   for r in caplog.records), caplog.text
+    finally:
+        await backend.close()
+
+
 async def test_a_group_changed_after_it_was_built_is_refused_before_the_update_or_stored(tiny_model_dir, tmp_path):
     """Values a rollout sets into a built trajectory are not seen by pydantic. A numpy metric set so
     (``t.metrics["acc"] = np.float32(...)``) reached the writer, which failed after the update: the

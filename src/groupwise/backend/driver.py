@@ -67,7 +67,7 @@ from groupwise.backend.ranks import (ReplicaDivergenceError, check_identical, ch
 from groupwise.backend.retention import prune_command, prune_row, retain_command
 from groupwise.backend.worker import LOOPBACK, ModelSpec, WorkerOptions
 from groupwise.core.compat import ART_LOCAL_TRAIN_KEYWORDS, not_provided, with_art_keywords
-from groupwise.runtime.compute import compute_thread
+from groupwise.runtime.compute import compute_thread, error_of
 from groupwise.runtime.memory import freeze_loaded, refreeze_wanted, thaw_loaded
 from groupwise.config import DEFAULT_RUN_STORE, CheckpointRetention, TrainConfig
 from groupwise.core.adapter_names import served_name
@@ -428,10 +428,8 @@ class WorkerBackend(Backend):
             try:
                 metrics = await self._update(run, model, groups, step, config)
             except BaseException:
-                await asyncio.wait([written])
-                if not written.cancelled() and written.exception() is not None:
-                    log.error("%s: step %d's trajectories were not written either: %r", model.name, step,
-                              written.exception())
+                if (error := await error_of(written)) is not None:
+                    log.error("%s: step %d's trajectories were not written either: %r", model.name, step, error)
                 raise
             with self._saving(run, step, updated=not metrics.get("skipped")):
                 await written

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -46,10 +47,11 @@ from groupwise.errors import ConfigError
 from groupwise.runtime.memory import freeze_loaded, refreeze_wanted, release_freed_memory, thaw_loaded
 from groupwise.backend.protocol import PruneCommand, Published, PublishCommand, RetainCommand, UpdateCommand
 from groupwise.backend.replica import Replica, SharedBase
-from groupwise.runtime.compute import compute_thread, update_thread
+from groupwise.runtime.compute import compute_thread, error_of, update_thread
 from groupwise.config import LoraConfig
 
 LOOPBACK = "127.0.0.1"  # where a worker's servers listen unless told otherwise: this host only
+log = logging.getLogger("groupwise.backend")
 
 
 @contextlib.contextmanager
@@ -456,11 +458,9 @@ class DeviceWorker:
                     with timed("check"):
                         await compute.run(replica.check_adapter, step)
                         replica.check_answers(step)
-            except BaseException:
-                if writing is not None:  # the checkpoint is on disk as before; the check's error is the one raised
-                    await asyncio.wait([writing])
-                    if not writing.cancelled():
-                        writing.exception()  # retrieved: only the first error is raised
+            except BaseException:  # the check's error is raised, once the write is done (as it was before)
+                if writing is not None and (error := await error_of(writing)) is not None:
+                    log.error("%s: step %d's checkpoint was not written either: %r", command.run, step, error)
                 raise
             try:
                 path = await writing if writing is not None else None

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from groupwise.errors import GroupwiseError
 
-__all__ = ["ComputeThread", "compute_thread", "update_thread", "usable_cores"]
+__all__ = ["ComputeThread", "compute_thread", "error_of", "update_thread", "usable_cores"]
 
 
 class ComputeThread:
@@ -153,6 +153,13 @@ def update_thread() -> ComputeThread:
 # training update in hand when the program fails may take longer, and past this the process exits as
 # it would without the hook (a Ctrl-C should not wait minutes).
 _EXIT_JOIN_TIMEOUT_S = 60.0
+
+
+async def error_of(future: asyncio.Future) -> BaseException | None:
+    """Wait for `future` (work handed to another thread) and return its error instead of raising it: where
+    a step fails already, that failure is the one raised, and this one is reported beside it, not lost."""
+    await asyncio.wait([future])
+    return None if future.cancelled() else future.exception()
 
 
 def usable_cores() -> int:
