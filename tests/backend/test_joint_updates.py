@@ -82,6 +82,7 @@ class _StubWorker:
         self.replicas = {r: SimpleNamespace(trainer=None, device=SimpleNamespace(type="meta")) for r in runs}
         self.rank = 0
         self.passes: list[list[str]] = []
+        self.kept: list[tuple[str, int]] = []  # (run, step) of each publication's copy taken after a pass
         self.fail_with = fail_with
 
     def runs_of(self, base):
@@ -110,6 +111,9 @@ class _StubWorker:
 
         return Runner(), None
 
+    async def keep_snapshot(self, run, pause, step):
+        self.kept.append((run, step))
+
     async def update_alone(self, command):
         await asyncio.sleep(0.01)
         self.passes.append([command.run])
@@ -131,6 +135,8 @@ async def test_updates_waiting_at_once_form_one_pass_and_a_run_that_stops_coming
     joint.plan = lambda parts: SimpleNamespace(worth=True)  # the stub's parts have no trainers to plan with
     out = await asyncio.gather(*(joint.update(_command(r), lock) for r in "abc"))
     assert worker.passes == [["a", "b", "c"]] and [o[0]["loss"] for o in out] == [0.0, 1.0, 2.0]
+    # each run's publication of step 1 gets the copy taken right after the pass
+    assert worker.kept == [("a", 1), ("b", 1), ("c", 1)]
     # "c" finished: "a" and "b" train together; "c" was waited for once, then is no longer expected
     await asyncio.gather(*(joint.update(_command(r, 1), lock) for r in "ab"))
     assert worker.passes[-1] == ["a", "b"] and joint.missed == {"c"}
@@ -154,6 +160,7 @@ async def test_a_failed_pass_fails_every_run_in_it_and_the_next_pass_runs():
     joint.plan = lambda parts: SimpleNamespace(worth=True)
     out = await asyncio.gather(*(joint.update(_command(r), lock) for r in "ab"), return_exceptions=True)
     assert all(isinstance(o, RuntimeError) and "out of memory" in str(o) for o in out), out
+    assert worker.kept == []  # a failed pass keeps no copy to publish
     worker.fail_with = None
     out = await asyncio.gather(*(joint.update(_command(r, 1), lock) for r in "ab"))
     assert worker.passes == [["a", "b"]] and joint.pending == []

@@ -14,6 +14,8 @@ import inspect
 import pickle
 import typing
 
+import pytest
+
 from backend_helpers import checkpoint_steps, make_backend, sample_groups
 
 import groupwise as gw
@@ -115,5 +117,46 @@ async def test_a_step_is_one_update_and_one_publication_that_applies_retention(t
             assert await backend.served_steps(model) == [0, step + 1]
             # after step 1 the best (checkpoint 1, by the row step 1 appends) and the latest stay
             assert checkpoint_steps(model) == [[1], [1, 2], [1, 3]][step]
+    finally:
+        await backend.close()
+    # checkpoint 2 was renamed away at step 3 and its files removed off the step's path: gone by the close
+    assert sorted(p.name for p in model.store.checkpoints_dir.iterdir()) == ["0001", "0003"]
+
+
+async def test_the_publication_holds_the_weights_the_update_left(tiny_model_dir, tmp_path):
+    """The copy a publication writes and serves is taken right after the update, on its thread
+    (`DeviceWorker.keep_snapshot`), not when the publication starts: the checkpoint holds the update's
+    weights, and a trainer whose tensors changed after the copy fails the check of what is served."""
+    import torch
+    from safetensors.torch import load_file
+
+    from groupwise.errors import AdapterMismatchError
+
+    backend = gw.LocalBackend(path=str(tmp_path), device="cpu")
+    model = gw.TrainableModel("agent", project="p", base_model=tiny_model_dir)
+    await model.register(backend)
+    worker = backend._worker
+    trainer = worker.replicas["p/agent"].trainer
+    send, updated = backend._call, {}
+
+    async def spoil_after_the_update(method, kwargs):
+        out = await send(method, kwargs)
+        if method == "update":
+            with torch.no_grad():
+                updated.update({n: p.detach().clone() for n, p in trainer.trainable_named_parameters()})
+                for _, p in trainer.trainable_named_parameters():
+                    p.add_(1.0)
+        return out
+
+    backend._call = spoil_after_the_update
+    try:
+        with pytest.raises(AdapterMismatchError, match="after step 1 the engine's 'p/agent@1' does not hold"):
+            await model.train(await sample_groups(model), config=gw.TrainConfig(learning_rate=1e-2))
+        assert updated and worker._snapshots == {}  # the kept copy was used, once
+        # the checkpoint is the update's (its files name tensors peft's way: compare the values)
+        written = load_file(model.store.checkpoints_dir / "0001" / "adapter_model.safetensors")
+        assert len(written) == len(updated)
+        assert sorted(t.sum().item() for t in written.values()) == sorted(t.sum().item() for t in updated.values())
+        assert worker.take_snapshot("p/agent", 9) is None  # no copy kept for a step: the publication takes one
     finally:
         await backend.close()

@@ -8,6 +8,7 @@ import errno
 import hashlib
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -221,3 +222,39 @@ def test_a_full_disk_leaves_no_partial_folder_and_says_so(saved, monkeypatch, wr
     assert f"could not be written to {root}: the disk is full" in str(err.value)
     assert sorted(p.name for p in root.iterdir()) == ["0001", "0002"]  # no .tmp-3-<pid>
     assert latest_checkpoint(root).step == 2
+
+
+def test_a_pruned_checkpoint_is_renamed_away_at_once_and_its_files_removed_by_the_sweep(saved):
+    """Retention ends a checkpoint with one rename (`.deleted-*`, which no listing reads or warns about) and
+    removes its files then or later (`sweep=False`: the worker sweeps off the step's path); a sweep also
+    removes what a stopped process left."""
+    from groupwise.training.checkpoint import list_checkpoints, prune_checkpoints, sweep_deleted
+
+    trainer, names, tmp_path = saved
+    save_checkpoint(tmp_path, 3, model=trainer.model, optimizer=trainer.optimizer, param_names=names)
+    (tmp_path / ".deleted-0007-1").mkdir()  # a stopped process's, half removed
+    (tmp_path / ".deleted-0007-1" / "state.json").write_text("{}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the trash is not an unfinished checkpoint
+        assert prune_checkpoints(tmp_path, keep_top=0, keep_recent=1, sweep=False) == [1, 2]
+        assert [s.step for s in list_checkpoints(tmp_path)] == [3]
+    assert sorted(p.name.split("-")[1] for p in tmp_path.iterdir() if p.name.startswith(".deleted-")) == \
+        ["0001", "0002", "0007"]
+    sweep_deleted(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0003"]
+    sweep_deleted(tmp_path / "missing")  # nothing to sweep: no error
+
+
+def test_a_checkpoint_that_cannot_be_moved_is_kept_and_not_reported_deleted(saved, monkeypatch):
+    from groupwise.training import checkpoint
+    from groupwise.training.checkpoint import prune_checkpoints
+
+    tmp_path = saved[2]
+
+    def refused(src, dst):
+        raise PermissionError(13, "Permission denied", str(src))
+
+    monkeypatch.setattr(checkpoint.os, "replace", refused)
+    with pytest.warns(GroupwiseWarning, match="0001 was to be deleted .* could not be moved .*it is kept"):
+        assert prune_checkpoints(tmp_path, keep_recent=0, keep_top=0) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0001", "0002"]

@@ -134,6 +134,9 @@ class JointUpdates:
             with worker.update_bar(group[0][0].step) as progress:
                 results = await runs_update.run(train, parts, step=[c.step for c, _ in group], plan=plan,
                                                 progress=progress)
+            for (command, _), result in zip(group, results):  # each publication's copy (`keep_snapshot`)
+                if not isinstance(result, BaseException):
+                    await worker.keep_snapshot(command.run, pause, command.step + 1)
         self.per_run_s = (time.monotonic() - t0) / len(group)
         self.passes[len(group)] += 1
         for (_, f), result in zip(group, results):

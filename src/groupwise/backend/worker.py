@@ -135,6 +135,9 @@ class DeviceWorker:
         self._server_urls: dict[str, str] = {}
         self._server_tasks: list[asyncio.Task] = []
         self._cores: dict[str, tuple[Any, Any]] = {}  # base model -> (its EngineCoreServer, the thread running it)
+        # run -> (step, the copy its publication writes and serves, seconds it took): taken right after the update
+        self._snapshots: dict[str, tuple[int, Any, float]] = {}
+        self._sweeps: dict[str, asyncio.Future] = {}  # run -> the removal of the checkpoints its retention deleted
 
     # ------------------------------------------------------------------------------ setup
     async def init_process_group(self, init_method: str, timeout_s: float) -> dict[str, Any]:
@@ -225,6 +228,9 @@ class DeviceWorker:
     async def _unload(self, name: str) -> None:
         replica = self.replicas.pop(name, None)
         self.specs.pop(name, None)
+        self._snapshots.pop(name, None)
+        if (sweep := self._sweeps.pop(name, None)) is not None:
+            await sweep
         if replica is None:
             return
         thaw_loaded()  # its cycles collectable again; what the other models hold is frozen again below
@@ -363,6 +369,7 @@ class DeviceWorker:
         if len(updates) > 1:
             before = await compute.run(lambda: snapshot([p for _, p in trainer.trainable_named_parameters()],
                                                         trainer.optimizer))
+        self._snapshots.pop(command.run, None)
         pause = self.update_pause(replica, updates)
         async with pause:
             runs_update, train_step = self.update_runner(replica, pause, trainer.train_step)
@@ -379,10 +386,38 @@ class DeviceWorker:
                 if before is not None and out:
                     await compute.run(lambda: restore(trainer.trainable_named_parameters(), trainer.optimizer, before))
                 raise
+            await self.keep_snapshot(command.run, pause, step + 1)
         del updates, command
         if replica.device.type == "cpu":
             release_freed_memory()  # else RSS grows by GBs a step (memory.py)
         return out
+
+    async def keep_snapshot(self, run: str, pause: Any, step: int) -> None:
+        """The copy of `run`'s adapter that its publication of `step` writes and serves, taken on the thread
+        that ran the update, right after it, before the next run's update starts.
+
+        Taken at the publication instead, it ran on the compute thread beside the next run's update, and
+        each slowed the other (a 10-17 ms copy took 30-157 ms beside an update on an H100, and the update
+        as much again); here it costs its own time once. The trainer holds the same weights until the
+        publication: the run's lock keeps its next update out, and no other run's update touches its
+        adapter. A copy that fails (a non-finite adapter) is taken again at the publication, which raises
+        where a failed publication is handled (the step's checkpoint is then missing)."""
+        if not self.trains:
+            return
+        replica = self.replicas[run]
+        copy = functools.partial(replica.snapshot, step) if self.rank == 0 else replica.adapter_snapshot
+        runner, copy = self.update_runner(replica, pause, copy)
+        t0 = time.perf_counter()
+        try:
+            taken = await runner.run(copy)
+        except Exception:  # noqa: BLE001 - raised again by the publication (docstring)
+            return
+        self._snapshots[run] = (step, taken, time.perf_counter() - t0)
+
+    def take_snapshot(self, run: str, step: int) -> tuple[Any, float] | None:
+        """(the copy `keep_snapshot` took for `run`'s publication of `step`, its seconds), once; else None."""
+        kept = self._snapshots.pop(run, None)
+        return (kept[1], kept[2]) if kept is not None and kept[0] == step else None
 
     def update_bar(self, step: int) -> Any:
         """The progress bar of an update of step `step` (rank 0's only)."""
@@ -432,9 +467,17 @@ class DeviceWorker:
                                   times=times)
         else:
             writing: asyncio.Future | None = None
+            # the copy taken right after the update (`keep_snapshot`), reported as the publication's first
+            # part though its time was the update's; else (a step without an update) taken here
+            kept = self.take_snapshot(command.run, step)
+            if kept is not None:
+                times["snapshot"] = kept[1]
             if self.rank == 0:
-                with timed("snapshot"):
-                    snap = await compute.run(replica.snapshot, step)
+                if kept is not None:
+                    snap = kept[0]
+                else:
+                    with timed("snapshot"):
+                        snap = await compute.run(replica.snapshot, step)
 
                 def write() -> Path:
                     with timed("write"):
@@ -447,7 +490,9 @@ class DeviceWorker:
                 # its checkpoint on disk, and one whose check fails leaves it there as it would have before.
                 writing = asyncio.ensure_future(asyncio.to_thread(write))
                 tensors, config = snap.adapter, snap.adapter_config
-            else:  # a rank > 0 serves its own copy of the same adapter (the ranks' fingerprints are compared)
+            elif kept is not None:  # a rank > 0 serves its own copy of the same adapter (fingerprints compared)
+                tensors, config = kept[0]
+            else:
                 with timed("snapshot"):
                     tensors, config = await compute.run(replica.adapter_snapshot)
             try:
@@ -499,12 +544,30 @@ class DeviceWorker:
         if self.rank != 0 or c.best_metric is None:  # None: every checkpoint is kept
             return []
         # the step the caller named is one of the top: the metric ranks the others
-        # deleting folders takes a disk's time (0.3 s seen on a GPU host): not on the event loop, which
-        # serves the other runs' requests meanwhile
-        return await asyncio.to_thread(
+        # reading the checkpoints' states takes a disk's time: not on the event loop, which serves the other
+        # runs' requests meanwhile. The deleted folders are only renamed here; their files are removed
+        # after the publication returns (`sweep`), off the step's path.
+        deleted = await asyncio.to_thread(
             prune_checkpoints, spec.checkpoints_dir, best_metric=c.best_metric, maximize=c.maximize,
             metrics_by_step=c.metrics_by_step, keep=c.in_use, named_best=c.keep, keep_recent=c.keep_recent,
-            keep_top=c.keep_top)
+            keep_top=c.keep_top, sweep=False)
+        if deleted:
+            self.sweep(c.run, spec.checkpoints_dir)
+        return deleted
+
+    def sweep(self, run: str, checkpoints_dir: str | Path) -> None:
+        """Remove the files of the checkpoints `run`'s retention deleted, on a thread, after any earlier
+        removal of the same folder; `close` and `unload` wait for it."""
+        from groupwise.training.checkpoint import sweep_deleted
+
+        earlier = self._sweeps.get(run)
+
+        async def sweep() -> None:
+            if earlier is not None:
+                await earlier
+            await asyncio.to_thread(sweep_deleted, checkpoints_dir)
+
+        self._sweeps[run] = asyncio.ensure_future(sweep())
 
     async def prune(self, command: PruneCommand) -> list[int]:
         """Rank 0 deletes every checkpoint but the latest, the best by `command.best_metric` and those
@@ -542,6 +605,9 @@ class DeviceWorker:
     # ------------------------------------------------------------------------------ shutdown
     async def close(self) -> None:
         thaw_loaded()
+        if self._sweeps:  # a deleted checkpoint's files are removed before the process ends
+            await asyncio.gather(*self._sweeps.values(), return_exceptions=True)
+            self._sweeps.clear()
         for server in self._servers.values():
             server.should_exit = True
         for base_model in list(self._cores):
