@@ -191,7 +191,8 @@ async def test_art_utils_s3_push_and_pull_a_run_through_the_bucket_folder(tmp_pa
     bucket, here, there = tmp_path / "bucket", tmp_path / "here", tmp_path / "there"
     monkeypatch.setenv("BACKUP_BUCKET", str(bucket))
     run = tmp_path / "here" / "p" / "models" / "m"
-    for rel in ("checkpoints/0001/a.bin", "checkpoints/0002/a.bin", "trajectories/train/0001.jsonl", "history.jsonl"):
+    for rel in ("checkpoints/0001/a.bin", "checkpoints/0002/a.bin", "trajectories/train/0001.jsonl", "history.jsonl",
+                "checkpoints/.tmp-3-7/a.bin", "checkpoints/.deleted-0000-1/a.bin"):  # being written; deleted
         (run / rel).parent.mkdir(parents=True, exist_ok=True)
         (run / rel).write_text(rel)
     assert get_output_dir_from_model_properties("p", "m", str(here)) == str(run)
@@ -199,6 +200,7 @@ async def test_art_utils_s3_push_and_pull_a_run_through_the_bucket_folder(tmp_pa
         await push_model_to_s3("other", "p", art_path=str(here))
     await push_model_to_s3("m", "p", art_path=str(here))
     assert (bucket / "p" / "models" / "m" / "checkpoints" / "0002" / "a.bin").read_text() == "checkpoints/0002/a.bin"
+    assert sorted(p.name for p in (bucket / "p" / "models" / "m" / "checkpoints").iterdir()) == ["0001", "0002"]
 
     # one checkpoint; then all but the trajectories; the run folder is returned, as ART's
     got = await pull_model_from_s3("m", "p", step=1, art_path=str(there))

@@ -397,8 +397,9 @@ class DeviceWorker:
         that ran the update, right after it, before the next run's update starts.
 
         Taken at the publication instead, it ran on the compute thread beside the next run's update, and
-        each slowed the other (a 10-17 ms copy took 30-157 ms beside an update on an H100, and the update
-        as much again); here it costs its own time once. The trainer holds the same weights until the
+        each slowed the other (on an H100 a 10-17 ms copy took 30-157 ms beside an update); here it costs
+        its own time once, and a lockstep step's four updates took 2.13 s against 2.53 s over three steps
+        (docs/benchmarks.md, "Several runs on one GPU"). The trainer holds the same weights until the
         publication: the run's lock keeps its next update out, and no other run's update touches its
         adapter. A copy that fails (a non-finite adapter) is taken again at the publication, which raises
         where a failed publication is handled (the step's checkpoint is then missing)."""

@@ -44,7 +44,9 @@ def mirror_dir(s3_bucket: str | None, prefix: str | None, project: str, name: st
 
 def mirror(source: Path, target: Path, delete: bool, exclude: list[str] | tuple[str, ...] = ()) -> None:
     """Copy the tree `source` over `target`, leaving out the top-level folders `exclude`; with
-    `delete`, first drop what `source` does not have (the excluded folders of `target` stay)."""
+    `delete`, first drop what `source` does not have (the excluded folders of `target` stay). A checkpoints
+    folder's dot-folders (a checkpoint being written, replaced, or deleted by retention and not yet
+    removed) are not copied: they are no checkpoint, and may vanish while the copy reads them."""
     if delete and target.exists():
         for entry in target.iterdir():
             if entry.name in exclude:
@@ -53,8 +55,13 @@ def mirror(source: Path, target: Path, delete: bool, exclude: list[str] | tuple[
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
             elif entry.is_dir() and (source / entry.name).is_dir():
                 mirror(source / entry.name, entry, delete=True)
-    shutil.copytree(source, target, dirs_exist_ok=True,
-                    ignore=lambda folder, names: [n for n in names if Path(folder) == source and n in exclude])
+    def ignored(folder: str, names: list[str]) -> list[str]:
+        out = [n for n in names if Path(folder) == source and n in exclude]
+        if Path(folder).name == CHECKPOINTS_DIR:  # a checkpoint being written, replaced or deleted: not the run's
+            out += [n for n in names if n.startswith(".")]
+        return out
+
+    shutil.copytree(source, target, dirs_exist_ok=True, ignore=ignored)
 
 
 def _excluded(exclude: list[ExcludableOption] | None) -> list[str]:

@@ -556,7 +556,7 @@ def prune_checkpoints(
     at once, and a process stopped while its files are removed leaves no half-deleted step folder (which
     a listing would warn about) but a dot-folder that no listing reads and the next sweep removes. With
     `sweep` its files are removed before this returns; without, the caller runs `sweep_deleted` later,
-    off a step's path (removing a checkpoint's files took ~0.1 s of a publication on a GPU host).
+    off a step's path (removing a checkpoint's files took up to 0.3 s of a publication on a GPU host).
 
     The metric is read from `metrics_by_step` (e.g. validation rewards from history.jsonl) or else from
     each checkpoint's state.json metrics. Checkpoints without the metric are never among the best; of
