@@ -406,14 +406,19 @@ class DeviceWorker:
         if not self.trains:
             return
         replica = self.replicas[run]
-        copy = functools.partial(replica.snapshot, step) if self.rank == 0 else replica.adapter_snapshot
-        runner, copy = self.update_runner(replica, pause, copy)
+        runner, copy = self.update_runner(replica, pause, self.copy_for_publication(replica, step))
         t0 = time.perf_counter()
         try:
             taken = await runner.run(copy)
         except Exception:  # noqa: BLE001 - raised again by the publication (docstring)
             return
         self._snapshots[run] = (step, taken, time.perf_counter() - t0)
+
+    def copy_for_publication(self, replica: Replica, step: int) -> Callable[[], Any]:
+        """What this trainer rank's publication of `step` needs from the trainer, as a call: rank 0 the
+        checkpoint's snapshot (it writes and serves it), a rank > 0 the adapter's tensors and config (it
+        serves its own copy)."""
+        return functools.partial(replica.snapshot, step) if self.rank == 0 else replica.adapter_snapshot
 
     def take_snapshot(self, run: str, step: int) -> tuple[Any, float] | None:
         """(the copy `keep_snapshot` took for `run`'s publication of `step`, its seconds), once; else None."""
@@ -472,13 +477,12 @@ class DeviceWorker:
             # part though its time was the update's; else (a step without an update) taken here
             kept = self.take_snapshot(command.run, step)
             if kept is not None:
-                times["snapshot"] = kept[1]
+                copy, times["snapshot"] = kept
+            else:
+                with timed("snapshot"):
+                    copy = await compute.run(self.copy_for_publication(replica, step))
             if self.rank == 0:
-                if kept is not None:
-                    snap = kept[0]
-                else:
-                    with timed("snapshot"):
-                        snap = await compute.run(replica.snapshot, step)
+                snap = copy
 
                 def write() -> Path:
                     with timed("write"):
@@ -491,11 +495,8 @@ class DeviceWorker:
                 # its checkpoint on disk, and one whose check fails leaves it there as it would have before.
                 writing = asyncio.ensure_future(asyncio.to_thread(write))
                 tensors, config = snap.adapter, snap.adapter_config
-            elif kept is not None:  # a rank > 0 serves its own copy of the same adapter (fingerprints compared)
-                tensors, config = kept[0]
-            else:
-                with timed("snapshot"):
-                    tensors, config = await compute.run(replica.adapter_snapshot)
+            else:  # a rank > 0 serves its own copy of the same adapter (the ranks' fingerprints are compared)
+                tensors, config = copy
             try:
                 # served from the snapshot the checkpoint is written from, without reading the files back
                 with timed("serve"):
