@@ -258,3 +258,22 @@ def test_a_checkpoint_that_cannot_be_moved_is_kept_and_not_reported_deleted(save
     with pytest.warns(GroupwiseWarning, match="0001 was to be deleted .* could not be moved .*it is kept"):
         assert prune_checkpoints(tmp_path, keep_recent=0, keep_top=0) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0001", "0002"]
+
+
+def test_a_step_saved_again_replaces_its_folder_and_leaves_nothing_aside(saved, monkeypatch):
+    """A step checkpointed again (a restart redoing it) replaces its folder whole; the old one is moved aside as
+    retention moves a deleted checkpoint, so one a stopped process left is removed by the next sweep."""
+    from groupwise.training import checkpoint
+    from groupwise.training.checkpoint import list_checkpoints, sweep_deleted
+
+    trainer, names, root = saved
+    save_checkpoint(root, 2, model=trainer.model, optimizer=trainer.optimizer, param_names=names, metrics={"m": 7.0})
+    assert sorted(p.name for p in root.iterdir()) == ["0001", "0002"]
+    assert list_checkpoints(root)[-1].metrics == {"m": 7.0}
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", lambda *a, **k: None)  # stopped before the old folder went
+    save_checkpoint(root, 2, model=trainer.model, optimizer=trainer.optimizer, param_names=names, metrics={"m": 8.0})
+    monkeypatch.undo()
+    assert [p.name[:len(".deleted-0002")] for p in root.iterdir() if p.name.startswith(".")] == [".deleted-0002"]
+    sweep_deleted(root)
+    assert sorted(p.name for p in root.iterdir()) == ["0001", "0002"]
+    assert list_checkpoints(root)[-1].metrics == {"m": 8.0}

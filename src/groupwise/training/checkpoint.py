@@ -310,7 +310,8 @@ def _save(root: Path, tmp: Path, snap: CheckpointSnapshot, cursor: dict[str, Any
     _write_json(tmp / STATE_FILE, state)  # last: the completeness marker
     _fsync_dir(tmp)
     if final.exists():  # re-saving a step (e.g. after a restart): replace the whole folder
-        old = root / f".old-{step}-{os.getpid()}"
+        # moved aside as retention moves a deleted checkpoint: one a stopped process left is swept later
+        old = root / f"{DELETED_PREFIX}{final.name}-{time.time_ns()}"
         os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
