@@ -265,8 +265,50 @@ def _maybe_profile(args, last: bool):
             yield
         key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         print(prof.key_averages().table(sort_by=key, row_limit=args.profile), flush=True)
+        if args.trace:
+            prof.export_chrome_trace(args.trace)
+            print(device_gaps(args.trace), flush=True)
 
     return run()
+
+
+def device_gaps(trace_path: str, top: int = 12, min_gap_ms: float = 0.2) -> str:
+    """Where the device waited for the host in a profiled update (--trace): the kernels' busy time against
+    the span from the first kernel to the last, and the longest gaps with the CPU ops running when each
+    began (the innermost ones of the thread that launched most kernels)."""
+    import bisect
+    import json
+
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    kernels = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                     if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e)
+    if not kernels:
+        return "device gaps: no kernels in the trace"
+    busy, gaps, end = 0.0, [], kernels[0][0]
+    for start, stop in kernels:
+        if start > end:
+            gaps.append((start - end, end))
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    span = end - kernels[0][0]
+    ops = [e for e in events if e.get("cat") == "cpu_op" and "dur" in e]
+    launches = [e for e in events if e.get("cat") == "cuda_runtime"]
+    tid = max({e["tid"] for e in launches}, key=lambda t: sum(1 for e in launches if e["tid"] == t)) if launches else None
+    ops = sorted((e for e in ops if e["tid"] == tid), key=lambda e: e["ts"])
+    starts = [e["ts"] for e in ops]
+
+    def running(t: float) -> str:
+        i = bisect.bisect_right(starts, t)
+        inner = [e["name"] for e in ops[max(0, i - 400):i] if e["ts"] + e["dur"] >= t]
+        return " > ".join(inner[-3:]) or "(no op)"
+
+    gaps.sort(reverse=True)
+    idle = sum(g for g, _ in gaps if g >= min_gap_ms * 1e3)
+    lines = [f"device gaps: kernels busy {busy / 1e3:.1f} ms of {span / 1e3:.1f} ms from first to last kernel; "
+             f"{len([g for g, _ in gaps if g >= min_gap_ms * 1e3])} gaps >= {min_gap_ms} ms sum {idle / 1e3:.1f} ms"]
+    lines += [f"  {g / 1e3:7.2f} ms at +{(t - kernels[0][0]) / 1e3:8.2f} ms: {running(t)}" for g, t in gaps[:top]]
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- TRL
@@ -408,6 +450,9 @@ def main() -> None:
                    help="groupwise: TrainConfig(compile=True); compiles at the first warm-up step (and once more when a new length appears): use --warmup 2")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="profile one more groupwise update after the timed ones (not timed) and print the top ROWS ops")
+    p.add_argument("--trace", default=None, metavar="PATH",
+                   help="with --profile: also write the profiled update's Chrome trace here and print where the "
+                        "device waited for the host (the longest gaps between kernels, with the ops running then)")
     p.add_argument("--kv", choices=list(KV_CHOICES), default="auto",
                    help="groupwise: the engine's KV, prefixes and CUDA graphs in the update's pause: freed "
                         "(release), kept (keep), or the engine's default, freed under memory pressure (auto)")

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from groupwise.training.bulk import all_equal, clones, finite_flags, host_copies
+from groupwise.training.bulk import all_equal, all_finite, finite_flags, flat_copies, host_copies, unflat_copies
 from groupwise.training.finite import non_finite_names
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
@@ -40,25 +40,32 @@ def test_finite_flags_find_every_nan_and_inf(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_clones_keep_every_bit_and_share_nothing(device):
+def test_flat_copies_keep_every_bit_and_do_not_change_with_the_originals(device):
     ts = _tensors(device)
     ts[0][0, 0] = math.nan
-    for copies, where in ((clones(ts), device),):
-        assert len(copies) == len(ts)
-        for t, c in zip(ts, copies):
-            assert c.device.type == where and c.dtype == t.dtype and c.shape == t.shape
-            assert c.is_contiguous() or where == device  # a clone may keep the strides
-            c, t = c.to("cpu"), t.to("cpu").contiguous()
-            assert torch.equal(c.reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8)) if t.numel() else not c.numel()
-        storages = {c.untyped_storage().data_ptr() for c in copies if c.numel()}
-        assert len(storages) == sum(1 for c in copies if c.numel())  # no two share memory
-        before = [c.clone() for c in copies]
-        for t in ts:
-            t.zero_()  # the originals change: the copies do not
-        assert all(torch.equal(b, c) for b, c in zip(before, copies) if not b.is_floating_point() or
-                   not b.isnan().any()) and torch.isnan(copies[0][0, 0])
-        ts = _tensors(device)
-        ts[0][0, 0] = math.nan
+    flat = flat_copies(ts)
+    assert sorted(i for idx, _ in flat for i in idx) == list(range(len(ts)))
+    assert len(flat) == len({(t.device, t.dtype) for t in ts})  # one buffer per device and dtype
+    expected = [_bits(t).clone() for t in ts]
+    for t in ts:
+        t.zero_()  # the originals change: the copies do not
+    copies = unflat_copies(flat, ts)
+    for t, c, bits in zip(ts, copies, expected):
+        assert c.device == t.device and c.dtype == t.dtype and c.shape == t.shape
+        assert torch.equal(_bits(c), bits)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_all_finite_is_false_for_any_nan_or_inf_and_reads_nothing_back(device):
+    ts = _tensors(device)
+    check = all_finite(ts)
+    assert check.device == ts[0].device and check.dtype == torch.bool and check.dim() == 0 and bool(check)
+    for bad in (math.nan, math.inf, -math.inf):
+        for k in (0, 2, 3, 6, 7):
+            broken = [t.clone() for t in ts]
+            broken[k][(-1,) * broken[k].dim()] = bad
+            assert not bool(all_finite(broken)), (bad, k)
+    assert bool(all_finite([torch.arange(3, device=device)]))  # nothing floating: nothing to find
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -337,6 +337,15 @@ class Trainer:
         `totals`: (trainable tokens, sequences) of the whole step when `batch` is one rank's share;
         the loss normalisers use them (default: this batch's own counts).
         `progress(done, total)` is called after each micro-batch with the padded tokens done and in all."""
+        sums_8, plan = self._accumulate(batch, config, objective=objective, totals=totals, progress=progress)
+        # One device->host copy for the whole step (a float() per term would sync every micro-batch).
+        return StepStats(*(sums_8.tolist() if sums_8 is not None else ())), plan
+
+    def _accumulate(self, batch: TokenizedBatch, config: TrainConfig, *, objective: str,
+                    totals: tuple[int, int] | None, progress: Callable[[int, int], None] | None,
+                    ) -> tuple[torch.Tensor | None, list[list[int]]]:
+        """`forward_backward` with the step's `StepStats` sums left on the device (None without
+        sequences): the update reads them back with its gradient norm (`guarded_step`)."""
         seqs = batch.sequences
         num_tokens, num_sequences = totals if totals is not None else (batch.trainable_tokens, len(seqs))
         plan = self.admit(seqs, config, objective=objective) if seqs else []
@@ -383,10 +392,7 @@ class Trainer:
                 terms.loss.backward()
                 sums.append(stat_terms(terms))
                 advance()
-        # One device->host copy for the whole step (a float() per term would sync every micro-batch).
-        totals = torch.stack(sums).sum(0).tolist() if sums else [0.0] * len(dataclasses.fields(StepStats))
-        stats = StepStats(*totals)
-        return stats, plan
+        return (torch.stack(sums).sum(0) if sums else None), plan
 
     @staticmethod
     def grpo_terms(logprobs_BT: torch.Tensor, mb: dict[str, Any], config: TrainConfig, totals: tuple[int, int], *,
@@ -494,8 +500,7 @@ class Trainer:
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(step_seed)
             try:
-                stats, plan = self.forward_backward(batch, config, objective=objective, totals=totals,
-                                                    progress=progress)
+                sums_8, plan = self._accumulate(batch, config, objective=objective, totals=totals, progress=progress)
             except Exception as exc:
                 if not self._compiled or not type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
                     raise
@@ -505,25 +510,32 @@ class Trainer:
                 self._compile_failed = True
                 optimizer.zero_grad(set_to_none=True)
                 torch.manual_seed(step_seed)  # the same dropout draws as the failed attempt
-                stats, plan = self.forward_backward(batch, config, objective=objective, totals=totals,
-                                                    progress=progress)
+                sums_8, plan = self._accumulate(batch, config, objective=objective, totals=totals, progress=progress)
+            pending: StepStats | torch.Tensor | None = sums_8
             if self.process_group is not None:
                 self._all_reduce_gradients(params)
-                stats = StepStats(*self._sum_over_ranks(list(dataclasses.astuple(stats))))
-            grad_norm = self.apply_gradient(params, optimizer, stats, config, step=step)
+                local = sums_8.tolist() if sums_8 is not None else [0.0] * len(dataclasses.fields(StepStats))
+                pending = StepStats(*self._sum_over_ranks(local))
+            stats, grad_norm = self.apply_gradient(params, optimizer, pending, config, step=step)
         return stats, plan, grad_norm
 
-    def apply_gradient(self, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, stats: StepStats,
-                       config: TrainConfig, *, step: int) -> float:
-        """The optimizer step on the accumulated `.grad`: clipped to `max_grad_norm`; returns the norm before
-        clipping. A non-finite loss, gradient or adapter fails the step (`NonFiniteError`) with the adapter
-        and optimizer as before it, so nothing non-finite is ever checkpointed."""
-        check_finite("loss", stats.loss, step=step, config=config)
+    def apply_gradient(self, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+                       stats: StepStats | torch.Tensor | None, config: TrainConfig, *, step: int
+                       ) -> tuple[StepStats, float]:
+        """The optimizer step on the accumulated `.grad`: clipped to `max_grad_norm`. `stats`: the step's
+        `StepStats`, or its sums still on the device (`_accumulate`; None: no sequences), read back with the
+        gradient norm in one wait (`guarded_step`). Returns (the stats, the norm before clipping). A
+        non-finite loss, gradient or adapter fails the step (`NonFiniteError`) with the adapter and optimizer
+        as before it, so nothing non-finite is ever checkpointed."""
+        pending = stats if isinstance(stats, torch.Tensor) else None
+        known = None if pending is not None else (stats if stats is not None else StepStats())
+        if known is not None:  # read back already: checked before the step, which then has nothing to undo
+            check_finite("loss", known.loss, step=step, config=config)
         max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        check_finite("gradient norm", grad_norm, step=step, config=config)
-        guarded_step(self.trainable_named_parameters(), optimizer, step=step, config=config)
-        return grad_norm
+        grad_norm, read = guarded_step(
+            self.trainable_named_parameters(), optimizer, step=step, config=config, max_norm=max_norm, sums=pending,
+            check_sums=lambda values: check_finite("loss", StepStats(*values).loss, step=step, config=config))
+        return (StepStats(*read) if read is not None else known), grad_norm  # type: ignore[return-value]
 
     def begin_update(self, config: TrainConfig, objective: str = GRPO
                      ) -> tuple[list[torch.nn.Parameter], torch.optim.Optimizer]:
