@@ -8,7 +8,8 @@ A step: each run gathers --prompts x --group-size rollouts of one chat request (
 `chat_groups`, --completion-len tokens), then every run's `model.train` starts at once. After --warmup steps,
 timers wrap the parts below (a bench's look inside, not an API: it rebinds module functions), and the
 timed steps print the train phase's wall time and each part's, in milliseconds per run and step. Parts
-nest (the train step holds the toggle, the adapter switch and the guarded optimizer step) and the
+nest (the train step holds the toggle, the adapter switch and the guarded optimizer step, which waits for the
+device once for the loss, the gradient norm and the finiteness check) and the
 timers do not synchronise the device: a part that waits for the device carries the wait.
 """
 
@@ -28,10 +29,10 @@ HERE = Path(__file__).resolve().parent
 
 PARTS = [  # (module, function or Class.method, the label printed)
     ("groupwise.training.trainer", "Trainer.train_step", "Trainer.train_step"),
-    ("groupwise.training.trainer", "Trainer.forward_backward", "  forward and backward"),
+    ("groupwise.training.trainer", "Trainer._accumulate", "  forward and backward"),
     ("groupwise.training.trainer", "Trainer._set_mode", "  train/eval toggle"),
     ("groupwise.training.trainer", "Trainer._activate", "  taking the adapter back"),
-    ("groupwise.training.finite", "guarded_step", "  guarded optimizer step"),
+    ("groupwise.training.finite", "guarded_step", "  clip, guarded optimizer step, read-back"),
     ("groupwise.training.finite", "non_finite_names", "finiteness checks"),
     ("groupwise.training.checkpoint", "snapshot_checkpoint", "checkpoint snapshot"),
     ("groupwise.training.optimizer_state", "optimizer_to_tensors", "  optimizer state to the CPU"),

@@ -77,6 +77,53 @@ def test_a_nan_loss_fails_the_step_before_any_update(tokenizer):
     _assert_same(trainer, before)
 
 
+def test_a_nan_loss_is_named_first_when_the_step_it_feeds_also_overflows(tokenizer):
+    # the loss is read back after the step was taken (one read-back): the step that failed on its own
+    # overflow is undone, and the cause named is the loss, as when the loss was checked first
+    trainer = Trainer(lora_model(tokenizer, dtype=torch.float32))
+    trainer.train_step(_batch(), TrainConfig(learning_rate=1e-3), step=0)
+    before = _state(trainer)
+    with pytest.raises(NonFiniteError, match="step 2: the loss is nan"):
+        trainer.train_step(_batch(advantages=(1.0, math.nan, 0.5, -0.5)), TrainConfig(learning_rate=1e39), step=2)
+    _assert_same(trainer, before)
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.0, 1e-4, 1e3])
+def test_the_step_taken_before_the_read_back_is_the_step_of_clipping_then_stepping(tokenizer, max_grad_norm):
+    # the gradient norm, its clipping and AdamW's update equal those of the read-back-first order
+    from groupwise.training.finite import guarded_step
+
+    trainer = Trainer(lora_model(tokenizer, dtype=torch.float32))
+    trainer.train_step(_batch(), TrainConfig(learning_rate=1e-3), step=0)  # AdamW with moments
+    config = TrainConfig(learning_rate=1e-3, max_grad_norm=max_grad_norm)
+    params, optimizer = trainer.begin_update(config)
+    try:
+        sums, _ = trainer._accumulate(_batch(advantages=(0.5, -1.0, 1.0, -0.5)), config, objective="grpo", totals=None,
+                                      progress=None)
+        named = trainer.trainable_named_parameters()
+        grads = [p.grad.clone() for p in params]
+        start = [p.detach().clone() for p in params]
+        moments = {i: {k: v.clone() for k, v in optimizer.state[p].items()} for i, p in enumerate(params)}
+        max_norm = max_grad_norm if max_grad_norm > 0 else math.inf
+        norm, read = guarded_step(named, optimizer, step=1, config=config, max_norm=max_norm, sums=sums)
+        stepped = [p.detach().clone() for p in params]
+        # the reference: the norm read first, the gradient clipped, then the step, from the same state
+        with torch.no_grad():
+            for p, x, g in zip(params, start, grads):
+                p.copy_(x)
+                p.grad = g.clone()
+        for i, p in enumerate(params):
+            optimizer.state[p] = {k: v.clone() for k, v in moments[i].items()}
+        expected_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        optimizer.step()
+    finally:
+        trainer.end_update(optimizer)
+    assert read == pytest.approx(sums.tolist()) and math.isfinite(read[0])
+    assert norm == expected_norm > 0
+    assert all(torch.equal(a, p.detach()) for a, p in zip(stepped, params))
+    assert any(not torch.equal(a, x) for a, x in zip(stepped, start))  # it moved
+
+
 @pytest.fixture
 def saved(tokenizer, tmp_path):
     """Checkpoints 1 and 2 of a trained adapter; returns (trainer, names, root)."""

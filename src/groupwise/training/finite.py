@@ -95,6 +95,8 @@ def guarded_step(named: list[tuple[str, torch.nn.Parameter]], optimizer: torch.o
         optimizer.step()
     except RuntimeError as exc:
         restore(named, optimizer, before)
+        if check_sums is not None and sums is not None:  # a nan loss is the cause to name first
+            check_sums(sums.detach().double().reshape(-1).tolist())
         if "overflow" not in str(exc):
             raise
         raise NonFiniteError(

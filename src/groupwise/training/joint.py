@@ -123,9 +123,9 @@ def joint_train_step(parts: list[JointPart], *, step: int | list[int], plan: Joi
         sums = _forward_backward(parts, plan.micro_batches, progress)
         stats = [StepStats(*s) for s in sums]
         norms: list[float | BaseException] = []
-        for p, (params, optimizer), st, k_step in zip(parts, begun, stats, steps):
+        for p, (_, optimizer), st, k_step in zip(parts, begun, stats, steps):
             try:
-                norms.append(p.trainer.apply_gradient(params, optimizer, st, p.config, step=k_step)[1])
+                norms.append(p.trainer.apply_gradient(optimizer, st, p.config, step=k_step)[1])
             except Exception as exc:  # noqa: BLE001 - this run's failure is its own; the others go on
                 norms.append(exc)
         elapsed = time.perf_counter() - t0  # the pass's time: each run waited for all of it

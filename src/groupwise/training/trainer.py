@@ -516,13 +516,12 @@ class Trainer:
                 self._all_reduce_gradients(params)
                 local = sums_8.tolist() if sums_8 is not None else [0.0] * len(dataclasses.fields(StepStats))
                 pending = StepStats(*self._sum_over_ranks(local))
-            stats, grad_norm = self.apply_gradient(params, optimizer, pending, config, step=step)
+            stats, grad_norm = self.apply_gradient(optimizer, pending, config, step=step)
         return stats, plan, grad_norm
 
-    def apply_gradient(self, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
-                       stats: StepStats | torch.Tensor | None, config: TrainConfig, *, step: int
-                       ) -> tuple[StepStats, float]:
-        """The optimizer step on the accumulated `.grad`: clipped to `max_grad_norm`. `stats`: the step's
+    def apply_gradient(self, optimizer: torch.optim.Optimizer, stats: StepStats | torch.Tensor | None,
+                       config: TrainConfig, *, step: int) -> tuple[StepStats, float]:
+        """The optimizer step on the adapter's accumulated `.grad`: clipped to `max_grad_norm`. `stats`: the step's
         `StepStats`, or its sums still on the device (`_accumulate`; None: no sequences), read back with the
         gradient norm in one wait (`guarded_step`). Returns (the stats, the norm before clipping). A
         non-finite loss, gradient or adapter fails the step (`NonFiniteError`) with the adapter and optimizer
