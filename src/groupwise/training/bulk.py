@@ -25,7 +25,7 @@ DEVICE_CHUNK_BYTES = 64 << 20  # the most one flat buffer of `host_copies` or `a
 
 def flat_copies(tensors: list[torch.Tensor]) -> list[tuple[list[int], torch.Tensor]]:
     """A copy of `tensors` as one flat buffer per device and dtype: (the tensors' indices, the buffer). One
-    allocation and one concatenation a group, where a clone each allocates a tensor each: on a GPU the
+    allocation and one concatenation a group, where a copy per tensor allocates each one: on a GPU the
     allocations of an adapter and its AdamW moments (~1,000 tensors) were ~10 ms of the host's time at the
     end of every update, with the device idle. `unflat_copies` gives the tensors back."""
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
