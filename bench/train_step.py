@@ -304,9 +304,9 @@ def device_gaps(trace_path: str, top: int = 12, min_gap_ms: float = 0.2) -> str:
         return " > ".join(inner[-3:]) or "(no op)"
 
     gaps.sort(reverse=True)
-    idle = sum(g for g, _ in gaps if g >= min_gap_ms * 1e3)
+    long = [g for g, _ in gaps if g >= min_gap_ms * 1e3]
     lines = [f"device gaps: kernels busy {busy / 1e3:.1f} ms of {span / 1e3:.1f} ms from first to last kernel; "
-             f"{len([g for g, _ in gaps if g >= min_gap_ms * 1e3])} gaps >= {min_gap_ms} ms sum {idle / 1e3:.1f} ms"]
+             f"{len(long)} gaps >= {min_gap_ms} ms sum {sum(long) / 1e3:.1f} ms"]
     lines += [f"  {g / 1e3:7.2f} ms at +{(t - kernels[0][0]) / 1e3:8.2f} ms: {running(t)}" for g, t in gaps[:top]]
     return "\n".join(lines)
 

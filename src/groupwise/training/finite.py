@@ -113,8 +113,8 @@ def guarded_step(named: list[tuple[str, torch.nn.Parameter]], optimizer: torch.o
         if check_sums is not None and read is not None:
             check_sums(read)
         check_finite("gradient norm", grad_norm, step=step, config=config)
-        bad = [] if finite else non_finite_names(named)
-        if bad or not finite:
+        if not finite:
+            bad = non_finite_names(named)  # which tensors, for the message: a second read-back, on failure only
             raise NonFiniteError(
                 f"step {step}: the optimizer step made {len(bad)} of the adapter's {len(named)} tensors nan or inf "
                 f"(e.g. {bad[:2]}) from a finite gradient; the step was undone (the adapter and optimizer state "
