@@ -125,7 +125,7 @@ async def test_a_step_is_one_update_and_one_publication_that_applies_retention(t
 
 async def test_the_publication_holds_the_weights_the_update_left(tiny_model_dir, tmp_path):
     """The copy a publication writes and serves is taken right after the update, on its thread
-    (`DeviceWorker.keep_snapshot`), not when the publication starts: the checkpoint holds the update's
+    (`Publications.keep`), not when the publication starts: the checkpoint holds the update's
     weights, and a trainer whose tensors changed after the copy fails the check of what is served."""
     import torch
     from safetensors.torch import load_file
@@ -152,11 +152,11 @@ async def test_the_publication_holds_the_weights_the_update_left(tiny_model_dir,
     try:
         with pytest.raises(AdapterMismatchError, match="after step 1 the engine's 'p/agent@1' does not hold"):
             await model.train(await sample_groups(model), config=gw.TrainConfig(learning_rate=1e-2))
-        assert updated and worker._snapshots == {}  # the kept copy was used, once
+        assert updated and worker.publications.take("p/agent", 1) is None  # the kept copy was used, once
         # the checkpoint is the update's (its files name tensors peft's way: compare the values)
         written = load_file(model.store.checkpoints_dir / "0001" / "adapter_model.safetensors")
         assert len(written) == len(updated)
         assert sorted(t.sum().item() for t in written.values()) == sorted(t.sum().item() for t in updated.values())
-        assert worker.take_snapshot("p/agent", 9) is None  # no copy kept for a step: the publication takes one
+        assert worker.publications.take("p/agent", 9) is None  # no copy kept for a step: the publication takes one
     finally:
         await backend.close()

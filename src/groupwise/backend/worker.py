@@ -36,18 +36,17 @@ import contextlib
 import functools
 import logging
 import socket
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from groupwise.errors import ConfigError
 from groupwise.runtime.memory import freeze_loaded, refreeze_wanted, release_freed_memory, thaw_loaded
 from groupwise.backend.protocol import PruneCommand, Published, PublishCommand, RetainCommand, UpdateCommand
+from groupwise.backend.publication import Publications
 from groupwise.backend.replica import Replica, SharedBase
-from groupwise.runtime.compute import compute_thread, error_of, update_thread
+from groupwise.runtime.compute import compute_thread, update_thread
 from groupwise.config import LoraConfig
 
 LOOPBACK = "127.0.0.1"  # where a worker's servers listen unless told otherwise: this host only
@@ -135,9 +134,8 @@ class DeviceWorker:
         self._server_urls: dict[str, str] = {}
         self._server_tasks: list[asyncio.Task] = []
         self._cores: dict[str, tuple[Any, Any]] = {}  # base model -> (its EngineCoreServer, the thread running it)
-        # run -> (step, the copy its publication writes and serves, seconds it took): taken right after the update
-        self._snapshots: dict[str, tuple[int, Any, float]] = {}
-        self._sweeps: dict[str, asyncio.Future] = {}  # run -> the removal of the checkpoints its retention deleted
+        self.publications = Publications(rank, self.trains, self.train_world, options.verify_adapter,
+                                         with_generators=options.train_workers is not None)
 
     # ------------------------------------------------------------------------------ setup
     async def init_process_group(self, init_method: str, timeout_s: float) -> dict[str, Any]:
@@ -228,9 +226,7 @@ class DeviceWorker:
     async def _unload(self, name: str) -> None:
         replica = self.replicas.pop(name, None)
         self.specs.pop(name, None)
-        self._snapshots.pop(name, None)
-        if (sweep := self._sweeps.pop(name, None)) is not None:
-            await sweep
+        await self.publications.forget(name)
         if replica is None:
             return
         thaw_loaded()  # its cycles collectable again; what the other models hold is frozen again below
@@ -369,7 +365,7 @@ class DeviceWorker:
         if len(updates) > 1:
             before = await compute.run(lambda: snapshot([p for _, p in trainer.trainable_named_parameters()],
                                                         trainer.optimizer))
-        self._snapshots.pop(command.run, None)
+        self.publications.drop(command.run)
         pause = self.update_pause(replica, updates)
         async with pause:
             runs_update, train_step = self.update_runner(replica, pause, trainer.train_step)
@@ -393,37 +389,15 @@ class DeviceWorker:
         return out
 
     async def keep_snapshot(self, run: str, pause: Any, step: int) -> None:
-        """The copy of `run`'s adapter that its publication of `step` writes and serves, taken on the thread
-        that ran the update, right after it, before the next run's update starts.
-
-        Taken at the publication instead, it ran on the compute thread beside the next run's update, and
-        each slowed the other (on an H100 a 10-17 ms copy took 30-157 ms beside an update); here it costs
-        its own time once, and a lockstep step's four updates took 2.13 s against 2.53 s over three steps
-        (docs/benchmarks.md, "Several runs on one GPU"). The trainer holds the same weights until the
-        publication: the run's lock keeps its next update out, and no other run's update touches its
-        adapter. A copy that fails (a non-finite adapter) is taken again at the publication, which raises
-        where a failed publication is handled (the step's checkpoint is then missing)."""
-        if not self.trains:
-            return
+        """Keep `run`'s copy for its publication of `step`, taken on the thread that ran the update, right
+        after it, before the next run's update starts (`Publications.keep` says why)."""
         replica = self.replicas[run]
-        runner, copy = self.update_runner(replica, pause, self.copy_for_publication(replica, step))
-        t0 = time.perf_counter()
-        try:
-            taken = await runner.run(copy)
-        except Exception:  # noqa: BLE001 - raised again by the publication (docstring)
-            return
-        self._snapshots[run] = (step, taken, time.perf_counter() - t0)
 
-    def copy_for_publication(self, replica: Replica, step: int) -> Callable[[], Any]:
-        """What this trainer rank's publication of `step` needs from the trainer, as a call: rank 0 the
-        checkpoint's snapshot (it writes and serves it), a rank > 0 the adapter's tensors and config (it
-        serves its own copy)."""
-        return functools.partial(replica.snapshot, step) if self.rank == 0 else replica.adapter_snapshot
+        async def on_update_thread(copy: Callable[[], Any]) -> Any:
+            runner, fn = self.update_runner(replica, pause, copy)
+            return await runner.run(fn)
 
-    def take_snapshot(self, run: str, step: int) -> tuple[Any, float] | None:
-        """(the copy `keep_snapshot` took for `run`'s publication of `step`, its seconds), once; else None."""
-        kept = self._snapshots.pop(run, None)
-        return (kept[1], kept[2]) if kept is not None and kept[0] == step else None
+        await self.publications.keep(run, step, on_update_thread, replica)
 
     def update_bar(self, step: int) -> Any:
         """The progress bar of an update of step `step` (rank 0's only)."""
@@ -438,93 +412,12 @@ class DeviceWorker:
         return compute_thread(), fn
 
     async def publish(self, command: PublishCommand) -> Published:
-        """The adapter's publication after the updates of the command's step, in one call: rank 0
-        checkpoints (with the step's `history` rows), every rank serves its own copy of the new adapter and
-        checks it, then applies the step's retention (`command.retain`). Returns the checkpoint path (rank
-        0), the adapter's fingerprint and that of the served copy (the driver compares them), and the
-        checkpoints retention deleted.
-
-        A rank that only generates is called after the trainers, with rank 0's `checkpoint_path`: it
-        serves that folder's adapter (module doc). A failed check raises before retention: a step whose
-        adapter this rank could not serve leaves the steps it served and the checkpoints on disk as they were."""
-        replica, spec = self.replicas[command.run], self.specs[command.run]
-        step = command.step
-        compute = compute_thread()
-        times: dict[str, float] = {}  # seconds of each part, for the step's metrics (Published.times)
-
-        @contextlib.contextmanager
-        def timed(part: str) -> Iterator[None]:
-            t0 = time.perf_counter()
-            try:
-                yield
-            finally:
-                times[part] = times.get(part, 0.0) + time.perf_counter() - t0
-
-        if not self.trains:
-            if command.checkpoint_path is None:
-                raise ConfigError(f"rank {self.rank} only generates: publish it with the trainers' checkpoint_path",
-                                  what="publish arguments")
-            with timed("serve"):
-                await compute.run(replica.serve, step, command.checkpoint_path)
-            if self.options.verify_adapter:
-                with timed("check"):
-                    replica.check_answers(step)
-            published = Published(self.rank, served_fingerprint=await compute.run(replica.served_fingerprint, step),
-                                  times=times)
-        else:
-            writing: asyncio.Future | None = None
-            # the copy taken right after the update (`keep_snapshot`), reported as the publication's first
-            # part though its time was the update's; else (a step without an update) taken here
-            kept = self.take_snapshot(command.run, step)
-            if kept is not None:
-                copy, times["snapshot"] = kept
-            else:
-                with timed("snapshot"):
-                    copy = await compute.run(self.copy_for_publication(replica, step))
-            if self.rank == 0:
-                snap = copy
-
-                def write() -> Path:
-                    with timed("write"):
-                        return replica.write(spec.checkpoints_dir, snap, command.metrics, command.cursor,
-                                             list(command.history))
-
-                # The files are serialised, hashed and written on another thread: meanwhile the compute
-                # thread serves and checks the same snapshot, and steps the engine for the other runs'
-                # rollouts (compute.py). The publication ends with the write, so a step that returned has
-                # its checkpoint on disk, and one whose check fails leaves it there as it would have before.
-                writing = asyncio.ensure_future(asyncio.to_thread(write))
-                tensors, config = snap.adapter, snap.adapter_config
-            else:  # a rank > 0 serves its own copy of the same adapter (the ranks' fingerprints are compared)
-                tensors, config = copy
-            try:
-                # served from the snapshot the checkpoint is written from, without reading the files back
-                with timed("serve"):
-                    await compute.run(replica.serve, step, None, tensors, config)
-                if self.options.verify_adapter:
-                    with timed("check"):
-                        await compute.run(replica.check_adapter, step)
-                        replica.check_answers(step)
-            except BaseException:  # the check's error is raised, once the write is done (as it was before)
-                if writing is not None and (error := await error_of(writing)) is not None:
-                    log.error("%s: step %d's checkpoint was not written either: %r", command.run, step, error)
-                raise
-            try:
-                path = await writing if writing is not None else None
-            except BaseException:
-                # served already, but no checkpoint holds it: the run is loaded again from the last one
-                await compute.run(replica.unserve, step)
-                raise
-            published = Published(self.rank, checkpoint_path=str(path) if self.rank == 0 else None,
-                                  # compared between trainer ranks: one rank has nothing to compare with
-                                  fingerprint=(await compute.run(replica.adapter_fingerprint)
-                                               if self.train_world > 1 else None),
-                                  # with generators, the driver checks they serve the bits rank 0 serves
-                                  served_fingerprint=(await compute.run(replica.served_fingerprint, step)
-                                                      if self.options.train_workers is not None else None),
-                                  times=times)
+        """The adapter's publication after the updates of the command's step (`Publications.publish`),
+        then the step's retention (`command.retain`), in one call."""
+        published = await self.publications.publish(self.replicas[command.run], self.specs[command.run].checkpoints_dir,
+                                                    command)
         if refreeze_wanted():  # what the step compiled or imported is walked by no further full collection
-            await compute.run(freeze_loaded)
+            await compute_thread().run(freeze_loaded)
         if command.retain is None:
             return published
         return replace(published, deleted=tuple(await self.retain(command.retain)))
@@ -535,52 +428,13 @@ class DeviceWorker:
         await compute_thread().run(replica.serve_checkpoint, spec.checkpoints_dir, step)
 
     async def retain(self, command: RetainCommand) -> list[int]:
-        """Serve only the last `served_steps` steps; unless `best_metric` is None, rank 0 deletes the
-        checkpoints that are neither the latest nor the best (`keep` when the caller named it, else the
-        best by `best_metric`) nor `in_use` (a KL reference). Returns the deleted steps."""
-        from groupwise.training.checkpoint import prune_checkpoints
-
-        c = command
-        replica, spec = self.replicas[c.run], self.specs[c.run]
-        await compute_thread().run(replica.unserve_before, c.step, c.served_steps, c.in_use)
-        if self.rank != 0 or c.best_metric is None:  # None: every checkpoint is kept
-            return []
-        # the step the caller named is one of the top: the metric ranks the others
-        # reading the checkpoints' states takes a disk's time: not on the event loop, which serves the other
-        # runs' requests meanwhile. The deleted folders are only renamed here; their files are removed
-        # after the publication returns (`sweep`), off the step's path.
-        deleted = await asyncio.to_thread(
-            prune_checkpoints, spec.checkpoints_dir, best_metric=c.best_metric, maximize=c.maximize,
-            metrics_by_step=c.metrics_by_step, keep=c.in_use, named_best=c.keep, keep_recent=c.keep_recent,
-            keep_top=c.keep_top, sweep=False)
-        if deleted:
-            self.sweep(c.run, spec.checkpoints_dir)
-        return deleted
-
-    def sweep(self, run: str, checkpoints_dir: str | Path) -> None:
-        """Remove the files of the checkpoints `run`'s retention deleted, on a thread, after any earlier
-        removal of the same folder; `close` and `unload` wait for it."""
-        from groupwise.training.checkpoint import sweep_deleted
-
-        earlier = self._sweeps.get(run)
-
-        async def sweep() -> None:
-            if earlier is not None:
-                await earlier
-            await asyncio.to_thread(sweep_deleted, checkpoints_dir)
-
-        self._sweeps[run] = asyncio.ensure_future(sweep())
+        """`Publications.retain` for the command's run: the steps served, the checkpoints kept."""
+        return await self.publications.retain(self.replicas[command.run], self.specs[command.run].checkpoints_dir,
+                                              command)
 
     async def prune(self, command: PruneCommand) -> list[int]:
-        """Rank 0 deletes every checkpoint but the latest, the best by `command.best_metric` and those
-        `in_use`; nothing is unserved. Returns the deleted steps."""
-        from groupwise.training.checkpoint import prune_checkpoints
-
-        if self.rank != 0:
-            return []
-        return await asyncio.to_thread(  # off the event loop, as `retain` deletes
-            prune_checkpoints, self.specs[command.run].checkpoints_dir, best_metric=command.best_metric,
-            metrics_by_step=command.metrics_by_step, keep=command.in_use)
+        """`Publications.prune`: ART's on-request deletion of the run's checkpoints."""
+        return await self.publications.prune(self.specs[command.run].checkpoints_dir, command)
 
     async def served_steps(self, name: str) -> list[int]:
         return self.replicas[name].served_steps()
@@ -607,9 +461,7 @@ class DeviceWorker:
     # ------------------------------------------------------------------------------ shutdown
     async def close(self) -> None:
         thaw_loaded()
-        if self._sweeps:  # a deleted checkpoint's files are removed before the process ends
-            await asyncio.gather(*self._sweeps.values(), return_exceptions=True)
-            self._sweeps.clear()
+        await self.publications.close()
         for server in self._servers.values():
             server.should_exit = True
         for base_model in list(self._cores):
