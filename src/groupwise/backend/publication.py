@@ -45,8 +45,9 @@ class Publications:
     verify_adapter: bool
     with_generators: bool
     # run -> (step, the copy its publication writes and serves, seconds it took): taken right after the update
-    _kept: dict[str, tuple[int, Any, float]] = field(default_factory=dict)
-    _sweeps: dict[str, asyncio.Future] = field(default_factory=dict)  # run -> the removal of deleted checkpoints
+    _kept: dict[str, tuple[int, Any, float]] = field(default_factory=dict, init=False, repr=False)
+    # run -> the removal of the checkpoints its retention deleted
+    _sweeps: dict[str, asyncio.Future] = field(default_factory=dict, init=False, repr=False)
 
     # ------------------------------------------------------------------------------ the copy
     def copy_for(self, replica: Replica, step: int) -> Callable[[], Any]:

@@ -16,7 +16,8 @@ meanwhile.
 A worker of a data-parallel group joins the torch.distributed process group (NCCL between GPUs, gloo
 on CPUs) whose collectives sum the trainer's gradients, and serves each replica's OpenAI-compatible app
 over HTTP (uvicorn), where the driver's router sends rollout requests; or, with `WorkerOptions.engine_core`,
-each base's engine as an engine core whose app runs in the driver's process (backend/frontends.py). Rank 0 writes the checkpoints;
+each base's engine as an engine core whose app runs in the driver's process (backend/frontends.py). Rank 0 writes the checkpoints
+(`Publications`, backend/publication.py, publishes and retains for the worker);
 every other rank serves its own copy of the new adapter from memory (its trainer's tensors, which the
 all-reduce kept equal to rank 0's), so no weights travel between ranks beyond the gradient all-reduce.
 
