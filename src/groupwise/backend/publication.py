@@ -18,7 +18,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +56,8 @@ class Publications:
         serves its own copy)."""
         return functools.partial(replica.snapshot, step) if self.rank == 0 else replica.adapter_snapshot
 
-    async def keep(self, run: str, step: int, run_copy: Callable[[Callable[[], Any]], Any], replica: Replica) -> None:
+    async def keep(self, run: str, step: int, run_copy: Callable[[Callable[[], Any]], Awaitable[Any]],
+                   replica: Replica) -> None:
         """Take `run`'s copy for its publication of `step` now, through `run_copy` (the update's thread).
 
         Taken at the publication instead, it ran on the compute thread beside the next run's update, and
