@@ -29,6 +29,36 @@ def test_plan_micro_batches_respects_the_token_budget():
     assert plan_micro_batches([5, 10, 3, 8], 9) == [[1], [3], [0], [2]]  # 10 > 9 still gets its own batch
 
 
+def test_collate_pads_each_row_after_its_own_tokens_and_trains_only_sampled_ones():
+    """The micro-batch's tensors, against building them row by row: ragged rows (one of a single token, one as
+    long as the longest), NaN log-probs at context, an int 0/1 mask; pads after each row's tokens only."""
+    import random
+
+    from groupwise.training.micro_batches import collate
+    from groupwise.training.tokenize import TokenizedSequence
+
+    rng = random.Random(3)
+    seqs = []
+    for n in [1, 7, 12, 12, 3]:
+        mask = [rng.random() < 0.6 for _ in range(n)]
+        seqs.append(TokenizedSequence([rng.randrange(1, 50_000) for _ in range(n)], mask if n != 3 else [int(m) for m in mask],
+                                      [-rng.random() if m else math.nan for m in mask], advantage=rng.uniform(-1, 1)))
+    got = collate(seqs, pad_id=-7, device=torch.device("cpu"))
+    B, T = len(seqs), 12
+    ids, mask, old = torch.full((B, T), -7), torch.zeros((B, T), dtype=torch.bool), torch.full((B, T), math.nan, dtype=torch.float64)
+    for b, s in enumerate(seqs):
+        ids[b, :len(s)] = torch.tensor(s.input_ids)
+        mask[b, :len(s)] = torch.tensor(s.mask, dtype=torch.bool)
+        old[b, :len(s)] = torch.tensor(s.old_logprobs, dtype=torch.float64)
+    mask[:, 0] = False
+    assert torch.equal(got["input_ids_BT"], ids) and got["input_ids_BT"].dtype == torch.long
+    assert torch.equal(got["mask_BT"], mask)
+    assert torch.equal(got["old_logprobs_BT"].isnan(), old.isnan())
+    assert torch.equal(got["old_logprobs_BT"].nan_to_num(), old.nan_to_num())
+    assert torch.equal(got["target_index_N"], mask.reshape(-1).nonzero().squeeze(1))
+    assert got["advantages_B"].tolist() == [s.advantage for s in seqs] and got["attention_BT"] is None
+
+
 @pytest.mark.parametrize("normalize", ["token", "sequence", "constant"])
 def test_four_micro_batches_equal_the_full_batch_fp64(tokenizer, normalize):
     model = lora_model(tokenizer)

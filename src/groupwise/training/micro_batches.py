@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import torch
@@ -46,18 +47,19 @@ def collate(seqs: list[TokenizedSequence], pad_id: int, device: torch.device) ->
     never sees a pad, and pad positions are never trained. Without a mask SDPA runs its causal
     kernel (with grouped-query heads natively) instead of a masked one over repeated K/V heads.
     The indices are found here, on the CPU: finding them on the GPU (nonzero) would stall the
-    forward on a device sync.
+    forward on a device sync. Each field crosses from Python in one conversion of the rows joined,
+    placed by one masked write (row-major, the rows' order): a conversion per row and field cost
+    ~8 ms for 64 rows on a 2-core CPU, before the update's first kernel.
     """
-    T = max(len(s) for s in seqs)
-    B = len(seqs)
+    lengths = [len(s) for s in seqs]
+    B, T = len(seqs), max(lengths)
+    real_BT = torch.arange(T) < torch.tensor(lengths)[:, None]  # a row's real tokens: its first len(s) positions
     input_ids_BT = torch.full((B, T), pad_id, dtype=torch.long)
+    input_ids_BT[real_BT] = torch.tensor(list(chain.from_iterable(s.input_ids for s in seqs)), dtype=torch.long)
     mask_BT = torch.zeros((B, T), dtype=torch.bool)
+    mask_BT[real_BT] = torch.tensor(list(chain.from_iterable(s.mask for s in seqs)), dtype=torch.bool)
     old_BT = torch.full((B, T), math.nan, dtype=torch.float64)
-    for b, s in enumerate(seqs):
-        n = len(s)
-        input_ids_BT[b, :n] = torch.tensor(s.input_ids)
-        mask_BT[b, :n] = torch.tensor(s.mask)
-        old_BT[b, :n] = torch.tensor(s.old_logprobs, dtype=torch.float64)
+    old_BT[real_BT] = torch.tensor(list(chain.from_iterable(s.old_logprobs for s in seqs)), dtype=torch.float64)
     mask_BT[:, 0] = False  # token 0 has no predecessor, so no log-prob
     advantages_B = torch.tensor([s.advantage for s in seqs], dtype=torch.float64)
     target_index_N = mask_BT.reshape(-1).nonzero().squeeze(1)  # flat [B*T] positions of trained tokens
