@@ -10,9 +10,10 @@ lock. The first to get it leads: it takes every queued update with the same shar
 them together, where packing their micro-batches at least halves them (`JointPlan.worth`: below that
 the pass measured slower than the runs in turn); the others find their results ready when the lock
 reaches them. Before taking them, the
-leader waits a little for the base's other runs, at most half the time per run of the last pass: the
-runs of one step end their rollouts a few tens of milliseconds apart, and a partner that comes within
-that wait finishes sooner in the pass than after it. A run that was waited for and did not come (it
+leader waits a little for the base's other runs, at most half the time per run of the last pass, and
+at least `MIN_WAIT_S`: the runs of one step end their rollouts a few tens of milliseconds apart (each
+driver tokenises and sends its batch, whatever the model's size), and a partner that comes within that
+wait finishes sooner in the pass than after it. A run that was waited for and did not come (it
 finished, failed, or runs behind) is not waited for again until its next update arrives, so it costs
 at most one wait. The first pass of a base waits for nobody (no time measured yet).
 """
@@ -30,12 +31,17 @@ from groupwise.runtime.compute import compute_thread
 from groupwise.training.joint import SHARED_SETTINGS, JointPart, joint_plan, joint_train_step
 from groupwise.training.lora_forward import JointLayoutError
 
-__all__ = ["JointUpdates"]
+__all__ = ["MIN_WAIT_S", "JointUpdates"]
 
 
 def _settings(command: UpdateCommand) -> tuple:
     config = command.updates[0].config
     return tuple(getattr(config, name) for name in SHARED_SETTINGS)
+
+
+# The shortest wait for a step's other runs: their updates arrive spread by the drivers' own work, not by
+# the pass (a small model's pass of a few tens of milliseconds made a wait too short for a loaded host).
+MIN_WAIT_S = 0.05
 
 
 class JointUpdates:
@@ -100,7 +106,7 @@ class JointUpdates:
         await asyncio.sleep(0)  # updates sent at the same moment (asyncio.gather) queue before the leader looks
         expected = set(self.worker.runs_of(self.base_model)) - self.missed
         if self.per_run_s is not None:
-            deadline = time.monotonic() + self.per_run_s / 2
+            deadline = time.monotonic() + max(self.per_run_s / 2, MIN_WAIT_S)
             while not expected <= {c.run for c, _ in self.pending}:
                 left = deadline - time.monotonic()
                 if left <= 0:
