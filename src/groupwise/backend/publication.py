@@ -128,18 +128,16 @@ class Publications:
             with timed("snapshot"):
                 copy = await compute.run(self.copy_for(replica, step))
         if self.rank == 0:
-            snap = copy
-
             def write() -> Path:
                 with timed("write"):
-                    return replica.write(checkpoints_dir, snap, command.metrics, command.cursor, list(command.history))
+                    return replica.write(checkpoints_dir, copy, command.metrics, command.cursor, list(command.history))
 
             # The files are serialised, hashed and written on another thread: meanwhile the compute thread
             # serves and checks the same snapshot, and steps the engine for the other runs' rollouts
             # (compute.py). The publication ends with the write, so a step that returned has its checkpoint
             # on disk, and one whose check fails leaves it there as it would have before.
             writing = asyncio.ensure_future(asyncio.to_thread(write))
-            tensors, config = snap.adapter, snap.adapter_config
+            tensors, config = copy.adapter, copy.adapter_config
         else:  # a rank > 0 serves its own copy of the same adapter (the ranks' fingerprints are compared)
             tensors, config = copy
         try:
@@ -179,6 +177,7 @@ class Publications:
         await compute_thread().run(replica.unserve_before, c.step, c.served_steps, c.in_use)
         if self.rank != 0 or c.best_metric is None:  # None: every checkpoint is kept
             return []
+        # the step the caller named is one of the top: the metric ranks the others
         # reading the checkpoints' states takes a disk's time: not on the event loop, which serves the other
         # runs' requests meanwhile. The deleted folders are only renamed here; their files are removed
         # after the publication returns (`sweep`), off the step's path.
