@@ -30,7 +30,9 @@ the engine as an engine core, and the bench's process runs every request's Pytho
 --engine-process take comma lists: every combination runs, each case in its own process, and each
 ``separate`` case is printed against its ``in_process`` one (rollout tokens/s, step time, peak memory).
 
-A step is a user's loop: --prompts groups of --group-size rollouts, then `model.train`. Workload ``chat``
+A step is a user's loop: --prompts groups of --group-size rollouts, then `model.train`; with --off-policy a
+run gathers its next step's rollouts while the step trains, as `gw.fit` does with
+`LoopConfig(max_steps_off_policy=1)` (free-running: such runs are no lockstep members). Workload ``chat``
 (bench/scaling.py's): one chat request per rollout, --completion-len tokens, a reward of the text. Workload
 ``2048``: the built-in 2048 env's rollouts (multi-turn, the main job's) on scenarios of the run's seed.
 Runs differ by seed (rollouts) and learning rate (1e-3 x (1 + run / 2)), as a sweep's do.
@@ -130,9 +132,24 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
 
         scenarios = list(get_env("2048").scenarios(run)[0])
     micro = 512 if args.device == "cpu" else args.micro_batch_tokens
-    config = gw.TrainConfig(learning_rate=1e-3 * (1 + run / 2), micro_batch_tokens=micro, compile=args.compile)
+    config = gw.TrainConfig(learning_rate=1e-3 * (1 + run / 2), micro_batch_tokens=micro, compile=args.compile,
+                            off_policy="tis" if args.off_policy else "none")
+    training: asyncio.Future | None = None  # --off-policy: the last step's update, training while the next gathers
+
+    async def train(step: int, t0: float, t1: float, groups: list[Any]) -> None:
+        result = await model.train(groups, config=config)
+        if step >= args.warmup:
+            totals.setdefault("events", []).append((step, t0, t1, time.perf_counter(), result.metrics.get("update_time", 0)))
+            totals["rollout_tokens"] = totals.get("rollout_tokens", 0) + _tokens(groups)
+            totals["trainable_tokens"] = totals.get("trainable_tokens", 0) + result.metrics.get("trainable_tokens", 0)
+            for key, metric in STEP_TIMES.items():
+                totals[key] = totals.get(key, 0) + result.metrics.get(metric, 0)
+
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
+            if training is not None:  # the timed steps start with no update of a warm-up step in flight
+                await training
+                training = None
             if barrier is not None:
                 await barrier.wait()  # every run's timed steps start together
             totals.setdefault("t0", time.perf_counter())
@@ -143,13 +160,16 @@ async def _train_run(model: Any, args: Any, run: int, barrier: asyncio.Barrier |
         t0 = time.perf_counter()
         groups = await _gather(model, args, run, step, scenarios)
         t1 = time.perf_counter()
-        result = await model.train(groups, config=config)
-        if step >= args.warmup:
-            totals.setdefault("events", []).append((step, t0, t1, time.perf_counter(), result.metrics.get("update_time", 0)))
-            totals["rollout_tokens"] = totals.get("rollout_tokens", 0) + _tokens(groups)
-            totals["trainable_tokens"] = totals.get("trainable_tokens", 0) + result.metrics.get("trainable_tokens", 0)
-            for key, metric in STEP_TIMES.items():
-                totals[key] = totals.get(key, 0) + result.metrics.get(metric, 0)
+        if args.off_policy:
+            # gw.fit with LoopConfig(max_steps_off_policy=1): step s+1's rollouts are gathered while step s
+            # trains (sampled by the policy before it), and an update starts after the one before it ended
+            if training is not None:
+                await training
+            training = asyncio.ensure_future(train(step, t0, t1, groups))
+        else:
+            await train(step, t0, t1, groups)
+    if training is not None:
+        await training
 
 
 # a step's own times (its metrics), summed over a case's timed steps: bench key -> the step metric
@@ -382,6 +402,9 @@ def main() -> int:
     p.add_argument("--micro-batch-tokens", type=int, default=16384, help="GPU; the CPU uses 512 (the main job's)")
     p.add_argument("--lockstep", action="store_true", help="together: every run starts a step's rollouts when all "
                    "runs have trained the last one (their rollouts batch together), instead of free-running")
+    p.add_argument("--off-policy", action="store_true", help="each run gathers a step's rollouts while its last step "
+                   "trains, as gw.fit with LoopConfig(max_steps_off_policy=1) and TrainConfig(off_policy='tis'); "
+                   "such runs are not lockstep members in gw.fit (loop/lockstep.py), so not with --lockstep")
     p.add_argument("--no-verify", action="store_true", help="skip the check after each step that the engine "
                    "serves the new adapter (BackendOptions.verify_adapter): what the check costs")
     p.add_argument("--processes", action="store_true", help="run each backend's engine and trainer in a worker "
@@ -411,6 +434,9 @@ def main() -> int:
                    help="the engine's KV, prefixes and CUDA graphs in each update's pause: freed (release), kept "
                         "(keep), or the engine's default, freed under memory pressure (auto)")
     args = p.parse_args()
+    if args.off_policy and args.lockstep:
+        p.error("--off-policy runs gather ahead of their updates, so they are not lockstep members (as in gw.fit): "
+                "drop --lockstep")
     sys.path.insert(0, str(HERE))  # train_step's builder
     if args.case is not None:
         args.runs = int(args.runs)
