@@ -32,7 +32,8 @@ the engine as an engine core, and the bench's process runs every request's Pytho
 
 A step is a user's loop: --prompts groups of --group-size rollouts, then `model.train`; with --off-policy a
 run gathers its next step's rollouts while the step trains, as `gw.fit` does with
-`LoopConfig(max_steps_off_policy=1)` (free-running: such runs are no lockstep members). Workload ``chat``
+`LoopConfig(max_steps_off_policy=1)` (free-running: such runs are no lockstep members; with --lockstep too, every
+run's gathers start together while the last step's updates go on, which `gw.fit` does not do). Workload ``chat``
 (bench/scaling.py's): one chat request per rollout, --completion-len tokens, a reward of the text. Workload
 ``2048``: the built-in 2048 env's rollouts (multi-turn, the main job's) on scenarios of the run's seed.
 Runs differ by seed (rollouts) and learning rate (1e-3 x (1 + run / 2)), as a sweep's do.
@@ -403,8 +404,9 @@ def main() -> int:
     p.add_argument("--lockstep", action="store_true", help="together: every run starts a step's rollouts when all "
                    "runs have trained the last one (their rollouts batch together), instead of free-running")
     p.add_argument("--off-policy", action="store_true", help="each run gathers a step's rollouts while its last step "
-                   "trains, as gw.fit with LoopConfig(max_steps_off_policy=1) and TrainConfig(off_policy='tis'); "
-                   "such runs are not lockstep members in gw.fit (loop/lockstep.py), so not with --lockstep")
+                   "trains, as gw.fit with LoopConfig(max_steps_off_policy=1) and TrainConfig(off_policy='tis'), "
+                   "free-running as gw.fit's such runs are; with --lockstep as well, the runs' gathers start "
+                   "together while the last step's updates go on: an experiment, not a mode of gw.fit")
     p.add_argument("--no-verify", action="store_true", help="skip the check after each step that the engine "
                    "serves the new adapter (BackendOptions.verify_adapter): what the check costs")
     p.add_argument("--processes", action="store_true", help="run each backend's engine and trainer in a worker "
@@ -434,9 +436,6 @@ def main() -> int:
                    help="the engine's KV, prefixes and CUDA graphs in each update's pause: freed (release), kept "
                         "(keep), or the engine's default, freed under memory pressure (auto)")
     args = p.parse_args()
-    if args.off_policy and args.lockstep:
-        p.error("--off-policy runs gather ahead of their updates, so they are not lockstep members (as in gw.fit): "
-                "drop --lockstep")
     sys.path.insert(0, str(HERE))  # train_step's builder
     if args.case is not None:
         args.runs = int(args.runs)
