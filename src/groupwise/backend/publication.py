@@ -177,10 +177,10 @@ class Publications:
         await compute_thread().run(replica.unserve_before, c.step, c.served_steps, c.in_use)
         if self.rank != 0 or c.best_metric is None:  # None: every checkpoint is kept
             return []
-        # the step the caller named is one of the top: the metric ranks the others
-        # reading the checkpoints' states takes a disk's time: not on the event loop, which serves the other
-        # runs' requests meanwhile. The deleted folders are only renamed here; their files are removed
-        # after the publication returns (`sweep`), off the step's path.
+        # Reading the checkpoints' states takes a disk's time: not on the event loop, which serves the other
+        # runs' requests meanwhile. The step the caller named (`named_best`) is one of the top: the metric
+        # ranks the others. The deleted folders are only renamed here; their files are removed after the
+        # publication returns (`sweep`), off the step's path.
         deleted = await asyncio.to_thread(
             prune_checkpoints, checkpoints_dir, best_metric=c.best_metric, maximize=c.maximize,
             metrics_by_step=c.metrics_by_step, keep=c.in_use, named_best=c.keep, keep_recent=c.keep_recent,
