@@ -33,7 +33,8 @@ the engine as an engine core, and the bench's process runs every request's Pytho
 A step is a user's loop: --prompts groups of --group-size rollouts, then `model.train`; with --off-policy a
 run gathers its next step's rollouts while the step trains, as `gw.fit` does with
 `LoopConfig(max_steps_off_policy=1)` (free-running: such runs are no lockstep members; with --lockstep too, every
-run's gathers start together while the last step's updates go on, which `gw.fit` does not do). Workload ``chat``
+run's gathers start together while the last step's updates go on, which `gw.fit` does not do: on an H100 it did
+not pay, the updates slowed by the decoding beside them; docs/benchmarks.md). Workload ``chat``
 (bench/scaling.py's): one chat request per rollout, --completion-len tokens, a reward of the text. Workload
 ``2048``: the built-in 2048 env's rollouts (multi-turn, the main job's) on scenarios of the run's seed.
 Runs differ by seed (rollouts) and learning rate (1e-3 x (1 + run / 2)), as a sweep's do.
@@ -406,7 +407,8 @@ def main() -> int:
     p.add_argument("--off-policy", action="store_true", help="each run gathers a step's rollouts while its last step "
                    "trains, as gw.fit with LoopConfig(max_steps_off_policy=1) and TrainConfig(off_policy='tis'), "
                    "free-running as gw.fit's such runs are; with --lockstep as well, the runs' gathers start "
-                   "together while the last step's updates go on: an experiment, not a mode of gw.fit")
+                   "together while the last step's updates go on: an experiment, not a mode of gw.fit (it did not pay: "
+                   "docs/benchmarks.md)")
     p.add_argument("--no-verify", action="store_true", help="skip the check after each step that the engine "
                    "serves the new adapter (BackendOptions.verify_adapter): what the check costs")
     p.add_argument("--processes", action="store_true", help="run each backend's engine and trainer in a worker "

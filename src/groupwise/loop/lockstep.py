@@ -9,7 +9,9 @@ H100 trained 1.37x the tokens per second of four runs alone when free-running, 1
 How. Each synchronous run that takes part is a member; before gathering a step's batch it `arrive`s and
 waits until every member still training has arrived (a barrier whose size shrinks as runs end). A run
 that stops, fails or finishes training `leave`s, so no run ever waits for one that will not come back.
-Runs with `max_steps_off_policy > 0` are not members: their gathers are already ahead of their updates.
+Runs with `max_steps_off_policy > 0` are not members: their gathers are already ahead of their updates,
+and starting them together while the last step's updates go on did not pay on a GPU: the updates and the
+decoding beside them slowed each other as much as the overlap saved (docs/benchmarks.md).
 
 Across processes. Runs whose drivers are processes of their own, on one worker that another backend
 shares (`LocalBackend(join=...)`, backend/sharing.py), meet at the same kind of barrier held by that
