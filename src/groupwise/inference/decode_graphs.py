@@ -147,9 +147,9 @@ def run_decode_steps(state: StepState, runner: ModelRunner, seqs: list[SeqState]
     checks stops and answers callers (at hundreds of rows that CPU work is a large part of a step,
     with the GPU idle otherwise). A step launched ahead is used only if no row finished (and nothing
     else needs the loop: a request waiting for a free slot, a cancelled request, a pause, a task
-    for the compute thread, a new bucket; StepState.wanted_elsewhere); otherwise it is dropped. Dropping is harmless: it wrote each
-    row's next K/V column with the very token and position the next step writes again, and finished
-    rows' slots are refilled after it in stream order.
+    for the compute thread, a new bucket; StepState.wanted_elsewhere); otherwise it is dropped.
+    Dropping is harmless: it wrote each row's next K/V column with the very token and position the
+    next step writes again, and finished rows' slots are refilled after it in stream order.
     """
     k = len(seqs)
     out = decode_with_graph(state, runner, ids, pos, need, adapter, sampling, slots)  # a view of g["out"]: replays refill it
