@@ -44,28 +44,3 @@ async def test_engine_forward_passes_run_on_the_compute_thread(tiny):
     finally:
         eng.close()
     assert threads == {compute_thread()._thread}
-
-
-async def test_a_run_of_decode_steps_hands_the_thread_back_for_queued_tasks(tiny):
-    """A run of decode steps (decode_graphs.py, CUDA) goes on while nothing else needs the thread; a task
-    queued behind it (serving an adapter, tokenising an update's batch) makes it hand back
-    (StepState.wanted_elsewhere), on the engine's own compute thread."""
-    from groupwise.inference.engine import Engine
-    from groupwise.runtime.loading import tiny_random_model
-
-    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
-    eng = Engine(model, tok, max_batch_size=4)
-    ct = compute_thread()
-    busy, release = threading.Event(), threading.Event()
-    try:
-        assert not ct.has_tasks() and not eng.state.wanted_elsewhere(4)
-        first = ct.submit(lambda: busy.set() or release.wait(10))  # holds the thread, as a decode run does
-        assert busy.wait(10)
-        second = ct.submit(lambda: "served")
-        assert ct.has_tasks() and eng.state.wanted_elsewhere(4)
-        release.set()
-        assert first.result(timeout=10) is True and second.result(timeout=10) == "served"
-        assert not ct.has_tasks() and not eng.state.wanted_elsewhere(4)
-    finally:
-        release.set()
-        eng.close()

@@ -146,10 +146,10 @@ def run_decode_steps(state: StepState, runner: ModelRunner, seqs: list[SeqState]
     indices + 1), so step t+1 can start from them on the GPU while the CPU appends step t's tokens,
     checks stops and answers callers (at hundreds of rows that CPU work is a large part of a step,
     with the GPU idle otherwise). A step launched ahead is used only if no row finished (and nothing
-    else needs the loop: a request waiting for a free slot, a cancelled request, a pause, a task
-    for the compute thread, a new bucket; StepState.wanted_elsewhere); otherwise it is dropped.
-    Dropping is harmless: it wrote each row's next K/V column with the very token and position the
-    next step writes again, and finished rows' slots are refilled after it in stream order.
+    else needs the loop: a request waiting for a free slot, a cancelled request, a pause, a new
+    bucket; StepState.wanted_elsewhere); otherwise it is dropped. Dropping is harmless: it wrote each
+    row's next K/V column with the very token and position the next step writes again, and finished
+    rows' slots are refilled after it in stream order.
     """
     k = len(seqs)
     out = decode_with_graph(state, runner, ids, pos, need, adapter, sampling, slots)  # a view of g["out"]: replays refill it

@@ -184,7 +184,6 @@ class Engine:
             max_batch_size=max_batch_size, max_prefill_tokens=max_prefill_tokens, context_length=self.context_length,
             eos_token_ids=eos, device=device, stats=stats, batch_invariant=batch_invariant,
             cv=self._compute.cv,  # guards the queues; submit() wakes the compute thread through it
-            tasks_waiting=self._compute.has_tasks,  # a run of decode steps hands the thread back for them
             # Each admission is priced: a batch that would not fit waits or is refused (batch_memory.py).
             memory=BatchMemory(text_config, dtype=dtype, device=device, max_prefill_tokens=max_prefill_tokens,
                                limit=memory_limit_bytes))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +59,7 @@ class StepState:
     def __init__(self, *, tokenizer: Any, buffers: SlotBuffers, prefix_cache: PrefixCache | None,
                  max_batch_size: int, max_prefill_tokens: int, context_length: int, eos_token_ids: set[int],
                  device: torch.device, cv: threading.Condition, stats: EngineStats, batch_invariant: bool = False,
-                 memory: BatchMemory | None = None, tasks_waiting: Callable[[], bool] = lambda: False) -> None:
+                 memory: BatchMemory | None = None) -> None:
         self.tokenizer = tokenizer
         self.buffers = buffers
         self.prefix_cache = prefix_cache
@@ -88,9 +87,6 @@ class StepState:
         self.prefill_s = 0.0  # how long the last prefill pass took (admission_due)
         self.memory = memory  # prices admissions (batch_memory.py); None: slots and max_prefill_tokens only
         self.held_for_memory = False  # the first waiting request waits for running rows to free memory
-        # Whether the compute thread this engine steps on has other work queued (ComputeThread.has_tasks):
-        # serving a new adapter, checking it, tokenising a batch for an update (wanted_elsewhere).
-        self.tasks_waiting = tasks_waiting
 
     def price(self, admitting: list[RequestState], *, alone: bool = False) -> BatchPrice:
         """What the engine holds at its fullest with the running rows (none if `alone`: an idle engine,
@@ -139,11 +135,9 @@ class StepState:
     def wanted_elsewhere(self, rows: int) -> bool:
         """Should a run of decode steps over `rows` rows hand control back (decode_graphs.py)? Yes when
         a pause (one that lets replays go on too: its update starts once this step ends), a close or a
-        cancellation waits, waiting requests are due a free slot (not while a trainer updates: they are
-        admitted after it), or the compute thread has tasks queued. Those wait for the whole run otherwise,
-        up to a length bucket's worth of steps: a run alone on one H100, gathering its next step while the
-        last one trained, took 0.27 s to serve each adapter it published, 25x as long as beside an idle
-        engine (docs/benchmarks.md)."""
+        cancellation waits, or waiting requests are due a free slot (not while a trainer updates: they are
+        admitted after it). Not for the compute thread's queued tasks (serving, checking, tokenising): handing
+        back for those kept four lockstep runs' 387 decode passes but lengthened their decoding by 0.7-1.3 s
+        of ~6 s on an H100, more than the off-policy runs' serving it would shorten (docs/benchmarks.md)."""
         return bool(self.pauses or self.closed or self.cancel_pending or self.replays_only != self.replays_begun
-                    or self.tasks_waiting()
                     or (self.waiting and not self.replays_only and rows < self.max_batch_size and self.admission_due()))

@@ -65,11 +65,6 @@ class ComputeThread:
             self.cv.notify_all()
         return future
 
-    def has_tasks(self) -> bool:
-        """Whether submitted tasks wait for their turn: an engine running several decode steps in one turn
-        (decode_graphs.py) hands the thread back for them (StepState.wanted_elsewhere)."""
-        return bool(self._tasks)  # one read of a deque's length: no lock needed for a hint
-
     def call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run fn on the compute thread and wait (directly when already on it)."""
         if self.on_thread():
