@@ -137,7 +137,7 @@ class StepState:
         a pause (one that lets replays go on too: its update starts once this step ends), a close or a
         cancellation waits, or waiting requests are due a free slot (not while a trainer updates: they are
         admitted after it). Not for the compute thread's queued tasks (serving, checking, tokenising): handing
-        back for those kept four lockstep runs' 387 decode passes but lengthened their decoding by 0.7-1.3 s
-        of ~6 s on an H100, more than the off-policy runs' serving it would shorten (docs/benchmarks.md)."""
+        back for those was measured on an H100 and gained nothing (four lockstep runs decoded 0.7-1.3 s slower
+        of ~6 s, and four off-policy runs stayed slower than lockstep ones; docs/benchmarks.md)."""
         return bool(self.pauses or self.closed or self.cancel_pending or self.replays_only != self.replays_begun
                     or (self.waiting and not self.replays_only and rows < self.max_batch_size and self.admission_due()))
