@@ -32,8 +32,10 @@ from groupwise.inference.step_state import StepState
 
 __all__ = ["MIN_WARM_GAIN", "admit", "plan_warm", "prefill", "prefill_isolated", "run_rows"]
 
-# A warm-up pass costs a forward's fixed overhead (~10 ms on CPU, one kernel launch train on GPU);
-# below this many saved prompt tokens a shared prefix is cheaper to recompute per row.
+# A warm-up pass costs a forward's fixed overhead (~10 ms on the 2-core CPU); below this many saved
+# prompt tokens a shared prefix is cheaper to recompute per row. Set for the CPU, where the saved tokens'
+# compute is what costs: on a GPU an eager forward is the host's Python (~60 ms on an H100's host,
+# whatever its rows: docs/benchmarks.md), worth more tokens than a small model's short prompts save.
 MIN_WARM_GAIN = 32
 
 
