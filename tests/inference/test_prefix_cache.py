@@ -102,6 +102,53 @@ async def test_batch_sharing_a_prefix_runs_it_once(tiny):
     assert all(close(x, y) for x, y in zip(*outs))
 
 
+async def test_rows_cached_to_their_last_token_decode_it_without_a_prefill_pass(tiny):
+    # A GRPO-like admission: two prompts of four copies each (seeded, sampled; one copy asks n=2) and one
+    # prompt alone. With decode graphs (run eagerly on the CPU by EagerReplay) the warm pass stores both
+    # groups' prompts but their last token, so their copies skip the prefill forward and decode that token
+    # with the others: only the lone prompt runs one. Every choice is the one the plain path gives.
+    groups = [SHARED + [20, 21], [700 + i for i in range(45)]]
+    requests = [GenerationRequest(p, max_new_tokens=6, ignore_eos=True, n=2 if (g, i) == (1, 3) else 1,
+                                  sampling=SamplingParams(temperature=1.0, seed=10 * g + i))
+                for g, p in enumerate(groups) for i in range(4)]
+    requests.append(greedy([900 + i for i in range(30)], 6))
+    outs, stats = [], []
+    for graphs in (True, False):
+        model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
+        eng = Engine(model, tok, max_batch_size=16, cuda_graphs=graphs)
+        try:
+            with eng.paused():  # one admission
+                futures = [eng.submit(r) for r in requests]
+            outs.append([f.result(timeout=120) for f in futures])
+            stats.append(eng.stats)
+        finally:
+            eng.close()
+    (graphed, plain), (g_stats, p_stats) = outs, stats
+    assert (g_stats.warm_passes, g_stats.prefill_passes) == (1, 1) == (p_stats.warm_passes, p_stats.prefill_passes)
+    # the warm pass's 51 + 44 tokens and the lone prompt's 30; the plain path also runs each copy's last token
+    assert g_stats.prefill_tokens == p_stats.prefill_tokens - 8 == 51 + 44 + 30
+    for a, b in zip(graphed, plain):
+        assert len(a.completions) == len(b.completions)
+        for ca, cb in zip(a.completions, b.completions):
+            assert ca.token_ids == cb.token_ids and len(ca.token_ids) == 6
+            assert max(abs(x - y) for x, y in zip(ca.logprobs, cb.logprobs)) < 1e-4
+
+
+async def test_a_prompt_cached_to_its_last_token_by_an_earlier_request_runs_no_prefill_pass(tiny):
+    model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
+    eng = Engine(model, tok, max_batch_size=4, cuda_graphs=True)
+    try:
+        p = SHARED + [5, 6]
+        with busy(eng):
+            first = await eng.generate(greedy(p, 4))
+            passes = eng.stats.prefill_passes
+            again = await eng.generate(greedy(p, 4))  # hits 51 of 52: its last token is decoded
+            assert eng.stats.prefill_passes == passes and eng.stats.prefix_hit_tokens == 51
+        assert close(first, again)
+    finally:
+        eng.close()
+
+
 async def test_adapters_do_not_share_entries_and_changes_clear_the_cache(tiny, adapter_dirs):
     model, tok = tiny_random_model(seed=0, tokenizer=tiny[1])
     eng = Engine(model, tok, max_batch_size=4)

@@ -38,7 +38,8 @@ def decode(state: StepState, runner: ModelRunner, *, replays_only: bool = False)
         return False
     if state.buffers.grow(need + 1):
         runner.graphs.clear()
-    last = [s.tokens[-1] for s in seqs]
+    # a row without tokens yet decodes its prompt's last token (prefill.py: `pending_last_token`)
+    last = [s.tokens[-1] if s.tokens else s.req.prompt_ids[-1] for s in seqs]
     positions = [s.length for s in seqs]
     names = runner.peft_names(seqs)
     logits = sampled = None

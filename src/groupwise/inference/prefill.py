@@ -13,8 +13,14 @@ slots after)::
     4. forward the suffixes prompt_r[h_r:], left-padded, in chunks of queries (`run_rows`)
     5. store   each prompt's KV in the prefix cache; copy it to the sibling slots (n > 1); sample
 
-A hit stops one token short of the prompt, so every row runs at least one query (its logits give
-the first token).
+A hit stops one token short of the prompt, so every row has at least one query left (its logits give
+the first token). Where decode steps replay graphs, a row left with only that one query skips step 4:
+it joins the running rows at the length of its hit, its last prompt token pending, and the next
+decode step computes that token with them and samples its first token (`pending_last_token`). On a
+GPU an eager forward is the host's Python, ~60 ms whatever its rows (docs/benchmarks.md), and a graph
+replay a few; every copy of a GRPO group's prompt comes here once the warm pass stored it, so a step
+of groups then runs the warm pass alone. Elsewhere (the CPU, whose decode is as eager as a prefill;
+the batch-invariant mode, whose first token comes from a pass of its own request) every row runs step 4.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from groupwise.inference.requests import BASE, RequestState, SeqState
 from groupwise.inference.runner import ModelRunner
 from groupwise.inference.step_state import StepState
 
-__all__ = ["MIN_WARM_GAIN", "admit", "plan_warm", "prefill", "prefill_isolated", "run_rows"]
+__all__ = ["MIN_WARM_GAIN", "admit", "pending_last_token", "plan_warm", "prefill", "prefill_isolated", "run_rows"]
 
 # A warm-up pass costs a forward's fixed overhead (~10 ms on the 2-core CPU); below this many saved
 # prompt tokens a shared prefix is cheaper to recompute per row. Set for the CPU, where the saved tokens'
@@ -122,19 +128,35 @@ def prefill(state: StepState, runner: ModelRunner, states: list[RequestState]) -
             cache.insert([(adapters[r], prompts[r][:upto], k + i) for i, (r, upto) in enumerate(plan)])
             state.stats.warm_passes += 1
             hits = [cache.match(a, p, len(p) - 1) for a, p in zip(adapters, prompts)]
-        cache.copy_into([(k + r, hit) for r, hit in enumerate(hits)])
     starts = [h.length for h in hits]
     state.stats.prefix_hit_tokens += sum(starts)
-    if runner.batch_invariant:
+    computed = m  # rows 0..computed-1 run the forward; the rest decode their last prompt token (module doc)
+    if pending_last_token(state, runner):
+        order = sorted(range(m), key=lambda r: starts[r] == lens[r] - 1)  # stable: the computed rows first
+        states, prompts, adapters, lens, hits, starts = ([xs[r] for r in order]
+                                                         for xs in (states, prompts, adapters, lens, hits, starts))
+        computed = sum(s < n - 1 for s, n in zip(starts, lens))
+    if cache is not None:
+        cache.copy_into([(k + r, hit) for r, hit in enumerate(hits)])
+    logits = None
+    if computed and runner.batch_invariant:
         # One request a pass: its padding and chunking, so its numbers, are its own (engine.py).
         logits = torch.cat([run_rows(state, runner, k + r, [p], [s], [a], logits=True)  # type: ignore[misc]
                             for r, (p, s, a) in enumerate(zip(prompts, starts, adapters))])
-    else:
-        logits = run_rows(state, runner, k, prompts, starts, adapters, logits=True)  # [m, V]
-    state.stats.prefill_passes += 1
-    if cache is not None:
-        cache.insert([(adapters[r], prompts[r], k + r) for r in range(m)])
-    _place_and_sample(state, states, lens, logits)
+    elif computed:
+        logits = run_rows(state, runner, k, prompts[:computed], starts[:computed], adapters[:computed],
+                          logits=True)  # [computed, V]
+    if computed:
+        state.stats.prefill_passes += 1
+        if cache is not None:
+            cache.insert([(adapters[r], prompts[r], k + r) for r in range(computed)])
+    _place_and_sample(state, states, lens, logits, computed)
+
+
+def pending_last_token(state: StepState, runner: ModelRunner) -> bool:
+    """Do rows whose prefix-cache hit leaves one prompt token skip the prefill forward (module doc)? Only
+    where decode steps replay graphs, and not in the batch-invariant mode."""
+    return state.prefix_cache is not None and runner.cuda_graphs and not runner.batch_invariant
 
 
 def plan_warm(prompts: list[list[int]], adapters: list[str], hit_lens: list[int]) -> list[tuple[int, int]]:
@@ -226,10 +248,14 @@ def run_rows(state: StepState, runner: ModelRunner, s0: int, tokens: list[list[i
     return out[:, -1] if logits else None  # the last chunk holds every row's last token (left padding)
 
 
-def _place_and_sample(state: StepState, states: list[RequestState], lens: list[int], logits_mV: torch.Tensor) -> None:
+def _place_and_sample(state: StepState, states: list[RequestState], lens: list[int], logits_cV: torch.Tensor | None,
+                      computed: int) -> None:
     """Choice 0 of request r runs in slot k + r; the other choices (n > 1) in the slots after the m
-    prefill rows, with the prompt's KV copied to them. Then every choice samples its first token."""
+    prefill rows, with the prompt's KV copied to them. Then every choice of the first `computed`
+    requests samples its first token from its request's row of `logits_cV`; the choices of the others
+    hold their prompt but its last token, which their first decode step computes (module doc)."""
     k, m = len(state.running), len(states)
+    filled = [n if r < computed else n - 1 for r, n in enumerate(lens)]  # KV columns each request's slot holds
     new_seqs: list[SeqState] = []
     rows: list[int] = []
     for r, st in enumerate(states):
@@ -241,14 +267,17 @@ def _place_and_sample(state: StepState, states: list[RequestState], lens: list[i
         siblings = st.seqs[1:]
         if siblings:
             slots = list(range(next_slot, next_slot + len(siblings)))
-            state.buffers.copy_slot(k + r, slots, lens[r])
+            state.buffers.copy_slot(k + r, slots, filled[r])
             for s, slot in zip(siblings, slots):
                 s.slot = slot
                 new_seqs.append(s)
                 rows.append(r)
             next_slot += len(siblings)
     for s, r in zip(new_seqs, rows):
-        s.length = lens[r]
+        s.length = filled[r]
     state.running.extend(new_seqs)
-    sample_and_advance(state, new_seqs, logits_mV[torch.tensor(rows, device=logits_mV.device)])
+    sampled = [(s, r) for s, r in zip(new_seqs, rows) if r < computed]
+    if sampled and logits_cV is not None:
+        sample_and_advance(state, [s for s, _ in sampled],
+                           logits_cV[torch.tensor([r for _, r in sampled], device=logits_cV.device)])
 
