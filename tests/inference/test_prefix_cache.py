@@ -102,14 +102,17 @@ async def test_batch_sharing_a_prefix_runs_it_once(tiny):
     assert all(close(x, y) for x, y in zip(*outs))
 
 
-async def test_rows_cached_to_their_last_token_decode_it_without_a_prefill_pass(tiny):
+@pytest.mark.parametrize("top_logprobs", [0, 2], ids=["sampled-in-the-graph", "a-row-asks-top-logprobs"])
+async def test_rows_cached_to_their_last_token_decode_it_without_a_prefill_pass(tiny, top_logprobs):
     # A GRPO-like admission: two prompts of four copies each (seeded, sampled; one copy asks n=2) and one
     # prompt alone. With decode graphs (run eagerly on the CPU by EagerReplay) the warm pass stores both
     # groups' prompts but their last token, so their copies skip the prefill forward and decode that token
-    # with the others: only the lone prompt runs one. Every choice is the one the plain path gives.
+    # with the others: only the lone prompt runs one. Every choice is the one the plain path gives, whether
+    # the graph samples the batch or (a row asking top_logprobs) the eager sampler does.
     groups = [SHARED + [20, 21], [700 + i for i in range(45)]]
     requests = [GenerationRequest(p, max_new_tokens=6, ignore_eos=True, n=2 if (g, i) == (1, 3) else 1,
-                                  sampling=SamplingParams(temperature=1.0, seed=10 * g + i))
+                                  sampling=SamplingParams(temperature=1.0, seed=10 * g + i,
+                                                          top_logprobs=top_logprobs if (g, i) == (0, 1) else 0))
                 for g, p in enumerate(groups) for i in range(4)]
     requests.append(greedy([900 + i for i in range(30)], 6))
     outs, stats = [], []
@@ -132,6 +135,8 @@ async def test_rows_cached_to_their_last_token_decode_it_without_a_prefill_pass(
         for ca, cb in zip(a.completions, b.completions):
             assert ca.token_ids == cb.token_ids and len(ca.token_ids) == 6
             assert max(abs(x - y) for x, y in zip(ca.logprobs, cb.logprobs)) < 1e-4
+    asked = graphed[1].completions[0]
+    assert len(asked.top_logprobs) == (6 if top_logprobs else 0)
 
 
 async def test_a_prompt_cached_to_its_last_token_by_an_earlier_request_runs_no_prefill_pass(tiny):
