@@ -208,3 +208,37 @@ async def test_a_collection_during_capture_cannot_destroy_another_graph_there(ti
         gc.set_threshold(*thresholds)
         gc.collect()
     assert not eng.runner.graphs  # closing released them, outside any capture
+
+
+async def test_copies_cached_to_their_last_token_decode_it_in_graphs_launched_ahead_as_eager(tiny, adapter_dirs):
+    # A GRPO-like admission (prefill.pending_last_token): four copies of each of two prompts, one on an adapter,
+    # seeded, one copy asking n=2, plus a lone prompt. With graphs the copies skip the prefill forward and their first
+    # decode step, launched ahead of the host (decode_graphs.run_decode_steps, CUDA only), computes the last prompt
+    # token; every choice is the eager engine's, where each row runs the prefill forward.
+    outs, prefills, tokens = [], [], []
+    for graphs in (False, True):
+        model, tok = tiny_random_model(seed=0, tokenizer=tiny[1], device="cuda", dtype="float32")
+        eng = Engine(model, tok, max_batch_size=16, cuda_graphs=graphs)
+        try:
+            eng.add_adapter("a1", adapter_dirs[1])
+            groups = [tok.apply_chat_template([{"role": "user", "content": f"question {g}: " + "and more " * 8}],
+                                              add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+                      for g in range(2)]
+            requests = [GenerationRequest(p, max_new_tokens=6, ignore_eos=True, adapter="a1" if g else None,
+                                          n=2 if (g, i) == (1, 3) else 1, sampling=SamplingParams(seed=10 * g + i))
+                        for g, p in enumerate(groups) for i in range(4)]
+            requests.append(GenerationRequest(list(range(900, 930)), max_new_tokens=6, ignore_eos=True,
+                                              sampling=SamplingParams(temperature=0)))
+            async with eng.paused():  # one admission
+                futures = [eng.submit(r) for r in requests]
+            rs = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+            outs.append([[c.token_ids for c in r.completions] for r in rs])
+            prefills.append(eng.stats.prefill_passes)
+            tokens.append(eng.stats.prefill_tokens)
+            if graphs:
+                assert eng.cuda_graphs and eng.runner.graphs, "graph capture failed and the engine fell back to eager"
+        finally:
+            eng.close()
+    assert outs[0] == outs[1]
+    assert prefills == [1, 1]  # the lone prompt's forward; the copies' last tokens ran in it (eager) or in decode
+    assert tokens[1] == tokens[0] - 8  # the eight copies' last prompt tokens: not in a prefill with graphs
