@@ -139,14 +139,14 @@ def prefill(state: StepState, runner: ModelRunner, states: list[RequestState]) -
     if cache is not None:
         cache.copy_into([(k + r, hit) for r, hit in enumerate(hits)])
     logits = None
-    if computed and runner.batch_invariant:
-        # One request a pass: its padding and chunking, so its numbers, are its own (engine.py).
-        logits = torch.cat([run_rows(state, runner, k + r, [p], [s], [a], logits=True)  # type: ignore[misc]
-                            for r, (p, s, a) in enumerate(zip(prompts, starts, adapters))])
-    elif computed:
-        logits = run_rows(state, runner, k, prompts[:computed], starts[:computed], adapters[:computed],
-                          logits=True)  # [computed, V]
     if computed:
+        if runner.batch_invariant:  # never pending: computed == m
+            # One request a pass: its padding and chunking, so its numbers, are its own (engine.py).
+            logits = torch.cat([run_rows(state, runner, k + r, [p], [s], [a], logits=True)  # type: ignore[misc]
+                                for r, (p, s, a) in enumerate(zip(prompts, starts, adapters))])
+        else:
+            logits = run_rows(state, runner, k, prompts[:computed], starts[:computed], adapters[:computed],
+                              logits=True)  # [computed, V]
         state.stats.prefill_passes += 1
         if cache is not None:
             cache.insert([(adapters[r], prompts[r], k + r) for r in range(computed)])
@@ -276,8 +276,8 @@ def _place_and_sample(state: StepState, states: list[RequestState], lens: list[i
     for s, r in zip(new_seqs, rows):
         s.length = filled[r]
     state.running.extend(new_seqs)
-    sampled = [(s, r) for s, r in zip(new_seqs, rows) if r < computed]
-    if sampled and logits_cV is not None:
+    if logits_cV is not None:  # None when no request was computed
+        sampled = [(s, r) for s, r in zip(new_seqs, rows) if r < computed]
         sample_and_advance(state, [s for s, _ in sampled],
                            logits_cV[torch.tensor([r for _, r in sampled], device=logits_cV.device)])
 
