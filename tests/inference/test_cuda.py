@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 async def test_cuda_graph_decode_equals_eager(tiny, adapter_dirs):
     # graphs as the model runs, and with their norms, rotary and sampling compiled (decode_fusion.py)
-    outs, passes = [], []
+    outs = []
     for graphs, fuse in ((False, False), (True, False), (True, True)):
         model, tok = tiny_random_model(seed=0, tokenizer=tiny[1], device="cuda", dtype="float32")
         eng = Engine(model, tok, max_batch_size=8, cuda_graphs=graphs, fuse_decode=fuse)
