@@ -30,11 +30,19 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault(_var, str(_threads))
 
 
+# A test that runs test files in a pytest of their own, in another environment's Python (tests/envs/
+# test_verifiers_hub.py, test_openenv_versions.py), names its own folder of the tiny model here, so that run
+# reads it rather than building it again.
+TINY_MODEL_ENV = "GROUPWISE_TEST_TINY_MODEL_DIR"
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """The tiny random Llama (seed 0, SmolLM2's tokenizer) saved as a folder; never write into it."""
     from groupwise.runtime.loading import tiny_random_model
 
+    if os.environ.get(TINY_MODEL_ENV):
+        return os.environ[TINY_MODEL_ENV]
     path = tmp_path_factory.mktemp("tiny-llama")
     model, tok = tiny_random_model(seed=0)
     model.save_pretrained(path)

@@ -483,6 +483,14 @@ async def test_every_field_set_to_a_hostile_value_is_never_a_server_error(live):
     cases = [("/v1/chat/completions", {**chat, f: v}) for f in CHAT_FIELDS for v in HOSTILE]
     cases += [("/v1/completions", {**completion, f: v}) for f in COMPLETION_FIELDS for v in HOSTILE]
     cases += [("/v1/completions", {**completion, "prompt": [5, v]}) for v in (2**63, -1, 10**9)]
+    # A limit of 2**63 tokens is served (a 200) by decoding to the end of the context, ~2,000 tokens on the
+    # tiny model: those requests go in one batch, where they decode side by side rather than each holding
+    # up a batch of its own. Every case is still sent, and a plain request still follows every batch.
+    def to_the_context_end(case: tuple[str, dict]) -> bool:
+        return any(case[1].get(field) == 2**63 for field in ("max_tokens", "max_completion_tokens"))
+
+    cases = [case for case in cases if to_the_context_end(case)] + [case for case in cases
+                                                                     if not to_the_context_end(case)]
     server_errors = []
     async with httpx.AsyncClient(base_url=live.url, timeout=60) as http:
         async def send(path: str, payload: dict) -> int:

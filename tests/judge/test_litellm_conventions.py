@@ -114,7 +114,7 @@ async def test_extra_litellm_params_num_retries_and_timeout(judge_server, clean_
     with pytest.raises(JudgeError, match="after 1 attempts"):
         await ruler_score_group(make_group([0.3, 0.6]), "judge", backoff_s=0.0,
                                 extra_litellm_params={"api_base": judge_server.url, "num_retries": 0})
-    judge_server.script.append(Reply(delay=5.0))
+    judge_server.script.append(Reply(delay=1.0))  # well past the 0.2 s timeout; the server's teardown waits it out
     with pytest.raises(JudgeError, match="timeout after 0.2 s"):
         await ruler_score_group(make_group([0.3, 0.6]), "judge", backoff_s=0.0,
                                 extra_litellm_params={"api_base": judge_server.url, "timeout": 0.2, "num_retries": 0})
