@@ -51,6 +51,12 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_env(tiny_model_dir) -> dict[str, str]:
+    """The environment entry that makes a nested pytest run's `tiny_model_dir` this session's folder."""
+    return {TINY_MODEL_ENV: tiny_model_dir}
+
+
+@pytest.fixture(scope="session")
 def peaked_tiny_model(tmp_path_factory) -> str:
     """The tiny random model with its final norm scaled x10, saved as a folder: its next-token
     distribution is peaked (entropy ~7 nats instead of ~10.8, near uniform over 49k tokens). A random

@@ -20,14 +20,12 @@ REQUIREMENTS = ["openenv-core==0.3.0"]
 PROBE = ("import importlib.metadata as m, openenv.core; assert m.version('openenv-core') == '0.3.0'; "
          "openenv.core.EnvClient, openenv.core.env_server.create_app")
 REPO = Path(__file__).resolve().parents[2]
-# the folder tests/conftest.py's tiny_model_dir returns when set: the tests run there read this session's tiny model
-TINY_MODEL_ENV = "GROUPWISE_TEST_TINY_MODEL_DIR"
 
 
-def test_openenv_environments_train_on_openenv_core_0_3(tmp_path, tiny_model_dir):
+def test_openenv_environments_train_on_openenv_core_0_3(tmp_path, tiny_model_env):
     python = overlay_python(REQUIREMENTS, PROBE, "openenv")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
-           TINY_MODEL_ENV: tiny_model_dir}
+           **tiny_model_env}
     probe = subprocess.run([str(python), "-c", "import openenv, importlib.metadata as m; "
                             "print(m.version('openenv-core'), openenv.__file__)"], env=env, capture_output=True, text=True)
     assert probe.stdout.startswith("0.3.0 ") and str(python.parents[1]) in probe.stdout, probe.stdout + probe.stderr

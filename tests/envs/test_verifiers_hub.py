@@ -29,8 +29,6 @@ CASES = Path(__file__).parent / "verifiers_cases"
 CASES_V1 = Path(__file__).parent / "verifiers_v1_cases"
 PROBE = ("import openai, verifiers as vf; assert openai.__version__.startswith('2.'); "
          "vf.SingleTurnEnv, vf.ToolEnv, vf.JudgeRubric, vf.OpenAIChatCompletionsClient")
-# the folder tests/conftest.py's tiny_model_dir returns when set: the cases read this session's tiny model
-TINY_MODEL_ENV = "GROUPWISE_TEST_TINY_MODEL_DIR"
 PROBE_V1 = ("import openai, verifiers.v1 as vf; assert openai.__version__.startswith('2.'); "
             "vf.Taskset, vf.SingleAgentEnv, vf.Toolset")
 
@@ -39,10 +37,10 @@ def _verifiers_python(requirements: list[str] = REQUIREMENTS, probe_code: str = 
     return overlay_python(requirements, probe_code, "verifiers")
 
 
-def test_verifiers_environments_train_under_gw_fit_on_the_openai_2_sdk(tmp_path, tiny_model_dir):
+def test_verifiers_environments_train_under_gw_fit_on_the_openai_2_sdk(tmp_path, tiny_model_env):
     python = _verifiers_python()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
-           TINY_MODEL_ENV: tiny_model_dir}
+           **tiny_model_env}
     done = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-o", "python_files=cases_*.py",
                            "--basetemp", str(tmp_path / "cases"), str(CASES)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
@@ -51,13 +49,13 @@ def test_verifiers_environments_train_under_gw_fit_on_the_openai_2_sdk(tmp_path,
     assert re.search(r"\b7 passed\b", done.stdout) and "skipped" not in done.stdout, tail
 
 
-def test_verifiers_v1_tasksets_train_under_gw_fit_on_the_openai_2_sdk(tmp_path, tiny_model_dir):
+def test_verifiers_v1_tasksets_train_under_gw_fit_on_the_openai_2_sdk(tmp_path, tiny_model_env):
     python = _verifiers_python(REQUIREMENTS_V1, PROBE_V1)
     # the env's bin holds uv (v1's runtime looks for it on the PATH); the cases folder is on PYTHONPATH because
     # v1 imports a taskset by module name, in this process and in the tool servers it launches
     env = {**os.environ, "PATH": os.pathsep.join([str(python.parent), os.environ.get("PATH", "")]),
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(CASES_V1), os.environ.get("PYTHONPATH", "")]),
-           TINY_MODEL_ENV: tiny_model_dir}
+           **tiny_model_env}
     done = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-o",
                            "python_files=cases_*.py", "--basetemp", str(tmp_path / "cases"), str(CASES_V1)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
